@@ -1,0 +1,262 @@
+//! The compiled form: what the dataplanes program, keyed the way the
+//! datapath looks packets up (see `npm-common` for the kernel layout and the
+//! lookup precedence). The compiler defines it; `npm-dataplane` consumes it
+//! (eBPF maps and nftables both render it).
+//!
+//! Every map is ordered so that two compiles of the same snapshot are equal
+//! and [`Compiled::diff`] is minimal.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Labels, Protocol};
+
+/// Direction as seen from the endpoint (pod).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Direction {
+    /// Into the pod.
+    Ingress,
+    /// Out of the pod.
+    Egress,
+}
+
+impl Direction {
+    /// The `npm_common::DIR_*` value.
+    pub const fn as_u8(self) -> u8 {
+        match self {
+            Direction::Ingress => npm_common::DIR_INGRESS,
+            Direction::Egress => npm_common::DIR_EGRESS,
+        }
+    }
+    /// Lower-case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        }
+    }
+}
+
+/// Settings of one compile.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompileOptions {
+    /// Local endpoints are the pods with `spec.nodeName` equal to this.
+    pub node_name: String,
+    /// This node's addresses: identity `IDENTITY_HOST`. Ingress from them is
+    /// always allowed.
+    pub node_ips: Vec<IpAddr>,
+    /// Whether an egress-isolated pod may still reach its own node (the
+    /// specification is ambiguous; default: no, policy governs it).
+    pub allow_host_egress: bool,
+}
+
+/// What a pod identity stands for: pods with equal keys share the identity.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct IdentityKey {
+    /// Namespace.
+    pub namespace: String,
+    /// The namespace's labels.
+    pub namespace_labels: Labels,
+    /// The pod's labels.
+    pub pod_labels: Labels,
+    /// The pod's named container ports (name, protocol, port), sorted: pods
+    /// that resolve a named port differently must not share an identity, or
+    /// an egress rule with a named port would allow one pod's number on
+    /// another.
+    pub named_ports: Vec<(String, Protocol, u16)>,
+}
+
+/// Exact-address entry of the ipcache (pods cluster-wide, node addresses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpEntry {
+    /// Pod identity or `IDENTITY_HOST`.
+    pub identity: u32,
+    /// Identity of the longest ipBlock prefix containing the address, 0 for none.
+    pub cidr_identity: u32,
+}
+
+/// A pod, by reference.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PodRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// metadata.uid.
+    pub uid: String,
+}
+
+/// A local endpoint (a pod on this node that has an address).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// The pod.
+    pub pod: PodRef,
+    /// The pod's identity.
+    pub identity: u32,
+    /// IPv4 address.
+    pub ipv4: Option<Ipv4Addr>,
+    /// IPv6 address.
+    pub ipv6: Option<Ipv6Addr>,
+    /// Some policy selects it for ingress.
+    pub isolated_ingress: bool,
+    /// Some policy selects it for egress.
+    pub isolated_egress: bool,
+}
+
+/// One allow entry of the policy map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PolicyEntry {
+    /// Endpoint id.
+    pub endpoint: u32,
+    /// Direction from the endpoint.
+    pub direction: Direction,
+    /// Peer identity (pod, CIDR, `IDENTITY_HOST`) or `IDENTITY_ANY`.
+    pub peer: u32,
+    /// `None`: every protocol and port (a rule without ports).
+    pub protocol: Option<Protocol>,
+    /// Inclusive destination port range (`0..=65535` for every port);
+    /// ignored when `protocol` is `None`.
+    pub ports: (u16, u16),
+}
+
+/// Where an allow entry comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum RuleRef {
+    /// Rule `index` of the `direction` rules of policy `namespace/name`.
+    Policy {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Direction.
+        direction: Direction,
+        /// Index in `ingress` or `egress`.
+        index: usize,
+    },
+    /// The `allow_host_egress` setting.
+    HostEgress,
+}
+
+/// The compiled policy of one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Compiled {
+    /// Exact addresses -> identities (every pod with an address, cluster-wide,
+    /// and this node's addresses).
+    pub ipcache: BTreeMap<IpAddr, IpEntry>,
+    /// ipBlock prefixes (`cidr` and `except` entries) -> CIDR identity.
+    /// The longest prefix containing an address is its CIDR identity.
+    pub cidrs: BTreeMap<IpNet, u32>,
+    /// Local endpoints by endpoint id.
+    pub endpoints: BTreeMap<u32, Endpoint>,
+    /// Allow entries -> rule id.
+    pub policy: BTreeMap<PolicyEntry, u32>,
+    /// Allocation state, kept so that ids are stable across recompiles.
+    pub ids: IdTables,
+}
+
+/// Allocation tables of a compile; [`crate::compile`] reuses those of the
+/// previous compile, so ids stay stable while what they stand for exists.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdTables {
+    /// Pod identity -> what it stands for.
+    pub identities: BTreeMap<u32, IdentityKey>,
+    /// Pod uid -> endpoint id.
+    pub endpoints: BTreeMap<String, u32>,
+    /// Rule id -> rule.
+    pub rules: BTreeMap<u32, RuleRef>,
+    /// Next endpoint id to hand out. Endpoint ids are never reused, so a new
+    /// pod can never inherit a deleted pod's conntrack or fragment state.
+    pub next_endpoint: u32,
+    /// Next pod identity to hand out (never reused while the agent runs).
+    pub next_identity: u32,
+    /// Next rule id to hand out.
+    pub next_rule: u32,
+    /// Next CIDR identity to hand out (from `IDENTITY_FIRST_CIDR`).
+    pub next_cidr: u32,
+}
+
+/// Changes to one map: entries to write, keys to delete.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapDiff<K, V> {
+    /// Entries added or changed.
+    pub upsert: Vec<(K, V)>,
+    /// Keys removed.
+    pub remove: Vec<K>,
+}
+
+impl<K, V> Default for MapDiff<K, V> {
+    fn default() -> Self {
+        MapDiff {
+            upsert: Vec::new(),
+            remove: Vec::new(),
+        }
+    }
+}
+
+impl<K: Ord + Clone, V: PartialEq + Clone> MapDiff<K, V> {
+    /// The minimal changes that turn `old` into `new`.
+    pub fn between(old: &BTreeMap<K, V>, new: &BTreeMap<K, V>) -> Self {
+        let upsert = new
+            .iter()
+            .filter(|(k, v)| old.get(k) != Some(v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let remove = old.keys().filter(|k| !new.contains_key(k)).cloned().collect();
+        MapDiff { upsert, remove }
+    }
+
+    /// Nothing to change.
+    pub fn is_empty(&self) -> bool {
+        self.upsert.is_empty() && self.remove.is_empty()
+    }
+
+    /// Number of changes.
+    pub fn len(&self) -> usize {
+        self.upsert.len() + self.remove.len()
+    }
+}
+
+/// What a dataplane applies to go from one compiled form to the next.
+///
+/// Apply order that never opens a gap in enforcement (the loader follows it):
+/// policy upserts, ipcache and CIDR upserts, endpoint upserts, then policy
+/// removals, ipcache and CIDR removals, endpoint removals. New allows exist
+/// before an address or an isolation flag points at them; old allows go only
+/// after nothing needs them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompiledDiff {
+    /// ipcache changes.
+    pub ipcache: MapDiff<IpAddr, IpEntry>,
+    /// CIDR prefix changes.
+    pub cidrs: MapDiff<IpNet, u32>,
+    /// Endpoint changes.
+    pub endpoints: MapDiff<u32, Endpoint>,
+    /// Policy entry changes.
+    pub policy: MapDiff<PolicyEntry, u32>,
+}
+
+impl CompiledDiff {
+    /// Nothing to change.
+    pub fn is_empty(&self) -> bool {
+        self.ipcache.is_empty() && self.cidrs.is_empty() && self.endpoints.is_empty() && self.policy.is_empty()
+    }
+    /// Number of changes.
+    pub fn len(&self) -> usize {
+        self.ipcache.len() + self.cidrs.len() + self.endpoints.len() + self.policy.len()
+    }
+}
+
+impl Compiled {
+    /// The minimal diff from `self` (what is programmed) to `next`.
+    pub fn diff(&self, next: &Compiled) -> CompiledDiff {
+        CompiledDiff {
+            ipcache: MapDiff::between(&self.ipcache, &next.ipcache),
+            cidrs: MapDiff::between(&self.cidrs, &next.cidrs),
+            endpoints: MapDiff::between(&self.endpoints, &next.endpoints),
+            policy: MapDiff::between(&self.policy, &next.policy),
+        }
+    }
+}

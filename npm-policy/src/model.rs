@@ -1,0 +1,244 @@
+//! The snapshot the compiler works on: pods, namespaces and validated
+//! policies, built from k8s-openapi types (see [`crate::convert`]).
+//!
+//! A [`Snapshot`] is the complete, current state of the cluster as the agent
+//! knows it. The compiler never sees events, only snapshots (level-triggered).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+/// Labels of a pod or a namespace.
+pub type Labels = BTreeMap<String, String>;
+
+/// L4 protocol of a NetworkPolicy port or a container port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Protocol {
+    /// TCP (the default).
+    #[serde(rename = "TCP")]
+    Tcp,
+    /// UDP.
+    #[serde(rename = "UDP")]
+    Udp,
+    /// SCTP.
+    #[serde(rename = "SCTP")]
+    Sctp,
+}
+
+impl Protocol {
+    /// IP protocol number.
+    pub const fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => npm_common::proto::TCP,
+            Protocol::Udp => npm_common::proto::UDP,
+            Protocol::Sctp => npm_common::proto::SCTP,
+        }
+    }
+    /// The protocol with this IP protocol number.
+    pub const fn from_number(n: u8) -> Option<Protocol> {
+        match n {
+            npm_common::proto::TCP => Some(Protocol::Tcp),
+            npm_common::proto::UDP => Some(Protocol::Udp),
+            npm_common::proto::SCTP => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+}
+
+/// A namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespace {
+    /// Name.
+    pub name: String,
+    /// Labels, including `kubernetes.io/metadata.name`.
+    pub labels: Labels,
+}
+
+/// A named container port of a pod.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ContainerPort {
+    /// Port name (`None` when unnamed).
+    pub name: Option<String>,
+    /// Container port number.
+    pub port: u16,
+    /// Protocol (defaults to TCP).
+    pub protocol: Protocol,
+}
+
+/// Pod phase as far as enforcement cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PodPhase {
+    /// Pending.
+    Pending,
+    /// Running.
+    Running,
+    /// Succeeded: terminal, holds no IP any more.
+    Succeeded,
+    /// Failed: terminal, holds no IP any more.
+    Failed,
+    /// Unknown.
+    Unknown,
+}
+
+/// A pod.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pod {
+    /// metadata.uid.
+    pub uid: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: Labels,
+    /// status.podIPs (at most one per family is used).
+    pub ips: Vec<IpAddr>,
+    /// spec.nodeName.
+    pub node_name: Option<String>,
+    /// status.phase.
+    pub phase: PodPhase,
+    /// metadata.deletionTimestamp is set.
+    pub deleting: bool,
+    /// spec.hostNetwork.
+    pub host_network: bool,
+    /// Container ports of all containers.
+    pub ports: Vec<ContainerPort>,
+    /// metadata.creationTimestamp as seconds since the epoch (0 when unknown);
+    /// breaks IP ownership ties between two live pods.
+    pub created: i64,
+}
+
+/// A label selector requirement operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Operator {
+    /// Key present with one of the values.
+    In,
+    /// Key absent, or its value is not one of the values.
+    NotIn,
+    /// Key present (any value, the empty one too).
+    Exists,
+    /// Key absent.
+    DoesNotExist,
+}
+
+/// One matchExpressions requirement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Requirement {
+    /// Label key.
+    pub key: String,
+    /// Operator.
+    pub operator: Operator,
+    /// Values (empty for Exists and DoesNotExist).
+    pub values: Vec<String>,
+}
+
+/// A validated label selector: matchLabels AND matchExpressions. The empty
+/// selector matches everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Selector {
+    /// matchLabels.
+    pub match_labels: Labels,
+    /// matchExpressions.
+    pub match_expressions: Vec<Requirement>,
+}
+
+/// A validated ipBlock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpBlock {
+    /// cidr (normalised: host bits cleared).
+    pub cidr: IpNet,
+    /// except entries, each a strict subset of `cidr`.
+    pub except: Vec<IpNet>,
+}
+
+/// A validated NetworkPolicyPeer: exactly one form.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Peer {
+    /// podSelector only: pods of the policy's namespace.
+    Pods(Selector),
+    /// namespaceSelector only: all pods of the matching namespaces.
+    Namespaces(Selector),
+    /// Both in one peer: matching pods in matching namespaces.
+    PodsInNamespaces {
+        /// namespaceSelector.
+        namespaces: Selector,
+        /// podSelector.
+        pods: Selector,
+    },
+    /// ipBlock.
+    IpBlock(IpBlock),
+}
+
+/// The port part of a validated NetworkPolicyPort.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PortSpec {
+    /// No port: every port of the protocol.
+    All,
+    /// `port..=end_port` (`end_port == port` without endPort).
+    Range(u16, u16),
+    /// A named port, resolved against the destination pod.
+    Named(String),
+}
+
+/// A validated NetworkPolicyPort.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Port {
+    /// Protocol (defaulted to TCP).
+    pub protocol: Protocol,
+    /// Port or range or name.
+    pub port: PortSpec,
+}
+
+/// A validated ingress or egress rule.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rule {
+    /// Ports; empty matches every port and protocol.
+    pub ports: Vec<Port>,
+    /// Peers (`from` or `to`); empty matches every peer.
+    pub peers: Vec<Peer>,
+}
+
+/// A validated NetworkPolicy with defaulting applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// spec.podSelector (pods of `namespace`).
+    pub pod_selector: Selector,
+    /// Effective policyTypes contains Ingress.
+    pub ingress_isolation: bool,
+    /// Effective policyTypes contains Egress.
+    pub egress_isolation: bool,
+    /// Ingress rules.
+    pub ingress: Vec<Rule>,
+    /// Egress rules.
+    pub egress: Vec<Rule>,
+}
+
+/// A policy that failed validation; it is skipped, the others compile.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvalidPolicy {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Every error, each naming the field.
+    pub errors: Vec<String>,
+}
+
+/// The complete cluster state the compiler works on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Namespaces by name.
+    pub namespaces: BTreeMap<String, Namespace>,
+    /// Pods by (namespace, name).
+    pub pods: BTreeMap<(String, String), Pod>,
+    /// Valid policies by (namespace, name).
+    pub policies: BTreeMap<(String, String), Policy>,
+    /// Policies that failed validation.
+    pub invalid_policies: Vec<InvalidPolicy>,
+}
