@@ -1,1 +1,212 @@
-fn main() {}
+//! `cargo xtask`: npm's build, setup, test, conformance and benchmark driver.
+//!
+//! - `cargo xtask setup`: install everything a fresh machine lacks (idempotent).
+//! - `cargo xtask build-ebpf`: build the BPF object with the nightly toolchain.
+//! - `cargo xtask test`: setup, build, and run the whole suite (CI runs this).
+//! - `cargo xtask demo`: the local demo cluster (netns pods, test API server, agent).
+//! - `cargo xtask conformance [...]`: the conformance catalogue on real netns pods.
+//! - `cargo xtask bench datapath|compile|agent`: the benchmarks.
+
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "npm build, setup, test and benchmark driver")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what a fresh machine lacks: packages, rust-src, bpf-linker, helm.
+    Setup,
+    /// Build the eBPF object (target/bpfel-unknown-none/release/npm-ebpf).
+    BuildEbpf,
+    /// Setup, build everything and run the whole test suite.
+    Test {
+        /// Skip `setup` (the machine is known to be ready).
+        #[arg(long)]
+        no_setup: bool,
+    },
+    /// cargo fmt --check and clippy -D warnings on the workspace.
+    Lint,
+    /// Run the conformance catalogue (arguments go to npm-conformance).
+    Conformance {
+        /// Arguments for npm-conformance, e.g. `--dataplane ebpf --filter ID`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The local demo: test API server, 3x3 netns cluster and the agent.
+    Demo {
+        /// Arguments for the demo, e.g. `--dataplane nftables`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Benchmarks: datapath, compile, agent or all.
+    Bench {
+        /// Which benchmark.
+        which: String,
+        /// Extra arguments for the benchmark program.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Setup => setup::setup(),
+        Cmd::BuildEbpf => build_ebpf(),
+        Cmd::Test { no_setup } => test(no_setup),
+        Cmd::Lint => lint(),
+        Cmd::Conformance { args } => conformance(&args),
+        Cmd::Demo { args } => demo(&args),
+        Cmd::Bench { which, args } => bench(&which, &args),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+/// Path of the built BPF object.
+pub fn ebpf_object() -> PathBuf {
+    root().join("target/bpfel-unknown-none/release/npm-ebpf")
+}
+
+/// Run a command in the workspace root, failing with its name on error.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}");
+    eprintln!("xtask: $ {shown}");
+    let status = cmd.current_dir(root()).status().with_context(|| format!("cannot start {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed with {status}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn build_ebpf() -> Result<()> {
+    setup::check_ebpf_prerequisites()?;
+    let mut cmd = Command::new("rustup");
+    cmd.args([
+        "run",
+        "nightly",
+        "cargo",
+        "build",
+        "--package",
+        "npm-ebpf",
+        "--release",
+        "--target",
+        "bpfel-unknown-none",
+        "-Z",
+        "build-std=core",
+    ]);
+    // BTF for the object; the linker is bpf-linker (found on PATH by rustc).
+    cmd.env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf");
+    cmd.env_remove("RUSTFLAGS");
+    cmd.env_remove("RUSTC");
+    cmd.env_remove("RUSTC_WRAPPER");
+    cmd.env_remove("CARGO");
+    run(&mut cmd)?;
+    let obj = ebpf_object();
+    if !obj.exists() {
+        bail!("the BPF build succeeded but {} is missing", obj.display());
+    }
+    eprintln!("xtask: BPF object at {}", obj.display());
+    Ok(())
+}
+
+fn lint() -> Result<()> {
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
+}
+
+/// The whole suite, as CI runs it.
+fn test(no_setup: bool) -> Result<()> {
+    let started = Instant::now();
+    if !no_setup {
+        setup::setup()?;
+    }
+    build_ebpf()?;
+    // Binaries the end-to-end tests start (agent, test API server, conformance runner).
+    run(cargo().args(["build", "--workspace", "--bins"]))?;
+    run(cargo().args(["test", "--workspace", "--no-fail-fast"]).env("NPM_EBPF_OBJECT", ebpf_object()))?;
+    for dataplane in ["simulate", "ebpf"] {
+        conformance(&["--dataplane".to_string(), dataplane.to_string()])?;
+    }
+    eprintln!("xtask: whole suite passed in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn conformance(args: &[String]) -> Result<()> {
+    let simulate = args.windows(2).any(|w| w[0] == "--dataplane" && w[1] == "simulate");
+    if !simulate && !ebpf_object().exists() {
+        build_ebpf()?;
+    }
+    run(cargo().args(["build", "--bin", "npm-agent", "--bin", "npm-conformance"]))?;
+    let mut cmd = Command::new(root().join("target/debug/npm-conformance"));
+    cmd.arg("--agent-bin").arg(root().join("target/debug/npm-agent"));
+    if !args.iter().any(|a| a == "--cases") {
+        cmd.arg("--cases").arg(root().join("tests/conformance"));
+    }
+    cmd.args(args).env("NPM_EBPF_OBJECT", ebpf_object());
+    run(&mut cmd)
+}
+
+fn demo(args: &[String]) -> Result<()> {
+    setup::setup()?;
+    build_ebpf()?;
+    run(cargo().args(["build", "--bin", "npm-agent", "--bin", "npm-demo"]))?;
+    let mut cmd = Command::new(root().join("target/debug/npm-demo"));
+    cmd.arg("--agent-bin")
+        .arg(root().join("target/debug/npm-agent"))
+        .arg("--examples")
+        .arg(root().join("examples"))
+        .args(args)
+        .env("NPM_EBPF_OBJECT", ebpf_object());
+    run(&mut cmd)
+}
+
+fn bench(which: &str, args: &[String]) -> Result<()> {
+    let (package, example) = match which {
+        "datapath" => {
+            build_ebpf()?;
+            ("npm-dataplane", "bench_datapath")
+        }
+        "compile" => ("npm-policy", "bench_compile"),
+        "agent" => {
+            build_ebpf()?;
+            ("npm-agent", "bench_agent")
+        }
+        "all" => {
+            for w in ["compile", "datapath", "agent"] {
+                bench(w, args)?;
+            }
+            return Ok(());
+        }
+        other => bail!("unknown benchmark {other:?}: use datapath, compile, agent or all"),
+    };
+    run(cargo()
+        .args(["run", "--release", "--package", package, "--example", example, "--"])
+        .args(args)
+        .env("NPM_EBPF_OBJECT", ebpf_object()))
+}

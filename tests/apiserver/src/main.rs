@@ -1,1 +1,50 @@
-fn main() {}
+//! `npm-testapi`: run the test API server until interrupted.
+
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// A Kubernetes-compatible API server (namespaces, pods, networkpolicies) for tests and demos.
+#[derive(Debug, Parser)]
+#[command(name = "npm-testapi", version)]
+struct Cli {
+    /// Address to listen on (port 0 picks a free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    listen: SocketAddr,
+    /// Write a kubeconfig pointing at the server to this path.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Disable validation (defaulting still runs).
+    #[arg(long)]
+    no_validation: bool,
+    /// BOOKMARK interval in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    bookmark_interval_ms: u64,
+    /// Maximum events kept in the event log before automatic compaction.
+    #[arg(long, default_value_t = 1_000_000)]
+    max_history: usize,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let opts = npm_testapi::Options {
+        listen: cli.listen,
+        validation: !cli.no_validation,
+        bookmark_interval: std::time::Duration::from_millis(cli.bookmark_interval_ms.max(10)),
+        max_history: cli.max_history,
+        ..Default::default()
+    };
+    let server = npm_testapi::TestApiServer::start(opts).await?;
+    if let Some(path) = &cli.kubeconfig {
+        server.kubeconfig(path)?;
+    }
+    println!("npm-testapi listening on {}", server.url());
+    tokio::signal::ctrl_c().await?;
+    server.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! `npmctl`: the NetworkPolicy simulator on YAML files.
+//!
+//! - `npmctl matrix -f objects.yaml --port 80 --protocol TCP`
+//! - `npmctl explain -f ... --from ns/pod --to ns/pod --port 80`
+//! - `npmctl validate -f ...`
+//! - `npmctl compile -f ... [--node N]` (the compiled tables)
+//! - `npmctl cases PATH...`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use npm_policy::model::Protocol;
+use npm_policy::sim;
+
+#[derive(Parser)]
+#[command(name = "npmctl", about = "NetworkPolicy simulator")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args)]
+struct Files {
+    /// YAML files of Namespace, Pod and NetworkPolicy objects.
+    #[arg(short = 'f', long = "file", required = true)]
+    files: Vec<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct PortArgs {
+    /// Destination port.
+    #[arg(long, default_value_t = 80)]
+    port: u16,
+    /// TCP, UDP or SCTP.
+    #[arg(long, default_value = "TCP")]
+    protocol: String,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Reachability matrix over all pods.
+    Matrix {
+        #[command(flatten)]
+        files: Files,
+        #[command(flatten)]
+        port: PortArgs,
+    },
+    /// Explain one flow.
+    Explain {
+        #[command(flatten)]
+        files: Files,
+        /// Source pod, namespace/name.
+        #[arg(long)]
+        from: String,
+        /// Destination pod, namespace/name.
+        #[arg(long)]
+        to: String,
+        #[command(flatten)]
+        port: PortArgs,
+    },
+    /// Report invalid policies.
+    Validate {
+        #[command(flatten)]
+        files: Files,
+    },
+    /// Print the compiled tables for a node.
+    Compile {
+        #[command(flatten)]
+        files: Files,
+        /// Node name.
+        #[arg(long, default_value = sim::SIM_NODE)]
+        node: String,
+    },
+    /// Run conformance case files against the simulator.
+    Cases {
+        /// Case files.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Print every case, not only failures.
+        #[arg(short, long)]
+        verbose: bool,
+    },
+}
+
+fn load(files: &Files) -> Result<npm_policy::model::Snapshot, String> {
+    let mut inputs = Vec::new();
+    for f in &files.files {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        inputs.push((f.display().to_string(), text));
+    }
+    sim::load_snapshot(&inputs).map_err(|e| e.to_string())
+}
+
+fn protocol(p: &PortArgs) -> Result<Protocol, String> {
+    npm_policy::validate::parse_protocol(&p.protocol.to_uppercase())
+        .ok_or_else(|| format!("unsupported protocol {:?}: want TCP, UDP or SCTP", p.protocol))
+}
+
+fn run(cli: Cli) -> Result<bool, String> {
+    let opts = sim::sim_options();
+    match cli.cmd {
+        Cmd::Matrix { files, port } => {
+            let s = load(&files)?;
+            for p in &s.invalid_policies {
+                eprintln!("warning: invalid policy {}/{} skipped", p.namespace, p.name);
+            }
+            print!("{}", sim::matrix(&s, &opts, protocol(&port)?, port.port).render());
+            Ok(true)
+        }
+        Cmd::Explain { files, from, to, port } => {
+            let s = load(&files)?;
+            let v = sim::explain(&s, &opts, &from, &to, protocol(&port)?, port.port).map_err(|e| e.to_string())?;
+            println!("{from} -> {to} {}/{}: {v}", port.protocol, port.port);
+            Ok(true)
+        }
+        Cmd::Validate { files } => {
+            let s = load(&files)?;
+            for p in &s.policies.values().collect::<Vec<_>>() {
+                println!("valid: {}/{}", p.namespace, p.name);
+            }
+            for p in &s.invalid_policies {
+                println!("INVALID: {}/{}", p.namespace, p.name);
+                for e in &p.errors {
+                    println!("  {e}");
+                }
+            }
+            Ok(s.invalid_policies.is_empty())
+        }
+        Cmd::Compile { files, node } => {
+            let s = load(&files)?;
+            let o = npm_policy::compiled::CompileOptions {
+                node_name: node,
+                ..opts
+            };
+            print!("{}", npm_policy::compile(&s, &o, None).render_table());
+            Ok(true)
+        }
+        Cmd::Cases { paths, verbose } => {
+            let (mut pass, mut fail) = (0, 0);
+            for path in &paths {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let cases =
+                    npm_policy::cases::parse_case_file(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+                for c in &cases {
+                    let r = npm_policy::cases::run_case_simulated(c);
+                    if r.passed() {
+                        pass += 1;
+                    } else {
+                        fail += 1;
+                    }
+                    if verbose || !r.passed() {
+                        print!("{}", r.report());
+                    }
+                }
+            }
+            println!("{pass} passed, {fail} failed");
+            Ok(fail == 0)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("npmctl: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! The compiler: [`Snapshot`] -> [`Compiled`] for one node.
+//!
+//! Every branch quotes the specification digest
+//! (`shared/reference/networkpolicy-semantics.md`) it implements.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use ipnet::{IpNet, Ipv4Net};
+use npm_common::{IDENTITY_ANY, IDENTITY_HOST};
+
+use crate::compiled::{
+    CompileOptions, Compiled, Direction, Endpoint, IdentityKey, IpEntry, PodRef, PolicyEntry, RuleRef,
+};
+use crate::identity::{identity_key, ip_owners, mapped_prefix, namespace_labels, Allocator, PrefixTable};
+use crate::model::{IpBlock, Peer, Pod, Policy, PortSpec, Rule, Snapshot};
+
+/// Every port.
+pub(crate) const ALL_PORTS: (u16, u16) = (0, u16::MAX);
+
+/// The peers of one rule, resolved to identities.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PeerSet {
+    /// Pod identities (selected through pod/namespace selectors).
+    pub(crate) pods: BTreeSet<u32>,
+    /// CIDR identities (ipBlocks) and `IDENTITY_ANY` (no peers).
+    pub(crate) other: BTreeSet<u32>,
+}
+
+/// True when CIDR identity prefix `p` is allowed by `block`.
+///
+/// Spec §4: ipBlock selects an "IP inside `cidr` and not inside any
+/// `except` entry". The datapath gives an address the identity of the
+/// longest prefix `L` of `cidrs` containing it, and `cidrs` holds `C` and
+/// every `Ei` of every block. Allowing every prefix `P` with `P ⊆ C` and
+/// `P ⊄ Ei` for all i is exact:
+/// - `a ∈ C`, `a ∉ ∪Ei`: `C` contains `a`, so `L` exists and is at least as
+///   long as `C`; two prefixes containing `a` are nested, so `L ⊆ C`. `L`
+///   contains `a ∉ Ei`, so `L ⊄ Ei`: allowed.
+/// - `a ∈ Ei`: `Ei` contains `a`, so `L ⊆ Ei`: denied.
+/// - `a ∉ C`: `L` (if any) contains `a`, so `L ⊄ C`: denied; no `L` gives
+///   identity 0, which only matches `IDENTITY_ANY` entries.
+///
+/// Families never mix: an IPv6 prefix never contains an IPv4 prefix. In
+/// the datapath IPv4 is mapped into `::ffff:0:0/96`, so an IPv6 prefix of
+/// length <= 96 covering that range would wrongly be the longest match of
+/// IPv4 addresses; [`compile`] then adds `0.0.0.0/0`, which is longer in
+/// the mapped space and is allowed only by IPv4 blocks with `cidr` /0.
+pub fn block_allows_prefix(block: &IpBlock, p: &IpNet) -> bool {
+    contains_net(&block.cidr, p) && !block.except.iter().any(|e| contains_net(e, p))
+}
+
+/// `inner ⊆ outer`, same family only.
+fn contains_net(outer: &IpNet, inner: &IpNet) -> bool {
+    match (outer, inner) {
+        (IpNet::V4(o), IpNet::V4(i)) => o.prefix_len() <= i.prefix_len() && o.contains(&i.network()),
+        (IpNet::V6(o), IpNet::V6(i)) => o.prefix_len() <= i.prefix_len() && o.contains(&i.network()),
+        _ => false,
+    }
+}
+
+/// The CIDR identity prefixes of a snapshot: every `cidr` and `except`
+/// prefix of every valid policy (spec §4, ipBlock), plus `0.0.0.0/0` when an
+/// IPv6 prefix covers the IPv4-mapped range (see [`block_allows_prefix`]).
+pub fn cidr_prefixes(snapshot: &Snapshot) -> BTreeSet<IpNet> {
+    let mut set = BTreeSet::new();
+    for p in snapshot.policies.values() {
+        for r in p.ingress.iter().chain(&p.egress) {
+            for peer in &r.peers {
+                if let Peer::IpBlock(b) = peer {
+                    set.insert(b.cidr);
+                    set.extend(b.except.iter().copied());
+                }
+            }
+        }
+    }
+    let v4_mapped_range = (0xffffu128 << 32, 96u8);
+    let covers_v4 = set.iter().any(|n| {
+        let (addr, len) = mapped_prefix(n);
+        n.addr().is_ipv6() && len <= 96 && (len == 0 || (addr ^ v4_mapped_range.0) >> (128 - len as u32) == 0)
+    });
+    if covers_v4 {
+        set.insert(IpNet::V4(
+            Ipv4Net::new(std::net::Ipv4Addr::UNSPECIFIED, 0).expect("/0 is valid"),
+        ));
+    }
+    set
+}
+
+/// True when `policy` selects `pod` (spec §1: "`spec.podSelector` selects
+/// pods **in that namespace only**. An empty selector `{}` selects all
+/// pods in the namespace").
+pub fn policy_selects(policy: &Policy, pod: &Pod) -> bool {
+    policy.namespace == pod.namespace && policy.pod_selector.matches(&pod.labels)
+}
+
+/// Resolver of rule peers to identities, shared by the endpoints of a
+/// compile.
+struct Resolver<'a> {
+    /// Pod identities grouped by namespace.
+    by_namespace: BTreeMap<&'a str, Vec<(u32, &'a IdentityKey)>>,
+    /// CIDR identities.
+    cidrs: &'a BTreeMap<IpNet, u32>,
+    /// Memo: (policy, direction, rule index) -> peers.
+    memo: HashMap<(&'a str, &'a str, Direction, usize), PeerSet>,
+}
+
+impl<'a> Resolver<'a> {
+    fn peers(&mut self, policy: &'a Policy, dir: Direction, index: usize, rule: &'a Rule) -> &PeerSet {
+        let key = (policy.namespace.as_str(), policy.name.as_str(), dir, index);
+        if !self.memo.contains_key(&key) {
+            let set = self.resolve(policy, rule);
+            self.memo.insert(key, set);
+        }
+        &self.memo[&key]
+    }
+
+    fn resolve(&self, policy: &Policy, rule: &Rule) -> PeerSet {
+        let mut set = PeerSet::default();
+        // Spec §3: "An empty or missing `from`/`to` matches all peers,
+        // including any IP outside the cluster."
+        if rule.peers.is_empty() {
+            set.other.insert(IDENTITY_ANY);
+            return set;
+        }
+        // Spec §3: "Inside a list, items are combined with OR".
+        for peer in &rule.peers {
+            match peer {
+                // "`podSelector` only | matching pods in the **policy's own namespace**"
+                Peer::Pods(sel) => {
+                    for (id, k) in self.by_namespace.get(policy.namespace.as_str()).into_iter().flatten() {
+                        if sel.matches(&k.pod_labels) {
+                            set.pods.insert(*id);
+                        }
+                    }
+                }
+                // "`namespaceSelector` only | **all** pods in namespaces whose
+                // *namespace labels* match; `{}` = every namespace"
+                Peer::Namespaces(sel) => {
+                    for ids in self.by_namespace.values() {
+                        if ids.first().is_some_and(|(_, k)| sel.matches(&k.namespace_labels)) {
+                            set.pods.extend(ids.iter().map(|(id, _)| *id));
+                        }
+                    }
+                }
+                // "both in **one** peer | pods matching podSelector **AND** in a
+                // namespace matching namespaceSelector"
+                Peer::PodsInNamespaces { namespaces, pods } => {
+                    for ids in self.by_namespace.values() {
+                        if ids
+                            .first()
+                            .is_some_and(|(_, k)| namespaces.matches(&k.namespace_labels))
+                        {
+                            set.pods.extend(
+                                ids.iter()
+                                    .filter(|(_, k)| pods.matches(&k.pod_labels))
+                                    .map(|(id, _)| *id),
+                            );
+                        }
+                    }
+                }
+                // "`ipBlock{cidr, except}` | source (ingress) or destination
+                // (egress) IP inside `cidr` and not inside any `except`
+                // entry"; "In practice it matches **any** address,
+                // including pod IPs": pod IPs carry a CIDR identity too.
+                Peer::IpBlock(b) => {
+                    for (net, id) in self.cidrs {
+                        if block_allows_prefix(b, net) {
+                            set.other.insert(*id);
+                        }
+                    }
+                }
+            }
+        }
+        set
+    }
+}
+
+/// Emits the entries of one rule for one endpoint.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn emit_rule(
+    out: &mut BTreeMap<PolicyEntry, u32>,
+    endpoint: u32,
+    pod: &Pod,
+    dir: Direction,
+    rule: &Rule,
+    peers: &PeerSet,
+    identities: &BTreeMap<u32, IdentityKey>,
+    rule_id: u32,
+) {
+    let mut put = |peer: u32, protocol, ports: (u16, u16)| {
+        let e = PolicyEntry {
+            endpoint,
+            direction: dir,
+            peer,
+            protocol,
+            ports,
+        };
+        let slot = out.entry(e).or_insert(rule_id);
+        *slot = (*slot).min(rule_id);
+    };
+    let all_peers = || peers.pods.iter().chain(&peers.other).copied();
+    // Spec §3: "An empty or missing `ports` matches all ports and protocols."
+    if rule.ports.is_empty() {
+        for peer in all_peers() {
+            put(peer, None, ALL_PORTS);
+        }
+        return;
+    }
+    for port in &rule.ports {
+        // Spec §5: "`protocol` is one of TCP, UDP or SCTP (default TCP). The
+        // rule matches only traffic of that protocol."
+        let proto = Some(port.protocol);
+        match &port.port {
+            // "If `port` is absent, the rule matches every port of that protocol."
+            PortSpec::All => all_peers().for_each(|p| put(p, proto, ALL_PORTS)),
+            // "`endPort` [...] gives the inclusive range `port..endPort`."
+            PortSpec::Range(a, b) => all_peers().for_each(|p| put(p, proto, (*a, *b))),
+            // "A **named** `port` is resolved against the **destination
+            // pod's** containerPorts: for ingress the selected pod, for
+            // egress the peer pod. The name **and** the protocol must match."
+            PortSpec::Named(name) => match dir {
+                Direction::Ingress => {
+                    // The destination is the endpoint itself, whatever the
+                    // peer: named ports work with any peer form.
+                    for cp in pod
+                        .ports
+                        .iter()
+                        .filter(|c| c.name.as_deref() == Some(name) && c.protocol == port.protocol)
+                    {
+                        all_peers().for_each(|p| put(p, proto, (cp.port, cp.port)));
+                    }
+                }
+                Direction::Egress => {
+                    // Per destination pod identity (its key holds the
+                    // pod's named ports). "Implementations cannot resolve a
+                    // name for a non-pod (ipBlock) destination, so in
+                    // practice it matches nothing there": ipBlock and
+                    // any-peer destinations get no entry (our documented
+                    // choice, also for pods reached through an ipBlock).
+                    for id in &peers.pods {
+                        if let Some(k) = identities.get(id) {
+                            for (_, _, n) in k
+                                .named_ports
+                                .iter()
+                                .filter(|(n, p, _)| n == name && *p == port.protocol)
+                            {
+                                put(*id, proto, (*n, *n));
+                            }
+                        }
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// Compiles a snapshot for the node `opts.node_name`. With `prev` (the
+/// previous result), every id of something that still exists is kept, so
+/// [`Compiled::diff`] is minimal.
+pub fn compile(snapshot: &Snapshot, opts: &CompileOptions, prev: Option<&Compiled>) -> Compiled {
+    let mut alloc = Allocator::new(prev);
+    let mut out = Compiled::default();
+
+    // CIDR identities: stable per prefix.
+    for net in cidr_prefixes(snapshot) {
+        let id = alloc.cidr(&net);
+        out.cidrs.insert(net, id);
+    }
+    let lpm = PrefixTable::new(&out.cidrs);
+    let cidr_of = |ip: IpAddr| lpm.longest(ip).map_or(IDENTITY_ANY, |(_, id)| id);
+
+    // IP ownership: an address maps to at most one pod (see `ip_owners`).
+    let owners = ip_owners(snapshot, &opts.node_ips);
+    let mut owned: HashMap<(&str, &str), Vec<IpAddr>> = HashMap::new();
+    for (ip, pod) in &owners {
+        owned
+            .entry((pod.namespace.as_str(), pod.name.as_str()))
+            .or_default()
+            .push(*ip);
+    }
+
+    // Pod identities, cluster-wide, for pods that own an address.
+    // (In snapshot order, so that new ids are handed out deterministically.)
+    let mut pod_identity: HashMap<(&str, &str), u32> = HashMap::with_capacity(owned.len());
+    for pod in snapshot.pods.values() {
+        let key = (pod.namespace.as_str(), pod.name.as_str());
+        let Some(ips) = owned.get_mut(&key) else { continue };
+        ips.sort();
+        let id = alloc.identity(identity_key(pod, namespace_labels(snapshot, &pod.namespace)));
+        pod_identity.insert(key, id);
+        for ip in ips {
+            out.ipcache.insert(
+                *ip,
+                IpEntry {
+                    identity: id,
+                    cidr_identity: cidr_of(*ip),
+                },
+            );
+        }
+    }
+    // Spec §7: "always allow ingress from the local node": node addresses
+    // have IDENTITY_HOST; the datapath allows ingress from it (step 8).
+    for ip in &opts.node_ips {
+        out.ipcache.insert(
+            *ip,
+            IpEntry {
+                identity: IDENTITY_HOST,
+                cidr_identity: cidr_of(*ip),
+            },
+        );
+    }
+
+    // Taken out while rules are allocated, put back at the end.
+    let identities = alloc.take_identities();
+    let mut resolver = Resolver {
+        by_namespace: BTreeMap::new(),
+        cidrs: &out.cidrs,
+        memo: HashMap::new(),
+    };
+    for (id, k) in &identities {
+        resolver
+            .by_namespace
+            .entry(k.namespace.as_str())
+            .or_default()
+            .push((*id, k));
+    }
+
+    // Policies by namespace.
+    let mut policies_by_ns: HashMap<&str, Vec<&Policy>> = HashMap::new();
+    for p in snapshot.policies.values() {
+        policies_by_ns.entry(p.namespace.as_str()).or_default().push(p);
+    }
+
+    let mut policy = BTreeMap::new();
+    let mut endpoints = BTreeMap::new();
+    // Local endpoints: pods of this node that own an address (not
+    // hostNetwork, not terminal: `is_addressable`).
+    for pod in snapshot.pods.values() {
+        if pod.node_name.as_deref() != Some(opts.node_name.as_str()) {
+            continue;
+        }
+        let key = (pod.namespace.as_str(), pod.name.as_str());
+        let Some(ips) = owned.get(&key) else { continue };
+        let ep = alloc.endpoint(&pod.uid);
+        let selecting: Vec<&Policy> = policies_by_ns
+            .get(pod.namespace.as_str())
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|p| policy_selects(p, pod))
+            .collect();
+        // Spec §1: "A pod is **isolated for ingress** when at least one
+        // policy selects it and has `Ingress` in its effective
+        // `policyTypes`. The same rule, with `Egress` [...]. The two are
+        // independent".
+        let iso_in = selecting.iter().any(|p| p.ingress_isolation);
+        let iso_eg = selecting.iter().any(|p| p.egress_isolation);
+        // "A pod that is isolated in a direction accepts only the
+        // connections allowed by the **union** of the rules of every
+        // policy that applies to it in that direction."
+        for p in &selecting {
+            for (dir, on, rules) in [
+                (Direction::Ingress, p.ingress_isolation, &p.ingress),
+                (Direction::Egress, p.egress_isolation, &p.egress),
+            ] {
+                // Rules of a direction the policy does not isolate are
+                // ignored (policyTypes decides which lists apply).
+                if !on {
+                    continue;
+                }
+                for (i, rule) in rules.iter().enumerate() {
+                    let peers = resolver.peers(p, dir, i, rule);
+                    if peers.pods.is_empty() && peers.other.is_empty() {
+                        continue;
+                    }
+                    let rid = alloc.rule(&RuleRef::Policy {
+                        namespace: p.namespace.clone(),
+                        name: p.name.clone(),
+                        direction: dir,
+                        index: i,
+                    });
+                    emit_rule(&mut policy, ep, pod, dir, rule, peers, &identities, rid);
+                }
+            }
+        }
+        // Spec §7: "let policy govern egress to the node. Make the egress
+        // choice configurable": `allow_host_egress`.
+        if iso_eg && opts.allow_host_egress {
+            let rid = alloc.rule(&RuleRef::HostEgress);
+            policy.insert(
+                PolicyEntry {
+                    endpoint: ep,
+                    direction: Direction::Egress,
+                    peer: IDENTITY_HOST,
+                    protocol: None,
+                    ports: ALL_PORTS,
+                },
+                rid,
+            );
+        }
+        endpoints.insert(
+            ep,
+            Endpoint {
+                pod: PodRef {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                },
+                identity: pod_identity[&key],
+                ipv4: ips.iter().find_map(|i| match i {
+                    IpAddr::V4(a) => Some(*a),
+                    _ => None,
+                }),
+                ipv6: ips.iter().find_map(|i| match i {
+                    IpAddr::V6(a) => Some(*a),
+                    _ => None,
+                }),
+                isolated_ingress: iso_in,
+                isolated_egress: iso_eg,
+            },
+        );
+    }
+    out.endpoints = endpoints;
+    out.policy = policy;
+    out.ids = alloc.tables;
+    out.ids.identities = identities;
+    out
+}

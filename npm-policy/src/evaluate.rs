@@ -1,0 +1,308 @@
+//! The reference evaluator: decides a flow straight from the specification
+//! on the [`Snapshot`], with no compiled state. The compiler is tested
+//! against it.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use crate::compiled::{CompileOptions, Direction};
+use crate::identity::{ip_owners, namespace_labels};
+use crate::model::{Peer, Pod, Policy, PortSpec, Rule, Snapshot};
+
+/// One new connection: `src` opens it to `dst`:`dst_port`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flow {
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// IP protocol number.
+    pub protocol: u8,
+    /// Destination port (0 for protocols without ports).
+    pub dst_port: u16,
+}
+
+/// Why one end allowed or denied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    /// The end is not a pod (or a hostNetwork pod): it imposes nothing.
+    NotAPod,
+    /// No policy isolates the pod in this direction.
+    NotIsolated,
+    /// Ingress from an address of the pod's node: always allowed.
+    FromNode,
+    /// Egress to the node, allowed by `allow_host_egress`.
+    HostEgress,
+    /// Allowed by rule `index` of policy `policy` (`namespace/name`).
+    Rule {
+        /// `namespace/name`.
+        policy: String,
+        /// Rule index in the direction's list.
+        index: usize,
+    },
+    /// Isolated and no rule allows.
+    Denied,
+}
+
+/// The verdict of one end of a flow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndVerdict {
+    /// The direction, from this end.
+    pub direction: Direction,
+    /// The pod (`namespace/name`) at this end, if any.
+    pub pod: Option<String>,
+    /// The policies (`namespace/name`) selecting the pod for this direction.
+    pub selected_by: Vec<String>,
+    /// The outcome.
+    pub allowed: bool,
+    /// Why.
+    pub reason: EndReason,
+}
+
+/// The verdict of a flow: both ends must allow it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// Both ends allow it.
+    pub allowed: bool,
+    /// The source's egress.
+    pub egress: EndVerdict,
+    /// The destination's ingress.
+    pub ingress: EndVerdict,
+}
+
+impl fmt::Display for EndVerdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let who = self.pod.as_deref().unwrap_or("(not a pod)");
+        write!(
+            f,
+            "{} of {who}: {}",
+            self.direction.name(),
+            if self.allowed { "allowed" } else { "DENIED" }
+        )?;
+        if !self.selected_by.is_empty() {
+            write!(f, " [selected by {}]", self.selected_by.join(", "))?;
+        }
+        match &self.reason {
+            EndReason::NotAPod => write!(f, ": not a pod, imposes nothing"),
+            EndReason::NotIsolated => write!(f, ": not isolated"),
+            EndReason::FromNode => write!(f, ": from the pod's node, always allowed"),
+            EndReason::HostEgress => write!(f, ": to the node, allowed by allow_host_egress"),
+            EndReason::Rule { policy, index } => write!(f, ": by {policy} {}[{index}]", self.direction.name()),
+            EndReason::Denied => write!(f, ": isolated and no rule allows"),
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", if self.allowed { "ALLOWED" } else { "DENIED" })?;
+        writeln!(f, "  {}", self.egress)?;
+        write!(f, "  {}", self.ingress)
+    }
+}
+
+/// The pod owning an address (ownership rules of
+/// [`crate::identity::ip_owners`]; node addresses are never pods).
+pub fn pod_at<'a>(snapshot: &'a Snapshot, opts: &CompileOptions, ip: IpAddr) -> Option<&'a Pod> {
+    ip_owners(snapshot, &opts.node_ips).get(&ip).copied()
+}
+
+/// Decides a flow.
+pub fn evaluate(snapshot: &Snapshot, opts: &CompileOptions, flow: &Flow) -> Verdict {
+    let owners = ip_owners(snapshot, &opts.node_ips);
+    let end = |ip: IpAddr, dir: Direction, peer: IpAddr| match owners.get(&ip) {
+        Some(pod) => direction_verdict(
+            snapshot,
+            opts,
+            pod,
+            dir,
+            peer,
+            owners.get(&peer).copied(),
+            flow.protocol,
+            flow.dst_port,
+        ),
+        None => EndVerdict {
+            direction: dir,
+            pod: None,
+            selected_by: vec![],
+            allowed: true,
+            reason: EndReason::NotAPod,
+        },
+    };
+    let egress = end(flow.src, Direction::Egress, flow.dst);
+    let ingress = end(flow.dst, Direction::Ingress, flow.src);
+    Verdict {
+        allowed: egress.allowed && ingress.allowed,
+        egress,
+        ingress,
+    }
+}
+
+/// Decides one end: `pod` in `direction` with `peer_ip` (the destination
+/// for egress, the source for ingress).
+pub fn evaluate_direction(
+    snapshot: &Snapshot,
+    opts: &CompileOptions,
+    pod: &Pod,
+    direction: Direction,
+    peer_ip: IpAddr,
+    protocol: u8,
+    port: u16,
+) -> EndVerdict {
+    let peer_pod = pod_at(snapshot, opts, peer_ip);
+    direction_verdict(snapshot, opts, pod, direction, peer_ip, peer_pod, protocol, port)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn direction_verdict(
+    snapshot: &Snapshot,
+    opts: &CompileOptions,
+    pod: &Pod,
+    dir: Direction,
+    peer_ip: IpAddr,
+    peer_pod: Option<&Pod>,
+    protocol: u8,
+    port: u16,
+) -> EndVerdict {
+    let name = format!("{}/{}", pod.namespace, pod.name);
+    // Spec §4: hostNetwork pods are ignored (our choice): no restriction.
+    if pod.host_network {
+        return EndVerdict {
+            direction: dir,
+            pod: None,
+            selected_by: vec![],
+            allowed: true,
+            reason: EndReason::NotAPod,
+        };
+    }
+    // §1: "isolated for ingress when at least one policy selects it and has
+    // `Ingress` in its effective `policyTypes`" (same for Egress).
+    let selecting: Vec<&Policy> = snapshot
+        .policies
+        .values()
+        .filter(|p| p.namespace == pod.namespace && p.pod_selector.matches(&pod.labels))
+        .filter(|p| match dir {
+            Direction::Ingress => p.ingress_isolation,
+            Direction::Egress => p.egress_isolation,
+        })
+        .collect();
+    let selected_by: Vec<String> = selecting
+        .iter()
+        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .collect();
+    let v = |allowed, reason| EndVerdict {
+        direction: dir,
+        pod: Some(name.clone()),
+        selected_by: selected_by.clone(),
+        allowed,
+        reason,
+    };
+    // "A pod that is not isolated in a direction has no restrictions".
+    if selecting.is_empty() {
+        return v(true, EndReason::NotIsolated);
+    }
+    let peer_is_node = opts.node_ips.contains(&peer_ip);
+    // §7: "always allow ingress from the local node".
+    if dir == Direction::Ingress && peer_is_node {
+        return v(true, EndReason::FromNode);
+    }
+    // §7: egress to the node per setting.
+    if dir == Direction::Egress && peer_is_node && opts.allow_host_egress {
+        return v(true, EndReason::HostEgress);
+    }
+    // "the **union** of the rules of every policy that applies".
+    for p in &selecting {
+        let rules = match dir {
+            Direction::Ingress => &p.ingress,
+            Direction::Egress => &p.egress,
+        };
+        for (i, r) in rules.iter().enumerate() {
+            if rule_matches(snapshot, p, r, dir, pod, peer_ip, peer_pod, protocol, port) {
+                return v(
+                    true,
+                    EndReason::Rule {
+                        policy: format!("{}/{}", p.namespace, p.name),
+                        index: i,
+                    },
+                );
+            }
+        }
+    }
+    v(false, EndReason::Denied)
+}
+
+/// Does `peer` (one NetworkPolicyPeer of `policy`) select the peer?
+fn peer_matches(snapshot: &Snapshot, policy: &Policy, peer: &Peer, peer_ip: IpAddr, peer_pod: Option<&Pod>) -> bool {
+    let ns_labels = |p: &Pod| namespace_labels(snapshot, &p.namespace).cloned().unwrap_or_default();
+    match peer {
+        // "matching pods in the **policy's own namespace**"
+        Peer::Pods(sel) => peer_pod.is_some_and(|p| p.namespace == policy.namespace && sel.matches(&p.labels)),
+        // "**all** pods in namespaces whose *namespace labels* match"
+        Peer::Namespaces(sel) => peer_pod.is_some_and(|p| sel.matches(&ns_labels(p))),
+        // "pods matching podSelector **AND** in a namespace matching namespaceSelector"
+        Peer::PodsInNamespaces { namespaces, pods } => {
+            peer_pod.is_some_and(|p| namespaces.matches(&ns_labels(p)) && pods.matches(&p.labels))
+        }
+        // "IP inside `cidr` and not inside any `except` entry" (any address,
+        // pod IPs too).
+        Peer::IpBlock(b) => b.cidr.contains(&peer_ip) && !b.except.iter().any(|e| e.contains(&peer_ip)),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rule_matches(
+    snapshot: &Snapshot,
+    policy: &Policy,
+    rule: &Rule,
+    dir: Direction,
+    pod: &Pod,
+    peer_ip: IpAddr,
+    peer_pod: Option<&Pod>,
+    protocol: u8,
+    port: u16,
+) -> bool {
+    // §3: "Traffic matches a rule only if it matches **both** lists." and
+    // "An empty or missing `from`/`to` matches all peers".
+    let peer_ok = |p: &Peer| peer_matches(snapshot, policy, p, peer_ip, peer_pod);
+    let any_peer = rule.peers.is_empty() || rule.peers.iter().any(peer_ok);
+    if !any_peer {
+        return false;
+    }
+    // "An empty or missing `ports` matches all ports and protocols."
+    if rule.ports.is_empty() {
+        return true;
+    }
+    rule.ports.iter().any(|p| {
+        if p.protocol.number() != protocol {
+            return false;
+        }
+        match &p.port {
+            PortSpec::All => true,
+            PortSpec::Range(a, b) => *a <= port && port <= *b,
+            // "A **named** `port` is resolved against the **destination
+            // pod's** containerPorts [...] The name **and** the protocol must
+            // match."
+            PortSpec::Named(name) => {
+                let resolves = |d: &Pod| {
+                    d.ports
+                        .iter()
+                        .any(|c| c.name.as_deref() == Some(name.as_str()) && c.protocol == p.protocol && c.port == port)
+                };
+                match dir {
+                    Direction::Ingress => resolves(pod),
+                    // Egress: the destination must be a pod selected by a
+                    // pod/namespace selector peer of this rule; through an
+                    // ipBlock or an empty `to` a name matches nothing
+                    // (documented choice).
+                    Direction::Egress => {
+                        peer_pod.is_some_and(resolves)
+                            && rule
+                                .peers
+                                .iter()
+                                .any(|pe| !matches!(pe, Peer::IpBlock(_)) && peer_ok(pe))
+                    }
+                }
+            }
+        }
+    })
+}

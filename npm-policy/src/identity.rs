@@ -1,0 +1,257 @@
+//! Which pods hold which addresses, identity keys and allocation, and the
+//! longest-prefix table of CIDR identities.
+//!
+//! Allocation rules (all ids are stable across recompiles through the
+//! previous [`Compiled`]; counters in [`IdTables`] only grow, so an id is
+//! never handed to something else later):
+//! - pods with equal [`IdentityKey`] share one pod identity (from
+//!   `IDENTITY_FIRST_POD`);
+//! - every distinct ipBlock prefix has one CIDR identity (from
+//!   `IDENTITY_FIRST_CIDR`);
+//! - every local pod uid has one endpoint id (from 1);
+//! - every rule ([`RuleRef`]) has one rule id (from 1).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use npm_common::{IDENTITY_FIRST_CIDR, IDENTITY_FIRST_POD};
+
+use crate::compiled::{Compiled, IdTables, IdentityKey, RuleRef};
+use crate::model::{Labels, Pod, PodPhase, Snapshot};
+
+/// Spec §6 "Pod lifecycle": a pod in phase Succeeded or Failed holds no
+/// address any more; a pod without an address cannot be matched by
+/// address. hostNetwork pods (spec §4, "ignore them in pod/namespace
+/// selectors and treat their traffic as node-IP traffic" — our choice) are
+/// never pods for enforcement: their address is the node's.
+pub fn is_addressable(pod: &Pod) -> bool {
+    !pod.host_network && !matches!(pod.phase, PodPhase::Succeeded | PodPhase::Failed) && !pod.ips.is_empty()
+}
+
+/// The addresses a pod uses: at most one per family (the first listed).
+pub fn pod_addresses(pod: &Pod) -> impl Iterator<Item = IpAddr> + '_ {
+    let v4 = pod.ips.iter().find(|i| i.is_ipv4());
+    let v6 = pod.ips.iter().find(|i| i.is_ipv6());
+    v4.into_iter().chain(v6).copied()
+}
+
+/// Ownership rank: the greater one wins an address claimed by two pods.
+/// "prefer a pod that is Running and not deleting, then the newest
+/// `created`, then the greater uid" — a stale object of a pod that is gone
+/// must never take the address of the pod that holds it now (incident 1).
+fn rank(pod: &Pod) -> (bool, i64, &str) {
+    (
+        pod.phase == PodPhase::Running && !pod.deleting,
+        pod.created,
+        pod.uid.as_str(),
+    )
+}
+
+/// Address -> the pod that owns it. Only addressable pods take part;
+/// addresses in `node_ips` belong to the node, never to a pod.
+pub fn ip_owners<'a>(snapshot: &'a Snapshot, node_ips: &[IpAddr]) -> HashMap<IpAddr, &'a Pod> {
+    let mut owners: HashMap<IpAddr, &Pod> = HashMap::with_capacity(snapshot.pods.len() * 2);
+    for pod in snapshot.pods.values().filter(|p| is_addressable(p)) {
+        for ip in pod_addresses(pod) {
+            if node_ips.contains(&ip) {
+                continue;
+            }
+            owners
+                .entry(ip)
+                .and_modify(|cur| {
+                    if rank(pod) > rank(cur) {
+                        *cur = pod;
+                    }
+                })
+                .or_insert(pod);
+        }
+    }
+    owners
+}
+
+/// Labels of a namespace; a namespace missing from the snapshot has none.
+pub fn namespace_labels<'a>(snapshot: &'a Snapshot, namespace: &str) -> Option<&'a Labels> {
+    snapshot.namespaces.get(namespace).map(|n| &n.labels)
+}
+
+/// The identity key of a pod.
+pub fn identity_key(pod: &Pod, namespace_labels: Option<&Labels>) -> IdentityKey {
+    let mut named_ports: Vec<_> = pod
+        .ports
+        .iter()
+        .filter_map(|p| p.name.clone().map(|n| (n, p.protocol, p.port)))
+        .collect();
+    named_ports.sort();
+    named_ports.dedup();
+    IdentityKey {
+        namespace: pod.namespace.clone(),
+        namespace_labels: namespace_labels.cloned().unwrap_or_default(),
+        pod_labels: pod.labels.clone(),
+        named_ports,
+    }
+}
+
+/// An address as the datapath stores it: IPv4 mapped into `::ffff:0:0/96`.
+pub fn mapped(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => (0xffffu128 << 32) | u32::from(a) as u128,
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+/// A prefix as the datapath stores it: (mapped network, mapped length).
+pub fn mapped_prefix(net: &IpNet) -> (u128, u8) {
+    match net {
+        IpNet::V4(n) => (mapped(IpAddr::V4(n.network())), 96 + n.prefix_len()),
+        IpNet::V6(n) => (u128::from(n.network()), n.prefix_len()),
+    }
+}
+
+fn mask(len: u8) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - len as u32)
+    }
+}
+
+/// Masked network -> (prefix, identity), for one prefix length.
+type PrefixMap = HashMap<u128, (IpNet, u32)>;
+
+/// Longest-prefix match over CIDR identities in the datapath's mapped
+/// address space (one table for both families, like `NPM_CIDRS`).
+#[derive(Clone, Debug, Default)]
+pub struct PrefixTable {
+    /// (length, longest first) -> masked network -> (prefix, identity).
+    by_len: Vec<(u8, PrefixMap)>,
+}
+
+impl PrefixTable {
+    /// Builds the table from a prefix -> identity map.
+    pub fn new(cidrs: &BTreeMap<IpNet, u32>) -> Self {
+        let mut m: BTreeMap<u8, HashMap<u128, (IpNet, u32)>> = BTreeMap::new();
+        for (net, id) in cidrs {
+            let (addr, len) = mapped_prefix(net);
+            m.entry(len).or_default().insert(addr & mask(len), (*net, *id));
+        }
+        PrefixTable {
+            by_len: m.into_iter().rev().collect(),
+        }
+    }
+
+    /// The longest prefix containing `ip` and its identity.
+    pub fn longest(&self, ip: IpAddr) -> Option<(IpNet, u32)> {
+        let a = mapped(ip);
+        self.by_len
+            .iter()
+            .find_map(|(len, m)| m.get(&(a & mask(*len))).copied())
+    }
+}
+
+/// Hands out ids, reusing those of the previous compile.
+pub(crate) struct Allocator<'p> {
+    pub(crate) tables: IdTables,
+    identity_by_key: HashMap<IdentityKey, u32>,
+    rule_by_ref: HashMap<RuleRef, u32>,
+    prev_endpoints: Option<&'p BTreeMap<String, u32>>,
+    prev_cidrs: Option<&'p BTreeMap<IpNet, u32>>,
+    prev_identity_by_key: HashMap<&'p IdentityKey, u32>,
+    prev_rule_by_ref: HashMap<&'p RuleRef, u32>,
+}
+
+impl<'p> Allocator<'p> {
+    pub(crate) fn new(prev: Option<&'p Compiled>) -> Self {
+        let d = IdTables::default();
+        let pt = prev.map_or(&d, |c| &c.ids);
+        let tables = IdTables {
+            next_endpoint: pt.next_endpoint.max(1),
+            next_identity: pt.next_identity.max(IDENTITY_FIRST_POD),
+            next_rule: pt.next_rule.max(1),
+            next_cidr: pt.next_cidr.max(IDENTITY_FIRST_CIDR),
+            ..IdTables::default()
+        };
+        Allocator {
+            tables,
+            identity_by_key: HashMap::new(),
+            rule_by_ref: HashMap::new(),
+            prev_endpoints: prev.map(|c| &c.ids.endpoints),
+            prev_cidrs: prev.map(|c| &c.cidrs),
+            prev_identity_by_key: prev
+                .map(|c| c.ids.identities.iter().map(|(id, k)| (k, *id)).collect())
+                .unwrap_or_default(),
+            prev_rule_by_ref: prev
+                .map(|c| c.ids.rules.iter().map(|(id, r)| (r, *id)).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Identity of a key: the previous one if it existed, else a new one.
+    pub(crate) fn identity(&mut self, key: IdentityKey) -> u32 {
+        if let Some(id) = self.identity_by_key.get(&key) {
+            return *id;
+        }
+        let id = match self.prev_identity_by_key.get(&key) {
+            Some(id) => *id,
+            None => {
+                let id = self.tables.next_identity;
+                self.tables.next_identity += 1;
+                id
+            }
+        };
+        self.identity_by_key.insert(key, id);
+        id
+    }
+
+    /// Moves the identities handed out so far into `tables.identities`.
+    pub(crate) fn take_identities(&mut self) -> BTreeMap<u32, IdentityKey> {
+        self.identity_by_key.drain().map(|(k, id)| (id, k)).collect()
+    }
+
+    /// Endpoint id of a pod uid.
+    pub(crate) fn endpoint(&mut self, uid: &str) -> u32 {
+        if let Some(id) = self.tables.endpoints.get(uid) {
+            return *id;
+        }
+        let id = match self.prev_endpoints.and_then(|m| m.get(uid)) {
+            Some(id) => *id,
+            None => {
+                let id = self.tables.next_endpoint;
+                self.tables.next_endpoint += 1;
+                id
+            }
+        };
+        self.tables.endpoints.insert(uid.to_string(), id);
+        id
+    }
+
+    /// Rule id of a rule.
+    pub(crate) fn rule(&mut self, rule: &RuleRef) -> u32 {
+        if let Some(id) = self.rule_by_ref.get(rule) {
+            return *id;
+        }
+        let id = match self.prev_rule_by_ref.get(rule) {
+            Some(id) => *id,
+            None => {
+                let id = self.tables.next_rule;
+                self.tables.next_rule += 1;
+                id
+            }
+        };
+        self.tables.rules.insert(id, rule.clone());
+        self.rule_by_ref.insert(rule.clone(), id);
+        id
+    }
+
+    /// CIDR identity of a prefix (called once per prefix and compile).
+    pub(crate) fn cidr(&mut self, net: &IpNet) -> u32 {
+        match self.prev_cidrs.and_then(|m| m.get(net)) {
+            Some(id) => *id,
+            None => {
+                let id = self.tables.next_cidr;
+                self.tables.next_cidr += 1;
+                id
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! A stable text form of [`Compiled`] (golden files, `npmctl compile`).
+
+use std::fmt::Write;
+
+use crate::compiled::{Compiled, RuleRef};
+
+fn labels(l: &crate::model::Labels) -> String {
+    let v: Vec<String> = l.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{{{}}}", v.join(","))
+}
+
+fn peer_name(c: &Compiled, id: u32) -> String {
+    match id {
+        npm_common::IDENTITY_ANY => "any".to_string(),
+        npm_common::IDENTITY_WORLD => "world".to_string(),
+        npm_common::IDENTITY_HOST => "host".to_string(),
+        id if id >= npm_common::IDENTITY_FIRST_CIDR => match c.cidrs.iter().find(|(_, v)| **v == id) {
+            Some((n, _)) => format!("cidr:{n}"),
+            None => format!("cidr#{id}"),
+        },
+        id => format!("id:{id}"),
+    }
+}
+
+impl Compiled {
+    /// Renders every table in a stable, line-oriented text form.
+    pub fn render_table(&self) -> String {
+        let mut s = String::new();
+        s.push_str("identities:\n");
+        for (id, k) in &self.ids.identities {
+            let ports: Vec<String> = k
+                .named_ports
+                .iter()
+                .map(|(n, p, num)| format!("{n}={num}/{p:?}"))
+                .collect();
+            let _ = writeln!(
+                s,
+                "  {id} ns={} pod{} nsl{} ports=[{}]",
+                k.namespace,
+                labels(&k.pod_labels),
+                labels(&k.namespace_labels),
+                ports.join(",")
+            );
+        }
+        s.push_str("cidrs:\n");
+        for (n, id) in &self.cidrs {
+            let _ = writeln!(s, "  {n} -> {id}");
+        }
+        s.push_str("ipcache:\n");
+        for (ip, e) in &self.ipcache {
+            let _ = writeln!(s, "  {ip} -> {} cidr={}", peer_name(self, e.identity), e.cidr_identity);
+        }
+        s.push_str("endpoints:\n");
+        for (id, e) in &self.endpoints {
+            let v4 = e.ipv4.map(|a| a.to_string()).unwrap_or_else(|| "-".into());
+            let v6 = e.ipv6.map(|a| a.to_string()).unwrap_or_else(|| "-".into());
+            let iso = |b: bool| if b { "isolated" } else { "open" };
+            let _ = writeln!(
+                s,
+                "  ep{id} {}/{} identity={} v4={v4} v6={v6} ingress={} egress={}",
+                e.pod.namespace,
+                e.pod.name,
+                e.identity,
+                iso(e.isolated_ingress),
+                iso(e.isolated_egress)
+            );
+        }
+        s.push_str("rules:\n");
+        for (id, r) in &self.ids.rules {
+            match r {
+                RuleRef::Policy {
+                    namespace,
+                    name,
+                    direction,
+                    index,
+                } => {
+                    let _ = writeln!(s, "  r{id} {namespace}/{name} {}[{index}]", direction.name());
+                }
+                RuleRef::HostEgress => {
+                    let _ = writeln!(s, "  r{id} host-egress");
+                }
+            }
+        }
+        s.push_str("policy:\n");
+        for (e, r) in &self.policy {
+            let what = match e.protocol {
+                None => "any".to_string(),
+                Some(p) if e.ports == (0, u16::MAX) => format!("{p:?}/*"),
+                Some(p) if e.ports.0 == e.ports.1 => format!("{p:?}/{}", e.ports.0),
+                Some(p) => format!("{p:?}/{}-{}", e.ports.0, e.ports.1),
+            };
+            let _ = writeln!(
+                s,
+                "  ep{} {} {} {what} r{r}",
+                e.endpoint,
+                e.direction.name(),
+                peer_name(self, e.peer)
+            );
+        }
+        s
+    }
+}

@@ -1,0 +1,177 @@
+//! The simulator behind `npmctl`: builds a snapshot from YAML texts and
+//! computes reachability matrices and flow explanations with the reference
+//! evaluator.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use crate::cases::Matrix;
+use crate::compiled::CompileOptions;
+use crate::convert::{load_yaml, ConvertError, Objects, YamlError};
+use crate::evaluate::{evaluate, Flow, Verdict};
+use crate::identity::{is_addressable, pod_addresses};
+use crate::model::{PodPhase, Protocol, Snapshot};
+
+/// Errors of the simulator.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A YAML input failed to load.
+    #[error("{input}: {source}")]
+    Yaml {
+        /// Which input (file name).
+        input: String,
+        /// The error.
+        source: YamlError,
+    },
+    /// An object failed to convert.
+    #[error("{0}")]
+    Convert(#[from] ConvertError),
+    /// A pod reference does not name an addressable pod.
+    #[error("pod {0:?} not found or without an address (want namespace/name)")]
+    NoPod(String),
+}
+
+/// The node the simulator compiles for.
+pub const SIM_NODE: &str = "npm-node";
+
+/// Builds a snapshot from named YAML texts (`(name, text)`). Pods without
+/// `status.podIP(s)` get a synthetic address in `10.244.0.0/16` and, when
+/// without a phase, phase Running; pods without `spec.nodeName` run on
+/// [`SIM_NODE`]. Namespaces referenced by pods or policies but not defined
+/// are created with just their metadata label.
+pub fn load_snapshot(inputs: &[(String, String)]) -> Result<Snapshot, SimError> {
+    let mut objs = Objects::default();
+    for (name, text) in inputs {
+        objs.extend(load_yaml(text).map_err(|source| SimError::Yaml {
+            input: name.clone(),
+            source,
+        })?);
+    }
+    let mut snap = Snapshot::from_objects(&objs.namespaces, &objs.pods, &objs.policies)?;
+    let raw_phase: std::collections::BTreeMap<(String, String), bool> = objs
+        .pods
+        .iter()
+        .map(|p| {
+            let key = (
+                p.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+                p.metadata.name.clone().unwrap_or_default(),
+            );
+            (key, p.status.as_ref().and_then(|s| s.phase.as_ref()).is_some())
+        })
+        .collect();
+    let used: std::collections::BTreeSet<IpAddr> = snap.pods.values().flat_map(|p| p.ips.iter().copied()).collect();
+    let mut next = 1u32;
+    for (key, pod) in snap.pods.iter_mut() {
+        if pod.node_name.is_none() {
+            pod.node_name = Some(SIM_NODE.to_string());
+        }
+        if !raw_phase.get(key).copied().unwrap_or(false) {
+            pod.phase = PodPhase::Running;
+        }
+        if pod.ips.is_empty() && !pod.host_network {
+            let ip = loop {
+                let ip = IpAddr::V4(Ipv4Addr::new(10, 244, (next / 250) as u8, (next % 250 + 1) as u8));
+                next += 1;
+                if !used.contains(&ip) {
+                    break ip;
+                }
+            };
+            pod.ips.push(ip);
+        }
+    }
+    let namespaces: Vec<String> = snap
+        .pods
+        .keys()
+        .map(|k| k.0.clone())
+        .chain(snap.policies.keys().map(|k| k.0.clone()))
+        .collect();
+    for ns in namespaces {
+        if !snap.namespaces.contains_key(&ns) {
+            let labels = [("kubernetes.io/metadata.name".to_string(), ns.clone())].into();
+            snap.upsert_namespace(crate::model::Namespace { name: ns, labels });
+        }
+    }
+    Ok(snap)
+}
+
+/// Compile options of the simulator.
+pub fn sim_options() -> CompileOptions {
+    CompileOptions {
+        node_name: SIM_NODE.to_string(),
+        node_ips: vec![],
+        allow_host_egress: false,
+    }
+}
+
+/// The addressable pods (`namespace/name`), sorted, with their first address.
+pub fn pods(snapshot: &Snapshot) -> Vec<(String, IpAddr)> {
+    snapshot
+        .pods
+        .values()
+        .filter(|p| is_addressable(p))
+        .filter_map(|p| {
+            pod_addresses(p)
+                .next()
+                .map(|ip| (format!("{}/{}", p.namespace, p.name), ip))
+        })
+        .collect()
+}
+
+/// The reachability matrix over every addressable pod.
+pub fn matrix(snapshot: &Snapshot, opts: &CompileOptions, protocol: Protocol, port: u16) -> Matrix {
+    let pods = pods(snapshot);
+    let names: Vec<String> = pods.iter().map(|(n, _)| n.clone()).collect();
+    let cells = pods
+        .iter()
+        .map(|(_, src)| {
+            pods.iter()
+                .map(|(_, dst)| {
+                    evaluate(
+                        snapshot,
+                        opts,
+                        &Flow {
+                            src: *src,
+                            dst: *dst,
+                            protocol: protocol.number(),
+                            dst_port: port,
+                        },
+                    )
+                    .allowed
+                })
+                .collect()
+        })
+        .collect();
+    Matrix {
+        rows: names.clone(),
+        columns: names,
+        cells,
+    }
+}
+
+/// Explains the flow from pod `from` to pod `to` (`namespace/name`).
+pub fn explain(
+    snapshot: &Snapshot,
+    opts: &CompileOptions,
+    from: &str,
+    to: &str,
+    protocol: Protocol,
+    port: u16,
+) -> Result<Verdict, SimError> {
+    let pods = pods(snapshot);
+    let ip = |n: &str| {
+        pods.iter()
+            .find(|(p, _)| p == n)
+            .map(|(_, ip)| *ip)
+            .ok_or_else(|| SimError::NoPod(n.to_string()))
+    };
+    let (src, dst) = (ip(from)?, ip(to)?);
+    Ok(evaluate(
+        snapshot,
+        opts,
+        &Flow {
+            src,
+            dst,
+            protocol: protocol.number(),
+            dst_port: port,
+        },
+    ))
+}

@@ -1,0 +1,351 @@
+//! Incremental recompiles give minimal diffs with stable ids; IP ownership.
+
+use npm_common::IDENTITY_HOST;
+use npm_policy::cases::Model;
+use npm_policy::compiled::{CompileOptions, Compiled, Direction, IdentityKey};
+use npm_policy::lookup::lookup;
+use npm_policy::model::*;
+
+fn sel(pairs: &[(&str, &str)]) -> Selector {
+    Selector {
+        match_labels: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        match_expressions: vec![],
+    }
+}
+
+fn opts() -> CompileOptions {
+    Model::options()
+}
+
+/// x/a accepts TCP 80 from x's pods labelled pod=b.
+fn model() -> Model {
+    let mut m = Model::upstream();
+    m.snapshot.policies.insert(
+        ("x".into(), "p".into()),
+        Policy {
+            namespace: "x".into(),
+            name: "p".into(),
+            pod_selector: sel(&[("pod", "a")]),
+            ingress_isolation: true,
+            egress_isolation: false,
+            ingress: vec![Rule {
+                ports: vec![Port {
+                    protocol: Protocol::Tcp,
+                    port: PortSpec::Range(80, 80),
+                }],
+                peers: vec![Peer::Pods(sel(&[("pod", "b")]))],
+            }],
+            egress: vec![],
+        },
+    );
+    m
+}
+
+fn ep(c: &Compiled, pod: &str) -> u32 {
+    *c.endpoints
+        .iter()
+        .find(|(_, e)| format!("{}/{}", e.pod.namespace, e.pod.name) == pod)
+        .unwrap()
+        .0
+}
+
+#[test]
+fn recompile_without_change_is_empty_and_ids_stable() {
+    let m = model();
+    let c1 = npm_policy::compile(&m.snapshot, &opts(), None);
+    assert_eq!(c1.endpoints.len(), 9);
+    assert_eq!(c1.ipcache.len(), 18);
+    assert_eq!(c1.policy.len(), 1);
+    let c2 = npm_policy::compile(&m.snapshot, &opts(), Some(&c1));
+    assert_eq!(c1, c2);
+    assert!(c1.diff(&c2).is_empty());
+}
+
+#[test]
+fn pod_label_change_touches_only_that_pod() {
+    let mut m = model();
+    let c1 = npm_policy::compile(&m.snapshot, &opts(), None);
+    let xb_id = c1.ipcache[&m.ip("x/b").unwrap()].identity;
+    m.snapshot.pods.get_mut(&("x".into(), "c".into())).unwrap().labels = sel(&[("pod", "b")]).match_labels;
+    let c2 = npm_policy::compile(&m.snapshot, &opts(), Some(&c1));
+    let d = c1.diff(&c2);
+    // x/c now shares x/b's identity: its 2 addresses and its endpoint
+    // change; the policy entry for x/b's identity already allows it.
+    assert_eq!((d.ipcache.upsert.len(), d.ipcache.remove.len()), (2, 0), "{d:?}");
+    assert_eq!(d.endpoints.upsert.len(), 1);
+    assert!(d.policy.is_empty() && d.cidrs.is_empty());
+    assert_eq!(d.len(), 3);
+    assert_eq!(c2.ipcache[&m.ip("x/c").unwrap()].identity, xb_id);
+    assert_eq!(
+        c2.ids.identities.len(),
+        c1.ids.identities.len() - 1,
+        "x/c's old identity is released"
+    );
+    assert!(lookup(&c2, ep(&c2, "x/a"), Direction::Ingress, m.ip("x/c").unwrap(), 6, 80).allowed);
+    // Every other endpoint keeps its id.
+    for (id, e) in &c1.endpoints {
+        assert_eq!(c2.endpoints[id].pod, e.pod);
+    }
+}
+
+#[test]
+fn namespace_label_change_touches_its_pods() {
+    let mut m = model();
+    let c1 = npm_policy::compile(&m.snapshot, &opts(), None);
+    m.snapshot
+        .namespaces
+        .get_mut("z")
+        .unwrap()
+        .labels
+        .insert("team".into(), "blue".into());
+    let c2 = npm_policy::compile(&m.snapshot, &opts(), Some(&c1));
+    let d = c1.diff(&c2);
+    assert_eq!(d.ipcache.upsert.len(), 6);
+    assert_eq!(d.endpoints.upsert.len(), 3);
+    assert_eq!(d.len(), 9);
+    // New identities are fresh numbers, never reused ones.
+    let old_max = *c1.ids.identities.keys().max().unwrap();
+    for (_, e) in &d.ipcache.upsert {
+        assert!(e.identity > old_max);
+    }
+}
+
+#[test]
+fn policy_add_and_remove() {
+    let mut m = model();
+    let c1 = npm_policy::compile(&m.snapshot, &opts(), None);
+    let q = Policy {
+        namespace: "y".into(),
+        name: "q".into(),
+        pod_selector: sel(&[("pod", "a")]),
+        ingress_isolation: true,
+        egress_isolation: false,
+        ingress: vec![Rule {
+            ports: vec![],
+            peers: vec![Peer::IpBlock(IpBlock {
+                cidr: "198.18.1.0/24".parse().unwrap(),
+                except: vec![],
+            })],
+        }],
+        egress: vec![],
+    };
+    m.snapshot.policies.insert(("y".into(), "q".into()), q);
+    let c2 = npm_policy::compile(&m.snapshot, &opts(), Some(&c1));
+    let d = c1.diff(&c2);
+    // 1 CIDR, x's three IPv4 addresses get its CIDR identity, y/a becomes
+    // isolated, one allow entry.
+    assert_eq!(
+        (d.cidrs.len(), d.ipcache.len(), d.endpoints.len(), d.policy.len()),
+        (1, 3, 1, 1),
+        "{d:?}"
+    );
+    assert!(lookup(&c2, ep(&c2, "y/a"), Direction::Ingress, m.ip("x/b").unwrap(), 6, 1).allowed);
+    assert!(!lookup(&c2, ep(&c2, "y/a"), Direction::Ingress, m.ip("z/b").unwrap(), 6, 1).allowed);
+    // Rule ids of the untouched policy are stable.
+    assert_eq!(
+        c1.policy.values().collect::<Vec<_>>(),
+        c2.policy
+            .iter()
+            .filter(|(e, _)| e.endpoint == ep(&c2, "x/a"))
+            .map(|(_, r)| r)
+            .collect::<Vec<_>>()
+    );
+    m.snapshot.policies.remove(&("y".into(), "q".into()));
+    let c3 = npm_policy::compile(&m.snapshot, &opts(), Some(&c2));
+    let d = c2.diff(&c3);
+    assert_eq!(
+        (
+            d.cidrs.remove.len(),
+            d.ipcache.upsert.len(),
+            d.endpoints.upsert.len(),
+            d.policy.remove.len()
+        ),
+        (1, 3, 1, 1)
+    );
+    assert!(c1.diff(&c3).is_empty(), "back to the first state");
+    // Port change of the existing policy: one entry out, one in.
+    m.snapshot.policies.get_mut(&("x".into(), "p".into())).unwrap().ingress[0].ports[0].port = PortSpec::Range(81, 81);
+    let c4 = npm_policy::compile(&m.snapshot, &opts(), Some(&c3));
+    let d = c3.diff(&c4);
+    assert_eq!((d.policy.upsert.len(), d.policy.remove.len(), d.len()), (1, 1, 2));
+}
+
+#[test]
+fn ids_never_reused() {
+    let mut m = model();
+    let c1 = npm_policy::compile(&m.snapshot, &opts(), None);
+    let old = c1.ids.endpoints[&m.snapshot.pods[&("y".into(), "c".into())].uid];
+    let old_identity = c1.ipcache[&m.ip("y/c").unwrap()].identity;
+    m.snapshot.pods.remove(&("y".into(), "c".into()));
+    let c2 = npm_policy::compile(&m.snapshot, &opts(), Some(&c1));
+    assert_eq!(c1.diff(&c2).len(), 3, "2 addresses and 1 endpoint removed");
+    // Same name and labels again, new uid: a new endpoint id; the identity
+    // key is back, but after a compile without it the id is new too.
+    m.apply(&npm_policy::cases::Action::CreatePod(npm_policy::cases::PodLabels {
+        pod: "y/c".into(),
+        labels: sel(&[("pod", "c")]).match_labels,
+    }))
+    .unwrap();
+    let c3 = npm_policy::compile(&m.snapshot, &opts(), Some(&c2));
+    let new = c3.ids.endpoints[&m.snapshot.pods[&("y".into(), "c".into())].uid];
+    assert!(new > old && new >= c1.ids.next_endpoint);
+    assert!(c3.ipcache[&m.ip("y/c").unwrap()].identity > old_identity);
+}
+
+#[test]
+fn cidr_identities_stable() {
+    let mut m = model();
+    let blk = |c: &str| {
+        Peer::IpBlock(IpBlock {
+            cidr: c.parse().unwrap(),
+            except: vec![],
+        })
+    };
+    m.snapshot.policies.get_mut(&("x".into(), "p".into())).unwrap().ingress[0].peers =
+        vec![blk("10.0.0.0/8"), blk("172.16.0.0/12")];
+    let c1 = npm_policy::compile(&m.snapshot, &opts(), None);
+    m.snapshot.policies.get_mut(&("x".into(), "p".into())).unwrap().ingress[0]
+        .peers
+        .insert(0, blk("192.168.0.0/16"));
+    let c2 = npm_policy::compile(&m.snapshot, &opts(), Some(&c1));
+    for (n, id) in &c1.cidrs {
+        assert_eq!(c2.cidrs[n], *id, "{n}");
+    }
+    assert_eq!(c1.diff(&c2).cidrs.len(), 1);
+}
+
+fn pod(uid: &str, name: &str, ip: &str, phase: PodPhase, deleting: bool, created: i64) -> Pod {
+    Pod {
+        uid: uid.into(),
+        namespace: "x".into(),
+        name: name.into(),
+        labels: sel(&[("pod", name)]).match_labels,
+        ips: if ip.is_empty() {
+            vec![]
+        } else {
+            vec![ip.parse().unwrap()]
+        },
+        node_name: Some("npm-node".into()),
+        phase,
+        deleting,
+        host_network: false,
+        ports: vec![],
+        created,
+    }
+}
+
+#[test]
+fn ip_ownership() {
+    // Incident 1: stale pod A (deleting) and live pod B share 10.9.0.1.
+    let mut m = Model::upstream();
+    let s = &mut m.snapshot;
+    s.pods.insert(
+        ("x".into(), "stale".into()),
+        pod("uid-a", "stale", "10.9.0.1", PodPhase::Running, true, 100),
+    );
+    s.pods.insert(
+        ("x".into(), "live".into()),
+        pod("uid-b", "live", "10.9.0.1", PodPhase::Running, false, 50),
+    );
+    // Older pending object vs newer pending object: newest wins.
+    s.pods.insert(
+        ("x".into(), "old".into()),
+        pod("uid-c", "old", "10.9.0.2", PodPhase::Pending, false, 10),
+    );
+    s.pods.insert(
+        ("x".into(), "new".into()),
+        pod("uid-d", "new", "10.9.0.2", PodPhase::Pending, false, 20),
+    );
+    // Terminal pod with a (reused) address and a Running pod without one.
+    s.pods.insert(
+        ("x".into(), "done".into()),
+        pod("uid-e", "done", "10.9.0.3", PodPhase::Succeeded, false, 30),
+    );
+    s.pods.insert(
+        ("x".into(), "noip".into()),
+        pod("uid-f", "noip", "", PodPhase::Running, false, 30),
+    );
+    // A policy selecting the stale pod: it must never apply to the live one.
+    s.policies.insert(
+        ("x".into(), "stale-only".into()),
+        Policy {
+            namespace: "x".into(),
+            name: "stale-only".into(),
+            pod_selector: sel(&[("pod", "stale")]),
+            ingress_isolation: true,
+            egress_isolation: true,
+            ingress: vec![],
+            egress: vec![],
+        },
+    );
+    let o = CompileOptions {
+        node_ips: vec!["192.168.0.10".parse().unwrap()],
+        ..opts()
+    };
+    let c = npm_policy::compile(&m.snapshot, &o, None);
+    let by_uid = |uid: &str| c.endpoints.values().find(|e| e.pod.uid == uid);
+    let live = by_uid("uid-b").expect("live pod is an endpoint");
+    assert!(
+        !live.isolated_ingress && !live.isolated_egress,
+        "live pod must not carry the stale pod's policies"
+    );
+    assert!(by_uid("uid-a").is_none(), "stale pod loses its address and endpoint");
+    assert_eq!(c.ipcache[&"10.9.0.1".parse().unwrap()].identity, live.identity);
+    assert!(by_uid("uid-d").is_some() && by_uid("uid-c").is_none());
+    assert!(by_uid("uid-e").is_none() && !c.ipcache.contains_key(&"10.9.0.3".parse().unwrap()));
+    assert!(by_uid("uid-f").is_none());
+    assert!(!c
+        .ids
+        .identities
+        .values()
+        .any(|k: &IdentityKey| k.pod_labels.get("pod").map(String::as_str) == Some("noip")));
+    assert!(!c
+        .policy
+        .keys()
+        .any(|e| Some(e.endpoint) == c.ids.endpoints.get("uid-a").copied()));
+    assert_eq!(c.ipcache[&"192.168.0.10".parse().unwrap()].identity, IDENTITY_HOST);
+    // Tie on state and time: the greater uid wins, deterministically.
+    let mut m2 = Model::upstream();
+    m2.snapshot.pods.insert(
+        ("x".into(), "p1".into()),
+        pod("uid-1", "p1", "10.9.0.9", PodPhase::Running, false, 5),
+    );
+    m2.snapshot.pods.insert(
+        ("x".into(), "p2".into()),
+        pod("uid-2", "p2", "10.9.0.9", PodPhase::Running, false, 5),
+    );
+    let c = npm_policy::compile(&m2.snapshot, &opts(), None);
+    assert!(c.endpoints.values().any(|e| e.pod.uid == "uid-2") && !c.endpoints.values().any(|e| e.pod.uid == "uid-1"));
+}
+
+#[test]
+fn compiler_apply_policy_validates() {
+    let m = model();
+    let mut c = npm_policy::incremental::Compiler::new(m.snapshot.clone(), opts(), None);
+    assert_eq!(c.compiled().policy.len(), 1);
+    let mut np: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p", "namespace": "x"},
+        "spec": {"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"ports": [{"port": 80, "endPort": 70}]}]}
+    }))
+    .unwrap();
+    let err = c.apply_policy(&np).unwrap_err();
+    assert!(
+        err.errors[0].starts_with("x/p: spec.ingress[0].ports[0].endPort:"),
+        "{:?}",
+        err.errors
+    );
+    // The invalid version replaced the valid one: x/a is open again.
+    assert!(c.compiled().policy.is_empty());
+    assert!(c.compiled().endpoints.values().all(|e| !e.isolated_ingress));
+    assert_eq!(c.snapshot().invalid_policies.len(), 1);
+    np.spec.as_mut().unwrap().ingress.as_mut().unwrap()[0]
+        .ports
+        .as_mut()
+        .unwrap()[0]
+        .end_port = Some(90);
+    c.apply_policy(&np).unwrap();
+    assert!(c.snapshot().invalid_policies.is_empty());
+    let xa = ep(c.compiled(), "x/a");
+    assert!(lookup(c.compiled(), xa, Direction::Ingress, m.ip("z/c").unwrap(), 6, 85).allowed);
+    assert!(!lookup(c.compiled(), xa, Direction::Ingress, m.ip("z/c").unwrap(), 6, 91).allowed);
+}

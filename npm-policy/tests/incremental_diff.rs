@@ -1,0 +1,274 @@
+//! The incremental [`Compiler`] against the reference `compile()`: random
+//! snapshots and random changes (pods, labels, namespaces, policies); after
+//! each change both give the same tables (compared by meaning, since new
+//! ids may be numbered differently), the diff of an unchanged step is
+//! empty, and ids of what still exists are stable.
+
+use std::collections::BTreeSet;
+
+use npm_policy::compiled::{CompileOptions, Compiled};
+use npm_policy::incremental::Compiler;
+use npm_policy::model::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn pick<'a, T>(rng: &mut StdRng, v: &'a [T]) -> &'a T {
+    &v[rng.random_range(0..v.len())]
+}
+
+fn labels(rng: &mut StdRng, key: &str, vals: &[&str]) -> Labels {
+    let mut l = Labels::new();
+    if rng.random_bool(0.7) {
+        l.insert(key.to_string(), pick(rng, vals).to_string());
+    }
+    l
+}
+
+fn sel(rng: &mut StdRng, key: &str, vals: &[&str]) -> Selector {
+    Selector {
+        match_labels: labels(rng, key, vals),
+        match_expressions: vec![],
+    }
+}
+
+fn pod(rng: &mut StdRng, i: usize) -> Pod {
+    let ns = pick(rng, &["n0", "n1", "n2"]).to_string();
+    Pod {
+        uid: format!("uid-{i}-{}", rng.random_range(0..1000)),
+        namespace: ns,
+        name: format!("p{}", rng.random_range(0..8)),
+        labels: labels(rng, "app", &["a", "b"]),
+        ips: vec![
+            format!("10.0.0.{}", rng.random_range(1..10)).parse().unwrap(),
+            format!("fd00::{}", rng.random_range(1..4)).parse().unwrap(),
+        ][..rng.random_range(0..3)]
+            .to_vec(),
+        node_name: Some(pick(rng, &["node", "node", "other"]).to_string()),
+        phase: *pick(
+            rng,
+            &[
+                PodPhase::Running,
+                PodPhase::Running,
+                PodPhase::Pending,
+                PodPhase::Failed,
+            ],
+        ),
+        deleting: rng.random_bool(0.1),
+        host_network: rng.random_bool(0.05),
+        ports: if rng.random_bool(0.5) {
+            vec![ContainerPort {
+                name: Some("http".into()),
+                port: *pick(rng, &[80, 8080]),
+                protocol: Protocol::Tcp,
+            }]
+        } else {
+            vec![]
+        },
+        created: rng.random_range(0..3),
+    }
+}
+
+fn policy(rng: &mut StdRng) -> Policy {
+    let ns = pick(rng, &["n0", "n1", "n2"]).to_string();
+    let rule = |rng: &mut StdRng| {
+        let peers = (0..rng.random_range(0..3))
+            .map(|_| match rng.random_range(0..4) {
+                0 => Peer::Pods(sel(rng, "app", &["a", "b"])),
+                1 => Peer::Namespaces(sel(rng, "team", &["t1", "t2"])),
+                2 => Peer::PodsInNamespaces {
+                    namespaces: sel(rng, "team", &["t1", "t2"]),
+                    pods: sel(rng, "app", &["a", "b"]),
+                },
+                _ => Peer::IpBlock(IpBlock {
+                    cidr: pick(rng, &["10.0.0.0/29", "10.0.0.0/24", "0.0.0.0/0", "::/0", "fd00::/126"])
+                        .parse()
+                        .unwrap(),
+                    except: vec![],
+                }),
+            })
+            .collect();
+        let ports = match rng.random_range(0..3) {
+            0 => vec![],
+            1 => vec![Port {
+                protocol: Protocol::Tcp,
+                port: PortSpec::Named("http".into()),
+            }],
+            _ => vec![Port {
+                protocol: Protocol::Tcp,
+                port: PortSpec::Range(80, 90),
+            }],
+        };
+        Rule { ports, peers }
+    };
+    let ni = rng.random_range(0..3);
+    let ingress = (0..ni).map(|_| rule(rng)).collect();
+    let ne = rng.random_range(0..3);
+    let egress = (0..ne).map(|_| rule(rng)).collect();
+    Policy {
+        namespace: ns,
+        name: format!("np{}", rng.random_range(0..4)),
+        pod_selector: sel(rng, "app", &["a", "b"]),
+        ingress_isolation: rng.random_bool(0.7),
+        egress_isolation: rng.random_bool(0.5),
+        ingress,
+        egress,
+    }
+}
+
+fn namespace(rng: &mut StdRng, name: &str) -> Namespace {
+    let mut l = labels(rng, "team", &["t1", "t2"]);
+    l.insert("kubernetes.io/metadata.name".into(), name.into());
+    Namespace {
+        name: name.into(),
+        labels: l,
+    }
+}
+
+/// The tables by meaning: ids replaced with what they stand for.
+fn canonical(c: &Compiled) -> BTreeSet<String> {
+    let ident = |id: u32| match c.ids.identities.get(&id) {
+        Some(k) => format!("{k:?}"),
+        None => match c.cidrs.iter().find(|(_, v)| **v == id) {
+            Some((n, _)) => format!("cidr {n}"),
+            None => format!("reserved {id}"),
+        },
+    };
+    let ep = |id: u32| {
+        c.endpoints
+            .get(&id)
+            .map(|e| format!("{:?}", e.pod))
+            .unwrap_or_else(|| format!("unknown endpoint {id}"))
+    };
+    let mut out = BTreeSet::new();
+    for (ip, e) in &c.ipcache {
+        out.insert(format!("ip {ip} {} {}", ident(e.identity), ident(e.cidr_identity)));
+    }
+    for n in c.cidrs.keys() {
+        out.insert(format!("cidr {n}"));
+    }
+    for (id, e) in &c.endpoints {
+        out.insert(format!(
+            "ep {:?} {} {:?} {:?} {} {}",
+            e.pod,
+            ident(e.identity),
+            e.ipv4,
+            e.ipv6,
+            e.isolated_ingress,
+            e.isolated_egress
+        ));
+        assert_eq!(c.ids.endpoints.get(&e.pod.uid), Some(id));
+    }
+    for (e, r) in &c.policy {
+        out.insert(format!(
+            "entry {} {:?} {} {:?} {:?}",
+            ep(e.endpoint),
+            e.direction,
+            ident(e.peer),
+            e.protocol,
+            e.ports
+        ));
+        assert!(c.ids.rules.contains_key(r), "rule {r} of {e:?} not in the table");
+    }
+    out
+}
+
+#[test]
+fn compiler_matches_reference() {
+    let opts = CompileOptions {
+        node_name: "node".into(),
+        node_ips: vec!["10.0.0.9".parse().unwrap()],
+        allow_host_egress: true,
+    };
+    let mut changes = 0;
+    for seed in 0..300u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut s = Snapshot::default();
+        for n in ["n0", "n1", "n2"] {
+            s.namespaces.insert(n.into(), namespace(&mut rng, n));
+        }
+        for i in 0..rng.random_range(2..10) {
+            let p = pod(&mut rng, i);
+            s.pods.insert((p.namespace.clone(), p.name.clone()), p);
+        }
+        for _ in 0..rng.random_range(0..4) {
+            let p = policy(&mut rng);
+            s.policies.insert((p.namespace.clone(), p.name.clone()), p);
+        }
+        let mut c = Compiler::new(s.clone(), opts.clone(), None);
+        assert_eq!(
+            canonical(c.compiled()),
+            canonical(&npm_policy::compile(&s, &opts, None)),
+            "seed {seed} initial"
+        );
+        for step in 0..15 {
+            let before = c.compiled().clone();
+            let what = rng.random_range(0..8);
+            match what {
+                0 | 1 => {
+                    let p = pod(&mut rng, 100 + step);
+                    s.pods.insert((p.namespace.clone(), p.name.clone()), p.clone());
+                    c.upsert_pod(p);
+                }
+                2 => {
+                    if let Some(k) = s.pods.keys().nth(rng.random_range(0..s.pods.len().max(1))).cloned() {
+                        s.pods.remove(&k);
+                        c.remove_pod(&k.0, &k.1);
+                    }
+                }
+                3 => {
+                    // Label change only.
+                    if let Some(k) = s.pods.keys().nth(rng.random_range(0..s.pods.len().max(1))).cloned() {
+                        let mut p = s.pods[&k].clone();
+                        p.labels = labels(&mut rng, "app", &["a", "b"]);
+                        s.pods.insert(k, p.clone());
+                        c.upsert_pod(p);
+                    }
+                }
+                4 => {
+                    let n = *pick(&mut rng, &["n0", "n1", "n2"]);
+                    if rng.random_bool(0.2) {
+                        s.namespaces.remove(n);
+                        c.remove_namespace(n);
+                    } else {
+                        let ns = namespace(&mut rng, n);
+                        s.namespaces.insert(n.into(), ns.clone());
+                        c.upsert_namespace(ns);
+                    }
+                }
+                5 | 6 => {
+                    let p = policy(&mut rng);
+                    s.policies.insert((p.namespace.clone(), p.name.clone()), p.clone());
+                    c.upsert_policy(p);
+                }
+                _ => {
+                    if let Some(k) = s.policies.keys().next().cloned() {
+                        s.policies.remove(&k);
+                        c.remove_policy(&k.0, &k.1);
+                    }
+                }
+            }
+            changes += 1;
+            let reference = npm_policy::compile(&s, &opts, Some(&before));
+            assert_eq!(
+                canonical(c.compiled()),
+                canonical(&reference),
+                "seed {seed} step {step} change {what}\ncompiler:\n{}\nreference:\n{}",
+                c.compiled().render_table(),
+                reference.render_table()
+            );
+            // Ids of what still exists are stable.
+            for (uid, id) in &c.compiled().ids.endpoints {
+                if let Some(old) = before.ids.endpoints.get(uid) {
+                    assert_eq!(old, id, "seed {seed} step {step}: endpoint id of {uid} changed");
+                }
+            }
+            for (n, id) in &c.compiled().cidrs {
+                if let Some(old) = before.cidrs.get(n) {
+                    assert_eq!(old, id);
+                }
+            }
+        }
+        assert_eq!(c.snapshot(), &s);
+    }
+    assert!(changes >= 4000);
+}

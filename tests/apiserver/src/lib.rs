@@ -1,0 +1,302 @@
+//! `npm-testapi`: a small Kubernetes-compatible API server for npm's tests and local demo.
+//!
+//! It serves namespaces, pods (with `/status`) and `networking.k8s.io/v1` networkpolicies
+//! over the real REST protocol (plain HTTP, no auth), so kube-rs and `kubectl` work against
+//! it: discovery, create/get/list/update/patch/delete, paginated lists with consistent
+//! snapshots, label/field selectors, watches with bookmarks, compaction (410 Gone),
+//! upstream-style defaulting and validation (422 with `details.causes[].field`), and
+//! fault injection for tests.
+//!
+//! Admin endpoints (plain HTTP, JSON answers; not counted in the request stats):
+//!
+//! - `POST /admin/compact[?revision=R]`: compact the event log (default: at the current
+//!   revision). Older resourceVersions then answer 410 Expired (lists with
+//!   `resourceVersionMatch=Exact`, continue tokens; watches get an ERROR event with 410).
+//! - `POST /admin/fail?count=N&status=S[&path=PREFIX][&verb=V|&lists=true]`: answer the next
+//!   N matching requests with status S and a Status body.
+//! - `POST /admin/delay?count=N&ms=M[&path=PREFIX][&verb=V|&lists=true]`: delay them.
+//! - `POST /admin/clear-faults`, `POST /admin/drop-watches`,
+//!   `POST /admin/validation?enabled=false|true`, `GET /admin/stats` ([`Stats`]).
+//!
+//! Verbs for fault filters: `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+//! `deletecollection`, `discovery`. Note that kube-rs retries 429/503/504 by itself.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), npm_testapi::ServerError> {
+//! let server = npm_testapi::TestApiServer::start(Default::default()).await?;
+//! server.kubeconfig(std::path::Path::new("/tmp/kubeconfig.yaml"))?;
+//! println!("serving on {}", server.url());
+//! server.compact();
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod http;
+pub mod patch;
+pub mod proto;
+pub mod selector;
+pub mod store;
+pub mod validate;
+
+pub use error::ApiError;
+pub use http::{FaultAction, FaultRule, Stats};
+pub use store::Kind;
+
+use http::AppState;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Errors of starting or driving the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Binding the listen address failed.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// Requested address.
+        addr: SocketAddr,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// Writing the kubeconfig failed.
+    #[error("writing kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// Kubeconfig path.
+        path: PathBuf,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// Building a runtime for a background server failed.
+    #[error("creating the tokio runtime for the server: {0}")]
+    Runtime(std::io::Error),
+    /// Seeding an initial namespace failed.
+    #[error("seeding namespace {name}: {source}")]
+    Seed {
+        /// Namespace name.
+        name: String,
+        /// Store error.
+        source: Box<ApiError>,
+    },
+}
+
+/// Server options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Address to listen on; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// Whether writes are validated (defaulting always runs).
+    pub validation: bool,
+    /// Interval of BOOKMARK events on watches that allow bookmarks.
+    pub bookmark_interval: Duration,
+    /// Maximum number of events kept in the event log; older ones are compacted away.
+    pub max_history: usize,
+    /// Namespaces created at startup (a real cluster has `default` and `kube-system`).
+    pub seed_namespaces: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            validation: true,
+            bookmark_interval: Duration::from_secs(1),
+            max_history: 1_000_000,
+            seed_namespaces: vec!["default".into(), "kube-system".into()],
+        }
+    }
+}
+
+/// A running server. Dropping it stops the server (as does [`TestApiServer::shutdown`]).
+#[derive(Debug)]
+pub struct TestApiServer {
+    state: Arc<AppState>,
+    shutdown_tx: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl TestApiServer {
+    /// Start serving on the current tokio runtime.
+    pub async fn start(opts: Options) -> Result<Self, ServerError> {
+        let listener = tokio::net::TcpListener::bind(opts.listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                addr: opts.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: opts.listen,
+            source,
+        })?;
+        let mut store = store::Store::new(opts.validation, opts.max_history);
+        for name in &opts.seed_namespaces {
+            store
+                .create(Kind::Namespace, None, serde_json::json!({"metadata": {"name": name}}))
+                .map_err(|source| ServerError::Seed {
+                    name: name.clone(),
+                    source: Box::new(source),
+                })?;
+        }
+        let state = Arc::new(AppState::new(store, opts.bookmark_interval, addr));
+        let app = axum::Router::new().fallback(http::handle).with_state(state.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+                let _ = rx.await;
+            });
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "npm-testapi server stopped with an error");
+            }
+        });
+        tracing::info!(%addr, "npm-testapi listening");
+        Ok(Self {
+            state,
+            shutdown_tx: Some(tx),
+            task: Some(task),
+            runtime: None,
+        })
+    }
+
+    /// Start serving on a private runtime (for synchronous test harnesses).
+    pub fn start_background(opts: Options) -> Result<Self, ServerError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .thread_name("npm-testapi")
+            .build()
+            .map_err(ServerError::Runtime)?;
+        let mut server = rt.block_on(Self::start(opts))?;
+        server.runtime = Some(rt);
+        Ok(server)
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.state.addr
+    }
+
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.state.addr)
+    }
+
+    /// The kubeconfig text pointing at this server (context `npm-testapi`, namespace default).
+    pub fn kubeconfig_yaml(&self) -> String {
+        kubeconfig_yaml(&self.url())
+    }
+
+    /// Write a kubeconfig pointing at this server.
+    pub fn kubeconfig(&self, path: &Path) -> Result<(), ServerError> {
+        std::fs::write(path, self.kubeconfig_yaml()).map_err(|source| ServerError::Kubeconfig {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Compact the event log at the current revision; returns it. Older resourceVersions
+    /// (lists with `resourceVersionMatch=Exact`, continue tokens, watches) then get 410.
+    pub fn compact(&self) -> u64 {
+        self.state.store().compact(None)
+    }
+
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.state.store().rev()
+    }
+
+    /// Add a fault rule (fail or delay the next matching requests).
+    pub fn inject(&self, rule: FaultRule) {
+        self.state.add_fault(rule);
+    }
+
+    /// Fail the next `count` requests whose path starts with `path_prefix` (all when None)
+    /// with HTTP `status`.
+    pub fn fail_next(&self, count: u32, status: u16, path_prefix: Option<&str>) {
+        let mut r = FaultRule::fail(count, status);
+        if let Some(p) = path_prefix {
+            r = r.path(p);
+        }
+        self.inject(r);
+    }
+
+    /// Delay the next `count` requests whose path starts with `path_prefix` (all when None).
+    pub fn delay_next(&self, count: u32, delay: Duration, path_prefix: Option<&str>) {
+        let mut r = FaultRule::delay(count, delay);
+        if let Some(p) = path_prefix {
+            r = r.path(p);
+        }
+        self.inject(r);
+    }
+
+    /// Remove all pending fault rules.
+    pub fn clear_faults(&self) {
+        self.state.clear_faults();
+    }
+
+    /// Close every open watch stream.
+    pub fn drop_watches(&self) {
+        self.state.drop_watches();
+    }
+
+    /// Turn validation on or off (defaulting always runs).
+    pub fn set_validation(&self, enabled: bool) {
+        self.state.store().validation = enabled;
+    }
+
+    /// Create an object directly in the store, bypassing HTTP (for seeding large states
+    /// quickly). Same defaulting, validation, metadata and watch events as a POST.
+    pub fn create_object(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        obj: serde_json::Value,
+    ) -> Result<serde_json::Value, ApiError> {
+        let created = self.state.store().create(kind, namespace, obj)?;
+        Ok((*created).clone())
+    }
+
+    /// Request counters.
+    pub fn stats(&self) -> Stats {
+        self.state.stats()
+    }
+
+    fn stop(&mut self) {
+        self.state.drop_watches();
+        if let Some(tx) = self.shutdown_tx.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Stop the server and wait (at most 5 s) for it to finish.
+    pub async fn shutdown(mut self) {
+        self.stop();
+        if let Some(task) = self.task.take() {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+}
+
+impl Drop for TestApiServer {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Kubeconfig text for a server at `url` (context/cluster/user `npm-testapi`, no auth).
+pub fn kubeconfig_yaml(url: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: npm-testapi\n  cluster:\n    server: {url}\ncontexts:\n- name: npm-testapi\n  context:\n    cluster: npm-testapi\n    user: npm-testapi\n    namespace: default\ncurrent-context: npm-testapi\nusers:\n- name: npm-testapi\n  user: {{}}\npreferences: {{}}\n"
+    )
+}
