@@ -6,6 +6,9 @@
 //! - [`nft`]: the same compiled policy rendered as an nftables ruleset.
 #![deny(missing_docs)]
 
+pub mod ebpf;
+pub mod nft;
+
 use std::collections::BTreeMap;
 
 use npm_policy::compiled::{Compiled, CompiledDiff};

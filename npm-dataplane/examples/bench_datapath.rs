@@ -1,0 +1,241 @@
+//! Per-packet cost of the datapath, measured in the kernel with
+//! `BPF_PROG_TEST_RUN` repeat (the kernel reports the average time per run).
+//!
+//! Run as root: `cargo run --release -p npm-dataplane --example bench_datapath`
+//! (after `cargo xtask build-ebpf`).
+//!
+//! What is measured, per (policy entries, ipcache entries) scale:
+//! - `baseline`: `npm_empty` (returns at once) on the same frame: the fixed
+//!   cost of a test run of a classifier.
+//! - `policy`: a TCP SYN from a known pod (ipcache hit) to an isolated
+//!   endpoint, allowed by an entry of the pod's identity. The object is
+//!   loaded with the benchmark switch `NPM_BENCH_NO_CT_CREATE`, so no
+//!   conntrack entry is created and every repeat takes the full path: parse,
+//!   endpoint lookup, conntrack miss, ipcache lookup, policy LPM hit,
+//!   counters. Not included: the conntrack insert a real new flow does once.
+//! - `deny`: a TCP SYN to a port no entry allows, from a pod that also has a
+//!   CIDR identity: conntrack miss, ipcache hit, three policy LPM misses,
+//!   counters, a deny event (once the ring buffer is full — nobody drains it
+//!   during the run — the event output fails fast).
+//! - `tracked`: the same SYN on a normally loaded object after one run
+//!   created its conntrack entry: parse, endpoint lookup, conntrack hit.
+//!
+//! Each number is the median of 3 runs of 1,000,000 repeats. The last line of
+//! output is one JSON object.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::process::Command;
+
+use npm_dataplane::ebpf::{EbpfDataplane, EbpfOptions, PROG_EGRESS, PROG_EMPTY, PROG_INGRESS, VERDICT_ALLOW};
+use npm_dataplane::Dataplane;
+use npm_policy::compiled::{Compiled, Direction, Endpoint, IpEntry, PodRef, PolicyEntry};
+use npm_policy::model::Protocol;
+
+const REPEAT: u32 = 1_000_000;
+const RUNS: usize = 3;
+const POLICY_SCALES: [usize; 3] = [1, 1_000, 10_000];
+const IPCACHE_SCALES: [usize; 3] = [100, 10_000, 100_000];
+
+struct Cleanup {
+    links: Vec<String>,
+    pins: Vec<PathBuf>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for l in &self.links {
+            let _ = Command::new("ip").args(["link", "del", l]).output();
+        }
+        for p in &self.pins {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+fn veth(name: &str) -> u32 {
+    let _ = Command::new("ip").args(["link", "del", name]).output();
+    let peer = format!("{name}x");
+    let ok = Command::new("ip")
+        .args(["link", "add", name, "type", "veth", "peer", "name", &peer])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "creating veth {name} failed (run as root)");
+    std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+        .expect("ifindex")
+        .trim()
+        .parse()
+        .expect("ifindex number")
+}
+
+fn frame(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16) -> Vec<u8> {
+    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
+    let mut ip = vec![0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0];
+    ip.extend(src.octets());
+    ip.extend(dst.octets());
+    ip.extend(sport.to_be_bytes());
+    ip.extend(dport.to_be_bytes());
+    ip.extend([0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0]);
+    f.extend(ip);
+    f
+}
+
+/// Endpoint 1 (10.0.0.1, isolated both ways), `ipcache` addresses (the
+/// peer 10.0.0.2 among them) and `policy` entries (the one allowing the
+/// peer's identity TCP 80 among them; the others spread over identities and
+/// port ranges).
+fn compiled(policy: usize, ipcache: usize) -> Compiled {
+    let mut c = Compiled::default();
+    c.endpoints.insert(
+        1,
+        Endpoint {
+            pod: PodRef {
+                namespace: "bench".into(),
+                name: "server".into(),
+                uid: "uid-server".into(),
+            },
+            identity: 256,
+            ipv4: Some(Ipv4Addr::new(10, 0, 0, 1)),
+            ipv6: None,
+            isolated_ingress: true,
+            isolated_egress: true,
+        },
+    );
+    c.ipcache.insert(
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
+        IpEntry {
+            identity: 300,
+            cidr_identity: npm_common::IDENTITY_FIRST_CIDR,
+        },
+    );
+    for i in 0..ipcache.saturating_sub(1) {
+        let n = i as u32 + 3;
+        let addr = Ipv4Addr::new(10, (n >> 16) as u8 + 1, (n >> 8) as u8, n as u8);
+        c.ipcache.insert(
+            IpAddr::V4(addr),
+            IpEntry {
+                identity: 1000 + (i as u32 % 5000),
+                cidr_identity: 0,
+            },
+        );
+    }
+    c.policy.insert(
+        PolicyEntry {
+            endpoint: 1,
+            direction: Direction::Ingress,
+            peer: 300,
+            protocol: Some(Protocol::Tcp),
+            ports: (80, 80),
+        },
+        0,
+    );
+    for i in 1..policy {
+        let lo = 1024 + (i as u16 % 30_000) * 2;
+        c.policy.insert(
+            PolicyEntry {
+                endpoint: 1,
+                direction: if i % 2 == 0 {
+                    Direction::Ingress
+                } else {
+                    Direction::Egress
+                },
+                peer: 1000 + (i as u32 % 5000),
+                protocol: Some(if i % 3 == 0 { Protocol::Udp } else { Protocol::Tcp }),
+                ports: (lo, lo + (i as u16 % 7)),
+            },
+            i as u32,
+        );
+    }
+    c
+}
+
+fn median(dp: &EbpfDataplane, prog: &'static str, ifindex: u32, pkt: &[u8]) -> u64 {
+    let mut v: Vec<u64> = (0..RUNS)
+        .map(|_| {
+            dp.bench_run(prog, ifindex, pkt, REPEAT)
+                .unwrap_or_else(|e| panic!("bench run {prog}: {e}"))
+                .as_nanos() as u64
+        })
+        .collect();
+    v.sort_unstable();
+    v[RUNS / 2]
+}
+
+fn main() {
+    let pid = std::process::id();
+    let ifa = format!("npb{pid}a");
+    let ifb = format!("npb{pid}b");
+    let pin_p = PathBuf::from(format!("/sys/fs/bpf/npm-bench-{pid}-p"));
+    let pin_t = PathBuf::from(format!("/sys/fs/bpf/npm-bench-{pid}-t"));
+    let _cleanup = Cleanup {
+        links: vec![ifa.clone(), ifb.clone()],
+        pins: vec![pin_p.clone(), pin_t.clone()],
+    };
+    let if_p = veth(&ifa);
+    let if_t = veth(&ifb);
+    let open = |pin: &PathBuf, bench: bool| {
+        EbpfDataplane::open(EbpfOptions {
+            object: None,
+            pin_dir: pin.clone(),
+            bench_no_ct_create: bench,
+        })
+        .unwrap_or_else(|e| panic!("open: {e}"))
+    };
+    let mut dp_policy = open(&pin_p, true);
+    let mut dp_tracked = open(&pin_t, false);
+
+    let peer = Ipv4Addr::new(10, 0, 0, 2);
+    let me = Ipv4Addr::new(10, 0, 0, 1);
+    let allowed = frame(peer, me, 40000, 80);
+    let denied = frame(peer, me, 40001, 81);
+
+    let baseline = median(&dp_policy, PROG_EMPTY, if_p, &allowed);
+    // Touch the egress program too, so both are known to verify and run.
+    let _ = dp_policy.bench_run(PROG_EGRESS, if_p, &allowed, 1).expect("egress run");
+
+    let mut prev = Compiled::default();
+    let mut results = Vec::new();
+    println!("baseline (npm_empty): {baseline} ns");
+    println!(
+        "{:>8} {:>8} {:>9} {:>9} {:>9}",
+        "policy", "ipcache", "policy_ns", "deny_ns", "tracked_ns"
+    );
+    for &p in &POLICY_SCALES {
+        for &n in &IPCACHE_SCALES {
+            let next = compiled(p, n);
+            let diff = prev.diff(&next);
+            let ifs_p: BTreeMap<u32, u32> = [(1, if_p)].into_iter().collect();
+            let ifs_t: BTreeMap<u32, u32> = [(1, if_t)].into_iter().collect();
+            dp_policy.apply(&diff, &next, &ifs_p).expect("apply (policy dataplane)");
+            dp_tracked
+                .apply(&diff, &next, &ifs_t)
+                .expect("apply (tracked dataplane)");
+            prev = next;
+
+            let check = dp_policy.test_run(Direction::Ingress, if_p, &allowed).expect("check");
+            assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Policy)));
+            let check = dp_policy.test_run(Direction::Ingress, if_p, &denied).expect("check");
+            assert_eq!(check.1, Some(npm_common::Reason::PolicyDenied));
+            let check = dp_tracked.test_run(Direction::Ingress, if_t, &allowed).expect("check");
+            assert_eq!(check.0, VERDICT_ALLOW);
+            let check = dp_tracked.test_run(Direction::Ingress, if_t, &allowed).expect("check");
+            assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Tracked)));
+
+            let policy_ns = median(&dp_policy, PROG_INGRESS, if_p, &allowed);
+            let deny_ns = median(&dp_policy, PROG_INGRESS, if_p, &denied);
+            let tracked_ns = median(&dp_tracked, PROG_INGRESS, if_t, &allowed);
+            println!("{p:>8} {n:>8} {policy_ns:>9} {deny_ns:>9} {tracked_ns:>9}");
+            for (path, ns) in [("policy", policy_ns), ("deny", deny_ns), ("tracked", tracked_ns)] {
+                results.push(format!(
+                    r#"{{"path":"{path}","policy_entries":{p},"ipcache_entries":{n},"ns":{ns}}}"#
+                ));
+            }
+        }
+    }
+    println!(
+        r#"{{"bench":"datapath","baseline_ns":{baseline},"results":[{}]}}"#,
+        results.join(",")
+    );
+}

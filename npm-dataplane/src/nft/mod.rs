@@ -1,0 +1,473 @@
+//! The nftables dataplane: the compiled policy rendered as one nftables
+//! table (family `inet`, default name `npm`) and loaded with `nft -f -`.
+//!
+//! # Layout of the table
+//!
+//! ```text
+//! table inet npm {
+//!     counter in_policy { }  ...          one named counter per direction and
+//!                                          npm_common::Reason that the chains count
+//!                                          ("in_"/"out_" + the reason's name, '-' -> '_')
+//!     set id_<n>_v4 / id_<n>_v6            addresses of pod identity n (and of
+//!                                          IDENTITY_HOST, n = 2), from the ipcache
+//!     set cidr_<n>_v4 / cidr_<n>_v6        interval sets: addresses whose longest
+//!                                          ipBlock prefix is CIDR identity n
+//!     set not_world_v4 / not_world_v6      (only if IDENTITY_WORLD is a peer) every
+//!                                          ipcache address: world is "not in the
+//!                                          ipcache", as in the datapath
+//!     chain ep_<id>_in / ep_<id>_out       one per endpoint and direction
+//!     map dispatch_out / dispatch_in       iface_index : verdict,
+//!                                          { <ifindex> : jump ep_<id>_out / _in }
+//!     chain base_forward  hook forward     iif vmap @dispatch_out; oif vmap @dispatch_in
+//!     chain base_input    hook input       iif vmap @dispatch_out (pod -> this node)
+//!     chain base_output   hook output      oif vmap @dispatch_in  (this node -> pod)
+//! }
+//! ```
+//!
+//! All base chains are `type filter`, priority `filter`, policy `accept`, so
+//! traffic that touches no endpoint interface is untouched. Packets from a
+//! pod's host-side interface (`iif`) are the pod's egress, packets to it
+//! (`oif`) its ingress. Dispatch is one verdict-map lookup keyed on the
+//! ifindex (from [`crate::Interfaces`]; rendering needs no interface names, so
+//! [`render`] is pure and the table can be loaded before the interface
+//! exists), so the per-packet cost does not grow with the number of
+//! endpoints. Endpoint chains are entered with `jump` and end an allowed
+//! packet with `return`: a pod-to-pod packet on one node is checked by the
+//! source's egress chain, then by the destination's ingress chain, in the
+//! same base chain, and is dropped if either denies.
+//!
+//! # Order inside an endpoint chain (the datapath's steps of `npm-common`)
+//!
+//! 1. ICMPv6 neighbour discovery and MLD (types 130-137, 143): allowed
+//!    (`icmpv6_control`), in both directions as in the eBPF datapath, so that
+//!    the node's link-local neighbour solicitations reach isolated pods.
+//! 2. Egress only: a source address that is not the endpoint's own (or any
+//!    packet of a family the endpoint has no address in): drop (`spoofed`).
+//! 3. Kernel conntrack `ct state established,related`: allowed (`tracked`).
+//!    Replies of allowed connections pass both chains, and connections that
+//!    were established before a policy change **survive it** (the table is
+//!    replaced, conntrack is not flushed) — the same as the eBPF datapath's
+//!    own conntrack. `ct state invalid`: drop (`malformed`).
+//! 4. Not isolated in this direction: allowed (`not_isolated`).
+//! 5. Ingress only: source in the [`npm_common::IDENTITY_HOST`] set: allowed (`host`).
+//! 6. One rule per policy entry: peer set (source for ingress, destination
+//!    for egress; none for [`npm_common::IDENTITY_ANY`]), `meta l4proto`,
+//!    `th dport` (single port or range): allowed (`policy`).
+//! 7. Otherwise: drop (`policy_denied`). Drops are silent (no RST, no ICMP).
+//!
+//! Fragments are reassembled by conntrack's defragmentation before the
+//! filter hooks, so the datapath's fragment tracking has no counterpart here;
+//! non-IP traffic never reaches an `inet` table.
+//!
+//! A CIDR identity `P` matches the addresses whose longest prefix among
+//! `Compiled::cidrs` is `P`, i.e. `P` minus the more specific prefixes inside
+//! it; the difference is computed exactly into disjoint ranges. For pod
+//! addresses this equals the ipcache's `cidr_identity`, which the compiler
+//! derives the same way. Sets are per family: an IPv6 ipBlock never matches
+//! an IPv4 address, as the NetworkPolicy API means it (the eBPF datapath's
+//! single IPv4-mapped prefix trie lets e.g. `::/0` match IPv4 peers).
+//!
+//! # Updates
+//!
+//! [`NftDataplane::sync_full`](crate::Dataplane::sync_full) replaces the whole
+//! table with one `nft -f -` (add table, delete table, add table with
+//! contents: a single atomic transaction, so no packet ever sees a partial
+//! table). Deleting the table would reset its named counters, so the
+//! dataplane reads them just before and declares the new table's counters
+//! with those values: the table always holds the totals, and a restarted
+//! agent (a new [`NftDataplane`]) carries them on (packets counted between
+//! that read and the replace are lost from the counters, not from
+//! enforcement).
+//!
+//! [`NftDataplane::apply`](crate::Dataplane::apply) renders the next state
+//! into objects (sets with their elements, endpoint chains with their rules,
+//! dispatch entries), compares them with what it programmed, and sends only
+//! the differences (element adds and deletes, a flush and refill of each
+//! changed chain, added and removed chains and sets) as one `nft -f -`
+//! transaction, so an update is atomic too and the kernel work follows the
+//! size of the change rather than of the table (rendering the objects stays
+//! linear in the compiled form). Counters are untouched by an update. If the
+//! transaction fails, it falls back to the full replace.
+
+mod ranges;
+mod render;
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+
+use npm_common::{DIR_EGRESS, DIR_INGRESS};
+use npm_policy::compiled::{Compiled, CompiledDiff};
+
+pub use render::{chain_name, counter_name, render};
+
+use crate::{Counters, Dataplane, DataplaneError, Interfaces};
+
+/// Settings of the nftables dataplane.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NftOptions {
+    /// Name of the `inet` table (letters, digits and `_`, starting with a letter).
+    pub table: String,
+    /// Network namespace (a name under `/run/netns`) to program through
+    /// `ip netns exec`; `None` programs the caller's namespace.
+    pub netns: Option<String>,
+}
+
+impl Default for NftOptions {
+    fn default() -> Self {
+        NftOptions {
+            table: "npm".to_string(),
+            netns: None,
+        }
+    }
+}
+
+/// Errors of the nftables dataplane.
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    /// The table or namespace name cannot be used.
+    #[error("invalid {what} name {name:?}: {why}")]
+    InvalidName {
+        /// `table` or `netns`.
+        what: &'static str,
+        /// The rejected name.
+        name: String,
+        /// Why it is rejected.
+        why: &'static str,
+    },
+    /// `nft` (or `ip netns exec`) could not be started or fed.
+    #[error("cannot run `{command}`: {source}")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// `nft` exited with an error.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// Exit status as text (`exit status: 1`, or the signal).
+        status: String,
+        /// What `nft` wrote to stderr.
+        stderr: String,
+    },
+    /// `nft -j` output could not be understood.
+    #[error("unexpected output of `{command}`: {detail}")]
+    BadOutput {
+        /// The command line.
+        command: String,
+        /// What was wrong with it.
+        detail: String,
+    },
+}
+
+impl From<NftError> for DataplaneError {
+    fn from(e: NftError) -> Self {
+        let op = match &e {
+            NftError::InvalidName { what, .. } => format!("nft: {what} name"),
+            NftError::Spawn { command, .. }
+            | NftError::Failed { command, .. }
+            | NftError::BadOutput { command, .. } => command.clone(),
+        };
+        DataplaneError::Kernel {
+            op,
+            detail: e.to_string(),
+        }
+    }
+}
+
+fn check_name(what: &'static str, name: &str, extra: &[char]) -> Result<(), NftError> {
+    let bad = |why| NftError::InvalidName {
+        what,
+        name: name.to_string(),
+        why,
+    };
+    if name.is_empty() || name.len() > 64 {
+        return Err(bad("must be 1 to 64 characters long"));
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        return Err(bad("must start with an ASCII letter"));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || extra.contains(&c))
+    {
+        return Err(bad("may only hold ASCII letters, digits and '_'"));
+    }
+    Ok(())
+}
+
+/// Runs `nft` with `args` (in `opts.netns` if set), feeding `stdin`; returns stdout.
+fn run_nft(opts: &NftOptions, args: &[&str], stdin: Option<&str>) -> Result<String, NftError> {
+    let mut cmd = match &opts.netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns.as_str(), "nft"]);
+            c
+        }
+        None => Command::new("nft"),
+    };
+    cmd.args(args);
+    let command = match &opts.netns {
+        Some(ns) => format!("ip netns exec {ns} nft {}", args.join(" ")),
+        None => format!("nft {}", args.join(" ")),
+    };
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|source| NftError::Spawn {
+        command: command.clone(),
+        source,
+    })?;
+    if let Some(input) = stdin {
+        // Take the pipe so it is closed (EOF) once written.
+        if let Some(mut pipe) = child.stdin.take() {
+            pipe.write_all(input.as_bytes()).map_err(|source| NftError::Spawn {
+                command: command.clone(),
+                source,
+            })?;
+        }
+    }
+    let out = child.wait_with_output().map_err(|source| NftError::Spawn {
+        command: command.clone(),
+        source,
+    })?;
+    if !out.status.success() {
+        return Err(NftError::Failed {
+            command,
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// (direction, reason) -> (packets, bytes), as in [`Counters::by_reason`].
+type CounterMap = BTreeMap<(u8, u8), (u64, u64)>;
+
+/// True when `e` says the table does not exist.
+fn is_missing_table(e: &NftError) -> bool {
+    matches!(e, NftError::Failed { stderr, .. } if stderr.contains("No such file or directory"))
+}
+
+/// Parses `nft -j list counters ...` into raw per-(direction, reason) values.
+fn parse_counters(command: &str, json: &str) -> Result<CounterMap, NftError> {
+    let bad = |detail: String| NftError::BadOutput {
+        command: command.to_string(),
+        detail,
+    };
+    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let items = v
+        .get("nftables")
+        .and_then(|n| n.as_array())
+        .ok_or_else(|| bad("no \"nftables\" array".to_string()))?;
+    let mut names = BTreeMap::new();
+    for dir in [DIR_INGRESS, DIR_EGRESS] {
+        for reason in render::counted_reasons(dir) {
+            names.insert(counter_name(dir, *reason), (dir, *reason as u8));
+        }
+    }
+    let mut out = BTreeMap::new();
+    for item in items {
+        let Some(c) = item.get("counter") else { continue };
+        let name = c
+            .get("name")
+            .and_then(|n| n.as_str())
+            .ok_or_else(|| bad(format!("counter without a name: {c}")))?;
+        let Some(key) = names.get(name) else { continue };
+        let num = |field: &str| {
+            c.get(field)
+                .and_then(|x| x.as_u64())
+                .ok_or_else(|| bad(format!("counter {name} has no numeric {field:?}")))
+        };
+        out.insert(*key, (num("packets")?, num("bytes")?));
+    }
+    Ok(out)
+}
+
+/// The nftables dataplane (see the module documentation).
+#[derive(Debug)]
+pub struct NftDataplane {
+    opts: NftOptions,
+    /// What the table holds since the last successful load or update.
+    programmed: Option<render::Model>,
+    /// Whole-table replaces done.
+    full_loads: u64,
+    /// Incremental updates applied.
+    incremental_updates: u64,
+}
+
+impl NftDataplane {
+    /// A dataplane for the table and namespace of `opts`. Touches nothing
+    /// until the first [`Dataplane::sync_full`].
+    pub fn new(opts: NftOptions) -> Result<Self, NftError> {
+        check_name("table", &opts.table, &[])?;
+        if let Some(ns) = &opts.netns {
+            check_name("netns", ns, &['-', '.'])?;
+        }
+        Ok(NftDataplane {
+            opts,
+            programmed: None,
+            full_loads: 0,
+            incremental_updates: 0,
+        })
+    }
+
+    /// The settings.
+    pub fn options(&self) -> &NftOptions {
+        &self.opts
+    }
+
+    /// Number of whole-table replaces so far (each `sync_full`, plus updates
+    /// that fell back to a replace).
+    pub fn full_loads(&self) -> u64 {
+        self.full_loads
+    }
+
+    /// Number of incremental updates applied so far (no-op updates excluded).
+    pub fn incremental_updates(&self) -> u64 {
+        self.incremental_updates
+    }
+
+    /// Replaces the whole table with the rendering of `compiled` in one
+    /// transaction, carrying the counters of the table it replaces over.
+    pub fn load(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), NftError> {
+        self.load_model(render::model(compiled, interfaces))
+    }
+
+    fn load_model(&mut self, model: render::Model) -> Result<(), NftError> {
+        // The replace resets the named counters: the new table starts at the
+        // values the old one holds now.
+        let counters = self.table_counters()?.unwrap_or_default();
+        self.programmed = None;
+        let script = render::full_script(&model, &self.opts.table, &counters);
+        run_nft(&self.opts, &["-f", "-"], Some(&script))?;
+        self.programmed = Some(model);
+        self.full_loads += 1;
+        Ok(())
+    }
+
+    /// Updates the table to the rendering of `compiled`, changing only the
+    /// sets, elements, chains and dispatch entries that differ, in one
+    /// transaction; counters keep counting. Without a known programmed state
+    /// (nothing loaded yet, or a failed update) this is [`NftDataplane::load`].
+    pub fn update(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), NftError> {
+        let next = render::model(compiled, interfaces);
+        let Some(current) = self.programmed.take() else {
+            return self.load_model(next);
+        };
+        let Some(script) = render::incremental_script(&current, &next, &self.opts.table) else {
+            self.programmed = Some(current);
+            return Ok(());
+        };
+        match run_nft(&self.opts, &["-f", "-"], Some(&script)) {
+            Ok(_) => {
+                self.programmed = Some(next);
+                self.incremental_updates += 1;
+                Ok(())
+            }
+            Err(e) => {
+                // The transaction did not apply: the table is as it was, but
+                // may differ from what we think (edited by hand?). Replace it.
+                tracing::warn!(table = %self.opts.table, error = %e, "incremental nft update failed, replacing the table");
+                self.load_model(next)
+            }
+        }
+    }
+
+    /// Counters of the table as it is now, `None` when there is no table.
+    fn table_counters(&self) -> Result<Option<CounterMap>, NftError> {
+        let table = self.opts.table.as_str();
+        let args = ["-j", "list", "counters", "table", "inet", table];
+        match run_nft(&self.opts, &args, None) {
+            Ok(json) => Ok(Some(parse_counters(&format!("nft {}", args.join(" ")), &json)?)),
+            Err(e) if is_missing_table(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `nft list table inet <table>` as text.
+    pub fn list_table(&self) -> Result<String, NftError> {
+        run_nft(&self.opts, &["list", "table", "inet", &self.opts.table], None)
+    }
+
+    /// Deletes the table (no error if it does not exist). Traffic is no
+    /// longer filtered afterwards.
+    pub fn remove(&mut self) -> Result<(), NftError> {
+        let t = &self.opts.table;
+        let script = format!("table inet {t} {{}}\ndelete table inet {t}\n");
+        self.programmed = None;
+        run_nft(&self.opts, &["-f", "-"], Some(&script))?;
+        Ok(())
+    }
+}
+
+impl Dataplane for NftDataplane {
+    fn sync_full(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError> {
+        Ok(self.load(compiled, interfaces)?)
+    }
+
+    fn apply(&mut self, _diff: &CompiledDiff, next: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError> {
+        // The rendered objects are compared, not the diff: a change of one
+        // CIDR prefix reshapes other identities' sets, and interfaces may
+        // change without a diff.
+        Ok(self.update(next, interfaces)?)
+    }
+
+    fn counters(&self) -> Result<Counters, DataplaneError> {
+        Ok(Counters {
+            by_reason: self.table_counters()?.unwrap_or_default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use npm_common::Reason;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(NftDataplane::new(NftOptions::default()).is_ok());
+        for bad in ["", "1abc", "a b", "a;b", "x}"] {
+            let opts = NftOptions {
+                table: bad.to_string(),
+                netns: None,
+            };
+            let err = NftDataplane::new(opts).unwrap_err();
+            assert!(
+                matches!(err, NftError::InvalidName { what: "table", .. }),
+                "{bad}: {err}"
+            );
+        }
+        let opts = NftOptions {
+            table: "t".into(),
+            netns: Some("ns;rm".into()),
+        };
+        assert!(matches!(
+            NftDataplane::new(opts).unwrap_err(),
+            NftError::InvalidName { what: "netns", .. }
+        ));
+    }
+
+    #[test]
+    fn counters_parse_and_reject_garbage() {
+        let json = r#"{"nftables": [{"metainfo": {"version": "1.0.6"}},
+            {"counter": {"family": "inet", "name": "in_policy_denied", "table": "x", "handle": 3, "packets": 4, "bytes": 240}},
+            {"counter": {"family": "inet", "name": "out_spoofed", "table": "x", "handle": 4, "packets": 1, "bytes": 60}},
+            {"counter": {"family": "inet", "name": "foreign", "table": "x", "handle": 5, "packets": 9, "bytes": 9}}]}"#;
+        let got = parse_counters("nft", json).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[&(DIR_INGRESS, Reason::PolicyDenied as u8)], (4, 240));
+        assert_eq!(got[&(DIR_EGRESS, Reason::Spoofed as u8)], (1, 60));
+        assert!(matches!(parse_counters("nft", "{"), Err(NftError::BadOutput { .. })));
+        assert!(matches!(parse_counters("nft", "{}"), Err(NftError::BadOutput { .. })));
+        let no_packets = r#"{"nftables": [{"counter": {"name": "in_policy", "bytes": 1}}]}"#;
+        assert!(matches!(
+            parse_counters("nft", no_packets),
+            Err(NftError::BadOutput { .. })
+        ));
+    }
+}

@@ -1,0 +1,579 @@
+//! Shared helpers of the eBPF tests: a packet builder, kernel object guards
+//! (dummy interfaces, pin directories, network namespaces) with unique
+//! names that are removed on drop and swept when a crashed run left them.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+use std::process::Command;
+
+use npm_dataplane::ebpf::{EbpfDataplane, EbpfOptions};
+use npm_policy::compiled::{Compiled, Direction, Endpoint, IpEntry, PodRef, PolicyEntry};
+use npm_policy::model::Protocol;
+
+/// Runs a command, panicking with its output on failure.
+pub fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs a command, ignoring failure.
+pub fn sh_quiet(args: &[&str]) {
+    let _ = Command::new(args[0]).args(&args[1..]).output();
+}
+
+fn pid_alive(pid: u32) -> bool {
+    PathBuf::from(format!("/proc/{pid}")).exists()
+}
+
+/// Names `<prefix><pid>...` whose pid is dead: leftovers of a crashed run.
+fn dead_names(names: impl Iterator<Item = String>, prefix: &str) -> Vec<String> {
+    names
+        .filter(|n| n.starts_with(prefix))
+        .filter(|n| {
+            let digits: String = n[prefix.len()..].chars().take_while(|c| c.is_ascii_digit()).collect();
+            digits.parse::<u32>().map(|p| !pid_alive(p)).unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Removes interfaces, netns and pin dirs left by crashed runs of any of
+/// these tests (names carry the pid of their creator).
+pub fn sweep_leftovers() {
+    if let Ok(rd) = std::fs::read_dir("/sys/class/net") {
+        let names = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned());
+        for n in dead_names(names, "npt") {
+            sh_quiet(&["ip", "link", "del", &n]);
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir("/run/netns") {
+        let names = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned());
+        for n in dead_names(names, "npmt-") {
+            sh_quiet(&["ip", "netns", "del", &n]);
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir("/sys/fs/bpf") {
+        let names = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned());
+        for n in dead_names(names, "npm-test-") {
+            let _ = std::fs::remove_dir_all(format!("/sys/fs/bpf/{n}"));
+        }
+    }
+}
+
+/// A veth pair in the root netns (this kernel has no dummy driver), deleted
+/// on drop. Its ifindex is a valid endpoint interface for test runs (the
+/// kernel binds the test skb to it).
+pub struct Dummy {
+    /// Name.
+    pub name: String,
+    /// ifindex.
+    pub ifindex: u32,
+}
+
+impl Dummy {
+    /// Creates `npt<pid><tag>` (tag: a few letters).
+    pub fn new(tag: &str) -> Dummy {
+        let name = format!("npt{}{}", std::process::id(), tag);
+        let peer = format!("{name}x");
+        assert!(peer.len() < 16, "interface name {peer} too long");
+        sh_quiet(&["ip", "link", "del", &name]);
+        sh(&["ip", "link", "add", &name, "type", "veth", "peer", "name", &peer]);
+        sh(&["ip", "link", "set", &name, "up"]);
+        let ifindex = ifindex_of(&name);
+        Dummy { name, ifindex }
+    }
+}
+
+impl Drop for Dummy {
+    fn drop(&mut self) {
+        sh_quiet(&["ip", "link", "del", &self.name]);
+    }
+}
+
+/// The ifindex of an interface in the current netns.
+pub fn ifindex_of(name: &str) -> u32 {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+        .unwrap_or_else(|e| panic!("ifindex of {name}: {e}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A bpffs pin directory, removed (maps and links unpinned) on drop.
+pub struct PinDir {
+    /// The path.
+    pub path: PathBuf,
+}
+
+impl PinDir {
+    /// `/sys/fs/bpf/npm-test-<pid>-<tag>`.
+    pub fn new(tag: &str) -> PinDir {
+        npm_dataplane::ebpf::ensure_bpffs().unwrap();
+        let path = PathBuf::from(format!("/sys/fs/bpf/npm-test-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        PinDir { path }
+    }
+
+    /// Options pinning there.
+    pub fn options(&self) -> EbpfOptions {
+        EbpfOptions {
+            object: None,
+            pin_dir: self.path.clone(),
+            bench_no_ct_create: false,
+        }
+    }
+
+    /// Opens a dataplane pinned there.
+    pub fn open(&self) -> EbpfDataplane {
+        EbpfDataplane::open(self.options()).unwrap_or_else(|e| panic!("open: {e}"))
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A network namespace, deleted on drop.
+pub struct Netns {
+    /// Name.
+    pub name: String,
+}
+
+impl Netns {
+    /// Creates `npmt-<pid>-<tag>`.
+    pub fn new(tag: &str) -> Netns {
+        let name = format!("npmt-{}-{tag}", std::process::id());
+        sh_quiet(&["ip", "netns", "del", &name]);
+        sh(&["ip", "netns", "add", &name]);
+        sh(&["ip", "-n", &name, "link", "set", "lo", "up"]);
+        Netns { name }
+    }
+
+    /// Runs a command inside the namespace.
+    pub fn exec(&self, args: &[&str]) -> std::process::Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        sh_quiet(&["ip", "netns", "del", &self.name]);
+    }
+}
+
+// ---------------------------------------------------------------- packets
+
+/// An L4 header to put in a packet.
+#[derive(Clone, Debug)]
+pub enum L4 {
+    /// TCP with flags (0x02 SYN, 0x10 ACK, 0x01 FIN, 0x04 RST).
+    Tcp(u16, u16, u8),
+    /// UDP.
+    Udp(u16, u16),
+    /// SCTP common header.
+    Sctp(u16, u16),
+    /// ICMP (type, id).
+    Icmp(u8, u16),
+    /// ICMPv6 (type, id).
+    Icmp6(u8, u16),
+    /// Raw protocol number and payload.
+    Raw(u8, Vec<u8>),
+}
+
+impl L4 {
+    /// Protocol number.
+    pub fn proto(&self) -> u8 {
+        match self {
+            L4::Tcp(..) => 6,
+            L4::Udp(..) => 17,
+            L4::Sctp(..) => 132,
+            L4::Icmp(..) => 1,
+            L4::Icmp6(..) => 58,
+            L4::Raw(p, _) => *p,
+        }
+    }
+
+    /// Header bytes (plus a few payload bytes).
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        match self {
+            L4::Tcp(s, d, f) => {
+                b.extend(s.to_be_bytes());
+                b.extend(d.to_be_bytes());
+                b.extend([0, 0, 0, 1, 0, 0, 0, 0]);
+                b.push(5 << 4);
+                b.push(*f);
+                b.extend([0xff, 0xff, 0, 0, 0, 0]);
+            }
+            L4::Udp(s, d) => {
+                b.extend(s.to_be_bytes());
+                b.extend(d.to_be_bytes());
+                b.extend(12u16.to_be_bytes());
+                b.extend([0, 0, b'p', b'i', b'n', b'g']);
+            }
+            L4::Sctp(s, d) => {
+                b.extend(s.to_be_bytes());
+                b.extend(d.to_be_bytes());
+                b.extend([0, 0, 0, 1, 0, 0, 0, 0]);
+            }
+            L4::Icmp(t, id) | L4::Icmp6(t, id) => {
+                b.extend([*t, 0, 0, 0]);
+                b.extend(id.to_be_bytes());
+                b.extend([0, 1, 1, 2, 3, 4]);
+            }
+            L4::Raw(_, p) => b.extend(p),
+        }
+        b
+    }
+}
+
+fn eth(ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2];
+    f.extend(ethertype.to_be_bytes());
+    f.extend(payload);
+    f
+}
+
+/// An IPv4 header (with `options`) and payload; `frag` is the 16-bit
+/// flags/offset field.
+pub fn ipv4_raw(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    proto: u8,
+    id: u16,
+    frag: u16,
+    options: &[u8],
+    payload: &[u8],
+) -> Vec<u8> {
+    assert_eq!(options.len() % 4, 0);
+    let ihl = 20 + options.len();
+    let tot = (ihl + payload.len()) as u16;
+    let mut h = vec![0x40 | (ihl / 4) as u8, 0];
+    h.extend(tot.to_be_bytes());
+    h.extend(id.to_be_bytes());
+    h.extend(frag.to_be_bytes());
+    h.extend([64, proto, 0, 0]);
+    h.extend(src.octets());
+    h.extend(dst.octets());
+    h.extend(options);
+    h.extend(payload);
+    eth(0x0800, &h)
+}
+
+/// An IPv4 packet.
+pub fn v4(src: &str, dst: &str, l4: L4) -> Vec<u8> {
+    ipv4_raw(
+        src.parse().unwrap(),
+        dst.parse().unwrap(),
+        l4.proto(),
+        1,
+        0,
+        &[],
+        &l4.bytes(),
+    )
+}
+
+/// An IPv6 extension header.
+#[derive(Clone, Debug)]
+pub enum Ext {
+    /// Hop-by-hop options (8 bytes).
+    HopByHop,
+    /// Routing header (8 bytes, type 0 with 0 segments left).
+    Routing,
+    /// Destination options (8 bytes).
+    DestOpts,
+    /// Authentication header (12 bytes).
+    Ah,
+    /// Fragment header (offset in 8-byte units, more-fragments, id).
+    Fragment(u16, bool, u32),
+}
+
+impl Ext {
+    fn code(&self) -> u8 {
+        match self {
+            Ext::HopByHop => 0,
+            Ext::Routing => 43,
+            Ext::DestOpts => 60,
+            Ext::Ah => 51,
+            Ext::Fragment(..) => 44,
+        }
+    }
+}
+
+/// An IPv6 packet with extension headers; a non-first fragment carries
+/// `l4`'s bytes as opaque payload.
+pub fn v6_ext(src: &str, dst: &str, exts: &[Ext], l4: L4) -> Vec<u8> {
+    let src: Ipv6Addr = src.parse().unwrap();
+    let dst: Ipv6Addr = dst.parse().unwrap();
+    let mut body = Vec::new();
+    for (i, e) in exts.iter().enumerate() {
+        let next = exts.get(i + 1).map(Ext::code).unwrap_or(l4.proto());
+        match e {
+            Ext::HopByHop | Ext::DestOpts => body.extend([next, 0, 1, 4, 0, 0, 0, 0]),
+            Ext::Routing => body.extend([next, 0, 0, 0, 0, 0, 0, 0]),
+            Ext::Ah => body.extend([next, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1]),
+            Ext::Fragment(off, more, id) => {
+                body.extend([next, 0]);
+                body.extend(((off << 3) | u16::from(*more)).to_be_bytes());
+                body.extend(id.to_be_bytes());
+            }
+        }
+    }
+    body.extend(l4.bytes());
+    let first = exts.first().map(Ext::code).unwrap_or(l4.proto());
+    let mut h = vec![0x60, 0, 0, 0];
+    h.extend((body.len() as u16).to_be_bytes());
+    h.extend([first, 64]);
+    h.extend(src.octets());
+    h.extend(dst.octets());
+    h.extend(body);
+    eth(0x86dd, &h)
+}
+
+/// An IPv6 packet.
+pub fn v6(src: &str, dst: &str, l4: L4) -> Vec<u8> {
+    v6_ext(src, dst, &[], l4)
+}
+
+/// An ARP request frame.
+pub fn arp() -> Vec<u8> {
+    eth(
+        0x0806,
+        &[
+            0, 1, 8, 0, 6, 4, 0, 1, 2, 0, 0, 0, 0, 1, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 10, 0, 0, 2,
+        ],
+    )
+}
+
+// ---------------------------------------------------------------- compiled
+
+/// A local endpoint.
+pub fn endpoint(name: &str, identity: u32, v4: Option<&str>, v6: Option<&str>, iso_in: bool, iso_eg: bool) -> Endpoint {
+    Endpoint {
+        pod: PodRef {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+        },
+        identity,
+        ipv4: v4.map(|a| a.parse().unwrap()),
+        ipv6: v6.map(|a| a.parse().unwrap()),
+        isolated_ingress: iso_in,
+        isolated_egress: iso_eg,
+    }
+}
+
+/// An ipcache entry.
+pub fn ip(c: &mut Compiled, addr: &str, identity: u32, cidr_identity: u32) {
+    c.ipcache.insert(
+        addr.parse::<IpAddr>().unwrap(),
+        IpEntry {
+            identity,
+            cidr_identity,
+        },
+    );
+}
+
+/// A policy entry.
+pub fn allow(
+    c: &mut Compiled,
+    ep: u32,
+    dir: Direction,
+    peer: u32,
+    proto: Option<Protocol>,
+    ports: (u16, u16),
+    rule: u32,
+) {
+    c.policy.insert(
+        PolicyEntry {
+            endpoint: ep,
+            direction: dir,
+            peer,
+            protocol: proto,
+            ports,
+        },
+        rule,
+    );
+}
+
+/// Interfaces map of one endpoint.
+pub fn ifaces(pairs: &[(u32, u32)]) -> BTreeMap<u32, u32> {
+    pairs.iter().copied().collect()
+}
+
+// ---------------------------------------------------------------- topology
+
+/// A pod network namespace joined to the root netns by a veth pair: the
+/// host side (`host_if`, in the root netns) is where the classifier is
+/// attached; the root netns plays the remote peer. Addresses are a /30 of
+/// 198.18.0.0/15 derived from the pid, so parallel runs do not collide.
+pub struct PodNet {
+    /// The pod's namespace.
+    pub ns: Netns,
+    /// Host-side interface name.
+    pub host_if: String,
+    /// Host-side ifindex.
+    pub ifindex: u32,
+    /// The root netns (peer) address.
+    pub peer_ip: Ipv4Addr,
+    /// The pod address.
+    pub pod_ip: Ipv4Addr,
+    servers: Vec<std::process::Child>,
+}
+
+impl PodNet {
+    /// Creates the namespace, the veth pair and the addresses.
+    pub fn new(tag: &str) -> PodNet {
+        let pid = std::process::id();
+        let ns = Netns::new(tag);
+        let host_if = format!("npt{pid}{tag}");
+        let pod_if = format!("{host_if}x");
+        assert!(pod_if.len() < 16);
+        sh_quiet(&["ip", "link", "del", &host_if]);
+        sh(&["ip", "link", "add", &host_if, "type", "veth", "peer", "name", &pod_if]);
+        sh(&["ip", "link", "set", &pod_if, "netns", &ns.name]);
+        let slot = (pid % 16384) * 4;
+        let base = u32::from(Ipv4Addr::new(198, 18, 0, 0)) + slot;
+        let peer_ip = Ipv4Addr::from(base + 1);
+        let pod_ip = Ipv4Addr::from(base + 2);
+        sh(&["ip", "addr", "add", &format!("{peer_ip}/30"), "dev", &host_if]);
+        sh(&["ip", "link", "set", &host_if, "up"]);
+        sh(&[
+            "ip",
+            "-n",
+            &ns.name,
+            "addr",
+            "add",
+            &format!("{pod_ip}/30"),
+            "dev",
+            &pod_if,
+        ]);
+        sh(&["ip", "-n", &ns.name, "link", "set", &pod_if, "up"]);
+        let ifindex = ifindex_of(&host_if);
+        PodNet {
+            ns,
+            host_if,
+            ifindex,
+            peer_ip,
+            pod_ip,
+            servers: Vec::new(),
+        }
+    }
+
+    /// Starts echo servers in the pod: TCP on `tcp_port` (echoes lines),
+    /// UDP on each of `udp_ports` (echoes datagrams).
+    pub fn start_servers(&mut self, tcp_port: u16, udp_ports: &[u16]) {
+        let ip = self.pod_ip.to_string();
+        let tcp = format!(
+            "import socket,threading\n\
+             s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+             s.bind(('{ip}',{tcp_port})); s.listen(64)\n\
+             def h(c):\n  f=c.makefile('rwb')\n  for l in f:\n    f.write(l); f.flush()\n\
+             while True:\n  c,_=s.accept(); threading.Thread(target=h,args=(c,),daemon=True).start()\n"
+        );
+        let udp_ports: Vec<String> = udp_ports.iter().map(|p| p.to_string()).collect();
+        let udp = format!(
+            "import socket,select\n\
+             ss=[]\n\
+             for p in [{}]:\n  u=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('{ip}',p)); ss.append(u)\n\
+             while True:\n  r,_,_=select.select(ss,[],[])\n  for u in r:\n    d,a=u.recvfrom(2048); u.sendto(d,a)\n",
+            udp_ports.join(",")
+        );
+        for code in [tcp, udp] {
+            let child = Command::new("ip")
+                .args(["netns", "exec", &self.ns.name, "python3", "-c", &code])
+                .spawn()
+                .expect("spawn python3 server");
+            self.servers.push(child);
+        }
+    }
+
+    /// One TCP exchange with the pod (connect, send a line, read it back).
+    pub fn tcp_exchange(&self, port: u16, timeout: std::time::Duration) -> std::io::Result<()> {
+        use std::io::{BufRead, BufReader, Write};
+        let addr = std::net::SocketAddr::from((self.pod_ip, port));
+        let s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+        s.set_read_timeout(Some(timeout))?;
+        let mut w = s.try_clone()?;
+        w.write_all(b"hello\n")?;
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line)?;
+        if line != "hello\n" {
+            return Err(std::io::Error::other(format!("echo returned {line:?}")));
+        }
+        Ok(())
+    }
+
+    /// One UDP request/reply with the pod, from a fresh socket (a new flow).
+    pub fn udp_exchange(&self, port: u16, timeout: std::time::Duration) -> std::io::Result<()> {
+        let u = std::net::UdpSocket::bind((self.peer_ip, 0))?;
+        u.set_read_timeout(Some(timeout))?;
+        u.send_to(b"ping", (self.pod_ip, port))?;
+        let mut buf = [0u8; 64];
+        let (n, _) = u.recv_from(&mut buf)?;
+        if &buf[..n] != b"ping" {
+            return Err(std::io::Error::other("bad udp echo"));
+        }
+        Ok(())
+    }
+
+    /// Waits until the servers answer (before any policy isolates the pod).
+    pub fn wait_ready(&self, tcp_port: u16, udp_port: u16) {
+        let short = std::time::Duration::from_millis(300);
+        for _ in 0..50 {
+            if self.tcp_exchange(tcp_port, short).is_ok() && self.udp_exchange(udp_port, short).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("pod servers did not come up");
+    }
+}
+
+impl Drop for PodNet {
+    fn drop(&mut self) {
+        for c in &mut self.servers {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        sh_quiet(&["ip", "link", "del", &self.host_if]);
+    }
+}
+
+/// The compiled state of the veth tests: endpoint 1 is the pod (isolated
+/// both ways), the root-netns peer has identity 300; `allow` lists the
+/// (protocol, port) the peer may reach on the pod. No egress rule: replies
+/// pass only as tracked connections.
+pub fn pod_policy(net: &PodNet, allow_ports: &[(Protocol, u16)]) -> Compiled {
+    policy_for(net.pod_ip, net.peer_ip, allow_ports)
+}
+
+/// [`pod_policy`] by addresses.
+pub fn policy_for(pod_ip: Ipv4Addr, peer_ip: Ipv4Addr, allow_ports: &[(Protocol, u16)]) -> Compiled {
+    let mut c = Compiled::default();
+    let pod = pod_ip.to_string();
+    c.endpoints
+        .insert(1, endpoint("pod", 256, Some(&pod), None, true, true));
+    ip(&mut c, &pod, 256, 0);
+    ip(&mut c, &peer_ip.to_string(), 300, 0);
+    for (i, (p, port)) in allow_ports.iter().enumerate() {
+        allow(&mut c, 1, Direction::Ingress, 300, Some(*p), (*port, *port), i as u32);
+    }
+    c
+}

@@ -1,0 +1,152 @@
+//! Enforcement survives the loader: a loader process programs and pins
+//! maps and tcx links and exits; traffic is still enforced with no loader
+//! running; a new loader adopts the pinned maps and links and swaps the
+//! program atomically while a stream of allowed flows sees no drop and
+//! denied flows never pass. Needs root.
+
+mod ebpf_common;
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use aya::programs::{SchedClassifier, TcAttachType};
+use ebpf_common::*;
+use npm_dataplane::ebpf::{EbpfDataplane, EbpfOptions};
+use npm_dataplane::Dataplane;
+use npm_policy::model::Protocol;
+
+const CHILD_ENV: &str = "NPM_EBPF_RESTART_CHILD";
+const TCP_PORT: u16 = 8080;
+const UDP_ALLOWED: u16 = 5353;
+const UDP_DENIED: u16 = 5354;
+
+fn policy(pod: Ipv4Addr, peer: Ipv4Addr) -> npm_policy::compiled::Compiled {
+    policy_for(pod, peer, &[(Protocol::Tcp, TCP_PORT), (Protocol::Udp, UDP_ALLOWED)])
+}
+
+/// Entry point of the loader child process (the test binary re-invoked
+/// with `NPM_EBPF_RESTART_CHILD=<pin dir>|<ifindex>|<pod ip>|<peer ip>`).
+/// Without that variable (a normal test run) it has nothing to do.
+#[test]
+fn restart_child_entry() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split('|').collect();
+    let [pin, ifindex, pod, peer] = parts[..] else {
+        panic!("bad {CHILD_ENV}: {spec}");
+    };
+    let mut dp = EbpfDataplane::open(EbpfOptions {
+        object: None,
+        pin_dir: pin.into(),
+        bench_no_ct_create: false,
+    })
+    .expect("child open");
+    let c = policy(pod.parse().unwrap(), peer.parse().unwrap());
+    dp.sync_full(&c, &ifaces(&[(1, ifindex.parse().unwrap())]))
+        .expect("child sync");
+    // Exit without detaching: the pinned links keep the program attached.
+}
+
+fn tcx_prog_ids(ifname: &str) -> (Vec<u32>, Vec<u32>) {
+    let ids = |t| {
+        SchedClassifier::query_tcx(ifname, t)
+            .expect("query tcx")
+            .1
+            .iter()
+            .map(|p| p.id())
+            .collect::<Vec<_>>()
+    };
+    (ids(TcAttachType::Ingress), ids(TcAttachType::Egress))
+}
+
+#[test]
+fn enforcement_survives_loader_restart() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    sweep_leftovers();
+    let pins = PinDir::new("rs");
+    let mut net = PodNet::new("rs");
+    net.start_servers(TCP_PORT, &[UDP_ALLOWED, UDP_DENIED]);
+    net.wait_ready(TCP_PORT, UDP_DENIED);
+
+    // 1. A loader process programs, pins and exits.
+    let spec = format!("{}|{}|{}|{}", pins.path.display(), net.ifindex, net.pod_ip, net.peer_ip);
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "restart_child_entry", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, &spec)
+        .output()
+        .expect("spawn loader child");
+    assert!(
+        out.status.success(),
+        "loader child failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // 2. No loader runs: still enforced.
+    let (ing_before, eg_before) = tcx_prog_ids(&net.host_if);
+    assert_eq!((ing_before.len(), eg_before.len()), (1, 1), "one program per hook");
+    let t = Duration::from_secs(2);
+    let short = Duration::from_millis(500);
+    net.tcp_exchange(TCP_PORT, t).expect("allowed TCP with no loader");
+    net.udp_exchange(UDP_ALLOWED, t).expect("allowed UDP with no loader");
+    assert!(
+        net.udp_exchange(UDP_DENIED, short).is_err(),
+        "denied UDP passed with no loader"
+    );
+
+    // 3. A new loader adopts maps and links and swaps the program while
+    // allowed and denied flows stream.
+    let stop = AtomicBool::new(false);
+    let (ok, lost, denied_tries, denied_passed) = (
+        AtomicU32::new(0),
+        AtomicU32::new(0),
+        AtomicU32::new(0),
+        AtomicU32::new(0),
+    );
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                match net.udp_exchange(UDP_ALLOWED, t) {
+                    Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => lost.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        });
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                denied_tries.fetch_add(1, Ordering::Relaxed);
+                if net.udp_exchange(UDP_DENIED, Duration::from_millis(100)).is_ok() {
+                    denied_passed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let mut dp = pins.open();
+        dp.sync_full(&policy(net.pod_ip, net.peer_ip), &ifaces(&[(1, net.ifindex)]))
+            .expect("new loader sync");
+        std::thread::sleep(Duration::from_millis(300));
+        drop(dp);
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, Ordering::Relaxed);
+    });
+    let (ok, lost) = (ok.into_inner(), lost.into_inner());
+    let (denied_tries, denied_passed) = (denied_tries.into_inner(), denied_passed.into_inner());
+    println!("swap: {ok} allowed flows answered, {lost} lost; {denied_tries} denied tries, {denied_passed} passed");
+    assert!(ok >= 20, "too few allowed flows measured: {ok}");
+    assert_eq!(lost, 0, "allowed flows dropped during the program swap");
+    assert!(denied_tries >= 3, "too few denied tries: {denied_tries}");
+    assert_eq!(denied_passed, 0, "denied flows passed during the swap");
+
+    // 4. The program was replaced in the same links (no second attachment).
+    let (ing_after, eg_after) = tcx_prog_ids(&net.host_if);
+    assert_eq!((ing_after.len(), eg_after.len()), (1, 1), "one program per hook");
+    assert_ne!(ing_after, ing_before, "ingress program not replaced");
+    assert_ne!(eg_after, eg_before, "egress program not replaced");
+    assert!(net.udp_exchange(UDP_DENIED, short).is_err());
+    net.udp_exchange(UDP_ALLOWED, t).expect("allowed after swap");
+}
