@@ -363,13 +363,12 @@ impl Rng {
 
 /// The ipBlock prefixes the random policies pick from (nested, both families).
 ///
-/// No IPv6 prefix here contains `::ffff:0:0/96`: the reference (like the eBPF
-/// datapath) keeps IPv4 addresses IPv4-mapped in one prefix table, so an
-/// ipBlock such as `::/0` also matches IPv4 peers there, while the nftables
-/// sets keep the families apart as the NetworkPolicy API means them (an IPv6
-/// ipBlock never matches an IPv4 address). That divergence is reported, not
-/// tested here.
-const PREFIXES: [&str; 11] = [
+/// `::/0` covers the IPv4-mapped range `::ffff:0:0/96` in which the reference
+/// lookup (like the eBPF datapath) keeps IPv4 addresses; the compiler adds
+/// `0.0.0.0/0` as a guard so that an IPv6 ipBlock never matches an IPv4
+/// peer, as nftables (which keeps the families apart) and the API mean it.
+const PREFIXES: [&str; 12] = [
+    "::/0",
     "10.77.0.0/16",
     "10.77.0.0/30",
     "10.77.0.2/32",

@@ -1,0 +1,92 @@
+//! `npm-conformance`: runs the NetworkPolicy conformance catalogue on the
+//! simulator or on real network-namespace pods enforced by the real agent.
+//!
+//! ```text
+//! npm-conformance [--dataplane ebpf|nftables|simulate] [--cases PATH]...
+//!                 [--filter ID] [--agent-bin PATH] [--ipv6]
+//! ```
+//! Prints each case's result and, last, exactly `N passed, M failed`; exits
+//! non-zero when a case fails.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use npm_e2e::runner::{self, Engine, Options};
+
+/// Runs the NetworkPolicy conformance catalogue.
+#[derive(Debug, Parser)]
+#[command(name = "npm-conformance")]
+struct Cli {
+    /// ebpf, nftables or simulate.
+    #[arg(long, default_value = "ebpf")]
+    dataplane: String,
+    /// Case files or directories (default: tests/conformance).
+    #[arg(long = "cases")]
+    cases: Vec<PathBuf>,
+    /// Run only the cases whose id contains this text.
+    #[arg(long)]
+    filter: Option<String>,
+    /// The agent binary.
+    #[arg(long, default_value = "target/debug/npm-agent")]
+    agent_bin: PathBuf,
+    /// Extra argument for `npm-agent run` (repeatable).
+    #[arg(long = "agent-arg", allow_hyphen_values = true)]
+    agent_args: Vec<String>,
+    /// Probe the pods' IPv6 addresses.
+    #[arg(long)]
+    ipv6: bool,
+    /// Seconds a probe matrix is retried until it matches.
+    #[arg(long, default_value_t = 10)]
+    deadline_secs: u64,
+    /// Milliseconds of one probe attempt.
+    #[arg(long, default_value_t = 1000)]
+    probe_timeout_ms: u64,
+    /// Probe threads.
+    #[arg(long, default_value_t = 32)]
+    threads: usize,
+    /// Milliseconds to wait after a step's actions and before the
+    /// confirmation round of a matching matrix.
+    #[arg(long, default_value_t = 500)]
+    settle_ms: u64,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Some(engine) = Engine::parse(&cli.dataplane) else {
+        eprintln!(
+            "npm-conformance: --dataplane must be ebpf, nftables or simulate, not {:?}",
+            cli.dataplane
+        );
+        return ExitCode::from(2);
+    };
+    let cases = if cli.cases.is_empty() {
+        vec![PathBuf::from("tests/conformance")]
+    } else {
+        cli.cases
+    };
+    let opts = Options {
+        engine,
+        cases,
+        filter: cli.filter,
+        agent_bin: cli.agent_bin,
+        agent_args: cli.agent_args,
+        ipv6: cli.ipv6,
+        probe_timeout: Duration::from_millis(cli.probe_timeout_ms),
+        deadline: Duration::from_secs(cli.deadline_secs),
+        threads: cli.threads,
+        settle: Duration::from_millis(cli.settle_ms),
+        startup_deadline: Duration::from_secs(cli.deadline_secs.max(30)),
+    };
+    let mut out = std::io::stdout();
+    match runner::run(&opts, &mut out) {
+        Ok(s) if s.failed() == 0 => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("npm-conformance: {e}");
+            println!("0 passed, 1 failed");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,584 @@
+//! The netns cluster: every pod is a network namespace with a veth to the
+//! root netns, its own IPv4 /32 and IPv6 /128, and small TCP/UDP servers on
+//! ports 80 and 81 (plus a raw SCTP receiver for crafted-packet probes).
+//!
+//! Addresses follow the upstream model: namespace index `n` (x=1, y=2, z=3,
+//! then the next free index) and pod index `p` (a=1, b=2, c=3, then the next
+//! free one in that namespace) give `198.18.n.p` and `fd00:198:18::n:p`.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use crate::netns::{ip, ip_batch, sysctl_get, sysctl_set, NetnsError};
+use crate::server::{PodServer, SctpLog, ServerError};
+
+/// Prefix of every netns and host-side interface the cluster creates.
+pub const NAME_PREFIX: &str = "npmc";
+
+/// Port numbers every pod serves on (TCP, UDP; SCTP via the raw receiver).
+pub const SERVED_PORTS: [u16; 2] = [80, 81];
+
+/// The MAC address of every host-side veth (pods use a static neighbour
+/// entry for the 169.254.1.1 gateway, so no ARP is needed for it).
+const HOST_MAC: &str = "ee:ee:ee:ee:ee:ee";
+
+static INSTANCE: AtomicU32 = AtomicU32::new(0);
+
+/// Errors of the netns cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A netns or link operation failed.
+    #[error("pod {pod}: {source}")]
+    Netns {
+        /// The pod (`ns/name`) or "host".
+        pod: String,
+        /// The cause.
+        source: NetnsError,
+    },
+    /// A pod's servers could not be started.
+    #[error("pod {pod}: {source}")]
+    Server {
+        /// The pod (`ns/name`).
+        pod: String,
+        /// The cause.
+        source: ServerError,
+    },
+    /// The pod exists already.
+    #[error("pod {0} exists already")]
+    PodExists(String),
+    /// The pod does not exist.
+    #[error("pod {0} does not exist")]
+    NoSuchPod(String),
+    /// Namespace or pod indexes ran out (36 per level).
+    #[error("no free index for {0} (at most 35 namespaces and 35 pods per namespace)")]
+    OutOfIndexes(String),
+}
+
+/// One pod of the cluster.
+#[derive(Debug)]
+pub struct PodNet {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Netns name (`npmc<pid><inst>-<ns>-<pod>`).
+    pub netns: String,
+    /// Host-side veth name.
+    pub host_if: String,
+    /// IPv4 address.
+    pub ipv4: Ipv4Addr,
+    /// IPv6 address.
+    pub ipv6: Ipv6Addr,
+    server: Option<PodServer>,
+}
+
+impl PodNet {
+    /// `ns/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+    /// The pod's address of the given family.
+    pub fn ip(&self, ipv6: bool) -> IpAddr {
+        if ipv6 {
+            IpAddr::V6(self.ipv6)
+        } else {
+            IpAddr::V4(self.ipv4)
+        }
+    }
+}
+
+/// The IPv4 address of pod index `p` in namespace index `n`.
+pub fn pod_ipv4(n: u8, p: u8) -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, n, p)
+}
+
+/// The IPv6 address of pod index `p` in namespace index `n`
+/// (`fd00:198:18::n:p`, the decimal digits written as hex groups).
+pub fn pod_ipv6(n: u8, p: u8) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x198, 0x18, 0, 0, 0, hexish(n), hexish(p))
+}
+
+/// `12` -> `0x12`: the group reads like the decimal index.
+fn hexish(v: u8) -> u16 {
+    u16::from_str_radix(&v.to_string(), 16).unwrap_or(v as u16)
+}
+
+/// The fixed index of the upstream namespaces and pods (x,y,z / a,b,c).
+fn fixed_index(name: &str, table: &[&str]) -> Option<u8> {
+    table.iter().position(|n| *n == name).map(|i| i as u8 + 1)
+}
+
+const B36: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+
+/// The netns cluster. Dropping it tears everything down.
+#[derive(Debug)]
+pub struct Cluster {
+    tag: String,
+    ns_index: BTreeMap<String, u8>,
+    pod_index: BTreeMap<(String, String), u8>,
+    pods: BTreeMap<(String, String), PodNet>,
+    owner: String,
+    sctp: Arc<SctpLog>,
+    next_if: u32,
+    torn_down: bool,
+}
+
+impl Cluster {
+    /// An empty cluster: clears leftovers of crashed earlier runs, turns on
+    /// forwarding in the root netns (the values found before are restored
+    /// when the last cluster of any process is torn down; they are kept in
+    /// `/run/npm-e2e`).
+    ///
+    /// Clusters use the same pod addresses (the model's), so only one
+    /// process at a time may have clusters: this waits for an exclusive
+    /// host-wide lock (`/run/npm-e2e/cluster.lock`), held until the
+    /// process's last cluster is torn down.
+    pub fn new() -> Result<Self, ClusterError> {
+        cluster_lock_acquire().map_err(host_err)?;
+        clear_leftovers();
+        let pid = std::process::id();
+        let inst = INSTANCE.fetch_add(1, Ordering::SeqCst);
+        // The instance letter is not a hex digit, so the pid (hex) before it
+        // can be parsed back by the leftover cleaner.
+        let letter = (b'g' + (inst % 20) as u8) as char;
+        let tag = format!("{NAME_PREFIX}{pid:x}{letter}");
+        let owner = format!("{pid}-{inst}");
+        if let Err(e) = forwarding_acquire(&owner) {
+            cluster_lock_release();
+            return Err(host_err(e));
+        }
+        Ok(Cluster {
+            tag,
+            ns_index: BTreeMap::new(),
+            pod_index: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            owner,
+            sctp: Arc::new(SctpLog::default()),
+            next_if: 0,
+            torn_down: false,
+        })
+    }
+
+    /// Builds a cluster with the given pods (`(namespace, pod)` pairs).
+    pub fn with_pods(pods: &[(&str, &str)]) -> Result<Self, ClusterError> {
+        let mut c = Cluster::new()?;
+        for (ns, name) in pods {
+            c.create_pod(ns, name)?;
+        }
+        Ok(c)
+    }
+
+    /// The upstream cluster: namespaces x, y, z with pods a, b, c each.
+    pub fn upstream() -> Result<Self, ClusterError> {
+        let mut pods = Vec::new();
+        for ns in ["x", "y", "z"] {
+            for p in ["a", "b", "c"] {
+                pods.push((ns, p));
+            }
+        }
+        Cluster::with_pods(&pods)
+    }
+
+    /// The shared log of received SCTP packets.
+    pub fn sctp_log(&self) -> Arc<SctpLog> {
+        self.sctp.clone()
+    }
+
+    fn namespace_index(&mut self, ns: &str) -> Result<u8, ClusterError> {
+        if let Some(i) = self.ns_index.get(ns) {
+            return Ok(*i);
+        }
+        let i = match fixed_index(ns, &["x", "y", "z"]) {
+            Some(i) => i,
+            None => (4..36u8)
+                .find(|i| !self.ns_index.values().any(|v| v == i))
+                .ok_or_else(|| ClusterError::OutOfIndexes(format!("namespace {ns}")))?,
+        };
+        self.ns_index.insert(ns.to_string(), i);
+        Ok(i)
+    }
+
+    fn pod_idx(&mut self, ns: &str, name: &str) -> Result<u8, ClusterError> {
+        let k = (ns.to_string(), name.to_string());
+        if let Some(i) = self.pod_index.get(&k) {
+            return Ok(*i);
+        }
+        let i = match fixed_index(name, &["a", "b", "c"]) {
+            Some(i) => i,
+            None => (4..36u8)
+                .find(|i| !self.pod_index.iter().any(|((n, _), v)| n == ns && v == i))
+                .ok_or_else(|| ClusterError::OutOfIndexes(format!("pod {ns}/{name}")))?,
+        };
+        self.pod_index.insert(k, i);
+        Ok(i)
+    }
+
+    /// The address a pod has (or would get), without creating it.
+    pub fn address_of(&mut self, ns: &str, name: &str) -> Result<(Ipv4Addr, Ipv6Addr), ClusterError> {
+        let n = self.namespace_index(ns)?;
+        let p = self.pod_idx(ns, name)?;
+        Ok((pod_ipv4(n, p), pod_ipv6(n, p)))
+    }
+
+    /// Creates a pod at the cluster's own address for it (upstream indexes:
+    /// x,y,z / a,b,c, then the next free index).
+    pub fn create_pod(&mut self, ns: &str, name: &str) -> Result<&PodNet, ClusterError> {
+        if self.pods.contains_key(&(ns.to_string(), name.to_string())) {
+            return Err(ClusterError::PodExists(format!("{ns}/{name}")));
+        }
+        let (v4, v6) = self.address_of(ns, name)?;
+        self.create_pod_at(ns, name, v4, v6)
+    }
+
+    /// Creates a pod with the given addresses: netns, veth, addresses,
+    /// routes, servers.
+    pub fn create_pod_at(&mut self, ns: &str, name: &str, v4: Ipv4Addr, v6: Ipv6Addr) -> Result<&PodNet, ClusterError> {
+        let key = format!("{ns}/{name}");
+        let k = (ns.to_string(), name.to_string());
+        if self.pods.contains_key(&k) {
+            return Err(ClusterError::PodExists(key));
+        }
+        if self.next_if >= 36 * 36 {
+            return Err(ClusterError::OutOfIndexes(format!("interface for pod {key}")));
+        }
+        let ifn = self.next_if;
+        self.next_if += 1;
+        let netns = format!("{}-{}-{}", self.tag, ns, name);
+        let host_if = format!(
+            "{}{}{}",
+            self.tag,
+            B36[(ifn / 36) as usize] as char,
+            B36[(ifn % 36) as usize] as char
+        );
+        let err = |source| ClusterError::Netns {
+            pod: key.clone(),
+            source,
+        };
+        // Remove any stale object of the same name (a pod deleted and
+        // recreated, or an earlier run of this very pid).
+        let _ = ip(&["netns", "del", &netns]);
+        let _ = ip(&["link", "del", &host_if]);
+        ip(&["netns", "add", &netns]).map_err(err)?;
+        let mut pod = PodNet {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            netns: netns.clone(),
+            host_if: host_if.clone(),
+            ipv4: v4,
+            ipv6: v6,
+            server: None,
+        };
+        let setup = || -> Result<(), NetnsError> {
+            let host = vec![
+                format!("link add {host_if} address {HOST_MAC} type veth peer name eth0 netns {netns}"),
+                format!("link set {host_if} up"),
+                format!("addr add fe80::1/64 dev {host_if} nodad"),
+                format!("route replace {v4}/32 dev {host_if} scope link"),
+            ];
+            ip_batch(None, &host)?;
+            let inside = vec![
+                "link set lo up".to_string(),
+                "link set eth0 up".to_string(),
+                format!("addr add {v4}/32 dev eth0"),
+                format!("addr add {v6}/128 dev eth0 nodad"),
+                format!("neigh replace 169.254.1.1 lladdr {HOST_MAC} dev eth0 nud permanent"),
+                format!("neigh replace fe80::1 lladdr {HOST_MAC} dev eth0 nud permanent"),
+                "route add default via 169.254.1.1 dev eth0 onlink".to_string(),
+                "route add default via fe80::1 dev eth0".to_string(),
+            ];
+            ip_batch(Some(&netns), &inside)?;
+            // The /128 route needs the link to be up in both ends; add it
+            // after the batch.
+            ip(&["-6", "route", "replace", &format!("{v6}/128"), "dev", &host_if])?;
+            let _ = std::fs::write(format!("/proc/sys/net/ipv4/conf/{host_if}/proxy_arp"), "1");
+            Ok(())
+        };
+        if let Err(e) = setup() {
+            let _ = ip(&["netns", "del", &netns]);
+            let _ = ip(&["link", "del", &host_if]);
+            return Err(err(e));
+        }
+        match PodServer::start(&netns, &key, &SERVED_PORTS, self.sctp.clone()) {
+            Ok(s) => pod.server = Some(s),
+            Err(source) => {
+                let _ = ip(&["netns", "del", &netns]);
+                let _ = ip(&["link", "del", &host_if]);
+                return Err(ClusterError::Server { pod: key, source });
+            }
+        }
+        self.pods.insert(k.clone(), pod);
+        Ok(&self.pods[&k])
+    }
+
+    /// Deletes a pod: stops its servers, deletes its netns and veth.
+    pub fn delete_pod(&mut self, ns: &str, name: &str) -> Result<(), ClusterError> {
+        let k = (ns.to_string(), name.to_string());
+        let mut pod = self
+            .pods
+            .remove(&k)
+            .ok_or_else(|| ClusterError::NoSuchPod(format!("{ns}/{name}")))?;
+        remove_pod(&mut pod).map_err(|source| ClusterError::Netns {
+            pod: format!("{ns}/{name}"),
+            source,
+        })
+    }
+
+    /// The pod `ns/name`, if it exists.
+    pub fn pod(&self, ns: &str, name: &str) -> Option<&PodNet> {
+        self.pods.get(&(ns.to_string(), name.to_string()))
+    }
+
+    /// All pods, by (namespace, name).
+    pub fn pods(&self) -> impl Iterator<Item = &PodNet> {
+        self.pods.values()
+    }
+
+    /// Tears everything down: pods, veths, netns, sysctls.
+    pub fn teardown(mut self) -> Result<(), ClusterError> {
+        self.teardown_inner()
+    }
+
+    fn teardown_inner(&mut self) -> Result<(), ClusterError> {
+        if self.torn_down {
+            return Ok(());
+        }
+        self.torn_down = true;
+        let mut first_err = None;
+        for (_, mut pod) in std::mem::take(&mut self.pods) {
+            if let Err(source) = remove_pod(&mut pod) {
+                first_err.get_or_insert(ClusterError::Netns { pod: pod.key(), source });
+            }
+        }
+        if let Err(source) = forwarding_release(&self.owner) {
+            first_err.get_or_insert(host_err(source));
+        }
+        cluster_lock_release();
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown_inner() {
+            eprintln!("npm-e2e: cluster teardown: {e}");
+        }
+    }
+}
+
+/// Where clusters of every process record the sysctl values found before
+/// the first of them turned forwarding on, and who is using them.
+const STATE_DIR: &str = "/run/npm-e2e";
+const FORWARDING_KEYS: [&str; 2] = ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"];
+
+fn state_io(what: &str, source: std::io::Error) -> NetnsError {
+    NetnsError::Sysctl {
+        key: format!("{STATE_DIR}/{what}"),
+        source,
+    }
+}
+
+/// Runs `f` holding an exclusive flock on the state directory's lock file.
+fn with_state_lock<T>(f: impl FnOnce() -> Result<T, NetnsError>) -> Result<T, NetnsError> {
+    std::fs::create_dir_all(STATE_DIR).map_err(|e| state_io("", e))?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(format!("{STATE_DIR}/lock"))
+        .map_err(|e| state_io("lock", e))?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on an open fd; released when `lock` is closed.
+    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+    let r = f();
+    drop(lock);
+    r
+}
+
+/// This process's hold on the host-wide cluster lock: (clusters alive, the
+/// locked file).
+static CLUSTER_LOCK: std::sync::Mutex<(usize, Option<std::fs::File>)> = std::sync::Mutex::new((0, None));
+
+fn cluster_lock_acquire() -> Result<(), NetnsError> {
+    use std::os::fd::AsRawFd;
+    let mut g = CLUSTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if g.0 == 0 {
+        std::fs::create_dir_all(STATE_DIR).map_err(|e| state_io("", e))?;
+        let path = format!("{STATE_DIR}/cluster.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| state_io("cluster.lock", e))?;
+        // SAFETY: flock on an open fd.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            eprintln!(
+                "npm-e2e: waiting for another netns cluster to finish (pid {}; they share the pod addresses)",
+                holder.trim()
+            );
+            // SAFETY: as above, blocking.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                return Err(state_io("cluster.lock", std::io::Error::last_os_error()));
+            }
+        }
+        let _ = std::fs::write(&path, std::process::id().to_string());
+        g.1 = Some(f);
+    }
+    g.0 += 1;
+    Ok(())
+}
+
+fn cluster_lock_release() {
+    let mut g = CLUSTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    g.0 = g.0.saturating_sub(1);
+    if g.0 == 0 {
+        g.1 = None; // closing the file releases the flock
+    }
+}
+
+/// Registers `owner` as a user of forwarding; the first user (no `.orig`
+/// file yet) records the current values. Then forwarding is turned on.
+fn forwarding_acquire(owner: &str) -> Result<(), NetnsError> {
+    with_state_lock(|| {
+        for key in FORWARDING_KEYS {
+            let orig = format!("{STATE_DIR}/{key}.orig");
+            if !std::path::Path::new(&orig).exists() {
+                let cur = sysctl_get(key)?;
+                std::fs::write(&orig, cur).map_err(|e| state_io(key, e))?;
+            }
+            sysctl_set(key, "1")?;
+        }
+        std::fs::write(format!("{STATE_DIR}/owner-{owner}"), "").map_err(|e| state_io("owner", e))
+    })
+}
+
+/// Unregisters `owner`; when no live owner is left (in any process), the
+/// recorded values are restored, so concurrent runs do not switch
+/// forwarding off under each other.
+fn forwarding_release(owner: &str) -> Result<(), NetnsError> {
+    with_state_lock(|| {
+        let _ = std::fs::remove_file(format!("{STATE_DIR}/owner-{owner}"));
+        let mut live = 0;
+        for e in std::fs::read_dir(STATE_DIR).map_err(|e| state_io("", e))?.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(rest) = name.strip_prefix("owner-") else {
+                continue;
+            };
+            let pid: u32 = rest.split('-').next().and_then(|p| p.parse().ok()).unwrap_or(0);
+            if pid != 0 && pid_alive(pid) {
+                live += 1;
+            } else {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        if live > 0 {
+            return Ok(());
+        }
+        for key in FORWARDING_KEYS {
+            let orig = format!("{STATE_DIR}/{key}.orig");
+            if let Ok(v) = std::fs::read_to_string(&orig) {
+                sysctl_set(key, v.trim())?;
+                let _ = std::fs::remove_file(&orig);
+            }
+        }
+        Ok(())
+    })
+}
+
+fn host_err(source: NetnsError) -> ClusterError {
+    ClusterError::Netns {
+        pod: "host".into(),
+        source,
+    }
+}
+
+fn remove_pod(pod: &mut PodNet) -> Result<(), NetnsError> {
+    // Close the sockets first: they hold references on the netns.
+    if let Some(s) = pod.server.take() {
+        s.stop();
+    }
+    let r = ip(&["netns", "del", &pod.netns]);
+    // Deleting the netns destroys eth0 and with it the host end; make sure.
+    let _ = ip(&["link", "del", &pod.host_if]);
+    r.map(|_| ())
+}
+
+fn pid_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Parses the pid out of a `npmc<hex pid><letter>...` name.
+fn owner_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(NAME_PREFIX)?;
+    let hex: String = rest.chars().take_while(|c| c.is_ascii_hexdigit()).collect();
+    if hex.is_empty() || hex.len() == rest.len() {
+        return None;
+    }
+    u32::from_str_radix(&hex, 16).ok()
+}
+
+/// Removes netns and links left behind by a crashed earlier run (a name with
+/// our prefix whose owning process is gone).
+pub fn clear_leftovers() {
+    if let Ok(list) = ip(&["netns", "list"]) {
+        for line in list.lines() {
+            let name = line.split_whitespace().next().unwrap_or("");
+            if let Some(pid) = owner_pid(name) {
+                if !pid_alive(pid) {
+                    let _ = ip(&["netns", "del", name]);
+                }
+            }
+        }
+    }
+    if let Ok(list) = ip(&["-o", "link", "show"]) {
+        for line in list.lines() {
+            // "12: npmc1a2bgxa@if2: <...>"
+            let name = line
+                .split(':')
+                .nth(1)
+                .map(|s| s.trim().split('@').next().unwrap_or(""))
+                .unwrap_or("");
+            if let Some(pid) = owner_pid(name) {
+                if !pid_alive(pid) {
+                    let _ = ip(&["link", "del", name]);
+                }
+            }
+        }
+    }
+}
+
+/// Netns names with our prefix that belong to this process (for tests that
+/// check teardown).
+pub fn own_netns() -> Vec<String> {
+    let pid = std::process::id();
+    ip(&["netns", "list"])
+        .map(|l| {
+            l.lines()
+                .filter_map(|line| line.split_whitespace().next())
+                .filter(|n| owner_pid(n) == Some(pid))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Links with our prefix that belong to this process.
+pub fn own_links() -> Vec<String> {
+    let pid = std::process::id();
+    ip(&["-o", "link", "show"])
+        .map(|l| {
+            l.lines()
+                .filter_map(|line| line.split(':').nth(1))
+                .map(|s| s.trim().split('@').next().unwrap_or("").to_string())
+                .filter(|n| owner_pid(n) == Some(pid))
+                .collect()
+        })
+        .unwrap_or_default()
+}

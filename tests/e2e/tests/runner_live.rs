@@ -1,0 +1,135 @@
+//! The live runner's plumbing against the in-process API server and the
+//! netns cluster, with a stand-in agent process that enforces nothing:
+//! actions reach the API server and the cluster, `reset` brings both back
+//! to the pristine model, and probing an unenforced cluster reports the
+//! matrix that is really there (every pod reachable), so an expectation of
+//! isolation fails with the expected and observed tables.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use npm_e2e::api::{namespace_path, pod_path};
+use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
+
+fn stand_in_agent() -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("npm-e2e-fake-agent-{}.sh", std::process::id()));
+    std::fs::write(&p, "#!/bin/sh\nexec sleep 600\n").expect("write the stand-in agent");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    p
+}
+
+const CASE: &str = r#"
+id: plumbing
+title: runner plumbing
+steps:
+  - actions:
+      - create_namespace: {namespace: w, labels: {team: new}}
+      - create_pod: {pod: w/a, labels: {pod: a}}
+      - create_pod: {pod: x/d, labels: {pod: d}}
+      - delete_pod: {pod: y/b}
+      - add_pod_labels: {pod: x/a, labels: {extra: "1"}}
+      - set_namespace_labels: {namespace: z, labels: {}}
+      - create_policy:
+          apiVersion: networking.k8s.io/v1
+          kind: NetworkPolicy
+          metadata: {namespace: x, name: deny-from-zc}
+          spec:
+            podSelector: {}
+            ingress: [{from: [{ipBlock: {cidr: "${CIDR32:z/c}"}}]}]
+            policyTypes: [Ingress]
+    probes:
+      - port: 80
+        protocol: TCP
+        pods: [x/a, x/d, w/a, z/c]
+        matrix:
+          x/a: "1100"
+          x/d: "1100"
+          w/a: "0011"
+          z/c: "1111"
+"#;
+
+#[test]
+fn actions_reset_and_probes_on_an_unenforced_cluster() {
+    let agent = stand_in_agent();
+    let opts = Options {
+        engine: Engine::Nftables,
+        agent_bin: agent.clone(),
+        deadline: Duration::from_secs(2),
+        settle: Duration::from_millis(50),
+        startup_deadline: Duration::from_secs(2),
+        ..Options::default()
+    };
+    let mut r = LiveRunner::start(opts).expect("start the live runner");
+    let case = parse_text(CASE).expect("parse").remove(0);
+
+    let (passed, report) = r.run_case(&case);
+    // Nothing enforces: w/a -> x/a etc. connect, so the case fails and the
+    // report shows both tables.
+    assert!(!passed, "an unenforced cluster cannot pass: {report}");
+    assert!(report.contains("expected:") && report.contains("observed:"), "{report}");
+    assert!(
+        report.contains("w/a -> x/a: expected blocked, got reachable"),
+        "{report}"
+    );
+
+    // The actions reached the API server and the cluster.
+    let api = r.api();
+    assert!(api.get_opt(&namespace_path("w")).unwrap().is_some());
+    assert!(api.get_opt(&pod_path("y", "b")).unwrap().is_none());
+    assert!(r.cluster().pod("y", "b").is_none());
+    let xd = api.get(&pod_path("x", "d")).unwrap();
+    assert_eq!(xd["spec"]["nodeName"], "npm-node");
+    assert_eq!(xd["status"]["phase"], "Running");
+    assert_eq!(
+        xd["status"]["podIP"],
+        r.cluster().pod("x", "d").unwrap().ipv4.to_string()
+    );
+    let ports: Vec<String> = xd["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["ports"][0]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(ports.contains(&"serve-81-sctp".to_string()), "{ports:?}");
+    let pol = api
+        .get("/apis/networking.k8s.io/v1/namespaces/x/networkpolicies/deny-from-zc")
+        .unwrap();
+    let zc = r.cluster().pod("z", "c").unwrap().ipv4;
+    assert_eq!(
+        pol["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"],
+        format!("{zc}/32")
+    );
+
+    // Reset: back to the pristine model.
+    r.reset().expect("reset");
+    let api = r.api();
+    assert!(api.get_opt(&namespace_path("w")).unwrap().is_none());
+    assert!(api.get_opt(&pod_path("x", "d")).unwrap().is_none());
+    assert!(r.cluster().pod("x", "d").is_none() && r.cluster().pod("w", "a").is_none());
+    let yb = api.get(&pod_path("y", "b")).unwrap();
+    assert_eq!(yb["status"]["podIP"], "198.18.2.2");
+    assert!(r.cluster().pod("y", "b").is_some());
+    let xa = api.get(&pod_path("x", "a")).unwrap();
+    let want: BTreeMap<String, String> = [("pod".to_string(), "a".to_string())].into();
+    let got: BTreeMap<String, String> = serde_json::from_value(xa["metadata"]["labels"].clone()).unwrap();
+    assert_eq!(got, want);
+    let z = api.get(&namespace_path("z")).unwrap();
+    assert_eq!(z["metadata"]["labels"]["ns"], "z");
+    let pols = api.get("/apis/networking.k8s.io/v1/networkpolicies").unwrap();
+    assert_eq!(pols["items"].as_array().map(|a| a.len()), Some(0));
+    assert_eq!(r.cluster().pods().count(), 9);
+
+    // A case that expects full connectivity passes on the pristine cluster.
+    let open = parse_text(
+        "id: open\nsteps:\n  - actions: []\n    probes:\n      - port: 81\n        protocol: UDP\n        matrix: {x/a: '111111111', y/b: '111111111', z/c: '111111111'}\n",
+    )
+    .unwrap()
+    .remove(0);
+    let (passed, report) = r.run_case(&open);
+    assert!(passed, "{report}");
+
+    r.shutdown().expect("shutdown");
+    let _ = std::fs::remove_file(agent);
+    assert!(npm_e2e::cluster::own_netns().is_empty());
+}
