@@ -14,6 +14,7 @@
 //! | `NPM_CIDRS`    | LPM trie             | prefix of [`IpKey::addr`]   | CIDR identity (`u32`) |
 //! | `NPM_POLICY`   | LPM trie             | [`PolicyKey`]               | [`PolicyValue`] |
 //! | `NPM_CT`       | LRU hash             | [`CtKey`]                   | [`CtValue`]    |
+//! | `NPM_CT4`      | LRU hash             | [`CtKey4`]                  | [`CtValue`]    |
 //! | `NPM_FRAGS`    | LRU hash             | [`FragKey`]                 | [`FragValue`]  |
 //! | `NPM_COUNTERS` | per-CPU array        | [`counter_index`]           | [`Counter`]    |
 //! | `NPM_EVENTS`   | ring buffer          | -                           | [`DenyEvent`]  |
@@ -34,12 +35,14 @@
 //!    and MLD are exempt and allowed ([`Reason::Icmpv6Control`]);
 //! 5. a non-first fragment: decided as its first fragment was (`NPM_FRAGS`);
 //!    without a record of an allowed first fragment: drop ([`Reason::Fragment`]);
-//! 6. a conntrack hit (`NPM_CT`) for this endpoint: allow ([`Reason::Tracked`]);
+//! 6. a conntrack hit (`NPM_CT4` when both addresses are IPv4-mapped, else
+//!    `NPM_CT`) for this endpoint: allow ([`Reason::Tracked`]);
 //! 7. the endpoint is not isolated in this direction: allow ([`Reason::NotIsolated`]);
 //! 8. ingress from the local node ([`IDENTITY_HOST`]): allow ([`Reason::Host`]);
 //! 9. policy: `NPM_POLICY` is looked up with the peer's pod identity, then its
 //!    CIDR identity, then [`IDENTITY_ANY`]; any hit allows ([`Reason::Policy`]),
-//!    no hit drops ([`Reason::PolicyDenied`]).
+//!    no hit drops ([`Reason::PolicyDenied`]). A lookup that cannot hit, as
+//!    the endpoint's `EP_NO_*_PEER_*` flags tell, is skipped.
 //!
 //! Steps 7 to 9 that allow a packet also create a conntrack entry, so its
 //! replies are allowed by step 6 in both hooks of this endpoint. Policy maps
@@ -60,6 +63,9 @@ pub mod maps {
     pub const POLICY: &str = "NPM_POLICY";
     /// [`super::CtKey`] -> [`super::CtValue`].
     pub const CT: &str = "NPM_CT";
+    /// [`super::CtKey4`] -> [`super::CtValue`]: the conntrack entries whose
+    /// two addresses are IPv4-mapped (a shorter key hashes faster).
+    pub const CT4: &str = "NPM_CT4";
     /// [`super::FragKey`] -> [`super::FragValue`].
     pub const FRAGS: &str = "NPM_FRAGS";
     /// per-CPU [`super::Counter`]s.
@@ -67,7 +73,7 @@ pub mod maps {
     /// ring buffer of [`super::DenyEvent`]s.
     pub const EVENTS: &str = "NPM_EVENTS";
     /// Every map, for pinning and adoption.
-    pub const ALL: [&str; 8] = [ENDPOINTS, IPCACHE, CIDRS, POLICY, CT, FRAGS, COUNTERS, EVENTS];
+    pub const ALL: [&str; 9] = [ENDPOINTS, IPCACHE, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS];
 }
 
 /// Map sizes (max entries).
@@ -80,7 +86,7 @@ pub mod sizes {
     pub const CIDRS: u32 = 65_536;
     /// Policy LPM entries (port ranges expand to prefixes).
     pub const POLICY: u32 = 1_048_576;
-    /// Tracked connections.
+    /// Tracked connections (each of `NPM_CT` and `NPM_CT4`).
     pub const CT: u32 = 262_144;
     /// Fragment records.
     pub const FRAGS: u32 = 8192;
@@ -90,7 +96,9 @@ pub mod sizes {
 
 /// Version of the map layout; part of the pin path so that an agent with an
 /// incompatible layout never adopts maps it cannot read.
-pub const LAYOUT_VERSION: u32 = 1;
+///
+/// 2: IPv4 conntrack entries moved from `NPM_CT` to `NPM_CT4`.
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Direction as seen from the pod: traffic entering the pod.
 pub const DIR_INGRESS: u8 = 0;
@@ -132,6 +140,45 @@ pub const EP_ISOLATED_EGRESS: u32 = 1 << 1;
 pub const EP_HAS_V4: u32 = 1 << 2;
 /// [`EndpointInfo::flags`]: [`EndpointInfo::ipv6`] is set.
 pub const EP_HAS_V6: u32 = 1 << 3;
+/// [`EndpointInfo::flags`]: no `NPM_POLICY` entry of this endpoint for
+/// ingress has the peer [`IDENTITY_ANY`], so step 9 skips that lookup (it
+/// could not hit). The `EP_NO_*_PEER_*` flags only let the datapath skip
+/// lookups that cannot match: when clear (e.g. an endpoint written by an
+/// older loader) every lookup is made. The egress flag of each pair is the
+/// ingress flag shifted left by [`DIR_EGRESS`].
+pub const EP_NO_ANY_PEER_INGRESS: u32 = 1 << 4;
+/// [`EndpointInfo::flags`]: like [`EP_NO_ANY_PEER_INGRESS`], for egress.
+pub const EP_NO_ANY_PEER_EGRESS: u32 = 1 << 5;
+/// [`EndpointInfo::flags`]: no `NPM_POLICY` entry of this endpoint for
+/// ingress has a CIDR identity (`>=` [`IDENTITY_FIRST_CIDR`]) as its peer, so
+/// step 9 skips the lookup of such an identity.
+pub const EP_NO_CIDR_PEER_INGRESS: u32 = 1 << 6;
+/// [`EndpointInfo::flags`]: like [`EP_NO_CIDR_PEER_INGRESS`], for egress.
+pub const EP_NO_CIDR_PEER_EGRESS: u32 = 1 << 7;
+/// [`EndpointInfo::flags`]: no `NPM_POLICY` entry of this endpoint for
+/// ingress has a peer identity between [`IDENTITY_WORLD`] and
+/// [`IDENTITY_FIRST_CIDR`] (exclusive), so step 9 skips the lookup of such an
+/// identity.
+pub const EP_NO_POD_PEER_INGRESS: u32 = 1 << 8;
+/// [`EndpointInfo::flags`]: like [`EP_NO_POD_PEER_INGRESS`], for egress.
+pub const EP_NO_POD_PEER_EGRESS: u32 = 1 << 9;
+
+/// The `EP_NO_*_PEER_INGRESS` flag whose (direction-shifted) bit tells that
+/// no policy entry of an endpoint can match `identity` as its peer.
+pub const fn ep_no_peer_flag(identity: u32) -> u32 {
+    if identity == IDENTITY_ANY {
+        EP_NO_ANY_PEER_INGRESS
+    } else if identity >= IDENTITY_FIRST_CIDR {
+        EP_NO_CIDR_PEER_INGRESS
+    } else {
+        EP_NO_POD_PEER_INGRESS
+    }
+}
+
+const _: () = assert!(EP_NO_ANY_PEER_EGRESS == EP_NO_ANY_PEER_INGRESS << DIR_EGRESS);
+const _: () = assert!(EP_NO_CIDR_PEER_EGRESS == EP_NO_CIDR_PEER_INGRESS << DIR_EGRESS);
+const _: () = assert!(EP_NO_POD_PEER_EGRESS == EP_NO_POD_PEER_INGRESS << DIR_EGRESS);
+const _: () = assert!(DIR_INGRESS == 0);
 
 /// One local pod, keyed by the ifindex of its host-side veth.
 #[repr(C)]
@@ -295,6 +342,68 @@ pub struct CtKey {
     pub port_lo: u16,
     /// Port that goes with `addr_hi` (ICMP echo: the echo id).
     pub port_hi: u16,
+}
+
+/// Bytes 0..12 of an IPv4-mapped address (`::ffff:0:0/96`).
+pub const V4_MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+
+/// The `NPM_CT4` key: a [`CtKey`] whose two addresses are IPv4-mapped,
+/// stored as their last 4 bytes. Same canonical order as [`CtKey`] (for
+/// IPv4-mapped addresses, comparing the last 4 bytes is comparing all 16).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct CtKey4 {
+    /// Endpoint id that tracks the connection.
+    pub endpoint: u32,
+    /// Protocol number.
+    pub protocol: u8,
+    /// Reserved, zero.
+    pub pad: [u8; 3],
+    /// Lower IPv4 address of the pair.
+    pub addr_lo: [u8; 4],
+    /// Higher IPv4 address of the pair.
+    pub addr_hi: [u8; 4],
+    /// Port that goes with `addr_lo` (ICMP echo: the echo id).
+    pub port_lo: u16,
+    /// Port that goes with `addr_hi` (ICMP echo: the echo id).
+    pub port_hi: u16,
+}
+
+impl CtKey4 {
+    /// The equivalent [`CtKey`] (IPv4-mapped addresses).
+    pub fn to_key(&self) -> CtKey {
+        let map = |a: [u8; 4]| {
+            let mut m = [0u8; 16];
+            m[..12].copy_from_slice(&V4_MAPPED_PREFIX);
+            m[12..].copy_from_slice(&a);
+            m
+        };
+        CtKey {
+            endpoint: self.endpoint,
+            protocol: self.protocol,
+            pad: self.pad,
+            addr_lo: map(self.addr_lo),
+            addr_hi: map(self.addr_hi),
+            port_lo: self.port_lo,
+            port_hi: self.port_hi,
+        }
+    }
+}
+
+impl CtKey {
+    /// The `NPM_CT4` form of this key, when both addresses are IPv4-mapped.
+    pub fn to_v4(&self) -> Option<CtKey4> {
+        let v4 = |a: &[u8; 16]| (a[..12] == V4_MAPPED_PREFIX).then(|| [a[12], a[13], a[14], a[15]]);
+        Some(CtKey4 {
+            endpoint: self.endpoint,
+            protocol: self.protocol,
+            pad: self.pad,
+            addr_lo: v4(&self.addr_lo)?,
+            addr_hi: v4(&self.addr_hi)?,
+            port_lo: self.port_lo,
+            port_hi: self.port_hi,
+        })
+    }
 }
 
 /// [`CtValue::flags`]: the connection was opened from `addr_lo` to `addr_hi`.
@@ -512,6 +621,7 @@ mod pod_impls {
     unsafe impl aya::Pod for IpInfo {}
     unsafe impl aya::Pod for PolicyValue {}
     unsafe impl aya::Pod for CtKey {}
+    unsafe impl aya::Pod for CtKey4 {}
     unsafe impl aya::Pod for CtValue {}
     unsafe impl aya::Pod for FragKey {}
     unsafe impl aya::Pod for FragValue {}
@@ -533,6 +643,7 @@ mod tests {
         assert_eq!(size_of::<PolicyKey>(), 16);
         assert_eq!(size_of::<PolicyValue>(), 8);
         assert_eq!(size_of::<CtKey>(), 44);
+        assert_eq!(size_of::<CtKey4>(), 20);
         assert_eq!(size_of::<CtValue>(), 24);
         assert_eq!(size_of::<FragKey>(), 44);
         assert_eq!(size_of::<FragValue>(), 8);
@@ -551,6 +662,26 @@ mod tests {
         let k = PolicyKey::with_prefix(88, 7, DIR_INGRESS, 1, proto::UDP, 0x12ff);
         assert_eq!(k.protocol(), proto::UDP);
         assert_eq!(k.port(), 0x1200);
+    }
+
+    #[test]
+    fn ct_key4_round_trip() {
+        let k4 = CtKey4 {
+            endpoint: 9,
+            protocol: proto::TCP,
+            pad: [0; 3],
+            addr_lo: [10, 0, 0, 1],
+            addr_hi: [10, 0, 0, 2],
+            port_lo: 80,
+            port_hi: 40000,
+        };
+        let k = k4.to_key();
+        assert_eq!(k.addr_lo[..12], V4_MAPPED_PREFIX);
+        assert_eq!(k.addr_hi[12..], [10, 0, 0, 2]);
+        assert_eq!(k.to_v4(), Some(k4));
+        let mut v6 = k;
+        v6.addr_hi[0] = 0xfd;
+        assert_eq!(v6.to_v4(), None);
     }
 
     #[test]

@@ -14,11 +14,14 @@
 //!   endpoint lookup, conntrack miss, ipcache lookup, policy LPM hit,
 //!   counters. Not included: the conntrack insert a real new flow does once.
 //! - `deny`: a TCP SYN to a port no entry allows, from a pod that also has a
-//!   CIDR identity: conntrack miss, ipcache hit, three policy LPM misses,
-//!   counters, a deny event (once the ring buffer is full — nobody drains it
-//!   during the run — the event output fails fast).
+//!   CIDR identity: conntrack miss, ipcache hit, one policy LPM miss (the
+//!   endpoint has no CIDR-peer and no any-peer ingress entry, so its
+//!   `EP_NO_*_PEER_*` flags skip those two lookups), counters, a deny event
+//!   (once the ring buffer is full — nobody drains it during the run — the
+//!   event output fails fast).
 //! - `tracked`: the same SYN on a normally loaded object after one run
-//!   created its conntrack entry: parse, endpoint lookup, conntrack hit.
+//!   created its conntrack entry: parse, endpoint lookup, conntrack hit (in
+//!   `NPM_CT4`, the IPv4 conntrack map).
 //!
 //! Each number is the median of 3 runs of 1,000,000 repeats. The last line of
 //! output is one JSON object.

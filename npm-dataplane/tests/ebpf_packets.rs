@@ -869,3 +869,89 @@ fn missing_object_is_a_clear_error() {
     let err = EbpfDataplane::open(opts).unwrap_err().to_string();
     assert!(err.contains("cargo xtask build-ebpf"), "{err}");
 }
+
+/// The `EP_NO_*_PEER_*` flags of endpoint 1 in the dump.
+fn ep1_flags(f: &Fixture) -> u32 {
+    let dump = f.dp.dump().unwrap();
+    dump.endpoints.iter().find(|e| e.id == 1).expect("endpoint 1").flags
+}
+
+#[test]
+fn peer_flags_follow_policy_only_diffs() {
+    use npm_common::{EP_NO_ANY_PEER_EGRESS, EP_NO_ANY_PEER_INGRESS, EP_NO_CIDR_PEER_EGRESS, EP_NO_CIDR_PEER_INGRESS};
+    let mut f = fixture("pf");
+    let a = f.ep1.ifindex;
+    let ifs = ifaces(&[(1, a), (2, f.ep2.ifindex)]);
+    let c0 = compiled();
+    // Ingress has CIDR peers but no ANY peer; egress has ANY but no CIDR peer.
+    let flags = ep1_flags(&f);
+    assert_ne!(flags & EP_NO_ANY_PEER_INGRESS, 0);
+    assert_eq!(flags & EP_NO_CIDR_PEER_INGRESS, 0);
+    assert_eq!(flags & EP_NO_ANY_PEER_EGRESS, 0);
+    assert_ne!(flags & EP_NO_CIDR_PEER_EGRESS, 0);
+
+    let world_in = |sport| v4("172.16.9.9", "10.0.0.1", L4::Tcp(sport, 22, 0x02));
+    let world_out = |sport| v4("10.0.0.1", "172.16.9.9", L4::Tcp(sport, 22, 0x02));
+    assert_eq!(
+        f.dp.test_run(IN, a, &world_in(44001)).unwrap(),
+        deny_r(Reason::PolicyDenied)
+    );
+    assert_eq!(
+        f.dp.test_run(EG, a, &world_out(44002)).unwrap(),
+        deny_r(Reason::PolicyDenied)
+    );
+
+    // A policy-only diff (no endpoint change) adds an ANY-peer ingress entry
+    // and a CIDR-peer egress entry: the flags must follow, or the new
+    // entries would never be looked up.
+    let mut c1 = c0.clone();
+    allow(&mut c1, 1, IN, IDENTITY_ANY, Some(Tcp), (22, 22), 20);
+    allow(&mut c1, 1, EG, C_BLOCK, Some(Tcp), (22, 22), 21);
+    let d = c0.diff(&c1);
+    assert!(d.endpoints.upsert.is_empty() && d.endpoints.remove.is_empty());
+    f.dp.apply(&d, &c1, &ifs).unwrap();
+    let flags = ep1_flags(&f);
+    assert_eq!(flags & (EP_NO_ANY_PEER_INGRESS | EP_NO_CIDR_PEER_EGRESS), 0);
+    assert_eq!(f.dp.test_run(IN, a, &world_in(44003)).unwrap(), allow_r(Reason::Policy));
+    assert_eq!(
+        f.dp.test_run(EG, a, &world_out(44004)).unwrap(),
+        allow_r(Reason::Policy)
+    );
+
+    // And back.
+    f.dp.apply(&c1.diff(&c0), &c0, &ifs).unwrap();
+    let flags = ep1_flags(&f);
+    assert_ne!(flags & EP_NO_ANY_PEER_INGRESS, 0);
+    assert_ne!(flags & EP_NO_CIDR_PEER_EGRESS, 0);
+    assert_eq!(
+        f.dp.test_run(IN, a, &world_in(44005)).unwrap(),
+        deny_r(Reason::PolicyDenied)
+    );
+    assert_eq!(
+        f.dp.test_run(EG, a, &world_out(44006)).unwrap(),
+        deny_r(Reason::PolicyDenied)
+    );
+}
+
+#[test]
+fn ipv4_mapped_ipv6_shares_the_ipv4_conntrack_entry() {
+    let f = fixture("vm");
+    let a = f.ep1.ifindex;
+    // An IPv6 header carrying IPv4-mapped addresses is keyed like the IPv4
+    // flow it maps to (one canonical key per address pair).
+    let syn6 = v6("::ffff:10.0.0.2", "::ffff:10.0.0.1", L4::Tcp(45001, 80, 0x02));
+    assert_eq!(f.dp.test_run(IN, a, &syn6).unwrap(), allow_r(Reason::Policy));
+    let ct = f.dp.ct_entries();
+    assert_eq!(ct.len(), 1);
+    assert_eq!(ct[0].0.addr_lo, npm_common::IpKey::v4([10, 0, 0, 1]).addr);
+    assert_eq!(ct[0].0.addr_hi, npm_common::IpKey::v4([10, 0, 0, 2]).addr);
+    assert_eq!((ct[0].0.port_lo, ct[0].0.port_hi), (80, 45001));
+    let synack = v4("10.0.0.1", "10.0.0.2", L4::Tcp(80, 45001, 0x12));
+    assert_eq!(f.dp.test_run(EG, a, &synack).unwrap(), allow_r(Reason::Tracked));
+    assert_eq!(f.dp.ct_len(), 1);
+    // A real IPv6 flow gets its own entry.
+    let syn = v6("fd00::2", "fd00::1", L4::Tcp(45002, 80, 0x02));
+    assert_eq!(f.dp.test_run(IN, a, &syn).unwrap(), allow_r(Reason::Policy));
+    assert_eq!(f.dp.test_run(IN, a, &syn).unwrap(), allow_r(Reason::Tracked));
+    assert_eq!(f.dp.ct_len(), 2);
+}

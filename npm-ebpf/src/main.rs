@@ -64,7 +64,7 @@
 
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
-    helpers::{bpf_ktime_get_coarse_ns, bpf_skb_load_bytes},
+    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_skb_load_bytes},
     macros::{classifier, map},
     maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
     programs::TcContext,
@@ -72,11 +72,11 @@ use aya_ebpf::{
 use core::ffi::c_void;
 
 use npm_common::{
-    counter_index, proto, sizes, Counter, CtKey, CtValue, DenyEvent, EndpointInfo, FragKey, FragValue, IpInfo, IpKey,
-    PolicyValue, Reason, COUNTER_SLOTS, CT_CLOSING, CT_ORIG_LO_TO_HI, CT_SEEN_REPLY, CT_TIMEOUT_OTHER_NS,
-    CT_TIMEOUT_TCP_CLOSING_NS, CT_TIMEOUT_TCP_NS, CT_TIMEOUT_TCP_SYN_NS, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_HAS_V6,
-    EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, FIRST_DENY_REASON, IDENTITY_ANY, IDENTITY_HOST, IDENTITY_WORLD,
-    POLICY_KEY_LEN, POLICY_PREFIX_FULL,
+    counter_index, ep_no_peer_flag, proto, sizes, Counter, CtKey, CtKey4, CtValue, DenyEvent, EndpointInfo, FragKey,
+    FragValue, IpInfo, IpKey, PolicyValue, Reason, COUNTER_SLOTS, CT_CLOSING, CT_ORIG_LO_TO_HI, CT_SEEN_REPLY,
+    CT_TIMEOUT_OTHER_NS, CT_TIMEOUT_TCP_CLOSING_NS, CT_TIMEOUT_TCP_NS, CT_TIMEOUT_TCP_SYN_NS, DIR_EGRESS, DIR_INGRESS,
+    EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, FIRST_DENY_REASON, IDENTITY_ANY, IDENTITY_HOST,
+    IDENTITY_WORLD, POLICY_KEY_LEN, POLICY_PREFIX_FULL,
 };
 
 #[map]
@@ -90,6 +90,8 @@ static NPM_POLICY: LpmTrie<[u8; POLICY_KEY_LEN], PolicyValue> = LpmTrie::with_ma
 #[map]
 static NPM_CT: LruHashMap<CtKey, CtValue> = LruHashMap::with_max_entries(sizes::CT, 0);
 #[map]
+static NPM_CT4: LruHashMap<CtKey4, CtValue> = LruHashMap::with_max_entries(sizes::CT, 0);
+#[map]
 static NPM_FRAGS: LruHashMap<FragKey, FragValue> = LruHashMap::with_max_entries(sizes::FRAGS, 0);
 #[map]
 static NPM_COUNTERS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
@@ -97,7 +99,8 @@ static NPM_COUNTERS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(COUNTE
 static NPM_EVENTS: RingBuf = RingBuf::with_byte_size(sizes::EVENTS_BYTES, 0);
 
 /// Per-CPU scratch space: the parsed packet and the map keys live here, not
-/// on the 512-byte BPF stack. Not pinned: it holds nothing between packets.
+/// on the 512-byte BPF stack. Not pinned: between packets it only holds the
+/// clock cache of [`coarse_now`].
 #[map]
 static NPM_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
@@ -158,12 +161,24 @@ struct Scratch {
     pkt: Pkt,
     hdr: [u8; 40],
     ct: CtKey,
+    ct4: CtKey4,
     ctv: CtValue,
     frag: FragKey,
     fragv: FragValue,
     ev: DenyEvent,
     /// An LPM key: prefix length and up to 16 bytes of data.
     lpm: [u32; 5],
+    pad: u32,
+    clk: Clock,
+}
+
+/// Clock cache of [`coarse_now`].
+#[repr(C)]
+struct Clock {
+    /// The jiffies value at the last clock read.
+    jiffies: u64,
+    /// The coarse clock read then (0: none yet).
+    ns: u64,
 }
 
 #[classifier]
@@ -284,7 +299,8 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
         wr32(p.add(48), 0);
     }
     let mut ep_id = 0u32;
-    let reason = classify(ctx, dir, ifindex, s, &mut ep_id);
+    let mut now = 0u64;
+    let reason = classify(ctx, dir, ifindex, s, &mut ep_id, &mut now);
 
     if let Some(c) = NPM_COUNTERS.get_ptr_mut(counter_index(dir, reason)) {
         // SAFETY: per-CPU slot, only this CPU writes it.
@@ -296,12 +312,14 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
     if reason < FIRST_DENY_REASON {
         return TC_ACT_UNSPEC;
     }
+    // The conntrack step's clock reading, when it got that far.
+    let ts = if now != 0 { now } else { coarse_now(&mut s.clk) };
     // SAFETY: DenyEvent layout: ts 0, endpoint 8, ifindex 12, direction,
     // reason, protocol, family 16..20, sport 20, dport 22, src 24, dst 40.
     unsafe {
         let e = core::ptr::addr_of_mut!(s.ev) as *mut u8;
         let p = &s.pkt;
-        wr64(e, bpf_ktime_get_coarse_ns());
+        wr64(e, ts);
         wr32(e.add(8), ep_id);
         wr32(e.add(12), ifindex);
         wr32(
@@ -324,7 +342,7 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
 
 /// Steps 1 to 9 of the precedence; returns the reason (a `Reason` number).
 #[inline(always)]
-fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut u32) -> u8 {
+fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut u32, now_out: &mut u64) -> u8 {
     // 1. non-IP. A frame too short for an Ethernet header, or a VLAN tag that
     // could hide an IP packet, is malformed rather than non-IP.
     let data = ctx.data();
@@ -388,10 +406,20 @@ fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut
         };
     }
     // 6. conntrack.
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
-    let src_is_lo = fill_ct_key(&mut s.ct, ep.id, p);
-    if let Some(v) = NPM_CT.get_ptr_mut(&s.ct) {
+    let now = coarse_now(&mut s.clk);
+    *now_out = now;
+    // Flows whose two addresses are IPv4-mapped live in NPM_CT4 (20-byte
+    // key), all others in NPM_CT (44 bytes).
+    // SAFETY: 16-byte, 4-aligned scratch fields.
+    let v4 = p.family == 4 || unsafe { is_v4_mapped(src) && is_v4_mapped(dst) };
+    let (src_is_lo, hit) = if v4 {
+        let lo = fill_ct_key4(&mut s.ct4, ep.id, p);
+        (lo, NPM_CT4.get_ptr_mut(&s.ct4))
+    } else {
+        let lo = fill_ct_key(&mut s.ct, ep.id, p);
+        (lo, NPM_CT.get_ptr_mut(&s.ct))
+    };
+    if let Some(v) = hit {
         // SAFETY: a map value; concurrent writers only set flag bits or the
         // timestamp, both benign races.
         let v = unsafe { &mut *v };
@@ -465,9 +493,14 @@ fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut
             };
             let id = ep.id;
             let pr = p.proto;
-            if policy_allows(lpm, id, dir, identity, pr, port)
-                || (cidr_identity != IDENTITY_ANY && policy_allows(lpm, id, dir, cidr_identity, pr, port))
-                || policy_allows(lpm, id, dir, IDENTITY_ANY, pr, port)
+            let f = ep.flags;
+            // A lookup the endpoint's EP_NO_*_PEER_* flags rule out is
+            // skipped: it could not hit.
+            if (may_match(f, dir, identity) && policy_allows(lpm, id, dir, identity, pr, port))
+                || (cidr_identity != IDENTITY_ANY
+                    && may_match(f, dir, cidr_identity)
+                    && policy_allows(lpm, id, dir, cidr_identity, pr, port))
+                || (may_match(f, dir, IDENTITY_ANY) && policy_allows(lpm, id, dir, IDENTITY_ANY, pr, port))
             {
                 Reason::Policy as u8
             } else {
@@ -491,10 +524,45 @@ fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut
             wr32(v.add(16), dir as u32 | (flags as u32) << 8 | (reason as u32) << 16);
             wr32(v.add(20), 0);
         }
-        let _ = NPM_CT.insert(&s.ct, &s.ctv, 0);
+        let _ = if v4 {
+            NPM_CT4.insert(&s.ct4, &s.ctv, 0)
+        } else {
+            NPM_CT.insert(&s.ct, &s.ctv, 0)
+        };
     }
     record_first_fragment(s, ep.id, dir, reason);
     reason
+}
+
+/// Whether some policy entry of the endpoint (flags `ep_flags`) in
+/// direction `dir` may have `identity` as its peer.
+#[inline(always)]
+fn may_match(ep_flags: u32, dir: u8, identity: u32) -> bool {
+    ep_flags & (ep_no_peer_flag(identity) << dir) == 0
+}
+
+/// `bpf_ktime_get_coarse_ns`, read at most once per jiffy and CPU: the
+/// coarse clock only moves when the tick updates the timekeeper (and
+/// jiffies), and `bpf_jiffies64` is inlined by the verifier while the clock
+/// helper is a real call. The cached value is at most one tick old, the
+/// resolution of the coarse clock anyway.
+#[inline(always)]
+fn coarse_now(c: &mut Clock) -> u64 {
+    // SAFETY: plain helper call.
+    let j = unsafe { bpf_jiffies64() };
+    if j == c.jiffies && c.ns != 0 {
+        return c.ns;
+    }
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // SAFETY: 8-aligned fields of per-CPU scratch. The value goes first: a
+    // nested run between the stores sees a stale jiffies value and reads
+    // the clock itself.
+    unsafe {
+        wr64(core::ptr::addr_of_mut!(c.ns) as *mut u8, now);
+        wr64(core::ptr::addr_of_mut!(c.jiffies) as *mut u8, j);
+    }
+    now
 }
 
 #[inline(always)]
@@ -572,6 +640,41 @@ fn fill_ct_key(k: &mut CtKey, ep: u32, p: &Pkt) -> bool {
             copy16(k.add(8), dst);
             copy16(k.add(24), src);
             wr32(k.add(40), p.ct_dport as u32 | (p.ct_sport as u32) << 16);
+        }
+        src_is_lo
+    }
+}
+
+/// Whether the 16-byte, 4-aligned address at `a` is IPv4-mapped.
+#[inline(always)]
+unsafe fn is_v4_mapped(a: *const u8) -> bool {
+    (rd32(a) | rd32(a.add(4)) | (rd32(a.add(8)) ^ V4_MAPPED_WORD)) == 0
+}
+
+/// Fills the canonical `NPM_CT4` key (CtKey4 layout: endpoint 0, protocol
+/// and pad 4, addr_lo 8, addr_hi 12, port_lo 16, port_hi 18) of a packet
+/// whose addresses are both IPv4-mapped; returns whether the packet's source
+/// is the key's `lo` side. Same order as [`fill_ct_key`]: the mapped
+/// prefixes are equal, so the last 4 bytes decide.
+#[inline(always)]
+fn fill_ct_key4(k: &mut CtKey4, ep: u32, p: &Pkt) -> bool {
+    // SAFETY: offsets of the repr(C) CtKey4; 4-aligned addresses.
+    unsafe {
+        let s = rd32(p.src.as_ptr().add(12));
+        let d = rd32(p.dst.as_ptr().add(12));
+        let (x, y) = (s.swap_bytes(), d.swap_bytes());
+        let src_is_lo = if x != y { x < y } else { p.ct_sport <= p.ct_dport };
+        let k = k as *mut CtKey4 as *mut u8;
+        wr32(k, ep);
+        wr32(k.add(4), p.proto as u32);
+        if src_is_lo {
+            wr32(k.add(8), s);
+            wr32(k.add(12), d);
+            wr32(k.add(16), p.ct_sport as u32 | (p.ct_dport as u32) << 16);
+        } else {
+            wr32(k.add(8), d);
+            wr32(k.add(12), s);
+            wr32(k.add(16), p.ct_dport as u32 | (p.ct_sport as u32) << 16);
         }
         src_is_lo
     }

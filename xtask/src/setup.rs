@@ -48,7 +48,9 @@ fn have(cmd: &str) -> bool {
 
 fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn apt_packages() -> Result<()> {

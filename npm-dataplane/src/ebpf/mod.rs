@@ -41,7 +41,7 @@ use aya::programs::{LinkOrder, ProgramError, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader, TestRun, TestRunOptions};
 use ipnet::IpNet;
 use npm_common::{
-    counter_index, maps, Counter, CtKey, CtValue, DenyEvent, EndpointInfo, FragKey, FragValue, IpInfo, IpKey,
+    counter_index, maps, Counter, CtKey, CtKey4, CtValue, DenyEvent, EndpointInfo, FragKey, FragValue, IpInfo, IpKey,
     PolicyKey, PolicyValue, Reason, COUNTER_SLOTS, DIR_EGRESS, DIR_INGRESS, LAYOUT_VERSION, POLICY_KEY_LEN,
     REASON_SLOTS,
 };
@@ -400,7 +400,7 @@ pub struct EbpfDump {
     pub cidrs: Vec<DumpCidr>,
     /// `NPM_POLICY`, sorted.
     pub policy: Vec<DumpPolicy>,
-    /// Entries of `NPM_CT`.
+    /// Entries of `NPM_CT` and `NPM_CT4`.
     pub ct_entries: usize,
     /// Entries of `NPM_FRAGS`.
     pub frag_entries: usize,
@@ -417,6 +417,7 @@ pub struct EbpfDataplane {
     cidrs: LpmTrie<MapData, [u8; 16], u32>,
     policy: LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue>,
     ct: BpfHashMap<MapData, CtKey, CtValue>,
+    ct4: BpfHashMap<MapData, CtKey4, CtValue>,
     frags: BpfHashMap<MapData, FragKey, FragValue>,
     counters: PerCpuArray<MapData, Counter>,
     events: RingBuf<MapData>,
@@ -424,6 +425,8 @@ pub struct EbpfDataplane {
     links: BTreeMap<(u32, u8), FdLink>,
     /// Endpoint id -> ifindex it is programmed at.
     programmed: BTreeMap<u32, u32>,
+    /// Endpoint id -> the `EndpointInfo::flags` last written for it.
+    written_flags: BTreeMap<u32, u32>,
 }
 
 impl fmt::Debug for EbpfDataplane {
@@ -476,6 +479,7 @@ impl EbpfDataplane {
         let cidrs = LpmTrie::try_from(take_map(&mut bpf, maps::CIDRS)?).map_err(conv(maps::CIDRS))?;
         let policy = LpmTrie::try_from(take_map(&mut bpf, maps::POLICY)?).map_err(conv(maps::POLICY))?;
         let ct = BpfHashMap::try_from(take_map(&mut bpf, maps::CT)?).map_err(conv(maps::CT))?;
+        let ct4 = BpfHashMap::try_from(take_map(&mut bpf, maps::CT4)?).map_err(conv(maps::CT4))?;
         let frags = BpfHashMap::try_from(take_map(&mut bpf, maps::FRAGS)?).map_err(conv(maps::FRAGS))?;
         let counters = PerCpuArray::try_from(take_map(&mut bpf, maps::COUNTERS)?).map_err(conv(maps::COUNTERS))?;
         let events = RingBuf::try_from(take_map(&mut bpf, maps::EVENTS)?).map_err(conv(maps::EVENTS))?;
@@ -487,11 +491,13 @@ impl EbpfDataplane {
             cidrs,
             policy,
             ct,
+            ct4,
             frags,
             counters,
             events,
             links: BTreeMap::new(),
             programmed: BTreeMap::new(),
+            written_flags: BTreeMap::new(),
         };
         dp.adopt_links()?;
         // Endpoints already programmed (adopted maps) are known by ifindex
@@ -730,32 +736,41 @@ impl EbpfDataplane {
     }
 
     /// Writes the endpoints of `next` that have an interface and need it
-    /// (new, changed in `changed`, or moved to another interface), attaching
-    /// the programs. Endpoints without an interface are held back.
+    /// (new, changed in `changed`, moved to another interface, or whose
+    /// `EP_NO_*_PEER_*` flags changed with the policy), attaching the
+    /// programs. Endpoints without an interface are held back.
     fn program_endpoints(
         &mut self,
         next: &Compiled,
         interfaces: &Interfaces,
         changed: &BTreeSet<u32>,
     ) -> Result<(), EbpfError> {
+        let peer_flags = translate::endpoint_peer_flags(next.policy.keys());
         for (&id, ep) in &next.endpoints {
             let Some(&ifindex) = interfaces.get(&id) else {
                 // No interface known (yet, or any more): nothing may stay
                 // keyed by an ifindex that could be reused.
+                self.written_flags.remove(&id);
                 if let Some(old) = self.programmed.remove(&id) {
                     self.unprogram_ifindex(old)?;
                 }
                 continue;
             };
             let old = self.programmed.get(&id).copied();
-            if old == Some(ifindex) && !changed.contains(&id) && self.links.contains_key(&(ifindex, DIR_INGRESS)) {
+            let mut info = translate::endpoint_info(id, ep);
+            info.flags |= peer_flags.get(&id).copied().unwrap_or(translate::EP_NO_PEER_ALL);
+            if old == Some(ifindex)
+                && !changed.contains(&id)
+                && self.links.contains_key(&(ifindex, DIR_INGRESS))
+                && self.written_flags.get(&id) == Some(&info.flags)
+            {
                 continue;
             }
-            let info = translate::endpoint_info(id, ep);
             self.endpoints.insert(ifindex, info, 0).map_err(map_err(
                 maps::ENDPOINTS,
                 format!("insert endpoint {id} at ifindex {ifindex}"),
             ))?;
+            self.written_flags.insert(id, info.flags);
             self.attach(ifindex)?;
             self.programmed.insert(id, ifindex);
             if let Some(old) = old.filter(|o| *o != ifindex) {
@@ -787,6 +802,15 @@ impl EbpfDataplane {
             .collect();
         for k in ct {
             Self::remove_key(&mut self.ct, maps::CT, &k, format_args!("endpoint {}", k.endpoint))?;
+        }
+        let ct4: Vec<CtKey4> = self
+            .ct4
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !keep(k.endpoint))
+            .collect();
+        for k in ct4 {
+            Self::remove_key(&mut self.ct4, maps::CT4, &k, format_args!("endpoint {}", k.endpoint))?;
         }
         let frags: Vec<FragKey> = self
             .frags
@@ -843,6 +867,7 @@ impl EbpfDataplane {
         }
         let mut removed = BTreeSet::new();
         for id in &diff.endpoints.remove {
+            self.written_flags.remove(id);
             if let Some(ifindex) = self.programmed.remove(id) {
                 if !self.programmed.values().any(|v| *v == ifindex) {
                     self.unprogram_ifindex(ifindex)?;
@@ -881,6 +906,7 @@ impl EbpfDataplane {
         // Every endpoint is rewritten: adopted maps may hold stale values.
         let all: BTreeSet<u32> = compiled.endpoints.keys().copied().collect();
         self.programmed.retain(|id, _| all.contains(id));
+        self.written_flags.retain(|id, _| all.contains(id));
         self.program_endpoints(compiled, interfaces, &all)?;
 
         // Sweep.
@@ -971,14 +997,19 @@ impl EbpfDataplane {
         out
     }
 
-    /// Number of conntrack entries.
+    /// Number of conntrack entries (`NPM_CT` and `NPM_CT4`).
     pub fn ct_len(&self) -> usize {
-        self.ct.keys().filter(Result::is_ok).count()
+        self.ct.keys().filter(Result::is_ok).count() + self.ct4.keys().filter(Result::is_ok).count()
     }
 
-    /// The conntrack entries.
+    /// The conntrack entries of `NPM_CT` and `NPM_CT4`; the keys of
+    /// `NPM_CT4` are given in their [`CtKey`] form (IPv4-mapped addresses).
     pub fn ct_entries(&self) -> Vec<(CtKey, CtValue)> {
-        self.ct.iter().filter_map(Result::ok).collect()
+        self.ct
+            .iter()
+            .filter_map(Result::ok)
+            .chain(self.ct4.iter().filter_map(Result::ok).map(|(k, v)| (k.to_key(), v)))
+            .collect()
     }
 
     /// The programmed maps' contents.

@@ -4,12 +4,15 @@
 //! [`PolicyKey`]s (port ranges split into aligned power-of-two blocks), and
 //! endpoints to [`EndpointInfo`]s. No kernel access here.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use npm_common::{
-    EndpointInfo, IpInfo, IpKey, PolicyKey, PolicyValue, EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS,
-    POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTO,
+    ep_no_peer_flag, EndpointInfo, IpInfo, IpKey, PolicyKey, PolicyValue, EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS,
+    EP_ISOLATED_INGRESS, EP_NO_ANY_PEER_EGRESS, EP_NO_ANY_PEER_INGRESS, EP_NO_CIDR_PEER_EGRESS,
+    EP_NO_CIDR_PEER_INGRESS, EP_NO_POD_PEER_EGRESS, EP_NO_POD_PEER_INGRESS, POLICY_PREFIX_ANY_PORT,
+    POLICY_PREFIX_ANY_PROTO,
 };
 use npm_policy::compiled::{Endpoint, IpEntry, PolicyEntry};
 
@@ -132,6 +135,26 @@ pub fn policy_keys(entry: &PolicyEntry) -> Result<Vec<PolicyKey>, TranslateError
         .into_iter()
         .map(|(start, bits)| PolicyKey::with_prefix(POLICY_PREFIX_ANY_PORT + bits, ep, dir, peer, proto, start))
         .collect())
+}
+
+/// Every `EP_NO_*_PEER_*` flag.
+pub const EP_NO_PEER_ALL: u32 = EP_NO_ANY_PEER_INGRESS
+    | EP_NO_ANY_PEER_EGRESS
+    | EP_NO_CIDR_PEER_INGRESS
+    | EP_NO_CIDR_PEER_EGRESS
+    | EP_NO_POD_PEER_INGRESS
+    | EP_NO_POD_PEER_EGRESS;
+
+/// The `EP_NO_*_PEER_*` flags of every endpoint that has policy entries
+/// (endpoint id -> flags): a flag is set when no entry of that endpoint,
+/// direction and peer class exists. An endpoint missing from the result has
+/// no entry at all: its flags are [`EP_NO_PEER_ALL`].
+pub fn endpoint_peer_flags<'a>(policy: impl IntoIterator<Item = &'a PolicyEntry>) -> BTreeMap<u32, u32> {
+    let mut present: BTreeMap<u32, u32> = BTreeMap::new();
+    for e in policy {
+        *present.entry(e.endpoint).or_default() |= ep_no_peer_flag(e.peer) << e.direction.as_u8();
+    }
+    present.into_iter().map(|(id, p)| (id, EP_NO_PEER_ALL & !p)).collect()
 }
 
 /// The value written for a policy entry produced by rule `rule`.
@@ -304,6 +327,34 @@ mod tests {
             cidr_from_key(200, addr),
             Err(TranslateError::BadPrefix { prefix_len: 200 })
         );
+    }
+
+    #[test]
+    fn peer_flags() {
+        let mk = |endpoint, direction, peer| PolicyEntry {
+            endpoint,
+            direction,
+            peer,
+            protocol: None,
+            ports: (0, 0),
+        };
+        let entries = [
+            mk(1, Direction::Ingress, npm_common::IDENTITY_ANY),
+            mk(1, Direction::Egress, npm_common::IDENTITY_FIRST_CIDR + 7),
+            mk(2, Direction::Ingress, 300),
+            mk(2, Direction::Egress, npm_common::IDENTITY_WORLD),
+        ];
+        let f = endpoint_peer_flags(&entries);
+        assert_eq!(f.len(), 2);
+        assert_eq!(
+            f[&1],
+            EP_NO_PEER_ALL & !(EP_NO_ANY_PEER_INGRESS | EP_NO_CIDR_PEER_EGRESS)
+        );
+        assert_eq!(
+            f[&2],
+            EP_NO_PEER_ALL & !(EP_NO_POD_PEER_INGRESS | EP_NO_POD_PEER_EGRESS)
+        );
+        assert!(endpoint_peer_flags(&[]).is_empty());
     }
 
     #[test]
