@@ -1,7 +1,9 @@
 //! Compile benchmark: 10,000 pods in 500 namespaces, 1,000 policies, a node
 //! with 100 local endpoints. Measures a full compile, a single-pod label
 //! update and a single-policy update (both recompiled with `prev`), and
-//! peak RSS. Run: `cargo run --release -p npm-policy --example bench_compile`.
+//! peak RSS. Run: `cargo run --release -p npm-policy --example bench_compile`
+//! (with `NPM_BENCH_ANY_PEER_NAMED=1`, the egress policies also hold a rule
+//! with a named port and an empty `to`).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
@@ -23,6 +25,13 @@ fn sel(pairs: &[(&str, String)]) -> Selector {
         match_labels: l(pairs),
         match_expressions: vec![],
     }
+}
+
+/// `NPM_BENCH_ANY_PEER_NAMED=1`: the egress policies also get a rule with
+/// a named port and an empty `to`, which expands over every pod identity
+/// that resolves the name.
+fn any_peer_named() -> bool {
+    std::env::var("NPM_BENCH_ANY_PEER_NAMED").is_ok_and(|v| v == "1")
 }
 
 fn snapshot() -> Snapshot {
@@ -131,7 +140,13 @@ fn snapshot() -> Snapshot {
                         }],
                         peers: vec![],
                     },
-                ],
+                ]
+                .into_iter()
+                .chain(any_peer_named().then(|| Rule {
+                    ports: vec![named("http")],
+                    peers: vec![],
+                }))
+                .collect(),
                 sel(&[("tier", "front".into())]),
             ),
             _ => (
@@ -308,7 +323,14 @@ fn main() {
     let rss = peak_rss_mb();
     println!("peak RSS: {rss} MB");
     println!(
-        "{{\"bench\":\"compile\",\"pods\":{PODS},\"policies\":{POLICIES},\"full_compile_ms\":{:.1},\"pod_update_ms\":{:.2},\"policy_update_ms\":{:.2},\"peak_rss_mb\":{rss}}}",
-        full_ms, pod_ms, policy_ms
+        "{{\"bench\":\"compile\",{}\"pods\":{PODS},\"policies\":{POLICIES},\"full_compile_ms\":{:.1},\"pod_update_ms\":{:.2},\"policy_update_ms\":{:.2},\"peak_rss_mb\":{rss}}}",
+        if any_peer_named() {
+            "\"variant\":\"any_peer_named\","
+        } else {
+            ""
+        },
+        full_ms,
+        pod_ms,
+        policy_ms
     );
 }

@@ -13,7 +13,7 @@ use crate::compiled::{
     CompileOptions, Compiled, Direction, Endpoint, IdentityKey, IpEntry, PodRef, PolicyEntry, RuleRef,
 };
 use crate::identity::{identity_key, ip_owners, mapped_prefix, namespace_labels, Allocator, PrefixTable};
-use crate::model::{IpBlock, Peer, Pod, Policy, PortSpec, Rule, Snapshot};
+use crate::model::{IpBlock, Peer, Pod, Policy, PortSpec, Protocol, Rule, Snapshot};
 
 /// Every port.
 pub(crate) const ALL_PORTS: (u16, u16) = (0, u16::MAX);
@@ -176,6 +176,50 @@ impl<'a> Resolver<'a> {
     }
 }
 
+/// The port numbers that pods of identity `key` give to the named port
+/// `name` with `protocol` (spec §5: "The name **and** the protocol must
+/// match").
+pub(crate) fn named_port_numbers<'k>(
+    key: &'k IdentityKey,
+    name: &'k str,
+    protocol: Protocol,
+) -> impl Iterator<Item = u16> + 'k {
+    key.named_ports
+        .iter()
+        .filter(move |(n, p, _)| n == name && *p == protocol)
+        .map(|(_, _, n)| *n)
+}
+
+/// Emits the entries that egress rule `rule` (with an empty `to`) gives
+/// endpoint `endpoint` towards the pods of identity `id` (key `key`)
+/// through its named ports; the other ports of the rule are covered by
+/// `IDENTITY_ANY` entries and emit nothing here. Used by the incremental
+/// compiler when an identity appears; the same entries as [`emit_rule`].
+pub(crate) fn emit_named_egress_to(
+    out: &mut BTreeMap<PolicyEntry, u32>,
+    endpoint: u32,
+    rule: &Rule,
+    id: u32,
+    key: &IdentityKey,
+    rule_id: u32,
+) {
+    for port in &rule.ports {
+        if let PortSpec::Named(name) = &port.port {
+            for n in named_port_numbers(key, name, port.protocol) {
+                let e = PolicyEntry {
+                    endpoint,
+                    direction: Direction::Egress,
+                    peer: id,
+                    protocol: Some(port.protocol),
+                    ports: (n, n),
+                };
+                let slot = out.entry(e).or_insert(rule_id);
+                *slot = (*slot).min(rule_id);
+            }
+        }
+    }
+}
+
 /// Emits the entries of one rule for one endpoint.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn emit_rule(
@@ -233,19 +277,28 @@ pub(crate) fn emit_rule(
                 }
                 Direction::Egress => {
                     // Per destination pod identity (its key holds the
-                    // pod's named ports). "Implementations cannot resolve a
-                    // name for a non-pod (ipBlock) destination, so in
-                    // practice it matches nothing there": ipBlock and
-                    // any-peer destinations get no entry (our documented
-                    // choice, also for pods reached through an ipBlock).
-                    for id in &peers.pods {
-                        if let Some(k) = identities.get(id) {
-                            for (_, _, n) in k
-                                .named_ports
-                                .iter()
-                                .filter(|(n, p, _)| n == name && *p == port.protocol)
-                            {
-                                put(*id, proto, (*n, *n));
+                    // pod's named ports, so the resolution is exact per
+                    // identity). With an empty `to` ("matches all peers",
+                    // §3) every pod identity of the cluster is a candidate
+                    // destination; otherwise the pods selected by the
+                    // rule's pod/namespace selectors. "Implementations
+                    // cannot resolve a name for a non-pod (ipBlock)
+                    // destination, so in practice it matches nothing
+                    // there": ipBlock peers, world and node addresses get
+                    // no entry (nor do pods reached only through an
+                    // ipBlock: the name is not resolved through a CIDR).
+                    if rule.peers.is_empty() {
+                        for (id, k) in identities {
+                            for n in named_port_numbers(k, name, port.protocol) {
+                                put(*id, proto, (n, n));
+                            }
+                        }
+                    } else {
+                        for id in &peers.pods {
+                            if let Some(k) = identities.get(id) {
+                                for n in named_port_numbers(k, name, port.protocol) {
+                                    put(*id, proto, (n, n));
+                                }
                             }
                         }
                     }

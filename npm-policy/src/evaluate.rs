@@ -290,16 +290,24 @@ fn rule_matches(
                 };
                 match dir {
                     Direction::Ingress => resolves(pod),
-                    // Egress: the destination must be a pod selected by a
-                    // pod/namespace selector peer of this rule; through an
-                    // ipBlock or an empty `to` a name matches nothing
-                    // (documented choice).
+                    // Egress: "for egress the peer pod". The destination
+                    // must be a pod (`peer_pod` is only set for an address
+                    // owned by a live, non-hostNetwork pod; never for a
+                    // node address) that resolves the name, and either the
+                    // `to` is empty ("matches all peers", §3) or a
+                    // pod/namespace selector peer of this rule selects it.
+                    // "Implementations cannot resolve a name for a non-pod
+                    // (ipBlock) destination, so in practice it matches
+                    // nothing there": world addresses never match, and a
+                    // pod reached only through an ipBlock peer does not
+                    // either (the name is not resolved through a CIDR).
                     Direction::Egress => {
                         peer_pod.is_some_and(resolves)
-                            && rule
-                                .peers
-                                .iter()
-                                .any(|pe| !matches!(pe, Peer::IpBlock(_)) && peer_ok(pe))
+                            && (rule.peers.is_empty()
+                                || rule
+                                    .peers
+                                    .iter()
+                                    .any(|pe| !matches!(pe, Peer::IpBlock(_)) && peer_ok(pe)))
                     }
                 }
             }

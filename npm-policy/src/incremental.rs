@@ -8,7 +8,9 @@
 //! - a pod: its addresses' ownership (and so the pods that win or lose
 //!   them), its identity, its ipcache entries; identities that appear or
 //!   disappear update the cached peer sets, and every local endpoint using a
-//!   changed peer set, plus the pod itself when local, is re-emitted;
+//!   changed peer set, plus the pod itself when local, is re-emitted; a new
+//!   identity also gets the entries of the egress rules with an empty `to`
+//!   whose named ports it resolves (spec §5: resolved per destination pod);
 //! - a namespace: the identities of its pods, as above;
 //! - a policy: its rules' peer sets are dropped and the local endpoints of
 //!   its namespace re-emitted; when the set of ipBlock prefixes changes,
@@ -20,12 +22,15 @@ use std::net::IpAddr;
 
 use npm_common::{IDENTITY_ANY, IDENTITY_HOST};
 
-use crate::compile::{block_allows_prefix, cidr_prefixes, emit_rule, policy_selects, PeerSet, ALL_PORTS};
+use crate::compile::{
+    block_allows_prefix, cidr_prefixes, emit_named_egress_to, emit_rule, named_port_numbers, policy_selects, PeerSet,
+    ALL_PORTS,
+};
 use crate::compiled::{
     CompileOptions, Compiled, Direction, Endpoint, IdentityKey, IpEntry, PodRef, PolicyEntry, RuleRef,
 };
 use crate::identity::{identity_key, is_addressable, namespace_labels, pod_addresses, PrefixTable};
-use crate::model::{Namespace, Peer, Pod, PodPhase, Policy, Snapshot};
+use crate::model::{Namespace, Peer, Pod, PodPhase, Policy, PortSpec, Snapshot};
 
 type PodKey = (String, String);
 type RuleKey = (String, String, Direction, usize);
@@ -321,6 +326,11 @@ impl Compiler {
         self.out.ids.identities.insert(id, key.clone());
         self.id_by_key.insert(key.clone(), id);
         let mut matched: Vec<RuleKey> = Vec::new();
+        // Egress rules with an empty `to` and a named port: their entries
+        // are per destination pod identity (see `emit_rule`), so a new
+        // identity that resolves the name adds entries, although it is not
+        // part of the rule's peer set.
+        let mut any_named: Vec<RuleKey> = Vec::new();
         for (rk, set) in self.memo.iter_mut() {
             let Some(policy) = self.snapshot.policies.get(&(rk.0.clone(), rk.1.clone())) else {
                 continue;
@@ -333,6 +343,44 @@ impl Compiler {
             if rule.peers.iter().any(|p| peer_selects(policy, p, &key)) {
                 set.pods.insert(id);
                 matched.push(rk.clone());
+            } else if rk.2 == Direction::Egress
+                && rule.peers.is_empty()
+                && rule
+                    .ports
+                    .iter()
+                    .any(|p| matches!(&p.port, PortSpec::Named(n) if named_port_numbers(&key, n, p.protocol).next().is_some()))
+            {
+                any_named.push(rk.clone());
+            }
+        }
+        for rk in any_named {
+            let users: Vec<PodKey> = self.rule_users.get(&rk).into_iter().flatten().cloned().collect();
+            if users.is_empty() {
+                continue;
+            }
+            let policy = &self.snapshot.policies[&(rk.0.clone(), rk.1.clone())];
+            let rule = policy.egress[rk.3].clone();
+            let rid = self.rule_id(RuleRef::Policy {
+                namespace: rk.0.clone(),
+                name: rk.1.clone(),
+                direction: rk.2,
+                index: rk.3,
+            });
+            for pk in users {
+                let Some((ep, entries, _)) = self.eps.get_mut(&pk) else {
+                    continue;
+                };
+                let mut tmp = BTreeMap::new();
+                emit_named_egress_to(&mut tmp, *ep, &rule, id, &key, rid);
+                for (e, r) in tmp {
+                    match self.out.policy.get_mut(&e) {
+                        Some(cur) => *cur = (*cur).min(r),
+                        None => {
+                            self.out.policy.insert(e, r);
+                            entries.push(e);
+                        }
+                    }
+                }
             }
         }
         let only = PeerSet {

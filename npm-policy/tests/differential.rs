@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use npm_policy::compiled::{CompileOptions, Compiled, Direction};
-use npm_policy::evaluate::evaluate_direction;
+use npm_policy::evaluate::{evaluate_direction, EndReason};
 use npm_policy::identity::PrefixTable;
 use npm_policy::lookup::lookup_with;
 use npm_policy::model::*;
@@ -113,9 +113,24 @@ fn port(rng: &mut StdRng) -> Port {
 
 fn rules(rng: &mut StdRng) -> Vec<Rule> {
     (0..rng.random_range(0..3))
-        .map(|_| Rule {
-            ports: (0..rng.random_range(0..3)).map(|_| port(rng)).collect(),
-            peers: (0..rng.random_range(0..3)).map(|_| peer(rng)).collect(),
+        .map(|_| {
+            if rng.random_bool(0.25) {
+                // A named port with an empty peer list: resolved against
+                // the destination pod on egress (spec §3, §5).
+                let protocol = *pick(rng, &[Protocol::Tcp, Protocol::Udp, Protocol::Sctp]);
+                let name = pick(rng, &["http", "dns", "metrics"]).to_string();
+                return Rule {
+                    ports: vec![Port {
+                        protocol,
+                        port: PortSpec::Named(name),
+                    }],
+                    peers: vec![],
+                };
+            }
+            Rule {
+                ports: (0..rng.random_range(0..3)).map(|_| port(rng)).collect(),
+                peers: (0..rng.random_range(0..3)).map(|_| peer(rng)).collect(),
+            }
         })
         .collect()
 }
@@ -239,14 +254,37 @@ const EXTERNAL: &[&str] = &[
     "10.0.9.1",
 ];
 
-fn check(seed: u64, prev: Option<&Compiled>) -> Result<(Compiled, [usize; 2]), String> {
+/// True when `reason` names an egress rule of `s` with an empty `to` and
+/// only named ports: the packet was allowed by resolving a named port on
+/// the destination pod, whatever it is.
+fn by_any_peer_named_port(s: &Snapshot, dir: Direction, reason: &EndReason) -> bool {
+    let EndReason::Rule { policy, index } = reason else {
+        return false;
+    };
+    let Some((ns, name)) = policy.split_once('/') else {
+        return false;
+    };
+    dir == Direction::Egress
+        && s.policies
+            .get(&(ns.to_string(), name.to_string()))
+            .and_then(|p| p.egress.get(*index))
+            .is_some_and(|r| {
+                r.peers.is_empty()
+                    && !r.ports.is_empty()
+                    && r.ports.iter().all(|p| matches!(p.port, PortSpec::Named(_)))
+            })
+}
+
+/// Returns the compile and the packet counts: denied, allowed, allowed
+/// through an egress named port with an empty `to`.
+fn check(seed: u64, prev: Option<&Compiled>) -> Result<(Compiled, [usize; 3]), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let (s, opts) = snapshot(&mut rng);
     let c = npm_policy::compile(&s, &opts, prev);
     let table = PrefixTable::new(&c.cidrs);
     let mut peers: Vec<IpAddr> = s.pods.values().flat_map(|p| p.ips.iter().copied()).collect();
     peers.extend(EXTERNAL.iter().map(|e| e.parse::<IpAddr>().unwrap()));
-    let mut n = [0usize; 2];
+    let mut n = [0usize; 3];
     for (id, ep) in &c.endpoints {
         let pod = &s.pods[&(ep.pod.namespace.clone(), ep.pod.name.clone())];
         for _ in 0..12 {
@@ -265,6 +303,9 @@ fn check(seed: u64, prev: Option<&Compiled>) -> Result<(Compiled, [usize; 2]), S
             let got = lookup_with(&c, Some(&table), *id, dir, peer, proto, port);
             let want = evaluate_direction(&s, &opts, pod, dir, peer, proto, port);
             n[got.allowed as usize] += 1;
+            if want.allowed && by_any_peer_named_port(&s, dir, &want.reason) {
+                n[2] += 1;
+            }
             if got.allowed != want.allowed {
                 return Err(format!(
                     "seed {seed}: endpoint {id} ({}/{}) {dir:?} peer {peer} proto {proto} port {port}: compiled {got:?}, evaluator {want}\nsnapshot: {s:#?}\nopts: {opts:?}\ncompiled:\n{}",
@@ -305,7 +346,7 @@ fn compiled_lookup_agrees_with_evaluator() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(10_000);
     let mut prev: Option<Compiled> = None;
-    let mut packets = [0usize; 2];
+    let mut packets = [0usize; 3];
     for i in 0..count {
         let seed = base + i;
         // Half of the compiles reuse the previous (unrelated) compile's id
@@ -315,6 +356,7 @@ fn compiled_lookup_agrees_with_evaluator() {
             Ok((c, n)) => {
                 packets[0] += n[0];
                 packets[1] += n[1];
+                packets[2] += n[2];
                 prev = Some(c);
             }
             Err(e) => panic!("{e}\n(rerun with NPM_DIFF_SEED={seed} NPM_DIFF_COUNT=1)"),
@@ -322,8 +364,18 @@ fn compiled_lookup_agrees_with_evaluator() {
     }
     // Both verdicts occur often: the comparison is not trivially "allow".
     assert!(packets[0] > 10_000 && packets[1] > 10_000, "denied/allowed {packets:?}");
+    // Egress named ports with an empty `to` are exercised (spec §3, §5).
+    // (About 2.5 per 1000 snapshots: such a rule must be the first to
+    // match and the port must be the destination pod's number.)
+    if count >= 10_000 {
+        assert!(
+            packets[2] >= 10,
+            "allowed through an any-peer named port: {}",
+            packets[2]
+        );
+    }
     eprintln!(
-        "{count} snapshots; denied {} and allowed {} packets agree",
-        packets[0], packets[1]
+        "{count} snapshots; denied {} and allowed {} packets agree ({} allowed through an egress named port with an empty to)",
+        packets[0], packets[1], packets[2]
     );
 }

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use npm_policy::compiled::{CompileOptions, Compiled};
+use npm_policy::compiled::{CompileOptions, Compiled, Direction, RuleRef};
 use npm_policy::incremental::Compiler;
 use npm_policy::model::*;
 use rand::rngs::StdRng;
@@ -28,6 +28,20 @@ fn sel(rng: &mut StdRng, key: &str, vals: &[&str]) -> Selector {
     Selector {
         match_labels: labels(rng, key, vals),
         match_expressions: vec![],
+    }
+}
+
+/// Container ports: a named port `http` on one of two numbers (sometimes
+/// UDP, which a TCP named port must not resolve), or none.
+fn ports(rng: &mut StdRng) -> Vec<ContainerPort> {
+    if rng.random_bool(0.5) {
+        vec![ContainerPort {
+            name: Some("http".into()),
+            port: *pick(rng, &[80, 8080]),
+            protocol: *pick(rng, &[Protocol::Tcp, Protocol::Tcp, Protocol::Tcp, Protocol::Udp]),
+        }]
+    } else {
+        vec![]
     }
 }
 
@@ -55,15 +69,7 @@ fn pod(rng: &mut StdRng, i: usize) -> Pod {
         ),
         deleting: rng.random_bool(0.1),
         host_network: rng.random_bool(0.05),
-        ports: if rng.random_bool(0.5) {
-            vec![ContainerPort {
-                name: Some("http".into()),
-                port: *pick(rng, &[80, 8080]),
-                protocol: Protocol::Tcp,
-            }]
-        } else {
-            vec![]
-        },
+        ports: ports(rng),
         created: rng.random_range(0..3),
     }
 }
@@ -97,6 +103,13 @@ fn policy(rng: &mut StdRng) -> Policy {
                 protocol: Protocol::Tcp,
                 port: PortSpec::Range(80, 90),
             }],
+        };
+        // More rules with a named port and an empty peer list (resolved
+        // per destination pod on egress, spec §3, §5).
+        let peers = if ports.iter().any(|p| matches!(p.port, PortSpec::Named(_))) && rng.random_bool(0.3) {
+            vec![]
+        } else {
+            peers
         };
         Rule { ports, peers }
     };
@@ -172,6 +185,36 @@ fn canonical(c: &Compiled) -> BTreeSet<String> {
     out
 }
 
+/// Policy entries of `c` towards a pod identity on a named port's number
+/// whose rule is an egress rule of `s` with an empty `to` and named ports
+/// only (spec §5: resolved against each destination pod).
+fn any_peer_named_entries(c: &Compiled, s: &Snapshot) -> usize {
+    c.policy
+        .iter()
+        .filter(|(e, r)| {
+            e.direction == Direction::Egress
+                && c.ids.identities.contains_key(&e.peer)
+                && match c.ids.rules.get(r) {
+                    Some(RuleRef::Policy {
+                        namespace,
+                        name,
+                        direction: Direction::Egress,
+                        index,
+                    }) => s
+                        .policies
+                        .get(&(namespace.clone(), name.clone()))
+                        .and_then(|p| p.egress.get(*index))
+                        .is_some_and(|r| {
+                            r.peers.is_empty()
+                                && !r.ports.is_empty()
+                                && r.ports.iter().all(|p| matches!(p.port, PortSpec::Named(_)))
+                        }),
+                    _ => false,
+                }
+        })
+        .count()
+}
+
 #[test]
 fn compiler_matches_reference() {
     let opts = CompileOptions {
@@ -180,6 +223,9 @@ fn compiler_matches_reference() {
         allow_host_egress: true,
     };
     let mut changes = 0;
+    // Steps whose tables hold entries of an egress rule with an empty `to`
+    // and a named port (so the generator covers that case).
+    let mut any_peer_named = 0;
     for seed in 0..300u64 {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut s = Snapshot::default();
@@ -216,10 +262,14 @@ fn compiler_matches_reference() {
                     }
                 }
                 3 => {
-                    // Label change only.
+                    // Label or container port change only.
                     if let Some(k) = s.pods.keys().nth(rng.random_range(0..s.pods.len().max(1))).cloned() {
                         let mut p = s.pods[&k].clone();
-                        p.labels = labels(&mut rng, "app", &["a", "b"]);
+                        if rng.random_bool(0.5) {
+                            p.labels = labels(&mut rng, "app", &["a", "b"]);
+                        } else {
+                            p.ports = ports(&mut rng);
+                        }
                         s.pods.insert(k, p.clone());
                         c.upsert_pod(p);
                     }
@@ -249,6 +299,9 @@ fn compiler_matches_reference() {
             }
             changes += 1;
             let reference = npm_policy::compile(&s, &opts, Some(&before));
+            if any_peer_named_entries(&reference, &s) > 0 {
+                any_peer_named += 1;
+            }
             assert_eq!(
                 canonical(c.compiled()),
                 canonical(&reference),
@@ -271,4 +324,8 @@ fn compiler_matches_reference() {
         assert_eq!(c.snapshot(), &s);
     }
     assert!(changes >= 4000);
+    assert!(
+        any_peer_named >= 100,
+        "only {any_peer_named} steps with egress named-port entries of an empty `to`"
+    );
 }

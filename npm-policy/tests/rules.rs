@@ -64,6 +64,8 @@ struct Case {
     name: &'static str,
     tweaks: Vec<Tweak>,
     extra: Vec<Policy>,
+    /// Changes to the model's pods before compiling.
+    pods: Vec<fn(&mut Snapshot)>,
     allow_host_egress: bool,
     /// (from, to, protocol, port, allowed); from/to are `ns/pod`, `ns/pod@6`
     /// (IPv6) or a literal address.
@@ -102,6 +104,9 @@ fn run(case: &Case) {
             created: 1,
         },
     );
+    for f in &case.pods {
+        f(&mut m.snapshot);
+    }
     let mut p = base();
     for t in &case.tweaks {
         t(&mut p);
@@ -157,9 +162,23 @@ fn case(name: &'static str, tweaks: Vec<Tweak>, flows: Vec<(&'static str, &'stat
         name,
         tweaks,
         extra: vec![],
+        pods: vec![],
         allow_host_egress: false,
         flows,
     }
+}
+
+/// Gives pod `ns/name` of the model an extra container port.
+fn add_port(s: &mut Snapshot, ns: &str, name: &str, port_name: &str, port: u16, protocol: Protocol) {
+    s.pods
+        .get_mut(&(ns.to_string(), name.to_string()))
+        .expect("model pod")
+        .ports
+        .push(ContainerPort {
+            name: Some(port_name.into()),
+            port,
+            protocol,
+        });
 }
 
 #[test]
@@ -376,20 +395,67 @@ fn rules_table() {
             ],
         ),
         case(
-            "egress named port to an ipBlock or any peer matches nothing",
+            "egress named port to an ipBlock matches nothing, pods included",
             vec![|p| {
                 p.ingress_isolation = false;
                 p.egress_isolation = true;
-                p.egress = vec![
-                    rule(
-                        vec![block("0.0.0.0/0", &[])],
-                        vec![named("serve-80-tcp", Protocol::Tcp)],
-                    ),
-                    rule(vec![], vec![named("serve-80-tcp", Protocol::Tcp)]),
-                ];
+                p.egress = vec![rule(
+                    vec![block("0.0.0.0/0", &[])],
+                    vec![named("serve-80-tcp", Protocol::Tcp)],
+                )];
             }],
-            vec![("x/a", "y/a", TCP, 80, false), ("x/a", "8.8.8.8", TCP, 80, false)],
+            vec![
+                ("x/a", "y/a", TCP, 80, false),
+                ("x/a", "x/b", TCP, 80, false),
+                ("x/a", "8.8.8.8", TCP, 80, false),
+            ],
         ),
+        case(
+            // Upstream e2e "should allow egress access on one named port".
+            "egress named port with an empty to: any pod resolving the name",
+            vec![|p| {
+                p.ingress_isolation = false;
+                p.egress_isolation = true;
+                p.egress = vec![rule(vec![], vec![named("serve-80-tcp", Protocol::Tcp)])];
+            }],
+            vec![
+                ("x/a", "y/a", TCP, 80, true),
+                ("x/a", "x/b", TCP, 80, true),
+                ("x/a@6", "z/c@6", TCP, 80, true),
+                ("x/a", "y/a", TCP, 81, false),
+                ("x/a", "y/a", UDP, 80, false),
+                ("x/a", "8.8.8.8", TCP, 80, false),
+                ("x/a", NODE_IP, TCP, 80, false),
+            ],
+        ),
+        Case {
+            name: "egress named port with an empty to resolves per destination pod",
+            tweaks: vec![|p| {
+                p.ingress_isolation = false;
+                p.egress_isolation = true;
+                p.egress = vec![rule(vec![], vec![named("web", Protocol::Tcp)])];
+            }],
+            extra: vec![],
+            pods: vec![
+                |s| add_port(s, "y", "a", "web", 8080, Protocol::Tcp),
+                |s| add_port(s, "y", "b", "web", 9090, Protocol::Tcp),
+                |s| add_port(s, "y", "c", "web", 8080, Protocol::Udp),
+            ],
+            allow_host_egress: false,
+            flows: vec![
+                ("x/a", "y/a", TCP, 8080, true),
+                ("x/a", "y/a", TCP, 9090, false),
+                ("x/a", "y/b", TCP, 9090, true),
+                ("x/a", "y/b", TCP, 8080, false),
+                ("x/a", "y/c", TCP, 8080, false),
+                ("x/a", "y/c", UDP, 8080, false),
+                ("x/a", "z/a", TCP, 8080, false),
+                ("x/a", "8.8.8.8", TCP, 8080, false),
+                ("x/a", "8.8.8.8", TCP, 9090, false),
+                // Unrelated ports stay closed.
+                ("x/a", "y/a", TCP, 80, false),
+            ],
+        },
         case(
             "policyTypes [Ingress, Egress] without egress rules denies egress",
             vec![|p| {
@@ -478,6 +544,7 @@ fn rules_table() {
         name: "union of two policies",
         tweaks: vec![|p| p.ingress = vec![rule(vec![Peer::Pods(sel(&[("pod", "b")]))], vec![tcp(80)])]],
         extra: vec![more],
+        pods: vec![],
         allow_host_egress: false,
         flows: vec![
             ("x/b", "x/a", TCP, 80, true),
@@ -490,6 +557,7 @@ fn rules_table() {
         name: "allow_host_egress",
         tweaks: vec![|p| p.egress_isolation = true],
         extra: vec![],
+        pods: vec![],
         allow_host_egress: true,
         flows: vec![("x/a", NODE_IP, TCP, 6443, true), ("x/a", "x/b", TCP, 80, false)],
     });

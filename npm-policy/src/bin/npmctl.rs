@@ -4,7 +4,7 @@
 //! - `npmctl explain -f ... --from ns/pod --to ns/pod --port 80`
 //! - `npmctl validate -f ...`
 //! - `npmctl compile -f ... [--node N]` (the compiled tables)
-//! - `npmctl cases PATH...`
+//! - `npmctl cases PATH...` (case files or directories of them)
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -74,7 +74,7 @@ enum Cmd {
     },
     /// Run conformance case files against the simulator.
     Cases {
-        /// Case files.
+        /// Case files, or directories (their `*.yaml` files, sorted).
         #[arg(required = true)]
         paths: Vec<PathBuf>,
         /// Print every case, not only failures.
@@ -138,7 +138,24 @@ fn run(cli: Cli) -> Result<bool, String> {
         }
         Cmd::Cases { paths, verbose } => {
             let (mut pass, mut fail) = (0, 0);
-            for path in &paths {
+            let mut files = Vec::new();
+            for path in paths {
+                if path.is_dir() {
+                    let mut found: Vec<PathBuf> = std::fs::read_dir(&path)
+                        .map_err(|e| format!("{}: {e}", path.display()))?
+                        .filter_map(|d| d.ok().map(|d| d.path()))
+                        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                        .collect();
+                    if found.is_empty() {
+                        return Err(format!("{}: no *.yaml case files in this directory", path.display()));
+                    }
+                    found.sort();
+                    files.extend(found);
+                } else {
+                    files.push(path);
+                }
+            }
+            for path in &files {
                 let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
                 let cases =
                     npm_policy::cases::parse_case_file(&text).map_err(|e| format!("{}: {e}", path.display()))?;

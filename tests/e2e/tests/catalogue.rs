@@ -13,18 +13,11 @@ use npm_e2e::runner::{load_cases, run_simulated, LoadedCase};
 /// starts to pass is reported (so the entry can be removed) but does not
 /// fail the test; any other disagreement does.
 ///
-/// - `ports-named-egress`, `named-port-egress-udp`: an egress rule with a
-///   named port must resolve the name against the *destination* pod's
-///   containerPorts (semantics digest §5: "for egress the peer pod"); every
-///   model pod has `serve-80-tcp`/`serve-81-udp`, so the traffic is allowed.
-///   The npm-policy evaluator and compiler block it (compiler bug): their
-///   "documented choice" gives a named port no entry for an egress rule
-///   without pod/namespace-selector peers (empty `to`), although the
-///   destinations are pods whose containerPorts resolve the name; upstream's
-///   "should allow egress access on one named port" has exactly this policy
-///   and expects port 80 to stay reachable. The eBPF and nftables runs fail
-///   the same two cases for the same reason.
-const KNOWN_SIMULATOR_BUGS: &[&str] = &["ports-named-egress", "named-port-egress-udp"];
+/// Empty: `ports-named-egress` and `named-port-egress-udp` (an egress named
+/// port with an empty `to`, resolved against the destination pod,
+/// semantics digest §3 and §5) pass since npm-policy resolves such a port
+/// per destination pod identity.
+const KNOWN_SIMULATOR_BUGS: &[&str] = &[];
 
 fn catalogue_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../conformance")
