@@ -100,36 +100,22 @@ fn bpf_linker() -> Result<()> {
         return Ok(());
     }
     eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against Debian's LLVM 22 (takes a few minutes)");
-    run(Command::new("cargo")
-        .args([
-            "install",
-            "bpf-linker",
-            "--version",
-            BPF_LINKER_VERSION,
-            "--no-default-features",
-            "--features",
-            "llvm-22",
-            "--locked",
-        ])
-        .env("LLVM_SYS_221_PREFIX", "/usr/lib/llvm-22")
-        .env(
-            "PATH",
-            format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default()),
-        ))
-    .or_else(|_| {
-        // Without --locked in case the lock file pins something unavailable.
-        run(Command::new("cargo")
-            .args([
-                "install",
-                "bpf-linker",
-                "--version",
-                BPF_LINKER_VERSION,
-                "--no-default-features",
-                "--features",
-                "llvm-22",
-            ])
-            .env("LLVM_SYS_221_PREFIX", "/usr/lib/llvm-22"))
-    })
+    let install = |locked: bool| {
+        let mut cmd = Command::new("cargo");
+        cmd.args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION])
+            .args(["--no-default-features", "--features", "llvm-22"])
+            .env("LLVM_SYS_221_PREFIX", "/usr/lib/llvm-22")
+            .env(
+                "PATH",
+                format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default()),
+            );
+        if locked {
+            cmd.arg("--locked");
+        }
+        run(&mut cmd)
+    };
+    // Without --locked as a fallback, in case its lock file pins something unavailable.
+    install(true).or_else(|_| install(false))
 }
 
 fn helm_and_kubectl() -> Result<()> {

@@ -1,0 +1,99 @@
+//! Opening the dataplane the agent was asked for (`--dataplane`), and the
+//! [`AgentDataplane`] glue of each implementation.
+
+use std::path::PathBuf;
+
+use npm_common::DenyEvent;
+use npm_dataplane::ebpf::{default_pin_dir, EbpfDataplane, EbpfOptions};
+use npm_dataplane::nft::{NftDataplane, NftOptions};
+
+use crate::sync::AgentDataplane;
+
+/// Errors opening a dataplane.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The nftables dataplane rejected its options.
+    #[error("nftables dataplane (table {table:?}): {source}")]
+    Nft {
+        /// Table name.
+        table: String,
+        /// The error.
+        #[source]
+        source: npm_dataplane::nft::NftError,
+    },
+    /// The eBPF dataplane could not be opened.
+    #[error("eBPF dataplane (pin dir {pin_dir:?}, object {object:?}): {detail}")]
+    Ebpf {
+        /// Pin directory asked for.
+        pin_dir: Option<PathBuf>,
+        /// Object asked for.
+        object: Option<PathBuf>,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+/// Which dataplane programs the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DataplaneKind {
+    /// The eBPF datapath (tcx programs on the pods' host-side interfaces).
+    Ebpf,
+    /// The nftables table.
+    Nftables,
+}
+
+/// Options of both dataplanes.
+#[derive(Clone, Debug, Default)]
+pub struct DataplaneOptions {
+    /// eBPF object path (`None`: the loader's default search).
+    pub bpf_object: Option<PathBuf>,
+    /// bpffs pin directory (`None`: the loader's default).
+    pub pin_dir: Option<PathBuf>,
+    /// nftables table name.
+    pub nft_table: String,
+}
+
+impl AgentDataplane for NftDataplane {}
+
+/// Open the dataplane of `kind`.
+pub fn open(kind: DataplaneKind, opts: &DataplaneOptions) -> Result<Box<dyn AgentDataplane>, OpenError> {
+    match kind {
+        DataplaneKind::Nftables => {
+            let dp = NftDataplane::new(NftOptions {
+                table: opts.nft_table.clone(),
+                netns: None,
+            })
+            .map_err(|source| OpenError::Nft {
+                table: opts.nft_table.clone(),
+                source,
+            })?;
+            Ok(Box::new(dp))
+        }
+        DataplaneKind::Ebpf => open_ebpf(opts),
+    }
+}
+
+impl AgentDataplane for EbpfDataplane {
+    fn poll_deny_events(&mut self) -> Vec<DenyEvent> {
+        EbpfDataplane::poll_deny_events(self)
+    }
+}
+
+/// The eBPF dataplane's options for `opts` (default pin dir when unset).
+pub fn ebpf_options(opts: &DataplaneOptions) -> EbpfOptions {
+    EbpfOptions {
+        object: opts.bpf_object.clone(),
+        pin_dir: opts.pin_dir.clone().unwrap_or_else(default_pin_dir),
+        bench_no_ct_create: false,
+    }
+}
+
+fn open_ebpf(opts: &DataplaneOptions) -> Result<Box<dyn AgentDataplane>, OpenError> {
+    let eo = ebpf_options(opts);
+    let dp = EbpfDataplane::open(eo.clone()).map_err(|e| OpenError::Ebpf {
+        pin_dir: Some(eo.pin_dir.clone()),
+        object: eo.object.clone(),
+        detail: e.to_string(),
+    })?;
+    Ok(Box::new(dp))
+}

@@ -1,0 +1,116 @@
+//! `npm-agent inspect`: what the eBPF dataplane of this node has pinned
+//! (endpoints, ipcache, CIDR prefixes, policy entries, conntrack size and
+//! counters), read through the loader's dump API.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use npm_dataplane::ebpf::{EbpfDataplane, EbpfDump};
+
+use crate::dataplanes::{ebpf_options, DataplaneOptions};
+
+/// Errors of `inspect`.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    /// Nothing is pinned at the pin directory (no agent ran on this node).
+    #[error("no pinned npm maps under {dir}: is an agent running with this --pin-dir?")]
+    NothingPinned {
+        /// The directory looked at.
+        dir: PathBuf,
+    },
+    /// The dataplane could not be opened or read.
+    #[error("reading the pinned maps under {dir}: {detail}")]
+    Read {
+        /// Pin directory.
+        dir: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+    /// JSON encoding failed.
+    #[error("encoding the dump as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Read the dump of the maps pinned under `pin_dir` (default: the loader's).
+pub fn dump(pin_dir: Option<PathBuf>, bpf_object: Option<PathBuf>) -> Result<EbpfDump, InspectError> {
+    let opts = ebpf_options(&DataplaneOptions {
+        bpf_object,
+        pin_dir,
+        nft_table: String::new(),
+    });
+    let dir = opts.pin_dir.clone();
+    // Opening creates maps that are not pinned yet: refuse to invent state.
+    if !dir.join(npm_common::maps::ENDPOINTS).exists() {
+        return Err(InspectError::NothingPinned { dir });
+    }
+    let dp = EbpfDataplane::open(opts).map_err(|e| InspectError::Read {
+        dir: dir.clone(),
+        detail: e.to_string(),
+    })?;
+    dp.dump().map_err(|e| InspectError::Read {
+        dir,
+        detail: e.to_string(),
+    })
+}
+
+/// Human-readable rendering of a dump.
+pub fn render_text(d: &EbpfDump) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "pin dir: {}", d.pin_dir.display());
+    let _ = writeln!(s, "endpoints ({}):", d.endpoints.len());
+    for e in &d.endpoints {
+        let _ = writeln!(
+            s,
+            "  ifindex {:>5}  id {:>6}  flags {:#06x}  ipv4 {}  ipv6 {}  attached [{}]",
+            e.ifindex,
+            e.id,
+            e.flags,
+            e.ipv4.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+            e.ipv6.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
+            e.attached.join(",")
+        );
+    }
+    let _ = writeln!(s, "ipcache ({}):", d.ipcache.len());
+    for e in &d.ipcache {
+        let _ = writeln!(
+            s,
+            "  {:<40} identity {:>8}  cidr {}",
+            e.addr, e.identity, e.cidr_identity
+        );
+    }
+    let _ = writeln!(s, "cidrs ({}):", d.cidrs.len());
+    for c in &d.cidrs {
+        let _ = writeln!(s, "  {:<43} identity {}", c.prefix, c.identity);
+    }
+    let _ = writeln!(s, "policy ({}):", d.policy.len());
+    for p in &d.policy {
+        let proto = p.protocol.map(|p| p.to_string()).unwrap_or_else(|| "any".into());
+        let _ = writeln!(
+            s,
+            "  endpoint {:>6} {:<7} peer {:>8} proto {:<3} ports {}-{}  rule {}",
+            p.endpoint, p.direction, p.peer, proto, p.ports.0, p.ports.1, p.rule
+        );
+    }
+    let _ = writeln!(s, "conntrack entries: {}", d.ct_entries);
+    let _ = writeln!(s, "fragment records: {}", d.frag_entries);
+    let _ = writeln!(s, "counters:");
+    for c in &d.counters {
+        let _ = writeln!(
+            s,
+            "  {:<7} {:<16} packets {:>12} bytes {:>14}",
+            c.direction, c.reason, c.packets, c.bytes
+        );
+    }
+    s
+}
+
+/// `npm-agent inspect`: print the dump (text, or JSON with `json`).
+pub fn run(pin_dir: Option<PathBuf>, bpf_object: Option<PathBuf>, json: bool) -> Result<(), InspectError> {
+    let d = dump(pin_dir, bpf_object)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&d)?);
+    } else {
+        print!("{}", render_text(&d));
+    }
+    Ok(())
+}

@@ -1,0 +1,357 @@
+//! Shared helpers of the agent's integration tests: the test API server, a
+//! recording in-memory dataplane, a fixed interface resolver, object
+//! builders and polling.
+#![allow(dead_code)]
+
+pub mod netns;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodIP, PodSpec, PodStatus};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use npm_agent::agent::{self, AgentConfig, RunningAgent};
+use npm_agent::endpoints::{Resolve, Resolved};
+use npm_agent::metrics::{sample, Metrics};
+use npm_agent::sync::{AgentDataplane, SyncConfig};
+use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
+use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, MapDiff, RuleRef};
+use npm_testapi::{Options, TestApiServer};
+
+/// One write to the recording dataplane.
+#[derive(Clone, Debug)]
+pub struct Call {
+    /// A sync_full (else an apply).
+    pub full: bool,
+    /// ipcache entries removed by this call.
+    pub ipcache_removed: usize,
+    /// Endpoints removed by this call.
+    pub endpoints_removed: usize,
+    /// ipcache size after the call.
+    pub ipcache_after: usize,
+}
+
+/// What the recording dataplane holds.
+#[derive(Debug, Default)]
+pub struct Recorded {
+    /// The "kernel" state.
+    pub state: Compiled,
+    /// Interfaces of the last write.
+    pub interfaces: Interfaces,
+    /// Every write.
+    pub calls: Vec<Call>,
+    /// Fail the next N writes.
+    pub fail_next: u32,
+    /// Writes whose diff did not take `state` to `next` (must stay empty).
+    pub inconsistent: Vec<String>,
+}
+
+/// An in-memory dataplane recording what the agent programs. Cloning shares
+/// the state, like pinned maps outliving an agent.
+#[derive(Clone, Debug, Default)]
+pub struct RecordingDataplane(pub Arc<Mutex<Recorded>>);
+
+impl RecordingDataplane {
+    /// Lock the record.
+    pub fn lock(&self) -> MutexGuard<'_, Recorded> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn apply_map<K: Ord + Clone, V: Clone>(map: &mut BTreeMap<K, V>, d: &MapDiff<K, V>) -> usize {
+    for (k, v) in &d.upsert {
+        map.insert(k.clone(), v.clone());
+    }
+    let mut removed = 0;
+    for k in &d.remove {
+        removed += map.remove(k).is_some() as usize;
+    }
+    removed
+}
+
+impl Dataplane for RecordingDataplane {
+    fn sync_full(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError> {
+        let mut r = self.lock();
+        if r.fail_next > 0 {
+            r.fail_next -= 1;
+            return Err(DataplaneError::Kernel {
+                op: "sync_full (recording dataplane)".into(),
+                detail: "injected failure".into(),
+            });
+        }
+        let ipcache_removed = r
+            .state
+            .ipcache
+            .keys()
+            .filter(|k| !compiled.ipcache.contains_key(k))
+            .count();
+        let endpoints_removed = r
+            .state
+            .endpoints
+            .keys()
+            .filter(|k| !compiled.endpoints.contains_key(k))
+            .count();
+        r.state = compiled.clone();
+        r.interfaces = interfaces.clone();
+        r.calls.push(Call {
+            full: true,
+            ipcache_removed,
+            endpoints_removed,
+            ipcache_after: compiled.ipcache.len(),
+        });
+        Ok(())
+    }
+
+    fn apply(&mut self, diff: &CompiledDiff, next: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError> {
+        let mut r = self.lock();
+        if r.fail_next > 0 {
+            r.fail_next -= 1;
+            return Err(DataplaneError::Kernel {
+                op: "apply (recording dataplane)".into(),
+                detail: "injected failure".into(),
+            });
+        }
+        let ipcache_removed = apply_map(&mut r.state.ipcache, &diff.ipcache);
+        apply_map(&mut r.state.cidrs, &diff.cidrs);
+        let endpoints_removed = apply_map(&mut r.state.endpoints, &diff.endpoints);
+        apply_map(&mut r.state.policy, &diff.policy);
+        if r.state.ipcache != next.ipcache
+            || r.state.endpoints != next.endpoints
+            || r.state.policy != next.policy
+            || r.state.cidrs != next.cidrs
+        {
+            r.inconsistent
+                .push(format!("diff of {} changes did not reach next", diff.len()));
+        }
+        r.state.ids = next.ids.clone();
+        r.interfaces = interfaces.clone();
+        let ipcache_after = r.state.ipcache.len();
+        r.calls.push(Call {
+            full: false,
+            ipcache_removed,
+            endpoints_removed,
+            ipcache_after,
+        });
+        Ok(())
+    }
+
+    fn counters(&self) -> Result<Counters, DataplaneError> {
+        Ok(Counters::default())
+    }
+}
+
+impl AgentDataplane for RecordingDataplane {}
+
+/// Gives every endpoint the ifindex `1000 + id`.
+pub struct FixedResolver;
+
+impl Resolve for FixedResolver {
+    fn resolve(&mut self, compiled: &Compiled) -> Resolved {
+        Resolved {
+            interfaces: compiled.endpoints.keys().map(|&id| (id, 1000 + id)).collect(),
+            missing: Vec::new(),
+        }
+    }
+}
+
+/// A test API server and a client for it.
+pub async fn server(validation: bool) -> (TestApiServer, kube::Client) {
+    let srv = TestApiServer::start(Options {
+        validation,
+        ..Options::default()
+    })
+    .await
+    .expect("start test API server");
+    let client = client_for(&srv);
+    (srv, client)
+}
+
+/// A kube client for the server.
+pub fn client_for(srv: &TestApiServer) -> kube::Client {
+    let mut config = kube::Config::new(srv.url().parse().expect("server url"));
+    // As in the agent's main: no client-side retry of 503s.
+    config.default_retry = false;
+    kube::Client::try_from(config).expect("kube client")
+}
+
+/// Agent settings for tests: node `node-a`, short debounce, no HTTP server.
+pub fn agent_config(page_size: u32) -> AgentConfig {
+    AgentConfig {
+        sync: SyncConfig {
+            compile: CompileOptions {
+                node_name: "node-a".into(),
+                node_ips: Vec::new(),
+                allow_host_egress: false,
+            },
+            debounce: Duration::from_millis(50),
+            page_size,
+            stats_interval: Duration::from_millis(500),
+            ..SyncConfig::default()
+        },
+        page_size,
+        metrics_addr: None,
+    }
+}
+
+/// Start an agent over `dp` with the fixed resolver.
+pub async fn start_agent(cfg: AgentConfig, client: kube::Client, dp: impl AgentDataplane + 'static) -> RunningAgent {
+    agent::start(
+        cfg,
+        client,
+        dp,
+        Box::new(FixedResolver),
+        Metrics::new().expect("metrics"),
+    )
+    .await
+    .expect("start agent")
+}
+
+/// A namespace with labels.
+pub fn namespace(name: &str, labels: &[(&str, &str)]) -> Namespace {
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// A Running pod on `node` with `ip` (None: no IP yet) and labels.
+pub fn pod(ns: &str, name: &str, node: &str, ip: Option<&str>, labels: &[(&str, &str)]) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: "c".into(),
+                image: Some("agnhost".into()),
+                ports: Some(vec![ContainerPort {
+                    name: Some("http".into()),
+                    container_port: 80,
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            pod_ip: ip.map(String::from),
+            pod_ips: ip.map(|i| vec![PodIP { ip: i.into() }]),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Create namespaces.
+pub async fn create_namespaces(client: &kube::Client, nss: &[Namespace]) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    for ns in nss {
+        api.create(&PostParams::default(), ns).await.expect("create namespace");
+    }
+}
+
+/// Create pods, `concurrency` at a time.
+pub async fn create_pods(client: &kube::Client, pods: Vec<Pod>, concurrency: usize) {
+    futures::stream::iter(pods)
+        .map(|p| {
+            let api: Api<Pod> = Api::namespaced(client.clone(), p.metadata.namespace.as_deref().unwrap());
+            async move {
+                api.create(&PostParams::default(), &p)
+                    .await
+                    .unwrap_or_else(|e| panic!("create pod {:?}: {e}", p.metadata.name))
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+/// Delete pods by (namespace, name), `concurrency` at a time.
+pub async fn delete_pods(client: &kube::Client, names: Vec<(String, String)>, concurrency: usize) {
+    futures::stream::iter(names)
+        .map(|(ns, name)| {
+            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            async move { api.delete(&name, &DeleteParams::default()).await.expect("delete pod") }
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+/// Create a NetworkPolicy from JSON.
+pub async fn create_policy(
+    client: &kube::Client,
+    ns: &str,
+    json: serde_json::Value,
+) -> Result<NetworkPolicy, kube::Error> {
+    let np: NetworkPolicy = serde_json::from_value(json).expect("policy JSON");
+    Api::<NetworkPolicy>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &np)
+        .await
+}
+
+/// Poll `cond` every 20 ms until it holds or `timeout` passes (then panic with `what`).
+pub async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Poll an async condition.
+pub async fn wait_until_async<F: Future<Output = bool>>(what: &str, timeout: Duration, mut cond: impl FnMut() -> F) {
+    let start = Instant::now();
+    while !cond().await {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A metric sample of an agent (0 when absent).
+pub fn metric(agent: &RunningAgent, series: &str) -> f64 {
+    sample(&agent.metrics.render(), series).unwrap_or(0.0)
+}
+
+/// Names (`ns/name`) of the policies whose rules allow something for the
+/// endpoint `endpoint` in the recorded state.
+pub fn policies_of_endpoint(state: &Compiled, endpoint: u32) -> BTreeSet<String> {
+    state
+        .policy
+        .iter()
+        .filter(|(k, _)| k.endpoint == endpoint)
+        .filter_map(|(_, rule)| match state.ids.rules.get(rule) {
+            Some(RuleRef::Policy { namespace, name, .. }) => Some(format!("{namespace}/{name}")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The endpoint id holding `ip`, if any.
+pub fn endpoint_with_ip(state: &Compiled, ip: &str) -> Option<(u32, String)> {
+    let ip: IpAddr = ip.parse().unwrap();
+    state.endpoints.iter().find_map(|(&id, e)| {
+        (e.ipv4.map(IpAddr::V4) == Some(ip) || e.ipv6.map(IpAddr::V6) == Some(ip))
+            .then(|| (id, format!("{}/{}", e.pod.namespace, e.pod.name)))
+    })
+}

@@ -1,0 +1,100 @@
+//! Network namespace helpers for the kernel tests: commands, threads inside
+//! a namespace, a TCP "ok" server and probes.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Run a command; panic with its stderr when it fails.
+pub fn sh(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().expect("run command");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Delete network namespaces named `<prefix><pid>...` whose process is gone.
+pub fn clear_stale_netns(prefix: &str) {
+    let out = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new("ip").args(["netns", "delete", name]).output();
+        }
+    }
+}
+
+/// Run `f` on a thread that has entered network namespace `ns`.
+pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+        // SAFETY: setns on this thread only, with a valid namespace fd.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+}
+
+/// A TCP server in `ns` answering "ok" on `addr` until `stop`.
+pub fn serve(ns: &str, addr: SocketAddr, stop: Arc<AtomicBool>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    in_netns(ns, move || {
+        let l = TcpListener::bind(addr).expect("bind server");
+        l.set_nonblocking(true).unwrap();
+        tx.send(()).unwrap();
+        while !stop.load(Ordering::SeqCst) {
+            match l.accept() {
+                Ok((mut s, _)) => {
+                    let _ = s.write_all(b"ok");
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5)).expect("server started");
+}
+
+/// One TCP connection from `ns` to `addr`: did it get "ok"?
+pub fn probe(ns: &str, addr: SocketAddr) -> bool {
+    in_netns(ns, move || {
+        let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        let mut buf = [0u8; 2];
+        s.read_exact(&mut buf).is_ok() && &buf == b"ok"
+    })
+    .join()
+    .unwrap()
+}
+
+/// Probe until the result is `want` (at most 15 s).
+pub async fn expect_probe(ns: &str, addr: SocketAddr, want: bool, what: &str) {
+    let start = Instant::now();
+    loop {
+        let ns2 = ns.to_string();
+        let got = tokio::task::spawn_blocking(move || probe(&ns2, addr)).await.unwrap();
+        if got == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "probe to {addr} should be {want}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
