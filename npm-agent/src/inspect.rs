@@ -1,13 +1,13 @@
 //! `npm-agent inspect`: what the eBPF dataplane of this node has pinned
 //! (endpoints, ipcache, CIDR prefixes, policy entries, conntrack size and
-//! counters), read through the loader's dump API.
+//! counters), read through the loader's read-only dump
+//! ([`npm_dataplane::ebpf::dump_pinned`]): no program is loaded, no link
+//! is touched, so an inspection never changes enforcement.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use npm_dataplane::ebpf::{EbpfDataplane, EbpfDump};
-
-use crate::dataplanes::{ebpf_options, DataplaneOptions};
+use npm_dataplane::ebpf::{default_pin_dir, dump_pinned, EbpfDump};
 
 /// Errors of `inspect`.
 #[derive(Debug, thiserror::Error)]
@@ -18,7 +18,7 @@ pub enum InspectError {
         /// The directory looked at.
         dir: PathBuf,
     },
-    /// The dataplane could not be opened or read.
+    /// The pinned maps could not be read.
     #[error("reading the pinned maps under {dir}: {detail}")]
     Read {
         /// Pin directory.
@@ -31,23 +31,14 @@ pub enum InspectError {
     Json(#[from] serde_json::Error),
 }
 
-/// Read the dump of the maps pinned under `pin_dir` (default: the loader's).
-pub fn dump(pin_dir: Option<PathBuf>, bpf_object: Option<PathBuf>) -> Result<EbpfDump, InspectError> {
-    let opts = ebpf_options(&DataplaneOptions {
-        bpf_object,
-        pin_dir,
-        nft_table: String::new(),
-    });
-    let dir = opts.pin_dir.clone();
-    // Opening creates maps that are not pinned yet: refuse to invent state.
+/// Read the dump of the maps pinned under `pin_dir` (default: the
+/// loader's), read-only.
+pub fn dump(pin_dir: Option<PathBuf>) -> Result<EbpfDump, InspectError> {
+    let dir = pin_dir.unwrap_or_else(default_pin_dir);
     if !dir.join(npm_common::maps::ENDPOINTS).exists() {
         return Err(InspectError::NothingPinned { dir });
     }
-    let dp = EbpfDataplane::open(opts).map_err(|e| InspectError::Read {
-        dir: dir.clone(),
-        detail: e.to_string(),
-    })?;
-    dp.dump().map_err(|e| InspectError::Read {
+    dump_pinned(&dir).map_err(|e| InspectError::Read {
         dir,
         detail: e.to_string(),
     })
@@ -105,8 +96,8 @@ pub fn render_text(d: &EbpfDump) -> String {
 }
 
 /// `npm-agent inspect`: print the dump (text, or JSON with `json`).
-pub fn run(pin_dir: Option<PathBuf>, bpf_object: Option<PathBuf>, json: bool) -> Result<(), InspectError> {
-    let d = dump(pin_dir, bpf_object)?;
+pub fn run(pin_dir: Option<PathBuf>, json: bool) -> Result<(), InspectError> {
+    let d = dump(pin_dir)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&d)?);
     } else {

@@ -13,6 +13,7 @@ use npm_agent::endpoints::{InterfacePattern, InterfaceResolver};
 use npm_agent::metrics::Metrics;
 use npm_agent::sync::SyncConfig;
 use npm_policy::compiled::CompileOptions;
+use tokio::signal::unix::{signal, SignalKind};
 
 #[derive(Parser)]
 #[command(name = "npm-agent", version, about = "npm NetworkPolicy node agent")]
@@ -128,9 +129,6 @@ struct InspectArgs {
     /// bpffs pin directory of the eBPF dataplane.
     #[arg(long, env = "NPM_PIN_DIR")]
     pin_dir: Option<PathBuf>,
-    /// eBPF object (default: the loader's search path).
-    #[arg(long, env = "NPM_EBPF_OBJECT")]
-    bpf_object: Option<PathBuf>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -170,6 +168,10 @@ async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
+    // Installed first, so a SIGTERM during startup is also a clean stop
+    // (seen once the agent is started) rather than the default kill.
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     anyhow::ensure!(!args.node_name.is_empty(), "NODE_NAME / --node-name must not be empty");
     anyhow::ensure!(
         (0.0..=1.0).contains(&args.mass_delete_threshold),
@@ -218,10 +220,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .await?;
     tracing::info!(addr = ?running.http_addr, "serving /metrics, /healthz, /readyz");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; pinned state keeps enforcing"),
-        _ = running.wait() => {}
-    }
+    let name = tokio::select! {
+        _ = sigterm.recv() => "SIGTERM",
+        _ = sigint.recv() => "SIGINT",
+        _ = running.wait() => anyhow::bail!("an agent task ended unexpectedly"),
+    };
+    // The select dropped the agent's handles: its watchers, sync loop and
+    // HTTP server are aborted here. The dataplane is not cleared: pinned
+    // maps and links (or the nft table) keep enforcing until the next agent
+    // adopts them.
+    tracing::info!(signal = name, "shutting down; the programmed dataplane keeps enforcing");
     Ok(())
 }
 
@@ -235,7 +243,7 @@ fn main() -> anyhow::Result<()> {
             .build()
             .context("starting the tokio runtime")?
             .block_on(run(args)),
-        Command::Inspect(args) => Ok(npm_agent::inspect::run(args.pin_dir, args.bpf_object, args.json)?),
+        Command::Inspect(args) => Ok(npm_agent::inspect::run(args.pin_dir, args.json)?),
         Command::Simulate(args) => simulate(args),
     }
 }

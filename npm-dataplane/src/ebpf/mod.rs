@@ -157,6 +157,12 @@ pub enum EbpfError {
     /// A compiled entry could not be translated.
     #[error(transparent)]
     Translate(#[from] TranslateError),
+    /// A map is not pinned where a read-only reader expects it.
+    #[error("no map pinned at {path}")]
+    NotPinned {
+        /// The expected pin path.
+        path: PathBuf,
+    },
 }
 
 impl From<EbpfError> for DataplaneError {
@@ -165,7 +171,7 @@ impl From<EbpfError> for DataplaneError {
             EbpfError::ObjectMissing { .. } | EbpfError::ReadObject { .. } | EbpfError::Load { .. } => "ebpf load",
             EbpfError::PinDir { .. } => "ebpf pin directory",
             EbpfError::ProgramMissing { .. } | EbpfError::Program { .. } => "ebpf program",
-            EbpfError::MapMissing { .. } | EbpfError::Map { .. } => "ebpf map",
+            EbpfError::MapMissing { .. } | EbpfError::Map { .. } | EbpfError::NotPinned { .. } => "ebpf map",
             EbpfError::Interface { .. } | EbpfError::Link { .. } => "ebpf attach",
             EbpfError::Translate(_) => "ebpf translate",
         };
@@ -965,23 +971,7 @@ impl EbpfDataplane {
 
     /// Counters summed over CPUs.
     pub fn read_counters(&self) -> Result<Counters, EbpfError> {
-        let mut out = Counters::default();
-        for dir in [DIR_INGRESS, DIR_EGRESS] {
-            for r in Reason::ALL {
-                let idx = counter_index(dir, r as u8);
-                let values = self
-                    .counters
-                    .get(&idx, 0)
-                    .map_err(map_err(maps::COUNTERS, format!("read slot {idx}")))?;
-                let (p, b) = values
-                    .iter()
-                    .fold((0u64, 0u64), |(p, b), c| (p + c.packets, b + c.bytes));
-                if p != 0 || b != 0 {
-                    out.by_reason.insert((dir, r as u8), (p, b));
-                }
-            }
-        }
-        Ok(out)
+        sum_counters(&self.counters)
     }
 
     /// Drains the ring buffer of deny events.
@@ -999,7 +989,7 @@ impl EbpfDataplane {
 
     /// Number of conntrack entries (`NPM_CT` and `NPM_CT4`).
     pub fn ct_len(&self) -> usize {
-        self.ct.keys().filter(Result::is_ok).count() + self.ct4.keys().filter(Result::is_ok).count()
+        count_ct(&self.ct, &self.ct4)
     }
 
     /// The conntrack entries of `NPM_CT` and `NPM_CT4`; the keys of
@@ -1014,99 +1004,20 @@ impl EbpfDataplane {
 
     /// The programmed maps' contents.
     pub fn dump(&self) -> Result<EbpfDump, EbpfError> {
-        let mut endpoints: Vec<DumpEndpoint> = self
-            .endpoints
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(ifindex, info)| DumpEndpoint {
-                ifindex,
-                id: info.id,
-                flags: info.flags,
-                ipv4: translate::endpoint_ipv4(&info),
-                ipv6: translate::endpoint_ipv6(&info),
-                attached: [DIR_INGRESS, DIR_EGRESS]
-                    .into_iter()
-                    .filter(|d| self.links.contains_key(&(ifindex, *d)))
-                    .map(dir_name)
-                    .collect(),
-            })
-            .collect();
-        endpoints.sort_by_key(|e| e.ifindex);
-        let mut ipcache: Vec<DumpIp> = self
-            .ipcache
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(k, v)| DumpIp {
-                addr: translate::ip_from_key(&k),
-                identity: v.identity,
-                cidr_identity: v.cidr_identity,
-            })
-            .collect();
-        ipcache.sort_by_key(|e| e.addr);
-        let mut cidrs = Vec::new();
-        for (k, v) in self.cidrs.iter().filter_map(Result::ok) {
-            cidrs.push(DumpCidr {
-                prefix: translate::cidr_from_key(k.prefix_len(), k.data())?,
-                identity: v,
-            });
-        }
-        cidrs.sort_by_key(|c| c.prefix);
-        let mut policy: Vec<DumpPolicy> = self
-            .policy
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(k, v)| {
-                let key = PolicyKey {
-                    prefix_len: k.prefix_len(),
-                    data: k.data(),
-                };
-                let (protocol, ports) = match translate::policy_key_ports(&key) {
-                    Some((p, lo, hi)) => (Some(p), (lo, hi)),
-                    None => (None, (0, u16::MAX)),
-                };
-                DumpPolicy {
-                    endpoint: key.endpoint(),
-                    direction: dir_name(key.direction()),
-                    peer: key.identity(),
-                    protocol,
-                    ports,
-                    prefix_len: key.prefix_len,
-                    rule: v.rule,
-                }
-            })
-            .collect();
-        policy.sort_by(|a, b| {
-            (a.endpoint, a.direction, a.peer, a.protocol, a.ports).cmp(&(
-                b.endpoint,
-                b.direction,
-                b.peer,
-                b.protocol,
-                b.ports,
-            ))
-        });
-        let counters = self
-            .read_counters()?
-            .by_reason
-            .into_iter()
-            .filter_map(|((d, r), (packets, bytes))| {
-                Some(DumpCounter {
-                    direction: dir_name(d),
-                    reason: Reason::from_u8(r)?.name(),
-                    packets,
-                    bytes,
-                })
-            })
-            .collect();
-        Ok(EbpfDump {
-            pin_dir: self.pin_dir.clone(),
-            endpoints,
-            ipcache,
-            cidrs,
-            policy,
-            ct_entries: self.ct_len(),
-            frag_entries: self.frags.keys().filter(Result::is_ok).count(),
-            counters,
-        })
+        dump_maps(
+            &self.pin_dir,
+            &MapsRef {
+                endpoints: &self.endpoints,
+                ipcache: &self.ipcache,
+                cidrs: &self.cidrs,
+                policy: &self.policy,
+                ct: &self.ct,
+                ct4: &self.ct4,
+                frags: &self.frags,
+                counters: &self.counters,
+            },
+            |ifindex, d| self.links.contains_key(&(ifindex, d)),
+        )
     }
 
     fn raw_counters(&self, dir: u8) -> Result<Vec<u64>, EbpfError> {
@@ -1188,4 +1099,236 @@ impl Dataplane for EbpfDataplane {
     fn counters(&self) -> Result<Counters, DataplaneError> {
         self.read_counters().map_err(Into::into)
     }
+}
+
+/// Borrowed views of the maps a dump reads (from a loaded dataplane or
+/// opened read-only from their pins).
+struct MapsRef<'a> {
+    endpoints: &'a BpfHashMap<MapData, u32, EndpointInfo>,
+    ipcache: &'a BpfHashMap<MapData, IpKey, IpInfo>,
+    cidrs: &'a LpmTrie<MapData, [u8; 16], u32>,
+    policy: &'a LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue>,
+    ct: &'a BpfHashMap<MapData, CtKey, CtValue>,
+    ct4: &'a BpfHashMap<MapData, CtKey4, CtValue>,
+    frags: &'a BpfHashMap<MapData, FragKey, FragValue>,
+    counters: &'a PerCpuArray<MapData, Counter>,
+}
+
+fn count_ct(ct: &BpfHashMap<MapData, CtKey, CtValue>, ct4: &BpfHashMap<MapData, CtKey4, CtValue>) -> usize {
+    ct.keys().filter(Result::is_ok).count() + ct4.keys().filter(Result::is_ok).count()
+}
+
+fn sum_counters(counters: &PerCpuArray<MapData, Counter>) -> Result<Counters, EbpfError> {
+    let mut out = Counters::default();
+    for dir in [DIR_INGRESS, DIR_EGRESS] {
+        for r in Reason::ALL {
+            let idx = counter_index(dir, r as u8);
+            let values = counters
+                .get(&idx, 0)
+                .map_err(map_err(maps::COUNTERS, format!("read slot {idx}")))?;
+            let (p, b) = values
+                .iter()
+                .fold((0u64, 0u64), |(p, b), c| (p + c.packets, b + c.bytes));
+            if p != 0 || b != 0 {
+                out.by_reason.insert((dir, r as u8), (p, b));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reads every map of `m` into an [`EbpfDump`]; `attached(ifindex, dir)`
+/// tells whether the hook of pod direction `dir` is attached.
+fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool) -> Result<EbpfDump, EbpfError> {
+    let mut endpoints: Vec<DumpEndpoint> = m
+        .endpoints
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(ifindex, info)| DumpEndpoint {
+            ifindex,
+            id: info.id,
+            flags: info.flags,
+            ipv4: translate::endpoint_ipv4(&info),
+            ipv6: translate::endpoint_ipv6(&info),
+            attached: [DIR_INGRESS, DIR_EGRESS]
+                .into_iter()
+                .filter(|d| attached(ifindex, *d))
+                .map(dir_name)
+                .collect(),
+        })
+        .collect();
+    endpoints.sort_by_key(|e| e.ifindex);
+    let mut ipcache: Vec<DumpIp> = m
+        .ipcache
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(k, v)| DumpIp {
+            addr: translate::ip_from_key(&k),
+            identity: v.identity,
+            cidr_identity: v.cidr_identity,
+        })
+        .collect();
+    ipcache.sort_by_key(|e| e.addr);
+    let mut cidrs = Vec::new();
+    for (k, v) in m.cidrs.iter().filter_map(Result::ok) {
+        cidrs.push(DumpCidr {
+            prefix: translate::cidr_from_key(k.prefix_len(), k.data())?,
+            identity: v,
+        });
+    }
+    cidrs.sort_by_key(|c| c.prefix);
+    let mut policy: Vec<DumpPolicy> = m
+        .policy
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(k, v)| {
+            let key = PolicyKey {
+                prefix_len: k.prefix_len(),
+                data: k.data(),
+            };
+            let (protocol, ports) = match translate::policy_key_ports(&key) {
+                Some((p, lo, hi)) => (Some(p), (lo, hi)),
+                None => (None, (0, u16::MAX)),
+            };
+            DumpPolicy {
+                endpoint: key.endpoint(),
+                direction: dir_name(key.direction()),
+                peer: key.identity(),
+                protocol,
+                ports,
+                prefix_len: key.prefix_len,
+                rule: v.rule,
+            }
+        })
+        .collect();
+    policy.sort_by(|a, b| {
+        (a.endpoint, a.direction, a.peer, a.protocol, a.ports).cmp(&(
+            b.endpoint,
+            b.direction,
+            b.peer,
+            b.protocol,
+            b.ports,
+        ))
+    });
+    let counters = sum_counters(m.counters)?
+        .by_reason
+        .into_iter()
+        .filter_map(|((d, r), (packets, bytes))| {
+            Some(DumpCounter {
+                direction: dir_name(d),
+                reason: Reason::from_u8(r)?.name(),
+                packets,
+                bytes,
+            })
+        })
+        .collect();
+    Ok(EbpfDump {
+        pin_dir: pin_dir.to_path_buf(),
+        endpoints,
+        ipcache,
+        cidrs,
+        policy,
+        ct_entries: count_ct(m.ct, m.ct4),
+        frag_entries: m.frags.keys().filter(Result::is_ok).count(),
+        counters,
+    })
+}
+
+/// Opens the map pinned as `<pin_dir>/<name>` read-only (no program is
+/// loaded, nothing is created) as the typed map `T`.
+fn open_pinned<T>(pin_dir: &Path, name: &'static str) -> Result<T, EbpfError>
+where
+    T: TryFrom<aya::maps::Map, Error = MapError>,
+{
+    let path = pin_dir.join(name);
+    if !path.exists() {
+        return Err(EbpfError::NotPinned { path });
+    }
+    let data = MapData::from_pin(&path).map_err(map_err(name, format!("open pin {}", path.display())))?;
+    let map = aya::maps::Map::from_map_data(data).map_err(map_err(name, "identify map type"))?;
+    T::try_from(map).map_err(map_err(name, "open as typed map (layout mismatch?)"))
+}
+
+/// The program id of every tcx link pinned under `<pin_dir>/links`, keyed
+/// by (ifindex, pod direction `"ingress"`/`"egress"`). Read-only: the
+/// links are opened by their pins and closed again, never updated. Pins
+/// whose link cannot be opened are left out.
+pub fn pinned_link_programs(pin_dir: &Path) -> Result<BTreeMap<(u32, &'static str), u32>, EbpfError> {
+    let dir = pin_dir.join("links");
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) => {
+            return Err(EbpfError::PinDir {
+                path: dir,
+                detail: format!("read: {e}"),
+            })
+        }
+    };
+    let mut out = BTreeMap::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((i, d)) = name.split_once('-') else {
+            continue;
+        };
+        let (Ok(ifindex), Some(d)) = (
+            i.parse::<u32>(),
+            match d {
+                "ingress" => Some(dir_name(DIR_INGRESS)),
+                "egress" => Some(dir_name(DIR_EGRESS)),
+                _ => None,
+            },
+        ) else {
+            continue;
+        };
+        let path = entry.path();
+        let link = match PinnedLink::from_pin(&path) {
+            Ok(l) => FdLink::from(l),
+            Err(e) => {
+                tracing::debug!(path = %path.display(), error = %e, "pinned link unreadable");
+                continue;
+            }
+        };
+        let info = link.info().map_err(|e| EbpfError::Link {
+            path: path.clone(),
+            detail: format!("link info: {e}"),
+        })?;
+        out.insert((ifindex, d), info.program_id());
+    }
+    Ok(out)
+}
+
+/// Read-only dump of the maps pinned under `pin_dir`, for `npm-agent
+/// inspect`: opens the pinned maps by path, loads no program, attaches
+/// nothing and replaces no link, so inspecting never touches enforcement.
+/// An endpoint's hook counts as attached when its link is pinned, its link
+/// can be opened and its interface exists.
+///
+/// Errors: [`EbpfError::NotPinned`] when a map is not pinned there (no
+/// agent ran with this pin directory), [`EbpfError::Map`] when a pinned map
+/// cannot be opened or has another layout.
+pub fn dump_pinned(pin_dir: &Path) -> Result<EbpfDump, EbpfError> {
+    let endpoints: BpfHashMap<MapData, u32, EndpointInfo> = open_pinned(pin_dir, maps::ENDPOINTS)?;
+    let ipcache: BpfHashMap<MapData, IpKey, IpInfo> = open_pinned(pin_dir, maps::IPCACHE)?;
+    let cidrs: LpmTrie<MapData, [u8; 16], u32> = open_pinned(pin_dir, maps::CIDRS)?;
+    let policy: LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue> = open_pinned(pin_dir, maps::POLICY)?;
+    let ct: BpfHashMap<MapData, CtKey, CtValue> = open_pinned(pin_dir, maps::CT)?;
+    let ct4: BpfHashMap<MapData, CtKey4, CtValue> = open_pinned(pin_dir, maps::CT4)?;
+    let frags: BpfHashMap<MapData, FragKey, FragValue> = open_pinned(pin_dir, maps::FRAGS)?;
+    let counters: PerCpuArray<MapData, Counter> = open_pinned(pin_dir, maps::COUNTERS)?;
+    let links = pinned_link_programs(pin_dir)?;
+    dump_maps(
+        pin_dir,
+        &MapsRef {
+            endpoints: &endpoints,
+            ipcache: &ipcache,
+            cidrs: &cidrs,
+            policy: &policy,
+            ct: &ct,
+            ct4: &ct4,
+            frags: &frags,
+            counters: &counters,
+        },
+        |ifindex, d| links.contains_key(&(ifindex, dir_name(d))) && ifname(ifindex).is_ok(),
+    )
 }

@@ -1,0 +1,343 @@
+//! SIGTERM (how a DaemonSet pod is stopped) and SIGINT of the real
+//! `npm-agent run` binary: the agent logs "shutting down" and exits 0 within
+//! a few seconds, its HTTP server is gone, and the eBPF dataplane state it
+//! programmed (pinned maps and tcx links, same programs) is left in place so
+//! enforcement continues until the next agent adopts it.
+//!
+//! After the exit, `npm-agent inspect` (with no eBPF object available)
+//! reads the same state and leaves the links alone.
+//!
+//! Setup: the test API server, a generated kubeconfig, a veth pair
+//! `ngs<pid><tag>`/`ngs<pid><tag>p` in the root namespace whose host end
+//! has 10.217.<n>.1/24 (the pod `k/b` with 10.217.<n>.2 on this node routes
+//! there), and pin dir `/sys/fs/bpf/npmst<pid>-<tag>`. Leftovers of crashed
+//! runs (dead pid in the name) are removed first; everything is removed on
+//! drop. The agent child gets SIGKILL if the test ends early (guard) or the
+//! test process dies (PDEATHSIG). Needs root.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use npm_dataplane::ebpf::{dump_pinned, pinned_link_programs, EbpfDump};
+
+const PREFIX: &str = "npmst";
+const VETH: &str = "ngs";
+
+/// The veth pair, the pin dir and the work dir; removed on drop.
+struct Fixture {
+    host_if: String,
+    pod_ip: String,
+    pin_dir: PathBuf,
+    work_dir: PathBuf,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "delete", &self.host_if]).output();
+        let _ = std::fs::remove_dir_all(&self.pin_dir);
+        let _ = std::fs::remove_dir_all(&self.work_dir);
+    }
+}
+
+fn pid_gone(name: &str, prefix: &str) -> bool {
+    let pid: String = name
+        .strip_prefix(prefix)
+        .unwrap_or("")
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    !pid.is_empty() && !Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn clear_leftovers() {
+    for entry in std::fs::read_dir("/sys/class/net").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(VETH) && pid_gone(&name, VETH) {
+            let _ = Command::new("ip").args(["link", "delete", &name]).output();
+        }
+    }
+    for dir in ["/sys/fs/bpf".into(), std::env::temp_dir()] {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(PREFIX) && pid_gone(&name, PREFIX) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn setup(tag: &str, net: u8) -> Fixture {
+    clear_leftovers();
+    let pid = std::process::id();
+    let f = Fixture {
+        host_if: format!("{VETH}{pid}{tag}"),
+        pod_ip: format!("10.217.{net}.2"),
+        pin_dir: PathBuf::from(format!("/sys/fs/bpf/{PREFIX}{pid}-{tag}")),
+        work_dir: std::env::temp_dir().join(format!("{PREFIX}{pid}-{tag}")),
+    };
+    let peer = format!("{}p", f.host_if);
+    let _ = Command::new("ip").args(["link", "delete", &f.host_if]).output();
+    let _ = std::fs::remove_dir_all(&f.pin_dir);
+    std::fs::create_dir_all(&f.work_dir).expect("create the work dir");
+    sh(&["ip", "link", "add", &f.host_if, "type", "veth", "peer", "name", &peer]);
+    sh(&["ip", "addr", "add", &format!("10.217.{net}.1/24"), "dev", &f.host_if]);
+    sh(&["ip", "link", "set", &peer, "up"]);
+    sh(&["ip", "link", "set", &f.host_if, "up"]);
+    f
+}
+
+/// The agent child; SIGKILLed and reaped on drop if still running.
+struct AgentProcess {
+    child: Child,
+    log: PathBuf,
+    metrics: SocketAddr,
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl AgentProcess {
+    fn spawn(f: &Fixture, kubeconfig: &Path) -> Self {
+        let metrics = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let log = f.work_dir.join("agent.log");
+        let out = std::fs::File::create(&log).expect("create agent log");
+        let err = out.try_clone().unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_npm-agent"));
+        cmd.args(["run", "--dataplane", "ebpf", "--pin-dir"])
+            .arg(&f.pin_dir)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--metrics-addr", &metrics.to_string()])
+            .args(["--interface-pattern", &format!("{}*", f.host_if)])
+            .args(["--log-level", "info"])
+            .env("NODE_NAME", "node-a")
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        // SAFETY: prctl is async-signal-safe; it only sets this child's
+        // parent-death signal.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawn npm-agent run");
+        AgentProcess { child, log, metrics }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Status code of `GET path`, `None` when the server does not answer.
+    fn get_status(&self, path: &str) -> Option<u16> {
+        let mut s = TcpStream::connect_timeout(&self.metrics, Duration::from_millis(300)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        text.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// Polls until `cond` holds; panics with the agent's log after `timeout`
+    /// or if the agent exits.
+    async fn wait_for(&mut self, what: &str, timeout: Duration, mut cond: impl FnMut(&Self) -> bool) {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("the agent exited with {status:?} before {what}:\n{}", self.log_text());
+            }
+            if cond(self) {
+                return;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "{what}: not after {timeout:?}; log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends `signal` and waits (at most `timeout`) for the exit.
+    async fn signal_and_wait(&mut self, signal: libc::c_int, timeout: Duration) -> (ExitStatus, Duration) {
+        let start = Instant::now();
+        // SAFETY: plain kill(2) of our own, not yet reaped, child.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "kill({signal}): {}", std::io::Error::last_os_error());
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for the agent") {
+                return (status, start.elapsed());
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "the agent did not exit within {timeout:?} of signal {signal}; log:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The endpoint of the pod at `ip` in `dump`, if both hooks are attached.
+fn attached_endpoint(dump: &EbpfDump, ip: &str) -> bool {
+    dump.endpoints
+        .iter()
+        .any(|e| e.ipv4.map(|a| a.to_string()).as_deref() == Some(ip) && e.attached == ["ingress", "egress"])
+}
+
+/// Allow of TCP 8080 into the endpoint of `ip`.
+fn has_allow_8080(dump: &EbpfDump, ip: &str) -> bool {
+    let Some(ep) = dump
+        .endpoints
+        .iter()
+        .find(|e| e.ipv4.map(|a| a.to_string()).as_deref() == Some(ip))
+    else {
+        return false;
+    };
+    dump.policy.iter().any(|p| {
+        p.endpoint == ep.id
+            && p.direction == "ingress"
+            && p.protocol == Some(6)
+            && p.ports.0 <= 8080
+            && p.ports.1 >= 8080
+    })
+}
+
+async fn stops_cleanly_on(signal: libc::c_int, tag: &str, net: u8) {
+    let f = setup(tag, net);
+    let (srv, client) = server(true).await;
+    let kubeconfig = f.work_dir.join("kubeconfig");
+    srv.kubeconfig(&kubeconfig).expect("write kubeconfig");
+    create_namespaces(&client, &[namespace("k", &[])]).await;
+    create_pods(
+        &client,
+        vec![
+            pod("k", "a", "node-b", Some("10.99.0.5"), &[("app", "a")]),
+            pod("k", "b", "node-a", Some(&f.pod_ip), &[("app", "b")]),
+        ],
+        2,
+    )
+    .await;
+    create_policy(
+        &client,
+        "k",
+        serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "allow-a", "namespace": "k"},
+            "spec": {"podSelector": {"matchLabels": {"app": "b"}},
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}],
+                                  "ports": [{"port": 8080}]}]}}),
+    )
+    .await
+    .expect("create policy");
+
+    let mut agent = AgentProcess::spawn(&f, &kubeconfig);
+    agent
+        .wait_for("/readyz 200", Duration::from_secs(30), |a| {
+            a.get_status("/readyz") == Some(200)
+        })
+        .await;
+    let pin_dir = f.pin_dir.clone();
+    let ip = f.pod_ip.clone();
+    agent
+        .wait_for("endpoint b attached with its policy", Duration::from_secs(20), |_| {
+            dump_pinned(&pin_dir)
+                .map(|d| attached_endpoint(&d, &ip) && has_allow_8080(&d, &ip))
+                .unwrap_or(false)
+        })
+        .await;
+    let before = dump_pinned(&f.pin_dir).expect("dump while running");
+    let links_before = pinned_link_programs(&f.pin_dir).expect("links while running");
+    assert_eq!(links_before.len(), 2, "{links_before:?}");
+
+    let (status, took) = agent.signal_and_wait(signal, Duration::from_secs(5)).await;
+    let log = agent.log_text();
+    assert!(
+        status.success(),
+        "exit status {status:?} after signal {signal}; log:\n{log}"
+    );
+    assert!(log.contains("shutting down"), "no \"shutting down\" in the log:\n{log}");
+    eprintln!("signal {signal}: exited in {took:?}");
+
+    // The HTTP server is gone with the process.
+    assert_eq!(agent.get_status("/healthz"), None, "HTTP server still answering");
+    // The dataplane state is left in place: same maps content, same links
+    // carrying the same programs.
+    let after = dump_pinned(&f.pin_dir).expect("pinned state after the agent exited");
+    assert_eq!(after.endpoints, before.endpoints);
+    assert_eq!(after.ipcache, before.ipcache);
+    assert_eq!(after.policy, before.policy);
+    assert!(
+        attached_endpoint(&after, &f.pod_ip) && has_allow_8080(&after, &f.pod_ip),
+        "{after:?}"
+    );
+    assert_eq!(
+        pinned_link_programs(&f.pin_dir).expect("links after exit"),
+        links_before
+    );
+
+    // `inspect` reads that state with no eBPF object at hand and leaves
+    // the links (and their programs) as they are.
+    let out = Command::new(env!("CARGO_BIN_EXE_npm-agent"))
+        .args(["inspect", "--json", "--pin-dir"])
+        .arg(&f.pin_dir)
+        .env("NPM_EBPF_OBJECT", f.work_dir.join("no-such-object.o"))
+        .output()
+        .expect("run npm-agent inspect");
+    assert!(
+        out.status.success(),
+        "inspect: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect JSON");
+    assert!(
+        json["endpoints"]
+            .as_array()
+            .is_some_and(|eps| eps.iter().any(|e| e["ipv4"] == f.pod_ip.as_str())),
+        "{json}"
+    );
+    assert_eq!(
+        pinned_link_programs(&f.pin_dir).expect("links after inspect"),
+        links_before
+    );
+    drop(agent);
+    drop(srv);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_cleanly_and_keeps_enforcement() {
+    stops_cleanly_on(libc::SIGTERM, "t", (std::process::id() % 100) as u8 + 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_stops_cleanly_and_keeps_enforcement() {
+    stops_cleanly_on(libc::SIGINT, "i", (std::process::id() % 100) as u8 + 101).await;
+}
