@@ -1,6 +1,6 @@
 //! API server outage: every list and watch fails and open watches are
-//! dropped for a while (`NPM_TEST_OUTAGE_SECS`, default 5 s; the incident
-//! runbook uses 30 s). Enforcement stays exactly as programmed during the
+//! dropped for a while (`NPM_TEST_OUTAGE_SECS`, default 30 s as the issue
+//! asks). Enforcement stays exactly as programmed during the
 //! outage; afterwards the agent reconnects and catches up with the changes
 //! made meanwhile.
 
@@ -15,7 +15,7 @@ fn outage() -> Duration {
     let secs = std::env::var("NPM_TEST_OUTAGE_SECS")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(5);
+        .unwrap_or(30);
     Duration::from_secs(secs)
 }
 
@@ -97,11 +97,17 @@ async fn outage_keeps_enforcement_and_agent_catches_up() {
     assert!(srv.stats().injected_failures > 0, "the outage was real");
 
     srv.clear_faults();
+    let healed = Instant::now();
     wait_until("caught up", outage() + Duration::from_secs(45), || {
         let r = dp.lock();
         r.state.ipcache.len() == 55 && endpoint_with_ip(&r.state, "10.66.0.60").is_some()
     })
     .await;
+    eprintln!(
+        "outage of {:?}: caught up {:?} after the API server came back",
+        outage(),
+        healed.elapsed()
+    );
     {
         let r = dp.lock();
         assert!(
