@@ -72,7 +72,7 @@ struct RunArgs {
     #[arg(long, env = "NPM_PAGE_SIZE", default_value_t = 500)]
     page_size: u32,
     /// Quiet time (ms) after a change before syncing.
-    #[arg(long, env = "NPM_DEBOUNCE_MS", default_value_t = 50)]
+    #[arg(long, env = "NPM_DEBOUNCE_MS", default_value_t = npm_agent::sync::DEFAULT_DEBOUNCE_MS)]
     debounce_ms: u64,
     /// Share of identities or endpoints whose removal in one sync is held
     /// until a direct read of the API server confirms it.

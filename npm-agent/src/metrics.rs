@@ -76,6 +76,8 @@ pub struct Metrics {
     pub ready: Gauge,
     /// `npm_endpoints_pending_interface`: local endpoints whose interface is not found yet.
     pub endpoints_pending: Gauge,
+    /// `npm_incremental_mismatch_total`: incremental compiles that differed from the full-compile cross-check.
+    pub incremental_mismatch: Counter,
 }
 
 impl Metrics {
@@ -110,6 +112,7 @@ impl Metrics {
             deny_events_suppressed: metrics::counter!("npm_deny_events_suppressed_total"),
             ready: metrics::gauge!("npm_ready"),
             endpoints_pending: metrics::gauge!("npm_endpoints_pending_interface"),
+            incremental_mismatch: metrics::counter!("npm_incremental_mismatch_total"),
         });
         // Make the labelled families visible from the start.
         for op in [

@@ -1,8 +1,16 @@
 //! The level-triggered sync loop.
 //!
 //! Any change of a complete store marks the state dirty; after a debounce the
-//! loop builds a [`Snapshot`] from the complete stores (never from events),
-//! compiles it with the previous compile (stable ids), finds the endpoints'
+//! loop takes the complete stores (never events) and brings a long-lived
+//! [`compiler::Incremental`] up to them: the objects added, changed or
+//! removed since the previous sync's complete state are converted and
+//! compiled, nothing else (a diff of complete states, so event order never
+//! matters). The first sync, and the first after a failed apply, rebuild it
+//! with a full compile (keeping the previous compile's ids). As a safety net a
+//! full compile is compared with the incremental one every
+//! `cross_check_interval` (every sync in debug builds); a difference is
+//! logged, counted in `npm_incremental_mismatch_total`, and the full compile
+//! is trusted. The loop then finds the endpoints'
 //! interfaces, diffs against what is programmed and applies the diff through
 //! the [`Dataplane`]. The first apply of an agent's life is a
 //! [`Dataplane::sync_full`] (mark and sweep against pinned state left by a
@@ -16,7 +24,7 @@
 //! (a fresh paginated LIST, not the cache) and programs what that read says.
 //! A failed direct read programs nothing and is retried.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,7 +33,7 @@ use std::time::{Duration, Instant};
 use npm_common::{DenyEvent, IDENTITY_FIRST_CIDR, IDENTITY_FIRST_POD};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
 use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff};
-use npm_policy::model::{PodPhase, Snapshot};
+use npm_policy::model::{Pod, PodPhase, Snapshot};
 
 use crate::compiler;
 use crate::endpoints::Resolve;
@@ -89,6 +97,9 @@ impl AgentDataplane for Box<dyn AgentDataplane> {
     }
 }
 
+/// Default quiet time after a change before syncing, in milliseconds.
+pub const DEFAULT_DEBOUNCE_MS: u64 = 20;
+
 /// Settings of the sync loop.
 #[derive(Clone, Debug)]
 pub struct SyncConfig {
@@ -106,18 +117,22 @@ pub struct SyncConfig {
     pub stats_interval: Duration,
     /// Deny events logged per second at most.
     pub flow_logs_per_sec: u32,
+    /// How often the incremental compile is checked against a full compile
+    /// (`Duration::ZERO`: every sync; debug builds check every sync).
+    pub cross_check_interval: Duration,
 }
 
 impl Default for SyncConfig {
     fn default() -> Self {
         SyncConfig {
             compile: CompileOptions::default(),
-            debounce: Duration::from_millis(50),
+            debounce: Duration::from_millis(DEFAULT_DEBOUNCE_MS),
             mass_delete_threshold: 0.5,
             page_size: 500,
             max_backoff: Duration::from_secs(30),
             stats_interval: Duration::from_secs(5),
             flow_logs_per_sec: 10,
+            cross_check_interval: Duration::from_secs(300),
         }
     }
 }
@@ -162,6 +177,8 @@ pub struct Syncer<D: AgentDataplane> {
     client: Option<kube::Client>,
     readiness: Arc<Readiness>,
     last_compiled: Option<Compiled>,
+    incremental: Option<compiler::Incremental>,
+    last_cross_check: Instant,
     programmed: Option<(Compiled, Interfaces)>,
     need_full: bool,
     known_invalid: BTreeSet<(String, String, Vec<String>)>,
@@ -197,22 +214,20 @@ pub fn mass_removal(old: &Compiled, new: &Compiled, threshold: f64) -> Option<St
 /// IP conflicts of a snapshot: addresses claimed by more than one live
 /// (not terminal, not hostNetwork) pod, with the claiming pods' `ns/name`.
 pub fn ip_conflicts(snapshot: &Snapshot) -> BTreeSet<(IpAddr, Vec<String>)> {
-    let mut claims: BTreeMap<IpAddr, Vec<String>> = BTreeMap::new();
+    let mut claims: HashMap<IpAddr, Vec<&Pod>> = HashMap::new();
     for p in snapshot.pods.values() {
         if p.host_network || matches!(p.phase, PodPhase::Succeeded | PodPhase::Failed) {
             continue;
         }
         for ip in &p.ips {
-            claims
-                .entry(*ip)
-                .or_default()
-                .push(format!("{}/{}", p.namespace, p.name));
+            claims.entry(*ip).or_default().push(p);
         }
     }
     claims
         .into_iter()
         .filter(|(_, pods)| pods.len() > 1)
-        .map(|(ip, mut pods)| {
+        .map(|(ip, pods)| {
+            let mut pods: Vec<String> = pods.iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect();
             pods.sort();
             (ip, pods)
         })
@@ -240,6 +255,8 @@ impl<D: AgentDataplane> Syncer<D> {
             client,
             readiness: Arc::new(Readiness::default()),
             last_compiled: None,
+            incremental: None,
+            last_cross_check: Instant::now(),
             programmed: None,
             need_full: true,
             known_invalid: BTreeSet::new(),
@@ -268,12 +285,11 @@ impl<D: AgentDataplane> Syncer<D> {
         &mut self.dataplane
     }
 
-    fn report_snapshot(&mut self, snapshot: &Snapshot) {
-        let invalid: BTreeSet<_> = snapshot
-            .invalid_policies
-            .iter()
-            .map(|p| (p.namespace.clone(), p.name.clone(), p.errors.clone()))
-            .collect();
+    fn report_snapshot(
+        &mut self,
+        invalid: BTreeSet<(String, String, Vec<String>)>,
+        conflicts: BTreeSet<(IpAddr, Vec<String>)>,
+    ) {
         for (ns, name, errors) in invalid.difference(&self.known_invalid) {
             self.metrics.policy_errors.increment(errors.len().max(1) as u64);
             for e in errors {
@@ -282,7 +298,6 @@ impl<D: AgentDataplane> Syncer<D> {
         }
         self.metrics.invalid_policies.set(invalid.len() as f64);
         self.known_invalid = invalid;
-        let conflicts = ip_conflicts(snapshot);
         for (ip, pods) in conflicts.difference(&self.known_conflicts) {
             self.metrics.ip_conflicts.increment(1);
             tracing::warn!(%ip, pods = ?pods, "IP claimed by more than one live pod; the compiler gives it to one owner");
@@ -290,10 +305,43 @@ impl<D: AgentDataplane> Syncer<D> {
         self.known_conflicts = conflicts;
     }
 
-    fn compile_state(&mut self, state: &CompleteState) -> Compiled {
-        let snapshot = compiler::snapshot(state);
-        self.report_snapshot(&snapshot);
-        compiler::compile(&snapshot, &self.cfg.compile, self.last_compiled.as_ref())
+    /// Bring the incremental compiler up to `state` (a full rebuild when
+    /// `rebuild`), cross-check it when due, report the snapshot, and return
+    /// the compiled form.
+    fn compile_state(&mut self, state: &CompleteState, rebuild: bool) -> Compiled {
+        let inc = match self.incremental.as_mut() {
+            Some(inc) if !rebuild => {
+                let changes = inc.update(state);
+                tracing::trace!(?changes, "incremental compile");
+                inc
+            }
+            _ => self.incremental.insert(compiler::Incremental::new(
+                state,
+                &self.cfg.compile,
+                self.last_compiled.as_ref(),
+            )),
+        };
+        let due = cfg!(debug_assertions) || self.last_cross_check.elapsed() >= self.cfg.cross_check_interval;
+        if due && !rebuild {
+            self.last_cross_check = Instant::now();
+            if let Some(m) = inc.cross_check(state) {
+                self.metrics.incremental_mismatch.increment(1);
+                tracing::error!(
+                    changes = m.changes,
+                    "incremental compile differs from the full compile; trusting the full compile"
+                );
+            }
+        }
+        let snapshot = inc.snapshot();
+        let invalid: BTreeSet<_> = snapshot
+            .invalid_policies
+            .iter()
+            .map(|p| (p.namespace.clone(), p.name.clone(), p.errors.clone()))
+            .collect();
+        let conflicts = ip_conflicts(snapshot);
+        let compiled = inc.compiled().clone();
+        self.report_snapshot(invalid, conflicts);
+        compiled
     }
 
     /// One sync attempt: snapshot, compile, guard, apply.
@@ -304,7 +352,8 @@ impl<D: AgentDataplane> Syncer<D> {
             return Ok(outcome);
         };
         let started = Instant::now();
-        let mut compiled = self.compile_state(&state);
+        let rebuild = self.need_full || self.programmed.is_none();
+        let mut compiled = self.compile_state(&state, rebuild);
         let held = self
             .last_compiled
             .as_ref()
@@ -324,7 +373,9 @@ impl<D: AgentDataplane> Syncer<D> {
                         source,
                     }
                 })?;
-                let confirmed = self.compile_state(&fresh);
+                // The direct read replaces the cached state as the compiler's
+                // base; the next sync diffs the cache against it.
+                let confirmed = self.compile_state(&fresh, true);
                 let still = self
                     .last_compiled
                     .as_ref()
