@@ -800,37 +800,26 @@ impl EbpfDataplane {
 
     /// Deletes the conntrack and fragment entries of the given endpoints.
     fn purge_flows(&mut self, keep: impl Fn(u32) -> bool) -> Result<(), EbpfError> {
-        let ct: Vec<CtKey> = self
-            .ct
+        Self::purge_map(&mut self.ct, maps::CT, |k| k.endpoint, &keep)?;
+        Self::purge_map(&mut self.ct4, maps::CT4, |k| k.endpoint, &keep)?;
+        Self::purge_map(&mut self.frags, maps::FRAGS, |k| k.endpoint, &keep)
+    }
+
+    /// Deletes every entry of `map` whose endpoint (`endpoint_of` the key)
+    /// `keep` rejects.
+    fn purge_map<K: aya::Pod, V: aya::Pod>(
+        map: &mut BpfHashMap<MapData, K, V>,
+        name: &'static str,
+        endpoint_of: impl Fn(&K) -> u32,
+        keep: &impl Fn(u32) -> bool,
+    ) -> Result<(), EbpfError> {
+        let doomed: Vec<K> = map
             .keys()
             .filter_map(Result::ok)
-            .filter(|k| !keep(k.endpoint))
+            .filter(|k| !keep(endpoint_of(k)))
             .collect();
-        for k in ct {
-            Self::remove_key(&mut self.ct, maps::CT, &k, format_args!("endpoint {}", k.endpoint))?;
-        }
-        let ct4: Vec<CtKey4> = self
-            .ct4
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !keep(k.endpoint))
-            .collect();
-        for k in ct4 {
-            Self::remove_key(&mut self.ct4, maps::CT4, &k, format_args!("endpoint {}", k.endpoint))?;
-        }
-        let frags: Vec<FragKey> = self
-            .frags
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !keep(k.endpoint))
-            .collect();
-        for k in frags {
-            Self::remove_key(
-                &mut self.frags,
-                maps::FRAGS,
-                &k,
-                format_args!("endpoint {}", k.endpoint),
-            )?;
+        for k in doomed {
+            Self::remove_key(map, name, &k, format_args!("endpoint {}", endpoint_of(&k)))?;
         }
         Ok(())
     }
