@@ -15,12 +15,12 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::netns::*;
+use common::process::*;
 use common::*;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams};
@@ -47,41 +47,16 @@ struct Topology {
 impl Drop for Topology {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        for v in &self.veths {
-            let _ = Command::new("ip").args(["link", "delete", v]).output();
-        }
-        for ns in &self.pods {
-            let _ = Command::new("ip").args(["netns", "delete", ns]).output();
-        }
+        remove_links_and_netns(&self.veths, &self.pods);
         let _ = std::fs::remove_dir_all(&self.pin_dir);
         let _ = std::fs::write(FORWARD, &self.forward_before);
     }
 }
 
-fn pid_gone(name: &str, prefix: &str) -> bool {
-    let pid: String = name
-        .strip_prefix(prefix)
-        .unwrap_or("")
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
 fn clear_leftovers() {
     clear_stale_netns(PREFIX);
-    for entry in std::fs::read_dir("/sys/class/net").into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("nge") && pid_gone(&name, "nge") {
-            let _ = Command::new("ip").args(["link", "delete", &name]).output();
-        }
-    }
-    for entry in std::fs::read_dir("/sys/fs/bpf").into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(PREFIX) && pid_gone(&name, PREFIX) {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
+    clear_stale_links("nge");
+    clear_stale_dirs("/sys/fs/bpf", PREFIX);
 }
 
 fn setup() -> Topology {
@@ -96,35 +71,7 @@ fn setup() -> Topology {
     };
     std::fs::write(FORWARD, "1\n").expect("enable forwarding");
     for (i, (ns, host)) in t.pods.iter().zip(&t.veths).enumerate() {
-        let net = i + 1;
-        sh(&["ip", "netns", "add", ns]);
-        sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-        sh(&[
-            "ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns,
-        ]);
-        sh(&["ip", "addr", "add", &format!("10.214.{net}.1/24"), "dev", host]);
-        sh(&["ip", "link", "set", host, "up"]);
-        sh(&[
-            "ip",
-            "-n",
-            ns,
-            "addr",
-            "add",
-            &format!("10.214.{net}.2/24"),
-            "dev",
-            "eth0",
-        ]);
-        sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
-        sh(&[
-            "ip",
-            "-n",
-            ns,
-            "route",
-            "add",
-            "default",
-            "via",
-            &format!("10.214.{net}.1"),
-        ]);
+        add_routed_pod(ns, host, "10.214", i + 1);
     }
     t
 }
@@ -213,16 +160,7 @@ async fn agent_enforces_through_ebpf_and_survives_restart() {
     expect_probe(&topo.pods[0], server_addr(), true, "still allowed with no agent").await;
 
     // inspect reads the pinned maps.
-    let out = Command::new(env!("CARGO_BIN_EXE_npm-agent"))
-        .args(["inspect", "--json", "--pin-dir", topo.pin_dir.to_str().unwrap()])
-        .output()
-        .expect("run npm-agent inspect");
-    assert!(
-        out.status.success(),
-        "inspect: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dump: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect JSON");
+    let dump = inspect_json(&topo.pin_dir, &[]);
     let eps = dump["endpoints"].as_array().unwrap();
     assert_eq!(eps.len(), 2, "{dump}");
     assert!(

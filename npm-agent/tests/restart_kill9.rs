@@ -23,14 +23,14 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::netns::*;
+use common::process::*;
 use common::*;
 
 const PREFIX: &str = "npmrk";
@@ -57,43 +57,18 @@ struct Topology {
 impl Drop for Topology {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        for v in &self.veths {
-            let _ = Command::new("ip").args(["link", "delete", v]).output();
-        }
-        for ns in &self.pods {
-            let _ = Command::new("ip").args(["netns", "delete", ns]).output();
-        }
+        remove_links_and_netns(&self.veths, &self.pods);
         let _ = std::fs::remove_dir_all(&self.pin_dir);
         let _ = std::fs::remove_dir_all(&self.work_dir);
         let _ = std::fs::write(FORWARD, &self.forward_before);
     }
 }
 
-fn pid_gone(name: &str, prefix: &str) -> bool {
-    let pid: String = name
-        .strip_prefix(prefix)
-        .unwrap_or("")
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    !pid.is_empty() && !Path::new(&format!("/proc/{pid}")).exists()
-}
-
 fn clear_leftovers() {
     clear_stale_netns(PREFIX);
-    for entry in std::fs::read_dir("/sys/class/net").into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(VETH) && pid_gone(&name, VETH) {
-            let _ = Command::new("ip").args(["link", "delete", &name]).output();
-        }
-    }
+    clear_stale_links(VETH);
     for dir in ["/sys/fs/bpf", "/tmp"] {
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(PREFIX) && pid_gone(&name, PREFIX) {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
+        clear_stale_dirs(dir, PREFIX);
     }
 }
 
@@ -111,35 +86,7 @@ fn setup() -> Topology {
     std::fs::create_dir_all(&t.work_dir).expect("create the work dir");
     std::fs::write(FORWARD, "1\n").expect("enable forwarding");
     for (i, (ns, host)) in t.pods.iter().zip(&t.veths).enumerate() {
-        let net = i + 1;
-        sh(&["ip", "netns", "add", ns]);
-        sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-        sh(&[
-            "ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns,
-        ]);
-        sh(&["ip", "addr", "add", &format!("10.215.{net}.1/24"), "dev", host]);
-        sh(&["ip", "link", "set", host, "up"]);
-        sh(&[
-            "ip",
-            "-n",
-            ns,
-            "addr",
-            "add",
-            &format!("10.215.{net}.2/24"),
-            "dev",
-            "eth0",
-        ]);
-        sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
-        sh(&[
-            "ip",
-            "-n",
-            ns,
-            "route",
-            "add",
-            "default",
-            "via",
-            &format!("10.215.{net}.1"),
-        ]);
+        add_routed_pod(ns, host, "10.215", i + 1);
     }
     t
 }
@@ -320,34 +267,14 @@ impl AgentProcess {
     fn spawn(topo: &Topology, object: &Path, kubeconfig: &Path, generation: u32) -> Self {
         let metrics = free_port();
         let log = topo.work_dir.join(format!("agent{generation}.log"));
-        let out = std::fs::File::create(&log).expect("create agent log");
-        let err = out.try_clone().unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_npm-agent"));
-        cmd.args(["run", "--dataplane", "ebpf", "--pin-dir"])
-            .arg(&topo.pin_dir)
-            .arg("--bpf-object")
-            .arg(object)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(["--metrics-addr", &metrics.to_string()])
-            .args(["--interface-pattern", &format!("{VETH}{}*", std::process::id())])
-            .args(["--log-level", "info"])
-            .env("NODE_NAME", "node-a")
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        // SAFETY: prctl is async-signal-safe; it only sets this child's
-        // parent-death signal.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().expect("spawn npm-agent run");
+        let child = spawn_agent_run(
+            &topo.pin_dir,
+            Some(object),
+            kubeconfig,
+            &format!("{VETH}{}*", std::process::id()),
+            metrics,
+            &log,
+        );
         AgentProcess { child, log, metrics }
     }
 
@@ -366,19 +293,7 @@ impl AgentProcess {
 
     /// HTTP GET `path` on the agent's metrics address: (status code, body).
     fn get(&self, path: &str) -> Option<(u16, String)> {
-        let mut s = TcpStream::connect_timeout(&self.metrics, Duration::from_millis(300)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.metrics
-        )
-        .ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        let code = text.split_whitespace().nth(1)?.parse().ok()?;
-        let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("").to_string();
-        Some((code, body))
+        http_get(self.metrics, path)
     }
 
     /// Wait for `/readyz` 200; panic with the agent's log after `timeout`.
@@ -406,11 +321,6 @@ impl Drop for AgentProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().unwrap()
 }
 
 fn ebpf_object() -> PathBuf {
@@ -566,17 +476,7 @@ async fn kill9_under_traffic_keeps_enforcing_and_restart_converges() {
         diagnose(&topo, None)
     );
     // What enforces now is the pinned state: inspect reads it.
-    let out = Command::new(env!("CARGO_BIN_EXE_npm-agent"))
-        .args(["inspect", "--json", "--pin-dir"])
-        .arg(&topo.pin_dir)
-        .output()
-        .expect("run npm-agent inspect");
-    assert!(
-        out.status.success(),
-        "inspect: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dump: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect JSON");
+    let dump = inspect_json(&topo.pin_dir, &[]);
     let eps = dump["endpoints"].as_array().expect("endpoints in inspect");
     assert_eq!(eps.len(), 3, "three pinned endpoints: {dump}");
     assert!(

@@ -17,13 +17,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+use common::netns::{clear_stale_dirs, clear_stale_links, sh};
+use common::process::*;
 use common::*;
 use npm_dataplane::ebpf::{dump_pinned, pinned_link_programs, EbpfDump};
 
@@ -46,40 +46,11 @@ impl Drop for Fixture {
     }
 }
 
-fn pid_gone(name: &str, prefix: &str) -> bool {
-    let pid: String = name
-        .strip_prefix(prefix)
-        .unwrap_or("")
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    !pid.is_empty() && !Path::new(&format!("/proc/{pid}")).exists()
-}
-
 fn clear_leftovers() {
-    for entry in std::fs::read_dir("/sys/class/net").into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(VETH) && pid_gone(&name, VETH) {
-            let _ = Command::new("ip").args(["link", "delete", &name]).output();
-        }
-    }
+    clear_stale_links(VETH);
     for dir in ["/sys/fs/bpf".into(), std::env::temp_dir()] {
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(PREFIX) && pid_gone(&name, PREFIX) {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
+        clear_stale_dirs(dir, PREFIX);
     }
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn setup(tag: &str, net: u8) -> Fixture {
@@ -120,36 +91,9 @@ impl Drop for AgentProcess {
 
 impl AgentProcess {
     fn spawn(f: &Fixture, kubeconfig: &Path) -> Self {
-        let metrics = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port");
+        let metrics = free_port();
         let log = f.work_dir.join("agent.log");
-        let out = std::fs::File::create(&log).expect("create agent log");
-        let err = out.try_clone().unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_npm-agent"));
-        cmd.args(["run", "--dataplane", "ebpf", "--pin-dir"])
-            .arg(&f.pin_dir)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(["--metrics-addr", &metrics.to_string()])
-            .args(["--interface-pattern", &format!("{}*", f.host_if)])
-            .args(["--log-level", "info"])
-            .env("NODE_NAME", "node-a")
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        // SAFETY: prctl is async-signal-safe; it only sets this child's
-        // parent-death signal.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().expect("spawn npm-agent run");
+        let child = spawn_agent_run(&f.pin_dir, None, kubeconfig, &format!("{}*", f.host_if), metrics, &log);
         AgentProcess { child, log, metrics }
     }
 
@@ -159,12 +103,7 @@ impl AgentProcess {
 
     /// Status code of `GET path`, `None` when the server does not answer.
     fn get_status(&self, path: &str) -> Option<u16> {
-        let mut s = TcpStream::connect_timeout(&self.metrics, Duration::from_millis(300)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).ok()?;
-        text.split_whitespace().nth(1)?.parse().ok()
+        http_get(self.metrics, path).map(|(code, _)| code)
     }
 
     /// Polls until `cond` holds; panics with the agent's log after `timeout`
@@ -306,18 +245,8 @@ async fn stops_cleanly_on(signal: libc::c_int, tag: &str, net: u8) {
 
     // `inspect` reads that state with no eBPF object at hand and leaves
     // the links (and their programs) as they are.
-    let out = Command::new(env!("CARGO_BIN_EXE_npm-agent"))
-        .args(["inspect", "--json", "--pin-dir"])
-        .arg(&f.pin_dir)
-        .env("NPM_EBPF_OBJECT", f.work_dir.join("no-such-object.o"))
-        .output()
-        .expect("run npm-agent inspect");
-    assert!(
-        out.status.success(),
-        "inspect: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect JSON");
+    let no_object = f.work_dir.join("no-such-object.o");
+    let json = inspect_json(&f.pin_dir, &[("NPM_EBPF_OBJECT", no_object.as_os_str())]);
     assert!(
         json["endpoints"]
             .as_array()

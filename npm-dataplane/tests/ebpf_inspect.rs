@@ -7,24 +7,10 @@ mod ebpf_common;
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use aya::programs::{SchedClassifier, TcAttachType};
 use ebpf_common::*;
 use npm_dataplane::ebpf::{dump_pinned, pinned_link_programs, EbpfError};
 use npm_dataplane::Dataplane;
 use npm_policy::model::Protocol;
-
-/// Program ids attached with tcx to `ifname`: (ingress hook, egress hook).
-fn tcx_prog_ids(ifname: &str) -> (Vec<u32>, Vec<u32>) {
-    let ids = |t| {
-        SchedClassifier::query_tcx(ifname, t)
-            .expect("query tcx")
-            .1
-            .iter()
-            .map(|p| p.id())
-            .collect::<Vec<_>>()
-    };
-    (ids(TcAttachType::Ingress), ids(TcAttachType::Egress))
-}
 
 #[test]
 fn dump_pinned_reads_state_without_touching_the_links() {

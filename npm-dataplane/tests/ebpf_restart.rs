@@ -11,7 +11,6 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use aya::programs::{SchedClassifier, TcAttachType};
 use ebpf_common::*;
 use npm_dataplane::ebpf::{EbpfDataplane, EbpfOptions};
 use npm_dataplane::Dataplane;
@@ -48,18 +47,6 @@ fn restart_child_entry() {
     dp.sync_full(&c, &ifaces(&[(1, ifindex.parse().unwrap())]))
         .expect("child sync");
     // Exit without detaching: the pinned links keep the program attached.
-}
-
-fn tcx_prog_ids(ifname: &str) -> (Vec<u32>, Vec<u32>) {
-    let ids = |t| {
-        SchedClassifier::query_tcx(ifname, t)
-            .expect("query tcx")
-            .1
-            .iter()
-            .map(|p| p.id())
-            .collect::<Vec<_>>()
-    };
-    (ids(TcAttachType::Ingress), ids(TcAttachType::Egress))
 }
 
 #[test]

@@ -12,7 +12,7 @@ mod nft_common;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::net::IpAddr;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use ipnet::IpNet;
@@ -23,7 +23,9 @@ use npm_policy::compiled::{Compiled, Direction, IpEntry};
 use npm_policy::lookup::lookup;
 use npm_policy::model::Protocol;
 
-use nft_common::{allow, clear_leftovers, endpoint, ns_sh, Netns};
+use nft_common::{
+    allow, clear_leftovers, endpoint, node_netns, ns_ifindex, ns_sh, route_to_pod, wire_pod, Netns, Proc, TempFile,
+};
 
 const NS_PREFIX: &str = "npmnftd";
 const NODE_IP: &str = "10.77.255.254";
@@ -84,25 +86,6 @@ if mode == "send":
     print("done", flush=True)
 "#;
 
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A file removed on drop.
-struct TempFile(String);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// A participant: a namespace with addresses; pods are endpoints 1..=3.
 struct Host {
     ns: Netns,
@@ -124,29 +107,22 @@ struct Topo {
     seen: Seen,
 }
 
-fn mac(ns: &str, dev: &str) -> String {
-    ns_sh(ns, &["cat", &format!("/sys/class/net/{dev}/address")])
-        .trim()
-        .to_string()
-}
-
 impl Topo {
     fn new() -> Topo {
         clear_leftovers(NS_PREFIX);
         let pid = std::process::id();
         let script = TempFile(format!("/tmp/npm_nft_capture_{pid}.py"));
         std::fs::write(&script.0, CAPTURE_PY).unwrap();
-        let node = Netns::new(&format!("{NS_PREFIX}{pid}node"));
+        let node = node_netns(
+            &format!("{NS_PREFIX}{pid}node"),
+            &[
+                "net.ipv4.ip_forward=1",
+                "net.ipv6.conf.all.forwarding=1",
+                "net.ipv4.conf.all.rp_filter=0",
+            ],
+            &[format!("{NODE_IP}/32"), format!("{NODE_IP6}/128")],
+        );
         let n = node.name.clone();
-        for kv in [
-            "net.ipv4.ip_forward=1",
-            "net.ipv6.conf.all.forwarding=1",
-            "net.ipv4.conf.all.rp_filter=0",
-        ] {
-            ns_sh(&n, &["sysctl", "-qw", kv]);
-        }
-        ns_sh(&n, &["ip", "addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"]);
-        ns_sh(&n, &["ip", "addr", "add", &format!("{NODE_IP6}/128"), "dev", "lo"]);
         // Three pods and an outside host with addresses in and out of the ipBlocks.
         let specs: [(Option<u32>, &[&str], &[&str]); 4] = [
             (Some(1), &["10.77.0.1"], &["fd77::1"]),
@@ -164,132 +140,17 @@ impl Topo {
             let ns = Netns::new(&format!("{NS_PREFIX}{pid}h{i}"));
             let pn = ns.name.clone();
             let host_if = format!("h{i}");
-            ns_sh(
-                &n,
-                &[
-                    "ip", "link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", &pn,
-                ],
-            );
-            ns_sh(&n, &["ip", "link", "set", &host_if, "up"]);
-            ns_sh(&pn, &["ip", "link", "set", "eth0", "up"]);
-            let host_mac = mac(&n, &host_if);
-            let pod_mac = mac(&pn, "eth0");
-            ns_sh(
-                &pn,
-                &[
-                    "ip",
-                    "neigh",
-                    "add",
-                    "169.254.1.1",
-                    "lladdr",
-                    &host_mac,
-                    "dev",
-                    "eth0",
-                    "nud",
-                    "permanent",
-                ],
-            );
-            ns_sh(
-                &pn,
-                &[
-                    "ip",
-                    "route",
-                    "add",
-                    "default",
-                    "via",
-                    "169.254.1.1",
-                    "dev",
-                    "eth0",
-                    "onlink",
-                ],
-            );
-            ns_sh(
-                &pn,
-                &[
-                    "ip",
-                    "-6",
-                    "neigh",
-                    "add",
-                    "fe80::1",
-                    "lladdr",
-                    &host_mac,
-                    "dev",
-                    "eth0",
-                    "nud",
-                    "permanent",
-                ],
-            );
-            ns_sh(
-                &pn,
-                &["ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0"],
-            );
+            let (_, pod_mac) = wire_pod(&n, &pn, &host_if);
             for a in v4.iter() {
                 ns_sh(&pn, &["ip", "addr", "add", &format!("{a}/32"), "dev", "eth0"]);
-                ns_sh(
-                    &n,
-                    &[
-                        "ip",
-                        "neigh",
-                        "add",
-                        a,
-                        "lladdr",
-                        &pod_mac,
-                        "dev",
-                        &host_if,
-                        "nud",
-                        "permanent",
-                    ],
-                );
-                ns_sh(
-                    &n,
-                    &[
-                        "ip",
-                        "route",
-                        "add",
-                        &format!("{a}/32"),
-                        "dev",
-                        &host_if,
-                        "src",
-                        NODE_IP,
-                    ],
-                );
+                route_to_pod(&n, &host_if, &pod_mac, a, "32", Some(NODE_IP));
             }
             for a in v6.iter() {
                 ns_sh(&pn, &["ip", "addr", "add", &format!("{a}/128"), "dev", "eth0", "nodad"]);
-                ns_sh(
-                    &n,
-                    &[
-                        "ip",
-                        "-6",
-                        "neigh",
-                        "add",
-                        a,
-                        "lladdr",
-                        &pod_mac,
-                        "dev",
-                        &host_if,
-                        "nud",
-                        "permanent",
-                    ],
-                );
-                ns_sh(
-                    &n,
-                    &[
-                        "ip",
-                        "-6",
-                        "route",
-                        "add",
-                        &format!("{a}/128"),
-                        "dev",
-                        &host_if,
-                        "src",
-                        NODE_IP6,
-                    ],
-                );
+                route_to_pod(&n, &host_if, &pod_mac, a, "128", Some(NODE_IP6));
             }
             if let Some(ep) = ep {
-                let ifindex = ns_sh(&n, &["cat", &format!("/sys/class/net/{host_if}/ifindex")]);
-                ifs.insert(*ep, ifindex.trim().parse().unwrap());
+                ifs.insert(*ep, ns_ifindex(&n, &host_if));
             }
             hosts.push(Host {
                 ns,

@@ -8,7 +8,7 @@
 mod nft_common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use npm_common::{Reason, DIR_EGRESS, DIR_INGRESS, IDENTITY_FIRST_CIDR, IDENTITY_HOST};
@@ -17,7 +17,9 @@ use npm_dataplane::{Counters, Dataplane, Interfaces};
 use npm_policy::compiled::{Compiled, Direction};
 use npm_policy::model::Protocol;
 
-use nft_common::{allow, clear_leftovers, endpoint, ip, ns_sh, Netns};
+use nft_common::{
+    allow, clear_leftovers, endpoint, ip, node_netns, ns_ifindex, ns_sh, route_to_pod, wire_pod, Netns, Proc, TempFile,
+};
 
 const NS_PREFIX: &str = "npmnftt";
 const NODE_IP: &str = "10.77.255.254";
@@ -93,25 +95,6 @@ if mode == "hold":
         print("ok" if ok else "fail", flush=True)
 "#;
 
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A file removed on drop.
-struct TempFile(String);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// The node and pod namespaces. Field order is drop order: processes first.
 struct Topo {
     procs: Vec<Proc>,
@@ -130,44 +113,30 @@ fn pod_ip6(i: usize) -> String {
     format!("fd77::{}", i + 1)
 }
 
-fn mac(ns: &str, dev: &str) -> String {
-    ns_sh(ns, &["cat", &format!("/sys/class/net/{dev}/address")])
-        .trim()
-        .to_string()
-}
-
 impl Topo {
     fn new() -> Topo {
         clear_leftovers(NS_PREFIX);
         let pid = std::process::id();
         let script = TempFile(format!("/tmp/npm_nft_probe_{pid}.py"));
         std::fs::write(&script.0, PROBE_PY).unwrap();
-        let node = Netns::new(&format!("{NS_PREFIX}{pid}node"));
+        let node = node_netns(
+            &format!("{NS_PREFIX}{pid}node"),
+            &[
+                "net.ipv4.ip_forward=1",
+                "net.ipv6.conf.all.forwarding=1",
+                "net.ipv4.conf.all.rp_filter=0",
+                "net.ipv4.conf.default.rp_filter=0",
+            ],
+            &[format!("{NODE_IP}/32"), format!("{NODE_IP6}/128")],
+        );
         let n = node.name.clone();
-        for kv in [
-            "net.ipv4.ip_forward=1",
-            "net.ipv6.conf.all.forwarding=1",
-            "net.ipv4.conf.all.rp_filter=0",
-            "net.ipv4.conf.default.rp_filter=0",
-        ] {
-            ns_sh(&n, &["sysctl", "-qw", kv]);
-        }
-        ns_sh(&n, &["ip", "addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"]);
-        ns_sh(&n, &["ip", "addr", "add", &format!("{NODE_IP6}/128"), "dev", "lo"]);
         let mut pods = Vec::new();
         let mut ifs = Interfaces::new();
         for i in 0..3 {
             let p = Netns::new(&format!("{NS_PREFIX}{pid}pod{i}"));
             let pn = p.name.clone();
             let host_if = format!("h{i}");
-            ns_sh(
-                &n,
-                &[
-                    "ip", "link", "add", &host_if, "type", "veth", "peer", "name", "eth0", "netns", &pn,
-                ],
-            );
-            ns_sh(&n, &["ip", "link", "set", &host_if, "up"]);
-            ns_sh(&pn, &["ip", "link", "set", "eth0", "up"]);
+            let (_, pod_mac) = wire_pod(&n, &pn, &host_if);
             ns_sh(&pn, &["ip", "addr", "add", &format!("{}/32", pod_ip(i)), "dev", "eth0"]);
             ns_sh(
                 &pn,
@@ -180,58 +149,6 @@ impl Topo {
                     "eth0",
                     "nodad",
                 ],
-            );
-            // Static neighbours on both sides: no ARP/ND timing in the probes.
-            let host_mac = mac(&n, &host_if);
-            let pod_mac = mac(&pn, "eth0");
-            ns_sh(
-                &pn,
-                &[
-                    "ip",
-                    "neigh",
-                    "add",
-                    "169.254.1.1",
-                    "lladdr",
-                    &host_mac,
-                    "dev",
-                    "eth0",
-                    "nud",
-                    "permanent",
-                ],
-            );
-            ns_sh(
-                &pn,
-                &[
-                    "ip",
-                    "route",
-                    "add",
-                    "default",
-                    "via",
-                    "169.254.1.1",
-                    "dev",
-                    "eth0",
-                    "onlink",
-                ],
-            );
-            ns_sh(
-                &pn,
-                &[
-                    "ip",
-                    "-6",
-                    "neigh",
-                    "add",
-                    "fe80::1",
-                    "lladdr",
-                    &host_mac,
-                    "dev",
-                    "eth0",
-                    "nud",
-                    "permanent",
-                ],
-            );
-            ns_sh(
-                &pn,
-                &["ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0"],
             );
             let mut routes = vec![(pod_ip(i), "32", Some(NODE_IP)), (pod_ip6(i), "128", Some(NODE_IP6))];
             if i == 0 {
@@ -257,33 +174,9 @@ impl Topo {
                 routes.push((SPOOF_IP6.to_string(), "128", None));
             }
             for (addr, len, src) in routes {
-                ns_sh(
-                    &n,
-                    &[
-                        "ip",
-                        "neigh",
-                        "add",
-                        &addr,
-                        "lladdr",
-                        &pod_mac,
-                        "dev",
-                        &host_if,
-                        "nud",
-                        "permanent",
-                    ],
-                );
-                let dst = format!("{addr}/{len}");
-                let mut route = vec!["ip", "route", "add", dst.as_str(), "dev", host_if.as_str()];
-                if let Some(src) = src {
-                    route.extend(["src", src]);
-                }
-                ns_sh(&n, &route);
+                route_to_pod(&n, &host_if, &pod_mac, &addr, len, src);
             }
-            let ifindex: u32 = ns_sh(&n, &["cat", &format!("/sys/class/net/{host_if}/ifindex")])
-                .trim()
-                .parse()
-                .unwrap();
-            ifs.insert(i as u32 + 1, ifindex);
+            ifs.insert(i as u32 + 1, ns_ifindex(&n, &host_if));
             pods.push(p);
         }
         let mut topo = Topo {

@@ -12,8 +12,11 @@
 //!   identity also gets the entries of the egress rules with an empty `to`
 //!   whose named ports it resolves (spec §5: resolved per destination pod);
 //! - a namespace: the identities of its pods, as above;
-//! - a policy: its rules' peer sets are dropped and the local endpoints of
-//!   its namespace re-emitted; when the set of ipBlock prefixes changes,
+//! - a new policy: its entries are added in place to the local endpoints it
+//!   selects (nothing else is re-emitted);
+//! - a changed or removed policy: its rules' peer sets are dropped and the
+//!   local endpoints its old or new version selects are re-emitted; when
+//!   the set of ipBlock prefixes changes (also for a new policy),
 //!   CIDR identities of every address are recomputed and every rule with an
 //!   ipBlock is resolved again.
 
@@ -698,14 +701,23 @@ impl Compiler {
         self.snapshot
             .invalid_policies
             .retain(|p| !(p.namespace == key.0 && p.name == key.1));
+        let existed = self.snapshot.policies.contains_key(&key);
+        // The endpoints the old version selected (a policy without rules
+        // has no rule users but isolates them).
+        dirty.extend(self.selected_by(&key));
         match policy {
             Some(p) => self.snapshot.policies.insert(key.clone(), p),
             None => self.snapshot.policies.remove(&key),
         };
-        dirty.extend(self.eps.keys().filter(|pk| pk.0 == key.0).cloned());
+        // The endpoints the old version selected use its rules (in `dirty`
+        // already); of the others only those the new version selects
+        // change.
+        let selected = self.selected_by(&key);
+        let mut prefixes_changed = false;
         // ipBlock prefixes.
         let prefixes = cidr_prefixes(&self.snapshot);
         if prefixes.iter().ne(self.out.cidrs.keys()) {
+            prefixes_changed = true;
             let mut cidrs = BTreeMap::new();
             for net in prefixes {
                 let id = match self.out.cidrs.get(&net) {
@@ -748,6 +760,113 @@ impl Compiler {
                 dirty.extend(self.rule_users.remove(&rk).into_iter().flatten());
             }
         }
-        self.emit(dirty);
+        if !existed && !prefixes_changed && dirty.is_empty() {
+            // A new policy: its entries are added to the endpoints it
+            // selects, the others stay as they are.
+            self.add_policy(&key, selected);
+        } else {
+            dirty.extend(selected);
+            self.emit(dirty);
+        }
+    }
+
+    /// The local endpoints that policy `key` (of the snapshot) selects.
+    fn selected_by(&self, key: &(String, String)) -> BTreeSet<PodKey> {
+        let Some(p) = self.snapshot.policies.get(key) else {
+            return BTreeSet::new();
+        };
+        self.eps
+            .keys()
+            .filter(|pk| pk.0 == key.0)
+            .filter(|pk| self.snapshot.pods.get(*pk).is_some_and(|pod| policy_selects(p, pod)))
+            .cloned()
+            .collect()
+    }
+
+    /// Adds the entries of the new policy `key` to the local endpoints
+    /// `eps` it selects (patched in place; the same entries as a re-emit,
+    /// since an endpoint's entries are the union of its rules' entries, each
+    /// with the smallest rule id producing it).
+    fn add_policy(&mut self, key: &(String, String), eps: BTreeSet<PodKey>) {
+        if eps.is_empty() {
+            return;
+        }
+        let policy = self.snapshot.policies[key].clone();
+        for (dir, on, rules) in [
+            (Direction::Ingress, policy.ingress_isolation, &policy.ingress),
+            (Direction::Egress, policy.egress_isolation, &policy.egress),
+        ] {
+            if !on {
+                continue;
+            }
+            for (i, rule) in rules.iter().enumerate() {
+                let rk: RuleKey = (policy.namespace.clone(), policy.name.clone(), dir, i);
+                if !self.memo.contains_key(&rk) {
+                    let set = self.resolve(&policy, dir, i);
+                    self.memo.insert(rk.clone(), set);
+                }
+                self.rule_users
+                    .entry(rk.clone())
+                    .or_default()
+                    .extend(eps.iter().cloned());
+                for pk in &eps {
+                    if let Some((_, _, used)) = self.eps.get_mut(pk) {
+                        used.push(rk.clone());
+                    }
+                }
+                let peers = &self.memo[&rk];
+                if peers.pods.is_empty() && peers.other.is_empty() {
+                    continue;
+                }
+                let peers = peers.clone();
+                let rid = self.rule_id(RuleRef::Policy {
+                    namespace: policy.namespace.clone(),
+                    name: policy.name.clone(),
+                    direction: dir,
+                    index: i,
+                });
+                for pk in &eps {
+                    let (Some((ep, entries, _)), Some(pod)) = (self.eps.get_mut(pk), self.snapshot.pods.get(pk)) else {
+                        continue;
+                    };
+                    let mut tmp = BTreeMap::new();
+                    emit_rule(&mut tmp, *ep, pod, dir, rule, &peers, &self.out.ids.identities, rid);
+                    for (e, r) in tmp {
+                        match self.out.policy.get_mut(&e) {
+                            Some(cur) => *cur = (*cur).min(r),
+                            None => {
+                                self.out.policy.insert(e, r);
+                                entries.push(e);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for pk in &eps {
+            let Some((ep, _, _)) = self.eps.get(pk) else { continue };
+            let ep = *ep;
+            let Some(rec) = self.out.endpoints.get_mut(&ep) else {
+                continue;
+            };
+            rec.isolated_ingress |= policy.ingress_isolation;
+            rec.isolated_egress |= policy.egress_isolation;
+            if rec.isolated_egress && self.opts.allow_host_egress {
+                // As in `emit`: the host entry is set after the rules'.
+                let rid = self.rule_id(RuleRef::HostEgress);
+                let e = PolicyEntry {
+                    endpoint: ep,
+                    direction: Direction::Egress,
+                    peer: IDENTITY_HOST,
+                    protocol: None,
+                    ports: ALL_PORTS,
+                };
+                if self.out.policy.insert(e, rid).is_none() {
+                    if let Some((_, entries, _)) = self.eps.get_mut(pk) {
+                        entries.push(e);
+                    }
+                }
+            }
+        }
     }
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod netns;
+pub mod process;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;

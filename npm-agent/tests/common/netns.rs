@@ -98,3 +98,80 @@ pub async fn expect_probe(ns: &str, addr: SocketAddr, want: bool, what: &str) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Is `name` (`<prefix><pid>...`) left by a process that is gone?
+pub fn pid_gone(name: &str, prefix: &str) -> bool {
+    let pid: String = name
+        .strip_prefix(prefix)
+        .unwrap_or("")
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Delete interfaces named `<prefix><pid>...` whose process is gone.
+pub fn clear_stale_links(prefix: &str) {
+    for entry in std::fs::read_dir("/sys/class/net").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(prefix) && pid_gone(&name, prefix) {
+            let _ = Command::new("ip").args(["link", "delete", &name]).output();
+        }
+    }
+}
+
+/// Remove the entries of `dir` (directories with their contents) named
+/// `<prefix><pid>...` whose process is gone.
+pub fn clear_stale_dirs(dir: impl AsRef<std::path::Path>, prefix: &str) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(prefix) && pid_gone(&name, prefix) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Create pod namespace `ns` joined to the root netns by veth `host` (its
+/// peer is `eth0` in `ns`): the host side gets `<subnet>.<net>.1/24`, the
+/// pod `<subnet>.<net>.2/24` and a default route via the host side.
+pub fn add_routed_pod(ns: &str, host: &str, subnet: &str, net: usize) {
+    sh(&["ip", "netns", "add", ns]);
+    sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+    sh(&[
+        "ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns,
+    ]);
+    sh(&["ip", "addr", "add", &format!("{subnet}.{net}.1/24"), "dev", host]);
+    sh(&["ip", "link", "set", host, "up"]);
+    sh(&[
+        "ip",
+        "-n",
+        ns,
+        "addr",
+        "add",
+        &format!("{subnet}.{net}.2/24"),
+        "dev",
+        "eth0",
+    ]);
+    sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
+    sh(&[
+        "ip",
+        "-n",
+        ns,
+        "route",
+        "add",
+        "default",
+        "via",
+        &format!("{subnet}.{net}.1"),
+    ]);
+}
+
+/// Delete the interfaces `links` and the namespaces `namespaces`, ignoring
+/// failures (for Drop guards).
+pub fn remove_links_and_netns(links: &[String], namespaces: &[String]) {
+    for v in links {
+        let _ = Command::new("ip").args(["link", "delete", v]).output();
+    }
+    for ns in namespaces {
+        let _ = Command::new("ip").args(["netns", "delete", ns]).output();
+    }
+}

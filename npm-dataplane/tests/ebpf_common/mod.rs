@@ -3,71 +3,46 @@
 //! names that are removed on drop and swept when a crashed run left them.
 #![allow(dead_code)]
 
+#[path = "../netns_common/mod.rs"]
+mod netns_common;
+
+pub use netns_common::*;
+
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::process::Command;
 
 use npm_dataplane::ebpf::{EbpfDataplane, EbpfOptions};
-use npm_policy::compiled::{Compiled, Direction, Endpoint, IpEntry, PodRef, PolicyEntry};
+use npm_policy::compiled::{Compiled, Direction, PolicyEntry};
 use npm_policy::model::Protocol;
-
-/// Runs a command, panicking with its output on failure.
-pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Runs a command, ignoring failure.
-pub fn sh_quiet(args: &[&str]) {
-    let _ = Command::new(args[0]).args(&args[1..]).output();
-}
-
-fn pid_alive(pid: u32) -> bool {
-    PathBuf::from(format!("/proc/{pid}")).exists()
-}
-
-/// Names `<prefix><pid>...` whose pid is dead: leftovers of a crashed run.
-fn dead_names(names: impl Iterator<Item = String>, prefix: &str) -> Vec<String> {
-    names
-        .filter(|n| n.starts_with(prefix))
-        .filter(|n| {
-            let digits: String = n[prefix.len()..].chars().take_while(|c| c.is_ascii_digit()).collect();
-            digits.parse::<u32>().map(|p| !pid_alive(p)).unwrap_or(false)
-        })
-        .collect()
-}
 
 /// Removes interfaces, netns and pin dirs left by crashed runs of any of
 /// these tests (names carry the pid of their creator).
 pub fn sweep_leftovers() {
-    if let Ok(rd) = std::fs::read_dir("/sys/class/net") {
-        let names = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned());
-        for n in dead_names(names, "npt") {
-            sh_quiet(&["ip", "link", "del", &n]);
-        }
+    for n in dead_names(dir_names("/sys/class/net").into_iter(), "npt") {
+        sh_quiet(&["ip", "link", "del", &n]);
     }
-    if let Ok(rd) = std::fs::read_dir("/run/netns") {
-        let names = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned());
-        for n in dead_names(names, "npmt-") {
-            sh_quiet(&["ip", "netns", "del", &n]);
-        }
+    clear_netns_leftovers("npmt-");
+    for n in dead_names(dir_names("/sys/fs/bpf").into_iter(), "npm-test-") {
+        let _ = std::fs::remove_dir_all(format!("/sys/fs/bpf/{n}"));
     }
-    if let Ok(rd) = std::fs::read_dir("/sys/fs/bpf") {
-        let names = rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned());
-        for n in dead_names(names, "npm-test-") {
-            let _ = std::fs::remove_dir_all(format!("/sys/fs/bpf/{n}"));
-        }
-    }
+}
+
+/// Program ids attached with tcx to `ifname`: (ingress hook, egress hook).
+pub fn tcx_prog_ids(ifname: &str) -> (Vec<u32>, Vec<u32>) {
+    let ids = |t| {
+        aya::programs::SchedClassifier::query_tcx(ifname, t)
+            .expect("query tcx")
+            .1
+            .iter()
+            .map(|p| p.id())
+            .collect::<Vec<_>>()
+    };
+    (
+        ids(aya::programs::TcAttachType::Ingress),
+        ids(aya::programs::TcAttachType::Egress),
+    )
 }
 
 /// A veth pair in the root netns (this kernel has no dummy driver), deleted
@@ -145,36 +120,9 @@ impl Drop for PinDir {
     }
 }
 
-/// A network namespace, deleted on drop.
-pub struct Netns {
-    /// Name.
-    pub name: String,
-}
-
-impl Netns {
-    /// Creates `npmt-<pid>-<tag>`.
-    pub fn new(tag: &str) -> Netns {
-        let name = format!("npmt-{}-{tag}", std::process::id());
-        sh_quiet(&["ip", "netns", "del", &name]);
-        sh(&["ip", "netns", "add", &name]);
-        sh(&["ip", "-n", &name, "link", "set", "lo", "up"]);
-        Netns { name }
-    }
-
-    /// Runs a command inside the namespace.
-    pub fn exec(&self, args: &[&str]) -> std::process::Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(args)
-            .output()
-            .unwrap()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        sh_quiet(&["ip", "netns", "del", &self.name]);
-    }
+/// A network namespace `npmt-<pid>-<tag>`, deleted on drop.
+pub fn test_netns(tag: &str) -> Netns {
+    Netns::new(&format!("npmt-{}-{tag}", std::process::id()))
 }
 
 // ---------------------------------------------------------------- packets
@@ -363,33 +311,6 @@ pub fn arp() -> Vec<u8> {
 
 // ---------------------------------------------------------------- compiled
 
-/// A local endpoint.
-pub fn endpoint(name: &str, identity: u32, v4: Option<&str>, v6: Option<&str>, iso_in: bool, iso_eg: bool) -> Endpoint {
-    Endpoint {
-        pod: PodRef {
-            namespace: "default".into(),
-            name: name.into(),
-            uid: format!("uid-{name}"),
-        },
-        identity,
-        ipv4: v4.map(|a| a.parse().unwrap()),
-        ipv6: v6.map(|a| a.parse().unwrap()),
-        isolated_ingress: iso_in,
-        isolated_egress: iso_eg,
-    }
-}
-
-/// An ipcache entry.
-pub fn ip(c: &mut Compiled, addr: &str, identity: u32, cidr_identity: u32) {
-    c.ipcache.insert(
-        addr.parse::<IpAddr>().unwrap(),
-        IpEntry {
-            identity,
-            cidr_identity,
-        },
-    );
-}
-
 /// A policy entry.
 pub fn allow(
     c: &mut Compiled,
@@ -441,7 +362,7 @@ impl PodNet {
     /// Creates the namespace, the veth pair and the addresses.
     pub fn new(tag: &str) -> PodNet {
         let pid = std::process::id();
-        let ns = Netns::new(tag);
+        let ns = test_netns(tag);
         let host_if = format!("npt{pid}{tag}");
         let pod_if = format!("{host_if}x");
         assert!(pod_if.len() < 16);
