@@ -475,6 +475,30 @@ impl Compiler {
         set
     }
 
+    /// The memoized peer set of rule `rk` (resolved on first use) and its
+    /// rule id; `None` when the rule matches no peer and emits nothing.
+    fn rule_peers(&mut self, policy: &Policy, rk: RuleKey) -> Option<(PeerSet, u32)> {
+        let (_, _, dir, index) = rk;
+        let peers = match self.memo.get(&rk) {
+            Some(set) => set,
+            None => {
+                let set = self.resolve(policy, dir, index);
+                self.memo.entry(rk.clone()).or_insert(set)
+            }
+        };
+        if peers.pods.is_empty() && peers.other.is_empty() {
+            return None;
+        }
+        let peers = peers.clone();
+        let rid = self.rule_id(RuleRef::Policy {
+            namespace: policy.namespace.clone(),
+            name: policy.name.clone(),
+            direction: dir,
+            index,
+        });
+        Some((peers, rid))
+    }
+
     fn rule_id(&mut self, r: RuleRef) -> u32 {
         if let Some(id) = self.rule_by_ref.get(&r) {
             return *id;
@@ -559,23 +583,11 @@ impl Compiler {
                     }
                     for (i, rule) in rules.iter().enumerate() {
                         let rk: RuleKey = (p.namespace.clone(), p.name.clone(), dir, i);
-                        if !self.memo.contains_key(&rk) {
-                            let set = self.resolve(p, dir, i);
-                            self.memo.insert(rk.clone(), set);
-                        }
                         self.rule_users.entry(rk.clone()).or_default().insert(pk.clone());
                         used.push(rk.clone());
-                        let peers = &self.memo[&rk];
-                        if peers.pods.is_empty() && peers.other.is_empty() {
+                        let Some((peers, rid)) = self.rule_peers(p, rk) else {
                             continue;
-                        }
-                        let peers = peers.clone();
-                        let rid = self.rule_id(RuleRef::Policy {
-                            namespace: p.namespace.clone(),
-                            name: p.name.clone(),
-                            direction: dir,
-                            index: i,
-                        });
+                        };
                         emit_rule(&mut entries, ep, &pod, dir, rule, &peers, &self.out.ids.identities, rid);
                     }
                 }
@@ -801,10 +813,6 @@ impl Compiler {
             }
             for (i, rule) in rules.iter().enumerate() {
                 let rk: RuleKey = (policy.namespace.clone(), policy.name.clone(), dir, i);
-                if !self.memo.contains_key(&rk) {
-                    let set = self.resolve(&policy, dir, i);
-                    self.memo.insert(rk.clone(), set);
-                }
                 self.rule_users
                     .entry(rk.clone())
                     .or_default()
@@ -814,17 +822,9 @@ impl Compiler {
                         used.push(rk.clone());
                     }
                 }
-                let peers = &self.memo[&rk];
-                if peers.pods.is_empty() && peers.other.is_empty() {
+                let Some((peers, rid)) = self.rule_peers(&policy, rk) else {
                     continue;
-                }
-                let peers = peers.clone();
-                let rid = self.rule_id(RuleRef::Policy {
-                    namespace: policy.namespace.clone(),
-                    name: policy.name.clone(),
-                    direction: dir,
-                    index: i,
-                });
+                };
                 for pk in &eps {
                     let (Some((ep, entries, _)), Some(pod)) = (self.eps.get_mut(pk), self.snapshot.pods.get(pk)) else {
                         continue;
