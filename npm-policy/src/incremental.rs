@@ -363,27 +363,14 @@ impl Compiler {
             }
             let policy = &self.snapshot.policies[&(rk.0.clone(), rk.1.clone())];
             let rule = policy.egress[rk.3].clone();
-            let rid = self.rule_id(RuleRef::Policy {
-                namespace: rk.0.clone(),
-                name: rk.1.clone(),
-                direction: rk.2,
-                index: rk.3,
-            });
+            let rid = self.rule_key_id(&rk);
             for pk in users {
                 let Some((ep, entries, _)) = self.eps.get_mut(&pk) else {
                     continue;
                 };
                 let mut tmp = BTreeMap::new();
                 emit_named_egress_to(&mut tmp, *ep, &rule, id, &key, rid);
-                for (e, r) in tmp {
-                    match self.out.policy.get_mut(&e) {
-                        Some(cur) => *cur = (*cur).min(r),
-                        None => {
-                            self.out.policy.insert(e, r);
-                            entries.push(e);
-                        }
-                    }
-                }
+                merge_entries(&mut self.out.policy, entries, tmp);
             }
         }
         let only = PeerSet {
@@ -400,12 +387,7 @@ impl Compiler {
                 Direction::Ingress => &policy.ingress[rk.3],
                 Direction::Egress => &policy.egress[rk.3],
             };
-            let rid = self.rule_id(RuleRef::Policy {
-                namespace: rk.0.clone(),
-                name: rk.1.clone(),
-                direction: rk.2,
-                index: rk.3,
-            });
+            let rid = self.rule_key_id(&rk);
             for pk in users {
                 let Some((ep, entries, _)) = self.eps.get_mut(&pk) else {
                     continue;
@@ -415,15 +397,7 @@ impl Compiler {
                 };
                 let mut tmp = BTreeMap::new();
                 emit_rule(&mut tmp, *ep, pod, rk.2, rule, &only, &self.out.ids.identities, rid);
-                for (e, r) in tmp {
-                    match self.out.policy.get_mut(&e) {
-                        Some(cur) => *cur = (*cur).min(r),
-                        None => {
-                            self.out.policy.insert(e, r);
-                            entries.push(e);
-                        }
-                    }
-                }
+                merge_entries(&mut self.out.policy, entries, tmp);
             }
         }
     }
@@ -490,13 +464,18 @@ impl Compiler {
             return None;
         }
         let peers = peers.clone();
-        let rid = self.rule_id(RuleRef::Policy {
-            namespace: policy.namespace.clone(),
-            name: policy.name.clone(),
-            direction: dir,
-            index,
-        });
+        let rid = self.rule_key_id(&rk);
         Some((peers, rid))
+    }
+
+    /// The rule id of rule `rk` (`(namespace, name, direction, index)`).
+    fn rule_key_id(&mut self, rk: &RuleKey) -> u32 {
+        self.rule_id(RuleRef::Policy {
+            namespace: rk.0.clone(),
+            name: rk.1.clone(),
+            direction: rk.2,
+            index: rk.3,
+        })
     }
 
     fn rule_id(&mut self, r: RuleRef) -> u32 {
@@ -831,15 +810,7 @@ impl Compiler {
                     };
                     let mut tmp = BTreeMap::new();
                     emit_rule(&mut tmp, *ep, pod, dir, rule, &peers, &self.out.ids.identities, rid);
-                    for (e, r) in tmp {
-                        match self.out.policy.get_mut(&e) {
-                            Some(cur) => *cur = (*cur).min(r),
-                            None => {
-                                self.out.policy.insert(e, r);
-                                entries.push(e);
-                            }
-                        }
-                    }
+                    merge_entries(&mut self.out.policy, entries, tmp);
                 }
             }
         }
@@ -866,6 +837,25 @@ impl Compiler {
                         entries.push(e);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Adds `new` entries to the compiled policy map; an entry already there
+/// keeps the lower rule id, a new one is also recorded in the endpoint's
+/// `owned` list.
+fn merge_entries(
+    policy: &mut BTreeMap<PolicyEntry, u32>,
+    owned: &mut Vec<PolicyEntry>,
+    new: BTreeMap<PolicyEntry, u32>,
+) {
+    for (e, r) in new {
+        match policy.get_mut(&e) {
+            Some(cur) => *cur = (*cur).min(r),
+            None => {
+                policy.insert(e, r);
+                owned.push(e);
             }
         }
     }
