@@ -9,7 +9,8 @@
 //!
 //! | map            | kind                 | key                         | value          |
 //! |----------------|----------------------|-----------------------------|----------------|
-//! | `NPM_ENDPOINTS`| hash                 | host-side ifindex (`u32`)   | [`EndpointInfo`] |
+//! | `NPM_EP_SLOTS` | array                | host-side ifindex `<` [`sizes::ENDPOINT_SLOTS`] | [`EndpointInfo`] |
+//! | `NPM_ENDPOINTS`| hash                 | host-side ifindex `>=` [`sizes::ENDPOINT_SLOTS`] | [`EndpointInfo`] |
 //! | `NPM_IPCACHE`  | hash                 | [`IpKey`] (exact address)   | [`IpInfo`]     |
 //! | `NPM_CIDRS`    | LPM trie             | prefix of [`IpKey::addr`]   | CIDR identity (`u32`) |
 //! | `NPM_POLICY`   | LPM trie             | [`PolicyKey`]               | [`PolicyValue`] |
@@ -27,8 +28,10 @@
 //! order; the first step that decides wins:
 //!
 //! 1. not IPv4/IPv6 (ARP, ...): allow ([`Reason::NonIp`]);
-//! 2. an endpoint missing from `NPM_ENDPOINTS`: allow ([`Reason::NoEndpoint`]),
-//!    the program is only attached to interfaces of programmed endpoints;
+//! 2. an endpoint missing (its `NPM_EP_SLOTS` slot without [`EP_PRESENT`],
+//!    or, for a large ifindex, no `NPM_ENDPOINTS` entry): allow
+//!    ([`Reason::NoEndpoint`]), the program is only attached to interfaces of
+//!    programmed endpoints;
 //! 3. a truncated or malformed header: drop ([`Reason::Malformed`]);
 //! 4. egress (leaving the pod) with a source address that is not the
 //!    endpoint's own: drop ([`Reason::Spoofed`]); ICMPv6 neighbour discovery
@@ -36,7 +39,12 @@
 //! 5. a non-first fragment: decided as its first fragment was (`NPM_FRAGS`);
 //!    without a record of an allowed first fragment: drop ([`Reason::Fragment`]);
 //! 6. a conntrack hit (`NPM_CT4` when both addresses are IPv4-mapped, else
-//!    `NPM_CT`) for this endpoint: allow ([`Reason::Tracked`]);
+//!    `NPM_CT`) for this endpoint: allow ([`Reason::Tracked`]). An IPv4
+//!    packet of an established flow (replies seen, not closing; no FIN, RST
+//!    or fragment) is first looked up in the datapath's per-CPU flow cache
+//!    (`NPM_FLOWCACHE`, not pinned), which a conntrack hit confirms for
+//!    250 ms at a time. A TCP SYN without ACK skips this step: a new
+//!    connection is always decided by policy;
 //! 7. the endpoint is not isolated in this direction: allow ([`Reason::NotIsolated`]);
 //! 8. ingress from the local node ([`IDENTITY_HOST`]): allow ([`Reason::Host`]);
 //! 9. policy: `NPM_POLICY` is looked up with the peer's pod identity, then its
@@ -53,7 +61,13 @@
 
 /// Pinned map names (the files under the bpffs pin directory).
 pub mod maps {
-    /// ifindex -> [`super::EndpointInfo`].
+    /// ifindex -> [`super::EndpointInfo`], an array indexed by the ifindex
+    /// (the verifier inlines an array lookup: no helper call per packet).
+    /// A slot holds an endpoint when its flags have [`super::EP_PRESENT`].
+    pub const EP_SLOTS: &str = "NPM_EP_SLOTS";
+    /// ifindex -> [`super::EndpointInfo`] for the interfaces whose ifindex
+    /// does not fit `NPM_EP_SLOTS` (`>=` [`super::sizes::ENDPOINT_SLOTS`]:
+    /// hosts that created that many interfaces since boot).
     pub const ENDPOINTS: &str = "NPM_ENDPOINTS";
     /// exact address -> [`super::IpInfo`].
     pub const IPCACHE: &str = "NPM_IPCACHE";
@@ -73,13 +87,18 @@ pub mod maps {
     /// ring buffer of [`super::DenyEvent`]s.
     pub const EVENTS: &str = "NPM_EVENTS";
     /// Every map, for pinning and adoption.
-    pub const ALL: [&str; 9] = [ENDPOINTS, IPCACHE, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS];
+    pub const ALL: [&str; 10] = [
+        EP_SLOTS, ENDPOINTS, IPCACHE, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS,
+    ];
 }
 
 /// Map sizes (max entries).
 pub mod sizes {
-    /// Local endpoints per node.
+    /// Local endpoints per node whose ifindex is `>=` [`ENDPOINT_SLOTS`].
     pub const ENDPOINTS: u32 = 4096;
+    /// Slots of `NPM_EP_SLOTS`: interfaces with a smaller ifindex are found
+    /// by an inlined array lookup (40 bytes a slot: 2.6 MB).
+    pub const ENDPOINT_SLOTS: u32 = 65_536;
     /// Exact addresses known cluster-wide (pods and node addresses).
     pub const IPCACHE: u32 = 262_144;
     /// Distinct ipBlock prefixes.
@@ -98,7 +117,9 @@ pub mod sizes {
 /// incompatible layout never adopts maps it cannot read.
 ///
 /// 2: IPv4 conntrack entries moved from `NPM_CT` to `NPM_CT4`.
-pub const LAYOUT_VERSION: u32 = 2;
+/// 3: endpoints in the `NPM_EP_SLOTS` array (with [`EP_PRESENT`]), the hash
+/// `NPM_ENDPOINTS` only for large ifindexes.
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Direction as seen from the pod: traffic entering the pod.
 pub const DIR_INGRESS: u8 = 0;
@@ -162,6 +183,9 @@ pub const EP_NO_CIDR_PEER_EGRESS: u32 = 1 << 7;
 pub const EP_NO_POD_PEER_INGRESS: u32 = 1 << 8;
 /// [`EndpointInfo::flags`]: like [`EP_NO_POD_PEER_INGRESS`], for egress.
 pub const EP_NO_POD_PEER_EGRESS: u32 = 1 << 9;
+/// [`EndpointInfo::flags`]: the record holds an endpoint. Array slots always
+/// exist; a slot without this flag (all zeroes) is no endpoint.
+pub const EP_PRESENT: u32 = 1 << 10;
 
 /// The `EP_NO_*_PEER_INGRESS` flag whose (direction-shifted) bit tells that
 /// no policy entry of an endpoint can match `identity` as its peer.

@@ -19,9 +19,16 @@
 //!   `EP_NO_*_PEER_*` flags skip those two lookups), counters, a deny event
 //!   (once the ring buffer is full — nobody drains it during the run — the
 //!   event output fails fast).
-//! - `tracked`: the same SYN on a normally loaded object after one run
-//!   created its conntrack entry: parse, endpoint lookup, conntrack hit (in
-//!   `NPM_CT4`, the IPv4 conntrack map).
+//! - `tracked`: a data packet (ACK) of an established connection on a
+//!   normally loaded object: one run of the SYN created its conntrack entry
+//!   and one run of the SYN-ACK on the egress program marked it replied, so
+//!   the connection is in the per-CPU flow cache: parse, endpoint slot,
+//!   flow-cache hit. This is what every packet of an established flow costs
+//!   but the first after each 250 ms on a CPU.
+//! - `tracked_ct` (extra): the same ACK on an object loaded with the flow
+//!   cache switched off (`BenchSwitches::no_flow_cache`): the conntrack hash
+//!   lookup in `NPM_CT4` that the first packet of a flow on a CPU, and one
+//!   packet every 250 ms after, pays.
 //!
 //! Each number is the median of 3 runs of 1,000,000 repeats. The last line of
 //! output is one JSON object.
@@ -31,7 +38,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::process::Command;
 
-use npm_dataplane::ebpf::{EbpfDataplane, EbpfOptions, PROG_EGRESS, PROG_EMPTY, PROG_INGRESS, VERDICT_ALLOW};
+use npm_dataplane::ebpf::{
+    BenchSwitches, EbpfDataplane, EbpfOptions, PROG_EGRESS, PROG_EMPTY, PROG_INGRESS, VERDICT_ALLOW,
+};
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction, Endpoint, IpEntry, PodRef, PolicyEntry};
 use npm_policy::model::Protocol;
@@ -73,14 +82,20 @@ fn veth(name: &str) -> u32 {
         .expect("ifindex number")
 }
 
+/// A TCP SYN.
 fn frame(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16) -> Vec<u8> {
+    tcp_frame(src, dst, sport, dport, 0x02)
+}
+
+/// An Ethernet/IPv4/TCP frame with the given TCP flags.
+fn tcp_frame(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, flags: u8) -> Vec<u8> {
     let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
     let mut ip = vec![0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0];
     ip.extend(src.octets());
     ip.extend(dst.octets());
     ip.extend(sport.to_be_bytes());
     ip.extend(dport.to_be_bytes());
-    ip.extend([0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0]);
+    ip.extend([0, 0, 0, 1, 0, 0, 0, 0, 0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
     f.extend(ip);
     f
 }
@@ -172,27 +187,36 @@ fn main() {
     let ifb = format!("npb{pid}b");
     let pin_p = PathBuf::from(format!("/sys/fs/bpf/npm-bench-{pid}-p"));
     let pin_t = PathBuf::from(format!("/sys/fs/bpf/npm-bench-{pid}-t"));
+    let ifc = format!("npb{pid}c");
+    let pin_c = PathBuf::from(format!("/sys/fs/bpf/npm-bench-{pid}-c"));
     let _cleanup = Cleanup {
-        links: vec![ifa.clone(), ifb.clone()],
-        pins: vec![pin_p.clone(), pin_t.clone()],
+        links: vec![ifa.clone(), ifb.clone(), ifc.clone()],
+        pins: vec![pin_p.clone(), pin_t.clone(), pin_c.clone()],
     };
     let if_p = veth(&ifa);
     let if_t = veth(&ifb);
-    let open = |pin: &PathBuf, bench: bool| {
-        EbpfDataplane::open(EbpfOptions {
-            object: None,
-            pin_dir: pin.clone(),
-            bench_no_ct_create: bench,
-        })
+    let if_c = veth(&ifc);
+    let open = |pin: &PathBuf, bench: bool, no_flow_cache: bool| {
+        EbpfDataplane::open_with(
+            EbpfOptions {
+                object: None,
+                pin_dir: pin.clone(),
+                bench_no_ct_create: bench,
+            },
+            BenchSwitches { no_flow_cache },
+        )
         .unwrap_or_else(|e| panic!("open: {e}"))
     };
-    let mut dp_policy = open(&pin_p, true);
-    let mut dp_tracked = open(&pin_t, false);
+    let mut dp_policy = open(&pin_p, true, false);
+    let mut dp_tracked = open(&pin_t, false, false);
+    let mut dp_tracked_ct = open(&pin_c, false, true);
 
     let peer = Ipv4Addr::new(10, 0, 0, 2);
     let me = Ipv4Addr::new(10, 0, 0, 1);
     let allowed = frame(peer, me, 40000, 80);
     let denied = frame(peer, me, 40001, 81);
+    let syn_ack = tcp_frame(me, peer, 80, 40000, 0x12);
+    let ack = tcp_frame(peer, me, 40000, 80, 0x10);
 
     let baseline = median(&dp_policy, PROG_EMPTY, if_p, &allowed);
     // Touch the egress program too, so both are known to verify and run.
@@ -202,8 +226,8 @@ fn main() {
     let mut results = Vec::new();
     println!("baseline (npm_empty): {baseline} ns");
     println!(
-        "{:>8} {:>8} {:>9} {:>9} {:>9}",
-        "policy", "ipcache", "policy_ns", "deny_ns", "tracked_ns"
+        "{:>8} {:>8} {:>9} {:>9} {:>10} {:>13}",
+        "policy", "ipcache", "policy_ns", "deny_ns", "tracked_ns", "tracked_ct_ns"
     );
     for &p in &POLICY_SCALES {
         for &n in &IPCACHE_SCALES {
@@ -211,26 +235,42 @@ fn main() {
             let diff = prev.diff(&next);
             let ifs_p: BTreeMap<u32, u32> = [(1, if_p)].into_iter().collect();
             let ifs_t: BTreeMap<u32, u32> = [(1, if_t)].into_iter().collect();
+            let ifs_c: BTreeMap<u32, u32> = [(1, if_c)].into_iter().collect();
             dp_policy.apply(&diff, &next, &ifs_p).expect("apply (policy dataplane)");
             dp_tracked
                 .apply(&diff, &next, &ifs_t)
                 .expect("apply (tracked dataplane)");
+            dp_tracked_ct
+                .apply(&diff, &next, &ifs_c)
+                .expect("apply (tracked_ct dataplane)");
             prev = next;
 
             let check = dp_policy.test_run(Direction::Ingress, if_p, &allowed).expect("check");
             assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Policy)));
             let check = dp_policy.test_run(Direction::Ingress, if_p, &denied).expect("check");
             assert_eq!(check.1, Some(npm_common::Reason::PolicyDenied));
-            let check = dp_tracked.test_run(Direction::Ingress, if_t, &allowed).expect("check");
-            assert_eq!(check.0, VERDICT_ALLOW);
-            let check = dp_tracked.test_run(Direction::Ingress, if_t, &allowed).expect("check");
-            assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Tracked)));
+            // Establish the connection on both tracked dataplanes: SYN in,
+            // SYN-ACK out; then its ACKs are tracked.
+            for (dp, ifx) in [(&dp_tracked, if_t), (&dp_tracked_ct, if_c)] {
+                let check = dp.test_run(Direction::Ingress, ifx, &allowed).expect("check");
+                assert_eq!(check.0, VERDICT_ALLOW);
+                let check = dp.test_run(Direction::Egress, ifx, &syn_ack).expect("check");
+                assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Tracked)));
+                let check = dp.test_run(Direction::Ingress, ifx, &ack).expect("check");
+                assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Tracked)));
+            }
 
             let policy_ns = median(&dp_policy, PROG_INGRESS, if_p, &allowed);
             let deny_ns = median(&dp_policy, PROG_INGRESS, if_p, &denied);
-            let tracked_ns = median(&dp_tracked, PROG_INGRESS, if_t, &allowed);
-            println!("{p:>8} {n:>8} {policy_ns:>9} {deny_ns:>9} {tracked_ns:>9}");
-            for (path, ns) in [("policy", policy_ns), ("deny", deny_ns), ("tracked", tracked_ns)] {
+            let tracked_ns = median(&dp_tracked, PROG_INGRESS, if_t, &ack);
+            let tracked_ct_ns = median(&dp_tracked_ct, PROG_INGRESS, if_c, &ack);
+            println!("{p:>8} {n:>8} {policy_ns:>9} {deny_ns:>9} {tracked_ns:>10} {tracked_ct_ns:>13}");
+            for (path, ns) in [
+                ("policy", policy_ns),
+                ("deny", deny_ns),
+                ("tracked", tracked_ns),
+                ("tracked_ct", tracked_ct_ns),
+            ] {
                 results.push(format!(
                     r#"{{"path":"{path}","policy_entries":{p},"ipcache_entries":{n},"ns":{ns}}}"#
                 ));

@@ -794,7 +794,12 @@ fn apply_diff_and_sync_sweep() {
     // Overlapping ranges share blocks: 1000..=1023 is a block of both.
     allow(&mut c1, 1, IN, POD_B, Some(Tcp), (1000, 1023), 11);
     f.dp.apply(&c0.diff(&c1), &c1, &ifs).unwrap();
-    assert_eq!(f.dp.test_run(IN, a, &syn).unwrap(), allow_r(Reason::Tracked));
+    let ack = v4("10.0.0.2", "10.0.0.1", L4::Tcp(43001, 80, 0x10));
+    assert_eq!(f.dp.test_run(IN, a, &ack).unwrap(), allow_r(Reason::Tracked));
+    // A SYN opens a new connection: policy decides it, not the entry of the
+    // same 5-tuple.
+    assert_eq!(f.dp.test_run(IN, a, &syn).unwrap(), deny_r(Reason::PolicyDenied));
+    assert_eq!(f.dp.test_run(IN, a, &ack).unwrap(), allow_r(Reason::Tracked));
     let syn2 = v4("10.0.0.2", "10.0.0.1", L4::Tcp(43002, 80, 0x02));
     assert_eq!(f.dp.test_run(IN, a, &syn2).unwrap(), deny_r(Reason::PolicyDenied));
     // Removing the narrower range must keep the shared block of the wider one.
@@ -952,6 +957,7 @@ fn ipv4_mapped_ipv6_shares_the_ipv4_conntrack_entry() {
     // A real IPv6 flow gets its own entry.
     let syn = v6("fd00::2", "fd00::1", L4::Tcp(45002, 80, 0x02));
     assert_eq!(f.dp.test_run(IN, a, &syn).unwrap(), allow_r(Reason::Policy));
-    assert_eq!(f.dp.test_run(IN, a, &syn).unwrap(), allow_r(Reason::Tracked));
+    let ack = v6("fd00::2", "fd00::1", L4::Tcp(45002, 80, 0x10));
+    assert_eq!(f.dp.test_run(IN, a, &ack).unwrap(), allow_r(Reason::Tracked));
     assert_eq!(f.dp.ct_len(), 2);
 }

@@ -137,3 +137,55 @@ fn enforcement_survives_loader_restart() {
     assert!(net.udp_exchange(UDP_DENIED, short).is_err());
     net.udp_exchange(UDP_ALLOWED, t).expect("allowed after swap");
 }
+
+#[test]
+fn other_map_layouts_are_retired_after_the_first_full_sync() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    sweep_leftovers();
+    // <root>/v<old> holds an older agent's maps and links; <root>/v<current>
+    // is ours; <root>/keep is not a layout directory.
+    let root = PinDir::new("ly");
+    let veth = Dummy::new("ly");
+    let old_dir = root.path.join(format!("v{}", npm_common::LAYOUT_VERSION - 1));
+    let new_dir = root.path.join(format!("v{}", npm_common::LAYOUT_VERSION));
+    let keep = root.path.join("keep");
+    std::fs::create_dir_all(&keep).unwrap();
+    let open = |dir: &std::path::Path| {
+        EbpfDataplane::open(EbpfOptions {
+            object: None,
+            pin_dir: dir.to_path_buf(),
+            bench_no_ct_create: false,
+        })
+        .expect("open")
+    };
+    let c = policy(Ipv4Addr::new(10, 9, 0, 1), Ipv4Addr::new(10, 9, 0, 2));
+    let ifs = ifaces(&[(1, veth.ifindex)]);
+    {
+        let mut old = open(&old_dir);
+        old.sync_full(&c, &ifs).unwrap();
+    }
+    let (old_in, old_eg) = tcx_prog_ids(&veth.name);
+    assert_eq!(
+        (old_in.len(), old_eg.len()),
+        (1, 1),
+        "the old layout's programs stay attached"
+    );
+
+    let mut new = open(&new_dir);
+    new.sync_full(&c, &ifs).unwrap();
+    let (new_in, new_eg) = tcx_prog_ids(&veth.name);
+    assert_eq!(
+        (new_in.len(), new_eg.len()),
+        (1, 1),
+        "only this layout's programs remain"
+    );
+    assert_ne!(new_in, old_in);
+    assert_ne!(new_eg, old_eg);
+    assert!(!old_dir.exists(), "the old layout's pins are removed");
+    assert!(new_dir.join("links").exists());
+    assert!(keep.exists(), "a directory that is not a layout is left alone");
+    // A second full sync finds nothing more to retire.
+    assert!(new.retire_other_layouts().unwrap().is_empty());
+}

@@ -66,7 +66,7 @@ use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
     helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_skb_load_bytes},
     macros::{classifier, map},
-    maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
     programs::TcContext,
 };
 use core::ffi::c_void;
@@ -75,10 +75,12 @@ use npm_common::{
     counter_index, ep_no_peer_flag, proto, sizes, Counter, CtKey, CtKey4, CtValue, DenyEvent, EndpointInfo, FragKey,
     FragValue, IpInfo, IpKey, PolicyValue, Reason, COUNTER_SLOTS, CT_CLOSING, CT_ORIG_LO_TO_HI, CT_SEEN_REPLY,
     CT_TIMEOUT_OTHER_NS, CT_TIMEOUT_TCP_CLOSING_NS, CT_TIMEOUT_TCP_NS, CT_TIMEOUT_TCP_SYN_NS, DIR_EGRESS, DIR_INGRESS,
-    EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, FIRST_DENY_REASON, IDENTITY_ANY, IDENTITY_HOST,
-    IDENTITY_WORLD, POLICY_KEY_LEN, POLICY_PREFIX_FULL,
+    EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_PRESENT, FIRST_DENY_REASON, IDENTITY_ANY,
+    IDENTITY_HOST, IDENTITY_WORLD, POLICY_KEY_LEN, POLICY_PREFIX_FULL,
 };
 
+#[map]
+static NPM_EP_SLOTS: Array<EndpointInfo> = Array::with_max_entries(sizes::ENDPOINT_SLOTS, 0);
 #[map]
 static NPM_ENDPOINTS: HashMap<u32, EndpointInfo> = HashMap::with_max_entries(sizes::ENDPOINTS, 0);
 #[map]
@@ -104,6 +106,30 @@ static NPM_EVENTS: RingBuf = RingBuf::with_byte_size(sizes::EVENTS_BYTES, 0);
 #[map]
 static NPM_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
+/// The per-CPU flow cache in front of `NPM_CT4`: a direct-mapped table of
+/// recently confirmed established IPv4 flows, looked up by an inlined array
+/// access instead of a hash-map call. Not pinned: a cache, rebuilt from the
+/// conntrack map after every load. See [`flow_cache_hit`].
+#[map]
+static NPM_FLOWCACHE: PerCpuArray<FlowSlot> = PerCpuArray::with_max_entries(FLOW_SLOTS, 0);
+
+/// Slots of [`NPM_FLOWCACHE`] per CPU (a power of two).
+const FLOW_SLOTS: u32 = 4096;
+/// How long a flow-cache slot vouches for its flow: after this, the next
+/// packet of the flow takes the conntrack lookup again (which refreshes the
+/// entry's idle timer and checks its timeout) and refills the slot.
+const FLOW_TTL_NS: u64 = 250_000_000;
+
+/// One [`NPM_FLOWCACHE`] slot: the `CtKey4` of an established flow (words,
+/// see [`fill_ct_key4`]) and when the conntrack lookup last confirmed it.
+#[repr(C)]
+struct FlowSlot {
+    key: [u32; 5],
+    pad: u32,
+    /// Coarse clock at the confirmation; 0: empty slot.
+    confirmed_ns: u64,
+}
+
 /// Benchmark-only switch, a read-only global the loader may override at load
 /// time: when 1, allowed new flows do NOT create a conntrack entry, so a
 /// repeated test run measures the policy path every time. The production
@@ -112,11 +138,19 @@ static NPM_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 #[no_mangle]
 static NPM_BENCH_NO_CT_CREATE: u8 = 0;
 
+/// Benchmark-only switch like [`NPM_BENCH_NO_CT_CREATE`]: when 1, the flow
+/// cache is neither read nor filled, so tracked packets measure the
+/// conntrack lookup.
+#[no_mangle]
+static NPM_BENCH_NO_FLOW_CACHE: u8 = 0;
+
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 const TCP_FIN: u8 = 0x01;
 const TCP_RST: u8 = 0x04;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
 /// Most IPv6 extension headers walked before the packet counts as malformed.
 const MAX_EXT_HEADERS: usize = 8;
 const FRAG_NONE: u8 = 0;
@@ -361,11 +395,18 @@ fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut
     if eth_proto != 0 && !known && !vlan {
         return Reason::NonIp as u8;
     }
-    // 2. endpoint.
-    // SAFETY: the value is only read.
-    let ep = match unsafe { NPM_ENDPOINTS.get(&ifindex) } {
-        Some(ep) => ep,
-        None => return Reason::NoEndpoint as u8,
+    // 2. endpoint: an inlined array lookup for the usual small ifindex.
+    let ep = if ifindex < sizes::ENDPOINT_SLOTS {
+        match NPM_EP_SLOTS.get(ifindex) {
+            Some(ep) if ep.flags & EP_PRESENT != 0 => ep,
+            _ => return Reason::NoEndpoint as u8,
+        }
+    } else {
+        // SAFETY: the value is only read.
+        match unsafe { NPM_ENDPOINTS.get(&ifindex) } {
+            Some(ep) => ep,
+            None => return Reason::NoEndpoint as u8,
+        }
     };
     *ep_id = ep.id;
     // 3. headers.
@@ -412,8 +453,40 @@ fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut
     // key), all others in NPM_CT (44 bytes).
     // SAFETY: 16-byte, 4-aligned scratch fields.
     let v4 = p.family == 4 || unsafe { is_v4_mapped(src) && is_v4_mapped(dst) };
-    let (src_is_lo, hit) = if v4 {
+    // A packet the flow cache may decide: an IPv4 flow, no fragment (a
+    // first fragment must be recorded), no TCP FIN or RST (they change the
+    // conntrack entry's state, and clear the flow's slot).
+    let closing = p.proto == proto::TCP && p.tcp_flags & (TCP_FIN | TCP_RST) != 0;
+    // SAFETY: reading a read-only global.
+    let use_cache = v4 && p.frag == FRAG_NONE && unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_FLOW_CACHE) } == 0;
+    let mut slot: *mut FlowSlot = core::ptr::null_mut();
+    // A TCP SYN without ACK opens a new connection: policy decides it, never
+    // an older entry of the same 5-tuple, so no lookup (an allowed SYN then
+    // writes a fresh entry over any old one).
+    let opening = p.proto == proto::TCP && p.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    let (src_is_lo, hit) = if opening {
+        let lo = if v4 {
+            fill_ct_key4(&mut s.ct4, ep.id, p)
+        } else {
+            fill_ct_key(&mut s.ct, ep.id, p)
+        };
+        (lo, None)
+    } else if v4 {
         let lo = fill_ct_key4(&mut s.ct4, ep.id, p);
+        if use_cache {
+            if let Some(sl) = NPM_FLOWCACHE.get_ptr_mut(flow_slot(&s.ct4)) {
+                // SAFETY: this CPU's slot; 4-aligned words.
+                unsafe {
+                    if closing {
+                        flow_cache_forget(sl, &s.ct4);
+                    } else if flow_cache_hit(sl, &s.ct4, now) {
+                        return Reason::Tracked as u8;
+                    } else {
+                        slot = sl;
+                    }
+                }
+            }
+        }
         (lo, NPM_CT4.get_ptr_mut(&s.ct4))
     } else {
         let lo = fill_ct_key(&mut s.ct, ep.id, p);
@@ -451,6 +524,12 @@ fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut
             // read-only (timeouts are 10 s and more).
             if idle > 100_000_000 {
                 v.last_seen_ns = now;
+            }
+            // An established flow (replies seen, not closing) goes into the
+            // flow cache: its next packets on this CPU skip this lookup.
+            if !slot.is_null() && flags & (CT_SEEN_REPLY | CT_CLOSING) == CT_SEEN_REPLY {
+                // SAFETY: this CPU's slot, found above.
+                unsafe { flow_cache_fill(slot, &s.ct4, now) };
             }
             let r = Reason::Tracked as u8;
             record_first_fragment(s, ep.id, dir, r);
@@ -532,6 +611,77 @@ fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut
     }
     record_first_fragment(s, ep.id, dir, reason);
     reason
+}
+
+/// The flow-cache slot of a `NPM_CT4` key: a multiplicative hash of its
+/// words (the key is canonical, so both directions share the slot).
+#[inline(always)]
+fn flow_slot(k: &CtKey4) -> u32 {
+    // SAFETY: CtKey4 is five 4-aligned words.
+    let w = unsafe { &*(k as *const CtKey4 as *const [u32; 5]) };
+    let a = (w[2] ^ w[4].rotate_left(16)).wrapping_mul(0x9e37_79b1);
+    let b = (w[3] ^ w[0] ^ (w[1] << 24)).wrapping_mul(0x85eb_ca77);
+    ((a ^ b) >> 16) & (FLOW_SLOTS - 1)
+}
+
+/// Step 6's fast path: the slot holds exactly this flow's key and was
+/// confirmed by a conntrack hit less than [`FLOW_TTL_NS`] ago.
+///
+/// What the cache may change: a flow whose conntrack entry disappears (LRU
+/// eviction, or the loader's purge of a removed endpoint) keeps passing on
+/// this CPU until the slot's confirmation is [`FLOW_TTL_NS`] old. Endpoint
+/// ids are never reused, so a purged endpoint's slots match no live
+/// endpoint. Everything else is as the conntrack entry says: only flows
+/// with replies seen and not closing are cached, FIN/RST packets and
+/// fragments always take the conntrack path (a FIN or RST also empties the
+/// flow's slot), and the conntrack entry is refreshed by the packet that
+/// refills the slot.
+///
+/// # Safety
+/// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
+#[inline(always)]
+unsafe fn flow_cache_hit(slot: *const FlowSlot, k: &CtKey4, now: u64) -> bool {
+    let confirmed = (*slot).confirmed_ns;
+    flow_slot_holds(slot, k) && confirmed != 0 && now.wrapping_sub(confirmed) < FLOW_TTL_NS
+}
+
+/// Whether the slot holds exactly this key.
+///
+/// # Safety
+/// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
+#[inline(always)]
+unsafe fn flow_slot_holds(slot: *const FlowSlot, k: &CtKey4) -> bool {
+    let w = &*(k as *const CtKey4 as *const [u32; 5]);
+    let sl = &*slot;
+    ((sl.key[0] ^ w[0]) | (sl.key[1] ^ w[1]) | (sl.key[2] ^ w[2]) | (sl.key[3] ^ w[3]) | (sl.key[4] ^ w[4])) == 0
+}
+
+/// Empties the slot if it holds this key (a FIN or RST of the flow: its
+/// next packets take the conntrack path, which knows it is closing).
+///
+/// # Safety
+/// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
+#[inline(always)]
+unsafe fn flow_cache_forget(slot: *mut FlowSlot, k: &CtKey4) {
+    if flow_slot_holds(slot, k) {
+        wr64((slot as *mut u8).add(24), 0);
+    }
+}
+
+/// Stores an established flow's key in its flow-cache slot.
+///
+/// # Safety
+/// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
+#[inline(always)]
+unsafe fn flow_cache_fill(slot: *mut FlowSlot, k: &CtKey4, now: u64) {
+    let w = &*(k as *const CtKey4 as *const [u32; 5]);
+    let d = slot as *mut u8;
+    wr32(d, w[0]);
+    wr32(d.add(4), w[1]);
+    wr32(d.add(8), w[2]);
+    wr32(d.add(12), w[3]);
+    wr32(d.add(16), w[4]);
+    wr64(d.add(24), now);
 }
 
 /// Whether some policy entry of the endpoint (flags `ep_flags`) in

@@ -24,6 +24,7 @@
 //! so the program sees exactly what it sees in production; nothing in the
 //! program knows about test mode.
 
+mod endpoints;
 pub mod translate;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
-use aya::maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray, RingBuf};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, RingBuf};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{LinkOrder, ProgramError, SchedClassifier, TcAttachType};
@@ -50,6 +51,7 @@ use serde::Serialize;
 
 use crate::{Counters, Dataplane, DataplaneError, Interfaces};
 
+use endpoints::EndpointTable;
 use translate::TranslateError;
 
 /// Program attached on the tcx egress hook of the host-side veth (packets
@@ -207,6 +209,15 @@ fn is_not_found(e: &MapError) -> bool {
         MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(ENOENT),
         _ => false,
     }
+}
+
+/// Benchmark-only switches of [`EbpfDataplane::open_with`]; the defaults
+/// are production behaviour.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BenchSwitches {
+    /// The datapath's per-CPU flow cache is neither read nor filled, so
+    /// packets of established flows always take the conntrack lookup.
+    pub no_flow_cache: bool,
 }
 
 /// How to open the dataplane.
@@ -418,7 +429,7 @@ pub struct EbpfDump {
 pub struct EbpfDataplane {
     bpf: Ebpf,
     pin_dir: PathBuf,
-    endpoints: BpfHashMap<MapData, u32, EndpointInfo>,
+    endpoints: EndpointTable,
     ipcache: BpfHashMap<MapData, IpKey, IpInfo>,
     cidrs: LpmTrie<MapData, [u8; 16], u32>,
     policy: LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue>,
@@ -454,6 +465,12 @@ impl EbpfDataplane {
     /// `opts.pin_dir`, and adopts every pinned link there (replacing its
     /// program atomically with the newly loaded one).
     pub fn open(opts: EbpfOptions) -> Result<Self, EbpfError> {
+        Self::open_with(opts, BenchSwitches::default())
+    }
+
+    /// [`EbpfDataplane::open`] with benchmark switches (the datapath
+    /// benchmark measures the conntrack lookup without the flow cache).
+    pub fn open_with(opts: EbpfOptions, switches: BenchSwitches) -> Result<Self, EbpfError> {
         let object = resolve_object(opts.object.as_deref())?;
         let data = std::fs::read(&object).map_err(|source| EbpfError::ReadObject {
             path: object.clone(),
@@ -471,6 +488,8 @@ impl EbpfDataplane {
         }
         let bench: u8 = opts.bench_no_ct_create.into();
         loader.override_global("NPM_BENCH_NO_CT_CREATE", &bench, true);
+        let no_cache: u8 = switches.no_flow_cache.into();
+        loader.override_global("NPM_BENCH_NO_FLOW_CACHE", &no_cache, true);
         let mut bpf = loader.load(&data).map_err(|source| EbpfError::Load {
             path: object.clone(),
             source: Box::new(source),
@@ -480,7 +499,9 @@ impl EbpfDataplane {
             prog.load().map_err(prog_err(name, "load (verifier)"))?;
         }
         let conv = |name: &'static str| map_err(name, "open");
-        let endpoints = BpfHashMap::try_from(take_map(&mut bpf, maps::ENDPOINTS)?).map_err(conv(maps::ENDPOINTS))?;
+        let slots = Array::try_from(take_map(&mut bpf, maps::EP_SLOTS)?).map_err(conv(maps::EP_SLOTS))?;
+        let overflow = BpfHashMap::try_from(take_map(&mut bpf, maps::ENDPOINTS)?).map_err(conv(maps::ENDPOINTS))?;
+        let endpoints = EndpointTable::new(slots, overflow);
         let ipcache = BpfHashMap::try_from(take_map(&mut bpf, maps::IPCACHE)?).map_err(conv(maps::IPCACHE))?;
         let cidrs = LpmTrie::try_from(take_map(&mut bpf, maps::CIDRS)?).map_err(conv(maps::CIDRS))?;
         let policy = LpmTrie::try_from(take_map(&mut bpf, maps::POLICY)?).map_err(conv(maps::POLICY))?;
@@ -772,10 +793,7 @@ impl EbpfDataplane {
             {
                 continue;
             }
-            self.endpoints.insert(ifindex, info, 0).map_err(map_err(
-                maps::ENDPOINTS,
-                format!("insert endpoint {id} at ifindex {ifindex}"),
-            ))?;
+            self.endpoints.insert(ifindex, info)?;
             self.written_flags.insert(id, info.flags);
             self.attach(ifindex)?;
             self.programmed.insert(id, ifindex);
@@ -789,12 +807,7 @@ impl EbpfDataplane {
     }
 
     fn unprogram_ifindex(&mut self, ifindex: u32) -> Result<(), EbpfError> {
-        Self::remove_key(
-            &mut self.endpoints,
-            maps::ENDPOINTS,
-            &ifindex,
-            format_args!("ifindex {ifindex}"),
-        )?;
+        self.endpoints.remove(ifindex)?;
         self.detach(ifindex)
     }
 
@@ -942,8 +955,9 @@ impl EbpfDataplane {
         let want_if: BTreeSet<u32> = self.programmed.values().copied().collect();
         let stale: Vec<u32> = self
             .endpoints
-            .keys()
-            .filter_map(Result::ok)
+            .entries()?
+            .into_iter()
+            .map(|(ifindex, _)| ifindex)
             .filter(|k| !want_if.contains(k))
             .collect();
         for ifindex in stale {
@@ -955,7 +969,47 @@ impl EbpfDataplane {
         }
         let ids: BTreeSet<u32> = self.programmed.keys().copied().collect();
         self.purge_flows(|ep| ids.contains(&ep))?;
+        self.retire_other_layouts()?;
         Ok(())
+    }
+
+    /// Removes the pin directories of other map layouts beside this one
+    /// (`<parent>/v<N>` for every `N` but this layout's, when the pin
+    /// directory itself is named `v<LAYOUT_VERSION>`, as the default is).
+    /// Their pinned links are the only references that keep an older (or,
+    /// after a rollback, newer) agent's programs attached, with maps nobody
+    /// updates any more; unpinning them detaches those programs. Called at
+    /// the end of a full sync, so this layout's programs already enforce
+    /// the complete state on every endpoint before the old ones go: during
+    /// the overlap both run, and a packet passes only if both allow it.
+    /// Returns the removed directories.
+    pub fn retire_other_layouts(&self) -> Result<Vec<PathBuf>, EbpfError> {
+        fn version_of(p: &Path) -> Option<u32> {
+            p.file_name()?.to_str()?.strip_prefix('v')?.parse().ok()
+        }
+        let (Some(mine), Some(parent)) = (version_of(&self.pin_dir), self.pin_dir.parent()) else {
+            return Ok(Vec::new());
+        };
+        if mine != LAYOUT_VERSION {
+            return Ok(Vec::new());
+        }
+        let entries = std::fs::read_dir(parent).map_err(|e| EbpfError::PinDir {
+            path: parent.to_path_buf(),
+            detail: format!("read: {e}"),
+        })?;
+        let mut removed = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if version_of(&path).is_some_and(|v| v != mine) && path.is_dir() {
+                std::fs::remove_dir_all(&path).map_err(|e| EbpfError::PinDir {
+                    path: path.clone(),
+                    detail: format!("remove a retired layout: {e}"),
+                })?;
+                tracing::info!(dir = %path.display(), "removed the pins of another map layout");
+                removed.push(path);
+            }
+        }
+        Ok(removed)
     }
 
     /// Counters summed over CPUs.
@@ -993,10 +1047,12 @@ impl EbpfDataplane {
 
     /// The programmed maps' contents.
     pub fn dump(&self) -> Result<EbpfDump, EbpfError> {
+        let (ep_slots, endpoints) = self.endpoints.maps();
         dump_maps(
             &self.pin_dir,
             &MapsRef {
-                endpoints: &self.endpoints,
+                ep_slots,
+                endpoints,
                 ipcache: &self.ipcache,
                 cidrs: &self.cidrs,
                 policy: &self.policy,
@@ -1093,6 +1149,7 @@ impl Dataplane for EbpfDataplane {
 /// Borrowed views of the maps a dump reads (from a loaded dataplane or
 /// opened read-only from their pins).
 struct MapsRef<'a> {
+    ep_slots: &'a Array<MapData, EndpointInfo>,
     endpoints: &'a BpfHashMap<MapData, u32, EndpointInfo>,
     ipcache: &'a BpfHashMap<MapData, IpKey, IpInfo>,
     cidrs: &'a LpmTrie<MapData, [u8; 16], u32>,
@@ -1129,10 +1186,8 @@ fn sum_counters(counters: &PerCpuArray<MapData, Counter>) -> Result<Counters, Eb
 /// Reads every map of `m` into an [`EbpfDump`]; `attached(ifindex, dir)`
 /// tells whether the hook of pod direction `dir` is attached.
 fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool) -> Result<EbpfDump, EbpfError> {
-    let mut endpoints: Vec<DumpEndpoint> = m
-        .endpoints
-        .iter()
-        .filter_map(Result::ok)
+    let mut endpoints: Vec<DumpEndpoint> = endpoints::read_entries(m.ep_slots, m.endpoints)?
+        .into_iter()
         .map(|(ifindex, info)| DumpEndpoint {
             ifindex,
             id: info.id,
@@ -1297,6 +1352,7 @@ pub fn pinned_link_programs(pin_dir: &Path) -> Result<BTreeMap<(u32, &'static st
 /// agent ran with this pin directory), [`EbpfError::Map`] when a pinned map
 /// cannot be opened or has another layout.
 pub fn dump_pinned(pin_dir: &Path) -> Result<EbpfDump, EbpfError> {
+    let ep_slots: Array<MapData, EndpointInfo> = open_pinned(pin_dir, maps::EP_SLOTS)?;
     let endpoints: BpfHashMap<MapData, u32, EndpointInfo> = open_pinned(pin_dir, maps::ENDPOINTS)?;
     let ipcache: BpfHashMap<MapData, IpKey, IpInfo> = open_pinned(pin_dir, maps::IPCACHE)?;
     let cidrs: LpmTrie<MapData, [u8; 16], u32> = open_pinned(pin_dir, maps::CIDRS)?;
@@ -1309,6 +1365,7 @@ pub fn dump_pinned(pin_dir: &Path) -> Result<EbpfDump, EbpfError> {
     dump_maps(
         pin_dir,
         &MapsRef {
+            ep_slots: &ep_slots,
             endpoints: &endpoints,
             ipcache: &ipcache,
             cidrs: &cidrs,

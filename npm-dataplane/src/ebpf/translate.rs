@@ -11,7 +11,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use npm_common::{
     ep_no_peer_flag, EndpointInfo, IpInfo, IpKey, PolicyKey, PolicyValue, EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS,
     EP_ISOLATED_INGRESS, EP_NO_ANY_PEER_EGRESS, EP_NO_ANY_PEER_INGRESS, EP_NO_CIDR_PEER_EGRESS,
-    EP_NO_CIDR_PEER_INGRESS, EP_NO_POD_PEER_EGRESS, EP_NO_POD_PEER_INGRESS, POLICY_PREFIX_ANY_PORT,
+    EP_NO_CIDR_PEER_INGRESS, EP_NO_POD_PEER_EGRESS, EP_NO_POD_PEER_INGRESS, EP_PRESENT, POLICY_PREFIX_ANY_PORT,
     POLICY_PREFIX_ANY_PROTO,
 };
 use npm_policy::compiled::{Endpoint, IpEntry, PolicyEntry};
@@ -178,6 +178,7 @@ pub fn policy_key_ports(key: &PolicyKey) -> Option<(u8, u16, u16)> {
 pub fn endpoint_info(id: u32, ep: &Endpoint) -> EndpointInfo {
     let mut info = EndpointInfo {
         id,
+        flags: EP_PRESENT,
         ..EndpointInfo::default()
     };
     if ep.isolated_ingress {
@@ -373,7 +374,7 @@ mod tests {
         };
         let info = endpoint_info(9, &ep);
         assert_eq!(info.id, 9);
-        assert_eq!(info.flags, EP_ISOLATED_INGRESS | EP_HAS_V4);
+        assert_eq!(info.flags, EP_PRESENT | EP_ISOLATED_INGRESS | EP_HAS_V4);
         assert_eq!(endpoint_ipv4(&info), Some("10.0.0.5".parse().unwrap()));
         assert_eq!(endpoint_ipv6(&info), None);
     }
