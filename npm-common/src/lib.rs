@@ -19,6 +19,7 @@
 //! | `NPM_FRAGS`    | LRU hash             | [`FragKey`]                 | [`FragValue`]  |
 //! | `NPM_COUNTERS` | per-CPU array        | [`counter_index`]           | [`Counter`]    |
 //! | `NPM_EVENTS`   | ring buffer          | -                           | [`DenyEvent`]  |
+//! | `NPM_GENERATION` | array (1)          | 0                           | policy generation (`u64`) |
 //!
 //! IPv4 addresses are stored IPv4-mapped (`::ffff:a.b.c.d`) everywhere, so
 //! one map serves both families; an IPv4 prefix of length `n` is stored with
@@ -51,6 +52,13 @@
 //!    CIDR identity, then [`IDENTITY_ANY`]; any hit allows ([`Reason::Policy`]),
 //!    no hit drops ([`Reason::PolicyDenied`]). A lookup that cannot hit, as
 //!    the endpoint's `EP_NO_*_PEER_*` flags tell, is skipped.
+//!
+//! Steps 8 and 9 read only the endpoint, the direction, the peer address,
+//! the protocol and the destination port. The datapath keeps their outcome
+//! per CPU in a decision cache (`NPM_DECISIONS`, not pinned) tagged with
+//! `NPM_GENERATION`, which the loader bumps after every batch of map writes:
+//! a cached decision answers only while every map is as it was when the
+//! decision was made, so the cache never changes a verdict.
 //!
 //! Steps 7 to 9 that allow a packet also create a conntrack entry, so its
 //! replies are allowed by step 6 in both hooks of this endpoint. Policy maps
@@ -86,9 +94,13 @@ pub mod maps {
     pub const COUNTERS: &str = "NPM_COUNTERS";
     /// ring buffer of [`super::DenyEvent`]s.
     pub const EVENTS: &str = "NPM_EVENTS";
+    /// The policy generation (array of one `u64`): the loader bumps it
+    /// after every batch of map writes; the datapath's decision cache only
+    /// answers for decisions made under the current generation.
+    pub const GENERATION: &str = "NPM_GENERATION";
     /// Every map, for pinning and adoption.
-    pub const ALL: [&str; 10] = [
-        EP_SLOTS, ENDPOINTS, IPCACHE, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS,
+    pub const ALL: [&str; 11] = [
+        EP_SLOTS, ENDPOINTS, IPCACHE, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS, GENERATION,
     ];
 }
 

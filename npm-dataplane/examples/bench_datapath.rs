@@ -4,31 +4,36 @@
 //! Run as root: `cargo run --release -p npm-dataplane --example bench_datapath`
 //! (after `cargo xtask build-ebpf`).
 //!
-//! What is measured, per (policy entries, ipcache entries) scale:
+//! What is measured, per (policy entries, ipcache entries) scale, each path
+//! on its own loaded object (own veth, own pins):
 //! - `baseline`: `npm_empty` (returns at once) on the same frame: the fixed
 //!   cost of a test run of a classifier.
 //! - `policy`: a TCP SYN from a known pod (ipcache hit) to an isolated
-//!   endpoint, allowed by an entry of the pod's identity. The object is
-//!   loaded with the benchmark switch `NPM_BENCH_NO_CT_CREATE`, so no
-//!   conntrack entry is created and every repeat takes the full path: parse,
-//!   endpoint lookup, conntrack miss, ipcache lookup, policy LPM hit,
-//!   counters. Not included: the conntrack insert a real new flow does once.
+//!   endpoint, allowed by an entry of the pod's identity, decided by the
+//!   lookups: the object is loaded with the benchmark switches
+//!   `NPM_BENCH_NO_CT_CREATE` (no conntrack entry is created, so every
+//!   repeat is a new connection) and `no_decision_cache`: parse, endpoint
+//!   slot, ipcache lookup, policy LPM hit, counters. A SYN skips the
+//!   conntrack lookup (a new connection is decided by policy). Not included:
+//!   the conntrack insert a real new connection does once.
 //! - `deny`: a TCP SYN to a port no entry allows, from a pod that also has a
-//!   CIDR identity: conntrack miss, ipcache hit, one policy LPM miss (the
-//!   endpoint has no CIDR-peer and no any-peer ingress entry, so its
+//!   CIDR identity, decided by the lookups: ipcache hit, one policy LPM miss
+//!   (the endpoint has no CIDR-peer and no any-peer ingress entry, so its
 //!   `EP_NO_*_PEER_*` flags skip those two lookups), counters, a deny event
-//!   (once the ring buffer is full — nobody drains it during the run — the
+//!   (once the ring buffer is full, nobody drains it during the run, the
 //!   event output fails fast).
+//! - `policy_cached`, `deny_cached` (extra): the same packets with the
+//!   decision cache on: a new connection from a peer to an endpoint port
+//!   decided before under the same policy generation (any source port).
 //! - `tracked`: a data packet (ACK) of an established connection on a
 //!   normally loaded object: one run of the SYN created its conntrack entry
 //!   and one run of the SYN-ACK on the egress program marked it replied, so
 //!   the connection is in the per-CPU flow cache: parse, endpoint slot,
-//!   flow-cache hit. This is what every packet of an established flow costs
-//!   but the first after each 250 ms on a CPU.
-//! - `tracked_ct` (extra): the same ACK on an object loaded with the flow
-//!   cache switched off (`BenchSwitches::no_flow_cache`): the conntrack hash
-//!   lookup in `NPM_CT4` that the first packet of a flow on a CPU, and one
-//!   packet every 250 ms after, pays.
+//!   flow-cache hit. This is what every packet of an established IPv4 flow
+//!   costs but the first after each 250 ms on a CPU.
+//! - `tracked_ct` (extra): the same ACK with the flow cache switched off:
+//!   the conntrack hash lookup in `NPM_CT4` that the first packet of a flow
+//!   on a CPU, one packet every 250 ms after, and IPv6 flows pay.
 //!
 //! Each number is the median of 3 runs of 1,000,000 repeats. The last line of
 //! output is one JSON object.
@@ -181,35 +186,60 @@ fn median(dp: &EbpfDataplane, prog: &'static str, ifindex: u32, pkt: &[u8]) -> u
     v[RUNS / 2]
 }
 
+/// One loaded dataplane of the benchmark, on its own veth and pin dir.
+struct Setup {
+    dp: EbpfDataplane,
+    ifindex: u32,
+}
+
 fn main() {
     let pid = std::process::id();
-    let ifa = format!("npb{pid}a");
-    let ifb = format!("npb{pid}b");
-    let pin_p = PathBuf::from(format!("/sys/fs/bpf/npm-bench-{pid}-p"));
-    let pin_t = PathBuf::from(format!("/sys/fs/bpf/npm-bench-{pid}-t"));
-    let ifc = format!("npb{pid}c");
-    let pin_c = PathBuf::from(format!("/sys/fs/bpf/npm-bench-{pid}-c"));
-    let _cleanup = Cleanup {
-        links: vec![ifa.clone(), ifb.clone(), ifc.clone()],
-        pins: vec![pin_p.clone(), pin_t.clone(), pin_c.clone()],
-    };
-    let if_p = veth(&ifa);
-    let if_t = veth(&ifb);
-    let if_c = veth(&ifc);
-    let open = |pin: &PathBuf, bench: bool, no_flow_cache: bool| {
-        EbpfDataplane::open_with(
-            EbpfOptions {
-                object: None,
-                pin_dir: pin.clone(),
-                bench_no_ct_create: bench,
+    // (tag, no conntrack create, switches)
+    let kinds = [
+        (
+            "p",
+            true,
+            BenchSwitches {
+                no_flow_cache: false,
+                no_decision_cache: true,
             },
-            BenchSwitches { no_flow_cache },
-        )
-        .unwrap_or_else(|e| panic!("open: {e}"))
+        ),
+        ("q", true, BenchSwitches::default()),
+        ("t", false, BenchSwitches::default()),
+        (
+            "c",
+            false,
+            BenchSwitches {
+                no_flow_cache: true,
+                no_decision_cache: false,
+            },
+        ),
+    ];
+    let links: Vec<String> = kinds.iter().map(|(t, _, _)| format!("npb{pid}{t}")).collect();
+    let pins: Vec<PathBuf> = kinds
+        .iter()
+        .map(|(t, _, _)| PathBuf::from(format!("/sys/fs/bpf/npm-bench-{pid}-{t}")))
+        .collect();
+    let _cleanup = Cleanup {
+        links: links.clone(),
+        pins: pins.clone(),
     };
-    let mut dp_policy = open(&pin_p, true, false);
-    let mut dp_tracked = open(&pin_t, false, false);
-    let mut dp_tracked_ct = open(&pin_c, false, true);
+    let mut setups: Vec<Setup> = kinds
+        .iter()
+        .zip(links.iter().zip(&pins))
+        .map(|((_, no_ct, switches), (link, pin))| Setup {
+            ifindex: veth(link),
+            dp: EbpfDataplane::open_with(
+                EbpfOptions {
+                    object: None,
+                    pin_dir: pin.clone(),
+                    bench_no_ct_create: *no_ct,
+                },
+                *switches,
+            )
+            .unwrap_or_else(|e| panic!("open: {e}")),
+        })
+        .collect();
 
     let peer = Ipv4Addr::new(10, 0, 0, 2);
     let me = Ipv4Addr::new(10, 0, 0, 1);
@@ -218,63 +248,80 @@ fn main() {
     let syn_ack = tcp_frame(me, peer, 80, 40000, 0x12);
     let ack = tcp_frame(peer, me, 40000, 80, 0x10);
 
-    let baseline = median(&dp_policy, PROG_EMPTY, if_p, &allowed);
+    let s0 = &setups[0];
+    let baseline = median(&s0.dp, PROG_EMPTY, s0.ifindex, &allowed);
     // Touch the egress program too, so both are known to verify and run.
-    let _ = dp_policy.bench_run(PROG_EGRESS, if_p, &allowed, 1).expect("egress run");
+    let _ = s0
+        .dp
+        .bench_run(PROG_EGRESS, s0.ifindex, &allowed, 1)
+        .expect("egress run");
 
     let mut prev = Compiled::default();
     let mut results = Vec::new();
     println!("baseline (npm_empty): {baseline} ns");
-    println!(
-        "{:>8} {:>8} {:>9} {:>9} {:>10} {:>13}",
-        "policy", "ipcache", "policy_ns", "deny_ns", "tracked_ns", "tracked_ct_ns"
-    );
+    let paths = [
+        "policy",
+        "deny",
+        "policy_cached",
+        "deny_cached",
+        "tracked",
+        "tracked_ct",
+    ];
+    print!("{:>8} {:>8}", "policy", "ipcache");
+    for p in paths {
+        print!(" {:>13}", format!("{p}_ns"));
+    }
+    println!();
     for &p in &POLICY_SCALES {
         for &n in &IPCACHE_SCALES {
             let next = compiled(p, n);
             let diff = prev.diff(&next);
-            let ifs_p: BTreeMap<u32, u32> = [(1, if_p)].into_iter().collect();
-            let ifs_t: BTreeMap<u32, u32> = [(1, if_t)].into_iter().collect();
-            let ifs_c: BTreeMap<u32, u32> = [(1, if_c)].into_iter().collect();
-            dp_policy.apply(&diff, &next, &ifs_p).expect("apply (policy dataplane)");
-            dp_tracked
-                .apply(&diff, &next, &ifs_t)
-                .expect("apply (tracked dataplane)");
-            dp_tracked_ct
-                .apply(&diff, &next, &ifs_c)
-                .expect("apply (tracked_ct dataplane)");
+            for s in &mut setups {
+                let ifs: BTreeMap<u32, u32> = [(1, s.ifindex)].into_iter().collect();
+                s.dp.apply(&diff, &next, &ifs).expect("apply");
+            }
             prev = next;
 
-            let check = dp_policy.test_run(Direction::Ingress, if_p, &allowed).expect("check");
-            assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Policy)));
-            let check = dp_policy.test_run(Direction::Ingress, if_p, &denied).expect("check");
-            assert_eq!(check.1, Some(npm_common::Reason::PolicyDenied));
-            // Establish the connection on both tracked dataplanes: SYN in,
+            let [sp, sq, st, sc] = &setups[..] else {
+                unreachable!("four setups")
+            };
+            for s in [sp, sq] {
+                // Twice: the second run of each is the decision cache's hit
+                // on the cached setup.
+                for _ in 0..2 {
+                    let check = s.dp.test_run(Direction::Ingress, s.ifindex, &allowed).expect("check");
+                    assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Policy)));
+                    let check = s.dp.test_run(Direction::Ingress, s.ifindex, &denied).expect("check");
+                    assert_eq!(check.1, Some(npm_common::Reason::PolicyDenied));
+                }
+            }
+            // Establish the connection on both tracked setups: SYN in,
             // SYN-ACK out; then its ACKs are tracked.
-            for (dp, ifx) in [(&dp_tracked, if_t), (&dp_tracked_ct, if_c)] {
-                let check = dp.test_run(Direction::Ingress, ifx, &allowed).expect("check");
+            for s in [st, sc] {
+                let check = s.dp.test_run(Direction::Ingress, s.ifindex, &allowed).expect("check");
                 assert_eq!(check.0, VERDICT_ALLOW);
-                let check = dp.test_run(Direction::Egress, ifx, &syn_ack).expect("check");
+                let check = s.dp.test_run(Direction::Egress, s.ifindex, &syn_ack).expect("check");
                 assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Tracked)));
-                let check = dp.test_run(Direction::Ingress, ifx, &ack).expect("check");
+                let check = s.dp.test_run(Direction::Ingress, s.ifindex, &ack).expect("check");
                 assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Tracked)));
             }
 
-            let policy_ns = median(&dp_policy, PROG_INGRESS, if_p, &allowed);
-            let deny_ns = median(&dp_policy, PROG_INGRESS, if_p, &denied);
-            let tracked_ns = median(&dp_tracked, PROG_INGRESS, if_t, &ack);
-            let tracked_ct_ns = median(&dp_tracked_ct, PROG_INGRESS, if_c, &ack);
-            println!("{p:>8} {n:>8} {policy_ns:>9} {deny_ns:>9} {tracked_ns:>10} {tracked_ct_ns:>13}");
-            for (path, ns) in [
-                ("policy", policy_ns),
-                ("deny", deny_ns),
-                ("tracked", tracked_ns),
-                ("tracked_ct", tracked_ct_ns),
-            ] {
+            let figures = [
+                median(&sp.dp, PROG_INGRESS, sp.ifindex, &allowed),
+                median(&sp.dp, PROG_INGRESS, sp.ifindex, &denied),
+                median(&sq.dp, PROG_INGRESS, sq.ifindex, &allowed),
+                median(&sq.dp, PROG_INGRESS, sq.ifindex, &denied),
+                median(&st.dp, PROG_INGRESS, st.ifindex, &ack),
+                median(&sc.dp, PROG_INGRESS, sc.ifindex, &ack),
+            ];
+            print!("{p:>8} {n:>8}");
+            for (path, ns) in paths.iter().zip(figures) {
+                print!(" {ns:>13}");
                 results.push(format!(
                     r#"{{"path":"{path}","policy_entries":{p},"ipcache_entries":{n},"ns":{ns}}}"#
                 ));
             }
+            println!();
         }
     }
     println!(

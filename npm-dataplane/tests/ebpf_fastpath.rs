@@ -295,3 +295,95 @@ fn endpoints_beyond_the_slot_array_use_the_overflow_map() {
         (VERDICT_ALLOW, Some(Reason::NoEndpoint))
     );
 }
+
+/// Deletes every `NPM_POLICY` entry through the pinned map, behind the
+/// loader's back (no generation bump).
+fn drop_policy_entries(pin_dir: &Path) {
+    use aya::maps::lpm_trie::{Key, LpmTrie};
+    let data = MapData::from_pin(pin_dir.join(maps::POLICY)).expect("open pinned NPM_POLICY");
+    let mut trie: LpmTrie<MapData, [u8; npm_common::POLICY_KEY_LEN], npm_common::PolicyValue> =
+        LpmTrie::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_POLICY");
+    let keys: Vec<Key<[u8; npm_common::POLICY_KEY_LEN]>> = trie.keys().map(|k| k.expect("key")).collect();
+    assert!(!keys.is_empty(), "no policy entry to drop");
+    for k in keys {
+        trie.remove(&k).expect("remove policy entry");
+    }
+}
+
+#[test]
+fn decision_cache_answers_only_under_its_generation() {
+    pin_to_one_cpu();
+    let mut f = fixture("dg");
+    let syn = |sport| v4("10.0.0.2", "10.0.0.1", L4::Tcp(sport, 80, 0x02));
+    assert_eq!(run(&f, IN, &syn(43001)), (VERDICT_ALLOW, Some(Reason::Policy)));
+    // The rule disappears without the loader knowing: the decision made
+    // under this generation still answers, for any source port (proof that
+    // the cache decides, and that its key leaves the source port out).
+    drop_policy_entries(&f.pins.path);
+    assert_eq!(run(&f, IN, &syn(43002)), (VERDICT_ALLOW, Some(Reason::Policy)));
+    // A new generation: decided from the maps as they are.
+    f.dp.bump_generation().unwrap();
+    assert_eq!(run(&f, IN, &syn(43003)), (VERDICT_DROP, Some(Reason::PolicyDenied)));
+}
+
+#[test]
+fn decisions_follow_every_loader_write_at_once() {
+    pin_to_one_cpu();
+    let mut f = fixture("dw");
+    let ifs = ifaces(&[(1, f.ep.ifindex)]);
+    let syn = |sport, port| v4("10.0.0.2", "10.0.0.1", L4::Tcp(sport, port, 0x02));
+    let c0 = compiled();
+    // Allowed, then the rule goes: the very next SYN of the pair is denied.
+    assert_eq!(run(&f, IN, &syn(44001, 80)), (VERDICT_ALLOW, Some(Reason::Policy)));
+    assert_eq!(run(&f, IN, &syn(44002, 80)), (VERDICT_ALLOW, Some(Reason::Policy)));
+    let mut c1 = c0.clone();
+    c1.policy.clear();
+    f.dp.apply(&c0.diff(&c1), &c1, &ifs).unwrap();
+    assert_eq!(run(&f, IN, &syn(44003, 80)), (VERDICT_DROP, Some(Reason::PolicyDenied)));
+    // Denied (and cached), then a rule admits it: allowed at once.
+    assert_eq!(run(&f, IN, &syn(44004, 81)), (VERDICT_DROP, Some(Reason::PolicyDenied)));
+    let mut c2 = c1.clone();
+    allow(&mut c2, 1, IN, POD_B, Some(Tcp), (81, 81), 2);
+    f.dp.apply(&c1.diff(&c2), &c2, &ifs).unwrap();
+    assert_eq!(run(&f, IN, &syn(44005, 81)), (VERDICT_ALLOW, Some(Reason::Policy)));
+    // The peer's identity changes (ipcache write only): the decision follows.
+    let mut c3 = c2.clone();
+    ip(&mut c3, "10.0.0.2", POD_B + 1, 0);
+    f.dp.apply(&c2.diff(&c3), &c3, &ifs).unwrap();
+    assert_eq!(run(&f, IN, &syn(44006, 81)), (VERDICT_DROP, Some(Reason::PolicyDenied)));
+    // The endpoint stops being isolated (endpoint write only): allowed.
+    let mut c4 = c3.clone();
+    c4.endpoints.get_mut(&1).unwrap().isolated_ingress = false;
+    f.dp.apply(&c3.diff(&c4), &c4, &ifs).unwrap();
+    assert_eq!(run(&f, IN, &syn(44007, 81)), (VERDICT_ALLOW, Some(Reason::NotIsolated)));
+}
+
+#[test]
+fn deny_events_are_budgeted_per_cpu_and_tick_while_every_drop_is_counted() {
+    let mut f = fixture("eb");
+    let _ = f.dp.poll_deny_events();
+    let before = f.dp.counters().unwrap();
+    let denied = v4("10.0.0.2", "10.0.0.1", L4::Tcp(45001, 81, 0x02));
+    const N: u32 = 20_000;
+    let t = Instant::now();
+    f.dp.bench_run(npm_dataplane::ebpf::PROG_INGRESS, f.ep.ifindex, &denied, N)
+        .unwrap();
+    let elapsed_ms = t.elapsed().as_millis() as usize;
+    let events = f.dp.poll_deny_events();
+    // 32 events per CPU and tick; a tick is at least 1 ms (HZ <= 1000), and
+    // the run may have moved between the 2 CPUs.
+    let bound = 2 * 32 * (elapsed_ms + 2);
+    assert!(!events.is_empty(), "some deny events must be sent");
+    assert!(
+        events.len() <= bound && events.len() < N as usize,
+        "{} events for {N} drops in {elapsed_ms} ms (bound {bound})",
+        events.len()
+    );
+    assert!(events
+        .iter()
+        .all(|e| e.reason == Reason::PolicyDenied as u8 && e.dport == 81));
+    let after = f.dp.counters().unwrap();
+    let key = (npm_common::DIR_INGRESS, Reason::PolicyDenied as u8);
+    let drops = after.by_reason.get(&key).map_or(0, |c| c.0) - before.by_reason.get(&key).map_or(0, |c| c.0);
+    assert_eq!(drops, N as u64, "every dropped packet is counted");
+}

@@ -56,6 +56,33 @@
 //! ICMP/ICMPv6 echo requests and replies use the echo identifier as both
 //! ports in the conntrack key. Other ICMP messages use ports 0 and are
 //! decided by policy (only "any protocol" entries match them, with port 0).
+//!
+//! A TCP SYN without ACK opens a new connection: it skips the conntrack
+//! lookup and is decided by policy; if allowed, its fresh entry replaces any
+//! older entry of the same 5-tuple.
+//!
+//! # Fast paths
+//!
+//! The costly part of a packet is each hash or trie lookup (a call into the
+//! kernel, with hashing and return-thunk overhead); array lookups are
+//! inlined by the verifier. Three fast paths avoid calls:
+//!
+//! - endpoints live in an array indexed by ifindex (`NPM_EP_SLOTS`), the
+//!   hash `NPM_ENDPOINTS` only serves ifindexes beyond it;
+//! - the flow cache ([`NPM_FLOWCACHE`], per CPU, direct-mapped): established
+//!   IPv4 flows confirmed by a conntrack hit in the last 250 ms skip the
+//!   conntrack lookup (see [`flow_cache_hit`] for what that may change);
+//! - the decision cache ([`NPM_DECISIONS`], per CPU, direct-mapped): the
+//!   outcome of steps 8-9 per (endpoint, direction, protocol, port, peer
+//!   address), valid only under the `NPM_GENERATION` it was decided in. The
+//!   loader bumps the generation after every batch of map writes, so it is
+//!   exact: it never changes a verdict.
+//!
+//! # Deny events
+//!
+//! Every drop is counted in `NPM_COUNTERS`; at most 32 deny events per CPU
+//! and tick are written to the ring buffer, so a flood of denied packets
+//! costs no ring-buffer call per packet.
 #![no_std]
 #![no_main]
 // Map keys are passed by reference on purpose: by value they would be
@@ -102,7 +129,7 @@ static NPM_EVENTS: RingBuf = RingBuf::with_byte_size(sizes::EVENTS_BYTES, 0);
 
 /// Per-CPU scratch space: the parsed packet and the map keys live here, not
 /// on the 512-byte BPF stack. Not pinned: between packets it only holds the
-/// clock cache of [`coarse_now`].
+/// clock cache of [`coarse_now`] and the deny-event budget.
 #[map]
 static NPM_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
@@ -130,6 +157,34 @@ struct FlowSlot {
     confirmed_ns: u64,
 }
 
+/// The per-CPU decision cache of steps 8 and 9: a direct-mapped table of
+/// (endpoint, direction, protocol, port, peer address) -> reason, each
+/// slot tagged with the `NPM_GENERATION` it was decided under. The loader
+/// bumps the generation after every write to the maps a decision reads
+/// (endpoints, ipcache, CIDRs, policy), so a slot only answers while the
+/// maps are exactly as when it was decided: the cache is exact, it never
+/// changes a verdict. Not pinned.
+#[map]
+static NPM_DECISIONS: PerCpuArray<DecisionSlot> = PerCpuArray::with_max_entries(DECISION_SLOTS, 0);
+
+/// Slots of [`NPM_DECISIONS`] per CPU (a power of two).
+const DECISION_SLOTS: u32 = 4096;
+
+/// One [`NPM_DECISIONS`] slot.
+#[repr(C)]
+struct DecisionSlot {
+    key: [u32; 6],
+    reason: u32,
+    pad: u32,
+    /// `NPM_GENERATION` at the decision; 0 never matches (no loader write yet).
+    generation: u64,
+}
+
+/// The policy generation (one `u64`), bumped by the loader after every map
+/// write; see [`NPM_DECISIONS`].
+#[map]
+static NPM_GENERATION: Array<u64> = Array::with_max_entries(1, 0);
+
 /// Benchmark-only switch, a read-only global the loader may override at load
 /// time: when 1, allowed new flows do NOT create a conntrack entry, so a
 /// repeated test run measures the policy path every time. The production
@@ -143,6 +198,11 @@ static NPM_BENCH_NO_CT_CREATE: u8 = 0;
 /// conntrack lookup.
 #[no_mangle]
 static NPM_BENCH_NO_FLOW_CACHE: u8 = 0;
+
+/// Benchmark-only switch: when 1, the decision cache is not used, so
+/// policy-decided packets measure the ipcache and policy lookups.
+#[no_mangle]
+static NPM_BENCH_NO_DECISION_CACHE: u8 = 0;
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -206,14 +266,21 @@ struct Scratch {
     clk: Clock,
 }
 
-/// Clock cache of [`coarse_now`].
+/// Clock cache of [`coarse_now`] and the deny-event budget of this CPU.
 #[repr(C)]
 struct Clock {
     /// The jiffies value at the last clock read.
     jiffies: u64,
     /// The coarse clock read then (0: none yet).
     ns: u64,
+    /// The tick whose deny events `ev_count` counts.
+    ev_jiffies: u64,
+    /// Deny events sent in that tick.
+    ev_count: u64,
 }
+
+/// Deny events per CPU and tick (1 to 10 ms) sent to the ring buffer.
+const EVENTS_PER_TICK: u64 = 32;
 
 #[classifier]
 pub fn npm_ingress(ctx: TcContext) -> i32 {
@@ -346,6 +413,19 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
     if reason < FIRST_DENY_REASON {
         return TC_ACT_UNSPEC;
     }
+    // At most EVENTS_PER_TICK deny events per CPU and tick reach the ring
+    // buffer (the counters above count every drop): a flood of denied
+    // packets costs no ring-buffer call per packet.
+    // SAFETY: plain helper call (inlined by the verifier).
+    let j = unsafe { bpf_jiffies64() };
+    if s.clk.ev_jiffies != j {
+        s.clk.ev_jiffies = j;
+        s.clk.ev_count = 0;
+    }
+    if s.clk.ev_count >= EVENTS_PER_TICK {
+        return TC_ACT_SHOT;
+    }
+    s.clk.ev_count += 1;
     // The conntrack step's clock reading, when it got that far.
     let ts = if now != 0 { now } else { coarse_now(&mut s.clk) };
     // SAFETY: DenyEvent layout: ts 0, endpoint 8, ifindex 12, direction,
@@ -546,46 +626,52 @@ fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut
         Reason::NotIsolated as u8
     } else {
         let peer = if dir == DIR_INGRESS { src } else { dst };
-        // SAFETY: IpKey is repr(C) around exactly 16 address bytes.
-        let info = unsafe { NPM_IPCACHE.get(&*(peer as *const IpKey)) };
-        let lpm = s.lpm.as_mut_ptr() as *mut u8;
-        let (identity, cidr_identity) = match info {
-            Some(i) => (i.identity, i.cidr_identity),
-            None => {
-                // SAFETY: lpm is 20 bytes: prefix length and 16 bytes.
-                let cidr = unsafe {
-                    wr32(lpm, 128);
-                    copy16(lpm.add(4), peer);
-                    NPM_CIDRS.get(&*(lpm as *const Key<[u8; 16]>)).copied()
-                };
-                (IDENTITY_WORLD, cidr.unwrap_or(IDENTITY_ANY))
-            }
+        let port = match p.proto {
+            proto::TCP | proto::UDP | proto::SCTP => p.dport,
+            _ => 0,
         };
-        if dir == DIR_INGRESS && identity == IDENTITY_HOST {
-            // 8. host.
-            Reason::Host as u8
+        // Steps 8 and 9 depend on the endpoint, the direction, the peer
+        // address, the protocol and the port only: the decision cache
+        // answers for a tuple decided before under the same generation.
+        // SAFETY: reading a read-only global.
+        let use_cache = unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_DECISION_CACHE) } == 0;
+        let generation = match NPM_GENERATION.get(0) {
+            Some(g) if use_cache => *g,
+            _ => 0,
+        };
+        // SAFETY: 16-byte, 4-aligned peer address in scratch.
+        let key = unsafe { decision_key(ep.id, dir, p.proto, port, peer) };
+        let key = &key;
+        // A null slot: no cache (raw pointers and a sentinel rather than
+        // Options: LLVM may otherwise read an undefined payload register,
+        // which the verifier rejects).
+        let slot: *mut DecisionSlot = if generation != 0 {
+            NPM_DECISIONS
+                .get_ptr_mut(decision_slot(key))
+                .unwrap_or(core::ptr::null_mut())
         } else {
-            // 9. policy.
-            let port = match p.proto {
-                proto::TCP | proto::UDP | proto::SCTP => p.dport,
-                _ => 0,
-            };
-            let id = ep.id;
-            let pr = p.proto;
-            let f = ep.flags;
-            // A lookup the endpoint's EP_NO_*_PEER_* flags rule out is
-            // skipped: it could not hit.
-            if (may_match(f, dir, identity) && policy_allows(lpm, id, dir, identity, pr, port))
-                || (cidr_identity != IDENTITY_ANY
-                    && may_match(f, dir, cidr_identity)
-                    && policy_allows(lpm, id, dir, cidr_identity, pr, port))
-                || (may_match(f, dir, IDENTITY_ANY) && policy_allows(lpm, id, dir, IDENTITY_ANY, pr, port))
-            {
-                Reason::Policy as u8
-            } else {
-                return Reason::PolicyDenied as u8;
+            core::ptr::null_mut()
+        };
+        // SAFETY: this CPU's slot, when not null.
+        let cached = if slot.is_null() {
+            NO_DECISION
+        } else {
+            unsafe { decision_cache_get(slot, key, generation) }
+        };
+        let r = if cached != NO_DECISION {
+            cached
+        } else {
+            let r = evaluate_policy(s.lpm.as_mut_ptr() as *mut u8, ep, dir, p.proto, port, peer);
+            if !slot.is_null() {
+                // SAFETY: this CPU's slot.
+                unsafe { decision_cache_put(slot, key, generation, r) };
             }
+            r
+        };
+        if r >= FIRST_DENY_REASON {
+            return r;
         }
+        r
     };
     // Allowed by steps 7-9: track the connection.
     // SAFETY: reading a read-only global.
@@ -682,6 +768,112 @@ unsafe fn flow_cache_fill(slot: *mut FlowSlot, k: &CtKey4, now: u64) {
     wr32(d.add(12), w[3]);
     wr32(d.add(16), w[4]);
     wr64(d.add(24), now);
+}
+
+/// Steps 8 and 9 for an isolated endpoint: the peer's identities (ipcache,
+/// else the CIDR trie) and the policy lookups. Returns `Host`, `Policy` or
+/// `PolicyDenied`.
+#[inline(always)]
+fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: *const u8) -> u8 {
+    // SAFETY: IpKey is repr(C) around exactly 16 address bytes.
+    let info = unsafe { NPM_IPCACHE.get(&*(peer as *const IpKey)) };
+    let (identity, cidr_identity) = match info {
+        Some(i) => (i.identity, i.cidr_identity),
+        None => {
+            // SAFETY: lpm is 20 bytes: prefix length and 16 bytes.
+            let cidr = unsafe {
+                wr32(lpm, 128);
+                copy16(lpm.add(4), peer);
+                NPM_CIDRS.get(&*(lpm as *const Key<[u8; 16]>)).copied()
+            };
+            (IDENTITY_WORLD, cidr.unwrap_or(IDENTITY_ANY))
+        }
+    };
+    if dir == DIR_INGRESS && identity == IDENTITY_HOST {
+        // 8. host.
+        return Reason::Host as u8;
+    }
+    // 9. policy.
+    let id = ep.id;
+    let f = ep.flags;
+    // A lookup the endpoint's EP_NO_*_PEER_* flags rule out is skipped: it
+    // could not hit.
+    if (may_match(f, dir, identity) && policy_allows(lpm, id, dir, identity, pr, port))
+        || (cidr_identity != IDENTITY_ANY
+            && may_match(f, dir, cidr_identity)
+            && policy_allows(lpm, id, dir, cidr_identity, pr, port))
+        || (may_match(f, dir, IDENTITY_ANY) && policy_allows(lpm, id, dir, IDENTITY_ANY, pr, port))
+    {
+        Reason::Policy as u8
+    } else {
+        Reason::PolicyDenied as u8
+    }
+}
+
+/// The decision-cache key: endpoint, direction|protocol|port, peer
+/// address (4 words).
+///
+/// # Safety
+/// `peer` is a 16-byte, 4-aligned address.
+#[inline(always)]
+unsafe fn decision_key(ep: u32, dir: u8, pr: u8, port: u16, peer: *const u8) -> [u32; 6] {
+    [
+        ep,
+        dir as u32 | (pr as u32) << 8 | (port as u32) << 16,
+        rd32(peer),
+        rd32(peer.add(4)),
+        rd32(peer.add(8)),
+        rd32(peer.add(12)),
+    ]
+}
+
+/// The decision-cache slot of a key.
+#[inline(always)]
+fn decision_slot(w: &[u32; 6]) -> u32 {
+    let a = (w[5] ^ w[1].rotate_left(16)).wrapping_mul(0x9e37_79b1);
+    let b = (w[0] ^ w[2] ^ w[3] ^ w[4]).wrapping_mul(0x85eb_ca77);
+    ((a ^ b) >> 16) & (DECISION_SLOTS - 1)
+}
+
+/// [`decision_cache_get`]'s miss.
+const NO_DECISION: u8 = 0xff;
+
+/// The cached decision for `key` if the slot holds it under `generation`,
+/// else [`NO_DECISION`].
+///
+/// # Safety
+/// `slot` points to this CPU's `NPM_DECISIONS` slot.
+#[inline(always)]
+unsafe fn decision_cache_get(slot: *const DecisionSlot, w: &[u32; 6], generation: u64) -> u8 {
+    let sl = &*slot;
+    let diff = (sl.key[0] ^ w[0])
+        | (sl.key[1] ^ w[1])
+        | (sl.key[2] ^ w[2])
+        | (sl.key[3] ^ w[3])
+        | (sl.key[4] ^ w[4])
+        | (sl.key[5] ^ w[5]);
+    if diff == 0 && sl.generation == generation {
+        sl.reason as u8
+    } else {
+        NO_DECISION
+    }
+}
+
+/// Stores a decision made under `generation`.
+///
+/// # Safety
+/// `slot` points to this CPU's `NPM_DECISIONS` slot.
+#[inline(always)]
+unsafe fn decision_cache_put(slot: *mut DecisionSlot, w: &[u32; 6], generation: u64, reason: u8) {
+    let d = slot as *mut u8;
+    wr32(d, w[0]);
+    wr32(d.add(4), w[1]);
+    wr32(d.add(8), w[2]);
+    wr32(d.add(12), w[3]);
+    wr32(d.add(16), w[4]);
+    wr32(d.add(20), w[5]);
+    wr32(d.add(24), reason as u32);
+    wr64(d.add(32), generation);
 }
 
 /// Whether some policy entry of the endpoint (flags `ep_flags`) in

@@ -218,6 +218,9 @@ pub struct BenchSwitches {
     /// The datapath's per-CPU flow cache is neither read nor filled, so
     /// packets of established flows always take the conntrack lookup.
     pub no_flow_cache: bool,
+    /// The datapath's per-CPU decision cache is not used, so packets
+    /// decided by policy always take the ipcache and policy lookups.
+    pub no_decision_cache: bool,
 }
 
 /// How to open the dataplane.
@@ -438,6 +441,7 @@ pub struct EbpfDataplane {
     frags: BpfHashMap<MapData, FragKey, FragValue>,
     counters: PerCpuArray<MapData, Counter>,
     events: RingBuf<MapData>,
+    generation: Array<MapData, u64>,
     /// (ifindex, pod direction) -> the link (pinned under `links/`).
     links: BTreeMap<(u32, u8), FdLink>,
     /// Endpoint id -> ifindex it is programmed at.
@@ -490,6 +494,8 @@ impl EbpfDataplane {
         loader.override_global("NPM_BENCH_NO_CT_CREATE", &bench, true);
         let no_cache: u8 = switches.no_flow_cache.into();
         loader.override_global("NPM_BENCH_NO_FLOW_CACHE", &no_cache, true);
+        let no_decisions: u8 = switches.no_decision_cache.into();
+        loader.override_global("NPM_BENCH_NO_DECISION_CACHE", &no_decisions, true);
         let mut bpf = loader.load(&data).map_err(|source| EbpfError::Load {
             path: object.clone(),
             source: Box::new(source),
@@ -510,6 +516,7 @@ impl EbpfDataplane {
         let frags = BpfHashMap::try_from(take_map(&mut bpf, maps::FRAGS)?).map_err(conv(maps::FRAGS))?;
         let counters = PerCpuArray::try_from(take_map(&mut bpf, maps::COUNTERS)?).map_err(conv(maps::COUNTERS))?;
         let events = RingBuf::try_from(take_map(&mut bpf, maps::EVENTS)?).map_err(conv(maps::EVENTS))?;
+        let generation = Array::try_from(take_map(&mut bpf, maps::GENERATION)?).map_err(conv(maps::GENERATION))?;
         let mut dp = EbpfDataplane {
             bpf,
             pin_dir,
@@ -522,6 +529,7 @@ impl EbpfDataplane {
             frags,
             counters,
             events,
+            generation,
             links: BTreeMap::new(),
             programmed: BTreeMap::new(),
             written_flags: BTreeMap::new(),
@@ -844,6 +852,18 @@ impl EbpfDataplane {
         next: &Compiled,
         interfaces: &Interfaces,
     ) -> Result<(), EbpfError> {
+        let result = self.apply_diff_maps(diff, next, interfaces);
+        // Also after a failed apply: some maps may have changed.
+        self.bump_generation()?;
+        result
+    }
+
+    fn apply_diff_maps(
+        &mut self,
+        diff: &CompiledDiff,
+        next: &Compiled,
+        interfaces: &Interfaces,
+    ) -> Result<(), EbpfError> {
         // 1. upserts: policy, ipcache and CIDRs, endpoints.
         for (entry, rule) in &diff.policy.upsert {
             self.write_policy(entry, *rule)?;
@@ -893,6 +913,27 @@ impl EbpfDataplane {
     /// everything in `compiled`, then deletes every kernel entry (and pinned
     /// link) that is not part of it.
     pub fn sync(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
+        let result = self.sync_maps(compiled, interfaces);
+        // Also after a failed sync: some maps may have changed.
+        self.bump_generation()?;
+        result?;
+        self.retire_other_layouts()?;
+        Ok(())
+    }
+
+    /// Bumps `NPM_GENERATION`: every decision the datapath cached before
+    /// stops answering, so the next packets are decided from the maps as
+    /// they are now. Called after every batch of map writes.
+    pub fn bump_generation(&mut self) -> Result<u64, EbpfError> {
+        let now = self.generation.get(&0, 0).map_err(map_err(maps::GENERATION, "read"))?;
+        let next = now.wrapping_add(1).max(1);
+        self.generation
+            .set(0, next, 0)
+            .map_err(map_err(maps::GENERATION, "bump"))?;
+        Ok(next)
+    }
+
+    fn sync_maps(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
         // Mark: write everything.
         let mut want_policy: BTreeMap<PolicyKey, u32> = BTreeMap::new();
         for (entry, rule) in &compiled.policy {
@@ -968,9 +1009,7 @@ impl EbpfDataplane {
             self.detach(ifindex)?;
         }
         let ids: BTreeSet<u32> = self.programmed.keys().copied().collect();
-        self.purge_flows(|ep| ids.contains(&ep))?;
-        self.retire_other_layouts()?;
-        Ok(())
+        self.purge_flows(|ep| ids.contains(&ep))
     }
 
     /// Removes the pin directories of other map layouts beside this one
