@@ -16,7 +16,9 @@
 //! new flags) dropped as spoofed: never allowed by a state that did not
 //! exist.
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError};
+use std::os::fd::{AsFd, AsRawFd};
+
+use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, MapData, MapError};
 use npm_common::{maps, sizes, EndpointInfo, EP_PRESENT};
 
 use super::{is_not_found, map_err, EbpfError};
@@ -82,16 +84,86 @@ pub(crate) fn read_entries(
     slots: &Array<MapData, EndpointInfo>,
     overflow: &BpfHashMap<MapData, u32, EndpointInfo>,
 ) -> Result<Vec<(u32, EndpointInfo)>, EbpfError> {
-    let mut out = Vec::new();
-    for (i, v) in slots.iter().enumerate() {
-        let info = v.map_err(map_err(maps::EP_SLOTS, format!("read slot {i}")))?;
-        if info.flags & EP_PRESENT != 0 {
-            out.push((i as u32, info));
-        }
-    }
+    let mut out: Vec<(u32, EndpointInfo)> = read_all_slots(slots)?
+        .into_iter()
+        .filter(|(_, info)| info.flags & EP_PRESENT != 0)
+        .collect();
     for e in overflow.iter() {
         let (ifindex, info) = e.map_err(|e: MapError| map_err(maps::ENDPOINTS, "iterate")(e))?;
         out.push((ifindex, info));
     }
     Ok(out)
+}
+
+/// `attr.batch` of the `bpf(2)` batch commands.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// `BPF_MAP_LOOKUP_BATCH`.
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// Reads every slot of the array with `BPF_MAP_LOOKUP_BATCH`: a few
+/// syscalls for all 65,536 slots instead of one per slot (which made a full
+/// sync's sweep cost seconds).
+fn read_all_slots(slots: &Array<MapData, EndpointInfo>) -> Result<Vec<(u32, EndpointInfo)>, EbpfError> {
+    let n = sizes::ENDPOINT_SLOTS as usize;
+    let mut keys = vec![0u32; n];
+    let mut values = vec![EndpointInfo::default(); n];
+    let fd = slots.map().fd().as_fd().as_raw_fd();
+    let mut done = 0usize;
+    let mut token: u32 = 0;
+    let mut first = true;
+    while done < n {
+        let in_token = token;
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { &in_token as *const u32 as u64 },
+            out_batch: &mut token as *mut u32 as u64,
+            keys: keys[done..].as_mut_ptr() as u64,
+            values: values[done..].as_mut_ptr() as u64,
+            count: (n - done) as u32,
+            map_fd: fd as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: the attribute points to buffers of `count` keys and
+        // values of the map's sizes (u32 index, EndpointInfo), alive for
+        // the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        let err = (rc < 0).then(std::io::Error::last_os_error);
+        done += attr.count as usize;
+        first = false;
+        match err {
+            None => {}
+            // ENOENT: the end of the array was reached.
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+            Some(io_error) => {
+                return Err(map_err(maps::EP_SLOTS, "batch lookup")(MapError::SyscallError(
+                    aya::sys::SyscallError {
+                        call: "bpf_map_lookup_batch",
+                        io_error,
+                    },
+                )))
+            }
+        }
+        if attr.count == 0 {
+            break;
+        }
+    }
+    Ok(keys.into_iter().zip(values).take(done).collect())
 }
