@@ -1,17 +1,33 @@
 //! Agent benchmark: the in-process test API server with 10,000 pods and
-//! 1,000 policies, the real watchers, compiler and sync loop, and an
-//! in-memory dataplane that timestamps what it is given.
+//! 1,000 policies, the real watchers, compiler and sync loop, and the real
+//! eBPF dataplane ([`EbpfDataplane`], maps pinned under a bpffs directory of
+//! its own) programming this node's endpoints on veth interfaces (one per
+//! local pod, tcx programs attached).
 //!
 //! Measures the time from agent start to the first full enforcement (the
-//! first `sync_full`), then p50/p99 latency from an API write (pod or policy
-//! create) to the dataplane update, at 100 changes/s, and the agent's RSS
-//! growth (the API server runs in the same process; its memory is measured
-//! before the agent starts and subtracted). Ends with one JSON line.
+//! first `sync_full` returned: every map written), then p50/p99 latency from
+//! an API write (pod or policy create) to the return of the dataplane call
+//! that wrote its kernel map entries (the `bpf(BPF_MAP_UPDATE_ELEM)` calls
+//! completed), at 100 changes/s, and the agent's RSS growth (the API server
+//! runs in the same process; its memory is measured before the agent starts
+//! and subtracted). A new pod writes its `NPM_IPCACHE` entry; a new policy
+//! writes `NPM_POLICY` entries for each of the local endpoints it selects
+//! (100 at 10,000 pods) and their `NPM_ENDPOINTS` records. At the end the
+//! pinned maps are read back and every change is checked to be there.
+//! Ends with one JSON line.
+//!
+//! Runs as root (bpffs, tcx, veth links). Names carry the process id
+//! (veths `nbd<pid>x<n>` / `nbd<pid>y<n>`, pin dir `/sys/fs/bpf/npmbench<pid>`); they are
+//! removed at the end (also on panic) and leftovers of crashed runs first.
 //!
 //! `cargo run --release -p npm-agent --example bench_agent [-- PODS POLICIES SECONDS]`
+//! (`NPM_EBPF_OBJECT` or the workspace build of `cargo xtask build-ebpf`
+//! gives the BPF object).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,9 +39,14 @@ use npm_agent::agent::{self, AgentConfig};
 use npm_agent::endpoints::{Resolve, Resolved};
 use npm_agent::metrics::Metrics;
 use npm_agent::sync::{AgentDataplane, SyncConfig};
+use npm_common::DenyEvent;
+use npm_dataplane::ebpf::{dump_pinned, EbpfDataplane, EbpfOptions};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
-use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, RuleRef};
+use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, PolicyEntry, RuleRef};
 use npm_testapi::{Options, TestApiServer};
+
+const LINK_PREFIX: &str = "nbd";
+const PIN_PREFIX: &str = "npmbench";
 
 #[derive(Default)]
 struct Probe {
@@ -33,72 +54,210 @@ struct Probe {
     pending_ips: HashMap<IpAddr, Instant>,
     pending_policies: HashMap<String, Instant>,
     latencies_ms: Vec<f64>,
+    pod_ms: Vec<f64>,
+    policy_ms: Vec<f64>,
 }
 
-#[derive(Clone, Default)]
-struct TimingDataplane(Arc<Mutex<Probe>>);
-
-impl TimingDataplane {
-    fn observe(&self, next: &Compiled, upserted_ips: &[IpAddr]) {
-        let now = Instant::now();
-        let mut p = self.0.lock().unwrap();
-        for ip in upserted_ips {
-            if let Some(t) = p.pending_ips.remove(ip) {
-                p.latencies_ms.push((now - t).as_secs_f64() * 1e3);
+impl Probe {
+    /// Called right after the dataplane call that wrote `ips` and
+    /// `entries` returned.
+    fn observe<'a>(
+        &mut self,
+        now: Instant,
+        next: &Compiled,
+        ips: impl Iterator<Item = &'a IpAddr>,
+        entries: impl Iterator<Item = (&'a PolicyEntry, &'a u32)>,
+    ) {
+        for ip in ips {
+            if let Some(t) = self.pending_ips.remove(ip) {
+                let ms = (now - t).as_secs_f64() * 1e3;
+                self.latencies_ms.push(ms);
+                self.pod_ms.push(ms);
             }
         }
-        if !p.pending_policies.is_empty() {
-            let names: BTreeSet<&str> = next
-                .ids
-                .rules
-                .values()
-                .filter_map(|r| match r {
-                    RuleRef::Policy { name, .. } => Some(name.as_str()),
-                    RuleRef::HostEgress => None,
-                })
-                .collect();
-            let done: Vec<String> = p
-                .pending_policies
-                .keys()
-                .filter(|n| names.contains(n.as_str()))
-                .cloned()
-                .collect();
-            for n in done {
-                let t = p.pending_policies.remove(&n).unwrap();
-                p.latencies_ms.push((now - t).as_secs_f64() * 1e3);
+        if self.pending_policies.is_empty() {
+            return;
+        }
+        for (_, rule) in entries {
+            if let Some(RuleRef::Policy { name, .. }) = next.ids.rules.get(rule) {
+                if let Some(t) = self.pending_policies.remove(name) {
+                    let ms = (now - t).as_secs_f64() * 1e3;
+                    self.latencies_ms.push(ms);
+                    self.policy_ms.push(ms);
+                }
             }
         }
     }
 }
 
-impl Dataplane for TimingDataplane {
-    fn sync_full(&mut self, compiled: &Compiled, _: &Interfaces) -> Result<(), DataplaneError> {
-        self.0.lock().unwrap().first_full.get_or_insert_with(Instant::now);
-        let ips: Vec<IpAddr> = compiled.ipcache.keys().copied().collect();
-        self.observe(compiled, &ips);
+/// The real eBPF dataplane, timestamping each change when the call that
+/// wrote its map entries has returned.
+struct TimedEbpf {
+    inner: EbpfDataplane,
+    probe: Arc<Mutex<Probe>>,
+}
+
+impl Dataplane for TimedEbpf {
+    fn sync_full(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError> {
+        self.inner.sync_full(compiled, interfaces)?;
+        let now = Instant::now();
+        let mut p = self.probe.lock().unwrap();
+        p.first_full.get_or_insert(now);
+        p.observe(now, compiled, compiled.ipcache.keys(), compiled.policy.iter());
         Ok(())
     }
-    fn apply(&mut self, diff: &CompiledDiff, next: &Compiled, _: &Interfaces) -> Result<(), DataplaneError> {
-        let ips: Vec<IpAddr> = diff.ipcache.upsert.iter().map(|(k, _)| *k).collect();
-        self.observe(next, &ips);
+    fn apply(&mut self, diff: &CompiledDiff, next: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError> {
+        self.inner.apply(diff, next, interfaces)?;
+        let now = Instant::now();
+        self.probe.lock().unwrap().observe(
+            now,
+            next,
+            diff.ipcache.upsert.iter().map(|(k, _)| k),
+            diff.policy.upsert.iter().map(|(e, r)| (e, r)),
+        );
         Ok(())
     }
     fn counters(&self) -> Result<Counters, DataplaneError> {
-        Ok(Counters::default())
+        self.inner.counters()
     }
 }
 
-impl AgentDataplane for TimingDataplane {}
+impl AgentDataplane for TimedEbpf {
+    fn poll_deny_events(&mut self) -> Vec<DenyEvent> {
+        self.inner.poll_deny_events()
+    }
+}
 
-struct AllFound;
+/// Hands each local endpoint one of the veth interfaces (stable while the
+/// endpoint exists).
+struct PoolResolver {
+    free: Vec<u32>,
+    assigned: BTreeMap<u32, u32>,
+}
 
-impl Resolve for AllFound {
+impl Resolve for PoolResolver {
     fn resolve(&mut self, compiled: &Compiled) -> Resolved {
+        let gone: Vec<u32> = self
+            .assigned
+            .keys()
+            .filter(|id| !compiled.endpoints.contains_key(id))
+            .copied()
+            .collect();
+        for id in gone {
+            if let Some(i) = self.assigned.remove(&id) {
+                self.free.push(i);
+            }
+        }
+        let mut missing = Vec::new();
+        for id in compiled.endpoints.keys() {
+            if !self.assigned.contains_key(id) {
+                match self.free.pop() {
+                    Some(i) => {
+                        self.assigned.insert(*id, i);
+                    }
+                    None => missing.push(*id),
+                }
+            }
+        }
         Resolved {
-            interfaces: compiled.endpoints.keys().map(|&id| (id, 10_000 + id)).collect(),
-            missing: Vec::new(),
+            interfaces: self.assigned.clone(),
+            missing,
         }
     }
+}
+
+/// The veth links and the pin directory of this run; removed on drop.
+struct Kernel {
+    links: Vec<String>,
+    pin_dir: PathBuf,
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        delete_links(&self.links);
+        let _ = std::fs::remove_dir_all(&self.pin_dir);
+    }
+}
+
+fn pid_gone(name: &str, prefix: &str) -> bool {
+    let pid: String = name
+        .strip_prefix(prefix)
+        .unwrap_or("")
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn ip_batch(lines: &[String]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut child = Command::new("ip")
+        .args(["-force", "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    child
+        .stdin
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("ip -batch: no stdin"))?
+        .write_all(lines.join("\n").as_bytes())?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "ip -batch failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+fn delete_links(names: &[String]) {
+    let lines: Vec<String> = names.iter().map(|n| format!("link delete {n}")).collect();
+    if !lines.is_empty() {
+        let _ = ip_batch(&lines);
+    }
+}
+
+/// Removes links and pin directories of earlier runs whose process is gone.
+fn clear_leftovers() {
+    let mut stale = Vec::new();
+    for entry in std::fs::read_dir("/sys/class/net").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(LINK_PREFIX) && pid_gone(&name, LINK_PREFIX) {
+            stale.push(name);
+        }
+    }
+    delete_links(&stale);
+    for entry in std::fs::read_dir("/sys/fs/bpf").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(PIN_PREFIX) && pid_gone(&name, PIN_PREFIX) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Creates `n` veth pairs (up) and returns the guard and their ifindexes.
+fn setup_kernel(n: usize) -> anyhow::Result<(Kernel, Vec<u32>)> {
+    clear_leftovers();
+    let pid = std::process::id();
+    let kernel = Kernel {
+        links: (0..n).map(|k| format!("{LINK_PREFIX}{pid}x{k}")).collect(),
+        pin_dir: PathBuf::from(format!("/sys/fs/bpf/{PIN_PREFIX}{pid}")),
+    };
+    let mut lines = Vec::new();
+    for l in &kernel.links {
+        // The peer (`...y<n>`) goes with it when the link is deleted.
+        let peer = l.replacen('x', "y", 1);
+        lines.push(format!("link add name {l} type veth peer name {peer}"));
+        lines.push(format!("link set {l} up"));
+        lines.push(format!("link set {peer} up"));
+    }
+    ip_batch(&lines)?;
+    let mut ifindexes = Vec::new();
+    for l in &kernel.links {
+        let idx = std::fs::read_to_string(format!("/sys/class/net/{l}/ifindex"))?;
+        ifindexes.push(idx.trim().parse()?);
+    }
+    Ok((kernel, ifindexes))
 }
 
 fn rss_mb() -> f64 {
@@ -179,6 +338,12 @@ async fn main() -> anyhow::Result<()> {
     let policies = args.get(1).copied().unwrap_or(1_000);
     let seconds = args.get(2).copied().unwrap_or(10);
     let namespaces = 10;
+    if let Ok(filter) = std::env::var("RUST_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
 
     let srv = TestApiServer::start(Options::default()).await?;
     let mut config = kube::Config::new(srv.url().parse()?);
@@ -219,8 +384,22 @@ async fn main() -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
 
+    let locals = pods.div_ceil(100);
+    let (kernel, ifindexes) = setup_kernel(locals)?;
+    let probe: Arc<Mutex<Probe>> = Arc::default();
     let rss_before = rss_mb();
-    let dp = TimingDataplane::default();
+    let dp = TimedEbpf {
+        inner: EbpfDataplane::open(EbpfOptions {
+            object: None,
+            pin_dir: kernel.pin_dir.clone(),
+            bench_no_ct_create: false,
+        })?,
+        probe: probe.clone(),
+    };
+    let resolver = PoolResolver {
+        free: ifindexes,
+        assigned: BTreeMap::new(),
+    };
     let cfg = AgentConfig {
         sync: SyncConfig {
             compile: CompileOptions {
@@ -234,9 +413,9 @@ async fn main() -> anyhow::Result<()> {
         metrics_addr: None,
     };
     let started = Instant::now();
-    let running = agent::start(cfg, client.clone(), dp.clone(), Box::new(AllFound), Metrics::new()?).await?;
+    let running = agent::start(cfg, client.clone(), dp, Box::new(resolver), Metrics::new()?).await?;
     let first = loop {
-        if let Some(t) = dp.0.lock().unwrap().first_full {
+        if let Some(t) = probe.lock().unwrap().first_full {
             break t;
         }
         anyhow::ensure!(
@@ -251,6 +430,8 @@ async fn main() -> anyhow::Result<()> {
     // 100 changes per second: alternately a new pod and a new policy.
     let changes = seconds * 100;
     let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut churn_ips: Vec<IpAddr> = Vec::new();
+    let mut churn_ports: Vec<u16> = Vec::new();
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), "bench0");
     let np_api: Api<NetworkPolicy> = Api::namespaced(client.clone(), "bench0");
     for c in 0..changes {
@@ -259,19 +440,21 @@ async fn main() -> anyhow::Result<()> {
         if c % 2 == 0 {
             let ip = ip_of(i);
             let p = pod("bench0", i, &ip, false);
-            dp.0.lock().unwrap().pending_ips.insert(ip.parse()?, Instant::now());
+            churn_ips.push(ip.parse()?);
+            probe.lock().unwrap().pending_ips.insert(ip.parse()?, Instant::now());
             pod_api.create(&PostParams::default(), &p).await?;
         } else {
             let name = format!("churn{c}");
             let np = churn_policy(&name, c);
-            dp.0.lock().unwrap().pending_policies.insert(name, Instant::now());
+            churn_ports.push(2000 + c as u16);
+            probe.lock().unwrap().pending_policies.insert(name, Instant::now());
             np_api.create(&PostParams::default(), &np).await?;
         }
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         let done = {
-            let p = dp.0.lock().unwrap();
+            let p = probe.lock().unwrap();
             p.pending_ips.is_empty() && p.pending_policies.is_empty()
         };
         if done {
@@ -281,12 +464,53 @@ async fn main() -> anyhow::Result<()> {
     }
     let rss = rss_mb() - rss_before;
     let (mut lat, missing) = {
-        let p = dp.0.lock().unwrap();
+        let p = probe.lock().unwrap();
         (p.latencies_ms.clone(), p.pending_ips.len() + p.pending_policies.len())
     };
     anyhow::ensure!(missing == 0, "{missing} changes never reached the dataplane");
     lat.sort_by(|a, b| a.total_cmp(b));
+    let (mut pod_ms, mut policy_ms) = {
+        let p = probe.lock().unwrap();
+        (p.pod_ms.clone(), p.policy_ms.clone())
+    };
+    pod_ms.sort_by(|a, b| a.total_cmp(b));
+    policy_ms.sort_by(|a, b| a.total_cmp(b));
     running.abort();
+
+    // Read the pinned maps back: every change must be in the kernel.
+    let dump = dump_pinned(&kernel.pin_dir)?;
+    let ips: std::collections::HashSet<IpAddr> = dump.ipcache.iter().map(|e| e.addr).collect();
+    let absent = churn_ips.iter().filter(|ip| !ips.contains(ip)).count();
+    anyhow::ensure!(
+        absent == 0,
+        "{absent} new pods' addresses are not in the pinned ipcache"
+    );
+    anyhow::ensure!(
+        dump.endpoints.len() == locals && dump.endpoints.iter().all(|e| e.attached.len() == 2),
+        "{} endpoints programmed ({} expected, all with both hooks attached)",
+        dump.endpoints.len(),
+        locals
+    );
+    let mut per_port: HashMap<u16, usize> = HashMap::new();
+    for e in &dump.policy {
+        if e.protocol == Some(6) && e.ports.0 == e.ports.1 {
+            *per_port.entry(e.ports.0).or_default() += 1;
+        }
+    }
+    let short = churn_ports
+        .iter()
+        .filter(|p| per_port.get(p).copied().unwrap_or(0) < locals)
+        .count();
+    anyhow::ensure!(
+        short == 0,
+        "{short} new policies lack pinned policy entries for some of the {locals} local endpoints"
+    );
+    eprintln!(
+        "verified in the pinned maps: {} ipcache, {} endpoints, {} policy keys",
+        dump.ipcache.len(),
+        dump.endpoints.len(),
+        dump.policy.len()
+    );
     println!(
         "{}",
         serde_json::json!({
@@ -295,7 +519,13 @@ async fn main() -> anyhow::Result<()> {
             "p50_ms": (percentile(&lat, 0.5) * 10.0).round() / 10.0,
             "p99_ms": (percentile(&lat, 0.99) * 10.0).round() / 10.0,
             "rss_mb": rss.round(),
+            "dataplane": "ebpf", "local_endpoints": locals,
+            "pod_p50_ms": (percentile(&pod_ms, 0.5) * 10.0).round() / 10.0,
+            "pod_p99_ms": (percentile(&pod_ms, 0.99) * 10.0).round() / 10.0,
+            "policy_p50_ms": (percentile(&policy_ms, 0.5) * 10.0).round() / 10.0,
+            "policy_p99_ms": (percentile(&policy_ms, 0.99) * 10.0).round() / 10.0,
         })
     );
+    drop(kernel);
     Ok(())
 }

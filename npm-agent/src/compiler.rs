@@ -14,7 +14,8 @@
 //! [`npm_policy::incremental::Compiler`]. Event order never matters: two
 //! complete states are diffed, whatever happened between them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ use kube::Resource;
 use npm_policy::compiled::{CompileOptions, Compiled};
 use npm_policy::convert::{namespace_from_api, pod_from_api};
 use npm_policy::incremental::Compiler;
-use npm_policy::model::Snapshot;
+use npm_policy::model::{Pod as ModelPod, PodPhase, Snapshot};
 
 use crate::watch::{key_of, CompleteState, ObjKey};
 
@@ -92,30 +93,67 @@ fn changed<K: Resource>(old: &Arc<K>, new: &Arc<K>) -> bool {
     o.resource_version.is_none() || o.resource_version != n.resource_version || o.uid != n.uid
 }
 
-/// Objects of `current` added or changed since `last`, and keys of `last`
-/// gone from `current`; `last` becomes `current`.
-fn diff_objects<K: Resource>(last: &mut HashMap<ObjKey, Arc<K>>, current: &[Arc<K>]) -> (Vec<Arc<K>>, Vec<ObjKey>) {
-    let mut next: HashMap<ObjKey, Arc<K>> = HashMap::with_capacity(current.len());
-    let mut upserts = Vec::new();
-    for o in current {
-        let key = key_of(o.as_ref());
-        match last.remove(&key) {
-            Some(old) if !changed(&old, o) => {}
-            _ => upserts.push(o.clone()),
-        }
-        next.insert(key, o.clone());
+/// `(namespace, name)` of an object, borrowed (no allocation).
+fn key_ref<K: Resource>(o: &K) -> (&str, &str) {
+    let m = o.meta();
+    (m.namespace.as_deref().unwrap_or(""), m.name.as_deref().unwrap_or(""))
+}
+
+/// `objs` ordered by key, one object per key (the last one given wins).
+/// The stores hand out their objects in key order already: then this is a
+/// linear check and a copy of the pointers.
+fn sorted<K: Resource>(objs: &[Arc<K>]) -> Vec<Arc<K>> {
+    if objs.windows(2).all(|w| key_ref(w[0].as_ref()) < key_ref(w[1].as_ref())) {
+        return objs.to_vec();
     }
-    let removed = std::mem::replace(last, next).into_keys().collect();
+    let mut v = objs.to_vec();
+    v.sort_by(|a, b| key_ref(a.as_ref()).cmp(&key_ref(b.as_ref())));
+    let mut out: Vec<Arc<K>> = Vec::with_capacity(v.len());
+    for o in v {
+        match out.last_mut() {
+            Some(last) if key_ref(last.as_ref()) == key_ref(o.as_ref()) => *last = o,
+            _ => out.push(o),
+        }
+    }
+    out
+}
+
+/// Objects of `current` added or changed since `last`, and keys of `last`
+/// gone from `current`; `last` becomes `current`. Both are walked once in
+/// key order (pointer-equal objects are skipped without a look at them).
+fn diff_objects<K: Resource>(last: &mut Vec<Arc<K>>, current: &[Arc<K>]) -> (Vec<Arc<K>>, Vec<ObjKey>) {
+    let current = sorted(current);
+    let mut upserts = Vec::new();
+    let mut removed = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < last.len() || j < current.len() {
+        let ord = match (last.get(i), current.get(j)) {
+            (Some(o), Some(n)) if Arc::ptr_eq(o, n) => std::cmp::Ordering::Equal,
+            (Some(o), Some(n)) => key_ref(o.as_ref()).cmp(&key_ref(n.as_ref())),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            _ => std::cmp::Ordering::Greater,
+        };
+        match ord {
+            std::cmp::Ordering::Less => {
+                removed.push(key_of(last[i].as_ref()));
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                upserts.push(current[j].clone());
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                if changed(&last[i], &current[j]) {
+                    upserts.push(current[j].clone());
+                }
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    *last = current;
     (upserts, removed)
 }
-
-fn index<K: Resource>(objs: &[Arc<K>]) -> HashMap<ObjKey, Arc<K>> {
-    objs.iter().map(|o| (key_of(o.as_ref()), o.clone())).collect()
-}
-
-/// The incremental compiler is (re)built (about four full compiles) only on
-/// an update of at most this many changes, a sign that churn has calmed down.
-const REBUILD_MAX_CHANGES: usize = 2;
 
 /// One object change, converted, in the order it is applied.
 enum Op {
@@ -124,27 +162,88 @@ enum Op {
     Policy(ObjKey, Option<Arc<NetworkPolicy>>),
 }
 
-/// The compile state the sync loop keeps between syncs: the converted
-/// snapshot of the last complete state (updated object by object), its
-/// compiled form, and a long-lived [`Compiler`] when incremental compiling
-/// pays off.
+/// Addresses claimed by live pods (not terminal, not hostNetwork), kept up
+/// to date pod by pod, so that the IP conflicts of a sync cost nothing when
+/// there are none.
+#[derive(Default)]
+struct Claims {
+    by_ip: HashMap<IpAddr, BTreeSet<ObjKey>>,
+    conflicted: BTreeSet<IpAddr>,
+}
+
+impl Claims {
+    fn live(p: &ModelPod) -> bool {
+        !p.host_network && !matches!(p.phase, PodPhase::Succeeded | PodPhase::Failed)
+    }
+
+    /// Pod `key` changes from `old` to `new`.
+    fn update(&mut self, key: &ObjKey, old: Option<&ModelPod>, new: Option<&ModelPod>) {
+        for ip in old.filter(|p| Self::live(p)).into_iter().flat_map(|p| &p.ips) {
+            if let Some(set) = self.by_ip.get_mut(ip) {
+                set.remove(key);
+                match set.len() {
+                    0 => {
+                        self.by_ip.remove(ip);
+                        self.conflicted.remove(ip);
+                    }
+                    1 => {
+                        self.conflicted.remove(ip);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for ip in new.filter(|p| Self::live(p)).into_iter().flat_map(|p| &p.ips) {
+            let set = self.by_ip.entry(*ip).or_default();
+            set.insert(key.clone());
+            if set.len() > 1 {
+                self.conflicted.insert(*ip);
+            }
+        }
+    }
+
+    fn of(snapshot: &Snapshot) -> Claims {
+        let mut c = Claims::default();
+        for (key, p) in &snapshot.pods {
+            c.update(key, None, Some(p));
+        }
+        c
+    }
+
+    /// Same result as [`crate::sync::ip_conflicts`] of the snapshot.
+    fn conflicts(&self) -> BTreeSet<(IpAddr, Vec<String>)> {
+        self.conflicted
+            .iter()
+            .filter_map(|ip| {
+                let pods = self.by_ip.get(ip)?;
+                Some((*ip, pods.iter().map(|(ns, name)| format!("{ns}/{name}")).collect()))
+            })
+            .collect()
+    }
+}
+
+/// The compile state the sync loop keeps between syncs: a long-lived
+/// [`Compiler`] (which holds the converted snapshot of the last complete
+/// state and its compiled form) and the API objects of that state.
 ///
-/// Each update picks the cheaper way from measured costs: the incremental
-/// compiler when `changes x cost per change` is below the cost of a full
-/// compile, else a full [`compile`] of the (already converted) snapshot.
-/// Both give the same tables (tested by npm-policy and here); the choice
-/// only changes the time a sync takes.
+/// Each update converts only the objects that changed and picks the cheaper
+/// way from measured costs: the incremental compiler when `changes x cost
+/// per change` is below the cost of a rebuild, else the compiler is rebuilt
+/// from the updated snapshot ([`Compiler::new`], one full compile plus its
+/// caches, ids kept). There is always a compiler, so a burst of changes
+/// never leaves a costly rebuild for a later (quiet) sync; there is one
+/// snapshot, owned by the compiler. Both ways give the same tables (tested
+/// by npm-policy and here); the choice only changes the time a sync takes.
 pub struct Incremental {
     opts: CompileOptions,
-    snapshot: Snapshot,
-    compiler: Option<Compiler>,
-    /// The compiled form when `compiler` is `None`.
-    compiled: Compiled,
+    compiler: Compiler,
+    last_incremental: bool,
     per_change: Duration,
-    full_cost: Duration,
-    namespaces: HashMap<ObjKey, Arc<Namespace>>,
-    pods: HashMap<ObjKey, Arc<Pod>>,
-    policies: HashMap<ObjKey, Arc<NetworkPolicy>>,
+    rebuild_cost: Duration,
+    claims: Claims,
+    namespaces: Vec<Arc<Namespace>>,
+    pods: Vec<Arc<Pod>>,
+    policies: Vec<Arc<NetworkPolicy>>,
 }
 
 fn ewma(old: Duration, new: Duration) -> Duration {
@@ -156,30 +255,32 @@ fn ewma(old: Duration, new: Duration) -> Duration {
 }
 
 impl Incremental {
-    /// A full conversion and compile of `state` (keeping the ids of `prev`),
-    /// remembered as the base of later updates.
+    /// A full conversion and compile of `state` (keeping the ids of `prev`)
+    /// into a new [`Compiler`], remembered as the base of later updates.
     pub fn new(state: &CompleteState, opts: &CompileOptions, prev: Option<&Compiled>) -> Incremental {
         let snapshot = snapshot(state);
+        let claims = Claims::of(&snapshot);
         let t = Instant::now();
-        let compiled = compile(&snapshot, opts, prev);
+        let compiler = Compiler::new(snapshot, opts.clone(), prev);
         Incremental {
             opts: opts.clone(),
-            snapshot,
-            compiler: None,
-            compiled,
+            compiler,
+            last_incremental: false,
             per_change: Duration::ZERO,
-            full_cost: t.elapsed(),
-            namespaces: index(&state.namespaces),
-            pods: index(&state.pods),
-            policies: index(&state.policies),
+            rebuild_cost: t.elapsed(),
+            claims,
+            namespaces: sorted(&state.namespaces),
+            pods: sorted(&state.pods),
+            policies: sorted(&state.policies),
         }
     }
 
     /// Bring the compile up to `state`: only the objects that differ from
     /// the state of the previous update are converted; they are compiled
-    /// incrementally or, when that is estimated slower, the snapshot is
-    /// compiled in full.
+    /// incrementally or, when that is estimated slower, the compiler is
+    /// rebuilt from the updated snapshot.
     pub fn update(&mut self, state: &CompleteState) -> Changes {
+        let t0 = Instant::now();
         let (ns_up, ns_gone) = diff_objects(&mut self.namespaces, &state.namespaces);
         let (pod_up, pod_gone) = diff_objects(&mut self.pods, &state.pods);
         let (np_up, np_gone) = diff_objects(&mut self.policies, &state.policies);
@@ -217,78 +318,87 @@ impl Incremental {
             return changes;
         }
         for op in &ops {
-            // Invalid policies are recorded in the snapshot's
-            // `invalid_policies`; the sync loop logs and counts them.
-            match op {
-                Op::Namespace(_, Some(n)) => self.snapshot.upsert_namespace(n.clone()),
-                Op::Namespace(name, None) => {
-                    self.snapshot.remove_namespace(name);
-                }
-                Op::Pod(_, Some(p)) => self.snapshot.upsert_pod(p.clone()),
-                Op::Pod((ns, name), None) => {
-                    self.snapshot.remove_pod(ns, name);
-                }
-                Op::Policy(_, Some(np)) => {
-                    let _ = self.snapshot.upsert_policy(np);
-                }
-                Op::Policy((ns, name), None) => self.snapshot.remove_policy(ns, name),
+            if let Op::Pod(key, new) = op {
+                self.claims
+                    .update(key, self.compiler.snapshot().pods.get(key), new.as_ref());
             }
         }
+        let t_convert = t0.elapsed();
         let estimate = self.per_change * ops.len() as u32;
-        let incremental = estimate < self.full_cost;
+        let incremental = estimate < self.rebuild_cost;
         let t = Instant::now();
-        match self.compiler.as_mut() {
-            Some(c) if incremental => {
-                for op in ops {
-                    match op {
-                        Op::Namespace(_, Some(n)) => c.upsert_namespace(n),
-                        Op::Namespace(name, None) => c.remove_namespace(&name),
-                        Op::Pod(_, Some(p)) => c.upsert_pod(p),
-                        Op::Pod((ns, name), None) => c.remove_pod(&ns, &name),
-                        Op::Policy(_, Some(np)) => {
-                            let _ = c.apply_policy(&np);
-                        }
-                        Op::Policy((ns, name), None) => c.remove_policy(&ns, &name),
+        if incremental {
+            let c = &mut self.compiler;
+            for op in ops {
+                // Invalid policies are recorded in the snapshot's
+                // `invalid_policies`; the sync loop logs and counts them.
+                match op {
+                    Op::Namespace(_, Some(n)) => c.upsert_namespace(n),
+                    Op::Namespace(name, None) => c.remove_namespace(&name),
+                    Op::Pod(_, Some(p)) => c.upsert_pod(p),
+                    Op::Pod((ns, name), None) => c.remove_pod(&ns, &name),
+                    Op::Policy(_, Some(np)) => {
+                        let _ = c.apply_policy(&np);
                     }
+                    Op::Policy((ns, name), None) => c.remove_policy(&ns, &name),
                 }
-                self.per_change = ewma(self.per_change, t.elapsed() / changes.total().max(1) as u32);
             }
-            None if incremental && ops.len() <= REBUILD_MAX_CHANGES => {
-                // Cheap changes again: (re)build the incremental compiler
-                // (one full compile) and use it from the next update on.
-                let c = Compiler::new(self.snapshot.clone(), self.opts.clone(), Some(&self.compiled));
-                self.full_cost = ewma(self.full_cost, t.elapsed());
-                self.compiler = Some(c);
+            self.per_change = ewma(self.per_change, t.elapsed() / changes.total().max(1) as u32);
+        } else {
+            // An empty compiler stands in while the real one is rebuilt
+            // (compiling an empty snapshot costs next to nothing).
+            let empty = Compiler::new(Snapshot::default(), self.opts.clone(), None);
+            let (mut snapshot, prev) = std::mem::replace(&mut self.compiler, empty).into_parts();
+            for op in ops {
+                match op {
+                    Op::Namespace(_, Some(n)) => snapshot.upsert_namespace(n),
+                    Op::Namespace(name, None) => {
+                        snapshot.remove_namespace(&name);
+                    }
+                    Op::Pod(_, Some(p)) => snapshot.upsert_pod(p),
+                    Op::Pod((ns, name), None) => {
+                        snapshot.remove_pod(&ns, &name);
+                    }
+                    Op::Policy(_, Some(np)) => {
+                        let _ = snapshot.upsert_policy(&np);
+                    }
+                    Op::Policy((ns, name), None) => snapshot.remove_policy(&ns, &name),
+                }
             }
-            _ => {
-                let prev = match &self.compiler {
-                    Some(c) => c.compiled(),
-                    None => &self.compiled,
-                };
-                self.compiled = compile(&self.snapshot, &self.opts, Some(prev));
-                self.compiler = None;
-                self.full_cost = ewma(self.full_cost, t.elapsed());
-            }
+            self.compiler = Compiler::new(snapshot, self.opts.clone(), Some(&prev));
+            self.rebuild_cost = ewma(self.rebuild_cost, t.elapsed());
         }
+        self.last_incremental = incremental;
+        tracing::debug!(
+            diff_convert_ms = t_convert.as_secs_f64() * 1e3,
+            compile_ms = t.elapsed().as_secs_f64() * 1e3,
+            incremental,
+            ops = changes.total(),
+            "incremental update"
+        );
         changes
     }
 
     /// The current compiled form.
     pub fn compiled(&self) -> &Compiled {
-        match &self.compiler {
-            Some(c) => c.compiled(),
-            None => &self.compiled,
-        }
+        self.compiler.compiled()
     }
 
     /// The current snapshot.
     pub fn snapshot(&self) -> &Snapshot {
-        &self.snapshot
+        self.compiler.snapshot()
     }
 
-    /// Whether the incremental compiler is in use (else full compiles).
+    /// IP conflicts of the current snapshot (as [`crate::sync::ip_conflicts`]
+    /// computes them), kept up to date pod by pod.
+    pub fn conflicts(&self) -> BTreeSet<(IpAddr, Vec<String>)> {
+        self.claims.conflicts()
+    }
+
+    /// Whether the last update was compiled incrementally (else the
+    /// compiler was rebuilt; also `false` before the first update).
     pub fn is_incremental(&self) -> bool {
-        self.compiler.is_some()
+        self.last_incremental
     }
 
     /// The safety net: a full conversion and [`compile`] of `state` (the
@@ -298,15 +408,38 @@ impl Incremental {
     /// full compile is trusted (the state is rebuilt from it) and the
     /// difference is returned.
     pub fn cross_check(&mut self, state: &CompleteState) -> Option<Mismatch> {
-        let full = compile(&snapshot(state), &self.opts, Some(self.compiled()));
-        let diff = self.compiled().diff(&full);
-        if diff.is_empty() {
-            return None;
-        }
-        let changes = diff.len();
+        let m = self.cross_check_job(state)()?;
         let opts = self.opts.clone();
-        *self = Incremental::new(state, &opts, Some(&full));
-        Some(Mismatch { changes })
+        let current = self.compiled().clone();
+        *self = Incremental::new(state, &opts, Some(&current));
+        Some(m)
+    }
+
+    /// The comparison of [`Incremental::cross_check`] as a job that owns
+    /// what it needs (the objects of `state`, a copy of the current
+    /// compile), to run off the sync path: it returns the difference, if
+    /// any; the caller then rebuilds (see [`Incremental::new`]).
+    pub fn cross_check_job(&self, state: &CompleteState) -> impl FnOnce() -> Option<Mismatch> + Send + 'static {
+        let state = state.clone();
+        let opts = self.opts.clone();
+        let current = self.compiled().clone();
+        move || {
+            let full = compile(&snapshot(&state), &opts, Some(&current));
+            let diff = current.diff(&full);
+            (!diff.is_empty()).then(|| Mismatch { changes: diff.len() })
+        }
+    }
+}
+
+#[cfg(test)]
+impl Incremental {
+    /// Tests only: record the objects of `state` as compiled without
+    /// compiling them, so the next update misses their changes (what the
+    /// cross-check is there to catch).
+    pub(crate) fn pretend_compiled(&mut self, state: &CompleteState) {
+        self.namespaces = sorted(&state.namespaces);
+        self.pods = sorted(&state.pods);
+        self.policies = sorted(&state.policies);
     }
 }
 
@@ -428,8 +561,22 @@ mod tests {
             incremental_steps += usize::from(inc.is_incremental());
             let before = inc.compiled().clone();
             step(&mut state, next());
+            // Every third step takes the rebuild path (estimated slower).
+            let force_rebuild = i % 3 == 2;
+            if force_rebuild {
+                inc.per_change = Duration::from_secs(3600);
+            }
             let changes = inc.update(&state);
             assert!(changes.total() >= 1, "step {i}: a change was fed");
+            assert_eq!(inc.is_incremental(), !force_rebuild, "step {i}");
+            if force_rebuild {
+                inc.per_change = Duration::ZERO;
+            }
+            assert_eq!(
+                inc.conflicts(),
+                crate::sync::ip_conflicts(&snapshot(&state)),
+                "step {i}: conflicts kept up to date"
+            );
             let reference = compile(&snapshot(&state), &opts(), Some(inc.compiled()));
             assert!(
                 inc.compiled().diff(&reference).is_empty(),
@@ -462,7 +609,7 @@ mod tests {
         let mut inc = Incremental::new(&state, &opts(), None);
         state.pods[0] = pod("a", "p", 3, "10.2.0.9", "web", "node-a");
         // Pretend the new version was already compiled: the diff misses it.
-        inc.pods.insert(("a".into(), "p".into()), state.pods[0].clone());
+        inc.pretend_compiled(&state);
         assert_eq!(inc.update(&state), Changes::default());
         let old: IpAddr = "10.2.0.1".parse().unwrap();
         let new: IpAddr = "10.2.0.9".parse().unwrap();

@@ -71,13 +71,20 @@ struct RunArgs {
     /// LIST page size.
     #[arg(long, env = "NPM_PAGE_SIZE", default_value_t = 500)]
     page_size: u32,
-    /// Quiet time (ms) after a change before syncing.
+    /// Time (ms) changes are coalesced for, after the oldest change not yet
+    /// programmed, before syncing.
     #[arg(long, env = "NPM_DEBOUNCE_MS", default_value_t = npm_agent::sync::DEFAULT_DEBOUNCE_MS)]
     debounce_ms: u64,
-    /// Share of identities or endpoints whose removal in one sync is held
-    /// until a direct read of the API server confirms it.
+    /// Share of identities or endpoints whose removal is held until a
+    /// direct read of the API server confirms it: in one sync, or in total
+    /// against the highest count programmed within the window since the
+    /// last confirmation.
     #[arg(long, env = "NPM_MASS_DELETE_THRESHOLD", default_value_t = 0.5)]
     mass_delete_threshold: f64,
+    /// Window (seconds) of the cumulative mass-deletion check: removals
+    /// slower than this are not held.
+    #[arg(long, env = "NPM_MASS_DELETE_WINDOW_SECS", default_value_t = 600)]
+    mass_delete_window_secs: u64,
     /// Let egress-isolated pods reach their own node.
     #[arg(long, env = "NPM_ALLOW_HOST_EGRESS")]
     allow_host_egress: bool,
@@ -203,6 +210,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             },
             debounce: Duration::from_millis(args.debounce_ms),
             mass_delete_threshold: args.mass_delete_threshold,
+            mass_delete_window: Duration::from_secs(args.mass_delete_window_secs),
             page_size: args.page_size,
             flow_logs_per_sec: args.flow_logs_per_sec,
             ..SyncConfig::default()

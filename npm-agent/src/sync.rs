@@ -1,32 +1,52 @@
 //! The level-triggered sync loop.
 //!
-//! Any change of a complete store marks the state dirty; after a debounce the
-//! loop takes the complete stores (never events) and brings a long-lived
-//! [`compiler::Incremental`] up to them: the objects added, changed or
-//! removed since the previous sync's complete state are converted and
-//! compiled, nothing else (a diff of complete states, so event order never
-//! matters). The first sync, and the first after a failed apply, rebuild it
-//! with a full compile (keeping the previous compile's ids). As a safety net a
-//! full compile is compared with the incremental one every
-//! `cross_check_interval` (every sync in debug builds); a difference is
-//! logged, counted in `npm_incremental_mismatch_total`, and the full compile
-//! is trusted. The loop then finds the endpoints'
-//! interfaces, diffs against what is programmed and applies the diff through
-//! the [`Dataplane`]. The first apply of an agent's life is a
-//! [`Dataplane::sync_full`] (mark and sweep against pinned state left by a
-//! previous agent, which keeps enforcing until then); so is the first one
-//! after a failed apply, whose effect on the kernel is unknown. Dataplane
-//! errors are retried with exponential backoff.
+//! Any change of a complete store marks the state dirty; changes are
+//! coalesced for `debounce` after the oldest change not yet programmed (a
+//! change that arrived while a sync was running is not made to wait a full
+//! debounce again), then the loop takes the complete stores (never events)
+//! and brings a long-lived [`compiler::Incremental`] up to them: the objects
+//! added, changed or removed since the previous sync's complete state are
+//! converted and compiled, nothing else (a diff of complete states, so event
+//! order never matters). The first sync, and the first after a failed apply,
+//! rebuild it with a full compile (keeping the previous compile's ids). As a
+//! safety net a full compile is compared with the incremental one every
+//! `cross_check_interval` (every sync in debug builds), on a thread of its
+//! own so that it never delays a sync; a difference is logged, counted in
+//! `npm_incremental_mismatch_total`, and the full compile is trusted: the
+//! next sync (woken at once) rebuilds the compiler from the complete state.
+//! The loop then finds the endpoints' interfaces, diffs the compiled state
+//! against what is programmed (a merge walk of the ordered maps) and applies
+//! the diff through the [`Dataplane`]; the record of what is programmed is
+//! updated with the same diff, not copied. The first apply of an agent's
+//! life is a [`Dataplane::sync_full`] (mark and sweep against pinned state
+//! left by a previous agent, which keeps enforcing until then); so is the
+//! first one after a failed apply, whose effect on the kernel is unknown.
+//! Dataplane errors are retried with exponential backoff.
 //!
-//! Mass-deletion guard (incident 2): a resync that would remove more than
-//! `mass_delete_threshold` of the programmed pod identities or endpoints is
-//! held; the agent reads the three resources directly from the API server
-//! (a fresh paginated LIST, not the cache) and programs what that read says.
-//! A failed direct read programs nothing and is retried.
+//! Mass-deletion guard (incident 2): a resync is held when it would remove
+//! more than `mass_delete_threshold` (default 50%) of the pod identities or
+//! of the endpoints, measured two ways:
+//! - in one step: the share of the programmed identities (endpoints) that
+//!   the new state no longer has;
+//! - cumulatively: the share by which the number of identities (endpoints)
+//!   fell below its *reference*, the highest number programmed within the
+//!   last `mass_delete_window` since the last confirmation. Removals spread
+//!   over many syncs, each below the threshold (a cache that shrinks by 10%
+//!   per sync), are held once together they cross it.
+//!
+//! A held resync is confirmed by a direct read: the agent reads the three
+//! resources straight from the API server (a fresh paginated LIST, not the
+//! cache) and programs what that read says. The reference is reset to what
+//! was then programmed: a direct read confirms the state. Otherwise the
+//! reference only forgets counts older than the window, so a legitimate
+//! scale-down proceeds without a direct read when it is slower than the
+//! window, and with one (confirmed) when it is faster. A failed direct read
+//! programs nothing and is retried.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -97,7 +117,7 @@ impl AgentDataplane for Box<dyn AgentDataplane> {
     }
 }
 
-/// Default quiet time after a change before syncing, in milliseconds.
+/// Default coalescing time of changes before a sync, in milliseconds.
 pub const DEFAULT_DEBOUNCE_MS: u64 = 20;
 
 /// Settings of the sync loop.
@@ -105,10 +125,18 @@ pub const DEFAULT_DEBOUNCE_MS: u64 = 20;
 pub struct SyncConfig {
     /// Compile options (node name, node addresses, host egress).
     pub compile: CompileOptions,
-    /// Quiet time after a change before syncing.
+    /// How long changes are coalesced, counted from the oldest change not
+    /// yet programmed, before a sync.
     pub debounce: Duration,
-    /// Share (0..=1) of identities or endpoints whose removal is held for a direct read.
+    /// Share (0..=1) of pod identities or endpoints whose removal is held
+    /// for a direct read: in one sync, or cumulatively against the highest
+    /// count programmed within `mass_delete_window` since the last
+    /// confirmation (see the module doc).
     pub mass_delete_threshold: f64,
+    /// How long a programmed count stays the reference of the cumulative
+    /// mass-deletion check, unless a direct read confirms the state earlier
+    /// (which resets the reference). Removals slower than this are not held.
+    pub mass_delete_window: Duration,
     /// Page size of the direct reads.
     pub page_size: u32,
     /// Longest retry backoff.
@@ -117,8 +145,9 @@ pub struct SyncConfig {
     pub stats_interval: Duration,
     /// Deny events logged per second at most.
     pub flow_logs_per_sec: u32,
-    /// How often the incremental compile is checked against a full compile
-    /// (`Duration::ZERO`: every sync; debug builds check every sync).
+    /// How often the incremental compile is checked against a full compile,
+    /// in the background (`Duration::ZERO`: after every sync, one check at a
+    /// time; debug builds check after every sync).
     pub cross_check_interval: Duration,
 }
 
@@ -128,6 +157,7 @@ impl Default for SyncConfig {
             compile: CompileOptions::default(),
             debounce: Duration::from_millis(DEFAULT_DEBOUNCE_MS),
             mass_delete_threshold: 0.5,
+            mass_delete_window: Duration::from_secs(600),
             page_size: 500,
             max_backoff: Duration::from_secs(30),
             stats_interval: Duration::from_secs(5),
@@ -176,39 +206,138 @@ pub struct Syncer<D: AgentDataplane> {
     resolver: Box<dyn Resolve>,
     client: Option<kube::Client>,
     readiness: Arc<Readiness>,
-    last_compiled: Option<Compiled>,
-    incremental: Option<compiler::Incremental>,
+    incremental: compiler::Incremental,
     last_cross_check: Instant,
+    /// The running background cross-check's result.
+    cross_check: Option<mpsc::Receiver<Option<compiler::Mismatch>>>,
+    /// A cross-check found a difference: the next sync rebuilds.
+    rebuild_pending: bool,
     programmed: Option<(Compiled, Interfaces)>,
+    guard: GuardReference,
     need_full: bool,
     known_invalid: BTreeSet<(String, String, Vec<String>)>,
     known_conflicts: BTreeSet<(IpAddr, Vec<String>)>,
     flowlog: FlowLog,
 }
 
-fn pod_identities(c: &Compiled) -> BTreeSet<u32> {
-    c.ipcache
-        .values()
-        .map(|e| e.identity)
-        .filter(|&i| (IDENTITY_FIRST_POD..IDENTITY_FIRST_CIDR).contains(&i))
-        .collect()
+/// The pod identities of a compile (its identity table holds exactly the
+/// identities of the pods that own an address), in order.
+fn pod_identities(c: &Compiled) -> impl Iterator<Item = u32> + '_ {
+    c.ids
+        .identities
+        .range(IDENTITY_FIRST_POD..IDENTITY_FIRST_CIDR)
+        .map(|(id, _)| *id)
+}
+
+/// How many of the ordered `old` are not in the ordered `new`.
+fn missing_from<T: Ord>(old: impl Iterator<Item = T>, new: impl Iterator<Item = T>) -> usize {
+    let mut new = new.peekable();
+    let mut missing = 0;
+    for o in old {
+        while new.next_if(|n| *n < o).is_some() {}
+        if new.next_if(|n| *n == o).is_none() {
+            missing += 1;
+        }
+    }
+    missing
+}
+
+fn share(old: usize, removed: usize) -> f64 {
+    if old == 0 {
+        0.0
+    } else {
+        removed as f64 / old as f64
+    }
 }
 
 /// Which share of `old`'s pod identities and endpoints `new` no longer has;
 /// `Some(description)` when either exceeds `threshold`.
 pub fn mass_removal(old: &Compiled, new: &Compiled, threshold: f64) -> Option<String> {
-    let share = |old: usize, removed: usize| if old == 0 { 0.0 } else { removed as f64 / old as f64 };
-    let (oi, ni) = (pod_identities(old), pod_identities(new));
-    let removed_ids = oi.difference(&ni).count();
-    let removed_eps = old.endpoints.keys().filter(|k| !new.endpoints.contains_key(k)).count();
-    let (si, se) = (share(oi.len(), removed_ids), share(old.endpoints.len(), removed_eps));
+    let oi = pod_identities(old).count();
+    let removed_ids = missing_from(pod_identities(old), pod_identities(new));
+    let removed_eps = missing_from(old.endpoints.keys(), new.endpoints.keys());
+    let (si, se) = (share(oi, removed_ids), share(old.endpoints.len(), removed_eps));
     (si > threshold || se > threshold).then(|| {
         format!(
-            "{removed_ids}/{} identities and {removed_eps}/{} endpoints would be removed",
-            oi.len(),
+            "{removed_ids}/{oi} identities and {removed_eps}/{} endpoints would be removed",
             old.endpoints.len()
         )
     })
+}
+
+/// The reference of the cumulative mass-deletion check: the highest pod
+/// identity and endpoint counts programmed within a time window since the
+/// last confirmation (a sliding-window maximum: each queue holds the
+/// samples that can still become the maximum, oldest first).
+#[derive(Debug, Default)]
+pub struct GuardReference {
+    identities: VecDeque<(Instant, usize)>,
+    endpoints: VecDeque<(Instant, usize)>,
+}
+
+fn push_max(q: &mut VecDeque<(Instant, usize)>, now: Instant, v: usize) {
+    while q.back().is_some_and(|(_, b)| *b <= v) {
+        q.pop_back();
+    }
+    q.push_back((now, v));
+}
+
+fn expire(q: &mut VecDeque<(Instant, usize)>, now: Instant, window: Duration) {
+    // The newest sample is what is programmed now: it always stays.
+    while q.len() > 1
+        && q.front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) > window)
+    {
+        q.pop_front();
+    }
+}
+
+impl GuardReference {
+    /// Record the counts just programmed.
+    pub fn observe(&mut self, now: Instant, identities: usize, endpoints: usize) {
+        push_max(&mut self.identities, now, identities);
+        push_max(&mut self.endpoints, now, endpoints);
+    }
+
+    /// A direct read confirmed the state: the counts just programmed become
+    /// the whole reference.
+    pub fn reset(&mut self, now: Instant, identities: usize, endpoints: usize) {
+        self.identities.clear();
+        self.endpoints.clear();
+        self.observe(now, identities, endpoints);
+    }
+
+    /// The highest (identities, endpoints) counts programmed within
+    /// `window` before `now` (since the last reset); `(0, 0)` before the
+    /// first sample.
+    pub fn high_water(&mut self, now: Instant, window: Duration) -> (usize, usize) {
+        expire(&mut self.identities, now, window);
+        expire(&mut self.endpoints, now, window);
+        (
+            self.identities.front().map_or(0, |s| s.1),
+            self.endpoints.front().map_or(0, |s| s.1),
+        )
+    }
+
+    /// `Some(description)` when `next` has more than `threshold` fewer pod
+    /// identities or endpoints than the high-water counts.
+    pub fn cumulative_removal(
+        &mut self,
+        next: &Compiled,
+        now: Instant,
+        window: Duration,
+        threshold: f64,
+    ) -> Option<String> {
+        let (hi, he) = self.high_water(now, window);
+        let (ni, ne) = (pod_identities(next).count(), next.endpoints.len());
+        let (ri, re) = (hi.saturating_sub(ni), he.saturating_sub(ne));
+        (share(hi, ri) > threshold || share(he, re) > threshold).then(|| {
+            format!(
+                "{ri} of up to {hi} identities and {re} of up to {he} endpoints gone within {window:?} \
+                 since the last confirmation"
+            )
+        })
+    }
 }
 
 /// IP conflicts of a snapshot: addresses claimed by more than one live
@@ -247,21 +376,24 @@ impl<D: AgentDataplane> Syncer<D> {
     ) -> Self {
         let flowlog = FlowLog::new(cfg.flow_logs_per_sec);
         Syncer {
-            cfg,
             cache,
             metrics,
             dataplane,
             resolver,
             client,
             readiness: Arc::new(Readiness::default()),
-            last_compiled: None,
-            incremental: None,
+            // Replaced by the first sync's rebuild (`programmed` is `None`).
+            incremental: compiler::Incremental::new(&CompleteState::default(), &cfg.compile, None),
             last_cross_check: Instant::now(),
+            cross_check: None,
+            rebuild_pending: false,
             programmed: None,
+            guard: GuardReference::default(),
             need_full: true,
             known_invalid: BTreeSet::new(),
             known_conflicts: BTreeSet::new(),
             flowlog,
+            cfg,
         }
     }
 
@@ -306,116 +438,209 @@ impl<D: AgentDataplane> Syncer<D> {
     }
 
     /// Bring the incremental compiler up to `state` (a full rebuild when
-    /// `rebuild`), cross-check it when due, report the snapshot, and return
-    /// the compiled form.
-    fn compile_state(&mut self, state: &CompleteState, rebuild: bool) -> Compiled {
-        let inc = match self.incremental.as_mut() {
-            Some(inc) if !rebuild => {
-                let changes = inc.update(state);
-                tracing::trace!(?changes, "incremental compile");
-                inc
-            }
-            _ => self.incremental.insert(compiler::Incremental::new(
-                state,
-                &self.cfg.compile,
-                self.last_compiled.as_ref(),
-            )),
-        };
-        let due = cfg!(debug_assertions) || self.last_cross_check.elapsed() >= self.cfg.cross_check_interval;
-        if due && !rebuild {
-            self.last_cross_check = Instant::now();
-            if let Some(m) = inc.cross_check(state) {
-                self.metrics.incremental_mismatch.increment(1);
-                tracing::error!(
-                    changes = m.changes,
-                    "incremental compile differs from the full compile; trusting the full compile"
-                );
-            }
+    /// `rebuild`, keeping the ids of what is programmed) and report the
+    /// snapshot's invalid policies and IP conflicts.
+    fn compile_state(&mut self, state: &CompleteState, rebuild: bool) {
+        if rebuild {
+            // The ids of what is programmed are kept (a pod that is still
+            // there keeps its endpoint id, and so its conntrack entries).
+            let prev = self.programmed.as_ref().map(|(c, _)| c);
+            self.incremental = compiler::Incremental::new(state, &self.cfg.compile, prev);
+            self.rebuild_pending = false;
+        } else {
+            let changes = self.incremental.update(state);
+            tracing::trace!(?changes, "incremental compile");
         }
-        let snapshot = inc.snapshot();
-        let invalid: BTreeSet<_> = snapshot
+        let invalid: BTreeSet<_> = self
+            .incremental
+            .snapshot()
             .invalid_policies
             .iter()
             .map(|p| (p.namespace.clone(), p.name.clone(), p.errors.clone()))
             .collect();
-        let conflicts = ip_conflicts(snapshot);
-        let compiled = inc.compiled().clone();
+        let conflicts = self.incremental.conflicts();
         self.report_snapshot(invalid, conflicts);
-        compiled
+    }
+
+    /// Collect the result of a finished background cross-check.
+    fn poll_cross_check(&mut self) {
+        let Some(rx) = &self.cross_check else { return };
+        match rx.try_recv() {
+            Err(mpsc::TryRecvError::Empty) => return,
+            Ok(None) => {}
+            Ok(Some(m)) => {
+                self.metrics.incremental_mismatch.increment(1);
+                tracing::error!(
+                    changes = m.changes,
+                    "incremental compile differs from the full compile; trusting the full compile (rebuilding)"
+                );
+                self.rebuild_pending = true;
+            }
+            Err(mpsc::TryRecvError::Disconnected) => {
+                self.metrics.error("cross-check");
+                tracing::error!("the background cross-check stopped without a result");
+            }
+        }
+        self.cross_check = None;
+    }
+
+    /// Start a background cross-check of the compile of `state` when one
+    /// is due and none is running.
+    fn start_cross_check(&mut self, state: &CompleteState) {
+        let due = cfg!(debug_assertions) || self.last_cross_check.elapsed() >= self.cfg.cross_check_interval;
+        if !due || self.cross_check.is_some() {
+            return;
+        }
+        self.last_cross_check = Instant::now();
+        let job = self.incremental.cross_check_job(state);
+        let cache = self.cache.clone();
+        let (tx, rx) = mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("npm-cross-check".into())
+            .spawn(move || {
+                let result = job();
+                let mismatch = result.is_some();
+                let _ = tx.send(result);
+                if mismatch {
+                    // Wake the sync loop: its next sync rebuilds.
+                    cache.mark_changed();
+                }
+            });
+        match spawned {
+            Ok(_) => self.cross_check = Some(rx),
+            Err(e) => tracing::warn!(error = %e, "could not start the background cross-check"),
+        }
+    }
+
+    /// Whether `next` would remove too much, in one step or cumulatively
+    /// (see the module doc).
+    fn held(&mut self, now: Instant) -> Option<String> {
+        let next = self.incremental.compiled();
+        let threshold = self.cfg.mass_delete_threshold;
+        if let Some((prog, _)) = &self.programmed {
+            if let Some(what) = mass_removal(prog, next, threshold) {
+                return Some(what);
+            }
+        }
+        self.guard
+            .cumulative_removal(next, now, self.cfg.mass_delete_window, threshold)
     }
 
     /// One sync attempt: snapshot, compile, guard, apply.
     pub async fn sync_once(&mut self) -> Result<SyncOutcome, SyncError> {
         let mut outcome = SyncOutcome::default();
+        let t0 = Instant::now();
         let Some(state) = self.cache.complete() else {
             outcome.not_listed = true;
             return Ok(outcome);
         };
         let started = Instant::now();
-        let rebuild = self.need_full || self.programmed.is_none();
-        let mut compiled = self.compile_state(&state, rebuild);
-        let held = self
-            .last_compiled
-            .as_ref()
-            .and_then(|prev| mass_removal(prev, &compiled, self.cfg.mass_delete_threshold));
-        {
-            if let Some(what) = held {
-                outcome.guarded = true;
-                self.metrics.destructive_deferred.increment(1);
-                tracing::warn!(%what, "mass deletion held; confirming with a direct read of the API server");
-                let Some(client) = self.client.clone() else {
-                    return Err(SyncError::NoDirectReader { what });
-                };
-                let fresh = direct_read(&client, self.cfg.page_size).await.map_err(|source| {
-                    self.metrics.error("direct-read");
-                    SyncError::DirectRead {
-                        what: what.clone(),
-                        source,
-                    }
-                })?;
-                // The direct read replaces the cached state as the compiler's
-                // base; the next sync diffs the cache against it.
-                let confirmed = self.compile_state(&fresh, true);
-                let still = self
-                    .last_compiled
-                    .as_ref()
-                    .and_then(|prev| mass_removal(prev, &confirmed, self.cfg.mass_delete_threshold));
-                match still {
-                    Some(seen) => tracing::warn!(%seen, "direct read confirms the mass deletion; applying"),
-                    None => {
-                        tracing::warn!("direct read does not confirm the mass deletion; programming the direct read")
-                    }
+        let t_state = started.duration_since(t0);
+        self.poll_cross_check();
+        let rebuild = self.need_full || self.programmed.is_none() || self.rebuild_pending;
+        self.compile_state(&state, rebuild);
+        let t_compile = started.elapsed();
+        let mut confirmed = false;
+        if let Some(what) = self.held(Instant::now()) {
+            outcome.guarded = true;
+            self.metrics.destructive_deferred.increment(1);
+            tracing::warn!(%what, "mass deletion held; confirming with a direct read of the API server");
+            let Some(client) = self.client.clone() else {
+                return Err(SyncError::NoDirectReader { what });
+            };
+            let fresh = direct_read(&client, self.cfg.page_size).await.map_err(|source| {
+                self.metrics.error("direct-read");
+                SyncError::DirectRead {
+                    what: what.clone(),
+                    source,
                 }
-                compiled = confirmed;
+            })?;
+            // The direct read replaces the cached state as the compiler's
+            // base; the next sync diffs the cache against it.
+            self.compile_state(&fresh, true);
+            match self.held(Instant::now()) {
+                Some(seen) => tracing::warn!(%seen, "direct read confirms the mass deletion; applying"),
+                None => {
+                    tracing::warn!("direct read does not confirm the mass deletion; programming the direct read")
+                }
             }
+            confirmed = true;
+        } else {
+            self.start_cross_check(&state);
         }
-        let resolved = self.resolver.resolve(&compiled);
+        let t_guard = started.elapsed();
+        let compiled = self.incremental.compiled();
+        let resolved = self.resolver.resolve(compiled);
         outcome.pending_interfaces = resolved.missing.len();
         self.metrics.endpoints_pending.set(resolved.missing.len() as f64);
         if !resolved.missing.is_empty() {
             tracing::debug!(missing = ?resolved.missing, "endpoints without an interface yet; retrying");
         }
-        let mut target = compiled.clone();
-        target.endpoints.retain(|id, _| resolved.interfaces.contains_key(id));
         let interfaces = resolved.interfaces;
+        // Endpoints without an interface are left out; only then is the
+        // compiled state copied.
+        let filtered;
+        let target: &Compiled = if compiled.endpoints.keys().all(|id| interfaces.contains_key(id)) {
+            compiled
+        } else {
+            let mut t = compiled.clone();
+            t.endpoints.retain(|id, _| interfaces.contains_key(id));
+            filtered = t;
+            &filtered
+        };
+        let t_target = started.elapsed();
+        let mut t_diff = t_target;
 
-        if self.need_full || self.programmed.is_none() {
-            self.dataplane
-                .sync_full(&target, &interfaces)
-                .map_err(|source| self.dp_error("sync_full", source))?;
-            outcome.full = true;
-            outcome.applied = true;
-            outcome.changes = target.ipcache.len() + target.cidrs.len() + target.endpoints.len() + target.policy.len();
-        } else if let Some((prog, prog_ifaces)) = &self.programmed {
-            let diff = prog.diff(&target);
-            if !diff.is_empty() || prog_ifaces != &interfaces {
-                outcome.changes = diff.len();
-                if let Err(source) = self.dataplane.apply(&diff, &target, &interfaces) {
-                    return Err(self.dp_error("apply", source));
+        match &mut self.programmed {
+            Some((prog, prog_ifaces)) if !self.need_full => {
+                let diff = prog.diff(target);
+                t_diff = started.elapsed();
+                if !diff.is_empty() || *prog_ifaces != interfaces {
+                    outcome.changes = diff.len();
+                    if let Err(source) = self.dataplane.apply(&diff, target, &interfaces) {
+                        self.need_full = true;
+                        self.metrics.error("dataplane");
+                        return Err(SyncError::Dataplane { op: "apply", source });
+                    }
+                    outcome.applied = true;
+                    // What is programmed now: the same diff, applied in place.
+                    diff.ipcache.apply_to(&mut prog.ipcache);
+                    diff.cidrs.apply_to(&mut prog.cidrs);
+                    diff.endpoints.apply_to(&mut prog.endpoints);
+                    diff.policy.apply_to(&mut prog.policy);
+                    *prog_ifaces = interfaces;
                 }
+                if prog.ids != target.ids {
+                    prog.ids = target.ids.clone();
+                }
+            }
+            _ => {
+                if let Err(source) = self.dataplane.sync_full(target, &interfaces) {
+                    self.need_full = true;
+                    self.metrics.error("dataplane");
+                    return Err(SyncError::Dataplane {
+                        op: "sync_full",
+                        source,
+                    });
+                }
+                outcome.full = true;
                 outcome.applied = true;
+                outcome.changes =
+                    target.ipcache.len() + target.cidrs.len() + target.endpoints.len() + target.policy.len();
+                self.programmed = Some((target.clone(), interfaces));
             }
         }
+        let t_apply = started.elapsed();
+        tracing::debug!(
+            state_ms = t_state.as_secs_f64() * 1e3,
+            compile_ms = t_compile.as_secs_f64() * 1e3,
+            guard_ms = (t_guard - t_compile).as_secs_f64() * 1e3,
+            target_ms = (t_target - t_guard).as_secs_f64() * 1e3,
+            diff_ms = (t_diff - t_target).as_secs_f64() * 1e3,
+            apply_ms = (t_apply - t_diff).as_secs_f64() * 1e3,
+            changes = outcome.changes,
+            "sync phases"
+        );
         self.need_full = false;
         for (map, n) in [
             ("ipcache", target.ipcache.len()),
@@ -425,8 +650,13 @@ impl<D: AgentDataplane> Syncer<D> {
         ] {
             self.metrics.map_entries(map, n);
         }
-        self.programmed = Some((target, interfaces));
-        self.last_compiled = Some(compiled);
+        let (ids, eps) = (pod_identities(target).count(), target.endpoints.len());
+        let now = Instant::now();
+        if confirmed {
+            self.guard.reset(now, ids, eps);
+        } else {
+            self.guard.observe(now, ids, eps);
+        }
         self.metrics.sync_duration.record(started.elapsed().as_secs_f64());
         if outcome.applied {
             self.metrics.syncs.increment(1);
@@ -436,12 +666,6 @@ impl<D: AgentDataplane> Syncer<D> {
         }
         self.metrics.ready.set(1.0);
         Ok(outcome)
-    }
-
-    fn dp_error(&mut self, op: &'static str, source: DataplaneError) -> SyncError {
-        self.need_full = true;
-        self.metrics.error("dataplane");
-        SyncError::Dataplane { op, source }
     }
 
     /// Read the dataplane's counters and deny events into metrics and logs.
@@ -474,7 +698,13 @@ impl<D: AgentDataplane> Syncer<D> {
                 _ = sleep, if retry_after.is_some() => {}
                 _ = stats.tick() => { self.poll_stats(); continue; }
             }
-            tokio::time::sleep(self.cfg.debounce).await;
+            // Coalesce changes for `debounce` after the oldest one not yet
+            // programmed (already waited for when it came during a sync).
+            let wait = match cache.first_unprogrammed() {
+                Some(t) => (t + self.cfg.debounce).saturating_duration_since(Instant::now()),
+                None => self.cfg.debounce,
+            };
+            tokio::time::sleep(wait).await;
             let since = cache.take_first_unprogrammed();
             match self.sync_once().await {
                 Ok(o) => {
@@ -501,5 +731,235 @@ impl<D: AgentDataplane> Syncer<D> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::endpoints::Resolved;
+    use crate::metrics::sample;
+    use k8s_openapi::api::core::v1::{Container, Namespace, Pod as ApiPod, PodSpec, PodStatus};
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kube::api::ObjectMeta;
+    use kube::runtime::watcher::Event;
+    use npm_policy::compiled::IdentityKey;
+    use std::sync::Mutex;
+
+    /// An in-memory dataplane: the "kernel" is a compiled state.
+    #[derive(Clone, Default)]
+    struct Mem(Arc<Mutex<Compiled>>);
+
+    impl Dataplane for Mem {
+        fn sync_full(&mut self, compiled: &Compiled, _: &Interfaces) -> Result<(), DataplaneError> {
+            *self.0.lock().unwrap() = compiled.clone();
+            Ok(())
+        }
+        fn apply(&mut self, diff: &CompiledDiff, _: &Compiled, _: &Interfaces) -> Result<(), DataplaneError> {
+            let mut k = self.0.lock().unwrap();
+            diff.ipcache.apply_to(&mut k.ipcache);
+            diff.cidrs.apply_to(&mut k.cidrs);
+            diff.endpoints.apply_to(&mut k.endpoints);
+            diff.policy.apply_to(&mut k.policy);
+            Ok(())
+        }
+        fn counters(&self) -> Result<Counters, DataplaneError> {
+            Ok(Counters::default())
+        }
+    }
+
+    impl AgentDataplane for Mem {}
+
+    struct AllFound;
+
+    impl Resolve for AllFound {
+        fn resolve(&mut self, compiled: &Compiled) -> Resolved {
+            Resolved {
+                interfaces: compiled.endpoints.keys().map(|&id| (id, 100 + id)).collect(),
+                missing: Vec::new(),
+            }
+        }
+    }
+
+    fn api_pod(ip: &str, rv: &str) -> ApiPod {
+        ApiPod {
+            metadata: ObjectMeta {
+                name: Some("p".into()),
+                namespace: Some("a".into()),
+                uid: Some("uid-p".into()),
+                resource_version: Some(rv.into()),
+                labels: Some([("app".to_string(), "web".to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("node-a".into()),
+                containers: vec![Container {
+                    name: "c".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                pod_ip: Some(ip.into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// The background cross-check catches a change the incremental compile
+    /// missed: the mismatch is counted, the sync loop is woken (a change is
+    /// marked unprogrammed) and the next sync rebuilds and programs the
+    /// full compile's result.
+    #[tokio::test]
+    async fn background_cross_check_repairs_a_missed_change() {
+        let metrics = Metrics::new().unwrap();
+        let cache = Cache::new(metrics.clone());
+        let dp = Mem::default();
+        let cfg = SyncConfig {
+            compile: CompileOptions {
+                node_name: "node-a".into(),
+                node_ips: Vec::new(),
+                allow_host_egress: false,
+            },
+            ..SyncConfig::default()
+        };
+        let mut syncer = Syncer::new(
+            cfg,
+            cache.clone(),
+            metrics.clone(),
+            dp.clone(),
+            Box::new(AllFound),
+            None,
+        );
+        cache.handle::<Namespace>(Event::Init);
+        cache.handle(Event::InitApply(Namespace {
+            metadata: ObjectMeta {
+                name: Some("a".into()),
+                resource_version: Some("1".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }));
+        cache.handle::<Namespace>(Event::InitDone);
+        cache.handle::<NetworkPolicy>(Event::Init);
+        cache.handle::<NetworkPolicy>(Event::InitDone);
+        cache.handle::<ApiPod>(Event::Init);
+        cache.handle(Event::InitApply(api_pod("10.2.0.1", "2")));
+        cache.handle::<ApiPod>(Event::InitDone);
+        assert!(syncer.sync_once().await.unwrap().full);
+        let (old, new): (IpAddr, IpAddr) = ("10.2.0.1".parse().unwrap(), "10.2.0.9".parse().unwrap());
+        assert!(dp.0.lock().unwrap().ipcache.contains_key(&old));
+
+        // The pod moves; the incremental compiler is made to miss it.
+        cache.handle(Event::Apply(api_pod("10.2.0.9", "3")));
+        let state = cache.complete().unwrap();
+        syncer.incremental.pretend_compiled(&state);
+        let _ = cache.take_first_unprogrammed();
+        let missed = syncer.sync_once().await.unwrap();
+        assert!(!missed.applied, "the missed change is not programmed by this sync");
+        let mismatches = || sample(&metrics.render(), "npm_incremental_mismatch_total").unwrap_or(0.0);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut woken = false;
+        while mismatches() < 1.0 || !dp.0.lock().unwrap().ipcache.contains_key(&new) {
+            assert!(Instant::now() < deadline, "the cross-check did not repair the state");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            // Debug builds start a cross-check after every sync (one at a
+            // time); a sync also collects a finished one's result.
+            woken |= cache.take_first_unprogrammed().is_some();
+            syncer.sync_once().await.unwrap();
+        }
+        // The checker wakes the loop right after handing over its result.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !woken && Instant::now() < deadline {
+            woken = cache.first_unprogrammed().is_some();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(woken, "the mismatch woke the sync loop");
+        assert_eq!(mismatches(), 1.0);
+        let k = dp.0.lock().unwrap();
+        assert!(!k.ipcache.contains_key(&old));
+        assert_eq!(
+            k.endpoints.values().next().and_then(|e| e.ipv4),
+            Some("10.2.0.9".parse().unwrap())
+        );
+    }
+
+    /// A compile with `ids` pod identities (and no endpoints).
+    fn with_identities(ids: usize) -> Compiled {
+        let mut c = Compiled::default();
+        for i in 0..ids as u32 {
+            let key = IdentityKey {
+                namespace: "ns".into(),
+                namespace_labels: Default::default(),
+                pod_labels: [("app".to_string(), format!("a{i}"))].into(),
+                named_ports: Vec::new(),
+            };
+            c.ids.identities.insert(IDENTITY_FIRST_POD + i, key);
+        }
+        c
+    }
+
+    /// Small steps add up against the high-water count; a reset (a
+    /// confirmation) or the window's end makes the current count the
+    /// reference.
+    #[test]
+    fn cumulative_reference_window_and_reset() {
+        let window = Duration::from_secs(60);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut g = GuardReference::default();
+        assert_eq!(g.cumulative_removal(&with_identities(0), t0, window, 0.5), None);
+        for (s, n) in [(0, 100), (10, 90), (20, 80), (30, 70), (40, 60), (50, 50)] {
+            assert_eq!(
+                g.cumulative_removal(&with_identities(n), at(s), window, 0.5),
+                None,
+                "{n}"
+            );
+            g.observe(at(s), n, 0);
+        }
+        assert_eq!(g.high_water(at(55), window), (100, 0));
+        let what = g.cumulative_removal(&with_identities(40), at(55), window, 0.5);
+        assert!(
+            what.as_deref()
+                .is_some_and(|w| w.contains("60 of up to 100 identities")),
+            "{what:?}"
+        );
+        // Growth raises the reference.
+        let mut up = GuardReference::default();
+        up.observe(at(0), 10, 4);
+        up.observe(at(1), 30, 2);
+        assert_eq!(up.high_water(at(2), window), (30, 4));
+        assert!(up
+            .cumulative_removal(&with_identities(14), at(2), window, 0.5)
+            .is_some());
+        // After the window the old maximum is forgotten: 60 s after the
+        // sample of 100, the highest remaining count is 90 (at 10 s).
+        assert_eq!(g.high_water(at(61), window), (90, 0));
+        assert!(g
+            .cumulative_removal(&with_identities(40), at(61), window, 0.5)
+            .is_some());
+        assert_eq!(g.high_water(at(200), window), (50, 0), "the newest sample always stays");
+        assert_eq!(g.cumulative_removal(&with_identities(40), at(200), window, 0.5), None);
+        // A confirmation resets the reference to what was programmed.
+        g.observe(at(201), 100, 0);
+        g.reset(at(202), 40, 0);
+        assert_eq!(g.high_water(at(203), window), (40, 0));
+        assert_eq!(g.cumulative_removal(&with_identities(30), at(203), window, 0.5), None);
+    }
+
+    /// The one-step check counts the programmed identities and endpoints
+    /// the next state no longer has.
+    #[test]
+    fn one_step_removal_counts_missing_members() {
+        assert_eq!(missing_from([1, 2, 3, 5].into_iter(), [2, 4, 5, 6].into_iter()), 2);
+        assert_eq!(missing_from([1, 2].into_iter(), std::iter::empty()), 2);
+        assert_eq!(missing_from(std::iter::empty::<u32>(), [1].into_iter()), 0);
+        let old = with_identities(10);
+        let mut new = with_identities(10);
+        new.ids.identities.retain(|id, _| *id >= IDENTITY_FIRST_POD + 4);
+        assert_eq!(mass_removal(&old, &new, 0.5), None);
+        new.ids.identities.retain(|id, _| *id >= IDENTITY_FIRST_POD + 6);
+        assert!(mass_removal(&old, &new, 0.5).is_some_and(|w| w.starts_with("6/10 identities")));
     }
 }

@@ -316,6 +316,11 @@ impl Cache {
         self.changed.notify_one();
     }
 
+    /// When the oldest change not yet programmed was received.
+    pub fn first_unprogrammed(&self) -> Option<Instant> {
+        *lock(&self.first_unprogrammed)
+    }
+
     /// Take the time of the oldest unprogrammed change.
     pub fn take_first_unprogrammed(&self) -> Option<Instant> {
         lock(&self.first_unprogrammed).take()

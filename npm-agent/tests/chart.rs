@@ -123,6 +123,8 @@ fn daemonset_essentials() {
         "--dataplane=nftables",
         "--log-level=debug",
         "--metrics-addr=0.0.0.0:9090",
+        "--mass-delete-threshold=0.5",
+        "--mass-delete-window-secs=600",
     ] {
         assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
     }

@@ -197,3 +197,180 @@ async fn unconfirmed_mass_deletion_is_not_applied() {
     srv.clear_faults();
     srv.shutdown().await;
 }
+
+/// 100 pods in namespace `gradual`, each with a label of its own (100 pod
+/// identities); the first 20 are on this node (20 endpoints).
+fn gradual_pods() -> Vec<Pod> {
+    (0..100)
+        .map(|i| {
+            let node = if i < 20 { "node-a" } else { "node-b" };
+            let app = format!("a{i}");
+            pod(
+                "gradual",
+                &format!("g{i}"),
+                node,
+                Some(&format!("10.30.0.{}", i + 1)),
+                &[("app", &app)],
+            )
+        })
+        .collect()
+}
+
+/// Whether pod `g<i>` of `gradual_pods` is left after `step` steps of 10
+/// (those with `i % 10 >= step`): each step removes 10 identities and 2
+/// endpoints.
+fn left_after(p: &Pod, step: usize) -> bool {
+    let name = p.metadata.name.as_deref().unwrap_or("");
+    let i: usize = name.trim_start_matches('g').parse().unwrap();
+    i % 10 >= step
+}
+
+/// A syncer over a recording dataplane, its cache fed by hand (as the
+/// watchers would, with complete lists), and the metrics.
+struct GradualSetup {
+    /// The server's objects of `gradual_pods`.
+    all: Vec<Pod>,
+    cache: Arc<Cache>,
+    metrics: Metrics,
+    dp: RecordingDataplane,
+    syncer: Syncer<RecordingDataplane>,
+}
+
+async fn gradual_setup(client: &kube::Client) -> GradualSetup {
+    create_namespaces(client, &[namespace("gradual", &[])]).await;
+    create_pods(client, gradual_pods(), 32).await;
+    let metrics = Metrics::new().unwrap();
+    let cache = Cache::new(metrics.clone());
+    let dp = RecordingDataplane::default();
+    let syncer = Syncer::new(
+        agent_config(100).sync,
+        cache.clone(),
+        metrics.clone(),
+        dp.clone(),
+        Box::new(FixedResolver),
+        Some(client.clone()),
+    );
+    let state = direct_read(client, 100).await.unwrap();
+    cache.handle::<Namespace>(Event::Init);
+    for n in &state.namespaces {
+        cache.handle(Event::InitApply((**n).clone()));
+    }
+    cache.handle::<Namespace>(Event::InitDone);
+    cache.handle::<NetworkPolicy>(Event::Init);
+    cache.handle::<NetworkPolicy>(Event::InitDone);
+    let s = GradualSetup {
+        all: state.pods.iter().map(|p| (**p).clone()).collect(),
+        cache,
+        metrics,
+        dp,
+        syncer,
+    };
+    s.feed(&s.after_steps(0));
+    s
+}
+
+impl GradualSetup {
+    /// The pod store's complete list becomes `pods`.
+    fn feed(&self, pods: &[Pod]) {
+        self.cache.handle::<Pod>(Event::Init);
+        for p in pods {
+            self.cache.handle(Event::InitApply(p.clone()));
+        }
+        self.cache.handle::<Pod>(Event::InitDone);
+    }
+
+    /// The server's pods left after `step` steps (see `left_after`).
+    fn after_steps(&self, step: usize) -> Vec<Pod> {
+        self.all.iter().filter(|p| left_after(p, step)).cloned().collect()
+    }
+
+    fn deferred(&self) -> f64 {
+        npm_agent::metrics::sample(&self.metrics.render(), "npm_destructive_actions_deferred_total").unwrap_or(0.0)
+    }
+
+    /// (ipcache entries, endpoints) in the recording dataplane.
+    fn programmed(&self) -> (usize, usize) {
+        let r = self.dp.lock();
+        (r.state.ipcache.len(), r.state.endpoints.len())
+    }
+}
+
+/// A cache that loses identities and endpoints in small steps (10% of the
+/// original per sync, each step below the 50% threshold against the state
+/// before it) is held once the cumulative loss crosses 50%: the held step
+/// removes nothing, and the direct read (the server still has every pod)
+/// restores what the cache lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gradual_mass_deletion_is_held_when_cumulative_share_crosses() {
+    let (srv, client) = server(true).await;
+    let mut s = gradual_setup(&client).await;
+    let first = s.syncer.sync_once().await.unwrap();
+    assert!(first.full && !first.guarded);
+    assert_eq!(s.programmed(), (100, 20));
+
+    // Steps 1-5: 10 identities and 2 endpoints fewer each; the cumulative
+    // loss reaches 50% (not more): applied, not held.
+    for step in 1..=5 {
+        s.feed(&s.after_steps(step));
+        let out = s.syncer.sync_once().await.unwrap();
+        assert!(!out.guarded, "step {step} is below the threshold");
+        assert_eq!(s.programmed(), (100 - 10 * step, 20 - 2 * step), "step {step}");
+    }
+    assert_eq!(s.deferred(), 0.0);
+
+    // Step 6: 50 -> 40 identities is 20% in one step but 60% of the
+    // high-water 100: held and confirmed with a direct read.
+    let calls_before = s.dp.lock().calls.len();
+    s.feed(&s.after_steps(6));
+    let out = s.syncer.sync_once().await.unwrap();
+    assert!(out.guarded, "the cumulative guard fired");
+    assert_eq!(s.deferred(), 1.0);
+    {
+        let r = s.dp.lock();
+        let calls = &r.calls[calls_before..];
+        assert!(!calls.is_empty());
+        assert!(
+            calls.iter().all(|c| c.ipcache_removed == 0 && c.endpoints_removed == 0),
+            "nothing removed by the held sync: {calls:?}"
+        );
+        assert!(r.inconsistent.is_empty(), "{:?}", r.inconsistent);
+    }
+    assert_eq!(s.programmed(), (100, 20), "the direct read restored every live pod");
+    srv.shutdown().await;
+}
+
+/// A real scale-down in small steps (the server and the cache agree) is
+/// held once the cumulative loss crosses 50%, confirmed by the direct read
+/// and applied; the confirmation resets the reference, so the next small
+/// step proceeds without a direct read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirmed_gradual_scale_down_proceeds() {
+    let (srv, client) = server(true).await;
+    let mut s = gradual_setup(&client).await;
+    assert!(s.syncer.sync_once().await.unwrap().full);
+    assert_eq!(s.programmed(), (100, 20));
+    for step in 1..=7 {
+        let gone: Vec<(String, String)> = gradual_pods()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 10 == step - 1)
+            .map(|(_, p)| ("gradual".to_string(), p.metadata.name.clone().unwrap()))
+            .collect();
+        delete_pods(&client, gone, 16).await;
+        s.feed(&s.after_steps(step));
+        let out = s.syncer.sync_once().await.unwrap();
+        assert_eq!(
+            out.guarded,
+            step == 6,
+            "step {step}: held only when the cumulative share crosses 50%"
+        );
+        assert_eq!(s.deferred(), if step >= 6 { 1.0 } else { 0.0 }, "step {step}");
+        assert_eq!(
+            s.programmed(),
+            (100 - 10 * step, 20 - 2 * step),
+            "step {step}: the confirmed removal is applied"
+        );
+    }
+    assert!(s.dp.lock().inconsistent.is_empty());
+    srv.shutdown().await;
+}

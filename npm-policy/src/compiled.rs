@@ -199,13 +199,51 @@ impl<K, V> Default for MapDiff<K, V> {
 impl<K: Ord + Clone, V: PartialEq + Clone> MapDiff<K, V> {
     /// The minimal changes that turn `old` into `new`.
     pub fn between(old: &BTreeMap<K, V>, new: &BTreeMap<K, V>) -> Self {
-        let upsert = new
-            .iter()
-            .filter(|(k, v)| old.get(k) != Some(v))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let remove = old.keys().filter(|k| !new.contains_key(k)).cloned().collect();
-        MapDiff { upsert, remove }
+        // One merge walk over both ordered maps: linear, no lookups.
+        let mut d = MapDiff::default();
+        let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+        loop {
+            match (o.peek(), n.peek()) {
+                (None, None) => break,
+                (Some((ok, _)), None) => {
+                    d.remove.push((*ok).clone());
+                    o.next();
+                }
+                (None, Some((nk, nv))) => {
+                    d.upsert.push(((*nk).clone(), (*nv).clone()));
+                    n.next();
+                }
+                (Some((ok, ov)), Some((nk, nv))) => match ok.cmp(nk) {
+                    std::cmp::Ordering::Less => {
+                        d.remove.push((*ok).clone());
+                        o.next();
+                    }
+                    std::cmp::Ordering::Greater => {
+                        d.upsert.push(((*nk).clone(), (*nv).clone()));
+                        n.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        if ov != nv {
+                            d.upsert.push(((*nk).clone(), (*nv).clone()));
+                        }
+                        o.next();
+                        n.next();
+                    }
+                },
+            }
+        }
+        d
+    }
+
+    /// Applies the diff to `map` (what [`MapDiff::between`]`(map, new)`
+    /// gives turns `map` into `new`).
+    pub fn apply_to(&self, map: &mut BTreeMap<K, V>) {
+        for k in &self.remove {
+            map.remove(k);
+        }
+        for (k, v) in &self.upsert {
+            map.insert(k.clone(), v.clone());
+        }
     }
 
     /// Nothing to change.
@@ -257,6 +295,42 @@ impl Compiled {
             cidrs: MapDiff::between(&self.cidrs, &next.cidrs),
             endpoints: MapDiff::between(&self.endpoints, &next.endpoints),
             policy: MapDiff::between(&self.policy, &next.policy),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The merge-walk diff is minimal and `apply_to` turns the old map into
+    /// the new one, over many overlapping pairs of maps.
+    #[test]
+    fn map_diff_between_and_apply_to() {
+        let mut seed = 7u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..200 {
+            let n = (rnd() % 40) as usize;
+            let old: BTreeMap<u32, u32> = (0..n).map(|_| ((rnd() % 50) as u32, (rnd() % 3) as u32)).collect();
+            let new: BTreeMap<u32, u32> = (0..n).map(|_| ((rnd() % 50) as u32, (rnd() % 3) as u32)).collect();
+            let d = MapDiff::between(&old, &new);
+            let want_upsert: Vec<(u32, u32)> = new
+                .iter()
+                .filter(|(k, v)| old.get(k) != Some(v))
+                .map(|(k, v)| (*k, *v))
+                .collect();
+            let want_remove: Vec<u32> = old.keys().filter(|k| !new.contains_key(k)).copied().collect();
+            assert_eq!(d.upsert, want_upsert);
+            assert_eq!(d.remove, want_remove);
+            let mut applied = old.clone();
+            d.apply_to(&mut applied);
+            assert_eq!(applied, new);
+            assert!(MapDiff::between(&new, &new).is_empty());
         }
     }
 }

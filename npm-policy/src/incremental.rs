@@ -150,6 +150,13 @@ impl Compiler {
         &self.snapshot
     }
 
+    /// Takes the compiler apart: its snapshot and compiled form (to update
+    /// the snapshot and build a new compiler from it, keeping the ids,
+    /// without a copy of either).
+    pub fn into_parts(self) -> (Snapshot, Compiled) {
+        (self.snapshot, self.out)
+    }
+
     /// The options.
     pub fn options(&self) -> &CompileOptions {
         &self.opts
