@@ -444,7 +444,7 @@ impl Incremental {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{Container, PodSpec, PodStatus};
     use kube::api::ObjectMeta;
@@ -467,7 +467,9 @@ mod tests {
         })
     }
 
-    fn pod(ns: &str, name: &str, rv: u64, ip: &str, app: &str, node: &str) -> Arc<Pod> {
+    /// A Running pod `ns/name` with `ip`, label `app`, on `node` (shared by
+    /// the sync tests).
+    pub(crate) fn pod(ns: &str, name: &str, rv: u64, ip: &str, app: &str, node: &str) -> Arc<Pod> {
         Arc::new(Pod {
             metadata: meta(Some(ns), name, rv, &[("app", app)]),
             spec: Some(PodSpec {

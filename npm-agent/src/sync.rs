@@ -739,7 +739,7 @@ mod tests {
     use super::*;
     use crate::endpoints::Resolved;
     use crate::metrics::sample;
-    use k8s_openapi::api::core::v1::{Container, Namespace, Pod as ApiPod, PodSpec, PodStatus};
+    use k8s_openapi::api::core::v1::{Namespace, Pod as ApiPod};
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     use kube::api::ObjectMeta;
     use kube::runtime::watcher::Event;
@@ -781,30 +781,8 @@ mod tests {
         }
     }
 
-    fn api_pod(ip: &str, rv: &str) -> ApiPod {
-        ApiPod {
-            metadata: ObjectMeta {
-                name: Some("p".into()),
-                namespace: Some("a".into()),
-                uid: Some("uid-p".into()),
-                resource_version: Some(rv.into()),
-                labels: Some([("app".to_string(), "web".to_string())].into()),
-                ..Default::default()
-            },
-            spec: Some(PodSpec {
-                node_name: Some("node-a".into()),
-                containers: vec![Container {
-                    name: "c".into(),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }),
-            status: Some(PodStatus {
-                phase: Some("Running".into()),
-                pod_ip: Some(ip.into()),
-                ..Default::default()
-            }),
-        }
+    fn api_pod(ip: &str, rv: u64) -> ApiPod {
+        (*crate::compiler::tests::pod("a", "p", rv, ip, "web", "node-a")).clone()
     }
 
     /// The background cross-check catches a change the incremental compile
@@ -845,14 +823,14 @@ mod tests {
         cache.handle::<NetworkPolicy>(Event::Init);
         cache.handle::<NetworkPolicy>(Event::InitDone);
         cache.handle::<ApiPod>(Event::Init);
-        cache.handle(Event::InitApply(api_pod("10.2.0.1", "2")));
+        cache.handle(Event::InitApply(api_pod("10.2.0.1", 2)));
         cache.handle::<ApiPod>(Event::InitDone);
         assert!(syncer.sync_once().await.unwrap().full);
         let (old, new): (IpAddr, IpAddr) = ("10.2.0.1".parse().unwrap(), "10.2.0.9".parse().unwrap());
         assert!(dp.0.lock().unwrap().ipcache.contains_key(&old));
 
         // The pod moves; the incremental compiler is made to miss it.
-        cache.handle(Event::Apply(api_pod("10.2.0.9", "3")));
+        cache.handle(Event::Apply(api_pod("10.2.0.9", 3)));
         let state = cache.complete().unwrap();
         syncer.incremental.pretend_compiled(&state);
         let _ = cache.take_first_unprogrammed();
