@@ -12,6 +12,7 @@
 //! | `NPM_EP_SLOTS` | array                | host-side ifindex `<` [`sizes::ENDPOINT_SLOTS`] | [`EndpointInfo`] |
 //! | `NPM_ENDPOINTS`| hash                 | host-side ifindex `>=` [`sizes::ENDPOINT_SLOTS`] | [`EndpointInfo`] |
 //! | `NPM_IPCACHE`  | hash                 | [`IpKey`] (exact address)   | [`IpInfo`]     |
+//! | `NPM_IPCACHE4` | array (mmapable)     | [`ipcache4_slot`] of an IPv4 address | [`ipcache4_word`] (`u64`) |
 //! | `NPM_CIDRS`    | LPM trie             | prefix of [`IpKey::addr`]   | CIDR identity (`u32`) |
 //! | `NPM_POLICY`   | LPM trie             | [`PolicyKey`]               | [`PolicyValue`] |
 //! | `NPM_CT`       | LRU hash             | [`CtKey`]                   | [`CtValue`]    |
@@ -79,6 +80,14 @@ pub mod maps {
     pub const ENDPOINTS: &str = "NPM_ENDPOINTS";
     /// exact address -> [`super::IpInfo`].
     pub const IPCACHE: &str = "NPM_IPCACHE";
+    /// Direct-mapped front of `NPM_IPCACHE` for IPv4 addresses: slot
+    /// [`super::ipcache4_slot`] holds one [`super::ipcache4_word`], read by
+    /// the datapath with one inlined array access. User space writes the
+    /// words with single 64-bit stores through a shared mapping, so the
+    /// datapath never sees half of an update. `NPM_IPCACHE` holds every
+    /// address; an address whose slot holds another one (or that does not
+    /// fit a word) is only found there.
+    pub const IPCACHE4: &str = "NPM_IPCACHE4";
     /// prefix -> CIDR identity.
     pub const CIDRS: &str = "NPM_CIDRS";
     /// [`super::PolicyKey`] -> [`super::PolicyValue`].
@@ -99,8 +108,8 @@ pub mod maps {
     /// answers for decisions made under the current generation.
     pub const GENERATION: &str = "NPM_GENERATION";
     /// Every map, for pinning and adoption.
-    pub const ALL: [&str; 11] = [
-        EP_SLOTS, ENDPOINTS, IPCACHE, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS, GENERATION,
+    pub const ALL: [&str; 12] = [
+        EP_SLOTS, ENDPOINTS, IPCACHE, IPCACHE4, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS, GENERATION,
     ];
 }
 
@@ -113,6 +122,10 @@ pub mod sizes {
     pub const ENDPOINT_SLOTS: u32 = 65_536;
     /// Exact addresses known cluster-wide (pods and node addresses).
     pub const IPCACHE: u32 = 262_144;
+    /// log2 of the slots of `NPM_IPCACHE4`.
+    pub const IPCACHE4_BITS: u32 = 18;
+    /// Slots of `NPM_IPCACHE4` (8 bytes each: 2 MB).
+    pub const IPCACHE4_SLOTS: u32 = 1 << IPCACHE4_BITS;
     /// Distinct ipBlock prefixes.
     pub const CIDRS: u32 = 65_536;
     /// Policy LPM entries (port ranges expand to prefixes).
@@ -130,8 +143,9 @@ pub mod sizes {
 ///
 /// 2: IPv4 conntrack entries moved from `NPM_CT` to `NPM_CT4`.
 /// 3: endpoints in the `NPM_EP_SLOTS` array (with [`EP_PRESENT`]), the hash
-/// `NPM_ENDPOINTS` only for large ifindexes.
-pub const LAYOUT_VERSION: u32 = 3;
+/// `NPM_ENDPOINTS` only for large ifindexes; `NPM_GENERATION`.
+/// 4: `NPM_IPCACHE4`, the direct-mapped IPv4 front of the ipcache.
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Direction as seen from the pod: traffic entering the pod.
 pub const DIR_INGRESS: u8 = 0;
@@ -254,6 +268,49 @@ impl IpKey {
     pub const fn v6(octets: [u8; 16]) -> Self {
         IpKey { addr: octets }
     }
+}
+
+/// The `NPM_IPCACHE4` slot of an IPv4 address (`addr`: its 4 bytes in
+/// network order read as a little-endian `u32`, as the datapath loads them).
+pub const fn ipcache4_slot(addr: u32) -> u32 {
+    addr.wrapping_mul(0x9e37_79b1) >> (32 - sizes::IPCACHE4_BITS)
+}
+
+/// The `NPM_IPCACHE4` word of an IPv4 address and its [`IpInfo`]: bits
+/// 0..32 the address (as in [`ipcache4_slot`]), 32..56 the pod identity
+/// (never 0, so an all-zero word is an empty slot), 56..64 the CIDR
+/// identity as `1 + (cidr_identity - IDENTITY_FIRST_CIDR)`, 0 for none.
+/// `None` when the entry does not fit: identity 0 or `>= 2^24`, or a CIDR
+/// identity beyond the first 255 (such addresses live in `NPM_IPCACHE`
+/// only).
+pub const fn ipcache4_word(addr: u32, info: IpInfo) -> Option<u64> {
+    if info.identity == 0 || info.identity >= IDENTITY_FIRST_CIDR {
+        return None;
+    }
+    let cidr = if info.cidr_identity == IDENTITY_ANY {
+        0
+    } else if info.cidr_identity >= IDENTITY_FIRST_CIDR && info.cidr_identity - IDENTITY_FIRST_CIDR < 255 {
+        info.cidr_identity - IDENTITY_FIRST_CIDR + 1
+    } else {
+        return None;
+    };
+    Some(addr as u64 | (info.identity as u64) << 32 | (cidr as u64) << 56)
+}
+
+/// The address and [`IpInfo`] of a non-zero `NPM_IPCACHE4` word.
+pub const fn ipcache4_unpack(word: u64) -> (u32, IpInfo) {
+    let cidr = (word >> 56) as u32;
+    (
+        word as u32,
+        IpInfo {
+            identity: ((word >> 32) & 0xff_ffff) as u32,
+            cidr_identity: if cidr == 0 {
+                IDENTITY_ANY
+            } else {
+                IDENTITY_FIRST_CIDR + cidr - 1
+            },
+        },
+    )
 }
 
 /// What the ipcache knows of one exact address.
@@ -685,6 +742,34 @@ mod tests {
         assert_eq!(size_of::<FragValue>(), 8);
         assert_eq!(size_of::<Counter>(), 16);
         assert_eq!(size_of::<DenyEvent>(), 56);
+    }
+
+    #[test]
+    fn ipcache4_words_round_trip_or_refuse() {
+        let addr = u32::from_le_bytes([10, 1, 2, 3]);
+        for (identity, cidr) in [
+            (IDENTITY_HOST, IDENTITY_ANY),
+            (256, IDENTITY_ANY),
+            ((1 << 24) - 1, IDENTITY_FIRST_CIDR),
+            (300, IDENTITY_FIRST_CIDR + 254),
+        ] {
+            let info = IpInfo {
+                identity,
+                cidr_identity: cidr,
+            };
+            let w = ipcache4_word(addr, info).expect("fits");
+            assert_ne!(w, 0);
+            assert_eq!(ipcache4_unpack(w), (addr, info));
+        }
+        for (identity, cidr) in [(0, 0), (1 << 24, 0), (300, IDENTITY_FIRST_CIDR + 255), (300, 5)] {
+            let info = IpInfo {
+                identity,
+                cidr_identity: cidr,
+            };
+            assert_eq!(ipcache4_word(addr, info), None, "{info:?}");
+        }
+        assert!(ipcache4_slot(u32::MAX) < sizes::IPCACHE4_SLOTS);
+        assert_ne!(ipcache4_slot(addr), ipcache4_slot(u32::from_le_bytes([10, 1, 2, 4])));
     }
 
     #[test]

@@ -387,3 +387,118 @@ fn deny_events_are_budgeted_per_cpu_and_tick_while_every_drop_is_counted() {
     let drops = after.by_reason.get(&key).map_or(0, |c| c.0) - before.by_reason.get(&key).map_or(0, |c| c.0);
     assert_eq!(drops, N as u64, "every dropped packet is counted");
 }
+
+/// The `NPM_IPCACHE4` word the loader should write for `addr`.
+fn word(addr: &str, identity: u32, cidr_identity: u32) -> u64 {
+    let a: std::net::Ipv4Addr = addr.parse().unwrap();
+    npm_common::ipcache4_word(
+        u32::from_le_bytes(a.octets()),
+        npm_common::IpInfo {
+            identity,
+            cidr_identity,
+        },
+    )
+    .expect("fits a word")
+}
+
+/// An address in 10.128.0.0/9 whose `NPM_IPCACHE4` slot is `addr`'s.
+fn colliding_with(addr: &str) -> String {
+    let a: std::net::Ipv4Addr = addr.parse().unwrap();
+    let slot = npm_common::ipcache4_slot(u32::from_le_bytes(a.octets()));
+    (0..1u32 << 23)
+        .map(|i| std::net::Ipv4Addr::new(10, 128 + (i >> 16) as u8, (i >> 8) as u8, i as u8))
+        .find(|c| npm_common::ipcache4_slot(u32::from_le_bytes(c.octets())) == slot)
+        .expect("a colliding address in a /9")
+        .to_string()
+}
+
+#[test]
+fn ipcache4_front_follows_every_write_and_collisions_use_the_hash() {
+    let mut f = fixture("i4");
+    let ifs = ifaces(&[(1, f.ep.ifindex)]);
+    let b: std::net::IpAddr = "10.0.0.2".parse().unwrap();
+    let syn_from = |src: &str, sport| v4(src, "10.0.0.1", L4::Tcp(sport, 80, 0x02));
+    // Written with the hash entry.
+    assert_eq!(f.dp.ipcache4_slot_word(b), Some(word("10.0.0.2", POD_B, 0)));
+    assert_eq!(f.dp.ipcache4_occupied(), 2);
+
+    // An address sharing the slot stays in the hash only, and is decided
+    // by its own identity; the slot keeps its holder.
+    let x = colliding_with("10.0.0.2");
+    let c0 = compiled();
+    let mut c1 = c0.clone();
+    ip(&mut c1, &x, POD_B + 1, 0);
+    f.dp.apply(&c0.diff(&c1), &c1, &ifs).unwrap();
+    assert_eq!(f.dp.ipcache4_slot_word(b), Some(word("10.0.0.2", POD_B, 0)));
+    assert_eq!(
+        run(&f, IN, &syn_from(&x, 46001)),
+        (VERDICT_DROP, Some(Reason::PolicyDenied))
+    );
+    assert_eq!(
+        run(&f, IN, &syn_from("10.0.0.2", 46002)),
+        (VERDICT_ALLOW, Some(Reason::Policy))
+    );
+
+    // An identity change rewrites the slot.
+    let mut c2 = c1.clone();
+    ip(&mut c2, "10.0.0.2", POD_B + 1, 0);
+    f.dp.apply(&c1.diff(&c2), &c2, &ifs).unwrap();
+    assert_eq!(f.dp.ipcache4_slot_word(b), Some(word("10.0.0.2", POD_B + 1, 0)));
+    assert_eq!(
+        run(&f, IN, &syn_from("10.0.0.2", 46003)),
+        (VERDICT_DROP, Some(Reason::PolicyDenied))
+    );
+
+    // An entry that does not fit a word (a CIDR identity past the first
+    // 255) empties the slot it held; the hash decides.
+    let mut c3 = c2.clone();
+    ip(&mut c3, "10.0.0.2", POD_B, npm_common::IDENTITY_FIRST_CIDR + 300);
+    f.dp.apply(&c2.diff(&c3), &c3, &ifs).unwrap();
+    assert_eq!(f.dp.ipcache4_slot_word(b), Some(0));
+    assert_eq!(
+        run(&f, IN, &syn_from("10.0.0.2", 46004)),
+        (VERDICT_ALLOW, Some(Reason::Policy))
+    );
+
+    // Removing the holder empties the slot; the colliding address is still
+    // decided right (by the hash), and a full sync gives it the free slot.
+    let mut c4 = c3.clone();
+    ip(&mut c4, "10.0.0.2", POD_B, 0);
+    f.dp.apply(&c3.diff(&c4), &c4, &ifs).unwrap();
+    assert_eq!(f.dp.ipcache4_slot_word(b), Some(word("10.0.0.2", POD_B, 0)));
+    let mut c5 = c4.clone();
+    c5.ipcache.remove(&b);
+    f.dp.apply(&c4.diff(&c5), &c5, &ifs).unwrap();
+    assert_eq!(f.dp.ipcache4_slot_word(b), Some(0));
+    assert_eq!(
+        run(&f, IN, &syn_from(&x, 46005)),
+        (VERDICT_DROP, Some(Reason::PolicyDenied))
+    );
+    f.dp.sync_full(&c5, &ifs).unwrap();
+    assert_eq!(f.dp.ipcache4_slot_word(b), Some(word(&x, POD_B + 1, 0)));
+    assert_eq!(
+        run(&f, IN, &syn_from(&x, 46006)),
+        (VERDICT_DROP, Some(Reason::PolicyDenied))
+    );
+}
+
+#[test]
+fn the_datapath_reads_the_ipcache4_slot_first() {
+    let mut f = fixture("i5");
+    let b: std::net::IpAddr = "10.0.0.2".parse().unwrap();
+    let a: std::net::Ipv4Addr = "10.0.0.2".parse().unwrap();
+    let slot = npm_common::ipcache4_slot(u32::from_le_bytes(a.octets()));
+    // Behind the loader's back, the slot says the peer has another identity
+    // (the hash still says POD_B): the slot decides.
+    let data = MapData::from_pin(f.pins.path.join(maps::IPCACHE4)).expect("open pinned NPM_IPCACHE4");
+    let mut arr: aya::maps::Array<MapData, u64> =
+        aya::maps::Array::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_IPCACHE4");
+    arr.set(slot, word("10.0.0.2", POD_B + 7, 0), 0).unwrap();
+    f.dp.bump_generation().unwrap();
+    let syn = v4("10.0.0.2", "10.0.0.1", L4::Tcp(47001, 80, 0x02));
+    assert_eq!(run(&f, IN, &syn), (VERDICT_DROP, Some(Reason::PolicyDenied)));
+    // A full sync puts back the entry the hash holds.
+    f.dp.sync_full(&compiled(), &ifaces(&[(1, f.ep.ifindex)])).unwrap();
+    assert_eq!(f.dp.ipcache4_slot_word(b), Some(word("10.0.0.2", POD_B, 0)));
+    assert_eq!(run(&f, IN, &syn), (VERDICT_ALLOW, Some(Reason::Policy)));
+}

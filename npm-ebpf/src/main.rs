@@ -65,10 +65,13 @@
 //!
 //! The costly part of a packet is each hash or trie lookup (a call into the
 //! kernel, with hashing and return-thunk overhead); array lookups are
-//! inlined by the verifier. Three fast paths avoid calls:
+//! inlined by the verifier. Four fast paths avoid calls:
 //!
 //! - endpoints live in an array indexed by ifindex (`NPM_EP_SLOTS`), the
 //!   hash `NPM_ENDPOINTS` only serves ifindexes beyond it;
+//! - an IPv4 peer is first looked up in [`NPM_IPCACHE4`], a direct-mapped
+//!   array of whole 64-bit words, and only if its slot holds another
+//!   address in the hash `NPM_IPCACHE`;
 //! - the flow cache ([`NPM_FLOWCACHE`], per CPU, direct-mapped): established
 //!   IPv4 flows confirmed by a conntrack hit in the last 250 ms skip the
 //!   conntrack lookup (see [`flow_cache_hit`] for what that may change);
@@ -99,11 +102,11 @@ use aya_ebpf::{
 use core::ffi::c_void;
 
 use npm_common::{
-    counter_index, ep_no_peer_flag, proto, sizes, Counter, CtKey, CtKey4, CtValue, DenyEvent, EndpointInfo, FragKey,
-    FragValue, IpInfo, IpKey, PolicyValue, Reason, COUNTER_SLOTS, CT_CLOSING, CT_ORIG_LO_TO_HI, CT_SEEN_REPLY,
-    CT_TIMEOUT_OTHER_NS, CT_TIMEOUT_TCP_CLOSING_NS, CT_TIMEOUT_TCP_NS, CT_TIMEOUT_TCP_SYN_NS, DIR_EGRESS, DIR_INGRESS,
-    EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_PRESENT, FIRST_DENY_REASON, IDENTITY_ANY,
-    IDENTITY_HOST, IDENTITY_WORLD, POLICY_KEY_LEN, POLICY_PREFIX_FULL,
+    counter_index, ep_no_peer_flag, ipcache4_slot, ipcache4_unpack, proto, sizes, Counter, CtKey, CtKey4, CtValue,
+    DenyEvent, EndpointInfo, FragKey, FragValue, IpInfo, IpKey, PolicyValue, Reason, COUNTER_SLOTS, CT_CLOSING,
+    CT_ORIG_LO_TO_HI, CT_SEEN_REPLY, CT_TIMEOUT_OTHER_NS, CT_TIMEOUT_TCP_CLOSING_NS, CT_TIMEOUT_TCP_NS,
+    CT_TIMEOUT_TCP_SYN_NS, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS,
+    EP_PRESENT, FIRST_DENY_REASON, IDENTITY_ANY, IDENTITY_HOST, IDENTITY_WORLD, POLICY_KEY_LEN, POLICY_PREFIX_FULL,
 };
 
 #[map]
@@ -112,6 +115,10 @@ static NPM_EP_SLOTS: Array<EndpointInfo> = Array::with_max_entries(sizes::ENDPOI
 static NPM_ENDPOINTS: HashMap<u32, EndpointInfo> = HashMap::with_max_entries(sizes::ENDPOINTS, 0);
 #[map]
 static NPM_IPCACHE: HashMap<IpKey, IpInfo> = HashMap::with_max_entries(sizes::IPCACHE, 0);
+/// `BPF_F_MMAPABLE`: user space maps the array and stores whole words.
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+#[map]
+static NPM_IPCACHE4: Array<u64> = Array::with_max_entries(sizes::IPCACHE4_SLOTS, BPF_F_MMAPABLE);
 #[map]
 static NPM_CIDRS: LpmTrie<[u8; 16], u32> = LpmTrie::with_max_entries(sizes::CIDRS, 0);
 #[map]
@@ -775,9 +782,37 @@ unsafe fn flow_cache_fill(slot: *mut FlowSlot, k: &CtKey4, now: u64) {
 /// `PolicyDenied`.
 #[inline(always)]
 fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: *const u8) -> u8 {
-    // SAFETY: IpKey is repr(C) around exactly 16 address bytes.
-    let info = unsafe { NPM_IPCACHE.get(&*(peer as *const IpKey)) };
+    // The IPv4 front first: one inlined array read of a whole word.
+    // SAFETY: 16-byte, 4-aligned address.
+    let slot_word = unsafe {
+        if is_v4_mapped(peer) {
+            let addr = rd32(peer.add(12));
+            match NPM_IPCACHE4.get(ipcache4_slot(addr)) {
+                Some(w) => {
+                    let w = core::ptr::read_volatile(w);
+                    if w as u32 == addr && w >> 32 != 0 {
+                        w
+                    } else {
+                        0
+                    }
+                }
+                None => 0,
+            }
+        } else {
+            0
+        }
+    };
+    let info = if slot_word != 0 {
+        None
+    } else {
+        // SAFETY: IpKey is repr(C) around exactly 16 address bytes.
+        unsafe { NPM_IPCACHE.get(&*(peer as *const IpKey)) }
+    };
     let (identity, cidr_identity) = match info {
+        _ if slot_word != 0 => {
+            let (_, i) = ipcache4_unpack(slot_word);
+            (i.identity, i.cidr_identity)
+        }
         Some(i) => (i.identity, i.cidr_identity),
         None => {
             // SAFETY: lpm is 20 bytes: prefix length and 16 bytes.

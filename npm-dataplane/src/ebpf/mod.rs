@@ -25,6 +25,7 @@
 //! program knows about test mode.
 
 mod endpoints;
+mod ipcache4;
 pub mod translate;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -52,6 +53,7 @@ use serde::Serialize;
 use crate::{Counters, Dataplane, DataplaneError, Interfaces};
 
 use endpoints::EndpointTable;
+use ipcache4::Ipcache4;
 use translate::TranslateError;
 
 /// Program attached on the tcx egress hook of the host-side veth (packets
@@ -165,6 +167,14 @@ pub enum EbpfError {
         /// The expected pin path.
         path: PathBuf,
     },
+    /// A map could not be mapped into memory.
+    #[error("map {map}: mmap: {detail}")]
+    Mmap {
+        /// Map name.
+        map: &'static str,
+        /// What failed.
+        detail: String,
+    },
 }
 
 impl From<EbpfError> for DataplaneError {
@@ -173,7 +183,10 @@ impl From<EbpfError> for DataplaneError {
             EbpfError::ObjectMissing { .. } | EbpfError::ReadObject { .. } | EbpfError::Load { .. } => "ebpf load",
             EbpfError::PinDir { .. } => "ebpf pin directory",
             EbpfError::ProgramMissing { .. } | EbpfError::Program { .. } => "ebpf program",
-            EbpfError::MapMissing { .. } | EbpfError::Map { .. } | EbpfError::NotPinned { .. } => "ebpf map",
+            EbpfError::MapMissing { .. }
+            | EbpfError::Map { .. }
+            | EbpfError::NotPinned { .. }
+            | EbpfError::Mmap { .. } => "ebpf map",
             EbpfError::Interface { .. } | EbpfError::Link { .. } => "ebpf attach",
             EbpfError::Translate(_) => "ebpf translate",
         };
@@ -434,6 +447,7 @@ pub struct EbpfDataplane {
     pin_dir: PathBuf,
     endpoints: EndpointTable,
     ipcache: BpfHashMap<MapData, IpKey, IpInfo>,
+    ipcache4: Ipcache4,
     cidrs: LpmTrie<MapData, [u8; 16], u32>,
     policy: LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue>,
     ct: BpfHashMap<MapData, CtKey, CtValue>,
@@ -509,6 +523,8 @@ impl EbpfDataplane {
         let overflow = BpfHashMap::try_from(take_map(&mut bpf, maps::ENDPOINTS)?).map_err(conv(maps::ENDPOINTS))?;
         let endpoints = EndpointTable::new(slots, overflow);
         let ipcache = BpfHashMap::try_from(take_map(&mut bpf, maps::IPCACHE)?).map_err(conv(maps::IPCACHE))?;
+        let ipcache4 =
+            Ipcache4::new(Array::try_from(take_map(&mut bpf, maps::IPCACHE4)?).map_err(conv(maps::IPCACHE4))?)?;
         let cidrs = LpmTrie::try_from(take_map(&mut bpf, maps::CIDRS)?).map_err(conv(maps::CIDRS))?;
         let policy = LpmTrie::try_from(take_map(&mut bpf, maps::POLICY)?).map_err(conv(maps::POLICY))?;
         let ct = BpfHashMap::try_from(take_map(&mut bpf, maps::CT)?).map_err(conv(maps::CT))?;
@@ -522,6 +538,7 @@ impl EbpfDataplane {
             pin_dir,
             endpoints,
             ipcache,
+            ipcache4,
             cidrs,
             policy,
             ct,
@@ -760,7 +777,20 @@ impl EbpfDataplane {
     fn write_ip(&mut self, addr: IpAddr, info: IpInfo) -> Result<(), EbpfError> {
         self.ipcache
             .insert(translate::ip_key(addr), info, 0)
-            .map_err(map_err(maps::IPCACHE, format!("insert {addr}")))
+            .map_err(map_err(maps::IPCACHE, format!("insert {addr}")))?;
+        self.ipcache4.upsert(addr, info);
+        Ok(())
+    }
+
+    /// The word in the `NPM_IPCACHE4` slot of `addr` (an IPv4 or
+    /// IPv4-mapped address), whichever address it holds; 0 when empty.
+    pub fn ipcache4_slot_word(&self, addr: IpAddr) -> Option<u64> {
+        self.ipcache4.slot_word(addr)
+    }
+
+    /// Slots of `NPM_IPCACHE4` in use.
+    pub fn ipcache4_occupied(&self) -> usize {
+        self.ipcache4.occupied()
     }
 
     fn write_cidr(&mut self, net: &IpNet, identity: u32) -> Result<(), EbpfError> {
@@ -881,6 +911,7 @@ impl EbpfDataplane {
             self.remove_policy(entry, next)?;
         }
         for addr in &diff.ipcache.remove {
+            self.ipcache4.remove(*addr);
             let k = translate::ip_key(*addr);
             Self::remove_key(&mut self.ipcache, maps::IPCACHE, &k, addr)?;
         }
@@ -934,6 +965,9 @@ impl EbpfDataplane {
     }
 
     fn sync_maps(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
+        // The IPv4 front first: a slot may only hold its address's current
+        // entry (the writes below then fill the free slots).
+        self.ipcache4.sweep(&compiled.ipcache);
         // Mark: write everything.
         let mut want_policy: BTreeMap<PolicyKey, u32> = BTreeMap::new();
         for (entry, rule) in &compiled.policy {
