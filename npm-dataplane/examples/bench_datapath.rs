@@ -35,12 +35,12 @@
 //!   the conntrack hash lookup in `NPM_CT4` that the first packet of a flow
 //!   on a CPU, one packet every 250 ms after, and IPv6 flows pay.
 //!
-//! Each number is the median of 5 runs of 1,000,000 repeats. The runs of a
-//! row are interleaved (each round runs the baseline and every path once),
-//! so a slow phase of a shared VM hits a row's paths and its baseline
-//! alike; each result carries its row's baseline (`baseline_ns`), and the
-//! top-level `baseline_ns` is the median of the rows'. The last line of
-//! output is one JSON object.
+//! Each number is the median of 5 runs of 1,000,000 repeats. The runs are
+//! interleaved: each of the 5 rounds applies every scale in turn and runs
+//! the baseline and every path once there, so a slow phase of a shared VM
+//! hits all scales, paths and the baseline alike. Each result carries its
+//! row's baseline (`baseline_ns`); the top-level `baseline_ns` is the
+//! median of the rows'. The last line of output is one JSON object.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -181,26 +181,23 @@ fn compiled(policy: usize, ipcache: usize) -> Compiled {
 /// One measured case: a program of a setup on a frame.
 type Case<'a> = (&'a Setup, &'static str, &'a [u8]);
 
-/// The median ns per packet of each case over [`RUNS`] rounds; each round
-/// runs every case once, so slow and fast phases of a shared VM hit all
-/// cases (and the baseline) alike.
-fn medians(cases: &[Case<'_>]) -> Vec<u64> {
-    let mut samples = vec![Vec::with_capacity(RUNS); cases.len()];
-    for _ in 0..RUNS {
-        for (i, (s, prog, pkt)) in cases.iter().enumerate() {
-            let d =
-                s.dp.bench_run(prog, s.ifindex, pkt, REPEAT)
-                    .unwrap_or_else(|e| panic!("bench run {prog}: {e}"));
-            samples[i].push(d.as_nanos() as u64);
-        }
-    }
-    samples
-        .into_iter()
-        .map(|mut v| {
-            v.sort_unstable();
-            v[RUNS / 2]
+/// Runs every case once ([`REPEAT`] repeats); ns per packet of each.
+fn measure_once(cases: &[Case<'_>]) -> Vec<u64> {
+    cases
+        .iter()
+        .map(|(s, prog, pkt)| {
+            s.dp.bench_run(prog, s.ifindex, pkt, REPEAT)
+                .unwrap_or_else(|e| panic!("bench run {prog}: {e}"))
+                .as_nanos() as u64
         })
         .collect()
+}
+
+/// The median of the samples.
+fn median(v: &[u64]) -> u64 {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v[v.len() / 2]
 }
 
 /// One loaded dataplane of the benchmark, on its own veth and pin dir.
@@ -288,8 +285,16 @@ fn main() {
         print!(" {:>13}", format!("{p}_ns"));
     }
     println!();
-    for &p in &POLICY_SCALES {
-        for &n in &IPCACHE_SCALES {
+    // Rounds over all scales: each round applies every scale in turn and
+    // measures every case once, so a slow phase of the shared VM hits all
+    // scales and paths alike; the figure is the median over the rounds.
+    let scales: Vec<(usize, usize)> = POLICY_SCALES
+        .iter()
+        .flat_map(|&p| IPCACHE_SCALES.iter().map(move |&n| (p, n)))
+        .collect();
+    let mut samples: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); paths.len() + 1]; scales.len()];
+    for _ in 0..RUNS {
+        for (row, &(p, n)) in scales.iter().enumerate() {
             let next = compiled(p, n);
             let diff = prev.diff(&next);
             for s in &mut setups {
@@ -321,8 +326,7 @@ fn main() {
                 let check = s.dp.test_run(Direction::Ingress, s.ifindex, &ack).expect("check");
                 assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Tracked)));
             }
-
-            let m = medians(&[
+            let cases: [Case<'_>; 7] = [
                 (sp, PROG_EMPTY, &allowed),
                 (sp, PROG_INGRESS, &allowed),
                 (sp, PROG_INGRESS, &denied),
@@ -330,18 +334,24 @@ fn main() {
                 (sq, PROG_INGRESS, &denied),
                 (st, PROG_INGRESS, &ack),
                 (sc, PROG_INGRESS, &ack),
-            ]);
-            let row_baseline = m[0];
-            baselines.push(row_baseline);
-            print!("{p:>8} {n:>8} {row_baseline:>11}");
-            for (path, ns) in paths.iter().zip(&m[1..]) {
-                print!(" {ns:>13}");
-                results.push(format!(
-                    r#"{{"path":"{path}","policy_entries":{p},"ipcache_entries":{n},"ns":{ns},"baseline_ns":{row_baseline}}}"#
-                ));
+            ];
+            for (i, ns) in measure_once(&cases).into_iter().enumerate() {
+                samples[row][i].push(ns);
             }
-            println!();
         }
+    }
+    for (row, &(p, n)) in scales.iter().enumerate() {
+        let m: Vec<u64> = samples[row].iter().map(|v| median(v)).collect();
+        let row_baseline = m[0];
+        baselines.push(row_baseline);
+        print!("{p:>8} {n:>8} {row_baseline:>11}");
+        for (path, ns) in paths.iter().zip(&m[1..]) {
+            print!(" {ns:>13}");
+            results.push(format!(
+                r#"{{"path":"{path}","policy_entries":{p},"ipcache_entries":{n},"ns":{ns},"baseline_ns":{row_baseline}}}"#
+            ));
+        }
+        println!();
     }
     baselines.sort_unstable();
     let baseline = baselines[baselines.len() / 2];
