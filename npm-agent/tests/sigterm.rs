@@ -91,9 +91,21 @@ impl Drop for AgentProcess {
 
 impl AgentProcess {
     fn spawn(f: &Fixture, kubeconfig: &Path) -> Self {
+        Self::spawn_with(f, kubeconfig, &["--dataplane", "ebpf"])
+    }
+
+    fn spawn_with(f: &Fixture, kubeconfig: &Path, dataplane_args: &[&str]) -> Self {
         let metrics = free_port();
         let log = f.work_dir.join("agent.log");
-        let child = spawn_agent_run(&f.pin_dir, None, kubeconfig, &format!("{}*", f.host_if), metrics, &log);
+        let child = spawn_agent_run_with(
+            dataplane_args,
+            &f.pin_dir,
+            None,
+            kubeconfig,
+            &format!("{}*", f.host_if),
+            metrics,
+            &log,
+        );
         AgentProcess { child, log, metrics }
     }
 
@@ -171,11 +183,11 @@ fn has_allow_8080(dump: &EbpfDump, ip: &str) -> bool {
     })
 }
 
-async fn stops_cleanly_on(signal: libc::c_int, tag: &str, net: u8) {
-    let f = setup(tag, net);
+/// The API server with namespace `k`, pod `k/a` on another node, pod
+/// `k/b` (at `f.pod_ip`) on this node, and policy `allow-a` (TCP 8080 from
+/// `a` into `b`).
+async fn cluster(f: &Fixture) -> npm_testapi::TestApiServer {
     let (srv, client) = server(true).await;
-    let kubeconfig = f.work_dir.join("kubeconfig");
-    srv.kubeconfig(&kubeconfig).expect("write kubeconfig");
     create_namespaces(&client, &[namespace("k", &[])]).await;
     create_pods(
         &client,
@@ -197,6 +209,14 @@ async fn stops_cleanly_on(signal: libc::c_int, tag: &str, net: u8) {
     )
     .await
     .expect("create policy");
+    srv
+}
+
+async fn stops_cleanly_on(signal: libc::c_int, tag: &str, net: u8) {
+    let f = setup(tag, net);
+    let srv = cluster(&f).await;
+    let kubeconfig = f.work_dir.join("kubeconfig");
+    srv.kubeconfig(&kubeconfig).expect("write kubeconfig");
 
     let mut agent = AgentProcess::spawn(&f, &kubeconfig);
     agent
@@ -269,4 +289,87 @@ async fn sigterm_stops_cleanly_and_keeps_enforcement() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_stops_cleanly_and_keeps_enforcement() {
     stops_cleanly_on(libc::SIGINT, "i", (std::process::id() % 100) as u8 + 101).await;
+}
+
+/// `nft list table inet <table>`, `None` when there is no such table.
+fn nft_table(table: &str) -> Option<String> {
+    let out = Command::new("nft")
+        .args(["list", "table", "inet", table])
+        .output()
+        .expect("run nft");
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Deletes the nft table on drop.
+struct NftTable(String);
+
+impl Drop for NftTable {
+    fn drop(&mut self) {
+        let _ = Command::new("nft").args(["delete", "table", "inet", &self.0]).output();
+    }
+}
+
+/// Deletes `inet npmst<pid>` tables whose process is gone.
+fn clear_stale_tables() {
+    let Ok(out) = Command::new("nft").args(["list", "tables"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(name) = line.strip_prefix("table inet npmst") else {
+            continue;
+        };
+        let pid: String = name.chars().take_while(|c| c.is_ascii_digit()).collect();
+        if pid
+            .parse::<u32>()
+            .is_ok_and(|p| !Path::new(&format!("/proc/{p}")).exists())
+        {
+            let _ = Command::new("nft")
+                .args(["delete", "table", "inet", &format!("npmst{name}")])
+                .output();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_nftables_keeps_the_table() {
+    clear_stale_tables();
+    let f = setup("n", (std::process::id() % 50) as u8 + 201);
+    let table = format!("npmst{}n", std::process::id());
+    let _guard = NftTable(table.clone());
+    let srv = cluster(&f).await;
+    let kubeconfig = f.work_dir.join("kubeconfig");
+    srv.kubeconfig(&kubeconfig).expect("write kubeconfig");
+
+    let mut agent = AgentProcess::spawn_with(&f, &kubeconfig, &["--dataplane", "nftables", "--nft-table", &table]);
+    agent
+        .wait_for("/readyz 200", Duration::from_secs(30), |a| {
+            a.get_status("/readyz") == Some(200)
+        })
+        .await;
+    // The table carries pod b's ingress allow of TCP 8080 from pod a.
+    let (t, ip) = (table.clone(), f.pod_ip.clone());
+    agent
+        .wait_for("the table with b's rules", Duration::from_secs(20), |_| {
+            nft_table(&t).is_some_and(|r| r.contains("8080") && r.contains(&ip) && r.contains("10.99.0.5"))
+        })
+        .await;
+    let before = nft_table(&table).expect("table while running");
+
+    let (status, _) = agent.signal_and_wait(libc::SIGTERM, Duration::from_secs(5)).await;
+    let log = agent.log_text();
+    assert!(status.success(), "exit status {status:?}; log:\n{log}");
+    assert!(log.contains("shutting down"), "no \"shutting down\" in the log:\n{log}");
+    assert_eq!(agent.get_status("/healthz"), None, "HTTP server still answering");
+    // The ruleset is left as it was: it keeps enforcing until the next agent.
+    let after = nft_table(&table).expect("the table is still there after the exit");
+    let strip_counters = |s: &str| {
+        s.lines()
+            .map(|l| l.split(" counter packets").next().unwrap_or(l).to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strip_counters(&after), strip_counters(&before));
+    drop(agent);
+    drop(srv);
 }

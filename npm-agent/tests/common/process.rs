@@ -26,10 +26,32 @@ pub fn spawn_agent_run(
     metrics: SocketAddr,
     log: &Path,
 ) -> Child {
+    spawn_agent_run_with(
+        &["--dataplane", "ebpf"],
+        pin_dir,
+        object,
+        kubeconfig,
+        interface_pattern,
+        metrics,
+        log,
+    )
+}
+
+/// [`spawn_agent_run`] with other dataplane arguments (`dataplane_args`
+/// replaces `--dataplane ebpf`, e.g. `--dataplane nftables --nft-table T`).
+pub fn spawn_agent_run_with(
+    dataplane_args: &[&str],
+    pin_dir: &Path,
+    object: Option<&Path>,
+    kubeconfig: &Path,
+    interface_pattern: &str,
+    metrics: SocketAddr,
+    log: &Path,
+) -> Child {
     let out = std::fs::File::create(log).expect("create agent log");
     let err = out.try_clone().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_npm-agent"));
-    cmd.args(["run", "--dataplane", "ebpf", "--pin-dir"]).arg(pin_dir);
+    cmd.arg("run").args(dataplane_args).arg("--pin-dir").arg(pin_dir);
     if let Some(object) = object {
         cmd.arg("--bpf-object").arg(object);
     }
