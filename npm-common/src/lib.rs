@@ -58,8 +58,9 @@
 //! the protocol and the destination port. The datapath keeps their outcome
 //! per CPU in a decision cache (`NPM_DECISIONS`, not pinned) tagged with
 //! `NPM_GENERATION`, which the loader bumps after every batch of map writes:
-//! a cached decision answers only while every map is as it was when the
-//! decision was made, so the cache never changes a verdict.
+//! a cached decision answers only while the maps are as they were at the
+//! last batch boundary before it was made (during a batch, with the state
+//! before the batch).
 //!
 //! Steps 7 to 9 that allow a packet also create a conntrack entry, so its
 //! replies are allowed by step 6 in both hooks of this endpoint. Policy maps

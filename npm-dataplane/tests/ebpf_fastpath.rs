@@ -502,3 +502,39 @@ fn the_datapath_reads_the_ipcache4_slot_first() {
     assert_eq!(f.dp.ipcache4_slot_word(b), Some(word("10.0.0.2", POD_B, 0)));
     assert_eq!(run(&f, IN, &syn), (VERDICT_ALLOW, Some(Reason::Policy)));
 }
+
+#[test]
+fn an_interface_that_changes_endpoint_carries_only_the_new_endpoints_policy() {
+    let mut f = fixture("ow");
+    // Endpoint 1 (10.0.0.1) admits POD_B on TCP 80. Then the interface
+    // belongs to endpoint 5 (10.0.0.5), which admits POD_B on TCP 81 only.
+    let c0 = compiled();
+    let mut c1 = Compiled::default();
+    c1.endpoints
+        .insert(5, endpoint("y", 260, Some("10.0.0.5"), None, true, true));
+    ip(&mut c1, "10.0.0.5", 260, 0);
+    ip(&mut c1, "10.0.0.2", POD_B, 0);
+    allow(&mut c1, 5, IN, POD_B, Some(Tcp), (81, 81), 9);
+    let ifs_y = ifaces(&[(5, f.ep.ifindex)]);
+    assert_eq!(
+        run(&f, IN, &v4("10.0.0.2", "10.0.0.1", L4::Tcp(48001, 80, 0x02))),
+        (VERDICT_ALLOW, Some(Reason::Policy))
+    );
+    f.dp.apply(&c0.diff(&c1), &c1, &ifs_y).unwrap();
+    let dump = f.dp.dump().unwrap();
+    let eps: Vec<(u32, u32)> = dump.endpoints.iter().map(|e| (e.ifindex, e.id)).collect();
+    assert_eq!(eps, vec![(f.ep.ifindex, 5)]);
+    assert_eq!(
+        run(&f, IN, &v4("10.0.0.2", "10.0.0.5", L4::Tcp(48002, 80, 0x02))),
+        (VERDICT_DROP, Some(Reason::PolicyDenied))
+    );
+    assert_eq!(
+        run(&f, IN, &v4("10.0.0.2", "10.0.0.5", L4::Tcp(48003, 81, 0x02))),
+        (VERDICT_ALLOW, Some(Reason::Policy))
+    );
+    // The old address is no longer this endpoint's: spoofed.
+    assert_eq!(
+        run(&f, EG, &v4("10.0.0.1", "10.0.0.2", L4::Tcp(80, 48001, 0x12))),
+        (VERDICT_DROP, Some(Reason::Spoofed))
+    );
+}

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use ebpf_common::*;
-use npm_dataplane::ebpf::{EbpfDataplane, EbpfOptions};
+use npm_dataplane::ebpf::{EbpfDataplane, EbpfOptions, VERDICT_ALLOW};
 use npm_dataplane::Dataplane;
 use npm_policy::model::Protocol;
 
@@ -147,7 +147,8 @@ fn other_map_layouts_are_retired_after_the_first_full_sync() {
     // <root>/v<old> holds an older agent's maps and links; <root>/v<current>
     // is ours; <root>/keep is not a layout directory.
     let root = PinDir::new("ly");
-    let veth = Dummy::new("ly");
+    let veth_a = Dummy::new("lya");
+    let veth_b = Dummy::new("lyb");
     let old_dir = root.path.join(format!("v{}", npm_common::LAYOUT_VERSION - 1));
     let new_dir = root.path.join(format!("v{}", npm_common::LAYOUT_VERSION));
     let keep = root.path.join("keep");
@@ -160,32 +161,66 @@ fn other_map_layouts_are_retired_after_the_first_full_sync() {
         })
         .expect("open")
     };
-    let c = policy(Ipv4Addr::new(10, 9, 0, 1), Ipv4Addr::new(10, 9, 0, 2));
-    let ifs = ifaces(&[(1, veth.ifindex)]);
+    // Endpoint 1 (10.9.0.1 on veth a) admits 10.9.0.2 on TCP 8080;
+    // endpoint 2 (10.9.0.9 on veth b) is isolated with no rule.
+    let mut c = policy(Ipv4Addr::new(10, 9, 0, 1), Ipv4Addr::new(10, 9, 0, 2));
+    c.endpoints
+        .insert(2, endpoint("other", 257, Some("10.9.0.9"), None, true, true));
+    let both = ifaces(&[(1, veth_a.ifindex), (2, veth_b.ifindex)]);
+    let syn = v4("10.9.0.2", "10.9.0.1", L4::Tcp(40100, TCP_PORT, 0x02));
+    let synack = v4("10.9.0.1", "10.9.0.2", L4::Tcp(TCP_PORT, 40100, 0x12));
+    let ack = v4("10.9.0.2", "10.9.0.1", L4::Tcp(40100, TCP_PORT, 0x10));
     {
         let mut old = open(&old_dir);
-        old.sync_full(&c, &ifs).unwrap();
+        old.sync_full(&c, &both).unwrap();
+        // An established connection, tracked by the old layout.
+        use npm_policy::compiled::Direction::{Egress, Ingress};
+        assert_eq!(old.test_run(Ingress, veth_a.ifindex, &syn).unwrap().0, VERDICT_ALLOW);
+        assert_eq!(old.test_run(Egress, veth_a.ifindex, &synack).unwrap().0, VERDICT_ALLOW);
     }
-    let (old_in, old_eg) = tcx_prog_ids(&veth.name);
+    let (old_a, _) = tcx_prog_ids(&veth_a.name);
+    let (old_b, old_b_eg) = tcx_prog_ids(&veth_b.name);
     assert_eq!(
-        (old_in.len(), old_eg.len()),
+        (old_a.len(), old_b.len()),
         (1, 1),
         "the old layout's programs stay attached"
     );
 
+    // The new layout copies the old conntrack on open, before it attaches.
     let mut new = open(&new_dir);
-    new.sync_full(&c, &ifs).unwrap();
-    let (new_in, new_eg) = tcx_prog_ids(&veth.name);
+    assert_eq!(new.ct_len(), 1, "conntrack copied from the old layout");
+    // Its first full sync cannot resolve veth b: b keeps the old program
+    // (and the old layout its pins) rather than being left unenforced.
+    let mut policy_change = c.clone();
+    policy_change.policy.clear();
+    new.sync_full(&policy_change, &ifaces(&[(1, veth_a.ifindex)])).unwrap();
+    let (new_a, _) = tcx_prog_ids(&veth_a.name);
+    assert_eq!(new_a.len(), 1, "only this layout's program on a");
+    assert_ne!(new_a, old_a);
     assert_eq!(
-        (new_in.len(), new_eg.len()),
-        (1, 1),
-        "only this layout's programs remain"
+        tcx_prog_ids(&veth_b.name),
+        (old_b.clone(), old_b_eg.clone()),
+        "b keeps the old program"
     );
-    assert_ne!(new_in, old_in);
-    assert_ne!(new_eg, old_eg);
+    assert!(
+        old_dir.join("links").exists(),
+        "the old layout is kept while it still enforces somewhere"
+    );
+    // The established connection survives the upgrade although its rule is
+    // gone (established flows are not re-evaluated).
+    assert_eq!(
+        new.test_run(npm_policy::compiled::Direction::Ingress, veth_a.ifindex, &ack)
+            .unwrap(),
+        (VERDICT_ALLOW, Some(npm_common::Reason::Tracked))
+    );
+
+    // Once b is attached too, the old layout goes.
+    new.sync_full(&c, &both).unwrap();
+    let (new_b, new_b_eg) = tcx_prog_ids(&veth_b.name);
+    assert_eq!((new_b.len(), new_b_eg.len()), (1, 1));
+    assert_ne!(new_b, old_b);
     assert!(!old_dir.exists(), "the old layout's pins are removed");
     assert!(new_dir.join("links").exists());
     assert!(keep.exists(), "a directory that is not a layout is left alone");
-    // A second full sync finds nothing more to retire.
     assert!(new.retire_other_layouts().unwrap().is_empty());
 }

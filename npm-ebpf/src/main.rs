@@ -79,7 +79,7 @@
 //!   outcome of steps 8-9 per (endpoint, direction, protocol, port, peer
 //!   address), valid only under the `NPM_GENERATION` it was decided in. The
 //!   loader bumps the generation after every batch of map writes, so it is
-//!   exact: it never changes a verdict.
+//!   exact at batch boundaries (see [`NPM_DECISIONS`]).
 //!
 //! # Deny events
 //!
@@ -167,10 +167,12 @@ struct FlowSlot {
 /// The per-CPU decision cache of steps 8 and 9: a direct-mapped table of
 /// (endpoint, direction, protocol, port, peer address) -> reason, each
 /// slot tagged with the `NPM_GENERATION` it was decided under. The loader
-/// bumps the generation after every write to the maps a decision reads
-/// (endpoints, ipcache, CIDRs, policy), so a slot only answers while the
-/// maps are exactly as when it was decided: the cache is exact, it never
-/// changes a verdict. Not pinned.
+/// bumps the generation after every batch of writes to the maps a decision
+/// reads (endpoints, ipcache, CIDRs, policy), so a slot only answers while
+/// the maps are as when it was decided: exact at batch boundaries (during a
+/// batch it answers with the state before the batch). The generation is a
+/// plain load, ordered before the map reads on x86; see ARCHITECTURE.md for
+/// weakly ordered CPUs. Not pinned.
 #[map]
 static NPM_DECISIONS: PerCpuArray<DecisionSlot> = PerCpuArray::with_max_entries(DECISION_SLOTS, 0);
 

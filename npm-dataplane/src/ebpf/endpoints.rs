@@ -9,17 +9,19 @@
 //! - `NPM_ENDPOINTS`, a hash, holds the endpoints of larger ifindexes.
 //!
 //! Array slots are updated in place, not replaced atomically like hash
-//! entries: a packet racing with an update may read some 4-byte fields old
-//! and others new. Each field on its own is consistent, and the loader only
-//! rewrites a slot for the same endpoint (new flags or addresses), so such a
-//! packet is decided as before or as after the update, or (old address with
-//! new flags) dropped as spoofed: never allowed by a state that did not
-//! exist.
+//! entries: a packet racing with an update may read a mix of the old and
+//! the new bytes. For the same endpoint (new flags or addresses) a mix only
+//! combines that endpoint's own old and new settings. When a slot changes
+//! owner (endpoint X's interface index now belongs to endpoint Y), the
+//! loader goes through two drop-all records first ([`EndpointTable::replace`]):
+//! X's, then Y's, then Y's full record; any mix of two consecutive records
+//! is then either one endpoint's own view or a drop-all, never Y's traffic
+//! under X's id (X's policy entries are removed only after the upserts).
 
 use std::os::fd::{AsFd, AsRawFd};
 
 use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, MapData, MapError};
-use npm_common::{maps, sizes, EndpointInfo, EP_PRESENT};
+use npm_common::{maps, sizes, EndpointInfo, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_PRESENT};
 
 use super::{is_not_found, map_err, EbpfError};
 
@@ -52,6 +54,36 @@ impl EndpointTable {
         }
     }
 
+    /// The endpoint record of `ifindex`, if any.
+    pub(crate) fn get(&self, ifindex: u32) -> Result<Option<EndpointInfo>, EbpfError> {
+        if ifindex < sizes::ENDPOINT_SLOTS {
+            let info = self
+                .slots
+                .get(&ifindex, 0)
+                .map_err(map_err(maps::EP_SLOTS, format!("read ifindex {ifindex}")))?;
+            Ok((info.flags & EP_PRESENT != 0).then_some(info))
+        } else {
+            match self.overflow.get(&ifindex, 0) {
+                Ok(info) => Ok(Some(info)),
+                Err(e) if is_not_found(&e) => Ok(None),
+                Err(e) => Err(map_err(maps::ENDPOINTS, format!("read ifindex {ifindex}"))(e)),
+            }
+        }
+    }
+
+    /// Writes `info` at `ifindex`; when the record there belongs to another
+    /// endpoint, first a drop-all record of that endpoint, then one of the
+    /// new endpoint (see the module doc).
+    pub(crate) fn replace(&mut self, ifindex: u32, info: EndpointInfo) -> Result<(), EbpfError> {
+        if let Some(cur) = self.get(ifindex)? {
+            if cur.id != info.id {
+                self.insert(ifindex, drop_all(cur.id))?;
+                self.insert(ifindex, drop_all(info.id))?;
+            }
+        }
+        self.insert(ifindex, info)
+    }
+
     /// Removes the endpoint of `ifindex`; removing an absent one is no error.
     pub(crate) fn remove(&mut self, ifindex: u32) -> Result<(), EbpfError> {
         if ifindex < sizes::ENDPOINT_SLOTS {
@@ -75,6 +107,17 @@ impl EndpointTable {
     /// The borrowed maps, for a dump.
     pub(crate) fn maps(&self) -> (&Array<MapData, EndpointInfo>, &BpfHashMap<MapData, u32, EndpointInfo>) {
         (&self.slots, &self.overflow)
+    }
+}
+
+/// A record of endpoint `id` that lets nothing through but its tracked
+/// flows: isolated both ways, no policy lookup, no address (every packet
+/// leaving it is spoofed).
+fn drop_all(id: u32) -> EndpointInfo {
+    EndpointInfo {
+        id,
+        flags: EP_PRESENT | EP_ISOLATED_INGRESS | EP_ISOLATED_EGRESS | super::translate::EP_NO_PEER_ALL,
+        ..EndpointInfo::default()
     }
 }
 

@@ -552,6 +552,10 @@ impl EbpfDataplane {
             written_flags: BTreeMap::new(),
         };
         dp.adopt_links()?;
+        // An upgrade to this layout keeps the established flows.
+        if let Err(e) = dp.migrate_flows() {
+            tracing::warn!(error = %e, "copying the conntrack of another map layout");
+        }
         // Endpoints already programmed (adopted maps) are known by ifindex
         // only; sync_full reconciles them with the compiled state.
         Ok(dp)
@@ -831,7 +835,7 @@ impl EbpfDataplane {
             {
                 continue;
             }
-            self.endpoints.insert(ifindex, info)?;
+            self.endpoints.replace(ifindex, info)?;
             self.written_flags.insert(id, info.flags);
             self.attach(ifindex)?;
             self.programmed.insert(id, ifindex);
@@ -884,8 +888,20 @@ impl EbpfDataplane {
     ) -> Result<(), EbpfError> {
         let result = self.apply_diff_maps(diff, next, interfaces);
         // Also after a failed apply: some maps may have changed.
-        self.bump_generation()?;
-        result
+        self.bump_after(result)
+    }
+
+    /// Bumps the generation after a batch of writes; the batch's own error,
+    /// if any, wins over a failed bump (which is logged).
+    fn bump_after(&mut self, result: Result<(), EbpfError>) -> Result<(), EbpfError> {
+        match (self.bump_generation(), result) {
+            (Ok(_), r) => r,
+            (Err(bump), Err(e)) => {
+                tracing::error!(error = %bump, "bumping the policy generation after a failed write");
+                Err(e)
+            }
+            (Err(bump), Ok(())) => Err(bump),
+        }
     }
 
     fn apply_diff_maps(
@@ -946,9 +962,12 @@ impl EbpfDataplane {
     pub fn sync(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
         let result = self.sync_maps(compiled, interfaces);
         // Also after a failed sync: some maps may have changed.
-        self.bump_generation()?;
-        result?;
-        self.retire_other_layouts()?;
+        self.bump_after(result)?;
+        // The maps are right; a pin that cannot be removed yet is only
+        // logged and retried at the next full sync.
+        if let Err(e) = self.retire_other_layouts() {
+            tracing::warn!(error = %e, "retiring the pins of other map layouts");
+        }
         Ok(())
     }
 
@@ -1046,17 +1065,67 @@ impl EbpfDataplane {
         self.purge_flows(|ep| ids.contains(&ep))
     }
 
-    /// Removes the pin directories of other map layouts beside this one
+    /// Retires the pins of other map layouts beside this one
     /// (`<parent>/v<N>` for every `N` but this layout's, when the pin
-    /// directory itself is named `v<LAYOUT_VERSION>`, as the default is).
+    /// directory itself is named `v<LAYOUT_VERSION>`, as the default is, and
+    /// the sibling holds npm pins: a `links/` directory or an `NPM_CT` map).
     /// Their pinned links are the only references that keep an older (or,
     /// after a rollback, newer) agent's programs attached, with maps nobody
-    /// updates any more; unpinning them detaches those programs. Called at
-    /// the end of a full sync, so this layout's programs already enforce
-    /// the complete state on every endpoint before the old ones go: during
-    /// the overlap both run, and a packet passes only if both allow it.
-    /// Returns the removed directories.
+    /// updates any more; unpinning them detaches those programs. A link is
+    /// unpinned only when this layout's program is attached to the same hook
+    /// or its interface is gone, so no pod is left without a program (an
+    /// endpoint whose interface could not be resolved keeps the old one
+    /// until a later full sync attaches the new one). A sibling is removed
+    /// once none of its links remain. Called at the end of a full sync:
+    /// during the overlap both programs run, and a packet passes only if
+    /// both allow it. Returns the removed directories.
     pub fn retire_other_layouts(&self) -> Result<Vec<PathBuf>, EbpfError> {
+        let mut removed = Vec::new();
+        for path in self.other_layouts()? {
+            let links = path.join("links");
+            let mut kept = 0;
+            if let Ok(entries) = std::fs::read_dir(&links) {
+                for entry in entries.flatten() {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    let hook = name.split_once('-').and_then(|(i, d)| {
+                        let d = match d {
+                            "ingress" => DIR_INGRESS,
+                            "egress" => DIR_EGRESS,
+                            _ => return None,
+                        };
+                        Some((i.parse::<u32>().ok()?, d))
+                    });
+                    let replaced = match hook {
+                        Some((ifindex, d)) => self.links.contains_key(&(ifindex, d)) || ifname(ifindex).is_err(),
+                        None => true,
+                    };
+                    if !replaced {
+                        kept += 1;
+                        continue;
+                    }
+                    std::fs::remove_file(entry.path()).map_err(|e| EbpfError::PinDir {
+                        path: entry.path(),
+                        detail: format!("unpin a retired link: {e}"),
+                    })?;
+                }
+            }
+            if kept > 0 {
+                tracing::info!(dir = %path.display(), kept, "links of another map layout kept until this layout attaches there");
+                continue;
+            }
+            std::fs::remove_dir_all(&path).map_err(|e| EbpfError::PinDir {
+                path: path.clone(),
+                detail: format!("remove a retired layout: {e}"),
+            })?;
+            tracing::info!(dir = %path.display(), "removed the pins of another map layout");
+            removed.push(path);
+        }
+        Ok(removed)
+    }
+
+    /// The pin directories of other npm map layouts beside this one, newest
+    /// first (see [`EbpfDataplane::retire_other_layouts`]).
+    fn other_layouts(&self) -> Result<Vec<PathBuf>, EbpfError> {
         fn version_of(p: &Path) -> Option<u32> {
             p.file_name()?.to_str()?.strip_prefix('v')?.parse().ok()
         }
@@ -1070,19 +1139,58 @@ impl EbpfDataplane {
             path: parent.to_path_buf(),
             detail: format!("read: {e}"),
         })?;
-        let mut removed = Vec::new();
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if version_of(&path).is_some_and(|v| v != mine) && path.is_dir() {
-                std::fs::remove_dir_all(&path).map_err(|e| EbpfError::PinDir {
-                    path: path.clone(),
-                    detail: format!("remove a retired layout: {e}"),
-                })?;
-                tracing::info!(dir = %path.display(), "removed the pins of another map layout");
-                removed.push(path);
-            }
+        let mut found: Vec<(u32, PathBuf)> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter_map(|p| Some((version_of(&p)?, p)))
+            .filter(|(v, p)| *v != mine && p.is_dir() && (p.join("links").is_dir() || p.join(maps::CT).exists()))
+            .collect();
+        found.sort_by_key(|f| std::cmp::Reverse(f.0));
+        Ok(found.into_iter().map(|(_, p)| p).collect())
+    }
+
+    /// After an upgrade that changed the map layout, the new conntrack and
+    /// fragment maps start empty while established flows run: copies the
+    /// entries of the newest other layout (version 2 or later: their
+    /// `CtKey`, `CtKey4`, `CtValue`, `FragKey` and `FragValue` are this
+    /// layout's) into ours, when ours are empty. Returns how many entries
+    /// were copied. Called on open, before any program of this layout is
+    /// attached to a new hook.
+    fn migrate_flows(&mut self) -> Result<usize, EbpfError> {
+        if count_ct(&self.ct, &self.ct4) != 0 {
+            return Ok(0);
         }
-        Ok(removed)
+        let Some(src) = self
+            .other_layouts()?
+            .into_iter()
+            .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n != "v1") && p.join(maps::CT4).exists())
+        else {
+            return Ok(0);
+        };
+        let ct: BpfHashMap<MapData, CtKey, CtValue> = open_pinned(&src, maps::CT)?;
+        let ct4: BpfHashMap<MapData, CtKey4, CtValue> = open_pinned(&src, maps::CT4)?;
+        let frags: BpfHashMap<MapData, FragKey, FragValue> = open_pinned(&src, maps::FRAGS)?;
+        let mut copied = 0;
+        for (k, v) in ct.iter().filter_map(Result::ok) {
+            self.ct
+                .insert(k, v, 0)
+                .map_err(map_err(maps::CT, "copy from another layout"))?;
+            copied += 1;
+        }
+        for (k, v) in ct4.iter().filter_map(Result::ok) {
+            self.ct4
+                .insert(k, v, 0)
+                .map_err(map_err(maps::CT4, "copy from another layout"))?;
+            copied += 1;
+        }
+        for (k, v) in frags.iter().filter_map(Result::ok) {
+            self.frags
+                .insert(k, v, 0)
+                .map_err(map_err(maps::FRAGS, "copy from another layout"))?;
+            copied += 1;
+        }
+        tracing::info!(from = %src.display(), copied, "conntrack of another map layout copied");
+        Ok(copied)
     }
 
     /// Counters summed over CPUs.
