@@ -224,3 +224,60 @@ fn other_map_layouts_are_retired_after_the_first_full_sync() {
     assert!(keep.exists(), "a directory that is not a layout is left alone");
     assert!(new.retire_other_layouts().unwrap().is_empty());
 }
+
+#[test]
+fn a_restart_that_renumbers_endpoints_drops_only_their_flows() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    use npm_policy::compiled::Direction::{Egress, Ingress};
+    sweep_leftovers();
+    let pins = PinDir::new("rn");
+    let veth_a = Dummy::new("rna");
+    let veth_b = Dummy::new("rnb");
+    let peer = "10.9.1.2";
+    let with = |eps: &[(u32, &str)]| {
+        let mut c = npm_policy::compiled::Compiled::default();
+        ip(&mut c, peer, 300, 0);
+        for (id, addr) in eps {
+            c.endpoints
+                .insert(*id, endpoint(&format!("p{id}"), 256, Some(addr), None, true, true));
+            ip(&mut c, addr, 256, 0);
+            allow(
+                &mut c,
+                *id,
+                Ingress,
+                300,
+                Some(Protocol::Tcp),
+                (TCP_PORT, TCP_PORT),
+                *id,
+            );
+        }
+        c
+    };
+    let ifs = ifaces(&[(1, veth_a.ifindex), (2, veth_b.ifindex)]);
+    let establish = |dp: &EbpfDataplane, ifindex: u32, addr: &str| {
+        let syn = v4(peer, addr, L4::Tcp(40200, TCP_PORT, 0x02));
+        let synack = v4(addr, peer, L4::Tcp(TCP_PORT, 40200, 0x12));
+        assert_eq!(dp.test_run(Ingress, ifindex, &syn).unwrap().0, VERDICT_ALLOW);
+        assert_eq!(dp.test_run(Egress, ifindex, &synack).unwrap().0, VERDICT_ALLOW);
+    };
+    {
+        let mut dp = pins.open();
+        dp.sync_full(&with(&[(1, "10.9.1.1"), (2, "10.9.1.9")]), &ifs).unwrap();
+        establish(&dp, veth_a.ifindex, "10.9.1.1");
+        establish(&dp, veth_b.ifindex, "10.9.1.9");
+        assert_eq!(dp.ct_len(), 2);
+    }
+    // A new agent numbers anew: id 1 is the same pod on the same veth; id 2
+    // is now another pod (another address) on veth b.
+    let mut dp = pins.open();
+    dp.sync_full(&with(&[(1, "10.9.1.1"), (2, "10.9.1.7")]), &ifs).unwrap();
+    let kept: Vec<u32> = dp.ct_entries().iter().map(|(k, _)| k.endpoint).collect();
+    assert_eq!(kept, vec![1], "only the unchanged endpoint keeps its flows");
+    let ack = v4(peer, "10.9.1.1", L4::Tcp(40200, TCP_PORT, 0x10));
+    assert_eq!(
+        dp.test_run(Ingress, veth_a.ifindex, &ack).unwrap(),
+        (VERDICT_ALLOW, Some(npm_common::Reason::Tracked))
+    );
+}

@@ -853,6 +853,34 @@ impl EbpfDataplane {
         self.detach(ifindex)
     }
 
+    /// Deletes the conntrack and fragment entries tracked under an endpoint
+    /// id whose record in the kernel (interface and addresses) is not the
+    /// endpoint `compiled` gives that id: after an agent restart the ids are
+    /// assigned anew, and a pod must never inherit another pod's flows (with
+    /// a recycled address, the same 5-tuple). Flows of an id whose endpoint
+    /// is unchanged are kept; those of ids no longer used go with the sweep.
+    fn purge_renumbered_flows(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
+        let mut renumbered = BTreeSet::new();
+        for (ifindex, info) in self.endpoints.entries()? {
+            let same = compiled.endpoints.get(&info.id).is_some_and(|ep| {
+                let want = translate::endpoint_info(info.id, ep);
+                interfaces.get(&info.id) == Some(&ifindex)
+                    && want.flags & (npm_common::EP_HAS_V4 | npm_common::EP_HAS_V6)
+                        == info.flags & (npm_common::EP_HAS_V4 | npm_common::EP_HAS_V6)
+                    && want.ipv4 == info.ipv4
+                    && want.ipv6 == info.ipv6
+            });
+            if !same && compiled.endpoints.contains_key(&info.id) {
+                renumbered.insert(info.id);
+            }
+        }
+        if renumbered.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(endpoints = ?renumbered, "dropping the flows of endpoint ids that now name another pod");
+        self.purge_flows(|ep| !renumbered.contains(&ep))
+    }
+
     /// Deletes the conntrack and fragment entries of the given endpoints.
     fn purge_flows(&mut self, keep: impl Fn(u32) -> bool) -> Result<(), EbpfError> {
         Self::purge_map(&mut self.ct, maps::CT, |k| k.endpoint, &keep)?;
@@ -984,6 +1012,9 @@ impl EbpfDataplane {
     }
 
     fn sync_maps(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
+        // Flows tracked under an endpoint id that now names another pod go
+        // first (adopted pins: a restarted agent may number endpoints anew).
+        self.purge_renumbered_flows(compiled, interfaces)?;
         // The IPv4 front first: a slot may only hold its address's current
         // entry (the writes below then fill the free slots).
         self.ipcache4.sweep(&compiled.ipcache);
