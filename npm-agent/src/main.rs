@@ -180,12 +180,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     anyhow::ensure!(!args.node_name.is_empty(), "NODE_NAME / --node-name must not be empty");
-    anyhow::ensure!(
-        (0.0..=1.0).contains(&args.mass_delete_threshold),
-        "--mass-delete-threshold must be within 0..=1, got {}",
-        args.mass_delete_threshold
-    );
     anyhow::ensure!(args.page_size > 0, "--page-size must be positive");
+    SyncConfig {
+        mass_delete_threshold: args.mass_delete_threshold,
+        ..SyncConfig::default()
+    }
+    .validate()?;
     let pattern = args
         .interface_pattern
         .as_deref()

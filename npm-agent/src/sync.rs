@@ -41,7 +41,10 @@
 //! reference only forgets counts older than the window, so a legitimate
 //! scale-down proceeds without a direct read when it is slower than the
 //! window, and with one (confirmed) when it is faster. A failed direct read
-//! programs nothing and is retried.
+//! programs nothing and is retried. Direct reads back off: after a read
+//! that does not confirm a deletion (or fails), a held sync stays held
+//! without reading for `DIRECT_READ_MIN_BACKOFF`, doubling up to
+//! `DIRECT_READ_MAX_BACKOFF`; a read that confirms a deletion resets it.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
@@ -52,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use npm_common::{DenyEvent, IDENTITY_FIRST_CIDR, IDENTITY_FIRST_POD};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
-use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff};
+use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, IdTables};
 use npm_policy::model::{Pod, PodPhase, Snapshot};
 
 use crate::compiler;
@@ -81,6 +84,16 @@ pub enum SyncError {
         /// The read error.
         #[source]
         source: WatchError,
+    },
+    /// A mass deletion is held and the confirming direct read waits out its
+    /// backoff (a direct read is a full LIST of the cluster: they are not
+    /// repeated on every change).
+    #[error("mass deletion held ({what}): next confirming direct read in {retry_in:?}")]
+    DirectReadDeferred {
+        /// What would have been removed.
+        what: String,
+        /// How long until the next direct read may be made.
+        retry_in: Duration,
     },
     /// A mass deletion was held and no client is available to confirm it.
     #[error("mass deletion held ({what}): no API client to confirm it with a direct read")]
@@ -116,6 +129,29 @@ impl AgentDataplane for Box<dyn AgentDataplane> {
         (**self).poll_deny_events()
     }
 }
+
+/// A setting of the sync loop that cannot work.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    /// The mass-deletion threshold is not a share strictly between 0 and 1.
+    #[error("--mass-delete-threshold must be within 0..1 (exclusive), got {value}")]
+    MassDeleteThreshold {
+        /// The value given.
+        value: f64,
+    },
+    /// The stats interval is zero.
+    #[error("stats interval must be positive, got {value:?}")]
+    StatsInterval {
+        /// The value given.
+        value: Duration,
+    },
+}
+
+/// Shortest time between two direct reads of the mass-deletion guard that
+/// did not confirm a deletion (the time doubles after each such read).
+pub const DIRECT_READ_MIN_BACKOFF: Duration = Duration::from_secs(1);
+/// Longest time between two direct reads of the mass-deletion guard.
+pub const DIRECT_READ_MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Default coalescing time of changes before a sync, in milliseconds.
 pub const DEFAULT_DEBOUNCE_MS: u64 = 20;
@@ -167,6 +203,50 @@ impl Default for SyncConfig {
     }
 }
 
+impl SyncConfig {
+    /// Check the settings that would make the loop misbehave or panic: the
+    /// mass-deletion threshold must be strictly between 0 and 1 (not NaN)
+    /// and the stats interval positive.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let t = self.mass_delete_threshold;
+        if !(t > 0.0 && t < 1.0) {
+            return Err(ConfigError::MassDeleteThreshold { value: t });
+        }
+        if self.stats_interval.is_zero() {
+            return Err(ConfigError::StatsInterval {
+                value: self.stats_interval,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How long to wait before a sync: `debounce` after the oldest change not
+/// yet programmed (`first`), or a whole `debounce` without one. A debounce
+/// too large to add to an instant waits the whole debounce (never panics).
+fn debounce_wait(first: Option<Instant>, debounce: Duration, now: Instant) -> Duration {
+    match first.and_then(|t| t.checked_add(debounce)) {
+        Some(until) => until.saturating_duration_since(now),
+        None => debounce,
+    }
+}
+
+/// Raise the never-reuse counters of `programmed` to those of `attempted`
+/// (a failed apply may have written ids handed out by `attempted`).
+fn raise_counters(programmed: &mut IdTables, attempted: &IdTables) {
+    programmed.next_endpoint = programmed.next_endpoint.max(attempted.next_endpoint);
+    programmed.next_identity = programmed.next_identity.max(attempted.next_identity);
+    programmed.next_rule = programmed.next_rule.max(attempted.next_rule);
+    programmed.next_cidr = programmed.next_cidr.max(attempted.next_cidr);
+}
+
+/// The instant `after` from now (far in the future when that overflows).
+fn retry_instant(after: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(after)
+        .unwrap_or_else(|| now + Duration::from_secs(86400 * 365))
+}
+
 /// Readiness of the agent: all three lists complete and the first sync applied.
 #[derive(Debug, Default)]
 pub struct Readiness {
@@ -215,6 +295,14 @@ pub struct Syncer<D: AgentDataplane> {
     programmed: Option<(Compiled, Interfaces)>,
     guard: GuardReference,
     need_full: bool,
+    /// The id counters of a failed first apply (nothing programmed yet):
+    /// the kernel may hold the ids it handed out, so the rebuild starts
+    /// above them.
+    attempted_ids: Option<IdTables>,
+    /// No direct read before this (a held sync stays held until then).
+    next_direct_read_at: Option<Instant>,
+    /// The wait after the next direct read that does not confirm a deletion.
+    direct_read_backoff: Duration,
     known_invalid: BTreeSet<(String, String, Vec<String>)>,
     known_conflicts: BTreeSet<(IpAddr, Vec<String>)>,
     flowlog: FlowLog,
@@ -295,6 +383,14 @@ fn expire(q: &mut VecDeque<(Instant, usize)>, now: Instant, window: Duration) {
 impl GuardReference {
     /// Record the counts just programmed.
     pub fn observe(&mut self, now: Instant, identities: usize, endpoints: usize) {
+        // The newest sample was programmed until now: its time moves up, so
+        // a count left unchanged through a quiet period longer than the
+        // window is not forgotten the moment a smaller one is recorded.
+        for q in [&mut self.identities, &mut self.endpoints] {
+            if let Some(b) = q.back_mut() {
+                b.0 = b.0.max(now);
+            }
+        }
         push_max(&mut self.identities, now, identities);
         push_max(&mut self.endpoints, now, endpoints);
     }
@@ -390,6 +486,9 @@ impl<D: AgentDataplane> Syncer<D> {
             programmed: None,
             guard: GuardReference::default(),
             need_full: true,
+            attempted_ids: None,
+            next_direct_read_at: None,
+            direct_read_backoff: DIRECT_READ_MIN_BACKOFF,
             known_invalid: BTreeSet::new(),
             known_conflicts: BTreeSet::new(),
             flowlog,
@@ -444,7 +543,24 @@ impl<D: AgentDataplane> Syncer<D> {
         if rebuild {
             // The ids of what is programmed are kept (a pod that is still
             // there keeps its endpoint id, and so its conntrack entries).
-            let prev = self.programmed.as_ref().map(|(c, _)| c);
+            let floor;
+            let prev = match (&self.programmed, &self.attempted_ids) {
+                (Some((c, _)), _) => Some(c),
+                (None, Some(ids)) => {
+                    floor = Compiled {
+                        ids: IdTables {
+                            next_endpoint: ids.next_endpoint,
+                            next_identity: ids.next_identity,
+                            next_rule: ids.next_rule,
+                            next_cidr: ids.next_cidr,
+                            ..IdTables::default()
+                        },
+                        ..Compiled::default()
+                    };
+                    Some(&floor)
+                }
+                (None, None) => None,
+            };
             self.incremental = compiler::Incremental::new(state, &self.cfg.compile, prev);
             self.rebuild_pending = false;
         } else {
@@ -542,13 +658,27 @@ impl<D: AgentDataplane> Syncer<D> {
         let t_compile = started.elapsed();
         let mut confirmed = false;
         if let Some(what) = self.held(Instant::now()) {
+            if let Some(at) = self.next_direct_read_at {
+                let now = Instant::now();
+                if now < at {
+                    // Stay held, without another full LIST of the cluster.
+                    return Err(SyncError::DirectReadDeferred {
+                        what,
+                        retry_in: at - now,
+                    });
+                }
+            }
             outcome.guarded = true;
             self.metrics.destructive_deferred.increment(1);
             tracing::warn!(%what, "mass deletion held; confirming with a direct read of the API server");
             let Some(client) = self.client.clone() else {
                 return Err(SyncError::NoDirectReader { what });
             };
-            let fresh = direct_read(&client, self.cfg.page_size).await.map_err(|source| {
+            let read = direct_read(&client, self.cfg.page_size).await;
+            // Until a read confirms a deletion, reads back off.
+            self.next_direct_read_at = Instant::now().checked_add(self.direct_read_backoff);
+            self.direct_read_backoff = (self.direct_read_backoff * 2).min(DIRECT_READ_MAX_BACKOFF);
+            let fresh = read.map_err(|source| {
                 self.metrics.error("direct-read");
                 SyncError::DirectRead {
                     what: what.clone(),
@@ -559,7 +689,11 @@ impl<D: AgentDataplane> Syncer<D> {
             // base; the next sync diffs the cache against it.
             self.compile_state(&fresh, true);
             match self.held(Instant::now()) {
-                Some(seen) => tracing::warn!(%seen, "direct read confirms the mass deletion; applying"),
+                Some(seen) => {
+                    tracing::warn!(%seen, "direct read confirms the mass deletion; applying");
+                    self.next_direct_read_at = None;
+                    self.direct_read_backoff = DIRECT_READ_MIN_BACKOFF;
+                }
                 None => {
                     tracing::warn!("direct read does not confirm the mass deletion; programming the direct read")
                 }
@@ -599,6 +733,9 @@ impl<D: AgentDataplane> Syncer<D> {
                     outcome.changes = diff.len();
                     if let Err(source) = self.dataplane.apply(&diff, target, &interfaces) {
                         self.need_full = true;
+                        // The kernel may already hold ids handed out by the
+                        // target: they must never be handed out again.
+                        raise_counters(&mut prog.ids, &target.ids);
                         self.metrics.error("dataplane");
                         return Err(SyncError::Dataplane { op: "apply", source });
                     }
@@ -617,6 +754,15 @@ impl<D: AgentDataplane> Syncer<D> {
             _ => {
                 if let Err(source) = self.dataplane.sync_full(target, &interfaces) {
                     self.need_full = true;
+                    // The kernel may already hold ids handed out by the
+                    // target: they must never be handed out again.
+                    match &mut self.programmed {
+                        Some((prog, _)) => raise_counters(&mut prog.ids, &target.ids),
+                        None => match &mut self.attempted_ids {
+                            Some(ids) => raise_counters(ids, &target.ids),
+                            None => self.attempted_ids = Some(target.ids.clone()),
+                        },
+                    }
                     self.metrics.error("dataplane");
                     return Err(SyncError::Dataplane {
                         op: "sync_full",
@@ -628,6 +774,7 @@ impl<D: AgentDataplane> Syncer<D> {
                 outcome.changes =
                     target.ipcache.len() + target.cidrs.len() + target.endpoints.len() + target.policy.len();
                 self.programmed = Some((target.clone(), interfaces));
+                self.attempted_ids = None;
             }
         }
         let t_apply = started.elapsed();
@@ -687,23 +834,23 @@ impl<D: AgentDataplane> Syncer<D> {
     pub async fn run(mut self) {
         let min_backoff = Duration::from_millis(100);
         let mut backoff = min_backoff;
-        let mut retry_after: Option<Duration> = None;
-        let mut stats = tokio::time::interval(self.cfg.stats_interval);
+        // When to sync again without a change (a retry); kept across loop
+        // passes so that the stats tick does not postpone it.
+        let mut retry_at: Option<tokio::time::Instant> = None;
+        let mut stats = tokio::time::interval(self.cfg.stats_interval.max(Duration::from_millis(1)));
         stats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let cache = self.cache.clone();
         loop {
-            let sleep = tokio::time::sleep(retry_after.unwrap_or(Duration::from_secs(3600)));
+            let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+            let sleep = tokio::time::sleep_until(retry_at.unwrap_or(far));
             tokio::select! {
                 _ = cache.changed.notified() => {}
-                _ = sleep, if retry_after.is_some() => {}
+                _ = sleep, if retry_at.is_some() => {}
                 _ = stats.tick() => { self.poll_stats(); continue; }
             }
             // Coalesce changes for `debounce` after the oldest one not yet
             // programmed (already waited for when it came during a sync).
-            let wait = match cache.first_unprogrammed() {
-                Some(t) => (t + self.cfg.debounce).saturating_duration_since(Instant::now()),
-                None => self.cfg.debounce,
-            };
+            let wait = debounce_wait(cache.first_unprogrammed(), self.cfg.debounce, Instant::now());
             tokio::time::sleep(wait).await;
             let since = cache.take_first_unprogrammed();
             match self.sync_once().await {
@@ -715,10 +862,14 @@ impl<D: AgentDataplane> Syncer<D> {
                         }
                         tracing::debug!(changes = o.changes, full = o.full, "programmed");
                     }
-                    retry_after = (o.pending_interfaces > 0).then(|| Duration::from_secs(1));
+                    retry_at = (o.pending_interfaces > 0).then(|| retry_instant(Duration::from_secs(1)));
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, retry_in = ?backoff, "sync failed; will retry");
+                    let wait = match &e {
+                        SyncError::DirectReadDeferred { retry_in, .. } => backoff.max(*retry_in),
+                        _ => backoff,
+                    };
+                    tracing::error!(error = %e, retry_in = ?wait, "sync failed; will retry");
                     if let Some(t) = since {
                         cache
                             .first_unprogrammed
@@ -726,7 +877,7 @@ impl<D: AgentDataplane> Syncer<D> {
                             .unwrap_or_else(|p| p.into_inner())
                             .get_or_insert(t);
                     }
-                    retry_after = Some(backoff);
+                    retry_at = Some(retry_instant(wait));
                     backoff = (backoff * 2).min(self.cfg.max_backoff);
                 }
             }
@@ -911,11 +1062,14 @@ mod tests {
         assert!(up
             .cumulative_removal(&with_identities(14), at(2), window, 0.5)
             .is_some());
-        // After the window the old maximum is forgotten: 60 s after the
-        // sample of 100, the highest remaining count is 90 (at 10 s).
-        assert_eq!(g.high_water(at(61), window), (90, 0));
+        // A count stays the reference for a window after it stopped being
+        // programmed: the 100 was programmed until 10 s (when 90 replaced
+        // it), so it is still the reference at 61 s and forgotten at 71 s,
+        // when the highest remaining count is 90 (programmed until 20 s).
+        assert_eq!(g.high_water(at(61), window), (100, 0));
+        assert_eq!(g.high_water(at(71), window), (90, 0));
         assert!(g
-            .cumulative_removal(&with_identities(40), at(61), window, 0.5)
+            .cumulative_removal(&with_identities(40), at(71), window, 0.5)
             .is_some());
         assert_eq!(g.high_water(at(200), window), (50, 0), "the newest sample always stays");
         assert_eq!(g.cumulative_removal(&with_identities(40), at(200), window, 0.5), None);
@@ -939,5 +1093,266 @@ mod tests {
         assert_eq!(mass_removal(&old, &new, 0.5), None);
         new.ids.identities.retain(|id, _| *id >= IDENTITY_FIRST_POD + 6);
         assert!(mass_removal(&old, &new, 0.5).is_some_and(|w| w.starts_with("6/10 identities")));
+    }
+
+    /// A dataplane that fails its first `fail_applies` applies and first
+    /// `fail_full` full syncs; each failure first writes the target's
+    /// endpoints (a failure midway), like a real partial write.
+    #[derive(Clone, Default)]
+    struct Flaky {
+        mem: Mem,
+        fail_applies: Arc<std::sync::atomic::AtomicUsize>,
+        fail_full: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    fn take_failure(n: &std::sync::atomic::AtomicUsize) -> bool {
+        n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
+            .is_ok()
+    }
+
+    fn injected() -> DataplaneError {
+        DataplaneError::Kernel {
+            op: "test".into(),
+            detail: "injected failure".into(),
+        }
+    }
+
+    impl Dataplane for Flaky {
+        fn sync_full(&mut self, compiled: &Compiled, i: &Interfaces) -> Result<(), DataplaneError> {
+            if take_failure(&self.fail_full) {
+                self.mem.0.lock().unwrap().endpoints = compiled.endpoints.clone();
+                return Err(injected());
+            }
+            self.mem.sync_full(compiled, i)
+        }
+        fn apply(&mut self, diff: &CompiledDiff, next: &Compiled, i: &Interfaces) -> Result<(), DataplaneError> {
+            if take_failure(&self.fail_applies) {
+                diff.endpoints.apply_to(&mut self.mem.0.lock().unwrap().endpoints);
+                return Err(injected());
+            }
+            self.mem.apply(diff, next, i)
+        }
+        fn counters(&self) -> Result<Counters, DataplaneError> {
+            Ok(Counters::default())
+        }
+    }
+
+    impl AgentDataplane for Flaky {}
+
+    fn node_a_config() -> SyncConfig {
+        SyncConfig {
+            compile: CompileOptions {
+                node_name: "node-a".into(),
+                node_ips: Vec::new(),
+                allow_host_egress: false,
+            },
+            ..SyncConfig::default()
+        }
+    }
+
+    /// A complete cache with namespace `a` (no policies) and `pods`.
+    fn listed_cache(metrics: &Metrics, pods: &[(&str, &str)]) -> Arc<Cache> {
+        let cache = Cache::new(metrics.clone());
+        cache.handle::<Namespace>(Event::Init);
+        cache.handle(Event::InitApply(Namespace {
+            metadata: ObjectMeta {
+                name: Some("a".into()),
+                resource_version: Some("1".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }));
+        cache.handle::<Namespace>(Event::InitDone);
+        cache.handle::<NetworkPolicy>(Event::Init);
+        cache.handle::<NetworkPolicy>(Event::InitDone);
+        cache.handle::<ApiPod>(Event::Init);
+        for (i, (name, ip)) in pods.iter().enumerate() {
+            cache.handle(Event::InitApply(named_pod(name, ip, 2 + i as u64)));
+        }
+        cache.handle::<ApiPod>(Event::InitDone);
+        cache
+    }
+
+    fn named_pod(name: &str, ip: &str, rv: u64) -> ApiPod {
+        (*crate::compiler::tests::pod("a", name, rv, ip, name, "node-a")).clone()
+    }
+
+    fn endpoint_id(c: &Compiled, name: &str) -> Option<u32> {
+        c.ids.endpoints.get(&format!("uid-a-{name}")).copied()
+    }
+
+    /// B1: a count left unchanged through a quiet period longer than the
+    /// window stays the reference until a smaller count replaces it, so a
+    /// fast drop right after the quiet period is still held.
+    #[test]
+    fn high_water_survives_a_quiet_period_longer_than_the_window() {
+        let window = Duration::from_secs(600);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut g = GuardReference::default();
+        g.observe(at(0), 100, 0);
+        // 11 minutes without a sync (a stalled watch), then 60: 40% removed.
+        assert_eq!(g.cumulative_removal(&with_identities(60), at(660), window, 0.5), None);
+        g.observe(at(660), 60, 0);
+        // 5 s later 35: 65% below the 100 that was programmed until 660 s.
+        assert_eq!(g.high_water(at(665), window), (100, 0));
+        let what = g.cumulative_removal(&with_identities(35), at(665), window, 0.5);
+        assert!(
+            what.as_deref()
+                .is_some_and(|w| w.contains("65 of up to 100 identities")),
+            "{what:?}"
+        );
+        // The 100 is forgotten a window after it stopped being programmed.
+        assert_eq!(g.high_water(at(1261), window), (60, 0));
+    }
+
+    /// B2: an apply that fails midway may leave new endpoint ids in the
+    /// kernel; the rebuild after it must not hand them out again.
+    #[tokio::test]
+    async fn failed_apply_never_reuses_endpoint_ids() {
+        let metrics = Metrics::new().unwrap();
+        let cache = listed_cache(&metrics, &[("p", "10.2.0.1")]);
+        let dp = Flaky::default();
+        let mut syncer = Syncer::new(
+            node_a_config(),
+            cache.clone(),
+            metrics,
+            dp.clone(),
+            Box::new(AllFound),
+            None,
+        );
+        assert!(syncer.sync_once().await.unwrap().full);
+        // Pod b comes; its apply fails after writing b's endpoint.
+        cache.handle(Event::Apply(named_pod("b", "10.2.0.2", 10)));
+        dp.fail_applies.store(1, Ordering::SeqCst);
+        assert!(matches!(
+            syncer.sync_once().await,
+            Err(SyncError::Dataplane { op: "apply", .. })
+        ));
+        let failed_id = {
+            let k = dp.mem.0.lock().unwrap();
+            *k.endpoints.keys().max().unwrap()
+        };
+        // b goes, c comes: c must not get b's id (and its conntrack).
+        cache.handle(Event::Delete(named_pod("b", "10.2.0.2", 11)));
+        cache.handle(Event::Apply(named_pod("c", "10.2.0.3", 12)));
+        assert!(syncer.sync_once().await.unwrap().full);
+        let prog = &syncer.programmed().unwrap().0;
+        let c = endpoint_id(prog, "c").unwrap();
+        assert!(
+            c > failed_id,
+            "pod c got endpoint id {c}, not above the failed apply's {failed_id}"
+        );
+        assert!(endpoint_id(prog, "b").is_none());
+    }
+
+    /// B2: the same when the very first (full) sync fails: nothing is
+    /// programmed yet, but the kernel may hold the attempted ids.
+    #[tokio::test]
+    async fn failed_first_sync_never_reuses_endpoint_ids() {
+        let metrics = Metrics::new().unwrap();
+        let cache = listed_cache(&metrics, &[("b", "10.2.0.2")]);
+        let dp = Flaky::default();
+        dp.fail_full.store(1, Ordering::SeqCst);
+        let mut syncer = Syncer::new(
+            node_a_config(),
+            cache.clone(),
+            metrics,
+            dp.clone(),
+            Box::new(AllFound),
+            None,
+        );
+        assert!(matches!(
+            syncer.sync_once().await,
+            Err(SyncError::Dataplane { op: "sync_full", .. })
+        ));
+        let failed_id = *dp.mem.0.lock().unwrap().endpoints.keys().max().unwrap();
+        cache.handle(Event::Delete(named_pod("b", "10.2.0.2", 11)));
+        cache.handle(Event::Apply(named_pod("c", "10.2.0.3", 12)));
+        assert!(syncer.sync_once().await.unwrap().full);
+        let c = endpoint_id(&syncer.programmed().unwrap().0, "c").unwrap();
+        assert!(
+            c > failed_id,
+            "pod c got endpoint id {c}, not above the failed sync's {failed_id}"
+        );
+    }
+
+    /// B3: retries keep firing when the backoff is longer than the stats
+    /// interval (the stats tick must not postpone them).
+    #[tokio::test]
+    async fn retries_fire_although_the_stats_tick_is_shorter() {
+        let metrics = Metrics::new().unwrap();
+        let cache = listed_cache(&metrics, &[("p", "10.2.0.1")]);
+        let dp = Flaky::default();
+        // Backoff 100, 200, 400 ms: each longer than the 20 ms stats tick.
+        dp.fail_full.store(3, Ordering::SeqCst);
+        let cfg = SyncConfig {
+            debounce: Duration::from_millis(1),
+            stats_interval: Duration::from_millis(20),
+            ..node_a_config()
+        };
+        let syncer = Syncer::new(cfg, cache.clone(), metrics, dp.clone(), Box::new(AllFound), None);
+        let readiness = syncer.readiness();
+        let task = tokio::spawn(syncer.run());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !readiness.first_sync_done() {
+            assert!(
+                Instant::now() < deadline,
+                "the failed sync was not retried ({} failures left)",
+                dp.fail_full.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        task.abort();
+        assert_eq!(dp.fail_full.load(Ordering::SeqCst), 0);
+        assert!(dp
+            .mem
+            .0
+            .lock()
+            .unwrap()
+            .ipcache
+            .contains_key(&"10.2.0.1".parse::<IpAddr>().unwrap()));
+    }
+
+    /// N2: settings that cannot work are rejected with the flag named.
+    #[test]
+    fn config_validation_rejects_bad_settings() {
+        assert_eq!(SyncConfig::default().validate(), Ok(()));
+        for t in [f64::NAN, 0.0, 1.0, -0.5, 1.5, f64::INFINITY] {
+            let cfg = SyncConfig {
+                mass_delete_threshold: t,
+                ..SyncConfig::default()
+            };
+            let err = cfg.validate().unwrap_err();
+            assert!(matches!(err, ConfigError::MassDeleteThreshold { .. }), "{t}");
+            assert!(err.to_string().contains("--mass-delete-threshold"), "{err}");
+        }
+        let cfg = SyncConfig {
+            stats_interval: Duration::ZERO,
+            ..SyncConfig::default()
+        };
+        assert_eq!(
+            cfg.validate(),
+            Err(ConfigError::StatsInterval { value: Duration::ZERO })
+        );
+    }
+
+    /// N2: a debounce too large to add to an instant does not panic.
+    #[test]
+    fn huge_debounce_does_not_overflow() {
+        let now = Instant::now();
+        assert_eq!(debounce_wait(Some(now), Duration::MAX, now), Duration::MAX);
+        assert_eq!(debounce_wait(None, Duration::MAX, now), Duration::MAX);
+        let ms = Duration::from_millis(u64::MAX);
+        assert_eq!(debounce_wait(Some(now), ms, now), ms);
+        let d = Duration::from_millis(20);
+        assert_eq!(
+            debounce_wait(Some(now), d, now + Duration::from_millis(5)),
+            Duration::from_millis(15)
+        );
+        assert_eq!(
+            debounce_wait(Some(now), d, now + Duration::from_secs(1)),
+            Duration::ZERO
+        );
     }
 }

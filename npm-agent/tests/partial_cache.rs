@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::Event;
 use npm_agent::metrics::Metrics;
-use npm_agent::sync::Syncer;
+use npm_agent::sync::{SyncError, Syncer};
 use npm_agent::watch::{direct_read, Cache};
 use npm_testapi::FaultRule;
 
@@ -371,6 +371,73 @@ async fn confirmed_gradual_scale_down_proceeds() {
             "step {step}: the confirmed removal is applied"
         );
     }
+    assert!(s.dp.lock().inconsistent.is_empty());
+    srv.shutdown().await;
+}
+
+/// Direct reads back off: while a cache that lost most pods keeps changing,
+/// the held syncs do not each make a full LIST of the cluster; the next
+/// read comes after the backoff (1 s, then 2 s), and a read that confirms a
+/// real deletion resets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_reads_back_off_while_held() {
+    let (srv, client) = server(true).await;
+    let mut s = gradual_setup(&client).await;
+    let lists = || srv.stats().by_verb.get("list").copied().unwrap_or(0);
+    assert!(s.syncer.sync_once().await.unwrap().full);
+    assert_eq!(s.programmed(), (100, 20));
+
+    // The cache loses 60% of the pods (the server still has them): held,
+    // read, overruled.
+    let before = lists();
+    s.feed(&s.after_steps(6));
+    assert!(s.syncer.sync_once().await.unwrap().guarded);
+    assert_eq!(lists() - before, 3, "one direct read of the three resources");
+    assert_eq!(s.programmed(), (100, 20));
+
+    // Further changes of the same bad cache stay held without a read.
+    let before = lists();
+    for step in [7, 6, 8] {
+        s.feed(&s.after_steps(step));
+        let err = s.syncer.sync_once().await.unwrap_err();
+        assert!(
+            matches!(err, SyncError::DirectReadDeferred { retry_in, .. } if retry_in <= Duration::from_secs(1)),
+            "{err}"
+        );
+    }
+    assert_eq!(lists(), before, "no direct read inside the backoff");
+    assert_eq!(s.programmed(), (100, 20), "nothing removed while held");
+
+    // After the backoff the next read happens; the one after it waits 2 s.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(s.syncer.sync_once().await.unwrap().guarded);
+    assert_eq!(lists() - before, 3);
+    s.feed(&s.after_steps(7));
+    let err = s.syncer.sync_once().await.unwrap_err();
+    assert!(
+        matches!(err, SyncError::DirectReadDeferred { retry_in, .. } if retry_in > Duration::from_millis(1500)),
+        "the backoff doubled: {err}"
+    );
+
+    // A real deletion, confirmed by the read after the backoff, resets it:
+    // the next held deletion is read at once.
+    let gone: Vec<(String, String)> = s
+        .all
+        .iter()
+        .filter(|p| !left_after(p, 7))
+        .map(|p| ("gradual".to_string(), p.metadata.name.clone().unwrap()))
+        .collect();
+    delete_pods(&client, gone, 16).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert!(s.syncer.sync_once().await.unwrap().guarded);
+    assert_eq!(s.programmed(), (30, 6), "the confirmed deletion is applied");
+    let before = lists();
+    s.feed(&s.after_steps(9));
+    assert!(
+        s.syncer.sync_once().await.unwrap().guarded,
+        "read at once after a confirmation"
+    );
+    assert_eq!(lists() - before, 3);
     assert!(s.dp.lock().inconsistent.is_empty());
     srv.shutdown().await;
 }
