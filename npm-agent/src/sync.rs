@@ -932,10 +932,6 @@ mod tests {
         }
     }
 
-    fn api_pod(ip: &str, rv: u64) -> ApiPod {
-        (*crate::compiler::tests::pod("a", "p", rv, ip, "web", "node-a")).clone()
-    }
-
     /// The background cross-check catches a change the incremental compile
     /// missed: the mismatch is counted, the sync loop is woken (a change is
     /// marked unprogrammed) and the next sync rebuilds and programs the
@@ -943,7 +939,7 @@ mod tests {
     #[tokio::test]
     async fn background_cross_check_repairs_a_missed_change() {
         let metrics = Metrics::new().unwrap();
-        let cache = Cache::new(metrics.clone());
+        let cache = listed_cache(&metrics, &[("p", "10.2.0.1")]);
         let dp = Mem::default();
         let cfg = SyncConfig {
             compile: CompileOptions {
@@ -961,27 +957,12 @@ mod tests {
             Box::new(AllFound),
             None,
         );
-        cache.handle::<Namespace>(Event::Init);
-        cache.handle(Event::InitApply(Namespace {
-            metadata: ObjectMeta {
-                name: Some("a".into()),
-                resource_version: Some("1".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        }));
-        cache.handle::<Namespace>(Event::InitDone);
-        cache.handle::<NetworkPolicy>(Event::Init);
-        cache.handle::<NetworkPolicy>(Event::InitDone);
-        cache.handle::<ApiPod>(Event::Init);
-        cache.handle(Event::InitApply(api_pod("10.2.0.1", 2)));
-        cache.handle::<ApiPod>(Event::InitDone);
         assert!(syncer.sync_once().await.unwrap().full);
         let (old, new): (IpAddr, IpAddr) = ("10.2.0.1".parse().unwrap(), "10.2.0.9".parse().unwrap());
         assert!(dp.0.lock().unwrap().ipcache.contains_key(&old));
 
         // The pod moves; the incremental compiler is made to miss it.
-        cache.handle(Event::Apply(api_pod("10.2.0.9", 3)));
+        cache.handle(Event::Apply(named_pod("p", "10.2.0.9", 3)));
         let state = cache.complete().unwrap();
         syncer.incremental.pretend_compiled(&state);
         let _ = cache.take_first_unprogrammed();
