@@ -24,6 +24,11 @@
 //! (`NPM_EBPF_OBJECT` or the workspace build of `cargo xtask build-ebpf`
 //! gives the BPF object).
 
+// The tests' netns helpers (leftover detection by the pid in a name).
+#[allow(dead_code)]
+#[path = "../tests/common/netns.rs"]
+mod netns;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -179,16 +184,6 @@ impl Drop for Kernel {
     }
 }
 
-fn pid_gone(name: &str, prefix: &str) -> bool {
-    let pid: String = name
-        .strip_prefix(prefix)
-        .unwrap_or("")
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
 fn ip_batch(lines: &[String]) -> anyhow::Result<()> {
     use std::io::Write;
     let mut child = Command::new("ip")
@@ -222,17 +217,13 @@ fn clear_leftovers() {
     let mut stale = Vec::new();
     for entry in std::fs::read_dir("/sys/class/net").into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(LINK_PREFIX) && pid_gone(&name, LINK_PREFIX) {
+        if name.starts_with(LINK_PREFIX) && netns::pid_gone(&name, LINK_PREFIX) {
             stale.push(name);
         }
     }
+    // One `ip -batch` for the (many) stale veths.
     delete_links(&stale);
-    for entry in std::fs::read_dir("/sys/fs/bpf").into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(PIN_PREFIX) && pid_gone(&name, PIN_PREFIX) {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
+    netns::clear_stale_dirs("/sys/fs/bpf", PIN_PREFIX);
 }
 
 /// Creates `n` veth pairs (up) and returns the guard and their ifindexes.

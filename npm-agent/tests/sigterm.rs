@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use common::netns::{clear_stale_dirs, clear_stale_links, sh};
+use common::netns::{clear_stale_dirs, clear_stale_links, pid_gone, sh};
 use common::process::*;
 use common::*;
 use npm_dataplane::ebpf::{dump_pinned, pinned_link_programs, EbpfDump};
@@ -317,17 +317,11 @@ fn clear_stale_tables() {
         return;
     };
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Some(name) = line.strip_prefix("table inet npmst") else {
+        let Some(name) = line.strip_prefix("table inet ") else {
             continue;
         };
-        let pid: String = name.chars().take_while(|c| c.is_ascii_digit()).collect();
-        if pid
-            .parse::<u32>()
-            .is_ok_and(|p| !Path::new(&format!("/proc/{p}")).exists())
-        {
-            let _ = Command::new("nft")
-                .args(["delete", "table", "inet", &format!("npmst{name}")])
-                .output();
+        if name.starts_with(PREFIX) && pid_gone(name, PREFIX) {
+            let _ = Command::new("nft").args(["delete", "table", "inet", name]).output();
         }
     }
 }
