@@ -15,6 +15,7 @@
 //! | `NPM_IPCACHE4` | array (mmapable)     | [`ipcache4_slot`] of an IPv4 address | [`ipcache4_word`] (`u64`) |
 //! | `NPM_CIDRS`    | LPM trie             | prefix of [`IpKey::addr`]   | CIDR identity (`u32`) |
 //! | `NPM_POLICY`   | LPM trie             | [`PolicyKey`]               | [`PolicyValue`] |
+//! | `NPM_POLICY_FRONT` | array (mmapable) of 4-word buckets | [`policy_front_bucket`] of a word | [`policy_front_word`]s (`[u64; 4]`) |
 //! | `NPM_CT`       | LRU hash             | [`CtKey`]                   | [`CtValue`]    |
 //! | `NPM_CT4`      | LRU hash             | [`CtKey4`]                  | [`CtValue`]    |
 //! | `NPM_FRAGS`    | LRU hash             | [`FragKey`]                 | [`FragValue`]  |
@@ -52,7 +53,12 @@
 //! 9. policy: `NPM_POLICY` is looked up with the peer's pod identity, then its
 //!    CIDR identity, then [`IDENTITY_ANY`]; any hit allows ([`Reason::Policy`]),
 //!    no hit drops ([`Reason::PolicyDenied`]). A lookup that cannot hit, as
-//!    the endpoint's `EP_NO_*_PEER_*` flags tell, is skipped.
+//!    the endpoint's `EP_NO_*_PEER_*` flags tell, is skipped. When the
+//!    endpoint's flags carry [`EP_FRONT_INGRESS`] (or [`EP_FRONT_EGRESS`])
+//!    the direction's policy is complete in `NPM_POLICY_FRONT`, a hash table
+//!    of exact words the datapath probes with inlined array reads: each
+//!    lookup is then up to three probes (the exact port, any port of the
+//!    protocol, any protocol) instead of the LPM walk, with the same answer.
 //!
 //! Steps 8 and 9 read only the endpoint, the direction, the peer address,
 //! the protocol and the destination port. The datapath keeps their outcome
@@ -108,9 +114,28 @@ pub mod maps {
     /// after every batch of map writes; the datapath's decision cache only
     /// answers for decisions made under the current generation.
     pub const GENERATION: &str = "NPM_GENERATION";
+    /// The policy front: the `NPM_POLICY` entries of endpoints whose
+    /// policy in a direction fits it (see [`super::EP_FRONT_INGRESS`]), as
+    /// [`super::policy_front_word`]s in 4-word buckets
+    /// ([`super::policy_front_bucket`]), read by the datapath with inlined
+    /// array accesses. User space writes single 64-bit words through a
+    /// shared mapping, so the datapath never sees half of a word.
+    pub const POLICY_FRONT: &str = "NPM_POLICY_FRONT";
     /// Every map, for pinning and adoption.
-    pub const ALL: [&str; 12] = [
-        EP_SLOTS, ENDPOINTS, IPCACHE, IPCACHE4, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS, GENERATION,
+    pub const ALL: [&str; 13] = [
+        EP_SLOTS,
+        ENDPOINTS,
+        IPCACHE,
+        IPCACHE4,
+        CIDRS,
+        POLICY,
+        POLICY_FRONT,
+        CT,
+        CT4,
+        FRAGS,
+        COUNTERS,
+        EVENTS,
+        GENERATION,
     ];
 }
 
@@ -131,6 +156,11 @@ pub mod sizes {
     pub const CIDRS: u32 = 65_536;
     /// Policy LPM entries (port ranges expand to prefixes).
     pub const POLICY: u32 = 1_048_576;
+    /// log2 of the buckets of `NPM_POLICY_FRONT`.
+    pub const POLICY_FRONT_BITS: u32 = 16;
+    /// Buckets of `NPM_POLICY_FRONT` (4 words, 32 bytes each: 2 MB, room
+    /// for 262,144 words).
+    pub const POLICY_FRONT_BUCKETS: u32 = 1 << POLICY_FRONT_BITS;
     /// Tracked connections (each of `NPM_CT` and `NPM_CT4`).
     pub const CT: u32 = 262_144;
     /// Fragment records.
@@ -146,7 +176,8 @@ pub mod sizes {
 /// 3: endpoints in the `NPM_EP_SLOTS` array (with [`EP_PRESENT`]), the hash
 /// `NPM_ENDPOINTS` only for large ifindexes; `NPM_GENERATION`.
 /// 4: `NPM_IPCACHE4`, the direct-mapped IPv4 front of the ipcache.
-pub const LAYOUT_VERSION: u32 = 4;
+/// 5: `NPM_POLICY_FRONT` and the `EP_FRONT_*` flags.
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Direction as seen from the pod: traffic entering the pod.
 pub const DIR_INGRESS: u8 = 0;
@@ -213,6 +244,70 @@ pub const EP_NO_POD_PEER_EGRESS: u32 = 1 << 9;
 /// [`EndpointInfo::flags`]: the record holds an endpoint. Array slots always
 /// exist; a slot without this flag (all zeroes) is no endpoint.
 pub const EP_PRESENT: u32 = 1 << 10;
+/// [`EndpointInfo::flags`]: every `NPM_POLICY` entry of this endpoint for
+/// ingress is also in `NPM_POLICY_FRONT` (as the words of
+/// [`policy_front_word`]), so step 9 probes the front instead of walking
+/// the LPM trie, and a miss there is a miss. The loader sets it only once
+/// all the words are written and clears it before a word it cannot place
+/// would be needed; words are removed from the front before their entries
+/// leave `NPM_POLICY`. The egress flag is the ingress flag shifted left by
+/// [`DIR_EGRESS`].
+pub const EP_FRONT_INGRESS: u32 = 1 << 11;
+/// [`EndpointInfo::flags`]: like [`EP_FRONT_INGRESS`], for egress.
+pub const EP_FRONT_EGRESS: u32 = 1 << 12;
+/// [`EndpointInfo::flags`]: with [`EP_FRONT_INGRESS`], no ingress entry of
+/// the endpoint is a wildcard (any port, or any protocol), so step 9 only
+/// probes exact ports.
+pub const EP_FRONT_EXACT_INGRESS: u32 = 1 << 13;
+/// [`EndpointInfo::flags`]: like [`EP_FRONT_EXACT_INGRESS`], for egress.
+pub const EP_FRONT_EXACT_EGRESS: u32 = 1 << 14;
+const _: () = assert!(EP_FRONT_EGRESS == EP_FRONT_INGRESS << DIR_EGRESS);
+const _: () = assert!(EP_FRONT_EXACT_EGRESS == EP_FRONT_EXACT_INGRESS << DIR_EGRESS);
+
+/// Endpoint ids below this fit a [`policy_front_word`] (19 bits).
+pub const POLICY_FRONT_MAX_ENDPOINT: u32 = 1 << 19;
+/// Peer identities below this fit a [`policy_front_word`] (25 bits: every
+/// pod identity and the first 2^24 CIDR identities).
+pub const POLICY_FRONT_MAX_IDENTITY: u32 = 1 << 25;
+
+/// The `NPM_POLICY_FRONT` protocol code of an IP protocol number: 1 TCP,
+/// 2 UDP, 3 SCTP, 0 for any other (only "any protocol" words match those).
+pub const fn policy_front_proto(protocol: u8) -> u64 {
+    match protocol {
+        proto::TCP => 1,
+        proto::UDP => 2,
+        proto::SCTP => 3,
+        _ => 0,
+    }
+}
+
+/// One `NPM_POLICY_FRONT` word: an allow of endpoint `endpoint` in
+/// direction `dir` for peer `identity` and
+/// - `code` 0: any protocol, any port (`exact` false, `port` 0);
+/// - `code` 1..=3 ([`policy_front_proto`]) with `exact` false: any port of
+///   that protocol (`port` 0);
+/// - `code` 1..=3 with `exact` true: that destination port.
+///
+/// Bits 0..16 the port, 16 exact, 17..19 the protocol code, 19..44 the
+/// identity, 44 the direction, 45..64 the endpoint. Endpoint ids start at
+/// 1, so no word is 0 (an empty slot). The caller checks the ranges
+/// ([`POLICY_FRONT_MAX_ENDPOINT`], [`POLICY_FRONT_MAX_IDENTITY`]).
+pub const fn policy_front_word(endpoint: u32, dir: u8, identity: u32, code: u64, exact: bool, port: u16) -> u64 {
+    port as u64
+        | (exact as u64) << 16
+        | code << 17
+        | (identity as u64) << 19
+        | ((dir & 1) as u64) << 44
+        | (endpoint as u64) << 45
+}
+
+/// The bucket of a [`policy_front_word`] in `NPM_POLICY_FRONT`: a
+/// multiplicative hash of the whole word. A word is only ever stored in
+/// its own bucket (4 slots); a word that finds its bucket full is not
+/// stored, and its endpoint's direction keeps the LPM.
+pub const fn policy_front_bucket(word: u64) -> u32 {
+    (word.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - sizes::POLICY_FRONT_BITS)) as u32
+}
 
 /// The `EP_NO_*_PEER_INGRESS` flag whose (direction-shifted) bit tells that
 /// no policy entry of an endpoint can match `identity` as its peer.

@@ -13,15 +13,21 @@
 //!   lookups: the object is loaded with the benchmark switches
 //!   `NPM_BENCH_NO_CT_CREATE` (no conntrack entry is created, so every
 //!   repeat is a new connection) and `no_decision_cache`: parse, endpoint
-//!   slot, ipcache lookup, policy LPM hit, counters. A SYN skips the
-//!   conntrack lookup (a new connection is decided by policy). Not included:
-//!   the conntrack insert a real new connection does once.
+//!   slot, IPv4 ipcache front, policy lookup, counters. The endpoint's
+//!   ingress policy is complete in the policy front (`NPM_POLICY_FRONT`):
+//!   the lookup is one bucket probe. A SYN skips the conntrack lookup (a new
+//!   connection is decided by policy). Not included: the conntrack insert a
+//!   real new connection does once.
 //! - `deny`: a TCP SYN to a port no entry allows, from a pod that also has a
-//!   CIDR identity, decided by the lookups: ipcache hit, one policy LPM miss
-//!   (the endpoint has no CIDR-peer and no any-peer ingress entry, so its
-//!   `EP_NO_*_PEER_*` flags skip those two lookups), counters, a deny event
-//!   (once the ring buffer is full, nobody drains it during the run, the
-//!   event output fails fast).
+//!   CIDR identity, decided by the lookups: ipcache front hit, one policy
+//!   lookup that misses (the endpoint has no CIDR-peer and no any-peer
+//!   ingress entry, so its `EP_NO_*_PEER_*` flags skip those two lookups;
+//!   no entry is a wildcard, so the exact-port probe is the only one),
+//!   counters, a deny event (once the ring buffer is full, nobody drains it
+//!   during the run, the event output fails fast).
+//! - `policy_lpm`, `deny_lpm` (extra): the same with the policy front
+//!   switched off (`no_policy_front`): the LPM walk of `NPM_POLICY` that
+//!   endpoint directions whose policy does not fit the front take.
 //! - `policy_cached`, `deny_cached` (extra): the same packets with the
 //!   decision cache on: a new connection from a peer to an endpoint port
 //!   decided before under the same policy generation (any source port).
@@ -71,6 +77,34 @@ impl Drop for Cleanup {
         }
         for p in &self.pins {
             let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+/// Removes what crashed or killed runs left: pin directories
+/// `npm-bench-<pid>-*` and veths `npb<pid>*` of processes that are gone.
+fn sweep_leftovers() {
+    let dead = |pid: &str| pid.parse::<u32>().is_ok() && !std::path::Path::new(&format!("/proc/{pid}")).exists();
+    if let Ok(dir) = std::fs::read_dir("/sys/fs/bpf") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("npm-bench-").and_then(|r| r.split('-').next()) {
+                if dead(pid) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+    if let Ok(dir) = std::fs::read_dir("/sys/class/net") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // npb<pid><tag>, the peer with a trailing "x".
+            if let Some(rest) = name.strip_prefix("npb") {
+                let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                if dead(&pid) && !name.ends_with('x') {
+                    let _ = Command::new("ip").args(["link", "del", &name]).output();
+                }
+            }
         }
     }
 }
@@ -207,6 +241,7 @@ struct Setup {
 }
 
 fn main() {
+    sweep_leftovers();
     let pid = std::process::id();
     // (tag, no conntrack create, switches)
     let kinds = [
@@ -214,18 +249,27 @@ fn main() {
             "p",
             true,
             BenchSwitches {
-                no_flow_cache: false,
                 no_decision_cache: true,
+                ..BenchSwitches::default()
             },
         ),
         ("q", true, BenchSwitches::default()),
+        (
+            "l",
+            true,
+            BenchSwitches {
+                no_decision_cache: true,
+                no_policy_front: true,
+                ..BenchSwitches::default()
+            },
+        ),
         ("t", false, BenchSwitches::default()),
         (
             "c",
             false,
             BenchSwitches {
                 no_flow_cache: true,
-                no_decision_cache: false,
+                ..BenchSwitches::default()
             },
         ),
     ];
@@ -279,6 +323,8 @@ fn main() {
         "deny_cached",
         "tracked",
         "tracked_ct",
+        "policy_lpm",
+        "deny_lpm",
     ];
     print!("{:>8} {:>8} {:>11}", "policy", "ipcache", "baseline_ns");
     for p in paths {
@@ -303,10 +349,10 @@ fn main() {
             }
             prev = next;
 
-            let [sp, sq, st, sc] = &setups[..] else {
-                unreachable!("four setups")
+            let [sp, sq, sl, st, sc] = &setups[..] else {
+                unreachable!("five setups")
             };
-            for s in [sp, sq] {
+            for s in [sp, sq, sl] {
                 // Twice: the second run of each is the decision cache's hit
                 // on the cached setup.
                 for _ in 0..2 {
@@ -326,7 +372,7 @@ fn main() {
                 let check = s.dp.test_run(Direction::Ingress, s.ifindex, &ack).expect("check");
                 assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Tracked)));
             }
-            let cases: [Case<'_>; 7] = [
+            let cases: [Case<'_>; 9] = [
                 (sp, PROG_EMPTY, &allowed),
                 (sp, PROG_INGRESS, &allowed),
                 (sp, PROG_INGRESS, &denied),
@@ -334,6 +380,8 @@ fn main() {
                 (sq, PROG_INGRESS, &denied),
                 (st, PROG_INGRESS, &ack),
                 (sc, PROG_INGRESS, &ack),
+                (sl, PROG_INGRESS, &allowed),
+                (sl, PROG_INGRESS, &denied),
             ];
             for (i, ns) in measure_once(&cases).into_iter().enumerate() {
                 samples[row][i].push(ns);

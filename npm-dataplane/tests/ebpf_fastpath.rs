@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use ebpf_common::*;
 use npm_common::{maps, CtKey4, CtValue, Reason, CT_CLOSING};
-use npm_dataplane::ebpf::{EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
+use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction::Egress as EG, Direction::Ingress as IN};
 use npm_policy::model::Protocol::Tcp;
@@ -71,10 +71,14 @@ struct Fixture {
 }
 
 fn fixture(tag: &str) -> Fixture {
+    fixture_with(tag, BenchSwitches::default())
+}
+
+fn fixture_with(tag: &str, switches: BenchSwitches) -> Fixture {
     sweep_leftovers();
     let pins = PinDir::new(tag);
     let ep = Dummy::new(&format!("{tag}a"));
-    let mut dp = pins.open();
+    let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
     dp.sync_full(&compiled(), &ifaces(&[(1, ep.ifindex)])).unwrap();
     Fixture { dp, ep, pins }
 }
@@ -313,7 +317,15 @@ fn drop_policy_entries(pin_dir: &Path) {
 #[test]
 fn decision_cache_answers_only_under_its_generation() {
     pin_to_one_cpu();
-    let mut f = fixture("dg");
+    // The LPM decides (the test drops its entries behind the loader's
+    // back; `ebpf_policy_front.rs` does the same to the front).
+    let mut f = fixture_with(
+        "dg",
+        BenchSwitches {
+            no_policy_front: true,
+            ..BenchSwitches::default()
+        },
+    );
     let syn = |sport| v4("10.0.0.2", "10.0.0.1", L4::Tcp(sport, 80, 0x02));
     assert_eq!(run(&f, IN, &syn(43001)), (VERDICT_ALLOW, Some(Reason::Policy)));
     // The rule disappears without the loader knowing: the decision made

@@ -7,7 +7,7 @@ mod ebpf_common;
 
 use ebpf_common::*;
 use npm_common::{Reason, CT_CLOSING, CT_SEEN_REPLY, IDENTITY_ANY, IDENTITY_FIRST_CIDR, IDENTITY_HOST};
-use npm_dataplane::ebpf::{EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
+use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction, Direction::Egress as EG, Direction::Ingress as IN};
 use npm_policy::model::Protocol::{Sctp, Tcp, Udp};
@@ -61,12 +61,30 @@ struct Fixture {
 }
 
 fn fixture(tag: &str) -> Fixture {
+    fixture_with(tag, BenchSwitches::default())
+}
+
+/// A fixture whose datapath never takes its IPv4 fast path nor probes the
+/// policy front (every policy lookup walks the LPM): the tables run on
+/// both paths and must give every row the same verdict.
+fn general_fixture(tag: &str) -> Fixture {
+    fixture_with(
+        tag,
+        BenchSwitches {
+            no_fast_v4: true,
+            no_policy_front: true,
+            ..BenchSwitches::default()
+        },
+    )
+}
+
+fn fixture_with(tag: &str, switches: BenchSwitches) -> Fixture {
     sweep_leftovers();
     let pins = PinDir::new(tag);
     let ep1 = Dummy::new(&format!("{tag}a"));
     let ep2 = Dummy::new(&format!("{tag}b"));
     let none = Dummy::new(&format!("{tag}n"));
-    let mut dp = pins.open();
+    let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
     let c = compiled();
     dp.sync_full(&c, &ifaces(&[(1, ep1.ifindex), (2, ep2.ifindex)]))
         .unwrap();
@@ -107,7 +125,15 @@ fn check(f: &Fixture, rows: &[Row<'_>]) {
 
 #[test]
 fn ipv4_table() {
-    let f = fixture("p4");
+    ipv4_table_on(fixture("p4"));
+}
+
+#[test]
+fn ipv4_table_general_path() {
+    ipv4_table_on(general_fixture("p4g"));
+}
+
+fn ipv4_table_on(f: Fixture) {
     let a = f.ep1.ifindex;
     let c = f.ep2.ifindex;
     let mut frag_first = v4("10.0.0.2", "10.0.0.1", L4::Udp(40300, 53));
@@ -706,7 +732,15 @@ fn ipv6_table() {
 
 #[test]
 fn conntrack_flags_counters_and_events() {
-    let mut f = fixture("ct");
+    conntrack_flags_counters_and_events_on(fixture("ct"));
+}
+
+#[test]
+fn conntrack_flags_counters_and_events_general_path() {
+    conntrack_flags_counters_and_events_on(general_fixture("ctg"));
+}
+
+fn conntrack_flags_counters_and_events_on(mut f: Fixture) {
     let a = f.ep1.ifindex;
     let base = f.dp.counters().unwrap();
     assert_eq!(f.dp.ct_len(), 0);
@@ -940,7 +974,15 @@ fn peer_flags_follow_policy_only_diffs() {
 
 #[test]
 fn ipv4_mapped_ipv6_shares_the_ipv4_conntrack_entry() {
-    let f = fixture("vm");
+    ipv4_mapped_ipv6_shares_the_ipv4_conntrack_entry_on(fixture("vm"));
+}
+
+#[test]
+fn ipv4_mapped_ipv6_shares_the_ipv4_conntrack_entry_general_path() {
+    ipv4_mapped_ipv6_shares_the_ipv4_conntrack_entry_on(general_fixture("vmg"));
+}
+
+fn ipv4_mapped_ipv6_shares_the_ipv4_conntrack_entry_on(f: Fixture) {
     let a = f.ep1.ifindex;
     // An IPv6 header carrying IPv4-mapped addresses is keyed like the IPv4
     // flow it maps to (one canonical key per address pair).

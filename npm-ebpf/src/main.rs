@@ -65,7 +65,9 @@
 //!
 //! The costly part of a packet is each hash or trie lookup (a call into the
 //! kernel, with hashing and return-thunk overhead); array lookups are
-//! inlined by the verifier. Four fast paths avoid calls:
+//! inlined by the verifier. The common IPv4 TCP/UDP packet is decided by
+//! [`fast_v4`] with its fields in registers (anything else by [`classify`],
+//! same steps, same shared helpers), and these fast paths avoid calls:
 //!
 //! - endpoints live in an array indexed by ifindex (`NPM_EP_SLOTS`), the
 //!   hash `NPM_ENDPOINTS` only serves ifindexes beyond it;
@@ -75,6 +77,10 @@
 //! - the flow cache ([`NPM_FLOWCACHE`], per CPU, direct-mapped): established
 //!   IPv4 flows confirmed by a conntrack hit in the last 250 ms skip the
 //!   conntrack lookup (see [`flow_cache_hit`] for what that may change);
+//! - the policy front ([`NPM_POLICY_FRONT`], a hash table of exact words in
+//!   4-word buckets written by user space): for an endpoint direction whose
+//!   policy is complete there (`EP_FRONT_<dir>`), step 9 probes it (see
+//!   [`front_allows`]) instead of walking the `NPM_POLICY` trie;
 //! - the decision cache ([`NPM_DECISIONS`], per CPU, direct-mapped): the
 //!   outcome of steps 8-9 per (endpoint, direction, protocol, port, peer
 //!   address), valid only under the `NPM_GENERATION` it was decided in. The
@@ -102,11 +108,13 @@ use aya_ebpf::{
 use core::ffi::c_void;
 
 use npm_common::{
-    counter_index, ep_no_peer_flag, ipcache4_slot, ipcache4_unpack, proto, sizes, Counter, CtKey, CtKey4, CtValue,
-    DenyEvent, EndpointInfo, FragKey, FragValue, IpInfo, IpKey, PolicyValue, Reason, COUNTER_SLOTS, CT_CLOSING,
-    CT_ORIG_LO_TO_HI, CT_SEEN_REPLY, CT_TIMEOUT_OTHER_NS, CT_TIMEOUT_TCP_CLOSING_NS, CT_TIMEOUT_TCP_NS,
-    CT_TIMEOUT_TCP_SYN_NS, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS,
-    EP_PRESENT, FIRST_DENY_REASON, IDENTITY_ANY, IDENTITY_HOST, IDENTITY_WORLD, POLICY_KEY_LEN, POLICY_PREFIX_FULL,
+    counter_index, ep_no_peer_flag, ipcache4_slot, ipcache4_unpack, policy_front_bucket, policy_front_proto,
+    policy_front_word, proto, sizes, Counter, CtKey, CtKey4, CtValue, DenyEvent, EndpointInfo, FragKey, FragValue,
+    IpInfo, IpKey, PolicyValue, Reason, COUNTER_SLOTS, CT_CLOSING, CT_ORIG_LO_TO_HI, CT_SEEN_REPLY,
+    CT_TIMEOUT_OTHER_NS, CT_TIMEOUT_TCP_CLOSING_NS, CT_TIMEOUT_TCP_NS, CT_TIMEOUT_TCP_SYN_NS, DIR_EGRESS, DIR_INGRESS,
+    EP_FRONT_EXACT_INGRESS, EP_FRONT_INGRESS, EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS,
+    EP_PRESENT, FIRST_DENY_REASON, IDENTITY_ANY, IDENTITY_HOST, IDENTITY_WORLD, POLICY_FRONT_MAX_ENDPOINT,
+    POLICY_FRONT_MAX_IDENTITY, POLICY_KEY_LEN, POLICY_PREFIX_FULL,
 };
 
 #[map]
@@ -123,6 +131,11 @@ static NPM_IPCACHE4: Array<u64> = Array::with_max_entries(sizes::IPCACHE4_SLOTS,
 static NPM_CIDRS: LpmTrie<[u8; 16], u32> = LpmTrie::with_max_entries(sizes::CIDRS, 0);
 #[map]
 static NPM_POLICY: LpmTrie<[u8; POLICY_KEY_LEN], PolicyValue> = LpmTrie::with_max_entries(sizes::POLICY, 0);
+/// `NPM_POLICY_FRONT`: buckets of four policy words (see
+/// `npm_common::policy_front_word`), written by user space through a
+/// shared mapping with single 64-bit stores.
+#[map]
+static NPM_POLICY_FRONT: Array<[u64; 4]> = Array::with_max_entries(sizes::POLICY_FRONT_BUCKETS, BPF_F_MMAPABLE);
 #[map]
 static NPM_CT: LruHashMap<CtKey, CtValue> = LruHashMap::with_max_entries(sizes::CT, 0);
 #[map]
@@ -212,6 +225,16 @@ static NPM_BENCH_NO_FLOW_CACHE: u8 = 0;
 /// policy-decided packets measure the ipcache and policy lookups.
 #[no_mangle]
 static NPM_BENCH_NO_DECISION_CACHE: u8 = 0;
+
+/// Test and benchmark switch: when 1, every packet takes the general path
+/// ([`classify`]), never [`fast_v4`]; the packet tables run both ways.
+#[no_mangle]
+static NPM_BENCH_NO_FAST_V4: u8 = 0;
+
+/// Test and benchmark switch: when 1, step 9 always walks the LPM
+/// (`NPM_POLICY`), never the policy front.
+#[no_mangle]
+static NPM_BENCH_NO_POLICY_FRONT: u8 = 0;
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -399,18 +422,23 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
     // SAFETY: the context pointer is valid for the program's lifetime.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     let len = ctx.len();
-    // SAFETY: words 32..52 of Pkt (everything but the addresses).
-    unsafe {
-        let p = core::ptr::addr_of_mut!(s.pkt) as *mut u8;
-        wr32(p.add(32), 0);
-        wr32(p.add(36), 0);
-        wr32(p.add(40), 0);
-        wr32(p.add(44), 0);
-        wr32(p.add(48), 0);
-    }
     let mut ep_id = 0u32;
     let mut now = 0u64;
-    let reason = classify(ctx, dir, ifindex, s, &mut ep_id, &mut now);
+    let mut reason = fast_v4(ctx, dir, ifindex, s, &mut ep_id, &mut now);
+    if reason == TAKE_GENERAL {
+        // SAFETY: words 32..52 of Pkt (everything but the addresses).
+        unsafe {
+            let p = core::ptr::addr_of_mut!(s.pkt) as *mut u8;
+            wr32(p.add(32), 0);
+            wr32(p.add(36), 0);
+            wr32(p.add(40), 0);
+            wr32(p.add(44), 0);
+            wr32(p.add(48), 0);
+        }
+        ep_id = 0;
+        now = 0;
+        reason = classify(ctx, dir, ifindex, s, &mut ep_id, &mut now);
+    }
 
     if let Some(c) = NPM_COUNTERS.get_ptr_mut(counter_index(dir, reason)) {
         // SAFETY: per-CPU slot, only this CPU writes it.
@@ -563,12 +591,13 @@ fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut
     } else if v4 {
         let lo = fill_ct_key4(&mut s.ct4, ep.id, p);
         if use_cache {
-            if let Some(sl) = NPM_FLOWCACHE.get_ptr_mut(flow_slot(&s.ct4)) {
+            let k = ct4_words(&s.ct4);
+            if let Some(sl) = NPM_FLOWCACHE.get_ptr_mut(flow_slot(k)) {
                 // SAFETY: this CPU's slot; 4-aligned words.
                 unsafe {
                     if closing {
-                        flow_cache_forget(sl, &s.ct4);
-                    } else if flow_cache_hit(sl, &s.ct4, now) {
+                        flow_cache_forget(sl, k);
+                    } else if flow_cache_hit(sl, k, now) {
                         return Reason::Tracked as u8;
                     } else {
                         slot = sl;
@@ -582,138 +611,358 @@ fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut
         (lo, NPM_CT.get_ptr_mut(&s.ct))
     };
     if let Some(v) = hit {
-        // SAFETY: a map value; concurrent writers only set flag bits or the
-        // timestamp, both benign races.
-        let v = unsafe { &mut *v };
-        let timeout = if p.proto == proto::TCP {
-            if v.flags & CT_CLOSING != 0 {
-                CT_TIMEOUT_TCP_CLOSING_NS
-            } else if v.flags & CT_SEEN_REPLY == 0 {
-                CT_TIMEOUT_TCP_SYN_NS
-            } else {
-                CT_TIMEOUT_TCP_NS
-            }
-        } else {
-            CT_TIMEOUT_OTHER_NS
-        };
-        let idle = now.wrapping_sub(v.last_seen_ns);
-        if idle <= timeout {
-            let orig_lo = v.flags & CT_ORIG_LO_TO_HI != 0;
-            let mut flags = v.flags;
-            if orig_lo != src_is_lo {
-                flags |= CT_SEEN_REPLY;
-            }
-            if p.proto == proto::TCP && p.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
-                flags |= CT_CLOSING;
-            }
-            if flags != v.flags {
-                v.flags = flags;
-            }
-            // Refresh at most every 100 ms: keeps the cache line mostly
-            // read-only (timeouts are 10 s and more).
-            if idle > 100_000_000 {
-                v.last_seen_ns = now;
-            }
-            // An established flow (replies seen, not closing) goes into the
-            // flow cache: its next packets on this CPU skip this lookup.
-            if !slot.is_null() && flags & (CT_SEEN_REPLY | CT_CLOSING) == CT_SEEN_REPLY {
-                // SAFETY: this CPU's slot, found above.
-                unsafe { flow_cache_fill(slot, &s.ct4, now) };
-            }
+        if ct_continue(v, p.proto, p.tcp_flags, src_is_lo, now, slot, ct4_words(&s.ct4)) {
             let r = Reason::Tracked as u8;
             record_first_fragment(s, ep.id, dir, r);
             return r;
         }
     }
+    let peer = if dir == DIR_INGRESS { src } else { dst };
+    let port = match p.proto {
+        proto::TCP | proto::UDP | proto::SCTP => p.dport,
+        _ => 0,
+    };
+    let reason = policy_step(s.lpm.as_mut_ptr() as *mut u8, ep, dir, p.proto, port, peer, false, 0);
+    if reason >= FIRST_DENY_REASON {
+        return reason;
+    }
+    // Allowed by steps 7-9: track the connection.
+    let (pr, tcp_flags) = (s.pkt.proto, s.pkt.tcp_flags);
+    ct_create(s, v4, src_is_lo, pr, tcp_flags, dir, reason, now);
+    record_first_fragment(s, ep.id, dir, reason);
+    reason
+}
+
+/// The five words of a `NPM_CT4` key (the flow cache's key).
+#[inline(always)]
+fn ct4_words(k: &CtKey4) -> &[u32; 5] {
+    // SAFETY: CtKey4 is five 4-aligned words.
+    unsafe { &*(k as *const CtKey4 as *const [u32; 5]) }
+}
+
+/// Step 6 on a conntrack hit: unless the entry idled out, records what
+/// this packet says of the flow (a reply, a FIN or RST), refreshes the idle
+/// timer at most every 100 ms, puts an established flow into its flow-cache
+/// slot (when `slot` is not null) and returns true: the packet is
+/// `Tracked`. Returns false for an idled-out entry (policy decides).
+#[inline(always)]
+fn ct_continue(
+    v: *mut CtValue,
+    pr: u8,
+    tcp_flags: u8,
+    src_is_lo: bool,
+    now: u64,
+    slot: *mut FlowSlot,
+    key: &[u32; 5],
+) -> bool {
+    // SAFETY: a map value; concurrent writers only set flag bits or the
+    // timestamp, both benign races.
+    let v = unsafe { &mut *v };
+    let timeout = if pr == proto::TCP {
+        if v.flags & CT_CLOSING != 0 {
+            CT_TIMEOUT_TCP_CLOSING_NS
+        } else if v.flags & CT_SEEN_REPLY == 0 {
+            CT_TIMEOUT_TCP_SYN_NS
+        } else {
+            CT_TIMEOUT_TCP_NS
+        }
+    } else {
+        CT_TIMEOUT_OTHER_NS
+    };
+    let idle = now.wrapping_sub(v.last_seen_ns);
+    if idle > timeout {
+        return false;
+    }
+    let orig_lo = v.flags & CT_ORIG_LO_TO_HI != 0;
+    let mut flags = v.flags;
+    if orig_lo != src_is_lo {
+        flags |= CT_SEEN_REPLY;
+    }
+    if pr == proto::TCP && tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+        flags |= CT_CLOSING;
+    }
+    if flags != v.flags {
+        v.flags = flags;
+    }
+    // Refresh at most every 100 ms: keeps the cache line mostly read-only
+    // (timeouts are 10 s and more).
+    if idle > 100_000_000 {
+        v.last_seen_ns = now;
+    }
+    // An established flow (replies seen, not closing) goes into the flow
+    // cache: its next packets on this CPU skip the conntrack lookup.
+    if !slot.is_null() && flags & (CT_SEEN_REPLY | CT_CLOSING) == CT_SEEN_REPLY {
+        // SAFETY: this CPU's slot, found by the caller.
+        unsafe { flow_cache_fill(slot, key, now) };
+    }
+    true
+}
+
+/// Steps 7 to 9 for a packet conntrack did not allow: `NotIsolated`, or
+/// the decision of the peer's identities and the policy lookups (through
+/// the decision cache). `peer` is the 16-byte, 4-aligned peer address
+/// (IPv4-mapped for IPv4), `port` the destination port (0 for protocols
+/// without ports).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn policy_step(
+    lpm: *mut u8,
+    ep: &EndpointInfo,
+    dir: u8,
+    pr: u8,
+    port: u16,
+    peer: *const u8,
+    lazy_v4: bool,
+    v4addr: u32,
+) -> u8 {
     // 7. not isolated.
     let isolated = if dir == DIR_INGRESS {
         ep.flags & EP_ISOLATED_INGRESS != 0
     } else {
         ep.flags & EP_ISOLATED_EGRESS != 0
     };
-    let reason = if !isolated {
-        Reason::NotIsolated as u8
-    } else {
-        let peer = if dir == DIR_INGRESS { src } else { dst };
-        let port = match p.proto {
-            proto::TCP | proto::UDP | proto::SCTP => p.dport,
-            _ => 0,
-        };
-        // Steps 8 and 9 depend on the endpoint, the direction, the peer
-        // address, the protocol and the port only: the decision cache
-        // answers for a tuple decided before under the same generation.
-        // SAFETY: reading a read-only global.
-        let use_cache = unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_DECISION_CACHE) } == 0;
-        let generation = match NPM_GENERATION.get(0) {
-            Some(g) if use_cache => *g,
-            _ => 0,
-        };
-        // SAFETY: 16-byte, 4-aligned peer address in scratch.
-        let key = unsafe { decision_key(ep.id, dir, p.proto, port, peer) };
-        let key = &key;
-        // A null slot: no cache (raw pointers and a sentinel rather than
-        // Options: LLVM may otherwise read an undefined payload register,
-        // which the verifier rejects).
-        let slot: *mut DecisionSlot = if generation != 0 {
-            NPM_DECISIONS
-                .get_ptr_mut(decision_slot(key))
-                .unwrap_or(core::ptr::null_mut())
-        } else {
-            core::ptr::null_mut()
-        };
-        // SAFETY: this CPU's slot, when not null.
-        let cached = if slot.is_null() {
-            NO_DECISION
-        } else {
-            unsafe { decision_cache_get(slot, key, generation) }
-        };
-        let r = if cached != NO_DECISION {
-            cached
-        } else {
-            let r = evaluate_policy(s.lpm.as_mut_ptr() as *mut u8, ep, dir, p.proto, port, peer);
-            if !slot.is_null() {
-                // SAFETY: this CPU's slot.
-                unsafe { decision_cache_put(slot, key, generation, r) };
-            }
-            r
-        };
-        if r >= FIRST_DENY_REASON {
-            return r;
-        }
-        r
-    };
-    // Allowed by steps 7-9: track the connection.
-    // SAFETY: reading a read-only global.
-    if unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_CT_CREATE) } == 0 {
-        let mut flags = if src_is_lo { CT_ORIG_LO_TO_HI } else { 0 };
-        if p.proto == proto::TCP && p.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
-            flags |= CT_CLOSING;
-        }
-        // SAFETY: CtValue layout: last_seen 0, created 8, origin_direction,
-        // flags, reason, pad 16..24.
-        unsafe {
-            let v = core::ptr::addr_of_mut!(s.ctv) as *mut u8;
-            wr64(v, now);
-            wr64(v.add(8), now);
-            wr32(v.add(16), dir as u32 | (flags as u32) << 8 | (reason as u32) << 16);
-            wr32(v.add(20), 0);
-        }
-        let _ = if v4 {
-            NPM_CT4.insert(&s.ct4, &s.ctv, 0)
-        } else {
-            NPM_CT.insert(&s.ct, &s.ctv, 0)
-        };
+    if !isolated {
+        return Reason::NotIsolated as u8;
     }
-    record_first_fragment(s, ep.id, dir, reason);
+    // Steps 8 and 9 depend on the endpoint, the direction, the peer
+    // address, the protocol and the port only: the decision cache answers
+    // for a tuple decided before under the same generation.
+    // SAFETY: reading a read-only global.
+    let use_cache = unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_DECISION_CACHE) } == 0;
+    let generation = match NPM_GENERATION.get(0) {
+        Some(g) if use_cache => *g,
+        _ => 0,
+    };
+    let key = if lazy_v4 {
+        [
+            ep.id,
+            dir as u32 | (pr as u32) << 8 | (port as u32) << 16,
+            0,
+            0,
+            V4_MAPPED_WORD,
+            v4addr,
+        ]
+    } else {
+        // SAFETY: 16-byte, 4-aligned peer address.
+        unsafe { decision_key(ep.id, dir, pr, port, peer) }
+    };
+    let key = &key;
+    // A null slot: no cache (raw pointers and a sentinel rather than
+    // Options: LLVM may otherwise read an undefined payload register, which
+    // the verifier rejects).
+    let slot: *mut DecisionSlot = if generation != 0 {
+        NPM_DECISIONS
+            .get_ptr_mut(decision_slot(key))
+            .unwrap_or(core::ptr::null_mut())
+    } else {
+        core::ptr::null_mut()
+    };
+    // SAFETY: this CPU's slot, when not null.
+    let cached = if slot.is_null() {
+        NO_DECISION
+    } else {
+        unsafe { decision_cache_get(slot, key, generation) }
+    };
+    if cached != NO_DECISION {
+        return cached;
+    }
+    let r = evaluate_policy(lpm, ep, dir, pr, port, peer, lazy_v4, v4addr);
+    if !slot.is_null() {
+        // SAFETY: this CPU's slot.
+        unsafe { decision_cache_put(slot, key, generation, r) };
+    }
+    r
+}
+
+/// Creates the conntrack entry of a new connection allowed by steps 7 to 9
+/// (in `NPM_CT4` from `s.ct4` when `v4`, else in `NPM_CT` from `s.ct`);
+/// a fresh entry replaces an older one of the same key.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn ct_create(s: &mut Scratch, v4: bool, src_is_lo: bool, pr: u8, tcp_flags: u8, dir: u8, reason: u8, now: u64) {
+    // SAFETY: reading a read-only global.
+    if unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_CT_CREATE) } != 0 {
+        return;
+    }
+    let mut flags = if src_is_lo { CT_ORIG_LO_TO_HI } else { 0 };
+    if pr == proto::TCP && tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+        flags |= CT_CLOSING;
+    }
+    // SAFETY: CtValue layout: last_seen 0, created 8, origin_direction,
+    // flags, reason, pad 16..24.
+    unsafe {
+        let v = core::ptr::addr_of_mut!(s.ctv) as *mut u8;
+        wr64(v, now);
+        wr64(v.add(8), now);
+        wr32(v.add(16), dir as u32 | (flags as u32) << 8 | (reason as u32) << 16);
+        wr32(v.add(20), 0);
+    }
+    let _ = if v4 {
+        NPM_CT4.insert(&s.ct4, &s.ctv, 0)
+    } else {
+        NPM_CT.insert(&s.ct, &s.ctv, 0)
+    };
+}
+
+/// [`fast_v4`]'s answer for a packet it leaves to [`classify`].
+const TAKE_GENERAL: u8 = 0xfe;
+
+/// The IPv4 fast path: the same steps as [`classify`] for the common packet
+/// (Ethernet, IPv4 without options or fragmentation, TCP or UDP, the
+/// first 54 bytes linear, an endpoint in `NPM_EP_SLOTS`, a valid source on
+/// egress, no TCP FIN or RST), with the packet's fields in registers
+/// rather than in scratch memory: an established flow costs the parse, the
+/// endpoint slot and the flow-cache slot. Returns the reason, or
+/// [`TAKE_GENERAL`] (having changed nothing) for any other packet.
+/// `s.pkt` is filled only for a denied packet (its deny event).
+///
+/// `ebpf_packets.rs` runs its tables with this path switched off too
+/// (`NPM_BENCH_NO_FAST_V4`): both paths give every row the same verdict.
+#[inline(always)]
+fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut u32, now_out: &mut u64) -> u8 {
+    // SAFETY: reading a read-only global.
+    if unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_FAST_V4) } != 0 {
+        return TAKE_GENERAL;
+    }
+    let data = ctx.data();
+    if data + 54 > ctx.data_end() || ifindex >= sizes::ENDPOINT_SLOTS {
+        return TAKE_GENERAL;
+    }
+    let pk = data as *const u8;
+    // SAFETY: 54 bytes are in bounds (checked just above); unaligned 32-bit
+    // packet reads as in `parse_fast`.
+    let (saddr, daddr, pr, sport, dport, tcp_flags) = unsafe {
+        // Ethertype 0x0800, version 4 with a 20-byte header.
+        if *pk.add(12) != 0x08 || *pk.add(13) != 0 || *pk.add(14) != 0x45 {
+            return TAKE_GENERAL;
+        }
+        let tot = be16(*pk.add(16), *pk.add(17)) as usize;
+        // No fragment (MF clear, offset 0), a consistent total length.
+        if (*pk.add(20) & 0x3f) | *pk.add(21) != 0 || tot < 20 || (ctx.len() as usize) < ETH_HLEN + tot {
+            return TAKE_GENERAL;
+        }
+        let pr = *pk.add(23);
+        let mut fl = 0u8;
+        if pr == proto::TCP {
+            fl = *pk.add(47);
+            if *pk.add(46) >> 4 < 5 || fl & (TCP_FIN | TCP_RST) != 0 {
+                return TAKE_GENERAL;
+            }
+        } else if pr != proto::UDP {
+            return TAKE_GENERAL;
+        }
+        (
+            rd32(pk.add(26)),
+            rd32(pk.add(30)),
+            pr,
+            be16(*pk.add(34), *pk.add(35)),
+            be16(*pk.add(36), *pk.add(37)),
+            fl,
+        )
+    };
+    let ep = match NPM_EP_SLOTS.get(ifindex) {
+        Some(ep) if ep.flags & EP_PRESENT != 0 => ep,
+        _ => return TAKE_GENERAL,
+    };
+    if dir == DIR_EGRESS {
+        let a = ep.ipv4.as_ptr();
+        // SAFETY: 16-byte, 4-aligned map field.
+        let own = ep.flags & EP_HAS_V4 != 0
+            && unsafe {
+                (rd32(a) | rd32(a.add(4)) | (rd32(a.add(8)) ^ V4_MAPPED_WORD) | (rd32(a.add(12)) ^ saddr)) == 0
+            };
+        if !own {
+            return TAKE_GENERAL;
+        }
+    }
+    *ep_id = ep.id;
+    // 6. conntrack, with the key of `fill_ct_key4` in registers.
+    let now = coarse_now(&mut s.clk);
+    *now_out = now;
+    let (x, y) = (saddr.swap_bytes(), daddr.swap_bytes());
+    let src_is_lo = if x != y { x < y } else { sport <= dport };
+    let key: [u32; 5] = if src_is_lo {
+        [ep.id, pr as u32, saddr, daddr, sport as u32 | (dport as u32) << 16]
+    } else {
+        [ep.id, pr as u32, daddr, saddr, dport as u32 | (sport as u32) << 16]
+    };
+    let opening = pr == proto::TCP && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    if !opening {
+        let mut slot: *mut FlowSlot = core::ptr::null_mut();
+        // SAFETY: reading a read-only global.
+        if unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_FLOW_CACHE) } == 0 {
+            if let Some(sl) = NPM_FLOWCACHE.get_ptr_mut(flow_slot(&key)) {
+                // SAFETY: this CPU's slot.
+                if unsafe { flow_cache_hit(sl, &key, now) } {
+                    return Reason::Tracked as u8;
+                }
+                slot = sl;
+            }
+        }
+        store_ct4(&mut s.ct4, &key);
+        if let Some(v) = NPM_CT4.get_ptr_mut(&s.ct4) {
+            if ct_continue(v, pr, tcp_flags, src_is_lo, now, slot, &key) {
+                return Reason::Tracked as u8;
+            }
+        }
+    }
+    // Steps 7 to 9 with the peer in a register.
+    let peer = if dir == DIR_INGRESS { saddr } else { daddr };
+    let lpm = s.lpm.as_mut_ptr() as *mut u8;
+    // SAFETY: lpm is 20 bytes.
+    let reason = policy_step(lpm, ep, dir, pr, dport, unsafe { lpm.add(4) }, true, peer);
+    if reason >= FIRST_DENY_REASON {
+        // The deny event reads the packet from scratch.
+        fill_pkt_v4(&mut s.pkt, saddr, daddr, pr, tcp_flags, sport, dport);
+        return reason;
+    }
+    store_ct4(&mut s.ct4, &key);
+    ct_create(s, true, src_is_lo, pr, tcp_flags, dir, reason, now);
     reason
+}
+
+/// Writes a `NPM_CT4` key's words.
+#[inline(always)]
+fn store_ct4(k: &mut CtKey4, key: &[u32; 5]) {
+    // SAFETY: CtKey4 is five 4-aligned words.
+    unsafe {
+        let k = k as *mut CtKey4 as *mut u8;
+        wr32(k, key[0]);
+        wr32(k.add(4), key[1]);
+        wr32(k.add(8), key[2]);
+        wr32(k.add(12), key[3]);
+        wr32(k.add(16), key[4]);
+    }
+}
+
+/// Fills the parsed packet of an IPv4 packet [`fast_v4`] decided (for its
+/// deny event).
+#[inline(always)]
+fn fill_pkt_v4(p: &mut Pkt, saddr: u32, daddr: u32, pr: u8, tcp_flags: u8, sport: u16, dport: u16) {
+    // SAFETY: 4-aligned fields of the repr(C) Pkt (words 32..52 are the
+    // family, protocol, flags, fragment id and ports).
+    unsafe {
+        let p = p as *mut Pkt as *mut u8;
+        wr32(p, 0);
+        wr32(p.add(4), 0);
+        wr32(p.add(8), V4_MAPPED_WORD);
+        wr32(p.add(12), saddr);
+        wr32(p.add(16), 0);
+        wr32(p.add(20), 0);
+        wr32(p.add(24), V4_MAPPED_WORD);
+        wr32(p.add(28), daddr);
+        wr32(p.add(32), 4 | (pr as u32) << 8 | (tcp_flags as u32) << 16);
+        wr32(p.add(36), 0);
+        wr32(p.add(40), 0);
+        wr32(p.add(44), sport as u32 | (dport as u32) << 16);
+        wr32(p.add(48), sport as u32 | (dport as u32) << 16);
+    }
 }
 
 /// The flow-cache slot of a `NPM_CT4` key: a multiplicative hash of its
 /// words (the key is canonical, so both directions share the slot).
 #[inline(always)]
-fn flow_slot(k: &CtKey4) -> u32 {
-    // SAFETY: CtKey4 is five 4-aligned words.
-    let w = unsafe { &*(k as *const CtKey4 as *const [u32; 5]) };
+fn flow_slot(w: &[u32; 5]) -> u32 {
     let a = (w[2] ^ w[4].rotate_left(16)).wrapping_mul(0x9e37_79b1);
     let b = (w[3] ^ w[0] ^ (w[1] << 24)).wrapping_mul(0x85eb_ca77);
     ((a ^ b) >> 16) & (FLOW_SLOTS - 1)
@@ -735,7 +984,7 @@ fn flow_slot(k: &CtKey4) -> u32 {
 /// # Safety
 /// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
 #[inline(always)]
-unsafe fn flow_cache_hit(slot: *const FlowSlot, k: &CtKey4, now: u64) -> bool {
+unsafe fn flow_cache_hit(slot: *const FlowSlot, k: &[u32; 5], now: u64) -> bool {
     let confirmed = (*slot).confirmed_ns;
     flow_slot_holds(slot, k) && confirmed != 0 && now.wrapping_sub(confirmed) < FLOW_TTL_NS
 }
@@ -745,8 +994,7 @@ unsafe fn flow_cache_hit(slot: *const FlowSlot, k: &CtKey4, now: u64) -> bool {
 /// # Safety
 /// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
 #[inline(always)]
-unsafe fn flow_slot_holds(slot: *const FlowSlot, k: &CtKey4) -> bool {
-    let w = &*(k as *const CtKey4 as *const [u32; 5]);
+unsafe fn flow_slot_holds(slot: *const FlowSlot, w: &[u32; 5]) -> bool {
     let sl = &*slot;
     ((sl.key[0] ^ w[0]) | (sl.key[1] ^ w[1]) | (sl.key[2] ^ w[2]) | (sl.key[3] ^ w[3]) | (sl.key[4] ^ w[4])) == 0
 }
@@ -757,7 +1005,7 @@ unsafe fn flow_slot_holds(slot: *const FlowSlot, k: &CtKey4) -> bool {
 /// # Safety
 /// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
 #[inline(always)]
-unsafe fn flow_cache_forget(slot: *mut FlowSlot, k: &CtKey4) {
+unsafe fn flow_cache_forget(slot: *mut FlowSlot, k: &[u32; 5]) {
     if flow_slot_holds(slot, k) {
         wr64((slot as *mut u8).add(24), 0);
     }
@@ -768,8 +1016,7 @@ unsafe fn flow_cache_forget(slot: *mut FlowSlot, k: &CtKey4) {
 /// # Safety
 /// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
 #[inline(always)]
-unsafe fn flow_cache_fill(slot: *mut FlowSlot, k: &CtKey4, now: u64) {
-    let w = &*(k as *const CtKey4 as *const [u32; 5]);
+unsafe fn flow_cache_fill(slot: *mut FlowSlot, w: &[u32; 5], now: u64) {
     let d = slot as *mut u8;
     wr32(d, w[0]);
     wr32(d.add(4), w[1]);
@@ -782,28 +1029,56 @@ unsafe fn flow_cache_fill(slot: *mut FlowSlot, k: &CtKey4, now: u64) {
 /// Steps 8 and 9 for an isolated endpoint: the peer's identities (ipcache,
 /// else the CIDR trie) and the policy lookups. Returns `Host`, `Policy` or
 /// `PolicyDenied`.
+///
+/// The peer address is at `peer` (16 bytes, 4-aligned, IPv4-mapped for
+/// IPv4); with `lazy_v4` it is the IPv4 address `v4addr` instead, written
+/// IPv4-mapped to `lpm + 4` only when a map lookup needs its bytes (then
+/// `peer` must be `lpm + 4`).
 #[inline(always)]
-fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: *const u8) -> u8 {
-    // The IPv4 front first: one inlined array read of a whole word.
-    // SAFETY: 16-byte, 4-aligned address.
-    let slot_word = unsafe {
-        if is_v4_mapped(peer) {
-            let addr = rd32(peer.add(12));
-            match NPM_IPCACHE4.get(ipcache4_slot(addr)) {
-                Some(w) => {
-                    let w = core::ptr::read_volatile(w);
-                    if w as u32 == addr && w >> 32 != 0 {
-                        w
-                    } else {
-                        0
-                    }
-                }
-                None => 0,
-            }
-        } else {
-            0
-        }
+#[allow(clippy::too_many_arguments)]
+fn evaluate_policy(
+    lpm: *mut u8,
+    ep: &EndpointInfo,
+    dir: u8,
+    pr: u8,
+    port: u16,
+    peer: *const u8,
+    lazy_v4: bool,
+    v4addr: u32,
+) -> u8 {
+    // SAFETY: 16-byte, 4-aligned address (not read when lazy).
+    let (v4, addr) = if lazy_v4 {
+        (true, v4addr)
+    } else {
+        unsafe { (is_v4_mapped(peer), rd32(peer.add(12))) }
     };
+    // The IPv4 front first: one inlined array read of a whole word.
+    let slot_word = if v4 {
+        match NPM_IPCACHE4.get(ipcache4_slot(addr)) {
+            Some(w) => {
+                // SAFETY: an 8-aligned array value, stored whole by user space.
+                let w = unsafe { core::ptr::read_volatile(w) };
+                if w as u32 == addr && w >> 32 != 0 {
+                    w
+                } else {
+                    0
+                }
+            }
+            None => 0,
+        }
+    } else {
+        0
+    };
+    if slot_word == 0 && lazy_v4 {
+        // SAFETY: lpm is 20 bytes; the mapped address goes to 4..20.
+        unsafe {
+            let d = lpm.add(4);
+            wr32(d, 0);
+            wr32(d.add(4), 0);
+            wr32(d.add(8), V4_MAPPED_WORD);
+            wr32(d.add(12), v4addr);
+        }
+    }
     let info = if slot_word != 0 {
         None
     } else {
@@ -817,10 +1092,13 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
         }
         Some(i) => (i.identity, i.cidr_identity),
         None => {
-            // SAFETY: lpm is 20 bytes: prefix length and 16 bytes.
+            // SAFETY: lpm is 20 bytes: prefix length and 16 bytes (when
+            // lazy, `peer` is already those 16 bytes).
             let cidr = unsafe {
                 wr32(lpm, 128);
-                copy16(lpm.add(4), peer);
+                if !lazy_v4 {
+                    copy16(lpm.add(4), peer);
+                }
                 NPM_CIDRS.get(&*(lpm as *const Key<[u8; 16]>)).copied()
             };
             (IDENTITY_WORLD, cidr.unwrap_or(IDENTITY_ANY))
@@ -833,13 +1111,21 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     // 9. policy.
     let id = ep.id;
     let f = ep.flags;
+    // The front when the direction's policy is complete there, else the LPM.
+    // SAFETY: reading a read-only global.
+    let front =
+        f & (EP_FRONT_INGRESS << dir) != 0 && unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_POLICY_FRONT) } == 0;
+    let exact_only = f & (EP_FRONT_EXACT_INGRESS << dir) != 0;
+    // (A plain function, not a closure: LLVM compiles a closure into a
+    // BPF-to-BPF call.)
+    let (l, x) = (front, exact_only);
     // A lookup the endpoint's EP_NO_*_PEER_* flags rule out is skipped: it
     // could not hit.
-    if (may_match(f, dir, identity) && policy_allows(lpm, id, dir, identity, pr, port))
+    if (may_match(f, dir, identity) && lookup(lpm, l, x, id, dir, identity, pr, port))
         || (cidr_identity != IDENTITY_ANY
             && may_match(f, dir, cidr_identity)
-            && policy_allows(lpm, id, dir, cidr_identity, pr, port))
-        || (may_match(f, dir, IDENTITY_ANY) && policy_allows(lpm, id, dir, IDENTITY_ANY, pr, port))
+            && lookup(lpm, l, x, id, dir, cidr_identity, pr, port))
+        || (may_match(f, dir, IDENTITY_ANY) && lookup(lpm, l, x, id, dir, IDENTITY_ANY, pr, port))
     {
         Reason::Policy as u8
     } else {
@@ -968,6 +1254,61 @@ fn policy_allows(lpm: *mut u8, ep: u32, dir: u8, identity: u32, protocol: u8, po
         );
         NPM_POLICY.get(&*(lpm as *const Key<[u8; POLICY_KEY_LEN]>)).is_some()
     }
+}
+
+/// One identity's lookup of step 9: in the policy front when `front`, else
+/// in the LPM.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn lookup(lpm: *mut u8, front: bool, exact_only: bool, ep: u32, dir: u8, identity: u32, pr: u8, port: u16) -> bool {
+    if front {
+        front_allows(ep, dir, identity, pr, port, exact_only)
+    } else {
+        policy_allows(lpm, ep, dir, identity, pr, port)
+    }
+}
+
+/// Whether `NPM_POLICY_FRONT` holds the word (one bucket of four words).
+#[inline(always)]
+fn front_has(word: u64) -> bool {
+    match NPM_POLICY_FRONT.get(policy_front_bucket(word)) {
+        Some(b) => {
+            let b = b.as_ptr();
+            // SAFETY: four 8-aligned words of the bucket; volatile: user
+            // space stores them concurrently (whole words).
+            unsafe {
+                (core::ptr::read_volatile(b) == word)
+                    | (core::ptr::read_volatile(b.add(1)) == word)
+                    | (core::ptr::read_volatile(b.add(2)) == word)
+                    | (core::ptr::read_volatile(b.add(3)) == word)
+            }
+        }
+        None => false,
+    }
+}
+
+/// Step 9's lookup of one peer identity in the policy front, for an
+/// endpoint direction whose policy is complete there: the exact port, then
+/// (unless `exact_only`) any port of the protocol and any protocol. The
+/// same answer as [`policy_allows`] on the LPM: an LPM entry is an aligned
+/// port block, which the front holds port by port.
+#[inline(always)]
+fn front_allows(ep: u32, dir: u8, identity: u32, protocol: u8, port: u16, exact_only: bool) -> bool {
+    // Out of the word's ranges no front word can be meant (the loader never
+    // marks such an endpoint, or a direction with such a peer, complete):
+    // no allow, rather than a word whose bits spill into other fields.
+    if identity >= POLICY_FRONT_MAX_IDENTITY || ep >= POLICY_FRONT_MAX_ENDPOINT {
+        return false;
+    }
+    let code = policy_front_proto(protocol);
+    if code != 0 && front_has(policy_front_word(ep, dir, identity, code, true, port)) {
+        return true;
+    }
+    if exact_only {
+        return false;
+    }
+    (code != 0 && front_has(policy_front_word(ep, dir, identity, code, false, 0)))
+        || front_has(policy_front_word(ep, dir, identity, 0, false, 0))
 }
 
 /// FragKey layout: endpoint 0, id 4, protocol and direction 8, src 12, dst 28.

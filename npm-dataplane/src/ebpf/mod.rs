@@ -26,6 +26,7 @@
 
 mod endpoints;
 mod ipcache4;
+mod policy_front;
 pub mod translate;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,13 +48,19 @@ use npm_common::{
     PolicyKey, PolicyValue, Reason, COUNTER_SLOTS, DIR_EGRESS, DIR_INGRESS, LAYOUT_VERSION, POLICY_KEY_LEN,
     REASON_SLOTS,
 };
+use npm_common::{EP_FRONT_EGRESS, EP_FRONT_EXACT_EGRESS, EP_FRONT_EXACT_INGRESS, EP_FRONT_INGRESS};
 use npm_policy::compiled::{Compiled, CompiledDiff, Direction, PolicyEntry};
+
+/// Every `EP_FRONT_*` flag: an endpoint without policy entries (nothing to
+/// look up; its `EP_NO_*_PEER_*` flags skip every lookup anyway).
+const FRONT_ALL: u32 = EP_FRONT_INGRESS | EP_FRONT_EGRESS | EP_FRONT_EXACT_INGRESS | EP_FRONT_EXACT_EGRESS;
 use serde::Serialize;
 
 use crate::{Counters, Dataplane, DataplaneError, Interfaces};
 
 use endpoints::EndpointTable;
 use ipcache4::Ipcache4;
+use policy_front::PolicyFront;
 use translate::TranslateError;
 
 /// Program attached on the tcx egress hook of the host-side veth (packets
@@ -234,6 +241,12 @@ pub struct BenchSwitches {
     /// The datapath's per-CPU decision cache is not used, so packets
     /// decided by policy always take the ipcache and policy lookups.
     pub no_decision_cache: bool,
+    /// Every packet takes the datapath's general path, never its IPv4 fast
+    /// path: the packet tables run both ways and must agree.
+    pub no_fast_v4: bool,
+    /// The datapath never probes the policy front (`NPM_POLICY_FRONT`):
+    /// every policy lookup walks the LPM.
+    pub no_policy_front: bool,
 }
 
 /// How to open the dataplane.
@@ -450,6 +463,7 @@ pub struct EbpfDataplane {
     ipcache4: Ipcache4,
     cidrs: LpmTrie<MapData, [u8; 16], u32>,
     policy: LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue>,
+    front: PolicyFront,
     ct: BpfHashMap<MapData, CtKey, CtValue>,
     ct4: BpfHashMap<MapData, CtKey4, CtValue>,
     frags: BpfHashMap<MapData, FragKey, FragValue>,
@@ -510,6 +524,10 @@ impl EbpfDataplane {
         loader.override_global("NPM_BENCH_NO_FLOW_CACHE", &no_cache, true);
         let no_decisions: u8 = switches.no_decision_cache.into();
         loader.override_global("NPM_BENCH_NO_DECISION_CACHE", &no_decisions, true);
+        let no_fast: u8 = switches.no_fast_v4.into();
+        loader.override_global("NPM_BENCH_NO_FAST_V4", &no_fast, true);
+        let no_front: u8 = switches.no_policy_front.into();
+        loader.override_global("NPM_BENCH_NO_POLICY_FRONT", &no_front, true);
         let mut bpf = loader.load(&data).map_err(|source| EbpfError::Load {
             path: object.clone(),
             source: Box::new(source),
@@ -527,6 +545,9 @@ impl EbpfDataplane {
             Ipcache4::new(Array::try_from(take_map(&mut bpf, maps::IPCACHE4)?).map_err(conv(maps::IPCACHE4))?)?;
         let cidrs = LpmTrie::try_from(take_map(&mut bpf, maps::CIDRS)?).map_err(conv(maps::CIDRS))?;
         let policy = LpmTrie::try_from(take_map(&mut bpf, maps::POLICY)?).map_err(conv(maps::POLICY))?;
+        let front = PolicyFront::new(
+            Array::try_from(take_map(&mut bpf, maps::POLICY_FRONT)?).map_err(conv(maps::POLICY_FRONT))?,
+        )?;
         let ct = BpfHashMap::try_from(take_map(&mut bpf, maps::CT)?).map_err(conv(maps::CT))?;
         let ct4 = BpfHashMap::try_from(take_map(&mut bpf, maps::CT4)?).map_err(conv(maps::CT4))?;
         let frags = BpfHashMap::try_from(take_map(&mut bpf, maps::FRAGS)?).map_err(conv(maps::FRAGS))?;
@@ -541,6 +562,7 @@ impl EbpfDataplane {
             ipcache4,
             cidrs,
             policy,
+            front,
             ct,
             ct4,
             frags,
@@ -719,6 +741,11 @@ impl EbpfDataplane {
                 .insert(&Key::new(k.prefix_len, k.data), value, 0)
                 .map_err(map_err(maps::POLICY, format!("insert {entry:?}")))?;
         }
+        // The front after the LPM (a word full bucket is simply left out:
+        // the endpoint's direction then stays on the LPM).
+        for w in translate::front_words(entry).unwrap_or_default() {
+            self.front.insert(w);
+        }
         Ok(())
     }
 
@@ -760,9 +787,17 @@ impl EbpfDataplane {
             ..*entry
         };
         let mut still: BTreeSet<PolicyKey> = BTreeSet::new();
+        let mut still_words: BTreeSet<u64> = BTreeSet::new();
         for (other, _) in next.policy.range(lo..=hi) {
             if other.ports.0 <= other.ports.1 || other.protocol.is_none() {
                 still.extend(translate::policy_keys(other)?);
+                still_words.extend(translate::front_words(other).unwrap_or_default());
+            }
+        }
+        // The front before the LPM: it never allows what the LPM does not.
+        for w in translate::front_words(entry).unwrap_or_default() {
+            if !still_words.contains(&w) {
+                self.front.remove(w);
             }
         }
         for k in translate::policy_keys(entry)? {
@@ -815,6 +850,7 @@ impl EbpfDataplane {
         changed: &BTreeSet<u32>,
     ) -> Result<(), EbpfError> {
         let peer_flags = translate::endpoint_peer_flags(next.policy.keys());
+        let front_flags = self.front_flags(next);
         for (&id, ep) in &next.endpoints {
             let Some(&ifindex) = interfaces.get(&id) else {
                 // No interface known (yet, or any more): nothing may stay
@@ -828,6 +864,7 @@ impl EbpfDataplane {
             let old = self.programmed.get(&id).copied();
             let mut info = translate::endpoint_info(id, ep);
             info.flags |= peer_flags.get(&id).copied().unwrap_or(translate::EP_NO_PEER_ALL);
+            info.flags |= front_flags.get(&id).copied().unwrap_or(FRONT_ALL);
             if old == Some(ifindex)
                 && !changed.contains(&id)
                 && self.links.contains_key(&(ifindex, DIR_INGRESS))
@@ -846,6 +883,32 @@ impl EbpfDataplane {
             }
         }
         Ok(())
+    }
+
+    /// The `EP_FRONT_*` flags of every endpoint that has policy entries
+    /// (endpoint id -> flags): `EP_FRONT_<dir>` when the front holds every
+    /// word of the endpoint's entries in that direction (and each entry
+    /// fits it), `EP_FRONT_EXACT_<dir>` when none of them is a wildcard. An
+    /// endpoint without entries gets [`FRONT_ALL`].
+    fn front_flags(&self, next: &Compiled) -> BTreeMap<u32, u32> {
+        let mut flags: BTreeMap<u32, u32> = BTreeMap::new();
+        for e in next.policy.keys() {
+            let f = flags.entry(e.endpoint).or_insert(FRONT_ALL);
+            let dir = e.direction.as_u8();
+            let held = translate::front_word_iter(e).is_some_and(|mut w| w.all(|w| self.front.contains(w)));
+            if !held {
+                *f &= !(EP_FRONT_INGRESS << dir);
+            }
+            if translate::is_wildcard(e) {
+                *f &= !(EP_FRONT_EXACT_INGRESS << dir);
+            }
+        }
+        flags
+    }
+
+    /// Words in the policy front (`NPM_POLICY_FRONT`).
+    pub fn policy_front_len(&self) -> usize {
+        self.front.len()
     }
 
     fn unprogram_ifindex(&mut self, ifindex: u32) -> Result<(), EbpfError> {
@@ -1018,6 +1081,15 @@ impl EbpfDataplane {
         // The IPv4 front first: a slot may only hold its address's current
         // entry (the writes below then fill the free slots).
         self.ipcache4.sweep(&compiled.ipcache);
+        // The policy front likewise: words no entry wants go first, the
+        // wanted ones are stored after the LPM keys below.
+        let want_words: BTreeSet<u64> = compiled
+            .policy
+            .keys()
+            .filter_map(translate::front_words)
+            .flatten()
+            .collect();
+        self.front.sweep(&want_words);
         // Mark: write everything.
         let mut want_policy: BTreeMap<PolicyKey, u32> = BTreeMap::new();
         for (entry, rule) in &compiled.policy {
@@ -1029,6 +1101,9 @@ impl EbpfDataplane {
             self.policy
                 .insert(&Key::new(k.prefix_len, k.data), translate::policy_value(*rule), 0)
                 .map_err(map_err(maps::POLICY, format!("insert {k:?}")))?;
+        }
+        for w in &want_words {
+            self.front.insert(*w);
         }
         for (addr, e) in &compiled.ipcache {
             self.write_ip(*addr, translate::ip_info(e))?;

@@ -11,9 +11,10 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use npm_common::{
     ep_no_peer_flag, EndpointInfo, IpInfo, IpKey, PolicyKey, PolicyValue, EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS,
     EP_ISOLATED_INGRESS, EP_NO_ANY_PEER_EGRESS, EP_NO_ANY_PEER_INGRESS, EP_NO_CIDR_PEER_EGRESS,
-    EP_NO_CIDR_PEER_INGRESS, EP_NO_POD_PEER_EGRESS, EP_NO_POD_PEER_INGRESS, EP_PRESENT, POLICY_PREFIX_ANY_PORT,
-    POLICY_PREFIX_ANY_PROTO,
+    EP_NO_CIDR_PEER_INGRESS, EP_NO_POD_PEER_EGRESS, EP_NO_POD_PEER_INGRESS, EP_PRESENT, POLICY_FRONT_MAX_ENDPOINT,
+    POLICY_FRONT_MAX_IDENTITY, POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTO,
 };
+use npm_common::{policy_front_proto, policy_front_word};
 use npm_policy::compiled::{Endpoint, IpEntry, PolicyEntry};
 
 /// Errors of the translation.
@@ -137,6 +138,56 @@ pub fn policy_keys(entry: &PolicyEntry) -> Result<Vec<PolicyKey>, TranslateError
         .collect())
 }
 
+/// Longest port range (ports) whose entry the policy front holds port by
+/// port; an entry with a longer range (but not all ports) keeps its
+/// endpoint's direction on the LPM.
+pub const FRONT_MAX_RANGE: u32 = 64;
+
+/// The `NPM_POLICY_FRONT` words of a policy entry ([`policy_front_word`]):
+/// one per port of its range, one "any port" word for the whole range, one
+/// "any protocol" word for an entry without protocol. `None` when the entry
+/// does not fit the front: an endpoint id or peer identity beyond the
+/// word's fields, or a port range longer than [`FRONT_MAX_RANGE`] (and not
+/// all ports), or an empty one.
+pub fn front_words(entry: &PolicyEntry) -> Option<Vec<u64>> {
+    front_word_iter(entry).map(Iterator::collect)
+}
+
+/// [`front_words`] without allocating.
+pub fn front_word_iter(entry: &PolicyEntry) -> Option<impl Iterator<Item = u64>> {
+    let ep = entry.endpoint;
+    if ep == 0 || ep >= POLICY_FRONT_MAX_ENDPOINT || entry.peer >= POLICY_FRONT_MAX_IDENTITY {
+        return None;
+    }
+    let (dir, peer) = (entry.direction.as_u8(), entry.peer);
+    // (protocol code, exact, first port, last port); wildcards are one
+    // word with port 0.
+    let (code, exact, lo, hi) = match entry.protocol {
+        None => (0, false, 0, 0),
+        Some(protocol) => {
+            let code = policy_front_proto(protocol.number());
+            let (lo, hi) = entry.ports;
+            if code == 0 || lo > hi {
+                return None;
+            }
+            if (lo, hi) == (0, u16::MAX) {
+                (code, false, 0, 0)
+            } else if u32::from(hi - lo) + 1 > FRONT_MAX_RANGE {
+                return None;
+            } else {
+                (code, true, lo, hi)
+            }
+        }
+    };
+    Some((lo..=hi).map(move |port| policy_front_word(ep, dir, peer, code, exact, port)))
+}
+
+/// Whether the entry allows every port of its protocol, or every protocol
+/// (the datapath then also probes the front's wildcard words).
+pub fn is_wildcard(entry: &PolicyEntry) -> bool {
+    entry.protocol.is_none() || entry.ports == (0, u16::MAX)
+}
+
 /// Every `EP_NO_*_PEER_*` flag.
 pub const EP_NO_PEER_ALL: u32 = EP_NO_ANY_PEER_INGRESS
     | EP_NO_ANY_PEER_EGRESS
@@ -225,6 +276,51 @@ mod tests {
             peer: 300,
             protocol,
             ports: (lo, hi),
+        }
+    }
+
+    #[test]
+    fn front_words_of_each_entry_form() {
+        use npm_common::{proto, DIR_EGRESS, IDENTITY_FIRST_CIDR};
+        let w = |code, exact, port| policy_front_word(7, DIR_EGRESS, 300, code, exact, port);
+        let tcp = policy_front_proto(proto::TCP);
+        assert_eq!(front_words(&entry(None, 0, 0)), Some(vec![w(0, false, 0)]));
+        assert_eq!(
+            front_words(&entry(Some(Protocol::Tcp), 0, u16::MAX)),
+            Some(vec![w(tcp, false, 0)])
+        );
+        assert_eq!(
+            front_words(&entry(Some(Protocol::Tcp), 443, 443)),
+            Some(vec![w(tcp, true, 443)])
+        );
+        let range = front_words(&entry(Some(Protocol::Sctp), 1000, 1063)).unwrap();
+        assert_eq!(range.len(), 64);
+        assert_eq!(range[63], w(policy_front_proto(proto::SCTP), true, 1063));
+        // Too long a range, an empty one, ids beyond the word's fields.
+        assert_eq!(front_words(&entry(Some(Protocol::Udp), 1000, 1064)), None);
+        assert_eq!(front_words(&entry(Some(Protocol::Udp), 5, 4)), None);
+        let big_ep = PolicyEntry {
+            endpoint: POLICY_FRONT_MAX_ENDPOINT,
+            ..entry(None, 0, 0)
+        };
+        assert_eq!(front_words(&big_ep), None);
+        let cidr_peer = PolicyEntry {
+            peer: IDENTITY_FIRST_CIDR + 5,
+            ..entry(None, 0, 0)
+        };
+        assert!(front_words(&cidr_peer).is_some());
+        let big_peer = PolicyEntry {
+            peer: POLICY_FRONT_MAX_IDENTITY,
+            ..entry(None, 0, 0)
+        };
+        assert_eq!(front_words(&big_peer), None);
+        // Distinct forms give distinct, non-zero words.
+        let all = [w(0, false, 0), w(tcp, false, 0), w(tcp, true, 0), w(tcp, true, 443)];
+        for (i, a) in all.iter().enumerate() {
+            assert_ne!(*a, 0);
+            for b in &all[i + 1..] {
+                assert_ne!(a, b);
+            }
         }
     }
 
