@@ -1297,7 +1297,9 @@ fn front_allows(ep: u32, dir: u8, identity: u32, protocol: u8, port: u16, exact_
     // Out of the word's ranges no front word can be meant (the loader never
     // marks such an endpoint, or a direction with such a peer, complete):
     // no allow, rather than a word whose bits spill into other fields.
-    if identity >= POLICY_FRONT_MAX_IDENTITY || ep >= POLICY_FRONT_MAX_ENDPOINT {
+    // Endpoint 0 is never used (its any-protocol word for peer ANY would be
+    // 0, an empty slot).
+    if identity >= POLICY_FRONT_MAX_IDENTITY || ep == 0 || ep >= POLICY_FRONT_MAX_ENDPOINT {
         return false;
     }
     let code = policy_front_proto(protocol);

@@ -50,10 +50,6 @@ use npm_common::{
 };
 use npm_common::{EP_FRONT_EGRESS, EP_FRONT_EXACT_EGRESS, EP_FRONT_EXACT_INGRESS, EP_FRONT_INGRESS};
 use npm_policy::compiled::{Compiled, CompiledDiff, Direction, PolicyEntry};
-
-/// Every `EP_FRONT_*` flag: an endpoint without policy entries (nothing to
-/// look up; its `EP_NO_*_PEER_*` flags skip every lookup anyway).
-const FRONT_ALL: u32 = EP_FRONT_INGRESS | EP_FRONT_EGRESS | EP_FRONT_EXACT_INGRESS | EP_FRONT_EXACT_EGRESS;
 use serde::Serialize;
 
 use crate::{Counters, Dataplane, DataplaneError, Interfaces};
@@ -62,6 +58,10 @@ use endpoints::EndpointTable;
 use ipcache4::Ipcache4;
 use policy_front::PolicyFront;
 use translate::TranslateError;
+
+/// Every `EP_FRONT_*` flag: an endpoint without policy entries (nothing to
+/// look up; its `EP_NO_*_PEER_*` flags skip every lookup anyway).
+const FRONT_ALL: u32 = EP_FRONT_INGRESS | EP_FRONT_EGRESS | EP_FRONT_EXACT_INGRESS | EP_FRONT_EXACT_EGRESS;
 
 /// Program attached on the tcx egress hook of the host-side veth (packets
 /// entering the pod).

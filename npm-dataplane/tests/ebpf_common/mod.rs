@@ -172,8 +172,11 @@ impl L4 {
             L4::Udp(s, d) => {
                 b.extend(s.to_be_bytes());
                 b.extend(d.to_be_bytes());
-                b.extend(12u16.to_be_bytes());
-                b.extend([0, 0, b'p', b'i', b'n', b'g']);
+                // 12 payload bytes: an IPv4 frame is then 54 bytes, long
+                // enough for the datapath's IPv4 fast path.
+                b.extend(20u16.to_be_bytes());
+                b.extend([0, 0]);
+                b.extend(*b"ping-padding");
             }
             L4::Sctp(s, d) => {
                 b.extend(s.to_be_bytes());
