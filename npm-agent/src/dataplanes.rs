@@ -77,6 +77,9 @@ impl AgentDataplane for EbpfDataplane {
     fn poll_deny_events(&mut self) -> Vec<DenyEvent> {
         EbpfDataplane::poll_deny_events(self)
     }
+    fn adopted_counts(&self) -> Option<(usize, usize)> {
+        Some(EbpfDataplane::adopted_counts(self))
+    }
 }
 
 /// The eBPF dataplane's options for `opts` (default pin dir when unset).

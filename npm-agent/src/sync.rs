@@ -45,6 +45,12 @@
 //! that does not confirm a deletion (or fails), a held sync stays held
 //! without reading for `DIRECT_READ_MIN_BACKOFF`, doubling up to
 //! `DIRECT_READ_MAX_BACKOFF`; a read that confirms a deletion resets it.
+//!
+//! A restarted agent has programmed nothing itself, but its dataplane may
+//! have adopted a previous agent's state (pinned maps): before its first
+//! sync the reference starts from the counts the dataplane reports
+//! ([`AgentDataplane::adopted_counts`]), so a first sync that would remove
+//! most of what the previous agent enforced is held like any other.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
@@ -110,6 +116,13 @@ pub trait AgentDataplane: Dataplane + Send {
     fn poll_deny_events(&mut self) -> Vec<DenyEvent> {
         Vec::new()
     }
+    /// The (pod identities, endpoints) the dataplane found programmed when
+    /// it was opened (state a previous agent left: pinned maps), if it can
+    /// tell. A restarted agent's first sync is guarded against them, as if
+    /// it had programmed them itself (see the module doc).
+    fn adopted_counts(&self) -> Option<(usize, usize)> {
+        None
+    }
 }
 
 impl Dataplane for Box<dyn AgentDataplane> {
@@ -127,6 +140,9 @@ impl Dataplane for Box<dyn AgentDataplane> {
 impl AgentDataplane for Box<dyn AgentDataplane> {
     fn poll_deny_events(&mut self) -> Vec<DenyEvent> {
         (**self).poll_deny_events()
+    }
+    fn adopted_counts(&self) -> Option<(usize, usize)> {
+        (**self).adopted_counts()
     }
 }
 
@@ -294,6 +310,8 @@ pub struct Syncer<D: AgentDataplane> {
     rebuild_pending: bool,
     programmed: Option<(Compiled, Interfaces)>,
     guard: GuardReference,
+    /// Whether the guard was seeded from the adopted state (once).
+    guard_seeded: bool,
     need_full: bool,
     /// The id counters of a failed first apply (nothing programmed yet):
     /// the kernel may hold the ids it handed out, so the rebuild starts
@@ -485,6 +503,7 @@ impl<D: AgentDataplane> Syncer<D> {
             rebuild_pending: false,
             programmed: None,
             guard: GuardReference::default(),
+            guard_seeded: false,
             need_full: true,
             attempted_ids: None,
             next_direct_read_at: None,
@@ -628,6 +647,30 @@ impl<D: AgentDataplane> Syncer<D> {
         }
     }
 
+    /// Before the first sync of the agent's life: the guard's reference
+    /// starts from what the dataplane adopted (a previous agent's pinned
+    /// state), so a restarted agent's first sync is held like any other
+    /// when it would remove most of it.
+    fn seed_guard(&mut self) {
+        if self.guard_seeded {
+            return;
+        }
+        self.guard_seeded = true;
+        if self.programmed.is_some() {
+            return;
+        }
+        if let Some((identities, endpoints)) = self.dataplane.adopted_counts() {
+            if identities + endpoints > 0 {
+                tracing::info!(
+                    identities,
+                    endpoints,
+                    "mass-deletion guard: starting from the state adopted from a previous agent"
+                );
+                self.guard.observe(Instant::now(), identities, endpoints);
+            }
+        }
+    }
+
     /// Whether `next` would remove too much, in one step or cumulatively
     /// (see the module doc).
     fn held(&mut self, now: Instant) -> Option<String> {
@@ -657,6 +700,7 @@ impl<D: AgentDataplane> Syncer<D> {
         self.compile_state(&state, rebuild);
         let t_compile = started.elapsed();
         let mut confirmed = false;
+        self.seed_guard();
         if let Some(what) = self.held(Instant::now()) {
             if let Some(at) = self.next_direct_read_at {
                 let now = Instant::now();

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::Event;
 use npm_agent::metrics::Metrics;
-use npm_agent::sync::{SyncError, Syncer};
+use npm_agent::sync::{AgentDataplane, SyncError, Syncer};
 use npm_agent::watch::{direct_read, Cache};
 use npm_testapi::FaultRule;
 
@@ -439,5 +439,90 @@ async fn direct_reads_back_off_while_held() {
     );
     assert_eq!(lists() - before, 3);
     assert!(s.dp.lock().inconsistent.is_empty());
+    srv.shutdown().await;
+}
+
+/// A restarted agent (a new syncer on the state a previous one programmed)
+/// whose first full list is complete but holds far fewer pods: its first
+/// sync is held against the adopted state and confirmed by a direct read,
+/// which keeps every live pod; with the API server failing, nothing is
+/// removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_agent_guards_its_first_sync_against_the_adopted_state() {
+    let (srv, client) = server(true).await;
+    create_namespaces(&client, &[namespace("big", &[])]).await;
+    let pods: Vec<Pod> = big_pods().into_iter().take(300).collect();
+    create_pods(&client, pods, 64).await;
+    let state = direct_read(&client, 100).await.unwrap();
+    let dp = RecordingDataplane::default();
+    let new_syncer = |metrics: &Metrics, cache: &Arc<Cache>| {
+        let mut cfg = agent_config(100).sync;
+        cfg.page_size = 100;
+        Syncer::new(
+            cfg,
+            cache.clone(),
+            metrics.clone(),
+            dp.clone(),
+            Box::new(FixedResolver),
+            Some(client.clone()),
+        )
+    };
+    // Feeds a cache a full list of the namespaces, no policy and `pods`.
+    let feed = |cache: &Arc<Cache>, pods: &[Arc<Pod>]| {
+        cache.handle::<Namespace>(Event::Init);
+        for n in &state.namespaces {
+            cache.handle(Event::InitApply((**n).clone()));
+        }
+        cache.handle::<Namespace>(Event::InitDone);
+        cache.handle::<NetworkPolicy>(Event::Init);
+        cache.handle::<NetworkPolicy>(Event::InitDone);
+        cache.handle::<Pod>(Event::Init);
+        for p in pods {
+            cache.handle(Event::InitApply((**p).clone()));
+        }
+        cache.handle::<Pod>(Event::InitDone);
+    };
+
+    // The first agent programs all 300 pods (5 identities, 20 endpoints).
+    let metrics = Metrics::new().unwrap();
+    let cache = Cache::new(metrics.clone());
+    feed(&cache, &state.pods);
+    let mut first = new_syncer(&metrics, &cache);
+    assert!(!first.sync_once().await.unwrap().guarded);
+    assert_eq!(dp.lock().state.ipcache.len(), 300);
+    assert_eq!(dp.adopted_counts(), Some((5, 20)));
+    drop(first);
+
+    // A restarted agent whose list holds 30 pods (1 identity): held, and the
+    // direct read programs the 300 live pods.
+    let metrics = Metrics::new().unwrap();
+    let cache = Cache::new(metrics.clone());
+    feed(&cache, &state.pods[..30]);
+    let mut restarted = new_syncer(&metrics, &cache);
+    let out = restarted.sync_once().await.unwrap();
+    assert!(out.guarded, "the first sync after a restart is guarded");
+    assert_eq!(
+        dp.lock().state.ipcache.len(),
+        300,
+        "the direct read kept every live pod"
+    );
+    assert_eq!(
+        npm_agent::metrics::sample(&metrics.render(), "npm_destructive_actions_deferred_total"),
+        Some(1.0)
+    );
+    drop(restarted);
+
+    // Another restart with the API server failing: nothing is programmed.
+    let metrics = Metrics::new().unwrap();
+    let cache = Cache::new(metrics.clone());
+    feed(&cache, &state.pods[..30]);
+    let mut restarted = new_syncer(&metrics, &cache);
+    let calls = dp.lock().calls.len();
+    srv.inject(FaultRule::fail(1000, 503));
+    let err = restarted.sync_once().await.unwrap_err();
+    assert!(err.to_string().contains("mass deletion held"), "{err}");
+    assert_eq!(dp.lock().calls.len(), calls, "nothing written");
+    assert_eq!(dp.lock().state.ipcache.len(), 300);
+    srv.clear_faults();
     srv.shutdown().await;
 }

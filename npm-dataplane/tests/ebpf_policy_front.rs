@@ -358,6 +358,7 @@ fn a_full_bucket_keeps_the_direction_on_the_lpm_until_a_sync_places_it() {
 fn a_restarted_loader_adopts_the_front() {
     let c = compiled();
     let f = fixture("fr", &c, BenchSwitches::default());
+    assert_eq!(f.dp.adopted_counts(), (0, 0), "fresh pins");
     let ifs = f.ifs();
     let Fixture { dp, a, b, c: d, pins } = f;
     drop(dp);
@@ -367,6 +368,9 @@ fn a_restarted_loader_adopts_the_front() {
     // direction stays on the front, and the front decides).
     let mut dp = EbpfDataplane::open(pins.options()).unwrap();
     assert_eq!(dp.policy_front_len(), WORDS);
+    // What the agent's mass-deletion guard starts from: 5 pod identities
+    // (3 endpoints' own, POD_B, POD_C) and 3 endpoints.
+    assert_eq!(dp.adopted_counts(), (5, 3));
     let mut c1 = c.clone();
     c1.policy
         .retain(|e, _| !(e.endpoint == 1 && e.direction == EG && e.peer == POD_B));

@@ -146,7 +146,22 @@ impl Dataplane for RecordingDataplane {
     }
 }
 
-impl AgentDataplane for RecordingDataplane {}
+impl AgentDataplane for RecordingDataplane {
+    /// Like the eBPF dataplane's: the distinct pod identities of the
+    /// recorded ipcache and the recorded endpoints (what a previous agent
+    /// left, for a syncer that starts on a clone).
+    fn adopted_counts(&self) -> Option<(usize, usize)> {
+        let r = self.lock();
+        let identities: BTreeSet<u32> = r
+            .state
+            .ipcache
+            .values()
+            .map(|e| e.identity)
+            .filter(|i| (npm_common::IDENTITY_FIRST_POD..npm_common::IDENTITY_FIRST_CIDR).contains(i))
+            .collect();
+        Some((identities.len(), r.state.endpoints.len()))
+    }
+}
 
 /// Gives every endpoint the ifindex `1000 + id`.
 pub struct FixedResolver;

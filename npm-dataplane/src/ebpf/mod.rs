@@ -476,6 +476,8 @@ pub struct EbpfDataplane {
     programmed: BTreeMap<u32, u32>,
     /// Endpoint id -> the `EndpointInfo::flags` last written for it.
     written_flags: BTreeMap<u32, u32>,
+    /// (pod identities, endpoints) found in the maps at open.
+    adopted: (usize, usize),
 }
 
 impl fmt::Debug for EbpfDataplane {
@@ -572,7 +574,9 @@ impl EbpfDataplane {
             links: BTreeMap::new(),
             programmed: BTreeMap::new(),
             written_flags: BTreeMap::new(),
+            adopted: (0, 0),
         };
+        dp.adopted = dp.count_programmed()?;
         dp.adopt_links()?;
         // An upgrade to this layout keeps the established flows.
         if let Err(e) = dp.migrate_flows() {
@@ -904,6 +908,26 @@ impl EbpfDataplane {
             }
         }
         flags
+    }
+
+    /// The distinct pod identities (`IDENTITY_FIRST_POD..IDENTITY_FIRST_CIDR`)
+    /// of `NPM_IPCACHE` and the endpoint records, as the maps hold them now.
+    fn count_programmed(&self) -> Result<(usize, usize), EbpfError> {
+        let mut identities = BTreeSet::new();
+        for e in self.ipcache.iter() {
+            let (_, info) = e.map_err(|e: MapError| map_err(maps::IPCACHE, "iterate")(e))?;
+            if (npm_common::IDENTITY_FIRST_POD..npm_common::IDENTITY_FIRST_CIDR).contains(&info.identity) {
+                identities.insert(info.identity);
+            }
+        }
+        Ok((identities.len(), self.endpoints.entries()?.len()))
+    }
+
+    /// The (pod identities, endpoints) the pinned maps held when this
+    /// loader opened them: what a previous agent programmed, (0, 0) on
+    /// fresh pins. A restarted agent's mass-deletion guard starts from it.
+    pub fn adopted_counts(&self) -> (usize, usize) {
+        self.adopted
     }
 
     /// Words in the policy front (`NPM_POLICY_FRONT`).
