@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use npm_common::DenyEvent;
 use npm_dataplane::ebpf::{default_pin_dir, EbpfDataplane, EbpfOptions};
 use npm_dataplane::nft::{NftDataplane, NftOptions};
+use npm_dataplane::AdoptedEndpoint;
 
 use crate::sync::AgentDataplane;
 
@@ -79,6 +80,9 @@ impl AgentDataplane for EbpfDataplane {
     }
     fn adopted_counts(&self) -> Option<(usize, usize)> {
         Some(EbpfDataplane::adopted_counts(self))
+    }
+    fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
+        EbpfDataplane::adopted_endpoints(self).to_vec()
     }
 }
 

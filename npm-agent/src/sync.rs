@@ -50,9 +50,13 @@
 //! have adopted a previous agent's state (pinned maps): before its first
 //! sync the reference starts from the counts the dataplane reports
 //! ([`AgentDataplane::adopted_counts`]), so a first sync that would remove
-//! most of what the previous agent enforced is held like any other.
+//! most of what the previous agent enforced is held like any other. Its
+//! first compile also keeps the adopted endpoint ids of the pods whose
+//! interface still holds their record with the same addresses, and numbers
+//! every other endpoint above all adopted ids
+//! ([`AgentDataplane::adopted_endpoints`]).
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -60,7 +64,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use npm_common::{DenyEvent, IDENTITY_FIRST_CIDR, IDENTITY_FIRST_POD};
-use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
+use npm_dataplane::{AdoptedEndpoint, Counters, Dataplane, DataplaneError, Interfaces};
 use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, IdTables};
 use npm_policy::model::{Pod, PodPhase, Snapshot};
 
@@ -123,6 +127,14 @@ pub trait AgentDataplane: Dataplane + Send {
     fn adopted_counts(&self) -> Option<(usize, usize)> {
         None
     }
+    /// The endpoint records the dataplane found programmed when it was
+    /// opened (a previous agent's). A restarted agent gives a pod the id of
+    /// the record on its interface when the addresses match too, and
+    /// numbers every other endpoint above all adopted ids (see the module
+    /// doc).
+    fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
+        Vec::new()
+    }
 }
 
 impl Dataplane for Box<dyn AgentDataplane> {
@@ -143,6 +155,9 @@ impl AgentDataplane for Box<dyn AgentDataplane> {
     }
     fn adopted_counts(&self) -> Option<(usize, usize)> {
         (**self).adopted_counts()
+    }
+    fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
+        (**self).adopted_endpoints()
     }
 }
 
@@ -312,6 +327,8 @@ pub struct Syncer<D: AgentDataplane> {
     guard: GuardReference,
     /// Whether the guard was seeded from the adopted state (once).
     guard_seeded: bool,
+    /// Whether endpoint ids were seeded from the adopted state (once).
+    ids_seeded: bool,
     need_full: bool,
     /// The id counters of a failed first apply (nothing programmed yet):
     /// the kernel may hold the ids it handed out, so the rebuild starts
@@ -504,6 +521,7 @@ impl<D: AgentDataplane> Syncer<D> {
             programmed: None,
             guard: GuardReference::default(),
             guard_seeded: false,
+            ids_seeded: false,
             need_full: true,
             attempted_ids: None,
             next_direct_read_at: None,
@@ -580,7 +598,12 @@ impl<D: AgentDataplane> Syncer<D> {
                 }
                 (None, None) => None,
             };
+            let first = prev.is_none() && !self.ids_seeded;
             self.incremental = compiler::Incremental::new(state, &self.cfg.compile, prev);
+            if first {
+                self.ids_seeded = true;
+                self.seed_endpoint_ids(state);
+            }
             self.rebuild_pending = false;
         } else {
             let changes = self.incremental.update(state);
@@ -595,6 +618,48 @@ impl<D: AgentDataplane> Syncer<D> {
             .collect();
         let conflicts = self.incremental.conflicts();
         self.report_snapshot(invalid, conflicts);
+    }
+
+    /// The first compile of the agent's life, when the dataplane adopted a
+    /// previous agent's endpoint records: each pod whose interface holds a
+    /// record with the pod's own addresses keeps that record's id (and so
+    /// its tracked flows), every other endpoint is numbered above all
+    /// adopted ids, and the compile is redone with those ids. So no packet
+    /// of one pod is ever decided under an id another pod's record had (the
+    /// kernel keeps the old records until the first sync rewrites them).
+    fn seed_endpoint_ids(&mut self, state: &CompleteState) {
+        let adopted = self.dataplane.adopted_endpoints();
+        let Some(max) = adopted.iter().map(|a| a.id).max() else {
+            return;
+        };
+        let by_ifindex: HashMap<u32, &AdoptedEndpoint> = adopted.iter().map(|a| (a.ifindex, a)).collect();
+        let compiled = self.incremental.compiled();
+        let resolved = self.resolver.resolve(compiled);
+        let mut keep: BTreeMap<String, u32> = BTreeMap::new();
+        let mut used = BTreeSet::new();
+        for (id, ep) in &compiled.endpoints {
+            let Some(a) = resolved.interfaces.get(id).and_then(|i| by_ifindex.get(i)) else {
+                continue;
+            };
+            if a.ipv4 == ep.ipv4 && a.ipv6 == ep.ipv6 && used.insert(a.id) {
+                keep.insert(ep.pod.uid.clone(), a.id);
+            }
+        }
+        tracing::info!(
+            kept = keep.len(),
+            adopted = adopted.len(),
+            next = max + 1,
+            "endpoint ids of the adopted state kept for the pods they still describe"
+        );
+        let floor = Compiled {
+            ids: IdTables {
+                endpoints: keep,
+                next_endpoint: (max + 1).max(compiled.ids.next_endpoint),
+                ..IdTables::default()
+            },
+            ..Compiled::default()
+        };
+        self.incremental = compiler::Incremental::new(state, &self.cfg.compile, Some(&floor));
     }
 
     /// Collect the result of a finished background cross-check.

@@ -488,6 +488,12 @@ async fn kill9_under_traffic_keeps_enforcing_and_restart_converges() {
         !dump["policy"].as_array().expect("policy in inspect").is_empty(),
         "pinned policy entries: {dump}"
     );
+    let ids_of = |eps: &[serde_json::Value]| -> std::collections::BTreeMap<String, u64> {
+        eps.iter()
+            .map(|e| (e["ipv4"].to_string(), e["id"].as_u64().expect("endpoint id")))
+            .collect()
+    };
+    let ids_before = ids_of(eps);
     let rest = Duration::from_secs(2).saturating_sub(killed_at.elapsed());
     flow_progresses(&flow, rest, "with no agent").await;
 
@@ -515,6 +521,11 @@ async fn kill9_under_traffic_keeps_enforcing_and_restart_converges() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let second_ready = second_ready.unwrap();
+    // The restarted agent kept every endpoint's id (same pods, same
+    // interfaces, same addresses), read back from the pinned maps.
+    let dump = inspect_json(&topo.pin_dir, &[]);
+    let eps = dump["endpoints"].as_array().expect("endpoints in inspect");
+    assert_eq!(ids_of(eps), ids_before, "endpoint ids across the restart: {dump}");
     let after_ready = flow_progresses(&flow, Duration::from_secs(1), "after the restart").await;
     let restart_rounds = flow.rounds() - flow_at_restart;
     let (a_ok, c_ok) = tokio::task::spawn_blocking({

@@ -16,6 +16,20 @@ use npm_policy::compiled::{Compiled, CompiledDiff};
 /// Endpoint id -> ifindex of the endpoint's host-side interface.
 pub type Interfaces = BTreeMap<u32, u32>;
 
+/// An endpoint record a dataplane found programmed when it was opened
+/// (left by a previous agent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdoptedEndpoint {
+    /// Host-side interface of the record.
+    pub ifindex: u32,
+    /// Endpoint id the previous agent gave it.
+    pub id: u32,
+    /// Its IPv4 address, if any.
+    pub ipv4: Option<std::net::Ipv4Addr>,
+    /// Its IPv6 address, if any.
+    pub ipv6: Option<std::net::Ipv6Addr>,
+}
+
 /// Packet and byte counts by direction and verdict reason, summed over CPUs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Counters {

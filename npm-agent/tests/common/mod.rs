@@ -147,6 +147,23 @@ impl Dataplane for RecordingDataplane {
 }
 
 impl AgentDataplane for RecordingDataplane {
+    /// The recorded endpoints on their recorded interfaces (what a previous
+    /// agent left, for a syncer that starts on a clone).
+    fn adopted_endpoints(&self) -> Vec<npm_dataplane::AdoptedEndpoint> {
+        let r = self.lock();
+        r.state
+            .endpoints
+            .iter()
+            .filter_map(|(id, ep)| {
+                Some(npm_dataplane::AdoptedEndpoint {
+                    ifindex: *r.interfaces.get(id)?,
+                    id: *id,
+                    ipv4: ep.ipv4,
+                    ipv6: ep.ipv6,
+                })
+            })
+            .collect()
+    }
     /// Like the eBPF dataplane's: the distinct pod identities of the
     /// recorded ipcache and the recorded endpoints (what a previous agent
     /// left, for a syncer that starts on a clone).

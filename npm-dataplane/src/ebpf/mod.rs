@@ -478,6 +478,8 @@ pub struct EbpfDataplane {
     written_flags: BTreeMap<u32, u32>,
     /// (pod identities, endpoints) found in the maps at open.
     adopted: (usize, usize),
+    /// The endpoint records found at open.
+    adopted_endpoints: Vec<crate::AdoptedEndpoint>,
 }
 
 impl fmt::Debug for EbpfDataplane {
@@ -575,8 +577,20 @@ impl EbpfDataplane {
             programmed: BTreeMap::new(),
             written_flags: BTreeMap::new(),
             adopted: (0, 0),
+            adopted_endpoints: Vec::new(),
         };
         dp.adopted = dp.count_programmed()?;
+        dp.adopted_endpoints = dp
+            .endpoints
+            .entries()?
+            .into_iter()
+            .map(|(ifindex, info)| crate::AdoptedEndpoint {
+                ifindex,
+                id: info.id,
+                ipv4: translate::endpoint_ipv4(&info),
+                ipv6: translate::endpoint_ipv6(&info),
+            })
+            .collect();
         dp.adopt_links()?;
         // An upgrade to this layout keeps the established flows.
         if let Err(e) = dp.migrate_flows() {
@@ -928,6 +942,13 @@ impl EbpfDataplane {
     /// fresh pins. A restarted agent's mass-deletion guard starts from it.
     pub fn adopted_counts(&self) -> (usize, usize) {
         self.adopted
+    }
+
+    /// The endpoint records the pinned maps held when this loader opened
+    /// them (empty on fresh pins). A restarted agent keeps their ids for
+    /// the pods they still describe.
+    pub fn adopted_endpoints(&self) -> &[crate::AdoptedEndpoint] {
+        &self.adopted_endpoints
     }
 
     /// Words in the policy front (`NPM_POLICY_FRONT`).

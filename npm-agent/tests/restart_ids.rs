@@ -1,0 +1,152 @@
+//! Endpoint ids across an agent restart, through the real test API server
+//! and the real compiler, with a recording dataplane whose state outlives
+//! the syncer (like pinned maps outlive an agent).
+//!
+//! A restarted agent keeps the id of every pod whose interface still holds
+//! that pod's record (same interface, same addresses), so its tracked flows
+//! stay; every other endpoint, including a new pod that recycled an old
+//! pod's address, is numbered above all adopted ids, so no pod is ever
+//! decided under an id another pod's record had.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use common::*;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams};
+use kube::runtime::watcher::Event;
+use npm_agent::endpoints::{Resolve, Resolved};
+use npm_agent::metrics::Metrics;
+use npm_agent::sync::Syncer;
+use npm_agent::watch::{direct_read, Cache};
+use npm_policy::compiled::Compiled;
+
+/// Each pod's interface is its own (a new pod gets a new veth): the ifindex
+/// is derived from the pod uid.
+struct PerPodResolver;
+
+impl Resolve for PerPodResolver {
+    fn resolve(&mut self, compiled: &Compiled) -> Resolved {
+        let interfaces = compiled
+            .endpoints
+            .iter()
+            .map(|(id, ep)| {
+                let mut h = DefaultHasher::new();
+                ep.pod.uid.hash(&mut h);
+                (*id, 2000 + (h.finish() % 1_000_000) as u32)
+            })
+            .collect();
+        Resolved {
+            interfaces,
+            missing: Vec::new(),
+        }
+    }
+}
+
+fn local_pod(i: usize) -> Pod {
+    pod(
+        "web",
+        &format!("p{i}"),
+        "node-a",
+        Some(&format!("10.30.0.{}", i + 1)),
+        &[("app", "web")],
+    )
+}
+
+/// Pod name -> (uid, endpoint id) of what the dataplane holds.
+fn ids_by_name(dp: &RecordingDataplane) -> BTreeMap<String, (String, u32)> {
+    dp.lock()
+        .state
+        .endpoints
+        .iter()
+        .map(|(id, ep)| (ep.pod.name.clone(), (ep.pod.uid.clone(), *id)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_keeps_the_ids_of_unchanged_pods_and_numbers_the_rest_above() {
+    let (srv, client) = server(true).await;
+    create_namespaces(&client, &[namespace("web", &[])]).await;
+    let dp = RecordingDataplane::default();
+    let syncer = |cache: &Arc<Cache>, metrics: &Metrics| {
+        Syncer::new(
+            agent_config(100).sync,
+            cache.clone(),
+            metrics.clone(),
+            dp.clone(),
+            Box::new(PerPodResolver),
+            Some(client.clone()),
+        )
+    };
+    // Feeds a cache the cluster as a direct read sees it now.
+    let feed = |cache: Arc<Cache>| {
+        let client = client.clone();
+        async move {
+            let state = direct_read(&client, 100).await.unwrap();
+            cache.handle::<Namespace>(Event::Init);
+            for n in &state.namespaces {
+                cache.handle(Event::InitApply((**n).clone()));
+            }
+            cache.handle::<Namespace>(Event::InitDone);
+            cache.handle::<NetworkPolicy>(Event::Init);
+            cache.handle::<NetworkPolicy>(Event::InitDone);
+            cache.handle::<Pod>(Event::Init);
+            for p in &state.pods {
+                cache.handle(Event::InitApply((**p).clone()));
+            }
+            cache.handle::<Pod>(Event::InitDone);
+        }
+    };
+
+    // The first agent sees p10..p19 first (ids 1..=10), then p0..p9 join
+    // (ids 11..=20): its numbering follows history, not the pods' order.
+    let metrics = Metrics::new().unwrap();
+    let cache = Cache::new(metrics.clone());
+    let mut first = syncer(&cache, &metrics);
+    create_pods(&client, (10..20).map(local_pod).collect(), 8).await;
+    feed(cache.clone()).await;
+    first.sync_once().await.unwrap();
+    create_pods(&client, (0..10).map(local_pod).collect(), 8).await;
+    feed(cache.clone()).await;
+    first.sync_once().await.unwrap();
+    drop(first);
+    let before = ids_by_name(&dp);
+    assert_eq!(before.len(), 20);
+    assert!(before.values().all(|(_, id)| (1..=20).contains(id)));
+
+    // While the agent is down: p5 is deleted and a new pod q5 takes its
+    // address (a recycled IP, incident 1); p20 is new.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "web");
+    pods.delete("p5", &DeleteParams::default()).await.unwrap();
+    let mut q5 = local_pod(5);
+    q5.metadata.name = Some("q5".into());
+    create_pods(&client, vec![q5, local_pod(20)], 2).await;
+
+    // The restarted agent.
+    let metrics = Metrics::new().unwrap();
+    let cache = Cache::new(metrics.clone());
+    let mut restarted = syncer(&cache, &metrics);
+    feed(cache.clone()).await;
+    restarted.sync_once().await.unwrap();
+    let after = ids_by_name(&dp);
+    assert_eq!(after.len(), 21);
+    for (name, (uid, id)) in &before {
+        if name == "p5" {
+            continue;
+        }
+        assert_eq!(after.get(name), Some(&(uid.clone(), *id)), "{name} keeps its id");
+    }
+    let (_, q5_id) = &after["q5"];
+    let (_, p20_id) = &after["p20"];
+    assert!(
+        *q5_id > 20,
+        "the pod on p5's address is numbered above the adopted ids: {q5_id}"
+    );
+    assert!(*p20_id > 20, "a new pod is numbered above the adopted ids: {p20_id}");
+    assert_ne!(q5_id, p20_id);
+    srv.shutdown().await;
+}
