@@ -131,6 +131,12 @@ impl AgentDataplane for TimedEbpf {
     fn poll_deny_events(&mut self) -> Vec<DenyEvent> {
         self.inner.poll_deny_events()
     }
+    fn adopted_counts(&self) -> Option<(usize, usize)> {
+        Some(self.inner.adopted_counts())
+    }
+    fn adopted_endpoints(&self) -> Vec<npm_dataplane::AdoptedEndpoint> {
+        self.inner.adopted_endpoints().to_vec()
+    }
 }
 
 /// Hands each local endpoint one of the veth interfaces (stable while the

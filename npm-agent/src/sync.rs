@@ -327,8 +327,8 @@ pub struct Syncer<D: AgentDataplane> {
     guard: GuardReference,
     /// Whether the guard was seeded from the adopted state (once).
     guard_seeded: bool,
-    /// Whether endpoint ids were seeded from the adopted state (once).
-    ids_seeded: bool,
+    /// The endpoint records the dataplane adopted (read once).
+    adopted: Option<Vec<AdoptedEndpoint>>,
     need_full: bool,
     /// The id counters of a failed first apply (nothing programmed yet):
     /// the kernel may hold the ids it handed out, so the rebuild starts
@@ -521,7 +521,7 @@ impl<D: AgentDataplane> Syncer<D> {
             programmed: None,
             guard: GuardReference::default(),
             guard_seeded: false,
-            ids_seeded: false,
+            adopted: None,
             need_full: true,
             attempted_ids: None,
             next_direct_read_at: None,
@@ -598,10 +598,10 @@ impl<D: AgentDataplane> Syncer<D> {
                 }
                 (None, None) => None,
             };
-            let first = prev.is_none() && !self.ids_seeded;
             self.incremental = compiler::Incremental::new(state, &self.cfg.compile, prev);
-            if first {
-                self.ids_seeded = true;
+            // Until something is programmed (the first sync, its retries,
+            // its direct read), every rebuild starts from the adopted ids.
+            if self.programmed.is_none() {
                 self.seed_endpoint_ids(state);
             }
             self.rebuild_pending = false;
@@ -620,15 +620,22 @@ impl<D: AgentDataplane> Syncer<D> {
         self.report_snapshot(invalid, conflicts);
     }
 
-    /// The first compile of the agent's life, when the dataplane adopted a
-    /// previous agent's endpoint records: each pod whose interface holds a
-    /// record with the pod's own addresses keeps that record's id (and so
+    /// A compile before anything is programmed, when the dataplane adopted
+    /// a previous agent's endpoint records: each pod whose interface holds
+    /// a record with the pod's own addresses keeps that record's id (and so
     /// its tracked flows), every other endpoint is numbered above all
-    /// adopted ids, and the compile is redone with those ids. So no packet
-    /// of one pod is ever decided under an id another pod's record had (the
-    /// kernel keeps the old records until the first sync rewrites them).
+    /// adopted ids (and above the ids of a failed attempt), and the compile
+    /// is redone with those ids. So no packet of one pod is ever decided
+    /// under an id another pod's record had (the kernel keeps the old
+    /// records until the first sync rewrites them). Matching relies on each
+    /// pod having its own host-side interface (an ifindex is not handed out
+    /// again while its interface exists).
     fn seed_endpoint_ids(&mut self, state: &CompleteState) {
-        let adopted = self.dataplane.adopted_endpoints();
+        let dataplane = &self.dataplane;
+        let adopted = self
+            .adopted
+            .get_or_insert_with(|| dataplane.adopted_endpoints())
+            .clone();
         let Some(max) = adopted.iter().map(|a| a.id).max() else {
             return;
         };
@@ -651,10 +658,15 @@ impl<D: AgentDataplane> Syncer<D> {
             next = max + 1,
             "endpoint ids of the adopted state kept for the pods they still describe"
         );
+        // The counters of a failed attempt stay floors (never reused).
+        let attempted = self.attempted_ids.clone().unwrap_or_default();
         let floor = Compiled {
             ids: IdTables {
                 endpoints: keep,
-                next_endpoint: (max + 1).max(compiled.ids.next_endpoint),
+                next_endpoint: (max + 1).max(attempted.next_endpoint),
+                next_identity: attempted.next_identity,
+                next_rule: attempted.next_rule,
+                next_cidr: attempted.next_cidr,
                 ..IdTables::default()
             },
             ..Compiled::default()

@@ -67,56 +67,99 @@ fn ids_by_name(dp: &RecordingDataplane) -> BTreeMap<String, (String, u32)> {
         .collect()
 }
 
+/// Feeds a cache the cluster as a direct read sees it now, keeping only
+/// the pods `keep` accepts.
+async fn feed(client: &kube::Client, cache: &Arc<Cache>, keep: impl Fn(&Pod) -> bool) {
+    let state = direct_read(client, 100).await.unwrap();
+    cache.handle::<Namespace>(Event::Init);
+    for n in &state.namespaces {
+        cache.handle(Event::InitApply((**n).clone()));
+    }
+    cache.handle::<Namespace>(Event::InitDone);
+    cache.handle::<NetworkPolicy>(Event::Init);
+    cache.handle::<NetworkPolicy>(Event::InitDone);
+    cache.handle::<Pod>(Event::Init);
+    for p in state.pods.iter().filter(|p| keep(p)) {
+        cache.handle(Event::InitApply((**p).clone()));
+    }
+    cache.handle::<Pod>(Event::InitDone);
+}
+
+/// A syncer on `dp`.
+fn syncer(
+    dp: &RecordingDataplane,
+    client: &kube::Client,
+    cache: &Arc<Cache>,
+    metrics: &Metrics,
+) -> Syncer<RecordingDataplane> {
+    Syncer::new(
+        agent_config(100).sync,
+        cache.clone(),
+        metrics.clone(),
+        dp.clone(),
+        Box::new(PerPodResolver),
+        Some(client.clone()),
+    )
+}
+
+/// A first agent that saw p10..p19 first (ids 1..=10), then p0..p9 (ids
+/// 11..=20): its numbering follows history, not the pods' order. Returns
+/// what it programmed (pod name -> (uid, id)).
+async fn first_agent(dp: &RecordingDataplane, client: &kube::Client) -> BTreeMap<String, (String, u32)> {
+    create_namespaces(client, &[namespace("web", &[])]).await;
+    let metrics = Metrics::new().unwrap();
+    let cache = Cache::new(metrics.clone());
+    let mut first = syncer(dp, client, &cache, &metrics);
+    create_pods(client, (10..20).map(local_pod).collect(), 8).await;
+    feed(client, &cache, |_| true).await;
+    first.sync_once().await.unwrap();
+    create_pods(client, (0..10).map(local_pod).collect(), 8).await;
+    feed(client, &cache, |_| true).await;
+    first.sync_once().await.unwrap();
+    let before = ids_by_name(dp);
+    assert_eq!(before.len(), 20);
+    assert!(before.values().all(|(_, id)| (1..=20).contains(id)));
+    assert_ne!(before["p0"].1, 1, "the history order differs from the name order");
+    before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_or_retried_first_sync_keeps_the_adopted_ids() {
+    let (srv, client) = server(true).await;
+    let dp = RecordingDataplane::default();
+    let before = first_agent(&dp, &client).await;
+
+    // A restarted agent whose cache (wrongly) holds 2 of the 20 pods: its
+    // first sync is held against the adopted state, and the direct read
+    // (all 20 pods) is compiled with the adopted ids.
+    let metrics = Metrics::new().unwrap();
+    let cache = Cache::new(metrics.clone());
+    feed(&client, &cache, |p| {
+        matches!(p.metadata.name.as_deref(), Some("p0" | "p1"))
+    })
+    .await;
+    let mut restarted = syncer(&dp, &client, &cache, &metrics);
+    assert!(restarted.sync_once().await.unwrap().guarded);
+    assert_eq!(ids_by_name(&dp), before, "ids kept through the direct read");
+    drop(restarted);
+
+    // A restarted agent whose first write fails: the retry keeps them too.
+    dp.lock().fail_next = 1;
+    let metrics = Metrics::new().unwrap();
+    let cache = Cache::new(metrics.clone());
+    feed(&client, &cache, |_| true).await;
+    let mut restarted = syncer(&dp, &client, &cache, &metrics);
+    assert!(restarted.sync_once().await.is_err(), "the first write fails");
+    restarted.sync_once().await.unwrap();
+    assert_eq!(ids_by_name(&dp), before, "ids kept through a failed first write");
+    srv.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_keeps_the_ids_of_unchanged_pods_and_numbers_the_rest_above() {
     let (srv, client) = server(true).await;
-    create_namespaces(&client, &[namespace("web", &[])]).await;
     let dp = RecordingDataplane::default();
-    let syncer = |cache: &Arc<Cache>, metrics: &Metrics| {
-        Syncer::new(
-            agent_config(100).sync,
-            cache.clone(),
-            metrics.clone(),
-            dp.clone(),
-            Box::new(PerPodResolver),
-            Some(client.clone()),
-        )
-    };
-    // Feeds a cache the cluster as a direct read sees it now.
-    let feed = |cache: Arc<Cache>| {
-        let client = client.clone();
-        async move {
-            let state = direct_read(&client, 100).await.unwrap();
-            cache.handle::<Namespace>(Event::Init);
-            for n in &state.namespaces {
-                cache.handle(Event::InitApply((**n).clone()));
-            }
-            cache.handle::<Namespace>(Event::InitDone);
-            cache.handle::<NetworkPolicy>(Event::Init);
-            cache.handle::<NetworkPolicy>(Event::InitDone);
-            cache.handle::<Pod>(Event::Init);
-            for p in &state.pods {
-                cache.handle(Event::InitApply((**p).clone()));
-            }
-            cache.handle::<Pod>(Event::InitDone);
-        }
-    };
-
-    // The first agent sees p10..p19 first (ids 1..=10), then p0..p9 join
-    // (ids 11..=20): its numbering follows history, not the pods' order.
-    let metrics = Metrics::new().unwrap();
-    let cache = Cache::new(metrics.clone());
-    let mut first = syncer(&cache, &metrics);
-    create_pods(&client, (10..20).map(local_pod).collect(), 8).await;
-    feed(cache.clone()).await;
-    first.sync_once().await.unwrap();
-    create_pods(&client, (0..10).map(local_pod).collect(), 8).await;
-    feed(cache.clone()).await;
-    first.sync_once().await.unwrap();
-    drop(first);
-    let before = ids_by_name(&dp);
-    assert_eq!(before.len(), 20);
-    assert!(before.values().all(|(_, id)| (1..=20).contains(id)));
+    let before = first_agent(&dp, &client).await;
 
     // While the agent is down: p5 is deleted and a new pod q5 takes its
     // address (a recycled IP, incident 1); p20 is new.
@@ -129,8 +172,8 @@ async fn a_restarted_agent_keeps_the_ids_of_unchanged_pods_and_numbers_the_rest_
     // The restarted agent.
     let metrics = Metrics::new().unwrap();
     let cache = Cache::new(metrics.clone());
-    let mut restarted = syncer(&cache, &metrics);
-    feed(cache.clone()).await;
+    let mut restarted = syncer(&dp, &client, &cache, &metrics);
+    feed(&client, &cache, |_| true).await;
     restarted.sync_once().await.unwrap();
     let after = ids_by_name(&dp);
     assert_eq!(after.len(), 21);

@@ -323,6 +323,24 @@ impl Drop for AgentProcess {
     }
 }
 
+/// The text without ANSI colour sequences (`ESC [ ... m`).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn ebpf_object() -> PathBuf {
     let path = std::env::var_os("NPM_EBPF_OBJECT").map(PathBuf::from).expect(
         "NPM_EBPF_OBJECT is not set: build the eBPF object (`cargo xtask build-ebpf`) and set \
@@ -522,10 +540,18 @@ async fn kill9_under_traffic_keeps_enforcing_and_restart_converges() {
     }
     let second_ready = second_ready.unwrap();
     // The restarted agent kept every endpoint's id (same pods, same
-    // interfaces, same addresses), read back from the pinned maps.
+    // interfaces, same addresses), read back from the pinned maps; its log
+    // says they were matched against the adopted records (a fresh
+    // numbering would give these three pods the same ids).
     let dump = inspect_json(&topo.pin_dir, &[]);
     let eps = dump["endpoints"].as_array().expect("endpoints in inspect");
     assert_eq!(ids_of(eps), ids_before, "endpoint ids across the restart: {dump}");
+    let log = strip_ansi(&agent.log_text());
+    assert!(
+        log.lines()
+            .any(|l| l.contains("endpoint ids of the adopted state kept") && l.contains("kept=3")),
+        "the restarted agent kept the 3 adopted ids; log:\n{log}"
+    );
     let after_ready = flow_progresses(&flow, Duration::from_secs(1), "after the restart").await;
     let restart_rounds = flow.rounds() - flow_at_restart;
     let (a_ok, c_ok) = tokio::task::spawn_blocking({

@@ -189,6 +189,11 @@ fn other_map_layouts_are_retired_after_the_first_full_sync() {
     // The new layout copies the old conntrack on open, before it attaches.
     let mut new = open(&new_dir);
     assert_eq!(new.ct_len(), 1, "conntrack copied from the old layout");
+    // The copied flows are keyed by the old layout's endpoint ids: its
+    // records are what the agent adopts (to keep those ids).
+    let mut adopted: Vec<(u32, u32)> = new.adopted_endpoints().iter().map(|a| (a.id, a.ifindex)).collect();
+    adopted.sort();
+    assert_eq!(adopted, vec![(1, veth_a.ifindex), (2, veth_b.ifindex)]);
     // Its first full sync cannot resolve veth b: b keeps the old program
     // (and the old layout its pins) rather than being left unenforced.
     let mut policy_change = c.clone();
@@ -280,4 +285,26 @@ fn a_restart_that_renumbers_endpoints_drops_only_their_flows() {
         dp.test_run(Ingress, veth_a.ifindex, &ack).unwrap(),
         (VERDICT_ALLOW, Some(npm_common::Reason::Tracked))
     );
+    drop(dp);
+
+    // Flows under an id no record carries are orphans (say, left by a
+    // crash between a record's removal and its purge): a new agent that
+    // gives that id to a pod (pod 3 on veth b) must not let it inherit them.
+    let dp = pins.open();
+    let orphan = dp.ct_entries()[0];
+    {
+        use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+        let data = MapData::from_pin(pins.path.join(npm_common::maps::CT4)).unwrap();
+        let mut ct4: BpfHashMap<MapData, npm_common::CtKey4, npm_common::CtValue> =
+            BpfHashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
+        let mut key: npm_common::CtKey4 = ct4.keys().next().unwrap().unwrap();
+        key.endpoint = 3;
+        ct4.insert(key, orphan.1, 0).unwrap();
+    }
+    assert_eq!(dp.ct_len(), 2);
+    let mut dp = dp;
+    let ifs3 = ifaces(&[(1, veth_a.ifindex), (3, veth_b.ifindex)]);
+    dp.sync_full(&with(&[(1, "10.9.1.1"), (3, "10.9.1.7")]), &ifs3).unwrap();
+    let kept: Vec<u32> = dp.ct_entries().iter().map(|(k, _)| k.endpoint).collect();
+    assert_eq!(kept, vec![1], "the orphan under the new id is gone");
 }

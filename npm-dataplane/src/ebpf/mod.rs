@@ -480,6 +480,8 @@ pub struct EbpfDataplane {
     adopted: (usize, usize),
     /// The endpoint records found at open.
     adopted_endpoints: Vec<crate::AdoptedEndpoint>,
+    /// Whether a full sync succeeded.
+    full_synced: bool,
 }
 
 impl fmt::Debug for EbpfDataplane {
@@ -578,23 +580,37 @@ impl EbpfDataplane {
             written_flags: BTreeMap::new(),
             adopted: (0, 0),
             adopted_endpoints: Vec::new(),
+            full_synced: false,
         };
-        dp.adopted = dp.count_programmed()?;
-        dp.adopted_endpoints = dp
-            .endpoints
-            .entries()?
-            .into_iter()
-            .map(|(ifindex, info)| crate::AdoptedEndpoint {
-                ifindex,
-                id: info.id,
-                ipv4: translate::endpoint_ipv4(&info),
-                ipv6: translate::endpoint_ipv6(&info),
-            })
-            .collect();
         dp.adopt_links()?;
+        // What a previous agent programmed here; after an upgrade to this
+        // layout (fresh pins, flows copied from the older layout), what it
+        // programmed there: the copied flows are keyed by its endpoint ids.
+        let mut adopted = match adopted_state(&dp.ipcache, &dp.endpoints) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the adopted state (the first sync is not guarded against it)");
+                None
+            }
+        };
         // An upgrade to this layout keeps the established flows.
-        if let Err(e) = dp.migrate_flows() {
-            tracing::warn!(error = %e, "copying the conntrack of another map layout");
+        match dp.migrate_flows() {
+            Ok(Some(src)) if adopted.as_ref().is_some_and(|a| a.1.is_empty()) => {
+                adopted = match adopted_state_at(&src) {
+                    Ok(a) => Some(a),
+                    Err(e) => {
+                        tracing::warn!(error = %e, from = %src.display(), "reading the older layout's endpoints; dropping the copied flows");
+                        dp.purge_flows(|_| false)?;
+                        None
+                    }
+                };
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "copying the conntrack of another map layout"),
+        }
+        if let Some((counts, records)) = adopted {
+            dp.adopted = counts;
+            dp.adopted_endpoints = records;
         }
         // Endpoints already programmed (adopted maps) are known by ifindex
         // only; sync_full reconciles them with the compiled state.
@@ -926,27 +942,18 @@ impl EbpfDataplane {
 
     /// The distinct pod identities (`IDENTITY_FIRST_POD..IDENTITY_FIRST_CIDR`)
     /// of `NPM_IPCACHE` and the endpoint records, as the maps hold them now.
-    fn count_programmed(&self) -> Result<(usize, usize), EbpfError> {
-        let mut identities = BTreeSet::new();
-        for e in self.ipcache.iter() {
-            let (_, info) = e.map_err(|e: MapError| map_err(maps::IPCACHE, "iterate")(e))?;
-            if (npm_common::IDENTITY_FIRST_POD..npm_common::IDENTITY_FIRST_CIDR).contains(&info.identity) {
-                identities.insert(info.identity);
-            }
-        }
-        Ok((identities.len(), self.endpoints.entries()?.len()))
-    }
-
     /// The (pod identities, endpoints) the pinned maps held when this
     /// loader opened them: what a previous agent programmed, (0, 0) on
-    /// fresh pins. A restarted agent's mass-deletion guard starts from it.
+    /// fresh pins (after an upgrade to this layout whose flows were copied
+    /// from an older one, that layout's counts). A restarted agent's mass-deletion guard starts from it.
     pub fn adopted_counts(&self) -> (usize, usize) {
         self.adopted
     }
 
     /// The endpoint records the pinned maps held when this loader opened
-    /// them (empty on fresh pins). A restarted agent keeps their ids for
-    /// the pods they still describe.
+    /// them (empty on fresh pins; after an upgrade to this layout whose
+    /// flows were copied from an older one, that layout's records). A
+    /// restarted agent keeps their ids for the pods they still describe.
     pub fn adopted_endpoints(&self) -> &[crate::AdoptedEndpoint] {
         &self.adopted_endpoints
     }
@@ -962,30 +969,33 @@ impl EbpfDataplane {
     }
 
     /// Deletes the conntrack and fragment entries tracked under an endpoint
-    /// id whose record in the kernel (interface and addresses) is not the
-    /// endpoint `compiled` gives that id: after an agent restart the ids are
-    /// assigned anew, and a pod must never inherit another pod's flows (with
-    /// a recycled address, the same 5-tuple). Flows of an id whose endpoint
+    /// id of `compiled` that no record of `records` describes as the same
+    /// endpoint (interface and addresses): after an agent restart an id may
+    /// have been given anew, and a pod must never inherit another pod's
+    /// flows (with a recycled address, the same 5-tuple); an id that no
+    /// record carries can only hold orphans. Flows of an id whose endpoint
     /// is unchanged are kept; those of ids no longer used go with the sweep.
-    fn purge_renumbered_flows(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
-        let mut renumbered = BTreeSet::new();
-        for (ifindex, info) in self.endpoints.entries()? {
-            let same = compiled.endpoints.get(&info.id).is_some_and(|ep| {
-                let want = translate::endpoint_info(info.id, ep);
-                interfaces.get(&info.id) == Some(&ifindex)
-                    && want.flags & (npm_common::EP_HAS_V4 | npm_common::EP_HAS_V6)
-                        == info.flags & (npm_common::EP_HAS_V4 | npm_common::EP_HAS_V6)
-                    && want.ipv4 == info.ipv4
-                    && want.ipv6 == info.ipv6
-            });
-            if !same && compiled.endpoints.contains_key(&info.id) {
-                renumbered.insert(info.id);
-            }
-        }
+    fn purge_renumbered_flows(
+        &mut self,
+        compiled: &Compiled,
+        interfaces: &Interfaces,
+        records: &[crate::AdoptedEndpoint],
+    ) -> Result<(), EbpfError> {
+        let by_id: BTreeMap<u32, &crate::AdoptedEndpoint> = records.iter().map(|r| (r.id, r)).collect();
+        let renumbered: BTreeSet<u32> = compiled
+            .endpoints
+            .iter()
+            .filter(|(id, ep)| {
+                !by_id
+                    .get(id)
+                    .is_some_and(|r| interfaces.get(id) == Some(&r.ifindex) && r.ipv4 == ep.ipv4 && r.ipv6 == ep.ipv6)
+            })
+            .map(|(id, _)| *id)
+            .collect();
         if renumbered.is_empty() {
             return Ok(());
         }
-        tracing::info!(endpoints = ?renumbered, "dropping the flows of endpoint ids that now name another pod");
+        tracing::debug!(endpoints = ?renumbered, "dropping the flows of endpoint ids no record describes as the same endpoint");
         self.purge_flows(|ep| !renumbered.contains(&ep))
     }
 
@@ -1122,7 +1132,24 @@ impl EbpfDataplane {
     fn sync_maps(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
         // Flows tracked under an endpoint id that now names another pod go
         // first (adopted pins: a restarted agent may number endpoints anew).
-        self.purge_renumbered_flows(compiled, interfaces)?;
+        // Until a full sync succeeded, the records are those adopted at
+        // open (after a layout upgrade, the older layout's, whose flows were
+        // copied); then the kernel's.
+        let records: Vec<crate::AdoptedEndpoint> = if self.full_synced {
+            self.endpoints
+                .entries()?
+                .into_iter()
+                .map(|(ifindex, info)| crate::AdoptedEndpoint {
+                    ifindex,
+                    id: info.id,
+                    ipv4: translate::endpoint_ipv4(&info),
+                    ipv6: translate::endpoint_ipv6(&info),
+                })
+                .collect()
+        } else {
+            self.adopted_endpoints.clone()
+        };
+        self.purge_renumbered_flows(compiled, interfaces, &records)?;
         // The IPv4 front first: a slot may only hold its address's current
         // entry (the writes below then fill the free slots).
         self.ipcache4.sweep(&compiled.ipcache);
@@ -1213,7 +1240,9 @@ impl EbpfDataplane {
             self.detach(ifindex)?;
         }
         let ids: BTreeSet<u32> = self.programmed.keys().copied().collect();
-        self.purge_flows(|ep| ids.contains(&ep))
+        self.purge_flows(|ep| ids.contains(&ep))?;
+        self.full_synced = true;
+        Ok(())
     }
 
     /// Retires the pins of other map layouts beside this one
@@ -1307,16 +1336,16 @@ impl EbpfDataplane {
     /// layout's) into ours, when ours are empty. Returns how many entries
     /// were copied. Called on open, before any program of this layout is
     /// attached to a new hook.
-    fn migrate_flows(&mut self) -> Result<usize, EbpfError> {
+    fn migrate_flows(&mut self) -> Result<Option<PathBuf>, EbpfError> {
         if count_ct(&self.ct, &self.ct4) != 0 {
-            return Ok(0);
+            return Ok(None);
         }
         let Some(src) = self
             .other_layouts()?
             .into_iter()
             .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n != "v1") && p.join(maps::CT4).exists())
         else {
-            return Ok(0);
+            return Ok(None);
         };
         let ct: BpfHashMap<MapData, CtKey, CtValue> = open_pinned(&src, maps::CT)?;
         let ct4: BpfHashMap<MapData, CtKey4, CtValue> = open_pinned(&src, maps::CT4)?;
@@ -1341,7 +1370,7 @@ impl EbpfDataplane {
             copied += 1;
         }
         tracing::info!(from = %src.display(), copied, "conntrack of another map layout copied");
-        Ok(copied)
+        Ok((copied > 0).then_some(src))
     }
 
     /// Counters summed over CPUs.
@@ -1612,6 +1641,44 @@ fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool
 
 /// Opens the map pinned as `<pin_dir>/<name>` read-only (no program is
 /// loaded, nothing is created) as the typed map `T`.
+/// (pod identities, endpoints) and the endpoint records of an ipcache and
+/// endpoint table: the distinct pod identities
+/// (`IDENTITY_FIRST_POD..IDENTITY_FIRST_CIDR`) of the ipcache, and every
+/// record.
+fn adopted_state(
+    ipcache: &BpfHashMap<MapData, IpKey, IpInfo>,
+    endpoints: &EndpointTable,
+) -> Result<((usize, usize), Vec<crate::AdoptedEndpoint>), EbpfError> {
+    let mut identities = BTreeSet::new();
+    for e in ipcache.iter() {
+        let (_, info) = e.map_err(|e: MapError| map_err(maps::IPCACHE, "iterate")(e))?;
+        if (npm_common::IDENTITY_FIRST_POD..npm_common::IDENTITY_FIRST_CIDR).contains(&info.identity) {
+            identities.insert(info.identity);
+        }
+    }
+    let records: Vec<crate::AdoptedEndpoint> = endpoints
+        .entries()?
+        .into_iter()
+        .map(|(ifindex, info)| crate::AdoptedEndpoint {
+            ifindex,
+            id: info.id,
+            ipv4: translate::endpoint_ipv4(&info),
+            ipv6: translate::endpoint_ipv6(&info),
+        })
+        .collect();
+    Ok(((identities.len(), records.len()), records))
+}
+
+/// [`adopted_state`] of the maps pinned in another layout's directory
+/// (layouts 3 and later share the endpoint record; an older one fails to
+/// open as typed maps).
+fn adopted_state_at(dir: &Path) -> Result<((usize, usize), Vec<crate::AdoptedEndpoint>), EbpfError> {
+    let ipcache: BpfHashMap<MapData, IpKey, IpInfo> = open_pinned(dir, maps::IPCACHE)?;
+    let slots: Array<MapData, EndpointInfo> = open_pinned(dir, maps::EP_SLOTS)?;
+    let overflow: BpfHashMap<MapData, u32, EndpointInfo> = open_pinned(dir, maps::ENDPOINTS)?;
+    adopted_state(&ipcache, &EndpointTable::new(slots, overflow))
+}
+
 fn open_pinned<T>(pin_dir: &Path, name: &'static str) -> Result<T, EbpfError>
 where
     T: TryFrom<aya::maps::Map, Error = MapError>,
