@@ -467,26 +467,13 @@ async fn restarted_agent_guards_its_first_sync_against_the_adopted_state() {
             Some(client.clone()),
         )
     };
-    // Feeds a cache a full list of the namespaces, no policy and `pods`.
-    let feed = |cache: &Arc<Cache>, pods: &[Arc<Pod>]| {
-        cache.handle::<Namespace>(Event::Init);
-        for n in &state.namespaces {
-            cache.handle(Event::InitApply((**n).clone()));
-        }
-        cache.handle::<Namespace>(Event::InitDone);
-        cache.handle::<NetworkPolicy>(Event::Init);
-        cache.handle::<NetworkPolicy>(Event::InitDone);
-        cache.handle::<Pod>(Event::Init);
-        for p in pods {
-            cache.handle(Event::InitApply((**p).clone()));
-        }
-        cache.handle::<Pod>(Event::InitDone);
-    };
+    let first30: std::collections::BTreeSet<_> = state.pods[..30].iter().map(|p| p.metadata.name.clone()).collect();
+    let feed = |cache: &Arc<Cache>, all: bool| feed_cache(cache, &state, |p| all || first30.contains(&p.metadata.name));
 
     // The first agent programs all 300 pods (5 identities, 20 endpoints).
     let metrics = Metrics::new().unwrap();
     let cache = Cache::new(metrics.clone());
-    feed(&cache, &state.pods);
+    feed(&cache, true);
     let mut first = new_syncer(&metrics, &cache);
     assert!(!first.sync_once().await.unwrap().guarded);
     assert_eq!(dp.lock().state.ipcache.len(), 300);
@@ -497,7 +484,7 @@ async fn restarted_agent_guards_its_first_sync_against_the_adopted_state() {
     // direct read programs the 300 live pods.
     let metrics = Metrics::new().unwrap();
     let cache = Cache::new(metrics.clone());
-    feed(&cache, &state.pods[..30]);
+    feed(&cache, false);
     let mut restarted = new_syncer(&metrics, &cache);
     let out = restarted.sync_once().await.unwrap();
     assert!(out.guarded, "the first sync after a restart is guarded");
@@ -515,7 +502,7 @@ async fn restarted_agent_guards_its_first_sync_against_the_adopted_state() {
     // Another restart with the API server failing: nothing is programmed.
     let metrics = Metrics::new().unwrap();
     let cache = Cache::new(metrics.clone());
-    feed(&cache, &state.pods[..30]);
+    feed(&cache, false);
     let mut restarted = new_syncer(&metrics, &cache);
     let calls = dp.lock().calls.len();
     srv.inject(FaultRule::fail(1000, 503));

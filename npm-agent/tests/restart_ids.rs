@@ -15,10 +15,8 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use common::*;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
-use kube::runtime::watcher::Event;
 use npm_agent::endpoints::{Resolve, Resolved};
 use npm_agent::metrics::Metrics;
 use npm_agent::sync::Syncer;
@@ -71,18 +69,7 @@ fn ids_by_name(dp: &RecordingDataplane) -> BTreeMap<String, (String, u32)> {
 /// the pods `keep` accepts.
 async fn feed(client: &kube::Client, cache: &Arc<Cache>, keep: impl Fn(&Pod) -> bool) {
     let state = direct_read(client, 100).await.unwrap();
-    cache.handle::<Namespace>(Event::Init);
-    for n in &state.namespaces {
-        cache.handle(Event::InitApply((**n).clone()));
-    }
-    cache.handle::<Namespace>(Event::InitDone);
-    cache.handle::<NetworkPolicy>(Event::Init);
-    cache.handle::<NetworkPolicy>(Event::InitDone);
-    cache.handle::<Pod>(Event::Init);
-    for p in state.pods.iter().filter(|p| keep(p)) {
-        cache.handle(Event::InitApply((**p).clone()));
-    }
-    cache.handle::<Pod>(Event::InitDone);
+    feed_cache(cache, &state, keep);
 }
 
 /// A syncer on `dp`.

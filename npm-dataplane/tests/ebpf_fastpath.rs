@@ -300,20 +300,6 @@ fn endpoints_beyond_the_slot_array_use_the_overflow_map() {
     );
 }
 
-/// Deletes every `NPM_POLICY` entry through the pinned map, behind the
-/// loader's back (no generation bump).
-fn drop_policy_entries(pin_dir: &Path) {
-    use aya::maps::lpm_trie::{Key, LpmTrie};
-    let data = MapData::from_pin(pin_dir.join(maps::POLICY)).expect("open pinned NPM_POLICY");
-    let mut trie: LpmTrie<MapData, [u8; npm_common::POLICY_KEY_LEN], npm_common::PolicyValue> =
-        LpmTrie::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_POLICY");
-    let keys: Vec<Key<[u8; npm_common::POLICY_KEY_LEN]>> = trie.keys().map(|k| k.expect("key")).collect();
-    assert!(!keys.is_empty(), "no policy entry to drop");
-    for k in keys {
-        trie.remove(&k).expect("remove policy entry");
-    }
-}
-
 #[test]
 fn decision_cache_answers_only_under_its_generation() {
     pin_to_one_cpu();

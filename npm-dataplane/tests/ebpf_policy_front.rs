@@ -8,7 +8,6 @@ mod ebpf_common;
 
 use std::path::Path;
 
-use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{Map, MapData};
 use ebpf_common::*;
 use npm_common::{
@@ -126,19 +125,6 @@ fn kernel_front_words(pin_dir: &Path) -> usize {
         .sum()
 }
 
-/// Deletes every `NPM_POLICY` entry through the pinned map, behind the
-/// loader's back.
-fn drop_lpm_entries(pin_dir: &Path) {
-    let data = MapData::from_pin(pin_dir.join(maps::POLICY)).expect("open pinned NPM_POLICY");
-    let mut trie: LpmTrie<MapData, [u8; npm_common::POLICY_KEY_LEN], npm_common::PolicyValue> =
-        LpmTrie::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_POLICY");
-    let keys: Vec<Key<[u8; npm_common::POLICY_KEY_LEN]>> = trie.keys().map(|k| k.expect("key")).collect();
-    assert!(!keys.is_empty(), "no policy entry to drop");
-    for k in keys {
-        trie.remove(&k).expect("remove policy entry");
-    }
-}
-
 #[test]
 fn the_front_decides_as_the_lpm_does() {
     let c = compiled();
@@ -239,7 +225,7 @@ fn complete_directions_are_decided_by_the_front() {
     // The LPM loses every entry behind the loader's back; with the decision
     // cache emptied, endpoint 1 (complete in the front) is still decided
     // by the front, endpoint 2 (on the LPM) no longer finds its rule.
-    drop_lpm_entries(&f.pins.path);
+    drop_policy_entries(&f.pins.path);
     f.dp.bump_generation().unwrap();
     assert_eq!(
         f.dp.test_run(IN, f.a.ifindex, &to_a(2, 80)).unwrap(),
@@ -343,7 +329,7 @@ fn a_full_bucket_keeps_the_direction_on_the_lpm_until_a_sync_places_it() {
     }
     // Proof that the front now decides: the LPM loses its entries, the
     // four peers are still allowed.
-    drop_lpm_entries(&f.pins.path);
+    drop_policy_entries(&f.pins.path);
     f.dp.bump_generation().unwrap();
     for i in 1..5 {
         assert_eq!(

@@ -622,7 +622,12 @@ fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut
         proto::TCP | proto::UDP | proto::SCTP => p.dport,
         _ => 0,
     };
-    let reason = policy_step(s.lpm.as_mut_ptr() as *mut u8, ep, dir, p.proto, port, peer, false, 0);
+    let peer = Peer {
+        at: peer,
+        lazy_v4: false,
+        v4addr: 0,
+    };
+    let reason = policy_step(s.lpm.as_mut_ptr() as *mut u8, ep, dir, p.proto, port, peer);
     if reason >= FIRST_DENY_REASON {
         return reason;
     }
@@ -698,23 +703,24 @@ fn ct_continue(
     true
 }
 
-/// Steps 7 to 9 for a packet conntrack did not allow: `NotIsolated`, or
-/// the decision of the peer's identities and the policy lookups (through
-/// the decision cache). `peer` is the 16-byte, 4-aligned peer address
-/// (IPv4-mapped for IPv4), `port` the destination port (0 for protocols
-/// without ports).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn policy_step(
-    lpm: *mut u8,
-    ep: &EndpointInfo,
-    dir: u8,
-    pr: u8,
-    port: u16,
-    peer: *const u8,
+/// The peer address of steps 8 and 9: 16 bytes (4-aligned, IPv4-mapped
+/// for IPv4) at `at`, or, when `lazy_v4`, the IPv4 address `v4addr`,
+/// written IPv4-mapped to `lpm + 4` only when a map lookup needs its bytes
+/// (then `at` is `lpm + 4`).
+#[derive(Clone, Copy)]
+struct Peer {
+    at: *const u8,
     lazy_v4: bool,
     v4addr: u32,
-) -> u8 {
+}
+
+/// Steps 7 to 9 for a packet conntrack did not allow: `NotIsolated`, or
+/// the decision of the peer's identities and the policy lookups (through
+/// the decision cache). `port` is the destination port (0 for protocols
+/// without ports).
+#[inline(always)]
+fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: Peer) -> u8 {
+    let Peer { at, lazy_v4, v4addr } = peer;
     // 7. not isolated.
     let isolated = if dir == DIR_INGRESS {
         ep.flags & EP_ISOLATED_INGRESS != 0
@@ -744,7 +750,7 @@ fn policy_step(
         ]
     } else {
         // SAFETY: 16-byte, 4-aligned peer address.
-        unsafe { decision_key(ep.id, dir, pr, port, peer) }
+        unsafe { decision_key(ep.id, dir, pr, port, at) }
     };
     let key = &key;
     // A null slot: no cache (raw pointers and a sentinel rather than
@@ -766,7 +772,7 @@ fn policy_step(
     if cached != NO_DECISION {
         return cached;
     }
-    let r = evaluate_policy(lpm, ep, dir, pr, port, peer, lazy_v4, v4addr);
+    let r = evaluate_policy(lpm, ep, dir, pr, port, peer);
     if !slot.is_null() {
         // SAFETY: this CPU's slot.
         unsafe { decision_cache_put(slot, key, generation, r) };
@@ -907,10 +913,14 @@ fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut 
         }
     }
     // Steps 7 to 9 with the peer in a register.
-    let peer = if dir == DIR_INGRESS { saddr } else { daddr };
     let lpm = s.lpm.as_mut_ptr() as *mut u8;
-    // SAFETY: lpm is 20 bytes.
-    let reason = policy_step(lpm, ep, dir, pr, dport, unsafe { lpm.add(4) }, true, peer);
+    let peer = Peer {
+        // SAFETY: lpm is 20 bytes.
+        at: unsafe { lpm.add(4) },
+        lazy_v4: true,
+        v4addr: if dir == DIR_INGRESS { saddr } else { daddr },
+    };
+    let reason = policy_step(lpm, ep, dir, pr, dport, peer);
     if reason >= FIRST_DENY_REASON {
         // The deny event reads the packet from scratch.
         fill_pkt_v4(&mut s.pkt, saddr, daddr, pr, tcp_flags, sport, dport);
@@ -1029,23 +1039,13 @@ unsafe fn flow_cache_fill(slot: *mut FlowSlot, w: &[u32; 5], now: u64) {
 /// Steps 8 and 9 for an isolated endpoint: the peer's identities (ipcache,
 /// else the CIDR trie) and the policy lookups. Returns `Host`, `Policy` or
 /// `PolicyDenied`.
-///
-/// The peer address is at `peer` (16 bytes, 4-aligned, IPv4-mapped for
-/// IPv4); with `lazy_v4` it is the IPv4 address `v4addr` instead, written
-/// IPv4-mapped to `lpm + 4` only when a map lookup needs its bytes (then
-/// `peer` must be `lpm + 4`).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn evaluate_policy(
-    lpm: *mut u8,
-    ep: &EndpointInfo,
-    dir: u8,
-    pr: u8,
-    port: u16,
-    peer: *const u8,
-    lazy_v4: bool,
-    v4addr: u32,
-) -> u8 {
+fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: Peer) -> u8 {
+    let Peer {
+        at: peer,
+        lazy_v4,
+        v4addr,
+    } = peer;
     // SAFETY: 16-byte, 4-aligned address (not read when lazy).
     let (v4, addr) = if lazy_v4 {
         (true, v4addr)

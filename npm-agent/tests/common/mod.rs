@@ -388,3 +388,28 @@ pub fn endpoint_with_ip(state: &Compiled, ip: &str) -> Option<(u32, String)> {
             .then(|| (id, format!("{}/{}", e.pod.namespace, e.pod.name)))
     })
 }
+
+/// Feeds `cache` a complete list of `state`'s namespaces and policies and
+/// of the pods `keep` accepts, as the watchers would.
+pub fn feed_cache(
+    cache: &npm_agent::watch::Cache,
+    state: &npm_agent::watch::CompleteState,
+    keep: impl Fn(&Pod) -> bool,
+) {
+    use kube::runtime::watcher::Event;
+    cache.handle::<Namespace>(Event::Init);
+    for n in &state.namespaces {
+        cache.handle(Event::InitApply((**n).clone()));
+    }
+    cache.handle::<Namespace>(Event::InitDone);
+    cache.handle::<NetworkPolicy>(Event::Init);
+    for p in &state.policies {
+        cache.handle(Event::InitApply((**p).clone()));
+    }
+    cache.handle::<NetworkPolicy>(Event::InitDone);
+    cache.handle::<Pod>(Event::Init);
+    for p in state.pods.iter().filter(|p| keep(p)) {
+        cache.handle(Event::InitApply((**p).clone()));
+    }
+    cache.handle::<Pod>(Event::InitDone);
+}

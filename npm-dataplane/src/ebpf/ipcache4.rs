@@ -19,28 +19,21 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aya::maps::{Array, IterableMap, MapData};
 use npm_common::{ipcache4_slot, ipcache4_word, maps, sizes, IpInfo};
 use npm_policy::compiled::IpEntry;
 
+use super::shared_words::SharedWords;
 use super::{translate, EbpfError};
 
 /// The mapped `NPM_IPCACHE4` array.
 pub(crate) struct Ipcache4 {
-    slots: NonNull<AtomicU64>,
-    len: usize,
+    slots: SharedWords,
     /// Keeps the map (and its fd) alive as long as the mapping.
     _map: Array<MapData, u64>,
 }
-
-// SAFETY: the mapping is shared memory owned by this value; every access
-// goes through atomics.
-unsafe impl Send for Ipcache4 {}
-// SAFETY: as above.
-unsafe impl Sync for Ipcache4 {}
 
 /// An IPv4 address as the datapath reads it (see `npm_common::ipcache4_slot`).
 fn word_addr(addr: IpAddr) -> Option<u32> {
@@ -53,36 +46,13 @@ fn word_addr(addr: IpAddr) -> Option<u32> {
 impl Ipcache4 {
     /// Maps the array (created with `BPF_F_MMAPABLE` by the object).
     pub(crate) fn new(map: Array<MapData, u64>) -> Result<Self, EbpfError> {
-        let len = sizes::IPCACHE4_SLOTS as usize;
         let fd = map.map().fd().as_fd().as_raw_fd();
-        // SAFETY: a shared read-write mapping of the map's 8-byte slots;
-        // the kernel checks the size and the map's mmapable flag.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len * 8,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(EbpfError::Mmap {
-                map: maps::IPCACHE4,
-                detail: std::io::Error::last_os_error().to_string(),
-            });
-        }
-        let slots = NonNull::new(p as *mut AtomicU64).ok_or(EbpfError::Mmap {
-            map: maps::IPCACHE4,
-            detail: "null mapping".into(),
-        })?;
-        Ok(Ipcache4 { slots, len, _map: map })
+        let slots = SharedWords::map(fd, sizes::IPCACHE4_SLOTS as usize, maps::IPCACHE4)?;
+        Ok(Ipcache4 { slots, _map: map })
     }
 
     fn slots(&self) -> &[AtomicU64] {
-        // SAFETY: `len` 8-byte slots mapped for the lifetime of self.
-        unsafe { std::slice::from_raw_parts(self.slots.as_ptr(), self.len) }
+        self.slots.words()
     }
 
     fn slot_of(&self, a: u32) -> &AtomicU64 {
@@ -147,14 +117,5 @@ impl Ipcache4 {
     /// The word in the slot of `addr`, whichever address it holds.
     pub(crate) fn slot_word(&self, addr: IpAddr) -> Option<u64> {
         word_addr(addr).map(|a| self.slot_of(a).load(Ordering::Acquire))
-    }
-}
-
-impl Drop for Ipcache4 {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what new() mapped.
-        unsafe {
-            libc::munmap(self.slots.as_ptr() as *mut libc::c_void, self.len * 8);
-        }
     }
 }

@@ -27,6 +27,7 @@
 mod endpoints;
 mod ipcache4;
 mod policy_front;
+mod shared_words;
 pub mod translate;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -540,7 +541,7 @@ impl EbpfDataplane {
         })?;
         for name in [PROG_INGRESS, PROG_EGRESS, PROG_EMPTY] {
             let prog = Self::prog_mut(&mut bpf, name)?;
-            prog.load().map_err(prog_err(name, "load (verifier)"))?;
+            load_retrying(prog).map_err(prog_err(name, "load (verifier)"))?;
         }
         let conv = |name: &'static str| map_err(name, "open");
         let slots = Array::try_from(take_map(&mut bpf, maps::EP_SLOTS)?).map_err(conv(maps::EP_SLOTS))?;
@@ -1136,16 +1137,7 @@ impl EbpfDataplane {
         // open (after a layout upgrade, the older layout's, whose flows were
         // copied); then the kernel's.
         let records: Vec<crate::AdoptedEndpoint> = if self.full_synced {
-            self.endpoints
-                .entries()?
-                .into_iter()
-                .map(|(ifindex, info)| crate::AdoptedEndpoint {
-                    ifindex,
-                    id: info.id,
-                    ipv4: translate::endpoint_ipv4(&info),
-                    ipv6: translate::endpoint_ipv6(&info),
-                })
-                .collect()
+            endpoint_records(&self.endpoints)?
         } else {
             self.adopted_endpoints.clone()
         };
@@ -1641,6 +1633,24 @@ fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool
 
 /// Opens the map pinned as `<pin_dir>/<name>` read-only (no program is
 /// loaded, nothing is created) as the typed map `T`.
+/// Loads a program, retrying when `BPF_PROG_LOAD` returns `EAGAIN`: the
+/// verifier gives up with it when a signal is pending while it works (it
+/// takes about 130 ms per program here), as libbpf also retries.
+fn load_retrying(prog: &mut SchedClassifier) -> Result<(), ProgramError> {
+    let mut attempts = 0;
+    loop {
+        match prog.load() {
+            Err(ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && attempts < 5 =>
+            {
+                attempts += 1;
+                tracing::debug!(attempts, "BPF_PROG_LOAD interrupted (EAGAIN); retrying");
+            }
+            r => return r,
+        }
+    }
+}
+
 /// (pod identities, endpoints) and the endpoint records of an ipcache and
 /// endpoint table: the distinct pod identities
 /// (`IDENTITY_FIRST_POD..IDENTITY_FIRST_CIDR`) of the ipcache, and every
@@ -1656,7 +1666,13 @@ fn adopted_state(
             identities.insert(info.identity);
         }
     }
-    let records: Vec<crate::AdoptedEndpoint> = endpoints
+    let records = endpoint_records(endpoints)?;
+    Ok(((identities.len(), records.len()), records))
+}
+
+/// Every endpoint record of the table: interface, id and addresses.
+fn endpoint_records(endpoints: &EndpointTable) -> Result<Vec<crate::AdoptedEndpoint>, EbpfError> {
+    Ok(endpoints
         .entries()?
         .into_iter()
         .map(|(ifindex, info)| crate::AdoptedEndpoint {
@@ -1665,8 +1681,7 @@ fn adopted_state(
             ipv4: translate::endpoint_ipv4(&info),
             ipv6: translate::endpoint_ipv6(&info),
         })
-        .collect();
-    Ok(((identities.len(), records.len()), records))
+        .collect())
 }
 
 /// [`adopted_state`] of the maps pinned in another layout's directory

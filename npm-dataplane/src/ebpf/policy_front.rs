@@ -19,12 +19,12 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsFd, AsRawFd};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aya::maps::{Array, IterableMap, MapData};
 use npm_common::{maps, policy_front_bucket, sizes};
 
+use super::shared_words::SharedWords;
 use super::EbpfError;
 
 /// Words per bucket.
@@ -32,56 +32,21 @@ const WAYS: usize = 4;
 
 /// The mapped `NPM_POLICY_FRONT` array and where each stored word is.
 pub(crate) struct PolicyFront {
-    slots: NonNull<AtomicU64>,
-    len: usize,
+    slots: SharedWords,
     /// Stored word -> slot index (the loader is the only writer).
     placed: HashMap<u64, usize>,
     /// Keeps the map (and its fd) alive as long as the mapping.
     _map: Array<MapData, [u64; 4]>,
 }
 
-// SAFETY: the mapping is shared memory owned by this value; every access
-// goes through atomics.
-unsafe impl Send for PolicyFront {}
-// SAFETY: as above.
-unsafe impl Sync for PolicyFront {}
-
 impl PolicyFront {
     /// Maps the array (created with `BPF_F_MMAPABLE` by the object) and
     /// learns the words already there (adopted pins).
     pub(crate) fn new(map: Array<MapData, [u64; 4]>) -> Result<Self, EbpfError> {
-        let len = sizes::POLICY_FRONT_BUCKETS as usize * WAYS;
         let fd = map.map().fd().as_fd().as_raw_fd();
-        // SAFETY: a shared read-write mapping of the map's 8-byte words;
-        // the kernel checks the size and the map's mmapable flag.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len * 8,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(EbpfError::Mmap {
-                map: maps::POLICY_FRONT,
-                detail: std::io::Error::last_os_error().to_string(),
-            });
-        }
-        let slots = NonNull::new(p as *mut AtomicU64).ok_or(EbpfError::Mmap {
-            map: maps::POLICY_FRONT,
-            detail: "null mapping".into(),
-        })?;
-        let mut front = PolicyFront {
-            slots,
-            len,
-            placed: HashMap::new(),
-            _map: map,
-        };
+        let slots = SharedWords::map(fd, sizes::POLICY_FRONT_BUCKETS as usize * WAYS, maps::POLICY_FRONT)?;
         let mut placed = HashMap::new();
-        for (i, s) in front.slots().iter().enumerate() {
+        for (i, s) in slots.words().iter().enumerate() {
             let w = s.load(Ordering::Acquire);
             if w == 0 {
                 continue;
@@ -93,13 +58,15 @@ impl PolicyFront {
                 placed.insert(w, i);
             }
         }
-        front.placed = placed;
-        Ok(front)
+        Ok(PolicyFront {
+            slots,
+            placed,
+            _map: map,
+        })
     }
 
     fn slots(&self) -> &[AtomicU64] {
-        // SAFETY: `len` 8-byte words mapped for the lifetime of self.
-        unsafe { std::slice::from_raw_parts(self.slots.as_ptr(), self.len) }
+        self.slots.words()
     }
 
     /// Stores `word` (after its entry's LPM keys were written). Returns
@@ -144,14 +111,5 @@ impl PolicyFront {
     /// Words stored.
     pub(crate) fn len(&self) -> usize {
         self.placed.len()
-    }
-}
-
-impl Drop for PolicyFront {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what new() mapped.
-        unsafe {
-            libc::munmap(self.slots.as_ptr() as *mut libc::c_void, self.len * 8);
-        }
     }
 }

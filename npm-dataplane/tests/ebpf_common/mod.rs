@@ -501,3 +501,18 @@ pub fn policy_for(pod_ip: Ipv4Addr, peer_ip: Ipv4Addr, allow_ports: &[(Protocol,
     }
     c
 }
+
+/// Deletes every `NPM_POLICY` (LPM) entry through the pinned map, behind
+/// the loader's back (no generation bump, the policy front untouched).
+pub fn drop_policy_entries(pin_dir: &std::path::Path) {
+    use aya::maps::lpm_trie::{Key, LpmTrie};
+    use aya::maps::{Map, MapData};
+    let data = MapData::from_pin(pin_dir.join(npm_common::maps::POLICY)).expect("open pinned NPM_POLICY");
+    let mut trie: LpmTrie<MapData, [u8; npm_common::POLICY_KEY_LEN], npm_common::PolicyValue> =
+        LpmTrie::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_POLICY");
+    let keys: Vec<Key<[u8; npm_common::POLICY_KEY_LEN]>> = trie.keys().map(|k| k.expect("key")).collect();
+    assert!(!keys.is_empty(), "no policy entry to drop");
+    for k in keys {
+        trie.remove(&k).expect("remove policy entry");
+    }
+}
