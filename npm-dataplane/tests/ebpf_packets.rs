@@ -168,6 +168,8 @@ fn ipv4_table_on(f: Fixture) {
     );
     let mut bad_ihl = v4("10.0.0.2", "10.0.0.1", L4::Tcp(40402, 80, 0x02));
     bad_ihl[14] = 0x44;
+    let mut bad_doff = v4("10.0.0.2", "10.0.0.1", L4::Tcp(40404, 80, 0x02));
+    bad_doff[14 + 20 + 12] = 4 << 4; // a TCP data offset of 4 words
     let mut cut = v4("10.0.0.2", "10.0.0.1", L4::Tcp(40403, 80, 0x02));
     cut.truncate(14 + 20 + 8);
     let rows = vec![
@@ -434,6 +436,7 @@ fn ipv4_table_on(f: Fixture) {
         ("ip options", IN, a, opts, allow_r(Reason::Policy)),
         ("short tcp header", IN, a, short_tcp, deny_r(Reason::Malformed)),
         ("ihl below 5", IN, a, bad_ihl, deny_r(Reason::Malformed)),
+        ("tcp data offset below 5", IN, a, bad_doff, deny_r(Reason::Malformed)),
         ("truncated below total length", IN, a, cut, deny_r(Reason::Malformed)),
         // (the kernel refuses test runs of IP frames shorter than an IP
         // header, so truncation is tested against the length fields)

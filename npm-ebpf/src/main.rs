@@ -837,32 +837,40 @@ fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, ep_id: &mut 
     let pk = data as *const u8;
     // SAFETY: 54 bytes are in bounds (checked just above); unaligned 32-bit
     // packet reads as in `parse_fast`.
+    // Whole 32-bit words of the headers, read little-endian (the byte at
+    // the lowest offset is the lowest byte of the word).
     let (saddr, daddr, pr, sport, dport, tcp_flags) = unsafe {
-        // Ethertype 0x0800, version 4 with a 20-byte header.
-        if *pk.add(12) != 0x08 || *pk.add(13) != 0 || *pk.add(14) != 0x45 {
+        // Bytes 12..15: ethertype 0x0800, version 4 with a 20-byte header.
+        if rd32(pk.add(12)) & 0x00ff_ffff != 0x0045_0008 {
             return TAKE_GENERAL;
         }
-        let tot = be16(*pk.add(16), *pk.add(17)) as usize;
-        // No fragment (MF clear, offset 0), a consistent total length.
-        if (*pk.add(20) & 0x3f) | *pk.add(21) != 0 || tot < 20 || (ctx.len() as usize) < ETH_HLEN + tot {
+        let w16 = rd32(pk.add(16));
+        let tot = (((w16 & 0xff) << 8) | ((w16 >> 8) & 0xff)) as usize;
+        // Bytes 20..23: no fragment (MF clear, offset 0), then the protocol.
+        let w20 = rd32(pk.add(20));
+        if w20 & 0xff3f != 0 || tot < 20 || (ctx.len() as usize) < ETH_HLEN + tot {
             return TAKE_GENERAL;
         }
-        let pr = *pk.add(23);
+        let pr = (w20 >> 24) as u8;
         let mut fl = 0u8;
         if pr == proto::TCP {
-            fl = *pk.add(47);
-            if *pk.add(46) >> 4 < 5 || fl & (TCP_FIN | TCP_RST) != 0 {
+            // Bytes 44..47: the data offset at 46, the flags at 47.
+            let w44 = rd32(pk.add(44));
+            fl = (w44 >> 24) as u8;
+            if (w44 >> 20) & 0xf < 5 || fl & (TCP_FIN | TCP_RST) != 0 {
                 return TAKE_GENERAL;
             }
         } else if pr != proto::UDP {
             return TAKE_GENERAL;
         }
+        // Bytes 34..37: the ports, each big-endian.
+        let w34 = rd32(pk.add(34));
         (
             rd32(pk.add(26)),
             rd32(pk.add(30)),
             pr,
-            be16(*pk.add(34), *pk.add(35)),
-            be16(*pk.add(36), *pk.add(37)),
+            (((w34 & 0xff) << 8) | ((w34 >> 8) & 0xff)) as u16,
+            (((w34 >> 16) & 0xff) << 8 | (w34 >> 24)) as u16,
             fl,
         )
     };
