@@ -156,27 +156,14 @@ async fn unconfirmed_mass_deletion_is_not_applied() {
 
     // Feed the cache a full list, as the watchers would.
     let state = direct_read(&client, 100).await.unwrap();
-    let feed = |pods: &[Arc<Pod>]| {
-        cache.handle::<Pod>(Event::Init);
-        for p in pods {
-            cache.handle(Event::InitApply((**p).clone()));
-        }
-        cache.handle::<Pod>(Event::InitDone);
-    };
-    cache.handle::<Namespace>(Event::Init);
-    for n in &state.namespaces {
-        cache.handle(Event::InitApply((**n).clone()));
-    }
-    cache.handle::<Namespace>(Event::InitDone);
-    cache.handle::<NetworkPolicy>(Event::Init);
-    cache.handle::<NetworkPolicy>(Event::InitDone);
-    feed(&state.pods);
+    let first30: std::collections::BTreeSet<_> = state.pods[..30].iter().map(|p| p.metadata.name.clone()).collect();
+    feed_cache(&cache, &state, |_| true);
     let first = syncer.sync_once().await.unwrap();
     assert!(first.full && !first.guarded);
     assert_eq!(dp.lock().state.ipcache.len(), 300);
 
     // The cache now believes only 30 pods exist.
-    feed(&state.pods[..30]);
+    feed_cache(&cache, &state, |p| first30.contains(&p.metadata.name));
     let out = syncer.sync_once().await.unwrap();
     assert!(out.guarded, "the guard fired");
     {
