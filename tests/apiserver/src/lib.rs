@@ -215,20 +215,20 @@ impl TestApiServer {
     /// Fail the next `count` requests whose path starts with `path_prefix` (all when None)
     /// with HTTP `status`.
     pub fn fail_next(&self, count: u32, status: u16, path_prefix: Option<&str>) {
-        let mut r = FaultRule::fail(count, status);
-        if let Some(p) = path_prefix {
-            r = r.path(p);
-        }
-        self.inject(r);
+        self.inject_under(FaultRule::fail(count, status), path_prefix);
     }
 
     /// Delay the next `count` requests whose path starts with `path_prefix` (all when None).
     pub fn delay_next(&self, count: u32, delay: Duration, path_prefix: Option<&str>) {
-        let mut r = FaultRule::delay(count, delay);
+        self.inject_under(FaultRule::delay(count, delay), path_prefix);
+    }
+
+    /// Add `rule`, restricted to paths starting with `path_prefix` (all when None).
+    fn inject_under(&self, mut rule: FaultRule, path_prefix: Option<&str>) {
         if let Some(p) = path_prefix {
-            r = r.path(p);
+            rule = rule.path(p);
         }
-        self.inject(r);
+        self.inject(rule);
     }
 
     /// Remove all pending fault rules.

@@ -3,7 +3,7 @@
 //! and the pod and namespace defaults the agent relies on).
 
 use crate::error::Cause;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 /// Collects validation causes.
 #[derive(Debug, Default)]
@@ -413,8 +413,7 @@ pub fn validate_network_policy(obj: &Value) -> Vec<Cause> {
 /// Pod defaults the agent and clients rely on (phase, restart/DNS policy, port protocol...).
 pub fn default_pod(obj: &mut Value) {
     let Some(o) = obj.as_object_mut() else { return };
-    let spec = o.entry("spec").or_insert_with(|| json!({}));
-    if let Some(spec) = spec.as_object_mut() {
+    if let Some(spec) = object_field(o, "spec") {
         spec.entry("restartPolicy").or_insert(json!("Always"));
         spec.entry("dnsPolicy").or_insert(json!("ClusterFirst"));
         spec.entry("schedulerName").or_insert(json!("default-scheduler"));
@@ -446,9 +445,18 @@ pub fn default_pod(obj: &mut Value) {
             }
         }
     }
-    let status = o.entry("status").or_insert_with(|| json!({}));
-    if let Some(st) = status.as_object_mut() {
-        st.entry("phase").or_insert(json!("Pending"));
+    default_phase(o, "Pending");
+}
+
+/// The object field `key` of `o`, inserted as `{}` when missing (None when not an object).
+fn object_field<'a>(o: &'a mut Map<String, Value>, key: &str) -> Option<&'a mut Map<String, Value>> {
+    o.entry(key).or_insert_with(|| json!({})).as_object_mut()
+}
+
+/// Default `status.phase` to `phase`.
+fn default_phase(o: &mut Map<String, Value>, phase: &str) {
+    if let Some(status) = object_field(o, "status") {
+        status.entry("phase").or_insert(json!(phase));
     }
 }
 
@@ -521,14 +529,10 @@ pub fn default_namespace(obj: &mut Value) {
         labels["kubernetes.io/metadata.name"] = json!(name);
     }
     if let Some(o) = obj.as_object_mut() {
-        let spec = o.entry("spec").or_insert_with(|| json!({}));
-        if let Some(s) = spec.as_object_mut() {
-            s.entry("finalizers").or_insert(json!(["kubernetes"]));
+        if let Some(spec) = object_field(o, "spec") {
+            spec.entry("finalizers").or_insert(json!(["kubernetes"]));
         }
-        let status = o.entry("status").or_insert_with(|| json!({}));
-        if let Some(s) = status.as_object_mut() {
-            s.entry("phase").or_insert(json!("Active"));
-        }
+        default_phase(o, "Active");
     }
 }
 

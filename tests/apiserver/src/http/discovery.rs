@@ -1,0 +1,164 @@
+//! Discovery and OpenAPI: `/version`, `/api`, `/apis` and the group-version resource lists,
+//! the minimal OpenAPI v3 documents kubectl reads, and the health endpoints.
+
+use super::response::{body_response, json_response, not_found_path};
+use super::AppState;
+use crate::store::Kind;
+use axum::body::Body;
+use axum::response::Response;
+use serde_json::{json, Value};
+
+/// The `APIResourceList` entries of an API group (with the `/status` subresources).
+fn api_resources(group: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    for k in Kind::ALL.into_iter().filter(|k| k.group() == group) {
+        let mut verbs = vec!["create", "delete", "get", "list", "patch", "update", "watch"];
+        if k.namespaced() {
+            verbs.insert(2, "deletecollection");
+        }
+        let (short, cats): (&[&str], &[&str]) = match k {
+            Kind::Namespace => (&["ns"], &[]),
+            Kind::Pod => (&["po"], &["all"]),
+            Kind::NetworkPolicy => (&["netpol"], &[]),
+        };
+        let mut r = json!({
+            "name": k.plural(), "singularName": k.singular(), "namespaced": k.namespaced(),
+            "kind": k.kind(), "verbs": verbs,
+        });
+        if !short.is_empty() {
+            r["shortNames"] = json!(short);
+        }
+        if !cats.is_empty() {
+            r["categories"] = json!(cats);
+        }
+        out.push(r);
+        if k.has_status() {
+            out.push(json!({
+                "name": format!("{}/status", k.plural()), "singularName": "",
+                "namespaced": k.namespaced(), "kind": k.kind(), "verbs": ["get", "patch", "update"],
+            }));
+        }
+    }
+    out
+}
+
+/// Answer a non-resource path: discovery, OpenAPI, version and health, else 404.
+pub(super) fn discovery(st: &AppState, path: &str) -> Response {
+    let group_net = json!({
+        "name": "networking.k8s.io",
+        "versions": [{"groupVersion": "networking.k8s.io/v1", "version": "v1"}],
+        "preferredVersion": {"groupVersion": "networking.k8s.io/v1", "version": "v1"},
+    });
+    let v = match path.trim_end_matches('/') {
+        "/version" => json!({
+            "major": "1", "minor": "34", "emulationMajor": "1", "emulationMinor": "34",
+            "gitVersion": "v1.34.0-npm-testapi", "gitCommit": "0000000000000000000000000000000000000000",
+            "gitTreeState": "clean", "buildDate": "2025-08-27T00:00:00Z", "goVersion": "go1.24.6",
+            "compiler": "gc", "platform": "linux/amd64",
+        }),
+        "/api" => json!({
+            "kind": "APIVersions", "versions": ["v1"],
+            "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": st.addr.to_string()}],
+        }),
+        "/api/v1" => json!({
+            "kind": "APIResourceList", "groupVersion": "v1", "resources": api_resources(""),
+        }),
+        "/apis" => json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_net]}),
+        "/apis/networking.k8s.io" => {
+            let mut g = group_net;
+            g["kind"] = json!("APIGroup");
+            g["apiVersion"] = json!("v1");
+            g
+        }
+        "/apis/networking.k8s.io/v1" => json!({
+            "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "networking.k8s.io/v1",
+            "resources": api_resources("networking.k8s.io"),
+        }),
+        "/openapi/v3" => json!({"paths": {
+            "api/v1": {"serverRelativeURL": "/openapi/v3/api/v1?hash=npm-testapi-1"},
+            "apis/networking.k8s.io/v1": {"serverRelativeURL": "/openapi/v3/apis/networking.k8s.io/v1?hash=npm-testapi-1"},
+        }}),
+        "/openapi/v3/api/v1" => openapi_v3(""),
+        "/openapi/v3/apis/networking.k8s.io/v1" => openapi_v3("networking.k8s.io"),
+        "/healthz" | "/readyz" | "/livez" => return body_response(200, "text/plain", Body::from("ok")),
+        _ => return not_found_path(path),
+    };
+    json_response(200, &v)
+}
+
+/// A minimal OpenAPI v3 document for one group-version: the resource paths with their
+/// operations, `x-kubernetes-group-version-kind` and the `fieldValidation` parameter, which is
+/// what kubectl checks to use server-side field validation instead of a client-side schema.
+fn openapi_v3(group: &str) -> Value {
+    let mut paths = serde_json::Map::new();
+    let param = |name: &str, loc: &str| json!({"name": name, "in": loc, "schema": {"type": "string"}, "required": loc == "path"});
+    for k in Kind::ALL.into_iter().filter(|k| k.group() == group) {
+        let base = if group.is_empty() {
+            "/api/v1".to_string()
+        } else {
+            format!("/apis/{group}/v1")
+        };
+        let gvk = json!({"group": group, "version": "v1", "kind": k.kind()});
+        let op = |action: &str, extra: &[Value]| {
+            let mut params = vec![
+                param("fieldValidation", "query"),
+                param("fieldManager", "query"),
+                param("dryRun", "query"),
+            ];
+            params.extend_from_slice(extra);
+            json!({
+                "x-kubernetes-action": action,
+                "x-kubernetes-group-version-kind": gvk,
+                "parameters": params,
+                "responses": {"200": {"description": "OK"}},
+            })
+        };
+        let (coll, item, mut item_params) = if k.namespaced() {
+            (
+                format!("{base}/namespaces/{{namespace}}/{}", k.plural()),
+                format!("{base}/namespaces/{{namespace}}/{}/{{name}}", k.plural()),
+                vec![param("namespace", "path")],
+            )
+        } else {
+            (
+                format!("{base}/{}", k.plural()),
+                format!("{base}/{}/{{name}}", k.plural()),
+                vec![],
+            )
+        };
+        let coll_params = item_params.clone();
+        item_params.push(param("name", "path"));
+        paths.insert(
+            coll,
+            json!({
+                "get": op("list", &coll_params),
+                "post": op("post", &coll_params),
+            }),
+        );
+        paths.insert(
+            item.clone(),
+            json!({
+                "get": op("get", &item_params),
+                "put": op("put", &item_params),
+                "patch": op("patch", &item_params),
+                "delete": op("delete", &item_params),
+            }),
+        );
+        if k.has_status() {
+            paths.insert(
+                format!("{item}/status"),
+                json!({
+                    "get": op("get", &item_params),
+                    "put": op("put", &item_params),
+                    "patch": op("patch", &item_params),
+                }),
+            );
+        }
+    }
+    json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.34.0"},
+        "paths": paths,
+        "components": {"schemas": {}},
+    })
+}

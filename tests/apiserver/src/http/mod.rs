@@ -1,0 +1,67 @@
+//! HTTP layer: the single request handler behind every path, which counts the request,
+//! applies injected faults and dispatches to the admin endpoints, discovery or the
+//! resource handlers.
+//!
+//! Routing lives in `route`, resource reads (get/list) in `resource`, writes in `write`,
+//! watches in `watch`, discovery and OpenAPI in `discovery`, the admin endpoints in `admin`,
+//! fault rules in `fault`, the shared state in `state` and response helpers in `response`.
+
+mod admin;
+mod discovery;
+mod fault;
+mod resource;
+mod response;
+mod route;
+mod state;
+mod watch;
+mod write;
+
+pub use fault::{FaultAction, FaultRule};
+pub use state::{AppState, Stats};
+
+use crate::error::ApiError;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, Method, Uri};
+use axum::response::Response;
+use response::err_response;
+use route::{parse_target, query_map, verb_of};
+use std::sync::Arc;
+
+/// The single request handler behind every path.
+pub async fn handle(
+    State(st): State<Arc<AppState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    let q = query_map(&uri);
+    tracing::debug!(%method, %uri, content_type = ?headers.get(header::CONTENT_TYPE), accept = ?headers.get(header::ACCEPT), "request");
+    if let Some(admin) = path.strip_prefix("/admin/") {
+        return admin::admin_handle(&st, &method, admin, &q);
+    }
+    let target = parse_target(&path);
+    let verb = verb_of(&method, target.as_ref(), &q);
+    {
+        let mut c = st.counters();
+        c.requests += 1;
+        *c.by_verb.entry(verb.to_string()).or_default() += 1;
+    }
+    if let Some(FaultAction::Delay(d)) = st.take_fault(&path, verb, true) {
+        st.counters().injected_delays += 1;
+        tokio::time::sleep(d).await;
+    }
+    if let Some(FaultAction::Fail(code)) = st.take_fault(&path, verb, false) {
+        st.counters().injected_failures += 1;
+        return err_response(&ApiError::Injected { code });
+    }
+    match target {
+        None => discovery::discovery(&st, &path),
+        Some(t) => match resource::resource(&st, &method, t, &q, &headers, &body).await {
+            Ok(r) => r,
+            Err(e) => err_response(&e),
+        },
+    }
+}

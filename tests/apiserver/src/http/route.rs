@@ -1,0 +1,101 @@
+//! Routing: parsing a Kubernetes REST path into a [`Target`] (kind, namespace, name,
+//! subresource), the query string, and the verb a request counts as (for stats and faults).
+
+use crate::store::Kind;
+use axum::http::{Method, Uri};
+use std::collections::HashMap;
+
+/// A parsed resource path.
+#[derive(Debug)]
+pub(super) struct Target {
+    /// The resource kind.
+    pub(super) kind: Kind,
+    /// Namespace from the path.
+    pub(super) ns: Option<String>,
+    /// Object name (None for a collection).
+    pub(super) name: Option<String>,
+    /// Subresource (`status`, `finalize`, ...).
+    pub(super) sub: Option<String>,
+}
+
+/// The kind served at `plural` in API group `group`.
+fn kind_for(group: &str, plural: &str) -> Option<Kind> {
+    Kind::ALL
+        .into_iter()
+        .find(|k| k.group() == group && k.plural() == plural)
+}
+
+/// Parse a resource path; None for discovery and unknown paths.
+pub(super) fn parse_target(path: &str) -> Option<Target> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", "networking.k8s.io", "v1", rest @ ..] => ("networking.k8s.io", rest),
+        _ => return None,
+    };
+    let t = |kind, ns: Option<&str>, name: Option<&str>, sub: Option<&str>| {
+        Some(Target {
+            kind,
+            ns: ns.map(str::to_string),
+            name: name.map(str::to_string),
+            sub: sub.map(str::to_string),
+        })
+    };
+    match rest {
+        [plural] => t(kind_for(group, plural)?, None, None, None),
+        ["namespaces", ns, plural] if group.is_empty() && matches!(*plural, "status" | "finalize") => {
+            t(Kind::Namespace, None, Some(ns), Some(plural))
+        }
+        ["namespaces", ns, plural] => {
+            let k = kind_for(group, plural)?;
+            k.namespaced().then_some(())?;
+            t(k, Some(ns), None, None)
+        }
+        ["namespaces", ns, plural, name] => {
+            let k = kind_for(group, plural)?;
+            k.namespaced().then_some(())?;
+            t(k, Some(ns), Some(name), None)
+        }
+        ["namespaces", ns, plural, name, sub] => {
+            let k = kind_for(group, plural)?;
+            k.namespaced().then_some(())?;
+            t(k, Some(ns), Some(name), Some(sub))
+        }
+        [plural, name] => {
+            let k = kind_for(group, plural)?;
+            (!k.namespaced()).then_some(())?;
+            t(k, None, Some(name), None)
+        }
+        _ => None,
+    }
+}
+
+/// The query parameters (empty when they do not parse).
+pub(super) fn query_map(uri: &Uri) -> HashMap<String, String> {
+    axum::extract::Query::<HashMap<String, String>>::try_from_uri(uri)
+        .map(|q| q.0)
+        .unwrap_or_default()
+}
+
+/// Whether the boolean query parameter `k` is set (`true` or `1`).
+pub(super) fn is_true(q: &HashMap<String, String>, k: &str) -> bool {
+    matches!(q.get(k).map(String::as_str), Some("true" | "1"))
+}
+
+/// The verb of a request, as counted in [`super::Stats::by_verb`] and matched by fault rules.
+pub(super) fn verb_of(method: &Method, target: Option<&Target>, q: &HashMap<String, String>) -> &'static str {
+    let Some(t) = target else {
+        return "discovery";
+    };
+    match (method.as_str(), t.name.is_some()) {
+        ("GET", _) if is_true(q, "watch") => "watch",
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => "other",
+    }
+}
