@@ -41,9 +41,9 @@ use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodIP, PodSpec, PodS
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ObjectMeta, PostParams};
 use npm_agent::agent::{self, AgentConfig};
-use npm_agent::endpoints::{Resolve, Resolved};
-use npm_agent::metrics::Metrics;
-use npm_agent::sync::{AgentDataplane, SyncConfig};
+use npm_agent::node::{Resolve, Resolved};
+use npm_agent::reconcile::{AgentDataplane, SyncConfig};
+use npm_agent::telemetry::Metrics;
 use npm_common::DenyEvent;
 use npm_dataplane::ebpf::{dump_pinned, EbpfDataplane, EbpfOptions};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};

@@ -1,13 +1,15 @@
-//! Wiring: the watchers, the sync loop and the HTTP server of one agent.
+//! Wiring of one agent (its context and its tasks): the watchers, the
+//! sync loop and the HTTP server, sharing one cache, one metrics registry
+//! and one readiness flag (used by `main` and the tests).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::endpoints::Resolve;
-use crate::metrics::Metrics;
-use crate::server::{self, ServerError, ServerState};
-use crate::sync::{AgentDataplane, Readiness, SyncConfig, Syncer};
-use crate::watch::{spawn_watchers, Cache};
+use crate::k8s::{spawn_watchers, Cache};
+use crate::node::Resolve;
+use crate::reconcile::{AgentDataplane, Readiness, SyncConfig, Syncer};
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::server::{self, ServerError, ServerState};
 
 /// Settings of an agent.
 #[derive(Clone, Debug)]
@@ -70,14 +72,11 @@ pub async fn start<D: AgentDataplane + 'static>(
     metrics: Metrics,
 ) -> Result<RunningAgent, ServerError> {
     let cache = Cache::new(metrics.clone());
-    let syncer = Syncer::new(
-        cfg.sync.clone(),
-        cache.clone(),
-        metrics.clone(),
-        dataplane,
-        resolver,
-        Some(client.clone()),
-    );
+    let syncer = Syncer::builder(cache.clone(), dataplane)
+        .config(cfg.sync.clone())
+        .resolver(resolver)
+        .client(client.clone())
+        .build();
     let readiness = syncer.readiness();
     let mut tasks = Vec::new();
     let mut http_addr = None;
@@ -104,29 +103,4 @@ pub async fn start<D: AgentDataplane + 'static>(
         http_addr,
         tasks,
     })
-}
-
-/// This node's own addresses (global scope, every interface): identity
-/// HOST in the compiled policy.
-pub fn local_addresses() -> Vec<IpAddr> {
-    let Ok(out) = std::process::Command::new("ip").args(["-j", "addr", "show"]).output() else {
-        return Vec::new();
-    };
-    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-        return Vec::new();
-    };
-    let mut ips = Vec::new();
-    for link in v.as_array().into_iter().flatten() {
-        for a in link.get("addr_info").and_then(|a| a.as_array()).into_iter().flatten() {
-            if a.get("scope").and_then(|s| s.as_str()) != Some("global") {
-                continue;
-            }
-            if let Some(ip) = a.get("local").and_then(|l| l.as_str()).and_then(|l| l.parse().ok()) {
-                ips.push(ip);
-            }
-        }
-    }
-    ips.sort();
-    ips.dedup();
-    ips
 }

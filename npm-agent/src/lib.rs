@@ -2,24 +2,31 @@
 //! the kernel dataplane equal to the compiled policy of its node, and
 //! exports metrics and health.
 //!
-//! - [`watch`]: watchers and the complete-list-only cache (incident 2);
-//! - [`compiler`]: the calls into `npm-policy`;
+//! One module per step of the flow:
+//!
+//! - [`k8s`]: API objects in: watchers, the complete-list-only stores
+//!   (incident 2) and the direct read;
+//! - [`reconcile`]: the level-triggered sync loop: the compiler bridge
+//!   (objects -> snapshot -> compiled policy), the mass-deletion guard,
+//!   adoption of a previous agent's state, the cross-check, IP conflicts;
+//! - [`node`]: this node: its addresses and the host-side interfaces of
+//!   its local endpoints;
 //! - [`dataplanes`]: opening the eBPF or nftables dataplane;
-//! - [`inspect`]: `npm-agent inspect`;
-//! - [`endpoints`]: host-side interfaces of local endpoints;
-//! - [`sync`]: the level-triggered sync loop and the mass-deletion guard;
-//! - [`metrics`], [`server`]: Prometheus metrics, `/healthz`, `/readyz`;
-//! - [`flowlog`]: rate-limited deny flow logs;
-//! - [`agent`]: wiring of all of the above (used by `main` and the tests).
+//! - [`telemetry`]: Prometheus metrics, deny flow logs, `/metrics`,
+//!   `/healthz`, `/readyz`;
+//! - [`agent`]: wiring of all of the above (used by `main` and the tests);
+//! - [`inspect`], [`simulate`]: the `npm-agent inspect` and
+//!   `npm-agent simulate` subcommands.
 #![deny(missing_docs)]
 
 pub mod agent;
-pub mod compiler;
 pub mod dataplanes;
-pub mod endpoints;
-pub mod flowlog;
 pub mod inspect;
-pub mod metrics;
-pub mod server;
-pub mod sync;
-pub mod watch;
+pub mod k8s;
+pub mod node;
+pub mod reconcile;
+pub mod simulate;
+pub mod telemetry;
+
+// `dataplanes.rs` names the trait by its former path, `crate::sync`.
+use reconcile as sync;

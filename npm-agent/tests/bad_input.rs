@@ -10,8 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams};
 
 #[derive(Clone, Default)]
 struct LogBuf(Arc<Mutex<Vec<u8>>>);
@@ -165,10 +163,7 @@ async fn invalid_policies_are_logged_counted_and_skipped() {
     }
 
     // Removing one invalid policy lowers the gauge.
-    Api::<NetworkPolicy>::namespaced(client.clone(), "bad")
-        .delete("p-cidr", &DeleteParams::default())
-        .await
-        .unwrap();
+    delete_policy(&client, "bad", "p-cidr").await;
     wait_until("gauge lowered", Duration::from_secs(10), || {
         metric(&agent, "npm_invalid_policies") == (invalid.len() - 1) as f64
     })

@@ -14,44 +14,23 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::netns::*;
 use common::process::*;
 use common::*;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams};
-use npm_agent::agent::{self, RunningAgent};
-use npm_agent::endpoints::{InterfacePattern, InterfaceResolver};
-use npm_agent::metrics::Metrics;
+use npm_agent::agent::RunningAgent;
+use npm_agent::node::{InterfacePattern, InterfaceResolver};
 use npm_dataplane::ebpf::{EbpfDataplane, EbpfOptions};
 
 const PREFIX: &str = "npmae";
-const FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 
 fn server_addr() -> SocketAddr {
     "10.214.2.2:8080".parse().unwrap()
 }
 
-struct Topology {
-    pods: [String; 2],
-    veths: [String; 2],
-    pin_dir: PathBuf,
-    forward_before: String,
-    stop: Arc<AtomicBool>,
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        remove_links_and_netns(&self.veths, &self.pods);
-        let _ = std::fs::remove_dir_all(&self.pin_dir);
-        let _ = std::fs::write(FORWARD, &self.forward_before);
-    }
-}
+/// Pods `a` and `b`, routed from the root namespace.
+type Topology = RoutedPods<2>;
 
 fn clear_leftovers() {
     clear_stale_netns(PREFIX);
@@ -61,19 +40,7 @@ fn clear_leftovers() {
 
 fn setup() -> Topology {
     clear_leftovers();
-    let pid = std::process::id();
-    let t = Topology {
-        pods: [format!("{PREFIX}{pid}a"), format!("{PREFIX}{pid}b")],
-        veths: [format!("nge{pid}a"), format!("nge{pid}b")],
-        pin_dir: PathBuf::from(format!("/sys/fs/bpf/{PREFIX}{pid}")),
-        forward_before: std::fs::read_to_string(FORWARD).unwrap_or_else(|_| "0\n".into()),
-        stop: Arc::new(AtomicBool::new(false)),
-    };
-    std::fs::write(FORWARD, "1\n").expect("enable forwarding");
-    for (i, (ns, host)) in t.pods.iter().zip(&t.veths).enumerate() {
-        add_routed_pod(ns, host, "10.214", i + 1);
-    }
-    t
+    RoutedPods::new(PREFIX, "nge", ["a", "b"], "10.214")
 }
 
 async fn start(topo: &Topology, client: &kube::Client) -> RunningAgent {
@@ -85,15 +52,7 @@ async fn start(topo: &Topology, client: &kube::Client) -> RunningAgent {
     .expect("open the eBPF dataplane (run `cargo xtask build-ebpf` first)");
     let pattern = InterfacePattern::new(&format!("nge{}*", std::process::id())).unwrap();
     let resolver = InterfaceResolver::new(Some(pattern));
-    agent::start(
-        agent_config(100),
-        client.clone(),
-        dp,
-        Box::new(resolver),
-        Metrics::new().unwrap(),
-    )
-    .await
-    .unwrap()
+    start_agent_with(agent_config(100), client.clone(), dp, Box::new(resolver)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,48 +61,15 @@ async fn agent_enforces_through_ebpf_and_survives_restart() {
     serve(&topo.pods[1], server_addr(), topo.stop.clone());
     assert!(probe(&topo.pods[0], server_addr()), "a reaches b before any policy");
 
-    let (srv, client) = server(true).await;
-    create_namespaces(&client, &[namespace("k", &[])]).await;
-    create_pods(
-        &client,
-        vec![
-            pod("k", "a", "node-a", Some("10.214.1.2"), &[("app", "a")]),
-            pod("k", "b", "node-a", Some("10.214.2.2"), &[("app", "b")]),
-        ],
-        2,
-    )
-    .await;
+    let (srv, client) = two_pod_server("10.214").await;
     let agent = start(&topo, &client).await;
     wait_until("ready", Duration::from_secs(20), || agent.is_ready()).await;
     assert_eq!(metric(&agent, "npm_endpoints_pending_interface"), 0.0);
     expect_probe(&topo.pods[0], server_addr(), true, "no policy").await;
 
-    let policy = |name: &str, spec: serde_json::Value| {
-        serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-                           "metadata": {"name": name, "namespace": "k"}, "spec": spec})
-    };
-    create_policy(
-        &client,
-        "k",
-        policy(
-            "deny-b",
-            serde_json::json!({"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}),
-        ),
-    )
-    .await
-    .unwrap();
+    create_policy(&client, "k", deny_b()).await.unwrap();
     expect_probe(&topo.pods[0], server_addr(), false, "b is ingress-isolated").await;
-    create_policy(
-        &client,
-        "k",
-        policy(
-            "allow-a",
-            serde_json::json!({"podSelector": {"matchLabels": {"app": "b"}},
-                               "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}], "ports": [{"port": 8080}]}]}),
-        ),
-    )
-    .await
-    .unwrap();
+    create_policy(&client, "k", allow_a()).await.unwrap();
     expect_probe(&topo.pods[0], server_addr(), true, "a allowed to b:8080").await;
     // The dataplane counters reach the metrics.
     wait_until("counters exported", Duration::from_secs(10), || {
@@ -184,10 +110,7 @@ async fn agent_enforces_through_ebpf_and_survives_restart() {
     let agent = start(&topo, &client).await;
     wait_until("ready again", Duration::from_secs(20), || agent.is_ready()).await;
     expect_probe(&topo.pods[0], server_addr(), true, "after restart").await;
-    Api::<NetworkPolicy>::namespaced(client.clone(), "k")
-        .delete("allow-a", &DeleteParams::default())
-        .await
-        .unwrap();
+    delete_policy(&client, "k", "allow-a").await;
     expect_probe(&topo.pods[0], server_addr(), false, "allow removed after restart").await;
     drop(agent);
     srv.shutdown().await;

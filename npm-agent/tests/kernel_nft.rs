@@ -22,11 +22,7 @@ use std::time::Duration;
 
 use common::netns::*;
 use common::*;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams};
-use npm_agent::agent;
-use npm_agent::endpoints::InterfaceResolver;
-use npm_agent::metrics::Metrics;
+use npm_agent::node::InterfaceResolver;
 use npm_dataplane::nft::{NftDataplane, NftOptions};
 
 const PREFIX: &str = "npmag";
@@ -113,17 +109,7 @@ async fn agent_enforces_through_nftables_in_a_netns() {
     serve(&topo.pods[1], server_addr(), topo.stop.clone());
     assert!(probe(&topo.pods[0], server_addr()), "a reaches b before any policy");
 
-    let (srv, client) = server(true).await;
-    create_namespaces(&client, &[namespace("k", &[])]).await;
-    create_pods(
-        &client,
-        vec![
-            pod("k", "a", "node-a", Some("10.213.1.2"), &[("app", "a")]),
-            pod("k", "b", "node-a", Some("10.213.2.2"), &[("app", "b")]),
-        ],
-        2,
-    )
-    .await;
+    let (srv, client) = two_pod_server("10.213").await;
     let table = format!("npm_t{}", std::process::id());
     let dp = NftDataplane::new(NftOptions {
         table: table.clone(),
@@ -131,15 +117,7 @@ async fn agent_enforces_through_nftables_in_a_netns() {
     })
     .expect("nft dataplane");
     let resolver = InterfaceResolver::new(None).in_netns(&topo.node);
-    let agent = agent::start(
-        agent_config(100),
-        client.clone(),
-        dp,
-        Box::new(resolver),
-        Metrics::new().unwrap(),
-    )
-    .await
-    .unwrap();
+    let agent = start_agent_with(agent_config(100), client.clone(), dp, Box::new(resolver)).await;
     wait_until("ready", Duration::from_secs(20), || agent.is_ready()).await;
     assert_eq!(
         metric(&agent, "npm_endpoints_pending_interface"),
@@ -148,35 +126,18 @@ async fn agent_enforces_through_nftables_in_a_netns() {
     );
     expect_probe(&topo.pods[0], server_addr(), true, "no policy").await;
 
-    let deny = serde_json::json!({
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": {"name": "deny-b", "namespace": "k"},
-        "spec": {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}
-    });
-    create_policy(&client, "k", deny).await.unwrap();
+    create_policy(&client, "k", deny_b()).await.unwrap();
     expect_probe(&topo.pods[0], server_addr(), false, "b is ingress-isolated").await;
 
-    let allow = serde_json::json!({
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": {"name": "allow-a", "namespace": "k"},
-        "spec": {"podSelector": {"matchLabels": {"app": "b"}},
-                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}], "ports": [{"port": 8080}]}]}
-    });
-    create_policy(&client, "k", allow).await.unwrap();
+    create_policy(&client, "k", allow_a()).await.unwrap();
     expect_probe(&topo.pods[0], server_addr(), true, "a is allowed to b:8080").await;
 
     // Deleting pod a from the API: its address is no longer a pod of app=a.
     delete_pods(&client, vec![("k".into(), "a".into())], 1).await;
     expect_probe(&topo.pods[0], server_addr(), false, "a's address is no longer app=a").await;
 
-    Api::<NetworkPolicy>::namespaced(client.clone(), "k")
-        .delete("deny-b", &DeleteParams::default())
-        .await
-        .unwrap();
-    Api::<NetworkPolicy>::namespaced(client.clone(), "k")
-        .delete("allow-a", &DeleteParams::default())
-        .await
-        .unwrap();
+    delete_policy(&client, "k", "deny-b").await;
+    delete_policy(&client, "k", "allow-a").await;
     expect_probe(&topo.pods[0], server_addr(), true, "no policy left").await;
     drop(agent);
     srv.shutdown().await;

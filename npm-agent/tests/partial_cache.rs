@@ -17,9 +17,9 @@ use common::*;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::Event;
-use npm_agent::metrics::Metrics;
-use npm_agent::sync::{AgentDataplane, SyncError, Syncer};
-use npm_agent::watch::{direct_read, Cache};
+use npm_agent::k8s::{direct_read, Cache};
+use npm_agent::reconcile::{AgentDataplane, SyncError, Syncer};
+use npm_agent::telemetry::Metrics;
 use npm_testapi::FaultRule;
 
 const PODS: usize = 3000;
@@ -38,6 +38,15 @@ fn big_pods() -> Vec<Pod> {
             pod("big", &format!("p{i}"), node, Some(&pod_ip(i)), &[("app", &app)])
         })
         .collect()
+}
+
+/// A test API server holding namespace `big` and the first 300 `big_pods`.
+async fn server_with_300_pods() -> (npm_testapi::TestApiServer, kube::Client) {
+    let (srv, client) = server(true).await;
+    create_namespaces(&client, &[namespace("big", &[])]).await;
+    let pods: Vec<Pod> = big_pods().into_iter().take(300).collect();
+    create_pods(&client, pods, 64).await;
+    (srv, client)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,24 +144,12 @@ async fn partial_list_is_never_programmed_and_mass_deletion_is_confirmed() {
 /// would) never deletes live pods: the guard's direct read overrules it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unconfirmed_mass_deletion_is_not_applied() {
-    let (srv, client) = server(true).await;
-    create_namespaces(&client, &[namespace("big", &[])]).await;
-    let pods: Vec<Pod> = big_pods().into_iter().take(300).collect();
-    create_pods(&client, pods, 64).await;
+    let (srv, client) = server_with_300_pods().await;
 
     let metrics = Metrics::new().unwrap();
     let cache = Cache::new(metrics.clone());
     let dp = RecordingDataplane::default();
-    let mut cfg = agent_config(100).sync;
-    cfg.page_size = 100;
-    let mut syncer = Syncer::new(
-        cfg,
-        cache.clone(),
-        metrics.clone(),
-        dp.clone(),
-        Box::new(FixedResolver),
-        Some(client.clone()),
-    );
+    let mut syncer = test_syncer(&cache, dp.clone(), &client).build();
 
     // Feed the cache a full list, as the watchers would.
     let state = direct_read(&client, 100).await.unwrap();
@@ -172,7 +169,7 @@ async fn unconfirmed_mass_deletion_is_not_applied() {
         assert!(r.calls.iter().all(|c| c.ipcache_removed == 0));
     }
     assert_eq!(
-        npm_agent::metrics::sample(&metrics.render(), "npm_destructive_actions_deferred_total"),
+        npm_agent::telemetry::sample(&metrics.render(), "npm_destructive_actions_deferred_total"),
         Some(1.0)
     );
 
@@ -229,14 +226,7 @@ async fn gradual_setup(client: &kube::Client) -> GradualSetup {
     let metrics = Metrics::new().unwrap();
     let cache = Cache::new(metrics.clone());
     let dp = RecordingDataplane::default();
-    let syncer = Syncer::new(
-        agent_config(100).sync,
-        cache.clone(),
-        metrics.clone(),
-        dp.clone(),
-        Box::new(FixedResolver),
-        Some(client.clone()),
-    );
+    let syncer = test_syncer(&cache, dp.clone(), client).build();
     let state = direct_read(client, 100).await.unwrap();
     cache.handle::<Namespace>(Event::Init);
     for n in &state.namespaces {
@@ -272,7 +262,7 @@ impl GradualSetup {
     }
 
     fn deferred(&self) -> f64 {
-        npm_agent::metrics::sample(&self.metrics.render(), "npm_destructive_actions_deferred_total").unwrap_or(0.0)
+        npm_agent::telemetry::sample(&self.metrics.render(), "npm_destructive_actions_deferred_total").unwrap_or(0.0)
     }
 
     /// (ipcache entries, endpoints) in the recording dataplane.
@@ -436,24 +426,10 @@ async fn direct_reads_back_off_while_held() {
 /// removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_agent_guards_its_first_sync_against_the_adopted_state() {
-    let (srv, client) = server(true).await;
-    create_namespaces(&client, &[namespace("big", &[])]).await;
-    let pods: Vec<Pod> = big_pods().into_iter().take(300).collect();
-    create_pods(&client, pods, 64).await;
+    let (srv, client) = server_with_300_pods().await;
     let state = direct_read(&client, 100).await.unwrap();
     let dp = RecordingDataplane::default();
-    let new_syncer = |metrics: &Metrics, cache: &Arc<Cache>| {
-        let mut cfg = agent_config(100).sync;
-        cfg.page_size = 100;
-        Syncer::new(
-            cfg,
-            cache.clone(),
-            metrics.clone(),
-            dp.clone(),
-            Box::new(FixedResolver),
-            Some(client.clone()),
-        )
-    };
+    let new_syncer = |cache: &Arc<Cache>| test_syncer(cache, dp.clone(), &client).build();
     let first30: std::collections::BTreeSet<_> = state.pods[..30].iter().map(|p| p.metadata.name.clone()).collect();
     let feed = |cache: &Arc<Cache>, all: bool| feed_cache(cache, &state, |p| all || first30.contains(&p.metadata.name));
 
@@ -461,7 +437,7 @@ async fn restarted_agent_guards_its_first_sync_against_the_adopted_state() {
     let metrics = Metrics::new().unwrap();
     let cache = Cache::new(metrics.clone());
     feed(&cache, true);
-    let mut first = new_syncer(&metrics, &cache);
+    let mut first = new_syncer(&cache);
     assert!(!first.sync_once().await.unwrap().guarded);
     assert_eq!(dp.lock().state.ipcache.len(), 300);
     assert_eq!(dp.adopted_counts(), Some((5, 20)));
@@ -472,7 +448,7 @@ async fn restarted_agent_guards_its_first_sync_against_the_adopted_state() {
     let metrics = Metrics::new().unwrap();
     let cache = Cache::new(metrics.clone());
     feed(&cache, false);
-    let mut restarted = new_syncer(&metrics, &cache);
+    let mut restarted = new_syncer(&cache);
     let out = restarted.sync_once().await.unwrap();
     assert!(out.guarded, "the first sync after a restart is guarded");
     assert_eq!(
@@ -481,7 +457,7 @@ async fn restarted_agent_guards_its_first_sync_against_the_adopted_state() {
         "the direct read kept every live pod"
     );
     assert_eq!(
-        npm_agent::metrics::sample(&metrics.render(), "npm_destructive_actions_deferred_total"),
+        npm_agent::telemetry::sample(&metrics.render(), "npm_destructive_actions_deferred_total"),
         Some(1.0)
     );
     drop(restarted);
@@ -490,7 +466,7 @@ async fn restarted_agent_guards_its_first_sync_against_the_adopted_state() {
     let metrics = Metrics::new().unwrap();
     let cache = Cache::new(metrics.clone());
     feed(&cache, false);
-    let mut restarted = new_syncer(&metrics, &cache);
+    let mut restarted = new_syncer(&cache);
     let calls = dp.lock().calls.len();
     srv.inject(FaultRule::fail(1000, 503));
     let err = restarted.sync_once().await.unwrap_err();

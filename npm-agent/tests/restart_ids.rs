@@ -17,10 +17,10 @@ use std::sync::Arc;
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
-use npm_agent::endpoints::{Resolve, Resolved};
-use npm_agent::metrics::Metrics;
-use npm_agent::sync::Syncer;
-use npm_agent::watch::{direct_read, Cache};
+use npm_agent::k8s::{direct_read, Cache};
+use npm_agent::node::{Resolve, Resolved};
+use npm_agent::reconcile::Syncer;
+use npm_agent::telemetry::Metrics;
 use npm_policy::compiled::Compiled;
 
 /// Each pod's interface is its own (a new pod gets a new veth): the ifindex
@@ -73,20 +73,10 @@ async fn feed(client: &kube::Client, cache: &Arc<Cache>, keep: impl Fn(&Pod) -> 
 }
 
 /// A syncer on `dp`.
-fn syncer(
-    dp: &RecordingDataplane,
-    client: &kube::Client,
-    cache: &Arc<Cache>,
-    metrics: &Metrics,
-) -> Syncer<RecordingDataplane> {
-    Syncer::new(
-        agent_config(100).sync,
-        cache.clone(),
-        metrics.clone(),
-        dp.clone(),
-        Box::new(PerPodResolver),
-        Some(client.clone()),
-    )
+fn syncer(dp: &RecordingDataplane, client: &kube::Client, cache: &Arc<Cache>) -> Syncer<RecordingDataplane> {
+    test_syncer(cache, dp.clone(), client)
+        .resolver(Box::new(PerPodResolver))
+        .build()
 }
 
 /// A first agent that saw p10..p19 first (ids 1..=10), then p0..p9 (ids
@@ -94,9 +84,8 @@ fn syncer(
 /// what it programmed (pod name -> (uid, id)).
 async fn first_agent(dp: &RecordingDataplane, client: &kube::Client) -> BTreeMap<String, (String, u32)> {
     create_namespaces(client, &[namespace("web", &[])]).await;
-    let metrics = Metrics::new().unwrap();
-    let cache = Cache::new(metrics.clone());
-    let mut first = syncer(dp, client, &cache, &metrics);
+    let cache = Cache::new(Metrics::new().unwrap());
+    let mut first = syncer(dp, client, &cache);
     create_pods(client, (10..20).map(local_pod).collect(), 8).await;
     feed(client, &cache, |_| true).await;
     first.sync_once().await.unwrap();
@@ -119,23 +108,21 @@ async fn a_guarded_or_retried_first_sync_keeps_the_adopted_ids() {
     // A restarted agent whose cache (wrongly) holds 2 of the 20 pods: its
     // first sync is held against the adopted state, and the direct read
     // (all 20 pods) is compiled with the adopted ids.
-    let metrics = Metrics::new().unwrap();
-    let cache = Cache::new(metrics.clone());
+    let cache = Cache::new(Metrics::new().unwrap());
     feed(&client, &cache, |p| {
         matches!(p.metadata.name.as_deref(), Some("p0" | "p1"))
     })
     .await;
-    let mut restarted = syncer(&dp, &client, &cache, &metrics);
+    let mut restarted = syncer(&dp, &client, &cache);
     assert!(restarted.sync_once().await.unwrap().guarded);
     assert_eq!(ids_by_name(&dp), before, "ids kept through the direct read");
     drop(restarted);
 
     // A restarted agent whose first write fails: the retry keeps them too.
     dp.lock().fail_next = 1;
-    let metrics = Metrics::new().unwrap();
-    let cache = Cache::new(metrics.clone());
+    let cache = Cache::new(Metrics::new().unwrap());
     feed(&client, &cache, |_| true).await;
-    let mut restarted = syncer(&dp, &client, &cache, &metrics);
+    let mut restarted = syncer(&dp, &client, &cache);
     assert!(restarted.sync_once().await.is_err(), "the first write fails");
     restarted.sync_once().await.unwrap();
     assert_eq!(ids_by_name(&dp), before, "ids kept through a failed first write");
@@ -157,9 +144,8 @@ async fn a_restarted_agent_keeps_the_ids_of_unchanged_pods_and_numbers_the_rest_
     create_pods(&client, vec![q5, local_pod(20)], 2).await;
 
     // The restarted agent.
-    let metrics = Metrics::new().unwrap();
-    let cache = Cache::new(metrics.clone());
-    let mut restarted = syncer(&dp, &client, &cache, &metrics);
+    let cache = Cache::new(Metrics::new().unwrap());
+    let mut restarted = syncer(&dp, &client, &cache);
     feed(&client, &cache, |_| true).await;
     restarted.sync_once().await.unwrap();
     let after = ids_by_name(&dp);

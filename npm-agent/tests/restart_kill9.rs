@@ -35,7 +35,6 @@ use common::*;
 
 const PREFIX: &str = "npmrk";
 const VETH: &str = "ngk";
-const FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 /// A round trip slower than this is a failure.
 const RTT_LIMIT: Duration = Duration::from_millis(500);
 
@@ -43,24 +42,17 @@ fn server_addr() -> SocketAddr {
     "10.215.2.2:8080".parse().unwrap()
 }
 
-/// Pod namespaces, veths, pin dir and the forwarding setting; removed on drop.
+/// The routed pod namespaces (a, s, c), their pin dir and a work dir;
+/// removed on drop.
 struct Topology {
     /// Namespaces of a, s, c.
-    pods: [String; 3],
-    veths: [String; 3],
-    pin_dir: PathBuf,
+    routed: RoutedPods<3>,
     work_dir: PathBuf,
-    forward_before: String,
-    stop: Arc<AtomicBool>,
 }
 
 impl Drop for Topology {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        remove_links_and_netns(&self.veths, &self.pods);
-        let _ = std::fs::remove_dir_all(&self.pin_dir);
         let _ = std::fs::remove_dir_all(&self.work_dir);
-        let _ = std::fs::write(FORWARD, &self.forward_before);
     }
 }
 
@@ -74,21 +66,12 @@ fn clear_leftovers() {
 
 fn setup() -> Topology {
     clear_leftovers();
-    let pid = std::process::id();
-    let t = Topology {
-        pods: ["a", "s", "c"].map(|x| format!("{PREFIX}{pid}{x}")),
-        veths: ["a", "s", "c"].map(|x| format!("{VETH}{pid}{x}")),
-        pin_dir: PathBuf::from(format!("/sys/fs/bpf/{PREFIX}{pid}")),
-        work_dir: std::env::temp_dir().join(format!("{PREFIX}{pid}")),
-        forward_before: std::fs::read_to_string(FORWARD).unwrap_or_else(|_| "0\n".into()),
-        stop: Arc::new(AtomicBool::new(false)),
-    };
-    std::fs::create_dir_all(&t.work_dir).expect("create the work dir");
-    std::fs::write(FORWARD, "1\n").expect("enable forwarding");
-    for (i, (ns, host)) in t.pods.iter().zip(&t.veths).enumerate() {
-        add_routed_pod(ns, host, "10.215", i + 1);
+    let work_dir = std::env::temp_dir().join(format!("{PREFIX}{}", std::process::id()));
+    std::fs::create_dir_all(&work_dir).expect("create the work dir");
+    Topology {
+        routed: RoutedPods::new(PREFIX, VETH, ["a", "s", "c"], "10.215"),
+        work_dir,
     }
-    t
 }
 
 /// Total retransmitted segments of a TCP socket.
@@ -268,7 +251,7 @@ impl AgentProcess {
         let metrics = free_port();
         let log = topo.work_dir.join(format!("agent{generation}.log"));
         let child = spawn_agent_run(
-            &topo.pin_dir,
+            &topo.routed.pin_dir,
             Some(object),
             kubeconfig,
             &format!("{VETH}{}*", std::process::id()),
@@ -375,7 +358,7 @@ fn probe_now(ns: &str) -> bool {
 /// agent's log.
 fn diagnose(topo: &Topology, agent: Option<&AgentProcess>) -> String {
     let mut text = String::new();
-    for (who, ns) in [("a", &topo.pods[0]), ("c", &topo.pods[2])] {
+    for (who, ns) in [("a", &topo.routed.pods[0]), ("c", &topo.routed.pods[2])] {
         let tries: Vec<String> = (0..5)
             .map(|_| {
                 let t0 = Instant::now();
@@ -388,7 +371,7 @@ fn diagnose(topo: &Topology, agent: Option<&AgentProcess>) -> String {
     }
     let out = Command::new(env!("CARGO_BIN_EXE_npm-agent"))
         .args(["inspect", "--json", "--pin-dir"])
-        .arg(&topo.pin_dir)
+        .arg(&topo.routed.pin_dir)
         .output();
     if let Ok(out) = out {
         text += &format!(
@@ -437,8 +420,8 @@ async fn flow_progresses(flow: &FlowStats, dur: Duration, what: &str) -> u64 {
 async fn kill9_under_traffic_keeps_enforcing_and_restart_converges() {
     let object = ebpf_object();
     let topo = setup();
-    let [ns_a, ns_s, ns_c] = topo.pods.clone();
-    let echo = echo_server(&ns_s, server_addr(), topo.stop.clone());
+    let [ns_a, ns_s, ns_c] = topo.routed.pods.clone();
+    let echo = echo_server(&ns_s, server_addr(), topo.routed.stop.clone());
     assert!(probe_now(&ns_a), "a reaches s before any agent");
     assert!(probe_now(&ns_c), "c reaches s before any agent");
 
@@ -494,7 +477,7 @@ async fn kill9_under_traffic_keeps_enforcing_and_restart_converges() {
         diagnose(&topo, None)
     );
     // What enforces now is the pinned state: inspect reads it.
-    let dump = inspect_json(&topo.pin_dir, &[]);
+    let dump = inspect_json(&topo.routed.pin_dir, &[]);
     let eps = dump["endpoints"].as_array().expect("endpoints in inspect");
     assert_eq!(eps.len(), 3, "three pinned endpoints: {dump}");
     assert!(
@@ -543,7 +526,7 @@ async fn kill9_under_traffic_keeps_enforcing_and_restart_converges() {
     // interfaces, same addresses), read back from the pinned maps; its log
     // says they were matched against the adopted records (a fresh
     // numbering would give these three pods the same ids).
-    let dump = inspect_json(&topo.pin_dir, &[]);
+    let dump = inspect_json(&topo.routed.pin_dir, &[]);
     let eps = dump["endpoints"].as_array().expect("endpoints in inspect");
     assert_eq!(ids_of(eps), ids_before, "endpoint ids across the restart: {dump}");
     let log = strip_ansi(&agent.log_text());

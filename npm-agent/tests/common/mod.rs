@@ -17,9 +17,10 @@ use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodIP
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use npm_agent::agent::{self, AgentConfig, RunningAgent};
-use npm_agent::endpoints::{Resolve, Resolved};
-use npm_agent::metrics::{sample, Metrics};
-use npm_agent::sync::{AgentDataplane, SyncConfig};
+use npm_agent::k8s::Cache;
+use npm_agent::node::{Resolve, Resolved};
+use npm_agent::reconcile::{AgentDataplane, SyncConfig, Syncer, SyncerBuilder};
+use npm_agent::telemetry::{sample, Metrics};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
 use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, MapDiff, RuleRef};
 use npm_testapi::{Options, TestApiServer};
@@ -231,17 +232,32 @@ pub fn agent_config(page_size: u32) -> AgentConfig {
     }
 }
 
+/// The syncer the tests start from (builder-style: a test changes what it
+/// needs and calls `build`): over `dp`, reading `cache`, with the settings
+/// of `agent_config(100)`, the fixed resolver and `client` for the direct
+/// reads of the mass-deletion guard.
+pub fn test_syncer<D: AgentDataplane>(cache: &Arc<Cache>, dp: D, client: &kube::Client) -> SyncerBuilder<D> {
+    Syncer::builder(cache.clone(), dp)
+        .config(agent_config(100).sync)
+        .resolver(Box::new(FixedResolver))
+        .client(client.clone())
+}
+
 /// Start an agent over `dp` with the fixed resolver.
 pub async fn start_agent(cfg: AgentConfig, client: kube::Client, dp: impl AgentDataplane + 'static) -> RunningAgent {
-    agent::start(
-        cfg,
-        client,
-        dp,
-        Box::new(FixedResolver),
-        Metrics::new().expect("metrics"),
-    )
-    .await
-    .expect("start agent")
+    start_agent_with(cfg, client, dp, Box::new(FixedResolver)).await
+}
+
+/// Start an agent over `dp` whose endpoints' interfaces `resolver` finds.
+pub async fn start_agent_with(
+    cfg: AgentConfig,
+    client: kube::Client,
+    dp: impl AgentDataplane + 'static,
+    resolver: Box<dyn Resolve>,
+) -> RunningAgent {
+    agent::start(cfg, client, dp, resolver, Metrics::new().expect("metrics"))
+        .await
+        .expect("start agent")
 }
 
 /// A namespace with labels.
@@ -287,6 +303,43 @@ pub fn pod(ns: &str, name: &str, node: &str, ip: Option<&str>, labels: &[(&str, 
             ..Default::default()
         }),
     }
+}
+
+/// A test API server holding namespace `k` and two Running pods of
+/// `node-a`: `k/a` (app=a) at `<subnet>.1.2` and `k/b` (app=b) at
+/// `<subnet>.2.2` (the kernel tests' two routed pods).
+pub async fn two_pod_server(subnet: &str) -> (TestApiServer, kube::Client) {
+    let (srv, client) = server(true).await;
+    create_namespaces(&client, &[namespace("k", &[])]).await;
+    create_pods(
+        &client,
+        vec![
+            pod("k", "a", "node-a", Some(&format!("{subnet}.1.2")), &[("app", "a")]),
+            pod("k", "b", "node-a", Some(&format!("{subnet}.2.2")), &[("app", "b")]),
+        ],
+        2,
+    )
+    .await;
+    (srv, client)
+}
+
+/// Policy `k/deny-b`: pods app=b are ingress-isolated.
+pub fn deny_b() -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "deny-b", "namespace": "k"},
+        "spec": {"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}
+    })
+}
+
+/// Policy `k/allow-a`: pods app=a may reach pods app=b on port 8080.
+pub fn allow_a() -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "allow-a", "namespace": "k"},
+        "spec": {"podSelector": {"matchLabels": {"app": "b"}},
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}], "ports": [{"port": 8080}]}]}
+    })
 }
 
 /// Create namespaces.
@@ -335,6 +388,14 @@ pub async fn create_policy(
     Api::<NetworkPolicy>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &np)
         .await
+}
+
+/// Delete the NetworkPolicy `ns/name`.
+pub async fn delete_policy(client: &kube::Client, ns: &str, name: &str) {
+    Api::<NetworkPolicy>::namespaced(client.clone(), ns)
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete policy");
 }
 
 /// Poll `cond` every 20 ms until it holds or `timeout` passes (then panic with `what`).
@@ -391,11 +452,7 @@ pub fn endpoint_with_ip(state: &Compiled, ip: &str) -> Option<(u32, String)> {
 
 /// Feeds `cache` a complete list of `state`'s namespaces and policies and
 /// of the pods `keep` accepts, as the watchers would.
-pub fn feed_cache(
-    cache: &npm_agent::watch::Cache,
-    state: &npm_agent::watch::CompleteState,
-    keep: impl Fn(&Pod) -> bool,
-) {
+pub fn feed_cache(cache: &Cache, state: &npm_agent::k8s::CompleteState, keep: impl Fn(&Pod) -> bool) {
     use kube::runtime::watcher::Event;
     cache.handle::<Namespace>(Event::Init);
     for n in &state.namespaces {

@@ -1,9 +1,10 @@
 //! Network namespace helpers for the kernel tests: commands, threads inside
-//! a namespace, a TCP "ok" server and probes.
+//! a namespace, a TCP "ok" server and probes, routed pod namespaces.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -173,5 +174,52 @@ pub fn remove_links_and_netns(links: &[String], namespaces: &[String]) {
     }
     for ns in namespaces {
         let _ = Command::new("ip").args(["netns", "delete", ns]).output();
+    }
+}
+
+const FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+/// Pod namespaces routed from the root namespace (see [`add_routed_pod`]),
+/// a bpffs pin directory for the agent, and IPv4 forwarding, enabled while
+/// it lives. On drop the servers watching `stop` stop, the veths, the
+/// namespaces and the pin directory are removed and forwarding is restored.
+pub struct RoutedPods<const N: usize> {
+    /// The pod namespaces, `<prefix><pid><tag>`.
+    pub pods: [String; N],
+    /// Their host-side veths, `<veth><pid><tag>`.
+    pub veths: [String; N],
+    /// `/sys/fs/bpf/<prefix><pid>`.
+    pub pin_dir: PathBuf,
+    /// Set on drop.
+    pub stop: Arc<AtomicBool>,
+    forward_before: String,
+}
+
+impl<const N: usize> RoutedPods<N> {
+    /// One pod per tag; pod `i` (from 1) is `<subnet>.<i>.2/24` behind
+    /// `<subnet>.<i>.1` on its veth.
+    pub fn new(prefix: &str, veth: &str, tags: [&str; N], subnet: &str) -> Self {
+        let pid = std::process::id();
+        let t = RoutedPods {
+            pods: tags.map(|x| format!("{prefix}{pid}{x}")),
+            veths: tags.map(|x| format!("{veth}{pid}{x}")),
+            pin_dir: PathBuf::from(format!("/sys/fs/bpf/{prefix}{pid}")),
+            forward_before: std::fs::read_to_string(FORWARD).unwrap_or_else(|_| "0\n".into()),
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        std::fs::write(FORWARD, "1\n").expect("enable forwarding");
+        for (i, (ns, host)) in t.pods.iter().zip(&t.veths).enumerate() {
+            add_routed_pod(ns, host, subnet, i + 1);
+        }
+        t
+    }
+}
+
+impl<const N: usize> Drop for RoutedPods<N> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        remove_links_and_netns(&self.veths, &self.pods);
+        let _ = std::fs::remove_dir_all(&self.pin_dir);
+        let _ = std::fs::write(FORWARD, &self.forward_before);
     }
 }

@@ -11,9 +11,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use crate::metrics::Metrics;
-use crate::sync::Readiness;
-use crate::watch::Cache;
+use super::metrics::Metrics;
+use crate::k8s::Cache;
+use crate::reconcile::Readiness;
 
 /// Errors of the HTTP server.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,181 @@
+//! The agent's view of the cluster: the three [`ListStore`]s behind one
+//! [`Cache`] (shared by the watchers and the sync loop), the
+//! [`CompleteState`] copy a sync works on, and what each watched kind
+//! counts in the metrics.
+
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::runtime::watcher::Event;
+use kube::Resource;
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+
+use super::store::{ListStore, StoreUpdate};
+use crate::telemetry::metrics::{Metrics, PodOperation};
+
+/// The three resources the agent watches.
+pub trait Watched: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static {
+    /// Plural resource name (metrics label, logs).
+    const NAME: &'static str;
+    /// This kind's store in the cache.
+    fn store(cache: &Cache) -> &Mutex<ListStore<Self>>;
+    /// Count a change of the complete state (pods count their operations).
+    fn count_change(_metrics: &Metrics, _old: Option<&Self>, _new: Option<&Self>) {}
+}
+
+impl Watched for Pod {
+    const NAME: &'static str = "pods";
+    fn store(cache: &Cache) -> &Mutex<ListStore<Self>> {
+        &cache.pods
+    }
+    fn count_change(metrics: &Metrics, old: Option<&Self>, new: Option<&Self>) {
+        if let Some(op) = classify_pod_change(old, new) {
+            metrics.pod_event(op, 1);
+        }
+    }
+}
+
+impl Watched for Namespace {
+    const NAME: &'static str = "namespaces";
+    fn store(cache: &Cache) -> &Mutex<ListStore<Self>> {
+        &cache.namespaces
+    }
+}
+
+impl Watched for NetworkPolicy {
+    const NAME: &'static str = "networkpolicies";
+    fn store(cache: &Cache) -> &Mutex<ListStore<Self>> {
+        &cache.policies
+    }
+}
+
+fn pod_has_ip(p: &Pod) -> bool {
+    p.status.as_ref().is_some_and(|s| {
+        s.pod_ip.as_deref().is_some_and(|ip| !ip.is_empty())
+            || s.pod_ips
+                .as_ref()
+                .is_some_and(|ips| ips.iter().any(|i| !i.ip.is_empty()))
+    })
+}
+
+/// The `npm_controller_pod_event_total` operation of a pod change; `None`
+/// when nothing changed.
+pub fn classify_pod_change(old: Option<&Pod>, new: Option<&Pod>) -> Option<PodOperation> {
+    match (old, new) {
+        (None, Some(_)) => Some(PodOperation::Create),
+        (Some(_), None) => Some(PodOperation::Delete),
+        (Some(o), Some(n)) if pod_has_ip(o) && !pod_has_ip(n) => Some(PodOperation::UpdateWithEmptyIp),
+        (Some(_), Some(_)) => Some(PodOperation::Update),
+        (None, None) => None,
+    }
+}
+
+/// A consistent copy of the three complete stores.
+#[derive(Clone, Debug, Default)]
+pub struct CompleteState {
+    /// Namespaces.
+    pub namespaces: Vec<Arc<Namespace>>,
+    /// Pods.
+    pub pods: Vec<Arc<Pod>>,
+    /// NetworkPolicies.
+    pub policies: Vec<Arc<NetworkPolicy>>,
+}
+
+/// The agent's view of the cluster, shared by the watchers and the sync loop.
+pub struct Cache {
+    /// Pods of every namespace.
+    pub pods: Mutex<ListStore<Pod>>,
+    /// Namespaces.
+    pub namespaces: Mutex<ListStore<Namespace>>,
+    /// NetworkPolicies.
+    pub policies: Mutex<ListStore<NetworkPolicy>>,
+    /// Woken on every change of a complete state.
+    pub changed: Notify,
+    /// When the oldest change not yet programmed was received.
+    pub first_unprogrammed: Mutex<Option<Instant>>,
+    metrics: Metrics,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a store lock leaves consistent data (every
+    // mutation is a single insert/remove/swap); keep going.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Cache {
+    /// An empty cache.
+    pub fn new(metrics: Metrics) -> Arc<Cache> {
+        Arc::new(Cache {
+            pods: Mutex::default(),
+            namespaces: Mutex::default(),
+            policies: Mutex::default(),
+            changed: Notify::new(),
+            first_unprogrammed: Mutex::new(None),
+            metrics,
+        })
+    }
+
+    /// The metrics registry the cache counts watch events into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Feed one watcher event of kind `K`; wakes the sync loop when the
+    /// complete state changed.
+    pub fn handle<K: Watched>(&self, event: Event<K>) -> StoreUpdate {
+        let name = match &event {
+            Event::Init => "init",
+            Event::InitApply(_) => "init-apply",
+            Event::InitDone => "init-done",
+            Event::Apply(_) => "apply",
+            Event::Delete(_) => "delete",
+        };
+        self.metrics.watch_event(K::NAME, name);
+        let update = lock(K::store(self)).handle(event, |o, n| K::count_change(&self.metrics, o, n));
+        if name == "init-done" {
+            tracing::info!(resource = K::NAME, "full list completed");
+        }
+        if update == StoreUpdate::Changed {
+            self.mark_changed();
+        }
+        update
+    }
+
+    /// Wake the sync loop (a change, or a retry it asked for).
+    pub fn mark_changed(&self) {
+        lock(&self.first_unprogrammed).get_or_insert_with(Instant::now);
+        self.changed.notify_one();
+    }
+
+    /// When the oldest change not yet programmed was received.
+    pub fn first_unprogrammed(&self) -> Option<Instant> {
+        *lock(&self.first_unprogrammed)
+    }
+
+    /// Take the time of the oldest unprogrammed change.
+    pub fn take_first_unprogrammed(&self) -> Option<Instant> {
+        lock(&self.first_unprogrammed).take()
+    }
+
+    /// Whether pods, namespaces and policies have each completed a full list.
+    pub fn all_listed(&self) -> bool {
+        lock(&self.pods).is_listed() && lock(&self.namespaces).is_listed() && lock(&self.policies).is_listed()
+    }
+
+    /// The complete state of all three resources, `None` until all three
+    /// have completed a full list.
+    pub fn complete(&self) -> Option<CompleteState> {
+        let pods = lock(&self.pods);
+        let namespaces = lock(&self.namespaces);
+        let policies = lock(&self.policies);
+        Some(CompleteState {
+            pods: pods.complete()?.values().cloned().collect(),
+            namespaces: namespaces.complete()?.values().cloned().collect(),
+            policies: policies.complete()?.values().cloned().collect(),
+        })
+    }
+}

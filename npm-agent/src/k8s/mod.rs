@@ -1,0 +1,39 @@
+//! The API server side of the agent: watching pods (all namespaces),
+//! namespaces and NetworkPolicies, each into a [`ListStore`] that only
+//! trusts complete lists, and the direct (uncached) read of all three.
+//!
+//! Incident 2 (a paginated LIST hit `410 Gone` mid-list and a controller
+//! trusted the partial list and deleted live resources) shapes this module:
+//!
+//! - the objects of a (re)list (`Init`, `InitApply`...) are buffered aside;
+//!   the store's complete state is replaced only on `InitDone`. A relist that
+//!   fails mid-way (the watcher restarts with a new `Init`) throws its buffer
+//!   away and the last complete state stays in force;
+//! - nothing is reported as changed for `InitApply`: the sync loop is only
+//!   woken by `InitDone`, `Apply` and `Delete`;
+//! - [`Cache::complete`] returns nothing until all three resources have
+//!   completed a full list, so the agent programs and deletes nothing before.
+//!
+//! kube's reflector store is not used on purpose: we need the "keep the last
+//! complete state during a relist" behaviour and per-resource list tracking
+//! in one place. The watcher itself is kube-rs' (`kube::runtime::watcher`,
+//! paginated with `page_size`, with its default backoff).
+//!
+//! - [`store`]: one kind's [`ListStore`] (complete state, relist buffer);
+//! - [`cache`]: the three stores as one [`Cache`] and its [`CompleteState`];
+//! - [`watcher`]: the kube-rs watchers feeding the cache;
+//! - [`direct_read`]: a fresh paginated LIST of all three (the
+//!   mass-deletion guard's confirmation).
+
+pub mod cache;
+pub mod direct_read;
+pub mod store;
+pub mod watcher;
+
+pub use cache::{classify_pod_change, Cache, CompleteState, Watched};
+pub use direct_read::{direct_read, WatchError};
+pub use store::{key_of, strip, ListStore, ObjKey, StoreUpdate};
+pub use watcher::{spawn_watchers, watch};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,161 @@
+//! One resource kind's store: the last complete list, and the buffer of a
+//! (re)list in progress that replaces it only on `InitDone`; the object
+//! keys and the stripping of fields the agent never reads.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kube::runtime::watcher::Event;
+use kube::{Resource, ResourceExt};
+
+/// `namespace/name` of an object (`name` for cluster-scoped ones).
+pub type ObjKey = (String, String);
+
+/// The objects of one resource kind, trusting only complete lists.
+#[derive(Debug)]
+pub struct ListStore<K> {
+    complete: Option<BTreeMap<ObjKey, Arc<K>>>,
+    pending: Option<BTreeMap<ObjKey, Arc<K>>>,
+    lists_completed: u64,
+}
+
+impl<K> Default for ListStore<K> {
+    fn default() -> Self {
+        ListStore {
+            complete: None,
+            pending: None,
+            lists_completed: 0,
+        }
+    }
+}
+
+/// What a watch event did to a store (the sync loop is woken for `Changed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreUpdate {
+    /// Nothing visible changed (a buffered InitApply, or Init).
+    Buffered,
+    /// The complete state changed.
+    Changed,
+}
+
+impl<K: Resource + Clone> ListStore<K> {
+    /// Whether a full list has completed at least once.
+    pub fn is_listed(&self) -> bool {
+        self.complete.is_some()
+    }
+
+    /// Whether a relist is in progress (its objects are not trusted yet).
+    pub fn is_relisting(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Number of full lists completed.
+    pub fn lists_completed(&self) -> u64 {
+        self.lists_completed
+    }
+
+    /// The last complete state, `None` before the first full list.
+    pub fn complete(&self) -> Option<&BTreeMap<ObjKey, Arc<K>>> {
+        self.complete.as_ref()
+    }
+
+    /// Apply one watcher event. `on_change(old, new)` is called for every
+    /// object change of the complete state (with both `None`-able sides).
+    pub fn handle(&mut self, event: Event<K>, mut on_change: impl FnMut(Option<&K>, Option<&K>)) -> StoreUpdate {
+        match event {
+            Event::Init => {
+                self.pending = Some(BTreeMap::new());
+                StoreUpdate::Buffered
+            }
+            Event::InitApply(obj) => {
+                let obj = strip(obj);
+                self.pending
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(key_of(&obj), Arc::new(obj));
+                StoreUpdate::Buffered
+            }
+            Event::InitDone => {
+                let new = self.pending.take().unwrap_or_default();
+                let old = self.complete.take().unwrap_or_default();
+                for (k, o) in &old {
+                    match new.get(k) {
+                        None => on_change(Some(o), None),
+                        Some(n)
+                            if !Arc::ptr_eq(o, n) && resource_version(o.as_ref()) != resource_version(n.as_ref()) =>
+                        {
+                            on_change(Some(o), Some(n))
+                        }
+                        Some(_) => {}
+                    }
+                }
+                for (k, n) in &new {
+                    if !old.contains_key(k) {
+                        on_change(None, Some(n));
+                    }
+                }
+                self.complete = Some(new);
+                self.lists_completed += 1;
+                StoreUpdate::Changed
+            }
+            Event::Apply(obj) => {
+                let obj = Arc::new(strip(obj));
+                let Some(complete) = self.complete.as_mut() else {
+                    // Cannot happen with kube's watcher (Apply only follows
+                    // InitDone); if it did, a partial state is not trusted.
+                    self.pending
+                        .get_or_insert_with(BTreeMap::new)
+                        .insert(key_of(obj.as_ref()), obj);
+                    return StoreUpdate::Buffered;
+                };
+                let old = complete.insert(key_of(obj.as_ref()), obj.clone());
+                on_change(old.as_deref(), Some(&obj));
+                StoreUpdate::Changed
+            }
+            Event::Delete(obj) => {
+                let Some(complete) = self.complete.as_mut() else {
+                    if let Some(p) = self.pending.as_mut() {
+                        p.remove(&key_of(&obj));
+                    }
+                    return StoreUpdate::Buffered;
+                };
+                let old = complete.remove(&key_of(&obj));
+                on_change(old.as_deref().or(Some(&obj)), None);
+                StoreUpdate::Changed
+            }
+        }
+    }
+}
+
+fn resource_version<K: Resource>(o: &K) -> Option<&String> {
+    o.meta().resource_version.as_ref()
+}
+
+/// `(namespace, name)` of an object; cluster-scoped objects have an empty namespace.
+pub fn key_of<K: Resource>(o: &K) -> ObjKey {
+    (
+        o.meta().namespace.clone().unwrap_or_default(),
+        o.meta().name.clone().unwrap_or_default(),
+    )
+}
+
+/// Drop the fields the agent never reads (managedFields, annotations) so the
+/// cache of a large cluster stays small.
+pub fn strip<K: Resource>(mut o: K) -> K {
+    let m = o.meta_mut();
+    m.managed_fields = None;
+    m.annotations = None;
+    o
+}
+
+impl<K: Resource> ListStore<K> {
+    /// Name of the objects of the complete state (for tests and logs).
+    pub fn names(&self) -> Vec<String>
+    where
+        K: ResourceExt,
+    {
+        self.complete
+            .as_ref()
+            .map(|c| c.values().map(|o| o.name_any()).collect())
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,70 @@
+//! Unit tests of the stores and the cache.
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, PodStatus};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::ObjectMeta;
+use kube::runtime::watcher::Event;
+
+use super::Cache;
+use crate::telemetry::metrics::{sample, Metrics};
+
+fn pod(name: &str, rv: &str, ip: Option<&str>) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            resource_version: Some(rv.into()),
+            annotations: Some([("a".to_string(), "b".to_string())].into()),
+            ..Default::default()
+        },
+        status: Some(PodStatus {
+            pod_ip: ip.map(String::from),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn relist_keeps_last_complete_state_until_init_done() {
+    let metrics = Metrics::new().unwrap();
+    let cache = Cache::new(metrics.clone());
+    cache.handle::<Pod>(Event::Init);
+    cache.handle(Event::InitApply(pod("a", "1", Some("10.0.0.1"))));
+    assert!(
+        cache.pods.lock().unwrap().complete().is_none(),
+        "a partial first list is not trusted"
+    );
+    cache.handle::<Pod>(Event::InitDone);
+    cache.handle(Event::InitApply(pod("x", "1", None)));
+    assert_eq!(cache.pods.lock().unwrap().names(), vec!["a"]);
+    // Relist interrupted (410): a new Init throws the partial buffer away.
+    cache.handle::<Pod>(Event::Init);
+    cache.handle(Event::InitApply(pod("b", "2", Some("10.0.0.2"))));
+    assert_eq!(
+        cache.pods.lock().unwrap().names(),
+        vec!["a"],
+        "last complete state stays"
+    );
+    assert!(cache.complete().is_none(), "namespaces and policies not listed yet");
+    cache.handle::<Pod>(Event::Init);
+    cache.handle(Event::InitApply(pod("a", "1", Some("10.0.0.1"))));
+    cache.handle(Event::InitApply(pod("b", "2", Some("10.0.0.2"))));
+    cache.handle::<Pod>(Event::InitDone);
+    assert_eq!(cache.pods.lock().unwrap().names(), vec!["a", "b"]);
+    let stored = cache.pods.lock().unwrap().complete().unwrap()[&("ns".into(), "a".into())].clone();
+    assert!(stored.metadata.annotations.is_none(), "annotations stripped");
+    cache.handle(Event::Apply(pod("b", "3", None)));
+    cache.handle(Event::Delete(pod("a", "4", None)));
+    cache.handle::<Namespace>(Event::Init);
+    cache.handle::<Namespace>(Event::InitDone);
+    cache.handle::<NetworkPolicy>(Event::Init);
+    cache.handle::<NetworkPolicy>(Event::InitDone);
+    let state = cache.complete().expect("all listed");
+    assert_eq!(state.pods.len(), 1);
+    let text = metrics.render();
+    let get = |op: &str| sample(&text, &format!("npm_controller_pod_event_total{{operation=\"{op}\"}}")).unwrap();
+    assert_eq!(get("create"), 2.0, "a (first list) and b (relist)");
+    assert_eq!(get("update-with-empty-ip"), 1.0);
+    assert_eq!(get("delete"), 1.0);
+}

@@ -1,0 +1,95 @@
+//! What a restarted agent takes over from the state its dataplane adopted
+//! (a previous agent's pinned maps): the endpoint ids of the pods those
+//! records still describe, and the mass-deletion guard's first reference
+//! (see the [`reconcile`](crate::reconcile) module doc).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Instant;
+
+use npm_dataplane::AdoptedEndpoint;
+use npm_policy::compiled::{Compiled, IdTables};
+
+use super::compiler;
+use super::dataplane::AgentDataplane;
+use super::syncer::Syncer;
+use crate::k8s::CompleteState;
+
+impl<D: AgentDataplane> Syncer<D> {
+    /// A compile before anything is programmed, when the dataplane adopted
+    /// a previous agent's endpoint records: each pod whose interface holds
+    /// a record with the pod's own addresses keeps that record's id (and so
+    /// its tracked flows), every other endpoint is numbered above all
+    /// adopted ids (and above the ids of a failed attempt), and the compile
+    /// is redone with those ids. So no packet of one pod is ever decided
+    /// under an id another pod's record had (the kernel keeps the old
+    /// records until the first sync rewrites them). Matching relies on each
+    /// pod having its own host-side interface (an ifindex is not handed out
+    /// again while its interface exists).
+    pub(super) fn seed_endpoint_ids(&mut self, state: &CompleteState) {
+        let dataplane = &self.dataplane;
+        let adopted = self
+            .adopted
+            .get_or_insert_with(|| dataplane.adopted_endpoints())
+            .clone();
+        let Some(max) = adopted.iter().map(|a| a.id).max() else {
+            return;
+        };
+        let by_ifindex: HashMap<u32, &AdoptedEndpoint> = adopted.iter().map(|a| (a.ifindex, a)).collect();
+        let compiled = self.incremental.compiled();
+        let resolved = self.resolver.resolve(compiled);
+        let mut keep: BTreeMap<String, u32> = BTreeMap::new();
+        let mut used = BTreeSet::new();
+        for (id, ep) in &compiled.endpoints {
+            let Some(a) = resolved.interfaces.get(id).and_then(|i| by_ifindex.get(i)) else {
+                continue;
+            };
+            if a.ipv4 == ep.ipv4 && a.ipv6 == ep.ipv6 && used.insert(a.id) {
+                keep.insert(ep.pod.uid.clone(), a.id);
+            }
+        }
+        tracing::info!(
+            kept = keep.len(),
+            adopted = adopted.len(),
+            next = max + 1,
+            "endpoint ids of the adopted state kept for the pods they still describe"
+        );
+        // The counters of a failed attempt stay floors (never reused).
+        let attempted = self.attempted_ids.clone().unwrap_or_default();
+        let floor = Compiled {
+            ids: IdTables {
+                endpoints: keep,
+                next_endpoint: (max + 1).max(attempted.next_endpoint),
+                next_identity: attempted.next_identity,
+                next_rule: attempted.next_rule,
+                next_cidr: attempted.next_cidr,
+                ..IdTables::default()
+            },
+            ..Compiled::default()
+        };
+        self.incremental = compiler::Incremental::new(state, &self.cfg.compile, Some(&floor));
+    }
+
+    /// Before the first sync of the agent's life: the guard's reference
+    /// starts from what the dataplane adopted (a previous agent's pinned
+    /// state), so a restarted agent's first sync is held like any other
+    /// when it would remove most of it.
+    pub(super) fn seed_guard(&mut self) {
+        if self.guard_seeded {
+            return;
+        }
+        self.guard_seeded = true;
+        if self.programmed.is_some() {
+            return;
+        }
+        if let Some((identities, endpoints)) = self.dataplane.adopted_counts() {
+            if identities + endpoints > 0 {
+                tracing::info!(
+                    identities,
+                    endpoints,
+                    "mass-deletion guard: starting from the state adopted from a previous agent"
+                );
+                self.guard.observe(Instant::now(), identities, endpoints);
+            }
+        }
+    }
+}

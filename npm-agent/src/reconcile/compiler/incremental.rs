@@ -1,0 +1,250 @@
+//! The compile state the sync loop keeps between syncs ([`Incremental`]):
+//! each update converts only the objects that changed since the previous
+//! complete state and compiles them incrementally, or rebuilds the compiler
+//! when that is estimated cheaper; the cross-check compares it with a full
+//! compile.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use npm_policy::compiled::{CompileOptions, Compiled};
+use npm_policy::convert::{namespace_from_api, pod_from_api};
+use npm_policy::incremental::Compiler;
+use npm_policy::model::Snapshot;
+
+use super::claims::Claims;
+use super::objects::{diff_objects, sorted};
+use super::{compile, snapshot, Changes, Mismatch};
+use crate::k8s::{key_of, CompleteState, ObjKey};
+
+/// One object change, converted, in the order it is applied.
+enum Op {
+    Namespace(String, Option<npm_policy::model::Namespace>),
+    Pod(ObjKey, Option<npm_policy::model::Pod>),
+    Policy(ObjKey, Option<Arc<NetworkPolicy>>),
+}
+
+/// The compile state the sync loop keeps between syncs: a long-lived
+/// [`Compiler`] (which holds the converted snapshot of the last complete
+/// state and its compiled form) and the API objects of that state.
+///
+/// Each update converts only the objects that changed and picks the cheaper
+/// way from measured costs: the incremental compiler when `changes x cost
+/// per change` is below the cost of a rebuild, else the compiler is rebuilt
+/// from the updated snapshot ([`Compiler::new`], one full compile plus its
+/// caches, ids kept). There is always a compiler, so a burst of changes
+/// never leaves a costly rebuild for a later (quiet) sync; there is one
+/// snapshot, owned by the compiler. Both ways give the same tables (tested
+/// by npm-policy and here); the choice only changes the time a sync takes.
+pub struct Incremental {
+    opts: CompileOptions,
+    compiler: Compiler,
+    last_incremental: bool,
+    pub(super) per_change: Duration,
+    pub(super) rebuild_cost: Duration,
+    claims: Claims,
+    namespaces: Vec<Arc<Namespace>>,
+    pods: Vec<Arc<Pod>>,
+    policies: Vec<Arc<NetworkPolicy>>,
+}
+
+fn ewma(old: Duration, new: Duration) -> Duration {
+    if old.is_zero() {
+        new
+    } else {
+        (old * 3 + new) / 4
+    }
+}
+
+impl Incremental {
+    /// A full conversion and compile of `state` (keeping the ids of `prev`)
+    /// into a new [`Compiler`], remembered as the base of later updates.
+    pub fn new(state: &CompleteState, opts: &CompileOptions, prev: Option<&Compiled>) -> Incremental {
+        let snapshot = snapshot(state);
+        let claims = Claims::of(&snapshot);
+        let t = Instant::now();
+        let compiler = Compiler::new(snapshot, opts.clone(), prev);
+        Incremental {
+            opts: opts.clone(),
+            compiler,
+            last_incremental: false,
+            per_change: Duration::ZERO,
+            rebuild_cost: t.elapsed(),
+            claims,
+            namespaces: sorted(&state.namespaces),
+            pods: sorted(&state.pods),
+            policies: sorted(&state.policies),
+        }
+    }
+
+    /// Bring the compile up to `state`: only the objects that differ from
+    /// the state of the previous update are converted; they are compiled
+    /// incrementally or, when that is estimated slower, the compiler is
+    /// rebuilt from the updated snapshot.
+    pub fn update(&mut self, state: &CompleteState) -> Changes {
+        let t0 = Instant::now();
+        let (ns_up, ns_gone) = diff_objects(&mut self.namespaces, &state.namespaces);
+        let (pod_up, pod_gone) = diff_objects(&mut self.pods, &state.pods);
+        let (np_up, np_gone) = diff_objects(&mut self.policies, &state.policies);
+        let changes = Changes {
+            namespaces: ns_up.len() + ns_gone.len(),
+            pods: pod_up.len() + pod_gone.len(),
+            policies: np_up.len() + np_gone.len(),
+        };
+        let mut ops = Vec::with_capacity(changes.total());
+        for ns in &ns_up {
+            let name = key_of(ns.as_ref()).1;
+            match namespace_from_api(ns) {
+                Ok(n) => ops.push(Op::Namespace(name, Some(n))),
+                Err(e) => {
+                    tracing::error!(error = %e, "namespace skipped");
+                    ops.push(Op::Namespace(name, None));
+                }
+            }
+        }
+        ops.extend(ns_gone.into_iter().map(|(_, name)| Op::Namespace(name, None)));
+        ops.extend(pod_gone.into_iter().map(|k| Op::Pod(k, None)));
+        for p in &pod_up {
+            let key = key_of(p.as_ref());
+            match pod_from_api(p) {
+                Ok(p) => ops.push(Op::Pod(key, Some(p))),
+                Err(e) => {
+                    tracing::error!(error = %e, "pod skipped");
+                    ops.push(Op::Pod(key, None));
+                }
+            }
+        }
+        ops.extend(np_gone.into_iter().map(|k| Op::Policy(k, None)));
+        ops.extend(np_up.into_iter().map(|np| Op::Policy(key_of(np.as_ref()), Some(np))));
+        if ops.is_empty() {
+            return changes;
+        }
+        for op in &ops {
+            if let Op::Pod(key, new) = op {
+                self.claims
+                    .update(key, self.compiler.snapshot().pods.get(key), new.as_ref());
+            }
+        }
+        let t_convert = t0.elapsed();
+        let estimate = self.per_change * ops.len() as u32;
+        let incremental = estimate < self.rebuild_cost;
+        let t = Instant::now();
+        if incremental {
+            let c = &mut self.compiler;
+            for op in ops {
+                // Invalid policies are recorded in the snapshot's
+                // `invalid_policies`; the sync loop logs and counts them.
+                match op {
+                    Op::Namespace(_, Some(n)) => c.upsert_namespace(n),
+                    Op::Namespace(name, None) => c.remove_namespace(&name),
+                    Op::Pod(_, Some(p)) => c.upsert_pod(p),
+                    Op::Pod((ns, name), None) => c.remove_pod(&ns, &name),
+                    Op::Policy(_, Some(np)) => {
+                        let _ = c.apply_policy(&np);
+                    }
+                    Op::Policy((ns, name), None) => c.remove_policy(&ns, &name),
+                }
+            }
+            self.per_change = ewma(self.per_change, t.elapsed() / changes.total().max(1) as u32);
+        } else {
+            // An empty compiler stands in while the real one is rebuilt
+            // (compiling an empty snapshot costs next to nothing).
+            let empty = Compiler::new(Snapshot::default(), self.opts.clone(), None);
+            let (mut snapshot, prev) = std::mem::replace(&mut self.compiler, empty).into_parts();
+            for op in ops {
+                match op {
+                    Op::Namespace(_, Some(n)) => snapshot.upsert_namespace(n),
+                    Op::Namespace(name, None) => {
+                        snapshot.remove_namespace(&name);
+                    }
+                    Op::Pod(_, Some(p)) => snapshot.upsert_pod(p),
+                    Op::Pod((ns, name), None) => {
+                        snapshot.remove_pod(&ns, &name);
+                    }
+                    Op::Policy(_, Some(np)) => {
+                        let _ = snapshot.upsert_policy(&np);
+                    }
+                    Op::Policy((ns, name), None) => snapshot.remove_policy(&ns, &name),
+                }
+            }
+            self.compiler = Compiler::new(snapshot, self.opts.clone(), Some(&prev));
+            self.rebuild_cost = ewma(self.rebuild_cost, t.elapsed());
+        }
+        self.last_incremental = incremental;
+        tracing::debug!(
+            diff_convert_ms = t_convert.as_secs_f64() * 1e3,
+            compile_ms = t.elapsed().as_secs_f64() * 1e3,
+            incremental,
+            ops = changes.total(),
+            "incremental update"
+        );
+        changes
+    }
+
+    /// The current compiled form.
+    pub fn compiled(&self) -> &Compiled {
+        self.compiler.compiled()
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> &Snapshot {
+        self.compiler.snapshot()
+    }
+
+    /// IP conflicts of the current snapshot (as [`crate::reconcile::conflicts::ip_conflicts`]
+    /// computes them), kept up to date pod by pod.
+    pub fn conflicts(&self) -> BTreeSet<(IpAddr, Vec<String>)> {
+        self.claims.conflicts()
+    }
+
+    /// Whether the last update was compiled incrementally (else the
+    /// compiler was rebuilt; also `false` before the first update).
+    pub fn is_incremental(&self) -> bool {
+        self.last_incremental
+    }
+
+    /// The safety net: a full conversion and [`compile`] of `state` (the
+    /// complete state of the last update; ids of the current compile kept)
+    /// compared with the current compile. This catches both a change the
+    /// object diff missed and a compiler difference. On a difference the
+    /// full compile is trusted (the state is rebuilt from it) and the
+    /// difference is returned.
+    pub fn cross_check(&mut self, state: &CompleteState) -> Option<Mismatch> {
+        let m = self.cross_check_job(state)()?;
+        let opts = self.opts.clone();
+        let current = self.compiled().clone();
+        *self = Incremental::new(state, &opts, Some(&current));
+        Some(m)
+    }
+
+    /// The comparison of [`Incremental::cross_check`] as a job that owns
+    /// what it needs (the objects of `state`, a copy of the current
+    /// compile), to run off the sync path: it returns the difference, if
+    /// any; the caller then rebuilds (see [`Incremental::new`]).
+    pub fn cross_check_job(&self, state: &CompleteState) -> impl FnOnce() -> Option<Mismatch> + Send + 'static {
+        let state = state.clone();
+        let opts = self.opts.clone();
+        let current = self.compiled().clone();
+        move || {
+            let full = compile(&snapshot(&state), &opts, Some(&current));
+            let diff = current.diff(&full);
+            (!diff.is_empty()).then(|| Mismatch { changes: diff.len() })
+        }
+    }
+}
+
+#[cfg(test)]
+impl Incremental {
+    /// Tests only: record the objects of `state` as compiled without
+    /// compiling them, so the next update misses their changes (what the
+    /// cross-check is there to catch).
+    pub(crate) fn pretend_compiled(&mut self, state: &CompleteState) {
+        self.namespaces = sorted(&state.namespaces);
+        self.pods = sorted(&state.pods);
+        self.policies = sorted(&state.policies);
+    }
+}

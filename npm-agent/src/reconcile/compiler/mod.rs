@@ -1,0 +1,89 @@
+//! The agent's calls into the compiler (`npm-policy`): API objects ->
+//! [`Snapshot`], [`Snapshot`] -> [`Compiled`], and the [`Incremental`]
+//! compiler that the sync loop keeps between syncs.
+//!
+//! Objects are converted one by one so that a pod or namespace the converter
+//! rejects (a malformed IP, say) is logged and skipped instead of stopping
+//! enforcement of everything else; invalid policies are kept by the
+//! converter in `Snapshot::invalid_policies`.
+//!
+//! [`Incremental`] stays level-triggered: each update compares the complete
+//! state it is given with the complete state of the previous update (object
+//! by object, by pointer, resourceVersion and uid) and feeds only the
+//! objects that were added, changed or removed to a long-lived
+//! [`npm_policy::incremental::Compiler`]. Event order never matters: two
+//! complete states are diffed, whatever happened between them.
+//!
+//! - [`objects`]: the ordered walk that diffs two complete states;
+//! - [`claims`]: the addresses live pods claim, kept pod by pod;
+//! - [`incremental`]: the [`Incremental`] compile state itself.
+
+pub mod claims;
+pub mod incremental;
+pub mod objects;
+
+pub use incremental::Incremental;
+
+use npm_policy::compiled::{CompileOptions, Compiled};
+use npm_policy::convert::{namespace_from_api, pod_from_api};
+use npm_policy::model::Snapshot;
+
+use crate::k8s::CompleteState;
+
+/// Build the snapshot of a complete state. Objects that cannot be converted
+/// are logged (naming the object and the field) and left out.
+pub fn snapshot(state: &CompleteState) -> Snapshot {
+    let mut s = Snapshot::default();
+    for ns in &state.namespaces {
+        match namespace_from_api(ns) {
+            Ok(n) => s.upsert_namespace(n),
+            Err(e) => tracing::error!(error = %e, "namespace skipped"),
+        }
+    }
+    for p in &state.pods {
+        match pod_from_api(p) {
+            Ok(p) => s.upsert_pod(p),
+            Err(e) => tracing::error!(error = %e, "pod skipped"),
+        }
+    }
+    for np in &state.policies {
+        // Invalid policies are recorded in `s.invalid_policies`; the sync
+        // loop logs and counts them.
+        let _ = s.upsert_policy(np);
+    }
+    s
+}
+
+/// Compile a snapshot, reusing the previous compile's ids.
+pub fn compile(snapshot: &Snapshot, opts: &CompileOptions, prev: Option<&Compiled>) -> Compiled {
+    npm_policy::compile(snapshot, opts, prev)
+}
+
+/// How many objects an [`Incremental::update`] fed to the compiler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Namespaces added, changed or removed.
+    pub namespaces: usize,
+    /// Pods added, changed or removed.
+    pub pods: usize,
+    /// NetworkPolicies added, changed or removed.
+    pub policies: usize,
+}
+
+impl Changes {
+    /// Total number of objects fed to the compiler.
+    pub fn total(&self) -> usize {
+        self.namespaces + self.pods + self.policies
+    }
+}
+
+/// A difference between the incremental compile and a full compile of the
+/// same snapshot (found by [`Incremental::cross_check`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mismatch {
+    /// Number of map changes between the two.
+    pub changes: usize,
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

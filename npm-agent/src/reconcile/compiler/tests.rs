@@ -1,0 +1,192 @@
+//! Unit tests of the compiler bridge: incremental updates against full
+//! compiles, and the cross-check.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::ObjectMeta;
+use npm_policy::compiled::CompileOptions;
+
+use super::incremental::Incremental;
+use super::{compile, snapshot, Changes};
+use crate::k8s::CompleteState;
+
+fn meta(ns: Option<&str>, name: &str, rv: u64, labels: &[(&str, &str)]) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: ns.map(String::from),
+        uid: Some(format!("uid-{}-{name}", ns.unwrap_or(""))),
+        resource_version: Some(rv.to_string()),
+        labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+        ..Default::default()
+    }
+}
+
+fn ns(name: &str, rv: u64, team: &str) -> Arc<Namespace> {
+    Arc::new(Namespace {
+        metadata: meta(None, name, rv, &[("team", team)]),
+        ..Default::default()
+    })
+}
+
+/// A Running pod `ns/name` with `ip`, label `app`, on `node` (shared by
+/// the sync tests).
+pub(crate) fn pod(ns: &str, name: &str, rv: u64, ip: &str, app: &str, node: &str) -> Arc<Pod> {
+    Arc::new(Pod {
+        metadata: meta(Some(ns), name, rv, &[("app", app)]),
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: "c".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            pod_ip: Some(ip.into()),
+            ..Default::default()
+        }),
+    })
+}
+
+fn policy(ns: &str, name: &str, rv: u64, app: &str, from_team: &str) -> Arc<NetworkPolicy> {
+    let mut np: NetworkPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": app}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": from_team}}}],
+                         "ports": [{"protocol": "TCP", "port": 80}]}]
+        }
+    }))
+    .unwrap();
+    np.metadata = meta(Some(ns), name, rv, &[]);
+    Arc::new(np)
+}
+
+type Step = dyn Fn(&mut CompleteState, u64);
+
+fn opts() -> CompileOptions {
+    CompileOptions {
+        node_name: "node-a".into(),
+        node_ips: Vec::new(),
+        allow_host_egress: false,
+    }
+}
+
+/// Every incremental step equals a full compile of the same complete
+/// state, and a relist with the same resourceVersions feeds nothing.
+#[test]
+fn incremental_updates_match_full_compile() {
+    let mut state = CompleteState {
+        namespaces: vec![ns("a", 1, "x"), ns("b", 2, "y")],
+        pods: (0..20)
+            .map(|i| {
+                let node = if i % 2 == 0 { "node-a" } else { "node-b" };
+                pod(
+                    if i % 3 == 0 { "a" } else { "b" },
+                    &format!("p{i}"),
+                    10 + i,
+                    &format!("10.1.0.{}", i + 1),
+                    if i % 2 == 0 { "web" } else { "db" },
+                    node,
+                )
+            })
+            .collect(),
+        policies: vec![policy("a", "np1", 100, "web", "y")],
+    };
+    let mut inc = Incremental::new(&state, &opts(), None);
+    let mut rv = 1000;
+    let mut next = || {
+        rv += 1;
+        rv
+    };
+    let steps: Vec<Box<Step>> = vec![
+        Box::new(|s, rv| s.pods.push(pod("a", "new", rv, "10.1.1.1", "web", "node-a"))),
+        Box::new(|s, rv| s.pods[1] = pod("b", "p1", rv, "10.1.1.2", "web", "node-b")),
+        Box::new(|s, _| {
+            s.pods.remove(0);
+        }),
+        Box::new(|s, rv| s.namespaces[1] = ns("b", rv, "x")),
+        Box::new(|s, rv| s.policies.push(policy("b", "np2", rv, "db", "x"))),
+        Box::new(|s, rv| s.policies[0] = policy("a", "np1", rv, "web", "x")),
+        Box::new(|s, _| {
+            s.policies.remove(0);
+        }),
+        // An address taken over by another pod (incident 1 shape).
+        Box::new(|s, rv| s.pods.push(pod("b", "thief", rv, "10.1.0.3", "db", "node-a"))),
+        Box::new(|s, _| {
+            s.namespaces.remove(0);
+        }),
+    ];
+    let mut incremental_steps = 0;
+    for (i, step) in steps.iter().enumerate() {
+        incremental_steps += usize::from(inc.is_incremental());
+        let before = inc.compiled().clone();
+        step(&mut state, next());
+        // Every third step takes the rebuild path (estimated slower),
+        // the others the incremental one: the estimates are set before
+        // each step, since the measured ones vary with the machine's load.
+        let force_rebuild = i % 3 == 2;
+        if force_rebuild {
+            inc.per_change = Duration::from_secs(3600);
+            inc.rebuild_cost = Duration::ZERO;
+        } else {
+            inc.per_change = Duration::ZERO;
+            inc.rebuild_cost = Duration::from_secs(3600);
+        }
+        let changes = inc.update(&state);
+        assert!(changes.total() >= 1, "step {i}: a change was fed");
+        assert_eq!(inc.is_incremental(), !force_rebuild, "step {i}");
+        assert_eq!(
+            inc.conflicts(),
+            crate::reconcile::conflicts::ip_conflicts(&snapshot(&state)),
+            "step {i}: conflicts kept up to date"
+        );
+        let reference = compile(&snapshot(&state), &opts(), Some(inc.compiled()));
+        assert!(
+            inc.compiled().diff(&reference).is_empty(),
+            "step {i}: incremental == full"
+        );
+        if [0, 1, 2, 7].contains(&i) {
+            assert!(!before.diff(inc.compiled()).is_empty(), "step {i} changed the output");
+        }
+        assert_eq!(inc.cross_check(&state), None, "step {i}");
+    }
+    assert!(incremental_steps > 0, "the incremental compiler was used");
+    // A relist: new objects with the same versions change nothing.
+    let relisted = CompleteState {
+        namespaces: state.namespaces.iter().map(|o| Arc::new((**o).clone())).collect(),
+        pods: state.pods.iter().map(|o| Arc::new((**o).clone())).collect(),
+        policies: state.policies.iter().map(|o| Arc::new((**o).clone())).collect(),
+    };
+    assert_eq!(inc.update(&relisted), Changes::default());
+}
+
+/// The cross-check catches a change the object diff missed and trusts
+/// the full compile.
+#[test]
+fn cross_check_repairs_a_missed_change() {
+    let mut state = CompleteState {
+        namespaces: vec![ns("a", 1, "x")],
+        pods: vec![pod("a", "p", 2, "10.2.0.1", "web", "node-a")],
+        policies: Vec::new(),
+    };
+    let mut inc = Incremental::new(&state, &opts(), None);
+    state.pods[0] = pod("a", "p", 3, "10.2.0.9", "web", "node-a");
+    // Pretend the new version was already compiled: the diff misses it.
+    inc.pretend_compiled(&state);
+    assert_eq!(inc.update(&state), Changes::default());
+    let old: IpAddr = "10.2.0.1".parse().unwrap();
+    let new: IpAddr = "10.2.0.9".parse().unwrap();
+    assert!(inc.compiled().ipcache.contains_key(&old));
+    let m = inc.cross_check(&state).expect("mismatch found");
+    assert!(m.changes >= 2, "{m:?}");
+    assert!(inc.compiled().ipcache.contains_key(&new));
+    assert!(!inc.compiled().ipcache.contains_key(&old));
+    assert_eq!(inc.cross_check(&state), None);
+}

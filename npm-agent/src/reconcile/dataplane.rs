@@ -1,0 +1,55 @@
+//! The dataplane as the sync loop drives it: the [`Dataplane`] trait plus
+//! what only some dataplanes can tell (deny events, the state adopted from
+//! a previous agent), and the boxed form `--dataplane` opens.
+
+use npm_common::DenyEvent;
+use npm_dataplane::{AdoptedEndpoint, Counters, Dataplane, DataplaneError, Interfaces};
+use npm_policy::compiled::{Compiled, CompiledDiff};
+
+/// A dataplane as the agent drives it: the [`Dataplane`] trait plus the
+/// optional deny-event source (the eBPF ring buffer).
+pub trait AgentDataplane: Dataplane + Send {
+    /// Drain the deny events the datapath reported since the last call.
+    fn poll_deny_events(&mut self) -> Vec<DenyEvent> {
+        Vec::new()
+    }
+    /// The (pod identities, endpoints) the dataplane found programmed when
+    /// it was opened (state a previous agent left: pinned maps), if it can
+    /// tell. A restarted agent's first sync is guarded against them, as if
+    /// it had programmed them itself (see the [`reconcile`](crate::reconcile) module doc).
+    fn adopted_counts(&self) -> Option<(usize, usize)> {
+        None
+    }
+    /// The endpoint records the dataplane found programmed when it was
+    /// opened (a previous agent's). A restarted agent gives a pod the id of
+    /// the record on its interface when the addresses match too, and
+    /// numbers every other endpoint above all adopted ids (see the module
+    /// doc).
+    fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
+        Vec::new()
+    }
+}
+
+impl Dataplane for Box<dyn AgentDataplane> {
+    fn sync_full(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError> {
+        (**self).sync_full(compiled, interfaces)
+    }
+    fn apply(&mut self, diff: &CompiledDiff, next: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError> {
+        (**self).apply(diff, next, interfaces)
+    }
+    fn counters(&self) -> Result<Counters, DataplaneError> {
+        (**self).counters()
+    }
+}
+
+impl AgentDataplane for Box<dyn AgentDataplane> {
+    fn poll_deny_events(&mut self) -> Vec<DenyEvent> {
+        (**self).poll_deny_events()
+    }
+    fn adopted_counts(&self) -> Option<(usize, usize)> {
+        (**self).adopted_counts()
+    }
+    fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
+        (**self).adopted_endpoints()
+    }
+}

@@ -1,0 +1,96 @@
+//! The loop around [`Syncer::sync_once`]: wait for a change, coalesce
+//! changes for the debounce, sync, retry failures with exponential backoff,
+//! and poll the dataplane's counters and deny events on the stats tick.
+
+use std::time::{Duration, Instant};
+
+use super::dataplane::AgentDataplane;
+use super::syncer::{SyncError, Syncer};
+
+/// How long to wait before a sync: `debounce` after the oldest change not
+/// yet programmed (`first`), or a whole `debounce` without one. A debounce
+/// too large to add to an instant waits the whole debounce (never panics).
+pub(super) fn debounce_wait(first: Option<Instant>, debounce: Duration, now: Instant) -> Duration {
+    match first.and_then(|t| t.checked_add(debounce)) {
+        Some(until) => until.saturating_duration_since(now),
+        None => debounce,
+    }
+}
+
+/// The instant `after` from now (far in the future when that overflows).
+fn retry_instant(after: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(after)
+        .unwrap_or_else(|| now + Duration::from_secs(86400 * 365))
+}
+
+impl<D: AgentDataplane> Syncer<D> {
+    /// Read the dataplane's counters and deny events into metrics and logs.
+    pub fn poll_stats(&mut self) {
+        match self.dataplane.counters() {
+            Ok(c) => self.metrics.dataplane_counters(&c),
+            Err(e) => {
+                self.metrics.error("counters");
+                tracing::warn!(error = %e, "reading dataplane counters failed");
+            }
+        }
+        let events = self.dataplane.poll_deny_events();
+        self.metrics.deny_events.increment(events.len() as u64);
+        let suppressed = self.flowlog.log_all(&events, Instant::now());
+        self.metrics.deny_events_suppressed.increment(suppressed);
+    }
+
+    /// Run forever: wait for changes, debounce, sync, retry with backoff.
+    pub async fn run(mut self) {
+        let min_backoff = Duration::from_millis(100);
+        let mut backoff = min_backoff;
+        // When to sync again without a change (a retry); kept across loop
+        // passes so that the stats tick does not postpone it.
+        let mut retry_at: Option<tokio::time::Instant> = None;
+        let mut stats = tokio::time::interval(self.cfg.stats_interval.max(Duration::from_millis(1)));
+        stats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let cache = self.cache.clone();
+        loop {
+            let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+            let sleep = tokio::time::sleep_until(retry_at.unwrap_or(far));
+            tokio::select! {
+                _ = cache.changed.notified() => {}
+                _ = sleep, if retry_at.is_some() => {}
+                _ = stats.tick() => { self.poll_stats(); continue; }
+            }
+            // Coalesce changes for `debounce` after the oldest one not yet
+            // programmed (already waited for when it came during a sync).
+            let wait = debounce_wait(cache.first_unprogrammed(), self.cfg.debounce, Instant::now());
+            tokio::time::sleep(wait).await;
+            let since = cache.take_first_unprogrammed();
+            match self.sync_once().await {
+                Ok(o) => {
+                    backoff = min_backoff;
+                    if o.applied {
+                        if let Some(t) = since {
+                            self.metrics.programming_latency.record(t.elapsed().as_secs_f64());
+                        }
+                        tracing::debug!(changes = o.changes, full = o.full, "programmed");
+                    }
+                    retry_at = (o.pending_interfaces > 0).then(|| retry_instant(Duration::from_secs(1)));
+                }
+                Err(e) => {
+                    let wait = match &e {
+                        SyncError::DirectReadDeferred { retry_in, .. } => backoff.max(*retry_in),
+                        _ => backoff,
+                    };
+                    tracing::error!(error = %e, retry_in = ?wait, "sync failed; will retry");
+                    if let Some(t) = since {
+                        cache
+                            .first_unprogrammed
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(t);
+                    }
+                    retry_at = Some(retry_instant(wait));
+                    backoff = (backoff * 2).min(self.cfg.max_backoff);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,446 @@
+//! One sync attempt ([`Syncer::sync_once`]): take the complete stores,
+//! bring the incremental compile up to them, ask the guard, find the
+//! endpoints' interfaces, and apply the difference against what is
+//! programmed (a full sync the first time and after a failure); the
+//! [`Syncer`] keeps what was compiled and programmed last, and reports the
+//! snapshot's invalid policies and IP conflicts.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use npm_dataplane::{AdoptedEndpoint, DataplaneError, Interfaces};
+use npm_policy::compiled::{Compiled, IdTables};
+
+use super::compiler;
+use super::config::{SyncConfig, DIRECT_READ_MIN_BACKOFF};
+use super::dataplane::AgentDataplane;
+use super::guard::{pod_identities, GuardReference};
+use crate::k8s::{Cache, CompleteState, WatchError};
+use crate::node::{InterfaceResolver, Resolve};
+use crate::telemetry::flowlog::FlowLog;
+use crate::telemetry::metrics::Metrics;
+
+/// Errors of one sync attempt.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// The dataplane refused the change.
+    #[error("dataplane {op} failed: {source}")]
+    Dataplane {
+        /// `sync_full` or `apply`.
+        op: &'static str,
+        /// The dataplane's error.
+        #[source]
+        source: DataplaneError,
+    },
+    /// A mass deletion could not be confirmed because the direct read failed.
+    #[error("mass deletion held ({what}): confirming direct read failed: {source}")]
+    DirectRead {
+        /// What would have been removed.
+        what: String,
+        /// The read error.
+        #[source]
+        source: WatchError,
+    },
+    /// A mass deletion is held and the confirming direct read waits out its
+    /// backoff (a direct read is a full LIST of the cluster: they are not
+    /// repeated on every change).
+    #[error("mass deletion held ({what}): next confirming direct read in {retry_in:?}")]
+    DirectReadDeferred {
+        /// What would have been removed.
+        what: String,
+        /// How long until the next direct read may be made.
+        retry_in: Duration,
+    },
+    /// A mass deletion was held and no client is available to confirm it.
+    #[error("mass deletion held ({what}): no API client to confirm it with a direct read")]
+    NoDirectReader {
+        /// What would have been removed.
+        what: String,
+    },
+}
+
+/// Raise the never-reuse counters of `programmed` to those of `attempted`
+/// (a failed apply may have written ids handed out by `attempted`).
+fn raise_counters(programmed: &mut IdTables, attempted: &IdTables) {
+    programmed.next_endpoint = programmed.next_endpoint.max(attempted.next_endpoint);
+    programmed.next_identity = programmed.next_identity.max(attempted.next_identity);
+    programmed.next_rule = programmed.next_rule.max(attempted.next_rule);
+    programmed.next_cidr = programmed.next_cidr.max(attempted.next_cidr);
+}
+
+/// Readiness of the agent: all three lists complete and the first sync applied.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    first_sync: AtomicBool,
+}
+
+impl Readiness {
+    /// Whether the first sync has been applied.
+    pub fn first_sync_done(&self) -> bool {
+        self.first_sync.load(Ordering::SeqCst)
+    }
+}
+
+/// What one sync attempt did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncOutcome {
+    /// Not all resources have completed a full list: nothing was done.
+    pub not_listed: bool,
+    /// Something was written to the dataplane.
+    pub applied: bool,
+    /// The write was a `sync_full`.
+    pub full: bool,
+    /// Number of map changes applied.
+    pub changes: usize,
+    /// The mass-deletion guard fired (and a direct read was made).
+    pub guarded: bool,
+    /// Endpoints left out because their interface is not found yet.
+    pub pending_interfaces: usize,
+}
+
+/// The sync loop's state: what was compiled and programmed last.
+pub struct Syncer<D: AgentDataplane> {
+    pub(super) cfg: SyncConfig,
+    pub(super) cache: Arc<Cache>,
+    pub(super) metrics: Metrics,
+    pub(super) dataplane: D,
+    pub(super) resolver: Box<dyn Resolve>,
+    pub(super) client: Option<kube::Client>,
+    pub(super) readiness: Arc<Readiness>,
+    pub(super) incremental: compiler::Incremental,
+    pub(super) last_cross_check: Instant,
+    /// The running background cross-check's result.
+    pub(super) cross_check: Option<mpsc::Receiver<Option<compiler::Mismatch>>>,
+    /// A cross-check found a difference: the next sync rebuilds.
+    pub(super) rebuild_pending: bool,
+    pub(super) programmed: Option<(Compiled, Interfaces)>,
+    pub(super) guard: GuardReference,
+    /// Whether the guard was seeded from the adopted state (once).
+    pub(super) guard_seeded: bool,
+    /// The endpoint records the dataplane adopted (read once).
+    pub(super) adopted: Option<Vec<AdoptedEndpoint>>,
+    pub(super) need_full: bool,
+    /// The id counters of a failed first apply (nothing programmed yet):
+    /// the kernel may hold the ids it handed out, so the rebuild starts
+    /// above them.
+    pub(super) attempted_ids: Option<IdTables>,
+    /// No direct read before this (a held sync stays held until then).
+    pub(super) next_direct_read_at: Option<Instant>,
+    /// The wait after the next direct read that does not confirm a deletion.
+    pub(super) direct_read_backoff: Duration,
+    pub(super) known_invalid: BTreeSet<(String, String, Vec<String>)>,
+    pub(super) known_conflicts: BTreeSet<(IpAddr, Vec<String>)>,
+    pub(super) flowlog: FlowLog,
+}
+
+/// Builds a [`Syncer`] ([`Syncer::builder`]). The settings default to
+/// [`SyncConfig::default`], the resolver to an [`InterfaceResolver`]
+/// without a pattern; without a client, mass deletions stay held (no direct
+/// read can confirm them).
+pub struct SyncerBuilder<D: AgentDataplane> {
+    cfg: SyncConfig,
+    cache: Arc<Cache>,
+    dataplane: D,
+    resolver: Option<Box<dyn Resolve>>,
+    client: Option<kube::Client>,
+}
+
+impl<D: AgentDataplane> SyncerBuilder<D> {
+    /// The loop's settings.
+    pub fn config(mut self, cfg: SyncConfig) -> Self {
+        self.cfg = cfg;
+        self
+    }
+
+    /// How the endpoints' interfaces are found.
+    pub fn resolver(mut self, resolver: Box<dyn Resolve>) -> Self {
+        self.resolver = Some(resolver);
+        self
+    }
+
+    /// The client of the mass-deletion guard's direct reads.
+    pub fn client(mut self, client: kube::Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// The sync loop, with nothing compiled or programmed yet.
+    pub fn build(self) -> Syncer<D> {
+        let SyncerBuilder {
+            cfg,
+            cache,
+            dataplane,
+            resolver,
+            client,
+        } = self;
+        let resolver = resolver.unwrap_or_else(|| Box::new(InterfaceResolver::new(None)));
+        let metrics = cache.metrics().clone();
+        let flowlog = FlowLog::new(cfg.flow_logs_per_sec);
+        Syncer {
+            cache,
+            metrics,
+            dataplane,
+            resolver,
+            client,
+            readiness: Arc::new(Readiness::default()),
+            // Replaced by the first sync's rebuild (`programmed` is `None`).
+            incremental: compiler::Incremental::new(&CompleteState::default(), &cfg.compile, None),
+            last_cross_check: Instant::now(),
+            cross_check: None,
+            rebuild_pending: false,
+            programmed: None,
+            guard: GuardReference::default(),
+            guard_seeded: false,
+            adopted: None,
+            need_full: true,
+            attempted_ids: None,
+            next_direct_read_at: None,
+            direct_read_backoff: DIRECT_READ_MIN_BACKOFF,
+            known_invalid: BTreeSet::new(),
+            known_conflicts: BTreeSet::new(),
+            flowlog,
+            cfg,
+        }
+    }
+}
+
+impl<D: AgentDataplane> Syncer<D> {
+    /// A sync loop over `dataplane`, reading the complete stores of `cache`
+    /// and counting into the cache's metrics registry (see
+    /// [`SyncerBuilder`] for the rest).
+    pub fn builder(cache: Arc<Cache>, dataplane: D) -> SyncerBuilder<D> {
+        SyncerBuilder {
+            cfg: SyncConfig::default(),
+            cache,
+            dataplane,
+            resolver: None,
+            client: None,
+        }
+    }
+
+    /// The readiness flag, shared with the HTTP server.
+    pub fn readiness(&self) -> Arc<Readiness> {
+        self.readiness.clone()
+    }
+
+    /// What was programmed last (the compiled state and the interfaces).
+    pub fn programmed(&self) -> Option<&(Compiled, Interfaces)> {
+        self.programmed.as_ref()
+    }
+
+    /// The dataplane.
+    pub fn dataplane(&self) -> &D {
+        &self.dataplane
+    }
+
+    /// The dataplane, mutably.
+    pub fn dataplane_mut(&mut self) -> &mut D {
+        &mut self.dataplane
+    }
+
+    fn report_snapshot(
+        &mut self,
+        invalid: BTreeSet<(String, String, Vec<String>)>,
+        conflicts: BTreeSet<(IpAddr, Vec<String>)>,
+    ) {
+        for (ns, name, errors) in invalid.difference(&self.known_invalid) {
+            self.metrics.policy_errors.increment(errors.len().max(1) as u64);
+            for e in errors {
+                tracing::error!(policy = %format!("{ns}/{name}"), error = %e, "invalid NetworkPolicy skipped; the others are enforced");
+            }
+        }
+        self.metrics.invalid_policies.set(invalid.len() as f64);
+        self.known_invalid = invalid;
+        for (ip, pods) in conflicts.difference(&self.known_conflicts) {
+            self.metrics.ip_conflicts.increment(1);
+            tracing::warn!(%ip, pods = ?pods, "IP claimed by more than one live pod; the compiler gives it to one owner");
+        }
+        self.known_conflicts = conflicts;
+    }
+
+    /// Bring the incremental compiler up to `state` (a full rebuild when
+    /// `rebuild`, keeping the ids of what is programmed) and report the
+    /// snapshot's invalid policies and IP conflicts.
+    pub(super) fn compile_state(&mut self, state: &CompleteState, rebuild: bool) {
+        if rebuild {
+            // The ids of what is programmed are kept (a pod that is still
+            // there keeps its endpoint id, and so its conntrack entries).
+            let floor;
+            let prev = match (&self.programmed, &self.attempted_ids) {
+                (Some((c, _)), _) => Some(c),
+                (None, Some(ids)) => {
+                    floor = Compiled {
+                        ids: IdTables {
+                            next_endpoint: ids.next_endpoint,
+                            next_identity: ids.next_identity,
+                            next_rule: ids.next_rule,
+                            next_cidr: ids.next_cidr,
+                            ..IdTables::default()
+                        },
+                        ..Compiled::default()
+                    };
+                    Some(&floor)
+                }
+                (None, None) => None,
+            };
+            self.incremental = compiler::Incremental::new(state, &self.cfg.compile, prev);
+            // Until something is programmed (the first sync, its retries,
+            // its direct read), every rebuild starts from the adopted ids.
+            if self.programmed.is_none() {
+                self.seed_endpoint_ids(state);
+            }
+            self.rebuild_pending = false;
+        } else {
+            let changes = self.incremental.update(state);
+            tracing::trace!(?changes, "incremental compile");
+        }
+        let invalid: BTreeSet<_> = self
+            .incremental
+            .snapshot()
+            .invalid_policies
+            .iter()
+            .map(|p| (p.namespace.clone(), p.name.clone(), p.errors.clone()))
+            .collect();
+        let conflicts = self.incremental.conflicts();
+        self.report_snapshot(invalid, conflicts);
+    }
+
+    /// One sync attempt: snapshot, compile, guard, apply.
+    pub async fn sync_once(&mut self) -> Result<SyncOutcome, SyncError> {
+        let mut outcome = SyncOutcome::default();
+        let t0 = Instant::now();
+        let Some(state) = self.cache.complete() else {
+            outcome.not_listed = true;
+            return Ok(outcome);
+        };
+        let started = Instant::now();
+        let t_state = started.duration_since(t0);
+        self.poll_cross_check();
+        let rebuild = self.need_full || self.programmed.is_none() || self.rebuild_pending;
+        self.compile_state(&state, rebuild);
+        let t_compile = started.elapsed();
+        let mut confirmed = false;
+        self.seed_guard();
+        if let Some(what) = self.held(Instant::now()) {
+            self.confirm_by_direct_read(what, &mut outcome).await?;
+            confirmed = true;
+        } else {
+            self.start_cross_check(&state);
+        }
+        let t_guard = started.elapsed();
+        let compiled = self.incremental.compiled();
+        let resolved = self.resolver.resolve(compiled);
+        outcome.pending_interfaces = resolved.missing.len();
+        self.metrics.endpoints_pending.set(resolved.missing.len() as f64);
+        if !resolved.missing.is_empty() {
+            tracing::debug!(missing = ?resolved.missing, "endpoints without an interface yet; retrying");
+        }
+        let interfaces = resolved.interfaces;
+        // Endpoints without an interface are left out; only then is the
+        // compiled state copied.
+        let filtered;
+        let target: &Compiled = if compiled.endpoints.keys().all(|id| interfaces.contains_key(id)) {
+            compiled
+        } else {
+            let mut t = compiled.clone();
+            t.endpoints.retain(|id, _| interfaces.contains_key(id));
+            filtered = t;
+            &filtered
+        };
+        let t_target = started.elapsed();
+        let mut t_diff = t_target;
+
+        match &mut self.programmed {
+            Some((prog, prog_ifaces)) if !self.need_full => {
+                let diff = prog.diff(target);
+                t_diff = started.elapsed();
+                if !diff.is_empty() || *prog_ifaces != interfaces {
+                    outcome.changes = diff.len();
+                    if let Err(source) = self.dataplane.apply(&diff, target, &interfaces) {
+                        self.need_full = true;
+                        // The kernel may already hold ids handed out by the
+                        // target: they must never be handed out again.
+                        raise_counters(&mut prog.ids, &target.ids);
+                        self.metrics.error("dataplane");
+                        return Err(SyncError::Dataplane { op: "apply", source });
+                    }
+                    outcome.applied = true;
+                    // What is programmed now: the same diff, applied in place.
+                    diff.ipcache.apply_to(&mut prog.ipcache);
+                    diff.cidrs.apply_to(&mut prog.cidrs);
+                    diff.endpoints.apply_to(&mut prog.endpoints);
+                    diff.policy.apply_to(&mut prog.policy);
+                    *prog_ifaces = interfaces;
+                }
+                if prog.ids != target.ids {
+                    prog.ids = target.ids.clone();
+                }
+            }
+            _ => {
+                if let Err(source) = self.dataplane.sync_full(target, &interfaces) {
+                    self.need_full = true;
+                    // The kernel may already hold ids handed out by the
+                    // target: they must never be handed out again.
+                    match &mut self.programmed {
+                        Some((prog, _)) => raise_counters(&mut prog.ids, &target.ids),
+                        None => match &mut self.attempted_ids {
+                            Some(ids) => raise_counters(ids, &target.ids),
+                            None => self.attempted_ids = Some(target.ids.clone()),
+                        },
+                    }
+                    self.metrics.error("dataplane");
+                    return Err(SyncError::Dataplane {
+                        op: "sync_full",
+                        source,
+                    });
+                }
+                outcome.full = true;
+                outcome.applied = true;
+                outcome.changes =
+                    target.ipcache.len() + target.cidrs.len() + target.endpoints.len() + target.policy.len();
+                self.programmed = Some((target.clone(), interfaces));
+                self.attempted_ids = None;
+            }
+        }
+        let t_apply = started.elapsed();
+        tracing::debug!(
+            state_ms = t_state.as_secs_f64() * 1e3,
+            compile_ms = t_compile.as_secs_f64() * 1e3,
+            guard_ms = (t_guard - t_compile).as_secs_f64() * 1e3,
+            target_ms = (t_target - t_guard).as_secs_f64() * 1e3,
+            diff_ms = (t_diff - t_target).as_secs_f64() * 1e3,
+            apply_ms = (t_apply - t_diff).as_secs_f64() * 1e3,
+            changes = outcome.changes,
+            "sync phases"
+        );
+        self.need_full = false;
+        for (map, n) in [
+            ("ipcache", target.ipcache.len()),
+            ("cidrs", target.cidrs.len()),
+            ("endpoints", target.endpoints.len()),
+            ("policy", target.policy.len()),
+        ] {
+            self.metrics.map_entries(map, n);
+        }
+        let (ids, eps) = (pod_identities(target).count(), target.endpoints.len());
+        let now = Instant::now();
+        if confirmed {
+            self.guard.reset(now, ids, eps);
+        } else {
+            self.guard.observe(now, ids, eps);
+        }
+        self.metrics.sync_duration.record(started.elapsed().as_secs_f64());
+        if outcome.applied {
+            self.metrics.syncs.increment(1);
+        }
+        if !self.readiness.first_sync.swap(true, Ordering::SeqCst) {
+            tracing::info!("first full sync applied; ready");
+        }
+        self.metrics.ready.set(1.0);
+        Ok(outcome)
+    }
+}
