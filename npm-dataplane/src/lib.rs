@@ -10,8 +10,13 @@ pub mod ebpf;
 pub mod nft;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use npm_policy::compiled::{Compiled, CompiledDiff};
+
+use ebpf::translate::TranslateError;
+use ebpf::EbpfError;
+use nft::NftError;
 
 /// Endpoint id -> ifindex of the endpoint's host-side interface.
 pub type Interfaces = BTreeMap<u32, u32>;
@@ -37,17 +42,108 @@ pub struct Counters {
     pub by_reason: BTreeMap<(u8, u8), (u64, u64)>,
 }
 
-/// Errors common to the dataplanes.
+/// Errors of the dataplanes, sorted by what the caller can do about them:
+/// a full map ([`DataplaneError::is_map_full`]: raise the map size or shed
+/// state) is told apart from a missing capability
+/// ([`DataplaneError::is_permission`]: the agent lacks `CAP_BPF`,
+/// `CAP_NET_ADMIN` or bpffs access) and from a missing pin
+/// ([`DataplaneError::is_missing_pin`]). Each variant keeps the
+/// dataplane's own error ([`EbpfError`], [`NftError`]) as its source, and
+/// that one the aya or I/O error below it.
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
-    /// A kernel or tool operation failed.
+    /// A map update was refused because the map is full (`E2BIG` from a
+    /// hash at `max_entries`, `ENOSPC` from an LPM trie).
+    #[error("map {map} is full: {source}")]
+    MapFull {
+        /// The full map.
+        map: &'static str,
+        /// The loader's error.
+        #[source]
+        source: EbpfError,
+    },
+    /// The kernel refused for lack of privilege (`EPERM`, or `EACCES`
+    /// outside the verifier).
+    #[error("{op}: permission denied: {source}")]
+    Permission {
+        /// The step that was refused ([`EbpfError::step`]).
+        op: &'static str,
+        /// The loader's error.
+        #[source]
+        source: EbpfError,
+    },
+    /// A map is not pinned where a reader expects it.
+    #[error("no map pinned at {}", path.display())]
+    MissingPin {
+        /// The expected pin path.
+        path: PathBuf,
+    },
+    /// An interface index names no interface (the pod's veth is gone).
+    #[error("ebpf attach: {source}")]
+    NoInterface {
+        /// The ifindex.
+        ifindex: u32,
+        /// The loader's error.
+        #[source]
+        source: EbpfError,
+    },
+    /// The eBPF object is missing, unreadable, or lacks a program or map
+    /// this loader needs.
+    #[error("ebpf object: {source}")]
+    Object {
+        /// The loader's error.
+        #[source]
+        source: EbpfError,
+    },
+    /// A compiled entry cannot be expressed in the maps.
+    #[error("ebpf translate: {0}")]
+    Translate(#[from] TranslateError),
+    /// The kernel refused an operation for another reason.
+    #[error("{op}: {source}")]
+    KernelRefused {
+        /// The step that was refused ([`EbpfError::step`]).
+        op: &'static str,
+        /// The loader's error (with the aya or I/O error as its source).
+        #[source]
+        source: EbpfError,
+    },
+    /// An `nft` command failed.
+    #[error("{op}: {source}")]
+    Nft {
+        /// The command line (or the name that was rejected).
+        op: String,
+        /// The nftables dataplane's error.
+        #[source]
+        source: NftError,
+    },
+    /// A failure known only as text: for implementations of [`Dataplane`]
+    /// outside this crate (test doubles); the dataplanes of this crate
+    /// report the typed variants above.
     #[error("{op}: {detail}")]
     Kernel {
-        /// What was being done (names the map, interface or command).
+        /// What was being done.
         op: String,
         /// What went wrong.
         detail: String,
     },
+}
+
+impl DataplaneError {
+    /// Whether a map is full ([`DataplaneError::MapFull`]).
+    pub fn is_map_full(&self) -> bool {
+        matches!(self, DataplaneError::MapFull { .. })
+    }
+
+    /// Whether a privilege is missing ([`DataplaneError::Permission`]).
+    pub fn is_permission(&self) -> bool {
+        matches!(self, DataplaneError::Permission { .. })
+    }
+
+    /// Whether a map is not pinned where expected
+    /// ([`DataplaneError::MissingPin`]).
+    pub fn is_missing_pin(&self) -> bool {
+        matches!(self, DataplaneError::MissingPin { .. })
+    }
 }
 
 /// A dataplane keeps the kernel equal to a compiled policy.

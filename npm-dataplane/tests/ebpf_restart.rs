@@ -199,7 +199,7 @@ fn other_map_layouts_are_retired_after_the_first_full_sync() {
     let mut policy_change = c.clone();
     policy_change.policy.clear();
     new.sync_full(&policy_change, &ifaces(&[(1, veth_a.ifindex)])).unwrap();
-    let (new_a, _) = tcx_prog_ids(&veth_a.name);
+    let (new_a, _) = tcx_prog_ids_settled(&veth_a.name, (1, 1));
     assert_eq!(new_a.len(), 1, "only this layout's program on a");
     assert_ne!(new_a, old_a);
     assert_eq!(
@@ -221,7 +221,7 @@ fn other_map_layouts_are_retired_after_the_first_full_sync() {
 
     // Once b is attached too, the old layout goes.
     new.sync_full(&c, &both).unwrap();
-    let (new_b, new_b_eg) = tcx_prog_ids(&veth_b.name);
+    let (new_b, new_b_eg) = tcx_prog_ids_settled(&veth_b.name, (1, 1));
     assert_eq!((new_b.len(), new_b_eg.len()), (1, 1));
     assert_ne!(new_b, old_b);
     assert!(!old_dir.exists(), "the old layout's pins are removed");

@@ -21,9 +21,13 @@
 use std::os::fd::{AsFd, AsRawFd};
 
 use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, MapData, MapError};
+use aya::Ebpf;
 use npm_common::{maps, sizes, EndpointInfo, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_PRESENT};
 
-use super::{is_not_found, map_err, EbpfError};
+use super::errors::{is_not_found, map_err, removed, EbpfError};
+use super::loader::take_map;
+use super::translate;
+use crate::AdoptedEndpoint;
 
 /// The two endpoint maps, written together.
 pub(crate) struct EndpointTable {
@@ -35,6 +39,13 @@ impl EndpointTable {
     /// Wraps the two opened maps.
     pub(crate) fn new(slots: Array<MapData, EndpointInfo>, overflow: BpfHashMap<MapData, u32, EndpointInfo>) -> Self {
         EndpointTable { slots, overflow }
+    }
+
+    /// Takes both maps out of the loaded object.
+    pub(crate) fn take(bpf: &mut Ebpf) -> Result<Self, EbpfError> {
+        let slots = take_map(bpf, maps::EP_SLOTS)?;
+        let overflow = take_map(bpf, maps::ENDPOINTS)?;
+        Ok(EndpointTable::new(slots, overflow))
     }
 
     /// Writes the endpoint of `ifindex` (`info.flags` must carry
@@ -91,17 +102,31 @@ impl EndpointTable {
                 .set(ifindex, EndpointInfo::default(), 0)
                 .map_err(map_err(maps::EP_SLOTS, format!("clear ifindex {ifindex}")))
         } else {
-            match self.overflow.remove(&ifindex) {
-                Ok(()) => Ok(()),
-                Err(e) if is_not_found(&e) => Ok(()),
-                Err(e) => Err(map_err(maps::ENDPOINTS, format!("remove ifindex {ifindex}"))(e)),
-            }
+            removed(
+                self.overflow.remove(&ifindex),
+                maps::ENDPOINTS,
+                format_args!("ifindex {ifindex}"),
+            )
         }
     }
 
     /// Every endpoint, by ifindex.
     pub(crate) fn entries(&self) -> Result<Vec<(u32, EndpointInfo)>, EbpfError> {
         read_entries(&self.slots, &self.overflow)
+    }
+
+    /// Every endpoint record: interface, id and addresses.
+    pub(crate) fn records(&self) -> Result<Vec<AdoptedEndpoint>, EbpfError> {
+        Ok(self
+            .entries()?
+            .into_iter()
+            .map(|(ifindex, info)| AdoptedEndpoint {
+                ifindex,
+                id: info.id,
+                ipv4: translate::endpoint_ipv4(&info),
+                ipv6: translate::endpoint_ipv6(&info),
+            })
+            .collect())
     }
 
     /// The borrowed maps, for a dump.
@@ -116,7 +141,7 @@ impl EndpointTable {
 fn drop_all(id: u32) -> EndpointInfo {
     EndpointInfo {
         id,
-        flags: EP_PRESENT | EP_ISOLATED_INGRESS | EP_ISOLATED_EGRESS | super::translate::EP_NO_PEER_ALL,
+        flags: EP_PRESENT | EP_ISOLATED_INGRESS | EP_ISOLATED_EGRESS | translate::EP_NO_PEER_ALL,
         ..EndpointInfo::default()
     }
 }

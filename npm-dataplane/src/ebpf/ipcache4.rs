@@ -25,8 +25,9 @@ use aya::maps::{Array, IterableMap, MapData};
 use npm_common::{ipcache4_slot, ipcache4_word, maps, sizes, IpInfo};
 use npm_policy::compiled::IpEntry;
 
+use super::errors::EbpfError;
 use super::shared_words::SharedWords;
-use super::{translate, EbpfError};
+use super::translate;
 
 /// The mapped `NPM_IPCACHE4` array.
 pub(crate) struct Ipcache4 {

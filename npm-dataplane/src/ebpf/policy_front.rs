@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use aya::maps::{Array, IterableMap, MapData};
 use npm_common::{maps, policy_front_bucket, sizes};
 
+use super::errors::EbpfError;
 use super::shared_words::SharedWords;
-use super::EbpfError;
 
 /// Words per bucket.
 const WAYS: usize = 4;

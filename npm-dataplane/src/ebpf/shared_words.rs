@@ -6,7 +6,7 @@ use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 
-use super::EbpfError;
+use super::errors::EbpfError;
 
 /// `len` 64-bit words of a mapped BPF array, unmapped on drop.
 pub(crate) struct SharedWords {
@@ -39,12 +39,12 @@ impl SharedWords {
         if p == libc::MAP_FAILED {
             return Err(EbpfError::Mmap {
                 map: name,
-                detail: std::io::Error::last_os_error().to_string(),
+                source: std::io::Error::last_os_error(),
             });
         }
-        let ptr = NonNull::new(p as *mut AtomicU64).ok_or(EbpfError::Mmap {
+        let ptr = NonNull::new(p as *mut AtomicU64).ok_or_else(|| EbpfError::Mmap {
             map: name,
-            detail: "null mapping".into(),
+            source: std::io::Error::other("null mapping"),
         })?;
         Ok(SharedWords { ptr, len })
     }

@@ -141,6 +141,7 @@ pub enum NftError {
         /// The command line.
         command: String,
         /// The I/O error.
+        #[source]
         source: std::io::Error,
     },
     /// `nft` exited with an error.
@@ -152,6 +153,15 @@ pub enum NftError {
         status: String,
         /// What `nft` wrote to stderr.
         stderr: String,
+    },
+    /// `nft -j` output is not JSON.
+    #[error("unexpected output of `{command}`: not JSON: {source}")]
+    NotJson {
+        /// The command line.
+        command: String,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
     },
     /// `nft -j` output could not be understood.
     #[error("unexpected output of `{command}`: {detail}")]
@@ -169,12 +179,10 @@ impl From<NftError> for DataplaneError {
             NftError::InvalidName { what, .. } => format!("nft: {what} name"),
             NftError::Spawn { command, .. }
             | NftError::Failed { command, .. }
+            | NftError::NotJson { command, .. }
             | NftError::BadOutput { command, .. } => command.clone(),
         };
-        DataplaneError::Kernel {
-            op,
-            detail: e.to_string(),
-        }
+        DataplaneError::Nft { op, source: e }
     }
 }
 
@@ -258,7 +266,10 @@ fn parse_counters(command: &str, json: &str) -> Result<CounterMap, NftError> {
         command: command.to_string(),
         detail,
     };
-    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let v: serde_json::Value = serde_json::from_str(json).map_err(|source| NftError::NotJson {
+        command: command.to_string(),
+        source,
+    })?;
     let items = v
         .get("nftables")
         .and_then(|n| n.as_array())
@@ -462,7 +473,7 @@ mod tests {
         assert_eq!(got.len(), 2);
         assert_eq!(got[&(DIR_INGRESS, Reason::PolicyDenied as u8)], (4, 240));
         assert_eq!(got[&(DIR_EGRESS, Reason::Spoofed as u8)], (1, 60));
-        assert!(matches!(parse_counters("nft", "{"), Err(NftError::BadOutput { .. })));
+        assert!(matches!(parse_counters("nft", "{"), Err(NftError::NotJson { .. })));
         assert!(matches!(parse_counters("nft", "{}"), Err(NftError::BadOutput { .. })));
         let no_packets = r#"{"nftables": [{"counter": {"name": "in_policy", "bytes": 1}}]}"#;
         assert!(matches!(

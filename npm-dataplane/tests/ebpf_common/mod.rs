@@ -45,6 +45,20 @@ pub fn tcx_prog_ids(ifname: &str) -> (Vec<u32>, Vec<u32>) {
     )
 }
 
+/// [`tcx_prog_ids`] once each hook of `ifname` holds `counts` (ingress,
+/// egress) programs, or after 2 s: the kernel releases an unpinned link
+/// (and detaches its program) from a workqueue, not within the unlink.
+pub fn tcx_prog_ids_settled(ifname: &str, counts: (usize, usize)) -> (Vec<u32>, Vec<u32>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let ids = tcx_prog_ids(ifname);
+        if (ids.0.len(), ids.1.len()) == counts || std::time::Instant::now() >= deadline {
+            return ids;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// A veth pair in the root netns (this kernel has no dummy driver), deleted
 /// on drop. Its ifindex is a valid endpoint interface for test runs (the
 /// kernel binds the test skb to it).

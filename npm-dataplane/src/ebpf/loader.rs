@@ -1,0 +1,161 @@
+//! Finding and loading the datapath object: where the object is looked up
+//! ([`resolve_object`]), the `EbpfLoader` set up with every map pinned
+//! under the pin directory and the benchmark globals, the verifier load of
+//! each program (retried on `EAGAIN`), and taking the programs and maps out
+//! of the loaded object.
+
+use std::path::{Path, PathBuf};
+
+use aya::programs::{ProgramError, SchedClassifier};
+use aya::{Ebpf, EbpfLoader};
+use npm_common::maps;
+
+use super::errors::{prog_err, EbpfError};
+use super::{PROG_EGRESS, PROG_EMPTY, PROG_INGRESS};
+
+/// Installed location of the object.
+pub const INSTALLED_OBJECT: &str = "/usr/lib/npm/npm-ebpf.o";
+/// Environment variable naming the object to load.
+pub const OBJECT_ENV: &str = "NPM_EBPF_OBJECT";
+
+/// Benchmark-only switches of `EbpfDataplane::open_with` (feature
+/// `testing`); the defaults are production behaviour.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BenchSwitches {
+    /// The datapath's per-CPU flow cache is neither read nor filled, so
+    /// packets of established flows always take the conntrack lookup.
+    pub no_flow_cache: bool,
+    /// The datapath's per-CPU decision cache is not used, so packets
+    /// decided by policy always take the ipcache and policy lookups.
+    pub no_decision_cache: bool,
+    /// Every packet takes the datapath's general path, never its IPv4 fast
+    /// path: the packet tables run both ways and must agree.
+    pub no_fast_v4: bool,
+    /// The datapath never probes the policy front (`NPM_POLICY_FRONT`):
+    /// every policy lookup walks the LPM.
+    pub no_policy_front: bool,
+}
+
+/// The object to load: `explicit` if given, else `$NPM_EBPF_OBJECT`, else the
+/// workspace build output, else [`INSTALLED_OBJECT`].
+pub fn resolve_object(explicit: Option<&Path>) -> Result<PathBuf, EbpfError> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(EbpfError::ObjectMissing {
+                tried: p.display().to_string(),
+            })
+        };
+    }
+    let mut tried = Vec::new();
+    if let Some(p) = std::env::var_os(OBJECT_ENV) {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        tried.push(p);
+    }
+    let dev = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bpfel-unknown-none/release/npm-ebpf");
+    let installed = PathBuf::from(INSTALLED_OBJECT);
+    for p in [dev, installed] {
+        if p.is_file() {
+            return Ok(p);
+        }
+        tried.push(p);
+    }
+    Err(EbpfError::ObjectMissing {
+        tried: tried
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+/// Reads the object (`explicit`, or the one [`resolve_object`] finds).
+pub(crate) fn read_object(explicit: Option<&Path>) -> Result<(PathBuf, Vec<u8>), EbpfError> {
+    let object = resolve_object(explicit)?;
+    let data = std::fs::read(&object).map_err(|source| EbpfError::ReadObject {
+        path: object.clone(),
+        source,
+    })?;
+    Ok((object, data))
+}
+
+/// Loads the object `data` (read from `object`) with every map of
+/// `maps::ALL` pinned under `pin_dir` (adopted when already pinned there),
+/// the benchmark globals set, and every program through the verifier.
+pub(crate) fn load(
+    object: &Path,
+    data: &[u8],
+    pin_dir: &Path,
+    bench_no_ct_create: bool,
+    switches: BenchSwitches,
+) -> Result<Ebpf, EbpfError> {
+    let mut loader = EbpfLoader::new();
+    for name in maps::ALL {
+        loader.map_pin_path(name, pin_dir.join(name));
+    }
+    let bench: u8 = bench_no_ct_create.into();
+    loader.override_global("NPM_BENCH_NO_CT_CREATE", &bench, true);
+    let no_cache: u8 = switches.no_flow_cache.into();
+    loader.override_global("NPM_BENCH_NO_FLOW_CACHE", &no_cache, true);
+    let no_decisions: u8 = switches.no_decision_cache.into();
+    loader.override_global("NPM_BENCH_NO_DECISION_CACHE", &no_decisions, true);
+    let no_fast: u8 = switches.no_fast_v4.into();
+    loader.override_global("NPM_BENCH_NO_FAST_V4", &no_fast, true);
+    let no_front: u8 = switches.no_policy_front.into();
+    loader.override_global("NPM_BENCH_NO_POLICY_FRONT", &no_front, true);
+    let mut bpf = loader.load(data).map_err(|source| EbpfError::Load {
+        path: object.to_path_buf(),
+        source: Box::new(source),
+    })?;
+    for name in [PROG_INGRESS, PROG_EGRESS, PROG_EMPTY] {
+        let prog = prog_mut(&mut bpf, name)?;
+        load_retrying(prog).map_err(prog_err(name, "load (verifier)"))?;
+    }
+    Ok(bpf)
+}
+
+/// Loads a program, retrying when `BPF_PROG_LOAD` returns `EAGAIN`: the
+/// verifier gives up with it when a signal is pending while it works (it
+/// takes about 130 ms per program here), as libbpf also retries.
+fn load_retrying(prog: &mut SchedClassifier) -> Result<(), ProgramError> {
+    let mut attempts = 0;
+    loop {
+        match prog.load() {
+            Err(ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && attempts < 5 =>
+            {
+                attempts += 1;
+                tracing::debug!(attempts, "BPF_PROG_LOAD interrupted (EAGAIN); retrying");
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The classifier `name` of the object, for attaching.
+pub(crate) fn prog_mut<'a>(bpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut SchedClassifier, EbpfError> {
+    let p = bpf
+        .program_mut(name)
+        .ok_or(EbpfError::ProgramMissing { program: name })?;
+    p.try_into().map_err(prog_err(name, "not a classifier"))
+}
+
+/// The classifier `name` of the object.
+#[cfg(feature = "testing")]
+pub(crate) fn prog<'a>(bpf: &'a Ebpf, name: &'static str) -> Result<&'a SchedClassifier, EbpfError> {
+    let p = bpf.program(name).ok_or(EbpfError::ProgramMissing { program: name })?;
+    p.try_into().map_err(prog_err(name, "not a classifier"))
+}
+
+/// Takes the map `name` out of the object as the typed map `T`.
+pub(crate) fn take_map<T>(bpf: &mut Ebpf, name: &'static str) -> Result<T, EbpfError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = bpf.take_map(name).ok_or(EbpfError::MapMissing { map: name })?;
+    T::try_from(map).map_err(super::errors::map_err(name, "open"))
+}

@@ -1,0 +1,227 @@
+//! The pins on bpffs: mounting bpffs, the layout of a pin directory
+//! (`<pin dir>/<map>` and `<pin dir>/links/<ifindex>-<direction>`),
+//! opening a pinned map read-only, the pin directories of other map layouts
+//! beside this one (`<parent>/v<N>`), the migration of an older layout's
+//! flows and records on open, and the retirement of its pins after a full
+//! sync.
+
+use std::ffi::{CStr, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError};
+use npm_common::{maps, EndpointInfo, IpInfo, IpKey, DIR_EGRESS, DIR_INGRESS, LAYOUT_VERSION};
+
+use super::conntrack::Flows;
+use super::endpoints::EndpointTable;
+use super::errors::{map_err, EbpfError};
+use super::links::{dir_name, ifname};
+use super::{adopted_state, AdoptedState, EbpfDataplane};
+
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+const BPF_ROOT: &CStr = c"/sys/fs/bpf";
+
+/// `/sys/fs/bpf`.
+fn bpf_root() -> &'static Path {
+    Path::new(OsStr::from_bytes(BPF_ROOT.to_bytes()))
+}
+
+/// `/sys/fs/bpf/npm/v<LAYOUT_VERSION>`.
+pub fn default_pin_dir() -> PathBuf {
+    bpf_root().join("npm").join(format!("v{LAYOUT_VERSION}"))
+}
+
+/// Mounts bpffs at `/sys/fs/bpf` unless it is mounted already.
+pub fn ensure_bpffs() -> Result<(), EbpfError> {
+    let root = bpf_root();
+    let err = |op: &'static str| {
+        move |source: std::io::Error| EbpfError::PinDir {
+            path: root.to_path_buf(),
+            op,
+            source,
+        }
+    };
+    std::fs::create_dir_all(root).map_err(err("create"))?;
+    // SAFETY: statfs writes into the zeroed struct we own.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and struct pointer.
+    if unsafe { libc::statfs(BPF_ROOT.as_ptr(), &mut st) } != 0 {
+        return Err(err("statfs")(std::io::Error::last_os_error()));
+    }
+    #[allow(clippy::unnecessary_cast)]
+    if st.f_type as i64 == BPF_FS_MAGIC {
+        return Ok(());
+    }
+    let fstype = c"bpf";
+    // SAFETY: valid C strings; no data argument.
+    let rc = unsafe { libc::mount(fstype.as_ptr(), BPF_ROOT.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+    if rc != 0 {
+        return Err(err("mount bpffs")(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Mounts bpffs if needed and creates `pin_dir` with its `links/`.
+pub(crate) fn prepare(pin_dir: &Path) -> Result<(), EbpfError> {
+    ensure_bpffs()?;
+    std::fs::create_dir_all(pin_dir.join("links")).map_err(|source| EbpfError::PinDir {
+        path: pin_dir.to_path_buf(),
+        op: "create",
+        source,
+    })
+}
+
+/// `<pin_dir>/links/<ifindex>-<direction>`: the pin of the link of pod
+/// direction `dir` on `ifindex`.
+pub(crate) fn link_path(pin_dir: &Path, ifindex: u32, dir: u8) -> PathBuf {
+    pin_dir.join("links").join(format!("{ifindex}-{}", dir_name(dir)))
+}
+
+/// The (ifindex, pod direction) of a link pin's file name
+/// `<ifindex>-ingress` or `<ifindex>-egress`.
+pub(crate) fn parse_link_name(name: &str) -> Option<(u32, u8)> {
+    let (i, d) = name.split_once('-')?;
+    let d = match d {
+        "ingress" => DIR_INGRESS,
+        "egress" => DIR_EGRESS,
+        _ => return None,
+    };
+    Some((i.parse().ok()?, d))
+}
+
+/// A file of `<pin dir>/links`: the (ifindex, pod direction) its name
+/// gives (`None` for a file of another name) and its path.
+pub(crate) type LinkPin = (Option<(u32, u8)>, PathBuf);
+
+/// The files of `<pin_dir>/links`. An absent directory is
+/// [`std::io::ErrorKind::NotFound`].
+pub(crate) fn link_pins(pin_dir: &Path) -> Result<Vec<LinkPin>, std::io::Error> {
+    Ok(std::fs::read_dir(pin_dir.join("links"))?
+        .flatten()
+        .map(|entry| (parse_link_name(&entry.file_name().to_string_lossy()), entry.path()))
+        .collect())
+}
+
+/// Opens the map pinned as `<pin_dir>/<name>` read-only (no program is
+/// loaded, nothing is created) as the typed map `T`.
+pub(crate) fn open_pinned<T>(pin_dir: &Path, name: &'static str) -> Result<T, EbpfError>
+where
+    T: TryFrom<aya::maps::Map, Error = MapError>,
+{
+    let path = pin_dir.join(name);
+    if !path.exists() {
+        return Err(EbpfError::NotPinned { path });
+    }
+    let data = MapData::from_pin(&path).map_err(map_err(name, format!("open pin {}", path.display())))?;
+    let map = aya::maps::Map::from_map_data(data).map_err(map_err(name, "identify map type"))?;
+    T::try_from(map).map_err(map_err(name, "open as typed map (layout mismatch?)"))
+}
+
+/// The pin directories of other npm map layouts beside `pin_dir`, newest
+/// first (see [`EbpfDataplane::retire_other_layouts`]).
+fn other_layouts(pin_dir: &Path) -> Result<Vec<PathBuf>, EbpfError> {
+    fn version_of(p: &Path) -> Option<u32> {
+        p.file_name()?.to_str()?.strip_prefix('v')?.parse().ok()
+    }
+    let (Some(mine), Some(parent)) = (version_of(pin_dir), pin_dir.parent()) else {
+        return Ok(Vec::new());
+    };
+    if mine != LAYOUT_VERSION {
+        return Ok(Vec::new());
+    }
+    let entries = std::fs::read_dir(parent).map_err(|source| EbpfError::PinDir {
+        path: parent.to_path_buf(),
+        op: "read",
+        source,
+    })?;
+    let mut found: Vec<(u32, PathBuf)> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter_map(|p| Some((version_of(&p)?, p)))
+        .filter(|(v, p)| *v != mine && p.is_dir() && (p.join("links").is_dir() || p.join(maps::CT).exists()))
+        .collect();
+    found.sort_by_key(|f| std::cmp::Reverse(f.0));
+    Ok(found.into_iter().map(|(_, p)| p).collect())
+}
+
+/// After an upgrade that changed the map layout, the new conntrack and
+/// fragment maps start empty while established flows run: copies the
+/// entries of the newest other layout (version 2 or later: their `CtKey`,
+/// `CtKey4`, `CtValue`, `FragKey` and `FragValue` are this layout's) into
+/// `flows`, when they are empty. Returns the layout copied from, when
+/// entries were copied. Called on open, before any program of this layout
+/// is attached to a new hook.
+pub(crate) fn migrate_flows(pin_dir: &Path, flows: &mut Flows) -> Result<Option<PathBuf>, EbpfError> {
+    if flows.ct_len() != 0 {
+        return Ok(None);
+    }
+    let Some(src) = other_layouts(pin_dir)?
+        .into_iter()
+        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n != "v1") && p.join(maps::CT4).exists())
+    else {
+        return Ok(None);
+    };
+    let copied = flows.copy_from(&Flows::open_pinned(&src)?)?;
+    tracing::info!(from = %src.display(), copied, "conntrack of another map layout copied");
+    Ok((copied > 0).then_some(src))
+}
+
+/// [`adopted_state`] of the maps pinned in another layout's directory
+/// (layouts 3 and later share the endpoint record; an older one fails to
+/// open as typed maps).
+pub(crate) fn adopted_state_at(dir: &Path) -> Result<AdoptedState, EbpfError> {
+    let ipcache: BpfHashMap<MapData, IpKey, IpInfo> = open_pinned(dir, maps::IPCACHE)?;
+    let slots: Array<MapData, EndpointInfo> = open_pinned(dir, maps::EP_SLOTS)?;
+    let overflow: BpfHashMap<MapData, u32, EndpointInfo> = open_pinned(dir, maps::ENDPOINTS)?;
+    adopted_state(&ipcache, &EndpointTable::new(slots, overflow))
+}
+
+impl EbpfDataplane {
+    /// Retires the pins of other map layouts beside this one
+    /// (`<parent>/v<N>` for every `N` but this layout's, when the pin
+    /// directory itself is named `v<LAYOUT_VERSION>`, as the default is, and
+    /// the sibling holds npm pins: a `links/` directory or an `NPM_CT` map).
+    /// Their pinned links are the only references that keep an older (or,
+    /// after a rollback, newer) agent's programs attached, with maps nobody
+    /// updates any more; unpinning them detaches those programs. A link is
+    /// unpinned only when this layout's program is attached to the same hook
+    /// or its interface is gone, so no pod is left without a program (an
+    /// endpoint whose interface could not be resolved keeps the old one
+    /// until a later full sync attaches the new one). A sibling is removed
+    /// once none of its links remain. Called at the end of a full sync:
+    /// during the overlap both programs run, and a packet passes only if
+    /// both allow it. Returns the removed directories.
+    pub fn retire_other_layouts(&self) -> Result<Vec<PathBuf>, EbpfError> {
+        let mut removed = Vec::new();
+        for path in other_layouts(&self.pin_dir)? {
+            let mut kept = 0;
+            for (hook, pin) in link_pins(&path).unwrap_or_default() {
+                let replaced = match hook {
+                    Some((ifindex, d)) => self.links.contains_key(&(ifindex, d)) || ifname(ifindex).is_err(),
+                    None => true,
+                };
+                if !replaced {
+                    kept += 1;
+                    continue;
+                }
+                std::fs::remove_file(&pin).map_err(|source| EbpfError::PinDir {
+                    path: pin,
+                    op: "unpin a retired link",
+                    source,
+                })?;
+            }
+            if kept > 0 {
+                tracing::info!(dir = %path.display(), kept, "links of another map layout kept until this layout attaches there");
+                continue;
+            }
+            std::fs::remove_dir_all(&path).map_err(|source| EbpfError::PinDir {
+                path: path.clone(),
+                op: "remove a retired layout",
+                source,
+            })?;
+            tracing::info!(dir = %path.display(), "removed the pins of another map layout");
+            removed.push(path);
+        }
+        Ok(removed)
+    }
+}

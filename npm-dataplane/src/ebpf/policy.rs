@@ -1,0 +1,160 @@
+//! The policy maps: `NPM_POLICY`, the LPM trie of allow entries keyed by
+//! [`PolicyKey`] (endpoint, direction, peer identity, protocol, port block;
+//! see [`translate::policy_keys`]) -> rule id, which always holds every
+//! entry, and its front `NPM_POLICY_FRONT` ([`PolicyFront`]). The front is
+//! a subset of what the LPM allows at every moment: its words are stored
+//! after their entry's LPM keys and removed before them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aya::maps::lpm_trie::{Key, LpmTrie};
+use aya::maps::MapData;
+use aya::Ebpf;
+use npm_common::{maps, PolicyKey, PolicyValue, EP_FRONT_EXACT_INGRESS, EP_FRONT_INGRESS, POLICY_KEY_LEN};
+use npm_policy::compiled::{Compiled, PolicyEntry};
+
+use super::errors::{map_err, removed, EbpfError};
+use super::loader::take_map;
+use super::policy_front::PolicyFront;
+use super::{translate, FRONT_ALL};
+
+/// `NPM_POLICY` and its front, written together.
+pub(crate) struct PolicyTable {
+    lpm: LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue>,
+    front: PolicyFront,
+}
+
+impl PolicyTable {
+    /// Takes both maps out of the loaded object (mapping the front).
+    pub(crate) fn take(bpf: &mut Ebpf) -> Result<Self, EbpfError> {
+        let lpm = take_map(bpf, maps::POLICY)?;
+        let front = PolicyFront::new(take_map(bpf, maps::POLICY_FRONT)?)?;
+        Ok(PolicyTable { lpm, front })
+    }
+
+    /// Writes `entry` with rule id `rule`: its LPM keys, then its front
+    /// words (a word whose bucket is full is simply left out: the
+    /// endpoint's direction then stays on the LPM).
+    pub(crate) fn upsert(&mut self, entry: &PolicyEntry, rule: u32) -> Result<(), EbpfError> {
+        let value = translate::policy_value(rule);
+        for k in translate::policy_keys(entry)? {
+            self.lpm
+                .insert(&Key::new(k.prefix_len, k.data), value, 0)
+                .map_err(map_err(maps::POLICY, format!("insert {entry:?}")))?;
+        }
+        for w in translate::front_words(entry).unwrap_or_default() {
+            self.front.insert(w);
+        }
+        Ok(())
+    }
+
+    /// Removes the keys of `entry` that no entry of `next` still produces
+    /// (two entries of one peer and protocol may share an aligned block):
+    /// its front words first, then its LPM keys.
+    pub(crate) fn remove(&mut self, entry: &PolicyEntry, next: &Compiled) -> Result<(), EbpfError> {
+        let lo = PolicyEntry {
+            ports: (0, 0),
+            ..*entry
+        };
+        let hi = PolicyEntry {
+            ports: (u16::MAX, u16::MAX),
+            ..*entry
+        };
+        let mut still: BTreeSet<PolicyKey> = BTreeSet::new();
+        let mut still_words: BTreeSet<u64> = BTreeSet::new();
+        for (other, _) in next.policy.range(lo..=hi) {
+            if other.ports.0 <= other.ports.1 || other.protocol.is_none() {
+                still.extend(translate::policy_keys(other)?);
+                still_words.extend(translate::front_words(other).unwrap_or_default());
+            }
+        }
+        for w in translate::front_words(entry).unwrap_or_default() {
+            if !still_words.contains(&w) {
+                self.front.remove(w);
+            }
+        }
+        for k in translate::policy_keys(entry)? {
+            if !still.contains(&k) {
+                removed(
+                    self.lpm.remove(&Key::new(k.prefix_len, k.data)),
+                    maps::POLICY,
+                    format!("{entry:?}"),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the front words not in `want` (first in a full sync: the
+    /// front never allows what the LPM does not).
+    pub(crate) fn sweep_front(&mut self, want: &BTreeSet<u64>) {
+        self.front.sweep(want);
+    }
+
+    /// Writes the LPM keys of `want` (key -> rule id).
+    pub(crate) fn insert_keys(&mut self, want: &BTreeMap<PolicyKey, u32>) -> Result<(), EbpfError> {
+        for (k, rule) in want {
+            self.lpm
+                .insert(&Key::new(k.prefix_len, k.data), translate::policy_value(*rule), 0)
+                .map_err(map_err(maps::POLICY, format!("insert {k:?}")))?;
+        }
+        Ok(())
+    }
+
+    /// Stores the front words of `want` (after their LPM keys).
+    pub(crate) fn insert_words(&mut self, want: &BTreeSet<u64>) {
+        for w in want {
+            self.front.insert(*w);
+        }
+    }
+
+    /// Removes every LPM key not in `want`.
+    pub(crate) fn sweep_keys(&mut self, want: &BTreeMap<PolicyKey, u32>) -> Result<(), EbpfError> {
+        let stale: Vec<Key<[u8; POLICY_KEY_LEN]>> = self
+            .lpm
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| {
+                !want.contains_key(&PolicyKey {
+                    prefix_len: k.prefix_len(),
+                    data: k.data(),
+                })
+            })
+            .collect();
+        for k in stale {
+            removed(self.lpm.remove(&k), maps::POLICY, "stale policy key")?;
+        }
+        Ok(())
+    }
+
+    /// The `EP_FRONT_*` flags of every endpoint that has policy entries
+    /// (endpoint id -> flags): `EP_FRONT_<dir>` when the front holds every
+    /// word of the endpoint's entries in that direction (and each entry
+    /// fits it), `EP_FRONT_EXACT_<dir>` when none of them is a wildcard. An
+    /// endpoint without entries gets [`FRONT_ALL`].
+    pub(crate) fn front_flags(&self, next: &Compiled) -> BTreeMap<u32, u32> {
+        let mut flags: BTreeMap<u32, u32> = BTreeMap::new();
+        for e in next.policy.keys() {
+            let f = flags.entry(e.endpoint).or_insert(FRONT_ALL);
+            let dir = e.direction.as_u8();
+            let held = translate::front_word_iter(e).is_some_and(|mut w| w.all(|w| self.front.contains(w)));
+            if !held {
+                *f &= !(EP_FRONT_INGRESS << dir);
+            }
+            if translate::is_wildcard(e) {
+                *f &= !(EP_FRONT_EXACT_INGRESS << dir);
+            }
+        }
+        flags
+    }
+
+    /// Words in the front.
+    pub(crate) fn front_len(&self) -> usize {
+        self.front.len()
+    }
+
+    /// The LPM trie, for reads.
+    pub(crate) fn lpm(&self) -> &LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue> {
+        &self.lpm
+    }
+}

@@ -1,0 +1,81 @@
+//! Test mode (feature `testing`, not part of the production API):
+//! [`EbpfDataplane::test_run`] runs a program on a crafted packet with
+//! `BPF_PROG_TEST_RUN`, passing a `__sk_buff` context whose `ifindex` is
+//! the endpoint's interface (the kernel binds the test skb to that device),
+//! so the program sees exactly what it sees in production; nothing in the
+//! program knows about test mode. [`EbpfDataplane::bench_run`] times
+//! repeated runs for the datapath benchmark, and
+//! [`EbpfDataplane::open_with`] opens with [`BenchSwitches`].
+
+use std::time::Duration;
+
+use aya::{TestRun, TestRunOptions};
+use npm_common::{Reason, REASON_SLOTS};
+use npm_policy::compiled::Direction;
+
+use super::errors::{prog_err, EbpfError};
+use super::links::prog_for;
+use super::loader::{self, BenchSwitches};
+use super::{EbpfDataplane, EbpfOptions};
+
+impl EbpfDataplane {
+    /// [`EbpfDataplane::open`] with benchmark switches (the datapath
+    /// benchmark measures the conntrack lookup without the flow cache).
+    pub fn open_with(opts: EbpfOptions, switches: BenchSwitches) -> Result<Self, EbpfError> {
+        Self::open_switched(opts, switches)
+    }
+
+    fn run(
+        &self,
+        program: &'static str,
+        ifindex: u32,
+        packet: &[u8],
+        repeat: u32,
+    ) -> Result<aya::TestRunResult, EbpfError> {
+        // `struct __sk_buff` up to and including `ifindex` (offset 40): the
+        // kernel binds the test skb to that device; every other field zero.
+        let mut ctx = [0u8; 44];
+        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        let prog = loader::prog(&self.bpf, program)?;
+        prog.test_run(TestRunOptions {
+            data_in: Some(packet),
+            ctx_in: Some(&ctx),
+            repeat,
+            ..TestRunOptions::default()
+        })
+        .map_err(prog_err(program, format!("test run on ifindex {ifindex}")))
+    }
+
+    /// Runs the program of `dir` once on `packet` (an Ethernet frame) as if
+    /// it arrived on host-side interface `ifindex` (which must exist), with
+    /// `BPF_PROG_TEST_RUN`. Returns the verdict
+    /// ([`super::VERDICT_ALLOW`] or [`super::VERDICT_DROP`]) and the reason,
+    /// found from the counter slot that moved (`None` if other traffic
+    /// moved counters at the same time).
+    pub fn test_run(&self, dir: Direction, ifindex: u32, packet: &[u8]) -> Result<(i32, Option<Reason>), EbpfError> {
+        let d = dir.as_u8();
+        let before = self.reports.packets_by_slot(d)?;
+        let res = self.run(prog_for(d), ifindex, packet, 1)?;
+        let after = self.reports.packets_by_slot(d)?;
+        let moved: Vec<u8> = (0..REASON_SLOTS as u8)
+            .filter(|r| after[*r as usize] != before[*r as usize])
+            .collect();
+        let reason = match moved.as_slice() {
+            [r] => Reason::from_u8(*r),
+            _ => None,
+        };
+        Ok((res.return_value as i32, reason))
+    }
+
+    /// Benchmark helper: runs a program `repeat` times on `packet` (as on
+    /// `ifindex`) and returns the kernel's average time per run.
+    pub fn bench_run(
+        &self,
+        program: &'static str,
+        ifindex: u32,
+        packet: &[u8],
+        repeat: u32,
+    ) -> Result<Duration, EbpfError> {
+        Ok(self.run(program, ifindex, packet, repeat)?.duration)
+    }
+}

@@ -1,0 +1,265 @@
+//! Writing the compiled policy into the maps, in the order documented on
+//! [`npm_policy::compiled::CompiledDiff`] (invariant 4 of ARCHITECTURE.md):
+//! upserts (policy, ipcache and CIDRs, endpoints), then removals in the same
+//! order, then a bump of `NPM_GENERATION` so no cached decision outlives the
+//! batch. [`EbpfDataplane::apply_diff`] applies a diff;
+//! [`EbpfDataplane::sync`] writes everything and sweeps what is not part of
+//! it (mark and sweep against adopted pins), after purging the flows of
+//! endpoint ids that now name another pod.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use npm_common::{maps, PolicyKey, DIR_INGRESS};
+use npm_policy::compiled::{Compiled, CompiledDiff};
+
+use super::errors::{map_err, EbpfError};
+use super::{translate, EbpfDataplane, FRONT_ALL};
+use crate::{AdoptedEndpoint, Interfaces};
+
+impl EbpfDataplane {
+    /// [`crate::Dataplane::apply`] with the loader's own error type.
+    pub fn apply_diff(
+        &mut self,
+        diff: &CompiledDiff,
+        next: &Compiled,
+        interfaces: &Interfaces,
+    ) -> Result<(), EbpfError> {
+        let result = self.apply_diff_maps(diff, next, interfaces);
+        // Also after a failed apply: some maps may have changed.
+        self.bump_after(result)
+    }
+
+    /// [`crate::Dataplane::sync_full`] with the loader's own error type:
+    /// writes everything in `compiled`, then deletes every kernel entry (and
+    /// pinned link) that is not part of it.
+    pub fn sync(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
+        let result = self.sync_maps(compiled, interfaces);
+        // Also after a failed sync: some maps may have changed.
+        self.bump_after(result)?;
+        // The maps are right; a pin that cannot be removed yet is only
+        // logged and retried at the next full sync.
+        if let Err(e) = self.retire_other_layouts() {
+            tracing::warn!(error = %e, "retiring the pins of other map layouts");
+        }
+        Ok(())
+    }
+
+    /// Bumps `NPM_GENERATION`: every decision the datapath cached before
+    /// stops answering, so the next packets are decided from the maps as
+    /// they are now. Called after every batch of map writes.
+    pub fn bump_generation(&mut self) -> Result<u64, EbpfError> {
+        let now = self.generation.get(&0, 0).map_err(map_err(maps::GENERATION, "read"))?;
+        let next = now.wrapping_add(1).max(1);
+        self.generation
+            .set(0, next, 0)
+            .map_err(map_err(maps::GENERATION, "bump"))?;
+        Ok(next)
+    }
+
+    /// Bumps the generation after a batch of writes; the batch's own error,
+    /// if any, wins over a failed bump (which is logged).
+    fn bump_after(&mut self, result: Result<(), EbpfError>) -> Result<(), EbpfError> {
+        match (self.bump_generation(), result) {
+            (Ok(_), r) => r,
+            (Err(bump), Err(e)) => {
+                tracing::error!(error = %bump, "bumping the policy generation after a failed write");
+                Err(e)
+            }
+            (Err(bump), Ok(())) => Err(bump),
+        }
+    }
+
+    fn apply_diff_maps(
+        &mut self,
+        diff: &CompiledDiff,
+        next: &Compiled,
+        interfaces: &Interfaces,
+    ) -> Result<(), EbpfError> {
+        // 1. upserts: policy, ipcache and CIDRs, endpoints.
+        for (entry, rule) in &diff.policy.upsert {
+            self.policy.upsert(entry, *rule)?;
+        }
+        for (addr, e) in &diff.ipcache.upsert {
+            self.ipcache.upsert(*addr, translate::ip_info(e))?;
+        }
+        for (net, id) in &diff.cidrs.upsert {
+            self.cidrs.upsert(net, *id)?;
+        }
+        let changed: BTreeSet<u32> = diff.endpoints.upsert.iter().map(|(id, _)| *id).collect();
+        self.program_endpoints(next, interfaces, &changed)?;
+        // 2. removals in the same order.
+        for entry in &diff.policy.remove {
+            self.policy.remove(entry, next)?;
+        }
+        for addr in &diff.ipcache.remove {
+            self.ipcache.remove(*addr)?;
+        }
+        self.cidrs.remove(&diff.cidrs.remove, &next.cidrs)?;
+        let mut removed = BTreeSet::new();
+        for id in &diff.endpoints.remove {
+            self.written_flags.remove(id);
+            if let Some(ifindex) = self.programmed.remove(id) {
+                if !self.programmed.values().any(|v| *v == ifindex) {
+                    self.unprogram_ifindex(ifindex)?;
+                }
+            }
+            removed.insert(*id);
+        }
+        if !removed.is_empty() {
+            self.flows.purge(|ep| !removed.contains(&ep))?;
+        }
+        Ok(())
+    }
+
+    fn sync_maps(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
+        // Flows tracked under an endpoint id that now names another pod go
+        // first (adopted pins: a restarted agent may number endpoints anew).
+        // Until a full sync succeeded, the records are those adopted at
+        // open (after a layout upgrade, the older layout's, whose flows were
+        // copied); then the kernel's.
+        let records: Vec<AdoptedEndpoint> = if self.full_synced {
+            self.endpoints.records()?
+        } else {
+            self.adopted_endpoints.clone()
+        };
+        self.purge_renumbered_flows(compiled, interfaces, &records)?;
+        // The IPv4 front first: a slot may only hold its address's current
+        // entry (the writes below then fill the free slots).
+        self.ipcache.sweep_front(&compiled.ipcache);
+        // The policy front likewise: words no entry wants go first, the
+        // wanted ones are stored after the LPM keys below.
+        let want_words: BTreeSet<u64> = compiled
+            .policy
+            .keys()
+            .filter_map(translate::front_words)
+            .flatten()
+            .collect();
+        self.policy.sweep_front(&want_words);
+        // Mark: write everything.
+        let mut want_policy: BTreeMap<PolicyKey, u32> = BTreeMap::new();
+        for (entry, rule) in &compiled.policy {
+            for k in translate::policy_keys(entry)? {
+                want_policy.insert(k, *rule);
+            }
+        }
+        self.policy.insert_keys(&want_policy)?;
+        self.policy.insert_words(&want_words);
+        for (addr, e) in &compiled.ipcache {
+            self.ipcache.upsert(*addr, translate::ip_info(e))?;
+        }
+        for (net, id) in &compiled.cidrs {
+            self.cidrs.upsert(net, *id)?;
+        }
+        // Every endpoint is rewritten: adopted maps may hold stale values.
+        let all: BTreeSet<u32> = compiled.endpoints.keys().copied().collect();
+        self.programmed.retain(|id, _| all.contains(id));
+        self.written_flags.retain(|id, _| all.contains(id));
+        self.program_endpoints(compiled, interfaces, &all)?;
+
+        // Sweep.
+        self.policy.sweep_keys(&want_policy)?;
+        self.ipcache.sweep(&compiled.ipcache)?;
+        self.cidrs.sweep(&compiled.cidrs)?;
+        let want_if: BTreeSet<u32> = self.programmed.values().copied().collect();
+        let stale: Vec<u32> = self
+            .endpoints
+            .entries()?
+            .into_iter()
+            .map(|(ifindex, _)| ifindex)
+            .filter(|k| !want_if.contains(k))
+            .collect();
+        for ifindex in stale {
+            self.unprogram_ifindex(ifindex)?;
+        }
+        let stale_links: Vec<u32> = self.attached().into_iter().filter(|i| !want_if.contains(i)).collect();
+        for ifindex in stale_links {
+            self.detach(ifindex)?;
+        }
+        let ids: BTreeSet<u32> = self.programmed.keys().copied().collect();
+        self.flows.purge(|ep| ids.contains(&ep))?;
+        self.full_synced = true;
+        Ok(())
+    }
+
+    /// Writes the endpoints of `next` that have an interface and need it
+    /// (new, changed in `changed`, moved to another interface, or whose
+    /// `EP_NO_*_PEER_*` flags changed with the policy), attaching the
+    /// programs. Endpoints without an interface are held back.
+    fn program_endpoints(
+        &mut self,
+        next: &Compiled,
+        interfaces: &Interfaces,
+        changed: &BTreeSet<u32>,
+    ) -> Result<(), EbpfError> {
+        let peer_flags = translate::endpoint_peer_flags(next.policy.keys());
+        let front_flags = self.policy.front_flags(next);
+        for (&id, ep) in &next.endpoints {
+            let Some(&ifindex) = interfaces.get(&id) else {
+                // No interface known (yet, or any more): nothing may stay
+                // keyed by an ifindex that could be reused.
+                self.written_flags.remove(&id);
+                if let Some(old) = self.programmed.remove(&id) {
+                    self.unprogram_ifindex(old)?;
+                }
+                continue;
+            };
+            let old = self.programmed.get(&id).copied();
+            let mut info = translate::endpoint_info(id, ep);
+            info.flags |= peer_flags.get(&id).copied().unwrap_or(translate::EP_NO_PEER_ALL);
+            info.flags |= front_flags.get(&id).copied().unwrap_or(FRONT_ALL);
+            if old == Some(ifindex)
+                && !changed.contains(&id)
+                && self.links.contains_key(&(ifindex, DIR_INGRESS))
+                && self.written_flags.get(&id) == Some(&info.flags)
+            {
+                continue;
+            }
+            self.endpoints.replace(ifindex, info)?;
+            self.written_flags.insert(id, info.flags);
+            self.attach(ifindex)?;
+            self.programmed.insert(id, ifindex);
+            if let Some(old) = old.filter(|o| *o != ifindex) {
+                if !self.programmed.values().any(|v| *v == old) {
+                    self.unprogram_ifindex(old)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn unprogram_ifindex(&mut self, ifindex: u32) -> Result<(), EbpfError> {
+        self.endpoints.remove(ifindex)?;
+        self.detach(ifindex)
+    }
+
+    /// Deletes the conntrack and fragment entries tracked under an endpoint
+    /// id of `compiled` that no record of `records` describes as the same
+    /// endpoint (interface and addresses): after an agent restart an id may
+    /// have been given anew, and a pod must never inherit another pod's
+    /// flows (with a recycled address, the same 5-tuple); an id that no
+    /// record carries can only hold orphans. Flows of an id whose endpoint
+    /// is unchanged are kept; those of ids no longer used go with the sweep.
+    fn purge_renumbered_flows(
+        &mut self,
+        compiled: &Compiled,
+        interfaces: &Interfaces,
+        records: &[AdoptedEndpoint],
+    ) -> Result<(), EbpfError> {
+        let by_id: BTreeMap<u32, &AdoptedEndpoint> = records.iter().map(|r| (r.id, r)).collect();
+        let renumbered: BTreeSet<u32> = compiled
+            .endpoints
+            .iter()
+            .filter(|(id, ep)| {
+                !by_id
+                    .get(id)
+                    .is_some_and(|r| interfaces.get(id) == Some(&r.ifindex) && r.ipv4 == ep.ipv4 && r.ipv6 == ep.ipv6)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        if renumbered.is_empty() {
+            return Ok(());
+        }
+        tracing::debug!(endpoints = ?renumbered, "dropping the flows of endpoint ids no record describes as the same endpoint");
+        self.flows.purge(|ep| !renumbered.contains(&ep))
+    }
+}
