@@ -55,9 +55,144 @@ fn template(set: &[&str]) -> Vec<Value> {
         .collect()
 }
 
-fn find<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    docs.iter().filter(|d| d["kind"].as_str() == Some(kind)).collect()
+/// Whether a rendered object is a Helm hook (not part of the release).
+fn is_hook(doc: &Value) -> bool {
+    !doc["metadata"]["annotations"]["helm.sh/hook"].is_null()
 }
+
+/// The release's objects of `kind` (hooks left out).
+fn find<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter()
+        .filter(|d| d["kind"].as_str() == Some(kind) && !is_hook(d))
+        .collect()
+}
+
+/// The hook objects of `kind`.
+fn find_hooks<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter()
+        .filter(|d| d["kind"].as_str() == Some(kind) && is_hook(d))
+        .collect()
+}
+
+/// The agent DaemonSet's pod spec.
+fn agent_pod_spec(docs: &[Value]) -> &Value {
+    let ds = find(docs, "DaemonSet");
+    assert_eq!(ds.len(), 1, "one agent DaemonSet");
+    &ds[0]["spec"]["template"]["spec"]
+}
+
+/// The container `name` of a pod spec's `containers` or `initContainers`.
+fn container<'a>(spec: &'a Value, list: &str, name: &str) -> Option<&'a Value> {
+    spec[list]
+        .as_sequence()?
+        .iter()
+        .find(|c| c["name"].as_str() == Some(name))
+}
+
+/// `command` followed by `args` of a rendered container.
+fn argv(c: &Value) -> Vec<String> {
+    let mut v = strings(&c["command"]);
+    v.extend(strings(&c["args"]));
+    v
+}
+
+/// The command line (`command` + `args`) of the agent container that
+/// `helm template` renders with `set`: what the image's own binary must
+/// accept.
+fn agent_command_line(set: &[&str]) -> Vec<String> {
+    let docs = template(set);
+    argv(container(agent_pod_spec(&docs), "containers", "agent").expect("agent container"))
+}
+
+/// Every command line that `helm template` renders with `set`, hooks
+/// included: `(object/container, command + args)` of every container and
+/// init container of every DaemonSet and Job.
+fn command_lines(set: &[&str]) -> Vec<(String, Vec<String>)> {
+    let docs = template(set);
+    let mut out = Vec::new();
+    for d in &docs {
+        if !matches!(d["kind"].as_str(), Some("DaemonSet" | "Job")) {
+            continue;
+        }
+        let spec = &d["spec"]["template"]["spec"];
+        for list in ["initContainers", "containers"] {
+            for c in spec[list].as_sequence().into_iter().flatten() {
+                let name = format!(
+                    "{}/{}",
+                    d["metadata"]["name"].as_str().unwrap_or_default(),
+                    c["name"].as_str().unwrap_or_default()
+                );
+                out.push((name, argv(c)));
+            }
+        }
+    }
+    out
+}
+
+/// The volume mount of `c` at `path`, and the host path of its volume.
+fn host_mount<'a>(spec: &'a Value, c: &'a Value, path: &str) -> (&'a Value, String) {
+    let mount = c["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(path))
+        .unwrap_or_else(|| panic!("{path} mounted in {:?}", c["name"]));
+    let vol = spec["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap_or_else(|| panic!("volume {:?}", mount["name"]));
+    let host = vol["hostPath"]["path"].as_str().expect("a hostPath volume");
+    (mount, host.to_string())
+}
+
+/// `helm lint` of the chart with `set`.
+fn lint(set: &[&str]) {
+    let chart = chart();
+    let mut args = vec!["lint", chart.to_str().unwrap()];
+    for s in set {
+        args.push("--set");
+        args.push(s);
+    }
+    let (ok, out, err) = run_helm(&args);
+    assert!(ok, "helm lint {set:?} failed:\n{out}\n{err}");
+    assert!(out.contains("0 chart(s) failed"), "{set:?}: {out}");
+}
+
+/// `helm template` with `set` fails with a message containing `want`.
+fn rejected(set: &[&str], want: &str) {
+    let chart = chart();
+    let mut args = vec!["template", "rel", chart.to_str().unwrap()];
+    for s in set {
+        args.push("--set");
+        args.push(s);
+    }
+    let (ok, _, err) = run_helm(&args);
+    assert!(!ok, "{set:?} must be rejected");
+    assert!(err.contains(want), "{set:?}: {err}");
+}
+
+/// The CNI presets: (cniPreset, interface pattern, CNI config dir, CNI bin dir).
+const PRESETS: &[(&str, Option<&str>, &str, &str)] = &[
+    ("", None, "/etc/cni/net.d", "/opt/cni/bin"),
+    ("calico", Some("cali*"), "/etc/cni/net.d", "/opt/cni/bin"),
+    ("flannel", Some("veth*"), "/etc/cni/net.d", "/opt/cni/bin"),
+    ("kindnet", Some("veth*"), "/etc/cni/net.d", "/opt/cni/bin"),
+    ("aws-vpc-cni", Some("eni*"), "/etc/cni/net.d", "/opt/cni/bin"),
+    ("bridge", Some("veth*"), "/etc/cni/net.d", "/opt/cni/bin"),
+    ("ptp", Some("veth*"), "/etc/cni/net.d", "/opt/cni/bin"),
+    (
+        "k3s",
+        Some("veth*"),
+        "/var/lib/rancher/k3s/agent/etc/cni/net.d",
+        "/var/lib/rancher/k3s/data/cni",
+    ),
+    ("gke", Some("gke*"), "/etc/cni/net.d", "/home/kubernetes/bin"),
+];
+
+/// The agent's capabilities of values.yaml, in order.
+const CAPABILITIES: [&str; 5] = ["BPF", "NET_ADMIN", "SYS_ADMIN", "PERFMON", "SYS_RESOURCE"];
 
 fn strings(v: &Value) -> Vec<String> {
     v.as_sequence()
@@ -67,30 +202,50 @@ fn strings(v: &Value) -> Vec<String> {
 
 #[test]
 fn helm_lint_passes() {
-    let chart = chart();
-    let (ok, out, err) = run_helm(&["lint", chart.to_str().unwrap()]);
-    assert!(ok, "helm lint failed:\n{out}\n{err}");
-    assert!(out.contains("0 chart(s) failed"), "{out}");
+    lint(&[]);
+    lint(&["privileged=false"]);
+    lint(&["privileged=false", "cni.install=false", "cleanupOnUninstall=false"]);
+    lint(&[
+        "cni.failOpen=true",
+        "dataplane=nftables",
+        "pinDir=/sys/fs/bpf/npm/custom",
+    ]);
+    for (preset, ..) in PRESETS {
+        let set = format!("cniPreset={preset}");
+        lint(&[&set]);
+        lint(&[&set, "privileged=false"]);
+    }
 }
 
 #[test]
-fn rbac_is_read_only_on_three_resources() {
+fn rbac_is_least_privilege() {
     let docs = template(&[]);
     let roles = find(&docs, "ClusterRole");
     assert_eq!(roles.len(), 1);
     let mut granted = Vec::new();
     for rule in roles[0]["rules"].as_sequence().unwrap() {
+        assert!(rule["resourceNames"].is_null(), "{rule:?}");
         let mut verbs = strings(&rule["verbs"]);
         verbs.sort();
-        assert_eq!(verbs, ["get", "list", "watch"], "only read verbs: {rule:?}");
         for g in strings(&rule["apiGroups"]) {
             for r in strings(&rule["resources"]) {
-                granted.push(format!("{g}/{r}"));
+                granted.push(format!("{g}/{r}: {}", verbs.join(",")));
             }
         }
     }
     granted.sort();
-    assert_eq!(granted, ["/namespaces", "/pods", "networking.k8s.io/networkpolicies"]);
+    assert_eq!(
+        granted,
+        [
+            "/events: create,patch",
+            "/namespaces: get,list,watch",
+            "/nodes: get,list,patch,watch",
+            "/pods: get,list,watch",
+            "events.k8s.io/events: create,patch",
+            "networking.k8s.io/networkpolicies: get,list,watch",
+        ],
+        "no services, endpointslices, secrets or write access beyond node patch and events"
+    );
     assert!(find(&docs, "Role").is_empty());
     let binding = find(&docs, "ClusterRoleBinding")[0];
     assert_eq!(binding["roleRef"]["name"], roles[0]["metadata"]["name"]);
@@ -153,7 +308,421 @@ fn daemonset_essentials() {
         .find(|v| v["name"] == mount["name"])
         .expect("bpffs volume");
     assert_eq!(vol["hostPath"]["path"].as_str(), Some("/sys/fs/bpf"));
+    assert_eq!(mount["mountPropagation"].as_str(), Some("Bidirectional"));
+    assert!(args.iter().any(|a| a == "--cni-socket=/run/npm/cni.sock"), "{args:?}");
+    let (_, host) = host_mount(spec, c, "/run/npm");
+    assert_eq!(host, "/run/npm", "the socket's directory comes from the host");
+    assert!(
+        !args.iter().any(|a| a.starts_with("--interface-pattern")),
+        "no preset, no pattern: {args:?}"
+    );
     assert!(find(&docs, "ServiceMonitor").is_empty(), "off by default");
+}
+
+#[test]
+fn agent_command_line_is_run_with_every_flag() {
+    let argv = agent_command_line(&["cniPreset=calico", "allowHostEgress=true"]);
+    assert_eq!(argv[..2], ["/usr/bin/npm-agent", "run"]);
+    for want in [
+        "--dataplane=ebpf",
+        "--bpf-object=/usr/lib/npm/npm-ebpf.o",
+        "--metrics-addr=0.0.0.0:9090",
+        "--page-size=500",
+        "--debounce-ms=20",
+        "--mass-delete-threshold=0.5",
+        "--mass-delete-window-secs=600",
+        "--flow-logs-per-sec=10",
+        "--log-level=info",
+        "--log-format=json",
+        "--allow-host-egress",
+        "--interface-pattern=cali*",
+        "--cni-socket=/run/npm/cni.sock",
+    ] {
+        assert!(argv.iter().any(|a| a == want), "{want} in {argv:?}");
+    }
+    assert_eq!(argv.len(), 2 + 13, "no other flag: {argv:?}");
+}
+
+#[test]
+fn every_container_runs_the_image_binaries() {
+    let lines = command_lines(&["privileged=false"]);
+    let names: Vec<&str> = lines.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "rel-npm-agent/mount-bpffs",
+            "rel-npm-agent/install-cni",
+            "rel-npm-agent/agent",
+            "rel-npm-agent-cleanup/cleanup",
+            "rel-npm-agent-cleanup/done",
+            "rel-npm-agent-uninstall-stop-agents/stop-agents",
+            "rel-npm-agent-uninstall-wait-cleanup/wait-cleanup",
+        ]
+    );
+    for (name, argv) in &lines {
+        assert!(
+            matches!(argv[0].as_str(), "/usr/bin/npm-agent" | "/usr/bin/npm-cni"),
+            "{name}: {argv:?}"
+        );
+        assert!(argv.len() > 1, "{name} runs a subcommand: {argv:?}");
+    }
+    let docs = template(&["image.repository=reg.example/npm-agent", "image.tag=1.2.3"]);
+    for d in docs
+        .iter()
+        .filter(|d| matches!(d["kind"].as_str(), Some("DaemonSet" | "Job")))
+    {
+        let spec = &d["spec"]["template"]["spec"];
+        for list in ["initContainers", "containers"] {
+            for c in spec[list].as_sequence().into_iter().flatten() {
+                assert_eq!(c["image"].as_str(), Some("reg.example/npm-agent:1.2.3"), "{c:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn presets_set_interface_pattern_and_cni_paths() {
+    for (preset, pattern, conf, bin) in PRESETS {
+        let set = format!("cniPreset={preset}");
+        let docs = template(&[&set]);
+        let spec = agent_pod_spec(&docs);
+        let agent = container(spec, "containers", "agent").unwrap();
+        let patterns: Vec<String> = strings(&agent["args"])
+            .into_iter()
+            .filter(|a| a.starts_with("--interface-pattern"))
+            .collect();
+        let want: Vec<String> = pattern.iter().map(|p| format!("--interface-pattern={p}")).collect();
+        assert_eq!(patterns, want, "{preset}");
+        let install = container(spec, "initContainers", "install-cni").expect("installer");
+        assert_eq!(host_mount(spec, install, "/host/etc/cni/net.d").1, *conf, "{preset}");
+        assert_eq!(host_mount(spec, install, "/host/opt/cni/bin").1, *bin, "{preset}");
+        let cleanup = find_hooks(&docs, "DaemonSet")[0];
+        let cspec = &cleanup["spec"]["template"]["spec"];
+        let c = container(cspec, "initContainers", "cleanup").unwrap();
+        assert_eq!(host_mount(cspec, c, "/host/etc/cni/net.d").1, *conf, "{preset}");
+        assert_eq!(host_mount(cspec, c, "/host/opt/cni/bin").1, *bin, "{preset}");
+    }
+    // Explicit values win over the preset, each on its own.
+    let docs = template(&["cniPreset=k3s", "interfacePattern=lxc*", "cni.binDir=/opt/k3s/bin"]);
+    let spec = agent_pod_spec(&docs);
+    let agent = container(spec, "containers", "agent").unwrap();
+    assert!(strings(&agent["args"]).iter().any(|a| a == "--interface-pattern=lxc*"));
+    let install = container(spec, "initContainers", "install-cni").unwrap();
+    assert_eq!(host_mount(spec, install, "/host/opt/cni/bin").1, "/opt/k3s/bin");
+    assert_eq!(
+        host_mount(spec, install, "/host/etc/cni/net.d").1,
+        "/var/lib/rancher/k3s/agent/etc/cni/net.d"
+    );
+    rejected(
+        &["cniPreset=cilium"],
+        "values.cniPreset must be one of aws-vpc-cni, bridge, calico",
+    );
+}
+
+#[test]
+fn unprivileged_agent_gets_bpffs_from_a_privileged_init_container() {
+    let docs = template(&["privileged=false"]);
+    let spec = agent_pod_spec(&docs);
+    let inits: Vec<&str> = spec["initContainers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(inits, ["mount-bpffs", "install-cni"], "bpffs first");
+    let mounter = container(spec, "initContainers", "mount-bpffs").unwrap();
+    assert_eq!(
+        argv(mounter),
+        ["/usr/bin/npm-agent", "mount-bpffs", "--path=/sys/fs/bpf"]
+    );
+    assert_eq!(mounter["securityContext"]["privileged"].as_bool(), Some(true));
+    let (m, host) = host_mount(spec, mounter, "/sys/fs/bpf");
+    assert_eq!(host, "/sys/fs/bpf");
+    assert_eq!(m["mountPropagation"].as_str(), Some("Bidirectional"));
+
+    let agent = container(spec, "containers", "agent").unwrap();
+    let sc = &agent["securityContext"];
+    assert_eq!(sc["privileged"].as_bool(), Some(false));
+    assert_eq!(sc["runAsUser"].as_u64(), Some(0), "capabilities reach root only");
+    assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"]);
+    assert_eq!(strings(&sc["capabilities"]["add"]), CAPABILITIES, "exactly these");
+    assert_eq!(sc["seLinuxOptions"]["type"].as_str(), Some("spc_t"));
+    let (m, host) = host_mount(spec, agent, "/sys/fs/bpf");
+    assert_eq!(host, "/sys/fs/bpf");
+    assert_eq!(m["mountPropagation"].as_str(), Some("HostToContainer"));
+    for m in agent["volumeMounts"].as_sequence().unwrap() {
+        assert_ne!(m["mountPropagation"].as_str(), Some("Bidirectional"), "{m:?}");
+    }
+    // Every container but the bpffs mounter is unprivileged.
+    for c in spec["initContainers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .chain(spec["containers"].as_sequence().unwrap())
+    {
+        let privileged = c["securityContext"]["privileged"].as_bool();
+        let want = c["name"].as_str() == Some("mount-bpffs");
+        assert_eq!(privileged, Some(want), "{:?}", c["name"]);
+    }
+    // A narrower list is taken as it is.
+    let docs = template(&["privileged=false", "capabilities={BPF,NET_ADMIN}"]);
+    let agent = container(agent_pod_spec(&docs), "containers", "agent").unwrap();
+    assert_eq!(
+        strings(&agent["securityContext"]["capabilities"]["add"]),
+        ["BPF", "NET_ADMIN"]
+    );
+
+    // privileged=true: one privileged agent, Bidirectional, no capability list;
+    // the mounter still runs first.
+    let docs = template(&[]);
+    let spec = agent_pod_spec(&docs);
+    assert!(container(spec, "initContainers", "mount-bpffs").is_some());
+    let agent = container(spec, "containers", "agent").unwrap();
+    assert_eq!(agent["securityContext"]["privileged"].as_bool(), Some(true));
+    assert!(agent["securityContext"]["capabilities"].is_null());
+    let (m, _) = host_mount(spec, agent, "/sys/fs/bpf");
+    assert_eq!(m["mountPropagation"].as_str(), Some("Bidirectional"));
+}
+
+#[test]
+fn npm_cni_installer() {
+    let docs = template(&[]);
+    let spec = agent_pod_spec(&docs);
+    let install = container(spec, "initContainers", "install-cni").expect("installed by default");
+    assert_eq!(
+        argv(install),
+        [
+            "/usr/bin/npm-cni",
+            "install",
+            "--bin-dir=/host/opt/cni/bin",
+            "--conf-dir=/host/etc/cni/net.d",
+            "--socket=/run/npm/cni.sock",
+            "--timeout-seconds=10",
+        ]
+    );
+    let sc = &install["securityContext"];
+    assert_eq!(sc["privileged"].as_bool(), Some(false));
+    assert_eq!(strings(&sc["capabilities"]["drop"]), ["ALL"]);
+    assert!(sc["capabilities"]["add"].is_null());
+    let mounts: Vec<&str> = install["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|m| m["mountPath"].as_str().unwrap())
+        .collect();
+    assert_eq!(mounts, ["/host/opt/cni/bin", "/host/etc/cni/net.d"], "nothing else");
+    for path in mounts {
+        let vol_name = &install["volumeMounts"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|m| m["mountPath"].as_str() == Some(path))
+            .unwrap()["name"];
+        let vol = spec["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| &v["name"] == vol_name)
+            .unwrap();
+        assert_eq!(vol["hostPath"]["type"].as_str(), Some("DirectoryOrCreate"));
+    }
+
+    let docs = template(&[
+        "cni.failOpen=true",
+        "cni.timeoutSeconds=3",
+        "cni.socket=/var/run/npmx/agent.sock",
+    ]);
+    let spec = agent_pod_spec(&docs);
+    let install = container(spec, "initContainers", "install-cni").unwrap();
+    let args = strings(&install["args"]);
+    for want in [
+        "--socket=/var/run/npmx/agent.sock",
+        "--timeout-seconds=3",
+        "--fail-open",
+    ] {
+        assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
+    }
+    let agent = container(spec, "containers", "agent").unwrap();
+    assert!(strings(&agent["args"])
+        .iter()
+        .any(|a| a == "--cni-socket=/var/run/npmx/agent.sock"));
+    let (_, host) = host_mount(spec, agent, "/var/run/npmx");
+    assert_eq!(host, "/var/run/npmx");
+
+    // Without the installer the agent still serves the socket.
+    let docs = template(&["cni.install=false"]);
+    let spec = agent_pod_spec(&docs);
+    assert!(container(spec, "initContainers", "install-cni").is_none());
+    let volumes: Vec<&str> = spec["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        !volumes.contains(&"cni-conf") && !volumes.contains(&"cni-bin"),
+        "{volumes:?}"
+    );
+    let agent = container(spec, "containers", "agent").unwrap();
+    assert!(strings(&agent["args"])
+        .iter()
+        .any(|a| a == "--cni-socket=/run/npm/cni.sock"));
+}
+
+#[test]
+fn uninstall_runs_cleanup_on_every_node() {
+    let docs = template(&["privileged=false", "pinDir=/sys/fs/bpf/npm/custom"]);
+    let hooks: Vec<&Value> = docs.iter().filter(|d| is_hook(d)).collect();
+    let mut order: Vec<(i64, String)> = hooks
+        .iter()
+        .map(|h| {
+            let a = &h["metadata"]["annotations"];
+            assert_eq!(a["helm.sh/hook"].as_str(), Some("pre-delete"), "{h:?}");
+            let mut policy: Vec<&str> = a["helm.sh/hook-delete-policy"].as_str().unwrap().split(',').collect();
+            policy.sort();
+            assert_eq!(policy, ["before-hook-creation", "hook-succeeded"]);
+            let w: i64 = a["helm.sh/hook-weight"].as_str().unwrap().parse().unwrap();
+            (
+                w,
+                format!(
+                    "{}/{}",
+                    h["kind"].as_str().unwrap(),
+                    h["metadata"]["name"].as_str().unwrap()
+                ),
+            )
+        })
+        .collect();
+    order.sort();
+    assert_eq!(
+        order,
+        [
+            (-20, "Role/rel-npm-agent-uninstall".to_string()),
+            (-20, "RoleBinding/rel-npm-agent-uninstall".to_string()),
+            (-20, "ServiceAccount/rel-npm-agent-uninstall".to_string()),
+            (-10, "Job/rel-npm-agent-uninstall-stop-agents".to_string()),
+            (0, "DaemonSet/rel-npm-agent-cleanup".to_string()),
+            (10, "Job/rel-npm-agent-uninstall-wait-cleanup".to_string()),
+        ]
+    );
+
+    // The hooks' Role: namespaced, the two DaemonSets by name, delete only the agent's.
+    let role = find_hooks(&docs, "Role")[0];
+    assert_eq!(role["metadata"]["namespace"].as_str(), Some("npm-system"));
+    let rules: Vec<String> = role["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{:?} {:?} {:?} {:?}",
+                strings(&r["apiGroups"]),
+                strings(&r["resources"]),
+                strings(&r["resourceNames"]),
+                strings(&r["verbs"])
+            )
+        })
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            r#"["apps"] ["daemonsets"] ["rel-npm-agent", "rel-npm-agent-cleanup"] ["get", "list", "watch"]"#,
+            r#"["apps"] ["daemonsets"] ["rel-npm-agent"] ["delete"]"#,
+            r#"[""] ["pods"] [] ["list"]"#,
+        ]
+    );
+    let binding = find_hooks(&docs, "RoleBinding")[0];
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(binding["subjects"][0]["name"].as_str(), Some("rel-npm-agent-uninstall"));
+
+    // The Jobs: host network (npm-cni may be chained with no agent to answer it), no privilege.
+    let agent_selector = &find(&docs, "DaemonSet")[0]["spec"]["selector"]["matchLabels"];
+    let selected_by_agent = |labels: &Value| {
+        agent_selector
+            .as_mapping()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| &labels[k.as_str().unwrap()] == v)
+    };
+    for (job, step, ds) in [
+        ("rel-npm-agent-uninstall-stop-agents", "stop-agents", "rel-npm-agent"),
+        (
+            "rel-npm-agent-uninstall-wait-cleanup",
+            "wait-cleanup",
+            "rel-npm-agent-cleanup",
+        ),
+    ] {
+        let j = find_hooks(&docs, "Job")
+            .into_iter()
+            .find(|j| j["metadata"]["name"].as_str() == Some(job))
+            .unwrap();
+        let spec = &j["spec"]["template"]["spec"];
+        assert_eq!(spec["serviceAccountName"].as_str(), Some("rel-npm-agent-uninstall"));
+        assert_eq!(spec["hostNetwork"].as_bool(), Some(true), "{job}");
+        assert_eq!(spec["restartPolicy"].as_str(), Some("Never"));
+        assert_eq!(j["spec"]["activeDeadlineSeconds"].as_u64(), Some(180));
+        assert!(
+            !selected_by_agent(&j["spec"]["template"]["metadata"]["labels"]),
+            "{job}"
+        );
+        let c = &spec["containers"][0];
+        assert_eq!(
+            argv(c),
+            [
+                "/usr/bin/npm-agent",
+                "uninstall",
+                step,
+                "--namespace=npm-system",
+                &format!("--daemonset={ds}"),
+                "--timeout-seconds=120",
+            ]
+        );
+        assert_eq!(c["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+        assert_eq!(strings(&c["securityContext"]["capabilities"]["drop"]), ["ALL"]);
+    }
+
+    // The cleanup DaemonSet: the agent's nodes, the agent's privileges, no API access.
+    let agent_spec = agent_pod_spec(&docs);
+    let ds = find_hooks(&docs, "DaemonSet")[0];
+    let spec = &ds["spec"]["template"]["spec"];
+    assert!(!selected_by_agent(&ds["spec"]["template"]["metadata"]["labels"]));
+    for key in ["tolerations", "nodeSelector", "affinity", "priorityClassName"] {
+        assert_eq!(spec[key], agent_spec[key], "{key}");
+    }
+    assert_eq!(spec["hostNetwork"].as_bool(), Some(true));
+    assert_eq!(spec["automountServiceAccountToken"].as_bool(), Some(false));
+    let cleanup = container(spec, "initContainers", "cleanup").unwrap();
+    assert_eq!(
+        argv(cleanup),
+        [
+            "/usr/bin/npm-agent",
+            "cleanup",
+            "--pin-dir=/sys/fs/bpf/npm/custom",
+            "--cni-conf-dir=/host/etc/cni/net.d",
+            "--cni-bin-dir=/host/opt/cni/bin",
+        ]
+    );
+    let agent = container(agent_spec, "containers", "agent").unwrap();
+    assert_eq!(cleanup["securityContext"], agent["securityContext"]);
+    let (m, host) = host_mount(spec, cleanup, "/sys/fs/bpf");
+    assert_eq!(host, "/sys/fs/bpf");
+    assert_eq!(m["mountPropagation"].as_str(), Some("HostToContainer"));
+    assert_eq!(host_mount(spec, cleanup, "/host/etc/cni/net.d").1, "/etc/cni/net.d");
+    assert_eq!(host_mount(spec, cleanup, "/host/opt/cni/bin").1, "/opt/cni/bin");
+    let done = container(spec, "containers", "done").unwrap();
+    assert_eq!(argv(done), ["/usr/bin/npm-agent", "pause"]);
+    assert_eq!(done["securityContext"]["runAsNonRoot"].as_bool(), Some(true));
+
+    // Default pin directory: no --pin-dir; opt-out: no hook at all.
+    let docs = template(&["cleanupTimeoutSeconds=30"]);
+    let ds = find_hooks(&docs, "DaemonSet")[0];
+    let cleanup = container(&ds["spec"]["template"]["spec"], "initContainers", "cleanup").unwrap();
+    assert!(!strings(&cleanup["args"]).iter().any(|a| a.starts_with("--pin-dir")));
+    let job = find_hooks(&docs, "Job")[0];
+    assert!(strings(&job["spec"]["template"]["spec"]["containers"][0]["args"])
+        .iter()
+        .any(|a| a == "--timeout-seconds=30"));
+    let docs = template(&["cleanupOnUninstall=false"]);
+    assert!(docs.iter().all(|d| !is_hook(d)), "no hooks when opted out");
 }
 
 #[test]
@@ -188,4 +757,68 @@ fn bad_dataplane_value_is_rejected() {
     ]);
     assert!(!ok);
     assert!(err.contains("values.dataplane must be ebpf or nftables"), "{err}");
+}
+
+/// `doc` read as the Kubernetes type `T` and written back is `doc` itself:
+/// no field is unknown to the API (a misspelt or misplaced field would be
+/// dropped) and every value has the API's type.
+fn round_trips<T: serde::de::DeserializeOwned + serde::Serialize>(doc: &Value) {
+    let json = serde_json::to_value(doc).unwrap();
+    let typed: T = serde_json::from_value(json.clone())
+        .unwrap_or_else(|e| panic!("{}: {e}", doc["metadata"]["name"].as_str().unwrap_or_default()));
+    assert_eq!(
+        serde_json::to_value(&typed).unwrap(),
+        json,
+        "fields the API does not know"
+    );
+}
+
+#[test]
+fn rendered_objects_match_the_kubernetes_schema() {
+    use k8s_openapi::api::{apps::v1::DaemonSet, batch::v1::Job, core::v1, rbac::v1 as rbac};
+    for set in [
+        &[][..],
+        &["privileged=false", "cni.failOpen=true", "cniPreset=k3s"][..],
+        &[
+            "cni.install=false",
+            "pinDir=/sys/fs/bpf/npm/x",
+            "serviceMonitor.enabled=true",
+        ][..],
+    ] {
+        let mut kinds = Vec::new();
+        for doc in template(set) {
+            let kind = doc["kind"].as_str().unwrap().to_string();
+            match kind.as_str() {
+                "DaemonSet" => round_trips::<DaemonSet>(&doc),
+                "Job" => round_trips::<Job>(&doc),
+                "Service" => round_trips::<v1::Service>(&doc),
+                "ServiceAccount" => round_trips::<v1::ServiceAccount>(&doc),
+                "ClusterRole" => round_trips::<rbac::ClusterRole>(&doc),
+                "ClusterRoleBinding" => round_trips::<rbac::ClusterRoleBinding>(&doc),
+                "Role" => round_trips::<rbac::Role>(&doc),
+                "RoleBinding" => round_trips::<rbac::RoleBinding>(&doc),
+                "ServiceMonitor" => {}
+                other => panic!("unexpected kind {other}"),
+            }
+            kinds.push(kind);
+        }
+        assert!(kinds.len() >= 10, "{set:?}: {kinds:?}");
+    }
+}
+
+#[test]
+fn bad_cni_and_cleanup_values_are_rejected() {
+    rejected(
+        &["cni.timeoutSeconds=0"],
+        "values.cni.timeoutSeconds must be a positive number",
+    );
+    rejected(&["cni.socket=/cni.sock"], "values.cni.socket must be an absolute path");
+    rejected(
+        &["cni.socket=run/cni.sock"],
+        "values.cni.socket must be an absolute path",
+    );
+    rejected(
+        &["cleanupTimeoutSeconds=0"],
+        "values.cleanupTimeoutSeconds must be a positive number",
+    );
 }
