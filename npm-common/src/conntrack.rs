@@ -1,0 +1,247 @@
+//! Conntrack (`NPM_CT`: [`CtKey`], `NPM_CT4`: [`CtKey4`], both to
+//! [`CtValue`]; the `CT_*` flags and timeouts) and the fragment records
+//! (`NPM_FRAGS`: [`FragKey`] -> [`FragValue`]).
+
+use core::mem::{align_of, offset_of, size_of};
+
+use crate::ipcache::V4_MAPPED_PREFIX;
+
+/// Conntrack key: one connection as seen by one endpoint, canonical so that
+/// both directions of the connection give the same key (the lower
+/// (address, port) pair first).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct CtKey {
+    /// Endpoint id that tracks the connection.
+    pub endpoint: u32,
+    /// Protocol number.
+    pub protocol: u8,
+    /// Reserved, zero.
+    pub pad: [u8; 3],
+    /// Lower address of the pair.
+    pub addr_lo: [u8; 16],
+    /// Higher address of the pair.
+    pub addr_hi: [u8; 16],
+    /// Port that goes with `addr_lo` (ICMP echo: the echo id).
+    pub port_lo: u16,
+    /// Port that goes with `addr_hi` (ICMP echo: the echo id).
+    pub port_hi: u16,
+}
+// The datapath writes the key as 32-bit words: endpoint, protocol and pad,
+// the addresses, the two ports.
+const _: () = assert!(size_of::<CtKey>() == 44);
+const _: () = assert!(align_of::<CtKey>() == 4);
+const _: () = assert!(offset_of!(CtKey, endpoint) == 0);
+const _: () = assert!(offset_of!(CtKey, protocol) == 4);
+const _: () = assert!(offset_of!(CtKey, pad) == 5);
+const _: () = assert!(offset_of!(CtKey, addr_lo) == 8);
+const _: () = assert!(offset_of!(CtKey, addr_hi) == 24);
+const _: () = assert!(offset_of!(CtKey, port_lo) == 40);
+const _: () = assert!(offset_of!(CtKey, port_hi) == 42);
+
+/// The `NPM_CT4` key: a [`CtKey`] whose two addresses are IPv4-mapped,
+/// stored as their last 4 bytes. Same canonical order as [`CtKey`] (for
+/// IPv4-mapped addresses, comparing the last 4 bytes is comparing all 16).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct CtKey4 {
+    /// Endpoint id that tracks the connection.
+    pub endpoint: u32,
+    /// Protocol number.
+    pub protocol: u8,
+    /// Reserved, zero.
+    pub pad: [u8; 3],
+    /// Lower IPv4 address of the pair.
+    pub addr_lo: [u8; 4],
+    /// Higher IPv4 address of the pair.
+    pub addr_hi: [u8; 4],
+    /// Port that goes with `addr_lo` (ICMP echo: the echo id).
+    pub port_lo: u16,
+    /// Port that goes with `addr_hi` (ICMP echo: the echo id).
+    pub port_hi: u16,
+}
+// The datapath reads and writes the key as five 4-aligned 32-bit words
+// (also the key of its flow cache).
+const _: () = assert!(size_of::<CtKey4>() == 20);
+const _: () = assert!(align_of::<CtKey4>() == 4);
+const _: () = assert!(offset_of!(CtKey4, endpoint) == 0);
+const _: () = assert!(offset_of!(CtKey4, protocol) == 4);
+const _: () = assert!(offset_of!(CtKey4, pad) == 5);
+const _: () = assert!(offset_of!(CtKey4, addr_lo) == 8);
+const _: () = assert!(offset_of!(CtKey4, addr_hi) == 12);
+const _: () = assert!(offset_of!(CtKey4, port_lo) == 16);
+const _: () = assert!(offset_of!(CtKey4, port_hi) == 18);
+
+impl CtKey4 {
+    /// The equivalent [`CtKey`] (IPv4-mapped addresses).
+    pub fn to_key(&self) -> CtKey {
+        let map = |a: [u8; 4]| {
+            let mut m = [0u8; 16];
+            m[..12].copy_from_slice(&V4_MAPPED_PREFIX);
+            m[12..].copy_from_slice(&a);
+            m
+        };
+        CtKey {
+            endpoint: self.endpoint,
+            protocol: self.protocol,
+            pad: self.pad,
+            addr_lo: map(self.addr_lo),
+            addr_hi: map(self.addr_hi),
+            port_lo: self.port_lo,
+            port_hi: self.port_hi,
+        }
+    }
+}
+
+impl CtKey {
+    /// The `NPM_CT4` form of this key, when both addresses are IPv4-mapped.
+    pub fn to_v4(&self) -> Option<CtKey4> {
+        let v4 = |a: &[u8; 16]| (a[..12] == V4_MAPPED_PREFIX).then(|| [a[12], a[13], a[14], a[15]]);
+        Some(CtKey4 {
+            endpoint: self.endpoint,
+            protocol: self.protocol,
+            pad: self.pad,
+            addr_lo: v4(&self.addr_lo)?,
+            addr_hi: v4(&self.addr_hi)?,
+            port_lo: self.port_lo,
+            port_hi: self.port_hi,
+        })
+    }
+}
+
+/// [`CtValue::flags`]: the connection was opened from `addr_lo` to `addr_hi`.
+pub const CT_ORIG_LO_TO_HI: u8 = 1 << 0;
+/// [`CtValue::flags`]: a TCP FIN or RST was seen; the entry expires soon.
+pub const CT_CLOSING: u8 = 1 << 1;
+/// [`CtValue::flags`]: a packet of the reply direction was seen.
+pub const CT_SEEN_REPLY: u8 = 1 << 2;
+
+/// Conntrack value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct CtValue {
+    /// Monotonic time (ns) of the last packet.
+    pub last_seen_ns: u64,
+    /// Monotonic time (ns) the entry was created.
+    pub created_ns: u64,
+    /// Direction (from the endpoint) of the packet that opened the connection.
+    pub origin_direction: u8,
+    /// `CT_*` flags.
+    pub flags: u8,
+    /// Verdict reason that opened the connection.
+    pub reason: u8,
+    /// Reserved, zero.
+    pub pad: [u8; 5],
+}
+// The datapath writes a new value as two 64-bit and two 32-bit words.
+const _: () = assert!(size_of::<CtValue>() == 24);
+const _: () = assert!(align_of::<CtValue>() == 8);
+const _: () = assert!(offset_of!(CtValue, last_seen_ns) == 0);
+const _: () = assert!(offset_of!(CtValue, created_ns) == 8);
+const _: () = assert!(offset_of!(CtValue, origin_direction) == 16);
+const _: () = assert!(offset_of!(CtValue, flags) == 17);
+const _: () = assert!(offset_of!(CtValue, reason) == 18);
+const _: () = assert!(offset_of!(CtValue, pad) == 19);
+
+/// Idle timeout of a TCP connection that has not seen a reply (ns).
+pub const CT_TIMEOUT_TCP_SYN_NS: u64 = 60 * 1_000_000_000;
+/// Idle timeout of an established TCP connection (ns).
+pub const CT_TIMEOUT_TCP_NS: u64 = 6 * 3600 * 1_000_000_000;
+/// Idle timeout of a TCP connection after FIN or RST (ns).
+pub const CT_TIMEOUT_TCP_CLOSING_NS: u64 = 10 * 1_000_000_000;
+/// Idle timeout of UDP, SCTP, ICMP and other flows (ns).
+pub const CT_TIMEOUT_OTHER_NS: u64 = 120 * 1_000_000_000;
+
+/// Fragment record key: an allowed first fragment, per endpoint.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FragKey {
+    /// Endpoint id.
+    pub endpoint: u32,
+    /// IPv4 identification or IPv6 fragment identification.
+    pub id: u32,
+    /// Protocol number.
+    pub protocol: u8,
+    /// Direction from the endpoint.
+    pub direction: u8,
+    /// Reserved, zero.
+    pub pad: [u8; 2],
+    /// Source address.
+    pub src: [u8; 16],
+    /// Destination address.
+    pub dst: [u8; 16],
+}
+// The datapath writes the key as 32-bit words.
+const _: () = assert!(size_of::<FragKey>() == 44);
+const _: () = assert!(align_of::<FragKey>() == 4);
+const _: () = assert!(offset_of!(FragKey, endpoint) == 0);
+const _: () = assert!(offset_of!(FragKey, id) == 4);
+const _: () = assert!(offset_of!(FragKey, protocol) == 8);
+const _: () = assert!(offset_of!(FragKey, direction) == 9);
+const _: () = assert!(offset_of!(FragKey, pad) == 10);
+const _: () = assert!(offset_of!(FragKey, src) == 12);
+const _: () = assert!(offset_of!(FragKey, dst) == 28);
+
+/// Fragment record value: the first fragment's ports and verdict reason.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FragValue {
+    /// Source port of the first fragment.
+    pub sport: u16,
+    /// Destination port of the first fragment.
+    pub dport: u16,
+    /// Reason the first fragment was allowed.
+    pub reason: u8,
+    /// Reserved, zero.
+    pub pad: [u8; 3],
+}
+// The datapath writes a value as two 32-bit words.
+const _: () = assert!(size_of::<FragValue>() == 8);
+const _: () = assert!(align_of::<FragValue>() == 2);
+const _: () = assert!(offset_of!(FragValue, sport) == 0);
+const _: () = assert!(offset_of!(FragValue, dport) == 2);
+const _: () = assert!(offset_of!(FragValue, reason) == 4);
+const _: () = assert!(offset_of!(FragValue, pad) == 5);
+
+#[cfg(feature = "user")]
+mod pod_impls {
+    use super::*;
+    // SAFETY: repr(C), only integers and byte arrays, no padding (asserted
+    // above), any bit pattern is valid.
+    unsafe impl aya::Pod for CtKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for CtKey4 {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for CtValue {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for FragKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for FragValue {}
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use crate::proto;
+
+    #[test]
+    fn ct_key4_round_trip() {
+        let k4 = CtKey4 {
+            endpoint: 9,
+            protocol: proto::TCP,
+            pad: [0; 3],
+            addr_lo: [10, 0, 0, 1],
+            addr_hi: [10, 0, 0, 2],
+            port_lo: 80,
+            port_hi: 40000,
+        };
+        let k = k4.to_key();
+        assert_eq!(k.addr_lo[..12], V4_MAPPED_PREFIX);
+        assert_eq!(k.addr_hi[12..], [10, 0, 0, 2]);
+        assert_eq!(k.to_v4(), Some(k4));
+        let mut v6 = k;
+        v6.addr_hi[0] = 0xfd;
+        assert_eq!(v6.to_v4(), None);
+    }
+}

@@ -1,0 +1,104 @@
+//! The maps by name: the pinned map names (the files under the bpffs pin
+//! directory), their sizes ([`sizes`]) and the version of their layout
+//! ([`LAYOUT_VERSION`]).
+
+/// ifindex -> [`crate::EndpointInfo`], an array indexed by the ifindex
+/// (the verifier inlines an array lookup: no helper call per packet).
+/// A slot holds an endpoint when its flags have [`crate::EP_PRESENT`].
+pub const EP_SLOTS: &str = "NPM_EP_SLOTS";
+/// ifindex -> [`crate::EndpointInfo`] for the interfaces whose ifindex
+/// does not fit `NPM_EP_SLOTS` (`>=` [`sizes::ENDPOINT_SLOTS`]:
+/// hosts that created that many interfaces since boot).
+pub const ENDPOINTS: &str = "NPM_ENDPOINTS";
+/// exact address -> [`crate::IpInfo`].
+pub const IPCACHE: &str = "NPM_IPCACHE";
+/// Direct-mapped front of `NPM_IPCACHE` for IPv4 addresses: slot
+/// [`crate::ipcache4_slot`] holds one [`crate::ipcache4_word`], read by
+/// the datapath with one inlined array access. User space writes the
+/// words with single 64-bit stores through a shared mapping, so the
+/// datapath never sees half of an update. `NPM_IPCACHE` holds every
+/// address; an address whose slot holds another one (or that does not
+/// fit a word) is only found there.
+pub const IPCACHE4: &str = "NPM_IPCACHE4";
+/// prefix -> CIDR identity.
+pub const CIDRS: &str = "NPM_CIDRS";
+/// [`crate::PolicyKey`] -> [`crate::PolicyValue`].
+pub const POLICY: &str = "NPM_POLICY";
+/// [`crate::CtKey`] -> [`crate::CtValue`].
+pub const CT: &str = "NPM_CT";
+/// [`crate::CtKey4`] -> [`crate::CtValue`]: the conntrack entries whose
+/// two addresses are IPv4-mapped (a shorter key hashes faster).
+pub const CT4: &str = "NPM_CT4";
+/// [`crate::FragKey`] -> [`crate::FragValue`].
+pub const FRAGS: &str = "NPM_FRAGS";
+/// per-CPU [`crate::Counter`]s.
+pub const COUNTERS: &str = "NPM_COUNTERS";
+/// ring buffer of [`crate::DenyEvent`]s.
+pub const EVENTS: &str = "NPM_EVENTS";
+/// The policy generation (array of one `u64`): the loader bumps it
+/// after every batch of map writes; the datapath's decision cache only
+/// answers for decisions made under the current generation.
+pub const GENERATION: &str = "NPM_GENERATION";
+/// The policy front: the `NPM_POLICY` entries of endpoints whose
+/// policy in a direction fits it (see [`crate::EP_FRONT_INGRESS`]), as
+/// [`crate::policy_front_word`]s in 4-word buckets
+/// ([`crate::policy_front_bucket`]), read by the datapath with inlined
+/// array accesses. User space writes single 64-bit words through a
+/// shared mapping, so the datapath never sees half of a word.
+pub const POLICY_FRONT: &str = "NPM_POLICY_FRONT";
+/// Every map, for pinning and adoption.
+pub const ALL: [&str; 13] = [
+    EP_SLOTS,
+    ENDPOINTS,
+    IPCACHE,
+    IPCACHE4,
+    CIDRS,
+    POLICY,
+    POLICY_FRONT,
+    CT,
+    CT4,
+    FRAGS,
+    COUNTERS,
+    EVENTS,
+    GENERATION,
+];
+
+/// Map sizes (max entries).
+pub mod sizes {
+    /// Local endpoints per node whose ifindex is `>=` [`ENDPOINT_SLOTS`].
+    pub const ENDPOINTS: u32 = 4096;
+    /// Slots of `NPM_EP_SLOTS`: interfaces with a smaller ifindex are found
+    /// by an inlined array lookup (40 bytes a slot: 2.6 MB).
+    pub const ENDPOINT_SLOTS: u32 = 65_536;
+    /// Exact addresses known cluster-wide (pods and node addresses).
+    pub const IPCACHE: u32 = 262_144;
+    /// log2 of the slots of `NPM_IPCACHE4`.
+    pub const IPCACHE4_BITS: u32 = 18;
+    /// Slots of `NPM_IPCACHE4` (8 bytes each: 2 MB).
+    pub const IPCACHE4_SLOTS: u32 = 1 << IPCACHE4_BITS;
+    /// Distinct ipBlock prefixes.
+    pub const CIDRS: u32 = 65_536;
+    /// Policy LPM entries (port ranges expand to prefixes).
+    pub const POLICY: u32 = 1_048_576;
+    /// log2 of the buckets of `NPM_POLICY_FRONT`.
+    pub const POLICY_FRONT_BITS: u32 = 16;
+    /// Buckets of `NPM_POLICY_FRONT` (4 words, 32 bytes each: 2 MB, room
+    /// for 262,144 words).
+    pub const POLICY_FRONT_BUCKETS: u32 = 1 << POLICY_FRONT_BITS;
+    /// Tracked connections (each of `NPM_CT` and `NPM_CT4`).
+    pub const CT: u32 = 262_144;
+    /// Fragment records.
+    pub const FRAGS: u32 = 8192;
+    /// Ring buffer bytes for deny events.
+    pub const EVENTS_BYTES: u32 = 256 * 1024;
+}
+
+/// Version of the map layout; part of the pin path so that an agent with an
+/// incompatible layout never adopts maps it cannot read.
+///
+/// 2: IPv4 conntrack entries moved from `NPM_CT` to `NPM_CT4`.
+/// 3: endpoints in the `NPM_EP_SLOTS` array (with [`crate::EP_PRESENT`]), the hash
+/// `NPM_ENDPOINTS` only for large ifindexes; `NPM_GENERATION`.
+/// 4: `NPM_IPCACHE4`, the direct-mapped IPv4 front of the ipcache.
+/// 5: `NPM_POLICY_FRONT` and the `EP_FRONT_*` flags.
+pub const LAYOUT_VERSION: u32 = 5;

@@ -1,0 +1,188 @@
+//! `NPM_POLICY` (the LPM trie of allows: [`PolicyKey`] -> [`PolicyValue`])
+//! and its front `NPM_POLICY_FRONT` (exact words: [`policy_front_word`] in
+//! the buckets of [`policy_front_bucket`]).
+
+use core::mem::{offset_of, size_of};
+
+use crate::maps::sizes;
+use crate::packet::{proto, DIR_INGRESS, IDENTITY_ANY};
+
+/// Length of [`PolicyKey::data`] in bytes.
+pub const POLICY_KEY_LEN: usize = 12;
+/// Prefix length matching endpoint, direction and peer: any protocol, any port.
+pub const POLICY_PREFIX_ANY_PROTO: u32 = 72;
+/// Prefix length matching up to the protocol: any port of that protocol.
+pub const POLICY_PREFIX_ANY_PORT: u32 = 80;
+/// Prefix length of a fully specified key (one port).
+pub const POLICY_PREFIX_FULL: u32 = 96;
+
+/// Key of the `NPM_POLICY` LPM trie: `bpf_lpm_trie_key` layout.
+///
+/// `data` is, in network order: endpoint id (4 bytes), direction (1),
+/// peer identity (4), protocol (1), destination port (2). A rule without
+/// ports is an entry of prefix length [`POLICY_PREFIX_ANY_PROTO`]; a rule
+/// with a protocol and no port, [`POLICY_PREFIX_ANY_PORT`]; a port range is
+/// split into aligned power-of-two blocks, each an entry of prefix length
+/// `80 + (16 - log2(block size))`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyKey {
+    /// Significant bits of `data`.
+    pub prefix_len: u32,
+    /// See the type's documentation.
+    pub data: [u8; POLICY_KEY_LEN],
+}
+// The datapath writes the key as four 32-bit words: the prefix length, then
+// `data` in network order.
+const _: () = assert!(size_of::<PolicyKey>() == 16);
+const _: () = assert!(offset_of!(PolicyKey, prefix_len) == 0);
+const _: () = assert!(offset_of!(PolicyKey, data) == 4);
+// `data` bytes: endpoint 0..4, direction 4, identity 5..9, protocol 9,
+// port 10..12 (each big-endian): here the bytes 1 to 12 in order.
+const _: () = {
+    let k = PolicyKey::new(0x0102_0304, 0x05, 0x0607_0809, 0x0a, 0x0b0c);
+    let mut i = 0;
+    while i < POLICY_KEY_LEN {
+        assert!(k.data[i] == i as u8 + 1);
+        i += 1;
+    }
+};
+
+impl PolicyKey {
+    /// The fully specified key the datapath looks up for one packet.
+    #[inline(always)]
+    pub const fn new(endpoint: u32, direction: u8, identity: u32, protocol: u8, port: u16) -> Self {
+        Self::with_prefix(POLICY_PREFIX_FULL, endpoint, direction, identity, protocol, port)
+    }
+
+    /// A key with an explicit prefix length; bits past the prefix are zeroed.
+    #[inline(always)]
+    pub const fn with_prefix(
+        prefix_len: u32,
+        endpoint: u32,
+        direction: u8,
+        identity: u32,
+        protocol: u8,
+        port: u16,
+    ) -> Self {
+        let e = endpoint.to_be_bytes();
+        let i = identity.to_be_bytes();
+        let p = port.to_be_bytes();
+        let mut data = [
+            e[0], e[1], e[2], e[3], direction, i[0], i[1], i[2], i[3], protocol, p[0], p[1],
+        ];
+        // Zero the bits beyond the prefix so equal rules give equal keys.
+        let mut bit = prefix_len as usize;
+        while bit < POLICY_KEY_LEN * 8 {
+            data[bit / 8] &= !(0x80u8 >> (bit % 8));
+            bit += 1;
+        }
+        PolicyKey { prefix_len, data }
+    }
+
+    /// Endpoint id of the key.
+    pub const fn endpoint(&self) -> u32 {
+        u32::from_be_bytes([self.data[0], self.data[1], self.data[2], self.data[3]])
+    }
+    /// Direction of the key.
+    pub const fn direction(&self) -> u8 {
+        self.data[4]
+    }
+    /// Peer identity of the key.
+    pub const fn identity(&self) -> u32 {
+        u32::from_be_bytes([self.data[5], self.data[6], self.data[7], self.data[8]])
+    }
+    /// Protocol of the key (meaningless below [`POLICY_PREFIX_ANY_PORT`]).
+    pub const fn protocol(&self) -> u8 {
+        self.data[9]
+    }
+    /// First port of the key's range.
+    pub const fn port(&self) -> u16 {
+        u16::from_be_bytes([self.data[10], self.data[11]])
+    }
+}
+
+/// Value of a policy entry: which compiled rule produced it (for counters,
+/// `inspect` and `explain`). Its presence alone means "allow".
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PolicyValue {
+    /// Index of the rule in the compiled rule table.
+    pub rule: u32,
+    /// Reserved, zero.
+    pub flags: u32,
+}
+const _: () = assert!(size_of::<PolicyValue>() == 8);
+
+/// Endpoint ids below this fit a [`policy_front_word`] (19 bits).
+pub const POLICY_FRONT_MAX_ENDPOINT: u32 = 1 << 19;
+/// Peer identities below this fit a [`policy_front_word`] (25 bits: every
+/// pod identity and the first 2^24 CIDR identities).
+pub const POLICY_FRONT_MAX_IDENTITY: u32 = 1 << 25;
+
+/// The `NPM_POLICY_FRONT` protocol code of an IP protocol number: 1 TCP,
+/// 2 UDP, 3 SCTP, 0 for any other (only "any protocol" words match those).
+pub const fn policy_front_proto(protocol: u8) -> u64 {
+    match protocol {
+        proto::TCP => 1,
+        proto::UDP => 2,
+        proto::SCTP => 3,
+        _ => 0,
+    }
+}
+
+/// One `NPM_POLICY_FRONT` word: an allow of endpoint `endpoint` in
+/// direction `dir` for peer `identity` and
+/// - `code` 0: any protocol, any port (`exact` false, `port` 0);
+/// - `code` 1..=3 ([`policy_front_proto`]) with `exact` false: any port of
+///   that protocol (`port` 0);
+/// - `code` 1..=3 with `exact` true: that destination port.
+///
+/// Bits 0..16 the port, 16 exact, 17..19 the protocol code, 19..44 the
+/// identity, 44 the direction, 45..64 the endpoint. Endpoint ids start at
+/// 1, so no word is 0 (an empty slot). The caller checks the ranges
+/// ([`POLICY_FRONT_MAX_ENDPOINT`], [`POLICY_FRONT_MAX_IDENTITY`]).
+pub const fn policy_front_word(endpoint: u32, dir: u8, identity: u32, code: u64, exact: bool, port: u16) -> u64 {
+    port as u64
+        | (exact as u64) << 16
+        | code << 17
+        | (identity as u64) << 19
+        | ((dir & 1) as u64) << 44
+        | (endpoint as u64) << 45
+}
+// The datapath reads a bucket as four `u64` words, 0 being an empty slot:
+// the smallest word of endpoint 1 is not 0.
+const _: () = assert!(policy_front_word(1, DIR_INGRESS, IDENTITY_ANY, 0, false, 0) != 0);
+
+/// The bucket of a [`policy_front_word`] in `NPM_POLICY_FRONT`: a
+/// multiplicative hash of the whole word. A word is only ever stored in
+/// its own bucket (4 slots); a word that finds its bucket full is not
+/// stored, and its endpoint's direction keeps the LPM.
+pub const fn policy_front_bucket(word: u64) -> u32 {
+    (word.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - sizes::POLICY_FRONT_BITS)) as u32
+}
+
+// SAFETY: repr(C), only integers, no padding (asserted above), any bit
+// pattern is valid.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for PolicyValue {}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use crate::packet::DIR_EGRESS;
+
+    #[test]
+    fn policy_key_prefix_zeroes_tail() {
+        let k = PolicyKey::with_prefix(POLICY_PREFIX_ANY_PROTO, 7, DIR_EGRESS, 300, proto::TCP, 80);
+        assert_eq!(k.endpoint(), 7);
+        assert_eq!(k.direction(), DIR_EGRESS);
+        assert_eq!(k.identity(), 300);
+        assert_eq!(k.protocol(), 0);
+        assert_eq!(k.port(), 0);
+        let k = PolicyKey::with_prefix(88, 7, DIR_INGRESS, 1, proto::UDP, 0x12ff);
+        assert_eq!(k.protocol(), proto::UDP);
+        assert_eq!(k.port(), 0x1200);
+    }
+}

@@ -1,0 +1,187 @@
+//! Verdicts: why a packet was allowed or dropped ([`Reason`]), the
+//! per-CPU counters (`NPM_COUNTERS`: [`counter_index`] -> [`Counter`]) and
+//! the deny events of the ring buffer `NPM_EVENTS` ([`DenyEvent`]).
+
+use core::mem::{align_of, offset_of, size_of};
+
+/// Why a packet was allowed or dropped.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reason {
+    /// Allowed: allowed by a policy entry.
+    Policy = 0,
+    /// Allowed: the endpoint is not isolated in this direction.
+    NotIsolated = 1,
+    /// Allowed: part of a tracked connection (established or reply).
+    Tracked = 2,
+    /// Allowed: ingress from this node.
+    Host = 3,
+    /// Allowed: not an IP packet.
+    NonIp = 4,
+    /// Allowed: ICMPv6 neighbour discovery or MLD.
+    Icmpv6Control = 5,
+    /// Allowed: the interface has no endpoint entry.
+    NoEndpoint = 6,
+    /// Dropped: no policy entry allows it.
+    PolicyDenied = 16,
+    /// Dropped: egress with a source that is not the endpoint's address.
+    Spoofed = 17,
+    /// Dropped: truncated or malformed headers.
+    Malformed = 18,
+    /// Dropped: non-first fragment without an allowed first fragment.
+    Fragment = 19,
+}
+
+/// Number of reason slots per direction in `NPM_COUNTERS`.
+pub const REASON_SLOTS: u32 = 32;
+/// Reasons at or above this value drop the packet.
+pub const FIRST_DENY_REASON: u8 = 16;
+
+impl Reason {
+    /// Every reason, for counters and metrics.
+    pub const ALL: [Reason; 11] = [
+        Reason::Policy,
+        Reason::NotIsolated,
+        Reason::Tracked,
+        Reason::Host,
+        Reason::NonIp,
+        Reason::Icmpv6Control,
+        Reason::NoEndpoint,
+        Reason::PolicyDenied,
+        Reason::Spoofed,
+        Reason::Malformed,
+        Reason::Fragment,
+    ];
+
+    /// True when the reason drops the packet.
+    pub const fn is_deny(self) -> bool {
+        self as u8 >= FIRST_DENY_REASON
+    }
+
+    /// The reason with this number.
+    pub const fn from_u8(v: u8) -> Option<Reason> {
+        Some(match v {
+            0 => Reason::Policy,
+            1 => Reason::NotIsolated,
+            2 => Reason::Tracked,
+            3 => Reason::Host,
+            4 => Reason::NonIp,
+            5 => Reason::Icmpv6Control,
+            6 => Reason::NoEndpoint,
+            16 => Reason::PolicyDenied,
+            17 => Reason::Spoofed,
+            18 => Reason::Malformed,
+            19 => Reason::Fragment,
+            _ => return None,
+        })
+    }
+
+    /// Stable lower-case name (metrics label, logs).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Reason::Policy => "policy",
+            Reason::NotIsolated => "not-isolated",
+            Reason::Tracked => "tracked",
+            Reason::Host => "host",
+            Reason::NonIp => "non-ip",
+            Reason::Icmpv6Control => "icmpv6-control",
+            Reason::NoEndpoint => "no-endpoint",
+            Reason::PolicyDenied => "policy-denied",
+            Reason::Spoofed => "spoofed",
+            Reason::Malformed => "malformed",
+            Reason::Fragment => "fragment",
+        }
+    }
+}
+
+/// Index into `NPM_COUNTERS` for a direction and a reason.
+#[inline(always)]
+pub const fn counter_index(direction: u8, reason: u8) -> u32 {
+    (direction as u32) * REASON_SLOTS + (reason as u32 % REASON_SLOTS)
+}
+
+/// Number of entries of `NPM_COUNTERS`.
+pub const COUNTER_SLOTS: u32 = 2 * REASON_SLOTS;
+
+/// One per-CPU counter slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Counter {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
+}
+const _: () = assert!(size_of::<Counter>() == 16);
+const _: () = assert!(offset_of!(Counter, packets) == 0);
+const _: () = assert!(offset_of!(Counter, bytes) == 8);
+
+/// A dropped packet, sent to user space through `NPM_EVENTS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DenyEvent {
+    /// Monotonic time (ns).
+    pub ts_ns: u64,
+    /// Endpoint id.
+    pub endpoint: u32,
+    /// Host-side ifindex.
+    pub ifindex: u32,
+    /// `DIR_*`.
+    pub direction: u8,
+    /// [`Reason`] as a number.
+    pub reason: u8,
+    /// Protocol number.
+    pub protocol: u8,
+    /// 4 or 6.
+    pub family: u8,
+    /// Source port (0 when not known).
+    pub sport: u16,
+    /// Destination port (0 when not known).
+    pub dport: u16,
+    /// Source address (IPv4-mapped for IPv4).
+    pub src: [u8; 16],
+    /// Destination address (IPv4-mapped for IPv4).
+    pub dst: [u8; 16],
+}
+// The datapath writes an event as 64- and 32-bit words: the time, endpoint,
+// ifindex, the four bytes direction..family, the two ports, the addresses.
+const _: () = assert!(size_of::<DenyEvent>() == 56);
+const _: () = assert!(align_of::<DenyEvent>() == 8);
+const _: () = assert!(offset_of!(DenyEvent, ts_ns) == 0);
+const _: () = assert!(offset_of!(DenyEvent, endpoint) == 8);
+const _: () = assert!(offset_of!(DenyEvent, ifindex) == 12);
+const _: () = assert!(offset_of!(DenyEvent, direction) == 16);
+const _: () = assert!(offset_of!(DenyEvent, reason) == 17);
+const _: () = assert!(offset_of!(DenyEvent, protocol) == 18);
+const _: () = assert!(offset_of!(DenyEvent, family) == 19);
+const _: () = assert!(offset_of!(DenyEvent, sport) == 20);
+const _: () = assert!(offset_of!(DenyEvent, dport) == 22);
+const _: () = assert!(offset_of!(DenyEvent, src) == 24);
+const _: () = assert!(offset_of!(DenyEvent, dst) == 40);
+
+#[cfg(feature = "user")]
+mod pod_impls {
+    use super::*;
+    // SAFETY: repr(C), only integers and byte arrays, no padding (asserted
+    // above), any bit pattern is valid.
+    unsafe impl aya::Pod for Counter {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for DenyEvent {}
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use crate::DIR_EGRESS;
+
+    #[test]
+    fn reasons_round_trip() {
+        for r in Reason::ALL {
+            assert_eq!(Reason::from_u8(r as u8), Some(r));
+            assert!(counter_index(DIR_EGRESS, r as u8) < COUNTER_SLOTS);
+        }
+        assert!(Reason::Spoofed.is_deny());
+        assert!(!Reason::Tracked.is_deny());
+    }
+}

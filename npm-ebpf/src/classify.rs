@@ -1,0 +1,170 @@
+//! The general path: steps 1 to 9 for every packet [`crate::fast_v4::fast_v4`]
+//! leaves (IPv6, fragments, options, SCTP, ICMP, non-linear headers, ...).
+
+use aya_ebpf::programs::TcContext;
+use npm_common::{proto, sizes, Reason, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_HAS_V6, FIRST_DENY_REASON};
+
+use crate::conntrack::{ct4_words, ct_continue, ct_create, fill_ct_key, fill_ct_key4, CtPacket, NPM_CT, NPM_CT4};
+use crate::endpoint::{endpoint_slot, NPM_ENDPOINTS};
+use crate::flow_cache::{
+    flow_cache_forget, flow_cache_hit, flow_slot, FlowSlot, NPM_BENCH_NO_FLOW_CACHE, NPM_FLOWCACHE,
+};
+use crate::fragments::{later_fragment, record_first_fragment};
+use crate::mem::{eq16, is_v4_mapped};
+use crate::parse::{
+    be16, is_icmpv6_control, load, parse, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, FRAG_LATER, FRAG_NONE, TCP_ACK, TCP_FIN,
+    TCP_RST, TCP_SYN,
+};
+use crate::policy::{policy_step, Peer};
+use crate::scratch::{coarse_now, Scratch};
+use crate::verdict::Seen;
+
+/// Steps 1 to 9 of the precedence; returns the reason (a `Reason` number).
+#[inline(always)]
+pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, seen: &mut Seen) -> u8 {
+    // 1. non-IP. A frame too short for an Ethernet header, or a VLAN tag that
+    // could hide an IP packet, is malformed rather than non-IP.
+    let data = ctx.data();
+    let eth_proto = if data + ETH_HLEN <= ctx.data_end() {
+        let pk = data as *const u8;
+        // SAFETY: bounds checked against data_end just above.
+        unsafe { be16(*pk.add(12), *pk.add(13)) }
+    } else {
+        match load::<2>(ctx, 12, &mut s.hdr) {
+            Ok(()) => be16(s.hdr[0], s.hdr[1]),
+            Err(()) => 0,
+        }
+    };
+    let known = eth_proto == ETH_P_IP || eth_proto == ETH_P_IPV6;
+    let vlan = eth_proto == 0x8100 || eth_proto == 0x88a8;
+    if eth_proto != 0 && !known && !vlan {
+        return Reason::NonIp as u8;
+    }
+    // 2. endpoint: an inlined array lookup for the usual small ifindex.
+    let ep = if ifindex < sizes::ENDPOINT_SLOTS {
+        match endpoint_slot(ifindex) {
+            Some(ep) => ep,
+            None => return Reason::NoEndpoint as u8,
+        }
+    } else {
+        // SAFETY: the value is only read.
+        match unsafe { NPM_ENDPOINTS.get(&ifindex) } {
+            Some(ep) => ep,
+            None => return Reason::NoEndpoint as u8,
+        }
+    };
+    seen.ep_id = ep.id;
+    // 3. headers.
+    if !known || parse(ctx, s).is_err() {
+        return Reason::Malformed as u8;
+    }
+    let p = &s.pkt;
+    let src = p.src.as_ptr();
+    let dst = p.dst.as_ptr();
+    // 4. ICMPv6 control (both directions), then source validation.
+    if p.family == 6 && p.proto == proto::ICMPV6 && p.frag != FRAG_LATER && is_icmpv6_control(p.icmp_type) {
+        return Reason::Icmpv6Control as u8;
+    }
+    if dir == DIR_EGRESS {
+        // SAFETY: 16-byte, 4-aligned fields of scratch and map memory.
+        let ok = unsafe {
+            if p.family == 4 {
+                ep.flags & EP_HAS_V4 != 0 && eq16(src, ep.ipv4.as_ptr())
+            } else {
+                ep.flags & EP_HAS_V6 != 0 && eq16(src, ep.ipv6.as_ptr())
+            }
+        };
+        if !ok {
+            return Reason::Spoofed as u8;
+        }
+    }
+    // 5. non-first fragments.
+    if p.frag == FRAG_LATER {
+        return later_fragment(s, ep.id, dir);
+    }
+    // 6. conntrack.
+    let now = coarse_now(&mut s.clk);
+    seen.now = now;
+    // Flows whose two addresses are IPv4-mapped live in NPM_CT4 (20-byte
+    // key), all others in NPM_CT (44 bytes).
+    // SAFETY: 16-byte, 4-aligned scratch fields.
+    let v4 = p.family == 4 || unsafe { is_v4_mapped(src) && is_v4_mapped(dst) };
+    // A packet the flow cache may decide: an IPv4 flow, no fragment (a
+    // first fragment must be recorded), no TCP FIN or RST (they change the
+    // conntrack entry's state, and clear the flow's slot).
+    let closing = p.proto == proto::TCP && p.tcp_flags & (TCP_FIN | TCP_RST) != 0;
+    // SAFETY: reading a read-only global.
+    let use_cache = v4 && p.frag == FRAG_NONE && unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_FLOW_CACHE) } == 0;
+    let mut slot: *mut FlowSlot = core::ptr::null_mut();
+    // A TCP SYN without ACK opens a new connection: policy decides it, never
+    // an older entry of the same 5-tuple, so no lookup (an allowed SYN then
+    // writes a fresh entry over any old one).
+    let opening = p.proto == proto::TCP && p.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    let (src_is_lo, hit) = if opening {
+        let lo = if v4 {
+            fill_ct_key4(&mut s.ct4, ep.id, p)
+        } else {
+            fill_ct_key(&mut s.ct, ep.id, p)
+        };
+        (lo, None)
+    } else if v4 {
+        let lo = fill_ct_key4(&mut s.ct4, ep.id, p);
+        if use_cache {
+            let k = ct4_words(&s.ct4);
+            if let Some(sl) = NPM_FLOWCACHE.get_ptr_mut(flow_slot(k)) {
+                // SAFETY: this CPU's slot; 4-aligned words.
+                unsafe {
+                    if closing {
+                        flow_cache_forget(sl, k);
+                    } else if flow_cache_hit(sl, k, now) {
+                        return Reason::Tracked as u8;
+                    } else {
+                        slot = sl;
+                    }
+                }
+            }
+        }
+        (lo, NPM_CT4.get_ptr_mut(&s.ct4))
+    } else {
+        let lo = fill_ct_key(&mut s.ct, ep.id, p);
+        (lo, NPM_CT.get_ptr_mut(&s.ct))
+    };
+    if let Some(v) = hit {
+        let pkt = CtPacket {
+            pr: p.proto,
+            tcp_flags: p.tcp_flags,
+            src_is_lo,
+            now,
+        };
+        if ct_continue(v, pkt, slot, ct4_words(&s.ct4)) {
+            let r = Reason::Tracked as u8;
+            record_first_fragment(s, ep.id, dir, r);
+            return r;
+        }
+    }
+    let peer = if dir == DIR_INGRESS { src } else { dst };
+    let port = match p.proto {
+        proto::TCP | proto::UDP | proto::SCTP => p.dport,
+        _ => 0,
+    };
+    let peer = Peer {
+        at: peer,
+        lazy_v4: false,
+        v4addr: 0,
+    };
+    let reason = policy_step(s.lpm.as_mut_ptr() as *mut u8, ep, dir, p.proto, port, peer);
+    if reason >= FIRST_DENY_REASON {
+        return reason;
+    }
+    // Allowed by steps 7-9: track the connection.
+    let (pr, tcp_flags) = (s.pkt.proto, s.pkt.tcp_flags);
+    let pkt = CtPacket {
+        pr,
+        tcp_flags,
+        src_is_lo,
+        now,
+    };
+    ct_create(s, v4, pkt, dir, reason);
+    record_first_fragment(s, ep.id, dir, reason);
+    reason
+}

@@ -1,0 +1,237 @@
+//! Step 6, conntrack: the canonical keys of `NPM_CT` and `NPM_CT4`, the
+//! lookup's continuation ([`ct_continue`]) and the entry of a new
+//! connection ([`ct_create`]).
+//!
+//! Timestamps (`CtValue`, `DenyEvent::ts_ns`) are `CLOCK_MONOTONIC` read
+//! with `bpf_ktime_get_coarse_ns` (tick resolution, no TSC read): the
+//! timeouts are seconds long, and the coarse clock is much cheaper.
+//!
+//! Keys are canonical (the lower (address, port) pair first) and per
+//! endpoint, so both hooks of an endpoint find the same entry. A hit that
+//! has not idled out allows the packet (`Tracked`). A packet in the reply
+//! direction sets `CT_SEEN_REPLY`; a TCP FIN or RST sets `CT_CLOSING`.
+//! Established flows are not re-evaluated when policy changes: they keep
+//! flowing until they end or idle out; policy changes only affect new
+//! connections (the loader purges the entries of removed endpoints).
+//!
+//! ICMP/ICMPv6 echo requests and replies use the echo identifier as both
+//! ports in the conntrack key. Other ICMP messages use ports 0 and are
+//! decided by policy (only "any protocol" entries match them, with port 0).
+//!
+//! A TCP SYN without ACK opens a new connection: it skips the conntrack
+//! lookup and is decided by policy; if allowed, its fresh entry replaces any
+//! older entry of the same 5-tuple.
+
+use aya_ebpf::{macros::map, maps::LruHashMap};
+use npm_common::{
+    proto, sizes, CtKey, CtKey4, CtValue, CT_CLOSING, CT_ORIG_LO_TO_HI, CT_SEEN_REPLY, CT_TIMEOUT_OTHER_NS,
+    CT_TIMEOUT_TCP_CLOSING_NS, CT_TIMEOUT_TCP_NS, CT_TIMEOUT_TCP_SYN_NS,
+};
+
+use crate::flow_cache::{flow_cache_fill, FlowSlot};
+use crate::mem::{copy16, rd32, wr32, wr64};
+use crate::parse::{Pkt, TCP_FIN, TCP_RST};
+use crate::scratch::Scratch;
+
+/// `NPM_CT`: the conntrack entries of flows with an IPv6 address, keyed by
+/// [`fill_ct_key`].
+#[map]
+pub(crate) static NPM_CT: LruHashMap<CtKey, CtValue> = LruHashMap::with_max_entries(sizes::CT, 0);
+/// `NPM_CT4`: the conntrack entries of flows whose two addresses are
+/// IPv4-mapped, keyed by [`ct4_key`] (a shorter key hashes faster).
+#[map]
+pub(crate) static NPM_CT4: LruHashMap<CtKey4, CtValue> = LruHashMap::with_max_entries(sizes::CT, 0);
+
+/// Benchmark-only switch, a read-only global the loader may override at load
+/// time: when 1, allowed new flows do NOT create a conntrack entry, so a
+/// repeated test run measures the policy path every time. The production
+/// loader never sets it; the verifier sees the frozen value 0 and prunes the
+/// branch.
+#[no_mangle]
+pub(crate) static NPM_BENCH_NO_CT_CREATE: u8 = 0;
+
+/// (a, pa) <= (b, pb), addresses compared as big-endian numbers.
+#[inline(always)]
+unsafe fn le_addr_port(a: *const u8, pa: u16, b: *const u8, pb: u16) -> bool {
+    let mut i = 0;
+    while i < 16 {
+        let x = rd32(a.add(i)).swap_bytes();
+        let y = rd32(b.add(i)).swap_bytes();
+        if x != y {
+            return x < y;
+        }
+        i += 4;
+    }
+    pa <= pb
+}
+
+/// Fills the canonical conntrack key (CtKey layout: endpoint 0, protocol
+/// and pad 4, addr_lo 8, addr_hi 24, port_lo 40, port_hi 42); returns
+/// whether the packet's source is the key's `lo` side.
+#[inline(always)]
+pub(crate) fn fill_ct_key(k: &mut CtKey, ep: u32, p: &Pkt) -> bool {
+    let src = p.src.as_ptr();
+    let dst = p.dst.as_ptr();
+    // SAFETY: offsets of the repr(C) CtKey; 4-aligned addresses.
+    unsafe {
+        let src_is_lo = le_addr_port(src, p.ct_sport, dst, p.ct_dport);
+        let k = k as *mut CtKey as *mut u8;
+        wr32(k, ep);
+        wr32(k.add(4), p.proto as u32);
+        if src_is_lo {
+            copy16(k.add(8), src);
+            copy16(k.add(24), dst);
+            wr32(k.add(40), p.ct_sport as u32 | (p.ct_dport as u32) << 16);
+        } else {
+            copy16(k.add(8), dst);
+            copy16(k.add(24), src);
+            wr32(k.add(40), p.ct_dport as u32 | (p.ct_sport as u32) << 16);
+        }
+        src_is_lo
+    }
+}
+
+/// The canonical `NPM_CT4` key of endpoint `ep`'s flow of protocol `pr`
+/// from `saddr`:`sport` to `daddr`:`dport` (addresses as loaded: network
+/// order in a little-endian word), as the words of `CtKey4` (endpoint,
+/// protocol and pad, `addr_lo`, `addr_hi`, the ports), and whether the
+/// source is the key's `lo` side. Same order as [`fill_ct_key`] on the
+/// IPv4-mapped addresses: their prefixes are equal, so the last 4 bytes
+/// decide.
+#[inline(always)]
+pub(crate) fn ct4_key(ep: u32, pr: u8, saddr: u32, daddr: u32, sport: u16, dport: u16) -> (bool, [u32; 5]) {
+    let (x, y) = (saddr.swap_bytes(), daddr.swap_bytes());
+    let src_is_lo = if x != y { x < y } else { sport <= dport };
+    let key = if src_is_lo {
+        [ep, pr as u32, saddr, daddr, sport as u32 | (dport as u32) << 16]
+    } else {
+        [ep, pr as u32, daddr, saddr, dport as u32 | (sport as u32) << 16]
+    };
+    (src_is_lo, key)
+}
+
+/// Fills the canonical `NPM_CT4` key ([`ct4_key`]) of a packet whose
+/// addresses are both IPv4-mapped; returns whether the packet's source is
+/// the key's `lo` side.
+#[inline(always)]
+pub(crate) fn fill_ct_key4(k: &mut CtKey4, ep: u32, p: &Pkt) -> bool {
+    // SAFETY: 4-aligned 16-byte addresses.
+    let (s, d) = unsafe { (rd32(p.src.as_ptr().add(12)), rd32(p.dst.as_ptr().add(12))) };
+    let (src_is_lo, key) = ct4_key(ep, p.proto, s, d, p.ct_sport, p.ct_dport);
+    store_ct4(k, &key);
+    src_is_lo
+}
+
+/// Writes a `NPM_CT4` key's words.
+#[inline(always)]
+pub(crate) fn store_ct4(k: &mut CtKey4, key: &[u32; 5]) {
+    // SAFETY: CtKey4 is five 4-aligned words.
+    unsafe {
+        let k = k as *mut CtKey4 as *mut u8;
+        wr32(k, key[0]);
+        wr32(k.add(4), key[1]);
+        wr32(k.add(8), key[2]);
+        wr32(k.add(12), key[3]);
+        wr32(k.add(16), key[4]);
+    }
+}
+
+/// The five words of a `NPM_CT4` key (the flow cache's key).
+#[inline(always)]
+pub(crate) fn ct4_words(k: &CtKey4) -> &[u32; 5] {
+    // SAFETY: CtKey4 is five 4-aligned words.
+    unsafe { &*(k as *const CtKey4 as *const [u32; 5]) }
+}
+
+/// What step 6 knows of the packet: its protocol and TCP flags, whether
+/// its source is the `lo` side of the canonical key, and the clock.
+#[derive(Clone, Copy)]
+pub(crate) struct CtPacket {
+    /// Protocol number.
+    pub(crate) pr: u8,
+    /// TCP flags (0 for other protocols).
+    pub(crate) tcp_flags: u8,
+    /// The packet's source is the key's `lo` side.
+    pub(crate) src_is_lo: bool,
+    /// The coarse clock.
+    pub(crate) now: u64,
+}
+
+/// Step 6 on a conntrack hit: unless the entry idled out, records what
+/// this packet says of the flow (a reply, a FIN or RST), refreshes the idle
+/// timer at most every 100 ms, puts an established flow into its flow-cache
+/// slot (when `slot` is not null) and returns true: the packet is
+/// `Tracked`. Returns false for an idled-out entry (policy decides).
+#[inline(always)]
+pub(crate) fn ct_continue(v: *mut CtValue, pkt: CtPacket, slot: *mut FlowSlot, key: &[u32; 5]) -> bool {
+    // SAFETY: a map value; concurrent writers only set flag bits or the
+    // timestamp, both benign races.
+    let v = unsafe { &mut *v };
+    let timeout = if pkt.pr == proto::TCP {
+        if v.flags & CT_CLOSING != 0 {
+            CT_TIMEOUT_TCP_CLOSING_NS
+        } else if v.flags & CT_SEEN_REPLY == 0 {
+            CT_TIMEOUT_TCP_SYN_NS
+        } else {
+            CT_TIMEOUT_TCP_NS
+        }
+    } else {
+        CT_TIMEOUT_OTHER_NS
+    };
+    let idle = pkt.now.wrapping_sub(v.last_seen_ns);
+    if idle > timeout {
+        return false;
+    }
+    let orig_lo = v.flags & CT_ORIG_LO_TO_HI != 0;
+    let mut flags = v.flags;
+    if orig_lo != pkt.src_is_lo {
+        flags |= CT_SEEN_REPLY;
+    }
+    if pkt.pr == proto::TCP && pkt.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+        flags |= CT_CLOSING;
+    }
+    if flags != v.flags {
+        v.flags = flags;
+    }
+    // Refresh at most every 100 ms: keeps the cache line mostly read-only
+    // (timeouts are 10 s and more).
+    if idle > 100_000_000 {
+        v.last_seen_ns = pkt.now;
+    }
+    // An established flow (replies seen, not closing) goes into the flow
+    // cache: its next packets on this CPU skip the conntrack lookup.
+    if !slot.is_null() && flags & (CT_SEEN_REPLY | CT_CLOSING) == CT_SEEN_REPLY {
+        // SAFETY: this CPU's slot, found by the caller.
+        unsafe { flow_cache_fill(slot, key, pkt.now) };
+    }
+    true
+}
+
+/// Creates the conntrack entry of a new connection allowed by steps 7 to 9
+/// (in `NPM_CT4` from `s.ct4` when `v4`, else in `NPM_CT` from `s.ct`);
+/// a fresh entry replaces an older one of the same key.
+#[inline(always)]
+pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reason: u8) {
+    // SAFETY: reading a read-only global.
+    if unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_CT_CREATE) } != 0 {
+        return;
+    }
+    let mut flags = if pkt.src_is_lo { CT_ORIG_LO_TO_HI } else { 0 };
+    if pkt.pr == proto::TCP && pkt.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+        flags |= CT_CLOSING;
+    }
+    // SAFETY: CtValue layout: last_seen 0, created 8, origin_direction,
+    // flags, reason, pad 16..24.
+    unsafe {
+        let v = core::ptr::addr_of_mut!(s.ctv) as *mut u8;
+        wr64(v, pkt.now);
+        wr64(v.add(8), pkt.now);
+        wr32(v.add(16), dir as u32 | (flags as u32) << 8 | (reason as u32) << 16);
+        wr32(v.add(20), 0);
+    }
+    let _ = if v4 {
+        NPM_CT4.insert(&s.ct4, &s.ctv, 0)
+    } else {
+        NPM_CT.insert(&s.ct, &s.ctv, 0)
+    };
+}

@@ -1,0 +1,40 @@
+//! Step 9 on the LPM trie `NPM_POLICY`: one fully specified key per
+//! lookup, the trie finds the allow of its longest matching prefix.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{lpm_trie::Key, LpmTrie},
+};
+use npm_common::{sizes, PolicyValue, POLICY_KEY_LEN, POLICY_PREFIX_FULL};
+
+use core::mem::size_of;
+
+use crate::mem::wr32;
+
+/// `NPM_POLICY`: the allows of every endpoint (`PolicyKey` -> `PolicyValue`).
+#[map]
+static NPM_POLICY: LpmTrie<[u8; POLICY_KEY_LEN], PolicyValue> = LpmTrie::with_max_entries(sizes::POLICY, 0);
+// The scratch key `lpm` is written as four words and read as a
+// `NPM_POLICY` key (`npm_common::PolicyKey`).
+const _: () = assert!(size_of::<Key<[u8; POLICY_KEY_LEN]>>() == 16);
+
+/// Looks up the fully specified policy key (see `PolicyKey`): endpoint,
+/// direction, identity, protocol and port in network order, prefix 96.
+#[inline(always)]
+pub(crate) fn policy_allows(lpm: *mut u8, ep: u32, dir: u8, identity: u32, protocol: u8, port: u16) -> bool {
+    let i = identity;
+    // SAFETY: lpm is 20 bytes; the key is 16 (`bpf_lpm_trie_key` + 12).
+    unsafe {
+        wr32(lpm, POLICY_PREFIX_FULL);
+        wr32(lpm.add(4), ep.to_be());
+        wr32(
+            lpm.add(8),
+            dir as u32 | ((i >> 24) & 0xff) << 8 | ((i >> 16) & 0xff) << 16 | ((i >> 8) & 0xff) << 24,
+        );
+        wr32(
+            lpm.add(12),
+            (i & 0xff) | (protocol as u32) << 8 | ((port >> 8) as u32) << 16 | ((port & 0xff) as u32) << 24,
+        );
+        NPM_POLICY.get(&*(lpm as *const Key<[u8; POLICY_KEY_LEN]>)).is_some()
+    }
+}

@@ -1,0 +1,163 @@
+//! Steps 7 to 9 for a packet conntrack did not allow: isolation, then the
+//! peer's identities ([`ipcache`]) and the allows of the endpoint's policy
+//! ([`lpm`], or its [`front`]), through the decision cache.
+
+pub(crate) mod front;
+pub(crate) mod ipcache;
+pub(crate) mod lpm;
+
+use npm_common::{
+    ep_no_peer_flag, EndpointInfo, Reason, DIR_INGRESS, EP_FRONT_EXACT_INGRESS, EP_ISOLATED_EGRESS,
+    EP_ISOLATED_INGRESS, IDENTITY_ANY, IDENTITY_HOST,
+};
+
+use crate::decision_cache::{
+    decision_cache_get, decision_cache_put, decision_key, decision_slot, DecisionSlot, NO_DECISION,
+    NPM_BENCH_NO_DECISION_CACHE, NPM_DECISIONS, NPM_GENERATION,
+};
+use crate::mem::V4_MAPPED_WORD;
+use front::{front_allows, front_enabled};
+use ipcache::peer_identities;
+use lpm::policy_allows;
+
+/// `BPF_F_MMAPABLE`: user space maps the array and stores whole words.
+pub(crate) const BPF_F_MMAPABLE: u32 = 1 << 10;
+
+/// The peer address of steps 8 and 9: 16 bytes (4-aligned, IPv4-mapped
+/// for IPv4) at `at`, or, when `lazy_v4`, the IPv4 address `v4addr`,
+/// written IPv4-mapped to `lpm + 4` only when a map lookup needs its bytes
+/// (then `at` is `lpm + 4`).
+#[derive(Clone, Copy)]
+pub(crate) struct Peer {
+    /// The 16 address bytes.
+    pub(crate) at: *const u8,
+    /// The address is `v4addr`, not yet written at `at`.
+    pub(crate) lazy_v4: bool,
+    /// The IPv4 address as loaded (network order in a little-endian word).
+    pub(crate) v4addr: u32,
+}
+
+/// Steps 7 to 9 for a packet conntrack did not allow: `NotIsolated`, or
+/// the decision of the peer's identities and the policy lookups (through
+/// the decision cache). `port` is the destination port (0 for protocols
+/// without ports).
+#[inline(always)]
+pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: Peer) -> u8 {
+    let Peer { at, lazy_v4, v4addr } = peer;
+    // 7. not isolated.
+    let isolated = if dir == DIR_INGRESS {
+        ep.flags & EP_ISOLATED_INGRESS != 0
+    } else {
+        ep.flags & EP_ISOLATED_EGRESS != 0
+    };
+    if !isolated {
+        return Reason::NotIsolated as u8;
+    }
+    // Steps 8 and 9 depend on the endpoint, the direction, the peer
+    // address, the protocol and the port only: the decision cache answers
+    // for a tuple decided before under the same generation.
+    // SAFETY: reading a read-only global.
+    let use_cache = unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_DECISION_CACHE) } == 0;
+    let generation = match NPM_GENERATION.get(0) {
+        Some(g) if use_cache => *g,
+        _ => 0,
+    };
+    let key = if lazy_v4 {
+        [
+            ep.id,
+            dir as u32 | (pr as u32) << 8 | (port as u32) << 16,
+            0,
+            0,
+            V4_MAPPED_WORD,
+            v4addr,
+        ]
+    } else {
+        // SAFETY: 16-byte, 4-aligned peer address.
+        unsafe { decision_key(ep.id, dir, pr, port, at) }
+    };
+    let key = &key;
+    // A null slot: no cache (raw pointers and a sentinel rather than
+    // Options: LLVM may otherwise read an undefined payload register, which
+    // the verifier rejects).
+    let slot: *mut DecisionSlot = if generation != 0 {
+        NPM_DECISIONS
+            .get_ptr_mut(decision_slot(key))
+            .unwrap_or(core::ptr::null_mut())
+    } else {
+        core::ptr::null_mut()
+    };
+    // SAFETY: this CPU's slot, when not null.
+    let cached = if slot.is_null() {
+        NO_DECISION
+    } else {
+        unsafe { decision_cache_get(slot, key, generation) }
+    };
+    if cached != NO_DECISION {
+        return cached;
+    }
+    let r = evaluate_policy(lpm, ep, dir, pr, port, peer);
+    if !slot.is_null() {
+        // SAFETY: this CPU's slot.
+        unsafe { decision_cache_put(slot, key, generation, r) };
+    }
+    r
+}
+
+/// Steps 8 and 9 for an isolated endpoint: the peer's identities (ipcache,
+/// else the CIDR trie) and the policy lookups. Returns `Host`, `Policy` or
+/// `PolicyDenied`.
+#[inline(always)]
+fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: Peer) -> u8 {
+    let (identity, cidr_identity) = peer_identities(lpm, peer);
+    if dir == DIR_INGRESS && identity == IDENTITY_HOST {
+        // 8. host.
+        return Reason::Host as u8;
+    }
+    // 9. policy.
+    let id = ep.id;
+    let f = ep.flags;
+    // The front when the direction's policy is complete there, else the LPM.
+    let front = front_enabled(f, dir);
+    let exact_only = f & (EP_FRONT_EXACT_INGRESS << dir) != 0;
+    let at = Rules { lpm, front, exact_only };
+    // A lookup the endpoint's EP_NO_*_PEER_* flags rule out is skipped: it
+    // could not hit.
+    if (may_match(f, dir, identity) && lookup(at, id, dir, identity, pr, port))
+        || (cidr_identity != IDENTITY_ANY
+            && may_match(f, dir, cidr_identity)
+            && lookup(at, id, dir, cidr_identity, pr, port))
+        || (may_match(f, dir, IDENTITY_ANY) && lookup(at, id, dir, IDENTITY_ANY, pr, port))
+    {
+        Reason::Policy as u8
+    } else {
+        Reason::PolicyDenied as u8
+    }
+}
+
+/// Whether some policy entry of the endpoint (flags `ep_flags`) in
+/// direction `dir` may have `identity` as its peer.
+#[inline(always)]
+fn may_match(ep_flags: u32, dir: u8, identity: u32) -> bool {
+    ep_flags & (ep_no_peer_flag(identity) << dir) == 0
+}
+
+/// Where step 9 looks up one packet's allows: in the policy front when
+/// `front` (only exact ports when `exact_only`), else in the LPM through
+/// the 20-byte scratch key `lpm`.
+#[derive(Clone, Copy)]
+struct Rules {
+    lpm: *mut u8,
+    front: bool,
+    exact_only: bool,
+}
+
+/// One identity's lookup of step 9, where `at` says. (A plain function, not
+/// a closure: LLVM compiles a closure into a BPF-to-BPF call.)
+#[inline(always)]
+fn lookup(at: Rules, ep: u32, dir: u8, identity: u32, pr: u8, port: u16) -> bool {
+    if at.front {
+        front_allows(ep, dir, identity, pr, port, at.exact_only)
+    } else {
+        policy_allows(at.lpm, ep, dir, identity, pr, port)
+    }
+}
