@@ -14,9 +14,9 @@
 //!
 //! # Programs
 //!
-//! - `npm_egress`: attached with tcx on the *ingress* hook of a pod's
+//! - `from_pod`: attached with tcx on the *ingress* hook of a pod's
 //!   host-side veth: packets leaving the pod, the pod's EGRESS direction.
-//! - `npm_ingress`: attached with tcx on the *egress* hook of the host-side
+//! - `to_pod`: attached with tcx on the *egress* hook of the host-side
 //!   veth: packets entering the pod, the pod's INGRESS direction.
 //! - `npm_empty`: returns `TC_ACT_UNSPEC` and does nothing; the baseline of
 //!   the benchmark.
@@ -110,13 +110,13 @@ use crate::verdict::{account, Seen};
 
 /// The pod's INGRESS direction (its hook: see # Programs above).
 #[classifier]
-pub fn npm_ingress(ctx: TcContext) -> i32 {
+pub fn to_pod(ctx: TcContext) -> i32 {
     decide(&ctx, DIR_INGRESS)
 }
 
 /// The pod's EGRESS direction (its hook: see # Programs above).
 #[classifier]
-pub fn npm_egress(ctx: TcContext) -> i32 {
+pub fn from_pod(ctx: TcContext) -> i32 {
     decide(&ctx, DIR_EGRESS)
 }
 
