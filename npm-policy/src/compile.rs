@@ -12,20 +12,13 @@ use npm_common::{IDENTITY_ANY, IDENTITY_HOST};
 use crate::compiled::{
     CompileOptions, Compiled, Direction, Endpoint, IdentityKey, IpEntry, PodRef, PolicyEntry, RuleRef,
 };
-use crate::identity::{identity_key, ip_owners, mapped_prefix, namespace_labels, Allocator, PrefixTable};
+use crate::identity::{identity_key, mapped_prefix, namespace_labels, Allocator, PrefixTable};
 use crate::model::{IpBlock, Peer, Pod, Policy, PortSpec, Protocol, Rule, Snapshot};
+use crate::ownership::ip_owners;
+use crate::peers::{self, IdentityGroups, PeerSet};
 
 /// Every port.
 pub(crate) const ALL_PORTS: (u16, u16) = (0, u16::MAX);
-
-/// The peers of one rule, resolved to identities.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct PeerSet {
-    /// Pod identities (selected through pod/namespace selectors).
-    pub(crate) pods: BTreeSet<u32>,
-    /// CIDR identities (ipBlocks) and `IDENTITY_ANY` (no peers).
-    pub(crate) other: BTreeSet<u32>,
-}
 
 /// True when CIDR identity prefix `p` is allowed by `block`.
 ///
@@ -94,11 +87,24 @@ pub fn policy_selects(policy: &Policy, pod: &Pod) -> bool {
     policy.namespace == pod.namespace && policy.pod_selector.matches(&pod.labels)
 }
 
+/// Pod identities grouped by namespace, as the peer resolution reads them.
+struct ByNamespace<'a>(BTreeMap<&'a str, Vec<(u32, &'a IdentityKey)>>);
+
+impl IdentityGroups for ByNamespace<'_> {
+    fn in_namespace(&self, ns: &str) -> impl Iterator<Item = (u32, &IdentityKey)> {
+        self.0.get(ns).into_iter().flatten().map(|(id, k)| (*id, *k))
+    }
+
+    fn groups(&self) -> impl Iterator<Item = impl Iterator<Item = (u32, &IdentityKey)> + Clone> {
+        self.0.values().map(|g| g.iter().map(|(id, k)| (*id, *k)))
+    }
+}
+
 /// Resolver of rule peers to identities, shared by the endpoints of a
 /// compile.
 struct Resolver<'a> {
     /// Pod identities grouped by namespace.
-    by_namespace: BTreeMap<&'a str, Vec<(u32, &'a IdentityKey)>>,
+    by_namespace: ByNamespace<'a>,
     /// CIDR identities.
     cidrs: &'a BTreeMap<IpNet, u32>,
     /// Memo: (policy, direction, rule index) -> peers.
@@ -108,71 +114,9 @@ struct Resolver<'a> {
 impl<'a> Resolver<'a> {
     fn peers(&mut self, policy: &'a Policy, dir: Direction, index: usize, rule: &'a Rule) -> &PeerSet {
         let key = (policy.namespace.as_str(), policy.name.as_str(), dir, index);
-        if !self.memo.contains_key(&key) {
-            let set = self.resolve(policy, rule);
-            self.memo.insert(key, set);
-        }
-        &self.memo[&key]
-    }
-
-    fn resolve(&self, policy: &Policy, rule: &Rule) -> PeerSet {
-        let mut set = PeerSet::default();
-        // Spec §3: "An empty or missing `from`/`to` matches all peers,
-        // including any IP outside the cluster."
-        if rule.peers.is_empty() {
-            set.other.insert(IDENTITY_ANY);
-            return set;
-        }
-        // Spec §3: "Inside a list, items are combined with OR".
-        for peer in &rule.peers {
-            match peer {
-                // "`podSelector` only | matching pods in the **policy's own namespace**"
-                Peer::Pods(sel) => {
-                    for (id, k) in self.by_namespace.get(policy.namespace.as_str()).into_iter().flatten() {
-                        if sel.matches(&k.pod_labels) {
-                            set.pods.insert(*id);
-                        }
-                    }
-                }
-                // "`namespaceSelector` only | **all** pods in namespaces whose
-                // *namespace labels* match; `{}` = every namespace"
-                Peer::Namespaces(sel) => {
-                    for ids in self.by_namespace.values() {
-                        if ids.first().is_some_and(|(_, k)| sel.matches(&k.namespace_labels)) {
-                            set.pods.extend(ids.iter().map(|(id, _)| *id));
-                        }
-                    }
-                }
-                // "both in **one** peer | pods matching podSelector **AND** in a
-                // namespace matching namespaceSelector"
-                Peer::PodsInNamespaces { namespaces, pods } => {
-                    for ids in self.by_namespace.values() {
-                        if ids
-                            .first()
-                            .is_some_and(|(_, k)| namespaces.matches(&k.namespace_labels))
-                        {
-                            set.pods.extend(
-                                ids.iter()
-                                    .filter(|(_, k)| pods.matches(&k.pod_labels))
-                                    .map(|(id, _)| *id),
-                            );
-                        }
-                    }
-                }
-                // "`ipBlock{cidr, except}` | source (ingress) or destination
-                // (egress) IP inside `cidr` and not inside any `except`
-                // entry"; "In practice it matches **any** address,
-                // including pod IPs": pod IPs carry a CIDR identity too.
-                Peer::IpBlock(b) => {
-                    for (net, id) in self.cidrs {
-                        if block_allows_prefix(b, net) {
-                            set.other.insert(*id);
-                        }
-                    }
-                }
-            }
-        }
-        set
+        self.memo
+            .entry(key)
+            .or_insert_with(|| peers::resolve(policy, rule, &self.by_namespace, self.cidrs))
     }
 }
 
@@ -308,6 +252,61 @@ pub(crate) fn emit_rule(
     }
 }
 
+/// The rules `policy` enforces, with their direction and index: those of
+/// each direction it isolates. Rules of a direction the policy does not
+/// isolate are ignored (policyTypes decides which lists apply).
+pub(crate) fn enforced_rules(policy: &Policy) -> impl Iterator<Item = (Direction, usize, &Rule)> {
+    [
+        (Direction::Ingress, policy.ingress_isolation, &policy.ingress),
+        (Direction::Egress, policy.egress_isolation, &policy.egress),
+    ]
+    .into_iter()
+    .filter(|(_, on, _)| *on)
+    .flat_map(|(dir, _, rules)| rules.iter().enumerate().map(move |(i, r)| (dir, i, r)))
+}
+
+/// The entry of endpoint `endpoint` towards its node. Spec §7: "let policy
+/// govern egress to the node. Make the egress choice configurable": an
+/// endpoint isolated for egress gets it with `allow_host_egress`.
+pub(crate) fn host_egress_entry(endpoint: u32) -> PolicyEntry {
+    PolicyEntry {
+        endpoint,
+        direction: Direction::Egress,
+        peer: IDENTITY_HOST,
+        protocol: None,
+        ports: ALL_PORTS,
+    }
+}
+
+/// The endpoint record of local pod `pod` with identity `identity`, owning
+/// the addresses `ips`.
+pub(crate) fn endpoint_record(
+    pod: &Pod,
+    identity: u32,
+    ips: &[IpAddr],
+    isolated_ingress: bool,
+    isolated_egress: bool,
+) -> Endpoint {
+    Endpoint {
+        pod: PodRef {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+        },
+        identity,
+        ipv4: ips.iter().find_map(|i| match i {
+            IpAddr::V4(a) => Some(*a),
+            _ => None,
+        }),
+        ipv6: ips.iter().find_map(|i| match i {
+            IpAddr::V6(a) => Some(*a),
+            _ => None,
+        }),
+        isolated_ingress,
+        isolated_egress,
+    }
+}
+
 /// Compiles a snapshot for the node `opts.node_name`. With `prev` (the
 /// previous result), every id of something that still exists is kept, so
 /// [`Compiled::diff`] is minimal.
@@ -367,13 +366,14 @@ pub fn compile(snapshot: &Snapshot, opts: &CompileOptions, prev: Option<&Compile
     // Taken out while rules are allocated, put back at the end.
     let identities = alloc.take_identities();
     let mut resolver = Resolver {
-        by_namespace: BTreeMap::new(),
+        by_namespace: ByNamespace(BTreeMap::new()),
         cidrs: &out.cidrs,
         memo: HashMap::new(),
     };
     for (id, k) in &identities {
         resolver
             .by_namespace
+            .0
             .entry(k.namespace.as_str())
             .or_default()
             .push((*id, k));
@@ -413,66 +413,25 @@ pub fn compile(snapshot: &Snapshot, opts: &CompileOptions, prev: Option<&Compile
         // connections allowed by the **union** of the rules of every
         // policy that applies to it in that direction."
         for p in &selecting {
-            for (dir, on, rules) in [
-                (Direction::Ingress, p.ingress_isolation, &p.ingress),
-                (Direction::Egress, p.egress_isolation, &p.egress),
-            ] {
-                // Rules of a direction the policy does not isolate are
-                // ignored (policyTypes decides which lists apply).
-                if !on {
+            for (dir, i, rule) in enforced_rules(p) {
+                let peers = resolver.peers(p, dir, i, rule);
+                if peers.is_empty() {
                     continue;
                 }
-                for (i, rule) in rules.iter().enumerate() {
-                    let peers = resolver.peers(p, dir, i, rule);
-                    if peers.pods.is_empty() && peers.other.is_empty() {
-                        continue;
-                    }
-                    let rid = alloc.rule(&RuleRef::Policy {
-                        namespace: p.namespace.clone(),
-                        name: p.name.clone(),
-                        direction: dir,
-                        index: i,
-                    });
-                    emit_rule(&mut policy, ep, pod, dir, rule, peers, &identities, rid);
-                }
+                let rid = alloc.rule(&RuleRef::Policy {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    direction: dir,
+                    index: i,
+                });
+                emit_rule(&mut policy, ep, pod, dir, rule, peers, &identities, rid);
             }
         }
-        // Spec §7: "let policy govern egress to the node. Make the egress
-        // choice configurable": `allow_host_egress`.
         if iso_eg && opts.allow_host_egress {
             let rid = alloc.rule(&RuleRef::HostEgress);
-            policy.insert(
-                PolicyEntry {
-                    endpoint: ep,
-                    direction: Direction::Egress,
-                    peer: IDENTITY_HOST,
-                    protocol: None,
-                    ports: ALL_PORTS,
-                },
-                rid,
-            );
+            policy.insert(host_egress_entry(ep), rid);
         }
-        endpoints.insert(
-            ep,
-            Endpoint {
-                pod: PodRef {
-                    namespace: pod.namespace.clone(),
-                    name: pod.name.clone(),
-                    uid: pod.uid.clone(),
-                },
-                identity: pod_identity[&key],
-                ipv4: ips.iter().find_map(|i| match i {
-                    IpAddr::V4(a) => Some(*a),
-                    _ => None,
-                }),
-                ipv6: ips.iter().find_map(|i| match i {
-                    IpAddr::V6(a) => Some(*a),
-                    _ => None,
-                }),
-                isolated_ingress: iso_in,
-                isolated_egress: iso_eg,
-            },
-        );
+        endpoints.insert(ep, endpoint_record(pod, pod_identity[&key], ips, iso_in, iso_eg));
     }
     out.endpoints = endpoints;
     out.policy = policy;

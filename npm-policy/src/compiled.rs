@@ -157,7 +157,7 @@ pub struct Compiled {
     pub ids: IdTables,
 }
 
-/// Allocation tables of a compile; [`crate::compile`] reuses those of the
+/// Allocation tables of a compile; [`crate::compile()`] reuses those of the
 /// previous compile, so ids stay stable while what they stand for exists.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdTables {

@@ -6,8 +6,9 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::compiled::{CompileOptions, Direction};
-use crate::identity::{ip_owners, namespace_labels};
+use crate::identity::namespace_labels;
 use crate::model::{Peer, Pod, Policy, PortSpec, Rule, Snapshot};
+use crate::ownership::ip_owners;
 
 /// One new connection: `src` opens it to `dst`:`dst_port`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +103,7 @@ impl fmt::Display for Verdict {
 }
 
 /// The pod owning an address (ownership rules of
-/// [`crate::identity::ip_owners`]; node addresses are never pods).
+/// [`crate::ownership::ip_owners`]; node addresses are never pods).
 pub fn pod_at<'a>(snapshot: &'a Snapshot, opts: &CompileOptions, ip: IpAddr) -> Option<&'a Pod> {
     ip_owners(snapshot, &opts.node_ips).get(&ip).copied()
 }

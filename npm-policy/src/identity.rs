@@ -1,5 +1,6 @@
-//! Which pods hold which addresses, identity keys and allocation, and the
-//! longest-prefix table of CIDR identities.
+//! Which addresses a pod uses, identity keys and allocation, and the
+//! longest-prefix table of CIDR identities. Which pod owns an address is
+//! [`crate::ownership`].
 //!
 //! Allocation rules (all ids are stable across recompiles through the
 //! previous [`Compiled`]; counters in [`IdTables`] only grow, so an id is
@@ -34,40 +35,6 @@ pub fn pod_addresses(pod: &Pod) -> impl Iterator<Item = IpAddr> + '_ {
     let v4 = pod.ips.iter().find(|i| i.is_ipv4());
     let v6 = pod.ips.iter().find(|i| i.is_ipv6());
     v4.into_iter().chain(v6).copied()
-}
-
-/// Ownership rank: the greater one wins an address claimed by two pods.
-/// "prefer a pod that is Running and not deleting, then the newest
-/// `created`, then the greater uid" — a stale object of a pod that is gone
-/// must never take the address of the pod that holds it now (incident 1).
-fn rank(pod: &Pod) -> (bool, i64, &str) {
-    (
-        pod.phase == PodPhase::Running && !pod.deleting,
-        pod.created,
-        pod.uid.as_str(),
-    )
-}
-
-/// Address -> the pod that owns it. Only addressable pods take part;
-/// addresses in `node_ips` belong to the node, never to a pod.
-pub fn ip_owners<'a>(snapshot: &'a Snapshot, node_ips: &[IpAddr]) -> HashMap<IpAddr, &'a Pod> {
-    let mut owners: HashMap<IpAddr, &Pod> = HashMap::with_capacity(snapshot.pods.len() * 2);
-    for pod in snapshot.pods.values().filter(|p| is_addressable(p)) {
-        for ip in pod_addresses(pod) {
-            if node_ips.contains(&ip) {
-                continue;
-            }
-            owners
-                .entry(ip)
-                .and_modify(|cur| {
-                    if rank(pod) > rank(cur) {
-                        *cur = pod;
-                    }
-                })
-                .or_insert(pod);
-        }
-    }
-    owners
 }
 
 /// Labels of a namespace; a namespace missing from the snapshot has none.

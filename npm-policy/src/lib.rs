@@ -7,13 +7,15 @@
 //! [`compiled::CompiledDiff`], which `npm-dataplane` writes to the kernel.
 //! [`incremental::Compiler`] keeps caches and updates the compiled form
 //! for one changed pod, namespace or policy in well under a millisecond at
-//! 10,000 pods; `compile()` stays the reference entry point.
+//! 10,000 pods; `compile()` stays the reference entry point. Both take
+//! IP ownership from [`ownership`] (the one rule of which pod owns an
+//! address) and resolve rule peers with the same (private) `peers` module.
 //! [`evaluate`] decides flows straight from the specification; [`lookup`]
-//! does what the datapath does on a [`compiled::Compiled`]; [`cases`] and
-//! [`sim`] run conformance cases and matrices on the two.
+//! does what the datapath does on a [`compiled::Compiled`]; [`sim`] builds
+//! snapshots from YAML texts and their reachability matrices (the
+//! simulator and the conformance cases are the `npm-sim` crate).
 #![deny(missing_docs)]
 
-pub mod cases;
 pub mod compile;
 pub mod compiled;
 pub mod convert;
@@ -22,6 +24,8 @@ pub mod identity;
 pub mod incremental;
 pub mod lookup;
 pub mod model;
+pub mod ownership;
+mod peers;
 pub mod render;
 pub mod selector;
 pub mod sim;

@@ -1,13 +1,15 @@
-//! The simulator behind `npmctl`: builds a snapshot from YAML texts and
-//! computes reachability matrices and flow explanations with the reference
-//! evaluator.
+//! The pure core of the simulator that `npm-agent matrix` uses: a snapshot
+//! from YAML texts, its reachability matrix by the reference evaluator, and
+//! the [`Matrix`] type. The rest of the simulator (`npmctl`, flow
+//! explanations, conformance cases) is the `npm-sim` crate, which re-exports
+//! this module as `npm_sim::sim`.
 
+use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 
-use crate::cases::Matrix;
 use crate::compiled::CompileOptions;
 use crate::convert::{load_yaml, ConvertError, Objects, YamlError};
-use crate::evaluate::{evaluate, Flow, Verdict};
+use crate::evaluate::{evaluate, Flow};
 use crate::identity::{is_addressable, pod_addresses};
 use crate::model::{PodPhase, Protocol, Snapshot};
 
@@ -25,9 +27,6 @@ pub enum SimError {
     /// An object failed to convert.
     #[error("{0}")]
     Convert(#[from] ConvertError),
-    /// A pod reference does not name an addressable pod.
-    #[error("pod {0:?} not found or without an address (want namespace/name)")]
-    NoPod(String),
 }
 
 /// The node the simulator compiles for.
@@ -147,31 +146,99 @@ pub fn matrix(snapshot: &Snapshot, opts: &CompileOptions, protocol: Protocol, po
     }
 }
 
-/// Explains the flow from pod `from` to pod `to` (`namespace/name`).
-pub fn explain(
-    snapshot: &Snapshot,
-    opts: &CompileOptions,
-    from: &str,
-    to: &str,
-    protocol: Protocol,
-    port: u16,
-) -> Result<Verdict, SimError> {
-    let pods = pods(snapshot);
-    let ip = |n: &str| {
-        pods.iter()
-            .find(|(p, _)| p == n)
-            .map(|(_, ip)| *ip)
-            .ok_or_else(|| SimError::NoPod(n.to_string()))
-    };
-    let (src, dst) = (ip(from)?, ip(to)?);
-    Ok(evaluate(
-        snapshot,
-        opts,
-        &Flow {
-            src,
-            dst,
-            protocol: protocol.number(),
-            dst_port: port,
-        },
-    ))
+/// A reachability matrix: `cells[r][c]` says whether `rows[r]` reaches
+/// `columns[c]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Matrix {
+    /// Source pods (`ns/name`).
+    pub rows: Vec<String>,
+    /// Destination pods (`ns/name`).
+    pub columns: Vec<String>,
+    /// Reachability.
+    pub cells: Vec<Vec<bool>>,
+}
+
+/// One cell where two matrices differ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mismatch {
+    /// Source pod.
+    pub from: String,
+    /// Destination pod.
+    pub to: String,
+    /// Expected reachability.
+    pub expected: bool,
+    /// Observed reachability.
+    pub actual: bool,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = |b: bool| if b { "reachable" } else { "blocked" };
+        write!(
+            f,
+            "{} -> {}: expected {}, got {}",
+            self.from,
+            self.to,
+            w(self.expected),
+            w(self.actual)
+        )
+    }
+}
+
+impl Matrix {
+    /// The cell for (`from`, `to`), if both are in the matrix.
+    pub fn get(&self, from: &str, to: &str) -> Option<bool> {
+        let r = self.rows.iter().position(|x| x == from)?;
+        let c = self.columns.iter().position(|x| x == to)?;
+        Some(self.cells[r][c])
+    }
+
+    /// Renders the upstream-style table: `.` reachable, `X` blocked.
+    pub fn render(&self) -> String {
+        let w = self
+            .rows
+            .iter()
+            .chain(&self.columns)
+            .map(|s| s.len())
+            .max()
+            .unwrap_or(1);
+        let mut s = format!("{:w$}", "");
+        for c in &self.columns {
+            s.push_str(&format!(" {c:>w$}"));
+        }
+        s.push('\n');
+        for (r, row) in self.rows.iter().zip(&self.cells) {
+            s.push_str(&format!("{r:w$}"));
+            for v in row {
+                s.push_str(&format!(" {:>w$}", if *v { "." } else { "X" }));
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    /// The cells where `actual` differs from `self` (the expectation), for
+    /// the cells both have; the diagonal (a pod to itself) is ignored.
+    pub fn compare(&self, actual: &Matrix) -> Vec<Mismatch> {
+        let mut out = Vec::new();
+        for (ri, r) in self.rows.iter().enumerate() {
+            for (ci, c) in self.columns.iter().enumerate() {
+                if r == c {
+                    continue;
+                }
+                if let Some(a) = actual.get(r, c) {
+                    let e = self.cells[ri][ci];
+                    if a != e {
+                        out.push(Mismatch {
+                            from: r.clone(),
+                            to: c.clone(),
+                            expected: e,
+                            actual: a,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
 }

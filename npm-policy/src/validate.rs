@@ -258,6 +258,31 @@ fn port(ctx: &mut Ctx<'_>, path: &str, p: &netv1::NetworkPolicyPort) -> Option<P
     (ctx.errors.len() == before).then_some(Port { protocol, port: spec })
 }
 
+/// The ports and peers (`from` or `to`) of one API rule.
+type RuleParts<'a> = (
+    Option<&'a Vec<netv1::NetworkPolicyPort>>,
+    Option<&'a Vec<netv1::NetworkPolicyPeer>>,
+);
+
+/// The rules of one direction, `spec.<direction>[i]`, whose peers are in
+/// field `peer_field`; `parts` gives a rule's ports and peers.
+fn rules<'a, R>(
+    ctx: &mut Ctx<'_>,
+    direction: &str,
+    peer_field: &str,
+    list: Option<&'a Vec<R>>,
+    parts: impl Fn(&'a R) -> RuleParts<'a>,
+) -> Vec<Rule> {
+    list.into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, r)| {
+            let (ports, peers) = parts(r);
+            rule(ctx, &format!("spec.{direction}[{i}]"), peer_field, ports, peers)
+        })
+        .collect()
+}
+
 fn rule(
     ctx: &mut Ctx<'_>,
     path: &str,
@@ -320,36 +345,12 @@ pub fn validate_policy(np: &netv1::NetworkPolicy) -> Result<Policy, InvalidPolic
             }
         }
     }
-    let ingress = spec
-        .ingress
-        .iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, r)| {
-            rule(
-                &mut ctx,
-                &format!("spec.ingress[{i}]"),
-                "from",
-                r.ports.as_ref(),
-                r.from.as_ref(),
-            )
-        })
-        .collect();
-    let egress = spec
-        .egress
-        .iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, r)| {
-            rule(
-                &mut ctx,
-                &format!("spec.egress[{i}]"),
-                "to",
-                r.ports.as_ref(),
-                r.to.as_ref(),
-            )
-        })
-        .collect();
+    let ingress = rules(&mut ctx, "ingress", "from", spec.ingress.as_ref(), |r| {
+        (r.ports.as_ref(), r.from.as_ref())
+    });
+    let egress = rules(&mut ctx, "egress", "to", spec.egress.as_ref(), |r| {
+        (r.ports.as_ref(), r.to.as_ref())
+    });
     if !ctx.errors.is_empty() {
         return Err(InvalidPolicy {
             namespace,

@@ -319,7 +319,7 @@ fn check(seed: u64, prev: Option<&Compiled>) -> Result<(Compiled, [usize; 3]), S
     // Every local, addressable pod that owns an address is an endpoint.
     for pod in s.pods.values() {
         let local = pod.node_name.as_deref() == Some("node") && npm_policy::identity::is_addressable(pod);
-        let owns = npm_policy::identity::ip_owners(&s, &opts.node_ips)
+        let owns = npm_policy::ownership::ip_owners(&s, &opts.node_ips)
             .values()
             .any(|p| p.uid == pod.uid);
         let is_ep = c.endpoints.values().any(|e| e.pod.uid == pod.uid);

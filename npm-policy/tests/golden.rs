@@ -19,7 +19,7 @@ fn golden() {
     paths.sort();
     for path in paths {
         let text = std::fs::read_to_string(&path).unwrap();
-        let snap = npm_policy::sim::load_snapshot(&[(path.display().to_string(), text)]).unwrap();
+        let snap = npm_sim::sim::load_snapshot(&[(path.display().to_string(), text)]).unwrap();
         assert!(snap.invalid_policies.is_empty(), "{:?}", snap.invalid_policies);
         let opts = CompileOptions {
             node_name: "npm-node".into(),

@@ -1,10 +1,10 @@
 //! Incremental recompiles give minimal diffs with stable ids; IP ownership.
 
 use npm_common::IDENTITY_HOST;
-use npm_policy::cases::Model;
 use npm_policy::compiled::{CompileOptions, Compiled, Direction, IdentityKey};
 use npm_policy::lookup::lookup;
 use npm_policy::model::*;
+use npm_sim::cases::Model;
 
 fn sel(pairs: &[(&str, &str)]) -> Selector {
     Selector {
@@ -181,7 +181,7 @@ fn ids_never_reused() {
     assert_eq!(c1.diff(&c2).len(), 3, "2 addresses and 1 endpoint removed");
     // Same name and labels again, new uid: a new endpoint id; the identity
     // key is back, but after a compile without it the id is new too.
-    m.apply(&npm_policy::cases::Action::CreatePod(npm_policy::cases::PodLabels {
+    m.apply(&npm_sim::cases::Action::CreatePod(npm_sim::cases::PodLabels {
         pod: "y/c".into(),
         labels: sel(&[("pod", "c")]).match_labels,
     }))
@@ -348,4 +348,30 @@ fn compiler_apply_policy_validates() {
     let xa = ep(c.compiled(), "x/a");
     assert!(lookup(c.compiled(), xa, Direction::Ingress, m.ip("z/c").unwrap(), 6, 85).allowed);
     assert!(!lookup(c.compiled(), xa, Direction::Ingress, m.ip("z/c").unwrap(), 6, 91).allowed);
+}
+
+#[test]
+fn ip_ownership_tie_on_uid_is_the_same_incrementally() {
+    // Two objects with the same uid, age and state claim one address: the
+    // smaller `namespace/name` owns it (its identity is the address's), in
+    // the full compile and in the incremental compiler whatever the order
+    // the pods arrive in.
+    let m = Model::upstream();
+    let ip = "10.9.0.9".parse().unwrap();
+    let owner = |c: &Compiled| {
+        let id = c.ipcache[&ip].identity;
+        c.ids.identities[&id].pod_labels["pod"].clone()
+    };
+    let mut s = m.snapshot.clone();
+    for name in ["p2", "p1"] {
+        s.upsert_pod(pod("uid-same", name, "10.9.0.9", PodPhase::Running, false, 5));
+    }
+    assert_eq!(owner(&npm_policy::compile(&s, &opts(), None)), "p1");
+    for order in [["p1", "p2"], ["p2", "p1"]] {
+        let mut c = npm_policy::incremental::Compiler::new(m.snapshot.clone(), opts(), None);
+        for name in order {
+            c.upsert_pod(pod("uid-same", name, "10.9.0.9", PodPhase::Running, false, 5));
+        }
+        assert_eq!(owner(c.compiled()), "p1", "order {order:?}");
+    }
 }

@@ -4,11 +4,11 @@
 
 use std::net::IpAddr;
 
-use npm_policy::cases::Model;
 use npm_policy::compiled::{CompileOptions, Direction};
 use npm_policy::evaluate::{evaluate, Flow};
 use npm_policy::lookup::lookup;
 use npm_policy::model::*;
+use npm_sim::cases::Model;
 
 const TCP: u8 = 6;
 const UDP: u8 = 17;

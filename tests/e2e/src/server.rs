@@ -25,7 +25,7 @@ pub enum ServerError {
     /// A socket could not be created or bound.
     #[error("{what}: {source}")]
     Socket {
-        /// Which socket (e.g. "tcp [::]:80").
+        /// Which socket (e.g. `tcp [::]:80`).
         what: String,
         /// The OS error.
         source: std::io::Error,

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use npm_policy::model::Protocol;
-use npm_policy::sim;
+use npm_sim::sim;
 
 #[derive(Parser)]
 #[command(name = "npmctl", about = "NetworkPolicy simulator")]
@@ -157,10 +157,9 @@ fn run(cli: Cli) -> Result<bool, String> {
             }
             for path in &files {
                 let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-                let cases =
-                    npm_policy::cases::parse_case_file(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+                let cases = npm_sim::cases::parse_case_file(&text).map_err(|e| format!("{}: {e}", path.display()))?;
                 for c in &cases {
-                    let r = npm_policy::cases::run_case_simulated(c);
+                    let r = npm_sim::cases::run_case_simulated(c);
                     if r.passed() {
                         pass += 1;
                     } else {

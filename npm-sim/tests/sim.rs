@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use npm_policy::cases::{parse_case_file, run_case_simulated, substitute, Action, Model};
+use npm_sim::cases::{parse_case_file, run_case_simulated, substitute, Action, Model};
 
 fn case_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/cases")
@@ -93,7 +93,7 @@ cases:
     assert!(!s.namespaces.contains_key("z") && !s.pods.keys().any(|k| k.0 == "z"));
     // Errors name the action and the object.
     let e = m
-        .apply(&Action::DeletePod(npm_policy::cases::PodName { pod: "x/nope".into() }))
+        .apply(&Action::DeletePod(npm_sim::cases::PodName { pod: "x/nope".into() }))
         .unwrap_err();
     assert_eq!(e.to_string(), "action delete_pod: pod \"x/nope\" does not exist");
     assert!(parse_case_file("cases:\n  - id: bad\n    steps:\n      - actions:\n          - explode: {}\n").is_err());

@@ -1,0 +1,68 @@
+//! Who claims and who owns each address, for the incremental compiler:
+//! the [`Claims`] of [`crate::ownership`] (the one ownership rule) and the
+//! owner of every claimed address, updated together pod by pod.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use crate::identity::pod_addresses;
+use crate::model::{Pod, Snapshot};
+use crate::ownership::{Claims, PodKey};
+
+/// The claims on addresses and the current owner of each one.
+#[derive(Clone, Debug)]
+pub(super) struct Addresses {
+    /// Address -> pods claiming it (addressable pods only, no node addresses).
+    claims: Claims,
+    /// Address -> owning pod.
+    owner: HashMap<IpAddr, PodKey>,
+}
+
+impl Addresses {
+    /// The claims and owners of every pod of `snapshot`.
+    pub(super) fn new(snapshot: &Snapshot, node_ips: &[IpAddr]) -> Addresses {
+        let claims = Claims::of(snapshot, node_ips);
+        let owner = claims
+            .addresses()
+            .filter_map(|ip| claims.owner(ip, &snapshot.pods).map(|w| (ip, w.clone())))
+            .collect();
+        Addresses { claims, owner }
+    }
+
+    /// The claims.
+    pub(super) fn claims(&self) -> &Claims {
+        &self.claims
+    }
+
+    /// The pod owning `ip`.
+    pub(super) fn owner(&self, ip: IpAddr) -> Option<&PodKey> {
+        self.owner.get(&ip)
+    }
+
+    /// The addresses of `pod` (key `key`) that it owns.
+    pub(super) fn owned(&self, key: &PodKey, pod: &Pod) -> Vec<IpAddr> {
+        pod_addresses(pod)
+            .filter(|ip| self.owner.get(ip) == Some(key))
+            .collect()
+    }
+
+    /// Pod `key` changed from `old` to what `pods` (the snapshot's pods, up
+    /// to date) holds; returns the other pods that won or lost an address.
+    pub(super) fn update(&mut self, key: &PodKey, old: Option<&Pod>, pods: &BTreeMap<PodKey, Pod>) -> BTreeSet<PodKey> {
+        let touched = self.claims.update(key, old, pods.get(key));
+        let mut others = BTreeSet::new();
+        for ip in touched {
+            let w = self.claims.owner(ip, pods).cloned();
+            let cur = self.owner.get(&ip).cloned();
+            if w != cur {
+                others.extend(cur.filter(|c| c != key));
+                others.extend(w.clone().filter(|c| c != key));
+            }
+            match w {
+                Some(w) => self.owner.insert(ip, w),
+                None => self.owner.remove(&ip),
+            };
+        }
+        others
+    }
+}

@@ -1,0 +1,137 @@
+//! The pod identities of the incremental compiler: which identity each pod
+//! has, how many pods use each one, and the identities by key and by
+//! namespace. The identity table itself is the compiled form's
+//! (`ids.identities`); [`PodIdentities::register`] and
+//! [`PodIdentities::forget`] update it together with the indexes here.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::compiled::{Compiled, IdentityKey};
+use crate::model::Snapshot;
+use crate::ownership::PodKey;
+use crate::peers::IdentityGroups;
+
+use super::addresses::Addresses;
+
+/// Pod identities with reference counts and indexes.
+#[derive(Clone, Debug)]
+pub(super) struct PodIdentities {
+    /// Pod -> its identity (pods owning an address).
+    of_pod: HashMap<PodKey, u32>,
+    /// Identity -> pods having it.
+    refs: HashMap<u32, usize>,
+    /// Key -> identity.
+    by_key: HashMap<IdentityKey, u32>,
+    /// Namespace -> identities of its pods.
+    by_namespace: BTreeMap<String, BTreeSet<u32>>,
+}
+
+impl PodIdentities {
+    /// The identities of a full compile `out` of `snapshot`, each pod
+    /// having the identity of the ipcache entry of an address it owns.
+    pub(super) fn new(out: &Compiled, snapshot: &Snapshot, addresses: &Addresses) -> PodIdentities {
+        let mut ids = PodIdentities {
+            of_pod: HashMap::new(),
+            refs: HashMap::new(),
+            by_key: out.ids.identities.iter().map(|(id, k)| (k.clone(), *id)).collect(),
+            by_namespace: BTreeMap::new(),
+        };
+        for (id, k) in &out.ids.identities {
+            ids.by_namespace.entry(k.namespace.clone()).or_default().insert(*id);
+        }
+        for (pk, pod) in &snapshot.pods {
+            if let Some(ip) = addresses.owned(pk, pod).first() {
+                ids.assign(pk.clone(), out.ipcache[ip].identity);
+            }
+        }
+        ids
+    }
+
+    /// The identity of key `key`, if there is one.
+    pub(super) fn get(&self, key: &IdentityKey) -> Option<u32> {
+        self.by_key.get(key).copied()
+    }
+
+    /// The identity of pod `pk` (which owns an address).
+    pub(super) fn of_pod(&self, pk: &PodKey) -> u32 {
+        self.of_pod[pk]
+    }
+
+    /// Pod `pk` has identity `id`.
+    pub(super) fn assign(&mut self, pk: PodKey, id: u32) {
+        *self.refs.entry(id).or_default() += 1;
+        self.of_pod.insert(pk, id);
+    }
+
+    /// Pod `pk` gives its identity up. An identity left without pods is
+    /// dropped only by [`PodIdentities::take_orphans`], after a refresh: a
+    /// pod that comes back with the same key keeps it.
+    pub(super) fn release(&mut self, pk: &PodKey) {
+        if let Some(id) = self.of_pod.remove(pk) {
+            let r = self.refs.get_mut(&id).expect("counted");
+            *r -= 1;
+        }
+    }
+
+    /// The identities without pods, no longer counted.
+    pub(super) fn take_orphans(&mut self) -> Vec<u32> {
+        let orphans: Vec<u32> = self.refs.iter().filter(|(_, r)| **r == 0).map(|(id, _)| *id).collect();
+        for id in &orphans {
+            self.refs.remove(id);
+        }
+        orphans
+    }
+
+    /// Registers the new identity `id` of `key` in `table` and here.
+    pub(super) fn register(&mut self, id: u32, key: IdentityKey, table: &mut BTreeMap<u32, IdentityKey>) {
+        self.by_namespace.entry(key.namespace.clone()).or_default().insert(id);
+        table.insert(id, key.clone());
+        self.by_key.insert(key, id);
+    }
+
+    /// Forgets identity `id` in `table` and here.
+    pub(super) fn forget(&mut self, id: u32, table: &mut BTreeMap<u32, IdentityKey>) {
+        if let Some(k) = table.remove(&id) {
+            self.by_key.remove(&k);
+            if let Some(s) = self.by_namespace.get_mut(&k.namespace) {
+                s.remove(&id);
+                if s.is_empty() {
+                    self.by_namespace.remove(&k.namespace);
+                }
+            }
+        }
+    }
+
+    /// The identities grouped by namespace, with their keys from `table`,
+    /// for the peer resolution.
+    pub(super) fn groups<'a>(&'a self, table: &'a BTreeMap<u32, IdentityKey>) -> Groups<'a> {
+        Groups {
+            by_namespace: &self.by_namespace,
+            table,
+        }
+    }
+}
+
+/// [`PodIdentities`] by namespace with the keys of the identity table.
+pub(super) struct Groups<'a> {
+    by_namespace: &'a BTreeMap<String, BTreeSet<u32>>,
+    table: &'a BTreeMap<u32, IdentityKey>,
+}
+
+impl IdentityGroups for Groups<'_> {
+    fn in_namespace(&self, ns: &str) -> impl Iterator<Item = (u32, &IdentityKey)> {
+        let table = self.table;
+        self.by_namespace
+            .get(ns)
+            .into_iter()
+            .flatten()
+            .map(move |id| (*id, &table[id]))
+    }
+
+    fn groups(&self) -> impl Iterator<Item = impl Iterator<Item = (u32, &IdentityKey)> + Clone> {
+        let table = self.table;
+        self.by_namespace
+            .values()
+            .map(move |g| g.iter().map(move |id| (*id, &table[id])))
+    }
+}

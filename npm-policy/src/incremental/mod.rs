@@ -1,0 +1,341 @@
+//! The incremental compiler: a [`Compiler`] holds the snapshot, the
+//! compiled form and caches (address claims, pod identities with reference
+//! counts, per-rule peer identity sets and the endpoints using them), and
+//! updates only what a change touches. [`crate::compile()`] stays the
+//! reference; tests check that both give the same tables.
+//!
+//! What a change touches:
+//! - a pod: its addresses' ownership (and so the pods that win or lose
+//!   them), its identity, its ipcache entries; identities that appear or
+//!   disappear update the cached peer sets, and every local endpoint using a
+//!   changed peer set, plus the pod itself when local, is re-emitted; a new
+//!   identity also gets the entries of the egress rules with an empty `to`
+//!   whose named ports it resolves (spec §5: resolved per destination pod);
+//! - a namespace: the identities of its pods, as above;
+//! - a new policy: its entries are added in place to the local endpoints it
+//!   selects (nothing else is re-emitted);
+//! - a changed or removed policy: its rules' peer sets are dropped and the
+//!   local endpoints its old or new version selects are re-emitted; when
+//!   the set of ipBlock prefixes changes (also for a new policy),
+//!   CIDR identities of every address are recomputed and every rule with an
+//!   ipBlock is resolved again.
+//!
+//! The state, each part with the one place that updates it:
+//! - `addresses`: who claims and who owns each address
+//!   ([`crate::ownership`]'s rule);
+//! - `identities`: each pod's identity, reference counts, identities by key
+//!   and by namespace (with the compiled identity table);
+//! - `rules`: each rule's peer set, the rule ids, which endpoints use which
+//!   rule;
+//! - `endpoints`: each local endpoint's id and entries, and the emitting
+//!   and patching of endpoints.
+
+mod addresses;
+mod endpoints;
+mod identities;
+mod rules;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use npm_common::{IDENTITY_ANY, IDENTITY_HOST};
+
+use crate::compile::{cidr_prefixes, policy_selects};
+use crate::compiled::{CompileOptions, Compiled, IpEntry};
+use crate::identity::{identity_key, namespace_labels, pod_addresses, PrefixTable};
+use crate::model::{Namespace, Peer, Pod, Policy, Snapshot};
+use crate::ownership::{Claims, PodKey};
+
+use addresses::Addresses;
+use endpoints::EndpointState;
+use identities::PodIdentities;
+use rules::{rule_of, Rules};
+
+/// An incremental compiler for one node.
+#[derive(Clone, Debug)]
+pub struct Compiler {
+    opts: CompileOptions,
+    snapshot: Snapshot,
+    out: Compiled,
+    lpm: PrefixTable,
+    /// Who claims and who owns each address.
+    addresses: Addresses,
+    /// Pod identities.
+    identities: PodIdentities,
+    /// Peer sets, rule ids and rule users.
+    rules: Rules,
+    /// Local endpoint -> its id and entries.
+    eps: HashMap<PodKey, EndpointState>,
+}
+
+impl Compiler {
+    /// Compiles `snapshot` (with [`crate::compile()`], keeping the ids of
+    /// `prev`) and builds the caches.
+    pub fn new(snapshot: Snapshot, opts: CompileOptions, prev: Option<&Compiled>) -> Compiler {
+        let out = crate::compile(&snapshot, &opts, prev);
+        let addresses = Addresses::new(&snapshot, &opts.node_ips);
+        let identities = PodIdentities::new(&out, &snapshot, &addresses);
+        let eps = out
+            .endpoints
+            .iter()
+            .map(|(id, e)| ((e.pod.namespace.clone(), e.pod.name.clone()), EndpointState::new(*id)))
+            .collect();
+        let mut c = Compiler {
+            lpm: PrefixTable::new(&out.cidrs),
+            addresses,
+            identities,
+            rules: Rules::new(&out),
+            eps,
+            opts,
+            snapshot,
+            out,
+        };
+        // Re-emit every endpoint: fills the entry lists and peer caches
+        // (the entries are the same as compile's).
+        let all: BTreeSet<PodKey> = c.eps.keys().cloned().collect();
+        c.out.policy.clear();
+        c.emit(all);
+        c
+    }
+
+    /// The compiled form.
+    pub fn compiled(&self) -> &Compiled {
+        &self.out
+    }
+
+    /// The snapshot.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    /// Takes the compiler apart: its snapshot and compiled form (to update
+    /// the snapshot and build a new compiler from it, keeping the ids,
+    /// without a copy of either).
+    pub fn into_parts(self) -> (Snapshot, Compiled) {
+        (self.snapshot, self.out)
+    }
+
+    /// The options.
+    pub fn options(&self) -> &CompileOptions {
+        &self.opts
+    }
+
+    /// The claims on addresses of the snapshot's pods (its IP conflicts are
+    /// [`Claims::conflicts`]).
+    pub fn claims(&self) -> &Claims {
+        self.addresses.claims()
+    }
+
+    /// Adds or replaces a pod.
+    pub fn upsert_pod(&mut self, pod: Pod) {
+        let key = (pod.namespace.clone(), pod.name.clone());
+        self.set_pod(key, Some(pod));
+    }
+
+    /// Removes a pod.
+    pub fn remove_pod(&mut self, namespace: &str, name: &str) {
+        self.set_pod((namespace.to_string(), name.to_string()), None);
+    }
+
+    fn set_pod(&mut self, key: PodKey, pod: Option<Pod>) {
+        let mut touched: BTreeSet<PodKey> = [key.clone()].into();
+        // Unregister the old pod before replacing it.
+        self.release(&touched);
+        let old = match pod {
+            Some(p) => self.snapshot.pods.insert(key.clone(), p),
+            None => self.snapshot.pods.remove(&key),
+        };
+        let others = self.addresses.update(&key, old.as_ref(), &self.snapshot.pods);
+        self.release(&others);
+        touched.extend(others);
+        self.acquire(touched);
+    }
+
+    /// Removes the identities and ipcache entries of `pods` (first half of
+    /// a refresh).
+    fn release(&mut self, pods: &BTreeSet<PodKey>) {
+        for pk in pods {
+            self.identities.release(pk);
+            if let Some(pod) = self.snapshot.pods.get(pk) {
+                for ip in pod_addresses(pod) {
+                    if self.out.ipcache.get(&ip).is_some_and(|e| e.identity != IDENTITY_HOST)
+                        && self.addresses.owner(ip).is_none_or(|o| o == pk)
+                    {
+                        self.out.ipcache.remove(&ip);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives `pods` their identities and ipcache entries (second half of a
+    /// refresh) and re-emits what changed.
+    fn acquire(&mut self, pods: BTreeSet<PodKey>) {
+        let mut dirty: BTreeSet<PodKey> = BTreeSet::new();
+        for pk in &pods {
+            dirty.insert(pk.clone());
+            let Some(pod) = self.snapshot.pods.get(pk) else {
+                continue;
+            };
+            let owned: Vec<IpAddr> = self.addresses.owned(pk, pod);
+            if owned.is_empty() {
+                continue;
+            }
+            let key = identity_key(pod, namespace_labels(&self.snapshot, &pod.namespace));
+            let id = match self.identities.get(&key) {
+                Some(id) => id,
+                None => {
+                    let id = self.out.ids.next_identity;
+                    self.out.ids.next_identity += 1;
+                    self.add_identity(id, key);
+                    id
+                }
+            };
+            self.identities.assign(pk.clone(), id);
+            for ip in owned {
+                let cidr = self.lpm.longest(ip).map_or(IDENTITY_ANY, |(_, c)| c);
+                self.out.ipcache.insert(
+                    ip,
+                    IpEntry {
+                        identity: id,
+                        cidr_identity: cidr,
+                    },
+                );
+            }
+        }
+        for id in self.identities.take_orphans() {
+            self.drop_identity(id);
+        }
+        self.emit(dirty);
+    }
+
+    /// Adds or replaces a namespace.
+    pub fn upsert_namespace(&mut self, ns: Namespace) {
+        let name = ns.name.clone();
+        self.snapshot.namespaces.insert(name.clone(), ns);
+        self.refresh_namespace(&name);
+    }
+
+    /// Removes a namespace (its pods stay until removed, like watch events).
+    pub fn remove_namespace(&mut self, name: &str) {
+        self.snapshot.namespaces.remove(name);
+        self.refresh_namespace(name);
+    }
+
+    fn refresh_namespace(&mut self, name: &str) {
+        let lo = (name.to_string(), String::new());
+        let pods: BTreeSet<PodKey> = self
+            .snapshot
+            .pods
+            .range(lo..)
+            .take_while(|(k, _)| k.0 == name)
+            .map(|(k, _)| k.clone())
+            .collect();
+        self.release(&pods);
+        self.acquire(pods);
+    }
+
+    /// Adds or replaces a (validated) policy.
+    pub fn upsert_policy(&mut self, policy: Policy) {
+        let key = (policy.namespace.clone(), policy.name.clone());
+        self.set_policy(key, Some(policy));
+    }
+
+    /// Validates an API NetworkPolicy and adds or replaces it; an invalid
+    /// one replaces (stops enforcing) an earlier valid version and is
+    /// recorded in the snapshot's `invalid_policies`.
+    pub fn apply_policy(
+        &mut self,
+        np: &k8s_openapi::api::networking::v1::NetworkPolicy,
+    ) -> Result<(), crate::model::InvalidPolicy> {
+        match crate::validate::validate_policy(np) {
+            Ok(p) => {
+                self.upsert_policy(p);
+                Ok(())
+            }
+            Err(e) => {
+                self.remove_policy(&e.namespace, &e.name);
+                self.snapshot.invalid_policies.push(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes a policy.
+    pub fn remove_policy(&mut self, namespace: &str, name: &str) {
+        self.set_policy((namespace.to_string(), name.to_string()), None);
+    }
+
+    fn set_policy(&mut self, key: (String, String), policy: Option<Policy>) {
+        // Its cached rules go; their users and every local endpoint of the
+        // namespace are re-emitted.
+        let mut dirty: BTreeSet<PodKey> = self.rules.drop_rules(|rk| rk.0 == key.0 && rk.1 == key.1);
+        self.rules.forget_policy(&key, &mut self.out.ids);
+        self.snapshot
+            .invalid_policies
+            .retain(|p| !(p.namespace == key.0 && p.name == key.1));
+        let existed = self.snapshot.policies.contains_key(&key);
+        // The endpoints the old version selected (a policy without rules
+        // has no rule users but isolates them).
+        dirty.extend(self.selected_by(&key));
+        match policy {
+            Some(p) => self.snapshot.policies.insert(key.clone(), p),
+            None => self.snapshot.policies.remove(&key),
+        };
+        // The endpoints the old version selected use its rules (in `dirty`
+        // already); of the others only those the new version selects
+        // change.
+        let selected = self.selected_by(&key);
+        let mut prefixes_changed = false;
+        // ipBlock prefixes.
+        let prefixes = cidr_prefixes(&self.snapshot);
+        if prefixes.iter().ne(self.out.cidrs.keys()) {
+            prefixes_changed = true;
+            let mut cidrs = BTreeMap::new();
+            for net in prefixes {
+                let id = match self.out.cidrs.get(&net) {
+                    Some(id) => *id,
+                    None => {
+                        let id = self.out.ids.next_cidr;
+                        self.out.ids.next_cidr += 1;
+                        id
+                    }
+                };
+                cidrs.insert(net, id);
+            }
+            self.out.cidrs = cidrs;
+            self.lpm = PrefixTable::new(&self.out.cidrs);
+            for (ip, e) in self.out.ipcache.iter_mut() {
+                e.cidr_identity = self.lpm.longest(*ip).map_or(IDENTITY_ANY, |(_, c)| c);
+            }
+            let policies = &self.snapshot.policies;
+            dirty.extend(self.rules.drop_rules(|rk| {
+                policies
+                    .get(&(rk.0.clone(), rk.1.clone()))
+                    .and_then(|p| rule_of(p, rk))
+                    .is_some_and(|r| r.peers.iter().any(|x| matches!(x, Peer::IpBlock(_))))
+            }));
+        }
+        if !existed && !prefixes_changed && dirty.is_empty() {
+            // A new policy: its entries are added to the endpoints it
+            // selects, the others stay as they are.
+            self.add_policy(&key, selected);
+        } else {
+            dirty.extend(selected);
+            self.emit(dirty);
+        }
+    }
+
+    /// The local endpoints that policy `key` (of the snapshot) selects.
+    fn selected_by(&self, key: &(String, String)) -> BTreeSet<PodKey> {
+        let Some(p) = self.snapshot.policies.get(key) else {
+            return BTreeSet::new();
+        };
+        self.eps
+            .keys()
+            .filter(|pk| pk.0 == key.0)
+            .filter(|pk| self.snapshot.pods.get(*pk).is_some_and(|pod| policy_selects(p, pod)))
+            .cloned()
+            .collect()
+    }
+}

@@ -1,0 +1,226 @@
+//! The rules of the incremental compiler: each rule's peer set (resolved on
+//! first use, patched when identities come and go), the rule ids, and which
+//! local endpoints use which rule ([`RuleUsers`], one index with both
+//! directions).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use ipnet::IpNet;
+
+use crate::compile::named_port_numbers;
+use crate::compiled::{Compiled, Direction, IdTables, IdentityKey, RuleRef};
+use crate::model::{Peer, Policy, PortSpec, Rule, Snapshot};
+use crate::ownership::PodKey;
+use crate::peers::{self, IdentityGroups, PeerSet};
+
+/// A rule: `(namespace, policy name, direction, index)`.
+pub(super) type RuleKey = (String, String, Direction, usize);
+
+/// The rule `rk` of `policy`, if it has it.
+pub(super) fn rule_of<'p>(policy: &'p Policy, rk: &RuleKey) -> Option<&'p Rule> {
+    match rk.2 {
+        Direction::Ingress => policy.ingress.get(rk.3),
+        Direction::Egress => policy.egress.get(rk.3),
+    }
+}
+
+/// Does `peer` of `policy` select pods of identity `key`?
+fn peer_selects(policy: &Policy, peer: &Peer, key: &IdentityKey) -> bool {
+    match peer {
+        Peer::Pods(sel) => key.namespace == policy.namespace && sel.matches(&key.pod_labels),
+        Peer::Namespaces(sel) => sel.matches(&key.namespace_labels),
+        Peer::PodsInNamespaces { namespaces, pods } => {
+            namespaces.matches(&key.namespace_labels) && pods.matches(&key.pod_labels)
+        }
+        Peer::IpBlock(_) => false,
+    }
+}
+
+/// Which local endpoints use which rule, in both directions.
+#[derive(Clone, Debug, Default)]
+pub(super) struct RuleUsers {
+    by_rule: HashMap<RuleKey, BTreeSet<PodKey>>,
+    by_pod: HashMap<PodKey, Vec<RuleKey>>,
+}
+
+impl RuleUsers {
+    /// Endpoint `pk` uses rule `rk`.
+    fn add(&mut self, rk: &RuleKey, pk: &PodKey) {
+        self.by_rule.entry(rk.clone()).or_default().insert(pk.clone());
+        self.by_pod.entry(pk.clone()).or_default().push(rk.clone());
+    }
+
+    /// Endpoint `pk` uses no rule any more.
+    fn remove_pod(&mut self, pk: &PodKey) {
+        for rk in self.by_pod.remove(pk).into_iter().flatten() {
+            if let Some(u) = self.by_rule.get_mut(&rk) {
+                u.remove(pk);
+            }
+        }
+    }
+
+    /// Rule `rk` has no users any more; returns those it had.
+    fn remove_rule(&mut self, rk: &RuleKey) -> BTreeSet<PodKey> {
+        let users = self.by_rule.remove(rk).unwrap_or_default();
+        for pk in &users {
+            if let Some(rules) = self.by_pod.get_mut(pk) {
+                rules.retain(|r| r != rk);
+            }
+        }
+        users
+    }
+
+    /// The users of rule `rk`.
+    fn of_rule(&self, rk: &RuleKey) -> Vec<PodKey> {
+        self.by_rule.get(rk).into_iter().flatten().cloned().collect()
+    }
+}
+
+/// Peer sets, rule ids and rule users.
+#[derive(Clone, Debug)]
+pub(super) struct Rules {
+    /// Rule -> its peers (resolved on first use).
+    peers: HashMap<RuleKey, PeerSet>,
+    /// Which endpoints use which rule.
+    users: RuleUsers,
+    /// Rule -> its id (the inverse of the compiled form's `ids.rules`).
+    by_ref: HashMap<RuleRef, u32>,
+}
+
+impl Rules {
+    /// The rule ids of a full compile `out`; no peer set resolved yet.
+    pub(super) fn new(out: &Compiled) -> Rules {
+        Rules {
+            peers: HashMap::new(),
+            users: RuleUsers::default(),
+            by_ref: out.ids.rules.iter().map(|(id, r)| (r.clone(), *id)).collect(),
+        }
+    }
+
+    /// The id of rule `r`, a new one (recorded in `ids`) for a new rule.
+    pub(super) fn rule_id(&mut self, r: RuleRef, ids: &mut IdTables) -> u32 {
+        if let Some(id) = self.by_ref.get(&r) {
+            return *id;
+        }
+        let id = ids.next_rule;
+        ids.next_rule += 1;
+        ids.rules.insert(id, r.clone());
+        self.by_ref.insert(r, id);
+        id
+    }
+
+    /// The rule id of rule `rk`.
+    pub(super) fn rule_key_id(&mut self, rk: &RuleKey, ids: &mut IdTables) -> u32 {
+        self.rule_id(
+            RuleRef::Policy {
+                namespace: rk.0.clone(),
+                name: rk.1.clone(),
+                direction: rk.2,
+                index: rk.3,
+            },
+            ids,
+        )
+    }
+
+    /// Forgets the rule ids of policy `key` (in `ids` too).
+    pub(super) fn forget_policy(&mut self, key: &(String, String), ids: &mut IdTables) {
+        let of_policy =
+            |r: &RuleRef| matches!(r, RuleRef::Policy { namespace, name, .. } if *namespace == key.0 && *name == key.1);
+        let gone: Vec<RuleRef> = self.by_ref.keys().filter(|r| of_policy(r)).cloned().collect();
+        for r in gone {
+            if let Some(id) = self.by_ref.remove(&r) {
+                ids.rules.remove(&id);
+            }
+        }
+    }
+
+    /// The memoized peer set of rule `rk` of `policy` (resolved on first
+    /// use against `ids` and `cidrs`); `None` when the rule matches no peer
+    /// and emits nothing.
+    pub(super) fn peers(
+        &mut self,
+        policy: &Policy,
+        rk: &RuleKey,
+        ids: &impl IdentityGroups,
+        cidrs: &BTreeMap<IpNet, u32>,
+    ) -> Option<PeerSet> {
+        let peers = match self.peers.get(rk) {
+            Some(set) => set,
+            None => {
+                let rule = rule_of(policy, rk).expect("a rule of the policy");
+                let set = peers::resolve(policy, rule, ids, cidrs);
+                self.peers.entry(rk.clone()).or_insert(set)
+            }
+        };
+        (!peers.is_empty()).then(|| peers.clone())
+    }
+
+    /// Drops the peer sets of the resolved rules for which `pred` holds;
+    /// returns the endpoints that used them (their users are forgotten).
+    pub(super) fn drop_rules(&mut self, pred: impl Fn(&RuleKey) -> bool) -> BTreeSet<PodKey> {
+        let stale: Vec<RuleKey> = self.peers.keys().filter(|rk| pred(rk)).cloned().collect();
+        let mut users = BTreeSet::new();
+        for rk in stale {
+            self.peers.remove(&rk);
+            users.extend(self.users.remove_rule(&rk));
+        }
+        users
+    }
+
+    /// Endpoint `pk` uses rule `rk`.
+    pub(super) fn add_user(&mut self, rk: &RuleKey, pk: &PodKey) {
+        self.users.add(rk, pk);
+    }
+
+    /// Endpoint `pk` uses no rule any more.
+    pub(super) fn remove_user(&mut self, pk: &PodKey) {
+        self.users.remove_pod(pk);
+    }
+
+    /// The endpoints using rule `rk`.
+    pub(super) fn users(&self, rk: &RuleKey) -> Vec<PodKey> {
+        self.users.of_rule(rk)
+    }
+
+    /// A new identity `id` of `key`: added to the peer sets of the rules
+    /// that select it. Returns those rules, and the egress rules with an
+    /// empty `to` and a named port that `key` resolves (their entries are
+    /// per destination pod identity, see `emit_rule`, so a new identity
+    /// that resolves the name adds entries although it is not part of the
+    /// rule's peer set).
+    pub(super) fn add_identity(
+        &mut self,
+        id: u32,
+        key: &IdentityKey,
+        snapshot: &Snapshot,
+    ) -> (Vec<RuleKey>, Vec<RuleKey>) {
+        let mut matched: Vec<RuleKey> = Vec::new();
+        let mut any_named: Vec<RuleKey> = Vec::new();
+        for (rk, set) in self.peers.iter_mut() {
+            let Some(policy) = snapshot.policies.get(&(rk.0.clone(), rk.1.clone())) else {
+                continue;
+            };
+            let Some(rule) = rule_of(policy, rk) else { continue };
+            if rule.peers.iter().any(|p| peer_selects(policy, p, key)) {
+                set.pods.insert(id);
+                matched.push(rk.clone());
+            } else if rk.2 == Direction::Egress
+                && rule.peers.is_empty()
+                && rule
+                    .ports
+                    .iter()
+                    .any(|p| matches!(&p.port, PortSpec::Named(n) if named_port_numbers(key, n, p.protocol).next().is_some()))
+            {
+                any_named.push(rk.clone());
+            }
+        }
+        (matched, any_named)
+    }
+
+    /// Identity `id` is gone: removed from every peer set.
+    pub(super) fn drop_identity(&mut self, id: u32) {
+        for set in self.peers.values_mut() {
+            set.pods.remove(&id);
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Peer resolution: the peers of one rule as identities ([`PeerSet`]),
+//! shared by the full compiler ([`crate::compile()`]) and the incremental
+//! compiler, which hold their pod identities differently
+//! ([`IdentityGroups`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ipnet::IpNet;
+use npm_common::IDENTITY_ANY;
+
+use crate::compile::block_allows_prefix;
+use crate::compiled::IdentityKey;
+use crate::model::{Peer, Policy, Rule, Selector};
+
+/// The peers of one rule, resolved to identities.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PeerSet {
+    /// Pod identities (selected through pod/namespace selectors).
+    pub(crate) pods: BTreeSet<u32>,
+    /// CIDR identities (ipBlocks) and `IDENTITY_ANY` (no peers).
+    pub(crate) other: BTreeSet<u32>,
+}
+
+impl PeerSet {
+    /// True when the rule matches no peer (and emits nothing).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pods.is_empty() && self.other.is_empty()
+    }
+}
+
+/// The pod identities of a compile, grouped by namespace (every identity of
+/// a group has the namespace's labels).
+pub(crate) trait IdentityGroups {
+    /// The identities of pods in namespace `ns`.
+    fn in_namespace(&self, ns: &str) -> impl Iterator<Item = (u32, &IdentityKey)>;
+    /// Every namespace's identities.
+    fn groups(&self) -> impl Iterator<Item = impl Iterator<Item = (u32, &IdentityKey)> + Clone>;
+}
+
+/// The identity groups of the namespaces whose labels `sel` matches.
+fn matching_namespaces<'a>(
+    ids: &'a impl IdentityGroups,
+    sel: &'a Selector,
+) -> impl Iterator<Item = impl Iterator<Item = (u32, &'a IdentityKey)>> {
+    ids.groups()
+        .filter(|g| g.clone().next().is_some_and(|(_, k)| sel.matches(&k.namespace_labels)))
+}
+
+/// Resolves the peers of `rule` of `policy` against the pod identities
+/// `ids` and the CIDR identities `cidrs`.
+pub(crate) fn resolve(
+    policy: &Policy,
+    rule: &Rule,
+    ids: &impl IdentityGroups,
+    cidrs: &BTreeMap<IpNet, u32>,
+) -> PeerSet {
+    let mut set = PeerSet::default();
+    // Spec §3: "An empty or missing `from`/`to` matches all peers,
+    // including any IP outside the cluster."
+    if rule.peers.is_empty() {
+        set.other.insert(IDENTITY_ANY);
+        return set;
+    }
+    // Spec §3: "Inside a list, items are combined with OR".
+    for peer in &rule.peers {
+        match peer {
+            // "`podSelector` only | matching pods in the **policy's own namespace**"
+            Peer::Pods(sel) => {
+                for (id, k) in ids.in_namespace(&policy.namespace) {
+                    if sel.matches(&k.pod_labels) {
+                        set.pods.insert(id);
+                    }
+                }
+            }
+            // "`namespaceSelector` only | **all** pods in namespaces whose
+            // *namespace labels* match; `{}` = every namespace"
+            Peer::Namespaces(sel) => {
+                for g in matching_namespaces(ids, sel) {
+                    set.pods.extend(g.map(|(id, _)| id));
+                }
+            }
+            // "both in **one** peer | pods matching podSelector **AND** in a
+            // namespace matching namespaceSelector"
+            Peer::PodsInNamespaces { namespaces: sel, pods } => {
+                for g in matching_namespaces(ids, sel) {
+                    set.pods
+                        .extend(g.filter(|(_, k)| pods.matches(&k.pod_labels)).map(|(id, _)| id));
+                }
+            }
+            // "`ipBlock{cidr, except}` | source (ingress) or destination
+            // (egress) IP inside `cidr` and not inside any `except`
+            // entry"; "In practice it matches **any** address,
+            // including pod IPs": pod IPs carry a CIDR identity too.
+            Peer::IpBlock(b) => {
+                for (net, id) in cidrs {
+                    if block_allows_prefix(b, net) {
+                        set.other.insert(*id);
+                    }
+                }
+            }
+        }
+    }
+    set
+}

@@ -1,0 +1,253 @@
+//! The model-to-cluster step of the live runner: the live objects and
+//! netns pods follow the runner's [`Model`] (the pristine model before each
+//! case, then each action applied to both).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use npm_sim::cases::{self, Action, Model};
+use serde_json::{json, Value};
+
+use super::{api_err, LiveRunner};
+use crate::api::{namespace_path, pod_object, pod_path, policy_path};
+use crate::runner::{remap_cidr_placeholders_v6, RunnerError};
+
+fn model_pod_ip(model: &Model, pod: &str, v6: bool) -> Option<IpAddr> {
+    let (ns, name) = pod.split_once('/')?;
+    model
+        .snapshot
+        .pods
+        .get(&(ns.to_string(), name.to_string()))?
+        .ips
+        .iter()
+        .find(|i| i.is_ipv6() == v6)
+        .copied()
+}
+
+impl LiveRunner {
+    pub(super) fn create_namespace_obj(&self, ns: &str, labels: &BTreeMap<String, String>) -> Result<(), RunnerError> {
+        self.api
+            .create(
+                "/api/v1/namespaces",
+                &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}),
+            )
+            .map_err(api_err)?;
+        Ok(())
+    }
+
+    /// Creates the netns of `ns/name` at the address `model` gives it and
+    /// publishes the pod.
+    pub(super) fn create_pod_live(&mut self, model: &Model, ns: &str, name: &str) -> Result<(), RunnerError> {
+        let key = format!("{ns}/{name}");
+        let pod = model
+            .snapshot
+            .pods
+            .get(&(ns.to_string(), name.to_string()))
+            .ok_or_else(|| RunnerError::Action {
+                action: "create_pod",
+                message: format!("pod {key} is not in the model"),
+            })?
+            .clone();
+        let v4 = pod.ips.iter().find_map(|i| match i {
+            IpAddr::V4(a) => Some(*a),
+            _ => None,
+        });
+        let v6 = pod.ips.iter().find_map(|i| match i {
+            IpAddr::V6(a) => Some(*a),
+            _ => None,
+        });
+        let (v4, v6): (Ipv4Addr, Ipv6Addr) = match (v4, v6) {
+            (Some(a), Some(b)) => (a, b),
+            _ => {
+                return Err(RunnerError::Action {
+                    action: "create_pod",
+                    message: format!("model pod {key} lacks an IPv4 or IPv6 address"),
+                })
+            }
+        };
+        self.cluster.create_pod_at(ns, name, v4, v6)?;
+        let obj = pod_object(
+            ns,
+            name,
+            &pod.labels,
+            cases::MODEL_NODE,
+            &[IpAddr::V4(v4), IpAddr::V6(v6)],
+        );
+        self.api
+            .create(&format!("/api/v1/namespaces/{ns}/pods"), &obj)
+            .map_err(api_err)?;
+        Ok(())
+    }
+
+    fn delete_pod_live(&mut self, ns: &str, name: &str) -> Result<(), RunnerError> {
+        self.api.delete(&pod_path(ns, name)).map_err(api_err)?;
+        if self.cluster.pod(ns, name).is_some() {
+            self.cluster.delete_pod(ns, name)?;
+        }
+        Ok(())
+    }
+
+    /// Brings the live cluster back to the pristine model.
+    pub fn reset(&mut self) -> Result<(), RunnerError> {
+        self.api.delete_all_policies().map_err(api_err)?;
+        let pristine = Model::upstream();
+        let cur = self.model.clone();
+        // Extra namespaces (with their pods).
+        for ns in cur.snapshot.namespaces.keys() {
+            if !pristine.snapshot.namespaces.contains_key(ns) {
+                self.api.delete(&namespace_path(ns)).map_err(api_err)?;
+                let pods: Vec<String> = self
+                    .cluster
+                    .pods()
+                    .filter(|p| &p.namespace == ns)
+                    .map(|p| p.name.clone())
+                    .collect();
+                for p in pods {
+                    self.cluster.delete_pod(ns, &p)?;
+                }
+            }
+        }
+        // Pods that are extra or at another address.
+        for (k, pod) in &cur.snapshot.pods {
+            if !pristine.snapshot.namespaces.contains_key(&k.0) {
+                continue;
+            }
+            let keep = pristine.snapshot.pods.get(k).is_some_and(|p| p.ips == pod.ips);
+            if !keep {
+                self.delete_pod_live(&k.0, &k.1)?;
+            }
+        }
+        // Namespaces: missing or with other labels.
+        for (name, ns) in &pristine.snapshot.namespaces {
+            match cur.snapshot.namespaces.get(name) {
+                None => self.create_namespace_obj(name, &ns.labels)?,
+                Some(c) if c.labels != ns.labels => self
+                    .api
+                    .set_labels(&namespace_path(name), &ns.labels)
+                    .map_err(api_err)?,
+                Some(_) => {}
+            }
+        }
+        // Pods: missing or with other labels.
+        for (k, pod) in &pristine.snapshot.pods {
+            let live = cur.snapshot.pods.get(k).filter(|p| p.ips == pod.ips);
+            let ns_was_deleted = !cur.snapshot.namespaces.contains_key(&k.0);
+            match live {
+                Some(c) if !ns_was_deleted => {
+                    if c.labels != pod.labels {
+                        self.api
+                            .set_labels(&pod_path(&k.0, &k.1), &pod.labels)
+                            .map_err(api_err)?;
+                    }
+                }
+                _ => {
+                    if self.cluster.pod(&k.0, &k.1).is_some() {
+                        self.cluster.delete_pod(&k.0, &k.1)?;
+                    }
+                    self.create_pod_live(&pristine, &k.0, &k.1)?;
+                }
+            }
+        }
+        self.model = pristine;
+        Ok(())
+    }
+
+    fn policy_json(&self, action: &'static str, np: &impl serde::Serialize) -> Result<Value, RunnerError> {
+        let v = serde_json::to_value(np).map_err(|e| RunnerError::Action {
+            action,
+            message: format!("serialising the policy: {e}"),
+        })?;
+        let text = v.to_string();
+        if !text.contains("${") {
+            return Ok(v);
+        }
+        let v6 = self.opts.ipv6;
+        let text = if v6 { remap_cidr_placeholders_v6(&text) } else { text };
+        let model = &self.model;
+        let sub = cases::substitute(&text, &|p| model_pod_ip(model, p, v6)).map_err(|e| RunnerError::Action {
+            action,
+            message: e.to_string(),
+        })?;
+        serde_json::from_str(&sub).map_err(|e| RunnerError::Action {
+            action,
+            message: format!("policy after substitution: {e}"),
+        })
+    }
+
+    /// Applies one action to the live cluster (and to the runner's model).
+    pub fn apply(&mut self, action: &Action) -> Result<(), RunnerError> {
+        let name = action.name();
+        let aerr = |e: cases::CaseError| RunnerError::Action {
+            action: name,
+            message: e.to_string(),
+        };
+        match action {
+            Action::CreatePolicy(np) | Action::UpdatePolicy(np) => {
+                let mut v = self.policy_json(name, np)?;
+                if v.get("apiVersion").is_none() {
+                    v["apiVersion"] = json!("networking.k8s.io/v1");
+                    v["kind"] = json!("NetworkPolicy");
+                }
+                self.api
+                    .apply_policy(&v, matches!(action, Action::UpdatePolicy(_)))
+                    .map_err(api_err)?;
+                // The model gets the placeholder-resolved policy too (it
+                // resolves IPv4 placeholders itself).
+                self.model.apply(action).map_err(aerr)?;
+            }
+            Action::DeletePolicy(o) => {
+                self.api.delete(&policy_path(&o.namespace, &o.name)).map_err(api_err)?;
+                self.model.apply(action).map_err(aerr)?;
+            }
+            Action::DeleteAllPolicies(_) => {
+                self.api.delete_all_policies().map_err(api_err)?;
+                self.model.apply(action).map_err(aerr)?;
+            }
+            Action::AddNamespaceLabels(a) | Action::SetNamespaceLabels(a) => {
+                self.model.apply(action).map_err(aerr)?;
+                let labels = self.model.snapshot.namespaces[&a.namespace].labels.clone();
+                self.api
+                    .set_labels(&namespace_path(&a.namespace), &labels)
+                    .map_err(api_err)?;
+            }
+            Action::AddPodLabels(a) | Action::SetPodLabels(a) => {
+                self.model.apply(action).map_err(aerr)?;
+                let (ns, p) = a.pod.split_once('/').unwrap_or(("", ""));
+                let labels = self.model.snapshot.pods[&(ns.to_string(), p.to_string())]
+                    .labels
+                    .clone();
+                self.api.set_labels(&pod_path(ns, p), &labels).map_err(api_err)?;
+            }
+            Action::CreatePod(a) => {
+                self.model.apply(action).map_err(aerr)?;
+                let (ns, p) = a.pod.split_once('/').unwrap_or(("", ""));
+                let model = self.model.clone();
+                self.create_pod_live(&model, ns, p)?;
+            }
+            Action::DeletePod(a) => {
+                self.model.apply(action).map_err(aerr)?;
+                let (ns, p) = a.pod.split_once('/').unwrap_or(("", ""));
+                self.delete_pod_live(ns, p)?;
+            }
+            Action::CreateNamespace(a) => {
+                self.model.apply(action).map_err(aerr)?;
+                let labels = self.model.snapshot.namespaces[&a.namespace].labels.clone();
+                self.create_namespace_obj(&a.namespace, &labels)?;
+            }
+            Action::DeleteNamespace(a) => {
+                self.model.apply(action).map_err(aerr)?;
+                self.api.delete(&namespace_path(&a.namespace)).map_err(api_err)?;
+                let pods: Vec<String> = self
+                    .cluster
+                    .pods()
+                    .filter(|p| p.namespace == a.namespace)
+                    .map(|p| p.name.clone())
+                    .collect();
+                for p in pods {
+                    self.cluster.delete_pod(&a.namespace, &p)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,169 @@
+//! The live runner: the in-process API server, the netns cluster and the
+//! agent, started once and torn down at the end. Its agent process is
+//! [`agent`], bringing the live cluster to the model and applying actions
+//! is [`cluster`], probing and comparing matrices is [`probing`].
+
+mod agent;
+mod cluster;
+mod probing;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use npm_sim::cases::Model;
+
+use super::{Options, RunnerError};
+use crate::api::{Api, ApiError};
+use crate::cluster::Cluster;
+
+use agent::Agent;
+
+/// The live runner: API server, netns cluster, agent.
+pub struct LiveRunner {
+    opts: Options,
+    // Field order is drop order: the agent stops before the cluster and the
+    // API server go away.
+    agent: Option<Agent>,
+    cluster: Cluster,
+    api: Api,
+    server: Option<npm_testapi::TestApiServer>,
+    model: Model,
+    workdir: PathBuf,
+    pin_dir: PathBuf,
+    nft_table: String,
+    first_probe: bool,
+}
+
+impl std::fmt::Debug for LiveRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveRunner")
+            .field("engine", &self.opts.engine)
+            .field("workdir", &self.workdir)
+            .finish()
+    }
+}
+
+fn api_err(e: ApiError) -> RunnerError {
+    RunnerError::Api(e)
+}
+
+impl LiveRunner {
+    /// Starts the API server, builds and publishes the pristine cluster and
+    /// starts the agent.
+    pub fn start(opts: Options) -> Result<Self, RunnerError> {
+        let pid = std::process::id();
+        let server = npm_testapi::TestApiServer::start_background(npm_testapi::Options::default())
+            .map_err(|e| RunnerError::ApiServer(e.to_string()))?;
+        let api = Api::new(server.addr());
+        let workdir = std::env::temp_dir().join(format!("npm-conformance-{pid}"));
+        std::fs::create_dir_all(&workdir).map_err(|source| RunnerError::Read {
+            path: workdir.clone(),
+            source,
+        })?;
+        let kubeconfig = workdir.join("kubeconfig");
+        server
+            .kubeconfig(&kubeconfig)
+            .map_err(|e| RunnerError::ApiServer(e.to_string()))?;
+        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/npm-conformance-{pid}"));
+        let nft_table = format!("npmconf{pid}");
+        let mut r = LiveRunner {
+            opts,
+            agent: None,
+            cluster: Cluster::new()?,
+            api,
+            server: Some(server),
+            model: Model::upstream(),
+            workdir,
+            pin_dir,
+            nft_table,
+            first_probe: true,
+        };
+        // Publish and build the pristine model.
+        let pristine = Model::upstream();
+        for ns in pristine.snapshot.namespaces.values() {
+            r.create_namespace_obj(&ns.name, &ns.labels)?;
+        }
+        for pod in pristine.snapshot.pods.values() {
+            r.create_pod_live(&pristine, &pod.namespace, &pod.name)?;
+        }
+        r.model = pristine;
+        r.start_agent(&kubeconfig)?;
+        Ok(r)
+    }
+
+    /// The REST client of the in-process API server.
+    pub fn api(&self) -> &Api {
+        &self.api
+    }
+
+    /// The netns cluster.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// The model the live cluster is kept equal to.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The kubeconfig pointing at the in-process API server (the one the
+    /// agent uses).
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.workdir.join("kubeconfig")
+    }
+
+    /// The runner's scratch directory (kubeconfig, agent log); not removed
+    /// by [`LiveRunner::shutdown`].
+    pub fn workdir(&self) -> &Path {
+        &self.workdir
+    }
+
+    /// The agent's bpffs pin directory.
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// The agent's nftables table name.
+    pub fn nft_table(&self) -> &str {
+        &self.nft_table
+    }
+
+    /// The agent's metrics/health address (`/metrics`, `/readyz`), while it
+    /// runs.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.agent.as_ref().map(|a| a.metrics)
+    }
+
+    /// Why the agent is gone, if it exited.
+    pub fn agent_exited(&mut self) -> Option<String> {
+        self.agent.as_mut().and_then(|a| a.exited())
+    }
+
+    /// Stops the agent, tears the cluster down, stops the API server and
+    /// removes the agent's pins and nftables table.
+    pub fn shutdown(mut self) -> Result<(), RunnerError> {
+        self.shutdown_inner()
+    }
+
+    fn shutdown_inner(&mut self) -> Result<(), RunnerError> {
+        if let Some(mut a) = self.agent.take() {
+            a.stop();
+        }
+        let _ = std::fs::remove_dir_all(&self.pin_dir);
+        for fam in ["inet", "ip", "ip6", "bridge", "netdev"] {
+            let _ = Command::new("nft")
+                .args(["delete", "table", fam, &self.nft_table])
+                .stderr(Stdio::null())
+                .status();
+        }
+        self.server.take();
+        Ok(())
+    }
+}
+
+impl Drop for LiveRunner {
+    fn drop(&mut self) {
+        let _ = self.shutdown_inner();
+    }
+}
