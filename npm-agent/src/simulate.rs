@@ -16,7 +16,7 @@ pub fn run(files: &[PathBuf], port: u16, protocol: &str) -> anyhow::Result<()> {
     }
     let protocol = npm_policy::validate::parse_protocol(protocol)
         .with_context(|| format!("--protocol {:?}: want TCP, UDP or SCTP", protocol))?;
-    let snapshot = npm_policy::sim::load_snapshot(&inputs)?;
+    let snapshot = npm_sim::sim::load_snapshot(&inputs)?;
     for p in &snapshot.invalid_policies {
         eprintln!(
             "invalid policy {}/{} skipped: {}",
@@ -25,7 +25,7 @@ pub fn run(files: &[PathBuf], port: u16, protocol: &str) -> anyhow::Result<()> {
             p.errors.join("; ")
         );
     }
-    let matrix = npm_policy::sim::matrix(&snapshot, &npm_policy::sim::sim_options(), protocol, port);
+    let matrix = npm_sim::sim::matrix(&snapshot, &npm_sim::sim::sim_options(), protocol, port);
     print!("{}", matrix.render());
     Ok(())
 }

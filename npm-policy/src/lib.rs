@@ -11,9 +11,9 @@
 //! IP ownership from [`ownership`] (the one rule of which pod owns an
 //! address) and resolve rule peers with the same (private) `peers` module.
 //! [`evaluate`] decides flows straight from the specification; [`lookup`]
-//! does what the datapath does on a [`compiled::Compiled`]; [`sim`] builds
-//! snapshots from YAML texts and their reachability matrices (the
-//! simulator and the conformance cases are the `npm-sim` crate).
+//! does what the datapath does on a [`compiled::Compiled`]. The simulator
+//! (`npmctl`, snapshots from YAML files, matrices) and the conformance case
+//! format are the `npm-sim` crate.
 #![deny(missing_docs)]
 
 pub mod compile;
@@ -28,7 +28,6 @@ pub mod ownership;
 mod peers;
 pub mod render;
 pub mod selector;
-pub mod sim;
 pub mod validate;
 
 pub use compile::compile;

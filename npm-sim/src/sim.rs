@@ -1,14 +1,245 @@
-//! The simulator behind `npmctl`: builds a snapshot from YAML texts and
-//! computes reachability matrices and flow explanations with the reference
-//! evaluator.
-//!
-//! The snapshot loading and matrices are `npm_policy::sim` (re-exported
-//! here) while `npm-agent matrix` still calls them there.
+//! The simulator behind `npmctl` and `npm-agent simulate`: builds a
+//! snapshot from YAML texts and computes reachability matrices and flow
+//! explanations with the reference evaluator.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
 
 use npm_policy::compiled::CompileOptions;
+use npm_policy::convert::{load_yaml, ConvertError, Objects, YamlError};
 use npm_policy::evaluate::{evaluate, Flow, Verdict};
-use npm_policy::model::{Protocol, Snapshot};
-pub use npm_policy::sim::{load_snapshot, matrix, pods, sim_options, Matrix, Mismatch, SimError, SIM_NODE};
+use npm_policy::identity::{is_addressable, pod_addresses};
+use npm_policy::model::{PodPhase, Protocol, Snapshot};
+
+/// Errors of the simulator.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A YAML input failed to load.
+    #[error("{input}: {source}")]
+    Yaml {
+        /// Which input (file name).
+        input: String,
+        /// The error.
+        source: YamlError,
+    },
+    /// An object failed to convert.
+    #[error("{0}")]
+    Convert(#[from] ConvertError),
+}
+
+/// The node the simulator compiles for.
+pub const SIM_NODE: &str = "npm-node";
+
+/// Builds a snapshot from named YAML texts (`(name, text)`). Pods without
+/// `status.podIP(s)` get a synthetic address in `10.244.0.0/16` and, when
+/// without a phase, phase Running; pods without `spec.nodeName` run on
+/// [`SIM_NODE`]. Namespaces referenced by pods or policies but not defined
+/// are created with just their metadata label.
+pub fn load_snapshot(inputs: &[(String, String)]) -> Result<Snapshot, SimError> {
+    let mut objs = Objects::default();
+    for (name, text) in inputs {
+        objs.extend(load_yaml(text).map_err(|source| SimError::Yaml {
+            input: name.clone(),
+            source,
+        })?);
+    }
+    let mut snap = Snapshot::from_objects(&objs.namespaces, &objs.pods, &objs.policies)?;
+    let raw_phase: std::collections::BTreeMap<(String, String), bool> = objs
+        .pods
+        .iter()
+        .map(|p| {
+            let key = (
+                p.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+                p.metadata.name.clone().unwrap_or_default(),
+            );
+            (key, p.status.as_ref().and_then(|s| s.phase.as_ref()).is_some())
+        })
+        .collect();
+    let used: std::collections::BTreeSet<IpAddr> = snap.pods.values().flat_map(|p| p.ips.iter().copied()).collect();
+    let mut next = 1u32;
+    for (key, pod) in snap.pods.iter_mut() {
+        if pod.node_name.is_none() {
+            pod.node_name = Some(SIM_NODE.to_string());
+        }
+        if !raw_phase.get(key).copied().unwrap_or(false) {
+            pod.phase = PodPhase::Running;
+        }
+        if pod.ips.is_empty() && !pod.host_network {
+            let ip = loop {
+                let ip = IpAddr::V4(Ipv4Addr::new(10, 244, (next / 250) as u8, (next % 250 + 1) as u8));
+                next += 1;
+                if !used.contains(&ip) {
+                    break ip;
+                }
+            };
+            pod.ips.push(ip);
+        }
+    }
+    let namespaces: Vec<String> = snap
+        .pods
+        .keys()
+        .map(|k| k.0.clone())
+        .chain(snap.policies.keys().map(|k| k.0.clone()))
+        .collect();
+    for ns in namespaces {
+        if !snap.namespaces.contains_key(&ns) {
+            let labels = [("kubernetes.io/metadata.name".to_string(), ns.clone())].into();
+            snap.upsert_namespace(npm_policy::model::Namespace { name: ns, labels });
+        }
+    }
+    Ok(snap)
+}
+
+/// Compile options of the simulator.
+pub fn sim_options() -> CompileOptions {
+    CompileOptions {
+        node_name: SIM_NODE.to_string(),
+        node_ips: vec![],
+        allow_host_egress: false,
+    }
+}
+
+/// The addressable pods (`namespace/name`), sorted, with their first address.
+pub fn pods(snapshot: &Snapshot) -> Vec<(String, IpAddr)> {
+    snapshot
+        .pods
+        .values()
+        .filter(|p| is_addressable(p))
+        .filter_map(|p| {
+            pod_addresses(p)
+                .next()
+                .map(|ip| (format!("{}/{}", p.namespace, p.name), ip))
+        })
+        .collect()
+}
+
+/// The reachability matrix over every addressable pod.
+pub fn matrix(snapshot: &Snapshot, opts: &CompileOptions, protocol: Protocol, port: u16) -> Matrix {
+    let pods = pods(snapshot);
+    let names: Vec<String> = pods.iter().map(|(n, _)| n.clone()).collect();
+    let cells = pods
+        .iter()
+        .map(|(_, src)| {
+            pods.iter()
+                .map(|(_, dst)| {
+                    evaluate(
+                        snapshot,
+                        opts,
+                        &Flow {
+                            src: *src,
+                            dst: *dst,
+                            protocol: protocol.number(),
+                            dst_port: port,
+                        },
+                    )
+                    .allowed
+                })
+                .collect()
+        })
+        .collect();
+    Matrix {
+        rows: names.clone(),
+        columns: names,
+        cells,
+    }
+}
+
+/// A reachability matrix: `cells[r][c]` says whether `rows[r]` reaches
+/// `columns[c]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Matrix {
+    /// Source pods (`ns/name`).
+    pub rows: Vec<String>,
+    /// Destination pods (`ns/name`).
+    pub columns: Vec<String>,
+    /// Reachability.
+    pub cells: Vec<Vec<bool>>,
+}
+
+/// One cell where two matrices differ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mismatch {
+    /// Source pod.
+    pub from: String,
+    /// Destination pod.
+    pub to: String,
+    /// Expected reachability.
+    pub expected: bool,
+    /// Observed reachability.
+    pub actual: bool,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = |b: bool| if b { "reachable" } else { "blocked" };
+        write!(
+            f,
+            "{} -> {}: expected {}, got {}",
+            self.from,
+            self.to,
+            w(self.expected),
+            w(self.actual)
+        )
+    }
+}
+
+impl Matrix {
+    /// The cell for (`from`, `to`), if both are in the matrix.
+    pub fn get(&self, from: &str, to: &str) -> Option<bool> {
+        let r = self.rows.iter().position(|x| x == from)?;
+        let c = self.columns.iter().position(|x| x == to)?;
+        Some(self.cells[r][c])
+    }
+
+    /// Renders the upstream-style table: `.` reachable, `X` blocked.
+    pub fn render(&self) -> String {
+        let w = self
+            .rows
+            .iter()
+            .chain(&self.columns)
+            .map(|s| s.len())
+            .max()
+            .unwrap_or(1);
+        let mut s = format!("{:w$}", "");
+        for c in &self.columns {
+            s.push_str(&format!(" {c:>w$}"));
+        }
+        s.push('\n');
+        for (r, row) in self.rows.iter().zip(&self.cells) {
+            s.push_str(&format!("{r:w$}"));
+            for v in row {
+                s.push_str(&format!(" {:>w$}", if *v { "." } else { "X" }));
+            }
+            s.push('\n');
+        }
+        s
+    }
+
+    /// The cells where `actual` differs from `self` (the expectation), for
+    /// the cells both have; the diagonal (a pod to itself) is ignored.
+    pub fn compare(&self, actual: &Matrix) -> Vec<Mismatch> {
+        let mut out = Vec::new();
+        for (ri, r) in self.rows.iter().enumerate() {
+            for (ci, c) in self.columns.iter().enumerate() {
+                if r == c {
+                    continue;
+                }
+                if let Some(a) = actual.get(r, c) {
+                    let e = self.cells[ri][ci];
+                    if a != e {
+                        out.push(Mismatch {
+                            from: r.clone(),
+                            to: c.clone(),
+                            expected: e,
+                            actual: a,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
 
 /// Errors of [`explain`].
 #[derive(Debug, thiserror::Error)]

@@ -69,14 +69,12 @@
 //!   (endpoint ids, the guard's first reference);
 //! - [`cross_check`]: the background full compile that checks the
 //!   incremental one;
-//! - [`conflicts`]: addresses claimed by more than one live pod;
 //! - [`compiler`]: the calls into `npm-policy` (API objects -> snapshot ->
 //!   compiled form, incrementally).
 
 pub mod adoption;
 pub mod compiler;
 pub mod config;
-pub mod conflicts;
 pub mod cross_check;
 pub mod dataplane;
 pub mod guard;
@@ -84,7 +82,6 @@ pub mod run;
 pub mod syncer;
 
 pub use config::{ConfigError, SyncConfig, DEFAULT_DEBOUNCE_MS, DIRECT_READ_MAX_BACKOFF, DIRECT_READ_MIN_BACKOFF};
-pub use conflicts::ip_conflicts;
 pub use dataplane::AgentDataplane;
 pub use guard::{mass_removal, GuardReference};
 pub use syncer::{Readiness, SyncError, SyncOutcome, Syncer, SyncerBuilder};

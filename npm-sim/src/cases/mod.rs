@@ -48,7 +48,7 @@ use npm_policy::model::{Labels, Protocol};
 use serde::{Deserialize, Serialize};
 
 pub use model::{model_container_ports, Model, MODEL_NODE};
-pub use npm_policy::sim::{Matrix, Mismatch};
+pub use crate::sim::{Matrix, Mismatch};
 pub use placeholder::{substitute, Placeholder};
 pub use run::{run_case_simulated, CaseResult, ProbeResult};
 

@@ -16,7 +16,6 @@ use npm_policy::convert::{namespace_from_api, pod_from_api};
 use npm_policy::incremental::Compiler;
 use npm_policy::model::Snapshot;
 
-use super::claims::Claims;
 use super::objects::{diff_objects, sorted};
 use super::{compile, snapshot, Changes, Mismatch};
 use crate::k8s::{key_of, CompleteState, ObjKey};
@@ -46,7 +45,6 @@ pub struct Incremental {
     last_incremental: bool,
     pub(super) per_change: Duration,
     pub(super) rebuild_cost: Duration,
-    claims: Claims,
     namespaces: Vec<Arc<Namespace>>,
     pods: Vec<Arc<Pod>>,
     policies: Vec<Arc<NetworkPolicy>>,
@@ -65,7 +63,6 @@ impl Incremental {
     /// into a new [`Compiler`], remembered as the base of later updates.
     pub fn new(state: &CompleteState, opts: &CompileOptions, prev: Option<&Compiled>) -> Incremental {
         let snapshot = snapshot(state);
-        let claims = Claims::of(&snapshot);
         let t = Instant::now();
         let compiler = Compiler::new(snapshot, opts.clone(), prev);
         Incremental {
@@ -74,7 +71,6 @@ impl Incremental {
             last_incremental: false,
             per_change: Duration::ZERO,
             rebuild_cost: t.elapsed(),
-            claims,
             namespaces: sorted(&state.namespaces),
             pods: sorted(&state.pods),
             policies: sorted(&state.policies),
@@ -122,12 +118,6 @@ impl Incremental {
         ops.extend(np_up.into_iter().map(|np| Op::Policy(key_of(np.as_ref()), Some(np))));
         if ops.is_empty() {
             return changes;
-        }
-        for op in &ops {
-            if let Op::Pod(key, new) = op {
-                self.claims
-                    .update(key, self.compiler.snapshot().pods.get(key), new.as_ref());
-            }
         }
         let t_convert = t0.elapsed();
         let estimate = self.per_change * ops.len() as u32;
@@ -195,10 +185,11 @@ impl Incremental {
         self.compiler.snapshot()
     }
 
-    /// IP conflicts of the current snapshot (as [`crate::reconcile::conflicts::ip_conflicts`]
-    /// computes them), kept up to date pod by pod.
+    /// IP conflicts of the current snapshot: addresses claimed by more than
+    /// one pod (`npm_policy::ownership`, the one ownership rule), kept up to
+    /// date pod by pod by the compiler.
     pub fn conflicts(&self) -> BTreeSet<(IpAddr, Vec<String>)> {
-        self.claims.conflicts()
+        self.compiler.claims().conflicts()
     }
 
     /// Whether the last update was compiled incrementally (else the

@@ -15,10 +15,8 @@
 //! complete states are diffed, whatever happened between them.
 //!
 //! - [`objects`]: the ordered walk that diffs two complete states;
-//! - [`claims`]: the addresses live pods claim, kept pod by pod;
 //! - [`incremental`]: the [`Incremental`] compile state itself.
 
-pub mod claims;
 pub mod incremental;
 pub mod objects;
 

@@ -144,7 +144,7 @@ fn incremental_updates_match_full_compile() {
         assert_eq!(inc.is_incremental(), !force_rebuild, "step {i}");
         assert_eq!(
             inc.conflicts(),
-            crate::reconcile::conflicts::ip_conflicts(&snapshot(&state)),
+            npm_policy::ownership::conflicts(&snapshot(&state), &opts().node_ips),
             "step {i}: conflicts kept up to date"
         );
         let reference = compile(&snapshot(&state), &opts(), Some(inc.compiled()));
