@@ -6,7 +6,9 @@
 //! - `cargo xtask demo`: the local demo cluster (netns pods, test API server, agent).
 //! - `cargo xtask conformance [...]`: the conformance catalogue on real netns pods.
 //! - `cargo xtask bench datapath|compile|agent`: the benchmarks.
+//! - `cargo xtask image`: the agent's OCI image (buildah, no daemon).
 
+mod image;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -49,6 +51,9 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Build the agent's OCI image (localhost/npm-agent:<version> and :latest,
+    /// and target/image/npm-agent.tar) with buildah.
+    Image,
     /// Benchmarks: datapath, compile, agent or all.
     Bench {
         /// Which benchmark.
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
         Cmd::Conformance { args } => conformance(&args),
         Cmd::Demo { args } => demo(&args),
         Cmd::Bench { which, args } => bench(&which, &args),
+        Cmd::Image => image::image().map(|_| ()),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -173,6 +179,9 @@ fn test(no_setup: bool) -> Result<()> {
     for dataplane in ["simulate", "ebpf"] {
         conformance(&["--dataplane".to_string(), dataplane.to_string()])?;
     }
+    // The shipped artefact: the OCI image, run as the chart runs it.
+    let tag = image::image()?;
+    image::check(&tag)?;
     eprintln!("xtask: whole suite passed in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -183,8 +192,16 @@ fn conformance(args: &[String]) -> Result<()> {
         build_ebpf()?;
     }
     run(cargo().args(["build", "--bin", "npm-agent", "--bin", "npm-conformance"]))?;
+    conformance_with(args)
+}
+
+/// The conformance runner on built binaries; `args` may name another
+/// `--agent-bin` (the image checks run the agent from its image).
+pub fn conformance_with(args: &[String]) -> Result<()> {
     let mut cmd = Command::new(root().join("target/debug/npm-conformance"));
-    cmd.arg("--agent-bin").arg(root().join("target/debug/npm-agent"));
+    if !args.iter().any(|a| a == "--agent-bin" || a.starts_with("--agent-bin=")) {
+        cmd.arg("--agent-bin").arg(root().join("target/debug/npm-agent"));
+    }
     if !args.iter().any(|a| a == "--cases") {
         cmd.arg("--cases").arg(root().join("tests/conformance"));
     }

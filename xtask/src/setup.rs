@@ -19,6 +19,12 @@ const APT_PACKAGES: &[&str] = &[
     "zlib1g-dev",
     "python3",
     "unzip",
+    // Reference CNI plugins (/usr/lib/cni): the CNI tests chain npm-cni after them.
+    "containernetworking-plugins",
+    // `cargo xtask image` and the image tests.
+    "buildah",
+    "podman",
+    "runc",
 ];
 
 /// The bpf-linker version built against Debian's LLVM 22.
@@ -46,7 +52,8 @@ fn have(cmd: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn output(cmd: &mut Command) -> Option<String> {
+/// Stdout of `cmd` when it succeeds.
+pub fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;
     out.status
         .success()
@@ -147,6 +154,14 @@ fn bpffs() -> Result<()> {
         return Ok(());
     }
     run(Command::new("mount").args(["-t", "bpf", "bpffs", "/sys/fs/bpf"])).context("mounting bpffs at /sys/fs/bpf")
+}
+
+/// Fail early, by name, when the image cannot be built.
+pub fn check_image_prerequisites() -> Result<()> {
+    if !have("buildah") {
+        bail!("buildah is not installed: run `cargo xtask setup` (or `apt-get install buildah`)");
+    }
+    Ok(())
 }
 
 /// Fail early, by name, when the BPF build cannot work.

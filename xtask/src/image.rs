@@ -1,0 +1,457 @@
+//! `cargo xtask image`: the agent's OCI image, built without a container
+//! daemon by `buildah` (Debian's package).
+//!
+//! The image is `scratch` plus exactly what the agent runs:
+//! - `/usr/bin/npm-agent` (release build) and, when the workspace has it,
+//!   `/usr/bin/npm-cni`;
+//! - the BPF object at `/usr/lib/npm/npm-ebpf.o`;
+//! - the tools the dataplanes and the interface discovery still fork: `nft`
+//!   (nftables dataplane) and `ip` (interface and node-address discovery);
+//! - the shared libraries of all of these, as `ldd` resolves them on the
+//!   build machine, at the paths the dynamic loader looks them up under
+//!   (Debian's merged `/usr`: `/lib`, `/lib64`, `/bin` and `/sbin` are links
+//!   into `/usr`), and `/etc/protocols` and `/etc/services`.
+//!
+//! It runs as root: loading BPF programs, pinning maps and editing nftables
+//! need CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN and CAP_PERFMON in the
+//! container, and Kubernetes grants added capabilities to uid 0 only (there
+//! are no ambient capabilities for other users). The chart's
+//! `capabilities` list is the set it needs.
+//!
+//! Output: `localhost/npm-agent:<version>` and `localhost/npm-agent:latest`
+//! in the local containers storage (podman and buildah see them), and the
+//! OCI archive `target/image/npm-agent.tar`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::{cargo, ebpf_object, root, run};
+
+/// The image's repository in the local containers storage.
+pub const REPOSITORY: &str = "localhost/npm-agent";
+
+/// Tools the agent forks, found on the build machine's PATH.
+const TOOLS: &[(&str, &str)] = &[("nft", "/usr/sbin/nft"), ("ip", "/usr/sbin/ip")];
+
+/// Files from the build machine's /etc that the tools read.
+const ETC_FILES: &[&str] = &["/etc/protocols", "/etc/services"];
+
+/// Where the archive is written.
+pub fn archive_path() -> PathBuf {
+    root().join("target/image/npm-agent.tar")
+}
+
+/// The workspace version (the image tag).
+pub fn version() -> Result<String> {
+    let toml = std::fs::read_to_string(root().join("Cargo.toml"))?;
+    workspace_key(&toml, "version").context("no version in [workspace.package]")
+}
+
+/// `key = "value"` of the root Cargo.toml's `[workspace.package]`.
+fn workspace_key(toml: &str, key: &str) -> Option<String> {
+    let section = toml.split("[workspace.package]").nth(1)?;
+    let section = section.split("\n[").next()?;
+    section.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == key).then(|| v.trim().trim_matches('"').to_string())
+    })
+}
+
+/// Build the release binaries and the image; returns the versioned tag.
+pub fn image() -> Result<String> {
+    crate::setup::check_image_prerequisites()?;
+    crate::build_ebpf()?;
+    let has_cni = root().join("npm-cni/Cargo.toml").exists();
+    let mut build = cargo();
+    build.args(["build", "--release", "-p", "npm-agent", "--bin", "npm-agent"]);
+    if has_cni {
+        build.args(["-p", "npm-cni", "--bin", "npm-cni"]);
+    }
+    run(&mut build)?;
+
+    let version = version()?;
+    let staging = root().join("target/image/rootfs");
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
+    }
+    let release = root().join("target/release");
+    let mut files: Vec<(PathBuf, PathBuf)> = vec![
+        (release.join("npm-agent"), "/usr/bin/npm-agent".into()),
+        (ebpf_object(), "/usr/lib/npm/npm-ebpf.o".into()),
+    ];
+    if has_cni {
+        files.push((release.join("npm-cni"), "/usr/bin/npm-cni".into()));
+    }
+    for (name, default) in TOOLS {
+        let found = which(name).unwrap_or_else(|| PathBuf::from(default));
+        if !found.exists() {
+            bail!("{name} is not installed (expected at {default}): run `cargo xtask setup`");
+        }
+        files.push((found.clone(), found));
+    }
+    for f in ETC_FILES {
+        if Path::new(f).exists() {
+            files.push((f.into(), f.into()));
+        }
+    }
+    // Shared libraries of every executable, and the dynamic loader.
+    let mut libs = BTreeSet::new();
+    for (src, _) in &files {
+        if is_elf(src) && !src.ends_with("npm-ebpf.o") {
+            libs.extend(shared_libraries(src)?);
+        }
+    }
+    for lib in libs {
+        let dest = loader_path(&lib);
+        files.push((lib, dest));
+    }
+    for (src, dest) in &files {
+        let target = staging.join(dest.strip_prefix("/").unwrap_or(dest));
+        std::fs::create_dir_all(target.parent().expect("absolute path"))?;
+        let real = std::fs::canonicalize(src).with_context(|| format!("resolving {}", src.display()))?;
+        std::fs::copy(&real, &target).with_context(|| format!("copying {} to {}", real.display(), target.display()))?;
+    }
+    // Debian's merged /usr, so that paths under /lib, /bin, ... resolve.
+    for (link, to) in [("lib", "usr/lib"), ("lib64", "usr/lib64"), ("bin", "usr/bin"), ("sbin", "usr/sbin")] {
+        let p = staging.join(link);
+        if !p.exists() {
+            std::fs::create_dir_all(staging.join(to))?;
+            std::os::unix::fs::symlink(to, &p)?;
+        }
+    }
+    std::fs::create_dir_all(staging.join("tmp"))?;
+    std::fs::create_dir_all(staging.join("run/npm"))?;
+
+    let revision = crate::setup::output(Command::new("git").args(["-C"]).arg(root()).args(["rev-parse", "HEAD"]))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let toml = std::fs::read_to_string(root().join("Cargo.toml"))?;
+    let source = workspace_key(&toml, "repository").unwrap_or_default();
+    let license = workspace_key(&toml, "license").unwrap_or_default();
+
+    let ctr = buildah_out(&["from", "scratch"])?;
+    let result = (|| -> Result<()> {
+        run(Command::new("buildah").args(["copy", &ctr]).arg(format!("{}/", staging.display())).arg("/"))?;
+        run(Command::new("buildah").args([
+            "config",
+            "--entrypoint",
+            r#"["/usr/bin/npm-agent"]"#,
+            "--cmd",
+            "",
+            "--env",
+            "PATH=/usr/bin:/usr/sbin",
+            "--user",
+            "0:0",
+            "--label",
+            &format!("org.opencontainers.image.version={version}"),
+            "--label",
+            &format!("org.opencontainers.image.revision={revision}"),
+            "--label",
+            &format!("org.opencontainers.image.source={source}"),
+            "--label",
+            &format!("org.opencontainers.image.licenses={license}"),
+            "--label",
+            "org.opencontainers.image.title=npm-agent",
+            "--label",
+            "org.opencontainers.image.description=npm: Kubernetes NetworkPolicy node agent (eBPF and nftables dataplanes)",
+            &ctr,
+        ]))?;
+        let tag = format!("{REPOSITORY}:{version}");
+        run(Command::new("buildah").args(["commit", "--rm", "--format", "oci", &ctr, &tag]))?;
+        run(Command::new("buildah").args(["tag", &tag, &format!("{REPOSITORY}:latest")]))?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = Command::new("buildah").args(["rm", &ctr]).output();
+    }
+    result?;
+
+    let tag = format!("{REPOSITORY}:{version}");
+    let archive = archive_path();
+    let _ = std::fs::remove_file(&archive);
+    run(Command::new("buildah")
+        .args(["push", &tag])
+        .arg(format!("oci-archive:{}:{tag}", archive.display())))?;
+    let size = std::fs::metadata(&archive)?.len();
+    eprintln!(
+        "xtask: image {tag} (and :latest), OCI archive {} ({:.1} MiB)",
+        archive.display(),
+        size as f64 / (1024.0 * 1024.0)
+    );
+    Ok(tag)
+}
+
+/// podman's options on this machine: crun rejects the hybrid cgroup layout,
+/// and rlimits cannot be raised above the session's.
+const PODMAN_RUN: &[&str] = &[
+    "run",
+    "--rm",
+    "--runtime",
+    "runc",
+    "--ulimit",
+    "nofile=4096:4096",
+    "--ulimit",
+    "nproc=4096:4096",
+];
+
+/// Prefix of the containers the image checks start (removed afterwards,
+/// and before, when a crashed run left them).
+const CONTAINER_PREFIX: &str = "npm-agent-xtask-";
+
+/// The image checks of `cargo xtask test`: the image prints its version,
+/// accepts the arguments the chart renders, and runs as the agent of the
+/// netns cluster with exactly the chart's capabilities (the conformance
+/// smoke cases, `default-deny*`, pass with it). Prints `image: N passed, M failed`.
+pub fn check(tag: &str) -> Result<()> {
+    remove_leftover_containers();
+    let version = version()?;
+    let mut passed = 0;
+    let mut failed = Vec::new();
+    let mut record = |name: &str, res: Result<()>| match res {
+        Ok(()) => {
+            eprintln!("xtask: image check {name}: ok");
+            passed += 1;
+        }
+        Err(e) => {
+            eprintln!("xtask: image check {name}: FAILED: {e:#}");
+            failed.push(name.to_string());
+        }
+    };
+    record("version", check_version(tag, &version));
+    record("chart-arguments", check_chart_arguments(tag));
+    record("conformance-smoke", check_conformance_smoke(tag));
+    remove_leftover_containers();
+    println!("image: {passed} passed, {} failed", failed.len());
+    if !failed.is_empty() {
+        bail!("image checks failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+fn podman(args: &[&str]) -> Result<String> {
+    let out = Command::new("podman").args(args).output().context("cannot start podman")?;
+    if !out.status.success() {
+        bail!(
+            "podman {} failed ({}): {}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn check_version(tag: &str, version: &str) -> Result<()> {
+    let mut args = PODMAN_RUN.to_vec();
+    args.extend([tag, "--version"]);
+    let out = podman(&args)?;
+    let want = format!("npm-agent {version}");
+    if out.trim() != want {
+        bail!("`--version` printed {:?}, expected {want:?}", out.trim());
+    }
+    Ok(())
+}
+
+/// `helm template` with `--set` values, as YAML documents.
+fn helm_template(set: &[&str]) -> Result<Vec<serde_yaml::Value>> {
+    let mut cmd = Command::new(helm());
+    cmd.args(["template", "npm"]).arg(root().join("charts/npm-agent")).args(["--namespace", "kube-system"]);
+    for s in set {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().context("cannot start helm")?;
+    if !out.status.success() {
+        bail!("helm template failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(serde_yaml::Deserializer::from_str(&text)
+        .filter_map(|d| serde::Deserialize::deserialize(d).ok())
+        .filter(|v: &serde_yaml::Value| !v.is_null())
+        .collect())
+}
+
+fn helm() -> PathBuf {
+    let local = Path::new("/usr/local/bin/helm");
+    if local.exists() {
+        local.to_path_buf()
+    } else {
+        PathBuf::from("helm")
+    }
+}
+
+/// The agent container of the rendered DaemonSet.
+fn agent_container(docs: &[serde_yaml::Value]) -> Result<serde_yaml::Value> {
+    docs.iter()
+        .filter(|d| d["kind"].as_str() == Some("DaemonSet"))
+        .flat_map(|d| d["spec"]["template"]["spec"]["containers"].as_sequence().cloned().unwrap_or_default())
+        .find(|c| c["name"].as_str() == Some("agent"))
+        .context("the rendered chart has no DaemonSet container named agent")
+}
+
+fn strings(v: &serde_yaml::Value) -> Vec<String> {
+    v.as_sequence()
+        .map(|s| s.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
+/// The rendered DaemonSet's command and arguments are accepted by the
+/// image's own binary (`run ... --dry-run` validates and exits).
+fn check_chart_arguments(tag: &str) -> Result<()> {
+    for set in [&[][..], &["privileged=false"][..], &["dataplane=nftables", "cniPreset=calico"][..]] {
+        let agent = agent_container(&helm_template(set)?)?;
+        let command = strings(&agent["command"]);
+        let entry = command.first().context("the agent container has no command")?.clone();
+        let mut args: Vec<String> = PODMAN_RUN.iter().map(|s| s.to_string()).collect();
+        args.extend(["--entrypoint".to_string(), entry, tag.to_string()]);
+        args.extend(command.iter().skip(1).cloned());
+        args.extend(strings(&agent["args"]));
+        args.push("--dry-run".into());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        podman(&refs).with_context(|| format!("chart values {set:?}"))?;
+    }
+    Ok(())
+}
+
+/// The capabilities the chart gives an unprivileged agent.
+fn chart_capabilities() -> Result<Vec<String>> {
+    let agent = agent_container(&helm_template(&["privileged=false"])?)?;
+    let caps = strings(&agent["securityContext"]["capabilities"]["add"]);
+    if caps.is_empty() {
+        bail!("the chart's unprivileged agent has no capabilities listed");
+    }
+    Ok(caps)
+}
+
+/// The conformance smoke cases with the image as the agent, run the way
+/// the chart runs it with `privileged=false`: host network, bpffs mounted
+/// from the host, exactly the chart's capabilities.
+fn check_conformance_smoke(tag: &str) -> Result<()> {
+    let caps = chart_capabilities()?;
+    let wrapper = root().join("target/image/npm-agent-podman");
+    let script = format!(
+        "#!/bin/sh\n\
+         # The agent image as the chart runs it (written by `cargo xtask image`).\n\
+         exec podman {run} --name {prefix}$$ --network host --cap-drop all --cap-add {caps} \\\n  \
+         --security-opt seccomp=unconfined --security-opt apparmor=unconfined \\\n  \
+         --mount type=bind,src=/sys/fs/bpf,dst=/sys/fs/bpf,bind-propagation=rslave \\\n  \
+         -v /tmp:/tmp -e NODE_NAME -e RUST_LOG {tag} \"$@\"\n",
+        run = PODMAN_RUN.join(" "),
+        prefix = CONTAINER_PREFIX,
+        caps = caps.join(","),
+    );
+    std::fs::write(&wrapper, script)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+    crate::conformance_with(&[
+        "--dataplane".into(),
+        "ebpf".into(),
+        "--filter".into(),
+        "default-deny".into(),
+        "--agent-bin".into(),
+        wrapper.display().to_string(),
+    ])
+}
+
+fn remove_leftover_containers() {
+    let Ok(out) = podman(&["ps", "-a", "--format", "{{.Names}}"]) else {
+        return;
+    };
+    for name in out.lines().filter(|n| n.starts_with(CONTAINER_PREFIX)) {
+        let _ = podman(&["rm", "-f", name]);
+    }
+}
+
+fn buildah_out(args: &[&str]) -> Result<String> {
+    let out = Command::new("buildah").args(args).output().context("cannot start buildah")?;
+    if !out.status.success() {
+        bail!("buildah {args:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    crate::setup::output(Command::new("sh").args(["-c", &format!("command -v {name}")]))
+        .map(|s| PathBuf::from(s.trim()))
+        .filter(|p| p.is_absolute())
+}
+
+fn is_elf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == *b"\x7fELF"
+}
+
+/// The shared libraries `ldd` resolves for `exe`, the dynamic loader included.
+fn shared_libraries(exe: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd").arg(exe).output().context("cannot start ldd")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        // A static executable: nothing to copy.
+        if text.contains("not a dynamic executable") || String::from_utf8_lossy(&out.stderr).contains("not a dynamic") {
+            return Ok(Vec::new());
+        }
+        bail!("ldd {} failed: {}", exe.display(), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    parse_ldd(&text).with_context(|| format!("ldd {}", exe.display()))
+}
+
+/// Paths of an `ldd` listing; fails on a library ldd could not find.
+fn parse_ldd(text: &str) -> Result<Vec<PathBuf>> {
+    let mut libs = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if line.contains("not found") {
+            bail!("missing library: {line}");
+        }
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        match path {
+            Some(p) if p.starts_with('/') => libs.push(PathBuf::from(p)),
+            _ => {} // linux-vdso.so.1: provided by the kernel
+        }
+    }
+    Ok(libs)
+}
+
+/// Where a library goes in the image: its directory as the loader sees it
+/// after merged-/usr resolution, with the name ldd printed (which may be a
+/// symlink on the build machine; the image gets the file itself).
+fn loader_path(lib: &Path) -> PathBuf {
+    let name = lib.file_name().expect("a library has a file name");
+    let dir = lib.parent().unwrap_or(Path::new("/"));
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    dir.join(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldd_listing_is_parsed() {
+        let text = "\tlinux-vdso.so.1 (0x00007f3c49529000)\n\
+                    \tlibnftables.so.1 => /lib/x86_64-linux-gnu/libnftables.so.1 (0x00007f3c49436000)\n\
+                    \t/lib64/ld-linux-x86-64.so.2 (0x00007f3c4952b000)\n";
+        let libs = parse_ldd(text).unwrap();
+        assert_eq!(
+            libs,
+            vec![
+                PathBuf::from("/lib/x86_64-linux-gnu/libnftables.so.1"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2")
+            ]
+        );
+        assert!(parse_ldd("\tlibfoo.so.1 => not found\n").is_err());
+    }
+
+    #[test]
+    fn workspace_keys_are_read() {
+        let toml = "[workspace]\nmembers = []\n\n[workspace.package]\nversion = \"1.2.3\"\nrepository = \"https://x\"\n\n[workspace.dependencies]\nversion = \"9\"\n";
+        assert_eq!(workspace_key(toml, "version").as_deref(), Some("1.2.3"));
+        assert_eq!(workspace_key(toml, "repository").as_deref(), Some("https://x"));
+    }
+}
