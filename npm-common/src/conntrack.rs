@@ -111,10 +111,20 @@ impl CtKey {
 
 /// [`CtValue::flags`]: the connection was opened from `addr_lo` to `addr_hi`.
 pub const CT_ORIG_LO_TO_HI: u8 = 1 << 0;
-/// [`CtValue::flags`]: a TCP FIN or RST was seen; the entry expires soon.
+/// [`CtValue::flags`]: a TCP FIN or RST was seen: the flow is no longer an
+/// established one (the flow cache leaves it to the conntrack lookup). It
+/// takes the short [`CT_TIMEOUT_TCP_CLOSING_NS`] once both sides sent a FIN
+/// or a RST was seen; a half-closed flow (a FIN from one side only) keeps
+/// its timeout (see [`ct_timeout_ns`]).
 pub const CT_CLOSING: u8 = 1 << 1;
 /// [`CtValue::flags`]: a packet of the reply direction was seen.
 pub const CT_SEEN_REPLY: u8 = 1 << 2;
+/// [`CtValue::flags`]: the `addr_lo` side of the key sent a TCP FIN.
+pub const CT_FIN_LO: u8 = 1 << 3;
+/// [`CtValue::flags`]: the `addr_hi` side of the key sent a TCP FIN.
+pub const CT_FIN_HI: u8 = 1 << 4;
+/// [`CtValue::flags`]: a TCP RST was seen.
+pub const CT_RST: u8 = 1 << 5;
 
 /// Conntrack value.
 #[repr(C)]
@@ -151,6 +161,30 @@ pub const CT_TIMEOUT_TCP_NS: u64 = 6 * 3600 * 1_000_000_000;
 pub const CT_TIMEOUT_TCP_CLOSING_NS: u64 = 10 * 1_000_000_000;
 /// Idle timeout of UDP, SCTP, ICMP and other flows (ns).
 pub const CT_TIMEOUT_OTHER_NS: u64 = 120 * 1_000_000_000;
+
+/// The idle timeout (ns) of a conntrack entry of protocol `protocol` whose
+/// [`CtValue::flags`] are `flags`. A TCP flow is closing, with
+/// [`CT_TIMEOUT_TCP_CLOSING_NS`], once both sides sent a FIN or a RST was
+/// seen (or [`CT_CLOSING`] is set without the side bits, as layouts before
+/// the side bits wrote it); a half-closed flow (one side sent a FIN, the
+/// other may still send for as long as it likes) keeps the timeout of an
+/// established flow ([`CT_TIMEOUT_TCP_NS`]), or of an unanswered one
+/// ([`CT_TIMEOUT_TCP_SYN_NS`]) before a reply was seen.
+#[inline(always)]
+pub const fn ct_timeout_ns(protocol: u8, flags: u8) -> u64 {
+    if protocol != crate::proto::TCP {
+        return CT_TIMEOUT_OTHER_NS;
+    }
+    let ends = flags & (CT_FIN_LO | CT_FIN_HI | CT_RST);
+    let half_closed = ends == CT_FIN_LO || ends == CT_FIN_HI;
+    if flags & CT_CLOSING != 0 && !half_closed {
+        CT_TIMEOUT_TCP_CLOSING_NS
+    } else if flags & CT_SEEN_REPLY == 0 {
+        CT_TIMEOUT_TCP_SYN_NS
+    } else {
+        CT_TIMEOUT_TCP_NS
+    }
+}
 
 /// Fragment record key: an allowed first fragment, per endpoint.
 #[repr(C)]
@@ -243,5 +277,26 @@ mod tests {
         let mut v6 = k;
         v6.addr_hi[0] = 0xfd;
         assert_eq!(v6.to_v4(), None);
+    }
+
+    #[test]
+    fn half_closed_flows_keep_their_timeout() {
+        let tcp = proto::TCP;
+        let est = CT_SEEN_REPLY;
+        assert_eq!(ct_timeout_ns(tcp, est), CT_TIMEOUT_TCP_NS);
+        assert_eq!(ct_timeout_ns(tcp, 0), CT_TIMEOUT_TCP_SYN_NS);
+        // One FIN: half-closed, still established.
+        assert_eq!(ct_timeout_ns(tcp, est | CT_CLOSING | CT_FIN_LO), CT_TIMEOUT_TCP_NS);
+        assert_eq!(ct_timeout_ns(tcp, est | CT_CLOSING | CT_FIN_HI), CT_TIMEOUT_TCP_NS);
+        // Both FINs, a RST, or the closing flag of an older layout: closing.
+        let both = est | CT_CLOSING | CT_FIN_LO | CT_FIN_HI;
+        assert_eq!(ct_timeout_ns(tcp, both), CT_TIMEOUT_TCP_CLOSING_NS);
+        assert_eq!(
+            ct_timeout_ns(tcp, est | CT_CLOSING | CT_FIN_LO | CT_RST),
+            CT_TIMEOUT_TCP_CLOSING_NS
+        );
+        assert_eq!(ct_timeout_ns(tcp, est | CT_CLOSING | CT_RST), CT_TIMEOUT_TCP_CLOSING_NS);
+        assert_eq!(ct_timeout_ns(tcp, est | CT_CLOSING), CT_TIMEOUT_TCP_CLOSING_NS);
+        assert_eq!(ct_timeout_ns(proto::UDP, both), CT_TIMEOUT_OTHER_NS);
     }
 }

@@ -67,7 +67,16 @@
 //!    or fragment) is first looked up in the datapath's per-CPU flow cache
 //!    (`NPM_FLOWCACHE`, not pinned), which a conntrack hit confirms for
 //!    250 ms at a time. A TCP SYN without ACK skips this step: a new
-//!    connection is always decided by policy;
+//!    connection is always decided by policy. An ICMP error (IPv4 types 3,
+//!    11 and 12, ICMPv6 types 1 to 4; not a fragment) whose quoted header
+//!    (addresses, protocol, the ports or echo id of its first 8 L4 bytes)
+//!    gives the canonical key of an entry of this endpoint that has not
+//!    idled out, and that is addressed to the quoted packet's source, is
+//!    allowed first ([`Reason::Related`]; it changes nothing in the
+//!    entry); any other ICMP error goes on as any ICMP packet (conntrack
+//!    with ports 0, then policy: only rules without ports allow it). A TCP
+//!    entry keeps its timeout until both sides sent a FIN or a RST was seen
+//!    ([`ct_timeout_ns`]);
 //! 7. the endpoint is not isolated in this direction: allow ([`Reason::NotIsolated`]);
 //! 8. ingress from the local node ([`IDENTITY_HOST`]): allow ([`Reason::Host`]);
 //! 9. policy: `NPM_POLICY` is looked up with the peer's pod identity, then its

@@ -22,6 +22,9 @@ pub enum Reason {
     Icmpv6Control = 5,
     /// Allowed: the interface has no endpoint entry.
     NoEndpoint = 6,
+    /// Allowed: an ICMP error whose quoted header belongs to a tracked
+    /// connection of the endpoint.
+    Related = 7,
     /// Dropped: no policy entry allows it.
     PolicyDenied = 16,
     /// Dropped: egress with a source that is not the endpoint's address.
@@ -39,7 +42,7 @@ pub const FIRST_DENY_REASON: u8 = 16;
 
 impl Reason {
     /// Every reason, for counters and metrics.
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 12] = [
         Reason::Policy,
         Reason::NotIsolated,
         Reason::Tracked,
@@ -47,6 +50,7 @@ impl Reason {
         Reason::NonIp,
         Reason::Icmpv6Control,
         Reason::NoEndpoint,
+        Reason::Related,
         Reason::PolicyDenied,
         Reason::Spoofed,
         Reason::Malformed,
@@ -68,6 +72,7 @@ impl Reason {
             4 => Reason::NonIp,
             5 => Reason::Icmpv6Control,
             6 => Reason::NoEndpoint,
+            7 => Reason::Related,
             16 => Reason::PolicyDenied,
             17 => Reason::Spoofed,
             18 => Reason::Malformed,
@@ -86,6 +91,7 @@ impl Reason {
             Reason::NonIp => "non-ip",
             Reason::Icmpv6Control => "icmpv6-control",
             Reason::NoEndpoint => "no-endpoint",
+            Reason::Related => "related",
             Reason::PolicyDenied => "policy-denied",
             Reason::Spoofed => "spoofed",
             Reason::Malformed => "malformed",

@@ -54,7 +54,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use npm_dataplane::ebpf::{
-    BenchSwitches, EbpfDataplane, EbpfOptions, PROG_EGRESS, PROG_EMPTY, PROG_INGRESS, VERDICT_ALLOW,
+    AttachMode, BenchSwitches, EbpfDataplane, EbpfOptions, PROG_EGRESS, PROG_EMPTY, PROG_INGRESS, VERDICT_ALLOW,
 };
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction, Endpoint, IpEntry, PodRef, PolicyEntry};
@@ -292,6 +292,7 @@ fn main() {
                     object: None,
                     pin_dir: pin.clone(),
                     bench_no_ct_create: *no_ct,
+                    attach: AttachMode::Tcx,
                 },
                 *switches,
             )

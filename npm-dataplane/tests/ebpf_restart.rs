@@ -1,8 +1,9 @@
-//! Enforcement survives the loader: a loader process programs and pins
-//! maps and tcx links and exits; traffic is still enforced with no loader
-//! running; a new loader adopts the pinned maps and links and swaps the
-//! program atomically while a stream of allowed flows sees no drop and
-//! denied flows never pass. Needs root.
+//! Enforcement survives the loader, in each attach mode: a loader process
+//! programs and pins maps, attaches (tcx links pinned, or tc filters) and
+//! exits; traffic is still enforced with no loader running; a new loader
+//! adopts the pinned maps and the links or filters and swaps the program
+//! atomically while a stream of allowed flows sees no drop and denied
+//! flows never pass. Needs root.
 
 mod ebpf_common;
 
@@ -12,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use ebpf_common::*;
-use npm_dataplane::ebpf::{EbpfDataplane, EbpfOptions, VERDICT_ALLOW};
+use npm_dataplane::ebpf::{AttachMode, EbpfDataplane, EbpfOptions, VERDICT_ALLOW};
 use npm_dataplane::Dataplane;
 use npm_policy::model::Protocol;
 
@@ -26,7 +27,7 @@ fn policy(pod: Ipv4Addr, peer: Ipv4Addr) -> npm_policy::compiled::Compiled {
 }
 
 /// Entry point of the loader child process (the test binary re-invoked
-/// with `NPM_EBPF_RESTART_CHILD=<pin dir>|<ifindex>|<pod ip>|<peer ip>`).
+/// with `NPM_EBPF_RESTART_CHILD=<pin dir>|<ifindex>|<pod ip>|<peer ip>|<mode>`).
 /// Without that variable (a normal test run) it has nothing to do.
 #[test]
 fn restart_child_entry() {
@@ -34,13 +35,14 @@ fn restart_child_entry() {
         return;
     };
     let parts: Vec<&str> = spec.split('|').collect();
-    let [pin, ifindex, pod, peer] = parts[..] else {
+    let [pin, ifindex, pod, peer, mode] = parts[..] else {
         panic!("bad {CHILD_ENV}: {spec}");
     };
     let mut dp = EbpfDataplane::open(EbpfOptions {
         object: None,
         pin_dir: pin.into(),
         bench_no_ct_create: false,
+        attach: mode.parse().expect("attach mode"),
     })
     .expect("child open");
     let c = policy(pod.parse().unwrap(), peer.parse().unwrap());
@@ -50,18 +52,33 @@ fn restart_child_entry() {
 }
 
 #[test]
-fn enforcement_survives_loader_restart() {
+fn enforcement_survives_loader_restart_tcx() {
+    enforcement_survives_loader_restart(AttachMode::Tcx, "rs");
+}
+
+#[test]
+fn enforcement_survives_loader_restart_tc() {
+    enforcement_survives_loader_restart(AttachMode::Tc, "rc");
+}
+
+fn enforcement_survives_loader_restart(mode: AttachMode, tag: &str) {
     if std::env::var(CHILD_ENV).is_ok() {
         return;
     }
     sweep_leftovers();
-    let pins = PinDir::new("rs");
-    let mut net = PodNet::new("rs");
+    let pins = PinDir::new(tag);
+    let mut net = PodNet::new(tag);
     net.start_servers(TCP_PORT, &[UDP_ALLOWED, UDP_DENIED]);
     net.wait_ready(TCP_PORT, UDP_DENIED);
 
     // 1. A loader process programs, pins and exits.
-    let spec = format!("{}|{}|{}|{}", pins.path.display(), net.ifindex, net.pod_ip, net.peer_ip);
+    let spec = format!(
+        "{}|{}|{}|{}|{mode}",
+        pins.path.display(),
+        net.ifindex,
+        net.pod_ip,
+        net.peer_ip
+    );
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "restart_child_entry", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, &spec)
@@ -75,7 +92,7 @@ fn enforcement_survives_loader_restart() {
     );
 
     // 2. No loader runs: still enforced.
-    let (ing_before, eg_before) = tcx_prog_ids(&net.host_if);
+    let (ing_before, eg_before) = prog_ids(&net.host_if, mode);
     assert_eq!((ing_before.len(), eg_before.len()), (1, 1), "one program per hook");
     let t = Duration::from_secs(2);
     let short = Duration::from_millis(500);
@@ -113,7 +130,8 @@ fn enforcement_survives_loader_restart() {
             }
         });
         std::thread::sleep(Duration::from_millis(300));
-        let mut dp = pins.open();
+        let mut dp = pins.open_in(mode);
+        assert_eq!(dp.attach_mode(), mode);
         dp.sync_full(&policy(net.pod_ip, net.peer_ip), &ifaces(&[(1, net.ifindex)]))
             .expect("new loader sync");
         std::thread::sleep(Duration::from_millis(300));
@@ -129,8 +147,9 @@ fn enforcement_survives_loader_restart() {
     assert!(denied_tries >= 3, "too few denied tries: {denied_tries}");
     assert_eq!(denied_passed, 0, "denied flows passed during the swap");
 
-    // 4. The program was replaced in the same links (no second attachment).
-    let (ing_after, eg_after) = tcx_prog_ids(&net.host_if);
+    // 4. The program was replaced in the same links or filters (no second
+    // attachment).
+    let (ing_after, eg_after) = prog_ids(&net.host_if, mode);
     assert_eq!((ing_after.len(), eg_after.len()), (1, 1), "one program per hook");
     assert_ne!(ing_after, ing_before, "ingress program not replaced");
     assert_ne!(eg_after, eg_before, "egress program not replaced");
@@ -139,16 +158,25 @@ fn enforcement_survives_loader_restart() {
 }
 
 #[test]
-fn other_map_layouts_are_retired_after_the_first_full_sync() {
+fn other_map_layouts_are_retired_after_the_first_full_sync_tcx() {
+    other_map_layouts_are_retired_after_the_first_full_sync(AttachMode::Tcx, "ly");
+}
+
+#[test]
+fn other_map_layouts_are_retired_after_the_first_full_sync_tc() {
+    other_map_layouts_are_retired_after_the_first_full_sync(AttachMode::Tc, "lc");
+}
+
+fn other_map_layouts_are_retired_after_the_first_full_sync(mode: AttachMode, tag: &str) {
     if std::env::var(CHILD_ENV).is_ok() {
         return;
     }
     sweep_leftovers();
-    // <root>/v<old> holds an older agent's maps and links; <root>/v<current>
-    // is ours; <root>/keep is not a layout directory.
-    let root = PinDir::new("ly");
-    let veth_a = Dummy::new("lya");
-    let veth_b = Dummy::new("lyb");
+    // <root>/v<old> holds an older agent's maps and links (or filters);
+    // <root>/v<current> is ours; <root>/keep is not a layout directory.
+    let root = PinDir::new(tag);
+    let veth_a = Dummy::new(&format!("{tag}a"));
+    let veth_b = Dummy::new(&format!("{tag}b"));
     let old_dir = root.path.join(format!("v{}", npm_common::LAYOUT_VERSION - 1));
     let new_dir = root.path.join(format!("v{}", npm_common::LAYOUT_VERSION));
     let keep = root.path.join("keep");
@@ -158,6 +186,7 @@ fn other_map_layouts_are_retired_after_the_first_full_sync() {
             object: None,
             pin_dir: dir.to_path_buf(),
             bench_no_ct_create: false,
+            attach: mode,
         })
         .expect("open")
     };
@@ -178,8 +207,8 @@ fn other_map_layouts_are_retired_after_the_first_full_sync() {
         assert_eq!(old.test_run(Ingress, veth_a.ifindex, &syn).unwrap().0, VERDICT_ALLOW);
         assert_eq!(old.test_run(Egress, veth_a.ifindex, &synack).unwrap().0, VERDICT_ALLOW);
     }
-    let (old_a, _) = tcx_prog_ids(&veth_a.name);
-    let (old_b, old_b_eg) = tcx_prog_ids(&veth_b.name);
+    let (old_a, _) = prog_ids(&veth_a.name, mode);
+    let (old_b, old_b_eg) = prog_ids(&veth_b.name, mode);
     assert_eq!(
         (old_a.len(), old_b.len()),
         (1, 1),
@@ -199,11 +228,11 @@ fn other_map_layouts_are_retired_after_the_first_full_sync() {
     let mut policy_change = c.clone();
     policy_change.policy.clear();
     new.sync_full(&policy_change, &ifaces(&[(1, veth_a.ifindex)])).unwrap();
-    let (new_a, _) = tcx_prog_ids_settled(&veth_a.name, (1, 1));
+    let (new_a, _) = prog_ids_settled(&veth_a.name, mode, (1, 1));
     assert_eq!(new_a.len(), 1, "only this layout's program on a");
     assert_ne!(new_a, old_a);
     assert_eq!(
-        tcx_prog_ids(&veth_b.name),
+        prog_ids(&veth_b.name, mode),
         (old_b.clone(), old_b_eg.clone()),
         "b keeps the old program"
     );
@@ -221,7 +250,7 @@ fn other_map_layouts_are_retired_after_the_first_full_sync() {
 
     // Once b is attached too, the old layout goes.
     new.sync_full(&c, &both).unwrap();
-    let (new_b, new_b_eg) = tcx_prog_ids_settled(&veth_b.name, (1, 1));
+    let (new_b, new_b_eg) = prog_ids_settled(&veth_b.name, mode, (1, 1));
     assert_eq!((new_b.len(), new_b_eg.len()), (1, 1));
     assert_ne!(new_b, old_b);
     assert!(!old_dir.exists(), "the old layout's pins are removed");

@@ -1,6 +1,6 @@
 //! Real traffic through the classifier: a pod network namespace joined to
-//! the root netns by a veth pair, the programs attached with tcx by the
-//! loader on the host side. TCP and UDP exchanges are allowed, a map update
+//! the root netns by a veth pair, the programs attached by the loader on
+//! the host side, in each attach mode (tcx links, tc filters). TCP and UDP exchanges are allowed, a map update
 //! (a diff that allows nothing) denies new ones while the established TCP
 //! connection keeps flowing, and allowing again restores them.
 //! Needs root.
@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use ebpf_common::*;
 use npm_common::Reason;
+use npm_dataplane::ebpf::AttachMode;
 use npm_dataplane::Dataplane;
 use npm_policy::model::Protocol;
 
@@ -19,18 +20,59 @@ const TCP_PORT: u16 = 8080;
 const UDP_PORT: u16 = 5353;
 
 #[test]
-fn veth_traffic_follows_policy_updates() {
+fn veth_traffic_follows_policy_updates_tcx() {
+    veth_traffic_follows_policy_updates(AttachMode::Tcx, "ve");
+}
+
+#[test]
+fn veth_traffic_follows_policy_updates_tc() {
+    veth_traffic_follows_policy_updates(AttachMode::Tc, "vc");
+}
+
+fn veth_traffic_follows_policy_updates(mode: AttachMode, tag: &str) {
     sweep_leftovers();
-    let pins = PinDir::new("veth");
-    let mut net = PodNet::new("ve");
+    let pins = PinDir::new(&format!("veth{tag}"));
+    let mut net = PodNet::new(tag);
     net.start_servers(TCP_PORT, &[UDP_PORT]);
     net.wait_ready(TCP_PORT, UDP_PORT);
 
-    let mut dp = pins.open();
+    let mut dp = pins.open_in(mode);
+    assert_eq!(dp.attach_mode(), mode);
     let ifs = ifaces(&[(1, net.ifindex)]);
     let allowed = pod_policy(&net, &[(Protocol::Tcp, TCP_PORT), (Protocol::Udp, UDP_PORT)]);
     dp.sync_full(&allowed, &ifs).unwrap();
     assert!(dp.attached().contains(&net.ifindex));
+    // Attached in this mode only: one program per hook.
+    let (ing, eg) = prog_ids(&net.host_if, mode);
+    assert_eq!((ing.len(), eg.len()), (1, 1), "one program per hook");
+    let other = if mode == AttachMode::Tc {
+        AttachMode::Tcx
+    } else {
+        AttachMode::Tc
+    };
+    assert_eq!(
+        prog_ids(&net.host_if, other),
+        (vec![], vec![]),
+        "nothing attached in the other mode"
+    );
+    if mode == AttachMode::Tc {
+        // iproute2's view: npm's filter (priority 1, handle 0x6e706d,
+        // direct-action) with the pod-bound program on the egress hook.
+        let egress = tc_show(&net.host_if, "egress");
+        assert!(
+            egress.contains("pref 1 bpf") && egress.contains("handle 0x6e706d"),
+            "{egress}"
+        );
+        assert!(
+            egress.contains("to_pod") && egress.contains("direct-action"),
+            "{egress}"
+        );
+        let ingress = tc_show(&net.host_if, "ingress");
+        assert!(
+            ingress.contains("from_pod") && ingress.contains("handle 0x6e706d"),
+            "{ingress}"
+        );
+    }
 
     let t = Duration::from_secs(2);
     net.tcp_exchange(TCP_PORT, t).expect("allowed TCP exchange");
@@ -95,4 +137,10 @@ fn veth_traffic_follows_policy_updates() {
     assert!(!dp.attached().contains(&net.ifindex));
     let links = std::fs::read_dir(pins.path.join("links")).unwrap().count();
     assert_eq!(links, 0, "links must be unpinned");
+    assert_eq!(
+        prog_ids_settled(&net.host_if, mode, (0, 0)),
+        (vec![], vec![]),
+        "programs detached"
+    );
+    net.tcp_exchange(TCP_PORT, t).expect("TCP passes once detached");
 }

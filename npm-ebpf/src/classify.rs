@@ -10,6 +10,7 @@ use crate::flow_cache::{
     flow_cache_forget, flow_cache_hit, flow_slot, FlowSlot, NPM_BENCH_NO_FLOW_CACHE, NPM_FLOWCACHE,
 };
 use crate::fragments::{later_fragment, record_first_fragment};
+use crate::icmp_error::{is_icmp_error, related};
 use crate::mem::{eq16, is_v4_mapped};
 use crate::parse::{
     be16, is_icmpv6_control, load, parse, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, FRAG_LATER, FRAG_NONE, TCP_ACK, TCP_FIN,
@@ -82,9 +83,14 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
     if p.frag == FRAG_LATER {
         return later_fragment(s, ep.id, dir);
     }
-    // 6. conntrack.
+    // 6. conntrack: an ICMP error of a tracked flow passes as that flow
+    // does; the error itself is then looked up (and decided) as any packet.
     let now = coarse_now(&mut s.clk);
     seen.now = now;
+    if is_icmp_error(p) && related(ctx, s, ep.id, now) {
+        return Reason::Related as u8;
+    }
+    let p = &s.pkt;
     // Flows whose two addresses are IPv4-mapped live in NPM_CT4 (20-byte
     // key), all others in NPM_CT (44 bytes).
     // SAFETY: 16-byte, 4-aligned scratch fields.

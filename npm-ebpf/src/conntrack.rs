@@ -9,14 +9,20 @@
 //! Keys are canonical (the lower (address, port) pair first) and per
 //! endpoint, so both hooks of an endpoint find the same entry. A hit that
 //! has not idled out allows the packet (`Tracked`). A packet in the reply
-//! direction sets `CT_SEEN_REPLY`; a TCP FIN or RST sets `CT_CLOSING`.
+//! direction sets `CT_SEEN_REPLY`; a TCP FIN or RST sets `CT_CLOSING`, and
+//! the side that sent a FIN (`CT_FIN_LO`, `CT_FIN_HI`) or the RST
+//! (`CT_RST`): a half-closed flow (one FIN) keeps the established timeout,
+//! the short closing one starts with the second FIN or a RST
+//! (`npm_common::ct_timeout_ns`).
 //! Established flows are not re-evaluated when policy changes: they keep
 //! flowing until they end or idle out; policy changes only affect new
 //! connections (the loader purges the entries of removed endpoints).
 //!
 //! ICMP/ICMPv6 echo requests and replies use the echo identifier as both
-//! ports in the conntrack key. Other ICMP messages use ports 0 and are
-//! decided by policy (only "any protocol" entries match them, with port 0).
+//! ports in the conntrack key. An ICMP error whose quoted header belongs to
+//! an entry passes as related ([`crate::icmp_error`], with [`ct_alive`]);
+//! other ICMP messages use ports 0 and are decided by policy (only "any
+//! protocol" entries match them, with port 0).
 //!
 //! A TCP SYN without ACK opens a new connection: it skips the conntrack
 //! lookup and is decided by policy; if allowed, its fresh entry replaces any
@@ -24,8 +30,8 @@
 
 use aya_ebpf::{macros::map, maps::LruHashMap};
 use npm_common::{
-    proto, sizes, CtKey, CtKey4, CtValue, CT_CLOSING, CT_ORIG_LO_TO_HI, CT_SEEN_REPLY, CT_TIMEOUT_OTHER_NS,
-    CT_TIMEOUT_TCP_CLOSING_NS, CT_TIMEOUT_TCP_NS, CT_TIMEOUT_TCP_SYN_NS,
+    ct_timeout_ns, proto, sizes, CtKey, CtKey4, CtValue, CT_CLOSING, CT_FIN_HI, CT_FIN_LO, CT_ORIG_LO_TO_HI, CT_RST,
+    CT_SEEN_REPLY,
 };
 
 use crate::flow_cache::{flow_cache_fill, FlowSlot};
@@ -157,6 +163,28 @@ pub(crate) struct CtPacket {
     pub(crate) now: u64,
 }
 
+/// The flags a TCP packet with flags `tcp_flags` adds to its flow's entry:
+/// a FIN marks the flow closing and its sender's side done (`CT_FIN_LO` or
+/// `CT_FIN_HI`, by `src_is_lo`), a RST marks it closing and reset.
+#[inline(always)]
+fn tcp_close_flags(tcp_flags: u8, src_is_lo: bool) -> u8 {
+    let mut f = 0;
+    if tcp_flags & TCP_FIN != 0 {
+        f |= CT_CLOSING | if src_is_lo { CT_FIN_LO } else { CT_FIN_HI };
+    }
+    if tcp_flags & TCP_RST != 0 {
+        f |= CT_CLOSING | CT_RST;
+    }
+    f
+}
+
+/// Whether the entry at `v` (of a flow of protocol `pr`) has not idled out
+/// at `now` (the timeout of [`ct_timeout_ns`]).
+#[inline(always)]
+pub(crate) fn ct_alive(v: &CtValue, pr: u8, now: u64) -> bool {
+    now.wrapping_sub(v.last_seen_ns) <= ct_timeout_ns(pr, v.flags)
+}
+
 /// Step 6 on a conntrack hit: unless the entry idled out, records what
 /// this packet says of the flow (a reply, a FIN or RST), refreshes the idle
 /// timer at most every 100 ms, puts an established flow into its flow-cache
@@ -165,30 +193,24 @@ pub(crate) struct CtPacket {
 #[inline(always)]
 pub(crate) fn ct_continue(v: *mut CtValue, pkt: CtPacket, slot: *mut FlowSlot, key: &[u32; 5]) -> bool {
     // SAFETY: a map value; concurrent writers only set flag bits or the
-    // timestamp, both benign races.
+    // timestamp, both benign races (the flags are read, OR-ed and stored
+    // back: two CPUs adding bits at the same instant, such as both FINs of
+    // a simultaneous close, may lose one; the BPF target has no atomic
+    // OR. A lost FIN bit leaves the entry half-closed, with the
+    // established timeout, until LRU eviction; a TCP SYN is decided by
+    // policy regardless).
     let v = unsafe { &mut *v };
-    let timeout = if pkt.pr == proto::TCP {
-        if v.flags & CT_CLOSING != 0 {
-            CT_TIMEOUT_TCP_CLOSING_NS
-        } else if v.flags & CT_SEEN_REPLY == 0 {
-            CT_TIMEOUT_TCP_SYN_NS
-        } else {
-            CT_TIMEOUT_TCP_NS
-        }
-    } else {
-        CT_TIMEOUT_OTHER_NS
-    };
-    let idle = pkt.now.wrapping_sub(v.last_seen_ns);
-    if idle > timeout {
+    if !ct_alive(v, pkt.pr, pkt.now) {
         return false;
     }
+    let idle = pkt.now.wrapping_sub(v.last_seen_ns);
     let orig_lo = v.flags & CT_ORIG_LO_TO_HI != 0;
     let mut flags = v.flags;
     if orig_lo != pkt.src_is_lo {
         flags |= CT_SEEN_REPLY;
     }
-    if pkt.pr == proto::TCP && pkt.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
-        flags |= CT_CLOSING;
+    if pkt.pr == proto::TCP {
+        flags |= tcp_close_flags(pkt.tcp_flags, pkt.src_is_lo);
     }
     if flags != v.flags {
         v.flags = flags;
@@ -217,8 +239,8 @@ pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reaso
         return;
     }
     let mut flags = if pkt.src_is_lo { CT_ORIG_LO_TO_HI } else { 0 };
-    if pkt.pr == proto::TCP && pkt.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
-        flags |= CT_CLOSING;
+    if pkt.pr == proto::TCP {
+        flags |= tcp_close_flags(pkt.tcp_flags, pkt.src_is_lo);
     }
     // SAFETY: CtValue layout: last_seen 0, created 8, origin_direction,
     // flags, reason, pad 16..24.

@@ -41,6 +41,7 @@
 //! | [`endpoint`] | step 2's endpoint maps | `NPM_EP_SLOTS`, `NPM_ENDPOINTS` |
 //! | [`fragments`] | step 5 | `NPM_FRAGS` |
 //! | [`conntrack`] | step 6 | `NPM_CT`, `NPM_CT4` |
+//! | [`icmp_error`] | step 6 for ICMP errors: the quoted header's flow | |
 //! | [`flow_cache`] | step 6's per-CPU cache | `NPM_FLOWCACHE` |
 //! | [`policy`] | steps 7 to 9 | |
 //! | [`policy::ipcache`] | the peer's identities | `NPM_IPCACHE4`, `NPM_IPCACHE`, `NPM_CIDRS` |
@@ -89,6 +90,7 @@ mod endpoint;
 mod fast_v4;
 mod flow_cache;
 mod fragments;
+mod icmp_error;
 mod mem;
 mod parse;
 mod policy;

@@ -60,8 +60,9 @@ pub(crate) struct Pkt {
     pub(crate) frag_proto: u8,
     /// ICMP or ICMPv6 type.
     pub(crate) icmp_type: u8,
-    /// Reserved, zero.
-    pub(crate) pad: [u8; 2],
+    /// Offset of the ICMP or ICMPv6 header in the frame (0 for other
+    /// protocols): where an ICMP error's quoted header starts, 8 bytes on.
+    pub(crate) l4_off: u16,
     /// IPv4 identification or IPv6 fragment identification.
     pub(crate) frag_id: u32,
     /// L4 source port (0 when the protocol has none).
@@ -82,6 +83,7 @@ const _: () = assert!(offset_of!(Pkt, family) == 32);
 const _: () = assert!(offset_of!(Pkt, proto) == 33);
 const _: () = assert!(offset_of!(Pkt, tcp_flags) == 34);
 const _: () = assert!(offset_of!(Pkt, frag) == 35);
+const _: () = assert!(offset_of!(Pkt, l4_off) == 38);
 const _: () = assert!(offset_of!(Pkt, frag_id) == 40);
 const _: () = assert!(offset_of!(Pkt, sport) == 44);
 const _: () = assert!(offset_of!(Pkt, dport) == 46);
@@ -129,6 +131,18 @@ pub(crate) fn load<const N: usize>(ctx: &TcContext, off: usize, buf: &mut [u8; 4
     }
 }
 
+/// Whether an ICMP (protocol `pr` [`proto::ICMP`]) or ICMPv6 message of
+/// type `t` is an echo request or reply, whose identifier is both of its
+/// conntrack ports.
+#[inline(always)]
+pub(crate) fn is_icmp_echo(pr: u8, t: u8) -> bool {
+    if pr == proto::ICMP {
+        t == 8 || t == 0
+    } else {
+        t == 128 || t == 129
+    }
+}
+
 /// Whether an ICMPv6 type is neighbour discovery or MLD (step 4 allows
 /// them in both directions).
 #[inline(always)]
@@ -157,6 +171,7 @@ fn parse_fast(ctx: &TcContext, p: &mut Pkt) -> bool {
     unsafe {
         let ethertype = be16(*pk.add(12), *pk.add(13));
         let l4: *const u8;
+        let l4_off: u16;
         if ethertype == ETH_P_IP && *pk.add(14) == 0x45 {
             let tot = be16(*pk.add(16), *pk.add(17)) as usize;
             let fo = be16(*pk.add(20), *pk.add(21));
@@ -179,7 +194,8 @@ fn parse_fast(ctx: &TcContext, p: &mut Pkt) -> bool {
             wr32(dp.add(4), 0);
             wr32(dp.add(8), V4_MAPPED_WORD);
             wr32(dp.add(12), rd32(pk.add(30)));
-            l4 = pk.add(34);
+            l4_off = (ETH_HLEN + 20) as u16;
+            l4 = pk.add(l4_off as usize);
         } else if ethertype == ETH_P_IPV6 {
             if data + 74 > end || *pk.add(14) >> 4 != 6 {
                 return false;
@@ -204,7 +220,8 @@ fn parse_fast(ctx: &TcContext, p: &mut Pkt) -> bool {
             wr32(dp.add(4), rd32(pk.add(42)));
             wr32(dp.add(8), rd32(pk.add(46)));
             wr32(dp.add(12), rd32(pk.add(50)));
-            l4 = pk.add(54);
+            l4_off = (ETH_HLEN + 40) as u16;
+            l4 = pk.add(l4_off as usize);
         } else {
             return false;
         }
@@ -213,12 +230,8 @@ fn parse_fast(ctx: &TcContext, p: &mut Pkt) -> bool {
         if pr == proto::ICMP || pr == proto::ICMPV6 {
             let t = *l4;
             p.icmp_type = t;
-            let echo = if pr == proto::ICMP {
-                t == 8 || t == 0
-            } else {
-                t == 128 || t == 129
-            };
-            if echo {
+            p.l4_off = l4_off;
+            if is_icmp_echo(pr, t) {
                 let id = be16(*l4.add(4), *l4.add(5));
                 p.ct_sport = id;
                 p.ct_dport = id;
@@ -363,12 +376,8 @@ pub(crate) fn parse(ctx: &TcContext, s: &mut Scratch) -> Result<(), ()> {
         proto::ICMP | proto::ICMPV6 => {
             load::<8>(ctx, l4off, h)?;
             p.icmp_type = h[0];
-            let echo = if p.proto == proto::ICMP {
-                h[0] == 8 || h[0] == 0
-            } else {
-                h[0] == 128 || h[0] == 129
-            };
-            if echo {
+            p.l4_off = l4off as u16;
+            if is_icmp_echo(p.proto, h[0]) {
                 let id = be16(h[4], h[5]);
                 p.ct_sport = id;
                 p.ct_dport = id;

@@ -23,6 +23,9 @@ pub(crate) static NPM_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entr
 pub(crate) struct Scratch {
     /// The parsed packet.
     pub(crate) pkt: Pkt,
+    /// The header an ICMP error quotes (addresses, protocol, conntrack
+    /// ports), parsed by [`crate::icmp_error`].
+    pub(crate) quoted: Pkt,
     /// Header bytes copied by `bpf_skb_load_bytes`.
     pub(crate) hdr: [u8; 40],
     /// The `NPM_CT` key.

@@ -306,6 +306,8 @@ fn check_chart_arguments(tag: &str) -> Result<()> {
         let command = strings(&agent["command"]);
         let entry = command.first().context("the agent container has no command")?.clone();
         let mut args: Vec<String> = PODMAN_RUN.iter().map(|s| s.to_string()).collect();
+        // NODE_NAME comes from the downward API in the DaemonSet.
+        args.extend(["-e".to_string(), "NODE_NAME=node-a".to_string()]);
         args.extend(["--entrypoint".to_string(), entry, tag.to_string()]);
         args.extend(command.iter().skip(1).cloned());
         args.extend(strings(&agent["args"]));

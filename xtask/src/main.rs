@@ -176,8 +176,16 @@ fn test(no_setup: bool) -> Result<()> {
     run(cargo()
         .args(["test", "--workspace", "--exclude", "npm-ebpf", "--no-fail-fast"])
         .env("NPM_EBPF_OBJECT", ebpf_object()))?;
-    for dataplane in ["simulate", "ebpf"] {
-        conformance(&["--dataplane".to_string(), dataplane.to_string()])?;
+    // The CI matrix: the catalogue without a kernel, on eBPF attached with
+    // tcx (this kernel's default), on eBPF forced to tc clsact filters (the
+    // mode of kernels before 6.6), and on nftables.
+    for args in [
+        &["--dataplane", "simulate"][..],
+        &["--dataplane", "ebpf"][..],
+        &["--dataplane", "ebpf", "--attach", "tc"][..],
+        &["--dataplane", "nftables"][..],
+    ] {
+        conformance(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
     }
     // The shipped artefact: the OCI image, run as the chart runs it.
     let tag = image::image()?;
@@ -198,6 +206,8 @@ fn conformance(args: &[String]) -> Result<()> {
 /// The conformance runner on built binaries; `args` may name another
 /// `--agent-bin` (the image checks run the agent from its image).
 pub fn conformance_with(args: &[String]) -> Result<()> {
+    let args = agent_flags(args);
+    let args = &args[..];
     let mut cmd = Command::new(root().join("target/debug/npm-conformance"));
     if !args.iter().any(|a| a == "--agent-bin" || a.starts_with("--agent-bin=")) {
         cmd.arg("--agent-bin").arg(root().join("target/debug/npm-agent"));
@@ -207,6 +217,25 @@ pub fn conformance_with(args: &[String]) -> Result<()> {
     }
     cmd.args(args).env("NPM_EBPF_OBJECT", ebpf_object());
     run(&mut cmd)
+}
+
+/// `--attach MODE` (or `--attach=MODE`) is the agent's flag: passed on to
+/// it as `--agent-arg=--attach=MODE`; every other argument is the runner's.
+fn agent_flags(args: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--attach" {
+            if let Some(mode) = it.next() {
+                out.push(format!("--agent-arg=--attach={mode}"));
+            }
+        } else if let Some(mode) = a.strip_prefix("--attach=") {
+            out.push(format!("--agent-arg=--attach={mode}"));
+        } else {
+            out.push(a.clone());
+        }
+    }
+    out
 }
 
 fn demo(args: &[String]) -> Result<()> {

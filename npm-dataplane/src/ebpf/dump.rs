@@ -1,8 +1,8 @@
 //! Reading the programmed maps back for `npm-agent inspect` and the tests:
 //! the [`EbpfDump`] of a loaded dataplane ([`EbpfDataplane::dump`]) or,
 //! read-only, of the maps pinned under a pin directory ([`dump_pinned`],
-//! which loads no program and touches no link), and the program id of each
-//! pinned tcx link ([`pinned_link_programs`]).
+//! which loads no program and touches no link), and the program id on each
+//! attached hook, tcx link or tc filter ([`pinned_link_programs`]).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -22,7 +22,7 @@ use super::endpoints;
 use super::errors::{link_err, EbpfError};
 use super::links::{dir_name, ifname};
 use super::pins::{link_pins, open_pinned};
-use super::{translate, EbpfDataplane};
+use super::{tc_filters, translate, EbpfDataplane};
 
 /// One endpoint in [`EbpfDump`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -37,7 +37,7 @@ pub struct DumpEndpoint {
     pub ipv4: Option<std::net::Ipv4Addr>,
     /// IPv6 address.
     pub ipv6: Option<std::net::Ipv6Addr>,
-    /// Attached hooks (pod directions), from the pinned links.
+    /// Attached hooks (pod directions): tcx links or npm tc filters.
     pub attached: Vec<&'static str>,
 }
 
@@ -241,14 +241,22 @@ fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool
     })
 }
 
-/// The program id of every tcx link pinned under `<pin_dir>/links`, keyed
-/// by (ifindex, pod direction `"ingress"`/`"egress"`). Read-only: the
-/// links are opened by their pins and closed again, never updated. Pins
-/// whose link cannot be opened are left out.
+/// The program id attached to every hook of the pin directory `pin_dir`,
+/// keyed by (ifindex, pod direction `"ingress"`/`"egress"`), in either
+/// attach mode: each tcx link pinned under `<pin_dir>/links`, and each npm
+/// tc filter whose program uses the maps pinned there (a hook with both, a
+/// mode change under way, reports the tcx link's). Read-only: the links
+/// are opened by their pins and closed again, filters are listed by a
+/// netlink dump; nothing is updated. Pins whose link cannot be opened are
+/// left out.
 pub fn pinned_link_programs(pin_dir: &Path) -> Result<BTreeMap<(u32, &'static str), u32>, EbpfError> {
+    let mut out: BTreeMap<(u32, &'static str), u32> = tc_filters::filters_of(pin_dir)?
+        .into_iter()
+        .map(|((ifindex, d), prog)| ((ifindex, dir_name(d)), prog))
+        .collect();
     let pins = match link_pins(pin_dir) {
         Ok(p) => p,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
         Err(source) => {
             return Err(EbpfError::PinDir {
                 path: pin_dir.join("links"),
@@ -257,7 +265,6 @@ pub fn pinned_link_programs(pin_dir: &Path) -> Result<BTreeMap<(u32, &'static st
             })
         }
     };
-    let mut out = BTreeMap::new();
     for (hook, path) in pins {
         let Some((ifindex, d)) = hook else {
             continue;

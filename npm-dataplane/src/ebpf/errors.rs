@@ -127,6 +127,16 @@ pub enum EbpfError {
         #[source]
         source: std::io::Error,
     },
+    /// A netlink request about tc filters failed (listing interfaces or
+    /// dumping filters).
+    #[error("tc filters: {op}: {source}")]
+    Netlink {
+        /// What was being done.
+        op: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A compiled entry could not be translated.
     #[error(transparent)]
     Translate(#[from] TranslateError),
@@ -163,7 +173,8 @@ impl EbpfError {
             EbpfError::Interface { .. }
             | EbpfError::Link { .. }
             | EbpfError::PinLink { .. }
-            | EbpfError::Unpin { .. } => "ebpf attach",
+            | EbpfError::Unpin { .. }
+            | EbpfError::Netlink { .. } => "ebpf attach",
             EbpfError::Translate(_) => "ebpf translate",
         }
     }

@@ -5,14 +5,18 @@
 //! `/sys/fs/bpf/npm/v<LAYOUT_VERSION>`). Maps already pinned there are
 //! adopted, not recreated, so enforcement state survives an agent restart.
 //!
-//! Each endpoint's host-side veth gets two tcx links, pinned as
-//! `<pin dir>/links/<ifindex>-ingress` (program `npm_ingress` on the tcx
-//! *egress* hook: packets entering the pod) and `<ifindex>-egress`
-//! (`npm_egress` on the tcx *ingress* hook: packets leaving the pod). On
-//! open, every pinned link is adopted and its program replaced atomically
-//! with `BPF_LINK_UPDATE`, so no packet passes unenforced during a restart.
-//! Pinned links outlive the loader: the program stays attached with no
-//! loader running.
+//! Each endpoint's host-side veth gets two programs (`to_pod` on the
+//! *egress* hook: packets entering the pod; `from_pod` on the *ingress*
+//! hook: packets leaving the pod), attached in one of two modes
+//! ([`AttachMode`]): tcx links pinned as `<pin dir>/links/<ifindex>-ingress`
+//! and `<ifindex>-egress` (Linux 6.6), or a `clsact` qdisc with npm's
+//! netlink `bpf` filters (fixed priority and handle). On open, every pinned
+//! link and every npm filter of this pin directory is adopted and its
+//! program replaced atomically (`BPF_LINK_UPDATE`; a filter replace at the
+//! same priority and handle), so no packet passes unenforced during a
+//! restart. Both outlive the loader: the program stays attached with no
+//! loader running. [`check_kernel`] tells what the kernel lacks before
+//! anything is loaded.
 //!
 //! Maps are written in the order documented on
 //! [`npm_policy::compiled::CompiledDiff`]: upserts (policy, ipcache and
@@ -24,7 +28,9 @@
 //! |---|---|
 //! | `loader.rs` | finding the object, loading it with pinned maps, the verifier load (`EAGAIN` retry) |
 //! | `pins.rs` | bpffs, the pin directory layout, other layouts: migration on open, retirement after a full sync |
-//! | `links.rs` | tcx attach, detach and adoption of pinned links |
+//! | `links.rs` | the attach modes: tcx links and tc filters, attach, detach and adoption |
+//! | `tc_filters.rs` | npm's tc priority and handle, the netlink dump of `clsact` filters, which belong to a pin directory |
+//! | `features.rs` | the kernel feature check ([`check_kernel`]) and the tcx probe |
 //! | `writer.rs` | apply and full sync in the documented order, the sweep, the generation bump, flow purges |
 //! | `endpoints.rs`, `ipcache.rs` (+ `ipcache4.rs`), `cidr.rs`, `policy.rs` (+ `policy_front.rs`), `conntrack.rs`, `counters.rs` | one map table each: its keys, writes, removals and sweep |
 //! | `translate.rs` | compiled entries -> map keys and values (no kernel access) |
@@ -38,6 +44,7 @@ mod counters;
 mod dump;
 mod endpoints;
 mod errors;
+mod features;
 mod ipcache;
 mod ipcache4;
 mod links;
@@ -46,18 +53,18 @@ mod pins;
 mod policy;
 mod policy_front;
 mod shared_words;
+pub mod tc_filters;
 #[cfg(feature = "testing")]
 mod testing;
 pub mod translate;
 mod writer;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
-use aya::programs::links::FdLink;
 use aya::Ebpf;
 use npm_common::{maps, CtKey, CtValue, DenyEvent, IpInfo, IpKey};
 use npm_common::{EP_FRONT_EGRESS, EP_FRONT_EXACT_EGRESS, EP_FRONT_EXACT_INGRESS, EP_FRONT_INGRESS};
@@ -67,6 +74,8 @@ use crate::{AdoptedEndpoint, Counters, Dataplane, DataplaneError, Interfaces};
 
 pub use dump::{dump_pinned, pinned_link_programs, DumpCidr, DumpCounter, DumpEndpoint, DumpIp, DumpPolicy, EbpfDump};
 pub use errors::EbpfError;
+pub use features::{check_kernel, tcx_supported, KernelFeatures, Missing, MissingFeatures};
+pub use links::{remove_pinned_filters, AttachMode};
 #[cfg(feature = "testing")]
 pub use loader::BenchSwitches;
 pub use loader::{resolve_object, INSTALLED_OBJECT, OBJECT_ENV};
@@ -77,18 +86,19 @@ use conntrack::Flows;
 use counters::Reports;
 use endpoints::EndpointTable;
 use ipcache::IpcacheTable;
+use links::Hook;
 use policy::PolicyTable;
 
 /// Every `EP_FRONT_*` flag: an endpoint without policy entries (nothing to
 /// look up; its `EP_NO_*_PEER_*` flags skip every lookup anyway).
 const FRONT_ALL: u32 = EP_FRONT_INGRESS | EP_FRONT_EGRESS | EP_FRONT_EXACT_INGRESS | EP_FRONT_EXACT_EGRESS;
 
-/// Program attached on the tcx egress hook of the host-side veth (packets
+/// Program attached on the egress hook of the host-side veth (packets
 /// entering the pod).
-pub const PROG_INGRESS: &str = "npm_ingress";
-/// Program attached on the tcx ingress hook of the host-side veth (packets
+pub const PROG_INGRESS: &str = "to_pod";
+/// Program attached on the ingress hook of the host-side veth (packets
 /// leaving the pod).
-pub const PROG_EGRESS: &str = "npm_egress";
+pub const PROG_EGRESS: &str = "from_pod";
 /// Trivial program returning `TC_ACT_UNSPEC`: the benchmark baseline.
 pub const PROG_EMPTY: &str = "npm_empty";
 /// Verdict of an allowed packet (`TC_ACT_UNSPEC`, tcx `TCX_NEXT`).
@@ -106,6 +116,9 @@ pub struct EbpfOptions {
     /// Benchmark only: allowed new flows do not create conntrack entries, so
     /// repeated test runs measure the policy path. Never set in production.
     pub bench_no_ct_create: bool,
+    /// How the programs are attached: tcx, tc, or `Auto` (tcx where the
+    /// kernel has it, else tc; the mode found on the node is kept).
+    pub attach: AttachMode,
 }
 
 impl Default for EbpfOptions {
@@ -114,11 +127,13 @@ impl Default for EbpfOptions {
             object: None,
             pin_dir: default_pin_dir(),
             bench_no_ct_create: false,
+            attach: AttachMode::Auto,
         }
     }
 }
 
-/// The eBPF dataplane: the loaded object, its pinned maps and the tcx links.
+/// The eBPF dataplane: the loaded object, its pinned maps and the attached
+/// hooks (tcx links or tc filters).
 pub struct EbpfDataplane {
     bpf: Ebpf,
     pin_dir: PathBuf,
@@ -129,8 +144,14 @@ pub struct EbpfDataplane {
     flows: Flows,
     reports: Reports,
     generation: Array<MapData, u64>,
-    /// (ifindex, pod direction) -> the link (pinned under `links/`).
-    links: BTreeMap<(u32, u8), FdLink>,
+    /// (ifindex, pod direction) -> the attached hook (a tcx link pinned
+    /// under `links/`, or npm's tc filter).
+    links: BTreeMap<(u32, u8), Hook>,
+    /// Hooks where an npm tc filter of this pin directory runs besides the
+    /// tcx link in `links` (a mode change interrupted by a restart).
+    doubled: BTreeSet<(u32, u8)>,
+    /// The attach mode in use (never `Auto`).
+    mode: AttachMode,
     /// Endpoint id -> ifindex it is programmed at.
     programmed: BTreeMap<u32, u32>,
     /// Endpoint id -> the `EndpointInfo::flags` last written for it.
@@ -147,6 +168,7 @@ impl fmt::Debug for EbpfDataplane {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EbpfDataplane")
             .field("pin_dir", &self.pin_dir)
+            .field("mode", &self.mode)
             .field("links", &self.links.keys().collect::<Vec<_>>())
             .field("programmed", &self.programmed)
             .finish()
@@ -202,6 +224,8 @@ impl EbpfDataplane {
             reports,
             generation,
             links: BTreeMap::new(),
+            doubled: BTreeSet::new(),
+            mode: opts.attach,
             programmed: BTreeMap::new(),
             written_flags: BTreeMap::new(),
             adopted: (0, 0),
@@ -209,6 +233,9 @@ impl EbpfDataplane {
             full_synced: false,
         };
         dp.adopt_links()?;
+        let tc_on_node = dp.adopt_filters()?;
+        let tcx_on_node = pins::other_layouts_have_links(&dp.pin_dir);
+        dp.mode = dp.resolve_mode(opts.attach, tc_on_node, tcx_on_node);
         // What a previous agent programmed here; after an upgrade to this
         // layout (fresh pins, flows copied from the older layout), what it
         // programmed there: the copied flows are keyed by its endpoint ids.
@@ -241,6 +268,34 @@ impl EbpfDataplane {
         // Endpoints already programmed (adopted maps) are known by ifindex
         // only; sync_full reconciles them with the compiled state.
         Ok(dp)
+    }
+
+    /// The mode to attach in: a forced mode as asked; `Auto` keeps the mode
+    /// in place on this node (tcx links pinned here or by another map
+    /// layout, `tcx_on_node`, win over npm tc filters of any pin directory,
+    /// `tc_on_node`), else tcx where the kernel has it, else tc.
+    fn resolve_mode(&self, asked: AttachMode, tc_on_node: bool, tcx_on_node: bool) -> AttachMode {
+        let tcx = tcx_on_node || self.links.values().any(|h| matches!(h, Hook::Tcx(_)));
+        let tc = tc_on_node || !self.doubled.is_empty() || self.links.values().any(|h| matches!(h, Hook::Tc));
+        let mode = match asked {
+            AttachMode::Auto if tcx => AttachMode::Tcx,
+            AttachMode::Auto if tc => AttachMode::Tc,
+            AttachMode::Auto if tcx_supported() => AttachMode::Tcx,
+            AttachMode::Auto => AttachMode::Tc,
+            forced => forced,
+        };
+        let found = match (tcx, tc) {
+            (true, true) => "tcx and tc",
+            (true, false) => "tcx",
+            (false, true) => "tc",
+            (false, false) => "none",
+        };
+        if (mode == AttachMode::Tcx && tc) || (mode == AttachMode::Tc && tcx) {
+            tracing::warn!(asked = %asked, found, mode = %mode, "hooks of the other attach mode are replaced as endpoints are attached");
+        } else {
+            tracing::info!(asked = %asked, found, mode = %mode, "attach mode");
+        }
+        mode
     }
 
     /// The pin directory.

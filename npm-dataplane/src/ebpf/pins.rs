@@ -15,7 +15,8 @@ use npm_common::{maps, EndpointInfo, IpInfo, IpKey, DIR_EGRESS, DIR_INGRESS, LAY
 use super::conntrack::Flows;
 use super::endpoints::EndpointTable;
 use super::errors::{map_err, EbpfError};
-use super::links::{dir_name, ifname};
+use super::links::{delete_filter, dir_name, ifname};
+use super::tc_filters;
 use super::{adopted_state, AdoptedState, EbpfDataplane};
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -144,6 +145,14 @@ fn other_layouts(pin_dir: &Path) -> Result<Vec<PathBuf>, EbpfError> {
     Ok(found.into_iter().map(|(_, p)| p).collect())
 }
 
+/// Whether another map layout beside `pin_dir` has tcx links pinned.
+pub(crate) fn other_layouts_have_links(pin_dir: &Path) -> bool {
+    other_layouts(pin_dir)
+        .unwrap_or_default()
+        .iter()
+        .any(|p| link_pins(p).is_ok_and(|l| !l.is_empty()))
+}
+
 /// After an upgrade that changed the map layout, the new conntrack and
 /// fragment maps start empty while established flows run: copies the
 /// entries of the newest other layout (version 2 or later: their `CtKey`,
@@ -181,11 +190,11 @@ impl EbpfDataplane {
     /// (`<parent>/v<N>` for every `N` but this layout's, when the pin
     /// directory itself is named `v<LAYOUT_VERSION>`, as the default is, and
     /// the sibling holds npm pins: a `links/` directory or an `NPM_CT` map).
-    /// Their pinned links are the only references that keep an older (or,
-    /// after a rollback, newer) agent's programs attached, with maps nobody
-    /// updates any more; unpinning them detaches those programs. A link is
-    /// unpinned only when this layout's program is attached to the same hook
-    /// or its interface is gone, so no pod is left without a program (an
+    /// Their pinned links (and tc filters) are the only references that keep
+    /// an older (or, after a rollback, newer) agent's programs attached, with
+    /// maps nobody updates any more; unpinning them detaches those programs.
+    /// A link is unpinned (a filter deleted) only when this layout's program
+    /// is attached to the same hook or its interface is gone, so no pod is left without a program (an
     /// endpoint whose interface could not be resolved keeps the old one
     /// until a later full sync attaches the new one). A sibling is removed
     /// once none of its links remain. Called at the end of a full sync:
@@ -210,8 +219,18 @@ impl EbpfDataplane {
                     source,
                 })?;
             }
+            // Its tc filters: where this layout attached with tc they were
+            // replaced (same priority and handle) and are not its any more;
+            // where it attached with tcx they go now; elsewhere they stay.
+            for (ifindex, d) in tc_filters::filters_of(&path)?.into_keys() {
+                if self.links.contains_key(&(ifindex, d)) {
+                    delete_filter(ifindex, d)?;
+                } else {
+                    kept += 1;
+                }
+            }
             if kept > 0 {
-                tracing::info!(dir = %path.display(), kept, "links of another map layout kept until this layout attaches there");
+                tracing::info!(dir = %path.display(), kept, "links or filters of another map layout kept until this layout attaches there");
                 continue;
             }
             std::fs::remove_dir_all(&path).map_err(|source| EbpfError::PinDir {

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use npm_common::{maps, PolicyKey, DIR_INGRESS};
+use npm_common::{maps, PolicyKey};
 use npm_policy::compiled::{Compiled, CompiledDiff};
 
 use super::errors::{map_err, EbpfError};
@@ -209,7 +209,7 @@ impl EbpfDataplane {
             info.flags |= front_flags.get(&id).copied().unwrap_or(FRONT_ALL);
             if old == Some(ifindex)
                 && !changed.contains(&id)
-                && self.links.contains_key(&(ifindex, DIR_INGRESS))
+                && self.attached_in_mode(ifindex)
                 && self.written_flags.get(&id) == Some(&info.flags)
             {
                 continue;

@@ -13,7 +13,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::process::Command;
 
-use npm_dataplane::ebpf::{EbpfDataplane, EbpfOptions};
+use npm_dataplane::ebpf::tc_filters::{list_filters, TcFilter};
+use npm_dataplane::ebpf::{AttachMode, EbpfDataplane, EbpfOptions};
 use npm_policy::compiled::{Compiled, Direction, PolicyEntry};
 use npm_policy::model::Protocol;
 
@@ -43,6 +44,61 @@ pub fn tcx_prog_ids(ifname: &str) -> (Vec<u32>, Vec<u32>) {
         ids(aya::programs::TcAttachType::Ingress),
         ids(aya::programs::TcAttachType::Egress),
     )
+}
+
+/// The `bpf` filters on the `clsact` hooks of `ifname` (netlink dump):
+/// (ingress hook, egress hook).
+pub fn tc_filters(ifname: &str) -> (Vec<TcFilter>, Vec<TcFilter>) {
+    let i = ifindex_of(ifname);
+    (
+        list_filters(i, aya::programs::TcAttachType::Ingress).expect("dump ingress filters"),
+        list_filters(i, aya::programs::TcAttachType::Egress).expect("dump egress filters"),
+    )
+}
+
+/// Program ids attached to `ifname` in `mode` (tcx links, or every `bpf`
+/// filter on the `clsact` hooks): (ingress hook, egress hook).
+pub fn prog_ids(ifname: &str, mode: AttachMode) -> (Vec<u32>, Vec<u32>) {
+    match mode {
+        AttachMode::Tc => {
+            let (i, e) = tc_filters(ifname);
+            let ids = |f: Vec<TcFilter>| f.iter().map(|f| f.prog_id).collect();
+            (ids(i), ids(e))
+        }
+        _ => tcx_prog_ids(ifname),
+    }
+}
+
+/// [`prog_ids`] once each hook of `ifname` holds `counts` (ingress, egress)
+/// programs, or after 2 s (see [`tcx_prog_ids_settled`]).
+pub fn prog_ids_settled(ifname: &str, mode: AttachMode, counts: (usize, usize)) -> (Vec<u32>, Vec<u32>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let ids = prog_ids(ifname, mode);
+        if (ids.0.len(), ids.1.len()) == counts || std::time::Instant::now() >= deadline {
+            return ids;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// `tc filter show dev <ifname> <ingress|egress>` as iproute2 prints it
+/// (an independent view of the kernel's filters).
+pub fn tc_show(ifname: &str, hook: &str) -> String {
+    let out = Command::new("tc")
+        .args(["filter", "show", "dev", ifname, hook])
+        .output()
+        .expect("run tc");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The qdiscs of `ifname` as `tc qdisc show` prints them.
+pub fn tc_qdiscs(ifname: &str) -> String {
+    let out = Command::new("tc")
+        .args(["qdisc", "show", "dev", ifname])
+        .output()
+        .expect("run tc");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// [`tcx_prog_ids`] once each hook of `ifname` holds `counts` (ingress,
@@ -113,18 +169,30 @@ impl PinDir {
         PinDir { path }
     }
 
-    /// Options pinning there.
+    /// Options pinning there, attaching with tcx (tests that run in
+    /// parallel must not let `auto` see each other's tc filters).
     pub fn options(&self) -> EbpfOptions {
+        self.options_in(AttachMode::Tcx)
+    }
+
+    /// Options pinning there, attaching in `mode`.
+    pub fn options_in(&self, mode: AttachMode) -> EbpfOptions {
         EbpfOptions {
             object: None,
             pin_dir: self.path.clone(),
             bench_no_ct_create: false,
+            attach: mode,
         }
     }
 
-    /// Opens a dataplane pinned there.
+    /// Opens a dataplane pinned there (tcx).
     pub fn open(&self) -> EbpfDataplane {
-        EbpfDataplane::open(self.options()).unwrap_or_else(|e| panic!("open: {e}"))
+        self.open_in(AttachMode::Tcx)
+    }
+
+    /// Opens a dataplane pinned there, attaching in `mode`.
+    pub fn open_in(&self, mode: AttachMode) -> EbpfDataplane {
+        EbpfDataplane::open(self.options_in(mode)).unwrap_or_else(|e| panic!("open: {e}"))
     }
 }
 
@@ -360,7 +428,8 @@ pub fn ifaces(pairs: &[(u32, u32)]) -> BTreeMap<u32, u32> {
 /// A pod network namespace joined to the root netns by a veth pair: the
 /// host side (`host_if`, in the root netns) is where the classifier is
 /// attached; the root netns plays the remote peer. Addresses are a /30 of
-/// 198.18.0.0/15 derived from the pid, so parallel runs do not collide.
+/// 198.18.0.0/15 derived from the pid and a per-process count, so parallel
+/// runs and parallel tests do not collide.
 pub struct PodNet {
     /// The pod's namespace.
     pub ns: Netns,
@@ -386,7 +455,11 @@ impl PodNet {
         sh_quiet(&["ip", "link", "del", &host_if]);
         sh(&["ip", "link", "add", &host_if, "type", "veth", "peer", "name", &pod_if]);
         sh(&["ip", "link", "set", &pod_if, "netns", &ns.name]);
-        let slot = (pid % 16384) * 4;
+        // Four pod networks per process (tests of one binary run in
+        // parallel and must not share addresses), 8192 processes.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 4;
+        let slot = ((pid % 8192) * 4 + n) * 4;
         let base = u32::from(Ipv4Addr::new(198, 18, 0, 0)) + slot;
         let peer_ip = Ipv4Addr::from(base + 1);
         let pod_ip = Ipv4Addr::from(base + 2);
