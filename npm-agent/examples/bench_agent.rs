@@ -390,6 +390,7 @@ async fn main() -> anyhow::Result<()> {
             object: None,
             pin_dir: kernel.pin_dir.clone(),
             bench_no_ct_create: false,
+            attach: npm_dataplane::ebpf::AttachMode::Tcx,
         })?,
         probe: probe.clone(),
     };
@@ -408,6 +409,7 @@ async fn main() -> anyhow::Result<()> {
         },
         page_size: 500,
         metrics_addr: None,
+        cni: None,
     };
     let started = Instant::now();
     let running = agent::start(cfg, client.clone(), dp, Box::new(resolver), Metrics::new()?).await?;

@@ -8,8 +8,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use npm_agent::agent::AgentConfig;
+use npm_agent::cni::CniConfig;
+use npm_agent::dataplanes::ebpf_options;
 use npm_agent::dataplanes::{DataplaneKind, DataplaneOptions};
 use npm_agent::reconcile::SyncConfig;
+use npm_agent::telemetry::HealthConfig;
+use npm_dataplane::ebpf::AttachMode;
 use npm_policy::compiled::CompileOptions;
 
 #[derive(Parser)]
@@ -40,6 +44,71 @@ pub enum Command {
     /// Reachability matrix of YAML objects, by the compiler's simulator
     /// (the reference evaluator of npm-policy; no kernel, no API server).
     Simulate(SimulateArgs),
+    /// Mount bpffs at a path unless a bpf filesystem is mounted there
+    /// already (the chart's privileged init container).
+    MountBpffs(MountBpffsArgs),
+    /// Remove npm from this node: detach every program, remove the pins,
+    /// the nftables table and npm-cni (conflist entries and binary).
+    Cleanup(CleanupArgs),
+    /// Block until SIGTERM or SIGINT, then exit 0 (the cleanup pods' main
+    /// container).
+    Pause,
+    /// The chart's uninstall hook steps.
+    Uninstall(UninstallArgs),
+}
+
+#[derive(Parser)]
+pub struct MountBpffsArgs {
+    /// Where bpffs is mounted.
+    #[arg(long, default_value = "/sys/fs/bpf")]
+    pub path: PathBuf,
+}
+
+#[derive(Parser)]
+pub struct CleanupArgs {
+    /// Only this pin directory (default: every pin directory under
+    /// /sys/fs/bpf/npm, i.e. every map layout).
+    #[arg(long, env = "NPM_PIN_DIR")]
+    pub pin_dir: Option<PathBuf>,
+    /// The host's CNI configuration directory.
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+    /// The host's CNI plugin directory.
+    #[arg(long, default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: PathBuf,
+    /// nftables table name of the nftables dataplane.
+    #[arg(long, env = "NPM_NFT_TABLE", default_value = "npm")]
+    pub nft_table: String,
+}
+
+#[derive(Parser)]
+pub struct UninstallArgs {
+    #[command(subcommand)]
+    pub step: UninstallStep,
+}
+
+#[derive(Subcommand)]
+pub enum UninstallStep {
+    /// Delete the agent DaemonSet (foreground) and wait until it is gone.
+    StopAgents(UninstallStepArgs),
+    /// Wait until the cleanup DaemonSet is Ready on every node.
+    WaitCleanup(UninstallStepArgs),
+}
+
+#[derive(Parser)]
+pub struct UninstallStepArgs {
+    /// Namespace of the DaemonSet.
+    #[arg(long)]
+    pub namespace: String,
+    /// Name of the DaemonSet.
+    #[arg(long)]
+    pub daemonset: String,
+    /// Give up after this long (exit non-zero naming what remains).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_seconds: u64,
+    /// Kubeconfig file; without it, in-cluster config (or $KUBECONFIG).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Parser)]
@@ -59,6 +128,17 @@ pub struct RunArgs {
     /// bpffs pin directory of the eBPF dataplane.
     #[arg(long, env = "NPM_PIN_DIR")]
     pub pin_dir: Option<PathBuf>,
+    /// How the eBPF programs are attached to each pod's host-side
+    /// interface: `tcx` (tcx links, Linux 6.6 or later), `tc` (a clsact
+    /// qdisc and netlink bpf filters at npm's priority 1, handle 0x6e706d,
+    /// for kernels without tcx), or `auto`: tcx where the kernel has it,
+    /// else tc, and a mode already in place on the node (tcx links pinned,
+    /// npm tc filters found) is kept. Either way a restarted agent replaces
+    /// the program in place, with no moment unenforced. Before loading, the
+    /// agent checks the kernel for what the datapath needs in that mode and
+    /// refuses to start, naming what is missing.
+    #[arg(long, env = "NPM_ATTACH", default_value = "auto", value_name = "auto|tcx|tc")]
+    pub attach: AttachMode,
     /// nftables table name of the nftables dataplane.
     #[arg(long, env = "NPM_NFT_TABLE", default_value = "npm")]
     pub nft_table: String,
@@ -91,6 +171,33 @@ pub struct RunArgs {
     /// Deny flow log lines per second at most.
     #[arg(long, env = "NPM_FLOW_LOGS_PER_SEC", default_value_t = 10)]
     pub flow_logs_per_sec: u32,
+    /// Unix socket npm-cni talks to (its state file,
+    /// `cni-attachments.json`, is kept in the same directory); an empty
+    /// value disables it.
+    // Not clap's PathBuf parser: it refuses the empty value.
+    #[arg(
+        long,
+        env = "NPM_CNI_SOCKET",
+        default_value = npm_cni::proto::DEFAULT_SOCKET,
+        value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from)
+    )]
+    pub cni_socket: PathBuf,
+    /// Directory of the lock that keeps a second agent off the same pin
+    /// directory (or nftables table): `agent-<pin dir>.lock`, a host path.
+    #[arg(long, env = "NPM_LOCK_DIR", default_value = npm_agent::lifecycle::lock::DEFAULT_LOCK_DIR)]
+    pub lock_dir: PathBuf,
+    /// /readyz fails while a mass removal has been held (waiting for a
+    /// confirming direct read) longer than this many seconds.
+    #[arg(long, env = "NPM_MAX_HELD_REMOVAL_SECS", default_value_t = npm_agent::telemetry::health::DEFAULT_MAX_HELD_REMOVAL_SECS)]
+    pub max_held_removal_secs: u64,
+    /// /readyz fails while this many applies in a row have failed.
+    #[arg(long, env = "NPM_MAX_APPLY_FAILURES", default_value_t = npm_agent::telemetry::health::DEFAULT_MAX_APPLY_FAILURES)]
+    pub max_apply_failures: u32,
+    /// Check every flag and the configuration as `run` does, print the
+    /// effective configuration as JSON and exit, touching neither the
+    /// kernel nor the API server.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Parser)]
@@ -117,11 +224,36 @@ pub struct InspectArgs {
 }
 
 impl RunArgs {
+    /// The readiness and liveness settings of the flags.
+    pub fn health_config(&self) -> HealthConfig {
+        HealthConfig {
+            max_held_removal: Duration::from_secs(self.max_held_removal_secs),
+            max_apply_failures: self.max_apply_failures,
+            ..HealthConfig::default()
+        }
+    }
+
+    /// The key of the one-agent lock and how errors name it: the effective
+    /// pin directory (eBPF) or the table (nftables).
+    pub fn lock_key(&self) -> (String, String) {
+        match self.dataplane {
+            DataplaneKind::Ebpf => {
+                let dir = ebpf_options(&self.dataplane_options()).pin_dir;
+                (dir.display().to_string(), format!("pin dir {}", dir.display()))
+            }
+            DataplaneKind::Nftables => (
+                format!("nft-{}", self.nft_table),
+                format!("nftables table {}", self.nft_table),
+            ),
+        }
+    }
+
     /// The dataplane options of the flags.
     pub fn dataplane_options(&self) -> DataplaneOptions {
         DataplaneOptions {
             bpf_object: self.bpf_object.clone(),
             pin_dir: self.pin_dir.clone(),
+            attach: self.attach,
             nft_table: self.nft_table.clone(),
         }
     }
@@ -145,6 +277,7 @@ impl RunArgs {
             },
             page_size: self.page_size,
             metrics_addr: Some(self.metrics_addr),
+            cni: (!self.cni_socket.as_os_str().is_empty()).then(|| CniConfig::new(self.cni_socket.clone())),
         }
     }
 }

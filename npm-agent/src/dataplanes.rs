@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use npm_common::DenyEvent;
-use npm_dataplane::ebpf::{default_pin_dir, EbpfDataplane, EbpfOptions};
+use npm_dataplane::ebpf::{check_kernel, default_pin_dir, AttachMode, EbpfDataplane, EbpfOptions, MissingFeatures};
 use npm_dataplane::nft::{NftDataplane, NftOptions};
 use npm_dataplane::AdoptedEndpoint;
 
@@ -22,6 +22,10 @@ pub enum OpenError {
         #[source]
         source: npm_dataplane::nft::NftError,
     },
+    /// The kernel lacks what the eBPF datapath needs (checked before
+    /// anything is loaded; names every missing feature).
+    #[error("eBPF dataplane: {0}")]
+    Kernel(#[from] MissingFeatures),
     /// The eBPF dataplane could not be opened.
     #[error("eBPF dataplane (pin dir {pin_dir:?}, object {object:?}): {detail}")]
     Ebpf {
@@ -50,6 +54,8 @@ pub struct DataplaneOptions {
     pub bpf_object: Option<PathBuf>,
     /// bpffs pin directory (`None`: the loader's default).
     pub pin_dir: Option<PathBuf>,
+    /// How the eBPF programs are attached (`--attach`).
+    pub attach: AttachMode,
     /// nftables table name.
     pub nft_table: String,
 }
@@ -92,11 +98,14 @@ pub fn ebpf_options(opts: &DataplaneOptions) -> EbpfOptions {
         object: opts.bpf_object.clone(),
         pin_dir: opts.pin_dir.clone().unwrap_or_else(default_pin_dir),
         bench_no_ct_create: false,
+        attach: opts.attach,
     }
 }
 
 fn open_ebpf(opts: &DataplaneOptions) -> Result<Box<dyn AgentDataplane>, OpenError> {
     let eo = ebpf_options(opts);
+    let features = check_kernel(eo.attach)?;
+    tracing::info!(attach = %eo.attach, tcx = features.tcx, clsact = ?features.clsact, "kernel features checked");
     let dp = EbpfDataplane::open(eo.clone()).map_err(|e| OpenError::Ebpf {
         pin_dir: Some(eo.pin_dir.clone()),
         object: eo.object.clone(),

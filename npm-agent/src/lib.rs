@@ -9,20 +9,27 @@
 //! - [`reconcile`]: the level-triggered sync loop: the compiler bridge
 //!   (objects -> snapshot -> compiled policy), the mass-deletion guard,
 //!   adoption of a previous agent's state, the cross-check, IP conflicts;
+//! - [`cni`]: the npm-cni socket: what the CNI plugin tells the agent
+//!   about this node's pods (attachments, tombstones), overlaid on the
+//!   pods the compiler sees, and CNI ADD held until the pod is enforced;
 //! - [`node`]: this node: its addresses and the host-side interfaces of
 //!   its local endpoints;
 //! - [`dataplanes`]: opening the eBPF or nftables dataplane;
 //! - [`telemetry`]: Prometheus metrics, deny flow logs, `/metrics`,
 //!   `/healthz`, `/readyz`;
 //! - [`agent`]: wiring of all of the above (used by `main` and the tests);
+//! - [`lifecycle`]: the node's lifecycle outside the loop: `mount-bpffs`,
+//!   the one-agent-per-pin-directory lock, `cleanup`, `uninstall`, `pause`;
 //! - [`inspect`], [`simulate`]: the `npm-agent inspect` and
 //!   `npm-agent simulate` subcommands.
 #![deny(missing_docs)]
 
 pub mod agent;
+pub mod cni;
 pub mod dataplanes;
 pub mod inspect;
 pub mod k8s;
+pub mod lifecycle;
 pub mod node;
 pub mod reconcile;
 pub mod simulate;

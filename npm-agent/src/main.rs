@@ -6,15 +6,21 @@
 mod cli;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::Parser;
-use cli::{Cli, Command, LogFormat, RunArgs};
+use clap::{Parser, ValueEnum};
+use cli::{CleanupArgs, Cli, Command, LogFormat, RunArgs, UninstallStep};
 use npm_agent::agent;
 use npm_agent::dataplanes;
-use npm_agent::node::{local_addresses, InterfacePattern, InterfaceResolver};
+use npm_agent::dataplanes::DataplaneKind;
+use npm_agent::lifecycle::cleanup::CleanupOptions;
+use npm_agent::lifecycle::lock::AgentLock;
+use npm_agent::lifecycle::uninstall;
+use npm_agent::node::{InterfacePattern, InterfaceResolver, NodeAddresses};
 use npm_agent::reconcile::SyncConfig;
 use npm_agent::telemetry::Metrics;
+use npm_dataplane::nft::{NftDataplane, NftOptions};
 use tokio::signal::unix::{signal, SignalKind};
 
 fn init_logging(level: &str, format: LogFormat) -> anyhow::Result<()> {
@@ -50,30 +56,151 @@ async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
     kube::Client::try_from(config).context("building the API client")
 }
 
-async fn run(args: RunArgs) -> anyhow::Result<()> {
-    // Installed first, so a SIGTERM during startup is also a clean stop
-    // (seen once the agent is started) rather than the default kill.
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+/// The checks `run` makes before it touches anything (also `run
+/// --dry-run`'s); returns the interface pattern.
+fn validate(args: &RunArgs) -> anyhow::Result<Option<InterfacePattern>> {
     anyhow::ensure!(!args.node_name.is_empty(), "NODE_NAME / --node-name must not be empty");
     anyhow::ensure!(args.page_size > 0, "--page-size must be positive");
+    anyhow::ensure!(args.max_apply_failures > 0, "--max-apply-failures must be at least 1");
+    anyhow::ensure!(
+        args.max_held_removal_secs > 0,
+        "--max-held-removal-secs must be positive"
+    );
     SyncConfig {
         mass_delete_threshold: args.mass_delete_threshold,
         ..SyncConfig::default()
     }
     .validate()?;
-    let pattern = args
+    if args.dataplane == DataplaneKind::Nftables {
+        // Checks the table name; touches nothing.
+        NftDataplane::new(NftOptions {
+            table: args.nft_table.clone(),
+            netns: None,
+        })
+        .with_context(|| format!("--nft-table {:?}", args.nft_table))?;
+    }
+    Ok(args
         .interface_pattern
         .as_deref()
         .map(InterfacePattern::new)
-        .transpose()?;
+        .transpose()?)
+}
+
+/// The name of a value of a `clap::ValueEnum`.
+fn value_name(v: impl ValueEnum) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
+}
+
+/// `run --dry-run`: validate as `run` does, print the effective
+/// configuration as JSON, touch nothing.
+fn dry_run(log_level: &str, log_format: LogFormat, args: &RunArgs) -> anyhow::Result<()> {
+    validate(args)?;
+    let dp = args.dataplane_options();
+    let (key, _) = args.lock_key();
+    let config = serde_json::json!({
+        "node_name": args.node_name,
+        "kubeconfig": args.kubeconfig,
+        "dataplane": value_name(args.dataplane),
+        "bpf_object": dp.bpf_object,
+        "attach": dp.attach.to_string(),
+        "pin_dir": dataplanes::ebpf_options(&dp).pin_dir,
+        "nft_table": args.nft_table,
+        "metrics_addr": args.metrics_addr.to_string(),
+        "page_size": args.page_size,
+        "debounce_ms": args.debounce_ms,
+        "mass_delete_threshold": args.mass_delete_threshold,
+        "mass_delete_window_secs": args.mass_delete_window_secs,
+        "allow_host_egress": args.allow_host_egress,
+        "interface_pattern": args.interface_pattern,
+        "flow_logs_per_sec": args.flow_logs_per_sec,
+        "cni_socket": args.cni_socket,
+        "lock_file": args.lock_dir.join(npm_agent::lifecycle::lock::lock_file_name(&key)),
+        "max_held_removal_secs": args.max_held_removal_secs,
+        "max_apply_failures": args.max_apply_failures,
+        "log_level": log_level,
+        "log_format": value_name(log_format),
+    });
+    println!("{}", serde_json::to_string_pretty(&config)?);
+    Ok(())
+}
+
+/// `cleanup`: print what was removed; fail naming what was not.
+fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
+    let default = npm_dataplane::ebpf::default_pin_dir();
+    let opts = CleanupOptions {
+        pin_dir: args.pin_dir,
+        pin_root: default.parent().unwrap_or(&default).to_path_buf(),
+        nft_table: args.nft_table,
+        cni_conf_dir: args.cni_conf_dir,
+        cni_bin_dir: args.cni_bin_dir,
+    };
+    let r = npm_agent::lifecycle::cleanup::cleanup(&opts)?;
+    tracing::info!(
+        tc_filters = r.filters.len(),
+        links = r.links.len(),
+        pin_dirs = ?r.pin_dirs,
+        nft_table_removed = r.nft_table_removed,
+        conflists = ?r.conflists,
+        cni_binary_removed = r.cni_binary_removed,
+        "npm removed from this node"
+    );
+    Ok(())
+}
+
+/// `uninstall <step>`.
+async fn uninstall(step: UninstallStep) -> anyhow::Result<()> {
+    let (args, stop) = match step {
+        UninstallStep::StopAgents(a) => (a, true),
+        UninstallStep::WaitCleanup(a) => (a, false),
+    };
+    let client = client(args.kubeconfig.as_ref()).await?;
+    let target = uninstall::Target {
+        namespace: args.namespace,
+        daemonset: args.daemonset,
+        timeout: Duration::from_secs(args.timeout_seconds),
+        poll: Duration::from_millis(500),
+    };
+    if stop {
+        uninstall::stop_agents(&client, &target).await?;
+    } else {
+        uninstall::wait_cleanup(&client, &target).await?;
+    }
+    Ok(())
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    // Installed first, so a SIGTERM during startup is also a clean stop
+    // (seen once the agent is started) rather than the default kill.
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let pattern = validate(&args)?;
+    // Before anything touches the kernel: a second agent on the same pin
+    // directory stops here. Held until the process exits.
+    let (key, what) = args.lock_key();
+    let lock = AgentLock::acquire(&args.lock_dir, &key, &what)?;
+    tracing::info!(lock = %lock.path().display(), "holding the agent lock of {what}");
     let metrics = Metrics::new()?;
     let client = client(args.kubeconfig.as_ref()).await?;
     let dataplane = dataplanes::open(args.dataplane, &args.dataplane_options())?;
-    let cfg = args.agent_config(local_addresses());
-    tracing::info!(node = %args.node_name, dataplane = ?args.dataplane, node_ips = ?cfg.sync.compile.node_ips, "starting");
-    let running = agent::start(
+    // This node's addresses, kept current through netlink (the sync loop
+    // programs nothing before a first successful read).
+    let mut cfg = args.agent_config(Vec::new());
+    let node_addresses = NodeAddresses::watch(None);
+    tracing::info!(node = %args.node_name, dataplane = ?args.dataplane, node_ips = ?node_addresses.current(), "starting");
+    cfg.sync.node_addresses = Some(node_addresses);
+    let running = agent::start_with_health(
         cfg,
+        args.health_config(),
         client,
         dataplane,
         Box::new(InterfaceResolver::new(pattern)),
@@ -98,13 +225,21 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_logging(&cli.log_level, cli.log_format)?;
     match cli.command {
-        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .context("starting the tokio runtime")?
-            .block_on(run(args)),
+        Command::Run(args) if args.dry_run => dry_run(&cli.log_level, cli.log_format, &args),
+        Command::Run(args) => runtime()?.block_on(run(args)),
         Command::Inspect(args) => Ok(npm_agent::inspect::run(args.pin_dir, args.json)?),
         Command::Simulate(args) => npm_agent::simulate::run(&args.files, args.port, &args.protocol),
+        Command::MountBpffs(args) => {
+            let outcome = npm_agent::lifecycle::bpffs::mount_bpffs(&args.path)?;
+            tracing::info!(path = %args.path.display(), ?outcome, "bpffs");
+            Ok(())
+        }
+        Command::Cleanup(args) => cleanup(args),
+        Command::Pause => {
+            let name = runtime()?.block_on(npm_agent::lifecycle::pause::pause())?;
+            tracing::info!(signal = name, "pause: stopping");
+            Ok(())
+        }
+        Command::Uninstall(args) => runtime()?.block_on(uninstall(args.step)),
     }
 }

@@ -19,7 +19,7 @@ pub fn run(files: &[PathBuf], port: u16, protocol: &str) -> anyhow::Result<()> {
     let snapshot = npm_sim::sim::load_snapshot(&inputs)?;
     for p in &snapshot.invalid_policies {
         eprintln!(
-            "invalid policy {}/{} skipped: {}",
+            "invalid policy {}/{} enforced without the parts that cannot be understood: {}",
             p.namespace,
             p.name,
             p.errors.join("; ")

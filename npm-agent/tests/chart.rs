@@ -343,6 +343,67 @@ fn agent_command_line_is_run_with_every_flag() {
     assert_eq!(argv.len(), 2 + 13, "no other flag: {argv:?}");
 }
 
+/// Runs the image's binary (`target/debug/npm-agent`) with the command
+/// line the chart renders for `set`, plus `--dry-run`, as the DaemonSet's
+/// environment gives it (`NODE_NAME`): (success, stdout, stderr).
+fn dry_run(set: &[&str]) -> (bool, String, String) {
+    let argv = agent_command_line(set);
+    assert_eq!(argv[0], "/usr/bin/npm-agent");
+    let out = Command::new(env!("CARGO_BIN_EXE_npm-agent"))
+        .args(&argv[1..])
+        .arg("--dry-run")
+        .env("NODE_NAME", "node-a")
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run npm-agent");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_binary_accepts_the_rendered_agent_arguments() {
+    for set in [
+        &["cniPreset=calico", "allowHostEgress=true"][..],
+        &["dataplane=nftables", "pinDir=/sys/fs/bpf/npm/custom", "logFormat=text"][..],
+        &[][..],
+    ] {
+        let (ok, out, err) = dry_run(set);
+        assert!(ok, "{set:?}: {err}");
+        let config: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        assert_eq!(config["node_name"], "node-a");
+        assert_eq!(config["metrics_addr"], "0.0.0.0:9090");
+        assert_eq!(config["cni_socket"], "/run/npm/cni.sock");
+        assert_eq!(config["bpf_object"], "/usr/lib/npm/npm-ebpf.o");
+    }
+    let (_, out, _) = dry_run(&["cniPreset=calico", "allowHostEgress=true"]);
+    let config: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(config["interface_pattern"], "cali*");
+    assert_eq!(config["allow_host_egress"], true);
+    assert_eq!(config["log_format"], "json");
+    assert_eq!(config["pin_dir"], "/sys/fs/bpf/npm/v5");
+    assert_eq!(config["lock_file"], "/run/npm/agent-sys_fs_bpf_npm_v5.lock");
+    let (_, out, _) = dry_run(&["dataplane=nftables", "pinDir=/sys/fs/bpf/npm/custom"]);
+    let config: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(config["dataplane"], "nftables");
+    assert_eq!(config["pin_dir"], "/sys/fs/bpf/npm/custom");
+}
+
+#[test]
+fn the_binary_rejects_a_bad_rendered_value() {
+    let (ok, _, err) = dry_run(&["massDeleteThreshold=2"]);
+    assert!(!ok);
+    assert!(err.contains("--mass-delete-threshold must be within 0..1"), "{err}");
+    let (ok, _, err) = dry_run(&["interfacePattern=a/b"]);
+    assert!(!ok);
+    assert!(err.contains("--interface-pattern"), "{err}");
+    let (ok, _, err) = dry_run(&["pageSize=0"]);
+    assert!(!ok);
+    assert!(err.contains("--page-size must be positive"), "{err}");
+}
+
 #[test]
 fn every_container_runs_the_image_binaries() {
     let lines = command_lines(&["privileged=false"]);
@@ -498,6 +559,7 @@ fn npm_cni_installer() {
             "--conf-dir=/host/etc/cni/net.d",
             "--socket=/run/npm/cni.sock",
             "--timeout-seconds=10",
+            "--wait-seconds=300",
         ]
     );
     let sc = &install["securityContext"];

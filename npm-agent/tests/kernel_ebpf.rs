@@ -48,6 +48,7 @@ async fn start(topo: &Topology, client: &kube::Client) -> RunningAgent {
         object: None,
         pin_dir: topo.pin_dir.clone(),
         bench_no_ct_create: false,
+        attach: npm_dataplane::ebpf::AttachMode::Tcx,
     })
     .expect("open the eBPF dataplane (run `cargo xtask build-ebpf` first)");
     let pattern = InterfacePattern::new(&format!("nge{}*", std::process::id())).unwrap();

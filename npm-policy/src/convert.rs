@@ -1,8 +1,11 @@
 //! Kubernetes API objects (k8s-openapi, v1_34) -> [`crate::model`] types,
 //! the [`Snapshot`] builders, and YAML loading of multi-document files.
 //!
-//! Policies go through [`crate::validate`]: the valid ones land in
-//! [`Snapshot::policies`], the others in [`Snapshot::invalid_policies`].
+//! Policies go through [`crate::validate::convert_policy`]: each lands in
+//! [`Snapshot::policies`] as far as it is understood (a policy with a part
+//! that cannot be understood keeps isolating the pods it selects; only that
+//! part is dropped), and the report of each one that is not fully
+//! understood in [`Snapshot::invalid_policies`].
 
 use std::net::IpAddr;
 
@@ -10,7 +13,7 @@ use k8s_openapi::api::core::v1 as corev1;
 use k8s_openapi::api::networking::v1 as netv1;
 
 use crate::model::{ContainerPort, Namespace, Pod, PodPhase, Protocol, Snapshot};
-use crate::validate::{parse_protocol, validate_policy};
+use crate::validate::{convert_policy, parse_protocol};
 
 /// Errors converting API objects.
 #[derive(Debug, thiserror::Error)]
@@ -260,9 +263,10 @@ pub fn pod_from_api(p: &corev1::Pod) -> Result<Pod, ConvertError> {
 }
 
 impl Snapshot {
-    /// Builds a snapshot from API objects. Policies that fail validation go
-    /// to `invalid_policies`; a namespace or pod that cannot be converted is
-    /// an error.
+    /// Builds a snapshot from API objects. Policies that are not fully
+    /// understood are kept without the parts that cannot be understood and
+    /// reported in `invalid_policies`; a namespace or pod that cannot be
+    /// converted is an error.
     pub fn from_objects(
         namespaces: &[corev1::Namespace],
         pods: &[corev1::Pod],
@@ -302,22 +306,19 @@ impl Snapshot {
         self.pods.remove(&(namespace.to_string(), name.to_string()))
     }
 
-    /// Validates and adds or replaces a policy; an invalid one replaces any
-    /// earlier valid version (it is no longer enforced) and is recorded in
-    /// `invalid_policies`. Returns the validation result.
+    /// Converts and adds or replaces a policy. One that is not fully
+    /// understood is added without the parts that cannot be understood (it
+    /// keeps isolating the pods it selects; see [`crate::validate`]), its
+    /// report is recorded in `invalid_policies` and returned as the error.
     pub fn upsert_policy(&mut self, np: &netv1::NetworkPolicy) -> Result<(), crate::model::InvalidPolicy> {
-        let result = validate_policy(np);
-        let (ns, name) = match &result {
-            Ok(p) => (p.namespace.clone(), p.name.clone()),
-            Err(e) => (e.namespace.clone(), e.name.clone()),
-        };
+        let c = convert_policy(np);
+        let (ns, name) = (c.policy.namespace.clone(), c.policy.name.clone());
         self.remove_policy(&ns, &name);
-        match result {
-            Ok(p) => {
-                self.policies.insert((ns, name), p);
-                Ok(())
-            }
-            Err(e) => {
+        let invalid = c.invalid();
+        self.policies.insert((ns, name), c.policy);
+        match invalid {
+            None => Ok(()),
+            Some(e) => {
                 self.invalid_policies.push(e.clone());
                 Err(e)
             }

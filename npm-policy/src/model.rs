@@ -144,6 +144,26 @@ pub struct Selector {
     pub match_expressions: Vec<Requirement>,
 }
 
+impl Selector {
+    /// The key of the requirement of [`Selector::nothing`].
+    pub const NOTHING_KEY: &'static str = "npm.io/unparseable-selector";
+
+    /// A selector that matches no labels: one `In` requirement without
+    /// values (a form the API rejects, so no selector an API server
+    /// accepted looks like it). It stands for a policy's `podSelector`
+    /// that cannot be evaluated (see [`crate::validate`]).
+    pub fn nothing() -> Selector {
+        Selector {
+            match_labels: Labels::new(),
+            match_expressions: vec![Requirement {
+                key: Selector::NOTHING_KEY.to_string(),
+                operator: Operator::In,
+                values: Vec::new(),
+            }],
+        }
+    }
+}
+
 /// A validated ipBlock.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IpBlock {
@@ -219,14 +239,16 @@ pub struct Policy {
     pub egress: Vec<Rule>,
 }
 
-/// A policy that failed validation; it is skipped, the others compile.
+/// The report of a policy that is not fully understood. The policy itself
+/// is in [`Snapshot::policies`] without the parts that cannot be understood
+/// (it keeps isolating the pods it selects; see [`crate::validate`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InvalidPolicy {
     /// Namespace.
     pub namespace: String,
     /// Name.
     pub name: String,
-    /// Every error, each naming the field.
+    /// Every error, each naming the field, the value and what was dropped.
     pub errors: Vec<String>,
 }
 
@@ -237,8 +259,9 @@ pub struct Snapshot {
     pub namespaces: BTreeMap<String, Namespace>,
     /// Pods by (namespace, name).
     pub pods: BTreeMap<(String, String), Pod>,
-    /// Valid policies by (namespace, name).
+    /// Policies by (namespace, name), each as far as it is understood.
     pub policies: BTreeMap<(String, String), Policy>,
-    /// Policies that failed validation.
+    /// The reports of the policies that are not fully understood (each is
+    /// also in `policies`, without the parts it could not understand).
     pub invalid_policies: Vec<InvalidPolicy>,
 }

@@ -1,11 +1,51 @@
-//! API defaulting and validation of a NetworkPolicy: k8s-openapi
-//! `NetworkPolicy` -> [`Policy`], or an [`InvalidPolicy`] whose errors each
-//! name the object and the field path.
+//! API defaulting and conversion of a NetworkPolicy: k8s-openapi
+//! `NetworkPolicy` -> [`Policy`] as far as it is understood, plus the
+//! [`FieldError`]s of what is not ([`convert_policy`]); [`validate_policy`]
+//! is the strict form (any error makes it an [`InvalidPolicy`]).
 //!
 //! Defaulting (spec §2): "If `policyTypes` is non-empty, it is used as given
 //! [...] If it is empty or absent, the API server sets it to `[Ingress]`, and
 //! appends `Egress` only if `len(spec.egress) != 0`." and "NetworkPolicyPort
 //! `protocol` defaults to `TCP`".
+//!
+//! # Invalid input fails closed
+//!
+//! An API server of another version (or one with validation off) may hand
+//! the agent a policy it cannot fully understand. Skipping such a policy
+//! would un-isolate the pods it selects (fail open), so the policy is kept
+//! and only what cannot be understood is dropped, each drop narrowing what
+//! is allowed, never widening it. Rules are OR-ed and so are the peers of
+//! a rule: dropping a rule or one of several peers only removes allowances.
+//! An *empty* peer list or port list means "everyone" / "every port", so a
+//! drop that would empty one drops the whole rule instead.
+//!
+//! | what cannot be understood | what is dropped ([`Consequence`]) |
+//! |---|---|
+//! | `ipBlock.cidr` or an `except` entry that does not parse, an `except` that is not a strict subset of `cidr` | the peer |
+//! | a peer with no field, or `ipBlock` with a selector | the peer |
+//! | a peer's `podSelector`/`namespaceSelector` (bad operator, empty key, `In`/`NotIn` without values, `Exists`/`DoesNotExist` with values) | the peer |
+//! | every peer of a rule | the rule |
+//! | a port: protocol, number out of range, `endPort` < `port`, `endPort` without `port` or with a named port, a bad port name | the rule (without that port the rule would allow other ports, or every port) |
+//! | the policy's own `spec.podSelector` | the policy selects no pod |
+//! | a `policyTypes` entry other than `Ingress`/`Egress` | read as both: the selected pods are isolated for ingress and egress |
+//! | more than two `policyTypes` entries, an empty `metadata.name` | nothing: reported, enforced as written |
+//! | label keys or values the API would reject (in `matchLabels` or `values`) | nothing: not reported, they are matched literally (no pod has such a label) |
+//!
+//! Why a policy whose own `podSelector` cannot be evaluated selects
+//! nothing rather than every pod of its namespace: the selector is the
+//! only statement of *whom* the author meant to isolate. Reading it as
+//! `{}` (or dropping the bad requirement, which also widens it) would
+//! isolate pods the author never named, possibly every workload of the
+//! namespace: a self-inflicted outage caused by a typo in an unrelated
+//! policy. Selecting nothing leaves every pod exactly as the other
+//! policies make it, and the agent reports the policy loudly (log, metric,
+//! a Kubernetes Event). An unknown `policyTypes` entry is different: the
+//! pods are known (the author selected them for isolation) and only the
+//! direction is not, so the safe reading is both directions, which can
+//! only affect the pods the author chose.
+//!
+//! The agent reports every [`FieldError`] (its field path, the value and
+//! the [`Consequence`]); this module does no I/O.
 
 use std::fmt;
 
@@ -18,16 +58,52 @@ use crate::model::{
     InvalidPolicy, IpBlock, Operator, Peer, Policy, Port, PortSpec, Protocol, Requirement, Rule, Selector,
 };
 
-/// One validation error: the object, the field path and what is wrong.
+/// What the conversion does about one [`FieldError`] (see the module doc).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Consequence {
+    /// Reported only: what the policy says is still clear, it is enforced
+    /// as written.
+    Reported,
+    /// The peer at this path (`spec.ingress[0].from[1]`) is dropped; its
+    /// rule keeps its other peers.
+    PeerDropped(String),
+    /// The rule at this path (`spec.egress[2]`) is dropped: it allows
+    /// nothing (the policy keeps its other rules and its isolation).
+    RuleDropped(String),
+    /// The policy selects no pod (its `spec.podSelector` cannot be
+    /// evaluated).
+    SelectsNothing,
+    /// The `policyTypes` entry is read as both `Ingress` and `Egress`.
+    BothDirections,
+}
+
+impl fmt::Display for Consequence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Consequence::Reported => f.write_str("reported; the policy is enforced as written"),
+            Consequence::PeerDropped(p) => write!(f, "peer {p} dropped; its rule keeps its other peers"),
+            Consequence::RuleDropped(p) => write!(f, "rule {p} dropped; the selected pods stay isolated"),
+            Consequence::SelectsNothing => f.write_str("the policy selects no pod"),
+            Consequence::BothDirections => {
+                f.write_str("read as Ingress and Egress: the selected pods are isolated both ways")
+            }
+        }
+    }
+}
+
+/// One validation error: the object, the field path, what is wrong (with
+/// the value) and what the conversion drops for it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{object}: {field}: {message}")]
+#[error("{object}: {field}: {message} ({consequence})")]
 pub struct FieldError {
     /// `namespace/name` of the policy.
     pub object: String,
     /// Field path, e.g. `spec.ingress[0].from[1].ipBlock.except[0]`.
     pub field: String,
-    /// What is wrong.
+    /// What is wrong, quoting the value.
     pub message: String,
+    /// What is dropped for it.
+    pub consequence: Consequence,
 }
 
 /// Collects errors while walking one policy.
@@ -42,7 +118,15 @@ impl Ctx<'_> {
             object: self.object.to_string(),
             field: field.to_string(),
             message: message.into(),
+            consequence: Consequence::Reported,
         });
+    }
+
+    /// The errors recorded since `from` get `consequence`.
+    fn since(&mut self, from: usize, consequence: &Consequence) {
+        for e in &mut self.errors[from..] {
+            e.consequence = consequence.clone();
+        }
     }
 }
 
@@ -57,7 +141,7 @@ fn selector(ctx: &mut Ctx<'_>, path: &str, sel: &LabelSelector) -> Option<Select
     for (i, e) in sel.match_expressions.iter().flatten().enumerate() {
         let p = format!("{path}.matchExpressions[{i}]");
         if e.key.is_empty() {
-            ctx.err(format!("{p}.key"), "must not be empty");
+            ctx.err(format!("{p}.key"), "key \"\" must not be empty");
         }
         let values = e.values.clone().unwrap_or_default();
         let op = match e.operator.as_str() {
@@ -76,11 +160,11 @@ fn selector(ctx: &mut Ctx<'_>, path: &str, sel: &LabelSelector) -> Option<Select
         match op {
             Operator::In | Operator::NotIn if values.is_empty() => ctx.err(
                 format!("{p}.values"),
-                format!("must be non-empty for operator {}", e.operator),
+                format!("values [] must be non-empty for operator {}", e.operator),
             ),
             Operator::Exists | Operator::DoesNotExist if !values.is_empty() => ctx.err(
                 format!("{p}.values"),
-                format!("must be empty for operator {}", e.operator),
+                format!("values {values:?} must be empty for operator {}", e.operator),
             ),
             _ => {}
         }
@@ -124,13 +208,19 @@ fn peer(ctx: &mut Ctx<'_>, path: &str, p: &netv1::NetworkPolicyPeer) -> Option<P
     let before = ctx.errors.len();
     let n = p.pod_selector.is_some() as u8 + p.namespace_selector.is_some() as u8 + p.ip_block.is_some() as u8;
     if n == 0 {
-        ctx.err(path, "must specify a peer: podSelector, namespaceSelector or ipBlock");
-        return None;
-    }
-    if p.ip_block.is_some() && n > 1 {
         ctx.err(
             path,
-            "may not specify ipBlock together with podSelector or namespaceSelector",
+            "empty peer {}: must specify a peer: podSelector, namespaceSelector or ipBlock",
+        );
+        return None;
+    }
+    if let Some(b) = p.ip_block.as_ref().filter(|_| n > 1) {
+        ctx.err(
+            path,
+            format!(
+                "ipBlock {:?} may not be specified together with podSelector or namespaceSelector",
+                b.cidr
+            ),
         );
         return None;
     }
@@ -210,10 +300,10 @@ fn port(ctx: &mut Ctx<'_>, path: &str, p: &netv1::NetworkPolicyPort) -> Option<P
     };
     let spec = match (&p.port, p.end_port) {
         (None, None) => PortSpec::All,
-        (None, Some(_)) => {
+        (None, Some(e)) => {
             ctx.err(
                 format!("{path}.endPort"),
-                "may not be specified when port is not specified",
+                format!("endPort {e} may not be specified when port is not specified"),
             );
             PortSpec::All
         }
@@ -246,10 +336,10 @@ fn port(ctx: &mut Ctx<'_>, path: &str, p: &netv1::NetworkPolicyPort) -> Option<P
                     format!("{name:?} is not a valid port name (IANA_SVC_NAME)"),
                 );
             }
-            if end.is_some() {
+            if let Some(e) = end {
                 ctx.err(
                     format!("{path}.endPort"),
-                    "may not be specified when port is a named port",
+                    format!("endPort {e} may not be specified when port is the named port {name:?}"),
                 );
             }
             PortSpec::Named(name.clone())
@@ -265,7 +355,8 @@ type RuleParts<'a> = (
 );
 
 /// The rules of one direction, `spec.<direction>[i]`, whose peers are in
-/// field `peer_field`; `parts` gives a rule's ports and peers.
+/// field `peer_field`; `parts` gives a rule's ports and peers. Rules that
+/// cannot be understood are left out (see [`rule`]).
 fn rules<'a, R>(
     ctx: &mut Ctx<'_>,
     direction: &str,
@@ -276,37 +367,77 @@ fn rules<'a, R>(
     list.into_iter()
         .flatten()
         .enumerate()
-        .map(|(i, r)| {
+        .filter_map(|(i, r)| {
             let (ports, peers) = parts(r);
             rule(ctx, &format!("spec.{direction}[{i}]"), peer_field, ports, peers)
         })
         .collect()
 }
 
+/// One rule, or `None` when it is dropped: a port that cannot be
+/// understood drops the rule (without it the rule would allow other ports,
+/// or every port once no port is left); a peer that cannot be understood
+/// is dropped alone, unless no peer is left (an empty peer list allows
+/// everyone), which drops the rule.
 fn rule(
     ctx: &mut Ctx<'_>,
     path: &str,
     peer_field: &str,
     ports: Option<&Vec<netv1::NetworkPolicyPort>>,
     peers: Option<&Vec<netv1::NetworkPolicyPeer>>,
-) -> Rule {
+) -> Option<Rule> {
+    let before = ctx.errors.len();
     let mut r = Rule::default();
+    let mut port_error = false;
     for (i, p) in ports.into_iter().flatten().enumerate() {
-        if let Some(p) = port(ctx, &format!("{path}.ports[{i}]"), p) {
-            r.ports.push(p);
+        match port(ctx, &format!("{path}.ports[{i}]"), p) {
+            Some(p) => r.ports.push(p),
+            None => port_error = true,
         }
     }
+    let given = peers.map_or(0, Vec::len);
     for (i, p) in peers.into_iter().flatten().enumerate() {
-        if let Some(p) = peer(ctx, &format!("{path}.{peer_field}[{i}]"), p) {
-            r.peers.push(p);
+        let peer_path = format!("{path}.{peer_field}[{i}]");
+        let from = ctx.errors.len();
+        match peer(ctx, &peer_path, p) {
+            Some(p) => r.peers.push(p),
+            None => ctx.since(from, &Consequence::PeerDropped(peer_path)),
         }
     }
-    r
+    if port_error || (given > 0 && r.peers.is_empty()) {
+        ctx.since(before, &Consequence::RuleDropped(path.to_string()));
+        return None;
+    }
+    Some(r)
 }
 
-/// Defaults and validates a NetworkPolicy. The namespace defaults to
+/// A NetworkPolicy as far as it is understood, and what is not (see the
+/// module doc): `problems` is empty for a valid policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyConversion {
+    /// The defaulted policy without the parts that cannot be understood;
+    /// it keeps isolating the pods it selects.
+    pub policy: Policy,
+    /// Every error, each naming the field, the value and what was dropped.
+    pub problems: Vec<FieldError>,
+}
+
+impl PolicyConversion {
+    /// The policy's report when it has problems (its errors as text, each
+    /// naming the object, the field, the value and the consequence).
+    pub fn invalid(&self) -> Option<InvalidPolicy> {
+        (!self.problems.is_empty()).then(|| InvalidPolicy {
+            namespace: self.policy.namespace.clone(),
+            name: self.policy.name.clone(),
+            errors: self.problems.iter().map(|e| e.to_string()).collect(),
+        })
+    }
+}
+
+/// Defaults and converts a NetworkPolicy as far as it is understood (see
+/// the module doc for what is dropped). The namespace defaults to
 /// `default` when the object has none (raw YAML).
-pub fn validate_policy(np: &netv1::NetworkPolicy) -> Result<Policy, InvalidPolicy> {
+pub fn convert_policy(np: &netv1::NetworkPolicy) -> PolicyConversion {
     let namespace = np.metadata.namespace.clone().unwrap_or_else(|| "default".to_string());
     let name = np.metadata.name.clone().unwrap_or_default();
     let object = format!("{namespace}/{name}");
@@ -315,11 +446,15 @@ pub fn validate_policy(np: &netv1::NetworkPolicy) -> Result<Policy, InvalidPolic
         errors: Vec::new(),
     };
     if name.is_empty() {
-        ctx.err("metadata.name", "must not be empty");
+        ctx.err("metadata.name", "name \"\" must not be empty");
     }
     let spec = np.spec.clone().unwrap_or_default();
+    let from = ctx.errors.len();
     let pod_selector = match &spec.pod_selector {
-        Some(s) => selector(&mut ctx, "spec.podSelector", s).unwrap_or_default(),
+        Some(s) => selector(&mut ctx, "spec.podSelector", s).unwrap_or_else(|| {
+            ctx.since(from, &Consequence::SelectsNothing);
+            Selector::nothing()
+        }),
         None => Selector::default(),
     };
     let types = spec.policy_types.clone().unwrap_or_default();
@@ -331,17 +466,22 @@ pub fn validate_policy(np: &netv1::NetworkPolicy) -> Result<Policy, InvalidPolic
         if types.len() > 2 {
             ctx.err(
                 "spec.policyTypes",
-                format!("may not have more than 2 entries, has {}", types.len()),
+                format!("{types:?} may not have more than 2 entries, has {}", types.len()),
             );
         }
         for (i, t) in types.iter().enumerate() {
             match t.as_str() {
                 "Ingress" => ing = true,
                 "Egress" => eg = true,
-                other => ctx.err(
-                    format!("spec.policyTypes[{i}]"),
-                    format!("unsupported value {other:?}: must be Ingress or Egress"),
-                ),
+                other => {
+                    // Which direction was meant is unknown: both.
+                    ctx.err(
+                        format!("spec.policyTypes[{i}]"),
+                        format!("unsupported value {other:?}: must be Ingress or Egress"),
+                    );
+                    ctx.since(ctx.errors.len() - 1, &Consequence::BothDirections);
+                    (ing, eg) = (true, true);
+                }
             }
         }
     }
@@ -351,20 +491,27 @@ pub fn validate_policy(np: &netv1::NetworkPolicy) -> Result<Policy, InvalidPolic
     let egress = rules(&mut ctx, "egress", "to", spec.egress.as_ref(), |r| {
         (r.ports.as_ref(), r.to.as_ref())
     });
-    if !ctx.errors.is_empty() {
-        return Err(InvalidPolicy {
+    PolicyConversion {
+        policy: Policy {
             namespace,
             name,
-            errors: ctx.errors.iter().map(|e| e.to_string()).collect(),
-        });
+            pod_selector,
+            ingress_isolation: ing,
+            egress_isolation: eg,
+            ingress,
+            egress,
+        },
+        problems: ctx.errors,
     }
-    Ok(Policy {
-        namespace,
-        name,
-        pod_selector,
-        ingress_isolation: ing,
-        egress_isolation: eg,
-        ingress,
-        egress,
-    })
+}
+
+/// Defaults and validates a NetworkPolicy strictly: the policy when it is
+/// fully understood, else every error ([`convert_policy`] gives the part
+/// that is understood).
+pub fn validate_policy(np: &netv1::NetworkPolicy) -> Result<Policy, InvalidPolicy> {
+    let c = convert_policy(np);
+    match c.invalid() {
+        Some(e) => Err(e),
+        None => Ok(c.policy),
+    }
 }

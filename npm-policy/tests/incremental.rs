@@ -319,7 +319,7 @@ fn ip_ownership() {
 }
 
 #[test]
-fn compiler_apply_policy_validates() {
+fn compiler_apply_policy_validates_and_fails_closed() {
     let m = model();
     let mut c = npm_policy::incremental::Compiler::new(m.snapshot.clone(), opts(), None);
     assert_eq!(c.compiled().policy.len(), 1);
@@ -334,9 +334,17 @@ fn compiler_apply_policy_validates() {
         "{:?}",
         err.errors
     );
-    // The invalid version replaced the valid one: x/a is open again.
+    assert!(
+        err.errors[0].contains("rule spec.ingress[0] dropped"),
+        "{:?}",
+        err.errors
+    );
+    // The version with a bad port replaced the valid one: its only rule is
+    // dropped, and x/a stays isolated (invalid input fails closed).
     assert!(c.compiled().policy.is_empty());
-    assert!(c.compiled().endpoints.values().all(|e| !e.isolated_ingress));
+    let xa = ep(c.compiled(), "x/a");
+    assert!(c.compiled().endpoints[&xa].isolated_ingress);
+    assert!(!lookup(c.compiled(), xa, Direction::Ingress, m.ip("z/c").unwrap(), 6, 75).allowed);
     assert_eq!(c.snapshot().invalid_policies.len(), 1);
     np.spec.as_mut().unwrap().ingress.as_mut().unwrap()[0]
         .ports

@@ -1,5 +1,6 @@
 //! Validation table: each invalid form gives an error naming the object and
-//! the field path; the other policies still compile. Also defaulting.
+//! the field path; the other policies still compile. Also defaulting. What
+//! is enforced of an invalid policy: tests/invalid_fail_closed.rs.
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use npm_policy::model::{PortSpec, Protocol, Snapshot};
@@ -168,9 +169,11 @@ fn invalid_forms() {
             "{name}: want {prefix:?} in {:?}",
             err.errors
         );
-        // The invalid policy is skipped; the others compile.
+        // The invalid policy is reported and kept as far as it is
+        // understood (tests/invalid_fail_closed.rs); the others compile.
         let s = Snapshot::from_objects(&[], &[], &[np(v), np(good2.clone())]).unwrap();
         assert_eq!(s.invalid_policies.len(), 1, "{name}");
+        assert!(s.policies.contains_key(&("ns1".into(), "np".into())), "{name}");
         assert!(s.policies.contains_key(&("ns1".into(), "other".into())), "{name}");
     }
     assert!(validate_policy(&good).is_ok());

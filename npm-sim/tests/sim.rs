@@ -176,11 +176,13 @@ fn npmctl_smoke() {
     assert_eq!(lines.len(), 4, "{out}");
     // rows/columns sorted: other/client, shop/db, shop/web
     assert!(
-        lines[1].starts_with("other/client") && lines[1].split_whitespace().collect::<Vec<_>>()[1..] == [".", "X", "."],
+        lines[1].starts_with("other/client") && lines[1].split_whitespace().collect::<Vec<_>>()[1..] == [".", "X", "X"],
         "{out}"
     );
+    // `broken` selects every pod of shop: its invalid rule is dropped, its
+    // isolation stays (fail closed), so shop/web admits nobody.
     assert!(
-        lines[3].starts_with("shop/web") && lines[3].split_whitespace().collect::<Vec<_>>()[1..] == [".", ".", "."],
+        lines[3].starts_with("shop/web") && lines[3].split_whitespace().collect::<Vec<_>>()[1..] == [".", ".", "X"],
         "{out}"
     );
 

@@ -115,7 +115,12 @@ pub fn image() -> Result<String> {
         std::fs::copy(&real, &target).with_context(|| format!("copying {} to {}", real.display(), target.display()))?;
     }
     // Debian's merged /usr, so that paths under /lib, /bin, ... resolve.
-    for (link, to) in [("lib", "usr/lib"), ("lib64", "usr/lib64"), ("bin", "usr/bin"), ("sbin", "usr/sbin")] {
+    for (link, to) in [
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("bin", "usr/bin"),
+        ("sbin", "usr/sbin"),
+    ] {
         let p = staging.join(link);
         if !p.exists() {
             std::fs::create_dir_all(staging.join(to))?;
@@ -134,7 +139,10 @@ pub fn image() -> Result<String> {
 
     let ctr = buildah_out(&["from", "scratch"])?;
     let result = (|| -> Result<()> {
-        run(Command::new("buildah").args(["copy", &ctr]).arg(format!("{}/", staging.display())).arg("/"))?;
+        run(Command::new("buildah")
+            .args(["copy", &ctr])
+            .arg(format!("{}/", staging.display()))
+            .arg("/"))?;
         run(Command::new("buildah").args([
             "config",
             "--entrypoint",
@@ -232,7 +240,10 @@ pub fn check(tag: &str) -> Result<()> {
 }
 
 fn podman(args: &[&str]) -> Result<String> {
-    let out = Command::new("podman").args(args).output().context("cannot start podman")?;
+    let out = Command::new("podman")
+        .args(args)
+        .output()
+        .context("cannot start podman")?;
     if !out.status.success() {
         bail!(
             "podman {} failed ({}): {}{}",
@@ -259,7 +270,9 @@ fn check_version(tag: &str, version: &str) -> Result<()> {
 /// `helm template` with `--set` values, as YAML documents.
 fn helm_template(set: &[&str]) -> Result<Vec<serde_yaml::Value>> {
     let mut cmd = Command::new(helm());
-    cmd.args(["template", "npm"]).arg(root().join("charts/npm-agent")).args(["--namespace", "kube-system"]);
+    cmd.args(["template", "npm"])
+        .arg(root().join("charts/npm-agent"))
+        .args(["--namespace", "kube-system"]);
     for s in set {
         cmd.args(["--set", s]);
     }
@@ -287,7 +300,12 @@ fn helm() -> PathBuf {
 fn agent_container(docs: &[serde_yaml::Value]) -> Result<serde_yaml::Value> {
     docs.iter()
         .filter(|d| d["kind"].as_str() == Some("DaemonSet"))
-        .flat_map(|d| d["spec"]["template"]["spec"]["containers"].as_sequence().cloned().unwrap_or_default())
+        .flat_map(|d| {
+            d["spec"]["template"]["spec"]["containers"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default()
+        })
         .find(|c| c["name"].as_str() == Some("agent"))
         .context("the rendered chart has no DaemonSet container named agent")
 }
@@ -301,7 +319,11 @@ fn strings(v: &serde_yaml::Value) -> Vec<String> {
 /// The rendered DaemonSet's command and arguments are accepted by the
 /// image's own binary (`run ... --dry-run` validates and exits).
 fn check_chart_arguments(tag: &str) -> Result<()> {
-    for set in [&[][..], &["privileged=false"][..], &["dataplane=nftables", "cniPreset=calico"][..]] {
+    for set in [
+        &[][..],
+        &["privileged=false"][..],
+        &["dataplane=nftables", "cniPreset=calico"][..],
+    ] {
         let agent = agent_container(&helm_template(set)?)?;
         let command = strings(&agent["command"]);
         let entry = command.first().context("the agent container has no command")?.clone();
@@ -368,9 +390,15 @@ fn remove_leftover_containers() {
 }
 
 fn buildah_out(args: &[&str]) -> Result<String> {
-    let out = Command::new("buildah").args(args).output().context("cannot start buildah")?;
+    let out = Command::new("buildah")
+        .args(args)
+        .output()
+        .context("cannot start buildah")?;
     if !out.status.success() {
-        bail!("buildah {args:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "buildah {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -384,7 +412,10 @@ fn which(name: &str) -> Option<PathBuf> {
 fn is_elf(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 4];
-    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == *b"\x7fELF"
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && magic == *b"\x7fELF"
 }
 
 /// The shared libraries `ldd` resolves for `exe`, the dynamic loader included.
@@ -396,7 +427,11 @@ fn shared_libraries(exe: &Path) -> Result<Vec<PathBuf>> {
         if text.contains("not a dynamic executable") || String::from_utf8_lossy(&out.stderr).contains("not a dynamic") {
             return Ok(Vec::new());
         }
-        bail!("ldd {} failed: {}", exe.display(), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "ldd {} failed: {}",
+            exe.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     parse_ldd(&text).with_context(|| format!("ldd {}", exe.display()))
 }

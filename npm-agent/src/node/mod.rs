@@ -1,8 +1,12 @@
-//! The node the agent runs on: its own addresses ([`addresses`]) and the
-//! host-side interfaces of its local endpoints ([`interfaces`]).
+//! The node the agent runs on: its own addresses ([`addresses`], kept
+//! current through netlink) and the host-side interfaces of its local
+//! endpoints ([`interfaces`], by the rules of [`discovery`]), both read
+//! through the small rtnetlink client of [`netlink`].
 
 pub mod addresses;
+pub mod discovery;
 pub mod interfaces;
+pub mod netlink;
 
-pub use addresses::local_addresses;
-pub use interfaces::{EndpointError, InterfacePattern, InterfaceResolver, Resolve, Resolved, RouteTarget};
+pub use addresses::{AddressState, NodeAddresses};
+pub use interfaces::{EndpointError, InterfacePattern, InterfaceResolver, Resolve, Resolved};

@@ -36,7 +36,8 @@ impl<D: AgentDataplane> Syncer<D> {
         };
         let by_ifindex: HashMap<u32, &AdoptedEndpoint> = adopted.iter().map(|a| (a.ifindex, a)).collect();
         let compiled = self.incremental.compiled();
-        let resolved = self.resolver.resolve(compiled);
+        let mut resolved = self.resolver.resolve(compiled);
+        self.facts.override_interfaces(compiled, &mut resolved);
         let mut keep: BTreeMap<String, u32> = BTreeMap::new();
         let mut used = BTreeSet::new();
         for (id, ep) in &compiled.endpoints {
@@ -66,7 +67,7 @@ impl<D: AgentDataplane> Syncer<D> {
             },
             ..Compiled::default()
         };
-        self.incremental = compiler::Incremental::new(state, &self.cfg.compile, Some(&floor));
+        self.incremental = compiler::Incremental::new(state, &self.facts, &self.cfg.compile, Some(&floor));
     }
 
     /// Before the first sync of the agent's life: the guard's reference

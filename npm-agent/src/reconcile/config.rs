@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use npm_policy::compiled::CompileOptions;
 
+use crate::node::NodeAddresses;
+
 /// A setting of the sync loop that cannot work.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConfigError {
@@ -60,6 +62,12 @@ pub struct SyncConfig {
     /// in the background (`Duration::ZERO`: after every sync, one check at a
     /// time; debug builds check after every sync).
     pub cross_check_interval: Duration,
+    /// This node's addresses, kept current (`None`: `compile.node_ips`
+    /// stays as given). They replace `compile.node_ips`, a change
+    /// recompiles, and nothing is programmed before a first successful
+    /// read; while they are unreadable the last good set stays in force
+    /// and the readiness check `node-addresses` fails.
+    pub node_addresses: Option<NodeAddresses>,
 }
 
 impl Default for SyncConfig {
@@ -74,6 +82,7 @@ impl Default for SyncConfig {
             stats_interval: Duration::from_secs(5),
             flow_logs_per_sec: 10,
             cross_check_interval: Duration::from_secs(300),
+            node_addresses: None,
         }
     }
 }

@@ -1,14 +1,22 @@
 //! The mass-deletion guard (incident 2): whether a sync would remove too
-//! much, in one step ([`mass_removal`]) or cumulatively against the
-//! highest counts programmed within the window ([`GuardReference`]), and
-//! the confirming direct read of a held sync, with its backoff (see the
-//! [`reconcile`](crate::reconcile) module doc).
+//! much, in one step ([`mass_removal`], [`enforcement_removal`]) or
+//! cumulatively against the highest counts programmed within the window
+//! ([`GuardReference`]), and the confirming direct read of a held sync,
+//! with its backoff (see the [`reconcile`](crate::reconcile) module doc).
+//!
+//! What is measured: the pod identities and the endpoints (losing pods
+//! deletes their addresses and state), and, because losing policies opens
+//! pods as surely as losing pods (issue 12 §3), the NetworkPolicies of the
+//! snapshot and the isolated endpoint directions (an endpoint isolated for
+//! ingress and egress counts twice). Each is held at the same threshold,
+//! with the same window and the same confirming direct read.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use npm_common::{IDENTITY_FIRST_CIDR, IDENTITY_FIRST_POD};
-use npm_policy::compiled::Compiled;
+use npm_policy::compiled::{Compiled, Direction};
+use npm_policy::model::Snapshot;
 
 use super::config::{DIRECT_READ_MAX_BACKOFF, DIRECT_READ_MIN_BACKOFF};
 use super::dataplane::AgentDataplane;
@@ -37,6 +45,16 @@ pub(super) fn missing_from<T: Ord>(old: impl Iterator<Item = T>, new: impl Itera
     missing
 }
 
+/// The isolated endpoint directions of a compile, in order: an endpoint
+/// isolated both ways appears twice.
+pub(super) fn isolated_directions(c: &Compiled) -> impl Iterator<Item = (u32, Direction)> + '_ {
+    c.endpoints.iter().flat_map(|(id, e)| {
+        let ingress = e.isolated_ingress.then_some((*id, Direction::Ingress));
+        let egress = e.isolated_egress.then_some((*id, Direction::Egress));
+        ingress.into_iter().chain(egress)
+    })
+}
+
 fn share(old: usize, removed: usize) -> f64 {
     if old == 0 {
         0.0
@@ -60,14 +78,48 @@ pub fn mass_removal(old: &Compiled, new: &Compiled, threshold: f64) -> Option<St
     })
 }
 
+/// Which share of the NetworkPolicies last programmed (`programmed`, in
+/// order) the snapshot `next` no longer has, and which share of `old`'s
+/// isolated endpoint directions `new` no longer has; `Some(description)`
+/// when either exceeds `threshold`.
+pub fn enforcement_removal(
+    programmed: &[(String, String)],
+    next: &Snapshot,
+    old: &Compiled,
+    new: &Compiled,
+    threshold: f64,
+) -> Option<String> {
+    let removed_policies = missing_from(programmed.iter(), next.policies.keys());
+    let old_isolated = isolated_directions(old).count();
+    let removed_isolated = missing_from(isolated_directions(old), isolated_directions(new));
+    let (sp, si) = (
+        share(programmed.len(), removed_policies),
+        share(old_isolated, removed_isolated),
+    );
+    (sp > threshold || si > threshold).then(|| {
+        format!(
+            "{removed_policies}/{} NetworkPolicies and {removed_isolated}/{old_isolated} isolated endpoint \
+             directions would be removed",
+            programmed.len()
+        )
+    })
+}
+
 /// The reference of the cumulative mass-deletion check: the highest pod
-/// identity and endpoint counts programmed within a time window since the
-/// last confirmation (a sliding-window maximum: each queue holds the
-/// samples that can still become the maximum, oldest first).
+/// identity, endpoint, NetworkPolicy and isolated endpoint direction counts
+/// programmed within a time window since the last confirmation (a
+/// sliding-window maximum: each queue holds the samples that can still
+/// become the maximum, oldest first), and the NetworkPolicies last
+/// programmed (for the one-step check).
 #[derive(Debug, Default)]
 pub struct GuardReference {
     identities: VecDeque<(Instant, usize)>,
     endpoints: VecDeque<(Instant, usize)>,
+    policies: VecDeque<(Instant, usize)>,
+    isolated: VecDeque<(Instant, usize)>,
+    /// The NetworkPolicies (namespace, name) last programmed, in order
+    /// (`None` before the first sync).
+    programmed_policies: Option<Vec<(String, String)>>,
 }
 
 fn push_max(q: &mut VecDeque<(Instant, usize)>, now: Instant, v: usize) {
@@ -102,12 +154,60 @@ impl GuardReference {
         push_max(&mut self.endpoints, now, endpoints);
     }
 
+    /// Record the NetworkPolicies of the snapshot just programmed and the
+    /// isolated endpoint directions of what was programmed (`programmed`).
+    pub fn observe_enforcement(&mut self, now: Instant, snapshot: &Snapshot, programmed: &Compiled) {
+        for q in [&mut self.policies, &mut self.isolated] {
+            if let Some(b) = q.back_mut() {
+                b.0 = b.0.max(now);
+            }
+        }
+        push_max(&mut self.policies, now, snapshot.policies.len());
+        push_max(&mut self.isolated, now, isolated_directions(programmed).count());
+        self.programmed_policies = Some(snapshot.policies.keys().cloned().collect());
+    }
+
     /// A direct read confirmed the state: the counts just programmed become
-    /// the whole reference.
+    /// the whole reference (the NetworkPolicy and isolation counts too:
+    /// [`GuardReference::observe_enforcement`] records them next).
     pub fn reset(&mut self, now: Instant, identities: usize, endpoints: usize) {
         self.identities.clear();
         self.endpoints.clear();
+        self.policies.clear();
+        self.isolated.clear();
         self.observe(now, identities, endpoints);
+    }
+
+    /// The NetworkPolicies last programmed, in order (`None` before the
+    /// first sync).
+    pub fn programmed_policies(&self) -> Option<&[(String, String)]> {
+        self.programmed_policies.as_deref()
+    }
+
+    /// `Some(description)` when the snapshot `next` has more than
+    /// `threshold` fewer NetworkPolicies, or its compile `compiled` fewer
+    /// isolated endpoint directions, than the high-water counts within
+    /// `window` before `now`.
+    pub fn cumulative_enforcement_removal(
+        &mut self,
+        next: &Snapshot,
+        compiled: &Compiled,
+        now: Instant,
+        window: Duration,
+        threshold: f64,
+    ) -> Option<String> {
+        expire(&mut self.policies, now, window);
+        expire(&mut self.isolated, now, window);
+        let hp = self.policies.front().map_or(0, |s| s.1);
+        let hi = self.isolated.front().map_or(0, |s| s.1);
+        let (np, ni) = (next.policies.len(), isolated_directions(compiled).count());
+        let (rp, ri) = (hp.saturating_sub(np), hi.saturating_sub(ni));
+        (share(hp, rp) > threshold || share(hi, ri) > threshold).then(|| {
+            format!(
+                "{rp} of up to {hp} NetworkPolicies and {ri} of up to {hi} isolated endpoint directions gone \
+                 within {window:?} since the last confirmation"
+            )
+        })
     }
 
     /// The highest (identities, endpoints) counts programmed within
@@ -148,14 +248,23 @@ impl<D: AgentDataplane> Syncer<D> {
     /// (see the module doc).
     pub(super) fn held(&mut self, now: Instant) -> Option<String> {
         let next = self.incremental.compiled();
-        let threshold = self.cfg.mass_delete_threshold;
+        let snapshot = self.incremental.snapshot();
+        let (threshold, window) = (self.cfg.mass_delete_threshold, self.cfg.mass_delete_window);
         if let Some((prog, _)) = &self.programmed {
             if let Some(what) = mass_removal(prog, next, threshold) {
                 return Some(what);
             }
+            if let Some(policies) = self.guard.programmed_policies() {
+                if let Some(what) = enforcement_removal(policies, snapshot, prog, next, threshold) {
+                    return Some(what);
+                }
+            }
+        }
+        if let Some(what) = self.guard.cumulative_removal(next, now, window, threshold) {
+            return Some(what);
         }
         self.guard
-            .cumulative_removal(next, now, self.cfg.mass_delete_window, threshold)
+            .cumulative_enforcement_removal(snapshot, next, now, window, threshold)
     }
 
     /// A sync is held (it would remove `what`): confirm it with a direct

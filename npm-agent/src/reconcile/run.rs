@@ -1,11 +1,22 @@
 //! The loop around [`Syncer::sync_once`]: wait for a change, coalesce
 //! changes for the debounce, sync, retry failures with exponential backoff,
 //! and poll the dataplane's counters and deny events on the stats tick.
+//!
+//! The loop reports to the shared [`Health`](crate::telemetry::Health): a
+//! pass of the loop (a sync, a stats tick, or the heartbeat tick every
+//! [`HEARTBEAT`] when idle) is progress for the `/healthz` watchdog, and
+//! each sync's outcome feeds the readiness checks (a held removal, an
+//! apply that failed and whether a map is full, a sync that went through).
 
 use std::time::{Duration, Instant};
 
 use super::dataplane::AgentDataplane;
 use super::syncer::{SyncError, Syncer};
+use crate::node::NodeAddresses;
+
+/// Longest time between two passes of an idle loop (the `/healthz`
+/// watchdog's progress; well below its 60 s limit).
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// How long to wait before a sync: `debounce` after the oldest change not
 /// yet programmed (`first`), or a whole `debounce` without one. A debounce
@@ -22,6 +33,17 @@ fn retry_instant(after: Duration) -> tokio::time::Instant {
     let now = tokio::time::Instant::now();
     now.checked_add(after)
         .unwrap_or_else(|| now + Duration::from_secs(86400 * 365))
+}
+
+/// Resolves when this node's addresses (or their readability) changed;
+/// never without a watcher.
+async fn node_addresses_changed(addresses: Option<&mut NodeAddresses>) {
+    if let Some(a) = addresses {
+        if a.changed().await {
+            return;
+        }
+    }
+    std::future::pending().await
 }
 
 impl<D: AgentDataplane> Syncer<D> {
@@ -49,21 +71,41 @@ impl<D: AgentDataplane> Syncer<D> {
         let mut retry_at: Option<tokio::time::Instant> = None;
         let mut stats = tokio::time::interval(self.cfg.stats_interval.max(Duration::from_millis(1)));
         stats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let cache = self.cache.clone();
+        let health = self.readiness.clone();
+        let mut node_addresses = self.cfg.node_addresses.clone();
         loop {
+            health.loop_progress();
             let far = tokio::time::Instant::now() + Duration::from_secs(3600);
             let sleep = tokio::time::sleep_until(retry_at.unwrap_or(far));
             tokio::select! {
                 _ = cache.changed.notified() => {}
                 _ = sleep, if retry_at.is_some() => {}
                 _ = stats.tick() => { self.poll_stats(); continue; }
+                _ = heartbeat.tick() => continue,
+                _ = node_addresses_changed(node_addresses.as_mut()) => {}
             }
             // Coalesce changes for `debounce` after the oldest one not yet
             // programmed (already waited for when it came during a sync).
             let wait = debounce_wait(cache.first_unprogrammed(), self.cfg.debounce, Instant::now());
             tokio::time::sleep(wait).await;
             let since = cache.take_first_unprogrammed();
-            match self.sync_once().await {
+            let result = self.sync_once().await;
+            match &result {
+                Ok(o) if !o.not_listed => health.sync_succeeded(),
+                Ok(_) => {}
+                Err(SyncError::Dataplane { source, .. }) => health.apply_failed(source),
+                Err(
+                    SyncError::DirectRead { what, .. }
+                    | SyncError::DirectReadDeferred { what, .. }
+                    | SyncError::NoDirectReader { what },
+                ) => health.removal_held(what),
+                // Reported as the `node-addresses` readiness check.
+                Err(SyncError::NodeAddressesUnknown { .. }) => {}
+            }
+            match result {
                 Ok(o) => {
                     backoff = min_backoff;
                     if o.applied {

@@ -3,11 +3,12 @@
 //! endpoints' interfaces, and apply the difference against what is
 //! programmed (a full sync the first time and after a failure); the
 //! [`Syncer`] keeps what was compiled and programmed last, and reports the
-//! snapshot's invalid policies and IP conflicts.
+//! snapshot's invalid policies (log, metrics, a Kubernetes Event per policy
+//! resourceVersion: they are enforced as far as they are understood) and
+//! IP conflicts.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,9 +20,12 @@ use super::compiler;
 use super::config::{SyncConfig, DIRECT_READ_MIN_BACKOFF};
 use super::dataplane::AgentDataplane;
 use super::guard::{pod_identities, GuardReference};
+use crate::cni::{FactsHandle, NodeFacts};
 use crate::k8s::{Cache, CompleteState, WatchError};
 use crate::node::{InterfaceResolver, Resolve};
+use crate::telemetry::events::{reports_of, EventRecorder};
 use crate::telemetry::flowlog::FlowLog;
+use crate::telemetry::health::Health;
 use crate::telemetry::metrics::Metrics;
 
 /// Errors of one sync attempt.
@@ -55,6 +59,14 @@ pub enum SyncError {
         /// How long until the next direct read may be made.
         retry_in: Duration,
     },
+    /// This node's addresses have never been read: nothing is programmed
+    /// (programming no node addresses would make the kubelet's probes
+    /// "world" traffic).
+    #[error("node addresses unknown: {problem}")]
+    NodeAddressesUnknown {
+        /// Why they could not be read.
+        problem: String,
+    },
     /// A mass deletion was held and no client is available to confirm it.
     #[error("mass deletion held ({what}): no API client to confirm it with a direct read")]
     NoDirectReader {
@@ -72,18 +84,10 @@ fn raise_counters(programmed: &mut IdTables, attempted: &IdTables) {
     programmed.next_cidr = programmed.next_cidr.max(attempted.next_cidr);
 }
 
-/// Readiness of the agent: all three lists complete and the first sync applied.
-#[derive(Debug, Default)]
-pub struct Readiness {
-    first_sync: AtomicBool,
-}
-
-impl Readiness {
-    /// Whether the first sync has been applied.
-    pub fn first_sync_done(&self) -> bool {
-        self.first_sync.load(Ordering::SeqCst)
-    }
-}
+/// Readiness of the agent: the shared [`Health`] state the loop writes
+/// (first sync, held removals, apply failures, full maps) and the HTTP
+/// server reads.
+pub type Readiness = Health;
 
 /// What one sync attempt did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -109,6 +113,12 @@ pub struct Syncer<D: AgentDataplane> {
     pub(super) metrics: Metrics,
     pub(super) dataplane: D,
     pub(super) resolver: Box<dyn Resolve>,
+    /// This node's CNI facts, shared with the CNI server.
+    pub(super) node_facts: FactsHandle,
+    /// The version of the facts the current sync compiles.
+    pub(super) facts: Arc<NodeFacts>,
+    /// The generation of the node addresses compiled in.
+    pub(super) node_generation: u64,
     pub(super) client: Option<kube::Client>,
     pub(super) readiness: Arc<Readiness>,
     pub(super) incremental: compiler::Incremental,
@@ -133,6 +143,9 @@ pub struct Syncer<D: AgentDataplane> {
     /// The wait after the next direct read that does not confirm a deletion.
     pub(super) direct_read_backoff: Duration,
     pub(super) known_invalid: BTreeSet<(String, String, Vec<String>)>,
+    /// Where the Events on policies that are not fully understood go
+    /// (`None`: logs and metrics only).
+    pub(super) events: Option<EventRecorder>,
     pub(super) known_conflicts: BTreeSet<(IpAddr, Vec<String>)>,
     pub(super) flowlog: FlowLog,
 }
@@ -147,6 +160,9 @@ pub struct SyncerBuilder<D: AgentDataplane> {
     dataplane: D,
     resolver: Option<Box<dyn Resolve>>,
     client: Option<kube::Client>,
+    health: Option<Arc<Health>>,
+    node_facts: FactsHandle,
+    events: Option<EventRecorder>,
 }
 
 impl<D: AgentDataplane> SyncerBuilder<D> {
@@ -168,6 +184,28 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
         self
     }
 
+    /// The health state the loop writes (default: a fresh [`Health`] with
+    /// the default settings, publishing into the cache's metrics).
+    pub fn health(mut self, health: Arc<Health>) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    /// This node's CNI facts (default: none), overlaid on the pods the
+    /// loop compiles; every successful sync publishes what it programmed
+    /// for them.
+    pub fn node_facts(mut self, facts: FactsHandle) -> Self {
+        self.node_facts = facts;
+        self
+    }
+
+    /// Where the Kubernetes Events on policies that are not fully
+    /// understood go (default: none, they are logged and counted only).
+    pub fn events(mut self, events: EventRecorder) -> Self {
+        self.events = Some(events);
+        self
+    }
+
     /// The sync loop, with nothing compiled or programmed yet.
     pub fn build(self) -> Syncer<D> {
         let SyncerBuilder {
@@ -176,19 +214,26 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             dataplane,
             resolver,
             client,
+            health,
+            node_facts,
+            events,
         } = self;
         let resolver = resolver.unwrap_or_else(|| Box::new(InterfaceResolver::new(None)));
         let metrics = cache.metrics().clone();
+        let readiness = health.unwrap_or_else(|| Arc::new(Health::default().with_metrics(metrics.clone())));
         let flowlog = FlowLog::new(cfg.flow_logs_per_sec);
         Syncer {
             cache,
             metrics,
             dataplane,
             resolver,
+            facts: node_facts.current(),
+            node_facts,
+            node_generation: 0,
             client,
-            readiness: Arc::new(Readiness::default()),
+            readiness,
             // Replaced by the first sync's rebuild (`programmed` is `None`).
-            incremental: compiler::Incremental::new(&CompleteState::default(), &cfg.compile, None),
+            incremental: compiler::Incremental::new(&CompleteState::default(), &Arc::default(), &cfg.compile, None),
             last_cross_check: Instant::now(),
             cross_check: None,
             rebuild_pending: false,
@@ -201,6 +246,7 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             next_direct_read_at: None,
             direct_read_backoff: DIRECT_READ_MIN_BACKOFF,
             known_invalid: BTreeSet::new(),
+            events,
             known_conflicts: BTreeSet::new(),
             flowlog,
             cfg,
@@ -219,10 +265,13 @@ impl<D: AgentDataplane> Syncer<D> {
             dataplane,
             resolver: None,
             client: None,
+            health: None,
+            node_facts: FactsHandle::default(),
+            events: None,
         }
     }
 
-    /// The readiness flag, shared with the HTTP server.
+    /// The health state, shared with the HTTP server.
     pub fn readiness(&self) -> Arc<Readiness> {
         self.readiness.clone()
     }
@@ -250,7 +299,7 @@ impl<D: AgentDataplane> Syncer<D> {
         for (ns, name, errors) in invalid.difference(&self.known_invalid) {
             self.metrics.policy_errors.increment(errors.len().max(1) as u64);
             for e in errors {
-                tracing::error!(policy = %format!("{ns}/{name}"), error = %e, "invalid NetworkPolicy skipped; the others are enforced");
+                tracing::error!(policy = %format!("{ns}/{name}"), error = %e, "invalid NetworkPolicy: enforced without the parts that cannot be understood; it keeps isolating the pods it selects");
             }
         }
         self.metrics.invalid_policies.set(invalid.len() as f64);
@@ -287,7 +336,7 @@ impl<D: AgentDataplane> Syncer<D> {
                 }
                 (None, None) => None,
             };
-            self.incremental = compiler::Incremental::new(state, &self.cfg.compile, prev);
+            self.incremental = compiler::Incremental::new(state, &self.facts, &self.cfg.compile, prev);
             // Until something is programmed (the first sync, its retries,
             // its direct read), every rebuild starts from the adopted ids.
             if self.programmed.is_none() {
@@ -295,7 +344,7 @@ impl<D: AgentDataplane> Syncer<D> {
             }
             self.rebuild_pending = false;
         } else {
-            let changes = self.incremental.update(state);
+            let changes = self.incremental.update(state, &self.facts);
             tracing::trace!(?changes, "incremental compile");
         }
         let invalid: BTreeSet<_> = self
@@ -305,18 +354,54 @@ impl<D: AgentDataplane> Syncer<D> {
             .iter()
             .map(|p| (p.namespace.clone(), p.name.clone(), p.errors.clone()))
             .collect();
+        if let Some(events) = &self.events {
+            events.report(reports_of(
+                &self.incremental.snapshot().invalid_policies,
+                &state.policies,
+            ));
+        }
         let conflicts = self.incremental.conflicts();
         self.report_snapshot(invalid, conflicts);
     }
 
+    /// Take this node's current addresses into the compile options (a
+    /// change rebuilds the compiled state, keeping its ids) and report
+    /// whether they are readable (readiness check `node-addresses`). The
+    /// last good set stays in force while they are not; before any good
+    /// set, nothing is programmed.
+    fn update_node_addresses(&mut self) -> Result<(), SyncError> {
+        let Some(source) = &self.cfg.node_addresses else {
+            return Ok(());
+        };
+        let state = source.state();
+        self.readiness.set_problem("node-addresses", source.readiness_problem());
+        let Some(addresses) = state.addresses else {
+            return Err(SyncError::NodeAddressesUnknown {
+                problem: state.problem.unwrap_or_else(|| "not read yet".into()),
+            });
+        };
+        if state.generation != self.node_generation {
+            if self.node_generation != 0 {
+                tracing::info!(node_ips = ?addresses, "node addresses changed; recompiling");
+            }
+            self.node_generation = state.generation;
+            self.cfg.compile.node_ips = addresses.to_vec();
+            self.rebuild_pending = true;
+        }
+        Ok(())
+    }
+
     /// One sync attempt: snapshot, compile, guard, apply.
     pub async fn sync_once(&mut self) -> Result<SyncOutcome, SyncError> {
+        self.update_node_addresses()?;
         let mut outcome = SyncOutcome::default();
         let t0 = Instant::now();
         let Some(state) = self.cache.complete() else {
             outcome.not_listed = true;
             return Ok(outcome);
         };
+        // The CNI facts are part of the state this sync compiles.
+        self.facts = self.node_facts.current();
         let started = Instant::now();
         let t_state = started.duration_since(t0);
         self.poll_cross_check();
@@ -333,7 +418,11 @@ impl<D: AgentDataplane> Syncer<D> {
         }
         let t_guard = started.elapsed();
         let compiled = self.incremental.compiled();
-        let resolved = self.resolver.resolve(compiled);
+        let mut resolved = self.resolver.resolve(compiled);
+        self.facts.override_interfaces(compiled, &mut resolved);
+        self.metrics
+            .interface_conflicts
+            .increment(self.resolver.take_new_conflicts());
         outcome.pending_interfaces = resolved.missing.len();
         self.metrics.endpoints_pending.set(resolved.missing.len() as f64);
         if !resolved.missing.is_empty() {
@@ -433,14 +522,18 @@ impl<D: AgentDataplane> Syncer<D> {
         } else {
             self.guard.observe(now, ids, eps);
         }
+        self.guard.observe_enforcement(now, self.incremental.snapshot(), target);
         self.metrics.sync_duration.record(started.elapsed().as_secs_f64());
         if outcome.applied {
             self.metrics.syncs.increment(1);
         }
-        if !self.readiness.first_sync.swap(true, Ordering::SeqCst) {
+        if self.readiness.first_sync_applied() {
             tracing::info!("first full sync applied; ready");
         }
-        self.metrics.ready.set(1.0);
+        if let Some((prog, interfaces)) = &self.programmed {
+            // What CNI requests wait for: this sync's facts, programmed.
+            self.node_facts.publish(self.facts.programmed(prog, interfaces));
+        }
         Ok(outcome)
     }
 }

@@ -72,12 +72,20 @@ pub struct Metrics {
     pub deny_events: Counter,
     /// `npm_deny_events_suppressed_total`: deny events not logged by the rate limit.
     pub deny_events_suppressed: Counter,
-    /// `npm_ready`: 1 when all lists completed and the first sync was applied.
+    /// `npm_ready`: 1 when the first sync was applied and every readiness check passes.
     pub ready: Gauge,
     /// `npm_endpoints_pending_interface`: local endpoints whose interface is not found yet.
     pub endpoints_pending: Gauge,
     /// `npm_incremental_mismatch_total`: incremental compiles that differed from the full-compile cross-check.
     pub incremental_mismatch: Counter,
+    /// `npm_cni_add_wait_seconds`: how long a CNI ADD waited until its endpoint was programmed.
+    pub cni_add_wait: Histogram,
+    /// `npm_interface_conflicts_total`: interfaces found claimed by more than one endpoint (none of them is attached there).
+    pub interface_conflicts: Counter,
+    /// `npm_held_removals`: 1 while a mass removal is held for a confirming direct read, else 0.
+    pub held_removals: Gauge,
+    /// `npm_last_sync_success_timestamp_seconds`: Unix time of the last sync that completed without error.
+    pub last_sync_success: Gauge,
 }
 
 impl Metrics {
@@ -87,7 +95,11 @@ impl Metrics {
             0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
         ];
         let mut builder = PrometheusBuilder::new();
-        for metric in ["npm_sync_duration_seconds", "npm_programming_latency_seconds"] {
+        for metric in [
+            "npm_sync_duration_seconds",
+            "npm_programming_latency_seconds",
+            "npm_cni_add_wait_seconds",
+        ] {
             builder = builder
                 .set_buckets_for_metric(Matcher::Full(metric.to_string()), &latency_buckets)
                 .map_err(|e| MetricsError::Buckets {
@@ -113,6 +125,10 @@ impl Metrics {
             ready: metrics::gauge!("npm_ready"),
             endpoints_pending: metrics::gauge!("npm_endpoints_pending_interface"),
             incremental_mismatch: metrics::counter!("npm_incremental_mismatch_total"),
+            cni_add_wait: metrics::histogram!("npm_cni_add_wait_seconds"),
+            interface_conflicts: metrics::counter!("npm_interface_conflicts_total"),
+            held_removals: metrics::gauge!("npm_held_removals"),
+            last_sync_success: metrics::gauge!("npm_last_sync_success_timestamp_seconds"),
         });
         // Make the labelled families visible from the start.
         for op in [
@@ -148,9 +164,24 @@ impl Metrics {
         });
     }
 
+    /// Count an npm-cni request (`npm_cni_requests_total{command,result}`;
+    /// result `ok`, `retry` or `error`).
+    pub fn cni_request(&self, command: &'static str, result: &'static str) {
+        self.with(|| {
+            metrics::counter!("npm_cni_requests_total", "command" => command, "result" => result).increment(1)
+        });
+    }
+
     /// Count an error of a kind (`watch`, `dataplane`, `direct-read`, `interface`, ...).
     pub fn error(&self, kind: &'static str) {
         self.with(|| metrics::counter!("npm_errors_total", "kind" => kind).increment(1));
+    }
+
+    /// Set `npm_readiness_failures{check}`: 1 while the readiness check
+    /// `check` fails, else 0.
+    pub fn readiness_failure(&self, check: &str, failing: bool) {
+        let check = check.to_string();
+        self.with(|| metrics::gauge!("npm_readiness_failures", "check" => check).set(if failing { 1.0 } else { 0.0 }));
     }
 
     /// Set a map occupancy gauge (`npm_map_entries{map}`).

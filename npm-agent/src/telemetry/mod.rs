@@ -1,12 +1,16 @@
 //! What the agent tells the outside: Prometheus [`metrics`] (an injected
 //! registry, no global recorder), rate-limited deny flow logs
-//! ([`flowlog`]), and the HTTP [`server`] of `/metrics`, `/healthz` and
-//! `/readyz`.
+//! ([`flowlog`]), Kubernetes Events on policies it cannot fully convert
+//! ([`events`]), the shared readiness and liveness state ([`health`]), and
+//! the HTTP [`server`] of `/metrics`, `/healthz` and `/readyz`.
 
+pub mod events;
 pub mod flowlog;
+pub mod health;
 pub mod metrics;
 pub mod server;
 
 pub use self::metrics::{sample, Metrics, MetricsError, PodOperation};
 pub use flowlog::FlowLog;
+pub use health::{Health, HealthConfig};
 pub use server::{ServerError, ServerState};

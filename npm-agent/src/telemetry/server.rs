@@ -1,19 +1,22 @@
 //! The agent's HTTP endpoints: `/metrics` (Prometheus text), `/healthz`
-//! (the process is alive) and `/readyz` (all three lists completed and the
-//! first sync applied).
+//! (the sync loop makes progress) and `/readyz` (all three lists completed,
+//! the first sync applied and no other readiness check fails; see
+//! [`health`](super::health)). `?verbose` lists the checks one per line,
+//! as the kube-apiserver does; a ready agent's plain `/readyz` answers
+//! `200 ready`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, StatusCode, Uri};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
+use super::health::{Check, Health, CHECK_LISTS};
 use super::metrics::Metrics;
 use crate::k8s::Cache;
-use crate::reconcile::Readiness;
 
 /// Errors of the HTTP server.
 #[derive(Debug, thiserror::Error)]
@@ -36,8 +39,8 @@ pub struct ServerState {
     pub metrics: Metrics,
     /// List completion.
     pub cache: Arc<Cache>,
-    /// First-sync flag.
-    pub readiness: Arc<Readiness>,
+    /// Readiness and liveness checks.
+    pub health: Arc<Health>,
 }
 
 async fn metrics(State(s): State<ServerState>) -> impl IntoResponse {
@@ -47,19 +50,94 @@ async fn metrics(State(s): State<ServerState>) -> impl IntoResponse {
     )
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// Whether the query asks for the verbose form (`?verbose`,
+/// `?verbose=true` or `?verbose=1`).
+fn verbose(uri: &Uri) -> bool {
+    uri.query().unwrap_or("").split('&').any(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        k == "verbose" && !matches!(v, "false" | "0")
+    })
 }
 
-async fn readyz(State(s): State<ServerState>) -> (StatusCode, String) {
-    let listed = s.cache.all_listed();
-    let synced = s.readiness.first_sync_done();
-    if listed && synced {
-        (StatusCode::OK, "ready\n".into())
+/// The verbose body of `checks`: one line per check, then `<name> check
+/// passed` or `<name> check failed`.
+fn verbose_body(endpoint: &str, checks: &[Check]) -> String {
+    let mut body: String = checks.iter().map(|c| c.line() + "\n").collect();
+    let ok = checks.iter().all(Check::ok);
+    body.push_str(&format!("{endpoint} check {}\n", if ok { "passed" } else { "failed" }));
+    body
+}
+
+fn failed_names(checks: &[Check]) -> String {
+    let names: Vec<&str> = checks.iter().filter(|c| !c.ok()).map(|c| c.name.as_str()).collect();
+    names.join(", ")
+}
+
+async fn healthz(State(s): State<ServerState>, uri: Uri) -> (StatusCode, String) {
+    let checks = s.health.liveness();
+    let ok = checks.iter().all(Check::ok);
+    let code = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    if verbose(&uri) {
+        return (code, verbose_body("healthz", &checks));
+    }
+    if ok {
+        (code, "ok\n".into())
+    } else {
+        (code, format!("healthz check failed: {}\n", failed_names(&checks)))
+    }
+}
+
+/// The `lists` check: which of the three lists has not completed.
+fn lists_check(cache: &Cache) -> Check {
+    let missing: Vec<&str> = [
+        ("pods", cache.pods.lock().unwrap_or_else(|p| p.into_inner()).is_listed()),
+        (
+            "namespaces",
+            cache.namespaces.lock().unwrap_or_else(|p| p.into_inner()).is_listed(),
+        ),
+        (
+            "networkpolicies",
+            cache.policies.lock().unwrap_or_else(|p| p.into_inner()).is_listed(),
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, done)| !done)
+    .map(|(name, _)| name)
+    .collect();
+    Check {
+        name: CHECK_LISTS.into(),
+        failure: (!missing.is_empty()).then(|| format!("no complete list yet of {}", missing.join(", "))),
+    }
+}
+
+async fn readyz(State(s): State<ServerState>, uri: Uri) -> (StatusCode, String) {
+    let lists = lists_check(&s.cache);
+    let listed = lists.ok();
+    let mut checks = vec![lists];
+    checks.extend(s.health.readiness());
+    let ok = checks.iter().all(Check::ok);
+    let code = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    if verbose(&uri) {
+        return (code, verbose_body("readyz", &checks));
+    }
+    if ok {
+        (code, "ready\n".into())
     } else {
         (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: lists complete={listed}, first sync applied={synced}\n"),
+            code,
+            format!(
+                "not ready: lists complete={listed}, first sync applied={}; failed checks: {} (see /readyz?verbose)\n",
+                s.health.first_sync_done(),
+                failed_names(&checks)
+            ),
         )
     }
 }

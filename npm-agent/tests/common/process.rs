@@ -60,6 +60,8 @@ pub fn spawn_agent_run_with(
         .args(["--metrics-addr", &metrics.to_string()])
         .args(["--interface-pattern", interface_pattern])
         .args(["--log-level", "info"])
+        // No npm-cni socket: the default path is the host's.
+        .args(["--cni-socket", ""])
         .env("NODE_NAME", "node-a")
         .env_remove("KUBECONFIG")
         .stdin(Stdio::null())

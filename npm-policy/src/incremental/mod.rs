@@ -241,20 +241,22 @@ impl Compiler {
         self.set_policy(key, Some(policy));
     }
 
-    /// Validates an API NetworkPolicy and adds or replaces it; an invalid
-    /// one replaces (stops enforcing) an earlier valid version and is
-    /// recorded in the snapshot's `invalid_policies`.
+    /// Converts an API NetworkPolicy and adds or replaces it. One that is
+    /// not fully understood is added without the parts that cannot be
+    /// understood (it keeps isolating the pods it selects; see
+    /// [`crate::validate`]); its report is recorded in the snapshot's
+    /// `invalid_policies` and returned as the error.
     pub fn apply_policy(
         &mut self,
         np: &k8s_openapi::api::networking::v1::NetworkPolicy,
     ) -> Result<(), crate::model::InvalidPolicy> {
-        match crate::validate::validate_policy(np) {
-            Ok(p) => {
-                self.upsert_policy(p);
-                Ok(())
-            }
-            Err(e) => {
-                self.remove_policy(&e.namespace, &e.name);
+        let c = crate::validate::convert_policy(np);
+        let invalid = c.invalid();
+        // Replaces the policy and forgets its earlier report.
+        self.upsert_policy(c.policy);
+        match invalid {
+            None => Ok(()),
+            Some(e) => {
                 self.snapshot.invalid_policies.push(e.clone());
                 Err(e)
             }

@@ -103,7 +103,10 @@ fn run(cli: Cli) -> Result<bool, String> {
         Cmd::Matrix { files, port } => {
             let s = load(&files)?;
             for p in &s.invalid_policies {
-                eprintln!("warning: invalid policy {}/{} skipped", p.namespace, p.name);
+                eprintln!(
+                    "warning: invalid policy {}/{} enforced without the parts that cannot be understood",
+                    p.namespace, p.name
+                );
             }
             print!("{}", sim::matrix(&s, &opts, protocol(&port)?, port.port).render());
             Ok(true)
@@ -116,7 +119,12 @@ fn run(cli: Cli) -> Result<bool, String> {
         }
         Cmd::Validate { files } => {
             let s = load(&files)?;
-            for p in &s.policies.values().collect::<Vec<_>>() {
+            let invalid = |p: &&npm_policy::model::Policy| {
+                s.invalid_policies
+                    .iter()
+                    .any(|i| i.namespace == p.namespace && i.name == p.name)
+            };
+            for p in s.policies.values().filter(|p| !invalid(p)) {
                 println!("valid: {}/{}", p.namespace, p.name);
             }
             for p in &s.invalid_policies {

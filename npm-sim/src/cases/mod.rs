@@ -47,8 +47,8 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use npm_policy::model::{Labels, Protocol};
 use serde::{Deserialize, Serialize};
 
-pub use model::{model_container_ports, Model, MODEL_NODE};
 pub use crate::sim::{Matrix, Mismatch};
+pub use model::{model_container_ports, Model, MODEL_NODE};
 pub use placeholder::{substitute, Placeholder};
 pub use run::{run_case_simulated, CaseResult, ProbeResult};
 

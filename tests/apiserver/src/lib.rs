@@ -1,6 +1,7 @@
 //! `npm-testapi`: a small Kubernetes-compatible API server for npm's tests and local demo.
 //!
-//! It serves namespaces, pods (with `/status`) and `networking.k8s.io/v1` networkpolicies
+//! It serves namespaces, pods (with `/status`), `networking.k8s.io/v1` networkpolicies and
+//! `apps/v1` daemonsets (with `/status`)
 //! over the real REST protocol (plain HTTP, no auth), so kube-rs and `kubectl` work against
 //! it: discovery, create/get/list/update/patch/delete, paginated lists with consistent
 //! snapshots, label/field selectors, watches with bookmarks, compaction (410 Gone),

@@ -543,6 +543,80 @@ pub fn validate_namespace(obj: &Value) -> Vec<Cause> {
     errs.0
 }
 
+/// DaemonSet defaults (`SetDefaults_DaemonSet`): a `RollingUpdate` strategy with
+/// `maxUnavailable: 1` and `maxSurge: 0`, and `revisionHistoryLimit: 10`.
+pub fn default_daemon_set(obj: &mut Value) {
+    let Some(o) = obj.as_object_mut() else {
+        return;
+    };
+    let Some(spec) = object_field(o, "spec") else {
+        return;
+    };
+    spec.entry("revisionHistoryLimit").or_insert(json!(10));
+    let strategy = spec.entry("updateStrategy").or_insert_with(|| json!({}));
+    if let Some(st) = strategy.as_object_mut() {
+        let ty = st.entry("type").or_insert(json!("RollingUpdate")).clone();
+        if ty == "RollingUpdate" {
+            let ru = st.entry("rollingUpdate").or_insert_with(|| json!({}));
+            if let Some(ru) = ru.as_object_mut() {
+                ru.entry("maxUnavailable").or_insert(json!(1));
+                ru.entry("maxSurge").or_insert(json!(0));
+            }
+        }
+    }
+}
+
+/// DaemonSet validation (`ValidateDaemonSet`, the parts the tests meet): the name, a
+/// required selector that is a valid label selector, and template labels that it selects.
+pub fn validate_daemon_set(obj: &Value) -> Vec<Cause> {
+    let mut errs = Errs::default();
+    validate_meta(obj, false, &mut errs);
+    match obj.pointer("/spec/selector") {
+        None | Some(Value::Null) => errs.required("spec.selector", ""),
+        Some(sel) => {
+            validate_label_selector(sel, "spec.selector", &mut errs);
+            let labels = obj.pointer("/spec/template/metadata/labels");
+            let selected = sel
+                .get("matchLabels")
+                .and_then(Value::as_object)
+                .is_none_or(|want| want.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v)));
+            if !selected {
+                errs.invalid(
+                    "spec.template.metadata.labels",
+                    labels.unwrap_or(&Value::Null),
+                    "`selector` does not match template `labels`",
+                );
+            }
+        }
+    }
+    if obj.pointer("/spec/template").is_none_or(Value::is_null) {
+        errs.required("spec.template", "");
+    }
+    errs.0
+}
+
+/// Event validation (`ValidateEventCreate`, the parts the tests meet): the name, a
+/// required `involvedObject` whose namespace is the Event's.
+pub fn validate_event(obj: &Value) -> Vec<Cause> {
+    let mut errs = Errs::default();
+    validate_meta(obj, false, &mut errs);
+    match obj.get("involvedObject") {
+        None | Some(Value::Null) => errs.required("involvedObject", ""),
+        Some(o) => {
+            let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("");
+            let involved = o.get("namespace").and_then(Value::as_str).unwrap_or("");
+            if !involved.is_empty() && involved != ns {
+                errs.invalid(
+                    "involvedObject.namespace",
+                    &json!(involved),
+                    "does not match event.namespace",
+                );
+            }
+        }
+    }
+    errs.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -634,5 +708,27 @@ mod tests {
         assert!(!is_dns1123_label("Ns"));
         assert!(is_qualified_name("kubernetes.io/metadata.name"));
         assert!(!is_qualified_name("-bad"));
+    }
+    #[test]
+    fn daemon_set_defaults_and_validation() {
+        let mut ds = json!({"metadata": {"name": "agent"}, "spec": {
+            "selector": {"matchLabels": {"app": "a"}},
+            "template": {"metadata": {"labels": {"app": "a"}}, "spec": {"containers": []}}}});
+        default_daemon_set(&mut ds);
+        assert_eq!(ds["spec"]["updateStrategy"]["type"], "RollingUpdate");
+        assert_eq!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"], 1);
+        assert_eq!(ds["spec"]["revisionHistoryLimit"], 10);
+        assert!(validate_daemon_set(&ds).is_empty());
+        let fields = |ds: Value| -> Vec<String> { validate_daemon_set(&ds).into_iter().map(|c| c.field).collect() };
+        assert_eq!(
+            fields(json!({"metadata": {"name": "Bad_Name"}, "spec": {}})),
+            ["metadata.name", "spec.selector", "spec.template"]
+        );
+        assert_eq!(
+            fields(json!({"metadata": {"name": "a"}, "spec": {
+                "selector": {"matchLabels": {"app": "a"}},
+                "template": {"metadata": {"labels": {"app": "b"}}}}})),
+            ["spec.template.metadata.labels"]
+        );
     }
 }

@@ -4,7 +4,7 @@
 //! when that is estimated cheaper; the cross-check compares it with a full
 //! compile.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,12 +12,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use npm_policy::compiled::{CompileOptions, Compiled};
-use npm_policy::convert::{namespace_from_api, pod_from_api};
+use npm_policy::convert::namespace_from_api;
 use npm_policy::incremental::Compiler;
 use npm_policy::model::Snapshot;
 
-use super::objects::{diff_objects, sorted};
-use super::{compile, snapshot, Changes, Mismatch};
+use super::objects::{diff_objects, key_ref, sorted};
+use super::overlay::{convert_pod, Stripped};
+use super::{compile, snapshot, snapshot_with_overlay, Changes, Mismatch};
+use crate::cni::NodeFacts;
 use crate::k8s::{key_of, CompleteState, ObjKey};
 
 /// One object change, converted, in the order it is applied.
@@ -29,7 +31,12 @@ enum Op {
 
 /// The compile state the sync loop keeps between syncs: a long-lived
 /// [`Compiler`] (which holds the converted snapshot of the last complete
-/// state and its compiled form) and the API objects of that state.
+/// state and its compiled form), the API objects of that state and the CNI
+/// facts overlaid on its pods.
+///
+/// The facts are part of the state: an update whose facts differ from the
+/// previous ones converts again every pod they touch (the pods whose own
+/// facts changed, and those claiming an address whose CNI owner changed).
 ///
 /// Each update converts only the objects that changed and picks the cheaper
 /// way from measured costs: the incremental compiler when `changes x cost
@@ -48,6 +55,8 @@ pub struct Incremental {
     namespaces: Vec<Arc<Namespace>>,
     pods: Vec<Arc<Pod>>,
     policies: Vec<Arc<NetworkPolicy>>,
+    facts: Arc<NodeFacts>,
+    stripped: Stripped,
 }
 
 fn ewma(old: Duration, new: Duration) -> Duration {
@@ -59,10 +68,16 @@ fn ewma(old: Duration, new: Duration) -> Duration {
 }
 
 impl Incremental {
-    /// A full conversion and compile of `state` (keeping the ids of `prev`)
-    /// into a new [`Compiler`], remembered as the base of later updates.
-    pub fn new(state: &CompleteState, opts: &CompileOptions, prev: Option<&Compiled>) -> Incremental {
-        let snapshot = snapshot(state);
+    /// A full conversion of `state` with `facts` overlaid and its compile
+    /// (keeping the ids of `prev`) into a new [`Compiler`], remembered as
+    /// the base of later updates.
+    pub fn new(
+        state: &CompleteState,
+        facts: &Arc<NodeFacts>,
+        opts: &CompileOptions,
+        prev: Option<&Compiled>,
+    ) -> Incremental {
+        let (snapshot, stripped) = snapshot_with_overlay(state, facts);
         let t = Instant::now();
         let compiler = Compiler::new(snapshot, opts.clone(), prev);
         Incremental {
@@ -74,17 +89,56 @@ impl Incremental {
             namespaces: sorted(&state.namespaces),
             pods: sorted(&state.pods),
             policies: sorted(&state.policies),
+            facts: facts.clone(),
+            stripped,
         }
     }
 
-    /// Bring the compile up to `state`: only the objects that differ from
-    /// the state of the previous update are converted; they are compiled
+    /// The pods of the current state that a change from the previous facts
+    /// to `facts` touches and that `pod_up` does not hold already: those
+    /// whose own facts changed, those claiming an address whose CNI owner
+    /// changed, and those the overlay took such an address from.
+    fn touched_by_facts(&self, facts: &NodeFacts, pod_up: &[Arc<Pod>]) -> Vec<Arc<Pod>> {
+        let change = facts.change_since(&self.facts);
+        if change.is_empty() {
+            return Vec::new();
+        }
+        let mut keys = change.pods;
+        if !change.addresses.is_empty() {
+            for (key, p) in &self.compiler.snapshot().pods {
+                if p.ips.iter().any(|ip| change.addresses.contains(ip)) {
+                    keys.insert(key.clone());
+                }
+            }
+            for ip in &change.addresses {
+                keys.extend(self.stripped.pods_of(ip).cloned());
+            }
+        }
+        let converted: HashSet<(&str, &str)> = pod_up.iter().map(|p| key_ref(p.as_ref())).collect();
+        keys.iter()
+            .filter(|(ns, name)| !converted.contains(&(ns.as_str(), name.as_str())))
+            .filter_map(|(ns, name)| {
+                let i = self
+                    .pods
+                    .binary_search_by(|o| key_ref(o.as_ref()).cmp(&(ns.as_str(), name.as_str())))
+                    .ok()?;
+                Some(self.pods[i].clone())
+            })
+            .collect()
+    }
+
+    /// Bring the compile up to `state` with `facts` overlaid: only the
+    /// objects that differ from the state of the previous update, and the
+    /// pods a change of the facts touches, are converted; they are compiled
     /// incrementally or, when that is estimated slower, the compiler is
     /// rebuilt from the updated snapshot.
-    pub fn update(&mut self, state: &CompleteState) -> Changes {
+    pub fn update(&mut self, state: &CompleteState, facts: &Arc<NodeFacts>) -> Changes {
         let t0 = Instant::now();
         let (ns_up, ns_gone) = diff_objects(&mut self.namespaces, &state.namespaces);
-        let (pod_up, pod_gone) = diff_objects(&mut self.pods, &state.pods);
+        let (mut pod_up, pod_gone) = diff_objects(&mut self.pods, &state.pods);
+        let touched = self.touched_by_facts(facts, &pod_up);
+        pod_up.extend(touched);
+        self.facts = facts.clone();
         let (np_up, np_gone) = diff_objects(&mut self.policies, &state.policies);
         let changes = Changes {
             namespaces: ns_up.len() + ns_gone.len(),
@@ -103,13 +157,20 @@ impl Incremental {
             }
         }
         ops.extend(ns_gone.into_iter().map(|(_, name)| Op::Namespace(name, None)));
+        for key in &pod_gone {
+            self.stripped.remove(key);
+        }
         ops.extend(pod_gone.into_iter().map(|k| Op::Pod(k, None)));
         for p in &pod_up {
             let key = key_of(p.as_ref());
-            match pod_from_api(p) {
-                Ok(p) => ops.push(Op::Pod(key, Some(p))),
+            match convert_pod(p, facts) {
+                Ok((p, stripped)) => {
+                    self.stripped.set(&key, stripped);
+                    ops.push(Op::Pod(key, Some(p)));
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "pod skipped");
+                    self.stripped.remove(&key);
                     ops.push(Op::Pod(key, None));
                 }
             }
@@ -208,20 +269,23 @@ impl Incremental {
         let m = self.cross_check_job(state)()?;
         let opts = self.opts.clone();
         let current = self.compiled().clone();
-        *self = Incremental::new(state, &opts, Some(&current));
+        let facts = self.facts.clone();
+        *self = Incremental::new(state, &facts, &opts, Some(&current));
         Some(m)
     }
 
     /// The comparison of [`Incremental::cross_check`] as a job that owns
-    /// what it needs (the objects of `state`, a copy of the current
-    /// compile), to run off the sync path: it returns the difference, if
-    /// any; the caller then rebuilds (see [`Incremental::new`]).
+    /// what it needs (the objects of `state`, the facts of the last update,
+    /// a copy of the current compile), to run off the sync path: it returns
+    /// the difference, if any; the caller then rebuilds (see
+    /// [`Incremental::new`]).
     pub fn cross_check_job(&self, state: &CompleteState) -> impl FnOnce() -> Option<Mismatch> + Send + 'static {
         let state = state.clone();
+        let facts = self.facts.clone();
         let opts = self.opts.clone();
         let current = self.compiled().clone();
         move || {
-            let full = compile(&snapshot(&state), &opts, Some(&current));
+            let full = compile(&snapshot(&state, &facts), &opts, Some(&current));
             let diff = current.diff(&full);
             (!diff.is_empty()).then(|| Mismatch { changes: diff.len() })
         }

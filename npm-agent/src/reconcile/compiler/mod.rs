@@ -15,23 +15,35 @@
 //! complete states are diffed, whatever happened between them.
 //!
 //! - [`objects`]: the ordered walk that diffs two complete states;
+//! - [`overlay`]: this node's CNI facts on the converted pods (and which
+//!   pods a change of the facts touches);
 //! - [`incremental`]: the [`Incremental`] compile state itself.
 
 pub mod incremental;
 pub mod objects;
+pub mod overlay;
 
 pub use incremental::Incremental;
 
 use npm_policy::compiled::{CompileOptions, Compiled};
-use npm_policy::convert::{namespace_from_api, pod_from_api};
+use npm_policy::convert::namespace_from_api;
 use npm_policy::model::Snapshot;
 
+use crate::cni::NodeFacts;
 use crate::k8s::CompleteState;
+use overlay::Stripped;
 
-/// Build the snapshot of a complete state. Objects that cannot be converted
-/// are logged (naming the object and the field) and left out.
-pub fn snapshot(state: &CompleteState) -> Snapshot {
+/// Build the snapshot of a complete state with this node's CNI `facts`
+/// overlaid on its pods. Objects that cannot be converted are logged
+/// (naming the object and the field) and left out.
+pub fn snapshot(state: &CompleteState, facts: &NodeFacts) -> Snapshot {
+    snapshot_with_overlay(state, facts).0
+}
+
+/// [`snapshot`], and the pods the overlay took addresses from.
+fn snapshot_with_overlay(state: &CompleteState, facts: &NodeFacts) -> (Snapshot, Stripped) {
     let mut s = Snapshot::default();
+    let mut stripped = Stripped::default();
     for ns in &state.namespaces {
         match namespace_from_api(ns) {
             Ok(n) => s.upsert_namespace(n),
@@ -39,8 +51,13 @@ pub fn snapshot(state: &CompleteState) -> Snapshot {
         }
     }
     for p in &state.pods {
-        match pod_from_api(p) {
-            Ok(p) => s.upsert_pod(p),
+        match overlay::convert_pod(p, facts) {
+            Ok((p, ips)) => {
+                if !ips.is_empty() {
+                    stripped.set(&(p.namespace.clone(), p.name.clone()), ips);
+                }
+                s.upsert_pod(p)
+            }
             Err(e) => tracing::error!(error = %e, "pod skipped"),
         }
     }
@@ -49,7 +66,7 @@ pub fn snapshot(state: &CompleteState) -> Snapshot {
         // loop logs and counts them.
         let _ = s.upsert_policy(np);
     }
-    s
+    (s, stripped)
 }
 
 /// Compile a snapshot, reusing the previous compile's ids.

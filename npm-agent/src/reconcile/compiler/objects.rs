@@ -18,7 +18,7 @@ fn changed<K: Resource>(old: &Arc<K>, new: &Arc<K>) -> bool {
 }
 
 /// `(namespace, name)` of an object, borrowed (no allocation).
-fn key_ref<K: Resource>(o: &K) -> (&str, &str) {
+pub(super) fn key_ref<K: Resource>(o: &K) -> (&str, &str) {
     let m = o.meta();
     (m.namespace.as_deref().unwrap_or(""), m.name.as_deref().unwrap_or(""))
 }

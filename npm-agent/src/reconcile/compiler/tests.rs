@@ -12,7 +12,12 @@ use npm_policy::compiled::CompileOptions;
 
 use super::incremental::Incremental;
 use super::{compile, snapshot, Changes};
+use crate::cni::{Attachment, NodeFacts};
 use crate::k8s::CompleteState;
+
+fn no_facts() -> Arc<NodeFacts> {
+    Arc::default()
+}
 
 fn meta(ns: Option<&str>, name: &str, rv: u64, labels: &[(&str, &str)]) -> ObjectMeta {
     ObjectMeta {
@@ -99,7 +104,7 @@ fn incremental_updates_match_full_compile() {
             .collect(),
         policies: vec![policy("a", "np1", 100, "web", "y")],
     };
-    let mut inc = Incremental::new(&state, &opts(), None);
+    let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
     let mut rv = 1000;
     let mut next = || {
         rv += 1;
@@ -139,15 +144,15 @@ fn incremental_updates_match_full_compile() {
             inc.per_change = Duration::ZERO;
             inc.rebuild_cost = Duration::from_secs(3600);
         }
-        let changes = inc.update(&state);
+        let changes = inc.update(&state, &no_facts());
         assert!(changes.total() >= 1, "step {i}: a change was fed");
         assert_eq!(inc.is_incremental(), !force_rebuild, "step {i}");
         assert_eq!(
             inc.conflicts(),
-            npm_policy::ownership::conflicts(&snapshot(&state), &opts().node_ips),
+            npm_policy::ownership::conflicts(&snapshot(&state, &NodeFacts::default()), &opts().node_ips),
             "step {i}: conflicts kept up to date"
         );
-        let reference = compile(&snapshot(&state), &opts(), Some(inc.compiled()));
+        let reference = compile(&snapshot(&state, &NodeFacts::default()), &opts(), Some(inc.compiled()));
         assert!(
             inc.compiled().diff(&reference).is_empty(),
             "step {i}: incremental == full"
@@ -164,7 +169,7 @@ fn incremental_updates_match_full_compile() {
         pods: state.pods.iter().map(|o| Arc::new((**o).clone())).collect(),
         policies: state.policies.iter().map(|o| Arc::new((**o).clone())).collect(),
     };
-    assert_eq!(inc.update(&relisted), Changes::default());
+    assert_eq!(inc.update(&relisted, &no_facts()), Changes::default());
 }
 
 /// The cross-check catches a change the object diff missed and trusts
@@ -176,11 +181,11 @@ fn cross_check_repairs_a_missed_change() {
         pods: vec![pod("a", "p", 2, "10.2.0.1", "web", "node-a")],
         policies: Vec::new(),
     };
-    let mut inc = Incremental::new(&state, &opts(), None);
+    let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
     state.pods[0] = pod("a", "p", 3, "10.2.0.9", "web", "node-a");
     // Pretend the new version was already compiled: the diff misses it.
     inc.pretend_compiled(&state);
-    assert_eq!(inc.update(&state), Changes::default());
+    assert_eq!(inc.update(&state, &no_facts()), Changes::default());
     let old: IpAddr = "10.2.0.1".parse().unwrap();
     let new: IpAddr = "10.2.0.9".parse().unwrap();
     assert!(inc.compiled().ipcache.contains_key(&old));
@@ -189,4 +194,93 @@ fn cross_check_repairs_a_missed_change() {
     assert!(inc.compiled().ipcache.contains_key(&new));
     assert!(!inc.compiled().ipcache.contains_key(&old));
     assert_eq!(inc.cross_check(&state), None);
+}
+
+/// An attachment of pod `ns/name` (uid as [`pod`] gives it) with `ip`.
+fn attachment(ns: &str, name: &str, container: &str, ip: &str) -> Attachment {
+    Attachment {
+        network: "net".into(),
+        container_id: container.into(),
+        ifname: "eth0".into(),
+        netns: String::new(),
+        pod: npm_cni::proto::PodRef {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: format!("uid-{ns}-{name}"),
+        },
+        host_interface: format!("veth{container}"),
+        ifindex: 100,
+        ips: vec![ip.parse().unwrap()],
+        seq: 0,
+    }
+}
+
+/// The CNI facts are part of the state: a change of the facts alone
+/// re-converts the pods it touches (the attached pod, the stale pod whose
+/// claim on its address the overlay removes, and back), and every step
+/// equals a full compile of the same state and facts.
+#[test]
+fn facts_changes_are_compiled_incrementally() {
+    let mut new = (*pod("a", "new", 1, "", "web", "node-a")).clone();
+    new.status.as_mut().unwrap().pod_ip = None;
+    let state = CompleteState {
+        namespaces: vec![ns("a", 1, "x")],
+        pods: vec![
+            Arc::new(new),
+            // A stale object of a gone pod with the address IPAM hands out next.
+            pod("a", "old", 2, "10.3.0.7", "db", "node-a"),
+        ],
+        policies: vec![policy("a", "np1", 3, "web", "x")],
+    };
+    let ip: IpAddr = "10.3.0.7".parse().unwrap();
+    let mut facts = NodeFacts::default();
+    let mut inc = Incremental::new(&state, &Arc::new(facts.clone()), &opts(), None);
+    let owner = |inc: &Incremental| {
+        inc.compiled()
+            .endpoints
+            .values()
+            .find(|e| e.ipv4.map(IpAddr::V4) == Some(ip))
+            .map(|e| e.pod.name.clone())
+    };
+    assert_eq!(owner(&inc).as_deref(), Some("old"));
+    let steps: [fn(&mut NodeFacts); 3] = [
+        |f| {
+            f.add(attachment("a", "new", "c1", "10.3.0.7"));
+        },
+        |f| {
+            f.del(&("c1".into(), "eth0".into()), None);
+        },
+        |f| {
+            f.lift_tombstones(|_| true);
+        },
+    ];
+    let expected = [Some("new"), Some("old"), Some("old")];
+    for (i, step) in steps.iter().enumerate() {
+        step(&mut facts);
+        let facts = Arc::new(facts.clone());
+        inc.per_change = Duration::ZERO;
+        inc.rebuild_cost = Duration::from_secs(3600);
+        let changes = inc.update(&state, &facts);
+        assert!(i == 2 || changes.pods >= 1, "step {i}: {changes:?}");
+        let reference = compile(&snapshot(&state, &facts), &opts(), Some(inc.compiled()));
+        assert!(
+            inc.compiled().diff(&reference).is_empty(),
+            "step {i}: incremental == full"
+        );
+        assert_eq!(owner(&inc).as_deref(), expected[i], "step {i}");
+        assert_eq!(inc.cross_check(&state), None, "step {i}");
+    }
+    // While tombstoned, "new" has no endpoint even with an address in the API.
+    let mut facts = NodeFacts::default();
+    facts.add(attachment("a", "new", "c1", "10.3.0.9"));
+    facts.del(&("c1".into(), "eth0".into()), None);
+    let mut with_ip = (*pod("a", "new", 5, "10.3.0.8", "web", "node-a")).clone();
+    with_ip.metadata.uid = Some("uid-a-new".into());
+    let tombstoned = CompleteState {
+        pods: vec![Arc::new(with_ip)],
+        ..state.clone()
+    };
+    let inc = Incremental::new(&tombstoned, &Arc::new(facts), &opts(), None);
+    assert!(inc.compiled().endpoints.values().all(|e| e.pod.name != "new"));
+    assert!(!inc.compiled().ipcache.contains_key(&"10.3.0.8".parse().unwrap()));
 }

@@ -20,6 +20,8 @@ fn api_resources(group: &str) -> Vec<Value> {
             Kind::Namespace => (&["ns"], &[]),
             Kind::Pod => (&["po"], &["all"]),
             Kind::NetworkPolicy => (&["netpol"], &[]),
+            Kind::DaemonSet => (&["ds"], &["all"]),
+            Kind::Event => (&["ev"], &[]),
         };
         let mut r = json!({
             "name": k.plural(), "singularName": k.singular(), "namespaced": k.namespaced(),
@@ -42,14 +44,53 @@ fn api_resources(group: &str) -> Vec<Value> {
     out
 }
 
+/// The named API groups served (the core group "" is served under `/api`).
+const GROUPS: [&str; 2] = ["networking.k8s.io", "apps"];
+
+/// The `APIGroup` entry of a named group (only `v1`).
+fn api_group(group: &str) -> Value {
+    let gv = format!("{group}/v1");
+    json!({
+        "name": group,
+        "versions": [{"groupVersion": gv, "version": "v1"}],
+        "preferredVersion": {"groupVersion": gv, "version": "v1"},
+    })
+}
+
 /// Answer a non-resource path: discovery, OpenAPI, version and health, else 404.
 pub(super) fn discovery(st: &AppState, path: &str) -> Response {
-    let group_net = json!({
-        "name": "networking.k8s.io",
-        "versions": [{"groupVersion": "networking.k8s.io/v1", "version": "v1"}],
-        "preferredVersion": {"groupVersion": "networking.k8s.io/v1", "version": "v1"},
-    });
-    let v = match path.trim_end_matches('/') {
+    let path = path.trim_end_matches('/');
+    let named = |prefix: &str| {
+        GROUPS
+            .into_iter()
+            .find(|g| path.strip_prefix(prefix).and_then(|rest| rest.strip_prefix(*g)) == Some(""))
+    };
+    let named_v1 = |prefix: &str| {
+        GROUPS.into_iter().find(|g| {
+            path.strip_prefix(prefix)
+                .and_then(|rest| rest.strip_prefix(*g))
+                .is_some_and(|rest| rest == "/v1")
+        })
+    };
+    if let Some(g) = named("/apis/") {
+        let mut v = api_group(g);
+        v["kind"] = json!("APIGroup");
+        v["apiVersion"] = json!("v1");
+        return json_response(200, &v);
+    }
+    if let Some(g) = named_v1("/apis/") {
+        return json_response(
+            200,
+            &json!({
+                "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{g}/v1"),
+                "resources": api_resources(g),
+            }),
+        );
+    }
+    if let Some(g) = named_v1("/openapi/v3/apis/") {
+        return json_response(200, &openapi_v3(g));
+    }
+    let v = match path {
         "/version" => json!({
             "major": "1", "minor": "34", "emulationMajor": "1", "emulationMinor": "34",
             "gitVersion": "v1.34.0-npm-testapi", "gitCommit": "0000000000000000000000000000000000000000",
@@ -63,23 +104,25 @@ pub(super) fn discovery(st: &AppState, path: &str) -> Response {
         "/api/v1" => json!({
             "kind": "APIResourceList", "groupVersion": "v1", "resources": api_resources(""),
         }),
-        "/apis" => json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_net]}),
-        "/apis/networking.k8s.io" => {
-            let mut g = group_net;
-            g["kind"] = json!("APIGroup");
-            g["apiVersion"] = json!("v1");
-            g
-        }
-        "/apis/networking.k8s.io/v1" => json!({
-            "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "networking.k8s.io/v1",
-            "resources": api_resources("networking.k8s.io"),
+        "/apis" => json!({
+            "kind": "APIGroupList", "apiVersion": "v1",
+            "groups": GROUPS.into_iter().map(api_group).collect::<Vec<_>>(),
         }),
-        "/openapi/v3" => json!({"paths": {
-            "api/v1": {"serverRelativeURL": "/openapi/v3/api/v1?hash=npm-testapi-1"},
-            "apis/networking.k8s.io/v1": {"serverRelativeURL": "/openapi/v3/apis/networking.k8s.io/v1?hash=npm-testapi-1"},
-        }}),
+        "/openapi/v3" => {
+            let mut paths = serde_json::Map::new();
+            paths.insert(
+                "api/v1".into(),
+                json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=npm-testapi-1"}),
+            );
+            for g in GROUPS {
+                paths.insert(
+                    format!("apis/{g}/v1"),
+                    json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/v1?hash=npm-testapi-1")}),
+                );
+            }
+            json!({ "paths": paths })
+        }
         "/openapi/v3/api/v1" => openapi_v3(""),
-        "/openapi/v3/apis/networking.k8s.io/v1" => openapi_v3("networking.k8s.io"),
         "/healthz" | "/readyz" | "/livez" => return body_response(200, "text/plain", Body::from("ok")),
         _ => return not_found_path(path),
     };

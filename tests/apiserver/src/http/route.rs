@@ -31,6 +31,7 @@ pub(super) fn parse_target(path: &str) -> Option<Target> {
     let (group, rest) = match segs.as_slice() {
         ["api", "v1", rest @ ..] => ("", rest),
         ["apis", "networking.k8s.io", "v1", rest @ ..] => ("networking.k8s.io", rest),
+        ["apis", "apps", "v1", rest @ ..] => ("apps", rest),
         _ => return None,
     };
     let t = |kind, ns: Option<&str>, name: Option<&str>, sub: Option<&str>| {
@@ -97,5 +98,23 @@ pub(super) fn verb_of(method: &Method, target: Option<&Target>, q: &HashMap<Stri
         ("DELETE", true) => "delete",
         ("DELETE", false) => "deletecollection",
         _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn apps_daemonsets_are_routed() {
+        let t = parse_target("/apis/apps/v1/namespaces/kube-system/daemonsets/agent/status").unwrap();
+        assert_eq!(t.kind, Kind::DaemonSet);
+        assert_eq!(t.ns.as_deref(), Some("kube-system"));
+        assert_eq!(t.name.as_deref(), Some("agent"));
+        assert_eq!(t.sub.as_deref(), Some("status"));
+        assert_eq!(parse_target("/apis/apps/v1/daemonsets").unwrap().kind, Kind::DaemonSet);
+        // Namespaced only; not in another group.
+        assert!(parse_target("/apis/apps/v1/daemonsets/agent").is_none());
+        assert!(parse_target("/api/v1/namespaces/ns/daemonsets").is_none());
     }
 }

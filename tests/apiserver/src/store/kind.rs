@@ -10,11 +10,23 @@ pub enum Kind {
     Pod,
     /// `networking.k8s.io/v1` networkpolicies (namespaced).
     NetworkPolicy,
+    /// `apps/v1` daemonsets (namespaced, with a status subresource): what the chart's
+    /// uninstall hooks read and delete.
+    DaemonSet,
+    /// `v1` events (namespaced): what the agent reports on NetworkPolicies it
+    /// cannot fully convert.
+    Event,
 }
 
 impl Kind {
     /// All kinds.
-    pub const ALL: [Kind; 3] = [Kind::Namespace, Kind::Pod, Kind::NetworkPolicy];
+    pub const ALL: [Kind; 5] = [
+        Kind::Namespace,
+        Kind::Pod,
+        Kind::NetworkPolicy,
+        Kind::DaemonSet,
+        Kind::Event,
+    ];
 
     /// Index of the kind's maps in the store.
     pub(super) fn idx(self) -> usize {
@@ -26,6 +38,8 @@ impl Kind {
             Kind::Namespace => "namespaces",
             Kind::Pod => "pods",
             Kind::NetworkPolicy => "networkpolicies",
+            Kind::DaemonSet => "daemonsets",
+            Kind::Event => "events",
         }
     }
     /// Singular resource name.
@@ -34,12 +48,15 @@ impl Kind {
             Kind::Namespace => "namespace",
             Kind::Pod => "pod",
             Kind::NetworkPolicy => "networkpolicy",
+            Kind::DaemonSet => "daemonset",
+            Kind::Event => "event",
         }
     }
     /// API group ("" for core).
     pub fn group(self) -> &'static str {
         match self {
             Kind::NetworkPolicy => "networking.k8s.io",
+            Kind::DaemonSet => "apps",
             _ => "",
         }
     }
@@ -47,6 +64,7 @@ impl Kind {
     pub fn api_version(self) -> &'static str {
         match self {
             Kind::NetworkPolicy => "networking.k8s.io/v1",
+            Kind::DaemonSet => "apps/v1",
             _ => "v1",
         }
     }
@@ -56,6 +74,8 @@ impl Kind {
             Kind::Namespace => "Namespace",
             Kind::Pod => "Pod",
             Kind::NetworkPolicy => "NetworkPolicy",
+            Kind::DaemonSet => "DaemonSet",
+            Kind::Event => "Event",
         }
     }
     /// Whether objects live in a namespace.
@@ -86,11 +106,24 @@ impl Kind {
                 "status.podIP",
                 "status.nominatedNodeName",
             ],
-            Kind::NetworkPolicy => &["metadata.name", "metadata.namespace"],
+            Kind::NetworkPolicy | Kind::DaemonSet => &["metadata.name", "metadata.namespace"],
+            Kind::Event => &[
+                "metadata.name",
+                "metadata.namespace",
+                "involvedObject.kind",
+                "involvedObject.namespace",
+                "involvedObject.name",
+                "involvedObject.uid",
+                "involvedObject.apiVersion",
+                "involvedObject.resourceVersion",
+                "reason",
+                "reportingComponent",
+                "type",
+            ],
         }
     }
     /// Whether this kind has a `/status` subresource.
     pub fn has_status(self) -> bool {
-        !matches!(self, Kind::NetworkPolicy)
+        !matches!(self, Kind::NetworkPolicy | Kind::Event)
     }
 }

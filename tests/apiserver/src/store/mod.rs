@@ -67,8 +67,8 @@ pub struct Event {
 pub struct Store {
     rev: u64,
     compacted: u64,
-    objects: [BTreeMap<String, Arc<Value>>; 3],
-    ns_counts: [HashMap<String, usize>; 3],
+    objects: [BTreeMap<String, Arc<Value>>; Kind::ALL.len()],
+    ns_counts: [HashMap<String, usize>; Kind::ALL.len()],
     history: VecDeque<Event>,
     max_history: usize,
     /// Whether validation runs on writes.

@@ -67,6 +67,8 @@ impl Store {
             Kind::Namespace => validate::default_namespace(obj),
             Kind::Pod => validate::default_pod(obj),
             Kind::NetworkPolicy => validate::default_network_policy(obj),
+            Kind::DaemonSet => validate::default_daemon_set(obj),
+            Kind::Event => {}
         }
         if !self.validation {
             return Ok(());
@@ -75,6 +77,8 @@ impl Store {
             Kind::Namespace => validate::validate_namespace(obj),
             Kind::Pod => validate::validate_pod(obj),
             Kind::NetworkPolicy => validate::validate_network_policy(obj),
+            Kind::DaemonSet => validate::validate_daemon_set(obj),
+            Kind::Event => validate::validate_event(obj),
         };
         if causes.is_empty() {
             Ok(())
@@ -316,7 +320,7 @@ impl Store {
         check_precondition(kind, name, &old, "uid", "UID", precondition_uid)?;
         if kind == Kind::Namespace {
             let prefix = format!("{name}/");
-            for k in [Kind::Pod, Kind::NetworkPolicy] {
+            for k in Kind::ALL.into_iter().filter(|k| k.namespaced()) {
                 let keys: Vec<String> = self.objects[k.idx()]
                     .range::<String, _>((Bound::Included(&prefix), Bound::Unbounded))
                     .take_while(|(key, _)| key.starts_with(&prefix))
@@ -329,5 +333,48 @@ impl Store {
             }
         }
         Ok(self.commit(kind, key, EventType::Deleted, (*old).clone(), Some(old)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn daemon_set_status_generation_and_namespace_cascade() {
+        let mut s = Store::new(true, 1000);
+        s.create(Kind::Namespace, None, json!({"metadata": {"name": "ns"}}))
+            .unwrap();
+        let ds = json!({"metadata": {"name": "agent"}, "spec": {
+            "selector": {"matchLabels": {"app": "a"}},
+            "template": {"metadata": {"labels": {"app": "a"}}, "spec": {"containers": []}}}});
+        let created = s.create(Kind::DaemonSet, Some("ns"), ds.clone()).unwrap();
+        assert_eq!(created["apiVersion"], "apps/v1");
+        assert_eq!(created["kind"], "DaemonSet");
+        assert_eq!(created["metadata"]["generation"], 1);
+        // A status write keeps the spec and the generation.
+        let mut st = (*created).clone();
+        st["status"] = json!({"observedGeneration": 1, "desiredNumberScheduled": 2, "numberReady": 1});
+        let updated = s.update(Kind::DaemonSet, Some("ns"), "agent", st, Sub::Status).unwrap();
+        assert_eq!(updated["status"]["numberReady"], 1);
+        assert_eq!(updated["metadata"]["generation"], 1);
+        // A spec change bumps the generation and keeps the status.
+        let mut spec = (*updated).clone();
+        spec["spec"]["minReadySeconds"] = json!(5);
+        spec["status"] = json!({});
+        let updated = s.update(Kind::DaemonSet, Some("ns"), "agent", spec, Sub::Main).unwrap();
+        assert_eq!(updated["metadata"]["generation"], 2);
+        assert_eq!(updated["status"]["desiredNumberScheduled"], 2);
+        // Invalid: the selector does not select the template.
+        let mut bad = ds;
+        bad["metadata"]["name"] = json!("bad");
+        bad["spec"]["template"]["metadata"]["labels"] = json!({"app": "b"});
+        assert!(matches!(
+            s.create(Kind::DaemonSet, Some("ns"), bad),
+            Err(ApiError::Invalid { .. })
+        ));
+        // Deleting the namespace deletes its DaemonSets.
+        s.delete(Kind::Namespace, None, "ns", None, None).unwrap();
+        assert!(s.get(Kind::DaemonSet, Some("ns"), "agent").is_err());
     }
 }

@@ -1,0 +1,346 @@
+//! Kubernetes Events on the NetworkPolicies the agent cannot fully convert
+//! (issue 12 §4): such a policy is enforced as far as it is understood
+//! (`npm_policy::validate`), and the operator learns about it from a
+//! `Warning` Event with reason [`REASON_PARTIALLY_INVALID`] on the policy,
+//! whose message names each field path, its value and what was dropped.
+//!
+//! One Event per policy resourceVersion: the sync loop hands the complete
+//! set of reports of each compile to [`EventRecorder::report`], which
+//! sends only those not in the previous set; the Event's name is derived
+//! from the policy and its uid and resourceVersion ([`PolicyReport::event_name`]),
+//! so a restarted agent, or the agent of another node, creates the same
+//! object and gets `AlreadyExists` instead of a duplicate. Events are
+//! created by a task of their own (core `v1` Events; the chart grants
+//! `events` `create` in both API groups): the sync loop never waits on the
+//! API server for them. A create that fails is retried with backoff, then
+//! counted in `npm_errors_total{kind="event"}` and logged.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use kube::api::{Api, PostParams};
+use npm_policy::model::InvalidPolicy;
+use tokio::sync::mpsc;
+
+use super::metrics::Metrics;
+
+/// The reason of the Event on a policy that is not fully understood.
+pub const REASON_PARTIALLY_INVALID: &str = "PolicyPartiallyInvalid";
+/// `reportingComponent` (and `source.component`) of the agent's Events.
+pub const REPORTING_COMPONENT: &str = "npm-agent";
+/// The longest Event message (the `events.k8s.io` limit of `note`).
+pub const MAX_MESSAGE: usize = 1024;
+/// Attempts to create one Event before it is given up (and counted).
+const ATTEMPTS: u32 = 5;
+/// The wait after the first failed attempt (doubling).
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+
+/// One policy that is not fully understood, at one resourceVersion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyReport {
+    /// Namespace of the policy.
+    pub namespace: String,
+    /// Name of the policy.
+    pub name: String,
+    /// metadata.uid.
+    pub uid: String,
+    /// metadata.resourceVersion.
+    pub resource_version: String,
+    /// The conversion's errors, each naming the field, the value and what
+    /// was dropped.
+    pub errors: Vec<String>,
+}
+
+/// The key of "one Event per policy resourceVersion": namespace, name,
+/// uid, resourceVersion.
+type ReportKey = (String, String, String, String);
+
+/// FNV-1a, 64 bits: a hash that stays the same across builds and
+/// processes (the Event name must be the same on every node).
+fn fnv64(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain([0u8]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl PolicyReport {
+    /// The key of "one Event per policy resourceVersion".
+    fn key(&self) -> ReportKey {
+        (
+            self.namespace.clone(),
+            self.name.clone(),
+            self.uid.clone(),
+            self.resource_version.clone(),
+        )
+    }
+
+    /// The Event's name: the policy's name (made a valid DNS subdomain
+    /// and cut to 200 characters) and a stable hash of the namespace,
+    /// name, uid and resourceVersion.
+    pub fn event_name(&self) -> String {
+        let mut prefix: String = self
+            .name
+            .chars()
+            .map(|c| match c.to_ascii_lowercase() {
+                c @ ('a'..='z' | '0'..='9' | '.' | '-') => c,
+                _ => '-',
+            })
+            .take(200)
+            .collect();
+        while prefix.ends_with(['.', '-']) {
+            prefix.pop();
+        }
+        let prefix = prefix.trim_start_matches(['.', '-']);
+        let hash = fnv64(&[&self.namespace, &self.name, &self.uid, &self.resource_version]);
+        if prefix.is_empty() {
+            format!("networkpolicy.{hash:016x}")
+        } else {
+            format!("{prefix}.{hash:016x}")
+        }
+    }
+
+    /// The Event's message: what is enforced, then each error (field path,
+    /// value, what was dropped), cut to [`MAX_MESSAGE`] bytes.
+    pub fn message(&self) -> String {
+        let object = format!("{}/{}: ", self.namespace, self.name);
+        let errors: Vec<&str> = self
+            .errors
+            .iter()
+            .map(|e| e.strip_prefix(&object).unwrap_or(e))
+            .collect();
+        let mut m = format!(
+            "NetworkPolicy only partly understood; it keeps isolating the pods it selects, only what cannot be \
+             understood is dropped: {}",
+            errors.join("; ")
+        );
+        if m.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE - 3;
+            while !m.is_char_boundary(end) {
+                end -= 1;
+            }
+            m.truncate(end);
+            m.push_str("...");
+        }
+        m
+    }
+
+    /// The core `v1` Event on the policy, reported by the agent of `node`.
+    pub fn event(&self, node: &str) -> Event {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        Event {
+            metadata: ObjectMeta {
+                name: Some(self.event_name()),
+                namespace: Some(self.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("networking.k8s.io/v1".into()),
+                kind: Some("NetworkPolicy".into()),
+                namespace: Some(self.namespace.clone()),
+                name: Some(self.name.clone()),
+                uid: Some(self.uid.clone()).filter(|u| !u.is_empty()),
+                resource_version: Some(self.resource_version.clone()).filter(|r| !r.is_empty()),
+                ..ObjectReference::default()
+            },
+            reason: Some(REASON_PARTIALLY_INVALID.into()),
+            message: Some(self.message()),
+            type_: Some("Warning".into()),
+            action: Some("Enforce".into()),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            event_time: Some(MicroTime(now)),
+            reporting_component: Some(REPORTING_COMPONENT.into()),
+            reporting_instance: Some(node.to_string()),
+            source: Some(EventSource {
+                component: Some(REPORTING_COMPONENT.into()),
+                host: Some(node.to_string()),
+            }),
+            ..Event::default()
+        }
+    }
+}
+
+/// The reports of the policies of `invalid` (the snapshot's
+/// `invalid_policies`), each with the uid and resourceVersion of its API
+/// object in `policies` (one pass over them).
+pub fn reports_of(invalid: &[InvalidPolicy], policies: &[Arc<NetworkPolicy>]) -> Vec<PolicyReport> {
+    if invalid.is_empty() {
+        return Vec::new();
+    }
+    let wanted: BTreeSet<(&str, &str)> = invalid
+        .iter()
+        .map(|p| (p.namespace.as_str(), p.name.as_str()))
+        .collect();
+    let mut found = std::collections::BTreeMap::new();
+    for np in policies {
+        let m = &np.metadata;
+        let key = (
+            m.namespace.as_deref().unwrap_or("default"),
+            m.name.as_deref().unwrap_or(""),
+        );
+        if wanted.contains(&key) {
+            found.insert(key, (m.uid.clone(), m.resource_version.clone()));
+        }
+    }
+    invalid
+        .iter()
+        .map(|p| {
+            let (uid, rv) = found
+                .get(&(p.namespace.as_str(), p.name.as_str()))
+                .cloned()
+                .unwrap_or_default();
+            PolicyReport {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                uid: uid.unwrap_or_default(),
+                resource_version: rv.unwrap_or_default(),
+                errors: p.errors.clone(),
+            }
+        })
+        .collect()
+}
+
+/// Sends the Events of new reports to a task that creates them (see the
+/// module doc). Cloning shares the task and the set of known reports.
+#[derive(Clone, Debug)]
+pub struct EventRecorder {
+    tx: mpsc::UnboundedSender<PolicyReport>,
+    known: Arc<Mutex<BTreeSet<ReportKey>>>,
+}
+
+impl EventRecorder {
+    /// A recorder whose task (spawned on the current tokio runtime, it
+    /// ends when every recorder is dropped) creates the Events with
+    /// `client`, as the agent of node `node`.
+    pub fn spawn(client: kube::Client, node: String, metrics: Metrics) -> (EventRecorder, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(run(rx, client, node, metrics));
+        (
+            EventRecorder {
+                tx,
+                known: Arc::default(),
+            },
+            task,
+        )
+    }
+
+    /// The complete set of reports of the current compile: an Event is
+    /// sent for each report whose policy resourceVersion was not in the
+    /// previous set. Never blocks.
+    pub fn report(&self, reports: Vec<PolicyReport>) {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let current: BTreeSet<_> = reports.iter().map(PolicyReport::key).collect();
+        for r in reports {
+            if !known.contains(&r.key()) && self.tx.send(r).is_err() {
+                tracing::warn!("policy event task stopped; Event not created");
+            }
+        }
+        *known = current;
+    }
+}
+
+/// Creates one Event: `Ok` also when it exists already (another agent or an
+/// earlier run created it).
+async fn create(client: &kube::Client, report: &PolicyReport, node: &str) -> Result<(), kube::Error> {
+    let api: Api<Event> = Api::namespaced(client.clone(), &report.namespace);
+    match api.create(&PostParams::default(), &report.event(node)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+async fn run(mut rx: mpsc::UnboundedReceiver<PolicyReport>, client: kube::Client, node: String, metrics: Metrics) {
+    while let Some(report) = rx.recv().await {
+        let policy = format!("{}/{}", report.namespace, report.name);
+        let mut wait = FIRST_RETRY;
+        for attempt in 1..=ATTEMPTS {
+            match create(&client, &report, &node).await {
+                Ok(()) => {
+                    tracing::info!(%policy, event = %report.event_name(), reason = REASON_PARTIALLY_INVALID, "Event recorded on the NetworkPolicy");
+                    break;
+                }
+                Err(e) if attempt == ATTEMPTS => {
+                    metrics.error("event");
+                    tracing::error!(%policy, error = %e, "Event on the NetworkPolicy not created");
+                }
+                Err(e) => {
+                    tracing::debug!(%policy, error = %e, attempt, "creating the Event failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(name: &str, rv: &str) -> PolicyReport {
+        PolicyReport {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: "u1".into(),
+            resource_version: rv.into(),
+            errors: vec![format!(
+                "ns/{name}: spec.ingress[1].from[0].ipBlock.cidr: invalid CIDR \"10.0.0.0/33\" (rule spec.ingress[1] dropped)"
+            )],
+        }
+    }
+
+    #[test]
+    fn names_are_stable_valid_and_per_resource_version() {
+        let a = report("allow-web", "7");
+        assert_eq!(a.event_name(), report("allow-web", "7").event_name());
+        assert_ne!(a.event_name(), report("allow-web", "8").event_name());
+        assert!(a.event_name().starts_with("allow-web."));
+        let odd = report(&format!("{}-Bad_Name-", "x".repeat(300)), "1").event_name();
+        assert!(odd.len() <= 253, "{}", odd.len());
+        assert!(odd
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-'));
+        assert_eq!(report("--", "1").event_name().split('.').next(), Some("networkpolicy"));
+    }
+
+    #[test]
+    fn message_names_field_value_and_drop_and_is_bounded() {
+        let m = report("p", "1").message();
+        assert!(m.contains("spec.ingress[1].from[0].ipBlock.cidr"), "{m}");
+        assert!(m.contains("\"10.0.0.0/33\""), "{m}");
+        assert!(m.contains("rule spec.ingress[1] dropped"), "{m}");
+        assert!(!m.contains("ns/p: "), "the object is the Event's involvedObject: {m}");
+        let mut long = report("p", "1");
+        long.errors = vec!["é".repeat(2000)];
+        assert!(long.message().len() <= MAX_MESSAGE);
+    }
+
+    #[tokio::test]
+    async fn only_new_resource_versions_are_sent() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let r = EventRecorder {
+            tx,
+            known: Arc::default(),
+        };
+        r.report(vec![report("a", "1"), report("b", "1")]);
+        r.report(vec![report("a", "1"), report("b", "1")]);
+        r.report(vec![report("a", "2"), report("b", "1")]);
+        let mut sent = Vec::new();
+        while let Ok(x) = rx.try_recv() {
+            sent.push((x.name, x.resource_version));
+        }
+        let want = [("a", "1"), ("b", "1"), ("a", "2")].map(|(n, v)| (n.to_string(), v.to_string()));
+        assert_eq!(sent, want);
+    }
+}
