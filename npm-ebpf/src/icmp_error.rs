@@ -17,8 +17,8 @@ use aya_ebpf::programs::TcContext;
 use npm_common::proto;
 
 use crate::conntrack::{ct_alive, fill_ct_key, fill_ct_key4, NPM_CT, NPM_CT4};
-use crate::mem::{copy16, eq16, is_v4_mapped, rd32, wr32, V4_MAPPED_WORD};
-use crate::parse::{be16, is_icmp_echo, load, Pkt, FRAG_NONE};
+use crate::mem::{copy16, eq16, is_v4_mapped};
+use crate::parse::{be16, is_icmp_echo, load, v4_mapped_addresses, Pkt, FRAG_NONE};
 use crate::scratch::Scratch;
 
 /// Length of the ICMP and ICMPv6 header before the quoted packet.
@@ -64,19 +64,8 @@ fn parse_quoted(ctx: &TcContext, s: &mut Scratch) -> Result<(), ()> {
             return Err(());
         }
         q.proto = h[9];
-        // SAFETY: 4-aligned 16-byte fields and header offsets 12 and 16.
-        unsafe {
-            let sp = q.src.as_mut_ptr();
-            let dp = q.dst.as_mut_ptr();
-            wr32(sp, 0);
-            wr32(sp.add(4), 0);
-            wr32(sp.add(8), V4_MAPPED_WORD);
-            wr32(sp.add(12), rd32(h.as_ptr().add(12)));
-            wr32(dp, 0);
-            wr32(dp.add(4), 0);
-            wr32(dp.add(8), V4_MAPPED_WORD);
-            wr32(dp.add(12), rd32(h.as_ptr().add(16)));
-        }
+        // SAFETY: `h` holds the quoted 20-byte IPv4 header.
+        unsafe { v4_mapped_addresses(q, h.as_ptr()) };
         l4off = off + ihl;
     } else {
         load::<40>(ctx, off, h)?;

@@ -184,16 +184,7 @@ fn parse_fast(ctx: &TcContext, p: &mut Pkt) -> bool {
             }
             p.family = 4;
             p.proto = pr;
-            let sp = p.src.as_mut_ptr();
-            let dp = p.dst.as_mut_ptr();
-            wr32(sp, 0);
-            wr32(sp.add(4), 0);
-            wr32(sp.add(8), V4_MAPPED_WORD);
-            wr32(sp.add(12), rd32(pk.add(26)));
-            wr32(dp, 0);
-            wr32(dp.add(4), 0);
-            wr32(dp.add(8), V4_MAPPED_WORD);
-            wr32(dp.add(12), rd32(pk.add(30)));
+            v4_mapped_addresses(p, pk.add(ETH_HLEN));
             l4_off = (ETH_HLEN + 20) as u16;
             l4 = pk.add(l4_off as usize);
         } else if ethertype == ETH_P_IPV6 {
@@ -278,19 +269,8 @@ pub(crate) fn parse(ctx: &TcContext, s: &mut Scratch) -> Result<(), ()> {
         p.family = 4;
         p.proto = h[9];
         p.frag_proto = h[9];
-        // SAFETY: 4-aligned 16-byte fields and header offsets 12 and 16.
-        unsafe {
-            let sp = p.src.as_mut_ptr();
-            let dp = p.dst.as_mut_ptr();
-            wr32(sp, 0);
-            wr32(sp.add(4), 0);
-            wr32(sp.add(8), V4_MAPPED_WORD);
-            wr32(sp.add(12), rd32(h.as_ptr().add(12)));
-            wr32(dp, 0);
-            wr32(dp.add(4), 0);
-            wr32(dp.add(8), V4_MAPPED_WORD);
-            wr32(dp.add(12), rd32(h.as_ptr().add(16)));
-        }
+        // SAFETY: `h` holds the 20-byte IPv4 header.
+        unsafe { v4_mapped_addresses(p, h.as_ptr()) };
         let fo = be16(h[6], h[7]);
         if fo & 0x1fff != 0 {
             p.frag = FRAG_LATER;
@@ -391,4 +371,27 @@ pub(crate) fn parse(ctx: &TcContext, s: &mut Scratch) -> Result<(), ()> {
     p.ct_sport = p.sport;
     p.ct_dport = p.dport;
     Ok(())
+}
+
+/// The IPv4 header at `h` (its source at byte 12, destination at 16) as the
+/// IPv4-mapped addresses of `p` (one rule for every parsed header: the
+/// packet's own and an ICMP error's quoted one).
+///
+/// # Safety
+/// `h` points at least 20 readable, 4-aligned bytes.
+#[inline(always)]
+pub(crate) unsafe fn v4_mapped_addresses(p: &mut Pkt, h: *const u8) {
+    // SAFETY: `Pkt`'s 16-byte fields are 4-aligned; the caller's `h`.
+    unsafe {
+        let sp = p.src.as_mut_ptr();
+        let dp = p.dst.as_mut_ptr();
+        wr32(sp, 0);
+        wr32(sp.add(4), 0);
+        wr32(sp.add(8), V4_MAPPED_WORD);
+        wr32(sp.add(12), rd32(h.add(12)));
+        wr32(dp, 0);
+        wr32(dp.add(4), 0);
+        wr32(dp.add(8), V4_MAPPED_WORD);
+        wr32(dp.add(12), rd32(h.add(16)));
+    }
 }

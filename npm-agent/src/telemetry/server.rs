@@ -73,22 +73,35 @@ fn failed_names(checks: &[Check]) -> String {
     names.join(", ")
 }
 
-async fn healthz(State(s): State<ServerState>, uri: Uri) -> (StatusCode, String) {
-    let checks = s.health.liveness();
+/// The answer of a health endpoint: 200 or 503 by `checks`; the verbose
+/// listing when asked, else `ok_body` or the failure text `failed` gives.
+fn answer(
+    endpoint: &str,
+    uri: &Uri,
+    checks: &[Check],
+    ok_body: &str,
+    failed: impl FnOnce() -> String,
+) -> (StatusCode, String) {
     let ok = checks.iter().all(Check::ok);
     let code = if ok {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    if verbose(&uri) {
-        return (code, verbose_body("healthz", &checks));
-    }
-    if ok {
-        (code, "ok\n".into())
+    if verbose(uri) {
+        (code, verbose_body(endpoint, checks))
+    } else if ok {
+        (code, ok_body.into())
     } else {
-        (code, format!("healthz check failed: {}\n", failed_names(&checks)))
+        (code, failed())
     }
+}
+
+async fn healthz(State(s): State<ServerState>, uri: Uri) -> (StatusCode, String) {
+    let checks = s.health.liveness();
+    answer("healthz", &uri, &checks, "ok\n", || {
+        format!("healthz check failed: {}\n", failed_names(&checks))
+    })
 }
 
 /// The `lists` check: which of the three lists has not completed.
@@ -119,27 +132,13 @@ async fn readyz(State(s): State<ServerState>, uri: Uri) -> (StatusCode, String) 
     let listed = lists.ok();
     let mut checks = vec![lists];
     checks.extend(s.health.readiness());
-    let ok = checks.iter().all(Check::ok);
-    let code = if ok {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    if verbose(&uri) {
-        return (code, verbose_body("readyz", &checks));
-    }
-    if ok {
-        (code, "ready\n".into())
-    } else {
-        (
-            code,
-            format!(
-                "not ready: lists complete={listed}, first sync applied={}; failed checks: {} (see /readyz?verbose)\n",
-                s.health.first_sync_done(),
-                failed_names(&checks)
-            ),
+    answer("readyz", &uri, &checks, "ready\n", || {
+        format!(
+            "not ready: lists complete={listed}, first sync applied={}; failed checks: {} (see /readyz?verbose)\n",
+            s.health.first_sync_done(),
+            failed_names(&checks)
         )
-    }
+    })
 }
 
 /// The router of the three endpoints.
