@@ -238,3 +238,40 @@ async fn losing_most_isolated_endpoints_is_held() {
     assert_eq!(s.programmed(), (10, 10), "the direct read kept them isolated");
     srv.shutdown().await;
 }
+
+/// A restarted agent (a new syncer on the dataplane the first one
+/// programmed, whose records it adopts) whose first complete list has no
+/// policy at all: the adopted records' isolated directions are the guard's
+/// reference, so the sync is held and the direct read keeps every
+/// endpoint isolated. With the API server failing, nothing is opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_agent_holds_a_first_sync_that_opens_the_adopted_isolation() {
+    let (srv, client) = server(true).await;
+    let mut s = setup(&client).await;
+    s.feed(&s.policies(|_| true));
+    assert!(s.syncer.sync_once().await.unwrap().full);
+    assert_eq!(s.programmed(), (10, 10));
+
+    // Restart: a fresh cache whose policy list is (wrongly) empty.
+    let restart = |s: &mut Setup| {
+        s.metrics = Metrics::new().unwrap();
+        s.cache = Cache::new(s.metrics.clone());
+        s.syncer = test_syncer(&s.cache, s.dp.clone(), &client).build();
+        s.feed(&[]);
+    };
+    restart(&mut s);
+    let out = s.syncer.sync_once().await.unwrap();
+    assert!(out.guarded, "opening every adopted isolated endpoint is held");
+    assert_eq!(s.deferred(), 1.0);
+    assert_eq!(s.programmed(), (10, 10), "the direct read kept them isolated");
+
+    restart(&mut s);
+    let calls = s.dp.lock().calls.len();
+    srv.inject(FaultRule::fail(1000, 503));
+    let err = s.syncer.sync_once().await.unwrap_err();
+    assert!(err.to_string().contains("mass deletion held"), "{err}");
+    assert_eq!(s.dp.lock().calls.len(), calls, "nothing written");
+    assert_eq!(s.programmed(), (10, 10));
+    srv.clear_faults();
+    srv.shutdown().await;
+}

@@ -7,9 +7,11 @@
 //!
 //! Each pod resolves to its own host veth; addresses that route to the
 //! uplink, the dummy, the bridge itself, a local address or nowhere resolve
-//! to nothing; a pod whose host route is removed is attached nowhere; two
-//! endpoints claiming one interface are refused and counted; a bridged pod
-//! whose MAC is momentarily unknown keeps its interface.
+//! to nothing; a pod whose host route is removed keeps its veth while the
+//! veth exists (fail closed) and is dropped when the veth is deleted; an
+//! interface claimed by two endpoints stays with the incumbent, the
+//! newcomer is refused and the conflict counted; a bridged pod whose MAC is
+//! momentarily unknown keeps its interface.
 //!
 //! Names are `npmni<pid><tag>...`; leftovers of crashed runs are removed first.
 
@@ -275,33 +277,45 @@ fn ptp_and_bridge_pods_resolve_to_their_own_host_veth_and_nothing_else_does() {
         "an unknown MAC keeps the previous interface"
     );
 
-    // A pod whose host route is missing is attached nowhere.
+    // A pod once attached whose host route goes away keeps its veth while
+    // that veth exists (it stays enforced); a pod never attached with no
+    // route is attached nowhere.
     node.ip(&["route", "del", &format!("{}/32", pods[0].ip())]);
     let after = r.resolve(&c);
-    assert!(
-        !after.interfaces.contains_key(&1),
-        "without its host route, {} resolved to {:?}",
+    assert_eq!(
+        after.interfaces.get(&1),
+        resolved.interfaces.get(&1),
+        "without its host route, {} keeps its veth",
         pods[0].ip(),
-        after.interfaces.get(&1)
     );
-    assert!(after.missing.contains(&1));
+    assert!(!after.missing.contains(&1), "{after:?}");
     assert_eq!(
         after.interfaces.get(&2),
         resolved.interfaces.get(&2),
         "the other pods stay"
     );
     assert_eq!(after.interfaces.get(&4), resolved.interfaces.get(&4));
+    let mut fresh = InterfaceResolver::new(None).in_netns(&node.node);
+    let first = fresh.resolve(&compiled(&[(1, pods[0].ip())]));
+    assert!(first.interfaces.is_empty(), "{first:?}");
+    assert_eq!(first.missing, vec![1]);
 
-    // CNI DEL removes the veth: the endpoint is dropped, not kept.
+    // CNI DEL removes the veth: the endpoint is dropped, not kept (also
+    // the one without a route, once its veth is gone).
     let [p1, p2, p3, p4] = pods;
     drop(p2);
     let after_del = r.resolve(&c);
     assert!(!after_del.interfaces.contains_key(&2), "{after_del:?}");
-    drop((p1, p3, p4));
+    assert_eq!(after_del.interfaces.get(&1), resolved.interfaces.get(&1));
+    drop(p1);
+    let after_del = r.resolve(&c);
+    assert!(!after_del.interfaces.contains_key(&1), "{after_del:?}");
+    assert!(after_del.missing.contains(&1));
+    drop((p3, p4));
 }
 
 #[test]
-fn an_interface_claimed_by_two_endpoints_is_refused_for_both_and_counted() {
+fn an_interface_claimed_by_two_endpoints_stays_with_the_incumbent_and_is_counted() {
     let node = Node::new("b", 232);
     let pod = node.ptp_pod(1);
     let veth = pod.host_veth();
@@ -310,6 +324,7 @@ fn an_interface_claimed_by_two_endpoints_is_refused_for_both_and_counted() {
     node.ip(&["route", "add", &format!("{other}/32"), "dev", &veth, "scope", "link"]);
     let both = compiled(&[(1, pod.ip()), (2, other.clone())]);
     let mut r = InterfaceResolver::new(None).in_netns(&node.node);
+    // Two newcomers: neither is the incumbent, both are refused.
     let resolved = r.resolve(&both);
     assert!(resolved.interfaces.is_empty(), "{resolved:?}");
     assert_eq!(resolved.missing, vec![1, 2]);
@@ -319,8 +334,37 @@ fn an_interface_claimed_by_two_endpoints_is_refused_for_both_and_counted() {
     let alone = compiled(&[(1, pod.ip())]);
     let resolved = r.resolve(&alone);
     assert_eq!(resolved.interfaces.get(&1), Some(&node.ifindex(&veth)));
-    r.resolve(&both);
+    // The incumbent keeps its veth; the newcomer is refused and counted.
+    let resolved = r.resolve(&both);
+    assert_eq!(resolved.interfaces, [(1, node.ifindex(&veth))].into());
+    assert_eq!(resolved.missing, vec![2]);
     assert_eq!(r.take_new_conflicts(), 1, "a conflict that comes back is counted again");
+    r.resolve(&both);
+    assert_eq!(r.take_new_conflicts(), 0);
+
+    // A spoof: pod 2's address now resolves to pod 3's veth. Pod 3 keeps
+    // it, pod 2 stays on its own veth (enforced), counted.
+    let p2 = node.ptp_pod(2);
+    let p3 = node.ptp_pod(3);
+    let two = compiled(&[(2, p2.ip()), (3, p3.ip())]);
+    let mut s = InterfaceResolver::new(None).in_netns(&node.node);
+    let before = s.resolve(&two);
+    let (v2, v3) = (node.ifindex(&p2.host_veth()), node.ifindex(&p3.host_veth()));
+    assert_eq!(before.interfaces, [(2, v2), (3, v3)].into());
+    node.ip(&[
+        "route",
+        "replace",
+        &format!("{}/32", p2.ip()),
+        "dev",
+        &p3.host_veth(),
+        "scope",
+        "link",
+    ]);
+    let spoofed = s.resolve(&two);
+    assert_eq!(spoofed.interfaces, [(2, v2), (3, v3)].into(), "{spoofed:?}");
+    assert!(spoofed.missing.is_empty());
+    assert_eq!(s.take_new_conflicts(), 1);
+    drop((p2, p3));
 
     // --interface-pattern keeps its meaning: only matching names.
     let mut only = InterfaceResolver::new(Some(InterfacePattern::new(&veth).unwrap())).in_netns(&node.node);

@@ -33,6 +33,12 @@ pub struct AdoptedEndpoint {
     pub ipv4: Option<std::net::Ipv4Addr>,
     /// Its IPv6 address, if any.
     pub ipv6: Option<std::net::Ipv6Addr>,
+    /// Whether the record isolates the endpoint for ingress
+    /// (`EP_ISOLATED_INGRESS`).
+    pub isolated_ingress: bool,
+    /// Whether the record isolates the endpoint for egress
+    /// (`EP_ISOLATED_EGRESS`).
+    pub isolated_egress: bool,
 }
 
 /// Packet and byte counts by direction and verdict reason, summed over CPUs.

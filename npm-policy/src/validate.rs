@@ -23,13 +23,18 @@
 //! |---|---|
 //! | `ipBlock.cidr` or an `except` entry that does not parse, an `except` that is not a strict subset of `cidr` | the peer |
 //! | a peer with no field, or `ipBlock` with a selector | the peer |
-//! | a peer's `podSelector`/`namespaceSelector` (bad operator, empty key, `In`/`NotIn` without values, `Exists`/`DoesNotExist` with values) | the peer |
+//! | a peer's `podSelector`/`namespaceSelector` (bad operator, empty key, `In`/`NotIn` without values, `Exists`/`DoesNotExist` with values, a label key or value the API would reject, in `matchLabels` or `matchExpressions`) | the peer |
 //! | every peer of a rule | the rule |
 //! | a port: protocol, number out of range, `endPort` < `port`, `endPort` without `port` or with a named port, a bad port name | the rule (without that port the rule would allow other ports, or every port) |
 //! | the policy's own `spec.podSelector` | the policy selects no pod |
 //! | a `policyTypes` entry other than `Ingress`/`Egress` | read as both: the selected pods are isolated for ingress and egress |
 //! | more than two `policyTypes` entries, an empty `metadata.name` | nothing: reported, enforced as written |
-//! | label keys or values the API would reject (in `matchLabels` or `values`) | nothing: not reported, they are matched literally (no pod has such a label) |
+//!
+//! A label key or value the API would reject is not matched literally:
+//! with `NotIn` or `DoesNotExist` on a key no pod can have, the
+//! requirement would match every pod (a peer allowing the whole cluster,
+//! a `spec.podSelector` isolating the whole namespace), so it makes the
+//! selector invalid like the other selector errors.
 //!
 //! Why a policy whose own `podSelector` cannot be evaluated selects
 //! nothing rather than every pod of its namespace: the selector is the
@@ -130,6 +135,65 @@ impl Ctx<'_> {
     }
 }
 
+/// True when `s` is a label name part: at most 63 characters of
+/// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`, or empty when
+/// `empty_ok` (a label value may be empty).
+fn valid_label_name(s: &str, empty_ok: bool) -> bool {
+    let b = s.as_bytes();
+    if b.is_empty() {
+        return empty_ok;
+    }
+    b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// True when `s` is a DNS-1123 subdomain (a label key's prefix): at most
+/// 253 characters, dot-separated parts of `[a-z0-9]([-a-z0-9]*[a-z0-9])?`.
+fn valid_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|part| {
+            let b = part.as_bytes();
+            !b.is_empty()
+                && b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        })
+}
+
+/// True when `key` is a label key the API accepts (a qualified name: an
+/// optional DNS-subdomain prefix and `/`, then a name part).
+fn valid_label_key(key: &str) -> bool {
+    match key.split_once('/') {
+        Some((prefix, name)) => valid_dns_subdomain(prefix) && valid_label_name(name, false),
+        None => valid_label_name(key, false),
+    }
+}
+
+/// Records an error at `path` when `key` is not a valid label key.
+fn check_label_key(ctx: &mut Ctx<'_>, path: &str, key: &str) {
+    if !valid_label_key(key) {
+        ctx.err(
+            path,
+            format!("invalid label key {key:?}: must be a qualified name ([prefix/]name, name at most 63 characters)"),
+        );
+    }
+}
+
+/// Records an error at `path` when `value` is not a valid label value.
+fn check_label_value(ctx: &mut Ctx<'_>, path: &str, value: &str) {
+    if !valid_label_name(value, true) {
+        ctx.err(
+            path,
+            format!("invalid label value {value:?}: must be empty or at most 63 alphanumeric, '-', '_' or '.' characters, starting and ending alphanumeric"),
+        );
+    }
+}
+
 /// Validates and defaults a label selector at `path`; `None` when invalid
 /// (errors are recorded).
 fn selector(ctx: &mut Ctx<'_>, path: &str, sel: &LabelSelector) -> Option<Selector> {
@@ -138,10 +202,19 @@ fn selector(ctx: &mut Ctx<'_>, path: &str, sel: &LabelSelector) -> Option<Select
         match_labels: sel.match_labels.clone().unwrap_or_default(),
         match_expressions: Vec::new(),
     };
+    for (k, v) in &out.match_labels {
+        check_label_key(ctx, &format!("{path}.matchLabels"), k);
+        check_label_value(ctx, &format!("{path}.matchLabels[{k}]"), v);
+    }
     for (i, e) in sel.match_expressions.iter().flatten().enumerate() {
         let p = format!("{path}.matchExpressions[{i}]");
         if e.key.is_empty() {
             ctx.err(format!("{p}.key"), "key \"\" must not be empty");
+        } else {
+            check_label_key(ctx, &format!("{p}.key"), &e.key);
+        }
+        for (j, v) in e.values.iter().flatten().enumerate() {
+            check_label_value(ctx, &format!("{p}.values[{j}]"), v);
         }
         let values = e.values.clone().unwrap_or_default();
         let op = match e.operator.as_str() {
@@ -513,5 +586,40 @@ pub fn validate_policy(np: &netv1::NetworkPolicy) -> Result<Policy, InvalidPolic
     match c.invalid() {
         Some(e) => Err(e),
         None => Ok(c.policy),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_keys_and_values_follow_the_api_rules() {
+        for ok in [
+            "app",
+            "a",
+            "app.kubernetes.io/name",
+            "x-y_z.w",
+            "example.com/A9",
+            &"a".repeat(63),
+        ] {
+            assert!(valid_label_key(ok), "{ok:?}");
+        }
+        for bad in [
+            "",
+            "Bad Key!",
+            "-app",
+            "app-",
+            "/app",
+            "Example.com/app",
+            "a..b/c",
+            "a/b/c",
+            &"a".repeat(64),
+        ] {
+            assert!(!valid_label_key(bad), "{bad:?}");
+        }
+        assert!(valid_label_name("", true));
+        assert!(!valid_label_name("not a value!", true));
+        assert!(!valid_label_name(&"v".repeat(64), true));
     }
 }

@@ -343,15 +343,61 @@ fn cases() -> Vec<Case> {
             )),
             GOOD_OK2,
         ),
-        // Label keys and values the API rejects are still exact strings:
-        // the selector is understood as written (it matches no pod).
+        // Label keys and values the API rejects make the selector invalid:
+        // with NotIn/DoesNotExist a key no pod can have would match every pod.
         case(
-            "invalid label key and value",
-            with_ok2(
-                json!({"podSelector": {"matchLabels": {"bad key!": "v"}, "matchExpressions": [{"key": "app", "operator": "In", "values": ["not a value!"]}]}}),
-            ),
-            None,
-            None,
+            "DoesNotExist on an invalid label key",
+            with_ok2(pods_expr("Bad Key!", "DoesNotExist", Value::Null)),
+            Some(ok2_only()),
+            Some(("spec.ingress[1].from[1].podSelector.matchExpressions[0].key", PEER1)),
+            GOOD_OK2,
+        ),
+        case(
+            "NotIn on an invalid label key",
+            with_ok2(pods_expr("app!", "NotIn", json!(["x"]))),
+            Some(ok2_only()),
+            Some(("spec.ingress[1].from[1].podSelector.matchExpressions[0].key", PEER1)),
+            GOOD_OK2,
+        ),
+        case(
+            "DoesNotExist on an invalid label key in a namespaceSelector",
+            with_ok2(ns_expr("Bad Key!", "DoesNotExist", Value::Null)),
+            Some(ok2_only()),
+            Some((
+                "spec.ingress[1].from[1].namespaceSelector.matchExpressions[0].key",
+                PEER1,
+            )),
+            GOOD_OK2,
+        ),
+        case(
+            "DoesNotExist on a key with an invalid prefix",
+            with_ok2(pods_expr("Bad_Prefix/app", "DoesNotExist", Value::Null)),
+            Some(ok2_only()),
+            Some(("spec.ingress[1].from[1].podSelector.matchExpressions[0].key", PEER1)),
+            GOOD_OK2,
+        ),
+        case(
+            "NotIn with an invalid label value",
+            with_ok2(pods_expr("app", "NotIn", json!(["not a value!"]))),
+            Some(ok2_only()),
+            Some((
+                "spec.ingress[1].from[1].podSelector.matchExpressions[0].values[0]",
+                PEER1,
+            )),
+            GOOD_OK2,
+        ),
+        case(
+            "invalid label key in matchLabels",
+            with_ok2(json!({"podSelector": {"matchLabels": {"bad key!": "v"}}})),
+            Some(ok2_only()),
+            Some(("spec.ingress[1].from[1].podSelector.matchLabels", PEER1)),
+            GOOD_OK2,
+        ),
+        case(
+            "invalid label value in matchLabels",
+            with_ok2(json!({"namespaceSelector": {"matchLabels": {"team": "a".repeat(64)}}})),
+            Some(ok2_only()),
+            Some(("spec.ingress[1].from[1].namespaceSelector.matchLabels[team]", PEER1)),
             GOOD_OK2,
         ),
         // Ports
@@ -495,6 +541,14 @@ fn cases() -> Vec<Case> {
                    "ingress": [good_rule()]}),
             None,
             Some(("spec.podSelector.matchExpressions[0].operator", "selects no pod")),
+            Expect::Open,
+        ),
+        case(
+            "DoesNotExist on an invalid label key in the policy's podSelector",
+            json!({"podSelector": {"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "Bad Key!", "operator": "DoesNotExist"}]},
+                   "ingress": [good_rule()]}),
+            None,
+            Some(("spec.podSelector.matchExpressions[0].key", "selects no pod")),
             Expect::Open,
         ),
         case(

@@ -12,6 +12,7 @@ use npm_policy::compiled::Compiled;
 use serde::{Deserialize, Serialize};
 
 use crate::k8s::ObjKey;
+use crate::node::interfaces::apply_attached;
 use crate::node::Resolved;
 
 /// The key of an attachment, as the CNI spec keys them: container id and
@@ -342,19 +343,25 @@ impl NodeFacts {
         change
     }
 
+    /// The interfaces of the attached endpoints of `compiled` (endpoint id
+    /// -> its attachment's veth ifindex).
+    pub fn attached_interfaces(&self, compiled: &Compiled) -> Interfaces {
+        if self.by_uid.is_empty() {
+            return Interfaces::new();
+        }
+        compiled
+            .endpoints
+            .iter()
+            .filter_map(|(id, ep)| Some((*id, self.current(&ep.pod.uid)?.ifindex)))
+            .collect()
+    }
+
     /// The interfaces of the attached endpoints of `compiled`: each
     /// endpoint of an attached pod is on its attachment's veth, whatever
-    /// `resolved` (the route-based resolver) found.
+    /// `resolved` (the route-based resolver) found, and an endpoint the
+    /// resolver put on an attached veth is dropped from it.
     pub fn override_interfaces(&self, compiled: &Compiled, resolved: &mut Resolved) {
-        if self.by_uid.is_empty() {
-            return;
-        }
-        for (id, ep) in &compiled.endpoints {
-            if let Some(a) = self.current(&ep.pod.uid) {
-                resolved.interfaces.insert(*id, a.ifindex);
-                resolved.missing.retain(|m| m != id);
-            }
-        }
+        apply_attached(resolved, &self.attached_interfaces(compiled));
     }
 
     /// What a successful sync of these facts programmed for the attached

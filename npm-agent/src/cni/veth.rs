@@ -1,12 +1,15 @@
 //! Which host-side interface of a CNI result is the pod's veth: a routed
 //! plugin (`ptp`) lists the veth, a bridged one (`bridge`) the bridge and
 //! then the veth. The kind is read from sysfs in the agent's network
-//! namespace (the node's): a bridge has a `bridge/` directory, a veth's
-//! `iflink` (its peer's ifindex) differs from its own ifindex.
+//! namespace (the node's): a bridge has a `bridge/` directory; a veth is
+//! a link whose netlink `IFLA_INFO_KIND` is `veth` (a vlan, macvlan or
+//! ipvlan also has an `iflink` other than its own ifindex, and is not one).
 
 use std::path::Path;
 
 use npm_cni::proto::Interface;
+
+use crate::node::netlink::{LinkKind as NlKind, Netlink};
 
 /// Why no veth was found among the host-side interfaces.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -23,9 +26,9 @@ pub enum LinkKind {
     Missing,
     /// A bridge.
     Bridge,
-    /// A veth (or another link with a peer) with this ifindex.
+    /// A veth with this ifindex.
     Veth(u32),
-    /// Anything else (a physical or loopback interface).
+    /// Anything else (a physical or loopback interface, a vlan, macvlan...).
     Other,
 }
 
@@ -50,8 +53,20 @@ pub fn link_kind(name: &str) -> LinkKind {
         return LinkKind::Bridge;
     }
     match read_u32(&dir.join("iflink")) {
-        Some(peer) if peer != ifindex => LinkKind::Veth(ifindex),
+        Some(peer) if peer != ifindex && netlink_kind_is_veth(ifindex) => LinkKind::Veth(ifindex),
         _ => LinkKind::Other,
+    }
+}
+
+/// Whether the link dump says `ifindex` is a veth (no answer: it is not).
+fn netlink_kind_is_veth(ifindex: u32) -> bool {
+    let links = Netlink::open(None).and_then(|mut nl| nl.links());
+    match links {
+        Ok(links) => links.get(&ifindex).is_some_and(|l| l.kind == Some(NlKind::Veth)),
+        Err(e) => {
+            tracing::warn!(ifindex, error = %e, "cannot read the link kind; not taken as a veth");
+            false
+        }
     }
 }
 
@@ -97,5 +112,27 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.found, "lo: Other");
         assert_eq!(host_veth(&[]).unwrap_err().found, "none listed");
+    }
+
+    fn ip(args: &[&str]) {
+        let st = std::process::Command::new("ip").args(args).status().unwrap();
+        assert!(st.success(), "ip {args:?}");
+    }
+
+    /// A link with a parent (`iflink != ifindex`) that is not a veth (a
+    /// macvlan, a macvtap; vlan and ipvlan are not in every kernel) is not
+    /// taken for the pod's veth; a veth is.
+    #[test]
+    fn only_a_veth_is_a_veth() {
+        let (veth, peer, mvl, mvt) = ("npmvk-v0", "npmvk-p0", "npmvk-mv0", "npmvk-mt0");
+        let _ = std::process::Command::new("ip").args(["link", "del", veth]).status();
+        ip(&["link", "add", veth, "type", "veth", "peer", "name", peer]);
+        ip(&["link", "add", "link", veth, "name", mvl, "type", "macvlan"]);
+        ip(&["link", "add", "link", veth, "name", mvt, "type", "macvtap"]);
+        let kinds = [veth, mvl, mvt].map(link_kind);
+        ip(&["link", "del", veth]);
+        assert!(matches!(kinds[0], LinkKind::Veth(_)), "{kinds:?}");
+        assert_eq!(kinds[1], LinkKind::Other, "a macvlan is no veth");
+        assert_eq!(kinds[2], LinkKind::Other, "a macvtap is no veth");
     }
 }

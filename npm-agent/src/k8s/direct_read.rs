@@ -2,7 +2,9 @@
 //! resources straight from the API server (not the cache), which the
 //! mass-deletion guard needs to confirm a large removal.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -23,7 +25,17 @@ pub enum WatchError {
         #[source]
         source: kube::Error,
     },
+    /// The whole direct read took longer than its bound.
+    #[error("direct read did not finish within {0:?}")]
+    TimedOut(Duration),
 }
+
+/// The bound on one whole direct read (all pages of the three lists).
+/// Well below the watchdog's stall limit
+/// ([`crate::telemetry::health::MAX_STALL`], 60 s): a read that hangs
+/// fails like any other read error (the sync stays held and the reads back
+/// off) instead of stalling the loop until `/healthz` fails.
+pub const DIRECT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 async fn direct_list<K: Watched>(api: Api<K>, page_size: u32) -> Result<Vec<Arc<K>>, WatchError> {
     let mut out = Vec::new();
@@ -45,10 +57,37 @@ async fn direct_list<K: Watched>(api: Api<K>, page_size: u32) -> Result<Vec<Arc<
 /// server (not the cache): the confirmation the mass-deletion guard needs.
 /// A list that fails mid-way (e.g. `410` on a continue token) is an error,
 /// never a partial result.
+/// It is bounded by [`DIRECT_READ_TIMEOUT`].
 pub async fn direct_read(client: &Client, page_size: u32) -> Result<CompleteState, WatchError> {
-    Ok(CompleteState {
-        namespaces: direct_list(Api::<Namespace>::all(client.clone()), page_size).await?,
-        pods: direct_list(Api::<Pod>::all(client.clone()), page_size).await?,
-        policies: direct_list(Api::<NetworkPolicy>::all(client.clone()), page_size).await?,
+    within(DIRECT_READ_TIMEOUT, async {
+        Ok(CompleteState {
+            namespaces: direct_list(Api::<Namespace>::all(client.clone()), page_size).await?,
+            pods: direct_list(Api::<Pod>::all(client.clone()), page_size).await?,
+            policies: direct_list(Api::<NetworkPolicy>::all(client.clone()), page_size).await?,
+        })
     })
+    .await
+}
+
+/// `read`, or [`WatchError::TimedOut`] when it takes longer than `limit`.
+async fn within<T>(limit: Duration, read: impl Future<Output = Result<T, WatchError>>) -> Result<T, WatchError> {
+    tokio::time::timeout(limit, read)
+        .await
+        .unwrap_or(Err(WatchError::TimedOut(limit)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_hanging_read_times_out_as_an_error() {
+        let hung = within(
+            Duration::from_millis(20),
+            std::future::pending::<Result<(), WatchError>>(),
+        )
+        .await;
+        assert!(matches!(hung, Err(WatchError::TimedOut(_))), "{hung:?}");
+        assert!(within(Duration::from_secs(5), async { Ok(1) }).await.is_ok());
+    }
 }

@@ -36,8 +36,9 @@ impl<D: AgentDataplane> Syncer<D> {
         };
         let by_ifindex: HashMap<u32, &AdoptedEndpoint> = adopted.iter().map(|a| (a.ifindex, a)).collect();
         let compiled = self.incremental.compiled();
-        let mut resolved = self.resolver.resolve(compiled);
-        self.facts.override_interfaces(compiled, &mut resolved);
+        let resolved = self
+            .resolver
+            .resolve_attached(compiled, &self.facts.attached_interfaces(compiled));
         let mut keep: BTreeMap<String, u32> = BTreeMap::new();
         let mut used = BTreeSet::new();
         for (id, ep) in &compiled.endpoints {
@@ -91,6 +92,22 @@ impl<D: AgentDataplane> Syncer<D> {
                 );
                 self.guard.observe(Instant::now(), identities, endpoints);
             }
+        }
+        // The isolated directions of the adopted records: without them a
+        // first sync with no policy would open every isolated endpoint
+        // unheld (the guard has no programmed policies to compare with).
+        let dataplane = &self.dataplane;
+        let adopted = self.adopted.get_or_insert_with(|| dataplane.adopted_endpoints());
+        let isolated: usize = adopted
+            .iter()
+            .map(|a| a.isolated_ingress as usize + a.isolated_egress as usize)
+            .sum();
+        if isolated > 0 {
+            tracing::info!(
+                isolated,
+                "mass-deletion guard: starting from the isolated endpoint directions adopted from a previous agent"
+            );
+            self.guard.observe_adopted_isolation(Instant::now(), isolated);
         }
     }
 }

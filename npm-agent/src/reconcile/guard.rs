@@ -167,6 +167,13 @@ impl GuardReference {
         self.programmed_policies = Some(snapshot.policies.keys().cloned().collect());
     }
 
+    /// Record the isolated endpoint directions of the state adopted from a
+    /// previous agent (before the first sync; no NetworkPolicy count is
+    /// known then).
+    pub fn observe_adopted_isolation(&mut self, now: Instant, isolated: usize) {
+        push_max(&mut self.isolated, now, isolated);
+    }
+
     /// A direct read confirmed the state: the counts just programmed become
     /// the whole reference (the NetworkPolicy and isolation counts too:
     /// [`GuardReference::observe_enforcement`] records them next).

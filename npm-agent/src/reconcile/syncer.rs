@@ -418,8 +418,10 @@ impl<D: AgentDataplane> Syncer<D> {
         }
         let t_guard = started.elapsed();
         let compiled = self.incremental.compiled();
-        let mut resolved = self.resolver.resolve(compiled);
-        self.facts.override_interfaces(compiled, &mut resolved);
+        // CNI-reported veths first: the conflict check then gives an
+        // attached veth to its pod, never to a route-resolved endpoint.
+        let attached = self.facts.attached_interfaces(compiled);
+        let resolved = self.resolver.resolve_attached(compiled, &attached);
         self.metrics
             .interface_conflicts
             .increment(self.resolver.take_new_conflicts());

@@ -161,6 +161,8 @@ impl AgentDataplane for RecordingDataplane {
                     id: *id,
                     ipv4: ep.ipv4,
                     ipv6: ep.ipv6,
+                    isolated_ingress: ep.isolated_ingress,
+                    isolated_egress: ep.isolated_egress,
                 })
             })
             .collect()

@@ -115,7 +115,7 @@ impl EndpointTable {
         read_entries(&self.slots, &self.overflow)
     }
 
-    /// Every endpoint record: interface, id and addresses.
+    /// Every endpoint record: interface, id, addresses and isolation.
     pub(crate) fn records(&self) -> Result<Vec<AdoptedEndpoint>, EbpfError> {
         Ok(self
             .entries()?
@@ -125,6 +125,8 @@ impl EndpointTable {
                 id: info.id,
                 ipv4: translate::endpoint_ipv4(&info),
                 ipv6: translate::endpoint_ipv6(&info),
+                isolated_ingress: info.flags & EP_ISOLATED_INGRESS != 0,
+                isolated_egress: info.flags & EP_ISOLATED_EGRESS != 0,
             })
             .collect())
     }
