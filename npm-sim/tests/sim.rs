@@ -200,7 +200,7 @@ fn npmctl_smoke() {
     assert!(ok);
     assert!(
         out.contains("DENIED")
-            && out.contains("selected by shop/db-from-web")
+            && out.contains("selected by shop/broken, shop/db-from-web")
             && out.contains("isolated and no rule allows"),
         "{out}"
     );

@@ -53,7 +53,11 @@ enum Cmd {
     },
     /// Build the agent's OCI image (localhost/npm-agent:<version> and :latest,
     /// and target/image/npm-agent.tar) with buildah.
-    Image,
+    Image {
+        /// Then run the image checks that `cargo xtask test` runs.
+        #[arg(long)]
+        check: bool,
+    },
     /// Benchmarks: datapath, compile, agent or all.
     Bench {
         /// Which benchmark.
@@ -74,7 +78,7 @@ fn main() -> ExitCode {
         Cmd::Conformance { args } => conformance(&args),
         Cmd::Demo { args } => demo(&args),
         Cmd::Bench { which, args } => bench(&which, &args),
-        Cmd::Image => image::image().map(|_| ()),
+        Cmd::Image { check } => image::image().and_then(|tag| if check { image::check(&tag) } else { Ok(()) }),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
