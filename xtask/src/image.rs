@@ -10,7 +10,8 @@
 //! - the shared libraries of all of these, as `ldd` resolves them on the
 //!   build machine, at the paths the dynamic loader looks them up under
 //!   (Debian's merged `/usr`: `/lib`, `/lib64`, `/bin` and `/sbin` are links
-//!   into `/usr`), and `/etc/protocols` and `/etc/services`.
+//!   into `/usr`), `/etc/protocols`, `/etc/services` and the CA bundle
+//!   `/etc/ssl/certs/ca-certificates.crt`.
 //!
 //! It runs as root: loading BPF programs, pinning maps and editing nftables
 //! need CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN and CAP_PERFMON in the
@@ -36,8 +37,10 @@ pub const REPOSITORY: &str = "localhost/npm-agent";
 /// Tools the agent forks, found on the build machine's PATH.
 const TOOLS: &[(&str, &str)] = &[("nft", "/usr/sbin/nft"), ("ip", "/usr/sbin/ip")];
 
-/// Files from the build machine's /etc that the tools read.
-const ETC_FILES: &[&str] = &["/etc/protocols", "/etc/services"];
+/// Files from the build machine's /etc that the tools read, and the CA
+/// bundle: the kube client's TLS stack refuses to start without system
+/// roots even when the kubeconfig names its own CA.
+const ETC_FILES: &[&str] = &["/etc/protocols", "/etc/services", "/etc/ssl/certs/ca-certificates.crt"];
 
 /// Where the archive is written.
 pub fn archive_path() -> PathBuf {

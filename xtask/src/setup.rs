@@ -25,6 +25,8 @@ const APT_PACKAGES: &[&str] = &[
     "buildah",
     "podman",
     "runc",
+    // The image carries the CA bundle (the kube client's TLS needs roots).
+    "ca-certificates",
 ];
 
 /// The bpf-linker version built against Debian's LLVM 22.
