@@ -1,6 +1,7 @@
 //! Wiring of one agent (its context and its tasks): the watchers, the
-//! sync loop and the HTTP server, sharing one cache, one metrics registry
-//! and one health state (used by `main` and the tests).
+//! sync loop, the HTTP server and the removal of the Node's not-ready taint
+//! after the first full sync (`k8s::taint`), sharing one cache, one metrics
+//! registry and one health state (used by `main` and the tests).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,6 +38,9 @@ pub enum StartError {
     /// The npm-cni socket could not be served.
     #[error(transparent)]
     Cni(#[from] CniServerError),
+    /// The sync loop's thread (or its runtime) could not be created.
+    #[error("starting the sync thread: {0}")]
+    SyncThread(#[source] std::io::Error),
 }
 
 /// A running agent's handles.
@@ -67,6 +71,16 @@ impl RunningAgent {
         }
     }
 
+    /// Starts the Services side of the eBPF dataplane on the current
+    /// runtime ([`crate::services`]: Services and Nodes watched into
+    /// `NPM_SERVICES`, `node_exit` on the uplinks); its tasks are this
+    /// agent's (aborted with it). Not for the nftables dataplane, which
+    /// decides after the DNAT by itself.
+    pub fn start_services(&mut self, client: kube::Client, cfg: crate::services::ServicesConfig) {
+        self.tasks
+            .extend(crate::services::spawn(client, cfg, self.metrics.clone()));
+    }
+
     /// Wait until a task ends (normally never).
     pub async fn wait(mut self) {
         for t in std::mem::take(&mut self.tasks) {
@@ -83,16 +97,16 @@ impl Drop for RunningAgent {
 
 /// Start an agent on the current tokio runtime: watchers on `client`, the
 /// sync loop over `dataplane`, and the HTTP server, with the default
-/// health settings ([`start_with_health`]).
-pub async fn start<D: AgentDataplane + 'static>(
-    cfg: AgentConfig,
-    client: kube::Client,
-    dataplane: D,
-    resolver: Box<dyn Resolve>,
-    metrics: Metrics,
-) -> Result<RunningAgent, StartError> {
-    start_with_health(cfg, HealthConfig::default(), client, dataplane, resolver, metrics).await
+/// health settings: [`start_with_health`] with [`HealthConfig::default`].
+pub async fn start<D>(cfg: AgentConfig, client: kube::Client, dp: D, r: Box<dyn Resolve>, m: Metrics) -> Started
+where
+    D: AgentDataplane + 'static,
+{
+    start_with_health(cfg, HealthConfig::default(), client, dp, r, m).await
 }
+
+/// What [`start`] and [`start_with_health`] return.
+pub type Started = Result<RunningAgent, StartError>;
 
 /// [`start`] with the readiness and liveness settings `health`.
 pub async fn start_with_health<D: AgentDataplane + 'static>(
@@ -102,7 +116,7 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
     dataplane: D,
     resolver: Box<dyn Resolve>,
     metrics: Metrics,
-) -> Result<RunningAgent, StartError> {
+) -> Started {
     let cache = Cache::new(metrics.clone());
     let cni_facts = match &cfg.cni {
         Some(c) => {
@@ -163,7 +177,19 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
         tasks.push(tokio::spawn(cni::server::bind(&c.socket, ctx.clone())?));
         tasks.push(tokio::spawn(cni::handler::maintain(ctx)));
     }
-    tasks.push(tokio::spawn(syncer.run()));
+    // The sync loop on its own OS thread (a long sync never stalls the
+    // watchers or the health endpoints); aborting this task stops it.
+    let sync_thread = syncer.spawn_thread().map_err(StartError::SyncThread)?;
+    tasks.push(tokio::spawn(async move {
+        let _thread = sync_thread;
+        std::future::pending::<()>().await
+    }));
+    tasks.push(tokio::spawn(crate::k8s::taint::remove_after_first_sync(
+        client.clone(),
+        cfg.sync.compile.node_name.clone(),
+        health.clone(),
+        metrics.clone(),
+    )));
     tasks.extend(spawn_watchers(client, cfg.page_size, &cache, &metrics));
     Ok(RunningAgent {
         cache,

@@ -60,7 +60,14 @@ pub struct DataplaneOptions {
     pub nft_table: String,
 }
 
-impl AgentDataplane for NftDataplane {}
+impl AgentDataplane for NftDataplane {
+    fn adopted_counts(&self) -> Option<(usize, usize)> {
+        self.adopted().map(|a| (a.identities, a.endpoints.len()))
+    }
+    fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
+        self.adopted().map(|a| a.endpoints.clone()).unwrap_or_default()
+    }
+}
 
 /// Open the dataplane of `kind`.
 pub fn open(kind: DataplaneKind, opts: &DataplaneOptions) -> Result<Box<dyn AgentDataplane>, OpenError> {
@@ -89,6 +96,15 @@ impl AgentDataplane for EbpfDataplane {
     }
     fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
         EbpfDataplane::adopted_endpoints(self).to_vec()
+    }
+    fn adopted_numbers(&self) -> npm_policy::adopt::AdoptedNumbers {
+        EbpfDataplane::adopted_numbers(self).clone()
+    }
+    fn map_fill(&self) -> Vec<npm_dataplane::ebpf::MapFill> {
+        EbpfDataplane::map_fill(self)
+    }
+    fn events_lost(&self) -> Option<u64> {
+        EbpfDataplane::events_lost(self).ok()
     }
 }
 

@@ -14,6 +14,9 @@
 //!   pods the compiler sees, and CNI ADD held until the pod is enforced;
 //! - [`node`]: this node: its addresses and the host-side interfaces of
 //!   its local endpoints;
+//! - [`services`]: Services and Nodes watched into the eBPF dataplane's
+//!   `NPM_SERVICES`, and `node_exit` on the uplinks (egress of Service
+//!   traffic decided after kube-proxy's DNAT);
 //! - [`dataplanes`]: opening the eBPF or nftables dataplane;
 //! - [`telemetry`]: Prometheus metrics, deny flow logs, `/metrics`,
 //!   `/healthz`, `/readyz`;
@@ -32,6 +35,7 @@ pub mod k8s;
 pub mod lifecycle;
 pub mod node;
 pub mod reconcile;
+pub mod services;
 pub mod simulate;
 pub mod telemetry;
 

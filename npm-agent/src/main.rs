@@ -198,7 +198,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let node_addresses = NodeAddresses::watch(None);
     tracing::info!(node = %args.node_name, dataplane = ?args.dataplane, node_ips = ?node_addresses.current(), "starting");
     cfg.sync.node_addresses = Some(node_addresses);
-    let running = agent::start_with_health(
+    let services_client = client.clone();
+    let mut running = agent::start_with_health(
         cfg,
         args.health_config(),
         client,
@@ -207,6 +208,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics,
     )
     .await?;
+    // eBPF only: Service keys and `node_exit` on the uplinks, so that the
+    // egress of a connection through a ClusterIP or NodePort is decided
+    // against the backend kube-proxy chose (the nftables dataplane decides
+    // after the DNAT already).
+    if args.dataplane == DataplaneKind::Ebpf {
+        let mut services =
+            npm_agent::services::ServicesConfig::new(dataplanes::ebpf_options(&args.dataplane_options()).pin_dir);
+        services.object = args.bpf_object.clone();
+        services.page_size = args.page_size;
+        running.start_services(services_client, services);
+    }
     tracing::info!(addr = ?running.http_addr, "serving /metrics, /healthz, /readyz");
     let name = tokio::select! {
         _ = sigterm.recv() => "SIGTERM",

@@ -241,10 +241,11 @@ fn rbac_is_least_privilege() {
             "/namespaces: get,list,watch",
             "/nodes: get,list,patch,watch",
             "/pods: get,list,watch",
+            "/services: get,list,watch",
             "events.k8s.io/events: create,patch",
             "networking.k8s.io/networkpolicies: get,list,watch",
         ],
-        "no services, endpointslices, secrets or write access beyond node patch and events"
+        "services read (eBPF Service egress); no endpointslices, secrets or write access beyond node patch and events"
     );
     assert!(find(&docs, "Role").is_empty());
     let binding = find(&docs, "ClusterRoleBinding")[0];
@@ -883,4 +884,100 @@ fn bad_cni_and_cleanup_values_are_rejected() {
         &["cleanupTimeoutSeconds=0"],
         "values.cleanupTimeoutSeconds must be a positive number",
     );
+}
+
+/// Every `npm_*` metric name in a PromQL expression, with a histogram's
+/// `_bucket`/`_sum`/`_count` suffix taken off when the rest is a histogram.
+fn metric_names(expr: &str) -> Vec<String> {
+    use npm_agent::telemetry::metrics::{Kind, SERIES};
+    let bytes = expr.as_bytes();
+    let mut names = Vec::new();
+    let mut i = 0;
+    while let Some(at) = expr[i..].find("npm_").map(|p| p + i) {
+        let starts_word = at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_');
+        let end = expr[at..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(expr.len(), |e| at + e);
+        if starts_word {
+            let name = &expr[at..end];
+            let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| {
+                let b = name.strip_suffix(s)?;
+                SERIES
+                    .iter()
+                    .any(|x| x.name == b && x.kind == Kind::Histogram)
+                    .then_some(b)
+            });
+            names.push(base.unwrap_or(name).to_string());
+        }
+        i = end;
+    }
+    names
+}
+
+/// The dashboard is JSON with panels, and every metric it queries (panel
+/// targets and template variables) is one the agent exports: the registry's
+/// list `SERIES`, which the metrics unit test proves equal to what
+/// `/metrics` renders. The ConfigMap ships exactly that file, labelled for
+/// Grafana's sidecar, only when `grafanaDashboard.enabled`.
+#[test]
+fn grafana_dashboard_queries_only_exported_metrics() {
+    use npm_agent::telemetry::metrics::SERIES;
+    let path = chart().join("dashboards/npm-agent.json");
+    let text = std::fs::read_to_string(&path).expect("read the dashboard");
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let panels = dash["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 6, "{} panels", panels.len());
+    let mut exprs: Vec<String> = panels
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t["expr"].as_str().expect("every target has an expr").to_string())
+        .collect();
+    for v in dash["templating"]["list"].as_array().unwrap() {
+        if let Some(q) = v["query"]["query"].as_str() {
+            exprs.push(q.to_string());
+        }
+    }
+    let mut queried = std::collections::BTreeSet::new();
+    for e in &exprs {
+        let names = metric_names(e);
+        assert!(!names.is_empty(), "{e:?} queries no npm metric");
+        for n in names {
+            assert!(
+                SERIES.iter().any(|s| s.name == n),
+                "{e:?} queries {n}, which the agent does not export"
+            );
+            queried.insert(n);
+        }
+    }
+    // The series the issue asks the dashboard to show.
+    for want in [
+        "npm_programming_latency_seconds",
+        "npm_packets_total",
+        "npm_map_entries",
+        "npm_map_capacity",
+        "npm_held_removals",
+        "npm_ready",
+        "npm_ringbuf_events_lost_total",
+    ] {
+        assert!(queried.contains(want), "the dashboard does not show {want}");
+    }
+    assert_eq!(
+        metric_names("rate(npm_programming_latency_seconds_bucket[1m])"),
+        ["npm_programming_latency_seconds"]
+    );
+    assert_eq!(metric_names("x_npm_ready"), Vec::<String>::new());
+
+    assert!(
+        find(&template(&[]), "ConfigMap").is_empty(),
+        "no dashboard unless enabled"
+    );
+    let docs = template(&["grafanaDashboard.enabled=true"]);
+    let cms = find(&docs, "ConfigMap");
+    assert_eq!(cms.len(), 1);
+    assert_eq!(cms[0]["metadata"]["labels"]["grafana_dashboard"].as_str(), Some("1"));
+    assert_eq!(cms[0]["metadata"]["namespace"].as_str(), Some("npm-system"));
+    let shipped: serde_json::Value =
+        serde_json::from_str(cms[0]["data"]["npm-agent.json"].as_str().expect("data")).expect("shipped JSON");
+    assert_eq!(shipped, dash, "the ConfigMap carries the dashboard file");
+    lint(&["grafanaDashboard.enabled=true"]);
 }

@@ -164,9 +164,11 @@ impl Drop for Cluster {
         self.agent.take();
         let _ = std::fs::remove_dir_all(&self.pin_dir);
         if self.kind == DataplaneKind::Nftables {
-            let _ = std::process::Command::new("nft")
-                .args(["delete", "table", "inet", &self.table])
-                .output();
+            for family in ["inet", "bridge"] {
+                let _ = std::process::Command::new("nft")
+                    .args(["delete", "table", family, &self.table])
+                    .output();
+            }
         }
     }
 }

@@ -68,7 +68,10 @@ async fn health_readiness_and_metrics() {
     assert_eq!(code, 200);
     assert!(metrics.contains("npm_ready 1"), "{metrics}");
     assert!(metrics.contains("npm_sync_duration_seconds_bucket"), "{metrics}");
-    assert!(metrics.contains("npm_map_entries{map=\"ipcache\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("npm_compiled_entries{table=\"ipcache\"} 1"),
+        "{metrics}"
+    );
     assert!(
         metrics.contains("npm_controller_pod_event_total{operation=\"create\"} 1"),
         "{metrics}"

@@ -307,21 +307,25 @@ struct NftTable(String);
 
 impl Drop for NftTable {
     fn drop(&mut self) {
-        let _ = Command::new("nft").args(["delete", "table", "inet", &self.0]).output();
+        for family in ["inet", "bridge"] {
+            let _ = Command::new("nft").args(["delete", "table", family, &self.0]).output();
+        }
     }
 }
 
-/// Deletes `inet npmst<pid>` tables whose process is gone.
+/// Deletes `inet`/`bridge` `npmst<pid>` tables whose process is gone.
 fn clear_stale_tables() {
     let Ok(out) = Command::new("nft").args(["list", "tables"]).output() else {
         return;
     };
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Some(name) = line.strip_prefix("table inet ") else {
-            continue;
-        };
-        if name.starts_with(PREFIX) && pid_gone(name, PREFIX) {
-            let _ = Command::new("nft").args(["delete", "table", "inet", name]).output();
+        for family in ["inet", "bridge"] {
+            let Some(name) = line.strip_prefix(&format!("table {family} ")) else {
+                continue;
+            };
+            if name.starts_with(PREFIX) && pid_gone(name, PREFIX) {
+                let _ = Command::new("nft").args(["delete", "table", family, name]).output();
+            }
         }
     }
 }

@@ -230,7 +230,9 @@ mod tests {
         assert_eq!(code("{not json"), 6);
         assert_eq!(code("[1]"), 6);
         assert_eq!(code(r#"{"name":"n","type":"t"}"#), 1);
-        assert_eq!(code(r#"{"cniVersion":"0.3.1","name":"n","type":"t"}"#), 1);
+        assert_eq!(code(r#"{"cniVersion":"0.2.0","name":"n","type":"t"}"#), 1);
+        assert!(NetConf::parse(br#"{"cniVersion":"0.3.1","name":"n","type":"t"}"#).is_ok());
+        assert!(NetConf::parse(br#"{"cniVersion":"0.3.0","name":"n","type":"t"}"#).is_ok());
         assert_eq!(code(r#"{"cniVersion":"1.0.0","type":"t"}"#), 7);
         assert_eq!(code(r#"{"cniVersion":"1.0.0","name":"bad name","type":"t"}"#), 7);
         assert_eq!(

@@ -39,8 +39,8 @@
 //! a runtime reads any other file as one plugin, in which npm-cni cannot be chained, so `install`
 //! refuses it with an error naming it (the common CNIs, Calico, Cilium, Flannel, the AWS VPC CNI and
 //! kindnet, all write conflists). It also refuses a conflist whose `cniVersion` npm-cni does not
-//! speak (see [`version`]), since every ADD would then fail: Flannel's and Calico's stock conflists
-//! say `"cniVersion": "0.3.1"`, which npm-cni does not speak today. Running it again changes nothing;
+//! speak (see [`version`]: 0.3.0 to 1.1.0; Flannel's and Calico's stock conflists say
+//! `"cniVersion": "0.3.1"`), since every ADD would then fail. Running it again changes nothing;
 //! with other flag values it updates the entry's values in place and keeps it last. The conflist is
 //! rewritten atomically and only the bytes of the entry change, so every other key, its order and
 //! formatting stay as the primary CNI wrote them (a symlinked conflist stays a link; its target is

@@ -148,6 +148,8 @@ fn add(env: &AttachmentEnv, conf: &NetConf, log: &mut dyn Write) -> Result<Value
 }
 
 fn check(env: &AttachmentEnv, conf: &NetConf, log: &mut dyn Write) -> Result<(), CniError> {
+    // 0.3.x has no CHECK: the spec wants an incompatible-version error for it.
+    require_version(conf, version::CHECK_SINCE, "CHECK")?;
     let (attachment, _) = attachment(env, conf, "CHECK")?;
     let pod = format!("{}/{}", attachment.pod.namespace, attachment.pod.name);
     match agent(conf, Request::Check(attachment), ConnectMode::RetryUntilDeadline) {
@@ -282,7 +284,7 @@ mod tests {
         assert_eq!(out.exit_code, 0);
         assert_eq!(
             out.stdout.unwrap(),
-            serde_json::json!({"cniVersion":"1.0.0","supportedVersions":["0.4.0","1.0.0","1.1.0"]})
+            serde_json::json!({"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]})
         );
         let out = run_with(&[], "");
         assert_eq!(out.exit_code, 1);
@@ -299,6 +301,50 @@ mod tests {
         let conf = conf.replace("1.0.0", "1.1.0");
         let out = run_with(&[("CNI_COMMAND", "STATUS")], &conf);
         assert_eq!((out.exit_code, out.stdout.unwrap()["code"].clone()), (1, 50.into()));
+    }
+
+    #[test]
+    fn check_needs_0_4_and_0_3_add_del_are_served() {
+        let env = [
+            ("CNI_CONTAINERID", "c"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", "/var/run/netns/x"),
+            (
+                "CNI_ARGS",
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u",
+            ),
+        ];
+        let with = |command: &'static str| {
+            let mut v = env.to_vec();
+            v.push(("CNI_COMMAND", command));
+            v
+        };
+        for version in ["0.3.0", "0.3.1"] {
+            let conf = format!(
+                r#"{{"cniVersion":"{version}","name":"n","type":"npm-cni","agentSocket":"/nonexistent/s",
+                   "timeoutSeconds":1,"failOpen":true,
+                   "prevResult":{{"cniVersion":"{version}","interfaces":[{{"name":"veth1"}},{{"name":"eth0","sandbox":"/x"}}],
+                                 "ips":[{{"version":"4","address":"10.0.0.2/24","interface":1}}]}}}}"#
+            );
+            // CHECK: 1 (incompatible version), even with failOpen.
+            let out = run_with(&with("CHECK"), &conf);
+            assert_eq!(out.exit_code, 1, "{version}");
+            let error = out.stdout.unwrap();
+            assert_eq!(
+                (error["code"].clone(), error["cniVersion"].clone()),
+                (1.into(), version.into())
+            );
+            // ADD with failOpen and no agent: prevResult back, unchanged.
+            let out = run_with(&with("ADD"), &conf);
+            assert_eq!(out.exit_code, 0, "{version}: {:?}", out.stdout);
+            assert_eq!(out.stdout.unwrap()["ips"][0]["version"], "4");
+            // DEL without an agent succeeds.
+            assert_eq!(run_with(&with("DEL"), &conf).exit_code, 0);
+        }
+        // 0.4.0 reaches the agent for CHECK (none here: 11 try again later).
+        let conf = r#"{"cniVersion":"0.4.0","name":"n","type":"npm-cni","agentSocket":"/nonexistent/s","timeoutSeconds":1,
+            "prevResult":{"interfaces":[{"name":"eth0","sandbox":"/x"}],"ips":[{"version":"4","address":"10.0.0.2/24","interface":0}]}}"#;
+        assert_eq!(run_with(&with("CHECK"), conf).stdout.unwrap()["code"], 11);
     }
 
     #[test]

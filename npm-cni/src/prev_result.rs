@@ -1,7 +1,9 @@
 //! What npm-cni reads from `prevResult`: the host-side interfaces (those without `sandbox`), the pod's
-//! interface named `CNI_IFNAME`, and the pod's addresses. Works on the 0.4.0 and 1.x result layouts
-//! (they differ only in `ips[].version`, which is ignored: the family comes from the address). The
-//! result itself is never modified: the plugin prints it back verbatim.
+//! interface named `CNI_IFNAME`, and the pod's addresses. Works on the 0.3.x, 0.4.0 and 1.x result
+//! layouts (they differ only in `ips[].version`, which 0.3.x and 0.4.0 require and 1.x dropped: the
+//! family comes from the address, and a `version` that contradicts it is a decoding error, since
+//! the result would then be ambiguous). The result itself is never modified: the plugin prints it
+//! back verbatim.
 
 use std::net::IpAddr;
 
@@ -60,6 +62,9 @@ struct RawIp {
     gateway: Option<String>,
     #[serde(default)]
     interface: Option<usize>,
+    /// `"4"` or `"6"` in 0.3.x and 0.4.0 results; absent in 1.x.
+    #[serde(default)]
+    version: Option<String>,
 }
 
 impl Endpoint {
@@ -111,6 +116,21 @@ fn parse_ip(n: usize, ip: &RawIp) -> Result<IpConfig, CniError> {
         )
     };
     let address: IpNet = ip.address.parse().map_err(|_| bad("address", &ip.address))?;
+    if let Some(version) = ip.version.as_deref() {
+        let family = match address {
+            IpNet::V4(_) => "4",
+            IpNet::V6(_) => "6",
+        };
+        if version != family {
+            return Err(CniError::new(
+                ErrorCode::DecodingFailure,
+                format!(
+                    "prevResult ips[{n}].version {version:?} does not match address {} (IPv{family})",
+                    ip.address
+                ),
+            ));
+        }
+    }
     let gateway = match ip.gateway.as_deref().filter(|g| !g.is_empty()) {
         None => None,
         Some(g) => Some(g.parse::<IpAddr>().map_err(|_| bad("gateway", g))?),
@@ -178,11 +198,43 @@ mod tests {
     }
 
     #[test]
+    fn spec_0_3_1_result() {
+        // The 0.3.x layout: "version" on each address, "interface" an index into "interfaces".
+        let prev = json!({
+            "cniVersion": "0.3.1",
+            "interfaces": [
+                {"name": "vethabc", "mac": "aa:aa:aa:aa:aa:01"},
+                {"name": "eth0", "mac": "aa:aa:aa:aa:aa:02", "sandbox": "/var/run/netns/p"}
+            ],
+            "ips": [
+                {"version": "4", "interface": 1, "address": "10.3.0.9/24", "gateway": "10.3.0.1"},
+                {"version": "6", "interface": 1, "address": "fd03::9/64"}
+            ],
+            "routes": [{"dst": "0.0.0.0/0", "gw": "10.3.0.1"}],
+            "dns": {}
+        });
+        let e = Endpoint::from_prev_result(&prev, "eth0").unwrap();
+        assert_eq!(e.host_interfaces[0].name, "vethabc");
+        assert_eq!(e.sandbox_interface.unwrap().name, "eth0");
+        let families: Vec<_> = e.ips.iter().map(|i| i.family).collect();
+        assert_eq!(families, [IpFamily::Ipv4, IpFamily::Ipv6]);
+        // 0.3.0 results may omit the interface index: the address is the pod's.
+        let prev = json!({"cniVersion": "0.3.0", "ips": [{"version": "4", "address": "10.3.1.9/24"}]});
+        let e = Endpoint::from_prev_result(&prev, "eth0").unwrap();
+        assert_eq!(e.ips[0].address.to_string(), "10.3.1.9/24");
+        assert!(e.host_interfaces.is_empty() && e.sandbox_interface.is_none());
+    }
+
+    #[test]
     fn malformed_results() {
         let code = |v: Value| u32::from(Endpoint::from_prev_result(&v, "eth0").unwrap_err().code);
         assert_eq!(code(json!({"interfaces": "x"})), 6);
         assert_eq!(code(json!({"ips": [{"address": "10.0.0.300/24"}]})), 6);
         assert_eq!(code(json!({"ips": [{"address": "10.0.0.3/24", "interface": 4}]})), 6);
         assert_eq!(code(json!({"ips": [{"address": "10.0.0.3/24", "gateway": "nope"}]})), 6);
+        // A version that contradicts the address.
+        assert_eq!(code(json!({"ips": [{"version": "6", "address": "10.0.0.3/24"}]})), 6);
+        assert_eq!(code(json!({"ips": [{"version": "4", "address": "fd00::3/64"}]})), 6);
+        assert_eq!(code(json!({"ips": [{"version": "5", "address": "10.0.0.3/24"}]})), 6);
     }
 }

@@ -2,9 +2,13 @@
 
 use serde::Serialize;
 
-/// The spec versions npm-cni supports, oldest first. 0.4.0 is the first with CHECK and prevResult on
-/// DEL; 1.1.0 adds STATUS and GC.
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.4.0", "1.0.0", "1.1.0"];
+/// The spec versions npm-cni supports, oldest first. 0.3.0 and 0.3.1 have ADD and DEL only (their
+/// result lists `ips[].version`, as 0.4.0 does); 0.4.0 is the first with CHECK and prevResult on DEL;
+/// 1.1.0 adds STATUS and GC.
+pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// The first version with `CHECK`.
+pub const CHECK_SINCE: &str = "0.4.0";
 
 /// The newest supported version: used in replies when the input names no usable version.
 pub const LATEST: &str = "1.1.0";
@@ -85,6 +89,13 @@ mod tests {
         );
         assert_eq!(VersionReply::for_input(b"").cni_version, LATEST);
         assert_eq!(sniff(br#"{"cniVersion":"0.4.0"}"#), "0.4.0");
+        assert_eq!(sniff(br#"{"cniVersion":"0.3.1"}"#), "0.3.1");
+        assert_eq!(sniff(br#"{"cniVersion":"0.3.0"}"#), "0.3.0");
         assert_eq!(sniff(br#"{"cniVersion":"0.2.0"}"#), LATEST);
+        assert!(is_supported("0.3.0") && is_supported("0.3.1") && !is_supported("0.2.0"));
+        assert_eq!(
+            VersionReply::for_input(br#"{"cniVersion":"0.3.1"}"#).supported_versions,
+            ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+        );
     }
 }

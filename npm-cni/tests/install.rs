@@ -358,8 +358,8 @@ fn missing_dir_malformed_or_unsupported_conflists_are_clear_errors_and_change_no
             "no plugin besides npm-cni",
         ),
         (
-            r#"{"cniVersion":"0.3.1","name":"n","plugins":[{"type":"ptp"}]}"#,
-            "cniVersion \"0.3.1\" is not supported",
+            r#"{"cniVersion":"0.2.0","name":"n","plugins":[{"type":"ptp"}]}"#,
+            "cniVersion \"0.2.0\" is not supported",
         ),
     ] {
         let path = node.write_conf("10-bad.conflist", text);
@@ -457,7 +457,7 @@ fn help_version_and_usage_errors() {
     assert_eq!(
         run.stdout,
         format!(
-            "npm-cni {} (CNI spec versions 0.4.0, 1.0.0, 1.1.0)",
+            "npm-cni {} (CNI spec versions 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0)",
             env!("CARGO_PKG_VERSION")
         )
     );

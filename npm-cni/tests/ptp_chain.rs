@@ -204,7 +204,7 @@ fn version_reply() {
     assert_eq!(run.code, 0);
     assert_eq!(
         run.json(),
-        json!({"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0", "1.1.0"]})
+        json!({"cniVersion": "1.0.0", "supportedVersions": ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]})
     );
     let run = exec(npm_cni(), &[("CNI_COMMAND".into(), "VERSION".into())], "");
     assert_eq!(run.json()["cniVersion"], "1.1.0");
@@ -238,7 +238,7 @@ fn bad_input_gets_cni_errors_with_spec_codes() {
     let error = exec(npm_cni(), &env, &pod.npm_conf(json!({}))).cni_error(4);
     assert!(error["msg"].as_str().unwrap().contains("CNI_NETNS"), "{error}");
     // An unsupported version: 1.
-    let conf = pod.npm_conf(json!({})).replace("\"1.0.0\"", "\"0.3.1\"");
+    let conf = pod.npm_conf(json!({})).replace("\"1.0.0\"", "\"0.2.0\"");
     let run = exec(npm_cni(), &pod.env("ADD"), &conf);
     assert_ne!(run.code, 0);
     assert_eq!(run.json()["code"], 1);
@@ -262,6 +262,51 @@ fn spec_0_4_0_chain() {
     // Without an agent, the error result carries the configuration's version.
     let run = pod.npm("ADD", json!({}));
     assert_eq!(run.cni_error(11)["cniVersion"], "0.4.0");
+}
+
+#[test]
+fn spec_0_3_1_chain() {
+    // The real ptp plugin configured as 0.3.1 answers the 0.3.x layout; npm-cni reads it, hands the
+    // attachment to the agent and prints the result back unchanged.
+    let pod = Pod::with_version("v031", "0.3.1");
+    assert_eq!(pod.result["cniVersion"], "0.3.1");
+    assert_eq!(pod.result["ips"][0]["version"], "4", "ptp answers the 0.3.1 layout");
+    assert!(pod.result["ips"][0]["interface"].is_u64(), "{}", pod.result);
+    let agent = fake_agent(&pod.socket(), 2, |_| Some(proto::encode_response(&Response::ok(None))));
+    let add = pod.npm("ADD", json!({}));
+    assert_eq!(add.code, 0, "{} {}", add.stdout, add.stderr);
+    assert_eq!(add.json(), pod.result, "ADD must output prevResult unchanged");
+    // CHECK does not exist before 0.4.0: an incompatible-version error, without asking the agent.
+    let check = pod.npm("CHECK", json!({}));
+    assert_eq!(check.cni_error(1)["cniVersion"], "0.3.1");
+    // libcni gives 0.3.x plugins no prevResult on DEL: the agent evicts by container id.
+    let conf = pod.plugin_conf(&json!({"type": "npm-cni", "agentSocket": pod.socket()}), None);
+    let del = exec(npm_cni(), &pod.env("DEL"), &conf);
+    assert_eq!((del.code, del.stdout.as_str()), (0, ""), "{}", del.stderr);
+    let requests: Vec<Request> = agent
+        .join()
+        .unwrap()
+        .iter()
+        .map(|l| proto::decode_request(l).unwrap())
+        .collect();
+    let Request::Add(request) = &requests[0] else {
+        panic!("not ADD: {:?}", requests[0])
+    };
+    assert_eq!(request.cni_version, "0.3.1");
+    assert_eq!(request.ips[0].address.to_string(), pod.ip());
+    assert_eq!(request.ips[0].family, proto::IpFamily::Ipv4);
+    assert_eq!(request.host_interfaces[0].name, pod.host_veth());
+    assert_eq!(
+        request.sandbox_interface.as_ref().map(|i| i.name.as_str()),
+        Some("eth0")
+    );
+    let Request::Del(del) = &requests[1] else {
+        panic!("not DEL: {:?}", requests[1])
+    };
+    assert_eq!(
+        (del.container_id.as_str(), del.ifname.as_str(), del.pod.as_ref()),
+        (pod.container_id.as_str(), "eth0", Some(&request.pod))
+    );
 }
 
 #[test]

@@ -125,6 +125,14 @@ pub const CT_FIN_LO: u8 = 1 << 3;
 pub const CT_FIN_HI: u8 = 1 << 4;
 /// [`CtValue::flags`]: a TCP RST was seen.
 pub const CT_RST: u8 = 1 << 5;
+/// [`CtValue::flags`]: a *pending* entry: the flow goes to a Service
+/// (`NPM_SERVICES`) and its egress decision was deferred past the DNAT
+/// (`npm_common::service`). Until a reply is seen ([`CT_SEEN_REPLY`])
+/// the entry only lets replies in: a packet of the original direction
+/// is deferred again, never `Tracked`; it idles out after
+/// [`CT_TIMEOUT_PENDING_NS`]. The first reply confirms it (the backend
+/// answered, so the deferred decision allowed the flow).
+pub const CT_PENDING: u8 = 1 << 6;
 
 /// Conntrack value.
 #[repr(C)]
@@ -159,6 +167,9 @@ pub const CT_TIMEOUT_TCP_SYN_NS: u64 = 60 * 1_000_000_000;
 pub const CT_TIMEOUT_TCP_NS: u64 = 6 * 3600 * 1_000_000_000;
 /// Idle timeout of a TCP connection after FIN or RST (ns).
 pub const CT_TIMEOUT_TCP_CLOSING_NS: u64 = 10 * 1_000_000_000;
+/// Idle timeout of a pending entry ([`CT_PENDING`]) without a reply (ns):
+/// each deferred packet of the flow writes it afresh.
+pub const CT_TIMEOUT_PENDING_NS: u64 = 10 * 1_000_000_000;
 /// Idle timeout of UDP, SCTP, ICMP and other flows (ns).
 pub const CT_TIMEOUT_OTHER_NS: u64 = 120 * 1_000_000_000;
 
@@ -172,6 +183,9 @@ pub const CT_TIMEOUT_OTHER_NS: u64 = 120 * 1_000_000_000;
 /// ([`CT_TIMEOUT_TCP_SYN_NS`]) before a reply was seen.
 #[inline(always)]
 pub const fn ct_timeout_ns(protocol: u8, flags: u8) -> u64 {
+    if flags & (CT_PENDING | CT_SEEN_REPLY) == CT_PENDING {
+        return CT_TIMEOUT_PENDING_NS;
+    }
     if protocol != crate::proto::TCP {
         return CT_TIMEOUT_OTHER_NS;
     }
@@ -298,5 +312,19 @@ mod tests {
         assert_eq!(ct_timeout_ns(tcp, est | CT_CLOSING | CT_RST), CT_TIMEOUT_TCP_CLOSING_NS);
         assert_eq!(ct_timeout_ns(tcp, est | CT_CLOSING), CT_TIMEOUT_TCP_CLOSING_NS);
         assert_eq!(ct_timeout_ns(proto::UDP, both), CT_TIMEOUT_OTHER_NS);
+    }
+
+    #[test]
+    fn pending_entries_are_short_lived_until_a_reply() {
+        assert_eq!(ct_timeout_ns(proto::TCP, CT_PENDING), CT_TIMEOUT_PENDING_NS);
+        assert_eq!(
+            ct_timeout_ns(proto::UDP, CT_PENDING | CT_ORIG_LO_TO_HI),
+            CT_TIMEOUT_PENDING_NS
+        );
+        assert_eq!(ct_timeout_ns(proto::TCP, CT_PENDING | CT_SEEN_REPLY), CT_TIMEOUT_TCP_NS);
+        assert_eq!(
+            ct_timeout_ns(proto::UDP, CT_PENDING | CT_SEEN_REPLY),
+            CT_TIMEOUT_OTHER_NS
+        );
     }
 }

@@ -110,6 +110,7 @@ mod ipcache;
 pub mod maps;
 mod packet;
 mod policy;
+mod service;
 mod verdict;
 
 pub use conntrack::*;
@@ -118,4 +119,5 @@ pub use ipcache::*;
 pub use maps::{sizes, LAYOUT_VERSION};
 pub use packet::*;
 pub use policy::*;
+pub use service::*;
 pub use verdict::*;

@@ -46,8 +46,13 @@ pub const GENERATION: &str = "NPM_GENERATION";
 /// array accesses. User space writes single 64-bit words through a
 /// shared mapping, so the datapath never sees half of a word.
 pub const POLICY_FRONT: &str = "NPM_POLICY_FRONT";
+/// [`crate::ServiceKey`] -> [`crate::ServiceValue`]: the ClusterIP and
+/// NodePort addresses and ports kube-proxy may DNAT; an isolated
+/// endpoint's egress to one is decided after the DNAT (see
+/// `npm_common::service`).
+pub const SERVICES: &str = "NPM_SERVICES";
 /// Every map, for pinning and adoption.
-pub const ALL: [&str; 13] = [
+pub const ALL: [&str; 14] = [
     EP_SLOTS,
     ENDPOINTS,
     IPCACHE,
@@ -61,6 +66,7 @@ pub const ALL: [&str; 13] = [
     COUNTERS,
     EVENTS,
     GENERATION,
+    SERVICES,
 ];
 
 /// Map sizes (max entries).
@@ -89,6 +95,8 @@ pub mod sizes {
     pub const CT: u32 = 262_144;
     /// Fragment records.
     pub const FRAGS: u32 = 8192;
+    /// Service keys (ClusterIP ports and node address x NodePort pairs).
+    pub const SERVICES: u32 = 65_536;
     /// Ring buffer bytes for deny events.
     pub const EVENTS_BYTES: u32 = 256 * 1024;
 }
@@ -100,5 +108,8 @@ pub mod sizes {
 /// 3: endpoints in the `NPM_EP_SLOTS` array (with [`crate::EP_PRESENT`]), the hash
 /// `NPM_ENDPOINTS` only for large ifindexes; `NPM_GENERATION`.
 /// 4: `NPM_IPCACHE4`, the direct-mapped IPv4 front of the ipcache.
-/// 5: `NPM_POLICY_FRONT` and the `EP_FRONT_*` flags.
+/// 5: `NPM_POLICY_FRONT` and the `EP_FRONT_*` flags; later (same
+/// layout, nothing existing changed meaning) `NPM_SERVICES`, created
+/// beside the adopted maps on the first load that has it, and the conntrack
+/// flag [`crate::CT_PENDING`], which older programs ignore.
 pub const LAYOUT_VERSION: u32 = 5;

@@ -1,6 +1,7 @@
 //! Verdicts: why a packet was allowed or dropped ([`Reason`]), the
-//! per-CPU counters (`NPM_COUNTERS`: [`counter_index`] -> [`Counter`]) and
-//! the deny events of the ring buffer `NPM_EVENTS` ([`DenyEvent`]).
+//! per-CPU counters (`NPM_COUNTERS`: [`counter_index`] -> [`Counter`], and
+//! the lost deny events at [`EVENTS_LOST_SLOT`]) and the deny events of the
+//! ring buffer `NPM_EVENTS` ([`DenyEvent`]).
 
 use core::mem::{align_of, offset_of, size_of};
 
@@ -25,6 +26,13 @@ pub enum Reason {
     /// Allowed: an ICMP error whose quoted header belongs to a tracked
     /// connection of the endpoint.
     Related = 7,
+    /// Let through undecided by `from_pod`: a new flow of an
+    /// egress-isolated endpoint to a Service key, whose egress decision is
+    /// deferred to after kube-proxy's DNAT (to `to_pod` of a local backend,
+    /// which counts the decision when it denies, or to `node_exit`, which
+    /// counts it either way). Not a policy decision: a packet counted here
+    /// is not counted as [`Reason::Policy`] by `from_pod`.
+    Deferred = 8,
     /// Dropped: no policy entry allows it.
     PolicyDenied = 16,
     /// Dropped: egress with a source that is not the endpoint's address.
@@ -42,7 +50,7 @@ pub const FIRST_DENY_REASON: u8 = 16;
 
 impl Reason {
     /// Every reason, for counters and metrics.
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Reason::Policy,
         Reason::NotIsolated,
         Reason::Tracked,
@@ -51,6 +59,7 @@ impl Reason {
         Reason::Icmpv6Control,
         Reason::NoEndpoint,
         Reason::Related,
+        Reason::Deferred,
         Reason::PolicyDenied,
         Reason::Spoofed,
         Reason::Malformed,
@@ -60,6 +69,19 @@ impl Reason {
     /// True when the reason drops the packet.
     pub const fn is_deny(self) -> bool {
         self as u8 >= FIRST_DENY_REASON
+    }
+
+    /// The verdict label of the reason (metrics): `"denied"` for a drop,
+    /// `"deferred"` for [`Reason::Deferred`] (passed undecided: its
+    /// decision is counted again where it is taken), else `"allowed"`.
+    pub const fn verdict(self) -> &'static str {
+        if self.is_deny() {
+            "denied"
+        } else if self as u8 == Reason::Deferred as u8 {
+            "deferred"
+        } else {
+            "allowed"
+        }
     }
 
     /// The reason with this number.
@@ -73,6 +95,7 @@ impl Reason {
             5 => Reason::Icmpv6Control,
             6 => Reason::NoEndpoint,
             7 => Reason::Related,
+            8 => Reason::Deferred,
             16 => Reason::PolicyDenied,
             17 => Reason::Spoofed,
             18 => Reason::Malformed,
@@ -92,6 +115,7 @@ impl Reason {
             Reason::Icmpv6Control => "icmpv6-control",
             Reason::NoEndpoint => "no-endpoint",
             Reason::Related => "related",
+            Reason::Deferred => "deferred",
             Reason::PolicyDenied => "policy-denied",
             Reason::Spoofed => "spoofed",
             Reason::Malformed => "malformed",
@@ -108,6 +132,15 @@ pub const fn counter_index(direction: u8, reason: u8) -> u32 {
 
 /// Number of entries of `NPM_COUNTERS`.
 pub const COUNTER_SLOTS: u32 = 2 * REASON_SLOTS;
+
+/// The slot of `NPM_COUNTERS` that counts deny events lost because
+/// `NPM_EVENTS` was full (its `packets` are the lost events, its `bytes`
+/// stay 0): the last slot, whose reason number (31, of the egress half) no
+/// [`Reason`] has, so no verdict is ever counted there. The slot existed
+/// unused in every layout: older programs leave it 0.
+pub const EVENTS_LOST_SLOT: u32 = COUNTER_SLOTS - 1;
+const _: () = assert!(Reason::from_u8((EVENTS_LOST_SLOT % REASON_SLOTS) as u8).is_none());
+const _: () = assert!(EVENTS_LOST_SLOT < COUNTER_SLOTS);
 
 /// One per-CPU counter slot.
 #[repr(C)]
@@ -189,5 +222,11 @@ mod tests {
         }
         assert!(Reason::Spoofed.is_deny());
         assert!(!Reason::Tracked.is_deny());
+        assert!(!Reason::Deferred.is_deny());
+        assert_eq!(Reason::Deferred.name(), "deferred");
+        assert_eq!(Reason::Deferred.verdict(), "deferred");
+        assert_eq!(Reason::Policy.verdict(), "allowed");
+        assert_eq!(Reason::PolicyDenied.verdict(), "denied");
+        assert_ne!(counter_index(DIR_EGRESS, Reason::Deferred as u8), EVENTS_LOST_SLOT);
     }
 }

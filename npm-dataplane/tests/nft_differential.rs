@@ -5,7 +5,14 @@
 //! pair over IPv4 and IPv6, and what arrives (captured with a packet socket
 //! in each receiver) must be exactly what the reference allows: the
 //! sender's egress (if it is a pod) and the receiver's ingress (if it is a
-//! pod).
+//! pod). Pod 1 also sends from an address that is not its own: dropped
+//! (spoofed), as the datapath drops it.
+//!
+//! Two topologies: routed pods (each on its own veth with /32 routes), and
+//! bridged pods (their host veths are ports of one bridge in the node, as
+//! the reference `bridge` CNI wires them, br_netfilter on: pod-to-pod
+//! traffic is bridged at L2, traffic to the node and the outside host is
+//! routed through the bridge device). The outside host is routed in both.
 
 mod nft_common;
 
@@ -24,7 +31,7 @@ use npm_policy::lookup::lookup;
 use npm_policy::model::Protocol;
 
 use nft_common::{
-    allow, clear_leftovers, endpoint, node_netns, ns_ifindex, ns_sh, route_to_pod, wire_pod, Netns, Proc, TempFile,
+    allow, clear_leftovers, endpoint, mac, node_netns, ns_ifindex, ns_sh, route_to_pod, wire_pod, Netns, Proc, TempFile,
 };
 
 const NS_PREFIX: &str = "npmnftd";
@@ -92,6 +99,8 @@ struct Host {
     endpoint: Option<u32>,
     v4: Vec<String>,
     v6: Vec<String>,
+    /// Addresses the host also sends from that are not its endpoint's.
+    spoof: Vec<String>,
 }
 
 /// Captured packets of one receiver, read by a thread into a shared set.
@@ -108,9 +117,10 @@ struct Topo {
 }
 
 impl Topo {
-    fn new() -> Topo {
+    fn new(bridged: bool) -> Topo {
         clear_leftovers(NS_PREFIX);
-        let pid = std::process::id();
+        let tag = if bridged { "b" } else { "r" };
+        let pid = format!("{}{tag}", std::process::id());
         let script = TempFile(format!("/tmp/npm_nft_capture_{pid}.py"));
         std::fs::write(&script.0, CAPTURE_PY).unwrap();
         let node = node_netns(
@@ -123,6 +133,12 @@ impl Topo {
             &[format!("{NODE_IP}/32"), format!("{NODE_IP6}/128")],
         );
         let n = node.name.clone();
+        if bridged {
+            ns_sh(&n, &["ip", "link", "add", "br0", "type", "bridge"]);
+            ns_sh(&n, &["ip", "link", "set", "br0", "up"]);
+        }
+        let br_mac = if bridged { mac(&n, "br0") } else { String::new() };
+        let mut pod_macs: Vec<(String, String)> = Vec::new();
         // Three pods and an outside host with addresses in and out of the ipBlocks.
         let specs: [(Option<u32>, &[&str], &[&str]); 4] = [
             (Some(1), &["10.77.0.1"], &["fd77::1"]),
@@ -141,13 +157,53 @@ impl Topo {
             let pn = ns.name.clone();
             let host_if = format!("h{i}");
             let (_, pod_mac) = wire_pod(&n, &pn, &host_if);
-            for a in v4.iter() {
+            // Pod 1 also holds (and sends from) addresses that are not its endpoint's.
+            let spoof: Vec<String> = if *ep == Some(1) {
+                vec!["10.77.0.9".into(), "fd77::9".into()]
+            } else {
+                Vec::new()
+            };
+            // A bridged pod: its veth is a bridge port, the gateway's MAC is the bridge's.
+            let bridged_pod = bridged && ep.is_some();
+            let dev = if bridged_pod {
+                ns_sh(&n, &["ip", "link", "set", &host_if, "master", "br0"]);
+                for gw in ["169.254.1.1", "fe80::1"] {
+                    ns_sh(
+                        &pn,
+                        &[
+                            "ip",
+                            "neigh",
+                            "replace",
+                            gw,
+                            "lladdr",
+                            &br_mac,
+                            "dev",
+                            "eth0",
+                            "nud",
+                            "permanent",
+                        ],
+                    );
+                }
+                pod_macs.push((pn.clone(), pod_mac.clone()));
+                "br0".to_string()
+            } else {
+                host_if.clone()
+            };
+            for a in v4
+                .iter()
+                .copied()
+                .chain(spoof.iter().map(String::as_str).filter(|a| !a.contains(':')))
+            {
                 ns_sh(&pn, &["ip", "addr", "add", &format!("{a}/32"), "dev", "eth0"]);
-                route_to_pod(&n, &host_if, &pod_mac, a, "32", Some(NODE_IP));
+                route_to_pod(&n, &dev, &pod_mac, a, "32", Some(NODE_IP));
             }
-            for a in v6.iter() {
+            for a in v6
+                .iter()
+                .copied()
+                .chain(spoof.iter().map(String::as_str).filter(|a| a.contains(':')))
+            {
                 ns_sh(&pn, &["ip", "addr", "add", &format!("{a}/128"), "dev", "eth0", "nodad"]);
-                route_to_pod(&n, &host_if, &pod_mac, a, "128", Some(NODE_IP6));
+                route_to_pod(&n, &dev, &pod_mac, a, "128", Some(NODE_IP6));
             }
             if let Some(ep) = ep {
                 ifs.insert(*ep, ns_ifindex(&n, &host_if));
@@ -157,7 +213,40 @@ impl Topo {
                 endpoint: *ep,
                 v4: v4.iter().map(|s| s.to_string()).collect(),
                 v6: v6.iter().map(|s| s.to_string()).collect(),
+                spoof,
             });
+        }
+        // Bridged pods reach each other at L2: on-link routes and neighbours.
+        for (i, (pn, _)) in pod_macs.iter().enumerate() {
+            for (j, (_, other_mac)) in pod_macs.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                let h = &hosts[j];
+                for (a, len) in h.v4.iter().map(|a| (a, "32")).chain(h.v6.iter().map(|a| (a, "128"))) {
+                    let family = if a.contains(':') { "-6" } else { "-4" };
+                    ns_sh(
+                        pn,
+                        &[
+                            "ip",
+                            family,
+                            "neigh",
+                            "add",
+                            a,
+                            "lladdr",
+                            other_mac,
+                            "dev",
+                            "eth0",
+                            "nud",
+                            "permanent",
+                        ],
+                    );
+                    ns_sh(
+                        pn,
+                        &["ip", family, "route", "add", &format!("{a}/{len}"), "dev", "eth0"],
+                    );
+                }
+            }
         }
         let mut topo = Topo {
             captures: Vec::new(),
@@ -324,6 +413,8 @@ fn expected(c: &Compiled, topo: &Topo, src: (usize, &str), dst: (usize, &str), p
     let src_ip: IpAddr = src.1.parse().unwrap();
     let dst_ip: IpAddr = dst.1.parse().unwrap();
     let egress = match topo.hosts[src.0].endpoint {
+        // Not the endpoint's own source address: spoofed.
+        Some(_) if topo.hosts[src.0].spoof.iter().any(|a| a == src.1) => false,
         Some(ep) => lookup(c, ep, Direction::Egress, dst_ip, p, port).allowed,
         None => true,
     };
@@ -357,10 +448,19 @@ fn send_from(topo: &Topo, ns: &str, lines: &[String]) -> (Proc, ChildStdout) {
 
 #[test]
 fn nft_matches_reference_lookup() {
+    differential(false);
+}
+
+#[test]
+fn nft_matches_reference_lookup_with_bridged_pods() {
+    differential(true);
+}
+
+fn differential(bridged: bool) {
     let started = Instant::now();
-    let topo = Topo::new();
+    let topo = Topo::new(bridged);
     let mut dp = NftDataplane::new(NftOptions {
-        table: format!("npm_t{}", std::process::id()),
+        table: format!("npm_t{}{}", std::process::id(), if bridged { "b" } else { "r" }),
         netns: Some(topo.node.name.clone()),
     })
     .unwrap();
@@ -385,10 +485,17 @@ fn nft_matches_reference_lookup() {
                 if si == di || (s.endpoint.is_none() && d.endpoint.is_none()) {
                     continue;
                 }
+                let fam = |a: &String| a.contains(':');
                 for (sa, da) in
                     s.v4.iter()
                         .flat_map(|a| d.v4.iter().map(move |b| (a, b)))
                         .chain(s.v6.iter().flat_map(|a| d.v6.iter().map(move |b| (a, b))))
+                        .chain(s.spoof.iter().flat_map(|a| {
+                            d.v4.iter()
+                                .chain(d.v6.iter())
+                                .filter(move |b| fam(a) == fam(b))
+                                .map(move |b| (a, b))
+                        }))
                 {
                     for proto in ["tcp", "udp"] {
                         for port in PORTS {
@@ -468,7 +575,8 @@ fn nft_matches_reference_lookup() {
     }
     assert_eq!(dp.full_loads(), 1, "an incremental update fell back to a full replace");
     eprintln!(
-        "{total} probes ({allowed} allowed) matched the reference in {:?}",
+        "{} pods: {total} probes ({allowed} allowed) matched the reference in {:?}",
+        if bridged { "bridged" } else { "routed" },
         started.elapsed()
     );
     // Both outcomes were exercised.

@@ -129,12 +129,15 @@ fn check_golden(name: &str, ext: &str, got: &str) {
     }
 }
 
-/// `nft list table` output without handles, the table name replaced by `npm`
+/// `nft list table` output (the `inet` and the `bridge` table) without
+/// handles, the table names replaced by `npm`
 /// and set elements sorted (the kernel's iteration order of hash sets is
 /// not part of the contract).
 fn normalise(list: &str, table: &str) -> String {
     let mut out = String::new();
-    let text = list.replace(&format!("table inet {table} "), "table inet npm ");
+    let text = list
+        .replace(&format!("table inet {table} "), "table inet npm ")
+        .replace(&format!("table bridge {table} "), "table bridge npm ");
     // Join element lists that nft wraps over several lines.
     let mut lines: Vec<String> = Vec::new();
     let mut pending: Option<String> = None;

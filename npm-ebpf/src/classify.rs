@@ -18,6 +18,7 @@ use crate::parse::{
 };
 use crate::policy::{policy_step, Peer};
 use crate::scratch::{coarse_now, Scratch};
+use crate::service::{defer, deferred};
 use crate::verdict::Seen;
 
 /// Steps 1 to 9 of the precedence; returns the reason (a `Reason` number).
@@ -158,6 +159,18 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
         lazy_v4: false,
         v4addr: 0,
     };
+    // A new flow to a Service: egress is decided after the DNAT.
+    if dir == DIR_EGRESS && deferred(ep.flags, ifindex, p.proto, dst, port) {
+        let pkt = CtPacket {
+            pr: p.proto,
+            tcp_flags: p.tcp_flags,
+            src_is_lo,
+            now,
+        };
+        let r = defer(ctx, s, ifindex, v4, pkt);
+        record_first_fragment(s, ep.id, dir, r);
+        return r;
+    }
     let reason = policy_step(s.lpm.as_mut_ptr() as *mut u8, ep, dir, p.proto, port, peer);
     if reason >= FIRST_DENY_REASON {
         return reason;
@@ -170,7 +183,7 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
         src_is_lo,
         now,
     };
-    ct_create(s, v4, pkt, dir, reason);
+    ct_create(s, v4, pkt, dir, reason, 0);
     record_first_fragment(s, ep.id, dir, reason);
     reason
 }

@@ -27,11 +27,16 @@
 //! A TCP SYN without ACK opens a new connection: it skips the conntrack
 //! lookup and is decided by policy; if allowed, its fresh entry replaces any
 //! older entry of the same 5-tuple.
+//!
+//! A *pending* entry (`CT_PENDING`, written by [`crate::service::defer`]
+//! for a flow to a Service whose egress decision was deferred) lets only
+//! replies in until the first reply confirms it: a packet of its original
+//! direction is not `Tracked` (it is deferred again).
 
 use aya_ebpf::{macros::map, maps::LruHashMap};
 use npm_common::{
-    ct_timeout_ns, proto, sizes, CtKey, CtKey4, CtValue, CT_CLOSING, CT_FIN_HI, CT_FIN_LO, CT_ORIG_LO_TO_HI, CT_RST,
-    CT_SEEN_REPLY,
+    ct_timeout_ns, proto, sizes, CtKey, CtKey4, CtValue, CT_CLOSING, CT_FIN_HI, CT_FIN_LO, CT_ORIG_LO_TO_HI,
+    CT_PENDING, CT_RST, CT_SEEN_REPLY,
 };
 
 use crate::flow_cache::{flow_cache_fill, FlowSlot};
@@ -205,6 +210,10 @@ pub(crate) fn ct_continue(v: *mut CtValue, pkt: CtPacket, slot: *mut FlowSlot, k
     }
     let idle = pkt.now.wrapping_sub(v.last_seen_ns);
     let orig_lo = v.flags & CT_ORIG_LO_TO_HI != 0;
+    // An unconfirmed pending entry answers only for replies.
+    if v.flags & (CT_PENDING | CT_SEEN_REPLY) == CT_PENDING && orig_lo == pkt.src_is_lo {
+        return false;
+    }
     let mut flags = v.flags;
     if orig_lo != pkt.src_is_lo {
         flags |= CT_SEEN_REPLY;
@@ -230,15 +239,16 @@ pub(crate) fn ct_continue(v: *mut CtValue, pkt: CtPacket, slot: *mut FlowSlot, k
 }
 
 /// Creates the conntrack entry of a new connection allowed by steps 7 to 9
-/// (in `NPM_CT4` from `s.ct4` when `v4`, else in `NPM_CT` from `s.ct`);
+/// (in `NPM_CT4` from `s.ct4` when `v4`, else in `NPM_CT` from `s.ct`)
+/// with the extra flags `extra` (`CT_PENDING` for a deferred flow, else 0);
 /// a fresh entry replaces an older one of the same key.
 #[inline(always)]
-pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reason: u8) {
+pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reason: u8, extra: u8) {
     // SAFETY: reading a read-only global.
     if unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_CT_CREATE) } != 0 {
         return;
     }
-    let mut flags = if pkt.src_is_lo { CT_ORIG_LO_TO_HI } else { 0 };
+    let mut flags = extra | if pkt.src_is_lo { CT_ORIG_LO_TO_HI } else { 0 };
     if pkt.pr == proto::TCP {
         flags |= tcp_close_flags(pkt.tcp_flags, pkt.src_is_lo);
     }

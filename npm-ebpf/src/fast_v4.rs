@@ -11,6 +11,7 @@ use crate::mem::{rd32, wr32, V4_MAPPED_WORD};
 use crate::parse::{Pkt, ETH_HLEN, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
 use crate::policy::{policy_step, Peer};
 use crate::scratch::{coarse_now, Scratch};
+use crate::service::{defer, deferred_v4};
 use crate::verdict::Seen;
 
 /// Test and benchmark switch: when 1, every packet takes the general path
@@ -128,6 +129,11 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
             }
         }
     }
+    // A new flow to a Service: egress is decided after the DNAT.
+    if dir == DIR_EGRESS && deferred_v4(ep.flags, ifindex, pr, daddr, dport) {
+        store_ct4(&mut s.ct4, &key);
+        return defer(ctx, s, ifindex, true, ct);
+    }
     // Steps 7 to 9 with the peer in a register.
     let lpm = s.lpm.as_mut_ptr() as *mut u8;
     let peer = Peer {
@@ -151,7 +157,7 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
         return reason;
     }
     store_ct4(&mut s.ct4, &key);
-    ct_create(s, true, ct, dir, reason);
+    ct_create(s, true, ct, dir, reason, 0);
     reason
 }
 

@@ -18,8 +18,23 @@
 //!   host-side veth: packets leaving the pod, the pod's EGRESS direction.
 //! - `to_pod`: attached with tcx on the *egress* hook of the host-side
 //!   veth: packets entering the pod, the pod's INGRESS direction.
+//! - `node_exit`: attached with tcx on the *egress* hook of the node's
+//!   interfaces towards other nodes (never an endpoint's): its first test
+//!   is the deferral mark (`npm_common::service`); an unmarked packet
+//!   passes untouched, a marked one gets the sender's deferred egress
+//!   decision ([`service::deferred_egress`]).
 //! - `npm_empty`: returns `TC_ACT_UNSPEC` and does nothing; the baseline of
 //!   the benchmark.
+//!
+//! # Services
+//!
+//! A new flow of an egress-isolated endpoint to a key of `NPM_SERVICES`
+//! (a ClusterIP port, a node address and NodePort) is not decided by
+//! `from_pod`, which runs before kube-proxy's DNAT: [`service::defer`]
+//! marks it and writes a pending conntrack entry of the pre-NAT tuple
+//! (its replies pass). The decision is taken after the DNAT against the
+//! backend: by `to_pod` of a local backend (then that endpoint's ingress,
+//! as for any packet) or by `node_exit` where it leaves the node.
 //!
 //! Both real entry points share [`decide`], which implements exactly the
 //! per-packet precedence stated once in the crate documentation of
@@ -95,6 +110,7 @@ mod mem;
 mod parse;
 mod policy;
 mod scratch;
+mod service;
 mod verdict;
 
 use aya_ebpf::{
@@ -102,12 +118,13 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use npm_common::{DIR_EGRESS, DIR_INGRESS};
+use npm_common::{deferred_source, DEFER_MARK_BITS, DIR_EGRESS, DIR_INGRESS, FIRST_DENY_REASON};
 
 use crate::classify::classify;
 use crate::fast_v4::{fast_v4, TAKE_GENERAL};
 use crate::parse::clear_fields;
 use crate::scratch::NPM_SCRATCH;
+use crate::service::deferred_egress;
 use crate::verdict::{account, Seen};
 
 /// The pod's INGRESS direction (its hook: see # Programs above).
@@ -120,6 +137,27 @@ pub fn to_pod(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn from_pod(ctx: TcContext) -> i32 {
     decide(&ctx, DIR_EGRESS)
+}
+
+/// The deferred egress decision of Service traffic leaving the node (see
+/// # Programs above): anything without a deferral mark passes untouched.
+#[classifier]
+pub fn node_exit(ctx: TcContext) -> i32 {
+    // SAFETY: the context pointer is valid for the program's lifetime.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    let src = deferred_source(mark);
+    if src == 0 {
+        return TC_ACT_UNSPEC;
+    }
+    ctx.set_mark(mark & !DEFER_MARK_BITS);
+    let s = match NPM_SCRATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU memory used only by this CPU, for this packet.
+        Some(s) => unsafe { &mut *s },
+        None => return TC_ACT_SHOT,
+    };
+    let mut seen = Seen { ep_id: 0, now: 0 };
+    let reason = deferred_egress(&ctx, s, src, &mut seen);
+    account(s, DIR_EGRESS, src, ctx.len(), reason, seen)
 }
 
 /// The benchmark's baseline: does nothing.
@@ -141,8 +179,30 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
     // SAFETY: the context pointer is valid for the program's lifetime.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     let len = ctx.len();
+    // `to_pod` of a packet whose egress `from_pod` deferred: the sender's
+    // egress against this (post-DNAT) destination first, then this
+    // endpoint's ingress on the general path, as for any packet.
+    let mut deferred = false;
+    if dir == DIR_INGRESS {
+        // SAFETY: as above.
+        let mark = unsafe { (*ctx.skb.skb).mark };
+        let src = deferred_source(mark);
+        if src != 0 {
+            ctx.set_mark(mark & !DEFER_MARK_BITS);
+            let mut seen = Seen { ep_id: 0, now: 0 };
+            let reason = deferred_egress(ctx, s, src, &mut seen);
+            if reason >= FIRST_DENY_REASON {
+                return account(s, DIR_EGRESS, src, len, reason, seen);
+            }
+            deferred = true;
+        }
+    }
     let mut seen = Seen { ep_id: 0, now: 0 };
-    let mut reason = fast_v4(ctx, dir, ifindex, s, &mut seen);
+    let mut reason = if deferred {
+        TAKE_GENERAL
+    } else {
+        fast_v4(ctx, dir, ifindex, s, &mut seen)
+    };
     if reason == TAKE_GENERAL {
         clear_fields(&mut s.pkt);
         seen = Seen { ep_id: 0, now: 0 };

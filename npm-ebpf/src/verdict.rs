@@ -3,7 +3,8 @@
 //!
 //! Every drop is counted in `NPM_COUNTERS`; at most 32 deny events per CPU
 //! and tick are written to the ring buffer, so a flood of denied packets
-//! costs no ring-buffer call per packet.
+//! costs no ring-buffer call per packet. An event the full ring buffer
+//! refuses is counted at `EVENTS_LOST_SLOT` (`npm_ringbuf_events_lost_total`).
 
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
@@ -11,7 +12,7 @@ use aya_ebpf::{
     macros::map,
     maps::{PerCpuArray, RingBuf},
 };
-use npm_common::{counter_index, sizes, Counter, DenyEvent, COUNTER_SLOTS, FIRST_DENY_REASON};
+use npm_common::{counter_index, sizes, Counter, DenyEvent, COUNTER_SLOTS, EVENTS_LOST_SLOT, FIRST_DENY_REASON};
 
 use crate::mem::{copy16, wr32, wr64, zero16};
 use crate::scratch::{coarse_now, Scratch};
@@ -88,7 +89,13 @@ pub(crate) fn account(s: &mut Scratch, dir: u8, ifindex: u32, len: u32, reason: 
             zero16(e.add(40));
         }
     }
-    // A full ring buffer loses the event, never the verdict.
-    let _ = NPM_EVENTS.output::<DenyEvent>(&s.ev, 0);
+    // A full ring buffer loses the event, never the verdict; the loss is
+    // counted.
+    if NPM_EVENTS.output::<DenyEvent>(&s.ev, 0).is_err() {
+        if let Some(c) = NPM_COUNTERS.get_ptr_mut(EVENTS_LOST_SLOT) {
+            // SAFETY: per-CPU slot, only this CPU writes it.
+            unsafe { (*c).packets += 1 };
+        }
+    }
     TC_ACT_SHOT
 }

@@ -16,6 +16,7 @@
 //! format are the `npm-sim` crate.
 #![deny(missing_docs)]
 
+pub mod adopt;
 pub mod compile;
 pub mod compiled;
 pub mod convert;

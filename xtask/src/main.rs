@@ -4,8 +4,10 @@
 //! - `cargo xtask build-ebpf`: build the BPF object with the nightly toolchain.
 //! - `cargo xtask test`: setup, build, and run the whole suite (CI runs this).
 //! - `cargo xtask demo`: the local demo cluster (netns pods, test API server, agent).
-//! - `cargo xtask conformance [...]`: the conformance catalogue on real netns pods.
-//! - `cargo xtask bench datapath|compile|agent`: the benchmarks.
+//! - `cargo xtask conformance [...]`: the conformance catalogue on real netns pods
+//!   (`--nodes N --cni veth|ptp|bridge --kube-proxy none|iptables|nftables
+//!   --destination pod|service`: several node netns, each with its agent).
+//! - `cargo xtask bench datapath|compile|agent|traffic`: the benchmarks.
 //! - `cargo xtask image`: the agent's OCI image (buildah, no daemon).
 
 mod image;
@@ -41,7 +43,8 @@ enum Cmd {
     Lint,
     /// Run the conformance catalogue (arguments go to npm-conformance).
     Conformance {
-        /// Arguments for npm-conformance, e.g. `--dataplane ebpf --filter ID`.
+        /// Arguments for npm-conformance, e.g. `--dataplane ebpf --filter ID`,
+        /// or `--nodes 3 --cni ptp --kube-proxy iptables --destination service`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -58,7 +61,7 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
-    /// Benchmarks: datapath, compile, agent or all.
+    /// Benchmarks: datapath, compile, agent, traffic or all.
     Bench {
         /// Which benchmark.
         which: String,
@@ -180,14 +183,44 @@ fn test(no_setup: bool) -> Result<()> {
     run(cargo()
         .args(["test", "--workspace", "--exclude", "npm-ebpf", "--no-fail-fast"])
         .env("NPM_EBPF_OBJECT", ebpf_object()))?;
-    // The CI matrix: the catalogue without a kernel, on eBPF attached with
-    // tcx (this kernel's default), on eBPF forced to tc clsact filters (the
-    // mode of kernels before 6.6), and on nftables.
+    // The CI matrix (the whole catalogue, IPv4 and IPv6, each run):
+    // - without a kernel (`simulate`);
+    // - eBPF forced to tc clsact filters (the mode of kernels before 6.6),
+    //   one node, hand-made veths, probed by pod IP;
+    // - eBPF on tcx, three nodes, pods wired by the reference `bridge`
+    //   plugin chained with npm-cni, probed through kube-proxy (nftables
+    //   mode) ClusterIPs: Service egress decided for the chosen backend;
+    // - nftables, three nodes, `ptp` pods, kube-proxy in iptables mode,
+    //   probed through ClusterIPs.
+    // The one-node tcx and nftables runs are covered by the three-node ones
+    // (`cargo xtask conformance --dataplane ebpf|nftables` still runs them).
     for args in [
         &["--dataplane", "simulate"][..],
-        &["--dataplane", "ebpf"][..],
         &["--dataplane", "ebpf", "--attach", "tc"][..],
-        &["--dataplane", "nftables"][..],
+        &[
+            "--dataplane",
+            "ebpf",
+            "--nodes",
+            "3",
+            "--cni",
+            "bridge",
+            "--kube-proxy",
+            "nftables",
+            "--destination",
+            "service",
+        ][..],
+        &[
+            "--dataplane",
+            "nftables",
+            "--nodes",
+            "3",
+            "--cni",
+            "ptp",
+            "--kube-proxy",
+            "iptables",
+            "--destination",
+            "service",
+        ][..],
     ] {
         conformance(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
     }
@@ -203,7 +236,16 @@ fn conformance(args: &[String]) -> Result<()> {
     if !simulate && !ebpf_object().exists() {
         build_ebpf()?;
     }
-    run(cargo().args(["build", "--bin", "npm-agent", "--bin", "npm-conformance"]))?;
+    // npm-cni: the CNI chain of `--cni ptp|bridge` calls it on each node.
+    run(cargo().args([
+        "build",
+        "--bin",
+        "npm-agent",
+        "--bin",
+        "npm-cni",
+        "--bin",
+        "npm-conformance",
+    ]))?;
     conformance_with(args)
 }
 
@@ -218,6 +260,12 @@ pub fn conformance_with(args: &[String]) -> Result<()> {
     }
     if !args.iter().any(|a| a == "--cases") {
         cmd.arg("--cases").arg(root().join("tests/conformance"));
+    }
+    if !args
+        .iter()
+        .any(|a| a == "--npm-cni-bin" || a.starts_with("--npm-cni-bin="))
+    {
+        cmd.arg("--npm-cni-bin").arg(root().join("target/debug/npm-cni"));
     }
     cmd.args(args).env("NPM_EBPF_OBJECT", ebpf_object());
     run(&mut cmd)
@@ -245,10 +293,12 @@ fn agent_flags(args: &[String]) -> Vec<String> {
 fn demo(args: &[String]) -> Result<()> {
     setup::setup()?;
     build_ebpf()?;
-    run(cargo().args(["build", "--bin", "npm-agent", "--bin", "npm-demo"]))?;
+    run(cargo().args(["build", "--bin", "npm-agent", "--bin", "npm-cni", "--bin", "npm-demo"]))?;
     let mut cmd = Command::new(root().join("target/debug/npm-demo"));
     cmd.arg("--agent-bin")
         .arg(root().join("target/debug/npm-agent"))
+        .arg("--npm-cni-bin")
+        .arg(root().join("target/debug/npm-cni"))
         .arg("--examples")
         .arg(root().join("examples"))
         .args(args)
@@ -267,13 +317,17 @@ fn bench(which: &str, args: &[String]) -> Result<()> {
             build_ebpf()?;
             ("npm-agent", "bench_agent")
         }
+        "traffic" => {
+            build_ebpf()?;
+            ("npm-dataplane", "bench_traffic")
+        }
         "all" => {
-            for w in ["compile", "datapath", "agent"] {
+            for w in ["compile", "datapath", "agent", "traffic"] {
                 bench(w, args)?;
             }
             return Ok(());
         }
-        other => bail!("unknown benchmark {other:?}: use datapath, compile, agent or all"),
+        other => bail!("unknown benchmark {other:?}: use datapath, compile, agent, traffic or all"),
     };
     run(cargo()
         .args(["run", "--release", "--package", package, "--example", example, "--"])

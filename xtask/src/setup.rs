@@ -27,6 +27,8 @@ const APT_PACKAGES: &[&str] = &[
     "runc",
     // The image carries the CA bundle (the kube client's TLS needs roots).
     "ca-certificates",
+    // A real Prometheus scrapes the agent (`npm-agent/tests/prometheus_scrape.rs`).
+    "prometheus",
 ];
 
 /// The bpf-linker version built against Debian's LLVM 22.

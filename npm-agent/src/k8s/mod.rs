@@ -23,11 +23,14 @@
 //! - [`cache`]: the three stores as one [`Cache`] and its [`CompleteState`];
 //! - [`watcher`]: the kube-rs watchers feeding the cache;
 //! - [`direct_read`]: a fresh paginated LIST of all three (the
-//!   mass-deletion guard's confirmation).
+//!   mass-deletion guard's confirmation);
+//! - [`taint`]: removing the `npm.io/agent-not-ready` taint from this
+//!   agent's Node after the first full sync.
 
 pub mod cache;
 pub mod direct_read;
 pub mod store;
+pub mod taint;
 pub mod watcher;
 
 pub use cache::{classify_pod_change, Cache, CompleteState, Watched};

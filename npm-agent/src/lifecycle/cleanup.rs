@@ -139,7 +139,7 @@ fn detach_link(pin: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Detach and unpin every link of `<dir>/links`, then remove `dir` with
+/// Detach and unpin every link of `<dir>/links` and `<dir>/exit`, then remove `dir` with
 /// its map pins.
 fn remove_pin_dir(dir: &Path, report: &mut CleanupReport) -> Result<(), String> {
     match on_bpffs(dir) {
@@ -153,12 +153,16 @@ fn remove_pin_dir(dir: &Path, report: &mut CleanupReport) -> Result<(), String> 
         Ok(removed) => report.filters.extend(removed),
         Err(e) => return Err(format!("{}: tc filters: {e}", dir.display())),
     }
-    let links = dir.join("links");
-    let pins = match std::fs::read_dir(&links) {
-        Ok(entries) => entries.flatten().map(|e| e.path()).collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(format!("{}: {e}", links.display())),
-    };
+    // The endpoint links (`links/`) and the node-exit links (`exit/`).
+    let mut pins: Vec<PathBuf> = Vec::new();
+    for sub in ["links", "exit"] {
+        let links = dir.join(sub);
+        match std::fs::read_dir(&links) {
+            Ok(entries) => pins.extend(entries.flatten().map(|e| e.path())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("{}: {e}", links.display())),
+        }
+    }
     for pin in pins {
         if let Err(e) = detach_link(&pin) {
             // Unpinning still releases the link once no process holds it.

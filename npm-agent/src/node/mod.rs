@@ -1,12 +1,14 @@
 //! The node the agent runs on: its own addresses ([`addresses`], kept
 //! current through netlink) and the host-side interfaces of its local
-//! endpoints ([`interfaces`], by the rules of [`discovery`]), both read
-//! through the small rtnetlink client of [`netlink`].
+//! endpoints ([`interfaces`], by the rules of [`discovery`]) and its
+//! uplinks ([`uplinks`], where `node_exit` goes), all read through the
+//! small rtnetlink client of [`netlink`].
 
 pub mod addresses;
 pub mod discovery;
 pub mod interfaces;
 pub mod netlink;
+pub mod uplinks;
 
 pub use addresses::{AddressState, NodeAddresses};
 pub use interfaces::{EndpointError, InterfacePattern, InterfaceResolver, Resolve, Resolved};

@@ -1,13 +1,15 @@
 //! What a restarted agent takes over from the state its dataplane adopted
 //! (a previous agent's pinned maps): the endpoint ids of the pods those
-//! records still describe, and the mass-deletion guard's first reference
+//! records still describe, the identity numbers that keep their meaning
+//! (every other number above them), and the mass-deletion guard's first
+//! reference
 //! (see the [`reconcile`](crate::reconcile) module doc).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
 use npm_dataplane::AdoptedEndpoint;
-use npm_policy::compiled::{Compiled, IdTables};
+use npm_policy::adopt;
 
 use super::compiler;
 use super::dataplane::AgentDataplane;
@@ -16,58 +18,80 @@ use crate::k8s::CompleteState;
 
 impl<D: AgentDataplane> Syncer<D> {
     /// A compile before anything is programmed, when the dataplane adopted
-    /// a previous agent's endpoint records: each pod whose interface holds
-    /// a record with the pod's own addresses keeps that record's id (and so
-    /// its tracked flows), every other endpoint is numbered above all
-    /// adopted ids (and above the ids of a failed attempt), and the compile
-    /// is redone with those ids. So no packet of one pod is ever decided
-    /// under an id another pod's record had (the kernel keeps the old
-    /// records until the first sync rewrites them). Matching relies on each
-    /// pod having its own host-side interface (an ifindex is not handed out
-    /// again while its interface exists).
+    /// a previous agent's state, redone so that no number changes meaning:
+    ///
+    /// - endpoint ids: each pod whose interface holds a record with the
+    ///   pod's own addresses keeps that record's id (and so its tracked
+    ///   flows), every other endpoint is numbered above all adopted ids
+    ///   (and above the ids of a failed attempt). So no packet of one pod is
+    ///   ever decided under an id another pod's record had (the kernel keeps
+    ///   the old records until the first sync rewrites them). Matching
+    ///   relies on each pod having its own host-side interface (an ifindex
+    ///   is not handed out again while its interface exists).
+    /// - pod identities, CIDR identities and rule ids
+    ///   ([`AgentDataplane::adopted_numbers`], `npm_policy::adopt::seed`):
+    ///   an identity stays with an identity key only when the addresses that
+    ///   carried it are exactly that key's addresses now, a CIDR identity
+    ///   stays with its prefix, and every other number is handed out above
+    ///   all adopted ones. The first sync writes the new ipcache before it
+    ///   sweeps the old policy keys; so every address carries either its old
+    ///   number (with the old allowances) or its new one, never a number
+    ///   that stood for other addresses (issue 12 §2).
     pub(super) fn seed_endpoint_ids(&mut self, state: &CompleteState) {
         let dataplane = &self.dataplane;
         let adopted = self
             .adopted
             .get_or_insert_with(|| dataplane.adopted_endpoints())
             .clone();
-        let Some(max) = adopted.iter().map(|a| a.id).max() else {
+        let numbers = self
+            .adopted_numbers
+            .get_or_insert_with(|| dataplane.adopted_numbers())
+            .clone();
+        let max = adopted.iter().map(|a| a.id).max();
+        if max.is_none() && numbers.is_empty() {
             return;
-        };
+        }
         let by_ifindex: HashMap<u32, &AdoptedEndpoint> = adopted.iter().map(|a| (a.ifindex, a)).collect();
         let compiled = self.incremental.compiled();
-        let resolved = self
-            .resolver
-            .resolve_attached(compiled, &self.facts.attached_interfaces(compiled));
         let mut keep: BTreeMap<String, u32> = BTreeMap::new();
-        let mut used = BTreeSet::new();
-        for (id, ep) in &compiled.endpoints {
-            let Some(a) = resolved.interfaces.get(id).and_then(|i| by_ifindex.get(i)) else {
-                continue;
-            };
-            if a.ipv4 == ep.ipv4 && a.ipv6 == ep.ipv6 && used.insert(a.id) {
-                keep.insert(ep.pod.uid.clone(), a.id);
+        if max.is_some() {
+            let resolved = self
+                .resolver
+                .resolve_attached(compiled, &self.facts.attached_interfaces(compiled));
+            let mut used = BTreeSet::new();
+            for (id, ep) in &compiled.endpoints {
+                let Some(a) = resolved.interfaces.get(id).and_then(|i| by_ifindex.get(i)) else {
+                    continue;
+                };
+                if a.ipv4 == ep.ipv4 && a.ipv6 == ep.ipv6 && used.insert(a.id) {
+                    keep.insert(ep.pod.uid.clone(), a.id);
+                }
             }
         }
+        let mut floor = adopt::seed(compiled, &numbers);
         tracing::info!(
             kept = keep.len(),
             adopted = adopted.len(),
-            next = max + 1,
+            next = max.map_or(1, |m| m + 1),
             "endpoint ids of the adopted state kept for the pods they still describe"
+        );
+        tracing::info!(
+            identities_kept = floor.ids.identities.len(),
+            identities_adopted = numbers.identities.len(),
+            cidrs_kept = floor.cidrs.len(),
+            next_identity = floor.ids.next_identity,
+            next_cidr = floor.ids.next_cidr,
+            next_rule = floor.ids.next_rule,
+            "identity numbers of the adopted state kept for exactly the addresses that carried them"
         );
         // The counters of a failed attempt stay floors (never reused).
         let attempted = self.attempted_ids.clone().unwrap_or_default();
-        let floor = Compiled {
-            ids: IdTables {
-                endpoints: keep,
-                next_endpoint: (max + 1).max(attempted.next_endpoint),
-                next_identity: attempted.next_identity,
-                next_rule: attempted.next_rule,
-                next_cidr: attempted.next_cidr,
-                ..IdTables::default()
-            },
-            ..Compiled::default()
-        };
+        let ids = &mut floor.ids;
+        ids.endpoints = keep;
+        ids.next_endpoint = max.map_or(1, |m| m + 1).max(attempted.next_endpoint);
+        ids.next_identity = ids.next_identity.max(attempted.next_identity);
+        ids.next_rule = ids.next_rule.max(attempted.next_rule);
+        ids.next_cidr = ids.next_cidr.max(attempted.next_cidr);
         self.incremental = compiler::Incremental::new(state, &self.facts, &self.cfg.compile, Some(&floor));
     }
 

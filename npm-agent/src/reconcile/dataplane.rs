@@ -3,7 +3,9 @@
 //! a previous agent), and the boxed form `--dataplane` opens.
 
 use npm_common::DenyEvent;
+use npm_dataplane::ebpf::MapFill;
 use npm_dataplane::{AdoptedEndpoint, Counters, Dataplane, DataplaneError, Interfaces};
+use npm_policy::adopt::AdoptedNumbers;
 use npm_policy::compiled::{Compiled, CompiledDiff};
 
 /// A dataplane as the agent drives it: the [`Dataplane`] trait plus the
@@ -28,6 +30,25 @@ pub trait AgentDataplane: Dataplane + Send {
     fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
         Vec::new()
     }
+    /// The pod identity, CIDR identity and rule numbers the dataplane found
+    /// programmed when it was opened (a previous agent's). A restarted
+    /// agent keeps each number's meaning: an identity stays with exactly
+    /// the addresses that carried it, a CIDR identity with its prefix, and
+    /// every other number is handed out above all adopted ones
+    /// (`npm_policy::adopt`).
+    fn adopted_numbers(&self) -> AdoptedNumbers {
+        AdoptedNumbers::default()
+    }
+    /// The kernel maps' fill against their capacity, where the dataplane
+    /// has kernel maps (eBPF); empty otherwise.
+    fn map_fill(&self) -> Vec<MapFill> {
+        Vec::new()
+    }
+    /// Deny events the datapath could not queue because the ring buffer was
+    /// full (eBPF), if the dataplane can tell.
+    fn events_lost(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl Dataplane for Box<dyn AgentDataplane> {
@@ -51,5 +72,14 @@ impl AgentDataplane for Box<dyn AgentDataplane> {
     }
     fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
         (**self).adopted_endpoints()
+    }
+    fn adopted_numbers(&self) -> AdoptedNumbers {
+        (**self).adopted_numbers()
+    }
+    fn map_fill(&self) -> Vec<MapFill> {
+        (**self).map_fill()
+    }
+    fn events_lost(&self) -> Option<u64> {
+        (**self).events_lost()
     }
 }

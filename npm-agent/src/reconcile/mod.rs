@@ -35,6 +35,11 @@
 //!   over many syncs, each below the threshold (a cache that shrinks by 10%
 //!   per sync), are held once together they cross it.
 //!
+//! The guard holds the removals, not the sync: while a removal is held
+//! (its direct read deferred, failed or impossible), everything else is
+//! programmed, with the held old objects kept ([`hold`]), and the sync
+//! reports the hold as its error (readiness, retry).
+//!
 //! A held resync is confirmed by a direct read: the agent reads the three
 //! resources straight from the API server (a fresh paginated LIST, not the
 //! cache) and programs what that read says. The reference is reset to what
@@ -68,6 +73,9 @@
 //! - [`run`]: the loop around it: debounce, retry backoff, stats polling;
 //! - [`guard`]: the mass-deletion guard, its window and the direct reads
 //!   that confirm a held sync (with their backoff);
+//! - [`hold`]: what a held sync programs: everything but the held
+//!   removals (additions and label changes go through, an address a new
+//!   live pod claims moves to it);
 //! - [`adoption`]: what a restarted agent takes over from the adopted state
 //!   (endpoint ids, the guard's first reference);
 //! - [`cross_check`]: the background full compile that checks the
@@ -81,12 +89,14 @@ pub mod config;
 pub mod cross_check;
 pub mod dataplane;
 pub mod guard;
+pub mod hold;
 pub mod run;
 pub mod syncer;
 
 pub use config::{ConfigError, SyncConfig, DEFAULT_DEBOUNCE_MS, DIRECT_READ_MAX_BACKOFF, DIRECT_READ_MIN_BACKOFF};
 pub use dataplane::AgentDataplane;
 pub use guard::{mass_removal, GuardReference};
+pub use run::SyncThread;
 pub use syncer::{Readiness, SyncError, SyncOutcome, Syncer, SyncerBuilder};
 
 #[cfg(test)]

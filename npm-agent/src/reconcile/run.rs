@@ -7,8 +7,18 @@
 //! [`HEARTBEAT`] when idle) is progress for the `/healthz` watchdog, and
 //! each sync's outcome feeds the readiness checks (a held removal, an
 //! apply that failed and whether a map is full, a sync that went through).
+//!
+//! The agent runs the loop on a dedicated OS thread with a runtime of its
+//! own ([`Syncer::spawn_thread`], issue 12 §5): a long compile or a burst of
+//! map syscalls blocks that thread only, never the runtime of the watchers,
+//! the CNI server and the health endpoints. The dirty signal (a
+//! `tokio::sync::Notify` of the cache) and the node-address watch cross
+//! runtimes; the direct reads use the agent's client, whose connection
+//! tasks stay on the agent's runtime.
 
 use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
 
 use super::dataplane::AgentDataplane;
 use super::syncer::{SyncError, Syncer};
@@ -56,9 +66,15 @@ impl<D: AgentDataplane> Syncer<D> {
                 tracing::warn!(error = %e, "reading dataplane counters failed");
             }
         }
+        self.metrics.map_fill(&self.dataplane.map_fill());
+        if let Some(lost) = self.dataplane.events_lost() {
+            self.metrics.ringbuf_events_lost(lost);
+        }
         let events = self.dataplane.poll_deny_events();
         self.metrics.deny_events.increment(events.len() as u64);
-        let suppressed = self.flowlog.log_all(&events, Instant::now());
+        let programmed = self.programmed.as_ref().map(|p| &p.0);
+        let names = crate::telemetry::flowlog::Names::new(programmed, self.incremental.snapshot());
+        let suppressed = self.flowlog.log_all(&events, &names, Instant::now());
         self.metrics.deny_events_suppressed.increment(suppressed);
     }
 
@@ -134,5 +150,58 @@ impl<D: AgentDataplane> Syncer<D> {
                 }
             }
         }
+    }
+}
+
+/// The sync loop running on its own OS thread ([`Syncer::spawn_thread`]).
+/// Dropping it stops the loop at its next wait (a sync under way finishes
+/// first) and joins the thread, so the dataplane is closed when the drop
+/// returns.
+#[derive(Debug)]
+pub struct SyncThread {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SyncThread {
+    /// Whether the thread has ended (normally never while it is not
+    /// dropped: a panic of the loop ends it).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+}
+
+impl Drop for SyncThread {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!("the sync thread panicked");
+            }
+        }
+    }
+}
+
+impl<D: AgentDataplane + 'static> Syncer<D> {
+    /// Runs [`Syncer::run`] on a new OS thread (`npm-sync`) with a
+    /// current-thread runtime of its own, until the returned
+    /// [`SyncThread`] is dropped. Errors: the thread or its runtime could
+    /// not be created.
+    pub fn spawn_thread(self) -> std::io::Result<SyncThread> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new().name("npm-sync".into()).spawn(move || {
+            rt.block_on(async move {
+                tokio::select! {
+                    _ = self.run() => {}
+                    // The sender is dropped (or sends): stop.
+                    _ = stopped => {}
+                }
+            });
+        })?;
+        Ok(SyncThread {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
     }
 }

@@ -14,12 +14,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use npm_dataplane::{AdoptedEndpoint, DataplaneError, Interfaces};
+use npm_policy::adopt::AdoptedNumbers;
 use npm_policy::compiled::{Compiled, IdTables};
 
 use super::compiler;
 use super::config::{SyncConfig, DIRECT_READ_MIN_BACKOFF};
 use super::dataplane::AgentDataplane;
 use super::guard::{pod_identities, GuardReference};
+use super::hold;
 use crate::cni::{FactsHandle, NodeFacts};
 use crate::k8s::{Cache, CompleteState, WatchError};
 use crate::node::{InterfaceResolver, Resolve};
@@ -133,6 +135,8 @@ pub struct Syncer<D: AgentDataplane> {
     pub(super) guard_seeded: bool,
     /// The endpoint records the dataplane adopted (read once).
     pub(super) adopted: Option<Vec<AdoptedEndpoint>>,
+    /// The identity, CIDR and rule numbers the dataplane adopted (read once).
+    pub(super) adopted_numbers: Option<AdoptedNumbers>,
     pub(super) need_full: bool,
     /// The id counters of a failed first apply (nothing programmed yet):
     /// the kernel may hold the ids it handed out, so the rebuild starts
@@ -241,6 +245,7 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             guard: GuardReference::default(),
             guard_seeded: false,
             adopted: None,
+            adopted_numbers: None,
             need_full: true,
             attempted_ids: None,
             next_direct_read_at: None,
@@ -406,13 +411,42 @@ impl<D: AgentDataplane> Syncer<D> {
         let t_state = started.duration_since(t0);
         self.poll_cross_check();
         let rebuild = self.need_full || self.programmed.is_none() || self.rebuild_pending;
+        // The objects last programmed (what a held removal keeps).
+        let last = self.programmed.is_some().then(|| self.incremental.state());
         self.compile_state(&state, rebuild);
         let t_compile = started.elapsed();
         let mut confirmed = false;
+        // A held removal: reported once the rest of the sync is programmed.
+        let mut held_err = None;
         self.seed_guard();
         if let Some(what) = self.held(Instant::now()) {
-            self.confirm_by_direct_read(what, &mut outcome).await?;
-            confirmed = true;
+            match self.confirm_by_direct_read(what, &mut outcome).await {
+                Ok(()) => confirmed = true,
+                Err(
+                    e @ (SyncError::DirectRead { .. }
+                    | SyncError::DirectReadDeferred { .. }
+                    | SyncError::NoDirectReader { .. }),
+                ) if last.is_some() => {
+                    // Hold the removals only: program the current state
+                    // plus the old objects it lost (see `hold`), unless
+                    // that too would remove too much.
+                    let last = last.as_ref().expect("checked");
+                    // A rebuild keeping the programmed ids: the held pods
+                    // keep their endpoint ids (and tracked flows).
+                    let merged = hold::held_state(last, &state);
+                    self.compile_state(&merged, true);
+                    if let Some(still) = self.held(Instant::now()) {
+                        tracing::warn!(%still, "the held state itself would remove too much; programming nothing");
+                        return Err(e);
+                    }
+                    tracing::warn!(
+                        held = hold::held_objects(last, &state),
+                        "removals held; programming everything else"
+                    );
+                    held_err = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
         } else {
             self.start_cross_check(&state);
         }
@@ -515,7 +549,7 @@ impl<D: AgentDataplane> Syncer<D> {
             ("endpoints", target.endpoints.len()),
             ("policy", target.policy.len()),
         ] {
-            self.metrics.map_entries(map, n);
+            self.metrics.compiled_entries(map, n);
         }
         let (ids, eps) = (pod_identities(target).count(), target.endpoints.len());
         let now = Instant::now();
@@ -536,6 +570,9 @@ impl<D: AgentDataplane> Syncer<D> {
             // What CNI requests wait for: this sync's facts, programmed.
             self.node_facts.publish(self.facts.programmed(prog, interfaces));
         }
-        Ok(outcome)
+        match held_err {
+            Some(e) => Err(e),
+            None => Ok(outcome),
+        }
     }
 }

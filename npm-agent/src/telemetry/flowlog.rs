@@ -1,20 +1,45 @@
-//! Rate-limited deny flow logs from the datapath's ring buffer.
+//! Rate-limited deny flow logs from the datapath's ring buffer, with names.
 //!
-//! At most `per_sec` deny events are logged per one-second window; the rest
-//! are counted, and the count is logged when the window closes.
+//! Each deny event becomes one JSON line on stdout ([`FlowRecord`]): the
+//! pod the event is about (namespace/name), the peer (another pod by
+//! namespace/name, this node, or the world with the longest matching CIDR
+//! of the policies), the direction and reason, the 5-tuple, and the
+//! policies that isolate the pod in that direction (namespace/name). The
+//! names come from the state the agent last programmed ([`Names`]: the
+//! compiled endpoints and ipcache, the snapshot's pods and policies), so
+//! the log says what the agent believed when it read the event.
+//!
+//! At most `per_sec` deny events are logged per one-second window
+//! (`--flow-logs-per-sec`); the rest are counted, and the count is logged
+//! (to the tracing log) when the window closes.
 
+use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use npm_common::{DenyEvent, Reason};
+use npm_policy::compile::policy_selects;
+use npm_policy::compiled::Compiled;
+use npm_policy::model::Snapshot;
+use serde::Serialize;
 
-/// The rate limiter and formatter of deny flow logs.
-#[derive(Debug)]
+/// The rate limiter and writer of deny flow logs.
 pub struct FlowLog {
     per_sec: u32,
     window: Option<Instant>,
     logged: u32,
     suppressed: u64,
+    out: Box<dyn Write + Send>,
+}
+
+impl std::fmt::Debug for FlowLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlowLog")
+            .field("per_sec", &self.per_sec)
+            .field("logged", &self.logged)
+            .field("suppressed", &self.suppressed)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Whether one event may be logged.
@@ -34,18 +59,33 @@ fn addr(family: u8, bytes: [u8; 16]) -> IpAddr {
     }
 }
 
-/// One line describing a deny event.
-pub fn describe(e: &DenyEvent) -> String {
-    let reason = Reason::from_u8(e.reason).map(Reason::name).unwrap_or("unknown");
-    let dir = if e.direction == npm_common::DIR_INGRESS {
+fn direction(e: &DenyEvent) -> &'static str {
+    if e.direction == npm_common::DIR_INGRESS {
         "ingress"
     } else {
         "egress"
-    };
+    }
+}
+
+fn protocol(p: u8) -> String {
+    match p {
+        1 => "ICMP".into(),
+        6 => "TCP".into(),
+        17 => "UDP".into(),
+        58 => "ICMPv6".into(),
+        132 => "SCTP".into(),
+        n => n.to_string(),
+    }
+}
+
+/// One line describing a deny event by ids and addresses only.
+pub fn describe(e: &DenyEvent) -> String {
+    let reason = Reason::from_u8(e.reason).map(Reason::name).unwrap_or("unknown");
     format!(
-        "deny endpoint={} ifindex={} dir={dir} reason={reason} proto={} {}:{} -> {}:{}",
+        "deny endpoint={} ifindex={} dir={} reason={reason} proto={} {}:{} -> {}:{}",
         e.endpoint,
         e.ifindex,
+        direction(e),
         e.protocol,
         addr(e.family, e.src),
         e.sport,
@@ -54,14 +94,181 @@ pub fn describe(e: &DenyEvent) -> String {
     )
 }
 
+/// A pod by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PodName {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+/// The other end of a denied packet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Peer {
+    /// A pod of the cluster.
+    Pod {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// This node (or another node address the agent knows).
+    Host,
+    /// Outside the cluster's pods: `cidr` is the longest prefix of a
+    /// policy's ipBlock that contains the address, if any.
+    World {
+        /// The longest matching policy CIDR.
+        cidr: Option<String>,
+    },
+}
+
+/// One deny flow log line (serialized as JSON).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FlowRecord {
+    /// Always `deny`.
+    pub verdict: &'static str,
+    /// The datapath's reason (`policy-denied`, ...).
+    pub reason: &'static str,
+    /// `ingress` (into the pod) or `egress` (out of it).
+    pub direction: &'static str,
+    /// The pod the event is about; `None` when the endpoint is not known
+    /// (any more) to the agent.
+    pub pod: Option<PodName>,
+    /// The other end.
+    pub peer: Peer,
+    /// The peer's address.
+    pub peer_ip: IpAddr,
+    /// The policies that isolate the pod in this direction,
+    /// `namespace/name`, sorted.
+    pub policies: Vec<String>,
+    /// Protocol name (or number).
+    pub protocol: String,
+    /// Source address and port.
+    pub src: String,
+    /// Destination address and port.
+    pub dst: String,
+    /// The endpoint id in the datapath.
+    pub endpoint: u32,
+    /// The host-side interface index.
+    pub ifindex: u32,
+}
+
+/// What the agent knows to name an event: the compiled state it last
+/// programmed (if any) and the snapshot it compiled.
+#[derive(Clone, Copy)]
+pub struct Names<'a> {
+    compiled: Option<&'a Compiled>,
+    snapshot: &'a Snapshot,
+}
+
+impl<'a> Names<'a> {
+    /// Names from `compiled` (the programmed state; `None` before the first
+    /// sync) and `snapshot`.
+    pub fn new(compiled: Option<&'a Compiled>, snapshot: &'a Snapshot) -> Self {
+        Names { compiled, snapshot }
+    }
+
+    fn peer(&self, ip: IpAddr) -> Peer {
+        let identity = self.compiled.and_then(|c| c.ipcache.get(&ip)).map(|e| e.identity);
+        match identity {
+            Some(npm_common::IDENTITY_HOST) => return Peer::Host,
+            Some(id) if id >= npm_common::IDENTITY_FIRST_POD => {
+                let ns = self
+                    .compiled
+                    .and_then(|c| c.ids.identities.get(&id))
+                    .map(|k| k.namespace.as_str());
+                let pod = self
+                    .snapshot
+                    .pods
+                    .values()
+                    .filter(|p| p.ips.contains(&ip))
+                    .find(|p| ns.is_none_or(|ns| p.namespace == ns));
+                if let Some(p) = pod {
+                    return Peer::Pod {
+                        namespace: p.namespace.clone(),
+                        name: p.name.clone(),
+                    };
+                }
+            }
+            _ => {}
+        }
+        let cidr = self.compiled.and_then(|c| {
+            c.cidrs
+                .keys()
+                .filter(|net| net.contains(&ip))
+                .max_by_key(|net| net.prefix_len())
+                .map(|net| net.to_string())
+        });
+        Peer::World { cidr }
+    }
+
+    /// The named record of one event.
+    pub fn record(&self, e: &DenyEvent) -> FlowRecord {
+        let (src, dst) = (addr(e.family, e.src), addr(e.family, e.dst));
+        let ingress = e.direction == npm_common::DIR_INGRESS;
+        let peer_ip = if ingress { src } else { dst };
+        let pod = self
+            .compiled
+            .and_then(|c| c.endpoints.get(&e.endpoint))
+            .map(|ep| PodName {
+                namespace: ep.pod.namespace.clone(),
+                name: ep.pod.name.clone(),
+            });
+        let mut policies: Vec<String> = match &pod {
+            Some(p) => match self.snapshot.pods.get(&(p.namespace.clone(), p.name.clone())) {
+                Some(model_pod) => self
+                    .snapshot
+                    .policies
+                    .values()
+                    .filter(|pol| {
+                        if ingress {
+                            pol.ingress_isolation
+                        } else {
+                            pol.egress_isolation
+                        }
+                    })
+                    .filter(|pol| policy_selects(pol, model_pod))
+                    .map(|pol| format!("{}/{}", pol.namespace, pol.name))
+                    .collect(),
+                None => Vec::new(),
+            },
+            None => Vec::new(),
+        };
+        policies.sort();
+        let hostport = |ip: IpAddr, port: u16| std::net::SocketAddr::new(ip, port).to_string();
+        FlowRecord {
+            verdict: "deny",
+            reason: Reason::from_u8(e.reason).map(Reason::name).unwrap_or("unknown"),
+            direction: direction(e),
+            pod,
+            peer: self.peer(peer_ip),
+            peer_ip,
+            policies,
+            protocol: protocol(e.protocol),
+            src: hostport(src, e.sport),
+            dst: hostport(dst, e.dport),
+            endpoint: e.endpoint,
+            ifindex: e.ifindex,
+        }
+    }
+}
+
 impl FlowLog {
-    /// A limiter allowing `per_sec` lines per second.
+    /// A limiter allowing `per_sec` lines per second, writing to stdout.
     pub fn new(per_sec: u32) -> Self {
+        Self::with_writer(per_sec, Box::new(std::io::stdout()))
+    }
+
+    /// A limiter writing its JSON lines to `out`.
+    pub fn with_writer(per_sec: u32, out: Box<dyn Write + Send>) -> Self {
         FlowLog {
             per_sec,
             window: None,
             logged: 0,
             suppressed: 0,
+            out,
         }
     }
 
@@ -92,12 +299,18 @@ impl FlowLog {
         }
     }
 
-    /// Log what the rate allows of `events`; returns how many were suppressed.
-    pub fn log_all(&mut self, events: &[DenyEvent], now: Instant) -> u64 {
+    /// Log what the rate allows of `events`, named by `names`, as JSON
+    /// lines; returns how many were suppressed.
+    pub fn log_all(&mut self, events: &[DenyEvent], names: &Names<'_>, now: Instant) -> u64 {
         let mut suppressed = 0;
         for e in events {
             match self.admit(now) {
-                Admit::Log => tracing::info!(target: "npm::flow", "{}", describe(e)),
+                Admit::Log => {
+                    let line = serde_json::to_string(&names.record(e)).unwrap_or_else(|_| describe(e));
+                    if let Err(err) = writeln!(self.out, "{line}").and_then(|()| self.out.flush()) {
+                        tracing::warn!(error = %err, "writing a flow log line failed");
+                    }
+                }
                 Admit::Suppress => suppressed += 1,
             }
         }
@@ -106,37 +319,4 @@ impl FlowLog {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn limits_per_second_window() {
-        let mut f = FlowLog::new(3);
-        let t0 = Instant::now();
-        let events = vec![DenyEvent::default(); 5];
-        assert_eq!(f.log_all(&events, t0), 2);
-        assert_eq!(f.admit(t0 + Duration::from_millis(999)), Admit::Suppress);
-        assert_eq!(f.admit(t0 + Duration::from_secs(1)), Admit::Log);
-    }
-
-    #[test]
-    fn describes_v4_event() {
-        let mut e = DenyEvent {
-            endpoint: 7,
-            ifindex: 9,
-            direction: npm_common::DIR_EGRESS,
-            reason: Reason::PolicyDenied as u8,
-            protocol: 6,
-            family: 4,
-            sport: 1234,
-            dport: 80,
-            ..Default::default()
-        };
-        e.src = npm_common::IpKey::v4([10, 0, 0, 1]).addr;
-        e.dst = npm_common::IpKey::v4([10, 0, 0, 2]).addr;
-        assert_eq!(
-            describe(&e),
-            "deny endpoint=7 ifindex=9 dir=egress reason=policy-denied proto=6 10.0.0.1:1234 -> 10.0.0.2:80"
-        );
-    }
-}
+mod tests;

@@ -3,12 +3,20 @@
 //! A [`Metrics`] owns its own [`PrometheusRecorder`] (no global recorder):
 //! `main` builds one and passes it to the watchers, the sync loop and the
 //! HTTP server, and tests build their own and read [`Metrics::render`].
+//!
+//! Every series is listed once in [`SERIES`] with its type, unit and HELP
+//! text; the registry describes all of them, so each family renders with
+//! `# HELP` and `# TYPE`. Names follow the Prometheus conventions: counters
+//! end in `_total`, durations are in seconds (`_seconds`), sizes in bytes
+//! (`_bytes`), timestamps in Unix seconds. `npm_build_info` is a gauge of 1
+//! whose labels say which build runs.
 
 use std::sync::Arc;
 
-use metrics::{Counter, Gauge, Histogram, Recorder};
+use metrics::{Counter, Gauge, Histogram, Recorder, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use npm_common::Reason;
+use npm_dataplane::ebpf::MapFill;
 use npm_dataplane::Counters;
 
 /// Errors building the metrics registry.
@@ -23,6 +31,87 @@ pub enum MetricsError {
         detail: String,
     },
 }
+
+/// The type of a series, as Prometheus sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Monotonic count (`_total`).
+    Counter,
+    /// Current value.
+    Gauge,
+    /// Buckets, `_sum` and `_count`.
+    Histogram,
+}
+
+/// One series family the agent exports.
+#[derive(Clone, Copy, Debug)]
+pub struct Series {
+    /// The family name (as rendered, without `_bucket`/`_sum`/`_count`).
+    pub name: &'static str,
+    /// Its type.
+    pub kind: Kind,
+    /// Its unit, if it has one (also the name's suffix).
+    pub unit: Option<Unit>,
+    /// The HELP text.
+    pub help: &'static str,
+    /// Its labels (empty: none).
+    pub labels: &'static [&'static str],
+}
+
+const fn series(
+    name: &'static str,
+    kind: Kind,
+    unit: Option<Unit>,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> Series {
+    Series {
+        name,
+        kind,
+        unit,
+        help,
+        labels,
+    }
+}
+
+use Kind::{Counter as C, Gauge as G, Histogram as H};
+const S: Option<Unit> = Some(Unit::Seconds);
+const B: Option<Unit> = Some(Unit::Bytes);
+const N: Option<Unit> = Some(Unit::Count);
+
+/// Every series family of the agent: the one list the registry describes,
+/// the docs name and the chart's dashboard may query.
+#[rustfmt::skip]
+pub const SERIES: &[Series] = &[
+    series("npm_build_info", G, None, &["version", "git_commit", "rustc"], "Always 1; the labels name the running build (git_commit and rustc only when known at build time)."),
+    series("npm_sync_duration_seconds", H, S, &[], "Duration of one sync (snapshot, compile, guard, apply), in seconds."),
+    series("npm_programming_latency_seconds", H, S, &[], "Seconds from the first API change of a batch being received to the kernel state being updated."),
+    series("npm_syncs_total", C, N, &[], "Syncs whose changes were applied to the dataplane."),
+    series("npm_invalid_policies", G, N, &[], "NetworkPolicies currently enforced only in part because they are not fully understood."),
+    series("npm_policy_errors_total", C, N, &[], "Validation errors seen, one per new invalid policy version."),
+    series("npm_ip_conflicts_total", C, N, &[], "IP conflicts detected: two live pods claiming one IP."),
+    series("npm_destructive_actions_deferred_total", C, N, &[], "Mass removals held until a direct read of the API server confirms them."),
+    series("npm_deny_events_total", C, N, &[], "Deny events read from the datapath's ring buffer."),
+    series("npm_deny_events_suppressed_total", C, N, &[], "Deny events read but not logged because of the flow-log rate limit."),
+    series("npm_ready", G, None, &[], "1 when the first sync was applied and every readiness check passes, else 0."),
+    series("npm_readiness_failures", G, None, &["check"], "1 while the readiness check fails, else 0."),
+    series("npm_endpoints_pending_interface", G, N, &[], "Local endpoints whose host interface is not found yet (not enforced)."),
+    series("npm_incremental_mismatch_total", C, N, &[], "Incremental compiles that differed from the full-compile cross-check."),
+    series("npm_cni_add_wait_seconds", H, S, &[], "Seconds a CNI ADD waited until its endpoint was programmed."),
+    series("npm_cni_requests_total", C, N, &["command", "result"], "npm-cni requests answered, by command and result (ok, retry, error)."),
+    series("npm_interface_conflicts_total", C, N, &[], "Interfaces found claimed by more than one endpoint (the newcomers are refused)."),
+    series("npm_held_removals", G, None, &[], "1 while a mass removal is held for a confirming direct read, else 0."),
+    series("npm_last_sync_success_timestamp_seconds", G, S, &[], "Unix time in seconds of the last sync that completed without error."),
+    series("npm_ringbuf_events_lost_total", C, N, &[], "Deny events the datapath could not write because its ring buffer was full."),
+    series("npm_controller_pod_event_total", C, N, &["operation"], "Pod changes seen by the controller, by operation."),
+    series("npm_watch_events_total", C, N, &["resource", "event"], "Watch events received, by resource and event type."),
+    series("npm_errors_total", C, N, &["kind"], "Errors, by kind (watch, dataplane, direct-read, interface, counters...)."),
+    series("npm_compiled_entries", G, N, &["table"], "Entries of the compiled state last synced, by table (ipcache, cidrs, endpoints, policy)."),
+    series("npm_map_entries", G, N, &["map"], "Entries in each pinned kernel map (eBPF dataplane), by map name."),
+    series("npm_map_capacity", G, N, &["map"], "Maximum entries of each pinned kernel map (eBPF dataplane), by map name."),
+    series("npm_packets_total", C, N, &["direction", "reason", "verdict"], "Packets classified by the datapath, by direction, reason and verdict."),
+    series("npm_bytes_total", C, B, &["direction", "reason", "verdict"], "Bytes of the packets classified by the datapath, by direction, reason and verdict."),
+];
 
 /// Operations counted by `npm_controller_pod_event_total{operation}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +175,8 @@ pub struct Metrics {
     pub held_removals: Gauge,
     /// `npm_last_sync_success_timestamp_seconds`: Unix time of the last sync that completed without error.
     pub last_sync_success: Gauge,
+    /// `npm_ringbuf_events_lost_total`: deny events the datapath could not write because its ring buffer was full.
+    pub ringbuf_events_lost: Counter,
 }
 
 impl Metrics {
@@ -110,6 +201,13 @@ impl Metrics {
         let recorder = Arc::new(builder.build_recorder());
         let handle = recorder.handle();
         let r: &dyn Recorder = recorder.as_ref();
+        for s in SERIES {
+            match s.kind {
+                Kind::Counter => r.describe_counter(s.name.into(), s.unit, s.help.into()),
+                Kind::Gauge => r.describe_gauge(s.name.into(), s.unit, s.help.into()),
+                Kind::Histogram => r.describe_histogram(s.name.into(), s.unit, s.help.into()),
+            }
+        }
         let m = metrics::with_local_recorder(r, || Metrics {
             recorder: recorder.clone(),
             handle: handle.clone(),
@@ -129,6 +227,7 @@ impl Metrics {
             interface_conflicts: metrics::counter!("npm_interface_conflicts_total"),
             held_removals: metrics::gauge!("npm_held_removals"),
             last_sync_success: metrics::gauge!("npm_last_sync_success_timestamp_seconds"),
+            ringbuf_events_lost: metrics::counter!("npm_ringbuf_events_lost_total"),
         });
         // Make the labelled families visible from the start.
         for op in [
@@ -139,6 +238,12 @@ impl Metrics {
         ] {
             m.pod_event(op, 0);
         }
+        m.with(|| {
+            let mut labels = vec![metrics::Label::new("version", env!("CARGO_PKG_VERSION"))];
+            labels.extend(option_env!("NPM_GIT_COMMIT").map(|c| metrics::Label::new("git_commit", c)));
+            labels.extend(option_env!("NPM_RUSTC_VERSION").map(|c| metrics::Label::new("rustc", c)));
+            metrics::gauge!("npm_build_info", labels).set(1.0);
+        });
         Ok(m)
     }
 
@@ -184,9 +289,29 @@ impl Metrics {
         self.with(|| metrics::gauge!("npm_readiness_failures", "check" => check).set(if failing { 1.0 } else { 0.0 }));
     }
 
-    /// Set a map occupancy gauge (`npm_map_entries{map}`).
-    pub fn map_entries(&self, map: &'static str, n: usize) {
-        self.with(|| metrics::gauge!("npm_map_entries", "map" => map).set(n as f64));
+    /// Set the size of one table of the compiled state last synced
+    /// (`npm_compiled_entries{table}`: `ipcache`, `cidrs`, `endpoints`,
+    /// `policy`). The kernel maps' own fill is [`Metrics::map_fill`].
+    pub fn compiled_entries(&self, table: &'static str, n: usize) {
+        self.with(|| metrics::gauge!("npm_compiled_entries", "table" => table).set(n as f64));
+    }
+
+    /// Publish the kernel maps' fill: `npm_map_entries{map}` and
+    /// `npm_map_capacity{map}` for each map (pinned map names, e.g.
+    /// `NPM_POLICY`; see `npm_dataplane::ebpf::MapFill`).
+    pub fn map_fill(&self, fill: &[MapFill]) {
+        self.with(|| {
+            for f in fill {
+                metrics::gauge!("npm_map_entries", "map" => f.map).set(f.entries as f64);
+                metrics::gauge!("npm_map_capacity", "map" => f.map).set(f.capacity as f64);
+            }
+        });
+    }
+
+    /// Publish the datapath's count of deny events lost to a full ring
+    /// buffer (`npm_ringbuf_events_lost_total`, the kernel's running total).
+    pub fn ringbuf_events_lost(&self, total: u64) {
+        self.ringbuf_events_lost.absolute(total);
     }
 
     /// Publish the dataplane's packet counters as
@@ -196,7 +321,7 @@ impl Metrics {
             for (&(dir, reason), &(packets, bytes)) in &counters.by_reason {
                 let direction = if dir == npm_common::DIR_INGRESS { "ingress" } else { "egress" };
                 let (reason, verdict) = match Reason::from_u8(reason) {
-                    Some(r) => (r.name(), if r.is_deny() { "denied" } else { "allowed" }),
+                    Some(r) => (r.name(), r.verdict()),
                     None => ("unknown", "unknown"),
                 };
                 metrics::counter!("npm_packets_total", "direction" => direction, "reason" => reason, "verdict" => verdict)
@@ -252,8 +377,83 @@ mod tests {
             Some(7.0)
         );
         assert_eq!(sample(&text, "npm_programming_latency_seconds_count"), Some(1.0));
+        assert_eq!(sample(&text, "npm_ringbuf_events_lost_total"), Some(0.0));
+        m.map_fill(&[MapFill {
+            map: "NPM_POLICY",
+            entries: 3,
+            capacity: 1 << 20,
+        }]);
+        m.ringbuf_events_lost(12);
+        let text = m.render();
+        assert_eq!(sample(&text, "npm_map_entries{map=\"NPM_POLICY\"}"), Some(3.0));
+        assert_eq!(sample(&text, "npm_map_capacity{map=\"NPM_POLICY\"}"), Some(1048576.0));
+        assert_eq!(sample(&text, "npm_ringbuf_events_lost_total"), Some(12.0));
         // Two registries do not share values.
         let other = Metrics::new().unwrap();
         assert_eq!(sample(&other.render(), "npm_ip_conflicts_total"), Some(0.0));
+    }
+
+    /// Every family the registry renders, once each labelled family has a
+    /// value, is in [`SERIES`] with its type and HELP text, and every entry
+    /// of [`SERIES`] is rendered: the list cannot drift from the code.
+    #[test]
+    fn every_series_is_described_and_listed() {
+        let m = Metrics::new().unwrap();
+        m.watch_event("pods", "apply");
+        m.cni_request("add", "ok");
+        m.error("watch");
+        m.readiness_failure("lists", true);
+        m.compiled_entries("ipcache", 1);
+        m.map_fill(&[MapFill {
+            map: "NPM_POLICY",
+            entries: 0,
+            capacity: 1,
+        }]);
+        let mut c = Counters::default();
+        c.by_reason
+            .insert((npm_common::DIR_INGRESS, Reason::PolicyDenied as u8), (1, 60));
+        m.dataplane_counters(&c);
+        for h in [&m.sync_duration, &m.programming_latency, &m.cni_add_wait] {
+            h.record(0.1);
+        }
+        let text = m.render();
+        let mut rendered = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                let s = SERIES
+                    .iter()
+                    .find(|s| s.name == name)
+                    .unwrap_or_else(|| panic!("{name} is not in SERIES"));
+                let want = match s.kind {
+                    Kind::Counter => "counter",
+                    Kind::Gauge => "gauge",
+                    Kind::Histogram => "histogram",
+                };
+                assert_eq!(kind, want, "{name}");
+                assert!(
+                    text.contains(&format!("# HELP {name} {}", s.help)),
+                    "{name} has no HELP:\n{text}"
+                );
+                rendered.insert(name.to_string());
+            }
+        }
+        for s in SERIES {
+            assert!(
+                rendered.contains(s.name),
+                "{} is listed but not rendered:\n{text}",
+                s.name
+            );
+            match s.kind {
+                Kind::Counter => assert!(s.name.ends_with("_total"), "{}", s.name),
+                _ => assert!(!s.name.ends_with("_total"), "{}", s.name),
+            }
+            if s.unit == Some(Unit::Seconds) {
+                assert!(s.name.ends_with("_seconds"), "{}", s.name);
+            }
+        }
+        let version = format!("npm_build_info{{version=\"{}\"", env!("CARGO_PKG_VERSION"));
+        let line = text.lines().find(|l| l.starts_with(&version)).expect("npm_build_info");
+        assert!(line.ends_with(" 1"), "{line}");
     }
 }

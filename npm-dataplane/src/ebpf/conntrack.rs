@@ -45,6 +45,14 @@ impl Flows {
         self.ct.keys().filter(Result::is_ok).count() + self.ct4.keys().filter(Result::is_ok).count()
     }
 
+    /// Entries of `NPM_CT` and of `NPM_CT4`, each.
+    pub(crate) fn ct_lens(&self) -> (usize, usize) {
+        (
+            self.ct.keys().filter(Result::is_ok).count(),
+            self.ct4.keys().filter(Result::is_ok).count(),
+        )
+    }
+
     /// Entries of `NPM_FRAGS`.
     pub(crate) fn frag_len(&self) -> usize {
         self.frags.keys().filter(Result::is_ok).count()

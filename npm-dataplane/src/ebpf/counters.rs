@@ -1,13 +1,16 @@
 //! What the datapath reports back: `NPM_COUNTERS`, the per-CPU packet and
 //! byte counts by (direction, reason) at [`counter_index`], summed over
-//! CPUs here, and `NPM_EVENTS`, the ring buffer of [`DenyEvent`]s.
+//! CPUs here, the deny events lost to a full ring buffer at
+//! [`EVENTS_LOST_SLOT`] ([`EbpfDataplane::events_lost`]), and `NPM_EVENTS`,
+//! the ring buffer of [`DenyEvent`]s.
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::Ebpf;
-use npm_common::{counter_index, maps, Counter, DenyEvent, Reason, DIR_EGRESS, DIR_INGRESS};
+use npm_common::{counter_index, maps, Counter, DenyEvent, Reason, DIR_EGRESS, DIR_INGRESS, EVENTS_LOST_SLOT};
 
 use super::errors::{map_err, EbpfError};
 use super::loader::take_map;
+use super::EbpfDataplane;
 use crate::Counters;
 
 /// `NPM_COUNTERS` and `NPM_EVENTS`.
@@ -28,6 +31,15 @@ impl Reports {
     /// Counters summed over CPUs.
     pub(crate) fn counters(&self) -> Result<Counters, EbpfError> {
         sum_counters(&self.counters)
+    }
+
+    /// Deny events lost because the ring buffer was full, summed over CPUs.
+    pub(crate) fn events_lost(&self) -> Result<u64, EbpfError> {
+        let values = self
+            .counters
+            .get(&EVENTS_LOST_SLOT, 0)
+            .map_err(map_err(maps::COUNTERS, format!("read slot {EVENTS_LOST_SLOT}")))?;
+        Ok(values.iter().map(|c| c.packets).sum())
     }
 
     /// `NPM_COUNTERS`, for reads.
@@ -57,6 +69,10 @@ impl Reports {
             .map(|r| {
                 let idx = dir as u32 * REASON_SLOTS + r;
                 debug_assert!(idx < COUNTER_SLOTS);
+                if idx == EVENTS_LOST_SLOT {
+                    // Not a verdict: lost deny events.
+                    return Ok(0);
+                }
                 self.counters
                     .get(&idx, 0)
                     .map(|v| v.iter().map(|c| c.packets).sum())
@@ -84,4 +100,13 @@ pub(crate) fn sum_counters(counters: &PerCpuArray<MapData, Counter>) -> Result<C
         }
     }
     Ok(out)
+}
+
+impl EbpfDataplane {
+    /// Deny events the datapath could not write because `NPM_EVENTS` was
+    /// full (nobody drained it fast enough), since the maps were created
+    /// (`npm_ringbuf_events_lost_total`).
+    pub fn events_lost(&self) -> Result<u64, EbpfError> {
+        self.reports.events_lost()
+    }
 }

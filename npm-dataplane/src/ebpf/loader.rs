@@ -121,7 +121,7 @@ pub(crate) fn load(
 /// Loads a program, retrying when `BPF_PROG_LOAD` returns `EAGAIN`: the
 /// verifier gives up with it when a signal is pending while it works (it
 /// takes about 130 ms per program here), as libbpf also retries.
-fn load_retrying(prog: &mut SchedClassifier) -> Result<(), ProgramError> {
+pub(crate) fn load_retrying(prog: &mut SchedClassifier) -> Result<(), ProgramError> {
     let mut attempts = 0;
     loop {
         match prog.load() {

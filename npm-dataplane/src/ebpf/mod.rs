@@ -29,8 +29,11 @@
 //! | `loader.rs` | finding the object, loading it with pinned maps, the verifier load (`EAGAIN` retry) |
 //! | `pins.rs` | bpffs, the pin directory layout, other layouts: migration on open, retirement after a full sync |
 //! | `links.rs` | the attach modes: tcx links and tc filters, attach, detach and adoption |
+//! | `services.rs` | `NPM_SERVICES`, the Service keys whose egress decision is deferred past the DNAT, written level-triggered |
+//! | `node_exit.rs` | the `node_exit` program on the node's interfaces towards other nodes (its own load, pinned tcx links under `exit/`) |
 //! | `tc_filters.rs` | npm's tc priority and handle, the netlink dump of `clsact` filters, which belong to a pin directory |
 //! | `features.rs` | the kernel feature check ([`check_kernel`]) and the tcx probe |
+//! | `fill.rs` | how full each map is ([`MapFill`]), counted from what the writer wrote |
 //! | `writer.rs` | apply and full sync in the documented order, the sweep, the generation bump, flow purges |
 //! | `endpoints.rs`, `ipcache.rs` (+ `ipcache4.rs`), `cidr.rs`, `policy.rs` (+ `policy_front.rs`), `conntrack.rs`, `counters.rs` | one map table each: its keys, writes, removals and sweep |
 //! | `translate.rs` | compiled entries -> map keys and values (no kernel access) |
@@ -38,6 +41,7 @@
 //! | `errors.rs` | [`EbpfError`] and its conversion into [`crate::DataplaneError`] |
 //! | `testing.rs` | `BPF_PROG_TEST_RUN` helpers and benchmark switches (feature `testing`) |
 
+mod adopt_numbers;
 mod cidr;
 mod conntrack;
 mod counters;
@@ -45,13 +49,16 @@ mod dump;
 mod endpoints;
 mod errors;
 mod features;
+mod fill;
 mod ipcache;
 mod ipcache4;
 mod links;
 mod loader;
+mod node_exit;
 mod pins;
 mod policy;
 mod policy_front;
+mod services;
 mod shared_words;
 pub mod tc_filters;
 #[cfg(feature = "testing")]
@@ -75,11 +82,14 @@ use crate::{AdoptedEndpoint, Counters, Dataplane, DataplaneError, Interfaces};
 pub use dump::{dump_pinned, pinned_link_programs, DumpCidr, DumpCounter, DumpEndpoint, DumpIp, DumpPolicy, EbpfDump};
 pub use errors::EbpfError;
 pub use features::{check_kernel, tcx_supported, KernelFeatures, Missing, MissingFeatures};
+pub use fill::{MapFill, DATAPATH_COUNT_INTERVAL};
 pub use links::{remove_pinned_filters, AttachMode};
 #[cfg(feature = "testing")]
 pub use loader::BenchSwitches;
 pub use loader::{resolve_object, INSTALLED_OBJECT, OBJECT_ENV};
+pub use node_exit::{exit_dir, remove_node_exit_pins, NodeExit};
 pub use pins::{default_pin_dir, ensure_bpffs};
+pub use services::{ServicePort, ServicesMap, ServicesSync};
 
 use cidr::CidrTable;
 use conntrack::Flows;
@@ -99,6 +109,10 @@ pub const PROG_INGRESS: &str = "to_pod";
 /// Program attached on the ingress hook of the host-side veth (packets
 /// leaving the pod).
 pub const PROG_EGRESS: &str = "from_pod";
+/// Program attached on the egress hook of the node's interfaces towards
+/// other nodes: the deferred egress decision of Service traffic
+/// ([`NodeExit`]).
+pub const PROG_NODE_EXIT: &str = "node_exit";
 /// Trivial program returning `TC_ACT_UNSPEC`: the benchmark baseline.
 pub const PROG_EMPTY: &str = "npm_empty";
 /// Verdict of an allowed packet (`TC_ACT_UNSPEC`, tcx `TCX_NEXT`).
@@ -160,8 +174,12 @@ pub struct EbpfDataplane {
     adopted: (usize, usize),
     /// The endpoint records found at open.
     adopted_endpoints: Vec<AdoptedEndpoint>,
+    /// The identity, CIDR and rule numbers found at open.
+    adopted_numbers: npm_policy::adopt::AdoptedNumbers,
     /// Whether a full sync succeeded.
     full_synced: bool,
+    /// What the writer wrote, counted (`fill.rs`).
+    fill: fill::Fill,
 }
 
 impl fmt::Debug for EbpfDataplane {
@@ -230,7 +248,9 @@ impl EbpfDataplane {
             written_flags: BTreeMap::new(),
             adopted: (0, 0),
             adopted_endpoints: Vec::new(),
+            adopted_numbers: Default::default(),
             full_synced: false,
+            fill: Default::default(),
         };
         dp.adopt_links()?;
         let tc_on_node = dp.adopt_filters()?;
@@ -264,6 +284,12 @@ impl EbpfDataplane {
         if let Some((counts, records)) = adopted {
             dp.adopted = counts;
             dp.adopted_endpoints = records;
+        }
+        // The numbers of this layout's maps (a restarted agent keeps their
+        // meaning; unreadable: every number is handed out anew, above none).
+        match adopt_numbers::read_numbers(dp.ipcache.hash(), dp.cidrs.trie(), dp.policy.lpm()) {
+            Ok(n) => dp.adopted_numbers = n,
+            Err(e) => tracing::warn!(error = %e, "reading the adopted identity numbers"),
         }
         // Endpoints already programmed (adopted maps) are known by ifindex
         // only; sync_full reconciles them with the compiled state.

@@ -25,6 +25,9 @@ impl EbpfDataplane {
         interfaces: &Interfaces,
     ) -> Result<(), EbpfError> {
         let result = self.apply_diff_maps(diff, next, interfaces);
+        if result.is_ok() {
+            self.fill.applied(diff, next);
+        }
         // Also after a failed apply: some maps may have changed.
         self.bump_after(result)
     }
@@ -177,6 +180,7 @@ impl EbpfDataplane {
         }
         let ids: BTreeSet<u32> = self.programmed.keys().copied().collect();
         self.flows.purge(|ep| ids.contains(&ep))?;
+        self.fill.synced(compiled, want_policy.len());
         self.full_synced = true;
         Ok(())
     }

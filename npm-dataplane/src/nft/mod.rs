@@ -1,5 +1,7 @@
-//! The nftables dataplane: the compiled policy rendered as one nftables
-//! table (family `inet`, default name `npm`) and loaded with `nft -f -`.
+//! The nftables dataplane: the compiled policy rendered as nftables tables
+//! (family `inet`, which takes every verdict, and family `bridge`, which
+//! validates the source addresses of bridged pods; both named `npm` by
+//! default) and loaded with `nft -f -`.
 //!
 //! # Layout of the table
 //!
@@ -18,11 +20,62 @@
 //!     chain ep_<id>_in / ep_<id>_out       one per endpoint and direction
 //!     map dispatch_out / dispatch_in       iface_index : verdict,
 //!                                          { <ifindex> : jump ep_<id>_out / _in }
-//!     chain base_forward  hook forward     iif vmap @dispatch_out; oif vmap @dispatch_in
-//!     chain base_input    hook input       iif vmap @dispatch_out (pod -> this node)
-//!     chain base_output   hook output      oif vmap @dispatch_in  (this node -> pod)
+//!     map bridged_out_v4 / _v6,            ipv4_addr / ipv6_addr : verdict,
+//!         bridged_in_v4 / _v6              { <endpoint address> : jump ep_<id>_out / _in }
+//!     chain base_forward  hook forward     iif vmap @dispatch_out;
+//!                                          meta iifkind "bridge" ip saddr vmap @bridged_out_v4 (and ip6);
+//!                                          oif vmap @dispatch_in;
+//!                                          meta oifkind "bridge" ip daddr vmap @bridged_in_v4 (and ip6)
+//!     chain base_input    hook input       the egress half (pod -> this node)
+//!     chain base_output   hook output      the ingress half (this node -> pod)
+//! }
+//! table bridge npm {
+//!     counter out_spoofed                  spoofed frames of bridged pods
+//!     chain port_<id>                      the endpoint's source addresses only
+//!     map ports                            iface_index : verdict, { <ifindex> : jump port_<id> }
+//!     chain base_prerouting hook prerouting (priority filter, -200)   iif vmap @ports
 //! }
 //! ```
+//!
+//! # Bridged pods (the reference `bridge` CNI, flannel's `cni0`, kubenet)
+//!
+//! A bridged pod's interface is its veth, a port of a bridge. The `inet`
+//! hooks never see that port: with br_netfilter (`bridge-nf-call-iptables`
+//! and `-ip6tables` = 1, as kube-proxy needs them) a frame bridged between
+//! two ports passes the `inet` forward hook with `iif` = `oif` = the bridge
+//! (br_netfilter passes the bridge as the logical device); traffic routed
+//! from or to a bridged pod has the bridge as `iif` or `oif` too. The
+//! `inet` hooks offer no port of br_netfilter'd packets (`meta ibrname` is
+//! refused in `inet` tables, there is no native `physdev` match), and the
+//! `bridge` family, which sees the port, has no `ct` on kernels without
+//! `nf_conntrack_bridge` (refused with EPROTO, the case of the CI kernel),
+//! so stateful verdicts cannot be taken there. Hence:
+//!
+//! | traffic | hook deciding | endpoint found by |
+//! |---|---|---|
+//! | routed pod -> anything | inet forward / input | `iif` (its veth) |
+//! | anything -> routed pod | inet forward / output | `oif` (its veth) |
+//! | bridged pod -> bridged pod, same bridge (L2) | inet forward via br_netfilter | source address (egress), destination address (ingress), `iifkind`/`oifkind` `bridge` |
+//! | bridged pod -> other node, routed pod, world | inet forward | source address, `iifkind bridge` |
+//! | other node, routed pod, world -> bridged pod | inet forward | destination address, `oifkind bridge` |
+//! | bridged pod -> this node | inet input | source address, `iifkind bridge` |
+//! | this node -> bridged pod | inet output | destination address, `oifkind bridge` |
+//! | source validation of a bridged pod | bridge prerouting, before br_netfilter and conntrack | the port (`iif`) |
+//!
+//! Each packet meets each endpoint chain at most once: a bridge is never
+//! an endpoint's interface, and a veth is never of kind `bridge`. The
+//! address maps hold every endpoint that has an interface; a routed pod's
+//! address is never seen with a bridge as `oif`, and as a source from a
+//! bridge only when spoofed from a port that is not an endpoint's (it then
+//! meets that endpoint's egress chain: it can only be denied more).
+//! Attributing by address is exact because the bridge table drops, on the
+//! port, every IP frame of an endpoint whose source is not one of its
+//! addresses (ICMPv6 neighbour discovery and MLD excepted), as the eBPF
+//! datapath's egress does. Limits: without br_netfilter, bridged pod-to-pod
+//! traffic never reaches `inet` and is not enforced (routed traffic is);
+//! a bridge with a VLAN device on top (the logical device is then the VLAN
+//! device) is not covered; traffic to an address a bridged pod holds that
+//! is not its endpoint's passes without its ingress chain.
 //!
 //! All base chains are `type filter`, priority `filter`, policy `accept`, so
 //! traffic that touches no endpoint interface is untouched. Packets from a
@@ -89,6 +142,7 @@
 //! linear in the compiled form). Counters are untouched by an update. If the
 //! transaction fails, it falls back to the full replace.
 
+mod adopt;
 mod ranges;
 mod render;
 
@@ -99,6 +153,7 @@ use std::process::{Command, Stdio};
 use npm_common::{DIR_EGRESS, DIR_INGRESS};
 use npm_policy::compiled::{Compiled, CompiledDiff};
 
+pub use adopt::NftAdopted;
 pub use render::{chain_name, counter_name, render};
 
 use crate::{Counters, Dataplane, DataplaneError, Interfaces};
@@ -308,22 +363,33 @@ pub struct NftDataplane {
     full_loads: u64,
     /// Incremental updates applied.
     incremental_updates: u64,
+    /// What the table held when the dataplane was created (`adopt.rs`).
+    adopted: Option<NftAdopted>,
 }
 
 impl NftDataplane {
-    /// A dataplane for the table and namespace of `opts`. Touches nothing
+    /// A dataplane for the table and namespace of `opts`. Reads the table
+    /// a previous agent left ([`NftDataplane::adopted`]) and writes nothing
     /// until the first [`Dataplane::sync_full`].
     pub fn new(opts: NftOptions) -> Result<Self, NftError> {
         check_name("table", &opts.table, &[])?;
         if let Some(ns) = &opts.netns {
             check_name("netns", ns, &['-', '.'])?;
         }
-        Ok(NftDataplane {
+        let mut dp = NftDataplane {
             opts,
             programmed: None,
             full_loads: 0,
             incremental_updates: 0,
-        })
+            adopted: None,
+        };
+        // A previous agent's table, read only: the first full sync is
+        // guarded against it.
+        dp.adopted = dp.read_adopted().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "reading the nft table a previous agent left (the first sync is not guarded against it)");
+            None
+        });
+        Ok(dp)
     }
 
     /// The settings.
@@ -351,9 +417,10 @@ impl NftDataplane {
     fn load_model(&mut self, model: render::Model) -> Result<(), NftError> {
         // The replace resets the named counters: the new table starts at the
         // values the old one holds now.
-        let counters = self.table_counters()?.unwrap_or_default();
+        let counters = self.table_counters("inet")?.unwrap_or_default();
+        let bridge_counters = self.table_counters("bridge")?.unwrap_or_default();
         self.programmed = None;
-        let script = render::full_script(&model, &self.opts.table, &counters);
+        let script = render::full_script(&model, &self.opts.table, &counters, &bridge_counters);
         run_nft(&self.opts, &["-f", "-"], Some(&script))?;
         self.programmed = Some(model);
         self.full_loads += 1;
@@ -388,10 +455,11 @@ impl NftDataplane {
         }
     }
 
-    /// Counters of the table as it is now, `None` when there is no table.
-    fn table_counters(&self) -> Result<Option<CounterMap>, NftError> {
+    /// Counters of the table of `family` (`inet` or `bridge`) as it is
+    /// now, `None` when there is no such table.
+    fn table_counters(&self, family: &str) -> Result<Option<CounterMap>, NftError> {
         let table = self.opts.table.as_str();
-        let args = ["-j", "list", "counters", "table", "inet", table];
+        let args = ["-j", "list", "counters", "table", family, table];
         match run_nft(&self.opts, &args, None) {
             Ok(json) => Ok(Some(parse_counters(&format!("nft {}", args.join(" ")), &json)?)),
             Err(e) if is_missing_table(&e) => Ok(None),
@@ -399,16 +467,25 @@ impl NftDataplane {
         }
     }
 
-    /// `nft list table inet <table>` as text.
+    /// `nft list table inet <table>` as text, followed by `nft list table
+    /// bridge <table>` when that table exists (an error only when the
+    /// `inet` table is missing).
     pub fn list_table(&self) -> Result<String, NftError> {
-        run_nft(&self.opts, &["list", "table", "inet", &self.opts.table], None)
+        let mut text = run_nft(&self.opts, &["list", "table", "inet", &self.opts.table], None)?;
+        match run_nft(&self.opts, &["list", "table", "bridge", &self.opts.table], None) {
+            Ok(bridge) => text.push_str(&bridge),
+            Err(e) if is_missing_table(&e) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(text)
     }
 
-    /// Deletes the table (no error if it does not exist). Traffic is no
-    /// longer filtered afterwards.
+    /// Deletes the `inet` and the `bridge` table (no error if they do not
+    /// exist). Traffic is no longer filtered afterwards.
     pub fn remove(&mut self) -> Result<(), NftError> {
         let t = &self.opts.table;
-        let script = format!("table inet {t} {{}}\ndelete table inet {t}\n");
+        let script =
+            format!("table inet {t} {{}}\ndelete table inet {t}\ntable bridge {t} {{}}\ndelete table bridge {t}\n");
         self.programmed = None;
         run_nft(&self.opts, &["-f", "-"], Some(&script))?;
         Ok(())
@@ -428,9 +505,14 @@ impl Dataplane for NftDataplane {
     }
 
     fn counters(&self) -> Result<Counters, DataplaneError> {
-        Ok(Counters {
-            by_reason: self.table_counters()?.unwrap_or_default(),
-        })
+        // Spoofed frames of bridged pods are counted in the bridge table.
+        let mut by_reason = self.table_counters("inet")?.unwrap_or_default();
+        for (key, (packets, bytes)) in self.table_counters("bridge")?.unwrap_or_default() {
+            let e = by_reason.entry(key).or_default();
+            e.0 += packets;
+            e.1 += bytes;
+        }
+        Ok(Counters { by_reason })
     }
 }
 

@@ -1,5 +1,8 @@
 //! Rendering of a compiled policy as one `nft -f` script (see the module
-//! documentation of [`super`] for the layout of the table).
+//! documentation of [`super`] for the layout of the tables): the `inet`
+//! table that takes every verdict, and the `bridge` table that binds each
+//! bridge port to its endpoint's addresses (source validation of bridged
+//! pods, the one check that needs the port).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -234,7 +237,7 @@ pub(crate) struct SetDef {
     elements: Vec<String>,
 }
 
-/// The table as objects: what [`full_script`] writes and what
+/// The tables as objects: what [`full_script`] writes and what
 /// [`incremental_script`] compares. Counters and base chains are fixed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Model {
@@ -244,6 +247,11 @@ pub(crate) struct Model {
     chains: BTreeMap<String, Vec<String>>,
     /// Dispatch: ifindex -> endpoint id.
     dispatch: BTreeMap<u32, u32>,
+    /// Dispatch of traffic seen on a bridge device (bridged pods): address
+    /// -> endpoint id, for the endpoints that have a dispatch entry.
+    by_addr: BTreeMap<IpAddr, u32>,
+    /// Port chains of the `bridge` table by name (source validation).
+    port_chains: BTreeMap<String, Vec<String>>,
 }
 
 /// Builds the objects of the table for `compiled`.
@@ -292,22 +300,60 @@ pub(crate) fn model(compiled: &Compiled, interfaces: &Interfaces) -> Model {
                 .insert(chain_name(*id, direction), endpoint_rules(ep, direction, list, &peer));
         }
         if let Some(ifindex) = interfaces.get(id) {
-            m.dispatch.entry(*ifindex).or_insert(*id);
+            if *m.dispatch.entry(*ifindex).or_insert(*id) == *id {
+                let addrs = [ep.ipv4.map(IpAddr::V4), ep.ipv6.map(IpAddr::V6)];
+                for a in addrs.into_iter().flatten() {
+                    m.by_addr.entry(a).or_insert(*id);
+                }
+                m.port_chains.insert(port_chain_name(*id), port_rules(ep));
+            }
         }
     }
     m
 }
 
-/// Renders `compiled` as an `nft -f` script that replaces the table
-/// `opts.table` (family `inet`) atomically: the script creates the table if
-/// missing, deletes it and adds it again, all in one transaction.
+/// Name of the `bridge` table's chain of an endpoint's port, e.g. `port_7`.
+fn port_chain_name(endpoint: u32) -> String {
+    format!("port_{endpoint}")
+}
+
+/// The rules of an endpoint's port chain in the `bridge` table: frames the
+/// port receives from the pod must carry the endpoint's own source address
+/// (ICMPv6 neighbour discovery and MLD excepted, as in the endpoint
+/// chains). `meta protocol`, not `meta nfproto`: in the bridge family the
+/// latter is always `bridge`. Non-IP frames (ARP) are left alone, as the
+/// eBPF datapath leaves them.
+fn port_rules(ep: &Endpoint) -> Vec<String> {
+    let spoofed = counter_name(DIR_EGRESS, Reason::Spoofed);
+    vec![
+        format!("icmpv6 type {ICMPV6_CONTROL} return"),
+        match ep.ipv4 {
+            Some(a) => format!("ip saddr != {a} counter name \"{spoofed}\" drop"),
+            None => format!("meta protocol ip counter name \"{spoofed}\" drop"),
+        },
+        match ep.ipv6 {
+            Some(a) => format!("ip6 saddr != {a} counter name \"{spoofed}\" drop"),
+            None => format!("meta protocol ip6 counter name \"{spoofed}\" drop"),
+        },
+    ]
+}
+
+/// Renders `compiled` as an `nft -f` script that replaces the tables
+/// `opts.table` (families `inet` and `bridge`) atomically: the script
+/// creates each table if missing, deletes it and adds it again, all in one
+/// transaction.
 ///
 /// Endpoints get a dispatch entry only when `interfaces` has their ifindex;
 /// policy entries of endpoints missing from `compiled.endpoints` and entries
 /// with an empty port range match nothing and are not rendered. The output
 /// is deterministic (everything is rendered in map order).
 pub fn render(compiled: &Compiled, interfaces: &Interfaces, opts: &NftOptions) -> String {
-    full_script(&model(compiled, interfaces), &opts.table, &CounterMap::new())
+    full_script(
+        &model(compiled, interfaces),
+        &opts.table,
+        &CounterMap::new(),
+        &CounterMap::new(),
+    )
 }
 
 fn dispatch_elements(m: &Model, direction: Direction) -> Vec<String> {
@@ -325,24 +371,80 @@ fn dispatch_map(direction: Direction) -> &'static str {
     }
 }
 
-/// The script replacing the table with `m`, the named counters starting at
-/// `counters` (the values of the table being replaced, so totals survive).
-pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap) -> String {
+/// Name of the by-address dispatch verdict map of a direction and family.
+fn bridged_map(direction: Direction, family: Family) -> &'static str {
+    match (direction, family) {
+        (Direction::Egress, Family::V4) => "bridged_out_v4",
+        (Direction::Egress, Family::V6) => "bridged_out_v6",
+        (Direction::Ingress, Family::V4) => "bridged_in_v4",
+        (Direction::Ingress, Family::V6) => "bridged_in_v6",
+    }
+}
+
+fn bridged_elements(m: &Model, direction: Direction, family: Family) -> Vec<String> {
+    m.by_addr
+        .iter()
+        .filter(|(a, _)| family_of_addr(a) == family)
+        .map(|(a, id)| format!("{a} : jump {}", chain_name(*id, direction)))
+        .collect()
+}
+
+fn port_elements(m: &Model) -> Vec<String> {
+    m.dispatch
+        .iter()
+        .map(|(ifindex, id)| format!("{ifindex} : jump {}", port_chain_name(*id)))
+        .collect()
+}
+
+/// The element-level difference of one map or set: a delete of what `had`
+/// has and `has` lacks, then an add of the reverse.
+fn element_diff(s: &mut String, target: &str, had: Vec<String>, has: Vec<String>) {
+    let had: BTreeSet<String> = had.into_iter().collect();
+    let has: BTreeSet<String> = has.into_iter().collect();
+    let removed: Vec<&str> = had.difference(&has).map(|e| e.as_str()).collect();
+    if !removed.is_empty() {
+        let _ = writeln!(s, "delete element {target} {{ {} }}", removed.join(", "));
+    }
+    let added: Vec<&str> = has.difference(&had).map(|e| e.as_str()).collect();
+    if !added.is_empty() {
+        let _ = writeln!(s, "add element {target} {{ {} }}", added.join(", "));
+    }
+}
+
+/// Writes `map <name> { type <ty> : verdict; elements }`.
+fn verdict_map(s: &mut String, name: &str, ty: &str, elems: &[String]) {
+    let _ = writeln!(s, "\tmap {name} {{");
+    let _ = writeln!(s, "\t\ttype {ty} : verdict");
+    if !elems.is_empty() {
+        let _ = writeln!(s, "\t\telements = {{ {} }}", elems.join(", "));
+    }
+    let _ = writeln!(s, "\t}}");
+}
+
+/// The script replacing the tables with `m`, the named counters starting
+/// at `counters` (the `inet` table's) and `bridge_counters` (the `bridge`
+/// table's): the values of the tables being replaced, so totals survive.
+pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap, bridge_counters: &CounterMap) -> String {
     let mut s = String::new();
     // Writing into a String cannot fail; `let _ =` keeps that explicit.
     let _ = writeln!(s, "# npm nftables dataplane: generated, do not edit");
     let _ = writeln!(s, "table inet {table} {{}}");
     let _ = writeln!(s, "delete table inet {table}");
+    let _ = writeln!(s, "table bridge {table} {{}}");
+    let _ = writeln!(s, "delete table bridge {table}");
     let _ = writeln!(s, "table inet {table} {{");
 
+    let counter = |s: &mut String, counters: &CounterMap, dir: u8, reason: Reason| {
+        let _ = writeln!(s, "\tcounter {} {{", counter_name(dir, reason));
+        if let Some((packets, bytes)) = counters.get(&(dir, reason as u8)) {
+            let _ = writeln!(s, "\t\tpackets {packets} bytes {bytes}");
+        }
+        let _ = writeln!(s, "\t}}");
+    };
     // Named counters, one per direction and reason that the chains use.
     for dir in [DIR_INGRESS, DIR_EGRESS] {
         for reason in counted_reasons(dir) {
-            let _ = writeln!(s, "\tcounter {} {{", counter_name(dir, *reason));
-            if let Some((packets, bytes)) = counters.get(&(dir, *reason as u8)) {
-                let _ = writeln!(s, "\t\tpackets {packets} bytes {bytes}");
-            }
-            let _ = writeln!(s, "\t}}");
+            counter(&mut s, counters, dir, *reason);
         }
     }
     for (name, set) in &m.sets {
@@ -356,31 +458,51 @@ pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap) -> Stri
         }
         let _ = writeln!(s, "\t}}");
     }
-    for (name, rules) in &m.chains {
-        let _ = writeln!(s, "\tchain {name} {{");
-        for r in rules {
-            let _ = writeln!(s, "\t\t{r}");
-        }
-        let _ = writeln!(s, "\t}}");
-    }
+    chains(&mut s, &m.chains);
     // Dispatch by ifindex through verdict maps: one lookup per packet and hook.
     for direction in [Direction::Egress, Direction::Ingress] {
-        let _ = writeln!(s, "\tmap {} {{", dispatch_map(direction));
-        let _ = writeln!(s, "\t\ttype iface_index : verdict");
-        let elems = dispatch_elements(m, direction);
-        if !elems.is_empty() {
-            let _ = writeln!(s, "\t\telements = {{ {} }}", elems.join(", "));
+        verdict_map(
+            &mut s,
+            dispatch_map(direction),
+            "iface_index",
+            &dispatch_elements(m, direction),
+        );
+    }
+    // Dispatch of bridged pods by address (see the module documentation).
+    for direction in [Direction::Egress, Direction::Ingress] {
+        for (family, ty) in [(Family::V4, "ipv4_addr"), (Family::V6, "ipv6_addr")] {
+            let elems = bridged_elements(m, direction, family);
+            verdict_map(&mut s, bridged_map(direction, family), ty, &elems);
         }
-        let _ = writeln!(s, "\t}}");
     }
     let base = |s: &mut String, name: &str, hook: &str, egress: bool, ingress: bool| {
         let _ = writeln!(s, "\tchain {name} {{");
         let _ = writeln!(s, "\t\ttype filter hook {hook} priority filter; policy accept;");
         if egress {
             let _ = writeln!(s, "\t\tiif vmap @{}", dispatch_map(Direction::Egress));
+            let _ = writeln!(
+                s,
+                "\t\tmeta iifkind \"bridge\" ip saddr vmap @{}",
+                bridged_map(Direction::Egress, Family::V4)
+            );
+            let _ = writeln!(
+                s,
+                "\t\tmeta iifkind \"bridge\" ip6 saddr vmap @{}",
+                bridged_map(Direction::Egress, Family::V6)
+            );
         }
         if ingress {
             let _ = writeln!(s, "\t\toif vmap @{}", dispatch_map(Direction::Ingress));
+            let _ = writeln!(
+                s,
+                "\t\tmeta oifkind \"bridge\" ip daddr vmap @{}",
+                bridged_map(Direction::Ingress, Family::V4)
+            );
+            let _ = writeln!(
+                s,
+                "\t\tmeta oifkind \"bridge\" ip6 daddr vmap @{}",
+                bridged_map(Direction::Ingress, Family::V6)
+            );
         }
         let _ = writeln!(s, "\t}}");
     };
@@ -391,7 +513,33 @@ pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap) -> Stri
     // This node -> pod: the pod's ingress.
     base(&mut s, "base_output", "output", false, true);
     let _ = writeln!(s, "}}");
+
+    // The bridge table: source validation on the bridge ports, before
+    // br_netfilter and conntrack (bridge prerouting, priority filter = -200).
+    let _ = writeln!(s, "table bridge {table} {{");
+    counter(&mut s, bridge_counters, DIR_EGRESS, Reason::Spoofed);
+    chains(&mut s, &m.port_chains);
+    verdict_map(&mut s, PORTS_MAP, "iface_index", &port_elements(m));
+    let _ = writeln!(s, "\tchain base_prerouting {{");
+    let _ = writeln!(s, "\t\ttype filter hook prerouting priority filter; policy accept;");
+    let _ = writeln!(s, "\t\tiif vmap @{PORTS_MAP}");
+    let _ = writeln!(s, "\t}}");
+    let _ = writeln!(s, "}}");
     s
+}
+
+/// Name of the `bridge` table's dispatch map (port ifindex -> port chain).
+const PORTS_MAP: &str = "ports";
+
+/// Writes regular chains with their rules.
+fn chains(s: &mut String, chains: &BTreeMap<String, Vec<String>>) {
+    for (name, rules) in chains {
+        let _ = writeln!(s, "\tchain {name} {{");
+        for r in rules {
+            let _ = writeln!(s, "\t\t{r}");
+        }
+        let _ = writeln!(s, "\t}}");
+    }
 }
 
 /// The script that turns the table holding `old` into one holding `new`,
@@ -399,9 +547,11 @@ pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap) -> Stri
 /// Counters are left alone, so they keep counting.
 ///
 /// Order: new sets and added elements first (rules may reference them),
-/// then new and changed chains (a changed chain is flushed and refilled),
-/// then dispatch changes, then removed elements, chains and sets (nothing
-/// references them any more).
+/// then new and changed chains of both tables (a changed chain is flushed
+/// and refilled), then the dispatch changes (by ifindex, by address, by
+/// port; removals before additions, so an address or ifindex that changes
+/// owner is re-pointed), then removed chains and sets (nothing references
+/// them any more).
 pub(crate) fn incremental_script(old: &Model, new: &Model, table: &str) -> Option<String> {
     if old == new {
         return None;
@@ -414,8 +564,7 @@ pub(crate) fn incremental_script(old: &Model, new: &Model, table: &str) -> Optio
             .sets
             .get(name)
             .filter(|o| o.ty == set.ty && o.interval == set.interval);
-        let had: BTreeSet<&String> = old_set.map(|o| o.elements.iter().collect()).unwrap_or_default();
-        let has: BTreeSet<&String> = set.elements.iter().collect();
+        let had: Vec<&String> = old_set.map(|o| o.elements.iter().collect()).unwrap_or_default();
         if old_set.is_none() {
             if old.sets.contains_key(name) {
                 let _ = writeln!(s, "delete set {t} {name}");
@@ -424,51 +573,68 @@ pub(crate) fn incremental_script(old: &Model, new: &Model, table: &str) -> Optio
             let _ = writeln!(s, "add set {t} {name} {{ type {};{flags} }}", set.ty);
         }
         // Removals before additions: an interval set rejects overlapping elements.
-        let removed: Vec<&str> = had.difference(&has).map(|e| e.as_str()).collect();
-        if !removed.is_empty() {
-            let _ = writeln!(s, "delete element {t} {name} {{ {} }}", removed.join(", "));
-        }
-        let added: Vec<&str> = has.difference(&had).map(|e| e.as_str()).collect();
-        if !added.is_empty() {
-            let _ = writeln!(s, "add element {t} {name} {{ {} }}", added.join(", "));
-        }
+        let had = had.into_iter().cloned().collect();
+        element_diff(&mut s, &format!("{t} {name}"), had, set.elements.clone());
     }
-    for (name, rules) in &new.chains {
-        match old.chains.get(name) {
-            Some(o) if o == rules => continue,
-            Some(_) => {
-                let _ = writeln!(s, "flush chain {t} {name}");
-            }
-            None => {
-                let _ = writeln!(s, "add chain {t} {name}");
-            }
-        }
-        for r in rules {
-            let _ = writeln!(s, "add rule {t} {name} {r}");
-        }
-    }
+    let b = format!("bridge {table}");
+    chain_diff(&mut s, &mut late, &t, &old.chains, &new.chains);
+    chain_diff(&mut s, &mut late, &b, &old.port_chains, &new.port_chains);
     for direction in [Direction::Egress, Direction::Ingress] {
-        let map = dispatch_map(direction);
-        let had: BTreeSet<String> = dispatch_elements(old, direction).into_iter().collect();
-        let has: BTreeSet<String> = dispatch_elements(new, direction).into_iter().collect();
-        let removed: Vec<&str> = had.difference(&has).map(|e| e.as_str()).collect();
-        if !removed.is_empty() {
-            let _ = writeln!(s, "delete element {t} {map} {{ {} }}", removed.join(", "));
-        }
-        let added: Vec<&str> = has.difference(&had).map(|e| e.as_str()).collect();
-        if !added.is_empty() {
-            let _ = writeln!(s, "add element {t} {map} {{ {} }}", added.join(", "));
+        let target = format!("{t} {}", dispatch_map(direction));
+        element_diff(
+            &mut s,
+            &target,
+            dispatch_elements(old, direction),
+            dispatch_elements(new, direction),
+        );
+        for family in [Family::V4, Family::V6] {
+            let target = format!("{t} {}", bridged_map(direction, family));
+            let had = bridged_elements(old, direction, family);
+            element_diff(&mut s, &target, had, bridged_elements(new, direction, family));
         }
     }
-    for name in old.chains.keys().filter(|n| !new.chains.contains_key(*n)) {
-        let _ = writeln!(late, "flush chain {t} {name}");
-        let _ = writeln!(late, "delete chain {t} {name}");
-    }
+    element_diff(
+        &mut s,
+        &format!("{b} {PORTS_MAP}"),
+        port_elements(old),
+        port_elements(new),
+    );
     for name in old.sets.keys().filter(|n| !new.sets.contains_key(*n)) {
         let _ = writeln!(late, "delete set {t} {name}");
     }
     s.push_str(&late);
     Some(s)
+}
+
+/// The commands turning the regular chains `old` of `target` (`<family>
+/// <table>`) into `new`: new and changed chains into `s` (a changed chain is
+/// flushed and refilled), removed ones into `late` (after the dispatch
+/// changes, once nothing jumps to them).
+fn chain_diff(
+    s: &mut String,
+    late: &mut String,
+    target: &str,
+    old: &BTreeMap<String, Vec<String>>,
+    new: &BTreeMap<String, Vec<String>>,
+) {
+    for (name, rules) in new {
+        match old.get(name) {
+            Some(o) if o == rules => continue,
+            Some(_) => {
+                let _ = writeln!(s, "flush chain {target} {name}");
+            }
+            None => {
+                let _ = writeln!(s, "add chain {target} {name}");
+            }
+        }
+        for r in rules {
+            let _ = writeln!(s, "add rule {target} {name} {r}");
+        }
+    }
+    for name in old.keys().filter(|n| !new.contains_key(*n)) {
+        let _ = writeln!(late, "flush chain {target} {name}");
+        let _ = writeln!(late, "delete chain {target} {name}");
+    }
 }
 
 /// The rules of one endpoint's chain for one direction.

@@ -1,7 +1,9 @@
 //! `npm-testapi`: a small Kubernetes-compatible API server for npm's tests and local demo.
 //!
-//! It serves namespaces, pods (with `/status`), `networking.k8s.io/v1` networkpolicies and
-//! `apps/v1` daemonsets (with `/status`)
+//! It serves namespaces, pods (with `/status`), `networking.k8s.io/v1` networkpolicies,
+//! `apps/v1` daemonsets (with `/status`), events, services (with `/status`; ClusterIPs from
+//! the service CIDRs and NodePorts allocated, see [`ServiceNetwork`]),
+//! `discovery.k8s.io/v1` endpointslices and nodes (cluster-scoped, with `/status`)
 //! over the real REST protocol (plain HTTP, no auth), so kube-rs and `kubectl` work against
 //! it: discovery, create/get/list/update/patch/delete, paginated lists with consistent
 //! snapshots, label/field selectors, watches with bookmarks, compaction (410 Gone),
@@ -40,10 +42,11 @@ pub mod proto;
 pub mod selector;
 pub mod store;
 pub mod validate;
+pub mod validate_network;
 
 pub use error::ApiError;
 pub use http::{FaultAction, FaultRule, Stats};
-pub use store::Kind;
+pub use store::{Kind, ServiceNetwork};
 
 use http::AppState;
 use std::net::SocketAddr;
@@ -96,6 +99,9 @@ pub struct Options {
     pub max_history: usize,
     /// Namespaces created at startup (a real cluster has `default` and `kube-system`).
     pub seed_namespaces: Vec<String>,
+    /// Service CIDRs and NodePort range (default `10.96.0.0/16`, `fd00:96::/112`,
+    /// 30000-32767).
+    pub service_network: ServiceNetwork,
 }
 
 impl Default for Options {
@@ -106,6 +112,7 @@ impl Default for Options {
             bookmark_interval: Duration::from_secs(1),
             max_history: 1_000_000,
             seed_namespaces: vec!["default".into(), "kube-system".into()],
+            service_network: ServiceNetwork::default(),
         }
     }
 }
@@ -133,6 +140,7 @@ impl TestApiServer {
             source,
         })?;
         let mut store = store::Store::new(opts.validation, opts.max_history);
+        store.service_network = opts.service_network.clone();
         for name in &opts.seed_namespaces {
             store
                 .create(Kind::Namespace, None, serde_json::json!({"metadata": {"name": name}}))

@@ -4,7 +4,7 @@ use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// A Kubernetes-compatible API server (namespaces, pods, networkpolicies) for tests and demos.
+/// A Kubernetes-compatible API server (namespaces, pods, networkpolicies, services, endpointslices, nodes...) for tests and demos.
 #[derive(Debug, Parser)]
 #[command(name = "npm-testapi", version)]
 struct Cli {
@@ -23,6 +23,25 @@ struct Cli {
     /// Maximum events kept in the event log before automatic compaction.
     #[arg(long, default_value_t = 1_000_000)]
     max_history: usize,
+    /// Service CIDRs, comma-separated, at most one per family (the first is primary).
+    #[arg(long, value_delimiter = ',', default_values_t = ["10.96.0.0/16".parse::<ipnet::IpNet>().expect("valid"), "fd00:96::/112".parse().expect("valid")])]
+    service_cidrs: Vec<ipnet::IpNet>,
+    /// NodePort range, `LOW-HIGH`.
+    #[arg(long, default_value = "30000-32767", value_parser = parse_port_range)]
+    node_port_range: std::ops::RangeInclusive<u16>,
+}
+
+/// Parse `LOW-HIGH` into a port range.
+fn parse_port_range(s: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
+    let (lo, hi) = s
+        .split_once('-')
+        .ok_or_else(|| format!("expected LOW-HIGH, got {s:?}"))?;
+    let lo: u16 = lo.trim().parse().map_err(|e| format!("{lo:?}: {e}"))?;
+    let hi: u16 = hi.trim().parse().map_err(|e| format!("{hi:?}: {e}"))?;
+    if lo == 0 || hi < lo {
+        return Err(format!("invalid port range {s:?}"));
+    }
+    Ok(lo..=hi)
 }
 
 #[tokio::main]
@@ -37,6 +56,10 @@ async fn main() -> anyhow::Result<()> {
         validation: !cli.no_validation,
         bookmark_interval: std::time::Duration::from_millis(cli.bookmark_interval_ms.max(10)),
         max_history: cli.max_history,
+        service_network: npm_testapi::ServiceNetwork {
+            cidrs: cli.service_cidrs.clone(),
+            node_ports: cli.node_port_range.clone(),
+        },
         ..Default::default()
     };
     let server = npm_testapi::TestApiServer::start(opts).await?;

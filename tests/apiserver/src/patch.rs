@@ -126,7 +126,19 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) {
             t.remove(k);
             continue;
         }
-        match (merge_key(k), v, t.get_mut(k)) {
+        // Service ports merge on `port`, container ports on `containerPort`.
+        let key = match merge_key(k) {
+            Some("containerPort")
+                if v.as_array().is_some_and(|a| {
+                    a.iter()
+                        .any(|i| i.get("containerPort").is_none() && i.get("port").is_some())
+                }) =>
+            {
+                Some("port")
+            }
+            other => other,
+        };
+        match (key, v, t.get_mut(k)) {
             (Some(key), Value::Array(items), Some(Value::Array(existing))) if items.iter().all(Value::is_object) => {
                 for item in items {
                     let id = item.get(key);

@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 pub struct Errs(pub Vec<Cause>);
 
 impl Errs {
-    fn required(&mut self, field: &str, msg: &str) {
+    pub(crate) fn required(&mut self, field: &str, msg: &str) {
         let message = if msg.is_empty() {
             "Required value".to_string()
         } else {
@@ -18,10 +18,10 @@ impl Errs {
         };
         self.push("FieldValueRequired", message, field);
     }
-    fn invalid(&mut self, field: &str, value: &Value, msg: &str) {
+    pub(crate) fn invalid(&mut self, field: &str, value: &Value, msg: &str) {
         self.push("FieldValueInvalid", format!("Invalid value: {value}: {msg}"), field);
     }
-    fn not_supported(&mut self, field: &str, value: &Value, allowed: &[&str]) {
+    pub(crate) fn not_supported(&mut self, field: &str, value: &Value, allowed: &[&str]) {
         let allowed: Vec<String> = allowed.iter().map(|a| format!("\"{a}\"")).collect();
         self.push(
             "FieldValueNotSupported",
@@ -29,10 +29,10 @@ impl Errs {
             field,
         );
     }
-    fn forbidden(&mut self, field: &str, msg: &str) {
+    pub(crate) fn forbidden(&mut self, field: &str, msg: &str) {
         self.push("FieldValueForbidden", format!("Forbidden: {msg}"), field);
     }
-    fn push(&mut self, reason: &str, message: String, field: &str) {
+    pub(crate) fn push(&mut self, reason: &str, message: String, field: &str) {
         self.0.push(Cause {
             reason: reason.into(),
             message,

@@ -5,13 +5,21 @@
 //! Addresses follow the upstream model: namespace index `n` (x=1, y=2, z=3,
 //! then the next free index) and pod index `p` (a=1, b=2, c=3, then the next
 //! free one in that namespace) give `198.18.n.p` and `fd00:198:18::n:p`.
+//!
+//! With nodes ([`Cluster::with_nodes`], [`crate::nodes`]) the host side of
+//! a pod is in the netns of the node owning its namespace's subnet, and
+//! pods are wired either by hand-made veths or by the CNI chain
+//! ([`crate::cni`], [`Cluster::create_pod_cni`]; DEL on removal). The
+//! host-wide lock and forwarding state are in `cluster/host_state.rs`.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::netns::{ip, ip_batch, sysctl_get, sysctl_set, NetnsError};
+use crate::cni::{self, Attachment, CniError, NodeRuntime};
+use crate::netns::{ip, ip_batch, NetnsError};
+use crate::nodes::{run_in_netns, Fabric, NodeError, Nodes};
 use crate::server::{PodServer, SctpLog, ServerError};
 
 /// Prefix of every netns and host-side interface the cluster creates.
@@ -23,6 +31,9 @@ pub const SERVED_PORTS: [u16; 2] = [80, 81];
 /// The MAC address of every host-side veth (pods use a static neighbour
 /// entry for the 169.254.1.1 gateway, so no ARP is needed for it).
 const HOST_MAC: &str = "ee:ee:ee:ee:ee:ee";
+
+mod host_state;
+use host_state::{cluster_lock_acquire, cluster_lock_release, forwarding_acquire, forwarding_release};
 
 static INSTANCE: AtomicU32 = AtomicU32::new(0);
 
@@ -54,6 +65,35 @@ pub enum ClusterError {
     /// Namespace or pod indexes ran out (36 per level).
     #[error("no free index for {0} (at most 35 namespaces and 35 pods per namespace)")]
     OutOfIndexes(String),
+    /// The nodes or their fabric failed.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    /// A CNI plugin failed.
+    #[error(transparent)]
+    Cni(Box<CniError>),
+    /// The operation needs another wiring (e.g. a CNI pod without a uid).
+    #[error("pod {pod}: {message}")]
+    Wiring {
+        /// The pod.
+        pod: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl From<CniError> for ClusterError {
+    fn from(e: CniError) -> Self {
+        ClusterError::Cni(Box::new(e))
+    }
+}
+
+/// How pods are wired to their node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodWiring {
+    /// Hand-made veths with /32 and /128 routes (the default).
+    Veth,
+    /// The reference CNI plugins chained with npm-cni.
+    Cni(cni::Wiring),
 }
 
 /// One pod of the cluster.
@@ -71,6 +111,12 @@ pub struct PodNet {
     pub ipv4: Ipv4Addr,
     /// IPv6 address.
     pub ipv6: Ipv6Addr,
+    /// The node netns the host side lives in (`None`: the root netns).
+    pub node_netns: Option<String>,
+    /// The node's name (`None`: the single-node cluster in the root netns).
+    pub node: Option<String>,
+    /// The CNI attachment (CNI wiring).
+    pub attachment: Option<Attachment>,
     server: Option<PodServer>,
 }
 
@@ -123,6 +169,11 @@ pub struct Cluster {
     sctp: Arc<SctpLog>,
     next_if: u32,
     torn_down: bool,
+    wiring: PodWiring,
+    runtimes: Vec<NodeRuntime>,
+    pod_mtu: Option<u32>,
+    // Last: removed after the pods.
+    nodes: Option<Nodes>,
 }
 
 impl Cluster {
@@ -158,7 +209,138 @@ impl Cluster {
             sctp: Arc::new(SctpLog::default()),
             next_if: 0,
             torn_down: false,
+            wiring: PodWiring::Veth,
+            runtimes: Vec::new(),
+            pod_mtu: None,
+            nodes: None,
         })
+    }
+
+    /// An empty cluster of `count` nodes ([`crate::nodes`]) on `fabric`
+    /// whose pods are wired by `wiring` (with CNI wiring, `npm_cni` is the
+    /// npm-cni binary). Pods get the fabric's MTU ([`Fabric::pod_mtu`]).
+    pub fn with_nodes(
+        count: usize,
+        fabric: Fabric,
+        wiring: PodWiring,
+        npm_cni: &std::path::Path,
+    ) -> Result<Self, ClusterError> {
+        let mut c = Cluster::new()?;
+        let nodes = Nodes::new(&c.tag, count, fabric)?;
+        let mtu = fabric.pod_mtu();
+        c.pod_mtu = mtu;
+        if let PodWiring::Cni(w) = wiring {
+            for node in nodes.nodes() {
+                let list = cni::conflist(&nodes, node, w, mtu);
+                c.runtimes.push(cni::node_runtime(node, list, npm_cni)?);
+            }
+        }
+        c.wiring = wiring;
+        c.nodes = Some(nodes);
+        Ok(c)
+    }
+
+    /// The nodes (`None`: the single-node cluster in the root netns).
+    pub fn nodes(&self) -> Option<&Nodes> {
+        self.nodes.as_ref()
+    }
+
+    /// How pods are wired.
+    pub fn wiring(&self) -> PodWiring {
+        self.wiring
+    }
+
+    /// The node index (1-based) a pod at `v4` lives on: the owner of its
+    /// namespace subnet (`198.18.n.0/24`).
+    pub fn node_index_for(&self, v4: Ipv4Addr) -> Option<u8> {
+        let nodes = self.nodes.as_ref()?;
+        Some(Nodes::owner_of(nodes.nodes().len() as u8, v4.octets()[2]))
+    }
+
+    /// The node's name for a pod at `v4` (`None` without nodes).
+    pub fn node_name_for(&self, v4: Ipv4Addr) -> Option<String> {
+        let k = self.node_index_for(v4)?;
+        self.nodes.as_ref()?.node(k).map(|n| n.name.clone())
+    }
+
+    /// Creates a pod wired by the CNI chain on its node: netns, ADD (the
+    /// result cached), servers. `uid` is the Pod object's uid.
+    pub fn create_pod_cni(
+        &mut self,
+        ns: &str,
+        name: &str,
+        v4: Ipv4Addr,
+        v6: Ipv6Addr,
+        uid: &str,
+    ) -> Result<&PodNet, ClusterError> {
+        let key = format!("{ns}/{name}");
+        let k = (ns.to_string(), name.to_string());
+        if self.pods.contains_key(&k) {
+            return Err(ClusterError::PodExists(key));
+        }
+        let node_k = self.node_index_for(v4).ok_or_else(|| ClusterError::Wiring {
+            pod: key.clone(),
+            message: "CNI pods need nodes".into(),
+        })?;
+        let runtime = self
+            .runtimes
+            .get(node_k as usize - 1)
+            .cloned()
+            .ok_or_else(|| ClusterError::Wiring {
+                pod: key.clone(),
+                message: "the cluster does not wire pods with CNI".into(),
+            })?;
+        let netns = format!("{}-{}-{}", self.tag, ns, name);
+        let err = |source| ClusterError::Netns {
+            pod: key.clone(),
+            source,
+        };
+        let _ = ip(&["netns", "del", &netns]);
+        ip(&["netns", "add", &netns]).map_err(err)?;
+        let prep = ip_batch(Some(&netns), &["link set lo up".into()]).and_then(|_| {
+            run_in_netns(
+                &netns,
+                &[
+                    "sysctl",
+                    "-qw",
+                    "net.ipv6.conf.all.accept_dad=0",
+                    "net.ipv6.conf.default.accept_dad=0",
+                ],
+            )
+        });
+        if let Err(e) = prep {
+            let _ = ip(&["netns", "del", &netns]);
+            return Err(err(e));
+        }
+        let mut att = Attachment::new(&runtime, &netns, ns, name, uid, v4, v6);
+        if let Err(e) = att.add() {
+            let _ = ip(&["netns", "del", &netns]);
+            return Err(e.into());
+        }
+        // The veth is the last host-side interface (`bridge` lists the
+        // bridge first).
+        let host_if = att.host_interfaces().pop().unwrap_or_default();
+        let mut pod = PodNet {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            netns: netns.clone(),
+            host_if,
+            ipv4: v4,
+            ipv6: v6,
+            node_netns: Some(runtime.netns.clone()),
+            node: Some(runtime.node.clone()),
+            attachment: Some(att),
+            server: None,
+        };
+        match PodServer::start(&netns, &key, &SERVED_PORTS, self.sctp.clone()) {
+            Ok(s) => pod.server = Some(s),
+            Err(source) => {
+                let _ = remove_pod(&mut pod);
+                return Err(ClusterError::Server { pod: key, source });
+            }
+        }
+        self.pods.insert(k.clone(), pod);
+        Ok(&self.pods[&k])
     }
 
     /// Builds a cluster with the given pods (`(namespace, pod)` pairs).
@@ -233,8 +415,24 @@ impl Cluster {
     }
 
     /// Creates a pod with the given addresses: netns, veth, addresses,
-    /// routes, servers.
+    /// routes, servers (on the node owning the address's namespace subnet,
+    /// with nodes).
     pub fn create_pod_at(&mut self, ns: &str, name: &str, v4: Ipv4Addr, v6: Ipv6Addr) -> Result<&PodNet, ClusterError> {
+        self.create_pod_at_node(ns, name, v4, v6, None)
+    }
+
+    /// As [`Cluster::create_pod_at`], on node `node` (1-based) when given:
+    /// an address that moved to a node other than its subnet's owner gets
+    /// /32 and /128 routes to that node on the others and in the root netns
+    /// (as when a pod CIDR block or a VPC address moves between nodes).
+    pub fn create_pod_at_node(
+        &mut self,
+        ns: &str,
+        name: &str,
+        v4: Ipv4Addr,
+        v6: Ipv6Addr,
+        node: Option<u8>,
+    ) -> Result<&PodNet, ClusterError> {
         let key = format!("{ns}/{name}");
         let k = (ns.to_string(), name.to_string());
         if self.pods.contains_key(&k) {
@@ -242,6 +440,25 @@ impl Cluster {
         }
         if self.next_if >= 36 * 36 {
             return Err(ClusterError::OutOfIndexes(format!("interface for pod {key}")));
+        }
+        if self.wiring != PodWiring::Veth {
+            return Err(ClusterError::Wiring {
+                pod: key,
+                message: "the cluster wires pods with CNI: use create_pod_cni".into(),
+            });
+        }
+        let node_k = node.or_else(|| self.node_index_for(v4));
+        let node_netns = node_k
+            .and_then(|k| self.nodes.as_ref()?.node(k))
+            .map(|n| n.netns.clone());
+        let node_name = node_k
+            .and_then(|k| self.nodes.as_ref()?.node(k))
+            .map(|n| n.name.clone());
+        if let (Some(k), Some(nodes)) = (node_k, self.nodes.as_ref()) {
+            nodes.route_address(k, v4, v6).map_err(|source| ClusterError::Netns {
+                pod: key.clone(),
+                source,
+            })?;
         }
         let ifn = self.next_if;
         self.next_if += 1;
@@ -258,8 +475,20 @@ impl Cluster {
         };
         // Remove any stale object of the same name (a pod deleted and
         // recreated, or an earlier run of this very pid).
+        let nn = node_netns.as_deref();
+        let mtu = self.pod_mtu.map(|m| format!("mtu {m} ")).unwrap_or_default();
+        let host_ip = |args: &[&str]| -> Result<String, NetnsError> {
+            match nn {
+                Some(n) => {
+                    let mut all = vec!["-n", n];
+                    all.extend_from_slice(args);
+                    ip(&all)
+                }
+                None => ip(args),
+            }
+        };
         let _ = ip(&["netns", "del", &netns]);
-        let _ = ip(&["link", "del", &host_if]);
+        let _ = host_ip(&["link", "del", &host_if]);
         ip(&["netns", "add", &netns]).map_err(err)?;
         let mut pod = PodNet {
             namespace: ns.to_string(),
@@ -268,16 +497,19 @@ impl Cluster {
             host_if: host_if.clone(),
             ipv4: v4,
             ipv6: v6,
+            node_netns: node_netns.clone(),
+            node: node_name,
+            attachment: None,
             server: None,
         };
         let setup = || -> Result<(), NetnsError> {
             let host = vec![
-                format!("link add {host_if} address {HOST_MAC} type veth peer name eth0 netns {netns}"),
+                format!("link add {host_if} {mtu}address {HOST_MAC} type veth peer name eth0 {mtu}netns {netns}"),
                 format!("link set {host_if} up"),
                 format!("addr add fe80::1/64 dev {host_if} nodad"),
                 format!("route replace {v4}/32 dev {host_if} scope link"),
             ];
-            ip_batch(None, &host)?;
+            ip_batch(nn, &host)?;
             let inside = vec![
                 "link set lo up".to_string(),
                 "link set eth0 up".to_string(),
@@ -291,20 +523,25 @@ impl Cluster {
             ip_batch(Some(&netns), &inside)?;
             // The /128 route needs the link to be up in both ends; add it
             // after the batch.
-            ip(&["-6", "route", "replace", &format!("{v6}/128"), "dev", &host_if])?;
-            let _ = std::fs::write(format!("/proc/sys/net/ipv4/conf/{host_if}/proxy_arp"), "1");
+            host_ip(&["-6", "route", "replace", &format!("{v6}/128"), "dev", &host_if])?;
+            match nn {
+                Some(n) => run_in_netns(n, &["sysctl", "-qw", &format!("net.ipv4.conf.{host_if}.proxy_arp=1")])?,
+                None => {
+                    let _ = std::fs::write(format!("/proc/sys/net/ipv4/conf/{host_if}/proxy_arp"), "1");
+                }
+            }
             Ok(())
         };
         if let Err(e) = setup() {
             let _ = ip(&["netns", "del", &netns]);
-            let _ = ip(&["link", "del", &host_if]);
+            let _ = host_ip(&["link", "del", &host_if]);
             return Err(err(e));
         }
         match PodServer::start(&netns, &key, &SERVED_PORTS, self.sctp.clone()) {
             Ok(s) => pod.server = Some(s),
             Err(source) => {
                 let _ = ip(&["netns", "del", &netns]);
-                let _ = ip(&["link", "del", &host_if]);
+                let _ = host_ip(&["link", "del", &host_if]);
                 return Err(ClusterError::Server { pod: key, source });
             }
         }
@@ -351,6 +588,9 @@ impl Cluster {
                 first_err.get_or_insert(ClusterError::Netns { pod: pod.key(), source });
             }
         }
+        if let Some(mut nodes) = self.nodes.take() {
+            nodes.teardown();
+        }
         if let Err(source) = forwarding_release(&self.owner) {
             first_err.get_or_insert(host_err(source));
         }
@@ -370,128 +610,6 @@ impl Drop for Cluster {
     }
 }
 
-/// Where clusters of every process record the sysctl values found before
-/// the first of them turned forwarding on, and who is using them.
-const STATE_DIR: &str = "/run/npm-e2e";
-const FORWARDING_KEYS: [&str; 2] = ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"];
-
-fn state_io(what: &str, source: std::io::Error) -> NetnsError {
-    NetnsError::Sysctl {
-        key: format!("{STATE_DIR}/{what}"),
-        source,
-    }
-}
-
-/// Runs `f` holding an exclusive flock on the state directory's lock file.
-fn with_state_lock<T>(f: impl FnOnce() -> Result<T, NetnsError>) -> Result<T, NetnsError> {
-    std::fs::create_dir_all(STATE_DIR).map_err(|e| state_io("", e))?;
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(format!("{STATE_DIR}/lock"))
-        .map_err(|e| state_io("lock", e))?;
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on an open fd; released when `lock` is closed.
-    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
-    let r = f();
-    drop(lock);
-    r
-}
-
-/// This process's hold on the host-wide cluster lock: (clusters alive, the
-/// locked file).
-static CLUSTER_LOCK: std::sync::Mutex<(usize, Option<std::fs::File>)> = std::sync::Mutex::new((0, None));
-
-fn cluster_lock_acquire() -> Result<(), NetnsError> {
-    use std::os::fd::AsRawFd;
-    let mut g = CLUSTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    if g.0 == 0 {
-        std::fs::create_dir_all(STATE_DIR).map_err(|e| state_io("", e))?;
-        let path = format!("{STATE_DIR}/cluster.lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| state_io("cluster.lock", e))?;
-        // SAFETY: flock on an open fd.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let holder = std::fs::read_to_string(&path).unwrap_or_default();
-            eprintln!(
-                "npm-e2e: waiting for another netns cluster to finish (pid {}; they share the pod addresses)",
-                holder.trim()
-            );
-            // SAFETY: as above, blocking.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-                return Err(state_io("cluster.lock", std::io::Error::last_os_error()));
-            }
-        }
-        let _ = std::fs::write(&path, std::process::id().to_string());
-        g.1 = Some(f);
-    }
-    g.0 += 1;
-    Ok(())
-}
-
-fn cluster_lock_release() {
-    let mut g = CLUSTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    g.0 = g.0.saturating_sub(1);
-    if g.0 == 0 {
-        g.1 = None; // closing the file releases the flock
-    }
-}
-
-/// Registers `owner` as a user of forwarding; the first user (no `.orig`
-/// file yet) records the current values. Then forwarding is turned on.
-fn forwarding_acquire(owner: &str) -> Result<(), NetnsError> {
-    with_state_lock(|| {
-        for key in FORWARDING_KEYS {
-            let orig = format!("{STATE_DIR}/{key}.orig");
-            if !std::path::Path::new(&orig).exists() {
-                let cur = sysctl_get(key)?;
-                std::fs::write(&orig, cur).map_err(|e| state_io(key, e))?;
-            }
-            sysctl_set(key, "1")?;
-        }
-        std::fs::write(format!("{STATE_DIR}/owner-{owner}"), "").map_err(|e| state_io("owner", e))
-    })
-}
-
-/// Unregisters `owner`; when no live owner is left (in any process), the
-/// recorded values are restored, so concurrent runs do not switch
-/// forwarding off under each other.
-fn forwarding_release(owner: &str) -> Result<(), NetnsError> {
-    with_state_lock(|| {
-        let _ = std::fs::remove_file(format!("{STATE_DIR}/owner-{owner}"));
-        let mut live = 0;
-        for e in std::fs::read_dir(STATE_DIR).map_err(|e| state_io("", e))?.flatten() {
-            let name = e.file_name().to_string_lossy().to_string();
-            let Some(rest) = name.strip_prefix("owner-") else {
-                continue;
-            };
-            let pid: u32 = rest.split('-').next().and_then(|p| p.parse().ok()).unwrap_or(0);
-            if pid != 0 && pid_alive(pid) {
-                live += 1;
-            } else {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-        if live > 0 {
-            return Ok(());
-        }
-        for key in FORWARDING_KEYS {
-            let orig = format!("{STATE_DIR}/{key}.orig");
-            if let Ok(v) = std::fs::read_to_string(&orig) {
-                sysctl_set(key, v.trim())?;
-                let _ = std::fs::remove_file(&orig);
-            }
-        }
-        Ok(())
-    })
-}
-
 fn host_err(source: NetnsError) -> ClusterError {
     ClusterError::Netns {
         pod: "host".into(),
@@ -504,14 +622,44 @@ fn remove_pod(pod: &mut PodNet) -> Result<(), NetnsError> {
     if let Some(s) = pod.server.take() {
         s.stop();
     }
+    // A runtime's DEL: the chain in reverse order, then the cache entry.
+    let mut del_err = None;
+    if let Some(att) = pod.attachment.as_mut() {
+        if let Err(e) = att.del() {
+            eprintln!("npm-e2e: CNI DEL of {}: {e}", pod.key());
+            del_err = Some(e);
+        }
+    }
     let r = ip(&["netns", "del", &pod.netns]);
     // Deleting the netns destroys eth0 and with it the host end; make sure.
-    let _ = ip(&["link", "del", &pod.host_if]);
-    r.map(|_| ())
+    if pod.attachment.is_none() {
+        match &pod.node_netns {
+            Some(n) => {
+                let _ = ip(&["-n", n, "link", "del", &pod.host_if]);
+            }
+            None => {
+                let _ = ip(&["link", "del", &pod.host_if]);
+            }
+        }
+    }
+    r.map(|_| ())?;
+    match del_err {
+        Some(e) => Err(NetnsError::Ip {
+            args: format!("CNI DEL of {}", pod.key()),
+            stderr: e.to_string(),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn pid_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Parses the pid out of a `npmc<hex pid><letter>...` name (netns, links
+/// and per-node directories of a cluster).
+pub fn owner_pid_of(name: &str) -> Option<u32> {
+    owner_pid(name)
 }
 
 /// Parses the pid out of a `npmc<hex pid><letter>...` name.

@@ -5,12 +5,23 @@
 //! - [`probe`]: parallel TCP/UDP/SCTP probes with retries.
 //! - [`runner`]: runs the case catalogue (`tests/conformance/*.yaml`)
 //!   against the simulator or a real agent.
+//! - [`nodes`]: several nodes (netns, private mount namespaces, a routed
+//!   fabric); [`cni`]: pods wired by the reference CNI plugins and npm-cni
+//!   as a container runtime wires them.
+//! - [`kube_proxy`]: a node's Service DNAT as kube-proxy programs it (iptables
+//!   and nftables modes); [`endpointslices`]: the EndpointSlice controller.
+//! - [`nodeport_fixture`]: helpers of the NodePort suite (source echo).
 #![deny(missing_docs)]
 
 pub mod api;
 pub mod cluster;
+pub mod cni;
 pub mod demo;
+pub mod endpointslices;
+pub mod kube_proxy;
 pub mod netns;
+pub mod nodeport_fixture;
+pub mod nodes;
 pub mod probe;
 pub mod runner;
 pub mod server;

@@ -94,6 +94,16 @@ impl Incremental {
         }
     }
 
+    /// The API objects of the state last compiled (sorted; shared, not
+    /// copied).
+    pub fn state(&self) -> CompleteState {
+        CompleteState {
+            namespaces: self.namespaces.clone(),
+            pods: self.pods.clone(),
+            policies: self.policies.clone(),
+        }
+    }
+
     /// The pods of the current state that a change from the previous facts
     /// to `facts` touches and that `pod_up` does not hold already: those
     /// whose own facts changed, those claiming an address whose CNI owner

@@ -22,6 +22,9 @@ fn api_resources(group: &str) -> Vec<Value> {
             Kind::NetworkPolicy => (&["netpol"], &[]),
             Kind::DaemonSet => (&["ds"], &["all"]),
             Kind::Event => (&["ev"], &[]),
+            Kind::Service => (&["svc"], &["all"]),
+            Kind::EndpointSlice => (&[], &[]),
+            Kind::Node => (&["no"], &[]),
         };
         let mut r = json!({
             "name": k.plural(), "singularName": k.singular(), "namespaced": k.namespaced(),
@@ -45,7 +48,7 @@ fn api_resources(group: &str) -> Vec<Value> {
 }
 
 /// The named API groups served (the core group "" is served under `/api`).
-const GROUPS: [&str; 2] = ["networking.k8s.io", "apps"];
+const GROUPS: [&str; 3] = ["networking.k8s.io", "apps", "discovery.k8s.io"];
 
 /// The `APIGroup` entry of a named group (only `v1`).
 fn api_group(group: &str) -> Value {

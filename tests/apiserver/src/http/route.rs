@@ -32,6 +32,7 @@ pub(super) fn parse_target(path: &str) -> Option<Target> {
         ["api", "v1", rest @ ..] => ("", rest),
         ["apis", "networking.k8s.io", "v1", rest @ ..] => ("networking.k8s.io", rest),
         ["apis", "apps", "v1", rest @ ..] => ("apps", rest),
+        ["apis", "discovery.k8s.io", "v1", rest @ ..] => ("discovery.k8s.io", rest),
         _ => return None,
     };
     let t = |kind, ns: Option<&str>, name: Option<&str>, sub: Option<&str>| {
@@ -66,6 +67,11 @@ pub(super) fn parse_target(path: &str) -> Option<Target> {
             let k = kind_for(group, plural)?;
             (!k.namespaced()).then_some(())?;
             t(k, None, Some(name), None)
+        }
+        [plural, name, sub] => {
+            let k = kind_for(group, plural)?;
+            (!k.namespaced()).then_some(())?;
+            t(k, None, Some(name), Some(sub))
         }
         _ => None,
     }
@@ -116,5 +122,24 @@ mod tests {
         // Namespaced only; not in another group.
         assert!(parse_target("/apis/apps/v1/daemonsets/agent").is_none());
         assert!(parse_target("/api/v1/namespaces/ns/daemonsets").is_none());
+    }
+
+    #[test]
+    fn services_endpointslices_and_nodes_are_routed() {
+        let t = parse_target("/api/v1/nodes/n1/status").unwrap();
+        assert_eq!(
+            (t.kind, t.ns, t.name.as_deref(), t.sub.as_deref()),
+            (Kind::Node, None, Some("n1"), Some("status"))
+        );
+        assert_eq!(parse_target("/api/v1/nodes").unwrap().kind, Kind::Node);
+        assert!(parse_target("/api/v1/namespaces/ns/nodes/n1").is_none());
+        let t = parse_target("/api/v1/namespaces/ns/services/s/status").unwrap();
+        assert_eq!((t.kind, t.sub.as_deref()), (Kind::Service, Some("status")));
+        let t = parse_target("/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices/s-1").unwrap();
+        assert_eq!((t.kind, t.name.as_deref()), (Kind::EndpointSlice, Some("s-1")));
+        assert_eq!(
+            parse_target("/apis/discovery.k8s.io/v1/endpointslices").unwrap().kind,
+            Kind::EndpointSlice
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! The resource kinds the server serves and their naming: URL plural, group, apiVersion,
 //! `kind`, scope, field-selector labels and whether a `/status` subresource exists.
+//! New kinds go at the end of [`Kind`] (the store indexes its maps by the variant).
 
 /// The resource kinds the server serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -16,16 +17,26 @@ pub enum Kind {
     /// `v1` events (namespaced): what the agent reports on NetworkPolicies it
     /// cannot fully convert.
     Event,
+    /// `v1` services (namespaced, with a status subresource): ClusterIPs and NodePorts
+    /// are allocated by the store.
+    Service,
+    /// `discovery.k8s.io/v1` endpointslices (namespaced).
+    EndpointSlice,
+    /// `v1` nodes (cluster-scoped, with a status subresource).
+    Node,
 }
 
 impl Kind {
     /// All kinds.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::NetworkPolicy,
         Kind::DaemonSet,
         Kind::Event,
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Node,
     ];
 
     /// Index of the kind's maps in the store.
@@ -40,6 +51,9 @@ impl Kind {
             Kind::NetworkPolicy => "networkpolicies",
             Kind::DaemonSet => "daemonsets",
             Kind::Event => "events",
+            Kind::Service => "services",
+            Kind::EndpointSlice => "endpointslices",
+            Kind::Node => "nodes",
         }
     }
     /// Singular resource name.
@@ -50,6 +64,9 @@ impl Kind {
             Kind::NetworkPolicy => "networkpolicy",
             Kind::DaemonSet => "daemonset",
             Kind::Event => "event",
+            Kind::Service => "service",
+            Kind::EndpointSlice => "endpointslice",
+            Kind::Node => "node",
         }
     }
     /// API group ("" for core).
@@ -57,6 +74,7 @@ impl Kind {
         match self {
             Kind::NetworkPolicy => "networking.k8s.io",
             Kind::DaemonSet => "apps",
+            Kind::EndpointSlice => "discovery.k8s.io",
             _ => "",
         }
     }
@@ -65,6 +83,7 @@ impl Kind {
         match self {
             Kind::NetworkPolicy => "networking.k8s.io/v1",
             Kind::DaemonSet => "apps/v1",
+            Kind::EndpointSlice => "discovery.k8s.io/v1",
             _ => "v1",
         }
     }
@@ -76,11 +95,14 @@ impl Kind {
             Kind::NetworkPolicy => "NetworkPolicy",
             Kind::DaemonSet => "DaemonSet",
             Kind::Event => "Event",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
         }
     }
     /// Whether objects live in a namespace.
     pub fn namespaced(self) -> bool {
-        !matches!(self, Kind::Namespace)
+        !matches!(self, Kind::Namespace | Kind::Node)
     }
     /// `plural[.group]`, as used in error messages.
     pub fn resource_ref(self) -> String {
@@ -106,7 +128,9 @@ impl Kind {
                 "status.podIP",
                 "status.nominatedNodeName",
             ],
-            Kind::NetworkPolicy | Kind::DaemonSet => &["metadata.name", "metadata.namespace"],
+            Kind::NetworkPolicy | Kind::DaemonSet | Kind::EndpointSlice => &["metadata.name", "metadata.namespace"],
+            Kind::Service => &["metadata.name", "metadata.namespace", "spec.clusterIP", "spec.type"],
+            Kind::Node => &["metadata.name", "spec.unschedulable"],
             Kind::Event => &[
                 "metadata.name",
                 "metadata.namespace",
@@ -124,6 +148,6 @@ impl Kind {
     }
     /// Whether this kind has a `/status` subresource.
     pub fn has_status(self) -> bool {
-        !matches!(self, Kind::NetworkPolicy | Kind::Event)
+        !matches!(self, Kind::NetworkPolicy | Kind::Event | Kind::EndpointSlice)
     }
 }

@@ -4,13 +4,15 @@
 //! This module owns the [`Store`] itself, its revision counter and event log (commit,
 //! compaction, the events a watch reads, 410 for compacted revisions) and point reads.
 //! Writes live in `write`, lists and continue tokens in `list`, the kinds in `kind` and
-//! metadata helpers in `meta`.
+//! metadata helpers in `meta`, Service ClusterIP/NodePort allocation in `alloc`.
 
+mod alloc;
 mod kind;
 mod list;
 mod meta;
 mod write;
 
+pub use alloc::ServiceNetwork;
 pub use kind::Kind;
 pub use list::{ListOpts, ListPage, CONTINUE_EXPIRED};
 pub use write::Sub;
@@ -73,6 +75,8 @@ pub struct Store {
     max_history: usize,
     /// Whether validation runs on writes.
     pub validation: bool,
+    /// What Service ClusterIPs and NodePorts are allocated from.
+    pub service_network: ServiceNetwork,
     notify: tokio::sync::watch::Sender<u64>,
 }
 
@@ -104,6 +108,7 @@ impl Store {
             history: VecDeque::new(),
             max_history: max_history.max(1),
             validation,
+            service_network: ServiceNetwork::default(),
             notify,
         }
     }

@@ -6,7 +6,7 @@ use super::meta::{meta_str, new_uid, now_rfc3339, random_suffix, rv_of, set_rv};
 use super::{key_of, EventType, Kind, Store};
 use crate::error::ApiError;
 use crate::patch::{apply_patch, PatchKind};
-use crate::validate;
+use crate::{validate, validate_network};
 use serde_json::{json, Value};
 use std::ops::Bound;
 use std::sync::Arc;
@@ -68,7 +68,9 @@ impl Store {
             Kind::Pod => validate::default_pod(obj),
             Kind::NetworkPolicy => validate::default_network_policy(obj),
             Kind::DaemonSet => validate::default_daemon_set(obj),
-            Kind::Event => {}
+            Kind::Event | Kind::Node => {}
+            Kind::Service => validate_network::default_service(obj),
+            Kind::EndpointSlice => validate_network::default_endpoint_slice(obj),
         }
         if !self.validation {
             return Ok(());
@@ -79,6 +81,9 @@ impl Store {
             Kind::NetworkPolicy => validate::validate_network_policy(obj),
             Kind::DaemonSet => validate::validate_daemon_set(obj),
             Kind::Event => validate::validate_event(obj),
+            Kind::Service => validate_network::validate_service(obj),
+            Kind::EndpointSlice => validate_network::validate_endpoint_slice(obj),
+            Kind::Node => validate_network::validate_node(obj),
         };
         if causes.is_empty() {
             Ok(())
@@ -170,6 +175,9 @@ impl Store {
         }
         self.default_and_validate(kind, &mut obj)?;
         let ns_owned = kind.namespaced().then(|| ns.unwrap_or("default").to_string());
+        if kind == Kind::Service {
+            self.allocate_service(ns_owned.as_deref(), &mut obj, None)?;
+        }
         if let Some(n) = &ns_owned {
             self.ensure_namespace(n)?;
         }
@@ -256,7 +264,26 @@ impl Store {
             }
             meta.remove("managedFields");
         }
+        if kind == Kind::Service {
+            validate_network::drop_type_dependent_fields(&mut obj, &old);
+        }
         self.default_and_validate(kind, &mut obj)?;
+        if kind == Kind::Service {
+            self.allocate_service(ns, &mut obj, Some(&old))?;
+        }
+        if kind == Kind::EndpointSlice && obj.get("addressType") != old.get("addressType") {
+            return Err(ApiError::Invalid {
+                kind: kind.kind().into(),
+                group: kind.group().into(),
+                group_suffix: kind.group().into(),
+                name: name.into(),
+                causes: vec![crate::error::Cause {
+                    reason: "FieldValueInvalid".into(),
+                    message: format!("Invalid value: {}: field is immutable", obj["addressType"]),
+                    field: "addressType".into(),
+                }],
+            });
+        }
         if kind != Kind::Namespace && obj.get("spec") != old.get("spec") {
             let g = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
             obj["metadata"]["generation"] = json!(g + 1);

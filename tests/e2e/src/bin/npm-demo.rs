@@ -8,7 +8,7 @@
 //! ```text
 //! npm-demo --agent-bin PATH --examples DIR [--dataplane ebpf|nftables]
 //!          [--state-dir DIR] [--port 80] [--protocol TCP] [--watch-secs 5]
-//!          [--once]
+//!          [--once] [--nodes N] [--cni veth|ptp|bridge] [--npm-cni-bin PATH]
 //! ```
 //! Exit status: 0 when the matrices are as expected (with `--once`) or after
 //! Ctrl-C; 1 when the BEFORE/AFTER matrices differ from the expectation
@@ -54,6 +54,16 @@ struct Cli {
     /// Seconds to wait for the cluster/agent to reach an expected matrix.
     #[arg(long, default_value_t = 30)]
     deadline_secs: u64,
+    /// Nodes: 1 is the root netns alone; more are node netns on a routed
+    /// fabric, each with its own agent.
+    #[arg(long, default_value_t = 1)]
+    nodes: usize,
+    /// How pods are wired: veth, ptp or bridge.
+    #[arg(long, default_value = "veth")]
+    cni: String,
+    /// The npm-cni binary (with --cni ptp|bridge).
+    #[arg(long, default_value = "target/debug/npm-cni")]
+    npm_cni_bin: PathBuf,
     /// Seconds to wait for another process's netns cluster (same pod
     /// addresses) to finish before starting.
     #[arg(long, default_value_t = 600)]
@@ -79,6 +89,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let Some(cni) = npm_e2e::runner::CniMode::parse(&cli.cni) else {
+        eprintln!("npm-demo: --cni must be veth, ptp or bridge, not {:?}", cli.cni);
+        return ExitCode::from(2);
+    };
+    if !(1..=9).contains(&cli.nodes) {
+        eprintln!("npm-demo: --nodes must be between 1 and 9, not {}", cli.nodes);
+        return ExitCode::from(2);
+    }
     let opts = DemoOptions {
         agent_bin: cli.agent_bin,
         examples: cli.examples,
@@ -90,6 +108,9 @@ fn main() -> ExitCode {
         once: cli.once,
         deadline: Duration::from_secs(cli.deadline_secs.max(1)),
         exclusive_wait: Duration::from_secs(cli.wait_secs),
+        nodes: cli.nodes,
+        cni,
+        npm_cni_bin: cli.npm_cni_bin,
     };
     demo::install_stop_handler();
     let mut out = std::io::stdout();

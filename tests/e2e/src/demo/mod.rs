@@ -123,6 +123,14 @@ pub struct DemoOptions {
     /// How long to wait for other processes' netns clusters to go away
     /// before starting (see [`other_live_clusters`]).
     pub exclusive_wait: Duration,
+    /// Nodes (1: the root netns, as before; more: node netns on a fabric,
+    /// one agent each; see [`crate::nodes`]).
+    pub nodes: usize,
+    /// How pods are wired (hand-made veths, or the reference CNI plugins
+    /// chained with npm-cni).
+    pub cni: crate::runner::CniMode,
+    /// The npm-cni binary (CNI wiring).
+    pub npm_cni_bin: PathBuf,
 }
 
 impl Default for DemoOptions {
@@ -138,6 +146,9 @@ impl Default for DemoOptions {
             once: false,
             deadline: Duration::from_secs(30),
             exclusive_wait: Duration::from_secs(600),
+            nodes: 1,
+            cni: crate::runner::CniMode::Veth,
+            npm_cni_bin: PathBuf::from("target/debug/npm-cni"),
         }
     }
 }
@@ -259,6 +270,9 @@ pub fn run(opts: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, DemoE
         agent_bin: opts.agent_bin.clone(),
         deadline: opts.deadline,
         startup_deadline: opts.deadline,
+        nodes: opts.nodes,
+        cni: opts.cni,
+        npm_cni_bin: opts.npm_cni_bin.clone(),
         ..Options::default()
     })?;
     if stop_requested() {

@@ -10,6 +10,14 @@
 //! case brings the live objects back to `Model::upstream()` (policies
 //! deleted, labels restored, extra pods and namespaces deleted, missing ones
 //! recreated at their pristine addresses).
+//!
+//! Multi-node live mode (`--nodes N`, `--cni ptp|bridge`, `--kube-proxy`,
+//! [`Options::multi_node`]): N node netns on a routed fabric
+//! ([`crate::nodes`]), one agent per node inside the node's netns and
+//! mount namespace, pods on the node owning their namespace's subnet
+//! (hand-made veths or the CNI chain of [`crate::cni`]), Node objects, and
+//! with a kube-proxy the per-pod Services `s-<ns>-<pod>`
+//! (`--destination service` probes their ClusterIPs).
 
 //!
 //! Layout: `cases` loads the case files; `live` is the [`LiveRunner`]
@@ -89,6 +97,9 @@ pub enum RunnerError {
     /// A probe is malformed (unknown protocol, bad matrix, unknown pod).
     #[error("probe: {0}")]
     Probe(String),
+    /// The options do not fit together.
+    #[error("options: {0}")]
+    Options(String),
 }
 
 /// Which engine decides reachability.
@@ -113,6 +124,75 @@ impl Engine {
         }
     }
 }
+
+/// How pods are wired (`--cni`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CniMode {
+    /// Hand-made veths with /32 routes (today's default).
+    Veth,
+    /// The reference `ptp` plugin, host-local IPAM, then npm-cni.
+    Ptp,
+    /// The reference `bridge` plugin, host-local IPAM, then npm-cni.
+    Bridge,
+}
+
+impl CniMode {
+    /// Parses `veth`, `ptp` or `bridge`.
+    pub fn parse(s: &str) -> Option<CniMode> {
+        match s {
+            "veth" => Some(CniMode::Veth),
+            "ptp" => Some(CniMode::Ptp),
+            "bridge" => Some(CniMode::Bridge),
+            _ => None,
+        }
+    }
+}
+
+/// The kube-proxy emulation programmed on each node (`--kube-proxy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KubeProxyMode {
+    /// No kube-proxy (today's default).
+    None,
+    /// kube-proxy's iptables mode.
+    Iptables,
+    /// kube-proxy's nftables mode.
+    Nftables,
+}
+
+impl KubeProxyMode {
+    /// Parses `none`, `iptables` or `nftables`.
+    pub fn parse(s: &str) -> Option<KubeProxyMode> {
+        match s {
+            "none" => Some(KubeProxyMode::None),
+            "iptables" => Some(KubeProxyMode::Iptables),
+            "nftables" => Some(KubeProxyMode::Nftables),
+            _ => None,
+        }
+    }
+}
+
+/// What a probe connects to (`--destination`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Destination {
+    /// The destination pod's address.
+    Pod,
+    /// The ClusterIP of the pod's Service `s-<ns>-<pod>`.
+    Service,
+}
+
+impl Destination {
+    /// Parses `pod` or `service`.
+    pub fn parse(s: &str) -> Option<Destination> {
+        match s {
+            "pod" => Some(Destination::Pod),
+            "service" => Some(Destination::Service),
+            _ => None,
+        }
+    }
+}
+
+/// The fabric between nodes (`--fabric`): routed, or VXLAN with pod MTU 1450.
+pub use crate::nodes::Fabric as FabricMode;
 
 /// Runner options.
 #[derive(Clone, Debug)]
@@ -141,6 +221,27 @@ pub struct Options {
     /// Deadline of the very first probe (it also waits for the agent to
     /// come up).
     pub startup_deadline: Duration,
+    /// Nodes (1: the root netns is the only node, as before).
+    pub nodes: usize,
+    /// How pods are wired.
+    pub cni: CniMode,
+    /// The npm-cni binary (CNI wiring).
+    pub npm_cni_bin: PathBuf,
+    /// The kube-proxy emulation.
+    pub kube_proxy: KubeProxyMode,
+    /// What probes connect to.
+    pub destination: Destination,
+    /// The fabric between nodes.
+    pub fabric: FabricMode,
+}
+
+impl Options {
+    /// Whether the cluster is built of node netns ([`crate::nodes`]) rather
+    /// than the single root-netns node: more than one node, CNI wiring or
+    /// a kube-proxy.
+    pub fn multi_node(&self) -> bool {
+        self.nodes > 1 || self.cni != CniMode::Veth || self.kube_proxy != KubeProxyMode::None
+    }
 }
 
 impl Default for Options {
@@ -157,6 +258,12 @@ impl Default for Options {
             threads: 32,
             settle: Duration::from_millis(500),
             startup_deadline: Duration::from_secs(30),
+            nodes: 1,
+            cni: CniMode::Veth,
+            npm_cni_bin: PathBuf::from("target/debug/npm-cni"),
+            kube_proxy: KubeProxyMode::None,
+            destination: Destination::Pod,
+            fabric: FabricMode::Routed,
         }
     }
 }

@@ -20,6 +20,24 @@ pub(super) struct Agent {
     child: Child,
     log: PathBuf,
     pub(super) metrics: SocketAddr,
+    /// A node agent's own pin directory (removed after it stopped).
+    pub(super) pin_dir: Option<PathBuf>,
+}
+
+/// Where and as whom an agent runs.
+pub(super) struct AgentSpec<'a> {
+    /// `NODE_NAME`.
+    pub node_name: &'a str,
+    /// The node to run in (`None`: the root netns, as the one-node cluster).
+    pub node: Option<&'a crate::nodes::Node>,
+    /// Pin directory.
+    pub pin_dir: &'a Path,
+    /// nftables table.
+    pub nft_table: &'a str,
+    /// Metrics/health address.
+    pub metrics: SocketAddr,
+    /// Log file.
+    pub log: PathBuf,
 }
 
 impl Agent {
@@ -72,8 +90,30 @@ fn free_port() -> u16 {
 
 impl LiveRunner {
     pub(super) fn start_agent(&mut self, kubeconfig: &Path) -> Result<(), RunnerError> {
+        let metrics_port = free_port();
+        let pin_dir = self.pin_dir.clone();
+        let nft_table = self.nft_table.clone();
+        let agent = self.spawn_agent(
+            kubeconfig,
+            AgentSpec {
+                node_name: cases::MODEL_NODE,
+                node: None,
+                pin_dir: &pin_dir,
+                nft_table: &nft_table,
+                metrics: SocketAddr::from(([127, 0, 0, 1], metrics_port)),
+                log: self.workdir.join("agent.log"),
+            },
+        )?;
+        let agent = self.wait_ready(agent)?;
+        self.agents.push(agent);
+        Ok(())
+    }
+
+    /// Starts one agent as `spec` says (inside its node when given: the
+    /// node's netns and mount namespace).
+    pub(super) fn spawn_agent(&self, kubeconfig: &Path, spec: AgentSpec<'_>) -> Result<Agent, RunnerError> {
         let bin = self.opts.agent_bin.clone();
-        let log = self.workdir.join("agent.log");
+        let log = spec.log.clone();
         let logf = std::fs::File::create(&log).map_err(|source| RunnerError::Read {
             path: log.clone(),
             source,
@@ -86,20 +126,23 @@ impl LiveRunner {
             Engine::Nftables => "nftables",
             _ => "ebpf",
         };
-        let metrics_port = free_port();
-        let mut cmd = Command::new(&bin);
+        let bin_abs = std::fs::canonicalize(&bin).unwrap_or_else(|_| bin.clone());
+        let mut cmd = match spec.node {
+            Some(node) => node.command(&bin_abs),
+            None => Command::new(&bin),
+        };
         cmd.arg("run")
-            .env("NODE_NAME", cases::MODEL_NODE)
+            .env("NODE_NAME", spec.node_name)
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .arg("--dataplane")
             .arg(dp)
             .arg("--pin-dir")
-            .arg(&self.pin_dir)
+            .arg(spec.pin_dir)
             .arg("--nft-table")
-            .arg(&self.nft_table)
+            .arg(spec.nft_table)
             .arg("--metrics-addr")
-            .arg(format!("127.0.0.1:{metrics_port}"))
+            .arg(spec.metrics.to_string())
             .args(&self.opts.agent_args)
             .stdin(Stdio::null())
             .stdout(logf)
@@ -108,15 +151,22 @@ impl LiveRunner {
             bin: bin.clone(),
             message: format!("spawn: {e}"),
         })?;
-        let mut agent = Agent {
+        if let Some(node) = spec.node {
+            let _ = std::fs::write(node.dir.join("agent.pid"), child.id().to_string());
+        }
+        Ok(Agent {
             bin,
             child,
             log,
-            metrics: SocketAddr::from(([127, 0, 0, 1], metrics_port)),
-        };
-        // Wait for /readyz (all lists done, first sync applied); fail early
-        // when the agent exits.
-        let health = Api::new(SocketAddr::from(([127, 0, 0, 1], metrics_port)));
+            metrics: spec.metrics,
+            pin_dir: spec.node.map(|_| spec.pin_dir.to_path_buf()),
+        })
+    }
+
+    /// Waits for the agent's /readyz (all lists done, first sync applied);
+    /// fails early when the agent exits.
+    pub(super) fn wait_ready(&self, mut agent: Agent) -> Result<Agent, RunnerError> {
+        let health = Api::new(agent.metrics);
         let end = Instant::now() + self.opts.startup_deadline;
         loop {
             if let Some(msg) = agent.exited() {
@@ -143,7 +193,6 @@ impl LiveRunner {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        self.agent = Some(agent);
-        Ok(())
+        Ok(agent)
     }
 }

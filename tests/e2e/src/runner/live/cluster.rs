@@ -65,6 +65,9 @@ impl LiveRunner {
                 })
             }
         };
+        if self.opts.multi_node() {
+            return self.create_pod_on_node(&pod.labels, ns, name, v4, v6);
+        }
         self.cluster.create_pod_at(ns, name, v4, v6)?;
         let obj = pod_object(
             ns,
@@ -80,6 +83,7 @@ impl LiveRunner {
     }
 
     fn delete_pod_live(&mut self, ns: &str, name: &str) -> Result<(), RunnerError> {
+        self.delete_service(ns, name)?;
         self.api.delete(&pod_path(ns, name)).map_err(api_err)?;
         if self.cluster.pod(ns, name).is_some() {
             self.cluster.delete_pod(ns, name)?;
@@ -103,6 +107,7 @@ impl LiveRunner {
                     .map(|p| p.name.clone())
                     .collect();
                 for p in pods {
+                    self.delete_service(ns, &p)?;
                     self.cluster.delete_pod(ns, &p)?;
                 }
             }
@@ -135,13 +140,13 @@ impl LiveRunner {
             match live {
                 Some(c) if !ns_was_deleted => {
                     if c.labels != pod.labels {
-                        self.api
-                            .set_labels(&pod_path(&k.0, &k.1), &pod.labels)
-                            .map_err(api_err)?;
+                        let labels = self.live_labels(&pod.labels, &k.1);
+                        self.api.set_labels(&pod_path(&k.0, &k.1), &labels).map_err(api_err)?;
                     }
                 }
                 _ => {
                     if self.cluster.pod(&k.0, &k.1).is_some() {
+                        self.delete_service(&k.0, &k.1)?;
                         self.cluster.delete_pod(&k.0, &k.1)?;
                     }
                     self.create_pod_live(&pristine, &k.0, &k.1)?;
@@ -216,6 +221,7 @@ impl LiveRunner {
                 let labels = self.model.snapshot.pods[&(ns.to_string(), p.to_string())]
                     .labels
                     .clone();
+                let labels = self.live_labels(&labels, p);
                 self.api.set_labels(&pod_path(ns, p), &labels).map_err(api_err)?;
             }
             Action::CreatePod(a) => {
@@ -244,6 +250,7 @@ impl LiveRunner {
                     .map(|p| p.name.clone())
                     .collect();
                 for p in pods {
+                    self.delete_service(&a.namespace, &p)?;
                     self.cluster.delete_pod(&a.namespace, &p)?;
                 }
             }

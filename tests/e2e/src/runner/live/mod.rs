@@ -5,9 +5,12 @@
 
 mod agent;
 mod cluster;
+mod nodes;
 mod probing;
+mod services;
 
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -22,10 +25,14 @@ use agent::Agent;
 /// The live runner: API server, netns cluster, agent.
 pub struct LiveRunner {
     opts: Options,
-    // Field order is drop order: the agent stops before the cluster and the
+    // Field order is drop order: the agents stop before the cluster and the
     // API server go away.
-    agent: Option<Agent>,
+    agents: Vec<Agent>,
+    /// kube-proxies and the EndpointSlice controller (multi-node runs).
+    plumbing: services::ServicePlumbing,
     cluster: Cluster,
+    /// ClusterIPs of the per-pod Services (`s-<ns>-<pod>`), by pod.
+    services: BTreeMap<(String, String), Vec<IpAddr>>,
     api: Api,
     server: Option<npm_testapi::TestApiServer>,
     model: Model,
@@ -53,6 +60,9 @@ impl LiveRunner {
     /// starts the agent.
     pub fn start(opts: Options) -> Result<Self, RunnerError> {
         let pid = std::process::id();
+        if opts.multi_node() {
+            return Self::start_multi(opts);
+        }
         let server = npm_testapi::TestApiServer::start_background(npm_testapi::Options::default())
             .map_err(|e| RunnerError::ApiServer(e.to_string()))?;
         let api = Api::new(server.addr());
@@ -69,7 +79,9 @@ impl LiveRunner {
         let nft_table = format!("npmconf{pid}");
         let mut r = LiveRunner {
             opts,
-            agent: None,
+            agents: Vec::new(),
+            plumbing: Default::default(),
+            services: BTreeMap::new(),
             cluster: Cluster::new()?,
             api,
             server: Some(server),
@@ -132,12 +144,17 @@ impl LiveRunner {
     /// The agent's metrics/health address (`/metrics`, `/readyz`), while it
     /// runs.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.agent.as_ref().map(|a| a.metrics)
+        self.agents.first().map(|a| a.metrics)
     }
 
-    /// Why the agent is gone, if it exited.
+    /// Every agent's metrics/health address (one per node).
+    pub fn metrics_addrs(&self) -> Vec<SocketAddr> {
+        self.agents.iter().map(|a| a.metrics).collect()
+    }
+
+    /// Why an agent is gone, if one exited.
     pub fn agent_exited(&mut self) -> Option<String> {
-        self.agent.as_mut().and_then(|a| a.exited())
+        self.agents.iter_mut().find_map(|a| a.exited())
     }
 
     /// Stops the agent, tears the cluster down, stops the API server and
@@ -147,9 +164,13 @@ impl LiveRunner {
     }
 
     fn shutdown_inner(&mut self) -> Result<(), RunnerError> {
-        if let Some(mut a) = self.agent.take() {
+        for mut a in std::mem::take(&mut self.agents) {
             a.stop();
+            if let Some(p) = &a.pin_dir {
+                let _ = std::fs::remove_dir_all(p);
+            }
         }
+        self.plumbing.stop();
         let _ = std::fs::remove_dir_all(&self.pin_dir);
         for fam in ["inet", "ip", "ip6", "bridge", "netdev"] {
             let _ = Command::new("nft")

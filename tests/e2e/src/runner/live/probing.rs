@@ -9,7 +9,7 @@ use npm_sim::cases::{self, Case, Matrix};
 
 use super::LiveRunner;
 use crate::probe::{probe_until, Probe, ProbeConfig, Proto};
-use crate::runner::RunnerError;
+use crate::runner::{Destination, RunnerError};
 
 fn proto_of(p: Protocol) -> Proto {
     match p {
@@ -43,10 +43,16 @@ impl LiveRunner {
                     .cluster
                     .pod(cns, cname)
                     .ok_or_else(|| RunnerError::Probe(format!("destination pod {c} does not exist")))?;
+                let dst_ip = match self.opts.destination {
+                    Destination::Pod => dst.ip(self.opts.ipv6),
+                    Destination::Service => self
+                        .service_ip(cns, cname, self.opts.ipv6)
+                        .ok_or_else(|| RunnerError::Probe(format!("destination pod {c} has no Service")))?,
+                };
                 jobs.push(Probe {
                     src_netns: src.netns.clone(),
                     dst_pod: dst.key(),
-                    dst: SocketAddr::new(dst.ip(self.opts.ipv6), probe.port),
+                    dst: SocketAddr::new(dst_ip, probe.port),
                     proto: proto_of(proto),
                 });
                 want.push(expected.cells[ri][ci]);
@@ -114,11 +120,9 @@ impl LiveRunner {
                 }
             }
         }
-        if let Some(agent) = self.agent.as_mut() {
-            if let Some(msg) = agent.exited() {
-                ok = false;
-                report.push_str(&format!("  the agent died: {msg}\n"));
-            }
+        if let Some(msg) = self.agent_exited() {
+            ok = false;
+            report.push_str(&format!("  the agent died: {msg}\n"));
         }
         (ok, report)
     }

@@ -1,0 +1,218 @@
+//! The Service keys of `NPM_SERVICES` computed from complete lists of
+//! Services and Nodes (pure: no I/O): every ClusterIP (`spec.clusterIPs`,
+//! else `spec.clusterIP`) with every service port, and every node address
+//! (`status.addresses` of type `InternalIP` or `ExternalIP`) with every
+//! NodePort. A headless Service (`None`) and an `ExternalName` Service
+//! have no ClusterIP; a port whose protocol is not TCP, UDP or SCTP is
+//! skipped; an address that does not parse is skipped (and counted).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use npm_common::{proto, SVC_CLUSTER_IP, SVC_NODE_PORT};
+use npm_dataplane::ebpf::ServicePort;
+
+/// The computed keys and what was skipped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceKeys {
+    /// Key -> `SVC_*` flags (a key both a ClusterIP port and a NodePort,
+    /// which a valid cluster never has, gets both).
+    pub keys: BTreeMap<ServicePort, u32>,
+    /// Addresses or protocols that could not be used (`ns/name: what`).
+    pub skipped: Vec<String>,
+}
+
+/// The protocol number of a Service port's protocol (default TCP).
+fn protocol(p: Option<&str>) -> Option<u8> {
+    match p.unwrap_or("TCP") {
+        "TCP" => Some(proto::TCP),
+        "UDP" => Some(proto::UDP),
+        "SCTP" => Some(proto::SCTP),
+        _ => None,
+    }
+}
+
+/// The addresses of a Node that kube-proxy serves NodePorts on.
+fn node_addresses(node: &Node, skipped: &mut Vec<String>) -> Vec<IpAddr> {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let mut out = Vec::new();
+    for a in node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        if a.type_ != "InternalIP" && a.type_ != "ExternalIP" {
+            continue;
+        }
+        match a.address.parse::<IpAddr>() {
+            Ok(ip) => out.push(canonical(ip)),
+            Err(_) => skipped.push(format!("node {name}: address {:?}", a.address)),
+        }
+    }
+    out
+}
+
+/// IPv4-mapped IPv6 is IPv4.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The keys of `services` and `nodes` (both complete lists).
+pub fn service_keys<'a>(
+    services: impl IntoIterator<Item = &'a Service>,
+    nodes: impl IntoIterator<Item = &'a Node>,
+) -> ServiceKeys {
+    let mut out = ServiceKeys::default();
+    let mut node_ips: Vec<IpAddr> = Vec::new();
+    for n in nodes {
+        node_ips.extend(node_addresses(n, &mut out.skipped));
+    }
+    node_ips.sort();
+    node_ips.dedup();
+    for svc in services {
+        let Some(spec) = svc.spec.as_ref() else { continue };
+        let id = format!(
+            "{}/{}",
+            svc.metadata.namespace.as_deref().unwrap_or_default(),
+            svc.metadata.name.as_deref().unwrap_or_default()
+        );
+        if spec.type_.as_deref() == Some("ExternalName") {
+            continue;
+        }
+        let mut cluster_ips: Vec<IpAddr> = Vec::new();
+        let listed = spec
+            .cluster_ips
+            .clone()
+            .filter(|l| !l.is_empty())
+            .or_else(|| spec.cluster_ip.clone().map(|c| vec![c]))
+            .unwrap_or_default();
+        for c in listed {
+            if c.is_empty() || c == "None" {
+                continue;
+            }
+            match c.parse::<IpAddr>() {
+                Ok(ip) => cluster_ips.push(canonical(ip)),
+                Err(_) => out.skipped.push(format!("service {id}: clusterIP {c:?}")),
+            }
+        }
+        for p in spec.ports.iter().flatten() {
+            let Some(pr) = protocol(p.protocol.as_deref()) else {
+                out.skipped.push(format!("service {id}: protocol {:?}", p.protocol));
+                continue;
+            };
+            let Ok(port) = u16::try_from(p.port) else {
+                out.skipped.push(format!("service {id}: port {}", p.port));
+                continue;
+            };
+            for ip in &cluster_ips {
+                let k = ServicePort {
+                    addr: *ip,
+                    port,
+                    protocol: pr,
+                };
+                *out.keys.entry(k).or_default() |= SVC_CLUSTER_IP;
+            }
+            if let Some(np) = p.node_port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n != 0) {
+                for ip in &node_ips {
+                    let k = ServicePort {
+                        addr: *ip,
+                        port: np,
+                        protocol: pr,
+                    };
+                    *out.keys.entry(k).or_default() |= SVC_NODE_PORT;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(name: &str, v: serde_json::Value) -> Service {
+        let mut s: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "default", "name": name},
+            "spec": v,
+        }))
+        .unwrap();
+        s.metadata.name = Some(name.into());
+        s
+    }
+
+    fn node(addrs: &[(&str, &str)]) -> Node {
+        let addresses: Vec<serde_json::Value> = addrs
+            .iter()
+            .map(|(t, a)| serde_json::json!({"type": t, "address": a}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n1"},
+            "status": {"addresses": addresses},
+        }))
+        .unwrap()
+    }
+
+    fn key(a: &str, port: u16, protocol: u8) -> ServicePort {
+        ServicePort {
+            addr: a.parse().unwrap(),
+            port,
+            protocol,
+        }
+    }
+
+    #[test]
+    fn cluster_ips_and_node_ports_of_complete_lists() {
+        let dns = svc(
+            "kube-dns",
+            serde_json::json!({"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10", "fd00::10"],
+                "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}),
+        );
+        let web = svc(
+            "web",
+            serde_json::json!({"type": "NodePort", "clusterIP": "10.96.1.1",
+                "ports": [{"port": 80, "targetPort": 8080, "nodePort": 30080}]}),
+        );
+        let headless = svc("h", serde_json::json!({"clusterIP": "None", "ports": [{"port": 80}]}));
+        let ext = svc(
+            "e",
+            serde_json::json!({"type": "ExternalName", "externalName": "x.example"}),
+        );
+        let n = node(&[
+            ("InternalIP", "192.0.2.10"),
+            ("Hostname", "n1"),
+            ("ExternalIP", "::ffff:198.51.100.1"),
+        ]);
+        let got = service_keys([&dns, &web, &headless, &ext], [&n]);
+        let want: BTreeMap<ServicePort, u32> = [
+            (key("10.96.0.10", 53, proto::UDP), SVC_CLUSTER_IP),
+            (key("10.96.0.10", 53, proto::TCP), SVC_CLUSTER_IP),
+            (key("fd00::10", 53, proto::UDP), SVC_CLUSTER_IP),
+            (key("fd00::10", 53, proto::TCP), SVC_CLUSTER_IP),
+            (key("10.96.1.1", 80, proto::TCP), SVC_CLUSTER_IP),
+            (key("192.0.2.10", 30080, proto::TCP), SVC_NODE_PORT),
+            (key("198.51.100.1", 30080, proto::TCP), SVC_NODE_PORT),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(got.keys, want);
+        assert!(got.skipped.is_empty(), "{:?}", got.skipped);
+    }
+
+    #[test]
+    fn bad_addresses_and_protocols_are_skipped_and_named() {
+        let bad = svc(
+            "bad",
+            serde_json::json!({"clusterIP": "10.96.300.1", "ports": [{"port": 80, "protocol": "ICMP"}]}),
+        );
+        let got = service_keys([&bad], [&node(&[("InternalIP", "nope")])]);
+        assert!(got.keys.is_empty());
+        assert_eq!(got.skipped.len(), 3, "{:?}", got.skipped);
+    }
+}

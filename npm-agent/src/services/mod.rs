@@ -1,0 +1,163 @@
+//! Services through kube-proxy on the eBPF dataplane: the agent side of
+//! the deferred egress decision (see `npm_common::service`).
+//!
+//! - watchers of `v1` Services and `v1` Nodes, each into a
+//!   [`ListStore`](crate::k8s::ListStore): a store's state is replaced only
+//!   on `InitDone`, so nothing is ever computed from a partial list, and a
+//!   failed relist keeps the last complete one (incident 2);
+//! - [`keys`]: the Service keys of the two complete lists (pure);
+//! - [`writer`]: one OS thread that loads `node_exit`, attaches it to the
+//!   node's uplinks ([`crate::node::uplinks`]) and keeps `NPM_SERVICES`
+//!   equal to the computed keys, level-triggered (the map is read back
+//!   and diffed on every pass), with a guard against mass removals.
+//!
+//! Nothing is written to `NPM_SERVICES` before both lists completed and
+//! `node_exit` is attached: an empty map defers nothing, so until then
+//! (and on a kernel without tcx, where `node_exit` cannot be attached)
+//! Service traffic is decided at `from_pod` against the ClusterIP, as
+//! before.
+
+pub mod keys;
+pub mod writer;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+
+use crate::k8s::{ListStore, StoreUpdate};
+use crate::telemetry::metrics::Metrics;
+
+pub use keys::{service_keys, ServiceKeys};
+pub use writer::{ServicesError, ServicesWriter};
+
+/// Settings of the Services side of the agent.
+#[derive(Clone, Debug)]
+pub struct ServicesConfig {
+    /// The eBPF dataplane's pin directory (its `NPM_SERVICES` and the maps
+    /// `node_exit` shares).
+    pub pin_dir: PathBuf,
+    /// The eBPF object (`None`: the loader's search).
+    pub object: Option<PathBuf>,
+    /// LIST page size of the watchers.
+    pub page_size: u32,
+    /// How often the uplinks are re-read and the map re-diffed without a
+    /// change (also how long a mass removal is held before it is applied).
+    pub resync: Duration,
+}
+
+impl ServicesConfig {
+    /// Settings for `pin_dir` with the defaults (page size 500, resync 10 s).
+    pub fn new(pin_dir: PathBuf) -> Self {
+        ServicesConfig {
+            pin_dir,
+            object: None,
+            page_size: 500,
+            resync: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The Services and Nodes as their watchers last listed them completely.
+#[derive(Debug, Default)]
+pub struct ServiceState {
+    /// Services (all namespaces).
+    pub services: Mutex<ListStore<Service>>,
+    /// Nodes.
+    pub nodes: Mutex<ListStore<Node>>,
+    /// Bumped on every change of a complete state.
+    generation: AtomicU64,
+}
+
+impl ServiceState {
+    /// The keys of the two complete lists, `None` until both completed.
+    pub fn keys(&self) -> Option<ServiceKeys> {
+        let s = self.services.lock().unwrap_or_else(|p| p.into_inner());
+        let n = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        let (s, n) = (s.complete()?, n.complete()?);
+        Some(service_keys(
+            s.values().map(|a| a.as_ref()),
+            n.values().map(|a| a.as_ref()),
+        ))
+    }
+
+    /// The change counter.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn changed(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// One kind this module watches.
+trait Kind: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static {
+    const NAME: &'static str;
+    fn store(s: &ServiceState) -> &Mutex<ListStore<Self>>;
+}
+
+impl Kind for Service {
+    const NAME: &'static str = "services";
+    fn store(s: &ServiceState) -> &Mutex<ListStore<Self>> {
+        &s.services
+    }
+}
+
+impl Kind for Node {
+    const NAME: &'static str = "nodes";
+    fn store(s: &ServiceState) -> &Mutex<ListStore<Self>> {
+        &s.nodes
+    }
+}
+
+/// Runs the watcher of one kind forever, feeding `state`.
+async fn watch<K: Kind>(api: Api<K>, page_size: u32, state: Arc<ServiceState>, metrics: Metrics) {
+    let config = watcher::Config::default().page_size(page_size);
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(event) => {
+                let update = K::store(&state)
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .handle(event, |_, _| {});
+                if update == StoreUpdate::Changed {
+                    state.changed();
+                }
+            }
+            Err(e) => {
+                metrics.error("watch");
+                tracing::warn!(resource = K::NAME, error = %e, "watch failed; the last complete list stays in force");
+            }
+        }
+    }
+}
+
+/// Starts the watchers (tokio tasks on the current runtime) and the writer
+/// thread; aborting the returned tasks stops all of them (the last task
+/// holds the writer thread's stop guard).
+pub fn spawn(client: Client, cfg: ServicesConfig, metrics: Metrics) -> Vec<tokio::task::JoinHandle<()>> {
+    let state = Arc::new(ServiceState::default());
+    let guard = writer::spawn_thread(cfg.clone(), state.clone());
+    vec![
+        tokio::spawn(watch(
+            Api::<Service>::all(client.clone()),
+            cfg.page_size,
+            state.clone(),
+            metrics.clone(),
+        )),
+        tokio::spawn(watch(Api::<Node>::all(client), cfg.page_size, state, metrics)),
+        tokio::spawn(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await
+        }),
+    ]
+}

@@ -1,0 +1,189 @@
+//! Unit tests of the flow log: the rate limit, and the names of a compiled
+//! state (pod, peer pod / host / world CIDR, isolating policies).
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use npm_policy::compiled::CompileOptions;
+use npm_policy::model::{IpBlock, Namespace, Peer as ModelPeer, Pod, PodPhase, Policy, Rule, Selector, Snapshot};
+
+use super::*;
+
+#[test]
+fn limits_per_second_window() {
+    let mut f = FlowLog::with_writer(3, Box::new(std::io::sink()));
+    let t0 = Instant::now();
+    let events = vec![DenyEvent::default(); 5];
+    let snapshot = Snapshot::default();
+    assert_eq!(f.log_all(&events, &Names::new(None, &snapshot), t0), 2);
+    assert_eq!(f.admit(t0 + Duration::from_millis(999)), Admit::Suppress);
+    assert_eq!(f.admit(t0 + Duration::from_secs(1)), Admit::Log);
+}
+
+#[test]
+fn describes_v4_event() {
+    let e = event(7, npm_common::DIR_EGRESS, [10, 0, 0, 1], [10, 0, 0, 2]);
+    assert_eq!(
+        describe(&e),
+        "deny endpoint=7 ifindex=9 dir=egress reason=policy-denied proto=6 10.0.0.1:1234 -> 10.0.0.2:80"
+    );
+}
+
+fn event(endpoint: u32, direction: u8, src: [u8; 4], dst: [u8; 4]) -> DenyEvent {
+    let mut e = DenyEvent {
+        endpoint,
+        ifindex: 9,
+        direction,
+        reason: Reason::PolicyDenied as u8,
+        protocol: 6,
+        family: 4,
+        sport: 1234,
+        dport: 80,
+        ..Default::default()
+    };
+    e.src = npm_common::IpKey::v4(src).addr;
+    e.dst = npm_common::IpKey::v4(dst).addr;
+    e
+}
+
+fn pod(ns: &str, name: &str, node: &str, ip: &str, app: &str) -> Pod {
+    Pod {
+        uid: format!("uid-{name}"),
+        namespace: ns.into(),
+        name: name.into(),
+        labels: [("app".to_string(), app.to_string())].into(),
+        ips: vec![ip.parse().unwrap()],
+        node_name: Some(node.into()),
+        phase: PodPhase::Running,
+        deleting: false,
+        host_network: false,
+        ports: Vec::new(),
+        created: 0,
+    }
+}
+
+fn policy(name: &str, app: &str, ingress: bool, egress: bool, rules: Vec<Rule>) -> Policy {
+    Policy {
+        namespace: "k".into(),
+        name: name.into(),
+        pod_selector: Selector {
+            match_labels: [("app".to_string(), app.to_string())].into(),
+            match_expressions: Vec::new(),
+        },
+        ingress_isolation: ingress,
+        egress_isolation: egress,
+        ingress: Vec::new(),
+        egress: rules,
+    }
+}
+
+/// Records what the flow log wrote.
+#[derive(Clone, Default)]
+struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn names_pod_peer_and_isolating_policies() {
+    let mut s = Snapshot::default();
+    s.namespaces.insert(
+        "k".into(),
+        Namespace {
+            name: "k".into(),
+            labels: [("kubernetes.io/metadata.name".to_string(), "k".to_string())].into(),
+        },
+    );
+    for p in [
+        pod("k", "a", "node-a", "10.1.1.2", "a"),
+        pod("k", "b", "node-a", "10.1.2.2", "b"),
+        pod("k", "far", "node-b", "10.9.0.5", "far"),
+    ] {
+        s.pods.insert((p.namespace.clone(), p.name.clone()), p);
+    }
+    let to_cidr = Rule {
+        ports: Vec::new(),
+        peers: vec![ModelPeer::IpBlock(IpBlock {
+            cidr: "192.0.2.0/24".parse().unwrap(),
+            except: Vec::new(),
+        })],
+    };
+    for pol in [
+        policy("deny-b", "b", true, false, Vec::new()),
+        policy("b-egress", "b", false, true, vec![to_cidr]),
+        policy("deny-a", "a", true, false, Vec::new()),
+    ] {
+        s.policies.insert((pol.namespace.clone(), pol.name.clone()), pol);
+    }
+    let opts = CompileOptions {
+        node_name: "node-a".into(),
+        node_ips: vec!["10.0.0.1".parse().unwrap()],
+        allow_host_egress: false,
+    };
+    let compiled = npm_policy::compile(&s, &opts, None);
+    let b = *compiled.ids.endpoints.get("uid-b").expect("endpoint of b");
+    let names = Names::new(Some(&compiled), &s);
+
+    // Ingress into b from a (another pod of this node).
+    let r = names.record(&event(b, npm_common::DIR_INGRESS, [10, 1, 1, 2], [10, 1, 2, 2]));
+    assert_eq!(
+        r.pod,
+        Some(PodName {
+            namespace: "k".into(),
+            name: "b".into()
+        })
+    );
+    assert_eq!(
+        r.peer,
+        Peer::Pod {
+            namespace: "k".into(),
+            name: "a".into()
+        }
+    );
+    assert_eq!(r.policies, vec!["k/deny-b".to_string()]);
+    assert_eq!(r.direction, "ingress");
+    // Egress from b to a remote pod, to the world inside a policy CIDR,
+    // outside every CIDR, and to the node.
+    let egress = |dst| names.record(&event(b, npm_common::DIR_EGRESS, [10, 1, 2, 2], dst));
+    let r = egress([10, 9, 0, 5]);
+    assert_eq!(
+        r.peer,
+        Peer::Pod {
+            namespace: "k".into(),
+            name: "far".into()
+        }
+    );
+    assert_eq!(r.policies, vec!["k/b-egress".to_string()]);
+    assert_eq!(
+        egress([192, 0, 2, 7]).peer,
+        Peer::World {
+            cidr: Some("192.0.2.0/24".into())
+        }
+    );
+    assert_eq!(egress([198, 51, 100, 1]).peer, Peer::World { cidr: None });
+    assert_eq!(egress([10, 0, 0, 1]).peer, Peer::Host);
+
+    // The JSON line.
+    let sink = Sink::default();
+    let mut log = FlowLog::with_writer(10, Box::new(sink.clone()));
+    let ev = event(b, npm_common::DIR_INGRESS, [10, 1, 1, 2], [10, 1, 2, 2]);
+    assert_eq!(log.log_all(&[ev], &names, Instant::now()), 0);
+    let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    let line: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
+    assert_eq!(line["pod"]["name"], "b", "{text}");
+    assert_eq!(
+        line["peer"],
+        serde_json::json!({"kind": "pod", "namespace": "k", "name": "a"})
+    );
+    assert_eq!(line["policies"], serde_json::json!(["k/deny-b"]));
+    assert_eq!(line["src"], "10.1.1.2:1234");
+    assert_eq!(line["peer_ip"], "10.1.1.2".parse::<IpAddr>().unwrap().to_string());
+    assert_eq!(line["protocol"], "TCP");
+}

@@ -1,0 +1,145 @@
+//! Table tests of `npm_policy::adopt`: which adopted numbers a restarted
+//! agent keeps (an identity only for exactly the addresses that carried
+//! it, a CIDR identity by prefix) and that every new number is above every
+//! adopted one, through the real `compile()`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use npm_policy::adopt::{addresses_by_identity, seed, AdoptedNumbers};
+use npm_policy::compiled::{CompileOptions, Compiled};
+use npm_policy::model::{Pod, PodPhase, Snapshot};
+
+fn pod(name: &str, ip: &str, app: &str) -> Pod {
+    Pod {
+        uid: format!("uid-{name}"),
+        namespace: "x".into(),
+        name: name.into(),
+        labels: [("app".to_string(), app.to_string())].into(),
+        ips: vec![ip.parse().unwrap()],
+        node_name: Some("other".into()),
+        phase: PodPhase::Running,
+        deleting: false,
+        host_network: false,
+        ports: vec![],
+        created: 1,
+    }
+}
+
+fn snapshot(pods: &[(&str, &str, &str)]) -> Snapshot {
+    let mut s = Snapshot::default();
+    for (name, ip, app) in pods {
+        s.pods.insert(("x".into(), name.to_string()), pod(name, ip, app));
+    }
+    s
+}
+
+fn opts() -> CompileOptions {
+    CompileOptions {
+        node_name: "node".into(),
+        ..CompileOptions::default()
+    }
+}
+
+/// The identity of address `ip` in `c`.
+fn id_of(c: &Compiled, ip: &str) -> u32 {
+    c.ipcache[&ip.parse::<IpAddr>().unwrap()].identity
+}
+
+/// Compiles `s` the way a restarted agent does against `adopted`.
+fn restarted(s: &Snapshot, adopted: &AdoptedNumbers) -> Compiled {
+    let fresh = npm_policy::compile(s, &opts(), None);
+    npm_policy::compile(s, &opts(), Some(&seed(&fresh, adopted)))
+}
+
+fn adopted_from(c: &Compiled) -> AdoptedNumbers {
+    AdoptedNumbers {
+        identities: addresses_by_identity(c),
+        cidrs: c.cidrs.clone(),
+        max_rule: c.ids.rules.keys().next_back().copied().unwrap_or(0),
+    }
+}
+
+#[test]
+fn unchanged_state_keeps_every_number() {
+    // The previous agent saw z first: its numbering follows history.
+    let s1 = snapshot(&[("z", "10.0.0.9", "zed")]);
+    let c1 = npm_policy::compile(&s1, &opts(), None);
+    let s = snapshot(&[("a", "10.0.0.1", "a"), ("z", "10.0.0.9", "zed"), ("b", "10.0.0.2", "a")]);
+    let old = npm_policy::compile(&s, &opts(), Some(&c1));
+    assert!(id_of(&old, "10.0.0.9") < id_of(&old, "10.0.0.1"), "history order");
+    let fresh = npm_policy::compile(&s, &opts(), None);
+    assert_ne!(fresh.ipcache, old.ipcache, "a fresh numbering would change meanings");
+    let new = restarted(&s, &adopted_from(&old));
+    assert_eq!(new.ipcache, old.ipcache);
+    assert_eq!(new.ids.identities, old.ids.identities);
+}
+
+#[test]
+fn an_identity_is_kept_only_for_exactly_its_addresses() {
+    let s = snapshot(&[
+        ("a", "10.0.0.1", "a"),
+        ("b", "10.0.0.2", "b"),
+        ("c1", "10.0.0.3", "c"),
+        ("c2", "10.0.0.4", "c"),
+        ("d", "10.0.0.5", "d"),
+    ]);
+    let old = npm_policy::compile(&s, &opts(), None);
+    let adopted = adopted_from(&old);
+    let max = adopted.max_identity().unwrap();
+    // While the agent was down: a relabelled (same address: kept), b
+    // deleted and its address reused by a new pod with a's old labels, c2
+    // deleted (c's address set shrank), d's address moved to e (other
+    // labels, another name), f new.
+    let s2 = snapshot(&[
+        ("a", "10.0.0.1", "a2"),
+        ("b2", "10.0.0.2", "a"),
+        ("c1", "10.0.0.3", "c"),
+        ("e", "10.0.0.5", "e"),
+        ("f", "10.0.0.6", "d"),
+    ]);
+    let new = restarted(&s2, &adopted);
+    let old_id: BTreeMap<&str, u32> = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.5"]
+        .into_iter()
+        .map(|ip| (ip, id_of(&old, ip)))
+        .collect();
+    // Same address set: the number keeps its meaning (these addresses).
+    assert_eq!(id_of(&new, "10.0.0.1"), old_id["10.0.0.1"]);
+    assert_eq!(id_of(&new, "10.0.0.2"), old_id["10.0.0.2"]);
+    assert_eq!(id_of(&new, "10.0.0.5"), old_id["10.0.0.5"]);
+    // c's set shrank: a new number, above every adopted one.
+    assert!(id_of(&new, "10.0.0.3") > max);
+    assert!(id_of(&new, "10.0.0.6") > max);
+    // The map-level invariant: every number of the new state that existed
+    // in the old one stands for exactly the same addresses.
+    let new_sets = addresses_by_identity(&new);
+    for (id, addrs) in &new_sets {
+        if let Some(old_addrs) = adopted.identities.get(id) {
+            assert_eq!(addrs, old_addrs, "identity {id} changed meaning");
+        }
+    }
+    assert!(new.ids.next_identity > max);
+}
+
+#[test]
+fn cidr_identities_are_kept_by_prefix_and_new_ones_numbered_above() {
+    let mut adopted = AdoptedNumbers::default();
+    let base = npm_common::IDENTITY_FIRST_CIDR;
+    adopted.cidrs.insert("10.0.0.0/8".parse().unwrap(), base + 7);
+    adopted.cidrs.insert("192.168.0.0/16".parse().unwrap(), base + 3);
+    adopted.max_rule = 41;
+    let mut fresh = Compiled::default();
+    fresh.cidrs.insert("10.0.0.0/8".parse().unwrap(), base);
+    fresh.cidrs.insert("172.16.0.0/12".parse().unwrap(), base + 1);
+    let s = seed(&fresh, &adopted);
+    assert_eq!(
+        s.cidrs,
+        [("10.0.0.0/8".parse().unwrap(), base + 7)].into_iter().collect(),
+        "kept by prefix; prefixes no longer wanted are not carried"
+    );
+    assert_eq!(s.ids.next_cidr, base + 8, "above every adopted CIDR identity");
+    assert_eq!(s.ids.next_rule, 42, "rule ids above every adopted one");
+    assert_eq!(s.ids.next_identity, npm_common::IDENTITY_FIRST_POD);
+    assert!(s.ids.identities.is_empty());
+    assert!(AdoptedNumbers::default().is_empty() && !adopted.is_empty());
+}
