@@ -53,8 +53,24 @@ async fn outage_keeps_enforcement_and_agent_catches_up() {
         agent.is_ready() && dp.lock().state.ipcache.len() == 50
     })
     .await;
+    // Settled: the first sync may be followed by one that catches up with
+    // watch events of the initial list; no write for a second, then the
+    // outage starts (an agent that kept writing would fail here).
+    let mut calls_before = dp.lock().calls.len();
+    let settle = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = dp.lock().calls.len();
+        if now == calls_before {
+            break;
+        }
+        assert!(
+            settle.elapsed() < Duration::from_secs(10),
+            "the agent keeps writing without a change"
+        );
+        calls_before = now;
+    }
     let before = dp.lock().state.clone();
-    let calls_before = dp.lock().calls.len();
 
     // Outage: lists and watches fail, open watches are cut.
     srv.inject(FaultRule::fail(1_000_000, 503).verb("list"));

@@ -339,11 +339,12 @@ async fn scrape(plane: Plane) {
         )
         .await;
         // The kernel maps' fill, as the live agent publishes it: the two
-        // pods' endpoint records and the ipcache entries it wrote, against
-        // the maps' capacity; the ring-buffer loss counter exists from the start.
+        // pods' endpoint slots (their ifindexes fit the direct-mapped slot
+        // array) and the ipcache entries it wrote, against the maps'
+        // capacity; the ring-buffer loss counter exists from the start.
         wait_query(
             web,
-            "npm_map_entries{job=\"npm-agent\",map=\"NPM_ENDPOINTS\"}",
+            "npm_map_entries{job=\"npm-agent\",map=\"NPM_EP_SLOTS\"}",
             Duration::from_secs(20),
             |r| r.len() == 1 && value(&r[0]) >= 2.0,
         )

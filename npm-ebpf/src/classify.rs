@@ -159,7 +159,8 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
         lazy_v4: false,
         v4addr: 0,
     };
-    // A new flow to a Service: egress is decided after the DNAT.
+    // A new flow to a Service: egress is decided after the DNAT (counted
+    // here as `Reason::Deferred`).
     if dir == DIR_EGRESS && deferred(ep.flags, ifindex, p.proto, dst, port) {
         let pkt = CtPacket {
             pr: p.proto,

@@ -129,7 +129,8 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
             }
         }
     }
-    // A new flow to a Service: egress is decided after the DNAT.
+    // A new flow to a Service: egress is decided after the DNAT (counted
+    // here as `Reason::Deferred`).
     if dir == DIR_EGRESS && deferred_v4(ep.flags, ifindex, pr, daddr, dport) {
         store_ct4(&mut s.ct4, &key);
         return defer(ctx, s, ifindex, true, ct);

@@ -29,6 +29,14 @@ const APT_PACKAGES: &[&str] = &[
     "ca-certificates",
     // A real Prometheus scrapes the agent (`npm-agent/tests/prometheus_scrape.rs`).
     "prometheus",
+    // kube-proxy's iptables mode in the e2e cluster (`tests/e2e/src/kube_proxy/`).
+    "iptables",
+    // `ping -M do` in the path-MTU test (`npm-dataplane/tests/vxlan_pmtu.rs`).
+    "iputils-ping",
+    // `cargo xtask bench traffic` (TCP bulk throughput).
+    "iperf3",
+    // nsenter/unshare: the e2e nodes' private mount namespaces.
+    "util-linux",
 ];
 
 /// The bpf-linker version built against Debian's LLVM 22.

@@ -3,6 +3,12 @@
 //! CPUs here, the deny events lost to a full ring buffer at
 //! [`EVENTS_LOST_SLOT`] ([`EbpfDataplane::events_lost`]), and `NPM_EVENTS`,
 //! the ring buffer of [`DenyEvent`]s.
+//!
+//! Every [`Reason`] has its slot per direction, `Reason::Deferred`
+//! included: an egress-isolated pod's new flow to a Service that
+//! `from_pod` passed undecided (its decision after the DNAT is counted
+//! again, as `policy` or `policy-denied`, where it is taken). Metrics and
+//! `npm-agent inspect` name the slots with [`Reason::name`].
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::Ebpf;

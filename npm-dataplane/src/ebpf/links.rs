@@ -287,14 +287,7 @@ impl EbpfDataplane {
             .attach_with_options(name, hook_of(d), TcAttachOptions::TcxOrder(LinkOrder::first()))
             .map_err(prog_err(pname, format!("tcx attach to {name} ({ifindex})")))?;
         let link = prog.take_link(id).map_err(prog_err(pname, "take link"))?;
-        let fd = FdLink::try_from(link).map_err(link_err(&path, "not an fd link"))?;
-        // A stale pin (interface recreated with the same ifindex) is replaced.
-        let _ = std::fs::remove_file(&path);
-        let pinned = fd.pin(&path).map_err(|source| EbpfError::PinLink {
-            path: path.clone(),
-            source: Box::new(source),
-        })?;
-        Ok(FdLink::from(pinned))
+        pin_tcx_link(link, &path)
     }
 
     /// Whether both hooks of `ifindex` are attached in this dataplane's mode.
@@ -349,12 +342,7 @@ impl EbpfDataplane {
     fn remove_hook(&mut self, ifindex: u32, d: u8, hook: Hook) -> Result<(), EbpfError> {
         match hook {
             Hook::Tcx(link) => {
-                let path = pins::link_path(&self.pin_dir, ifindex, d);
-                match std::fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(source) => return Err(EbpfError::Unpin { path, source }),
-                }
+                unpin_link(pins::link_path(&self.pin_dir, ifindex, d))?;
                 drop(link);
                 Ok(())
             }
@@ -417,6 +405,31 @@ pub fn remove_pinned_filters(pin_dir: &std::path::Path) -> Result<Vec<(u32, &'st
         removed.push((ifindex, dir_name(d)));
     }
     Ok(removed)
+}
+
+/// Pins the tcx `link` at `path` (a stale pin of an interface recreated
+/// with the same ifindex is replaced) and returns the pinned link.
+pub(crate) fn pin_tcx_link(
+    link: aya::programs::tc::SchedClassifierLink,
+    path: &std::path::Path,
+) -> Result<FdLink, EbpfError> {
+    let fd = FdLink::try_from(link).map_err(link_err(path, "not an fd link"))?;
+    let _ = std::fs::remove_file(path);
+    let pinned = fd.pin(path).map_err(|source| EbpfError::PinLink {
+        path: path.to_path_buf(),
+        source: Box::new(source),
+    })?;
+    Ok(FdLink::from(pinned))
+}
+
+/// Removes the pin of a link at `path` (an absent pin is fine); the link
+/// is detached once its last handle is closed.
+pub(crate) fn unpin_link(path: std::path::PathBuf) -> Result<(), EbpfError> {
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(EbpfError::Unpin { path, source }),
+    }
 }
 
 #[cfg(test)]

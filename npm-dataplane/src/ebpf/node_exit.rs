@@ -161,25 +161,15 @@ impl NodeExit {
             )
             .map_err(prog_err(PROG_NODE_EXIT, format!("tcx attach to {name} ({ifindex})")))?;
         let link = prog.take_link(id).map_err(prog_err(PROG_NODE_EXIT, "take link"))?;
-        let fd = FdLink::try_from(link).map_err(link_err(&path, "not an fd link"))?;
-        let _ = std::fs::remove_file(&path);
-        let pinned = fd.pin(&path).map_err(|source| EbpfError::PinLink {
-            path: path.clone(),
-            source: Box::new(source),
-        })?;
+        let pinned = super::links::pin_tcx_link(link, &path)?;
         tracing::info!(interface = name, ifindex, "node_exit attached");
-        Ok(FdLink::from(pinned))
+        Ok(pinned)
     }
 
     /// Detaches `node_exit` from `ifindex` (unpins and closes its link).
     pub fn detach(&mut self, ifindex: u32) -> Result<(), EbpfError> {
         if let Some(link) = self.links.remove(&ifindex) {
-            let path = exit_dir(&self.pin_dir).join(ifindex.to_string());
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => return Err(EbpfError::Unpin { path, source }),
-            }
+            super::links::unpin_link(exit_dir(&self.pin_dir).join(ifindex.to_string()))?;
             drop(link);
         }
         Ok(())
