@@ -230,6 +230,57 @@ fn empty_compiled_renders_a_loadable_table_without_dispatch() {
     assert!(listed.contains("counter in_policy_denied"), "{listed}");
 }
 
+/// Egress is decided in forward and input, ingress only after source NAT
+/// (postrouting, priority srcnat + 1, on the source the pod sees, as the
+/// eBPF `to_pod`), and no dispatch is in two hooks a packet crosses.
+#[test]
+fn ingress_is_decided_after_source_nat_and_only_there() {
+    let (c, ifs) = basic();
+    let script = render(&c, &ifs, &NftOptions::default());
+    // The base chains of both tables (the bridge table's is base_prerouting).
+    let base: Vec<(&str, &str)> = script
+        .split("\tchain ")
+        .filter(|b| b.starts_with("base_") && b.contains(" hook "))
+        .map(|b| (b.split_whitespace().next().unwrap_or(""), b))
+        .collect();
+    let hooks: Vec<(&str, String)> = base
+        .iter()
+        .map(|(name, body)| {
+            let ty = body.lines().nth(1).unwrap_or("").trim().to_string();
+            (*name, ty)
+        })
+        .collect();
+    let inet_hooks: Vec<(&str, &str)> = hooks
+        .iter()
+        .filter(|(n, _)| *n != "base_prerouting")
+        .map(|(n, t)| (*n, t.as_str()))
+        .collect();
+    assert_eq!(
+        inet_hooks,
+        [
+            (
+                "base_forward",
+                "type filter hook forward priority filter; policy accept;"
+            ),
+            ("base_input", "type filter hook input priority filter; policy accept;"),
+            (
+                "base_postrouting",
+                "type filter hook postrouting priority srcnat + 1; policy accept;"
+            ),
+        ],
+        "{script}"
+    );
+    for (name, body) in &base {
+        let ingress = body.contains("@dispatch_in") || body.contains("@bridged_in_");
+        let egress = body.contains("@dispatch_out") || body.contains("@bridged_out_");
+        match *name {
+            "base_postrouting" => assert!(ingress && !egress, "{body}"),
+            "base_forward" | "base_input" => assert!(egress && !ingress, "{body}"),
+            _ => assert!(!ingress && !egress, "{body}"),
+        }
+    }
+}
+
 #[test]
 fn nft_failure_reports_command_and_stderr() {
     // A namespace that does not exist: `ip netns exec` fails; the error names the command.

@@ -22,12 +22,14 @@
 //!                                          { <ifindex> : jump ep_<id>_out / _in }
 //!     map bridged_out_v4 / _v6,            ipv4_addr / ipv6_addr : verdict,
 //!         bridged_in_v4 / _v6              { <endpoint address> : jump ep_<id>_out / _in }
-//!     chain base_forward  hook forward     iif vmap @dispatch_out;
-//!                                          meta iifkind "bridge" ip saddr vmap @bridged_out_v4 (and ip6);
-//!                                          oif vmap @dispatch_in;
-//!                                          meta oifkind "bridge" ip daddr vmap @bridged_in_v4 (and ip6)
-//!     chain base_input    hook input       the egress half (pod -> this node)
-//!     chain base_output   hook output      the ingress half (this node -> pod)
+//!     chain base_forward  hook forward     egress (pod -> other pods, the world):
+//!                         priority filter  iif vmap @dispatch_out;
+//!                                          meta iifkind "bridge" ip saddr vmap @bridged_out_v4 (and ip6)
+//!     chain base_input    hook input       egress (pod -> this node), the same rules
+//!                         priority filter
+//!     chain base_postrouting               ingress (anything -> pod), after every NAT:
+//!                         hook postrouting oif vmap @dispatch_in;
+//!                         priority srcnat + 1   meta oifkind "bridge" ip daddr vmap @bridged_in_v4 (and ip6)
 //! }
 //! table bridge npm {
 //!     counter out_spoofed                  spoofed frames of bridged pods
@@ -53,14 +55,34 @@
 //!
 //! | traffic | hook deciding | endpoint found by |
 //! |---|---|---|
-//! | routed pod -> anything | inet forward / input | `iif` (its veth) |
-//! | anything -> routed pod | inet forward / output | `oif` (its veth) |
-//! | bridged pod -> bridged pod, same bridge (L2) | inet forward via br_netfilter | source address (egress), destination address (ingress), `iifkind`/`oifkind` `bridge` |
+//! | routed pod -> other node, pod, world (egress) | inet forward | `iif` (its veth) |
+//! | routed pod -> this node (egress) | inet input | `iif` (its veth) |
+//! | anything -> routed pod, this node included (ingress) | inet postrouting, priority srcnat + 1 | `oif` (its veth) |
+//! | bridged pod -> bridged pod, same bridge (L2) | egress: inet forward, ingress: inet postrouting, both via br_netfilter | source address (egress), destination address (ingress), `iifkind`/`oifkind` `bridge` |
 //! | bridged pod -> other node, routed pod, world | inet forward | source address, `iifkind bridge` |
-//! | other node, routed pod, world -> bridged pod | inet forward | destination address, `oifkind bridge` |
 //! | bridged pod -> this node | inet input | source address, `iifkind bridge` |
-//! | this node -> bridged pod | inet output | destination address, `oifkind bridge` |
+//! | anything -> bridged pod, this node included | inet postrouting, priority srcnat + 1 | destination address, `oifkind bridge` |
 //! | source validation of a bridged pod | bridge prerouting, before br_netfilter and conntrack | the port (`iif`) |
+//!
+//! # Why ingress is decided in postrouting
+//!
+//! A pod's ingress is decided on the packet the pod receives, after all NAT,
+//! as the eBPF datapath does in `to_pod` (tc on the pod's host-side veth,
+//! after the whole IP stack). kube-proxy's source NAT (the masquerade of an
+//! `externalTrafficPolicy: Cluster` NodePort, of hairpin traffic) runs in
+//! nat postrouting at priority `srcnat` (100); the ingress chain runs just
+//! after it (101), so it sees the node's own address where the pod sees it
+//! (host identity, admitted like kubelet probes), not the original client.
+//! Deciding in forward (priority 0) would judge the client the pod never
+//! sees. Egress stays in forward and input (priority `filter`): destination
+//! NAT (prerouting, output) is done by then, source NAT is not, so it sees
+//! the pod's own source and the translated destination. Forwarded, locally generated (kubelet probes) and, with
+//! br_netfilter, bridged packets (`oif` = the bridge) all cross inet
+//! postrouting exactly once; traffic for this node's own sockets never
+//! does (that is only ever a pod's egress). Conntrack is attached in
+//! prerouting/output and confirmed after postrouting, so `ct state
+//! established,related` in the ingress chain admits replies as before, and
+//! a new connection dropped there is never confirmed.
 //!
 //! Each packet meets each endpoint chain at most once: a bridge is never
 //! an endpoint's interface, and a veth is never of kind `bridge`. The
@@ -77,8 +99,9 @@
 //! device) is not covered; traffic to an address a bridged pod holds that
 //! is not its endpoint's passes without its ingress chain.
 //!
-//! All base chains are `type filter`, priority `filter`, policy `accept`, so
-//! traffic that touches no endpoint interface is untouched. Packets from a
+//! All base chains are `type filter`, policy `accept` (priority `filter`,
+//! the ingress chain `srcnat + 1`), so traffic that touches no endpoint
+//! interface is untouched. Packets from a
 //! pod's host-side interface (`iif`) are the pod's egress, packets to it
 //! (`oif`) its ingress. Dispatch is one verdict-map lookup keyed on the
 //! ifindex (from [`crate::Interfaces`]; rendering needs no interface names, so
@@ -86,8 +109,8 @@
 //! exists), so the per-packet cost does not grow with the number of
 //! endpoints. Endpoint chains are entered with `jump` and end an allowed
 //! packet with `return`: a pod-to-pod packet on one node is checked by the
-//! source's egress chain, then by the destination's ingress chain, in the
-//! same base chain, and is dropped if either denies.
+//! source's egress chain (forward), then by the destination's ingress chain
+//! (postrouting), and is dropped if either denies.
 //!
 //! # Order inside an endpoint chain (the datapath's steps of `npm-common`)
 //!

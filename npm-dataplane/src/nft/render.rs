@@ -475,10 +475,10 @@ pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap, bridge_
             verdict_map(&mut s, bridged_map(direction, family), ty, &elems);
         }
     }
-    let base = |s: &mut String, name: &str, hook: &str, egress: bool, ingress: bool| {
+    let base = |s: &mut String, name: &str, hook: &str, priority: &str, direction: Direction| {
         let _ = writeln!(s, "\tchain {name} {{");
-        let _ = writeln!(s, "\t\ttype filter hook {hook} priority filter; policy accept;");
-        if egress {
+        let _ = writeln!(s, "\t\ttype filter hook {hook} priority {priority}; policy accept;");
+        if direction == Direction::Egress {
             let _ = writeln!(s, "\t\tiif vmap @{}", dispatch_map(Direction::Egress));
             let _ = writeln!(
                 s,
@@ -490,8 +490,7 @@ pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap, bridge_
                 "\t\tmeta iifkind \"bridge\" ip6 saddr vmap @{}",
                 bridged_map(Direction::Egress, Family::V6)
             );
-        }
-        if ingress {
+        } else {
             let _ = writeln!(s, "\t\toif vmap @{}", dispatch_map(Direction::Ingress));
             let _ = writeln!(
                 s,
@@ -506,12 +505,21 @@ pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap, bridge_
         }
         let _ = writeln!(s, "\t}}");
     };
-    // Pod <-> pod and pod <-> world: both hooks of the packet.
-    base(&mut s, "base_forward", "forward", true, true);
-    // Pod -> this node: the pod's egress.
-    base(&mut s, "base_input", "input", true, false);
-    // This node -> pod: the pod's ingress.
-    base(&mut s, "base_output", "output", false, true);
+    // Egress, before any NAT of the way out: pod -> other pods and the
+    // world (forward), pod -> this node (input).
+    base(&mut s, "base_forward", "forward", "filter", Direction::Egress);
+    base(&mut s, "base_input", "input", "filter", Direction::Egress);
+    // Ingress, after every NAT (kube-proxy's masquerade is nat postrouting,
+    // priority srcnat): on the source the pod sees, as the eBPF datapath's
+    // `to_pod`. Forwarded, locally generated and (br_netfilter) bridged
+    // packets all pass postrouting, each once.
+    base(
+        &mut s,
+        "base_postrouting",
+        "postrouting",
+        INGRESS_PRIORITY,
+        Direction::Ingress,
+    );
     let _ = writeln!(s, "}}");
 
     // The bridge table: source validation on the bridge ports, before
@@ -527,6 +535,10 @@ pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap, bridge_
     let _ = writeln!(s, "}}");
     s
 }
+
+/// Priority of the ingress base chain (hook postrouting): just after source
+/// NAT (`srcnat`, 100), so the verdict is on the source the pod sees.
+const INGRESS_PRIORITY: &str = "srcnat + 1";
 
 /// Name of the `bridge` table's dispatch map (port ifindex -> port chain).
 const PORTS_MAP: &str = "ports";
