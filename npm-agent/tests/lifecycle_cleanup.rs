@@ -100,6 +100,7 @@ async fn agent_then_cleanup(prefix: &str, veth: &str, subnet: &str, dataplane_ar
     clear_stale_links(veth);
     clear_stale_dirs("/sys/fs/bpf", prefix);
     clear_stale_dirs(std::env::temp_dir(), prefix);
+    clear_stale_nft_tables(prefix);
     let pid = std::process::id();
     let topo = RoutedPods::new(prefix, veth, ["a", "b"], subnet);
     let work = Work(std::env::temp_dir().join(format!("{prefix}{pid}")));

@@ -121,6 +121,23 @@ pub fn clear_stale_links(prefix: &str) {
     }
 }
 
+/// Delete the `inet` and `bridge` nft tables named `<prefix><pid>...`
+/// whose process is gone (a crashed run's nftables agent).
+pub fn clear_stale_nft_tables(prefix: &str) {
+    let Ok(out) = Command::new("nft").args(["list", "tables"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        for family in ["inet", "bridge"] {
+            if let Some(name) = line.strip_prefix(&format!("table {family} ")) {
+                if name.starts_with(prefix) && pid_gone(name, prefix) {
+                    let _ = Command::new("nft").args(["delete", "table", family, name]).output();
+                }
+            }
+        }
+    }
+}
+
 /// Remove the entries of `dir` (directories with their contents) named
 /// `<prefix><pid>...` whose process is gone.
 pub fn clear_stale_dirs(dir: impl AsRef<std::path::Path>, prefix: &str) {
