@@ -525,22 +525,9 @@ fn node_sysctls(node: &Node) -> Result<(), NetnsError> {
 
 /// Runs a command inside a named netns (`ip netns exec`).
 pub fn run_in_netns(netns: &str, args: &[&str]) -> Result<(), NetnsError> {
-    let joined = format!("netns exec {netns} {}", args.join(" "));
-    let out = Command::new("ip")
-        .args(["netns", "exec", netns])
-        .args(args)
-        .output()
-        .map_err(|source| NetnsError::Spawn {
-            args: joined.clone(),
-            source,
-        })?;
-    if !out.status.success() {
-        return Err(NetnsError::Ip {
-            args: joined,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(())
+    let mut full = vec!["netns", "exec", netns];
+    full.extend_from_slice(args);
+    ip(&full).map(drop)
 }
 
 /// The holder's script: the node's own sysfs, the host's bpffs, per-node
