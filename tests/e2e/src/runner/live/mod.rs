@@ -63,18 +63,7 @@ impl LiveRunner {
         if opts.multi_node() {
             return Self::start_multi(opts);
         }
-        let server = npm_testapi::TestApiServer::start_background(npm_testapi::Options::default())
-            .map_err(|e| RunnerError::ApiServer(e.to_string()))?;
-        let api = Api::new(server.addr());
-        let workdir = std::env::temp_dir().join(format!("npm-conformance-{pid}"));
-        std::fs::create_dir_all(&workdir).map_err(|source| RunnerError::Read {
-            path: workdir.clone(),
-            source,
-        })?;
-        let kubeconfig = workdir.join("kubeconfig");
-        server
-            .kubeconfig(&kubeconfig)
-            .map_err(|e| RunnerError::ApiServer(e.to_string()))?;
+        let (server, api, workdir, kubeconfig) = start_api_server(npm_testapi::Options::default())?;
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/npm-conformance-{pid}"));
         let nft_table = format!("npmconf{pid}");
         let mut r = LiveRunner {
@@ -187,4 +176,25 @@ impl Drop for LiveRunner {
     fn drop(&mut self) {
         let _ = self.shutdown_inner();
     }
+}
+
+/// Starts the test API server with `options`, and the runner's scratch
+/// directory `npm-conformance-<pid>` holding a kubeconfig that points at it:
+/// (server, client, scratch directory, kubeconfig path).
+pub(super) fn start_api_server(
+    options: npm_testapi::Options,
+) -> Result<(npm_testapi::TestApiServer, Api, PathBuf, PathBuf), RunnerError> {
+    let server =
+        npm_testapi::TestApiServer::start_background(options).map_err(|e| RunnerError::ApiServer(e.to_string()))?;
+    let api = Api::new(server.addr());
+    let workdir = std::env::temp_dir().join(format!("npm-conformance-{}", std::process::id()));
+    std::fs::create_dir_all(&workdir).map_err(|source| RunnerError::Read {
+        path: workdir.clone(),
+        source,
+    })?;
+    let kubeconfig = workdir.join("kubeconfig");
+    server
+        .kubeconfig(&kubeconfig)
+        .map_err(|e| RunnerError::ApiServer(e.to_string()))?;
+    Ok((server, api, workdir, kubeconfig))
 }

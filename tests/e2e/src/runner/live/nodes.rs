@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use super::agent::AgentSpec;
 use super::{api_err, LiveRunner};
-use crate::api::{pod_object, pod_path, Api};
+use crate::api::{pod_object, pod_path};
 use crate::cluster::{Cluster, PodWiring};
 use crate::cni;
 use crate::nodes::{ns_subnet_v4, ns_subnet_v6, Nodes, CONTROL_V4, MAX_NS_INDEX};
@@ -54,21 +54,10 @@ impl LiveRunner {
         };
         let npm_cni = std::fs::canonicalize(&opts.npm_cni_bin).unwrap_or_else(|_| opts.npm_cni_bin.clone());
         let cluster = Cluster::with_nodes(opts.nodes, opts.fabric, wiring, &npm_cni)?;
-        let server = npm_testapi::TestApiServer::start_background(npm_testapi::Options {
+        let (server, api, workdir, kubeconfig) = super::start_api_server(npm_testapi::Options {
             listen: SocketAddr::from((CONTROL_V4, 0)),
             ..npm_testapi::Options::default()
-        })
-        .map_err(|e| RunnerError::ApiServer(e.to_string()))?;
-        let api = Api::new(server.addr());
-        let workdir = std::env::temp_dir().join(format!("npm-conformance-{pid}"));
-        std::fs::create_dir_all(&workdir).map_err(|source| RunnerError::Read {
-            path: workdir.clone(),
-            source,
         })?;
-        let kubeconfig = workdir.join("kubeconfig");
-        server
-            .kubeconfig(&kubeconfig)
-            .map_err(|e| RunnerError::ApiServer(e.to_string()))?;
         let mut r = LiveRunner {
             opts,
             agents: Vec::new(),
