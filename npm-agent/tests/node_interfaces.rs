@@ -163,6 +163,7 @@ fn compiled(endpoints: &[(u32, String)]) -> Compiled {
                 },
                 isolated_ingress: false,
                 isolated_egress: false,
+                tiers: Default::default(),
             },
         );
     }

@@ -33,6 +33,12 @@ pub enum Reason {
     /// counts it either way). Not a policy decision: a packet counted here
     /// is not counted as [`Reason::Policy`] by `from_pod`.
     Deferred = 8,
+    /// Allowed: an Admin-tier ClusterNetworkPolicy rule with action
+    /// `Accept` decided it (final: NetworkPolicy is not consulted).
+    AdminAccept = 9,
+    /// Allowed: a Baseline-tier ClusterNetworkPolicy rule with action
+    /// `Accept` decided it (no Admin rule and no isolating NetworkPolicy did).
+    BaselineAccept = 10,
     /// Dropped: no policy entry allows it.
     PolicyDenied = 16,
     /// Dropped: egress with a source that is not the endpoint's address.
@@ -41,6 +47,12 @@ pub enum Reason {
     Malformed = 18,
     /// Dropped: non-first fragment without an allowed first fragment.
     Fragment = 19,
+    /// Dropped: an Admin-tier ClusterNetworkPolicy rule with action `Deny`
+    /// decided it (final).
+    AdminDeny = 20,
+    /// Dropped: a Baseline-tier ClusterNetworkPolicy rule with action
+    /// `Deny` decided it (no Admin rule and no isolating NetworkPolicy did).
+    BaselineDeny = 21,
 }
 
 /// Number of reason slots per direction in `NPM_COUNTERS`.
@@ -50,7 +62,7 @@ pub const FIRST_DENY_REASON: u8 = 16;
 
 impl Reason {
     /// Every reason, for counters and metrics.
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 17] = [
         Reason::Policy,
         Reason::NotIsolated,
         Reason::Tracked,
@@ -60,10 +72,14 @@ impl Reason {
         Reason::NoEndpoint,
         Reason::Related,
         Reason::Deferred,
+        Reason::AdminAccept,
+        Reason::BaselineAccept,
         Reason::PolicyDenied,
         Reason::Spoofed,
         Reason::Malformed,
         Reason::Fragment,
+        Reason::AdminDeny,
+        Reason::BaselineDeny,
     ];
 
     /// True when the reason drops the packet.
@@ -96,10 +112,14 @@ impl Reason {
             6 => Reason::NoEndpoint,
             7 => Reason::Related,
             8 => Reason::Deferred,
+            9 => Reason::AdminAccept,
+            10 => Reason::BaselineAccept,
             16 => Reason::PolicyDenied,
             17 => Reason::Spoofed,
             18 => Reason::Malformed,
             19 => Reason::Fragment,
+            20 => Reason::AdminDeny,
+            21 => Reason::BaselineDeny,
             _ => return None,
         })
     }
@@ -120,6 +140,10 @@ impl Reason {
             Reason::Spoofed => "spoofed",
             Reason::Malformed => "malformed",
             Reason::Fragment => "fragment",
+            Reason::AdminAccept => "admin-accept",
+            Reason::BaselineAccept => "baseline-accept",
+            Reason::AdminDeny => "admin-deny",
+            Reason::BaselineDeny => "baseline-deny",
         }
     }
 }

@@ -162,6 +162,7 @@ fn compiled(policy: usize, ipcache: usize) -> Compiled {
             ipv6: None,
             isolated_ingress: true,
             isolated_egress: true,
+            tiers: Default::default(),
         },
     );
     c.ipcache.insert(

@@ -304,6 +304,7 @@ pub(crate) fn endpoint_record(
         }),
         isolated_ingress,
         isolated_egress,
+        tiers: Default::default(),
     }
 }
 

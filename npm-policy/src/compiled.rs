@@ -104,6 +104,126 @@ pub struct Endpoint {
     pub isolated_ingress: bool,
     /// Some policy selects it for egress.
     pub isolated_egress: bool,
+    /// Which ClusterNetworkPolicy tiers have entries for it, per direction
+    /// (derived from [`Compiled::tiers`]: the datapath skips a tier's
+    /// lookups when its flag is clear).
+    pub tiers: TierPresence,
+}
+
+/// Which ClusterNetworkPolicy tiers have [`TierEntry`]s for one endpoint,
+/// per direction. All false: the endpoint is decided by NetworkPolicy
+/// alone, exactly as without ClusterNetworkPolicies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TierPresence {
+    /// Admin-tier entries for ingress.
+    pub admin_ingress: bool,
+    /// Admin-tier entries for egress.
+    pub admin_egress: bool,
+    /// Baseline-tier entries for ingress.
+    pub baseline_ingress: bool,
+    /// Baseline-tier entries for egress.
+    pub baseline_egress: bool,
+}
+
+impl TierPresence {
+    /// Whether `tier` has entries in `direction`.
+    pub const fn has(&self, tier: Tier, direction: Direction) -> bool {
+        match (tier, direction) {
+            (Tier::Admin, Direction::Ingress) => self.admin_ingress,
+            (Tier::Admin, Direction::Egress) => self.admin_egress,
+            (Tier::Baseline, Direction::Ingress) => self.baseline_ingress,
+            (Tier::Baseline, Direction::Egress) => self.baseline_egress,
+        }
+    }
+    /// Marks `tier` as having entries in `direction`.
+    pub fn set(&mut self, tier: Tier, direction: Direction) {
+        match (tier, direction) {
+            (Tier::Admin, Direction::Ingress) => self.admin_ingress = true,
+            (Tier::Admin, Direction::Egress) => self.admin_egress = true,
+            (Tier::Baseline, Direction::Ingress) => self.baseline_ingress = true,
+            (Tier::Baseline, Direction::Egress) => self.baseline_egress = true,
+        }
+    }
+    /// No tier has entries in either direction.
+    pub const fn is_empty(&self) -> bool {
+        !(self.admin_ingress || self.admin_egress || self.baseline_ingress || self.baseline_egress)
+    }
+}
+
+/// A ClusterNetworkPolicy tier (`spec.tier`). Per direction the order is:
+/// Admin, then NetworkPolicy (when it isolates the pod), then Baseline,
+/// then allow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Tier {
+    /// `Admin`: decided before NetworkPolicy.
+    Admin,
+    /// `Baseline`: decided after NetworkPolicy, when none isolates the pod.
+    Baseline,
+}
+
+impl Tier {
+    /// The API spelling.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Tier::Admin => "Admin",
+            Tier::Baseline => "Baseline",
+        }
+    }
+}
+
+/// What the first matching rule of a tier does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TierAction {
+    /// Allow (final; replies too).
+    Accept,
+    /// Drop silently (final).
+    Deny,
+    /// Skip the rest of the tier: go on to the next step of the order.
+    Pass,
+}
+
+/// One entry of a tier's table for one local endpoint and direction.
+///
+/// The compiler guarantees, for one (`endpoint`, `direction`, `tier`,
+/// `peer`): the entries of one protocol have disjoint port ranges, and at
+/// most one entry has `protocol: None`. A packet's match for one peer
+/// identity is its *most specific* entry: the entry of its protocol whose
+/// range holds its destination port, else the `protocol: None` entry.
+/// That entry's [`TierValue`] is the first rule of the tier (lowest
+/// [`TierValue::rank`]) that matches the packet for that identity (the
+/// compiler folds every less specific rule into the more specific
+/// entries). The tier's decision for a packet is, among its peer
+/// identities (pod or node identity, CIDR identity, `IDENTITY_ANY`), the
+/// matched entry with the lowest rank; no entry: the tier does not decide.
+/// This is exactly an LPM lookup per identity and a minimum over three.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TierEntry {
+    /// Endpoint id.
+    pub endpoint: u32,
+    /// Direction from the endpoint.
+    pub direction: Direction,
+    /// Tier.
+    pub tier: Tier,
+    /// Peer identity (pod, node, CIDR) or `IDENTITY_ANY`.
+    pub peer: u32,
+    /// `None`: every protocol and port (see the type's documentation).
+    pub protocol: Option<Protocol>,
+    /// Inclusive destination port range (`0..=65535` for every port);
+    /// ignored when `protocol` is `None`.
+    pub ports: (u16, u16),
+}
+
+/// The decision of a [`TierEntry`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TierValue {
+    /// The rule's action.
+    pub action: TierAction,
+    /// Position of the rule in its tier's total order (priority, then the
+    /// policy name, then the rule's index): lower is decided first. Unique
+    /// per rule within a tier and direction; below 2^30.
+    pub rank: u32,
+    /// Rule id ([`IdTables::rules`]: a [`RuleRef::Cluster`]).
+    pub rule: u32,
 }
 
 /// One allow entry of the policy map.
@@ -138,6 +258,17 @@ pub enum RuleRef {
     },
     /// The `allow_host_egress` setting.
     HostEgress,
+    /// Rule `index` of the `direction` rules of ClusterNetworkPolicy `name`.
+    Cluster {
+        /// The policy's tier.
+        tier: Tier,
+        /// Name (the policy is cluster-scoped).
+        name: String,
+        /// Direction.
+        direction: Direction,
+        /// Index in `ingress` or `egress`.
+        index: usize,
+    },
 }
 
 /// The compiled policy of one node.
@@ -153,6 +284,8 @@ pub struct Compiled {
     pub endpoints: BTreeMap<u32, Endpoint>,
     /// Allow entries -> rule id.
     pub policy: BTreeMap<PolicyEntry, u32>,
+    /// ClusterNetworkPolicy tier entries (see [`TierEntry`]).
+    pub tiers: BTreeMap<TierEntry, TierValue>,
     /// Allocation state, kept so that ids are stable across recompiles.
     pub ids: IdTables,
 }
@@ -274,16 +407,23 @@ pub struct CompiledDiff {
     pub endpoints: MapDiff<u32, Endpoint>,
     /// Policy entry changes.
     pub policy: MapDiff<PolicyEntry, u32>,
+    /// Tier entry changes (applied with the policy entries: upserts first,
+    /// removals after the endpoints).
+    pub tiers: MapDiff<TierEntry, TierValue>,
 }
 
 impl CompiledDiff {
     /// Nothing to change.
     pub fn is_empty(&self) -> bool {
-        self.ipcache.is_empty() && self.cidrs.is_empty() && self.endpoints.is_empty() && self.policy.is_empty()
+        self.ipcache.is_empty()
+            && self.cidrs.is_empty()
+            && self.endpoints.is_empty()
+            && self.policy.is_empty()
+            && self.tiers.is_empty()
     }
     /// Number of changes.
     pub fn len(&self) -> usize {
-        self.ipcache.len() + self.cidrs.len() + self.endpoints.len() + self.policy.len()
+        self.ipcache.len() + self.cidrs.len() + self.endpoints.len() + self.policy.len() + self.tiers.len()
     }
 }
 
@@ -295,6 +435,7 @@ impl Compiled {
             cidrs: MapDiff::between(&self.cidrs, &next.cidrs),
             endpoints: MapDiff::between(&self.endpoints, &next.endpoints),
             policy: MapDiff::between(&self.policy, &next.policy),
+            tiers: MapDiff::between(&self.tiers, &next.tiers),
         }
     }
 }

@@ -79,6 +79,14 @@ impl Compiled {
                 RuleRef::HostEgress => {
                     let _ = writeln!(s, "  r{id} host-egress");
                 }
+                RuleRef::Cluster {
+                    tier,
+                    name,
+                    direction,
+                    index,
+                } => {
+                    let _ = writeln!(s, "  r{id} cnp/{name} {} {}[{index}]", tier.name(), direction.name());
+                }
             }
         }
         s.push_str("policy:\n");

@@ -480,6 +480,7 @@ mod tests {
                     ipv6: None,
                     isolated_ingress: false,
                     isolated_egress: false,
+                    tiers: Default::default(),
                 },
             );
         }

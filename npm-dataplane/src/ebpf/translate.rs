@@ -467,6 +467,7 @@ mod tests {
             ipv6: None,
             isolated_ingress: true,
             isolated_egress: false,
+            tiers: Default::default(),
         };
         let info = endpoint_info(9, &ep);
         assert_eq!(info.id, 9);

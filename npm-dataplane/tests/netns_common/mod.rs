@@ -249,6 +249,7 @@ pub fn endpoint(name: &str, identity: u32, v4: Option<&str>, v6: Option<&str>, i
         ipv6: v6.map(|a| a.parse().unwrap()),
         isolated_ingress: iso_in,
         isolated_egress: iso_eg,
+        tiers: Default::default(),
     }
 }
 
