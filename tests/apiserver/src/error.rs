@@ -91,6 +91,12 @@ pub enum ApiError {
         /// The store's current resourceVersion.
         current: u64,
     },
+    /// 404: the resource is not served (a custom resource whose CRD is not installed).
+    #[error("the server could not find the requested resource ({resource})")]
+    NotServed {
+        /// Plural resource with group.
+        resource: String,
+    },
     /// Any status injected by the fault-injection admin endpoint.
     #[error("injected fault: {code}")]
     Injected {
@@ -112,7 +118,7 @@ impl ApiError {
     /// The HTTP status code of this error.
     pub fn code(&self) -> u16 {
         match self {
-            ApiError::NotFound { .. } => 404,
+            ApiError::NotFound { .. } | ApiError::NotServed { .. } => 404,
             ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } => 409,
             ApiError::Expired { .. } => 410,
             ApiError::Invalid { .. } => 422,
@@ -127,7 +133,7 @@ impl ApiError {
     /// The `reason` field of the Status object.
     pub fn reason(&self) -> &'static str {
         match self {
-            ApiError::NotFound { .. } => "NotFound",
+            ApiError::NotFound { .. } | ApiError::NotServed { .. } => "NotFound",
             ApiError::AlreadyExists { .. } => "AlreadyExists",
             ApiError::Conflict { .. } => "Conflict",
             ApiError::Expired { .. } => "Expired",

@@ -3,12 +3,21 @@
 //! It serves namespaces, pods (with `/status`), `networking.k8s.io/v1` networkpolicies,
 //! `apps/v1` daemonsets (with `/status`), events, services (with `/status`; ClusterIPs from
 //! the service CIDRs and NodePorts allocated, see [`ServiceNetwork`]),
-//! `discovery.k8s.io/v1` endpointslices and nodes (cluster-scoped, with `/status`)
-//! over the real REST protocol (plain HTTP, no auth), so kube-rs and `kubectl` work against
+//! `discovery.k8s.io/v1` endpointslices, nodes (cluster-scoped, with `/status`),
+//! `apiextensions.k8s.io/v1` customresourcedefinitions and, once the ClusterNetworkPolicy CRD
+//! is installed (`kubectl apply -f` of a vendored CRD, or [`Options::cnp_crd`]),
+//! `policy.networking.k8s.io/v1alpha2` clusternetworkpolicies pruned and validated by the
+//! installed channel's schema (see [`crd`]), over the real REST protocol (plain HTTP, no auth), so kube-rs and `kubectl` work against
 //! it: discovery, create/get/list/update/patch/delete, paginated lists with consistent
 //! snapshots, label/field selectors, watches with bookmarks, compaction (410 Gone),
 //! upstream-style defaulting and validation (422 with `details.causes[].field`), and
 //! fault injection for tests.
+//!
+//! Custom resources follow a real server's CRD handling: structural pruning of fields the
+//! installed schema does not specify, with the request's `fieldValidation` (`Strict`, what
+//! kubectl sends, refuses them with 400; `Warn`, the default, answers `Warning` headers;
+//! `Ignore`), then the schema's validation and its CEL rules (422). Deleting the CRD deletes
+//! its objects. Built-in kinds keep unknown fields as before.
 //!
 //! Admin endpoints (plain HTTP, JSON answers; not counted in the request stats):
 //!
@@ -35,6 +44,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod crd;
 pub mod error;
 pub mod http;
 pub mod patch;
@@ -44,6 +54,7 @@ pub mod store;
 pub mod validate;
 pub mod validate_network;
 
+pub use crd::CnpChannel;
 pub use error::ApiError;
 pub use http::{FaultAction, FaultRule, Stats};
 pub use store::{Kind, ServiceNetwork};
@@ -76,6 +87,14 @@ pub enum ServerError {
     /// Building a runtime for a background server failed.
     #[error("creating the tokio runtime for the server: {0}")]
     Runtime(std::io::Error),
+    /// Installing the ClusterNetworkPolicy CRD at startup failed.
+    #[error("installing the {channel} ClusterNetworkPolicy CRD: {source}")]
+    InstallCrd {
+        /// The channel.
+        channel: CnpChannel,
+        /// Store error.
+        source: Box<ApiError>,
+    },
     /// Seeding an initial namespace failed.
     #[error("seeding namespace {name}: {source}")]
     Seed {
@@ -102,6 +121,10 @@ pub struct Options {
     /// Service CIDRs and NodePort range (default `10.96.0.0/16`, `fd00:96::/112`,
     /// 30000-32767).
     pub service_network: ServiceNetwork,
+    /// Install this channel's ClusterNetworkPolicy CRD at startup (None, the default: not
+    /// installed, clusternetworkpolicies answer 404 until a CRD is applied, as on a fresh
+    /// cluster).
+    pub cnp_crd: Option<CnpChannel>,
 }
 
 impl Default for Options {
@@ -113,6 +136,7 @@ impl Default for Options {
             max_history: 1_000_000,
             seed_namespaces: vec!["default".into(), "kube-system".into()],
             service_network: ServiceNetwork::default(),
+            cnp_crd: None,
         }
     }
 }
@@ -146,6 +170,14 @@ impl TestApiServer {
                 .create(Kind::Namespace, None, serde_json::json!({"metadata": {"name": name}}))
                 .map_err(|source| ServerError::Seed {
                     name: name.clone(),
+                    source: Box::new(source),
+                })?;
+        }
+        if let Some(channel) = opts.cnp_crd {
+            store
+                .install_cnp_crd(channel)
+                .map_err(|source| ServerError::InstallCrd {
+                    channel,
                     source: Box::new(source),
                 })?;
         }
@@ -265,6 +297,22 @@ impl TestApiServer {
     ) -> Result<serde_json::Value, ApiError> {
         let created = self.state.store().create(kind, namespace, obj)?;
         Ok((*created).clone())
+    }
+
+    /// Install (or replace with) the vendored ClusterNetworkPolicy CRD of `channel`, as
+    /// `kubectl apply -f` of its file does; returns the stored CRD. Stored
+    /// clusternetworkpolicies are re-pruned by the new schema.
+    pub fn install_cnp_crd(&self, channel: CnpChannel) -> Result<serde_json::Value, ApiError> {
+        Ok((*self.state.store().install_cnp_crd(channel)?).clone())
+    }
+
+    /// Delete the ClusterNetworkPolicy CRD: every clusternetworkpolicy is deleted with it
+    /// (DELETED events) and the resource answers 404 again.
+    pub fn uninstall_cnp_crd(&self) -> Result<(), ApiError> {
+        self.state
+            .store()
+            .delete(Kind::CustomResourceDefinition, None, crd::CNP_CRD_NAME, None, None)
+            .map(|_| ())
     }
 
     /// Request counters.

@@ -4,7 +4,7 @@ use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// A Kubernetes-compatible API server (namespaces, pods, networkpolicies, services, endpointslices, nodes...) for tests and demos.
+/// A Kubernetes-compatible API server (namespaces, pods, networkpolicies, services, endpointslices, nodes, the ClusterNetworkPolicy CRD...) for tests and demos.
 #[derive(Debug, Parser)]
 #[command(name = "npm-testapi", version)]
 struct Cli {
@@ -29,6 +29,11 @@ struct Cli {
     /// NodePort range, `LOW-HIGH`.
     #[arg(long, default_value = "30000-32767", value_parser = parse_port_range)]
     node_port_range: std::ops::RangeInclusive<u16>,
+    /// Install the vendored ClusterNetworkPolicy CRD of this channel (`standard` or
+    /// `experimental`) at start; without it clusternetworkpolicies answer 404 until a CRD is
+    /// applied.
+    #[arg(long, value_name = "CHANNEL")]
+    cnp_crd: Option<npm_testapi::CnpChannel>,
 }
 
 /// Parse `LOW-HIGH` into a port range.
@@ -60,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
             cidrs: cli.service_cidrs.clone(),
             node_ports: cli.node_port_range.clone(),
         },
+        cnp_crd: cli.cnp_crd,
         ..Default::default()
     };
     let server = npm_testapi::TestApiServer::start(opts).await?;

@@ -1,89 +1,12 @@
-//! The real `kubectl` (/usr/bin/kubectl) against npm-testapi: create, get, replace, apply
+//! The real `kubectl` against npm-testapi: create, get, replace, apply
 //! (client- and server-side), label, delete of a NetworkPolicy and a namespace, and a
 //! validation error surfaced with its field.
 
+mod common;
+
+use common::{write, Kubectl, TempDir};
 use npm_testapi::{Options, TestApiServer};
-use serde_json::Value;
-use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// A temporary directory removed on drop (also when a test panics).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let base = std::env::temp_dir();
-        // Clear leftovers of crashed earlier runs of this test.
-        if let Ok(entries) = std::fs::read_dir(&base) {
-            for e in entries.flatten() {
-                let name = e.file_name().to_string_lossy().to_string();
-                let Some(pid) = name.strip_prefix(&format!("npm-testapi-{tag}-")) else {
-                    continue;
-                };
-                // Only directories of processes that are gone (a crashed earlier run).
-                if !Path::new("/proc").join(pid).exists() {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-        }
-        let dir = base.join(format!("npm-testapi-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct Kubectl {
-    kubeconfig: PathBuf,
-    cache: PathBuf,
-}
-
-struct Out {
-    ok: bool,
-    stdout: String,
-    stderr: String,
-}
-
-impl Kubectl {
-    fn run(&self, args: &[&str]) -> Out {
-        let out = Command::new("/usr/bin/kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(&self.cache)
-            .args(args)
-            .output()
-            .expect("run /usr/bin/kubectl");
-        Out {
-            ok: out.status.success(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let o = self.run(args);
-        assert!(o.ok, "kubectl {args:?} failed: {}{}", o.stdout, o.stderr);
-        o.stdout
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let mut a = args.to_vec();
-        a.extend(["-o", "json"]);
-        serde_json::from_str(&self.ok(&a)).expect("kubectl printed JSON")
-    }
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, text).expect("write manifest");
-    p.to_string_lossy().into_owned()
-}
 
 fn policy(port: u16, extra_label: &str) -> String {
     format!(

@@ -1,31 +1,51 @@
 //! Discovery and OpenAPI: `/version`, `/api`, `/apis` and the group-version resource lists,
-//! the minimal OpenAPI v3 documents kubectl reads, and the health endpoints.
+//! the minimal OpenAPI v3 documents kubectl reads, and the health endpoints. Custom resources
+//! appear only while their CRD is installed, with the CRD's short names and categories.
 
 use super::response::{body_response, json_response, not_found_path};
 use super::AppState;
-use crate::store::Kind;
+use crate::store::{Kind, Store};
 use axum::body::Body;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-/// The `APIResourceList` entries of an API group (with the `/status` subresources).
-fn api_resources(group: &str) -> Vec<Value> {
+/// Short names and categories of a kind (a custom resource's come from its CRD).
+fn names_of(store: &Store, k: Kind) -> (Vec<String>, Vec<String>) {
+    let own = |s: &[&str], c: &[&str]| {
+        (
+            s.iter().map(|x| x.to_string()).collect(),
+            c.iter().map(|x| x.to_string()).collect(),
+        )
+    };
+    match k {
+        Kind::Namespace => own(&["ns"], &[]),
+        Kind::Pod => own(&["po"], &["all"]),
+        Kind::NetworkPolicy => own(&["netpol"], &[]),
+        Kind::DaemonSet => own(&["ds"], &["all"]),
+        Kind::Event => own(&["ev"], &[]),
+        Kind::Service => own(&["svc"], &["all"]),
+        Kind::EndpointSlice => own(&[], &[]),
+        Kind::Node => own(&["no"], &[]),
+        Kind::CustomResourceDefinition => own(&["crd", "crds"], &[]),
+        Kind::ClusterNetworkPolicy => store
+            .cnp_crd()
+            .map(|c| (c.short_names.clone(), c.categories.clone()))
+            .unwrap_or_default(),
+    }
+}
+
+/// The `APIResourceList` entries of a group-version (with the `/status` subresources).
+fn api_resources(store: &Store, group: &str, version: &str) -> Vec<Value> {
     let mut out = Vec::new();
-    for k in Kind::ALL.into_iter().filter(|k| k.group() == group) {
+    for k in Kind::ALL
+        .into_iter()
+        .filter(|k| k.group() == group && k.version() == version && store.serves(*k))
+    {
         let mut verbs = vec!["create", "delete", "get", "list", "patch", "update", "watch"];
-        if k.namespaced() {
+        if k.namespaced() || matches!(k, Kind::CustomResourceDefinition | Kind::ClusterNetworkPolicy) {
             verbs.insert(2, "deletecollection");
         }
-        let (short, cats): (&[&str], &[&str]) = match k {
-            Kind::Namespace => (&["ns"], &[]),
-            Kind::Pod => (&["po"], &["all"]),
-            Kind::NetworkPolicy => (&["netpol"], &[]),
-            Kind::DaemonSet => (&["ds"], &["all"]),
-            Kind::Event => (&["ev"], &[]),
-            Kind::Service => (&["svc"], &["all"]),
-            Kind::EndpointSlice => (&[], &[]),
-            Kind::Node => (&["no"], &[]),
-        };
+        let (short, cats) = names_of(store, k);
         let mut r = json!({
             "name": k.plural(), "singularName": k.singular(), "namespaced": k.namespaced(),
             "kind": k.kind(), "verbs": verbs,
@@ -47,51 +67,65 @@ fn api_resources(group: &str) -> Vec<Value> {
     out
 }
 
-/// The named API groups served (the core group "" is served under `/api`).
-const GROUPS: [&str; 3] = ["networking.k8s.io", "apps", "discovery.k8s.io"];
+/// The named group-versions served now, in a stable order (the core group "" is served
+/// under `/api`).
+fn group_versions(store: &Store) -> Vec<(&'static str, &'static str)> {
+    let mut out: Vec<(&'static str, &'static str)> = Vec::new();
+    for k in Kind::ALL
+        .into_iter()
+        .filter(|k| !k.group().is_empty() && store.serves(*k))
+    {
+        if !out.contains(&(k.group(), k.version())) {
+            out.push((k.group(), k.version()));
+        }
+    }
+    out
+}
 
-/// The `APIGroup` entry of a named group (only `v1`).
-fn api_group(group: &str) -> Value {
-    let gv = format!("{group}/v1");
+/// The `APIGroup` entry of a named group (one version per group).
+fn api_group(group: &str, version: &str) -> Value {
+    let gv = format!("{group}/{version}");
     json!({
         "name": group,
-        "versions": [{"groupVersion": gv, "version": "v1"}],
-        "preferredVersion": {"groupVersion": gv, "version": "v1"},
+        "versions": [{"groupVersion": gv, "version": version}],
+        "preferredVersion": {"groupVersion": gv, "version": version},
     })
 }
 
 /// Answer a non-resource path: discovery, OpenAPI, version and health, else 404.
 pub(super) fn discovery(st: &AppState, path: &str) -> Response {
     let path = path.trim_end_matches('/');
-    let named = |prefix: &str| {
-        GROUPS
-            .into_iter()
-            .find(|g| path.strip_prefix(prefix).and_then(|rest| rest.strip_prefix(*g)) == Some(""))
+    let store = st.store();
+    let gvs = group_versions(&store);
+    let group_of = |prefix: &str| {
+        gvs.iter()
+            .find(|(g, _)| path.strip_prefix(prefix).and_then(|rest| rest.strip_prefix(*g)) == Some(""))
     };
-    let named_v1 = |prefix: &str| {
-        GROUPS.into_iter().find(|g| {
+    let gv_of = |prefix: &str| {
+        gvs.iter().find(|(g, v)| {
             path.strip_prefix(prefix)
                 .and_then(|rest| rest.strip_prefix(*g))
-                .is_some_and(|rest| rest == "/v1")
+                .and_then(|rest| rest.strip_prefix('/'))
+                == Some(*v)
         })
     };
-    if let Some(g) = named("/apis/") {
-        let mut v = api_group(g);
-        v["kind"] = json!("APIGroup");
-        v["apiVersion"] = json!("v1");
-        return json_response(200, &v);
+    if let Some((g, v)) = group_of("/apis/") {
+        let mut doc = api_group(g, v);
+        doc["kind"] = json!("APIGroup");
+        doc["apiVersion"] = json!("v1");
+        return json_response(200, &doc);
     }
-    if let Some(g) = named_v1("/apis/") {
+    if let Some((g, v)) = gv_of("/apis/") {
         return json_response(
             200,
             &json!({
-                "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{g}/v1"),
-                "resources": api_resources(g),
+                "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{g}/{v}"),
+                "resources": api_resources(&store, g, v),
             }),
         );
     }
-    if let Some(g) = named_v1("/openapi/v3/apis/") {
-        return json_response(200, &openapi_v3(g));
+    if let Some((g, v)) = gv_of("/openapi/v3/apis/") {
+        return json_response(200, &openapi_v3(&store, g, v));
     }
     let v = match path {
         "/version" => json!({
@@ -105,11 +139,11 @@ pub(super) fn discovery(st: &AppState, path: &str) -> Response {
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": st.addr.to_string()}],
         }),
         "/api/v1" => json!({
-            "kind": "APIResourceList", "groupVersion": "v1", "resources": api_resources(""),
+            "kind": "APIResourceList", "groupVersion": "v1", "resources": api_resources(&store, "", "v1"),
         }),
         "/apis" => json!({
             "kind": "APIGroupList", "apiVersion": "v1",
-            "groups": GROUPS.into_iter().map(api_group).collect::<Vec<_>>(),
+            "groups": gvs.iter().map(|(g, v)| api_group(g, v)).collect::<Vec<_>>(),
         }),
         "/openapi/v3" => {
             let mut paths = serde_json::Map::new();
@@ -117,15 +151,15 @@ pub(super) fn discovery(st: &AppState, path: &str) -> Response {
                 "api/v1".into(),
                 json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=npm-testapi-1"}),
             );
-            for g in GROUPS {
+            for (g, v) in &gvs {
                 paths.insert(
-                    format!("apis/{g}/v1"),
-                    json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/v1?hash=npm-testapi-1")}),
+                    format!("apis/{g}/{v}"),
+                    json!({"serverRelativeURL": format!("/openapi/v3/apis/{g}/{v}?hash=npm-testapi-1")}),
                 );
             }
             json!({ "paths": paths })
         }
-        "/openapi/v3/api/v1" => openapi_v3(""),
+        "/openapi/v3/api/v1" => openapi_v3(&store, "", "v1"),
         "/healthz" | "/readyz" | "/livez" => return body_response(200, "text/plain", Body::from("ok")),
         _ => return not_found_path(path),
     };
@@ -135,16 +169,19 @@ pub(super) fn discovery(st: &AppState, path: &str) -> Response {
 /// A minimal OpenAPI v3 document for one group-version: the resource paths with their
 /// operations, `x-kubernetes-group-version-kind` and the `fieldValidation` parameter, which is
 /// what kubectl checks to use server-side field validation instead of a client-side schema.
-fn openapi_v3(group: &str) -> Value {
+fn openapi_v3(store: &Store, group: &str, version: &str) -> Value {
     let mut paths = serde_json::Map::new();
     let param = |name: &str, loc: &str| json!({"name": name, "in": loc, "schema": {"type": "string"}, "required": loc == "path"});
-    for k in Kind::ALL.into_iter().filter(|k| k.group() == group) {
+    for k in Kind::ALL
+        .into_iter()
+        .filter(|k| k.group() == group && k.version() == version && store.serves(*k))
+    {
         let base = if group.is_empty() {
             "/api/v1".to_string()
         } else {
-            format!("/apis/{group}/v1")
+            format!("/apis/{group}/{version}")
         };
-        let gvk = json!({"group": group, "version": "v1", "kind": k.kind()});
+        let gvk = json!({"group": group, "version": version, "kind": k.kind()});
         let op = |action: &str, extra: &[Value]| {
             let mut params = vec![
                 param("fieldValidation", "query"),

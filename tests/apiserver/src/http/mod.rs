@@ -4,7 +4,8 @@
 //!
 //! Routing lives in `route`, resource reads (get/list) in `resource`, writes in `write`,
 //! watches in `watch`, discovery and OpenAPI in `discovery`, the admin endpoints in `admin`,
-//! fault rules in `fault`, the shared state in `state` and response helpers in `response`.
+//! fault rules in `fault`, the shared state in `state`, response helpers in `response` and
+//! the Table answers of custom resources in `table`.
 
 mod admin;
 mod discovery;
@@ -13,6 +14,7 @@ mod resource;
 mod response;
 mod route;
 mod state;
+mod table;
 mod watch;
 mod write;
 
@@ -56,6 +58,11 @@ pub async fn handle(
     if let Some(FaultAction::Fail(code)) = st.take_fault(&path, verb, false) {
         st.counters().injected_failures += 1;
         return err_response(&ApiError::Injected { code });
+    }
+    if let Some(t) = &target {
+        if !st.store().serves(t.kind) {
+            return response::not_found_path(&path);
+        }
     }
     match target {
         None => discovery::discovery(&st, &path),

@@ -1,17 +1,20 @@
 //! Resource requests: checks common to every verb (dryRun, subresource, namespace scope),
 //! dispatch by method to the read, watch and write handlers, and the read handlers
-//! (get and paginated list) with their selector and paging parameters.
+//! (get and paginated list) with their selector and paging parameters (as Tables for a
+//! custom resource when asked).
 
 use super::response::{bytes_response, json_response};
 use super::route::{is_true, Target};
 use super::watch::watch;
-use super::{write, AppState};
+use super::{table, write, AppState};
+use crate::crd::InstalledCrd;
 use crate::error::ApiError;
 use crate::selector::{FieldSelector, LabelSelector, Selectors};
-use crate::store::{Kind, ListOpts, Sub};
+use crate::store::{Kind, ListOpts, Store, Sub};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, Method};
 use axum::response::Response;
+use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -102,8 +105,28 @@ pub(super) async fn resource(
 
 /// GET of one object.
 fn get(req: &ResourceRequest<'_>, name: &str) -> Result<Response, ApiError> {
-    let obj = req.st.store().get(req.kind, req.ns, name)?;
+    let (obj, crd) = {
+        let store = req.st.store();
+        (store.get(req.kind, req.ns, name)?, table_crd(req, &store))
+    };
+    if let Some(crd) = crd {
+        let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or_default();
+        return Ok(json_response(
+            200,
+            &table::table(&crd, &[obj], json!({"resourceVersion": rv}), req.q),
+        ));
+    }
     Ok(json_response(200, &obj))
+}
+
+/// The CRD whose printer columns answer this request, when it asks for a Table of a
+/// custom resource.
+fn table_crd(req: &ResourceRequest<'_>, store: &Store) -> Option<Arc<InstalledCrd>> {
+    if req.kind == Kind::ClusterNetworkPolicy && table::wants_table(req.headers) {
+        store.cnp_crd().cloned()
+    } else {
+        None
+    }
 }
 
 /// GET of a collection: one page of the list, serialised outside the store lock.
@@ -122,6 +145,12 @@ fn list(req: &ResourceRequest<'_>) -> Result<Response, ApiError> {
         resource_version: q.get("resourceVersion").cloned(),
         resource_version_match: q.get("resourceVersionMatch").cloned(),
     };
-    let page = req.st.store().list(kind, &opts)?;
+    let (page, crd) = {
+        let store = req.st.store();
+        (store.list(kind, &opts)?, table_crd(req, &store))
+    };
+    if let Some(crd) = crd {
+        return Ok(json_response(200, &table::table(&crd, &page.items, page.metadata, q)));
+    }
     Ok(bytes_response(200, page.to_json_bytes()))
 }

@@ -18,23 +18,26 @@ pub(super) struct Target {
     pub(super) sub: Option<String>,
 }
 
-/// The kind served at `plural` in API group `group`.
-fn kind_for(group: &str, plural: &str) -> Option<Kind> {
+/// The kind served at `plural` in API group `group`, version `version`.
+fn kind_for(group: &str, version: &str, plural: &str) -> Option<Kind> {
     Kind::ALL
         .into_iter()
-        .find(|k| k.group() == group && k.plural() == plural)
+        .find(|k| k.group() == group && k.version() == version && k.plural() == plural)
 }
 
-/// Parse a resource path; None for discovery and unknown paths.
+/// Parse a resource path; None for discovery and unknown paths. Whether the kind is served
+/// now (a custom resource needs its CRD) is checked by the caller.
 pub(super) fn parse_target(path: &str) -> Option<Target> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (group, rest) = match segs.as_slice() {
-        ["api", "v1", rest @ ..] => ("", rest),
-        ["apis", "networking.k8s.io", "v1", rest @ ..] => ("networking.k8s.io", rest),
-        ["apis", "apps", "v1", rest @ ..] => ("apps", rest),
-        ["apis", "discovery.k8s.io", "v1", rest @ ..] => ("discovery.k8s.io", rest),
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => ("", "v1", rest),
+        ["apis", group, version, rest @ ..] if !group.is_empty() => (*group, *version, rest),
         _ => return None,
     };
+    if rest.is_empty() {
+        return None;
+    }
+    let kind_for = |group: &str, plural: &str| kind_for(group, version, plural);
     let t = |kind, ns: Option<&str>, name: Option<&str>, sub: Option<&str>| {
         Some(Target {
             kind,
@@ -130,6 +133,18 @@ mod tests {
         assert_eq!(
             (t.kind, t.ns, t.name.as_deref(), t.sub.as_deref()),
             (Kind::Node, None, Some("n1"), Some("status"))
+        );
+        let t = parse_target("/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies/a/status").unwrap();
+        assert_eq!(
+            (t.kind, t.ns, t.name.as_deref(), t.sub.as_deref()),
+            (Kind::ClusterNetworkPolicy, None, Some("a"), Some("status"))
+        );
+        assert!(parse_target("/apis/policy.networking.k8s.io/v1/clusternetworkpolicies").is_none());
+        assert!(parse_target("/apis/policy.networking.k8s.io/v1alpha2").is_none());
+        let t = parse_target("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/x.y").unwrap();
+        assert_eq!(
+            (t.kind, t.name.as_deref()),
+            (Kind::CustomResourceDefinition, Some("x.y"))
         );
         assert_eq!(parse_target("/api/v1/nodes").unwrap().kind, Kind::Node);
         assert!(parse_target("/api/v1/namespaces/ns/nodes/n1").is_none());

@@ -1,6 +1,6 @@
 //! Watches: the streamed JSON lines of a watch (initial ADDED events, changes filtered by
-//! namespace and selectors, BOOKMARKs, a 410 ERROR when the cursor is compacted) and the
-//! open-watch accounting.
+//! namespace and selectors, BOOKMARKs, a 410 ERROR when the cursor is compacted, the end of
+//! a custom resource's watches when its CRD is deleted) and the open-watch accounting.
 
 use super::route::is_true;
 use super::AppState;
@@ -149,7 +149,10 @@ pub(super) fn watch(
                                     }
                                 }
                                 cursor = cursor.max(store.rev());
-                                (lines, false)
+                                // A custom resource's watch ends when its CRD is deleted
+                                // (after the DELETED events of its objects), as on a real
+                                // server; the client's re-watch then gets 404.
+                                (lines, !store.serves(kind))
                             }
                         }
                     };

@@ -6,10 +6,12 @@ use super::resource::{selectors, ResourceRequest};
 use super::response::json_response;
 use crate::error::ApiError;
 use crate::patch::PatchKind;
+use crate::store::{FieldValidation, Store};
 use axum::body::Bytes;
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// The request's `Content-Type`, when present and readable.
 fn content_type(headers: &HeaderMap) -> Option<&str> {
@@ -38,26 +40,55 @@ fn parse_body(body: &Bytes, headers: &HeaderMap) -> Result<Value, ApiError> {
     }
 }
 
+/// Run one write with the request's `fieldValidation` (for custom resources), answering
+/// its object with `code` (or 201 when the write says it created) and one `Warning` header
+/// per pruned unknown field when the mode is `Warn`.
+fn with_field_validation<F>(req: &ResourceRequest<'_>, code: u16, write: F) -> Result<Response, ApiError>
+where
+    F: FnOnce(&mut Store) -> Result<(Arc<Value>, bool), ApiError>,
+{
+    let fv: FieldValidation = req.q.get("fieldValidation").map(String::as_str).unwrap_or("").parse()?;
+    let (res, pruned) = {
+        let mut store = req.st.store();
+        store.field_validation = fv;
+        store.pruned_fields.clear();
+        let res = write(&mut store);
+        store.field_validation = FieldValidation::default();
+        (res, std::mem::take(&mut store.pruned_fields))
+    };
+    let (obj, created) = res?;
+    let mut resp = json_response(if created { 201 } else { code }, &obj);
+    for p in pruned {
+        let text = format!(
+            "299 - \"unknown field {}\"",
+            serde_json::to_string(&p).unwrap_or_default().replace('"', "\\\"")
+        );
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    Ok(resp)
+}
+
 /// POST on a collection.
 pub(super) fn create(req: &ResourceRequest<'_>) -> Result<Response, ApiError> {
     let obj = parse_body(req.body, req.headers)?;
-    let created = req.st.store().create(req.kind, req.ns, obj)?;
-    Ok(json_response(201, &created))
+    with_field_validation(req, 201, |s| Ok((s.create(req.kind, req.ns, obj)?, true)))
 }
 
 /// PUT on an object or its `/status`.
 pub(super) fn update(req: &ResourceRequest<'_>, name: &str) -> Result<Response, ApiError> {
     let obj = parse_body(req.body, req.headers)?;
-    let updated = req.st.store().update(req.kind, req.ns, name, obj, req.sub)?;
-    Ok(json_response(200, &updated))
+    with_field_validation(req, 200, |s| {
+        Ok((s.update(req.kind, req.ns, name, obj, req.sub)?, false))
+    })
 }
 
 /// PATCH on an object or its `/status`; 201 when server-side apply created it.
 pub(super) fn patch(req: &ResourceRequest<'_>, name: &str) -> Result<Response, ApiError> {
     let ct = content_type(req.headers).unwrap_or("");
     let pk = PatchKind::from_content_type(ct)?;
-    let (obj, created) = req.st.store().patch(req.kind, req.ns, name, pk, req.body, req.sub)?;
-    Ok(json_response(if created { 201 } else { 200 }, &obj))
+    with_field_validation(req, 200, |s| s.patch(req.kind, req.ns, name, pk, req.body, req.sub))
 }
 
 /// DELETE of one object, honouring the DeleteOptions preconditions.

@@ -24,11 +24,18 @@ pub enum Kind {
     EndpointSlice,
     /// `v1` nodes (cluster-scoped, with a status subresource).
     Node,
+    /// `apiextensions.k8s.io/v1` customresourcedefinitions (cluster-scoped, with a status
+    /// subresource). Only the ClusterNetworkPolicy CRD is accepted (see [`crate::crd`]).
+    CustomResourceDefinition,
+    /// `policy.networking.k8s.io/v1alpha2` clusternetworkpolicies (cluster-scoped, with a
+    /// status subresource): served only while their CRD is installed; pruned and validated
+    /// by the installed CRD's schema.
+    ClusterNetworkPolicy,
 }
 
 impl Kind {
     /// All kinds.
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 10] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::NetworkPolicy,
@@ -37,6 +44,8 @@ impl Kind {
         Kind::Service,
         Kind::EndpointSlice,
         Kind::Node,
+        Kind::CustomResourceDefinition,
+        Kind::ClusterNetworkPolicy,
     ];
 
     /// Index of the kind's maps in the store.
@@ -54,6 +63,8 @@ impl Kind {
             Kind::Service => "services",
             Kind::EndpointSlice => "endpointslices",
             Kind::Node => "nodes",
+            Kind::CustomResourceDefinition => "customresourcedefinitions",
+            Kind::ClusterNetworkPolicy => "clusternetworkpolicies",
         }
     }
     /// Singular resource name.
@@ -67,6 +78,8 @@ impl Kind {
             Kind::Service => "service",
             Kind::EndpointSlice => "endpointslice",
             Kind::Node => "node",
+            Kind::CustomResourceDefinition => "customresourcedefinition",
+            Kind::ClusterNetworkPolicy => "clusternetworkpolicy",
         }
     }
     /// API group ("" for core).
@@ -75,7 +88,16 @@ impl Kind {
             Kind::NetworkPolicy => "networking.k8s.io",
             Kind::DaemonSet => "apps",
             Kind::EndpointSlice => "discovery.k8s.io",
+            Kind::CustomResourceDefinition => "apiextensions.k8s.io",
+            Kind::ClusterNetworkPolicy => "policy.networking.k8s.io",
             _ => "",
+        }
+    }
+    /// API version within the group.
+    pub fn version(self) -> &'static str {
+        match self {
+            Kind::ClusterNetworkPolicy => "v1alpha2",
+            _ => "v1",
         }
     }
     /// `apiVersion` of objects of this kind.
@@ -84,6 +106,8 @@ impl Kind {
             Kind::NetworkPolicy => "networking.k8s.io/v1",
             Kind::DaemonSet => "apps/v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::CustomResourceDefinition => "apiextensions.k8s.io/v1",
+            Kind::ClusterNetworkPolicy => "policy.networking.k8s.io/v1alpha2",
             _ => "v1",
         }
     }
@@ -98,11 +122,16 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::CustomResourceDefinition => "CustomResourceDefinition",
+            Kind::ClusterNetworkPolicy => "ClusterNetworkPolicy",
         }
     }
     /// Whether objects live in a namespace.
     pub fn namespaced(self) -> bool {
-        !matches!(self, Kind::Namespace | Kind::Node)
+        !matches!(
+            self,
+            Kind::Namespace | Kind::Node | Kind::CustomResourceDefinition | Kind::ClusterNetworkPolicy
+        )
     }
     /// `plural[.group]`, as used in error messages.
     pub fn resource_ref(self) -> String {
@@ -131,6 +160,7 @@ impl Kind {
             Kind::NetworkPolicy | Kind::DaemonSet | Kind::EndpointSlice => &["metadata.name", "metadata.namespace"],
             Kind::Service => &["metadata.name", "metadata.namespace", "spec.clusterIP", "spec.type"],
             Kind::Node => &["metadata.name", "spec.unschedulable"],
+            Kind::CustomResourceDefinition | Kind::ClusterNetworkPolicy => &["metadata.name"],
             Kind::Event => &[
                 "metadata.name",
                 "metadata.namespace",

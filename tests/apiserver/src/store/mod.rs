@@ -4,15 +4,18 @@
 //! This module owns the [`Store`] itself, its revision counter and event log (commit,
 //! compaction, the events a watch reads, 410 for compacted revisions) and point reads.
 //! Writes live in `write`, lists and continue tokens in `list`, the kinds in `kind` and
-//! metadata helpers in `meta`, Service ClusterIP/NodePort allocation in `alloc`.
+//! metadata helpers in `meta`, Service ClusterIP/NodePort allocation in `alloc`, installed
+//! CRDs and custom resources in `crd`.
 
 mod alloc;
+mod crd;
 mod kind;
 mod list;
 mod meta;
 mod write;
 
 pub use alloc::ServiceNetwork;
+pub use crd::FieldValidation;
 pub use kind::Kind;
 pub use list::{ListOpts, ListPage, CONTINUE_EXPIRED};
 pub use write::Sub;
@@ -77,6 +80,13 @@ pub struct Store {
     pub validation: bool,
     /// What Service ClusterIPs and NodePorts are allocated from.
     pub service_network: ServiceNetwork,
+    /// The installed ClusterNetworkPolicy CRD (None: clusternetworkpolicies are not served).
+    cnp_crd: Option<Arc<crate::crd::InstalledCrd>>,
+    /// How the write being served treats unknown (pruned) fields of a custom resource: set
+    /// by the HTTP layer around one write, under the same lock.
+    pub field_validation: FieldValidation,
+    /// Paths of the fields pruned by the last custom-resource write (for `Warning` headers).
+    pub pruned_fields: Vec<String>,
     notify: tokio::sync::watch::Sender<u64>,
 }
 
@@ -109,6 +119,9 @@ impl Store {
             max_history: max_history.max(1),
             validation,
             service_network: ServiceNetwork::default(),
+            cnp_crd: None,
+            field_validation: FieldValidation::default(),
+            pruned_fields: Vec::new(),
             notify,
         }
     }

@@ -62,13 +62,17 @@ fn set_type_meta(kind: Kind, obj: &mut Value) {
 }
 
 impl Store {
-    fn default_and_validate(&self, kind: Kind, obj: &mut Value) -> Result<(), ApiError> {
+    fn default_and_validate(&mut self, kind: Kind, obj: &mut Value) -> Result<(), ApiError> {
+        if kind == Kind::ClusterNetworkPolicy {
+            return self.prune_and_validate_cr(kind, obj, self.validation);
+        }
         match kind {
             Kind::Namespace => validate::default_namespace(obj),
             Kind::Pod => validate::default_pod(obj),
             Kind::NetworkPolicy => validate::default_network_policy(obj),
             Kind::DaemonSet => validate::default_daemon_set(obj),
-            Kind::Event | Kind::Node => {}
+            Kind::Event | Kind::Node | Kind::ClusterNetworkPolicy => {}
+            Kind::CustomResourceDefinition => crate::crd::default_crd(obj),
             Kind::Service => validate_network::default_service(obj),
             Kind::EndpointSlice => validate_network::default_endpoint_slice(obj),
         }
@@ -84,6 +88,9 @@ impl Store {
             Kind::Service => validate_network::validate_service(obj),
             Kind::EndpointSlice => validate_network::validate_endpoint_slice(obj),
             Kind::Node => validate_network::validate_node(obj),
+            // The CRD itself is checked by `prepare_crd` (also without validation: it
+            // must be servable); custom resources returned above.
+            Kind::CustomResourceDefinition | Kind::ClusterNetworkPolicy => Vec::new(),
         };
         if causes.is_empty() {
             Ok(())
@@ -173,7 +180,17 @@ impl Store {
         if kind != Kind::Namespace {
             meta.insert("generation".into(), json!(1));
         }
+        if kind == Kind::ClusterNetworkPolicy {
+            // The status subresource is enabled: a create does not set status.
+            if let Some(o) = obj.as_object_mut() {
+                o.remove("status");
+            }
+        }
         self.default_and_validate(kind, &mut obj)?;
+        let crd = match kind {
+            Kind::CustomResourceDefinition => Some(self.prepare_crd(&mut obj, None)?),
+            _ => None,
+        };
         let ns_owned = kind.namespaced().then(|| ns.unwrap_or("default").to_string());
         if kind == Kind::Service {
             self.allocate_service(ns_owned.as_deref(), &mut obj, None)?;
@@ -189,7 +206,11 @@ impl Store {
                 name,
             });
         }
-        Ok(self.commit(kind, key, EventType::Added, obj, None))
+        let created = self.commit(kind, key, EventType::Added, obj, None);
+        if let Some(c) = crd {
+            self.crd_installed(c);
+        }
+        Ok(created)
     }
 
     /// Replace an object (PUT, also the final step of PATCH).
@@ -268,6 +289,10 @@ impl Store {
             validate_network::drop_type_dependent_fields(&mut obj, &old);
         }
         self.default_and_validate(kind, &mut obj)?;
+        let crd = match kind {
+            Kind::CustomResourceDefinition => Some(self.prepare_crd(&mut obj, Some(&old))?),
+            _ => None,
+        };
         if kind == Kind::Service {
             self.allocate_service(ns, &mut obj, Some(&old))?;
         }
@@ -292,7 +317,11 @@ impl Store {
         if obj == *old {
             return Ok(old);
         }
-        Ok(self.commit(kind, key, EventType::Modified, obj, Some(old)))
+        let updated = self.commit(kind, key, EventType::Modified, obj, Some(old));
+        if let Some(c) = crd {
+            self.crd_installed(c);
+        }
+        Ok(updated)
     }
 
     /// Patch an object (PATCH). Server-side apply creates the object when it is missing.
@@ -345,6 +374,9 @@ impl Store {
         let old = self.get(kind, ns, name)?;
         check_precondition(kind, name, &old, "resourceVersion", "ResourceVersion", precondition_rv)?;
         check_precondition(kind, name, &old, "uid", "UID", precondition_uid)?;
+        if kind == Kind::CustomResourceDefinition {
+            self.crd_deleting(name);
+        }
         if kind == Kind::Namespace {
             let prefix = format!("{name}/");
             for k in Kind::ALL.into_iter().filter(|k| k.namespaced()) {
