@@ -5,7 +5,10 @@
 //! `id_<n>_v4/_v6` sets: only identities some rule refers to have one, so
 //! the isolation and the endpoints carry the guard here), and one record per endpoint chain pair `ep_<id>_in/_out` with
 //! its isolation (a chain whose rules count `not_isolated` is not isolated)
-//! and its addresses (the egress chain's source checks `ip saddr != A`).
+//! and its addresses (the egress chain's source checks `ip saddr != A`),
+//! and the number of ClusterNetworkPolicy tier rules (the rules of the
+//! `ep_<id>_<in|out>_<admin|baseline>` chains: losing most of them at once
+//! is a mass removal like losing isolation).
 //!
 //! The table is replaced atomically by a full sync, so old and new numbers
 //! never meet in the kernel: no number needs adopting. The records carry
@@ -30,6 +33,16 @@ pub struct NftAdopted {
     pub identities: usize,
     /// One record per endpoint (ids from the chain names).
     pub endpoints: Vec<AdoptedEndpoint>,
+    /// Rules of the tier chains (Admin and Baseline, both directions, all
+    /// endpoints): one per tier entry and address family.
+    pub tier_rules: usize,
+}
+
+/// `ep_<id>_<in|out>_<admin|baseline>` -> whether it is a tier chain.
+fn is_tier_chain(name: &str) -> bool {
+    ["_admin", "_baseline"]
+        .iter()
+        .any(|t| name.strip_suffix(t).and_then(endpoint_chain).is_some())
 }
 
 /// `ep_<id>_<in|out>` -> (id, direction).
@@ -86,6 +99,7 @@ pub(super) fn parse(command: &str, json: &str) -> Result<NftAdopted, NftError> {
     // id -> (seen directions, isolated ingress, isolated egress, v4, v6);
     // a chain is isolated until a rule of it counts `not_isolated`.
     let mut eps: BTreeMap<u32, AdoptedEndpoint> = BTreeMap::new();
+    let mut tier_rules = 0;
     let not_isolated = |d| counter_name(d, Reason::NotIsolated);
     for item in items {
         if let Some(set) = item.get("set") {
@@ -115,6 +129,10 @@ pub(super) fn parse(command: &str, json: &str) -> Result<NftAdopted, NftError> {
             }
         } else if let Some(rule) = item.get("rule") {
             let chain = rule.get("chain").and_then(Value::as_str).unwrap_or_default();
+            if is_tier_chain(chain) {
+                tier_rules += 1;
+                continue;
+            }
             let Some((id, d)) = endpoint_chain(chain) else { continue };
             let Some(ep) = eps.get_mut(&id) else { continue };
             let expr = rule
@@ -141,6 +159,7 @@ pub(super) fn parse(command: &str, json: &str) -> Result<NftAdopted, NftError> {
     Ok(NftAdopted {
         identities: identities.len(),
         endpoints: eps.into_values().collect(),
+        tier_rules,
     })
 }
 
@@ -182,11 +201,17 @@ mod tests {
           {"rule": {"chain": "ep_3_out", "expr": [{"match": {"op": "!=", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": "10.0.0.1"}}, {"counter": "out_spoofed"}, {"drop": null}]}},
           {"rule": {"chain": "ep_3_out", "expr": [{"counter": "out_not_isolated"}, {"return": null}]}},
           {"rule": {"chain": "ep_4_in", "expr": [{"counter": "in_not_isolated"}, {"return": null}]}},
-          {"rule": {"chain": "ep_4_out", "expr": [{"counter": "out_not_isolated"}, {"return": null}]}}
+          {"rule": {"chain": "ep_4_out", "expr": [{"counter": "out_not_isolated"}, {"return": null}]}},
+          {"chain": {"name": "ep_4_in_admin"}}, {"chain": {"name": "ep_4_out_baseline"}},
+          {"rule": {"chain": "ep_4_in_admin", "expr": [{"counter": "in_admin_deny"}, {"drop": null}]}},
+          {"rule": {"chain": "ep_3_in_baseline", "expr": [{"counter": "in_not_isolated"}, {"return": null}]}},
+          {"rule": {"chain": "ep_4_out_baseline", "expr": [{"counter": "out_baseline_deny"}, {"drop": null}]}},
+          {"rule": {"chain": "ep_x_in_admin", "expr": []}}
         ]}"#;
         let a = parse("nft", json).unwrap();
         assert_eq!(a.identities, 2, "non-empty pod identity sets only");
-        assert_eq!(a.endpoints.len(), 2);
+        assert_eq!(a.endpoints.len(), 2, "tier chains are not endpoints");
+        assert_eq!(a.tier_rules, 3);
         let e3 = &a.endpoints[0];
         assert_eq!((e3.id, e3.isolated_ingress, e3.isolated_egress), (3, true, false));
         assert_eq!(e3.ipv4, Some("10.0.0.1".parse().unwrap()));

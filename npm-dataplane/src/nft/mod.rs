@@ -9,7 +9,10 @@
 //! table inet npm {
 //!     counter in_policy { }  ...          one named counter per direction and
 //!                                          npm_common::Reason that the chains count
-//!                                          ("in_"/"out_" + the reason's name, '-' -> '_')
+//!                                          ("in_"/"out_" + the reason's name, '-' -> '_');
+//!                                          in_/out_admin_accept, _admin_deny,
+//!                                          _baseline_accept, _baseline_deny only once
+//!                                          some endpoint has a tier chain (kept after)
 //!     set id_<n>_v4 / id_<n>_v6            addresses of pod identity n (and of
 //!                                          IDENTITY_HOST, n = 2), from the ipcache
 //!     set cidr_<n>_v4 / cidr_<n>_v6        interval sets: addresses whose longest
@@ -18,6 +21,11 @@
 //!                                          ipcache address: world is "not in the
 //!                                          ipcache", as in the datapath
 //!     chain ep_<id>_in / ep_<id>_out       one per endpoint and direction
+//!     chain ep_<id>_in_admin, _in_baseline, ClusterNetworkPolicy tier chains, only
+//!           _out_admin, _out_baseline      for an endpoint, direction and tier whose
+//!                                          Endpoint::tiers flag is set: its
+//!                                          Compiled::tiers entries in rank order
+//!                                          (chain.rs)
 //!     map dispatch_out / dispatch_in       iface_index : verdict,
 //!                                          { <ifindex> : jump ep_<id>_out / _in }
 //!     map bridged_out_v4 / _v6,            ipv4_addr / ipv6_addr : verdict,
@@ -124,12 +132,34 @@
 //!    were established before a policy change **survive it** (the table is
 //!    replaced, conntrack is not flushed) — the same as the eBPF datapath's
 //!    own conntrack. `ct state invalid`: drop (`malformed`).
-//! 4. Not isolated in this direction: allowed (`not_isolated`).
-//! 5. Ingress only: source in the [`npm_common::IDENTITY_HOST`] set: allowed (`host`).
-//! 6. One rule per policy entry: peer set (source for ingress, destination
-//!    for egress; none for [`npm_common::IDENTITY_ANY`]), `meta l4proto`,
-//!    `th dport` (single port or range): allowed (`policy`).
-//! 7. Otherwise: drop (`policy_denied`). Drops are silent (no RST, no ICMP).
+//! 4. Not isolated in this direction and no tier chain: allowed
+//!    (`not_isolated`). An endpoint without ClusterNetworkPolicy entries
+//!    stops here exactly as before tiers existed.
+//! 5. Ingress only: source in the [`npm_common::IDENTITY_HOST`] set: allowed
+//!    (`host`), before every tier (kubelet probes always work).
+//! 6. Admin tier chain, if any (`jump ep_<id>_<dir>_admin`): its entries as
+//!    rules in rank order, so the first match is the lowest-ranked entry,
+//!    i.e. the first matching rule of the highest-priority CNP: `Accept` ->
+//!    `accept` (`admin_accept`), `Deny` -> `drop` (`admin_deny`, silent),
+//!    `Pass` -> `return` to this chain; no match -> the chain ends (return).
+//! 7. NetworkPolicy isolates the endpoint in this direction: one rule per
+//!    policy entry: peer set (source for ingress, destination for egress;
+//!    none for [`npm_common::IDENTITY_ANY`]), `meta l4proto`, `th dport`
+//!    (single port or range): allowed (`policy`); otherwise drop
+//!    (`policy_denied`). The Baseline tier is not consulted.
+//! 8. Not isolated: Baseline tier chain, if any (`jump ..._baseline`), the
+//!    same way (`baseline_accept`, `baseline_deny`, Pass and no match
+//!    return), then allowed (`not_isolated`).
+//!
+//! Drops are silent (no RST, no ICMP). A tier entry's peer is the same
+//! per-identity set as a policy entry's (pod or node identity, CIDR
+//! identity; [`npm_common::IDENTITY_ANY`] matches everything) and
+//! `protocol: None` matches every protocol, ICMP included. A tier chain
+//! exists when the endpoint's `Endpoint::tiers` flag is set for the tier
+//! and direction, as the datapath consults a tier (the compiler sets the
+//! flag iff there are entries). Service traffic needs nothing more:
+//! egress is decided in forward/input after DNAT (on the backend's
+//! address), ingress in postrouting, by the same chains.
 //!
 //! Fragments are reassembled by conntrack's defragmentation before the
 //! filter hooks, so the datapath's fragment tracking has no counterpart here;
@@ -159,13 +189,16 @@
 //! into objects (sets with their elements, endpoint chains with their rules,
 //! dispatch entries), compares them with what it programmed, and sends only
 //! the differences (element adds and deletes, a flush and refill of each
-//! changed chain, added and removed chains and sets) as one `nft -f -`
+//! changed chain, added and removed chains and sets, tier chains included:
+//! new chains are all created before any rule, so a jump never precedes its
+//! target; the tier counters are added, never removed) as one `nft -f -`
 //! transaction, so an update is atomic too and the kernel work follows the
 //! size of the change rather than of the table (rendering the objects stays
 //! linear in the compiled form). Counters are untouched by an update. If the
 //! transaction fails, it falls back to the full replace.
 
 mod adopt;
+mod chain;
 mod ranges;
 mod render;
 
@@ -177,6 +210,7 @@ use npm_common::{DIR_EGRESS, DIR_INGRESS};
 use npm_policy::compiled::{Compiled, CompiledDiff};
 
 pub use adopt::NftAdopted;
+pub use chain::tier_chain_name;
 pub use render::{chain_name, counter_name, render};
 
 use crate::{Counters, Dataplane, DataplaneError, Interfaces};
@@ -354,7 +388,7 @@ fn parse_counters(command: &str, json: &str) -> Result<CounterMap, NftError> {
         .ok_or_else(|| bad("no \"nftables\" array".to_string()))?;
     let mut names = BTreeMap::new();
     for dir in [DIR_INGRESS, DIR_EGRESS] {
-        for reason in render::counted_reasons(dir) {
+        for reason in render::counted_reasons(dir).iter().chain(&chain::TIER_REASONS) {
             names.insert(counter_name(dir, *reason), (dir, *reason as u8));
         }
     }

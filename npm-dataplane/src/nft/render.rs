@@ -9,16 +9,17 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use npm_common::{Reason, DIR_EGRESS, DIR_INGRESS, IDENTITY_ANY, IDENTITY_FIRST_CIDR, IDENTITY_HOST, IDENTITY_WORLD};
-use npm_policy::compiled::{Compiled, Direction, Endpoint, PolicyEntry};
-use npm_policy::model::Protocol;
+use npm_policy::compiled::{Compiled, Direction, Endpoint, PolicyEntry, Tier};
 
+use super::chain::{endpoint_rules, group_tiers, tier_chain_name, tier_rules, TierJumps, TIER_REASONS};
 use super::ranges::{family_of, family_of_addr, prefix_range, range_element, subtract, Family};
 use super::{CounterMap, NftOptions};
 use crate::Interfaces;
 
 /// ICMPv6 neighbour discovery and MLD types, exempt from source validation
 /// and policy (the datapath's `Icmpv6Control`).
-const ICMPV6_CONTROL: &str = "{ mld-listener-query, mld-listener-report, mld-listener-done, nd-router-solicit, \
+pub(super) const ICMPV6_CONTROL: &str =
+    "{ mld-listener-query, mld-listener-report, mld-listener-done, nd-router-solicit, \
 nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect, mld2-listener-report }";
 
 /// Short name of a direction in chain and counter names.
@@ -66,7 +67,7 @@ pub fn chain_name(endpoint: u32, direction: Direction) -> String {
 }
 
 /// Name of the set of `identity`'s addresses of one family.
-fn set_name(identity: u32, family: Family) -> String {
+pub(super) fn set_name(identity: u32, family: Family) -> String {
     let fam = match family {
         Family::V4 => "v4",
         Family::V6 => "v6",
@@ -83,14 +84,14 @@ fn set_name(identity: u32, family: Family) -> String {
 
 /// The address sets of one identity: elements per family (already formatted),
 /// and whether the set is an interval set.
-struct PeerSet {
+pub(super) struct PeerSet {
     v4: Vec<String>,
     v6: Vec<String>,
     interval: bool,
 }
 
 impl PeerSet {
-    fn elements(&self, family: Family) -> &[String] {
+    pub(super) fn elements(&self, family: Family) -> &[String] {
         match family {
             Family::V4 => &self.v4,
             Family::V6 => &self.v6,
@@ -102,9 +103,10 @@ impl PeerSet {
 type RangesByFamily = (Vec<(u128, u128)>, Vec<(u128, u128)>);
 
 /// Computes the address sets of every identity that `compiled` references
-/// as a policy peer, plus [`IDENTITY_HOST`] (host ingress).
+/// as a policy or tier peer, plus [`IDENTITY_HOST`] (host ingress).
 fn peer_sets(compiled: &Compiled) -> BTreeMap<u32, PeerSet> {
     let mut wanted: BTreeSet<u32> = compiled.policy.keys().map(|e| e.peer).collect();
+    wanted.extend(compiled.tiers.keys().map(|e| e.peer));
     wanted.insert(IDENTITY_HOST);
     wanted.remove(&IDENTITY_ANY);
 
@@ -202,30 +204,6 @@ fn union_elements(family: Family, mut ranges: Vec<(u128, u128)>) -> Vec<String> 
     merged.into_iter().map(|r| range_element(family, r)).collect()
 }
 
-/// The L4 part of a policy rule: protocol and destination ports, or `None`
-/// when the entry can match nothing (an empty port range).
-fn l4_match(entry: &PolicyEntry) -> Option<String> {
-    let Some(proto) = entry.protocol else {
-        return Some(String::new());
-    };
-    let name = match proto {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-        Protocol::Sctp => "sctp",
-    };
-    let (lo, hi) = entry.ports;
-    if lo > hi {
-        return None;
-    }
-    if lo == 0 && hi == u16::MAX {
-        Some(format!(" meta l4proto {name}"))
-    } else if lo == hi {
-        Some(format!(" meta l4proto {name} th dport {lo}"))
-    } else {
-        Some(format!(" meta l4proto {name} th dport {lo}-{hi}"))
-    }
-}
-
 /// One named set of the table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct SetDef {
@@ -252,6 +230,8 @@ pub(crate) struct Model {
     by_addr: BTreeMap<IpAddr, u32>,
     /// Port chains of the `bridge` table by name (source validation).
     port_chains: BTreeMap<String, Vec<String>>,
+    /// Some endpoint has a tier chain: the tier counters are needed.
+    tier_counters: bool,
 }
 
 /// Builds the objects of the table for `compiled`.
@@ -293,11 +273,30 @@ pub(crate) fn model(compiled: &Compiled, interfaces: &Interfaces) -> Model {
             .or_default()
             .push((entry, *rule));
     }
+    let tiers = group_tiers(&compiled.tiers);
     for (id, ep) in &compiled.endpoints {
         for direction in [Direction::Ingress, Direction::Egress] {
             let list = entries.get(&(*id, direction)).map(Vec::as_slice).unwrap_or(&[]);
-            m.chains
-                .insert(chain_name(*id, direction), endpoint_rules(ep, direction, list, &peer));
+            let mut jumps = TierJumps::default();
+            for tier in [Tier::Admin, Tier::Baseline] {
+                // The endpoint's flag decides, as in the datapath (the
+                // compiler sets it iff the tier has entries).
+                if !ep.tiers.has(tier, direction) {
+                    continue;
+                }
+                let tl = tiers.get(&(*id, direction, tier)).map_or(&[][..], Vec::as_slice);
+                let name = tier_chain_name(*id, direction, tier);
+                m.chains.insert(name.clone(), tier_rules(direction, tier, tl, &peer));
+                match tier {
+                    Tier::Admin => jumps.admin = Some(name),
+                    Tier::Baseline => jumps.baseline = Some(name),
+                }
+                m.tier_counters = true;
+            }
+            m.chains.insert(
+                chain_name(*id, direction),
+                endpoint_rules(ep, direction, list, &jumps, &peer),
+            );
         }
         if let Some(ifindex) = interfaces.get(id) {
             if *m.dispatch.entry(*ifindex).or_insert(*id) == *id {
@@ -441,10 +440,22 @@ pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap, bridge_
         }
         let _ = writeln!(s, "\t}}");
     };
-    // Named counters, one per direction and reason that the chains use.
+    // Named counters, one per direction and reason that the chains use;
+    // the tier counters when a chain uses them or the replaced table had
+    // them (their totals carry on).
     for dir in [DIR_INGRESS, DIR_EGRESS] {
         for reason in counted_reasons(dir) {
             counter(&mut s, counters, dir, *reason);
+        }
+    }
+    let had_tiers = counters
+        .keys()
+        .any(|(_, r)| TIER_REASONS.iter().any(|t| *t as u8 == *r));
+    if m.tier_counters || had_tiers {
+        for dir in [DIR_INGRESS, DIR_EGRESS] {
+            for reason in TIER_REASONS {
+                counter(&mut s, counters, dir, reason);
+            }
         }
     }
     for (name, set) in &m.sets {
@@ -571,6 +582,14 @@ pub(crate) fn incremental_script(old: &Model, new: &Model, table: &str) -> Optio
     let t = format!("inet {table}");
     let mut s = String::new();
     let mut late = String::new();
+    if new.tier_counters && !old.tier_counters {
+        // `add` leaves a counter that exists (a table that had tiers) as it is.
+        for dir in [DIR_INGRESS, DIR_EGRESS] {
+            for reason in TIER_REASONS {
+                let _ = writeln!(s, "add counter {t} {}", counter_name(dir, reason));
+            }
+        }
+    }
     for (name, set) in &new.sets {
         let old_set = old
             .sets
@@ -615,7 +634,8 @@ pub(crate) fn incremental_script(old: &Model, new: &Model, table: &str) -> Optio
         let _ = writeln!(late, "delete set {t} {name}");
     }
     s.push_str(&late);
-    Some(s)
+    // Only `tier_counters` changed (the counters stay): nothing to send.
+    (!s.is_empty()).then_some(s)
 }
 
 /// The commands turning the regular chains `old` of `target` (`<family>
@@ -629,15 +649,18 @@ fn chain_diff(
     old: &BTreeMap<String, Vec<String>>,
     new: &BTreeMap<String, Vec<String>>,
 ) {
+    // Every new chain exists before any rule is added: a rule may jump to
+    // a chain that sorts after its own (`ep_1_in` -> `ep_1_in_admin`).
+    for name in new.keys().filter(|n| !old.contains_key(*n)) {
+        let _ = writeln!(s, "add chain {target} {name}");
+    }
     for (name, rules) in new {
         match old.get(name) {
             Some(o) if o == rules => continue,
             Some(_) => {
                 let _ = writeln!(s, "flush chain {target} {name}");
             }
-            None => {
-                let _ = writeln!(s, "add chain {target} {name}");
-            }
+            None => {}
         }
         for r in rules {
             let _ = writeln!(s, "add rule {target} {name} {r}");
@@ -647,86 +670,4 @@ fn chain_diff(
         let _ = writeln!(late, "flush chain {target} {name}");
         let _ = writeln!(late, "delete chain {target} {name}");
     }
-}
-
-/// The rules of one endpoint's chain for one direction.
-fn endpoint_rules(
-    ep: &Endpoint,
-    direction: Direction,
-    entries: &[(&PolicyEntry, u32)],
-    sets: &BTreeMap<u32, PeerSet>,
-) -> Vec<String> {
-    let d = direction.as_u8();
-    let c = |r: Reason| counter_name(d, r);
-    let mut out = vec![format!(
-        "icmpv6 type {ICMPV6_CONTROL} counter name \"{}\" return",
-        c(Reason::Icmpv6Control)
-    )];
-    if direction == Direction::Egress {
-        // Source validation: only the endpoint's own addresses may leave it.
-        let spoofed = c(Reason::Spoofed);
-        out.push(match ep.ipv4 {
-            Some(a) => format!("ip saddr != {a} counter name \"{spoofed}\" drop"),
-            None => format!("meta nfproto ipv4 counter name \"{spoofed}\" drop"),
-        });
-        out.push(match ep.ipv6 {
-            Some(a) => format!("ip6 saddr != {a} counter name \"{spoofed}\" drop"),
-            None => format!("meta nfproto ipv6 counter name \"{spoofed}\" drop"),
-        });
-    }
-    out.push(format!(
-        "ct state established,related counter name \"{}\" return",
-        c(Reason::Tracked)
-    ));
-    out.push(format!(
-        "ct state invalid counter name \"{}\" drop",
-        c(Reason::Malformed)
-    ));
-    let isolated = match direction {
-        Direction::Ingress => ep.isolated_ingress,
-        Direction::Egress => ep.isolated_egress,
-    };
-    if !isolated {
-        out.push(format!("counter name \"{}\" return", c(Reason::NotIsolated)));
-        return out;
-    }
-    let (v4_peer, v6_peer) = match direction {
-        Direction::Ingress => ("ip saddr", "ip6 saddr"),
-        Direction::Egress => ("ip daddr", "ip6 daddr"),
-    };
-    if direction == Direction::Ingress {
-        if let Some(host) = sets.get(&IDENTITY_HOST) {
-            for (family, sel) in [(Family::V4, v4_peer), (Family::V6, v6_peer)] {
-                if !host.elements(family).is_empty() {
-                    out.push(format!(
-                        "{sel} @{} counter name \"{}\" return",
-                        set_name(IDENTITY_HOST, family),
-                        c(Reason::Host)
-                    ));
-                }
-            }
-        }
-    }
-    for (entry, rule) in entries {
-        let Some(l4) = l4_match(entry) else { continue };
-        let tail = format!(
-            "{l4} counter name \"{}\" return comment \"rule {rule}\"",
-            c(Reason::Policy)
-        );
-        if entry.peer == IDENTITY_ANY {
-            out.push(tail.trim_start().to_string());
-            continue;
-        }
-        let Some(set) = sets.get(&entry.peer) else { continue };
-        for (family, sel) in [(Family::V4, v4_peer), (Family::V6, v6_peer)] {
-            let name = set_name(entry.peer, family);
-            if entry.peer == IDENTITY_WORLD {
-                out.push(format!("{sel} != @{name}{tail}"));
-            } else if !set.elements(family).is_empty() {
-                out.push(format!("{sel} @{name}{tail}"));
-            }
-        }
-    }
-    out.push(format!("counter name \"{}\" drop", c(Reason::PolicyDenied)));
-    out
 }

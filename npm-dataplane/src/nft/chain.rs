@@ -1,0 +1,351 @@
+//! The rules of the endpoint chains of the `inet` table: the NetworkPolicy
+//! chain `ep_<id>_<in|out>` of each endpoint and direction, and the
+//! ClusterNetworkPolicy tier chains `ep_<id>_<in|out>_admin` and
+//! `ep_<id>_<in|out>_baseline` it jumps to (see the module documentation
+//! of [`super`] for the order of the steps).
+//!
+//! A tier chain holds the [`TierEntry`]s of one endpoint, direction and
+//! tier as rules sorted by [`TierValue::rank`], so the first rule a packet
+//! matches is the lowest-ranked entry among those holding it, whatever its
+//! peer identity (pod or node, CIDR, [`IDENTITY_ANY`]): the tier's decision
+//! of the datapath's lookup (the compiler folds every less specific rule
+//! into the more specific entries of the same identity, so an entry is
+//! never shadowed by a lower-ranked, less specific one it does not carry).
+//! `Accept` ends the packet's evaluation of the hook with `accept`,
+//! `Deny` drops it (silently: no RST, no ICMP), `Pass` `return`s to the
+//! endpoint chain, which goes on with the next step; a packet no rule
+//! matches returns at the end of the chain (the tier does not decide).
+
+use std::collections::BTreeMap;
+
+use npm_common::{Reason, IDENTITY_ANY, IDENTITY_HOST, IDENTITY_WORLD};
+use npm_policy::compiled::{Direction, Endpoint, PolicyEntry, Tier, TierAction, TierEntry, TierValue};
+use npm_policy::model::Protocol;
+
+use super::ranges::Family;
+use super::render::{chain_name, counter_name, set_name, PeerSet, ICMPV6_CONTROL};
+
+/// The reasons the tier chains of either direction count, each with a named
+/// counter (`in_admin_accept`, ...). Declared only in tables that have (or
+/// had) tier chains, so a table without ClusterNetworkPolicies is exactly as
+/// before.
+pub(crate) const TIER_REASONS: [Reason; 4] = [
+    Reason::AdminAccept,
+    Reason::AdminDeny,
+    Reason::BaselineAccept,
+    Reason::BaselineDeny,
+];
+
+/// Name of the tier chain of an endpoint, a direction and a tier, e.g.
+/// `ep_7_in_admin`.
+pub fn tier_chain_name(endpoint: u32, direction: Direction, tier: Tier) -> String {
+    let t = match tier {
+        Tier::Admin => "admin",
+        Tier::Baseline => "baseline",
+    };
+    format!("{}_{t}", chain_name(endpoint, direction))
+}
+
+/// The tier entries of one (endpoint, direction, tier), sorted by rank.
+pub(crate) type TierRules<'a> = BTreeMap<(u32, Direction, Tier), Vec<(&'a TierEntry, &'a TierValue)>>;
+
+/// Groups `tiers` by (endpoint, direction, tier), each group sorted by
+/// rank (then by entry, so the order is deterministic).
+pub(crate) fn group_tiers(tiers: &BTreeMap<TierEntry, TierValue>) -> TierRules<'_> {
+    let mut out: TierRules<'_> = BTreeMap::new();
+    for (entry, value) in tiers {
+        out.entry((entry.endpoint, entry.direction, entry.tier))
+            .or_default()
+            .push((entry, value));
+    }
+    for list in out.values_mut() {
+        list.sort_by_key(|(e, v)| (v.rank, **e));
+    }
+    out
+}
+
+/// The (reason, verdict) of a deciding tier action; `None` for `Pass`.
+const fn decision(tier: Tier, action: TierAction) -> Option<(Reason, &'static str)> {
+    match (tier, action) {
+        (Tier::Admin, TierAction::Accept) => Some((Reason::AdminAccept, "accept")),
+        (Tier::Admin, TierAction::Deny) => Some((Reason::AdminDeny, "drop")),
+        (Tier::Baseline, TierAction::Accept) => Some((Reason::BaselineAccept, "accept")),
+        (Tier::Baseline, TierAction::Deny) => Some((Reason::BaselineDeny, "drop")),
+        (_, TierAction::Pass) => None,
+    }
+}
+
+/// The rules of a tier chain: one per entry and family in rank order
+/// (entries with an empty port range and peers without addresses are left
+/// out: they match nothing).
+pub(crate) fn tier_rules(
+    direction: Direction,
+    tier: Tier,
+    entries: &[(&TierEntry, &TierValue)],
+    sets: &BTreeMap<u32, PeerSet>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (entry, value) in entries {
+        let Some(l4) = l4_match(entry.protocol, entry.ports) else {
+            continue;
+        };
+        let rule = value.rule;
+        let tail = match decision(tier, value.action) {
+            Some((reason, verdict)) => format!(
+                "{l4} counter name \"{}\" {verdict} comment \"rule {rule}\"",
+                counter_name(direction.as_u8(), reason)
+            ),
+            None => format!("{l4} return comment \"rule {rule} pass\""),
+        };
+        peer_rules(&mut out, direction, entry.peer, &tail, sets);
+    }
+    out
+}
+
+/// The L4 part of a policy or tier rule: protocol and destination ports
+/// (nothing for `protocol: None`, which matches every protocol, ICMP
+/// included), or `None` when the entry can match nothing (an empty port
+/// range).
+fn l4_match(protocol: Option<Protocol>, ports: (u16, u16)) -> Option<String> {
+    let Some(proto) = protocol else {
+        return Some(String::new());
+    };
+    let name = match proto {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    };
+    let (lo, hi) = ports;
+    if lo > hi {
+        return None;
+    }
+    if lo == 0 && hi == u16::MAX {
+        Some(format!(" meta l4proto {name}"))
+    } else if lo == hi {
+        Some(format!(" meta l4proto {name} th dport {lo}"))
+    } else {
+        Some(format!(" meta l4proto {name} th dport {lo}-{hi}"))
+    }
+}
+
+/// Which tier chains an endpoint chain jumps to (their names), for one
+/// direction.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TierJumps {
+    /// The Admin chain, when the endpoint has Admin entries.
+    pub(crate) admin: Option<String>,
+    /// The Baseline chain, when the endpoint has Baseline entries.
+    pub(crate) baseline: Option<String>,
+}
+
+/// The rules of one endpoint's chain for one direction.
+///
+/// Without tier chains this is the NetworkPolicy chain as it always was
+/// (not isolated: `not_isolated` right after conntrack). With tier chains:
+/// host ingress first (before every tier), then `jump` to the Admin chain,
+/// then NetworkPolicy when it isolates the endpoint, else `jump` to the
+/// Baseline chain and `not_isolated`.
+pub(crate) fn endpoint_rules(
+    ep: &Endpoint,
+    direction: Direction,
+    entries: &[(&PolicyEntry, u32)],
+    tiers: &TierJumps,
+    sets: &BTreeMap<u32, PeerSet>,
+) -> Vec<String> {
+    let d = direction.as_u8();
+    let c = |r: Reason| counter_name(d, r);
+    let mut out = vec![format!(
+        "icmpv6 type {ICMPV6_CONTROL} counter name \"{}\" return",
+        c(Reason::Icmpv6Control)
+    )];
+    if direction == Direction::Egress {
+        // Source validation: only the endpoint's own addresses may leave it.
+        let spoofed = c(Reason::Spoofed);
+        out.push(match ep.ipv4 {
+            Some(a) => format!("ip saddr != {a} counter name \"{spoofed}\" drop"),
+            None => format!("meta nfproto ipv4 counter name \"{spoofed}\" drop"),
+        });
+        out.push(match ep.ipv6 {
+            Some(a) => format!("ip6 saddr != {a} counter name \"{spoofed}\" drop"),
+            None => format!("meta nfproto ipv6 counter name \"{spoofed}\" drop"),
+        });
+    }
+    out.push(format!(
+        "ct state established,related counter name \"{}\" return",
+        c(Reason::Tracked)
+    ));
+    out.push(format!(
+        "ct state invalid counter name \"{}\" drop",
+        c(Reason::Malformed)
+    ));
+    let isolated = match direction {
+        Direction::Ingress => ep.isolated_ingress,
+        Direction::Egress => ep.isolated_egress,
+    };
+    let tiered = tiers.admin.is_some() || tiers.baseline.is_some();
+    if !isolated && !tiered {
+        out.push(format!("counter name \"{}\" return", c(Reason::NotIsolated)));
+        return out;
+    }
+    if direction == Direction::Ingress {
+        // From this node (kubelet probes): allowed before every tier.
+        if let Some(host) = sets.get(&IDENTITY_HOST) {
+            for (family, sel) in [(Family::V4, "ip saddr"), (Family::V6, "ip6 saddr")] {
+                if !host.elements(family).is_empty() {
+                    out.push(format!(
+                        "{sel} @{} counter name \"{}\" return",
+                        set_name(IDENTITY_HOST, family),
+                        c(Reason::Host)
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(admin) = &tiers.admin {
+        out.push(format!("jump {admin}"));
+    }
+    if !isolated {
+        if let Some(baseline) = &tiers.baseline {
+            out.push(format!("jump {baseline}"));
+        }
+        out.push(format!("counter name \"{}\" return", c(Reason::NotIsolated)));
+        return out;
+    }
+    for (entry, rule) in entries {
+        let Some(l4) = l4_match(entry.protocol, entry.ports) else {
+            continue;
+        };
+        let tail = format!(
+            "{l4} counter name \"{}\" return comment \"rule {rule}\"",
+            c(Reason::Policy)
+        );
+        peer_rules(&mut out, direction, entry.peer, &tail, sets);
+    }
+    out.push(format!("counter name \"{}\" drop", c(Reason::PolicyDenied)));
+    out
+}
+
+/// Pushes the rules matching `peer` (the source for ingress, the
+/// destination for egress) followed by `tail` (which starts with a space,
+/// or is the whole rule for [`IDENTITY_ANY`]): one per family that has
+/// addresses, one `!= @not_world_*` per family for [`IDENTITY_WORLD`],
+/// none for a peer without a set.
+fn peer_rules(out: &mut Vec<String>, direction: Direction, peer: u32, tail: &str, sets: &BTreeMap<u32, PeerSet>) {
+    if peer == IDENTITY_ANY {
+        out.push(tail.trim_start().to_string());
+        return;
+    }
+    let (v4_peer, v6_peer) = match direction {
+        Direction::Ingress => ("ip saddr", "ip6 saddr"),
+        Direction::Egress => ("ip daddr", "ip6 daddr"),
+    };
+    let Some(set) = sets.get(&peer) else { return };
+    for (family, sel) in [(Family::V4, v4_peer), (Family::V6, v6_peer)] {
+        let name = set_name(peer, family);
+        if peer == IDENTITY_WORLD {
+            out.push(format!("{sel} != @{name}{tail}"));
+        } else if !set.elements(family).is_empty() {
+            out.push(format!("{sel} @{name}{tail}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use npm_policy::compiled::PodRef;
+
+    fn entry(peer: u32, protocol: Option<Protocol>, ports: (u16, u16)) -> TierEntry {
+        TierEntry {
+            endpoint: 1,
+            direction: Direction::Ingress,
+            tier: Tier::Admin,
+            peer,
+            protocol,
+            ports,
+        }
+    }
+
+    fn value(action: TierAction, rank: u32, rule: u32) -> TierValue {
+        TierValue { action, rank, rule }
+    }
+
+    /// Rules come out in rank order (not entry order), with the verdict of
+    /// their action; Pass returns; an empty port range is left out.
+    #[test]
+    fn tier_rules_are_in_rank_order_with_their_verdicts() {
+        let mut tiers = BTreeMap::new();
+        tiers.insert(entry(IDENTITY_ANY, None, (0, 65535)), value(TierAction::Deny, 9, 40));
+        tiers.insert(
+            entry(IDENTITY_ANY, Some(Protocol::Tcp), (80, 80)),
+            value(TierAction::Accept, 2, 41),
+        );
+        tiers.insert(
+            entry(IDENTITY_ANY, Some(Protocol::Udp), (53, 54)),
+            value(TierAction::Pass, 5, 42),
+        );
+        tiers.insert(
+            entry(IDENTITY_ANY, Some(Protocol::Sctp), (9, 8)),
+            value(TierAction::Deny, 0, 43),
+        );
+        let groups = group_tiers(&tiers);
+        let list = &groups[&(1, Direction::Ingress, Tier::Admin)];
+        let rules = tier_rules(Direction::Ingress, Tier::Admin, list, &BTreeMap::new());
+        assert_eq!(
+            rules,
+            [
+                "meta l4proto tcp th dport 80 counter name \"in_admin_accept\" accept comment \"rule 41\"",
+                "meta l4proto udp th dport 53-54 return comment \"rule 42 pass\"",
+                "counter name \"in_admin_deny\" drop comment \"rule 40\"",
+            ]
+        );
+    }
+
+    /// An endpoint with tier chains: host first, Admin before NetworkPolicy,
+    /// Baseline only when not isolated.
+    #[test]
+    fn endpoint_chain_order_with_tiers() {
+        let ep = Endpoint {
+            pod: PodRef {
+                namespace: "n".into(),
+                name: "p".into(),
+                uid: "u".into(),
+            },
+            identity: 256,
+            ipv4: Some("10.0.0.1".parse().unwrap()),
+            ipv6: None,
+            isolated_ingress: false,
+            isolated_egress: false,
+            tiers: Default::default(),
+        };
+        let jumps = TierJumps {
+            admin: Some("ep_1_in_admin".into()),
+            baseline: Some("ep_1_in_baseline".into()),
+        };
+        let rules = endpoint_rules(&ep, Direction::Ingress, &[], &jumps, &BTreeMap::new());
+        let tail: Vec<&str> = rules[3..].iter().map(String::as_str).collect();
+        assert_eq!(
+            tail,
+            [
+                "jump ep_1_in_admin",
+                "jump ep_1_in_baseline",
+                "counter name \"in_not_isolated\" return"
+            ]
+        );
+        let isolated = Endpoint {
+            isolated_ingress: true,
+            ..ep.clone()
+        };
+        let rules = endpoint_rules(&isolated, Direction::Ingress, &[], &jumps, &BTreeMap::new());
+        let tail: Vec<&str> = rules[3..].iter().map(String::as_str).collect();
+        assert_eq!(
+            tail,
+            ["jump ep_1_in_admin", "counter name \"in_policy_denied\" drop"],
+            "Baseline is not consulted when NetworkPolicy isolates"
+        );
+        // No tier chains: exactly the NetworkPolicy chain.
+        let rules = endpoint_rules(&ep, Direction::Ingress, &[], &TierJumps::default(), &BTreeMap::new());
+        assert_eq!(rules.last().unwrap(), "counter name \"in_not_isolated\" return");
+        assert_eq!(rules.len(), 4);
+    }
+}
