@@ -44,7 +44,7 @@ pub fn block_allows_prefix(block: &IpBlock, p: &IpNet) -> bool {
 }
 
 /// `inner ⊆ outer`, same family only.
-fn contains_net(outer: &IpNet, inner: &IpNet) -> bool {
+pub(crate) fn contains_net(outer: &IpNet, inner: &IpNet) -> bool {
     match (outer, inner) {
         (IpNet::V4(o), IpNet::V4(i)) => o.prefix_len() <= i.prefix_len() && o.contains(&i.network()),
         (IpNet::V6(o), IpNet::V6(i)) => o.prefix_len() <= i.prefix_len() && o.contains(&i.network()),
@@ -53,8 +53,10 @@ fn contains_net(outer: &IpNet, inner: &IpNet) -> bool {
 }
 
 /// The CIDR identity prefixes of a snapshot: every `cidr` and `except`
-/// prefix of every valid policy (spec §4, ipBlock), plus `0.0.0.0/0` when an
-/// IPv6 prefix covers the IPv4-mapped range (see [`block_allows_prefix`]).
+/// prefix of every valid policy (spec §4, ipBlock) and every `networks`
+/// CIDR of every ClusterNetworkPolicy (shared: one identity per prefix),
+/// plus `0.0.0.0/0` when an IPv6 prefix covers the IPv4-mapped range (see
+/// [`block_allows_prefix`]).
 pub fn cidr_prefixes(snapshot: &Snapshot) -> BTreeSet<IpNet> {
     let mut set = BTreeSet::new();
     for p in snapshot.policies.values() {
@@ -63,6 +65,15 @@ pub fn cidr_prefixes(snapshot: &Snapshot) -> BTreeSet<IpNet> {
                 if let Peer::IpBlock(b) = peer {
                     set.insert(b.cidr);
                     set.extend(b.except.iter().copied());
+                }
+            }
+        }
+    }
+    for p in snapshot.cluster_policies.values() {
+        for r in p.ingress.iter().chain(&p.egress) {
+            for peer in &r.peers {
+                if let crate::tiers::ClusterPeer::Networks(nets) = peer {
+                    set.extend(nets.iter().copied());
                 }
             }
         }
@@ -388,6 +399,7 @@ pub fn compile(snapshot: &Snapshot, opts: &CompileOptions, prev: Option<&Compile
 
     let mut policy = BTreeMap::new();
     let mut endpoints = BTreeMap::new();
+    let mut locals: Vec<(u32, &Pod)> = Vec::new();
     // Local endpoints: pods of this node that own an address (not
     // hostNetwork, not terminal: `is_addressable`).
     for pod in snapshot.pods.values() {
@@ -433,7 +445,11 @@ pub fn compile(snapshot: &Snapshot, opts: &CompileOptions, prev: Option<&Compile
             policy.insert(host_egress_entry(ep), rid);
         }
         endpoints.insert(ep, endpoint_record(pod, pod_identity[&key], ips, iso_in, iso_eg));
+        locals.push((ep, pod));
     }
+    // ClusterNetworkPolicy tiers (see `tiers::compile`).
+    out.tiers = crate::tiers::compile::compile_tiers(snapshot, &locals, &identities, &out.cidrs, |r| alloc.rule(r));
+    crate::tiers::compile::set_presence(&mut endpoints, &out.tiers);
     out.endpoints = endpoints;
     out.policy = policy;
     out.ids = alloc.tables;

@@ -218,9 +218,11 @@ pub struct TierEntry {
 pub struct TierValue {
     /// The rule's action.
     pub action: TierAction,
-    /// Position of the rule in its tier's total order (priority, then the
+    /// The rule's place in its tier's total order (priority, then the
     /// policy name, then the rule's index): lower is decided first. Unique
-    /// per rule within a tier and direction; below 2^30.
+    /// per rule within a tier and direction; below 2^30. Not necessarily
+    /// dense (see `tiers::compile::ranked_rules`): only the comparison
+    /// matters.
     pub rank: u32,
     /// Rule id ([`IdTables::rules`]: a [`RuleRef::Cluster`]).
     pub rule: u32,

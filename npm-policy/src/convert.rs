@@ -69,8 +69,9 @@ pub enum YamlError {
         /// Deserialization error.
         source: serde_yaml::Error,
     },
-    /// A document has a kind other than Namespace, Pod, NetworkPolicy, List.
-    #[error("document {index}: unsupported kind {kind:?} (want Namespace, Pod, NetworkPolicy or List)")]
+    /// A document has a kind other than Namespace, Pod, NetworkPolicy,
+    /// ClusterNetworkPolicy, List.
+    #[error("document {index}: unsupported kind {kind:?} (want Namespace, Pod, NetworkPolicy, ClusterNetworkPolicy or List)")]
     UnsupportedKind {
         /// Document index.
         index: usize,
@@ -96,6 +97,9 @@ pub struct Objects {
     pub pods: Vec<corev1::Pod>,
     /// NetworkPolicies.
     pub policies: Vec<netv1::NetworkPolicy>,
+    /// ClusterNetworkPolicies (add them with
+    /// [`Snapshot::upsert_cluster_policy`]).
+    pub cluster_policies: Vec<crate::tiers::ClusterNetworkPolicy>,
 }
 
 impl Objects {
@@ -104,6 +108,7 @@ impl Objects {
         self.namespaces.extend(other.namespaces);
         self.pods.extend(other.pods);
         self.policies.extend(other.policies);
+        self.cluster_policies.extend(other.cluster_policies);
     }
 }
 
@@ -128,7 +133,8 @@ fn push_value(out: &mut Objects, index: usize, v: serde_yaml::Value) -> Result<(
         "Namespace" => out.namespaces.push(serde_yaml::from_value(v).map_err(wrap)?),
         "Pod" => out.pods.push(serde_yaml::from_value(v).map_err(wrap)?),
         "NetworkPolicy" => out.policies.push(serde_yaml::from_value(v).map_err(wrap)?),
-        "List" | "NamespaceList" | "PodList" | "NetworkPolicyList" => {
+        "ClusterNetworkPolicy" => out.cluster_policies.push(serde_yaml::from_value(v).map_err(wrap)?),
+        "List" | "NamespaceList" | "PodList" | "NetworkPolicyList" | "ClusterNetworkPolicyList" => {
             if let Some(items) = v.get("items").and_then(|i| i.as_sequence()) {
                 for item in items.clone() {
                     push_value(out, index, item)?;
@@ -140,8 +146,8 @@ fn push_value(out: &mut Objects, index: usize, v: serde_yaml::Value) -> Result<(
     Ok(())
 }
 
-/// Parses a multi-document YAML text of Namespace, Pod, NetworkPolicy (and
-/// `List`) objects.
+/// Parses a multi-document YAML text of Namespace, Pod, NetworkPolicy,
+/// ClusterNetworkPolicy (and `List`) objects.
 pub fn load_yaml(text: &str) -> Result<Objects, YamlError> {
     use serde::Deserialize;
     let mut out = Objects::default();

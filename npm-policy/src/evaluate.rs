@@ -1,14 +1,16 @@
 //! The reference evaluator: decides a flow straight from the specification
 //! on the [`Snapshot`], with no compiled state. The compiler is tested
-//! against it.
+//! against it. Per end: ingress from the node, the Admin tier, NetworkPolicy,
+//! the Baseline tier, allow (the tiers: [`crate::tiers::evaluate`]).
 
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::compiled::{CompileOptions, Direction};
+use crate::compiled::{CompileOptions, Direction, Tier, TierAction};
 use crate::identity::namespace_labels;
 use crate::model::{Peer, Pod, Policy, PortSpec, Rule, Snapshot};
 use crate::ownership::ip_owners;
+use crate::tiers::evaluate::{applies, tier_match, TierMatch};
 
 /// One new connection: `src` opens it to `dst`:`dst_port`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +45,8 @@ pub enum EndReason {
     },
     /// Isolated and no rule allows.
     Denied,
+    /// Accepted or denied by a ClusterNetworkPolicy rule.
+    Tier(TierMatch),
 }
 
 /// The verdict of one end of a flow.
@@ -58,6 +62,9 @@ pub struct EndVerdict {
     pub allowed: bool,
     /// Why.
     pub reason: EndReason,
+    /// The first matching ClusterNetworkPolicy rule of each tier that was
+    /// consulted (a `Pass` that moved on, or the final Accept/Deny).
+    pub tiers: Vec<TierMatch>,
 }
 
 /// The verdict of a flow: both ends must allow it.
@@ -83,6 +90,9 @@ impl fmt::Display for EndVerdict {
         if !self.selected_by.is_empty() {
             write!(f, " [selected by {}]", self.selected_by.join(", "))?;
         }
+        for t in self.tiers.iter().filter(|t| t.action == TierAction::Pass) {
+            write!(f, " [{t}]")?;
+        }
         match &self.reason {
             EndReason::NotAPod => write!(f, ": not a pod, imposes nothing"),
             EndReason::NotIsolated => write!(f, ": not isolated"),
@@ -90,6 +100,7 @@ impl fmt::Display for EndVerdict {
             EndReason::HostEgress => write!(f, ": to the node, allowed by allow_host_egress"),
             EndReason::Rule { policy, index } => write!(f, ": by {policy} {}[{index}]", self.direction.name()),
             EndReason::Denied => write!(f, ": isolated and no rule allows"),
+            EndReason::Tier(t) => write!(f, ": {t}"),
         }
     }
 }
@@ -128,6 +139,7 @@ pub fn evaluate(snapshot: &Snapshot, opts: &CompileOptions, flow: &Flow) -> Verd
             selected_by: vec![],
             allowed: true,
             reason: EndReason::NotAPod,
+            tiers: vec![],
         },
     };
     let egress = end(flow.src, Direction::Egress, flow.dst);
@@ -174,6 +186,7 @@ fn direction_verdict(
             selected_by: vec![],
             allowed: true,
             reason: EndReason::NotAPod,
+            tiers: vec![],
         };
     }
     // §1: "isolated for ingress when at least one policy selects it and has
@@ -191,45 +204,86 @@ fn direction_verdict(
         .iter()
         .map(|p| format!("{}/{}", p.namespace, p.name))
         .collect();
-    let v = |allowed, reason| EndVerdict {
+    let mut tiers: Vec<TierMatch> = Vec::new();
+    let v = |allowed, reason, tiers: &Vec<TierMatch>| EndVerdict {
         direction: dir,
         pod: Some(name.clone()),
         selected_by: selected_by.clone(),
         allowed,
         reason,
+        tiers: tiers.clone(),
     };
-    // "A pod that is not isolated in a direction has no restrictions".
-    if selecting.is_empty() {
-        return v(true, EndReason::NotIsolated);
+    // "A pod that is not isolated in a direction has no restrictions" (and
+    // no ClusterNetworkPolicy affects it: "CNPs with no ingress rules do
+    // not affect ingress traffic", the same for egress).
+    if selecting.is_empty() && !applies(snapshot, pod, dir) {
+        return v(true, EndReason::NotIsolated, &tiers);
     }
     let peer_is_node = opts.node_ips.contains(&peer_ip);
-    // §7: "always allow ingress from the local node".
+    // §7: "always allow ingress from the local node" (before every tier:
+    // npm's documented choice, so that kubelet probes always work).
     if dir == Direction::Ingress && peer_is_node {
-        return v(true, EndReason::FromNode);
+        return v(true, EndReason::FromNode, &tiers);
     }
-    // §7: egress to the node per setting.
-    if dir == Direction::Egress && peer_is_node && opts.allow_host_egress {
-        return v(true, EndReason::HostEgress);
-    }
-    // "the **union** of the rules of every policy that applies".
-    for p in &selecting {
-        let rules = match dir {
-            Direction::Ingress => &p.ingress,
-            Direction::Egress => &p.egress,
-        };
-        for (i, r) in rules.iter().enumerate() {
-            if rule_matches(snapshot, p, r, dir, pod, peer_ip, peer_pod, protocol, port) {
-                return v(
-                    true,
-                    EndReason::Rule {
-                        policy: format!("{}/{}", p.namespace, p.name),
-                        index: i,
-                    },
-                );
-            }
+    // "Policy tiers are evaluated in the following order: Admin tier,
+    // NetworkPolicy tier, Baseline tier". "If Admin tier has made a final
+    // decision (Accept or Deny) on a connection, then no further evaluation
+    // is done."
+    if let Some(m) = tier_match(snapshot, Tier::Admin, pod, dir, peer_ip, peer_pod, protocol, port) {
+        tiers.push(m.clone());
+        match m.action {
+            TierAction::Accept => return v(true, EndReason::Tier(m), &tiers),
+            TierAction::Deny => return v(false, EndReason::Tier(m), &tiers),
+            // "Pass: Skips all further ClusterNetworkPolicy rules in the
+            // current tier [...] and passes evaluation to the next tier."
+            TierAction::Pass => {}
         }
     }
-    v(false, EndReason::Denied)
+    // "v1.NetworkPolicy always makes a final decision for selected pods.
+    // Further evaluation only happens for Pods not selected by a
+    // v1.NetworkPolicy."
+    if !selecting.is_empty() {
+        // §7: egress to the node per setting.
+        if dir == Direction::Egress && peer_is_node && opts.allow_host_egress {
+            return v(true, EndReason::HostEgress, &tiers);
+        }
+        // "the **union** of the rules of every policy that applies".
+        for p in &selecting {
+            let rules = match dir {
+                Direction::Ingress => &p.ingress,
+                Direction::Egress => &p.egress,
+            };
+            for (i, r) in rules.iter().enumerate() {
+                if rule_matches(snapshot, p, r, dir, pod, peer_ip, peer_pod, protocol, port) {
+                    return v(
+                        true,
+                        EndReason::Rule {
+                            policy: format!("{}/{}", p.namespace, p.name),
+                            index: i,
+                        },
+                        &tiers,
+                    );
+                }
+            }
+        }
+        return v(false, EndReason::Denied, &tiers);
+    }
+    // "Baseline tier is a cluster-wide policy that can be overridden by the
+    // v1.NetworkPolicy. If Baseline tier has made a final decision (Accept
+    // or Deny) on a connection, then no further evaluation is done."
+    if let Some(m) = tier_match(snapshot, Tier::Baseline, pod, dir, peer_ip, peer_pod, protocol, port) {
+        tiers.push(m.clone());
+        match m.action {
+            TierAction::Accept => return v(true, EndReason::Tier(m), &tiers),
+            TierAction::Deny => return v(false, EndReason::Tier(m), &tiers),
+            // Pass in the Baseline tier: on to the next step, the default.
+            TierAction::Pass => {}
+        }
+    }
+    // "If a given connection wasn't allowed or denied by any of the tiers,
+    // the default kubernetes policy is applied, which says that all pods
+    // can communicate with each other."
+    v(true, EndReason::NotIsolated, &tiers)
 }
 
 /// Does `peer` (one NetworkPolicyPeer of `policy`) select the peer?

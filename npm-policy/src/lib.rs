@@ -29,6 +29,7 @@ pub mod ownership;
 mod peers;
 pub mod render;
 pub mod selector;
+pub mod tiers;
 pub mod validate;
 
 pub use compile::compile;

@@ -1,12 +1,14 @@
 //! What the datapath does for the first packet of a new connection, on the
-//! compiled form (npm-common lookup precedence, steps 7 to 9). Used to test
-//! the compiler against the reference evaluator and by `explain` tools.
+//! compiled form (npm-common lookup precedence, steps 7 to 9, with the
+//! ClusterNetworkPolicy tiers around NetworkPolicy: Host, Admin,
+//! NetworkPolicy, Baseline, allow). Used to test the compiler against the
+//! reference evaluator and by `explain` tools.
 
 use std::net::IpAddr;
 
 use npm_common::{Reason, IDENTITY_ANY, IDENTITY_HOST, IDENTITY_WORLD};
 
-use crate::compiled::{Compiled, Direction, PolicyEntry};
+use crate::compiled::{Compiled, Direction, PolicyEntry, Tier, TierAction, TierEntry, TierValue};
 use crate::identity::PrefixTable;
 use crate::model::Protocol;
 
@@ -17,8 +19,15 @@ pub struct LookupResult {
     pub allowed: bool,
     /// Why (the datapath's reason).
     pub reason: Reason,
-    /// Rule id of the entry that allowed it (with [`Reason::Policy`]).
+    /// Rule id of the deciding entry: the NetworkPolicy rule that allowed it
+    /// ([`Reason::Policy`]) or the ClusterNetworkPolicy rule that accepted
+    /// or denied it (the four tier reasons).
     pub rule: Option<u32>,
+    /// The Admin tier's match when it was consulted (a `Pass` or a final
+    /// action); `None` when it has no entries or nothing matched.
+    pub admin: Option<TierValue>,
+    /// The Baseline tier's match when it was consulted.
+    pub baseline: Option<TierValue>,
     /// The peer's pod identity (`IDENTITY_WORLD` when unknown).
     pub peer_identity: u32,
     /// The peer's CIDR identity (0 when none).
@@ -60,14 +69,80 @@ pub fn find_entry(
         .map(|(e, r)| (e, *r))
 }
 
+/// The tier entry of `compiled` matching (`endpoint`, `direction`,
+/// `tier`, `peer` identity, `protocol`, `port`): the most specific one (the
+/// entry of the packet's protocol whose range holds `port`, else the
+/// `protocol: None` entry), as the datapath's LPM lookup finds it.
+#[allow(clippy::too_many_arguments)]
+pub fn find_tier_entry(
+    compiled: &Compiled,
+    endpoint: u32,
+    direction: Direction,
+    tier: Tier,
+    peer: u32,
+    protocol: u8,
+    port: u16,
+) -> Option<(&TierEntry, TierValue)> {
+    let lo = TierEntry {
+        endpoint,
+        direction,
+        tier,
+        peer,
+        protocol: None,
+        ports: (0, 0),
+    };
+    let hi = TierEntry {
+        protocol: Some(Protocol::Sctp),
+        ports: (u16::MAX, u16::MAX),
+        ..lo
+    };
+    let mut none = None;
+    for (e, v) in compiled.tiers.range(lo..=hi) {
+        match e.protocol {
+            None => none = Some((e, *v)),
+            Some(p) if p.number() == protocol && e.ports.0 <= port && port <= e.ports.1 => return Some((e, *v)),
+            Some(_) => {}
+        }
+    }
+    none
+}
+
+/// A tier's decision for a packet whose peer has the identities `ids`
+/// (pod or node identity, CIDR identity, `IDENTITY_ANY`): the matched entry
+/// of lowest rank among them; `None`: the tier does not decide.
+pub fn tier_decision(
+    compiled: &Compiled,
+    endpoint: u32,
+    direction: Direction,
+    tier: Tier,
+    ids: [u32; 3],
+    protocol: u8,
+    port: u16,
+) -> Option<TierValue> {
+    ids.iter()
+        .filter_map(|id| find_tier_entry(compiled, endpoint, direction, tier, *id, protocol, port).map(|(_, v)| v))
+        .min_by_key(|v| v.rank)
+}
+
 /// Decides a new connection of local endpoint `endpoint` with `peer` in
 /// `direction` (`port` is the destination port) exactly as the datapath
-/// does: not isolated -> allow; ingress from `IDENTITY_HOST` -> allow; the
-/// peer's identity from the ipcache (exact), else `IDENTITY_WORLD`; its CIDR
-/// identity from the ipcache entry, else the longest prefix of `cidrs`;
-/// then the policy entries of the pod identity, the CIDR identity and
-/// `IDENTITY_ANY`. An endpoint that is not compiled is allowed
-/// ([`Reason::NoEndpoint`]), as the datapath does.
+/// does. The peer's identity comes from the ipcache (exact), else
+/// `IDENTITY_WORLD`; its CIDR identity from the ipcache entry, else the
+/// longest prefix of `cidrs`. Then:
+/// 1. not isolated by a NetworkPolicy and no tier entries for the
+///    direction -> allow ([`Reason::NotIsolated`], as without tiers);
+/// 2. ingress from `IDENTITY_HOST` -> allow ([`Reason::Host`]);
+/// 3. Admin tier ([`tier_decision`]): Accept -> [`Reason::AdminAccept`],
+///    Deny -> [`Reason::AdminDeny`], Pass or no match -> on;
+/// 4. isolated by a NetworkPolicy: the policy entries of the pod identity,
+///    the CIDR identity and `IDENTITY_ANY` -> [`Reason::Policy`], else
+///    [`Reason::PolicyDenied`];
+/// 5. Baseline tier: Accept -> [`Reason::BaselineAccept`], Deny ->
+///    [`Reason::BaselineDeny`], Pass or no match -> on;
+/// 6. allow ([`Reason::NotIsolated`]).
+///
+/// An endpoint that is not compiled is allowed ([`Reason::NoEndpoint`]),
+/// as the datapath does.
 pub fn lookup(
     compiled: &Compiled,
     endpoint: u32,
@@ -96,6 +171,8 @@ pub fn lookup_with(
         rule: None,
         peer_identity: IDENTITY_WORLD,
         cidr_identity: IDENTITY_ANY,
+        admin: None,
+        baseline: None,
     };
     let Some(ep) = compiled.endpoints.get(&endpoint) else {
         return res;
@@ -115,7 +192,9 @@ pub fn lookup_with(
                 .map_or(IDENTITY_ANY, |(_, id)| id),
         },
     };
-    if !isolated {
+    let admin = ep.tiers.has(Tier::Admin, direction);
+    let baseline = ep.tiers.has(Tier::Baseline, direction);
+    if !isolated && !admin && !baseline {
         res.reason = Reason::NotIsolated;
         return res;
     }
@@ -123,14 +202,53 @@ pub fn lookup_with(
         res.reason = Reason::Host;
         return res;
     }
-    for id in [res.peer_identity, res.cidr_identity, IDENTITY_ANY] {
-        if let Some((_, rule)) = find_entry(compiled, endpoint, direction, id, protocol, port) {
-            res.reason = Reason::Policy;
-            res.rule = Some(rule);
-            return res;
+    let ids = [res.peer_identity, res.cidr_identity, IDENTITY_ANY];
+    if admin {
+        res.admin = tier_decision(compiled, endpoint, direction, Tier::Admin, ids, protocol, port);
+        match res.admin {
+            Some(v) if v.action == TierAction::Accept => {
+                res.reason = Reason::AdminAccept;
+                res.rule = Some(v.rule);
+                return res;
+            }
+            Some(v) if v.action == TierAction::Deny => {
+                res.allowed = false;
+                res.reason = Reason::AdminDeny;
+                res.rule = Some(v.rule);
+                return res;
+            }
+            _ => {}
         }
     }
-    res.allowed = false;
-    res.reason = Reason::PolicyDenied;
+    if isolated {
+        for id in ids {
+            if let Some((_, rule)) = find_entry(compiled, endpoint, direction, id, protocol, port) {
+                res.reason = Reason::Policy;
+                res.rule = Some(rule);
+                return res;
+            }
+        }
+        res.allowed = false;
+        res.reason = Reason::PolicyDenied;
+        return res;
+    }
+    if baseline {
+        res.baseline = tier_decision(compiled, endpoint, direction, Tier::Baseline, ids, protocol, port);
+        match res.baseline {
+            Some(v) if v.action == TierAction::Accept => {
+                res.reason = Reason::BaselineAccept;
+                res.rule = Some(v.rule);
+                return res;
+            }
+            Some(v) if v.action == TierAction::Deny => {
+                res.allowed = false;
+                res.reason = Reason::BaselineDeny;
+                res.rule = Some(v.rule);
+                return res;
+            }
+            _ => {}
+        }
+    }
+    res.reason = Reason::NotIsolated;
     res
 }

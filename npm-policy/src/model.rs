@@ -111,7 +111,7 @@ pub struct Pod {
 }
 
 /// A label selector requirement operator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Operator {
     /// Key present with one of the values.
     In,
@@ -124,7 +124,7 @@ pub enum Operator {
 }
 
 /// One matchExpressions requirement.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Requirement {
     /// Label key.
     pub key: String,
@@ -136,7 +136,7 @@ pub struct Requirement {
 
 /// A validated label selector: matchLabels AND matchExpressions. The empty
 /// selector matches everything.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Selector {
     /// matchLabels.
     pub match_labels: Labels,
@@ -264,4 +264,13 @@ pub struct Snapshot {
     /// The reports of the policies that are not fully understood (each is
     /// also in `policies`, without the parts it could not understand).
     pub invalid_policies: Vec<InvalidPolicy>,
+    /// ClusterNetworkPolicies by name, each as the conversion makes it
+    /// (failing closed where it is not understood; see
+    /// [`crate::tiers::validate`]).
+    #[serde(default)]
+    pub cluster_policies: BTreeMap<String, crate::tiers::ClusterPolicy>,
+    /// The reports of the ClusterNetworkPolicies that are not fully
+    /// understood (`namespace` empty; each is also in `cluster_policies`).
+    #[serde(default)]
+    pub invalid_cluster_policies: Vec<InvalidPolicy>,
 }

@@ -2,7 +2,18 @@
 
 use std::fmt::Write;
 
-use crate::compiled::{Compiled, RuleRef};
+use crate::compiled::{Compiled, Direction, RuleRef, Tier};
+use crate::model::Protocol;
+
+/// A protocol and port range as `any`, `Tcp/*`, `Tcp/80` or `Tcp/80-90`.
+fn ports(protocol: Option<Protocol>, ports: (u16, u16)) -> String {
+    match protocol {
+        None => "any".to_string(),
+        Some(p) if ports == (0, u16::MAX) => format!("{p:?}/*"),
+        Some(p) if ports.0 == ports.1 => format!("{p:?}/{}", ports.0),
+        Some(p) => format!("{p:?}/{}-{}", ports.0, ports.1),
+    }
+}
 
 fn labels(l: &crate::model::Labels) -> String {
     let v: Vec<String> = l.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -55,14 +66,30 @@ impl Compiled {
             let v4 = e.ipv4.map(|a| a.to_string()).unwrap_or_else(|| "-".into());
             let v6 = e.ipv6.map(|a| a.to_string()).unwrap_or_else(|| "-".into());
             let iso = |b: bool| if b { "isolated" } else { "open" };
+            let mut tiers = String::new();
+            for (tier, dir) in [
+                (Tier::Admin, Direction::Ingress),
+                (Tier::Admin, Direction::Egress),
+                (Tier::Baseline, Direction::Ingress),
+                (Tier::Baseline, Direction::Egress),
+            ] {
+                if e.tiers.has(tier, dir) {
+                    let _ = write!(tiers, " {}-{}", tier.name().to_lowercase(), dir.name());
+                }
+            }
             let _ = writeln!(
                 s,
-                "  ep{id} {}/{} identity={} v4={v4} v6={v6} ingress={} egress={}",
+                "  ep{id} {}/{} identity={} v4={v4} v6={v6} ingress={} egress={}{}",
                 e.pod.namespace,
                 e.pod.name,
                 e.identity,
                 iso(e.isolated_ingress),
-                iso(e.isolated_egress)
+                iso(e.isolated_egress),
+                if tiers.is_empty() {
+                    String::new()
+                } else {
+                    format!(" tiers:{tiers}")
+                }
             );
         }
         s.push_str("rules:\n");
@@ -91,19 +118,33 @@ impl Compiled {
         }
         s.push_str("policy:\n");
         for (e, r) in &self.policy {
-            let what = match e.protocol {
-                None => "any".to_string(),
-                Some(p) if e.ports == (0, u16::MAX) => format!("{p:?}/*"),
-                Some(p) if e.ports.0 == e.ports.1 => format!("{p:?}/{}", e.ports.0),
-                Some(p) => format!("{p:?}/{}-{}", e.ports.0, e.ports.1),
-            };
             let _ = writeln!(
                 s,
-                "  ep{} {} {} {what} r{r}",
+                "  ep{} {} {} {} r{r}",
                 e.endpoint,
                 e.direction.name(),
-                peer_name(self, e.peer)
+                peer_name(self, e.peer),
+                ports(e.protocol, e.ports)
             );
+        }
+        // Only with ClusterNetworkPolicies (the form without them is
+        // unchanged).
+        if !self.tiers.is_empty() {
+            s.push_str("tiers:\n");
+            for (e, v) in &self.tiers {
+                let _ = writeln!(
+                    s,
+                    "  ep{} {} {} {} {} {:?} rank={} r{}",
+                    e.endpoint,
+                    e.direction.name(),
+                    e.tier.name(),
+                    peer_name(self, e.peer),
+                    ports(e.protocol, e.ports),
+                    v.action,
+                    v.rank,
+                    v.rule
+                );
+            }
         }
         s
     }

@@ -250,21 +250,44 @@ fn selector(ctx: &mut Ctx<'_>, path: &str, sel: &LabelSelector) -> Option<Select
     (ctx.errors.len() == before).then_some(out)
 }
 
-/// Parses a CIDR, clearing host bits (the API accepts them).
-fn parse_cidr(ctx: &mut Ctx<'_>, path: &str, s: &str) -> Option<IpNet> {
+/// Parses a CIDR, clearing host bits (the API accepts them); the error
+/// quotes the text. An IPv4-mapped IPv6 prefix (`::ffff:a.b.c.d/96+n`) is
+/// the IPv4 prefix `a.b.c.d/n`: the datapath stores IPv4 mapped, so both
+/// would be one kernel key. Shared with the ClusterNetworkPolicy
+/// validation (`networks`).
+pub(crate) fn normalize_cidr(s: &str) -> Result<IpNet, String> {
     match s.trim().parse::<IpNet>() {
-        // An IPv4-mapped IPv6 prefix (`::ffff:a.b.c.d/96+n`) is the IPv4
-        // prefix `a.b.c.d/n`: the datapath stores IPv4 mapped, so both
-        // would be one kernel key.
         Ok(IpNet::V6(v6)) if v6.prefix_len() >= 96 && v6.network().to_ipv4_mapped().is_some() => {
             let a = v6.network().to_ipv4_mapped().expect("checked");
-            Some(IpNet::V4(ipnet::Ipv4Net::new(a, v6.prefix_len() - 96).expect("length <= 32")).trunc())
+            Ok(IpNet::V4(ipnet::Ipv4Net::new(a, v6.prefix_len() - 96).expect("length <= 32")).trunc())
         }
-        Ok(n) => Some(n.trunc()),
+        Ok(n) => Ok(n.trunc()),
+        Err(e) => Err(format!("invalid CIDR {s:?}: {e}")),
+    }
+}
+
+/// Parses a CIDR ([`normalize_cidr`]), recording an error at `path`.
+fn parse_cidr(ctx: &mut Ctx<'_>, path: &str, s: &str) -> Option<IpNet> {
+    match normalize_cidr(s) {
+        Ok(n) => Some(n),
         Err(e) => {
-            ctx.err(path, format!("invalid CIDR {s:?}: {e}"));
+            ctx.err(path, e);
             None
         }
+    }
+}
+
+/// Validates a label selector at `path` (the rules of NetworkPolicy
+/// selectors): the selector, or every (field, message) wrong with it.
+/// Shared with the ClusterNetworkPolicy validation.
+pub(crate) fn check_selector(path: &str, sel: &LabelSelector) -> Result<Selector, Vec<(String, String)>> {
+    let mut ctx = Ctx {
+        object: "",
+        errors: Vec::new(),
+    };
+    match selector(&mut ctx, path, sel) {
+        Some(s) => Ok(s),
+        None => Err(ctx.errors.into_iter().map(|e| (e.field, e.message)).collect()),
     }
 }
 

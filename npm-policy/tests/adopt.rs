@@ -143,3 +143,52 @@ fn cidr_identities_are_kept_by_prefix_and_new_ones_numbered_above() {
     assert!(s.ids.identities.is_empty());
     assert!(AdoptedNumbers::default().is_empty() && !adopted.is_empty());
 }
+
+/// ClusterNetworkPolicy rule ids are numbered above every adopted rule id
+/// and `networks` prefixes keep their adopted CIDR identity (the tier
+/// entries name them), so a restarted agent never gives an old number a
+/// new meaning in the tier map either.
+#[test]
+fn cluster_policy_rules_and_networks_keep_the_restart_numbering() {
+    use npm_policy::compiled::{Direction, Tier, TierAction};
+    use npm_policy::model::Selector;
+    use npm_policy::tiers::{ClusterPeer, ClusterPolicy, ClusterRule, Subject};
+    let mut s = snapshot(&[("a", "10.0.0.1", "a"), ("b", "10.0.0.2", "b")]);
+    s.pods.get_mut(&("x".to_string(), "a".to_string())).unwrap().node_name = Some("node".into());
+    s.insert_cluster_policy(
+        ClusterPolicy {
+            name: "deny-ten".into(),
+            tier: Tier::Admin,
+            priority: 1,
+            subject: Subject::Namespaces(Selector::default()),
+            ingress: vec![],
+            egress: vec![ClusterRule {
+                name: None,
+                action: TierAction::Deny,
+                peers: vec![ClusterPeer::Networks(vec!["10.0.0.0/8".parse().unwrap()])],
+                ports: vec![],
+            }],
+        },
+        None,
+    );
+    let base = npm_common::IDENTITY_FIRST_CIDR;
+    let adopted = AdoptedNumbers {
+        cidrs: [("10.0.0.0/8".parse().unwrap(), base + 7)].into(),
+        max_rule: 41,
+        ..AdoptedNumbers::default()
+    };
+    let new = restarted(&s, &adopted);
+    assert_eq!(new.cidrs.get(&"10.0.0.0/8".parse().unwrap()), Some(&(base + 7)));
+    assert!(!new.tiers.is_empty());
+    for (e, v) in &new.tiers {
+        assert_eq!((e.direction, e.peer), (Direction::Egress, base + 7));
+        assert!(v.rule >= 42, "rule {} reuses an adopted number", v.rule);
+        assert!(new.ids.rules.contains_key(&v.rule));
+    }
+    // The next restart adopts the tier rule ids as well.
+    let again = restarted(&s, &adopted_from(&new));
+    assert!(again
+        .tiers
+        .values()
+        .all(|v| v.rule > *new.ids.rules.keys().next_back().unwrap()));
+}

@@ -1,16 +1,20 @@
 //! Differential test: on random snapshots and packets, the datapath's
 //! lookup on the compiled form (`lookup(compile(..))`) agrees with the
 //! reference evaluator (`evaluate_direction`) for every local endpoint and
-//! direction. Deterministic (seeded); the seed is printed on failure.
+//! direction. Deterministic (seeded); the seed is printed on failure. With
+//! ClusterNetworkPolicies (in about half of the snapshots, from their own
+//! random stream) the deciding tier rule must agree too.
 
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use npm_policy::compiled::{CompileOptions, Compiled, Direction};
+use npm_common::Reason;
+use npm_policy::compiled::{CompileOptions, Compiled, Direction, RuleRef, Tier, TierAction};
 use npm_policy::evaluate::{evaluate_direction, EndReason};
 use npm_policy::identity::PrefixTable;
 use npm_policy::lookup::lookup_with;
 use npm_policy::model::*;
+use npm_policy::tiers::{ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Subject};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -241,6 +245,109 @@ fn snapshot(rng: &mut StdRng) -> (Snapshot, CompileOptions) {
     )
 }
 
+/// CIDRs of `networks` peers (nested, overlapping the ipBlocks, both
+/// families).
+const NETWORKS: &[&str] = &[
+    "10.0.0.0/16",
+    "10.0.1.0/24",
+    "10.0.1.4/30",
+    "10.0.2.0/25",
+    "0.0.0.0/0",
+    "::/0",
+    "fd00::/64",
+    "fd00::1:0/112",
+    "10.0.9.1/32",
+    "8.8.8.0/24",
+];
+
+fn cluster_peer(rng: &mut StdRng, dir: Direction) -> ClusterPeer {
+    match rng.random_range(0..if dir == Direction::Egress { 7 } else { 5 }) {
+        0 | 1 => ClusterPeer::Namespaces(selector(rng, NS_KEYS)),
+        2 | 3 => ClusterPeer::Pods {
+            namespaces: selector(rng, NS_KEYS),
+            pods: selector(rng, POD_KEYS),
+        },
+        4 => ClusterPeer::All,
+        _ => ClusterPeer::Networks(
+            (0..rng.random_range(1..3))
+                .map(|_| net(pick::<&str>(rng, NETWORKS)))
+                .collect(),
+        ),
+    }
+}
+
+fn cluster_port(rng: &mut StdRng) -> ClusterPort {
+    let protocol = *pick(rng, &[Protocol::Tcp, Protocol::Tcp, Protocol::Udp, Protocol::Sctp]);
+    match rng.random_range(0..4) {
+        0 => {
+            let p = *pick(rng, &[53u16, 80, 81, 8080]);
+            ClusterPort::Ports {
+                protocol,
+                start: p,
+                end: p,
+            }
+        }
+        1 | 2 => {
+            let a = *pick(rng, &[1u16, 50, 79, 80, 1000]);
+            ClusterPort::Ports {
+                protocol,
+                start: a,
+                end: a + rng.random_range(1..200u16),
+            }
+        }
+        _ => ClusterPort::Named(pick(rng, &["http", "dns", "metrics"]).to_string()),
+    }
+}
+
+fn cluster_rules(rng: &mut StdRng, dir: Direction) -> Vec<ClusterRule> {
+    (0..rng.random_range(0..4))
+        .map(|i| ClusterRule {
+            name: Some(format!("r{i}")),
+            action: *pick(rng, &[TierAction::Accept, TierAction::Deny, TierAction::Pass]),
+            peers: (0..rng.random_range(0..3)).map(|_| cluster_peer(rng, dir)).collect(),
+            ports: (0..*pick(rng, &[0usize, 0, 1, 2])).map(|_| cluster_port(rng)).collect(),
+        })
+        .collect()
+}
+
+/// Random ClusterNetworkPolicies (about half of the snapshots have some),
+/// from their own stream so the NetworkPolicy part of the snapshot is the
+/// same as without them.
+fn cluster_policies(seed: u64, s: &mut Snapshot) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xc1_57e5);
+    if rng.random_bool(0.5) {
+        return;
+    }
+    for i in 0..rng.random_range(1..5) {
+        let subject = if rng.random_bool(0.5) {
+            Subject::Namespaces(selector(&mut rng, NS_KEYS))
+        } else {
+            Subject::Pods {
+                namespaces: selector(&mut rng, NS_KEYS),
+                pods: selector(&mut rng, POD_KEYS),
+            }
+        };
+        let p = ClusterPolicy {
+            name: format!("cnp{i}"),
+            tier: if rng.random_bool(0.5) {
+                Tier::Admin
+            } else {
+                Tier::Baseline
+            },
+            // Few values: equal priorities (ordered by name) are common.
+            priority: *pick(&mut rng, &[0u32, 5, 5, 1000]),
+            subject,
+            ingress: cluster_rules(&mut rng, Direction::Ingress),
+            egress: cluster_rules(&mut rng, Direction::Egress),
+        };
+        s.insert_cluster_policy(p, None);
+    }
+}
+
+/// Packets by how a tier decided them (evaluator): Admin Accept, Admin
+/// Deny, Baseline Accept, Baseline Deny, an Admin Pass then NetworkPolicy.
+type TierCounts = [usize; 5];
+
 const EXTERNAL: &[&str] = &[
     "10.0.1.5",
     "10.0.2.200",
@@ -277,9 +384,10 @@ fn by_any_peer_named_port(s: &Snapshot, dir: Direction, reason: &EndReason) -> b
 
 /// Returns the compile and the packet counts: denied, allowed, allowed
 /// through an egress named port with an empty `to`.
-fn check(seed: u64, prev: Option<&Compiled>) -> Result<(Compiled, [usize; 3]), String> {
+fn check(seed: u64, prev: Option<&Compiled>, tc: &mut TierCounts) -> Result<(Compiled, [usize; 3]), String> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let (s, opts) = snapshot(&mut rng);
+    let (mut s, opts) = snapshot(&mut rng);
+    cluster_policies(seed, &mut s);
     let c = npm_policy::compile(&s, &opts, prev);
     let table = PrefixTable::new(&c.cidrs);
     let mut peers: Vec<IpAddr> = s.pods.values().flat_map(|p| p.ips.iter().copied()).collect();
@@ -306,7 +414,48 @@ fn check(seed: u64, prev: Option<&Compiled>) -> Result<(Compiled, [usize; 3]), S
             if want.allowed && by_any_peer_named_port(&s, dir, &want.reason) {
                 n[2] += 1;
             }
-            if got.allowed != want.allowed {
+            // The deciding tier rule: the same reason and rule in both.
+            let got_tier = match got.reason {
+                Reason::AdminAccept | Reason::AdminDeny | Reason::BaselineAccept | Reason::BaselineDeny => {
+                    match got.rule.and_then(|r| c.ids.rules.get(&r)) {
+                        Some(RuleRef::Cluster {
+                            tier,
+                            name,
+                            direction,
+                            index,
+                        }) if *direction == dir => Some((*tier, name.clone(), *index, got.reason)),
+                        other => return Err(format!("seed {seed}: tier reason {got:?} with rule {other:?}")),
+                    }
+                }
+                _ => None,
+            };
+            let want_tier = match &want.reason {
+                EndReason::Tier(m) => {
+                    let reason = match (m.tier, m.action) {
+                        (Tier::Admin, TierAction::Accept) => Reason::AdminAccept,
+                        (Tier::Admin, _) => Reason::AdminDeny,
+                        (Tier::Baseline, TierAction::Accept) => Reason::BaselineAccept,
+                        (Tier::Baseline, _) => Reason::BaselineDeny,
+                    };
+                    tc[match reason {
+                        Reason::AdminAccept => 0,
+                        Reason::AdminDeny => 1,
+                        Reason::BaselineAccept => 2,
+                        _ => 3,
+                    }] += 1;
+                    Some((m.tier, m.policy.clone(), m.index, reason))
+                }
+                _ => None,
+            };
+            if matches!(want.reason, EndReason::Rule { .. } | EndReason::Denied)
+                && want
+                    .tiers
+                    .iter()
+                    .any(|t| t.tier == Tier::Admin && t.action == TierAction::Pass)
+            {
+                tc[4] += 1;
+            }
+            if got.allowed != want.allowed || got_tier != want_tier {
                 return Err(format!(
                     "seed {seed}: endpoint {id} ({}/{}) {dir:?} peer {peer} proto {proto} port {port}: compiled {got:?}, evaluator {want}\nsnapshot: {s:#?}\nopts: {opts:?}\ncompiled:\n{}",
                     ep.pod.namespace,
@@ -347,12 +496,13 @@ fn compiled_lookup_agrees_with_evaluator() {
         .unwrap_or(10_000);
     let mut prev: Option<Compiled> = None;
     let mut packets = [0usize; 3];
+    let mut tc: TierCounts = [0; 5];
     for i in 0..count {
         let seed = base + i;
         // Half of the compiles reuse the previous (unrelated) compile's id
         // tables, exercising stable allocation.
         let p = if i % 2 == 1 { prev.as_ref() } else { None };
-        match check(seed, p) {
+        match check(seed, p, &mut tc) {
             Ok((c, n)) => {
                 packets[0] += n[0];
                 packets[1] += n[1];
@@ -374,8 +524,13 @@ fn compiled_lookup_agrees_with_evaluator() {
             packets[2]
         );
     }
+    // Every tier decision occurs often (Admin Accept, Admin Deny, Baseline
+    // Accept, Baseline Deny, Admin Pass then NetworkPolicy).
+    if count >= 10_000 {
+        assert!(tc.iter().all(|n| *n >= 500), "tier decisions {tc:?}");
+    }
     eprintln!(
-        "{count} snapshots; denied {} and allowed {} packets agree ({} allowed through an egress named port with an empty to)",
+        "{count} snapshots; denied {} and allowed {} packets agree ({} allowed through an egress named port with an empty to); tier decisions (admin accept, admin deny, baseline accept, baseline deny, pass then NP) {tc:?}",
         packets[0], packets[1], packets[2]
     );
 }

@@ -6,9 +6,10 @@
 
 use std::collections::BTreeSet;
 
-use npm_policy::compiled::{CompileOptions, Compiled, Direction, RuleRef};
+use npm_policy::compiled::{CompileOptions, Compiled, Direction, RuleRef, Tier, TierAction};
 use npm_policy::incremental::Compiler;
 use npm_policy::model::*;
+use npm_policy::tiers::{ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Subject};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -128,6 +129,62 @@ fn policy(rng: &mut StdRng) -> Policy {
     }
 }
 
+/// A ClusterNetworkPolicy: subjects and peers by the same labels, CIDR
+/// networks overlapping the ipBlocks (new prefixes), named and numbered
+/// ports.
+fn cluster_policy(rng: &mut StdRng) -> ClusterPolicy {
+    let rule = |rng: &mut StdRng, egress: bool| {
+        let peers = (0..rng.random_range(1..3))
+            .map(|_| match rng.random_range(0..if egress { 5 } else { 3 }) {
+                0 => ClusterPeer::Namespaces(sel(rng, "team", &["t1", "t2"])),
+                1 => ClusterPeer::Pods {
+                    namespaces: sel(rng, "team", &["t1", "t2"]),
+                    pods: sel(rng, "app", &["a", "b"]),
+                },
+                2 => ClusterPeer::All,
+                _ => ClusterPeer::Networks(vec![pick(
+                    rng,
+                    &["10.0.0.0/29", "10.0.0.4/30", "10.0.0.0/16", "fd00::/127"],
+                )
+                .parse()
+                .unwrap()]),
+            })
+            .collect();
+        let ports = match rng.random_range(0..4) {
+            0 | 1 => vec![],
+            2 => vec![ClusterPort::Named("http".into())],
+            _ => vec![ClusterPort::Ports {
+                protocol: Protocol::Tcp,
+                start: 80,
+                end: *pick(rng, &[80, 90]),
+            }],
+        };
+        ClusterRule {
+            name: None,
+            action: *pick(rng, &[TierAction::Accept, TierAction::Deny, TierAction::Pass]),
+            peers,
+            ports,
+        }
+    };
+    let ingress = (0..rng.random_range(0..4)).map(|_| rule(rng, false)).collect();
+    let egress = (0..rng.random_range(0..4)).map(|_| rule(rng, true)).collect();
+    ClusterPolicy {
+        name: format!("cnp{}", rng.random_range(0..4)),
+        tier: *pick(rng, &[Tier::Admin, Tier::Baseline]),
+        priority: *pick(rng, &[1, 1, 7]),
+        subject: if rng.random_bool(0.5) {
+            Subject::Namespaces(sel(rng, "team", &["t1", "t2"]))
+        } else {
+            Subject::Pods {
+                namespaces: sel(rng, "team", &["t1", "t2"]),
+                pods: sel(rng, "app", &["a", "b"]),
+            }
+        },
+        ingress,
+        egress,
+    }
+}
+
 fn namespace(rng: &mut StdRng, name: &str) -> Namespace {
     let mut l = labels(rng, "team", &["t1", "t2"]);
     l.insert("kubernetes.io/metadata.name".into(), name.into());
@@ -161,13 +218,14 @@ fn canonical(c: &Compiled) -> BTreeSet<String> {
     }
     for (id, e) in &c.endpoints {
         out.insert(format!(
-            "ep {:?} {} {:?} {:?} {} {}",
+            "ep {:?} {} {:?} {:?} {} {} {:?}",
             e.pod,
             ident(e.identity),
             e.ipv4,
             e.ipv6,
             e.isolated_ingress,
-            e.isolated_egress
+            e.isolated_egress,
+            e.tiers
         ));
         assert_eq!(c.ids.endpoints.get(&e.pod.uid), Some(id));
     }
@@ -181,6 +239,21 @@ fn canonical(c: &Compiled) -> BTreeSet<String> {
             e.ports
         ));
         assert!(c.ids.rules.contains_key(r), "rule {r} of {e:?} not in the table");
+    }
+    // Tier entries with their rule by meaning.
+    for (e, v) in &c.tiers {
+        out.insert(format!(
+            "tier {} {:?} {:?} {} {:?} {:?} {:?} rank {} {:?}",
+            ep(e.endpoint),
+            e.direction,
+            e.tier,
+            ident(e.peer),
+            e.protocol,
+            e.ports,
+            v.action,
+            v.rank,
+            c.ids.rules.get(&v.rule).expect("tier rule in the table")
+        ));
     }
     out
 }
@@ -226,6 +299,8 @@ fn compiler_matches_reference() {
     // Steps whose tables hold entries of an egress rule with an empty `to`
     // and a named port (so the generator covers that case).
     let mut any_peer_named = 0;
+    // Steps whose tables hold tier entries.
+    let mut tier_steps = 0;
     for seed in 0..300u64 {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut s = Snapshot::default();
@@ -240,6 +315,12 @@ fn compiler_matches_reference() {
             let p = policy(&mut rng);
             s.policies.insert((p.namespace.clone(), p.name.clone()), p);
         }
+        // ClusterNetworkPolicies from their own stream (the rest of the
+        // test sees the same random sequence as without them).
+        let mut crng = StdRng::seed_from_u64(seed ^ 0xc1_57e5);
+        for _ in 0..crng.random_range(1..5) {
+            s.insert_cluster_policy(cluster_policy(&mut crng), None);
+        }
         let mut c = Compiler::new(s.clone(), opts.clone(), None);
         assert_eq!(
             canonical(c.compiled()),
@@ -249,7 +330,25 @@ fn compiler_matches_reference() {
         for step in 0..15 {
             let before = c.compiled().clone();
             let what = rng.random_range(0..8);
+            // A ClusterNetworkPolicy change in a quarter of the steps
+            // (its own stream), otherwise the change drawn above.
+            let what = match crng.random_range(0..8) {
+                0 => 8,
+                1 => 9,
+                _ => what,
+            };
             match what {
+                8 => {
+                    let p = cluster_policy(&mut crng);
+                    s.insert_cluster_policy(p.clone(), None);
+                    c.upsert_cluster_policy(p);
+                }
+                9 => {
+                    if let Some(k) = s.cluster_policies.keys().next().cloned() {
+                        s.remove_cluster_policy(&k);
+                        c.remove_cluster_policy(&k);
+                    }
+                }
                 0 | 1 => {
                     let p = pod(&mut rng, 100 + step);
                     s.pods.insert((p.namespace.clone(), p.name.clone()), p.clone());
@@ -299,6 +398,9 @@ fn compiler_matches_reference() {
             }
             changes += 1;
             let reference = npm_policy::compile(&s, &opts, Some(&before));
+            if !reference.tiers.is_empty() {
+                tier_steps += 1;
+            }
             if any_peer_named_entries(&reference, &s) > 0 {
                 any_peer_named += 1;
             }
@@ -324,6 +426,8 @@ fn compiler_matches_reference() {
         assert_eq!(c.snapshot(), &s);
     }
     assert!(changes >= 4000);
+    eprintln!("{changes} changes, {tier_steps} with tier entries");
+    assert!(tier_steps >= 1500, "only {tier_steps} steps with tier entries");
     assert!(
         any_peer_named >= 100,
         "only {any_peer_named} steps with egress named-port entries of an empty `to`"

@@ -14,6 +14,10 @@
 //! - a namespace: the identities of its pods, as above;
 //! - a new policy: its entries are added in place to the local endpoints it
 //!   selects (nothing else is re-emitted);
+//! - a ClusterNetworkPolicy (and, when CNPs exist, any change): the tier
+//!   entries are recomputed wholesale (`tiers::compile`), then every
+//!   endpoint's tier presence; a change of the `networks` prefixes
+//!   recomputes CIDR identities as for ipBlocks;
 //! - a changed or removed policy: its rules' peer sets are dropped and the
 //!   local endpoints its old or new version selects are re-emitted; when
 //!   the set of ipBlock prefixes changes (also for a new policy),
@@ -34,6 +38,7 @@ mod addresses;
 mod endpoints;
 mod identities;
 mod rules;
+mod tiers;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -95,6 +100,7 @@ impl Compiler {
         let all: BTreeSet<PodKey> = c.eps.keys().cloned().collect();
         c.out.policy.clear();
         c.emit(all);
+        c.refresh_tiers();
         c
     }
 
@@ -149,6 +155,7 @@ impl Compiler {
         self.release(&others);
         touched.extend(others);
         self.acquire(touched);
+        self.refresh_tiers();
     }
 
     /// Removes the identities and ipcache entries of `pods` (first half of
@@ -233,6 +240,7 @@ impl Compiler {
             .collect();
         self.release(&pods);
         self.acquire(pods);
+        self.refresh_tiers();
     }
 
     /// Adds or replaces a (validated) policy.
@@ -288,11 +296,35 @@ impl Compiler {
         // already); of the others only those the new version selects
         // change.
         let selected = self.selected_by(&key);
-        let mut prefixes_changed = false;
-        // ipBlock prefixes.
+        let prefixes_changed = match self.refresh_prefixes() {
+            Some(users) => {
+                dirty.extend(users);
+                true
+            }
+            None => false,
+        };
+        if !existed && !prefixes_changed && dirty.is_empty() {
+            // A new policy: its entries are added to the endpoints it
+            // selects, the others stay as they are.
+            self.add_policy(&key, selected);
+        } else {
+            dirty.extend(selected);
+            self.emit(dirty);
+        }
+        self.refresh_tiers();
+    }
+
+    /// Recomputes the CIDR identities when the set of prefixes (ipBlocks
+    /// and ClusterNetworkPolicy `networks`) changed: every address's CIDR
+    /// identity, and the peer sets of every rule with an ipBlock are
+    /// dropped. Returns the endpoints that used those rules, `None` when
+    /// the prefixes did not change.
+    fn refresh_prefixes(&mut self) -> Option<BTreeSet<PodKey>> {
         let prefixes = cidr_prefixes(&self.snapshot);
-        if prefixes.iter().ne(self.out.cidrs.keys()) {
-            prefixes_changed = true;
+        if prefixes.iter().eq(self.out.cidrs.keys()) {
+            return None;
+        }
+        {
             let mut cidrs = BTreeMap::new();
             for net in prefixes {
                 let id = match self.out.cidrs.get(&net) {
@@ -311,20 +343,12 @@ impl Compiler {
                 e.cidr_identity = self.lpm.longest(*ip).map_or(IDENTITY_ANY, |(_, c)| c);
             }
             let policies = &self.snapshot.policies;
-            dirty.extend(self.rules.drop_rules(|rk| {
+            Some(self.rules.drop_rules(|rk| {
                 policies
                     .get(&(rk.0.clone(), rk.1.clone()))
                     .and_then(|p| rule_of(p, rk))
                     .is_some_and(|r| r.peers.iter().any(|x| matches!(x, Peer::IpBlock(_))))
-            }));
-        }
-        if !existed && !prefixes_changed && dirty.is_empty() {
-            // A new policy: its entries are added to the endpoints it
-            // selects, the others stay as they are.
-            self.add_policy(&key, selected);
-        } else {
-            dirty.extend(selected);
-            self.emit(dirty);
+            }))
         }
     }
 

@@ -134,6 +134,21 @@ impl Rules {
         }
     }
 
+    /// Forgets the rule ids of ClusterNetworkPolicy `name` (in `ids` too).
+    pub(super) fn forget_cluster(&mut self, name: &str, ids: &mut IdTables) {
+        let gone: Vec<RuleRef> = self
+            .by_ref
+            .keys()
+            .filter(|r| matches!(r, RuleRef::Cluster { name: n, .. } if n == name))
+            .cloned()
+            .collect();
+        for r in gone {
+            if let Some(id) = self.by_ref.remove(&r) {
+                ids.rules.remove(&id);
+            }
+        }
+    }
+
     /// The memoized peer set of rule `rk` of `policy` (resolved on first
     /// use against `ids` and `cidrs`); `None` when the rule matches no peer
     /// and emits nothing.

@@ -1,0 +1,481 @@
+//! The tier compiler: the ClusterNetworkPolicies of a snapshot ->
+//! [`Compiled::tiers`](crate::compiled::Compiled::tiers) for the local
+//! endpoints, shared by the full ([`crate::compile()`]) and the incremental
+//! compiler (which recomputes the tier entries wholesale on a change).
+//!
+//! Ranks: the CNPs of a tier are ordered by (priority ascending, name
+//! ascending) and their rules of one direction by index; a rule's rank
+//! follows that order (see [`ranked_rules`]: sparse, so one CNP's change
+//! re-ranks only its priority's CNPs). "The first matching rule of the
+//! highest-priority matching CNP" is the matching rule of lowest rank.
+//!
+//! The fold (see [`TierEntry`]): per (endpoint, direction, tier, peer
+//! identity), every rule that matches that identity contributes items
+//! (protocol or none, port range, value). [`fold`] turns them into entries
+//! whose lookup — the entry of the packet's protocol holding its port, else
+//! the `protocol: None` entry — gives the lowest-rank item covering the
+//! packet: the `None` entry holds the lowest-rank protocol-less item; each
+//! protocol's port line is cut at every range boundary and each piece
+//! holds the lowest rank among the items covering it, the protocol-less
+//! ones included (so "Deny all" at rank 1 and "Accept TCP 80" at rank 3
+//! give a TCP 80 entry with the rank-1 Deny, which is left out because the
+//! `None` entry already says it). Pieces equal to the `None` entry's value
+//! are left out, adjacent equal pieces are merged.
+
+use std::collections::{BTreeMap, HashMap};
+
+use ipnet::IpNet;
+use npm_common::IDENTITY_ANY;
+
+use super::model::{ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Subject};
+use crate::compile::{contains_net, ALL_PORTS};
+use crate::compiled::{Direction, Endpoint, IdentityKey, RuleRef, Tier, TierEntry, TierPresence, TierValue};
+use crate::identity::namespace_labels;
+use crate::model::{Labels, Pod, Protocol, Snapshot};
+
+/// The largest rank a rule can have (the datapath packs it in 30 bits).
+pub const MAX_RANK: u32 = (1 << 30) - 1;
+
+/// One rule of a tier in evaluation order.
+#[derive(Clone, Copy, Debug)]
+pub struct RankedRule<'a> {
+    /// Its policy.
+    pub policy: &'a ClusterPolicy,
+    /// Its direction.
+    pub direction: Direction,
+    /// Its index in the policy's rules of `direction`.
+    pub index: usize,
+    /// The rule.
+    pub rule: &'a ClusterRule,
+    /// Its rank (position in the tier's order for `direction`).
+    pub rank: u32,
+}
+
+impl RankedRule<'_> {
+    /// The rule's [`RuleRef::Cluster`].
+    pub fn rule_ref(&self) -> RuleRef {
+        RuleRef::Cluster {
+            tier: self.policy.tier,
+            name: self.policy.name.clone(),
+            direction: self.direction,
+            index: self.index,
+        }
+    }
+}
+
+/// The CNPs of `tier` in evaluation order: priority ascending, then name
+/// ascending (the API leaves equal priorities undefined; the name makes
+/// the order total and deterministic).
+pub fn tier_policies(snapshot: &Snapshot, tier: Tier) -> Vec<&ClusterPolicy> {
+    let mut v: Vec<&ClusterPolicy> = snapshot.cluster_policies.values().filter(|p| p.tier == tier).collect();
+    v.sort_by(|a, b| (a.priority, &a.name).cmp(&(b.priority, &b.name)));
+    v
+}
+
+/// The rules of `tier` in `direction` with their ranks, in rank order.
+///
+/// The rank is sparse, so that a change of one CNP re-ranks only the CNPs
+/// of its own priority: `priority << 20 | position among the CNPs of that
+/// priority (by name) << 5 | rule index`. Should a tier ever hold 2^15
+/// CNPs of one priority or a rule index of 32 or more (the API allows 25),
+/// its ranks are the dense positions instead. Either way the order is
+/// (priority, name, index), ranks are unique per tier and direction and
+/// below 2^30.
+pub fn ranked_rules(snapshot: &Snapshot, tier: Tier, direction: Direction) -> Vec<RankedRule<'_>> {
+    let policies = tier_policies(snapshot, tier);
+    let mut out = Vec::new();
+    let mut sparse = true;
+    let mut pos = 0u32;
+    let mut last_priority = None;
+    for policy in &policies {
+        if last_priority != Some(policy.priority) {
+            pos = 0;
+            last_priority = Some(policy.priority);
+        }
+        for (index, rule) in policy.rules(direction).iter().enumerate() {
+            sparse &= policy.priority <= 1000 && pos < (1 << 15) && index < 32;
+            out.push(RankedRule {
+                policy,
+                direction,
+                index,
+                rule,
+                rank: (policy.priority.min(1000) << 20) | (pos.min((1 << 15) - 1) << 5) | (index.min(31) as u32),
+            });
+        }
+        pos += 1;
+    }
+    if !sparse {
+        for (i, r) in out.iter_mut().enumerate() {
+            r.rank = (i as u32).min(MAX_RANK);
+        }
+    }
+    out
+}
+
+/// True when `subject` selects a pod with labels `pod_labels` in a
+/// namespace with labels `ns_labels`.
+pub fn subject_selects(subject: &Subject, pod_labels: &Labels, ns_labels: &Labels) -> bool {
+    match subject {
+        Subject::Namespaces(sel) => sel.matches(ns_labels),
+        Subject::Pods { namespaces, pods } => namespaces.matches(ns_labels) && pods.matches(pod_labels),
+    }
+}
+
+/// The peers of one rule as identities.
+#[derive(Clone, Debug, Default)]
+struct Peers {
+    /// Pod identities selected by `namespaces`/`pods` peers.
+    pods: Vec<u32>,
+    /// CIDR identities (`networks`) and `IDENTITY_ANY` (the fail-closed
+    /// [`ClusterPeer::All`]).
+    other: Vec<u32>,
+    /// [`ClusterPeer::All`] is among the peers.
+    all: bool,
+}
+
+impl Peers {
+    fn is_empty(&self) -> bool {
+        self.pods.is_empty() && self.other.is_empty()
+    }
+    fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.pods.iter().chain(&self.other).copied()
+    }
+}
+
+/// Pod identities grouped by namespace (every identity of a group has its
+/// namespace's labels): a namespace selector is matched once per
+/// namespace.
+type Groups<'a> = Vec<Group<'a>>;
+
+/// One namespace's labels and its pod identities.
+type Group<'a> = (&'a Labels, Vec<(u32, &'a IdentityKey)>);
+
+fn groups(identities: &BTreeMap<u32, IdentityKey>) -> Groups<'_> {
+    let mut by: BTreeMap<&str, Group<'_>> = BTreeMap::new();
+    for (id, k) in identities {
+        by.entry(k.namespace.as_str())
+            .or_insert_with(|| (&k.namespace_labels, Vec::new()))
+            .1
+            .push((*id, k));
+    }
+    by.into_values().collect()
+}
+
+/// The identities one peer stands for (pod identities, or CIDR
+/// identities and `IDENTITY_ANY`), memoized per distinct peer.
+fn peer_ids<'p>(
+    peer: &'p ClusterPeer,
+    groups: &Groups<'_>,
+    cidrs: &BTreeMap<IpNet, u32>,
+    memo: &mut HashMap<&'p ClusterPeer, Vec<u32>>,
+) -> Vec<u32> {
+    if let Some(v) = memo.get(peer) {
+        return v.clone();
+    }
+    let v: Vec<u32> = match peer {
+        ClusterPeer::Namespaces(sel) => groups
+            .iter()
+            .filter(|(ns, _)| sel.matches(ns))
+            .flat_map(|(_, g)| g.iter().map(|(id, _)| *id))
+            .collect(),
+        ClusterPeer::Pods { namespaces, pods } => groups
+            .iter()
+            .filter(|(ns, _)| namespaces.matches(ns))
+            .flat_map(|(_, g)| g.iter().filter(|(_, k)| pods.matches(&k.pod_labels)).map(|(id, _)| *id))
+            .collect(),
+        // "Networks defines a way to select peers via CIDR blocks [...]
+        // cluster-internal traffic will be checked against the rule as
+        // well": every CIDR identity nested in a network (pod addresses
+        // carry the CIDR identity of their longest prefix).
+        ClusterPeer::Networks(nets) => cidrs
+            .iter()
+            .filter(|(p, _)| nets.iter().any(|n| contains_net(n, p)))
+            .map(|(_, id)| *id)
+            .collect(),
+        ClusterPeer::All => vec![IDENTITY_ANY],
+    };
+    memo.insert(peer, v.clone());
+    v
+}
+
+fn resolve<'p>(
+    rule: &'p ClusterRule,
+    groups: &Groups<'_>,
+    cidrs: &BTreeMap<IpNet, u32>,
+    memo: &mut HashMap<&'p ClusterPeer, Vec<u32>>,
+) -> Peers {
+    let mut pods = std::collections::BTreeSet::new();
+    let mut other = std::collections::BTreeSet::new();
+    let mut all = false;
+    for peer in &rule.peers {
+        let ids = peer_ids(peer, groups, cidrs, memo);
+        match peer {
+            ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } => pods.extend(ids),
+            ClusterPeer::Networks(_) => other.extend(ids),
+            ClusterPeer::All => {
+                all = true;
+                other.extend(ids);
+            }
+        }
+    }
+    Peers {
+        pods: pods.into_iter().collect(),
+        other: other.into_iter().collect(),
+        all,
+    }
+}
+
+/// One contribution of a rule to one (endpoint, direction, tier, peer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Item {
+    /// `None`: every protocol and port.
+    pub protocol: Option<Protocol>,
+    /// Inclusive port range (ignored with `protocol: None`).
+    pub ports: (u16, u16),
+    /// The rule's value.
+    pub value: TierValue,
+}
+
+/// Folds the items of one (endpoint, direction, tier, peer) into entries
+/// (protocol, ports, value) as the module doc says.
+pub fn fold(items: &[Item]) -> Vec<(Option<Protocol>, (u16, u16), TierValue)> {
+    let mut out = Vec::new();
+    let none = items
+        .iter()
+        .filter(|i| i.protocol.is_none())
+        .map(|i| i.value)
+        .min_by_key(|v| v.rank);
+    if let Some(v) = none {
+        out.push((None, ALL_PORTS, v));
+    }
+    for proto in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+        // Sweep over the port line: events at `start` (+) and `end + 1` (-).
+        let mut events: Vec<(u32, bool, TierValue)> = Vec::new();
+        for i in items.iter().filter(|i| i.protocol == Some(proto)) {
+            events.push((i.ports.0 as u32, true, i.value));
+            events.push((i.ports.1 as u32 + 1, false, i.value));
+        }
+        if events.is_empty() {
+            continue;
+        }
+        events.sort_by_key(|e| (e.0, e.1));
+        let mut active: BTreeMap<u32, (TierValue, usize)> = BTreeMap::new();
+        let mut pieces: Vec<(u32, u32, TierValue)> = Vec::new();
+        let mut k = 0;
+        while k < events.len() {
+            let pos = events[k].0;
+            while k < events.len() && events[k].0 == pos {
+                let (_, start, v) = events[k];
+                if start {
+                    active.entry(v.rank).or_insert((v, 0)).1 += 1;
+                } else if let Some(slot) = active.get_mut(&v.rank) {
+                    slot.1 -= 1;
+                    if slot.1 == 0 {
+                        active.remove(&v.rank);
+                    }
+                }
+                k += 1;
+            }
+            let Some((_, (best, _))) = active.iter().next() else {
+                continue;
+            };
+            let end = events.get(k).map_or(u16::MAX as u32 + 1, |e| e.0);
+            let value = match none {
+                Some(n) if n.rank < best.rank => n,
+                _ => *best,
+            };
+            if pos < end && Some(value) != none {
+                match pieces.last_mut() {
+                    Some(last) if last.1 == pos && last.2 == value => last.1 = end,
+                    _ => pieces.push((pos, end, value)),
+                }
+            }
+        }
+        for (a, b, v) in pieces {
+            out.push((Some(proto), (a as u16, (b - 1) as u16), v));
+        }
+    }
+    out
+}
+
+/// Adds the items of `rule` (value `value`, peers `peers`) for the local
+/// endpoint `pod` to `acc`.
+fn emit(
+    acc: &mut HashMap<u32, Vec<Item>>,
+    pod: &Pod,
+    dir: Direction,
+    rule: &ClusterRule,
+    peers: &Peers,
+    identities: &BTreeMap<u32, IdentityKey>,
+    value: TierValue,
+) {
+    // Rules come in rank order: an item covered by an earlier item of the
+    // same peer (protocol-less, or the same protocol with a range holding
+    // this one) can never be the lowest rank of a packet; it is left out.
+    let mut put = |peer: u32, protocol: Option<Protocol>, ports: (u16, u16)| {
+        let items = acc.entry(peer).or_default();
+        let covered = items.iter().any(|i| {
+            i.value.rank <= value.rank
+                && (i.protocol.is_none() || (i.protocol == protocol && i.ports.0 <= ports.0 && ports.1 <= i.ports.1))
+        });
+        if !covered {
+            items.push(Item { protocol, ports, value });
+        }
+    };
+    // "Protocols [...] If unspecified, protocol-specific attributes will
+    // not be used to match traffic": every protocol, ICMP too.
+    if rule.ports.is_empty() {
+        for id in peers.ids() {
+            put(id, None, ALL_PORTS);
+        }
+        return;
+    }
+    for port in &rule.ports {
+        match port {
+            ClusterPort::Ports { protocol, start, end } => {
+                for id in peers.ids() {
+                    put(id, Some(*protocol), (*start, *end));
+                }
+            }
+            // "DestinationNamedPort selects a destination port on a pod
+            // based on the ContainerPort name."
+            ClusterPort::Named(name) => match dir {
+                // The destination is the endpoint itself.
+                Direction::Ingress => {
+                    for cp in pod.ports.iter().filter(|c| c.name.as_deref() == Some(name.as_str())) {
+                        for id in peers.ids() {
+                            put(id, Some(cp.protocol), (cp.port, cp.port));
+                        }
+                    }
+                }
+                // The destination is the peer pod: per pod identity (its
+                // key holds its named ports); never a CIDR or a non-pod.
+                Direction::Egress => {
+                    let mut named = |id: u32, k: &IdentityKey| {
+                        for (n, proto, num) in &k.named_ports {
+                            if n == name {
+                                put(id, Some(*proto), (*num, *num));
+                            }
+                        }
+                    };
+                    if peers.all {
+                        for (id, k) in identities {
+                            named(*id, k);
+                        }
+                    } else {
+                        for id in &peers.pods {
+                            if let Some(k) = identities.get(id) {
+                                named(*id, k);
+                            }
+                        }
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// The tier entries of the local endpoints `locals` (endpoint id, pod) of
+/// `snapshot`, against the pod identities `identities` and CIDR identities
+/// `cidrs`; `rule_id` numbers the rules that emit entries.
+pub(crate) fn compile_tiers(
+    snapshot: &Snapshot,
+    locals: &[(u32, &Pod)],
+    identities: &BTreeMap<u32, IdentityKey>,
+    cidrs: &BTreeMap<IpNet, u32>,
+    mut rule_id: impl FnMut(&RuleRef) -> u32,
+) -> BTreeMap<TierEntry, TierValue> {
+    let mut out = BTreeMap::new();
+    if snapshot.cluster_policies.is_empty() || locals.is_empty() {
+        return out;
+    }
+    // "host-networked pods are not included in subject selection": they are
+    // never endpoints.
+    let empty = Labels::new();
+    let mut selected: HashMap<&str, Vec<usize>> = HashMap::new();
+    for p in snapshot.cluster_policies.values() {
+        let sel: Vec<usize> = locals
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, pod))| {
+                let ns = namespace_labels(snapshot, &pod.namespace).unwrap_or(&empty);
+                subject_selects(&p.subject, &pod.labels, ns)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        selected.insert(p.name.as_str(), sel);
+    }
+    let groups = groups(identities);
+    let mut memo: HashMap<&ClusterPeer, Vec<u32>> = HashMap::new();
+    let mut resolved: HashMap<&[ClusterPeer], std::rc::Rc<Peers>> = HashMap::new();
+    for tier in [Tier::Admin, Tier::Baseline] {
+        for dir in [Direction::Ingress, Direction::Egress] {
+            // Endpoint index -> peer identity -> items.
+            let mut acc: Vec<HashMap<u32, Vec<Item>>> = vec![HashMap::new(); locals.len()];
+            // (peers, ports) -> the endpoints that already have a rule of
+            // exactly that match at a lower rank: a later equal rule is
+            // never the first match there.
+            let mut seen: HashMap<(&[ClusterPeer], &[ClusterPort]), std::collections::HashSet<usize>> = HashMap::new();
+            for r in ranked_rules(snapshot, tier, dir) {
+                let eps = &selected[r.policy.name.as_str()];
+                if eps.is_empty() || r.rule.peers.is_empty() {
+                    continue;
+                }
+                let peers = match resolved.get(r.rule.peers.as_slice()) {
+                    Some(p) => p.clone(),
+                    None => {
+                        let p = std::rc::Rc::new(resolve(r.rule, &groups, cidrs, &mut memo));
+                        resolved.insert(r.rule.peers.as_slice(), p.clone());
+                        p
+                    }
+                };
+                if peers.is_empty() {
+                    continue;
+                }
+                let value = TierValue {
+                    action: r.rule.action,
+                    rank: r.rank,
+                    rule: rule_id(&r.rule_ref()),
+                };
+                let done = seen
+                    .entry((r.rule.peers.as_slice(), r.rule.ports.as_slice()))
+                    .or_default();
+                for i in eps {
+                    if done.insert(*i) {
+                        emit(&mut acc[*i], locals[*i].1, dir, r.rule, &peers, identities, value);
+                    }
+                }
+            }
+            for (i, by_peer) in acc.into_iter().enumerate() {
+                for (peer, items) in by_peer {
+                    for (protocol, ports, value) in fold(&items) {
+                        out.insert(
+                            TierEntry {
+                                endpoint: locals[i].0,
+                                direction: dir,
+                                tier,
+                                peer,
+                                protocol,
+                                ports,
+                            },
+                            value,
+                        );
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Sets every endpoint's [`Endpoint::tiers`] from the entries: a tier and
+/// direction is present iff it has an entry for the endpoint.
+pub(crate) fn set_presence(endpoints: &mut BTreeMap<u32, Endpoint>, tiers: &BTreeMap<TierEntry, TierValue>) {
+    let mut presence: HashMap<u32, TierPresence> = HashMap::new();
+    for e in tiers.keys() {
+        presence.entry(e.endpoint).or_default().set(e.tier, e.direction);
+    }
+    for (id, ep) in endpoints.iter_mut() {
+        ep.tiers = presence.get(id).copied().unwrap_or_default();
+    }
+}

@@ -1,0 +1,63 @@
+//! ClusterNetworkPolicy (`policy.networking.k8s.io/v1alpha2`): the Admin and
+//! Baseline tiers around NetworkPolicy.
+//!
+//! - [`api`]: the API object (serde types, upstream field names);
+//! - [`model`]: the validated model ([`ClusterPolicy`]);
+//! - [`validate`]: API -> model, failing closed on what is not understood;
+//! - [`compile`]: ranks, the fold, [`crate::compiled::Compiled::tiers`];
+//! - [`evaluate`]: the reference evaluator of one tier (API text quoted);
+//! - the [`Snapshot`] methods below keep `cluster_policies` and
+//!   `invalid_cluster_policies` together.
+//!
+//! Evaluation order per direction of a local endpoint (the evaluator, the
+//! compiled lookup and both dataplanes do exactly this): ingress from the
+//! node -> allow; Admin tier (first matching rule of the highest-priority
+//! CNP: Accept allows, Deny drops, Pass or no match goes on);
+//! NetworkPolicy (if one isolates the pod it decides); Baseline tier
+//! (Accept, Deny; Pass or no match goes on); allow. Within a tier, CNPs are
+//! ordered by (priority, name) — the name breaks ties the API leaves
+//! undefined — and rules by index.
+
+pub mod api;
+pub mod compile;
+pub mod evaluate;
+pub mod model;
+pub mod validate;
+
+pub use api::ClusterNetworkPolicy;
+pub use model::{ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Subject};
+pub use validate::{convert_cluster_policy, validate_cluster_policy, ClusterPolicyConversion};
+
+use crate::model::{InvalidPolicy, Snapshot};
+
+impl Snapshot {
+    /// Converts and adds or replaces a ClusterNetworkPolicy. One that is
+    /// not fully understood is added as the conversion makes it (failing
+    /// closed), its report is recorded in `invalid_cluster_policies` and
+    /// returned as the error.
+    pub fn upsert_cluster_policy(&mut self, cnp: &ClusterNetworkPolicy) -> Result<(), InvalidPolicy> {
+        let c = convert_cluster_policy(cnp);
+        let invalid = c.invalid();
+        self.insert_cluster_policy(c.policy, invalid.clone());
+        match invalid {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Adds or replaces a converted ClusterNetworkPolicy with its report
+    /// (`None`: valid); the earlier report of that name is forgotten.
+    pub fn insert_cluster_policy(&mut self, policy: ClusterPolicy, invalid: Option<InvalidPolicy>) {
+        self.invalid_cluster_policies.retain(|p| p.name != policy.name);
+        if let Some(e) = invalid {
+            self.invalid_cluster_policies.push(e);
+        }
+        self.cluster_policies.insert(policy.name.clone(), policy);
+    }
+
+    /// Removes a ClusterNetworkPolicy (valid or invalid).
+    pub fn remove_cluster_policy(&mut self, name: &str) -> Option<ClusterPolicy> {
+        self.invalid_cluster_policies.retain(|p| p.name != name);
+        self.cluster_policies.remove(name)
+    }
+}
