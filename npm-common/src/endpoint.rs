@@ -55,7 +55,27 @@ pub const EP_FRONT_EGRESS: u32 = 1 << 12;
 pub const EP_FRONT_EXACT_INGRESS: u32 = 1 << 13;
 /// [`EndpointInfo::flags`]: like [`EP_FRONT_EXACT_INGRESS`], for egress.
 pub const EP_FRONT_EXACT_EGRESS: u32 = 1 << 14;
+/// [`EndpointInfo::flags`]: the Admin ClusterNetworkPolicy tier has
+/// `NPM_TIERS` entries ([`crate::TIER_ADMIN`]) for this endpoint's ingress,
+/// so step 9 looks them up before NetworkPolicy. Clear: the tier is skipped
+/// (no lookup). The egress flag is the ingress flag shifted left by
+/// [`DIR_EGRESS`].
+pub const EP_ADMIN_INGRESS: u32 = 1 << 15;
+/// [`EndpointInfo::flags`]: like [`EP_ADMIN_INGRESS`], for egress.
+pub const EP_ADMIN_EGRESS: u32 = 1 << 16;
+/// [`EndpointInfo::flags`]: the Baseline ClusterNetworkPolicy tier has
+/// `NPM_TIERS` entries ([`crate::TIER_BASELINE`]) for this endpoint's
+/// ingress, so step 9 looks them up when no NetworkPolicy isolates it.
+pub const EP_BASELINE_INGRESS: u32 = 1 << 17;
+/// [`EndpointInfo::flags`]: like [`EP_BASELINE_INGRESS`], for egress.
+pub const EP_BASELINE_EGRESS: u32 = 1 << 18;
+/// Every tier flag of the ingress direction (shift left by [`DIR_EGRESS`]
+/// for egress): clear, the direction is decided as without
+/// ClusterNetworkPolicies.
+pub const EP_TIERS_INGRESS: u32 = EP_ADMIN_INGRESS | EP_BASELINE_INGRESS;
 // The datapath finds a direction's flag by shifting the ingress flag.
+const _: () = assert!(EP_ADMIN_EGRESS == EP_ADMIN_INGRESS << DIR_EGRESS);
+const _: () = assert!(EP_BASELINE_EGRESS == EP_BASELINE_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_FRONT_EGRESS == EP_FRONT_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_FRONT_EXACT_EGRESS == EP_FRONT_EXACT_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_NO_ANY_PEER_EGRESS == EP_NO_ANY_PEER_INGRESS << DIR_EGRESS);

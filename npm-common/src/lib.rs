@@ -18,6 +18,7 @@
 //! | `endpoint`  | [`EndpointInfo`] (`NPM_EP_SLOTS`, `NPM_ENDPOINTS`) and its `EP_*` flags |
 //! | `ipcache`   | [`IpKey`], [`IpInfo`] (`NPM_IPCACHE`) and the `NPM_IPCACHE4` words |
 //! | `policy`    | [`PolicyKey`], [`PolicyValue`] (`NPM_POLICY`) and the `NPM_POLICY_FRONT` words |
+//! | `tiers`     | [`tier_key`], [`TierValue`] (`NPM_TIERS`): the ClusterNetworkPolicy tiers |
 //! | `conntrack` | [`CtKey`], [`CtKey4`], [`CtValue`] (`NPM_CT`, `NPM_CT4`), [`FragKey`], [`FragValue`] (`NPM_FRAGS`) |
 //! | `verdict`   | [`Reason`], [`Counter`] (`NPM_COUNTERS`), [`DenyEvent`] (`NPM_EVENTS`) |
 //!
@@ -32,6 +33,7 @@
 //! | `NPM_CIDRS`    | LPM trie             | prefix of [`IpKey::addr`]   | CIDR identity (`u32`) |
 //! | `NPM_POLICY`   | LPM trie             | [`PolicyKey`]               | [`PolicyValue`] |
 //! | `NPM_POLICY_FRONT` | array (mmapable) of 4-word buckets | [`policy_front_bucket`] of a word | [`policy_front_word`]s (`[u64; 4]`) |
+//! | `NPM_TIERS`    | LPM trie             | [`PolicyKey`] with the tier in the direction byte ([`tier_key`]) | [`TierValue`] |
 //! | `NPM_CT`       | LRU hash             | [`CtKey`]                   | [`CtValue`]    |
 //! | `NPM_CT4`      | LRU hash             | [`CtKey4`]                  | [`CtValue`]    |
 //! | `NPM_FRAGS`    | LRU hash             | [`FragKey`]                 | [`FragValue`]  |
@@ -77,9 +79,31 @@
 //!    with ports 0, then policy: only rules without ports allow it). A TCP
 //!    entry keeps its timeout until both sides sent a FIN or a RST was seen
 //!    ([`ct_timeout_ns`]);
-//! 7. the endpoint is not isolated in this direction: allow ([`Reason::NotIsolated`]);
-//! 8. ingress from the local node ([`IDENTITY_HOST`]): allow ([`Reason::Host`]);
-//! 9. policy: `NPM_POLICY` is looked up with the peer's pod identity, then its
+//! 7. the endpoint is not isolated in this direction and no
+//!    ClusterNetworkPolicy tier has entries for it (its flags carry neither
+//!    [`EP_ISOLATED_INGRESS`] nor [`EP_ADMIN_INGRESS`] nor
+//!    [`EP_BASELINE_INGRESS`], or their egress counterparts): allow
+//!    ([`Reason::NotIsolated`]), with no further lookup;
+//! 8. ingress from the local node ([`IDENTITY_HOST`]): allow ([`Reason::Host`]),
+//!    before every tier (kubelet probes always work);
+//! 9. the tiers and NetworkPolicy, in this order (the peer's identities are
+//!    its pod or node identity, its CIDR identity and [`IDENTITY_ANY`]):
+//!
+//!    - 9a. Admin tier (only with [`EP_ADMIN_INGRESS`] / [`EP_ADMIN_EGRESS`]):
+//!      `NPM_TIERS` is looked up with [`tier_key`] ([`TIER_ADMIN`]) for
+//!      each identity (the CIDR identity only when there is one); the hit
+//!      of the lowest rank decides: accept allows ([`Reason::AdminAccept`]),
+//!      deny drops ([`Reason::AdminDeny`]); pass, or no hit, goes on;
+//!    - 9b. NetworkPolicy (only when isolated: [`EP_ISOLATED_INGRESS`] /
+//!      [`EP_ISOLATED_EGRESS`]), as described next: allows
+//!      ([`Reason::Policy`]) or drops ([`Reason::PolicyDenied`]); final;
+//!    - 9c. Baseline tier (only with [`EP_BASELINE_INGRESS`] /
+//!      [`EP_BASELINE_EGRESS`]): as 9a with [`TIER_BASELINE`]:
+//!      [`Reason::BaselineAccept`], [`Reason::BaselineDeny`]; pass or no
+//!      hit goes on;
+//!    - 9d. allow ([`Reason::NotIsolated`]).
+//!
+//!    9b: `NPM_POLICY` is looked up with the peer's pod identity, then its
 //!    CIDR identity, then [`IDENTITY_ANY`]; any hit allows ([`Reason::Policy`]),
 //!    no hit drops ([`Reason::PolicyDenied`]). A lookup that cannot hit, as
 //!    the endpoint's `EP_NO_*_PEER_*` flags tell, is skipped. When the
@@ -89,7 +113,7 @@
 //!    lookup is then up to three probes (the exact port, any port of the
 //!    protocol, any protocol) instead of the LPM walk, with the same answer.
 //!
-//! Steps 8 and 9 read only the endpoint, the direction, the peer address,
+//! Steps 8 and 9 (all of 9a to 9d) read only the endpoint, the direction, the peer address,
 //! the protocol and the destination port. The datapath keeps their outcome
 //! per CPU in a decision cache (`NPM_DECISIONS`, not pinned) tagged with
 //! `NPM_GENERATION`, which the loader bumps after every batch of map writes:
@@ -97,10 +121,15 @@
 //! last batch boundary before it was made (during a batch, with the state
 //! before the batch).
 //!
-//! Steps 7 to 9 that allow a packet also create a conntrack entry, so its
-//! replies are allowed by step 6 in both hooks of this endpoint. Policy maps
-//! only hold allows: there is no deny entry and no priority between entries,
-//! the longest-prefix match of a policy key only finds *an* allow.
+//! Steps 7 to 9 that allow a packet (a tier's accept too) also create a
+//! conntrack entry, so its replies are allowed by step 6 in both hooks of
+//! this endpoint. `NPM_POLICY` only holds allows: there is no deny entry and
+//! no priority between entries, the longest-prefix match of a policy key
+//! only finds *an* allow. `NPM_TIERS` holds, per endpoint, direction, tier
+//! and peer identity, entries whose most specific match (the longest
+//! prefix) carries the first rule of the tier matching it; the minimum of
+//! at most three ranks is the tier's first matching rule, whatever the
+//! number of ClusterNetworkPolicies.
 #![no_std]
 #![deny(missing_docs)]
 
@@ -111,6 +140,7 @@ pub mod maps;
 mod packet;
 mod policy;
 mod service;
+mod tiers;
 mod verdict;
 
 pub use conntrack::*;
@@ -120,4 +150,5 @@ pub use maps::{sizes, LAYOUT_VERSION};
 pub use packet::*;
 pub use policy::*;
 pub use service::*;
+pub use tiers::*;
 pub use verdict::*;

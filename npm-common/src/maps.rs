@@ -51,8 +51,12 @@ pub const POLICY_FRONT: &str = "NPM_POLICY_FRONT";
 /// endpoint's egress to one is decided after the DNAT (see
 /// `npm_common::service`).
 pub const SERVICES: &str = "NPM_SERVICES";
+/// [`crate::PolicyKey`] (with the tier in the direction byte:
+/// [`crate::tier_key`]) -> [`crate::TierValue`]: the ClusterNetworkPolicy
+/// Admin and Baseline tiers.
+pub const TIERS: &str = "NPM_TIERS";
 /// Every map, for pinning and adoption.
-pub const ALL: [&str; 14] = [
+pub const ALL: [&str; 15] = [
     EP_SLOTS,
     ENDPOINTS,
     IPCACHE,
@@ -67,6 +71,7 @@ pub const ALL: [&str; 14] = [
     EVENTS,
     GENERATION,
     SERVICES,
+    TIERS,
 ];
 
 /// Map sizes (max entries).
@@ -95,6 +100,9 @@ pub mod sizes {
     pub const CT: u32 = 262_144;
     /// Fragment records.
     pub const FRAGS: u32 = 8192;
+    /// ClusterNetworkPolicy tier LPM entries (both tiers; port ranges
+    /// expand to prefixes).
+    pub const TIERS: u32 = 262_144;
     /// Service keys (ClusterIP ports and node address x NodePort pairs).
     pub const SERVICES: u32 = 65_536;
     /// Ring buffer bytes for deny events.
@@ -111,5 +119,10 @@ pub mod sizes {
 /// 5: `NPM_POLICY_FRONT` and the `EP_FRONT_*` flags; later (same
 /// layout, nothing existing changed meaning) `NPM_SERVICES`, created
 /// beside the adopted maps on the first load that has it, and the conntrack
-/// flag [`crate::CT_PENDING`], which older programs ignore.
+/// flag [`crate::CT_PENDING`], which older programs ignore; then (same
+/// rule) `NPM_TIERS` and the endpoint flags [`crate::EP_ADMIN_INGRESS`] ...
+/// [`crate::EP_BASELINE_EGRESS`] (bits no older loader set): a new map and
+/// new bits, nothing existing changed meaning. An older program that runs
+/// on these maps (a rollback) ignores the tiers: it enforces NetworkPolicy
+/// alone, as it always did.
 pub const LAYOUT_VERSION: u32 = 5;

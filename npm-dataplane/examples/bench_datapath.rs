@@ -47,6 +47,10 @@
 //! hits all scales, paths and the baseline alike. Each result carries its
 //! row's baseline (`baseline_ns`); the top-level `baseline_ns` is the
 //! median of the rows'. The last line of output is one JSON object.
+//!
+//! Then the ClusterNetworkPolicy rows (`tier_*` paths, at 1, 100 and 1,000
+//! CNPs per tier; see `bench_datapath/tiers.rs`), on their own setups.
+//! Arguments: `--no-tiers` skips them, `--tiers-only` runs only them.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -59,6 +63,9 @@ use npm_dataplane::ebpf::{
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction, Endpoint, IpEntry, PodRef, PolicyEntry};
 use npm_policy::model::Protocol;
+
+#[path = "bench_datapath/tiers.rs"]
+mod tiers;
 
 const REPEAT: u32 = 1_000_000;
 const RUNS: usize = 5;
@@ -244,6 +251,17 @@ struct Setup {
 fn main() {
     sweep_leftovers();
     let pid = std::process::id();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(a) = args.iter().find(|a| *a != "--tiers-only" && *a != "--no-tiers") {
+        eprintln!("bench_datapath: unknown argument {a:?} (use --tiers-only or --no-tiers)");
+        std::process::exit(2);
+    }
+    if args.iter().any(|a| a == "--tiers-only") {
+        let results = tiers::run(pid);
+        println!(r#"{{"bench":"datapath","results":[{}]}}"#, results.join(","));
+        return;
+    }
+    let with_tiers = !args.iter().any(|a| a == "--no-tiers");
     // (tag, no conntrack create, switches)
     let kinds = [
         (
@@ -406,6 +424,9 @@ fn main() {
     baselines.sort_unstable();
     let baseline = baselines[baselines.len() / 2];
     println!("baseline (npm_empty, median of the rows): {baseline} ns");
+    if with_tiers {
+        results.extend(tiers::run(pid));
+    }
     println!(
         r#"{{"bench":"datapath","baseline_ns":{baseline},"results":[{}]}}"#,
         results.join(",")

@@ -9,11 +9,13 @@ use core::mem::{offset_of, size_of};
 
 use crate::mem::{rd32, wr32, wr64};
 
-/// The per-CPU decision cache of steps 8 and 9: a direct-mapped table of
+/// The per-CPU decision cache of steps 8 and 9 (the tiers and
+/// NetworkPolicy alike: every outcome of `evaluate_policy`, from `Host` to
+/// `BaselineDeny`): a direct-mapped table of
 /// (endpoint, direction, protocol, port, peer address) -> reason, each
 /// slot tagged with the `NPM_GENERATION` it was decided under. The loader
 /// bumps the generation after every batch of writes to the maps a decision
-/// reads (endpoints, ipcache, CIDRs, policy), so a slot only answers while
+/// reads (endpoints, ipcache, CIDRs, policy, tiers), so a slot only answers while
 /// the maps are as when it was decided: exact at batch boundaries (during a
 /// batch it answers with the state before the batch). The generation is a
 /// plain load, ordered before the map reads on x86; see ARCHITECTURE.md for

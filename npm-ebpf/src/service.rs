@@ -5,12 +5,15 @@
 //! local backend and by `node_exit` for a backend beyond the node.
 //!
 //! The deferral runs only for a packet that steps 1 to 6 left to policy
-//! (no established flow) from an endpoint whose egress is isolated, to a
-//! port-carrying protocol: one extra hash lookup for such a packet, none
+//! (no established flow) from an endpoint whose egress is isolated or has a
+//! ClusterNetworkPolicy tier (`EP_ADMIN_EGRESS`, `EP_BASELINE_EGRESS`: the
+//! tiers decide against the backend too), to a port-carrying protocol: one extra hash lookup for such a packet, none
 //! for any other.
 
 use aya_ebpf::{macros::map, maps::HashMap, programs::TcContext};
-use npm_common::{defer_mark, proto, sizes, Reason, ServiceValue, CT_PENDING, DIR_EGRESS, EP_ISOLATED_EGRESS};
+use npm_common::{
+    defer_mark, proto, sizes, Reason, ServiceValue, CT_PENDING, DIR_EGRESS, EP_ISOLATED_EGRESS, EP_TIERS_INGRESS,
+};
 
 use crate::conntrack::{ct_create, CtPacket};
 use crate::endpoint::endpoint_slot;
@@ -26,11 +29,14 @@ use crate::verdict::Seen;
 static NPM_SERVICES: HashMap<[u32; 5], ServiceValue> = HashMap::with_max_entries(sizes::SERVICES, 0);
 
 /// Whether endpoint `ep_flags`' new flow of protocol `pr` to `dport` at
-/// the IPv4 address `daddr` (as loaded) is deferred: an isolated egress,
-/// an endpoint in the slot array, and a key of `NPM_SERVICES`.
+/// the IPv4 address `daddr` (as loaded) is deferred: an isolated egress (or
+/// one with a tier flag), an endpoint in the slot array, and a key of `NPM_SERVICES`.
 #[inline(always)]
 pub(crate) fn deferred_v4(ep_flags: u32, ifindex: u32, pr: u8, daddr: u32, dport: u16) -> bool {
-    if ep_flags & EP_ISOLATED_EGRESS == 0 || ifindex >= sizes::ENDPOINT_SLOTS || !has_ports(pr) {
+    if ep_flags & (EP_ISOLATED_EGRESS | EP_TIERS_INGRESS << DIR_EGRESS) == 0
+        || ifindex >= sizes::ENDPOINT_SLOTS
+        || !has_ports(pr)
+    {
         return false;
     }
     let key = [0, 0, V4_MAPPED_WORD, daddr, dport as u32 | (pr as u32) << 16];
@@ -41,7 +47,10 @@ pub(crate) fn deferred_v4(ep_flags: u32, ifindex: u32, pr: u8, daddr: u32, dport
 /// [`deferred_v4`] for a 16-byte (IPv4-mapped or IPv6) destination at `dst`.
 #[inline(always)]
 pub(crate) fn deferred(ep_flags: u32, ifindex: u32, pr: u8, dst: *const u8, dport: u16) -> bool {
-    if ep_flags & EP_ISOLATED_EGRESS == 0 || ifindex >= sizes::ENDPOINT_SLOTS || !has_ports(pr) {
+    if ep_flags & (EP_ISOLATED_EGRESS | EP_TIERS_INGRESS << DIR_EGRESS) == 0
+        || ifindex >= sizes::ENDPOINT_SLOTS
+        || !has_ports(pr)
+    {
         return false;
     }
     // SAFETY: a 16-byte, 4-aligned address.

@@ -2,7 +2,7 @@
 //! the dataplane is opened ([`EbpfDataplane::adopted_numbers`]): each pod
 //! identity of `NPM_IPCACHE` with the addresses that carry it, each prefix
 //! of `NPM_CIDRS` with its CIDR identity, and the highest rule id of
-//! `NPM_POLICY`. A restarted agent keeps those numbers' meaning
+//! `NPM_POLICY` and `NPM_TIERS` (one rule id space). A restarted agent keeps those numbers' meaning
 //! (`npm_policy::adopt`). After a layout upgrade the new layout's maps are
 //! empty: the older layout's program keeps running beside the new one
 //! until the first full sync and a packet passes only if both allow it, so
@@ -10,19 +10,22 @@
 
 use aya::maps::lpm_trie::LpmTrie;
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use npm_common::{maps, IpInfo, IpKey, PolicyValue, IDENTITY_FIRST_CIDR, IDENTITY_FIRST_POD, POLICY_KEY_LEN};
+use npm_common::{
+    maps, IpInfo, IpKey, PolicyValue, TierValue, IDENTITY_FIRST_CIDR, IDENTITY_FIRST_POD, POLICY_KEY_LEN,
+};
 use npm_policy::adopt::AdoptedNumbers;
 
 use super::errors::{map_err, EbpfError};
 use super::{translate, EbpfDataplane};
 
-/// Reads the [`AdoptedNumbers`] of an ipcache, a CIDR trie and a policy
-/// trie. A CIDR key that does not translate back to a prefix is an error
+/// Reads the [`AdoptedNumbers`] of an ipcache, a CIDR trie, a policy
+/// trie and a tier trie. A CIDR key that does not translate back to a prefix is an error
 /// (the maps are not npm's layout).
 pub(super) fn read_numbers(
     ipcache: &BpfHashMap<MapData, IpKey, IpInfo>,
     cidrs: &LpmTrie<MapData, [u8; 16], u32>,
     policy: &LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue>,
+    tiers: &LpmTrie<MapData, [u8; POLICY_KEY_LEN], TierValue>,
 ) -> Result<AdoptedNumbers, EbpfError> {
     let mut out = AdoptedNumbers::default();
     for e in ipcache.iter() {
@@ -41,6 +44,10 @@ pub(super) fn read_numbers(
     }
     for e in policy.iter() {
         let (_, v) = e.map_err(map_err(maps::POLICY, "iterate"))?;
+        out.max_rule = out.max_rule.max(v.rule);
+    }
+    for e in tiers.iter() {
+        let (_, v) = e.map_err(map_err(maps::TIERS, "iterate"))?;
         out.max_rule = out.max_rule.max(v.rule);
     }
     Ok(out)

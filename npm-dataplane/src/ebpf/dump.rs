@@ -13,6 +13,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
 use aya::programs::links::{FdLink, PinnedLink};
 use ipnet::IpNet;
 use npm_common::{maps, Counter, EndpointInfo, IpInfo, IpKey, PolicyKey, PolicyValue, Reason, POLICY_KEY_LEN};
+use npm_common::{TierValue, TIER_ACCEPT, TIER_ADMIN, TIER_DENY};
 use npm_common::{DIR_EGRESS, DIR_INGRESS};
 use serde::Serialize;
 
@@ -80,6 +81,31 @@ pub struct DumpPolicy {
     pub rule: u32,
 }
 
+/// One `NPM_TIERS` key in [`EbpfDump`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DumpTier {
+    /// Endpoint id.
+    pub endpoint: u32,
+    /// "ingress" or "egress".
+    pub direction: &'static str,
+    /// "admin" or "baseline".
+    pub tier: &'static str,
+    /// Peer identity (0: any).
+    pub peer: u32,
+    /// Protocol number, `None` for any protocol.
+    pub protocol: Option<u8>,
+    /// Inclusive port range (every port for `protocol: None`).
+    pub ports: (u16, u16),
+    /// LPM prefix length of the key.
+    pub prefix_len: u32,
+    /// "accept", "deny" or "pass".
+    pub action: &'static str,
+    /// Rank in the tier (lower decides first).
+    pub rank: u32,
+    /// Rule id.
+    pub rule: u32,
+}
+
 /// One counter slot in [`EbpfDump`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DumpCounter {
@@ -106,6 +132,8 @@ pub struct EbpfDump {
     pub cidrs: Vec<DumpCidr>,
     /// `NPM_POLICY`, sorted.
     pub policy: Vec<DumpPolicy>,
+    /// `NPM_TIERS`, sorted (empty when not pinned: an older agent's pins).
+    pub tiers: Vec<DumpTier>,
     /// Entries of `NPM_CT` and `NPM_CT4`.
     pub ct_entries: usize,
     /// Entries of `NPM_FRAGS`.
@@ -122,6 +150,7 @@ struct MapsRef<'a> {
     ipcache: &'a BpfHashMap<MapData, IpKey, IpInfo>,
     cidrs: &'a LpmTrie<MapData, [u8; 16], u32>,
     policy: &'a LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue>,
+    tiers: Option<&'a LpmTrie<MapData, [u8; POLICY_KEY_LEN], TierValue>>,
     flows: &'a Flows,
     counters: &'a PerCpuArray<MapData, Counter>,
 }
@@ -138,6 +167,7 @@ impl EbpfDataplane {
                 ipcache: self.ipcache.hash(),
                 cidrs: self.cidrs.trie(),
                 policy: self.policy.lpm(),
+                tiers: Some(self.tiers.lpm()),
                 flows: &self.flows,
                 counters: self.reports.counter_map(),
             },
@@ -217,6 +247,48 @@ fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool
             b.ports,
         ))
     });
+    let mut tiers: Vec<DumpTier> = m
+        .tiers
+        .into_iter()
+        .flat_map(|t| t.iter().filter_map(Result::ok))
+        .map(|(k, v)| {
+            let key = PolicyKey {
+                prefix_len: k.prefix_len(),
+                data: k.data(),
+            };
+            let (protocol, ports) = match translate::policy_key_ports(&key) {
+                Some((p, lo, hi)) => (Some(p), (lo, hi)),
+                None => (None, (0, u16::MAX)),
+            };
+            let d = key.direction();
+            DumpTier {
+                endpoint: key.endpoint(),
+                direction: dir_name(d & DIR_EGRESS),
+                tier: if d & TIER_ADMIN != 0 { "admin" } else { "baseline" },
+                peer: key.identity(),
+                protocol,
+                ports,
+                prefix_len: key.prefix_len,
+                action: match v.action() {
+                    TIER_ACCEPT => "accept",
+                    TIER_DENY => "deny",
+                    _ => "pass",
+                },
+                rank: v.rank(),
+                rule: v.rule,
+            }
+        })
+        .collect();
+    tiers.sort_by(|a, b| {
+        (a.endpoint, a.direction, a.tier, a.peer, a.protocol, a.ports).cmp(&(
+            b.endpoint,
+            b.direction,
+            b.tier,
+            b.peer,
+            b.protocol,
+            b.ports,
+        ))
+    });
     let counters = sum_counters(m.counters)?
         .by_reason
         .into_iter()
@@ -235,6 +307,7 @@ fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool
         ipcache,
         cidrs,
         policy,
+        tiers,
         ct_entries: m.flows.ct_len(),
         frag_entries: m.flows.frag_len(),
         counters,
@@ -297,6 +370,12 @@ pub fn dump_pinned(pin_dir: &Path) -> Result<EbpfDump, EbpfError> {
     let ipcache: BpfHashMap<MapData, IpKey, IpInfo> = open_pinned(pin_dir, maps::IPCACHE)?;
     let cidrs: LpmTrie<MapData, [u8; 16], u32> = open_pinned(pin_dir, maps::CIDRS)?;
     let policy: LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue> = open_pinned(pin_dir, maps::POLICY)?;
+    // Pins of an agent from before the tiers have no NPM_TIERS.
+    let tiers: Option<LpmTrie<MapData, [u8; POLICY_KEY_LEN], TierValue>> = match open_pinned(pin_dir, maps::TIERS) {
+        Ok(t) => Some(t),
+        Err(EbpfError::NotPinned { .. }) => None,
+        Err(e) => return Err(e),
+    };
     let flows = Flows::open_pinned(pin_dir)?;
     let counters: PerCpuArray<MapData, Counter> = open_pinned(pin_dir, maps::COUNTERS)?;
     let links = pinned_link_programs(pin_dir)?;
@@ -308,6 +387,7 @@ pub fn dump_pinned(pin_dir: &Path) -> Result<EbpfDump, EbpfError> {
             ipcache: &ipcache,
             cidrs: &cidrs,
             policy: &policy,
+            tiers: tiers.as_ref(),
             flows: &flows,
             counters: &counters,
         },

@@ -15,6 +15,7 @@
 //!   of one (endpoint, direction, peer, protocol) may share an aligned port
 //!   block, so keys are counted per such group ([`Fill::applied`] recounts
 //!   only the groups a diff touches);
+//! - `NPM_TIERS` likewise, per (endpoint, direction, tier, peer, protocol);
 //! - `NPM_IPCACHE4` and `NPM_POLICY_FRONT` are counted by the loader's own
 //!   mappings (user-space memory reads, no syscall).
 //!
@@ -34,9 +35,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use npm_common::{maps, sizes, PolicyKey};
-use npm_policy::compiled::{Compiled, CompiledDiff, PolicyEntry};
+use npm_policy::compiled::{Compiled, CompiledDiff, PolicyEntry, TierEntry};
 
-use super::{translate, EbpfDataplane};
+use super::{tiers, translate, EbpfDataplane};
 
 /// How often the datapath's maps (conntrack, fragments) are counted.
 pub const DATAPATH_COUNT_INTERVAL: Duration = Duration::from_secs(30);
@@ -59,6 +60,20 @@ type Group = (u32, u8, u32, Option<u8>);
 
 fn group(e: &PolicyEntry) -> Group {
     (e.endpoint, e.direction.as_u8(), e.peer, e.protocol.map(|p| p as u8))
+}
+
+/// (endpoint, direction, tier, peer, protocol): the tier entries whose LPM
+/// keys may coincide.
+type TierGroup = (u32, u8, u8, u32, Option<u8>);
+
+fn tier_group(e: &TierEntry) -> TierGroup {
+    (
+        e.endpoint,
+        e.direction.as_u8(),
+        translate::tier_bit(e.tier),
+        e.peer,
+        e.protocol.map(|p| p as u8),
+    )
 }
 
 /// The distinct LPM keys of the entries of `next` in the group of `e`.
@@ -87,13 +102,17 @@ pub(crate) struct Fill {
     /// Group -> its distinct LPM keys.
     policy_groups: BTreeMap<Group, usize>,
     policy_keys: usize,
+    /// Tier group -> its distinct LPM keys.
+    tier_groups: BTreeMap<TierGroup, usize>,
+    tier_keys: usize,
     /// The datapath maps' counts and when they were taken.
     datapath: Mutex<Option<(Instant, [usize; 3])>>,
 }
 
 impl Fill {
-    /// A full sync of `compiled` succeeded (its LPM keys are `keys`).
-    pub(crate) fn synced(&mut self, compiled: &Compiled, keys: usize) {
+    /// A full sync of `compiled` succeeded (its `NPM_POLICY` keys are
+    /// `keys`, its `NPM_TIERS` keys `tier_keys`).
+    pub(crate) fn synced(&mut self, compiled: &Compiled, keys: usize, tier_keys: usize) {
         self.known = true;
         self.ipcache = compiled.ipcache.len();
         self.cidrs = compiled.cidrs.len();
@@ -106,6 +125,13 @@ impl Fill {
         // The writer's own count of the keys it wrote (equal to the sum
         // over the groups).
         self.policy_keys = keys;
+        self.tier_groups.clear();
+        for e in compiled.tiers.keys() {
+            if let std::collections::btree_map::Entry::Vacant(v) = self.tier_groups.entry(tier_group(e)) {
+                v.insert(tiers::group_keys(compiled, e));
+            }
+        }
+        self.tier_keys = tier_keys;
     }
 
     /// `diff` (which took the maps to `next`) was applied.
@@ -131,6 +157,17 @@ impl Fill {
             };
             self.policy_keys = (self.policy_keys + now).saturating_sub(before.unwrap_or(0));
         }
+        let touched = diff.tiers.upsert.iter().map(|(e, _)| e).chain(diff.tiers.remove.iter());
+        for e in touched {
+            let g = tier_group(e);
+            let now = tiers::group_keys(next, e);
+            let before = if now == 0 {
+                self.tier_groups.remove(&g)
+            } else {
+                self.tier_groups.insert(g, now)
+            };
+            self.tier_keys = (self.tier_keys + now).saturating_sub(before.unwrap_or(0));
+        }
     }
 }
 
@@ -153,6 +190,7 @@ impl EbpfDataplane {
                 fill(maps::IPCACHE, self.fill.ipcache, sizes::IPCACHE),
                 fill(maps::CIDRS, self.fill.cidrs, sizes::CIDRS),
                 fill(maps::POLICY, self.fill.policy_keys, sizes::POLICY),
+                fill(maps::TIERS, self.fill.tier_keys, sizes::TIERS),
             ]);
         }
         out.push(fill(maps::IPCACHE4, self.ipcache4_occupied(), sizes::IPCACHE4_SLOTS));

@@ -19,8 +19,8 @@
 //! anything is loaded.
 //!
 //! Maps are written in the order documented on
-//! [`npm_policy::compiled::CompiledDiff`]: upserts (policy, ipcache and
-//! CIDRs, endpoints), then removals in the same order.
+//! [`npm_policy::compiled::CompiledDiff`]: upserts (policy and tier
+//! entries, ipcache and CIDRs, endpoints), then removals in the same order.
 //!
 //! Where each step lives:
 //!
@@ -35,7 +35,7 @@
 //! | `features.rs` | the kernel feature check ([`check_kernel`]) and the tcx probe |
 //! | `fill.rs` | how full each map is ([`MapFill`]), counted from what the writer wrote |
 //! | `writer.rs` | apply and full sync in the documented order, the sweep, the generation bump, flow purges |
-//! | `endpoints.rs`, `ipcache.rs` (+ `ipcache4.rs`), `cidr.rs`, `policy.rs` (+ `policy_front.rs`), `conntrack.rs`, `counters.rs` | one map table each: its keys, writes, removals and sweep |
+//! | `endpoints.rs`, `ipcache.rs` (+ `ipcache4.rs`), `cidr.rs`, `policy.rs` (+ `policy_front.rs`), `tiers.rs`, `conntrack.rs`, `counters.rs` | one map table each: its keys, writes, removals and sweep |
 //! | `translate.rs` | compiled entries -> map keys and values (no kernel access) |
 //! | `dump.rs` | reading the maps back (`inspect`) |
 //! | `errors.rs` | [`EbpfError`] and its conversion into [`crate::DataplaneError`] |
@@ -63,6 +63,7 @@ mod shared_words;
 pub mod tc_filters;
 #[cfg(feature = "testing")]
 mod testing;
+mod tiers;
 pub mod translate;
 mod writer;
 
@@ -79,7 +80,9 @@ use npm_policy::compiled::{Compiled, CompiledDiff};
 
 use crate::{AdoptedEndpoint, Counters, Dataplane, DataplaneError, Interfaces};
 
-pub use dump::{dump_pinned, pinned_link_programs, DumpCidr, DumpCounter, DumpEndpoint, DumpIp, DumpPolicy, EbpfDump};
+pub use dump::{
+    dump_pinned, pinned_link_programs, DumpCidr, DumpCounter, DumpEndpoint, DumpIp, DumpPolicy, DumpTier, EbpfDump,
+};
 pub use errors::EbpfError;
 pub use features::{check_kernel, tcx_supported, KernelFeatures, Missing, MissingFeatures};
 pub use fill::{MapFill, DATAPATH_COUNT_INTERVAL};
@@ -98,6 +101,7 @@ use endpoints::EndpointTable;
 use ipcache::IpcacheTable;
 use links::Hook;
 use policy::PolicyTable;
+use tiers::TierTable;
 
 /// Every `EP_FRONT_*` flag: an endpoint without policy entries (nothing to
 /// look up; its `EP_NO_*_PEER_*` flags skip every lookup anyway).
@@ -155,6 +159,7 @@ pub struct EbpfDataplane {
     ipcache: IpcacheTable,
     cidrs: CidrTable,
     policy: PolicyTable,
+    tiers: TierTable,
     flows: Flows,
     reports: Reports,
     generation: Array<MapData, u64>,
@@ -228,6 +233,7 @@ impl EbpfDataplane {
         let ipcache = IpcacheTable::take(&mut bpf)?;
         let cidrs = CidrTable::take(&mut bpf)?;
         let policy = PolicyTable::take(&mut bpf)?;
+        let tiers = TierTable::take(&mut bpf)?;
         let flows = Flows::take(&mut bpf)?;
         let reports = Reports::take(&mut bpf)?;
         let generation = loader::take_map(&mut bpf, maps::GENERATION)?;
@@ -238,6 +244,7 @@ impl EbpfDataplane {
             ipcache,
             cidrs,
             policy,
+            tiers,
             flows,
             reports,
             generation,
@@ -287,7 +294,7 @@ impl EbpfDataplane {
         }
         // The numbers of this layout's maps (a restarted agent keeps their
         // meaning; unreadable: every number is handed out anew, above none).
-        match adopt_numbers::read_numbers(dp.ipcache.hash(), dp.cidrs.trie(), dp.policy.lpm()) {
+        match adopt_numbers::read_numbers(dp.ipcache.hash(), dp.cidrs.trie(), dp.policy.lpm(), dp.tiers.lpm()) {
             Ok(n) => dp.adopted_numbers = n,
             Err(e) => tracing::warn!(error = %e, "reading the adopted identity numbers"),
         }

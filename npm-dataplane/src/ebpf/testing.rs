@@ -32,9 +32,22 @@ impl EbpfDataplane {
         packet: &[u8],
         repeat: u32,
     ) -> Result<aya::TestRunResult, EbpfError> {
+        self.run_marked(program, ifindex, packet, repeat, 0)
+    }
+
+    fn run_marked(
+        &self,
+        program: &'static str,
+        ifindex: u32,
+        packet: &[u8],
+        repeat: u32,
+        mark: u32,
+    ) -> Result<aya::TestRunResult, EbpfError> {
         // `struct __sk_buff` up to and including `ifindex` (offset 40): the
-        // kernel binds the test skb to that device; every other field zero.
+        // kernel binds the test skb to that device; `mark` at offset 8;
+        // every other field zero.
         let mut ctx = [0u8; 44];
+        ctx[8..12].copy_from_slice(&mark.to_ne_bytes());
         ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
         let prog = loader::prog(&self.bpf, program)?;
         prog.test_run(TestRunOptions {
@@ -65,6 +78,15 @@ impl EbpfDataplane {
             _ => None,
         };
         Ok((res.return_value as i32, reason))
+    }
+
+    /// [`EbpfDataplane::test_run`] of a packet carrying the skb mark
+    /// `mark` (e.g. a deferral mark of `npm_common::defer_mark`); returns
+    /// the verdict only (a deferred decision is counted in the sender's
+    /// direction: read the counters).
+    pub fn test_run_marked(&self, dir: Direction, ifindex: u32, packet: &[u8], mark: u32) -> Result<i32, EbpfError> {
+        let res = self.run_marked(prog_for(dir.as_u8()), ifindex, packet, 1, mark)?;
+        Ok(res.return_value as i32)
     }
 
     /// Benchmark helper: runs a program `repeat` times on `packet` (as on

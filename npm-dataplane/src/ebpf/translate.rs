@@ -1,8 +1,9 @@
 //! Pure translation of the compiled policy into the kernel map layout of
 //! `npm-common`: addresses to [`IpKey`]s (IPv4-mapped), prefixes to LPM keys
 //! (IPv4 prefix `n` stored as `96 + n`), policy entries to LPM
-//! [`PolicyKey`]s (port ranges split into aligned power-of-two blocks), and
-//! endpoints to [`EndpointInfo`]s. No kernel access here.
+//! [`PolicyKey`]s (port ranges split into aligned power-of-two blocks), tier
+//! entries to `NPM_TIERS` keys and values, and endpoints to
+//! [`EndpointInfo`]s. No kernel access here.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -15,7 +16,13 @@ use npm_common::{
     POLICY_FRONT_MAX_IDENTITY, POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTO,
 };
 use npm_common::{policy_front_proto, policy_front_word};
-use npm_policy::compiled::{Endpoint, IpEntry, PolicyEntry};
+use npm_common::{
+    tier_flags, tier_key, TierValue as KernelTierValue, EP_ADMIN_INGRESS, EP_BASELINE_INGRESS, TIER_ACCEPT, TIER_ADMIN,
+    TIER_BASELINE, TIER_DENY, TIER_PASS,
+};
+use npm_policy::compiled::{
+    Direction, Endpoint, IpEntry, PolicyEntry, Tier, TierAction, TierEntry, TierPresence, TierValue,
+};
 
 /// Errors of the translation.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -25,6 +32,16 @@ pub enum TranslateError {
     EmptyPortRange {
         /// The offending entry.
         entry: PolicyEntry,
+        /// First port.
+        lo: u16,
+        /// Last port.
+        hi: u16,
+    },
+    /// A tier entry whose port range is empty (`lo > hi`).
+    #[error("tier entry {entry:?}: empty port range {lo}..={hi}")]
+    EmptyTierPortRange {
+        /// The offending entry.
+        entry: TierEntry,
         /// First port.
         lo: u16,
         /// Last port.
@@ -225,7 +242,88 @@ pub fn policy_key_ports(key: &PolicyKey) -> Option<(u8, u16, u16)> {
     Some((key.protocol(), lo, (u32::from(lo) + size - 1) as u16))
 }
 
-/// The `NPM_ENDPOINTS` value of endpoint `id`.
+/// The `NPM_TIERS` keys of one tier entry ([`npm_common::tier_key`]): the
+/// prefixes of [`policy_keys`] (one key for every protocol, one for every
+/// port of a protocol, else one per aligned block of the port range), with
+/// the tier bit in the direction byte.
+pub fn tier_keys(entry: &TierEntry) -> Result<Vec<PolicyKey>, TranslateError> {
+    let ep = entry.endpoint;
+    let dir = entry.direction.as_u8();
+    let tier = tier_bit(entry.tier);
+    let peer = entry.peer;
+    let Some(protocol) = entry.protocol else {
+        return Ok(vec![tier_key(POLICY_PREFIX_ANY_PROTO, ep, dir, tier, peer, 0, 0)]);
+    };
+    let (lo, hi) = entry.ports;
+    if lo > hi {
+        return Err(TranslateError::EmptyTierPortRange { entry: *entry, lo, hi });
+    }
+    let proto = protocol.number();
+    Ok(split_port_range(lo, hi)
+        .into_iter()
+        .map(|(start, bits)| tier_key(POLICY_PREFIX_ANY_PORT + bits, ep, dir, tier, peer, proto, start))
+        .collect())
+}
+
+/// The direction-byte bit of a tier ([`TIER_ADMIN`], [`TIER_BASELINE`]).
+pub const fn tier_bit(tier: Tier) -> u8 {
+    match tier {
+        Tier::Admin => TIER_ADMIN,
+        Tier::Baseline => TIER_BASELINE,
+    }
+}
+
+/// The `NPM_TIERS` value of a compiled tier value: its rule id, and its
+/// action and rank in the flags ([`tier_flags`]).
+pub fn tier_value(value: &TierValue) -> KernelTierValue {
+    let action = match value.action {
+        TierAction::Accept => TIER_ACCEPT,
+        TierAction::Deny => TIER_DENY,
+        TierAction::Pass => TIER_PASS,
+    };
+    KernelTierValue {
+        rule: value.rule,
+        flags: tier_flags(action, value.rank),
+    }
+}
+
+/// The endpoint flag of a tier in a direction ([`EP_ADMIN_INGRESS`] ...
+/// [`EP_BASELINE_EGRESS`]).
+pub const fn tier_flag(tier: Tier, direction: Direction) -> u32 {
+    let ingress = match tier {
+        Tier::Admin => EP_ADMIN_INGRESS,
+        Tier::Baseline => EP_BASELINE_INGRESS,
+    };
+    ingress << direction.as_u8()
+}
+
+/// The tier flags of every endpoint that has tier entries (endpoint id ->
+/// `EP_ADMIN_*` / `EP_BASELINE_*`), derived from the entries themselves
+/// (an entry is never ignored because its endpoint's presence flags say
+/// otherwise).
+pub fn endpoint_tier_flags<'a>(tiers: impl IntoIterator<Item = &'a TierEntry>) -> BTreeMap<u32, u32> {
+    let mut out: BTreeMap<u32, u32> = BTreeMap::new();
+    for e in tiers {
+        *out.entry(e.endpoint).or_default() |= tier_flag(e.tier, e.direction);
+    }
+    out
+}
+
+/// The tier flags of an endpoint's [`TierPresence`].
+pub fn presence_flags(p: &TierPresence) -> u32 {
+    let mut f = 0;
+    for tier in [Tier::Admin, Tier::Baseline] {
+        for dir in [Direction::Ingress, Direction::Egress] {
+            if p.has(tier, dir) {
+                f |= tier_flag(tier, dir);
+            }
+        }
+    }
+    f
+}
+
+/// The `NPM_ENDPOINTS` value of endpoint `id` (its tier flags from
+/// [`Endpoint::tiers`]; the writer adds those of its entries).
 pub fn endpoint_info(id: u32, ep: &Endpoint) -> EndpointInfo {
     let mut info = EndpointInfo {
         id,
@@ -238,6 +336,7 @@ pub fn endpoint_info(id: u32, ep: &Endpoint) -> EndpointInfo {
     if ep.isolated_egress {
         info.flags |= EP_ISOLATED_EGRESS;
     }
+    info.flags |= presence_flags(&ep.tiers);
     if let Some(v4) = ep.ipv4 {
         info.flags |= EP_HAS_V4;
         info.ipv4 = IpKey::v4(v4.octets()).addr;
@@ -265,7 +364,7 @@ pub fn endpoint_ipv6(info: &EndpointInfo) -> Option<Ipv6Addr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use npm_policy::compiled::{Direction, PodRef};
+    use npm_policy::compiled::PodRef;
     use npm_policy::model::Protocol;
     use rand::Rng;
 
@@ -452,6 +551,55 @@ mod tests {
             EP_NO_PEER_ALL & !(EP_NO_POD_PEER_INGRESS | EP_NO_POD_PEER_EGRESS)
         );
         assert!(endpoint_peer_flags(&[]).is_empty());
+    }
+
+    #[test]
+    fn tier_entries_translate() {
+        use npm_common::{DIR_EGRESS, DIR_INGRESS, EP_ADMIN_EGRESS, EP_BASELINE_EGRESS};
+        let e = TierEntry {
+            endpoint: 7,
+            direction: Direction::Egress,
+            tier: Tier::Baseline,
+            peer: 300,
+            protocol: Some(Protocol::Tcp),
+            ports: (80, 83),
+        };
+        let keys = tier_keys(&e).unwrap();
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys[0].prefix_len, POLICY_PREFIX_ANY_PORT + 14);
+        assert_eq!(keys[0].direction(), DIR_EGRESS | TIER_BASELINE);
+        assert_eq!((keys[0].endpoint(), keys[0].identity(), keys[0].port()), (7, 300, 80));
+        let any = TierEntry {
+            tier: Tier::Admin,
+            direction: Direction::Ingress,
+            protocol: None,
+            ports: (0, 0),
+            ..e
+        };
+        let k = tier_keys(&any).unwrap();
+        assert_eq!(k.len(), 1);
+        assert_eq!(k[0].prefix_len, POLICY_PREFIX_ANY_PROTO);
+        assert_eq!(k[0].direction(), DIR_INGRESS | TIER_ADMIN);
+        let empty = TierEntry { ports: (9, 8), ..e };
+        assert_eq!(
+            tier_keys(&empty),
+            Err(TranslateError::EmptyTierPortRange {
+                entry: empty,
+                lo: 9,
+                hi: 8
+            })
+        );
+        let v = tier_value(&TierValue {
+            action: TierAction::Pass,
+            rank: 12,
+            rule: 4,
+        });
+        assert_eq!((v.rule, v.action(), v.rank()), (4, TIER_PASS, 12));
+        let flags = endpoint_tier_flags([&e, &any]);
+        assert_eq!(flags[&7], EP_BASELINE_EGRESS | EP_ADMIN_INGRESS);
+        let mut p = TierPresence::default();
+        p.set(Tier::Admin, Direction::Egress);
+        assert_eq!(presence_flags(&p), EP_ADMIN_EGRESS);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Writing the compiled policy into the maps, in the order documented on
 //! [`npm_policy::compiled::CompiledDiff`] (invariant 4 of ARCHITECTURE.md):
-//! upserts (policy, ipcache and CIDRs, endpoints), then removals in the same
-//! order, then a bump of `NPM_GENERATION` so no cached decision outlives the
+//! upserts (policy and tier entries, ipcache and CIDRs, endpoints), then
+//! removals in the same order, then a bump of `NPM_GENERATION` so no cached decision outlives the
 //! batch. [`EbpfDataplane::apply_diff`] applies a diff;
 //! [`EbpfDataplane::sync`] writes everything and sweeps what is not part of
 //! it (mark and sweep against adopted pins), after purging the flows of
@@ -13,7 +13,7 @@ use npm_common::{maps, PolicyKey};
 use npm_policy::compiled::{Compiled, CompiledDiff};
 
 use super::errors::{map_err, EbpfError};
-use super::{translate, EbpfDataplane, FRONT_ALL};
+use super::{tiers, translate, EbpfDataplane, FRONT_ALL};
 use crate::{AdoptedEndpoint, Interfaces};
 
 impl EbpfDataplane {
@@ -78,9 +78,13 @@ impl EbpfDataplane {
         next: &Compiled,
         interfaces: &Interfaces,
     ) -> Result<(), EbpfError> {
-        // 1. upserts: policy, ipcache and CIDRs, endpoints.
+        // 1. upserts: policy and tiers, ipcache and CIDRs, endpoints (whose
+        // tier flags then point at written entries).
         for (entry, rule) in &diff.policy.upsert {
             self.policy.upsert(entry, *rule)?;
+        }
+        for (entry, value) in &diff.tiers.upsert {
+            self.tiers.upsert(entry, value)?;
         }
         for (addr, e) in &diff.ipcache.upsert {
             self.ipcache.upsert(*addr, translate::ip_info(e))?;
@@ -93,6 +97,9 @@ impl EbpfDataplane {
         // 2. removals in the same order.
         for entry in &diff.policy.remove {
             self.policy.remove(entry, next)?;
+        }
+        for entry in &diff.tiers.remove {
+            self.tiers.remove(entry, next)?;
         }
         for addr in &diff.ipcache.remove {
             self.ipcache.remove(*addr)?;
@@ -147,6 +154,8 @@ impl EbpfDataplane {
         }
         self.policy.insert_keys(&want_policy)?;
         self.policy.insert_words(&want_words);
+        let want_tiers = tiers::want_keys(compiled)?;
+        self.tiers.insert_keys(&want_tiers)?;
         for (addr, e) in &compiled.ipcache {
             self.ipcache.upsert(*addr, translate::ip_info(e))?;
         }
@@ -161,6 +170,7 @@ impl EbpfDataplane {
 
         // Sweep.
         self.policy.sweep_keys(&want_policy)?;
+        self.tiers.sweep_keys(&want_tiers)?;
         self.ipcache.sweep(&compiled.ipcache)?;
         self.cidrs.sweep(&compiled.cidrs)?;
         let want_if: BTreeSet<u32> = self.programmed.values().copied().collect();
@@ -180,15 +190,17 @@ impl EbpfDataplane {
         }
         let ids: BTreeSet<u32> = self.programmed.keys().copied().collect();
         self.flows.purge(|ep| ids.contains(&ep))?;
-        self.fill.synced(compiled, want_policy.len());
+        self.fill.synced(compiled, want_policy.len(), want_tiers.len());
         self.full_synced = true;
         Ok(())
     }
 
     /// Writes the endpoints of `next` that have an interface and need it
     /// (new, changed in `changed`, moved to another interface, or whose
-    /// `EP_NO_*_PEER_*` flags changed with the policy), attaching the
-    /// programs. Endpoints without an interface are held back.
+    /// `EP_NO_*_PEER_*`, `EP_FRONT_*` or tier flags changed with the
+    /// policy), attaching the programs. The tier flags are those of
+    /// [`npm_policy::compiled::Endpoint::tiers`] and of the endpoint's
+    /// entries in `next.tiers`. Endpoints without an interface are held back.
     fn program_endpoints(
         &mut self,
         next: &Compiled,
@@ -197,6 +209,7 @@ impl EbpfDataplane {
     ) -> Result<(), EbpfError> {
         let peer_flags = translate::endpoint_peer_flags(next.policy.keys());
         let front_flags = self.policy.front_flags(next);
+        let tier_flags = translate::endpoint_tier_flags(next.tiers.keys());
         for (&id, ep) in &next.endpoints {
             let Some(&ifindex) = interfaces.get(&id) else {
                 // No interface known (yet, or any more): nothing may stay
@@ -211,6 +224,7 @@ impl EbpfDataplane {
             let mut info = translate::endpoint_info(id, ep);
             info.flags |= peer_flags.get(&id).copied().unwrap_or(translate::EP_NO_PEER_ALL);
             info.flags |= front_flags.get(&id).copied().unwrap_or(FRONT_ALL);
+            info.flags |= tier_flags.get(&id).copied().unwrap_or(0);
             if old == Some(ifindex)
                 && !changed.contains(&id)
                 && self.attached_in_mode(ifindex)

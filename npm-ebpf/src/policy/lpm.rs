@@ -22,19 +22,31 @@ const _: () = assert!(size_of::<Key<[u8; POLICY_KEY_LEN]>>() == 16);
 /// direction, identity, protocol and port in network order, prefix 96.
 #[inline(always)]
 pub(crate) fn policy_allows(lpm: *mut u8, ep: u32, dir: u8, identity: u32, protocol: u8, port: u16) -> bool {
-    let i = identity;
     // SAFETY: lpm is 20 bytes; the key is 16 (`bpf_lpm_trie_key` + 12).
     unsafe {
-        wr32(lpm, POLICY_PREFIX_FULL);
-        wr32(lpm.add(4), ep.to_be());
-        wr32(
-            lpm.add(8),
-            dir as u32 | ((i >> 24) & 0xff) << 8 | ((i >> 16) & 0xff) << 16 | ((i >> 8) & 0xff) << 24,
-        );
-        wr32(
-            lpm.add(12),
-            (i & 0xff) | (protocol as u32) << 8 | ((port >> 8) as u32) << 16 | ((port & 0xff) as u32) << 24,
-        );
+        write_full_key(lpm, ep, dir, identity, protocol, port);
         NPM_POLICY.get(&*(lpm as *const Key<[u8; POLICY_KEY_LEN]>)).is_some()
     }
+}
+
+/// Writes the fully specified `PolicyKey` layout (prefix 96; endpoint,
+/// direction byte `dir`, identity, protocol and port in network order) as
+/// four 32-bit words at `lpm`: the key of `NPM_POLICY` and, with the tier
+/// in `dir`, of `NPM_TIERS`.
+///
+/// # Safety
+/// `lpm` is 16 writable, 4-aligned bytes.
+#[inline(always)]
+pub(crate) unsafe fn write_full_key(lpm: *mut u8, ep: u32, dir: u8, identity: u32, protocol: u8, port: u16) {
+    let i = identity;
+    wr32(lpm, POLICY_PREFIX_FULL);
+    wr32(lpm.add(4), ep.to_be());
+    wr32(
+        lpm.add(8),
+        dir as u32 | ((i >> 24) & 0xff) << 8 | ((i >> 16) & 0xff) << 16 | ((i >> 8) & 0xff) << 24,
+    );
+    wr32(
+        lpm.add(12),
+        (i & 0xff) | (protocol as u32) << 8 | ((port >> 8) as u32) << 16 | ((port & 0xff) as u32) << 24,
+    );
 }

@@ -1,14 +1,17 @@
-//! Steps 7 to 9 for a packet conntrack did not allow: isolation, then the
-//! peer's identities ([`ipcache`]) and the allows of the endpoint's policy
-//! ([`lpm`], or its [`front`]), through the decision cache.
+//! Steps 7 to 9 for a packet conntrack did not allow: isolation and the
+//! tier flags, then the peer's identities ([`ipcache`]), the Admin tier
+//! ([`tiers`]), the allows of the endpoint's policy ([`lpm`], or its
+//! [`front`]) and the Baseline tier, through the decision cache.
 
 pub(crate) mod front;
 pub(crate) mod ipcache;
 pub(crate) mod lpm;
+pub(crate) mod tiers;
 
 use npm_common::{
-    ep_no_peer_flag, EndpointInfo, Reason, DIR_INGRESS, EP_FRONT_EXACT_INGRESS, EP_ISOLATED_EGRESS,
-    EP_ISOLATED_INGRESS, IDENTITY_ANY, IDENTITY_HOST,
+    ep_no_peer_flag, EndpointInfo, Reason, DIR_INGRESS, EP_ADMIN_INGRESS, EP_BASELINE_INGRESS, EP_FRONT_EXACT_INGRESS,
+    EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_TIERS_INGRESS, IDENTITY_ANY, IDENTITY_HOST, TIER_ACCEPT, TIER_ADMIN,
+    TIER_BASELINE, TIER_DENY,
 };
 
 use crate::decision_cache::{
@@ -19,6 +22,7 @@ use crate::mem::V4_MAPPED_WORD;
 use front::{front_allows, front_enabled};
 use ipcache::peer_identities;
 use lpm::policy_allows;
+use tiers::tier_action;
 
 /// `BPF_F_MMAPABLE`: user space maps the array and stores whole words.
 pub(crate) const BPF_F_MMAPABLE: u32 = 1 << 10;
@@ -38,22 +42,23 @@ pub(crate) struct Peer {
 }
 
 /// Steps 7 to 9 for a packet conntrack did not allow: `NotIsolated`, or
-/// the decision of the peer's identities and the policy lookups (through
-/// the decision cache). `port` is the destination port (0 for protocols
-/// without ports).
+/// the decision of the peer's identities, the tiers and the policy lookups
+/// (through the decision cache). `port` is the destination port (0 for
+/// protocols without ports). An endpoint direction with no tier flag and
+/// not isolated returns at step 7, as without ClusterNetworkPolicies.
 #[inline(always)]
 pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: Peer) -> u8 {
     let Peer { at, lazy_v4, v4addr } = peer;
-    // 7. not isolated.
+    // 7. not isolated and no tier.
     let isolated = if dir == DIR_INGRESS {
         ep.flags & EP_ISOLATED_INGRESS != 0
     } else {
         ep.flags & EP_ISOLATED_EGRESS != 0
     };
-    if !isolated {
+    if !isolated && ep.flags & (EP_TIERS_INGRESS << dir) == 0 {
         return Reason::NotIsolated as u8;
     }
-    // Steps 8 and 9 depend on the endpoint, the direction, the peer
+    // Steps 8 and 9 (with the tiers) depend on the endpoint, the direction, the peer
     // address, the protocol and the port only: the decision cache answers
     // for a tuple decided before under the same generation.
     // SAFETY: reading a read-only global.
@@ -95,7 +100,7 @@ pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port
     if cached != NO_DECISION {
         return cached;
     }
-    let r = evaluate_policy(lpm, ep, dir, pr, port, peer);
+    let r = evaluate_policy(lpm, ep, dir, pr, port, peer, isolated);
     if !slot.is_null() {
         // SAFETY: this CPU's slot.
         unsafe { decision_cache_put(slot, key, generation, r) };
@@ -103,19 +108,46 @@ pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port
     r
 }
 
-/// Steps 8 and 9 for an isolated endpoint: the peer's identities (ipcache,
-/// else the CIDR trie) and the policy lookups. Returns `Host`, `Policy` or
-/// `PolicyDenied`.
+/// Steps 8 and 9 for an endpoint direction that is isolated (`isolated`)
+/// or has a tier flag: the peer's identities (ipcache, else the CIDR trie),
+/// then 9a the Admin tier, 9b the policy lookups when isolated, 9c the
+/// Baseline tier, 9d allow. Returns `Host`, `AdminAccept`, `AdminDeny`,
+/// `Policy`, `PolicyDenied`, `BaselineAccept`, `BaselineDeny` or
+/// `NotIsolated`.
 #[inline(always)]
-fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: Peer) -> u8 {
+fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: Peer, isolated: bool) -> u8 {
     let (identity, cidr_identity) = peer_identities(lpm, peer);
     if dir == DIR_INGRESS && identity == IDENTITY_HOST {
         // 8. host.
         return Reason::Host as u8;
     }
-    // 9. policy.
     let id = ep.id;
     let f = ep.flags;
+    let ids = (identity, cidr_identity);
+    // 9a. Admin tier: accept and deny are final, pass goes on.
+    if f & (EP_ADMIN_INGRESS << dir) != 0 {
+        let a = tier_action(lpm, id, dir | TIER_ADMIN, ids, pr, port);
+        if a == TIER_ACCEPT {
+            return Reason::AdminAccept as u8;
+        }
+        if a == TIER_DENY {
+            return Reason::AdminDeny as u8;
+        }
+    }
+    if !isolated {
+        // 9c. Baseline tier, then 9d.
+        if f & (EP_BASELINE_INGRESS << dir) != 0 {
+            let a = tier_action(lpm, id, dir | TIER_BASELINE, ids, pr, port);
+            if a == TIER_ACCEPT {
+                return Reason::BaselineAccept as u8;
+            }
+            if a == TIER_DENY {
+                return Reason::BaselineDeny as u8;
+            }
+        }
+        return Reason::NotIsolated as u8;
+    }
+    // 9b. policy (final when isolated).
     // The front when the direction's policy is complete there, else the LPM.
     let front = front_enabled(f, dir);
     let exact_only = f & (EP_FRONT_EXACT_INGRESS << dir) != 0;
