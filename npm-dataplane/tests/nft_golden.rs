@@ -6,15 +6,13 @@
 
 mod nft_common;
 
-use std::path::PathBuf;
-
 use npm_common::{IDENTITY_ANY, IDENTITY_FIRST_CIDR, IDENTITY_HOST, IDENTITY_WORLD};
 use npm_dataplane::nft::{render, NftDataplane, NftOptions};
 use npm_dataplane::{Dataplane, Interfaces};
 use npm_policy::compiled::{Compiled, Direction};
 use npm_policy::model::Protocol;
 
-use nft_common::{allow, clear_leftovers, endpoint, ip, Netns};
+use nft_common::{allow, check_golden, clear_leftovers, endpoint, ip, listing_blocks, normalise_listing, Netns};
 
 const NS_PREFIX: &str = "npmnftg";
 
@@ -107,73 +105,6 @@ fn deny_all_v6() -> (Compiled, Interfaces) {
     (c, ifs)
 }
 
-fn golden_path(name: &str, ext: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(format!("nft_{name}.{ext}"))
-}
-
-fn check_golden(name: &str, ext: &str, got: &str) {
-    let path = golden_path(name, ext);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, got).unwrap();
-        return;
-    }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create it)", path.display()));
-    if want != got {
-        panic!(
-            "{} differs from the output (UPDATE_GOLDEN=1 regenerates it)\n--- want\n{want}\n--- got\n{got}",
-            path.display()
-        );
-    }
-}
-
-/// `nft list table` output (the `inet` and the `bridge` table) without
-/// handles, the table names replaced by `npm`
-/// and set elements sorted (the kernel's iteration order of hash sets is
-/// not part of the contract).
-fn normalise(list: &str, table: &str) -> String {
-    let mut out = String::new();
-    let text = list
-        .replace(&format!("table inet {table} "), "table inet npm ")
-        .replace(&format!("table bridge {table} "), "table bridge npm ");
-    // Join element lists that nft wraps over several lines.
-    let mut lines: Vec<String> = Vec::new();
-    let mut pending: Option<String> = None;
-    for line in text.lines() {
-        let line = match line.find(" # handle ") {
-            Some(i) => &line[..i],
-            None => line,
-        };
-        if let Some(p) = pending.as_mut() {
-            p.push(' ');
-            p.push_str(line.trim());
-            if line.trim_end().ends_with('}') {
-                lines.push(pending.take().unwrap());
-            }
-            continue;
-        }
-        if line.trim_start().starts_with("elements = {") && !line.trim_end().ends_with('}') {
-            pending = Some(line.trim_end().to_string());
-            continue;
-        }
-        lines.push(line.to_string());
-    }
-    for line in lines {
-        if let (Some(start), true) = (line.find("elements = { "), line.ends_with(" }")) {
-            let inner = &line[start + "elements = { ".len()..line.len() - 2];
-            let mut items: Vec<&str> = inner.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
-            items.sort_unstable();
-            out.push_str(&format!("{}elements = {{ {} }}\n", &line[..start], items.join(", ")));
-        } else {
-            out.push_str(&line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
 fn run_case(name: &str, (compiled, ifs): (Compiled, Interfaces)) {
     clear_leftovers(NS_PREFIX);
     let script = render(&compiled, &ifs, &NftOptions::default());
@@ -189,11 +120,11 @@ fn run_case(name: &str, (compiled, ifs): (Compiled, Interfaces)) {
     })
     .unwrap();
     dp.sync_full(&compiled, &ifs).unwrap();
-    let listed = normalise(&dp.list_table().unwrap(), &table);
+    let listed = normalise_listing(&dp.list_table().unwrap(), &table);
     check_golden(name, "list", &listed);
     // Loading again replaces the table (no duplicate objects, same listing).
     dp.sync_full(&compiled, &ifs).unwrap();
-    assert_eq!(normalise(&dp.list_table().unwrap(), &table), listed);
+    assert_eq!(normalise_listing(&dp.list_table().unwrap(), &table), listed);
     dp.remove().unwrap();
     let err = dp.list_table().unwrap_err();
     assert!(err.to_string().contains("No such file or directory"), "{err}");
@@ -294,25 +225,6 @@ fn nft_failure_reports_command_and_stderr() {
     assert!(text.contains("ip netns exec") && text.contains("nft"), "{text}");
 }
 
-/// The top-level blocks of a normalised listing, sorted: an incrementally
-/// updated table lists its objects in creation order.
-fn blocks(normalised: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    for line in normalised.lines() {
-        if line.starts_with("table ") || line == "}" || line.is_empty() {
-            continue;
-        }
-        cur.push_str(line);
-        cur.push('\n');
-        if line == "\t}" {
-            out.push(std::mem::take(&mut cur));
-        }
-    }
-    out.sort();
-    out
-}
-
 #[test]
 fn incremental_updates_equal_a_fresh_load() {
     let ns = Netns::new(&format!("{NS_PREFIX}{}inc", std::process::id()));
@@ -350,8 +262,8 @@ fn incremental_updates_equal_a_fresh_load() {
     for (i, (next, ifs)) in steps.iter().enumerate().skip(1) {
         inc.apply(&prev.diff(next), next, ifs).unwrap();
         fresh.sync_full(next, ifs).unwrap();
-        let got = blocks(&normalise(&inc.list_table().unwrap(), "npm_inc"));
-        let want = blocks(&normalise(&fresh.list_table().unwrap(), "npm_fresh"));
+        let got = listing_blocks(&normalise_listing(&inc.list_table().unwrap(), "npm_inc"));
+        let want = listing_blocks(&normalise_listing(&fresh.list_table().unwrap(), "npm_fresh"));
         assert_eq!(got, want, "step {i}: incremental table differs from a fresh load");
         prev = next.clone();
     }

@@ -5,8 +5,10 @@
 //! - `/usr/bin/npm-agent` (release build) and, when the workspace has it,
 //!   `/usr/bin/npm-cni`;
 //! - the BPF object at `/usr/lib/npm/npm-ebpf.o`;
-//! - the tools the dataplanes and the interface discovery still fork: `nft`
-//!   (nftables dataplane) and `ip` (interface and node-address discovery);
+//! - the one tool the agent still forks: `nft` (the nftables dataplane's
+//!   `nft -f -` transactions and `nft -j list` reads). No `ip`: interface
+//!   and node-address discovery use netlink, and `ip netns exec` is only a
+//!   test-side wrapper (`NftOptions::netns`), never set by the agent;
 //! - the shared libraries of all of these, as `ldd` resolves them on the
 //!   build machine, at the paths the dynamic loader looks them up under
 //!   (Debian's merged `/usr`: `/lib`, `/lib64`, `/bin` and `/sbin` are links
@@ -34,8 +36,13 @@ use crate::{cargo, ebpf_object, root, run};
 /// The image's repository in the local containers storage.
 pub const REPOSITORY: &str = "localhost/npm-agent";
 
-/// Tools the agent forks, found on the build machine's PATH.
-const TOOLS: &[(&str, &str)] = &[("nft", "/usr/sbin/nft"), ("ip", "/usr/sbin/ip")];
+/// Tools the agent forks, found on the build machine's PATH, and the
+/// arguments the image check runs each with.
+const TOOLS: &[(&str, &str, &[&str])] = &[("nft", "/usr/sbin/nft", &["--version"])];
+
+/// Tools the agent no longer forks: the image check asserts that none of
+/// these paths exists in the image.
+const NOT_SHIPPED: &[&str] = &["/usr/sbin/ip", "/usr/bin/ip"];
 
 /// Files from the build machine's /etc that the tools read, and the CA
 /// bundle: the kube client's TLS stack refuses to start without system
@@ -88,7 +95,7 @@ pub fn image() -> Result<String> {
     if has_cni {
         files.push((release.join("npm-cni"), "/usr/bin/npm-cni".into()));
     }
-    for (name, default) in TOOLS {
+    for (name, default, _) in TOOLS {
         let found = which(name).unwrap_or_else(|| PathBuf::from(default));
         if !found.exists() {
             bail!("{name} is not installed (expected at {default}): run `cargo xtask setup`");
@@ -232,6 +239,7 @@ pub fn check(tag: &str) -> Result<()> {
         }
     };
     record("version", check_version(tag, &version));
+    record("tools", check_tools(tag));
     record("chart-arguments", check_chart_arguments(tag));
     record("conformance-smoke", check_conformance_smoke(tag));
     remove_leftover_containers();
@@ -268,6 +276,36 @@ fn check_version(tag: &str, version: &str) -> Result<()> {
         bail!("`--version` printed {:?}, expected {want:?}", out.trim());
     }
     Ok(())
+}
+
+/// Each tool of [`TOOLS`] runs in the image (its libraries resolve); each
+/// path of [`NOT_SHIPPED`] is absent (starting it fails for the missing file).
+fn check_tools(tag: &str) -> Result<()> {
+    for (name, default, args) in TOOLS {
+        let path = which(name).unwrap_or_else(|| PathBuf::from(default));
+        let path = path.to_string_lossy();
+        let mut run = PODMAN_RUN.to_vec();
+        run.extend(["--entrypoint", &path, tag]);
+        run.extend(args.iter());
+        podman(&run).with_context(|| format!("{name} in the image"))?;
+    }
+    for path in NOT_SHIPPED {
+        let mut run = PODMAN_RUN.to_vec();
+        run.extend(["--entrypoint", path, tag]);
+        match podman(&run) {
+            Ok(out) => bail!("{path} exists in the image and ran: {}", out.trim()),
+            Err(e) if missing_executable(&format!("{e:#}"), path) => {}
+            Err(e) => bail!("{path}: starting it failed, but not for a missing file: {e:#}"),
+        }
+    }
+    Ok(())
+}
+
+/// Whether a container runtime's error says that the entrypoint `path`
+/// does not exist (runc: `stat <path>: no such file or directory`; crun:
+/// `executable file <path> not found ...: No such file or directory`).
+fn missing_executable(err: &str, path: &str) -> bool {
+    err.contains(path) && err.to_ascii_lowercase().contains("no such file or directory")
 }
 
 /// `helm template` with `--set` values, as YAML documents.
@@ -486,6 +524,16 @@ mod tests {
             ]
         );
         assert!(parse_ldd("\tlibfoo.so.1 => not found\n").is_err());
+    }
+
+    #[test]
+    fn missing_entrypoint_errors_are_recognised() {
+        // As podman printed it on this machine for a scratch image.
+        let runc = "podman run failed (exit status: 127): Error: runc: runc create failed: unable to start container process: exec: \"/usr/sbin/ip\": stat /usr/sbin/ip: no such file or directory: OCI runtime attempted to invoke a command that was not found";
+        assert!(missing_executable(runc, "/usr/sbin/ip"));
+        assert!(!missing_executable(runc, "/usr/bin/ip"));
+        let no_image = "podman run failed (exit status: 125): Error: localhost/npm-agent:0.1.0: image not known";
+        assert!(!missing_executable(no_image, "/usr/sbin/ip"));
     }
 
     #[test]

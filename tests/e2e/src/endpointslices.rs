@@ -12,15 +12,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::api::Api;
 use crate::kube_proxy::model::{chain_hash, SERVICE_NAME_LABEL};
+use crate::poller::{Pass, Poller};
 
 /// The managed-by label and its value.
 pub const MANAGED_BY: (&str, &str) = (
@@ -255,78 +253,41 @@ pub fn reconcile_once(api: &Api) -> Result<usize, String> {
     Ok(writes)
 }
 
-/// State shared with the background thread.
-#[derive(Debug, Default)]
-struct Shared {
-    stop: AtomicBool,
-    synced: AtomicBool,
-    last_error: Mutex<Option<String>>,
-}
-
 /// The running controller; dropping it stops it (the slices stay, as they would when
 /// kube-controller-manager stops).
 #[derive(Debug)]
 pub struct EndpointSliceController {
-    shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    poller: Poller,
 }
 
 impl EndpointSliceController {
     /// Start reconciling in the background.
     pub fn start(api: Api) -> Result<EndpointSliceController, EndpointSliceError> {
-        let shared = Arc::new(Shared::default());
-        let sh = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("endpointslice-controller".into())
-            .spawn(move || {
-                while !sh.stop.load(Ordering::SeqCst) {
-                    let r = reconcile_once(&api);
-                    if let Ok(mut g) = sh.last_error.lock() {
-                        *g = r.as_ref().err().cloned();
-                    }
-                    if r.is_ok() {
-                        sh.synced.store(true, Ordering::SeqCst);
-                    }
-                    std::thread::sleep(INTERVAL);
-                }
-            })
-            .map_err(EndpointSliceError::Thread)?;
-        Ok(EndpointSliceController {
-            shared,
-            thread: Some(thread),
-        })
+        let poller = Poller::spawn(
+            "endpointslice-controller".into(),
+            INTERVAL,
+            move || match reconcile_once(&api) {
+                Ok(_) => Pass::Done,
+                Err(e) => Pass::Failed(e),
+            },
+        )
+        .map_err(EndpointSliceError::Thread)?;
+        Ok(EndpointSliceController { poller })
     }
 
     /// Wait until one full pass succeeded.
     pub fn wait_synced(&self, timeout: Duration) -> bool {
-        let t0 = Instant::now();
-        while !self.shared.synced.load(Ordering::SeqCst) && t0.elapsed() < timeout {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.shared.synced.load(Ordering::SeqCst)
+        self.poller.wait_synced(timeout)
     }
 
     /// The error of the last pass, if it failed.
     pub fn last_error(&self) -> Option<String> {
-        self.shared.last_error.lock().map(|e| e.clone()).unwrap_or(None)
+        self.poller.last_error()
     }
 
     /// Stop the controller.
     pub fn stop(mut self) {
-        self.halt();
-    }
-
-    fn halt(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for EndpointSliceController {
-    fn drop(&mut self) {
-        self.halt();
+        self.poller.halt();
     }
 }
 

@@ -22,6 +22,7 @@ pub mod kube_proxy;
 pub mod netns;
 pub mod nodeport_fixture;
 pub mod nodes;
+pub mod poller;
 pub mod probe;
 pub mod runner;
 pub mod server;

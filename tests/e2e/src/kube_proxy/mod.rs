@@ -16,14 +16,12 @@ pub mod nft;
 use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use crate::api::Api;
+use crate::poller::{Pass, Poller};
 use model::{service_ports, ServicePort};
 
 /// How often the full lists are read.
@@ -150,22 +148,12 @@ fn apply(netns: &str, mode: Mode, v4: &[ServicePort], v6: &[ServicePort]) -> Res
     }
 }
 
-/// State shared with the background thread.
-#[derive(Debug, Default)]
-struct Shared {
-    stop: AtomicBool,
-    synced: AtomicBool,
-    generation: AtomicU64,
-    last_error: Mutex<Option<String>>,
-}
-
 /// A running kube-proxy for one node; dropping it stops it and removes its rules.
 #[derive(Debug)]
 pub struct KubeProxy {
     netns: String,
     mode: Mode,
-    shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    poller: Poller,
 }
 
 /// The `items` of a full list, None when the answer is not a list.
@@ -201,43 +189,38 @@ impl KubeProxy {
             None,
         );
         Self::cleanup(node_netns, mode);
-        let shared = Arc::new(Shared::default());
-        let (netns, node, sh) = (node_netns.to_string(), node_name.to_string(), shared.clone());
-        let thread = std::thread::Builder::new()
-            .name(format!("kube-proxy-{node_name}"))
-            .spawn(move || sync_loop(&netns, mode, &api, &node, &sh))
-            .map_err(|source| KubeProxyError::Thread {
-                netns: node_netns.to_string(),
-                source,
-            })?;
+        let (netns, node) = (node_netns.to_string(), node_name.to_string());
+        let mut applied = Applied {
+            state: None,
+            at: Instant::now(),
+        };
+        let poller = Poller::spawn(format!("kube-proxy-{node_name}"), INTERVAL, move || {
+            sync_pass(&netns, mode, &api, &node, &mut applied)
+        })
+        .map_err(|source| KubeProxyError::Thread {
+            netns: node_netns.to_string(),
+            source,
+        })?;
         Ok(KubeProxy {
             netns: node_netns.to_string(),
             mode,
-            shared,
-            thread: Some(thread),
+            poller,
         })
     }
 
     /// Wait until the first full state was applied.
     pub fn wait_synced(&self, timeout: Duration) -> bool {
-        let t0 = Instant::now();
-        while t0.elapsed() < timeout {
-            if self.shared.synced.load(Ordering::SeqCst) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.shared.synced.load(Ordering::SeqCst)
+        self.poller.wait_synced(timeout)
     }
 
     /// How many times rules were applied (each apply is one whole-state replacement).
     pub fn applied_generation(&self) -> u64 {
-        self.shared.generation.load(Ordering::SeqCst)
+        self.poller.done_count()
     }
 
     /// The last list or apply error, if the last attempt failed.
     pub fn last_error(&self) -> Option<String> {
-        self.shared.last_error.lock().map(|e| e.clone()).unwrap_or(None)
+        self.poller.last_error()
     }
 
     /// Stop the thread and remove the rules.
@@ -246,9 +229,7 @@ impl KubeProxy {
     }
 
     fn halt(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        if self.poller.halt() {
             Self::cleanup(&self.netns, self.mode);
         }
     }
@@ -287,47 +268,42 @@ impl Drop for KubeProxy {
     }
 }
 
-/// The background loop: full lists, whole state, atomic apply on change.
-fn sync_loop(netns: &str, mode: Mode, api: &Api, node: &str, sh: &Shared) {
-    let mut last: Option<(Vec<ServicePort>, Vec<ServicePort>)> = None;
-    let mut last_apply = Instant::now();
-    let set_err = |e: Option<String>| {
-        if let Ok(mut g) = sh.last_error.lock() {
-            *g = e;
-        }
+/// The state last applied and when.
+struct Applied {
+    state: Option<(Vec<ServicePort>, Vec<ServicePort>)>,
+    at: Instant,
+}
+
+/// One pass of the background loop: full lists, whole state, atomic apply on change (or
+/// every [`RESYNC`]). A failed list keeps the rules last applied.
+fn sync_pass(netns: &str, mode: Mode, api: &Api, node: &str, applied: &mut Applied) -> Pass {
+    let lists = api
+        .get("/api/v1/services")
+        .map_err(|e| e.to_string())
+        .and_then(|s| items(s).ok_or_else(|| "services: not a list".to_string()))
+        .and_then(|s| {
+            api.get("/apis/discovery.k8s.io/v1/endpointslices")
+                .map_err(|e| e.to_string())
+                .and_then(|e| items(e).ok_or_else(|| "endpointslices: not a list".to_string()))
+                .map(|e| (s, e))
+        });
+    let (svcs, slices) = match lists {
+        Err(e) => return Pass::Failed(format!("list: {e} (keeping the last applied rules)")),
+        Ok(l) => l,
     };
-    while !sh.stop.load(Ordering::SeqCst) {
-        let lists = api
-            .get("/api/v1/services")
-            .map_err(|e| e.to_string())
-            .and_then(|s| items(s).ok_or_else(|| "services: not a list".to_string()))
-            .and_then(|s| {
-                api.get("/apis/discovery.k8s.io/v1/endpointslices")
-                    .map_err(|e| e.to_string())
-                    .and_then(|e| items(e).ok_or_else(|| "endpointslices: not a list".to_string()))
-                    .map(|e| (s, e))
-            });
-        match lists {
-            Err(e) => set_err(Some(format!("list: {e} (keeping the last applied rules)"))),
-            Ok((svcs, slices)) => {
-                let state = (
-                    service_ports(&svcs, &slices, node, false),
-                    service_ports(&svcs, &slices, node, true),
-                );
-                if last.as_ref() != Some(&state) || last_apply.elapsed() >= RESYNC {
-                    match apply(netns, mode, &state.0, &state.1) {
-                        Ok(()) => {
-                            last = Some(state);
-                            last_apply = Instant::now();
-                            sh.generation.fetch_add(1, Ordering::SeqCst);
-                            sh.synced.store(true, Ordering::SeqCst);
-                            set_err(None);
-                        }
-                        Err(e) => set_err(Some(format!("apply: {e}"))),
-                    }
-                }
-            }
+    let state = (
+        service_ports(&svcs, &slices, node, false),
+        service_ports(&svcs, &slices, node, true),
+    );
+    if applied.state.as_ref() == Some(&state) && applied.at.elapsed() < RESYNC {
+        return Pass::Idle;
+    }
+    match apply(netns, mode, &state.0, &state.1) {
+        Ok(()) => {
+            applied.state = Some(state);
+            applied.at = Instant::now();
+            Pass::Done
         }
-        std::thread::sleep(INTERVAL);
+        Err(e) => Pass::Failed(format!("apply: {e}")),
     }
 }
