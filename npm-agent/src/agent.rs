@@ -117,7 +117,7 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
     resolver: Box<dyn Resolve>,
     metrics: Metrics,
 ) -> Started {
-    let cache = Cache::new(metrics.clone());
+    let cache = Cache::with_cluster_policies(metrics.clone(), cfg.sync.cluster_policies);
     let cni_facts = match &cfg.cni {
         Some(c) => {
             let path = cni::persist::state_file_for(&c.socket);
@@ -190,7 +190,7 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
         health.clone(),
         metrics.clone(),
     )));
-    tasks.extend(spawn_watchers(client, cfg.page_size, &cache, &metrics));
+    tasks.extend(spawn_watchers(client, cfg.page_size, &cache, &metrics, &health));
     Ok(RunningAgent {
         cache,
         metrics,

@@ -11,6 +11,7 @@ use npm_agent::agent::AgentConfig;
 use npm_agent::cni::CniConfig;
 use npm_agent::dataplanes::ebpf_options;
 use npm_agent::dataplanes::{DataplaneKind, DataplaneOptions};
+use npm_agent::k8s::ClusterPolicyMode;
 use npm_agent::reconcile::SyncConfig;
 use npm_agent::telemetry::HealthConfig;
 use npm_dataplane::ebpf::AttachMode;
@@ -171,6 +172,15 @@ pub struct RunArgs {
     /// Deny flow log lines per second at most.
     #[arg(long, env = "NPM_FLOW_LOGS_PER_SEC", default_value_t = 10)]
     pub flow_logs_per_sec: u32,
+    /// ClusterNetworkPolicies (policy.networking.k8s.io/v1alpha2): `auto`
+    /// watches them, and while the API server does not serve them (404:
+    /// the CRD is not installed) counts their list as complete and empty
+    /// (NetworkPolicy is enforced alone; looked at again with the
+    /// watcher's backoff, at most every 30 s); `on` requires them (a 404
+    /// keeps the agent unready); `off` never watches them. A 403 (RBAC) is
+    /// never an empty list: the agent stays unready, naming it.
+    #[arg(long, env = "NPM_CLUSTER_NETWORK_POLICIES", value_enum, default_value_t = ClusterPolicyMode::Auto)]
+    pub cluster_network_policies: ClusterPolicyMode,
     /// Unix socket npm-cni talks to (its state file,
     /// `cni-attachments.json`, is kept in the same directory); an empty
     /// value disables it.
@@ -273,6 +283,7 @@ impl RunArgs {
                 mass_delete_window: Duration::from_secs(self.mass_delete_window_secs),
                 page_size: self.page_size,
                 flow_logs_per_sec: self.flow_logs_per_sec,
+                cluster_policies: self.cluster_network_policies,
                 ..SyncConfig::default()
             },
             page_size: self.page_size,

@@ -115,6 +115,7 @@ fn dry_run(log_level: &str, log_format: LogFormat, args: &RunArgs) -> anyhow::Re
         "allow_host_egress": args.allow_host_egress,
         "interface_pattern": args.interface_pattern,
         "flow_logs_per_sec": args.flow_logs_per_sec,
+        "cluster_network_policies": args.cluster_network_policies.name(),
         "cni_socket": args.cni_socket,
         "lock_file": args.lock_dir.join(npm_agent::lifecycle::lock::lock_file_name(&key)),
         "max_held_removal_secs": args.max_held_removal_secs,

@@ -244,8 +244,10 @@ fn rbac_is_least_privilege() {
             "/services: get,list,watch",
             "events.k8s.io/events: create,patch",
             "networking.k8s.io/networkpolicies: get,list,watch",
+            "policy.networking.k8s.io/clusternetworkpolicies: get,list,watch",
         ],
-        "services read (eBPF Service egress); no endpointslices, secrets or write access beyond node patch and events"
+        "services read (eBPF Service egress), ClusterNetworkPolicies read; no endpointslices, secrets or write \
+         access beyond node patch and events"
     );
     assert!(find(&docs, "Role").is_empty());
     let binding = find(&docs, "ClusterRoleBinding")[0];
@@ -281,6 +283,7 @@ fn daemonset_essentials() {
         "--metrics-addr=0.0.0.0:9090",
         "--mass-delete-threshold=0.5",
         "--mass-delete-window-secs=600",
+        "--cluster-network-policies=auto",
     ] {
         assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
     }
@@ -333,6 +336,7 @@ fn agent_command_line_is_run_with_every_flag() {
         "--mass-delete-threshold=0.5",
         "--mass-delete-window-secs=600",
         "--flow-logs-per-sec=10",
+        "--cluster-network-policies=auto",
         "--log-level=info",
         "--log-format=json",
         "--allow-host-egress",
@@ -341,7 +345,7 @@ fn agent_command_line_is_run_with_every_flag() {
     ] {
         assert!(argv.iter().any(|a| a == want), "{want} in {argv:?}");
     }
-    assert_eq!(argv.len(), 2 + 13, "no other flag: {argv:?}");
+    assert_eq!(argv.len(), 2 + 14, "no other flag: {argv:?}");
 }
 
 /// Runs the image's binary (`target/debug/npm-agent`) with the command
@@ -384,6 +388,7 @@ fn the_binary_accepts_the_rendered_agent_arguments() {
     assert_eq!(config["interface_pattern"], "cali*");
     assert_eq!(config["allow_host_egress"], true);
     assert_eq!(config["log_format"], "json");
+    assert_eq!(config["cluster_network_policies"], "auto");
     assert_eq!(config["pin_dir"], "/sys/fs/bpf/npm/v5");
     assert_eq!(config["lock_file"], "/run/npm/agent-sys_fs_bpf_npm_v5.lock");
     let (_, out, _) = dry_run(&["dataplane=nftables", "pinDir=/sys/fs/bpf/npm/custom"]);
@@ -403,6 +408,9 @@ fn the_binary_rejects_a_bad_rendered_value() {
     let (ok, _, err) = dry_run(&["pageSize=0"]);
     assert!(!ok);
     assert!(err.contains("--page-size must be positive"), "{err}");
+    let (ok, _, err) = dry_run(&["clusterNetworkPolicies=maybe"]);
+    assert!(!ok);
+    assert!(err.contains("--cluster-network-policies"), "{err}");
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! The agent's view of the cluster: the three [`ListStore`]s behind one
+//! The agent's view of the cluster: the four [`ListStore`]s (pods,
+//! namespaces, NetworkPolicies, ClusterNetworkPolicies) behind one
 //! [`Cache`] (shared by the watchers and the sync loop), the
 //! [`CompleteState`] copy a sync works on, and what each watched kind
 //! counts in the metrics.
@@ -14,10 +15,11 @@ use kube::Resource;
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
+use super::cluster_policy::{ClusterNetworkPolicy, ClusterPolicyMode};
 use super::store::{ListStore, StoreUpdate};
 use crate::telemetry::metrics::{Metrics, PodOperation};
 
-/// The three resources the agent watches.
+/// The four resources the agent watches.
 pub trait Watched: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static {
     /// Plural resource name (metrics label, logs).
     const NAME: &'static str;
@@ -53,6 +55,13 @@ impl Watched for NetworkPolicy {
     }
 }
 
+impl Watched for ClusterNetworkPolicy {
+    const NAME: &'static str = super::cluster_policy::PLURAL;
+    fn store(cache: &Cache) -> &Mutex<ListStore<Self>> {
+        &cache.cluster_policies
+    }
+}
+
 fn pod_has_ip(p: &Pod) -> bool {
     p.status.as_ref().is_some_and(|s| {
         s.pod_ip.as_deref().is_some_and(|ip| !ip.is_empty())
@@ -74,7 +83,7 @@ pub fn classify_pod_change(old: Option<&Pod>, new: Option<&Pod>) -> Option<PodOp
     }
 }
 
-/// A consistent copy of the three complete stores.
+/// A consistent copy of the four complete stores.
 #[derive(Clone, Debug, Default)]
 pub struct CompleteState {
     /// Namespaces.
@@ -83,6 +92,9 @@ pub struct CompleteState {
     pub pods: Vec<Arc<Pod>>,
     /// NetworkPolicies.
     pub policies: Vec<Arc<NetworkPolicy>>,
+    /// ClusterNetworkPolicies (empty when the API does not serve them and
+    /// `--cluster-network-policies` is `auto`, or it is `off`).
+    pub cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
 }
 
 /// The agent's view of the cluster, shared by the watchers and the sync loop.
@@ -93,11 +105,14 @@ pub struct Cache {
     pub namespaces: Mutex<ListStore<Namespace>>,
     /// NetworkPolicies.
     pub policies: Mutex<ListStore<NetworkPolicy>>,
+    /// ClusterNetworkPolicies.
+    pub cluster_policies: Mutex<ListStore<ClusterNetworkPolicy>>,
     /// Woken on every change of a complete state.
     pub changed: Notify,
     /// When the oldest change not yet programmed was received.
     pub first_unprogrammed: Mutex<Option<Instant>>,
     metrics: Metrics,
+    cluster_policy_mode: ClusterPolicyMode,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -107,16 +122,41 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Cache {
-    /// An empty cache.
+    /// An empty cache of pods, namespaces and NetworkPolicies that does not
+    /// watch ClusterNetworkPolicies: their list is complete and empty from
+    /// the start, as with `--cluster-network-policies=off`
+    /// ([`Cache::with_cluster_policies`] with [`ClusterPolicyMode::Off`]).
     pub fn new(metrics: Metrics) -> Arc<Cache> {
+        Cache::with_cluster_policies(metrics, ClusterPolicyMode::Off)
+    }
+
+    /// An empty cache whose ClusterNetworkPolicies follow `mode`: with
+    /// `auto` and `on` their list is incomplete (nothing is programmed)
+    /// until their watcher completes one (or, with `auto`, finds them not
+    /// served); with `off` it is complete and empty from the start. The
+    /// watchers ([`crate::k8s::spawn_watchers`]) and the guard's direct
+    /// reads follow the mode of the cache.
+    pub fn with_cluster_policies(metrics: Metrics, mode: ClusterPolicyMode) -> Arc<Cache> {
+        let mut cluster_policies = ListStore::default();
+        if mode == ClusterPolicyMode::Off {
+            cluster_policies.handle(Event::Init, |_, _| {});
+            cluster_policies.handle(Event::InitDone, |_, _| {});
+        }
         Arc::new(Cache {
             pods: Mutex::default(),
             namespaces: Mutex::default(),
             policies: Mutex::default(),
+            cluster_policies: Mutex::new(cluster_policies),
             changed: Notify::new(),
             first_unprogrammed: Mutex::new(None),
             metrics,
+            cluster_policy_mode: mode,
         })
+    }
+
+    /// Whether (and how) ClusterNetworkPolicies are watched.
+    pub fn cluster_policy_mode(&self) -> ClusterPolicyMode {
+        self.cluster_policy_mode
     }
 
     /// The metrics registry the cache counts watch events into.
@@ -161,21 +201,43 @@ impl Cache {
         lock(&self.first_unprogrammed).take()
     }
 
-    /// Whether pods, namespaces and policies have each completed a full list.
+    /// Whether pods, namespaces, NetworkPolicies and ClusterNetworkPolicies
+    /// have each completed a full list.
     pub fn all_listed(&self) -> bool {
-        lock(&self.pods).is_listed() && lock(&self.namespaces).is_listed() && lock(&self.policies).is_listed()
+        lock(&self.pods).is_listed()
+            && lock(&self.namespaces).is_listed()
+            && lock(&self.policies).is_listed()
+            && lock(&self.cluster_policies).is_listed()
     }
 
-    /// The complete state of all three resources, `None` until all three
+    /// The complete state of all four resources, `None` until all four
     /// have completed a full list.
     pub fn complete(&self) -> Option<CompleteState> {
         let pods = lock(&self.pods);
         let namespaces = lock(&self.namespaces);
         let policies = lock(&self.policies);
+        let cluster_policies = lock(&self.cluster_policies);
         Some(CompleteState {
             pods: pods.complete()?.values().cloned().collect(),
             namespaces: namespaces.complete()?.values().cloned().collect(),
             policies: policies.complete()?.values().cloned().collect(),
+            cluster_policies: cluster_policies.complete()?.values().cloned().collect(),
         })
+    }
+
+    /// The API server does not serve ClusterNetworkPolicies (a `404` on the
+    /// list with `--cluster-network-policies=auto`, or the mode is `off`):
+    /// their list counts as complete and empty, exactly as a relist that
+    /// found none (a removal of CNPs listed before goes through the sync
+    /// loop's mass-removal guard). Does nothing (and wakes nobody) when the
+    /// complete list is empty already. Returns whether it changed the
+    /// complete state.
+    pub fn mark_cluster_policies_absent(&self) -> bool {
+        let already_empty = lock(&self.cluster_policies).complete().is_some_and(|c| c.is_empty());
+        if already_empty {
+            return false;
+        }
+        self.handle::<ClusterNetworkPolicy>(Event::Init);
+        self.handle::<ClusterNetworkPolicy>(Event::InitDone) == StoreUpdate::Changed
     }
 }

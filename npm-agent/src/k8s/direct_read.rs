@@ -1,6 +1,9 @@
-//! The direct read: a fresh, complete, paginated LIST of the three
+//! The direct read: a fresh, complete, paginated LIST of the four
 //! resources straight from the API server (not the cache), which the
-//! mass-deletion guard needs to confirm a large removal.
+//! mass-deletion guard needs to confirm a large removal. The
+//! ClusterNetworkPolicies follow [`ClusterPolicyMode`]: not read with
+//! `off`, a `404` is an empty list with `auto` (as for the watcher), any
+//! other failure fails the read.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,6 +14,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::{Api, Client};
 
 use super::cache::{CompleteState, Watched};
+use super::cluster_policy::{classify_list_error, ClusterNetworkPolicy, ClusterPolicyMode, ListFailure};
 use super::store::strip;
 
 /// Errors of the direct (uncached) reads.
@@ -30,7 +34,7 @@ pub enum WatchError {
     TimedOut(Duration),
 }
 
-/// The bound on one whole direct read (all pages of the three lists).
+/// The bound on one whole direct read (all pages of the four lists).
 /// Well below the watchdog's stall limit
 /// ([`crate::telemetry::health::MAX_STALL`], 60 s): a read that hangs
 /// fails like any other read error (the sync stays held and the reads back
@@ -53,17 +57,45 @@ async fn direct_list<K: Watched>(api: Api<K>, page_size: u32) -> Result<Vec<Arc<
     }
 }
 
-/// A fresh, complete read of all three resources straight from the API
+/// [`direct_read_with`] in the default mode, `auto`.
+pub async fn direct_read(client: &Client, page_size: u32) -> Result<CompleteState, WatchError> {
+    direct_read_with(client, page_size, ClusterPolicyMode::Auto).await
+}
+
+/// The ClusterNetworkPolicies of a direct read under `mode`.
+async fn direct_cluster_policies(
+    client: &Client,
+    page_size: u32,
+    mode: ClusterPolicyMode,
+) -> Result<Vec<Arc<ClusterNetworkPolicy>>, WatchError> {
+    if mode == ClusterPolicyMode::Off {
+        return Ok(Vec::new());
+    }
+    match direct_list(Api::<ClusterNetworkPolicy>::all(client.clone()), page_size).await {
+        Err(WatchError::DirectList { source, .. }) if classify_list_error(mode, &source) == ListFailure::NotServed => {
+            Ok(Vec::new())
+        }
+        other => other,
+    }
+}
+
+/// A fresh, complete read of all four resources straight from the API
 /// server (not the cache): the confirmation the mass-deletion guard needs.
 /// A list that fails mid-way (e.g. `410` on a continue token) is an error,
-/// never a partial result.
+/// never a partial result. ClusterNetworkPolicies are read as `mode` says
+/// (see the module doc).
 /// It is bounded by [`DIRECT_READ_TIMEOUT`].
-pub async fn direct_read(client: &Client, page_size: u32) -> Result<CompleteState, WatchError> {
+pub async fn direct_read_with(
+    client: &Client,
+    page_size: u32,
+    mode: ClusterPolicyMode,
+) -> Result<CompleteState, WatchError> {
     within(DIRECT_READ_TIMEOUT, async {
         Ok(CompleteState {
             namespaces: direct_list(Api::<Namespace>::all(client.clone()), page_size).await?,
             pods: direct_list(Api::<Pod>::all(client.clone()), page_size).await?,
             policies: direct_list(Api::<NetworkPolicy>::all(client.clone()), page_size).await?,
+            cluster_policies: direct_cluster_policies(client, page_size, mode).await?,
         })
     })
     .await

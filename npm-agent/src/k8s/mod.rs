@@ -1,6 +1,7 @@
 //! The API server side of the agent: watching pods (all namespaces),
-//! namespaces and NetworkPolicies, each into a [`ListStore`] that only
-//! trusts complete lists, and the direct (uncached) read of all three.
+//! namespaces, NetworkPolicies and ClusterNetworkPolicies, each into a
+//! [`ListStore`] that only trusts complete lists, and the direct (uncached)
+//! read of all four.
 //!
 //! Incident 2 (a paginated LIST hit `410 Gone` mid-list and a controller
 //! trusted the partial list and deleted live resources) shapes this module:
@@ -11,7 +12,7 @@
 //!   away and the last complete state stays in force;
 //! - nothing is reported as changed for `InitApply`: the sync loop is only
 //!   woken by `InitDone`, `Apply` and `Delete`;
-//! - [`Cache::complete`] returns nothing until all three resources have
+//! - [`Cache::complete`] returns nothing until all four resources have
 //!   completed a full list, so the agent programs and deletes nothing before.
 //!
 //! kube's reflector store is not used on purpose: we need the "keep the last
@@ -20,23 +21,27 @@
 //! paginated with `page_size`, with its default backoff).
 //!
 //! - [`store`]: one kind's [`ListStore`] (complete state, relist buffer);
-//! - [`cache`]: the three stores as one [`Cache`] and its [`CompleteState`];
+//! - [`cache`]: the four stores as one [`Cache`] and its [`CompleteState`];
+//! - [`cluster_policy`]: the ClusterNetworkPolicy resource type and
+//!   [`ClusterPolicyMode`] (what a `404` or `403` on its list means);
 //! - [`watcher`]: the kube-rs watchers feeding the cache;
-//! - [`direct_read`]: a fresh paginated LIST of all three (the
+//! - [`direct_read`]: a fresh paginated LIST of all four (the
 //!   mass-deletion guard's confirmation);
 //! - [`taint`]: removing the `npm.io/agent-not-ready` taint from this
 //!   agent's Node after the first full sync.
 
 pub mod cache;
+pub mod cluster_policy;
 pub mod direct_read;
 pub mod store;
 pub mod taint;
 pub mod watcher;
 
 pub use cache::{classify_pod_change, Cache, CompleteState, Watched};
-pub use direct_read::{direct_read, WatchError};
+pub use cluster_policy::{ClusterNetworkPolicy, ClusterPolicyMode};
+pub use direct_read::{direct_read, direct_read_with, WatchError};
 pub use store::{key_of, strip, ListStore, ObjKey, StoreUpdate};
-pub use watcher::{spawn_watchers, watch};
+pub use watcher::{spawn_watchers, watch, watch_cluster_policies};
 
 #[cfg(test)]
 mod tests;

@@ -68,3 +68,68 @@ fn relist_keeps_last_complete_state_until_init_done() {
     assert_eq!(get("update-with-empty-ip"), 1.0);
     assert_eq!(get("delete"), 1.0);
 }
+
+fn cnp(name: &str, rv: &str) -> super::ClusterNetworkPolicy {
+    super::ClusterNetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            resource_version: Some(rv.into()),
+            ..Default::default()
+        },
+        spec: serde_json::json!({"tier": "Admin", "priority": 1}),
+    }
+}
+
+fn list_core_kinds(cache: &Cache) {
+    cache.handle::<Pod>(Event::Init);
+    cache.handle::<Pod>(Event::InitDone);
+    cache.handle::<Namespace>(Event::Init);
+    cache.handle::<Namespace>(Event::InitDone);
+    cache.handle::<NetworkPolicy>(Event::Init);
+    cache.handle::<NetworkPolicy>(Event::InitDone);
+}
+
+/// ClusterNetworkPolicies follow the complete-list rule: nothing is
+/// complete before their first full list, a relist cut mid-way keeps the
+/// last complete list, and "not served" is a complete empty list.
+#[test]
+fn cluster_policies_follow_the_complete_list_rule() {
+    use super::{ClusterNetworkPolicy, ClusterPolicyMode};
+    let cache = Cache::with_cluster_policies(Metrics::new().unwrap(), ClusterPolicyMode::Auto);
+    list_core_kinds(&cache);
+    assert!(cache.complete().is_none(), "no CNP list yet: nothing is complete");
+    assert!(!cache.all_listed());
+    cache.handle::<ClusterNetworkPolicy>(Event::Init);
+    cache.handle(Event::InitApply(cnp("deny-a", "1")));
+    assert!(cache.complete().is_none(), "a partial first CNP list is not trusted");
+    cache.handle::<ClusterNetworkPolicy>(Event::InitDone);
+    let names = |c: &Cache| -> Vec<String> {
+        c.complete()
+            .unwrap()
+            .cluster_policies
+            .iter()
+            .map(|p| p.name().to_string())
+            .collect()
+    };
+    assert_eq!(names(&cache), ["deny-a"]);
+    // A relist cut by 410: its buffer never replaces the complete list.
+    cache.handle::<ClusterNetworkPolicy>(Event::Init);
+    cache.handle(Event::InitApply(cnp("other", "2")));
+    cache.handle::<ClusterNetworkPolicy>(Event::Init);
+    assert_eq!(names(&cache), ["deny-a"], "last complete state stays");
+    // The API stops serving them (404 in auto): a complete empty list.
+    assert!(cache.mark_cluster_policies_absent());
+    assert!(names(&cache).is_empty());
+    assert!(!cache.mark_cluster_policies_absent(), "already empty: nothing changes");
+
+    let off = Cache::with_cluster_policies(Metrics::new().unwrap(), ClusterPolicyMode::Off);
+    list_core_kinds(&off);
+    assert!(
+        off.complete().unwrap().cluster_policies.is_empty(),
+        "off: complete and empty"
+    );
+    assert_eq!(
+        Cache::new(Metrics::new().unwrap()).cluster_policy_mode(),
+        ClusterPolicyMode::Off
+    );
+}

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use npm_policy::compiled::CompileOptions;
 
+use crate::k8s::ClusterPolicyMode;
 use crate::node::NodeAddresses;
 
 /// A setting of the sync loop that cannot work.
@@ -68,6 +69,12 @@ pub struct SyncConfig {
     /// read; while they are unreadable the last good set stays in force
     /// and the readiness check `node-addresses` fails.
     pub node_addresses: Option<NodeAddresses>,
+    /// Whether ClusterNetworkPolicies are watched and what a `404` on
+    /// their list means (`--cluster-network-policies`): the agent builds
+    /// its cache with it ([`crate::k8s::Cache::with_cluster_policies`]);
+    /// the watchers and the direct reads of the mass-removal guard follow
+    /// the cache's mode.
+    pub cluster_policies: ClusterPolicyMode,
 }
 
 impl Default for SyncConfig {
@@ -83,6 +90,7 @@ impl Default for SyncConfig {
             flow_logs_per_sec: 10,
             cross_check_interval: Duration::from_secs(300),
             node_addresses: None,
+            cluster_policies: ClusterPolicyMode::Auto,
         }
     }
 }

@@ -8,7 +8,10 @@
 //! deletes their addresses and state), and, because losing policies opens
 //! pods as surely as losing pods (issue 12 §3), the NetworkPolicies of the
 //! snapshot and the isolated endpoint directions (an endpoint isolated for
-//! ingress and egress counts twice). Each is held at the same threshold,
+//! ingress and egress counts twice), and, because a lost Deny opens traffic
+//! too, the ClusterNetworkPolicies of the state (by name) and the tier
+//! entries of the compile (`Compiled::tiers`, by count: a CNP edit that
+//! reshapes its entries is no loss). Each is held at the same threshold,
 //! with the same window and the same confirming direct read.
 
 use std::collections::VecDeque;
@@ -21,7 +24,7 @@ use npm_policy::model::Snapshot;
 use super::config::{DIRECT_READ_MAX_BACKOFF, DIRECT_READ_MIN_BACKOFF};
 use super::dataplane::AgentDataplane;
 use super::syncer::{SyncError, SyncOutcome, Syncer};
-use crate::k8s::direct_read;
+use crate::k8s::direct_read_with;
 
 /// The pod identities of a compile (its identity table holds exactly the
 /// identities of the pods that own an address), in order.
@@ -105,8 +108,35 @@ pub fn enforcement_removal(
     })
 }
 
+/// Which share of the ClusterNetworkPolicies last programmed
+/// (`programmed`, names in order) the next state (`next`, names in order)
+/// no longer has, and by which share the tier entries of `new` fell below
+/// those of `old`; `Some(description)` when either exceeds `threshold`.
+pub fn tier_removal<'a>(
+    programmed: &'a [String],
+    next: impl Iterator<Item = &'a str>,
+    old: &Compiled,
+    new: &Compiled,
+    threshold: f64,
+) -> Option<String> {
+    let removed_cnps = missing_from(programmed.iter().map(String::as_str), next);
+    let removed_entries = old.tiers.len().saturating_sub(new.tiers.len());
+    let (sc, se) = (
+        share(programmed.len(), removed_cnps),
+        share(old.tiers.len(), removed_entries),
+    );
+    (sc > threshold || se > threshold).then(|| {
+        format!(
+            "{removed_cnps}/{} ClusterNetworkPolicies and {removed_entries}/{} tier entries would be removed",
+            programmed.len(),
+            old.tiers.len()
+        )
+    })
+}
+
 /// The reference of the cumulative mass-deletion check: the highest pod
-/// identity, endpoint, NetworkPolicy and isolated endpoint direction counts
+/// identity, endpoint, NetworkPolicy, isolated endpoint direction,
+/// ClusterNetworkPolicy and tier entry counts
 /// programmed within a time window since the last confirmation (a
 /// sliding-window maximum: each queue holds the samples that can still
 /// become the maximum, oldest first), and the NetworkPolicies last
@@ -117,9 +147,14 @@ pub struct GuardReference {
     endpoints: VecDeque<(Instant, usize)>,
     policies: VecDeque<(Instant, usize)>,
     isolated: VecDeque<(Instant, usize)>,
+    cluster_policies: VecDeque<(Instant, usize)>,
+    tier_entries: VecDeque<(Instant, usize)>,
     /// The NetworkPolicies (namespace, name) last programmed, in order
     /// (`None` before the first sync).
     programmed_policies: Option<Vec<(String, String)>>,
+    /// The ClusterNetworkPolicies (names) last programmed, in order
+    /// (`None` before the first sync).
+    programmed_cluster_policies: Option<Vec<String>>,
 }
 
 fn push_max(q: &mut VecDeque<(Instant, usize)>, now: Instant, v: usize) {
@@ -167,6 +202,50 @@ impl GuardReference {
         self.programmed_policies = Some(snapshot.policies.keys().cloned().collect());
     }
 
+    /// Record the ClusterNetworkPolicies (`names`, in order) of the state
+    /// just programmed and the tier entries of what was programmed.
+    pub fn observe_tiers(&mut self, now: Instant, names: Vec<String>, programmed: &Compiled) {
+        for q in [&mut self.cluster_policies, &mut self.tier_entries] {
+            if let Some(b) = q.back_mut() {
+                b.0 = b.0.max(now);
+            }
+        }
+        push_max(&mut self.cluster_policies, now, names.len());
+        push_max(&mut self.tier_entries, now, programmed.tiers.len());
+        self.programmed_cluster_policies = Some(names);
+    }
+
+    /// The ClusterNetworkPolicies last programmed, in order (`None`
+    /// before the first sync).
+    pub fn programmed_cluster_policies(&self) -> Option<&[String]> {
+        self.programmed_cluster_policies.as_deref()
+    }
+
+    /// `Some(description)` when the next state has more than `threshold`
+    /// fewer ClusterNetworkPolicies (`next_count`), or its compile
+    /// `compiled` fewer tier entries, than the high-water counts within
+    /// `window` before `now`.
+    pub fn cumulative_tier_removal(
+        &mut self,
+        next_count: usize,
+        compiled: &Compiled,
+        now: Instant,
+        window: Duration,
+        threshold: f64,
+    ) -> Option<String> {
+        expire(&mut self.cluster_policies, now, window);
+        expire(&mut self.tier_entries, now, window);
+        let hc = self.cluster_policies.front().map_or(0, |s| s.1);
+        let he = self.tier_entries.front().map_or(0, |s| s.1);
+        let (rc, re) = (hc.saturating_sub(next_count), he.saturating_sub(compiled.tiers.len()));
+        (share(hc, rc) > threshold || share(he, re) > threshold).then(|| {
+            format!(
+                "{rc} of up to {hc} ClusterNetworkPolicies and {re} of up to {he} tier entries gone within \
+                 {window:?} since the last confirmation"
+            )
+        })
+    }
+
     /// Record the isolated endpoint directions of the state adopted from a
     /// previous agent (before the first sync; no NetworkPolicy count is
     /// known then).
@@ -175,13 +254,16 @@ impl GuardReference {
     }
 
     /// A direct read confirmed the state: the counts just programmed become
-    /// the whole reference (the NetworkPolicy and isolation counts too:
-    /// [`GuardReference::observe_enforcement`] records them next).
+    /// the whole reference (the NetworkPolicy, isolation, CNP and tier
+    /// counts too: [`GuardReference::observe_enforcement`] and
+    /// [`GuardReference::observe_tiers`] record them next).
     pub fn reset(&mut self, now: Instant, identities: usize, endpoints: usize) {
         self.identities.clear();
         self.endpoints.clear();
         self.policies.clear();
         self.isolated.clear();
+        self.cluster_policies.clear();
+        self.tier_entries.clear();
         self.observe(now, identities, endpoints);
     }
 
@@ -266,12 +348,24 @@ impl<D: AgentDataplane> Syncer<D> {
                     return Some(what);
                 }
             }
+            if let Some(cnps) = self.guard.programmed_cluster_policies() {
+                let names = self.incremental.cluster_policy_names();
+                if let Some(what) = tier_removal(cnps, names, prog, next, threshold) {
+                    return Some(what);
+                }
+            }
         }
         if let Some(what) = self.guard.cumulative_removal(next, now, window, threshold) {
             return Some(what);
         }
-        self.guard
+        if let Some(what) = self
+            .guard
             .cumulative_enforcement_removal(snapshot, next, now, window, threshold)
+        {
+            return Some(what);
+        }
+        let cnps = self.incremental.cluster_policy_names().count();
+        self.guard.cumulative_tier_removal(cnps, next, now, window, threshold)
     }
 
     /// A sync is held (it would remove `what`): confirm it with a direct
@@ -298,7 +392,8 @@ impl<D: AgentDataplane> Syncer<D> {
         let Some(client) = self.client.clone() else {
             return Err(SyncError::NoDirectReader { what });
         };
-        let read = direct_read(&client, self.cfg.page_size).await;
+        let mode = self.cache.cluster_policy_mode();
+        let read = direct_read_with(&client, self.cfg.page_size, mode).await;
         // Until a read confirms a deletion, reads back off.
         self.next_direct_read_at = Instant::now().checked_add(self.direct_read_backoff);
         self.direct_read_backoff = (self.direct_read_backoff * 2).min(DIRECT_READ_MAX_BACKOFF);

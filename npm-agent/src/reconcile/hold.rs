@@ -27,7 +27,8 @@ fn missing<K: Resource>(last: &[Arc<K>], next: &[Arc<K>]) -> Vec<Arc<K>> {
         .collect()
 }
 
-/// `next` plus the namespaces, pods and NetworkPolicies of `last` (the
+/// `next` plus the namespaces, pods, NetworkPolicies and
+/// ClusterNetworkPolicies of `last` (the
 /// state last programmed) that `next` no longer has; each held pod carries
 /// a deletion timestamp (keeping one it had), so that any live pod of
 /// `next` claiming its address owns it.
@@ -35,6 +36,8 @@ pub fn held_state(last: &CompleteState, next: &CompleteState) -> CompleteState {
     let mut out = next.clone();
     out.namespaces.extend(missing(&last.namespaces, &next.namespaces));
     out.policies.extend(missing(&last.policies, &next.policies));
+    out.cluster_policies
+        .extend(missing(&last.cluster_policies, &next.cluster_policies));
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     for p in missing(&last.pods, &next.pods) {
         if p.metadata.deletion_timestamp.is_some() {
@@ -52,5 +55,6 @@ pub fn held_state(last: &CompleteState, next: &CompleteState) -> CompleteState {
 pub fn held_objects(last: &CompleteState, next: &CompleteState) -> usize {
     missing(&last.namespaces, &next.namespaces).len()
         + missing(&last.policies, &next.policies).len()
+        + missing(&last.cluster_policies, &next.cluster_policies).len()
         + missing(&last.pods, &next.pods).len()
 }

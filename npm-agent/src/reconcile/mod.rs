@@ -26,7 +26,9 @@
 //!
 //! Mass-deletion guard (incident 2): a resync is held when it would remove
 //! more than `mass_delete_threshold` (default 50%) of the pod identities or
-//! of the endpoints, measured two ways:
+//! of the endpoints (and of the NetworkPolicies, isolated endpoint
+//! directions, ClusterNetworkPolicies and tier entries: see [`guard`]),
+//! measured two ways:
 //! - in one step: the share of the programmed identities (endpoints) that
 //!   the new state no longer has;
 //! - cumulatively: the share by which the number of identities (endpoints)
@@ -40,8 +42,9 @@
 //! programmed, with the held old objects kept ([`hold`]), and the sync
 //! reports the hold as its error (readiness, retry).
 //!
-//! A held resync is confirmed by a direct read: the agent reads the three
-//! resources straight from the API server (a fresh paginated LIST, not the
+//! A held resync is confirmed by a direct read: the agent reads the four
+//! resources (ClusterNetworkPolicies as `--cluster-network-policies` says)
+//! straight from the API server (a fresh paginated LIST, not the
 //! cache) and programs what that read says. The reference is reset to what
 //! was then programmed: a direct read confirms the state. Otherwise the
 //! reference only forgets counts older than the window, so a legitimate

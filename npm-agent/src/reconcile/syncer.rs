@@ -3,11 +3,12 @@
 //! endpoints' interfaces, and apply the difference against what is
 //! programmed (a full sync the first time and after a failure); the
 //! [`Syncer`] keeps what was compiled and programmed last, and reports the
-//! snapshot's invalid policies (log, metrics, a Kubernetes Event per policy
-//! resourceVersion: they are enforced as far as they are understood) and
-//! IP conflicts.
+//! snapshot's invalid policies and ClusterNetworkPolicies (log, metrics, a
+//! Kubernetes Event per policy resourceVersion: NetworkPolicies are
+//! enforced as far as they are understood, ClusterNetworkPolicies fail
+//! closed where they are not) and IP conflicts.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use super::hold;
 use crate::cni::{FactsHandle, NodeFacts};
 use crate::k8s::{Cache, CompleteState, WatchError};
 use crate::node::{InterfaceResolver, Resolve};
-use crate::telemetry::events::{reports_of, EventRecorder};
+use crate::telemetry::events::{cluster_reports_of, reports_of, EventRecorder};
 use crate::telemetry::flowlog::FlowLog;
 use crate::telemetry::health::Health;
 use crate::telemetry::metrics::Metrics;
@@ -147,6 +148,8 @@ pub struct Syncer<D: AgentDataplane> {
     /// The wait after the next direct read that does not confirm a deletion.
     pub(super) direct_read_backoff: Duration,
     pub(super) known_invalid: BTreeSet<(String, String, Vec<String>)>,
+    /// The ClusterNetworkPolicies last reported as not fully understood.
+    pub(super) known_invalid_cluster: BTreeMap<String, Vec<String>>,
     /// Where the Events on policies that are not fully understood go
     /// (`None`: logs and metrics only).
     pub(super) events: Option<EventRecorder>,
@@ -251,6 +254,7 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             next_direct_read_at: None,
             direct_read_backoff: DIRECT_READ_MIN_BACKOFF,
             known_invalid: BTreeSet::new(),
+            known_invalid_cluster: BTreeMap::new(),
             events,
             known_conflicts: BTreeSet::new(),
             flowlog,
@@ -309,6 +313,18 @@ impl<D: AgentDataplane> Syncer<D> {
         }
         self.metrics.invalid_policies.set(invalid.len() as f64);
         self.known_invalid = invalid;
+        let invalid_cluster = self.incremental.invalid_cluster_policies();
+        for (name, errors) in &invalid_cluster {
+            if self.known_invalid_cluster.get(name) == Some(errors) {
+                continue;
+            }
+            self.metrics.policy_errors.increment(errors.len().max(1) as u64);
+            for e in errors {
+                tracing::error!(cluster_network_policy = %name, error = %e, "invalid ClusterNetworkPolicy: enforced failing closed where it is not understood");
+            }
+        }
+        self.metrics.invalid_cluster_policies.set(invalid_cluster.len() as f64);
+        self.known_invalid_cluster = invalid_cluster;
         for (ip, pods) in conflicts.difference(&self.known_conflicts) {
             self.metrics.ip_conflicts.increment(1);
             tracing::warn!(%ip, pods = ?pods, "IP claimed by more than one live pod; the compiler gives it to one owner");
@@ -360,10 +376,10 @@ impl<D: AgentDataplane> Syncer<D> {
             .map(|p| (p.namespace.clone(), p.name.clone(), p.errors.clone()))
             .collect();
         if let Some(events) = &self.events {
-            events.report(reports_of(
-                &self.incremental.snapshot().invalid_policies,
-                &state.policies,
-            ));
+            let mut reports = reports_of(&self.incremental.snapshot().invalid_policies, &state.policies);
+            let cluster: Vec<(String, Vec<String>)> = self.incremental.invalid_cluster_policies().into_iter().collect();
+            reports.extend(cluster_reports_of(&cluster, &self.incremental.state().cluster_policies));
+            events.report(reports);
         }
         let conflicts = self.incremental.conflicts();
         self.report_snapshot(invalid, conflicts);
@@ -499,6 +515,7 @@ impl<D: AgentDataplane> Syncer<D> {
                     diff.cidrs.apply_to(&mut prog.cidrs);
                     diff.endpoints.apply_to(&mut prog.endpoints);
                     diff.policy.apply_to(&mut prog.policy);
+                    diff.tiers.apply_to(&mut prog.tiers);
                     *prog_ifaces = interfaces;
                 }
                 if prog.ids != target.ids {
@@ -525,8 +542,11 @@ impl<D: AgentDataplane> Syncer<D> {
                 }
                 outcome.full = true;
                 outcome.applied = true;
-                outcome.changes =
-                    target.ipcache.len() + target.cidrs.len() + target.endpoints.len() + target.policy.len();
+                outcome.changes = target.ipcache.len()
+                    + target.cidrs.len()
+                    + target.endpoints.len()
+                    + target.policy.len()
+                    + target.tiers.len();
                 self.programmed = Some((target.clone(), interfaces));
                 self.attempted_ids = None;
             }
@@ -548,6 +568,7 @@ impl<D: AgentDataplane> Syncer<D> {
             ("cidrs", target.cidrs.len()),
             ("endpoints", target.endpoints.len()),
             ("policy", target.policy.len()),
+            ("tiers", target.tiers.len()),
         ] {
             self.metrics.compiled_entries(map, n);
         }
@@ -559,6 +580,8 @@ impl<D: AgentDataplane> Syncer<D> {
             self.guard.observe(now, ids, eps);
         }
         self.guard.observe_enforcement(now, self.incremental.snapshot(), target);
+        let cnps = self.incremental.cluster_policy_names().map(String::from).collect();
+        self.guard.observe_tiers(now, cnps, target);
         self.metrics.sync_duration.record(started.elapsed().as_secs_f64());
         if outcome.applied {
             self.metrics.syncs.increment(1);

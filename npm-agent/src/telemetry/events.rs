@@ -14,6 +14,12 @@
 //! `events` `create` in both API groups): the sync loop never waits on the
 //! API server for them. A create that fails is retried with backoff, then
 //! counted in `npm_errors_total{kind="event"}` and logged.
+//!
+//! ClusterNetworkPolicies that are not fully understood get the same Event
+//! ([`PolicyReport::cluster`]): they are cluster-scoped, so the Event is
+//! created in namespace [`CLUSTER_EVENT_NAMESPACE`] (where Kubernetes puts
+//! the Events of cluster-scoped objects) and its involvedObject has no
+//! namespace.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -30,6 +36,8 @@ use super::metrics::Metrics;
 
 /// The reason of the Event on a policy that is not fully understood.
 pub const REASON_PARTIALLY_INVALID: &str = "PolicyPartiallyInvalid";
+/// The namespace of the Events on cluster-scoped objects.
+pub const CLUSTER_EVENT_NAMESPACE: &str = "default";
 /// `reportingComponent` (and `source.component`) of the agent's Events.
 pub const REPORTING_COMPONENT: &str = "npm-agent";
 /// The longest Event message (the `events.k8s.io` limit of `note`).
@@ -42,7 +50,10 @@ const FIRST_RETRY: Duration = Duration::from_millis(500);
 /// One policy that is not fully understood, at one resourceVersion.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyReport {
-    /// Namespace of the policy.
+    /// A ClusterNetworkPolicy (cluster-scoped; `namespace` is empty), else
+    /// a NetworkPolicy.
+    pub cluster: bool,
+    /// Namespace of the policy (empty for a ClusterNetworkPolicy).
     pub namespace: String,
     /// Name of the policy.
     pub name: String,
@@ -101,7 +112,9 @@ impl PolicyReport {
         }
         let prefix = prefix.trim_start_matches(['.', '-']);
         let hash = fnv64(&[&self.namespace, &self.name, &self.uid, &self.resource_version]);
-        if prefix.is_empty() {
+        if prefix.is_empty() && self.cluster {
+            format!("clusternetworkpolicy.{hash:016x}")
+        } else if prefix.is_empty() {
             format!("networkpolicy.{hash:016x}")
         } else {
             format!("{prefix}.{hash:016x}")
@@ -111,17 +124,29 @@ impl PolicyReport {
     /// The Event's message: what is enforced, then each error (field path,
     /// value, what was dropped), cut to [`MAX_MESSAGE`] bytes.
     pub fn message(&self) -> String {
-        let object = format!("{}/{}: ", self.namespace, self.name);
+        let object = if self.cluster {
+            format!("{}: ", self.name)
+        } else {
+            format!("{}/{}: ", self.namespace, self.name)
+        };
         let errors: Vec<&str> = self
             .errors
             .iter()
             .map(|e| e.strip_prefix(&object).unwrap_or(e))
             .collect();
-        let mut m = format!(
-            "NetworkPolicy only partly understood; it keeps isolating the pods it selects, only what cannot be \
-             understood is dropped: {}",
-            errors.join("; ")
-        );
+        let mut m = if self.cluster {
+            format!(
+                "ClusterNetworkPolicy only partly understood; what cannot be understood fails closed (a peer it \
+                 cannot read matches nothing in an Accept rule and everything in a Deny or Pass rule): {}",
+                errors.join("; ")
+            )
+        } else {
+            format!(
+                "NetworkPolicy only partly understood; it keeps isolating the pods it selects, only what cannot be \
+                 understood is dropped: {}",
+                errors.join("; ")
+            )
+        };
         if m.len() > MAX_MESSAGE {
             let mut end = MAX_MESSAGE - 3;
             while !m.is_char_boundary(end) {
@@ -133,19 +158,40 @@ impl PolicyReport {
         m
     }
 
+    /// The namespace the Event is created in.
+    pub fn event_namespace(&self) -> &str {
+        if self.cluster {
+            CLUSTER_EVENT_NAMESPACE
+        } else {
+            &self.namespace
+        }
+    }
+
     /// The core `v1` Event on the policy, reported by the agent of `node`.
     pub fn event(&self, node: &str) -> Event {
         let now = k8s_openapi::jiff::Timestamp::now();
+        let (api_version, kind) = if self.cluster {
+            (
+                format!(
+                    "{}/{}",
+                    crate::k8s::cluster_policy::GROUP,
+                    crate::k8s::cluster_policy::VERSION
+                ),
+                crate::k8s::cluster_policy::KIND,
+            )
+        } else {
+            ("networking.k8s.io/v1".to_string(), "NetworkPolicy")
+        };
         Event {
             metadata: ObjectMeta {
                 name: Some(self.event_name()),
-                namespace: Some(self.namespace.clone()),
+                namespace: Some(self.event_namespace().to_string()),
                 ..ObjectMeta::default()
             },
             involved_object: ObjectReference {
-                api_version: Some("networking.k8s.io/v1".into()),
-                kind: Some("NetworkPolicy".into()),
-                namespace: Some(self.namespace.clone()),
+                api_version: Some(api_version),
+                kind: Some(kind.into()),
+                namespace: (!self.cluster).then(|| self.namespace.clone()),
                 name: Some(self.name.clone()),
                 uid: Some(self.uid.clone()).filter(|u| !u.is_empty()),
                 resource_version: Some(self.resource_version.clone()).filter(|r| !r.is_empty()),
@@ -200,11 +246,38 @@ pub fn reports_of(invalid: &[InvalidPolicy], policies: &[Arc<NetworkPolicy>]) ->
                 .cloned()
                 .unwrap_or_default();
             PolicyReport {
+                cluster: false,
                 namespace: p.namespace.clone(),
                 name: p.name.clone(),
                 uid: uid.unwrap_or_default(),
                 resource_version: rv.unwrap_or_default(),
                 errors: p.errors.clone(),
+            }
+        })
+        .collect()
+}
+
+/// The reports of the ClusterNetworkPolicies of `invalid` (name, errors),
+/// each with the uid and resourceVersion of its API object in `policies`
+/// (sorted by name, as the cache hands them out).
+pub fn cluster_reports_of(
+    invalid: &[(String, Vec<String>)],
+    policies: &[Arc<crate::k8s::ClusterNetworkPolicy>],
+) -> Vec<PolicyReport> {
+    invalid
+        .iter()
+        .map(|(name, errors)| {
+            let meta = policies
+                .binary_search_by(|p| p.name().cmp(name))
+                .ok()
+                .map(|i| &policies[i].metadata);
+            PolicyReport {
+                cluster: true,
+                namespace: String::new(),
+                name: name.clone(),
+                uid: meta.and_then(|m| m.uid.clone()).unwrap_or_default(),
+                resource_version: meta.and_then(|m| m.resource_version.clone()).unwrap_or_default(),
+                errors: errors.clone(),
             }
         })
         .collect()
@@ -252,7 +325,7 @@ impl EventRecorder {
 /// Creates one Event: `Ok` also when it exists already (another agent or an
 /// earlier run created it).
 async fn create(client: &kube::Client, report: &PolicyReport, node: &str) -> Result<(), kube::Error> {
-    let api: Api<Event> = Api::namespaced(client.clone(), &report.namespace);
+    let api: Api<Event> = Api::namespaced(client.clone(), report.event_namespace());
     match api.create(&PostParams::default(), &report.event(node)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => Ok(()),
@@ -262,17 +335,21 @@ async fn create(client: &kube::Client, report: &PolicyReport, node: &str) -> Res
 
 async fn run(mut rx: mpsc::UnboundedReceiver<PolicyReport>, client: kube::Client, node: String, metrics: Metrics) {
     while let Some(report) = rx.recv().await {
-        let policy = format!("{}/{}", report.namespace, report.name);
+        let policy = if report.cluster {
+            format!("clusternetworkpolicy {}", report.name)
+        } else {
+            format!("{}/{}", report.namespace, report.name)
+        };
         let mut wait = FIRST_RETRY;
         for attempt in 1..=ATTEMPTS {
             match create(&client, &report, &node).await {
                 Ok(()) => {
-                    tracing::info!(%policy, event = %report.event_name(), reason = REASON_PARTIALLY_INVALID, "Event recorded on the NetworkPolicy");
+                    tracing::info!(%policy, event = %report.event_name(), reason = REASON_PARTIALLY_INVALID, "Event recorded on the policy");
                     break;
                 }
                 Err(e) if attempt == ATTEMPTS => {
                     metrics.error("event");
-                    tracing::error!(%policy, error = %e, "Event on the NetworkPolicy not created");
+                    tracing::error!(%policy, error = %e, "Event on the policy not created");
                 }
                 Err(e) => {
                     tracing::debug!(%policy, error = %e, attempt, "creating the Event failed; retrying");
@@ -290,6 +367,7 @@ mod tests {
 
     fn report(name: &str, rv: &str) -> PolicyReport {
         PolicyReport {
+            cluster: false,
             namespace: "ns".into(),
             name: name.into(),
             uid: "u1".into(),
@@ -324,6 +402,29 @@ mod tests {
         let mut long = report("p", "1");
         long.errors = vec!["é".repeat(2000)];
         assert!(long.message().len() <= MAX_MESSAGE);
+    }
+
+    #[test]
+    fn a_cluster_policy_event_is_in_default_without_namespace() {
+        let mut r = report("deny-metadata", "4");
+        r.cluster = true;
+        r.namespace = String::new();
+        r.errors = vec!["deny-metadata: spec.egress[0].to[0]: no peer field set (fails closed)".into()];
+        let e = r.event("node-a");
+        assert_eq!(e.metadata.namespace.as_deref(), Some(CLUSTER_EVENT_NAMESPACE));
+        assert_eq!(e.involved_object.kind.as_deref(), Some("ClusterNetworkPolicy"));
+        assert_eq!(
+            e.involved_object.api_version.as_deref(),
+            Some("policy.networking.k8s.io/v1alpha2")
+        );
+        assert_eq!(e.involved_object.namespace, None);
+        let m = e.message.unwrap();
+        assert!(m.starts_with("ClusterNetworkPolicy only partly understood"), "{m}");
+        assert!(
+            m.contains("spec.egress[0].to[0]") && !m.contains("deny-metadata: "),
+            "{m}"
+        );
+        assert!(r.event_name().starts_with("deny-metadata."));
     }
 
     #[tokio::test]

@@ -4,10 +4,14 @@
 //! pod the event is about (namespace/name), the peer (another pod by
 //! namespace/name, this node, or the world with the longest matching CIDR
 //! of the policies), the direction and reason, the 5-tuple, and the
-//! policies that isolate the pod in that direction (namespace/name). The
-//! names come from the state the agent last programmed ([`Names`]: the
-//! compiled endpoints and ipcache, the snapshot's pods and policies), so
-//! the log says what the agent believed when it read the event.
+//! policies that isolate the pod in that direction (namespace/name). A
+//! deny of a ClusterNetworkPolicy tier (`admin-deny`, `baseline-deny`)
+//! names the tier and, when the programmed state still decides the packet
+//! that way (`npm_policy::lookup` on it gives the same reason), the CNP and
+//! the index of its rule. The names come from the state the agent last
+//! programmed ([`Names`]: the compiled endpoints, ipcache and tier entries,
+//! the snapshot's pods and policies), so the log says what the agent
+//! believed when it read the event.
 //!
 //! At most `per_sec` deny events are logged per one-second window
 //! (`--flow-logs-per-sec`); the rest are counted, and the count is logged
@@ -19,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use npm_common::{DenyEvent, Reason};
 use npm_policy::compile::policy_selects;
-use npm_policy::compiled::Compiled;
+use npm_policy::compiled::{Compiled, Direction, RuleRef};
 use npm_policy::model::Snapshot;
 use serde::Serialize;
 
@@ -124,6 +128,24 @@ pub enum Peer {
     },
 }
 
+/// The ClusterNetworkPolicy rule that denied a packet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClusterRuleName {
+    /// The ClusterNetworkPolicy (cluster-scoped: a name only).
+    pub name: String,
+    /// Index of the rule in its `ingress` or `egress` list.
+    pub rule: usize,
+}
+
+/// The tier (`Admin`, `Baseline`) of a tier deny reason.
+pub fn tier_of(reason: Option<Reason>) -> Option<&'static str> {
+    match reason {
+        Some(Reason::AdminDeny | Reason::AdminAccept) => Some("Admin"),
+        Some(Reason::BaselineDeny | Reason::BaselineAccept) => Some("Baseline"),
+        _ => None,
+    }
+}
+
 /// One deny flow log line (serialized as JSON).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FlowRecord {
@@ -143,6 +165,14 @@ pub struct FlowRecord {
     /// The policies that isolate the pod in this direction,
     /// `namespace/name`, sorted.
     pub policies: Vec<String>,
+    /// The ClusterNetworkPolicy tier that denied it (`Admin`,
+    /// `Baseline`); absent for other reasons.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<&'static str>,
+    /// The ClusterNetworkPolicy rule that denied it, when the programmed
+    /// state still decides the packet so (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_policy: Option<ClusterRuleName>,
     /// Protocol name (or number).
     pub protocol: String,
     /// Source address and port.
@@ -204,6 +234,23 @@ impl<'a> Names<'a> {
         Peer::World { cidr }
     }
 
+    /// The CNP rule that decides `e` on the programmed state, when that
+    /// decision has the event's own reason.
+    fn cluster_rule(&self, e: &DenyEvent, direction: Direction, peer: IpAddr) -> Option<ClusterRuleName> {
+        let compiled = self.compiled?;
+        let r = npm_policy::lookup::lookup(compiled, e.endpoint, direction, peer, e.protocol, e.dport);
+        if r.reason as u8 != e.reason {
+            return None;
+        }
+        match compiled.ids.rules.get(&r.rule?)? {
+            RuleRef::Cluster { name, index, .. } => Some(ClusterRuleName {
+                name: name.clone(),
+                rule: *index,
+            }),
+            _ => None,
+        }
+    }
+
     /// The named record of one event.
     pub fn record(&self, e: &DenyEvent) -> FlowRecord {
         let (src, dst) = (addr(e.family, e.src), addr(e.family, e.dst));
@@ -237,15 +284,21 @@ impl<'a> Names<'a> {
             None => Vec::new(),
         };
         policies.sort();
+        let reason = Reason::from_u8(e.reason);
+        let tier = tier_of(reason);
+        let dir = if ingress { Direction::Ingress } else { Direction::Egress };
+        let cluster_policy = tier.and_then(|_| self.cluster_rule(e, dir, peer_ip));
         let hostport = |ip: IpAddr, port: u16| std::net::SocketAddr::new(ip, port).to_string();
         FlowRecord {
             verdict: "deny",
-            reason: Reason::from_u8(e.reason).map(Reason::name).unwrap_or("unknown"),
+            reason: reason.map(Reason::name).unwrap_or("unknown"),
             direction: direction(e),
             pod,
             peer: self.peer(peer_ip),
             peer_ip,
             policies,
+            tier,
+            cluster_policy,
             protocol: protocol(e.protocol),
             src: hostport(src, e.sport),
             dst: hostport(dst, e.dport),

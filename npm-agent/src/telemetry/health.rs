@@ -7,11 +7,12 @@
 //!
 //! | check | fails while | written by |
 //! |---|---|---|
-//! | `lists` | the pod, namespace or policy list has not completed (the server reads the cache) | - |
+//! | `lists` | the pod, namespace, NetworkPolicy or ClusterNetworkPolicy list has not completed (the server reads the cache) | - |
 //! | `first-sync` | no full sync has been applied yet | [`Health::first_sync_applied`] |
 //! | `held-removal` | a mass removal has been held (waiting for a confirming direct read) longer than [`HealthConfig::max_held_removal`] | [`Health::removal_held`], cleared by [`Health::sync_succeeded`] |
 //! | `apply-failures` | the last [`HealthConfig::max_apply_failures`] (or more) applies failed in a row | [`Health::apply_failed`], cleared by [`Health::sync_succeeded`] |
 //! | `map-capacity` | the last apply failed because a kernel map is full ([`npm_dataplane::DataplaneError::is_map_full`]) | [`Health::apply_failed`] |
+//! | `cluster-network-policies` | the ClusterNetworkPolicy list fails for a reason that is not "not served" in `auto` (RBAC `403`; a `404` with `--cluster-network-policies=on`) | the CNP watcher (`k8s::watcher`), through [`Health::set_problem`] |
 //! | any other name | a problem another part of the agent reports | [`Health::set_problem`] |
 //!
 //! **Reporting a problem from elsewhere** (e.g. "node addresses unreadable"):
@@ -44,7 +45,7 @@ use npm_dataplane::DataplaneError;
 
 use super::metrics::Metrics;
 
-/// Name of the check of the three lists (computed by the HTTP server from
+/// Name of the check of the four lists (computed by the HTTP server from
 /// the cache).
 pub const CHECK_LISTS: &str = "lists";
 /// Name of the first-sync check.

@@ -88,7 +88,8 @@ pub const SERIES: &[Series] = &[
     series("npm_programming_latency_seconds", H, S, &[], "Seconds from the first API change of a batch being received to the kernel state being updated."),
     series("npm_syncs_total", C, N, &[], "Syncs whose changes were applied to the dataplane."),
     series("npm_invalid_policies", G, N, &[], "NetworkPolicies currently enforced only in part because they are not fully understood."),
-    series("npm_policy_errors_total", C, N, &[], "Validation errors seen, one per new invalid policy version."),
+    series("npm_invalid_cluster_network_policies", G, N, &[], "ClusterNetworkPolicies currently enforced only in part (failing closed) because they are not fully understood."),
+    series("npm_policy_errors_total", C, N, &[], "Validation errors seen, one per new invalid policy version (NetworkPolicies and ClusterNetworkPolicies)."),
     series("npm_ip_conflicts_total", C, N, &[], "IP conflicts detected: two live pods claiming one IP."),
     series("npm_destructive_actions_deferred_total", C, N, &[], "Mass removals held until a direct read of the API server confirms them."),
     series("npm_deny_events_total", C, N, &[], "Deny events read from the datapath's ring buffer."),
@@ -106,11 +107,32 @@ pub const SERIES: &[Series] = &[
     series("npm_controller_pod_event_total", C, N, &["operation"], "Pod changes seen by the controller, by operation."),
     series("npm_watch_events_total", C, N, &["resource", "event"], "Watch events received, by resource and event type."),
     series("npm_errors_total", C, N, &["kind"], "Errors, by kind (watch, dataplane, direct-read, interface, counters...)."),
-    series("npm_compiled_entries", G, N, &["table"], "Entries of the compiled state last synced, by table (ipcache, cidrs, endpoints, policy)."),
+    series("npm_compiled_entries", G, N, &["table"], "Entries of the compiled state last synced, by table (ipcache, cidrs, endpoints, policy, tiers)."),
     series("npm_map_entries", G, N, &["map"], "Entries in each pinned kernel map (eBPF dataplane), by map name."),
     series("npm_map_capacity", G, N, &["map"], "Maximum entries of each pinned kernel map (eBPF dataplane), by map name."),
     series("npm_packets_total", C, N, &["direction", "reason", "verdict"], "Packets classified by the datapath, by direction, reason and verdict."),
     series("npm_bytes_total", C, B, &["direction", "reason", "verdict"], "Bytes of the packets classified by the datapath, by direction, reason and verdict."),
+    series("npm_tier_packets_total", C, N, &["direction", "tier", "action"], "New connections decided by a ClusterNetworkPolicy tier (admin, baseline), by direction and action (accept, deny); the datapath counters of the reasons admin-accept, admin-deny, baseline-accept and baseline-deny."),
+    series("npm_tier_bytes_total", C, B, &["direction", "tier", "action"], "Bytes of the packets decided by a ClusterNetworkPolicy tier, by direction, tier and action (the same counters as npm_tier_packets_total)."),
+];
+
+/// The (tier, action) labels of a tier reason, `None` for the others.
+pub const fn tier_of(reason: Reason) -> Option<(&'static str, &'static str)> {
+    match reason {
+        Reason::AdminAccept => Some(("admin", "accept")),
+        Reason::AdminDeny => Some(("admin", "deny")),
+        Reason::BaselineAccept => Some(("baseline", "accept")),
+        Reason::BaselineDeny => Some(("baseline", "deny")),
+        _ => None,
+    }
+}
+
+/// The four tier reasons.
+const TIER_REASONS: [Reason; 4] = [
+    Reason::AdminAccept,
+    Reason::AdminDeny,
+    Reason::BaselineAccept,
+    Reason::BaselineDeny,
 ];
 
 /// Operations counted by `npm_controller_pod_event_total{operation}`.
@@ -151,6 +173,8 @@ pub struct Metrics {
     pub syncs: Counter,
     /// `npm_invalid_policies`: policies currently skipped as invalid.
     pub invalid_policies: Gauge,
+    /// `npm_invalid_cluster_network_policies`: ClusterNetworkPolicies currently enforced only in part.
+    pub invalid_cluster_policies: Gauge,
     /// `npm_policy_errors_total`: validation errors seen (each new invalid policy version).
     pub policy_errors: Counter,
     /// `npm_ip_conflicts_total`: IP conflicts (two live pods claiming one IP) detected.
@@ -215,6 +239,7 @@ impl Metrics {
             programming_latency: metrics::histogram!("npm_programming_latency_seconds"),
             syncs: metrics::counter!("npm_syncs_total"),
             invalid_policies: metrics::gauge!("npm_invalid_policies"),
+            invalid_cluster_policies: metrics::gauge!("npm_invalid_cluster_network_policies"),
             policy_errors: metrics::counter!("npm_policy_errors_total"),
             ip_conflicts: metrics::counter!("npm_ip_conflicts_total"),
             destructive_deferred: metrics::counter!("npm_destructive_actions_deferred_total"),
@@ -238,6 +263,18 @@ impl Metrics {
         ] {
             m.pod_event(op, 0);
         }
+        // The tier series exist from the start (0 until a CNP decides).
+        m.with(|| {
+            for dir in ["ingress", "egress"] {
+                for r in TIER_REASONS {
+                    let (tier, action) = tier_of(r).expect("a tier reason");
+                    metrics::counter!("npm_tier_packets_total", "direction" => dir, "tier" => tier, "action" => action)
+                        .absolute(0);
+                    metrics::counter!("npm_tier_bytes_total", "direction" => dir, "tier" => tier, "action" => action)
+                        .absolute(0);
+                }
+            }
+        });
         m.with(|| {
             let mut labels = vec![metrics::Label::new("version", env!("CARGO_PKG_VERSION"))];
             labels.extend(option_env!("NPM_GIT_COMMIT").map(|c| metrics::Label::new("git_commit", c)));
@@ -315,12 +352,22 @@ impl Metrics {
     }
 
     /// Publish the dataplane's packet counters as
-    /// `npm_packets_total{direction,reason,verdict}` and `npm_bytes_total{...}`.
+    /// `npm_packets_total{direction,reason,verdict}` and `npm_bytes_total{...}`,
+    /// and those of the tier reasons also as
+    /// `npm_tier_packets_total{direction,tier,action}` and
+    /// `npm_tier_bytes_total{...}`.
     pub fn dataplane_counters(&self, counters: &Counters) {
         self.with(|| {
             for (&(dir, reason), &(packets, bytes)) in &counters.by_reason {
                 let direction = if dir == npm_common::DIR_INGRESS { "ingress" } else { "egress" };
-                let (reason, verdict) = match Reason::from_u8(reason) {
+                let known = Reason::from_u8(reason);
+                if let Some((tier, action)) = known.and_then(tier_of) {
+                    metrics::counter!("npm_tier_packets_total", "direction" => direction, "tier" => tier, "action" => action)
+                        .absolute(packets);
+                    metrics::counter!("npm_tier_bytes_total", "direction" => direction, "tier" => tier, "action" => action)
+                        .absolute(bytes);
+                }
+                let (reason, verdict) = match known {
                     Some(r) => (r.name(), r.verdict()),
                     None => ("unknown", "unknown"),
                 };
@@ -355,8 +402,39 @@ mod tests {
         let mut c = Counters::default();
         c.by_reason
             .insert((npm_common::DIR_EGRESS, Reason::PolicyDenied as u8), (7, 700));
+        c.by_reason
+            .insert((npm_common::DIR_INGRESS, Reason::AdminDeny as u8), (3, 180));
         m.dataplane_counters(&c);
         let text = m.render();
+        assert_eq!(
+            sample(
+                &text,
+                "npm_tier_packets_total{direction=\"ingress\",tier=\"admin\",action=\"deny\"}"
+            ),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "npm_tier_bytes_total{direction=\"ingress\",tier=\"admin\",action=\"deny\"}"
+            ),
+            Some(180.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "npm_packets_total{direction=\"ingress\",reason=\"admin-deny\",verdict=\"denied\"}"
+            ),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "npm_tier_packets_total{direction=\"egress\",tier=\"baseline\",action=\"accept\"}"
+            ),
+            Some(0.0),
+            "the tier series exist before any CNP decides"
+        );
         assert_eq!(
             sample(
                 &text,

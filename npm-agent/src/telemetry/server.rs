@@ -1,5 +1,5 @@
 //! The agent's HTTP endpoints: `/metrics` (Prometheus text), `/healthz`
-//! (the sync loop makes progress) and `/readyz` (all three lists completed,
+//! (the sync loop makes progress) and `/readyz` (all four lists completed,
 //! the first sync applied and no other readiness check fails; see
 //! [`health`](super::health)). `?verbose` lists the checks one per line,
 //! as the kube-apiserver does; a ready agent's plain `/readyz` answers
@@ -104,7 +104,7 @@ async fn healthz(State(s): State<ServerState>, uri: Uri) -> (StatusCode, String)
     })
 }
 
-/// The `lists` check: which of the three lists has not completed.
+/// The `lists` check: which of the four lists has not completed.
 fn lists_check(cache: &Cache) -> Check {
     let missing: Vec<&str> = [
         ("pods", cache.pods.lock().unwrap_or_else(|p| p.into_inner()).is_listed()),
@@ -115,6 +115,14 @@ fn lists_check(cache: &Cache) -> Check {
         (
             "networkpolicies",
             cache.policies.lock().unwrap_or_else(|p| p.into_inner()).is_listed(),
+        ),
+        (
+            crate::k8s::cluster_policy::PLURAL,
+            cache
+                .cluster_policies
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_listed(),
         ),
     ]
     .into_iter()

@@ -16,17 +16,19 @@ use npm_policy::convert::namespace_from_api;
 use npm_policy::incremental::Compiler;
 use npm_policy::model::Snapshot;
 
+use super::cluster::{self, Unparsed};
 use super::objects::{diff_objects, key_ref, sorted};
 use super::overlay::{convert_pod, Stripped};
 use super::{compile, snapshot, snapshot_with_overlay, Changes, Mismatch};
 use crate::cni::NodeFacts;
-use crate::k8s::{key_of, CompleteState, ObjKey};
+use crate::k8s::{key_of, ClusterNetworkPolicy, CompleteState, ObjKey};
 
 /// One object change, converted, in the order it is applied.
 enum Op {
     Namespace(String, Option<npm_policy::model::Namespace>),
     Pod(ObjKey, Option<npm_policy::model::Pod>),
     Policy(ObjKey, Option<Arc<NetworkPolicy>>),
+    ClusterPolicy(String, Option<Arc<ClusterNetworkPolicy>>),
 }
 
 /// The compile state the sync loop keeps between syncs: a long-lived
@@ -55,8 +57,11 @@ pub struct Incremental {
     namespaces: Vec<Arc<Namespace>>,
     pods: Vec<Arc<Pod>>,
     policies: Vec<Arc<NetworkPolicy>>,
+    cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
     facts: Arc<NodeFacts>,
     stripped: Stripped,
+    /// The ClusterNetworkPolicies of the state that cannot be decoded.
+    unparsed: Unparsed,
 }
 
 fn ewma(old: Duration, new: Duration) -> Duration {
@@ -77,7 +82,7 @@ impl Incremental {
         opts: &CompileOptions,
         prev: Option<&Compiled>,
     ) -> Incremental {
-        let (snapshot, stripped) = snapshot_with_overlay(state, facts);
+        let (snapshot, stripped, unparsed) = snapshot_with_overlay(state, facts);
         let t = Instant::now();
         let compiler = Compiler::new(snapshot, opts.clone(), prev);
         Incremental {
@@ -89,9 +94,23 @@ impl Incremental {
             namespaces: sorted(&state.namespaces),
             pods: sorted(&state.pods),
             policies: sorted(&state.policies),
+            cluster_policies: sorted(&state.cluster_policies),
             facts: facts.clone(),
             stripped,
+            unparsed,
         }
+    }
+
+    /// The names of the ClusterNetworkPolicies of the state last compiled
+    /// (decoded or not), in order.
+    pub fn cluster_policy_names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.cluster_policies.iter().map(|p| p.name())
+    }
+
+    /// The ClusterNetworkPolicies of the state last compiled that are not
+    /// fully understood (or cannot be decoded), by name, with their errors.
+    pub fn invalid_cluster_policies(&self) -> std::collections::BTreeMap<String, Vec<String>> {
+        cluster::invalid_cluster_policies(self.compiler.snapshot(), &self.unparsed)
     }
 
     /// The API objects of the state last compiled (sorted; shared, not
@@ -101,6 +120,7 @@ impl Incremental {
             namespaces: self.namespaces.clone(),
             pods: self.pods.clone(),
             policies: self.policies.clone(),
+            cluster_policies: self.cluster_policies.clone(),
         }
     }
 
@@ -150,10 +170,12 @@ impl Incremental {
         pod_up.extend(touched);
         self.facts = facts.clone();
         let (np_up, np_gone) = diff_objects(&mut self.policies, &state.policies);
+        let (cnp_up, cnp_gone) = diff_objects(&mut self.cluster_policies, &state.cluster_policies);
         let changes = Changes {
             namespaces: ns_up.len() + ns_gone.len(),
             pods: pod_up.len() + pod_gone.len(),
             policies: np_up.len() + np_gone.len(),
+            cluster_policies: cnp_up.len() + cnp_gone.len(),
         };
         let mut ops = Vec::with_capacity(changes.total());
         for ns in &ns_up {
@@ -187,6 +209,12 @@ impl Incremental {
         }
         ops.extend(np_gone.into_iter().map(|k| Op::Policy(k, None)));
         ops.extend(np_up.into_iter().map(|np| Op::Policy(key_of(np.as_ref()), Some(np))));
+        ops.extend(cnp_gone.into_iter().map(|(_, name)| Op::ClusterPolicy(name, None)));
+        ops.extend(
+            cnp_up
+                .into_iter()
+                .map(|p| Op::ClusterPolicy(p.name().to_string(), Some(p))),
+        );
         if ops.is_empty() {
             return changes;
         }
@@ -208,6 +236,8 @@ impl Incremental {
                         let _ = c.apply_policy(&np);
                     }
                     Op::Policy((ns, name), None) => c.remove_policy(&ns, &name),
+                    Op::ClusterPolicy(_, Some(p)) => cluster::apply(c, &mut self.unparsed, &p),
+                    Op::ClusterPolicy(name, None) => cluster::remove_compiled(c, &mut self.unparsed, &name),
                 }
             }
             self.per_change = ewma(self.per_change, t.elapsed() / changes.total().max(1) as u32);
@@ -230,6 +260,8 @@ impl Incremental {
                         let _ = snapshot.upsert_policy(&np);
                     }
                     Op::Policy((ns, name), None) => snapshot.remove_policy(&ns, &name),
+                    Op::ClusterPolicy(_, Some(p)) => cluster::upsert(&mut snapshot, &mut self.unparsed, &p),
+                    Op::ClusterPolicy(name, None) => cluster::remove(&mut snapshot, &mut self.unparsed, &name),
                 }
             }
             self.compiler = Compiler::new(snapshot, self.opts.clone(), Some(&prev));
@@ -311,5 +343,6 @@ impl Incremental {
         self.namespaces = sorted(&state.namespaces);
         self.pods = sorted(&state.pods);
         self.policies = sorted(&state.policies);
+        self.cluster_policies = sorted(&state.cluster_policies);
     }
 }

@@ -5,7 +5,8 @@
 //! Objects are converted one by one so that a pod or namespace the converter
 //! rejects (a malformed IP, say) is logged and skipped instead of stopping
 //! enforcement of everything else; invalid policies are kept by the
-//! converter in `Snapshot::invalid_policies`.
+//! converter in `Snapshot::invalid_policies` (ClusterNetworkPolicies in
+//! `Snapshot::invalid_cluster_policies`, see [`cluster`]).
 //!
 //! [`Incremental`] stays level-triggered: each update compares the complete
 //! state it is given with the complete state of the previous update (object
@@ -14,11 +15,14 @@
 //! [`npm_policy::incremental::Compiler`]. Event order never matters: two
 //! complete states are diffed, whatever happened between them.
 //!
+//! - [`cluster`]: ClusterNetworkPolicies into the snapshot (decoded and
+//!   converted one by one, the undecodable ones reported);
 //! - [`objects`]: the ordered walk that diffs two complete states;
 //! - [`overlay`]: this node's CNI facts on the converted pods (and which
 //!   pods a change of the facts touches);
 //! - [`incremental`]: the [`Incremental`] compile state itself.
 
+pub mod cluster;
 pub mod incremental;
 pub mod objects;
 pub mod overlay;
@@ -31,6 +35,7 @@ use npm_policy::model::Snapshot;
 
 use crate::cni::NodeFacts;
 use crate::k8s::CompleteState;
+use cluster::Unparsed;
 use overlay::Stripped;
 
 /// Build the snapshot of a complete state with this node's CNI `facts`
@@ -40,10 +45,12 @@ pub fn snapshot(state: &CompleteState, facts: &NodeFacts) -> Snapshot {
     snapshot_with_overlay(state, facts).0
 }
 
-/// [`snapshot`], and the pods the overlay took addresses from.
-fn snapshot_with_overlay(state: &CompleteState, facts: &NodeFacts) -> (Snapshot, Stripped) {
+/// [`snapshot`], the pods the overlay took addresses from and the
+/// ClusterNetworkPolicies that could not be decoded.
+fn snapshot_with_overlay(state: &CompleteState, facts: &NodeFacts) -> (Snapshot, Stripped, Unparsed) {
     let mut s = Snapshot::default();
     let mut stripped = Stripped::default();
+    let mut unparsed = Unparsed::new();
     for ns in &state.namespaces {
         match namespace_from_api(ns) {
             Ok(n) => s.upsert_namespace(n),
@@ -66,7 +73,10 @@ fn snapshot_with_overlay(state: &CompleteState, facts: &NodeFacts) -> (Snapshot,
         // loop logs and counts them.
         let _ = s.upsert_policy(np);
     }
-    (s, stripped)
+    for cnp in &state.cluster_policies {
+        cluster::upsert(&mut s, &mut unparsed, cnp);
+    }
+    (s, stripped, unparsed)
 }
 
 /// Compile a snapshot, reusing the previous compile's ids.
@@ -83,12 +93,14 @@ pub struct Changes {
     pub pods: usize,
     /// NetworkPolicies added, changed or removed.
     pub policies: usize,
+    /// ClusterNetworkPolicies added, changed or removed.
+    pub cluster_policies: usize,
 }
 
 impl Changes {
     /// Total number of objects fed to the compiler.
     pub fn total(&self) -> usize {
-        self.namespaces + self.pods + self.policies
+        self.namespaces + self.pods + self.policies + self.cluster_policies
     }
 }
 

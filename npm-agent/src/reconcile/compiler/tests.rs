@@ -103,6 +103,7 @@ fn incremental_updates_match_full_compile() {
             })
             .collect(),
         policies: vec![policy("a", "np1", 100, "web", "y")],
+        cluster_policies: Vec::new(),
     };
     let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
     let mut rv = 1000;
@@ -168,6 +169,7 @@ fn incremental_updates_match_full_compile() {
         namespaces: state.namespaces.iter().map(|o| Arc::new((**o).clone())).collect(),
         pods: state.pods.iter().map(|o| Arc::new((**o).clone())).collect(),
         policies: state.policies.iter().map(|o| Arc::new((**o).clone())).collect(),
+        cluster_policies: Vec::new(),
     };
     assert_eq!(inc.update(&relisted, &no_facts()), Changes::default());
 }
@@ -180,6 +182,7 @@ fn cross_check_repairs_a_missed_change() {
         namespaces: vec![ns("a", 1, "x")],
         pods: vec![pod("a", "p", 2, "10.2.0.1", "web", "node-a")],
         policies: Vec::new(),
+        cluster_policies: Vec::new(),
     };
     let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
     state.pods[0] = pod("a", "p", 3, "10.2.0.9", "web", "node-a");
@@ -231,6 +234,7 @@ fn facts_changes_are_compiled_incrementally() {
             pod("a", "old", 2, "10.3.0.7", "db", "node-a"),
         ],
         policies: vec![policy("a", "np1", 3, "web", "x")],
+        cluster_policies: Vec::new(),
     };
     let ip: IpAddr = "10.3.0.7".parse().unwrap();
     let mut facts = NodeFacts::default();
@@ -283,4 +287,87 @@ fn facts_changes_are_compiled_incrementally() {
     let inc = Incremental::new(&tombstoned, &Arc::new(facts), &opts(), None);
     assert!(inc.compiled().endpoints.values().all(|e| e.pod.name != "new"));
     assert!(!inc.compiled().ipcache.contains_key(&"10.3.0.8".parse().unwrap()));
+}
+
+fn cnp(name: &str, rv: u64, spec: serde_json::Value) -> Arc<crate::k8s::ClusterNetworkPolicy> {
+    Arc::new(crate::k8s::ClusterNetworkPolicy {
+        metadata: meta(None, name, rv, &[]),
+        spec,
+    })
+}
+
+/// An Admin CNP: pods app=`app` deny ingress from namespaces team=`team`.
+fn admin_deny(name: &str, rv: u64, action: &str, app: &str, team: &str) -> Arc<crate::k8s::ClusterNetworkPolicy> {
+    cnp(
+        name,
+        rv,
+        serde_json::json!({
+            "tier": "Admin", "priority": 10,
+            "subject": {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": app}}}},
+            "ingress": [{"action": action, "from": [{"namespaces": {"matchLabels": {"team": team}}}]}]
+        }),
+    )
+}
+
+/// ClusterNetworkPolicies go through the same incremental compile: every
+/// step (CNP added, changed, a pod it selects added, an undecodable CNP,
+/// removals) equals a full compile, both ways; an undecodable object is
+/// reported and enforced by nothing, the others are.
+#[test]
+fn cluster_policy_steps_match_full_compile() {
+    let mut state = CompleteState {
+        namespaces: vec![ns("a", 1, "x"), ns("b", 2, "y")],
+        pods: vec![
+            pod("a", "w", 3, "10.4.0.1", "web", "node-a"),
+            pod("b", "d", 4, "10.4.0.2", "db", "node-a"),
+        ],
+        ..Default::default()
+    };
+    let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
+    assert!(inc.compiled().tiers.is_empty());
+    let steps: Vec<Box<Step>> = vec![
+        Box::new(|s, rv| s.cluster_policies.push(admin_deny("deny-y", rv, "Deny", "web", "y"))),
+        Box::new(|s, rv| s.pods.push(pod("a", "w2", rv, "10.4.0.3", "web", "node-a"))),
+        Box::new(|s, rv| s.cluster_policies[0] = admin_deny("deny-y", rv, "Pass", "web", "y")),
+        Box::new(|s, rv| {
+            s.cluster_policies.push(cnp(
+                "garbled",
+                rv,
+                serde_json::json!({"tier": "Admin", "priority": "high"}),
+            ))
+        }),
+        Box::new(|s, _| {
+            s.cluster_policies.remove(0);
+        }),
+        Box::new(|s, _| s.cluster_policies.clear()),
+    ];
+    for (i, step) in steps.iter().enumerate() {
+        step(&mut state, 100 + i as u64);
+        let force_rebuild = i % 2 == 1;
+        (inc.per_change, inc.rebuild_cost) = if force_rebuild {
+            (Duration::from_secs(3600), Duration::ZERO)
+        } else {
+            (Duration::ZERO, Duration::from_secs(3600))
+        };
+        let changes = inc.update(&state, &no_facts());
+        assert!(changes.total() >= 1, "step {i}");
+        assert_eq!(inc.is_incremental(), !force_rebuild, "step {i}");
+        let reference = compile(&snapshot(&state, &NodeFacts::default()), &opts(), Some(inc.compiled()));
+        let diff = inc.compiled().diff(&reference);
+        assert!(diff.is_empty(), "step {i}: incremental == full: {diff:?}");
+        let tiers = inc.compiled().tiers.len();
+        if i <= 2 {
+            assert!(tiers > 0, "step {i}: deny-y has tier entries");
+        }
+        let invalid = inc.invalid_cluster_policies();
+        assert_eq!(
+            invalid.contains_key("garbled"),
+            (3..5).contains(&i),
+            "step {i}: {invalid:?}"
+        );
+        assert_eq!(inc.cluster_policy_names().count(), state.cluster_policies.len());
+        assert_eq!(inc.cross_check(&state), None, "step {i}");
+    }
+    assert!(inc.compiled().tiers.is_empty(), "all CNPs removed");
+    assert!(inc.snapshot().cluster_policies.is_empty());
 }

@@ -98,3 +98,96 @@ fn high_water_survives_a_quiet_period_longer_than_the_window() {
     // The 100 is forgotten a window after it stopped being programmed.
     assert_eq!(g.high_water(at(1261), window), (60, 0));
 }
+
+/// A compile with `n` tier entries (one endpoint, distinct peers).
+fn with_tier_entries(n: u32) -> npm_policy::compiled::Compiled {
+    use npm_policy::compiled::{Compiled, Direction, Tier, TierAction, TierEntry, TierValue};
+    let mut c = Compiled::default();
+    for i in 0..n {
+        c.tiers.insert(
+            TierEntry {
+                endpoint: 1,
+                direction: Direction::Ingress,
+                tier: Tier::Admin,
+                peer: IDENTITY_FIRST_POD + i,
+                protocol: None,
+                ports: (0, u16::MAX),
+            },
+            TierValue {
+                action: TierAction::Deny,
+                rank: i,
+                rule: i,
+            },
+        );
+    }
+    c
+}
+
+/// Losing most ClusterNetworkPolicies (by name) or most tier entries (by
+/// count: a reshaped CNP is no loss) is a mass removal, in one step and
+/// cumulatively.
+#[test]
+fn losing_most_cluster_policies_or_tier_entries_is_held() {
+    use crate::reconcile::guard::tier_removal;
+    let names: Vec<String> = (0..4).map(|i| format!("cnp{i}")).collect();
+    let (full, few) = (with_tier_entries(10), with_tier_entries(4));
+    let all = || names.iter().map(String::as_str);
+    assert_eq!(tier_removal(&names, all(), &full, &full, 0.5), None);
+    assert_eq!(
+        tier_removal(&names, all().skip(2), &full, &full, 0.5),
+        None,
+        "2 of 4: not most"
+    );
+    let what = tier_removal(&names, all().skip(3), &full, &full, 0.5);
+    assert!(
+        what.as_deref()
+            .is_some_and(|w| w.starts_with("3/4 ClusterNetworkPolicies")),
+        "{what:?}"
+    );
+    let what = tier_removal(&names, all(), &full, &few, 0.5);
+    assert!(
+        what.as_deref().is_some_and(|w| w.contains("6/10 tier entries")),
+        "{what:?}"
+    );
+    // Same count, other keys (a CNP edited): no loss.
+    let mut reshaped = with_tier_entries(10);
+    let moved: Vec<_> = reshaped.tiers.iter().map(|(k, v)| (*k, *v)).collect();
+    reshaped.tiers.clear();
+    for (mut k, v) in moved {
+        k.peer += 100;
+        reshaped.tiers.insert(k, v);
+    }
+    assert_eq!(tier_removal(&names, all(), &full, &reshaped, 0.5), None);
+
+    // Cumulative: small steps add up against the high-water counts.
+    let window = Duration::from_secs(60);
+    let t0 = Instant::now();
+    let mut g = GuardReference::default();
+    g.observe_tiers(t0, names.clone(), &full);
+    assert_eq!(g.programmed_cluster_policies(), Some(&names[..]));
+    g.observe_tiers(t0 + Duration::from_secs(1), names[..3].to_vec(), &with_tier_entries(7));
+    let at = t0 + Duration::from_secs(2);
+    assert_eq!(
+        g.cumulative_tier_removal(2, &with_tier_entries(7), at, window, 0.5),
+        None
+    );
+    let what = g.cumulative_tier_removal(1, &with_tier_entries(7), at, window, 0.5);
+    assert!(
+        what.as_deref()
+            .is_some_and(|w| w.contains("3 of up to 4 ClusterNetworkPolicies")),
+        "{what:?}"
+    );
+    let what = g.cumulative_tier_removal(4, &with_tier_entries(3), at, window, 0.5);
+    assert!(
+        what.as_deref()
+            .is_some_and(|w| w.contains("7 of up to 10 tier entries")),
+        "{what:?}"
+    );
+    // A confirmation resets the reference.
+    g.reset(at, 0, 0);
+    g.observe_tiers(at, vec!["cnp0".into()], &with_tier_entries(3));
+    assert_eq!(
+        g.cumulative_tier_removal(1, &with_tier_entries(3), at, window, 0.5),
+        None
+    );
+}

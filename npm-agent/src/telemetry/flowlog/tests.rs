@@ -187,3 +187,73 @@ fn names_pod_peer_and_isolating_policies() {
     assert_eq!(line["peer_ip"], "10.1.1.2".parse::<IpAddr>().unwrap().to_string());
     assert_eq!(line["protocol"], "TCP");
 }
+
+/// A deny of the Admin tier names the tier and the CNP rule that the
+/// programmed state decides it by; a tier deny the programmed state no
+/// longer decides so names the tier only; an NP deny names neither.
+#[test]
+fn a_tier_deny_names_the_tier_and_the_cluster_policy() {
+    let mut s = Snapshot::default();
+    for p in [
+        pod("k", "a", "node-a", "10.1.1.2", "a"),
+        pod("k", "b", "node-a", "10.1.2.2", "b"),
+    ] {
+        s.pods.insert((p.namespace.clone(), p.name.clone()), p);
+    }
+    s.namespaces.insert(
+        "k".into(),
+        Namespace {
+            name: "k".into(),
+            labels: [("kubernetes.io/metadata.name".to_string(), "k".to_string())].into(),
+        },
+    );
+    let api = npm_policy::tiers::validate::cluster_policy_from_value(&serde_json::json!({
+        "metadata": {"name": "no-a-to-b"},
+        "spec": {
+            "tier": "Admin", "priority": 3,
+            "subject": {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "b"}}}},
+            "ingress": [
+                {"action": "Accept", "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "x"}}}}]},
+                {"action": "Deny", "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "a"}}}}]}
+            ]
+        }
+    }))
+    .unwrap();
+    s.upsert_cluster_policy(&api).unwrap();
+    let opts = CompileOptions {
+        node_name: "node-a".into(),
+        ..CompileOptions::default()
+    };
+    let compiled = npm_policy::compile(&s, &opts, None);
+    let b = *compiled.ids.endpoints.get("uid-b").expect("endpoint of b");
+    let names = Names::new(Some(&compiled), &s);
+    let mut ev = event(b, npm_common::DIR_INGRESS, [10, 1, 1, 2], [10, 1, 2, 2]);
+    ev.reason = Reason::AdminDeny as u8;
+    let r = names.record(&ev);
+    assert_eq!(r.reason, "admin-deny");
+    assert_eq!(r.tier, Some("Admin"));
+    assert_eq!(
+        r.cluster_policy,
+        Some(ClusterRuleName {
+            name: "no-a-to-b".into(),
+            rule: 1
+        })
+    );
+    let line = serde_json::to_value(&r).unwrap();
+    assert_eq!(line["tier"], "Admin");
+    assert_eq!(
+        line["cluster_policy"],
+        serde_json::json!({"name": "no-a-to-b", "rule": 1})
+    );
+    // A Baseline deny the programmed state does not decide: the tier only.
+    ev.reason = Reason::BaselineDeny as u8;
+    let r = names.record(&ev);
+    assert_eq!((r.tier, r.cluster_policy), (Some("Baseline"), None));
+    // A NetworkPolicy deny: neither field in the JSON line.
+    ev.reason = Reason::PolicyDenied as u8;
+    let line = serde_json::to_value(names.record(&ev)).unwrap();
+    assert!(
+        line.get("tier").is_none() && line.get("cluster_policy").is_none(),
+        "{line}"
+    );
+}

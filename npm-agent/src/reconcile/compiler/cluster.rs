@@ -1,0 +1,100 @@
+//! ClusterNetworkPolicies into the snapshot or the incremental compiler:
+//! each API object (kept with a raw `spec`, see
+//! [`crate::k8s::cluster_policy`]) is decoded into npm-policy's API type
+//! ([`npm_policy::tiers::validate::cluster_policy_from_value`]) and
+//! converted by npm-policy (`Snapshot::upsert_cluster_policy`,
+//! `Compiler::apply_cluster_policy`), one object at a time.
+//!
+//! - A policy that converts with problems is in the snapshot as the
+//!   conversion makes it (failing closed where it is not understood) and
+//!   its report is the snapshot's `invalid_cluster_policies`;
+//! - an object that cannot be decoded at all (its JSON does not have the
+//!   API's shape: no API server that validates against the CRD schema sends
+//!   one) cannot say whom it selects: it is left out of the snapshot and
+//!   reported the same way ([`Unparsed`]), and every other policy is
+//!   enforced.
+
+use std::collections::BTreeMap;
+
+use npm_policy::incremental::Compiler;
+use npm_policy::model::{InvalidPolicy, Snapshot};
+use npm_policy::tiers::validate::cluster_policy_from_value;
+
+use crate::k8s::ClusterNetworkPolicy;
+
+/// The ClusterNetworkPolicies that could not be decoded, by name, with
+/// their reports.
+pub type Unparsed = BTreeMap<String, InvalidPolicy>;
+
+/// npm-policy's API object of `cnp`, or (recorded in `unparsed`) the
+/// report of an object that cannot be decoded.
+fn decode(cnp: &ClusterNetworkPolicy, unparsed: &mut Unparsed) -> Option<npm_policy::tiers::ClusterNetworkPolicy> {
+    let name = cnp.name().to_string();
+    match cluster_policy_from_value(&cnp.to_api_json()) {
+        Ok(api) => {
+            unparsed.remove(&name);
+            Some(api)
+        }
+        Err(e) => {
+            tracing::debug!(policy = %name, error = %e, "ClusterNetworkPolicy cannot be decoded");
+            unparsed.insert(
+                name.clone(),
+                InvalidPolicy {
+                    namespace: String::new(),
+                    name,
+                    errors: vec![format!(
+                        "{e} (the object cannot be decoded: it is not enforced, the other policies are)"
+                    )],
+                },
+            );
+            None
+        }
+    }
+}
+
+/// Convert `cnp` into `snapshot` (replacing the policy of that name), or
+/// record it in `unparsed` when it cannot be decoded.
+pub(super) fn upsert(snapshot: &mut Snapshot, unparsed: &mut Unparsed, cnp: &ClusterNetworkPolicy) {
+    match decode(cnp, unparsed) {
+        // Invalid ones are recorded in `invalid_cluster_policies`.
+        Some(api) => {
+            let _ = snapshot.upsert_cluster_policy(&api);
+        }
+        None => {
+            snapshot.remove_cluster_policy(cnp.name());
+        }
+    }
+}
+
+/// [`upsert`] into the incremental compiler.
+pub(super) fn apply(compiler: &mut Compiler, unparsed: &mut Unparsed, cnp: &ClusterNetworkPolicy) {
+    match decode(cnp, unparsed) {
+        Some(api) => {
+            let _ = compiler.apply_cluster_policy(&api);
+        }
+        None => compiler.remove_cluster_policy(cnp.name()),
+    }
+}
+
+/// Remove the ClusterNetworkPolicy `name` (decoded or not) from `snapshot`.
+pub(super) fn remove(snapshot: &mut Snapshot, unparsed: &mut Unparsed, name: &str) {
+    snapshot.remove_cluster_policy(name);
+    unparsed.remove(name);
+}
+
+/// [`remove`] from the incremental compiler.
+pub(super) fn remove_compiled(compiler: &mut Compiler, unparsed: &mut Unparsed, name: &str) {
+    compiler.remove_cluster_policy(name);
+    unparsed.remove(name);
+}
+
+/// The reports of the snapshot's invalid ClusterNetworkPolicies and of the
+/// undecodable ones, by name.
+pub fn invalid_cluster_policies(snapshot: &Snapshot, unparsed: &Unparsed) -> BTreeMap<String, Vec<String>> {
+    snapshot
+        .invalid_cluster_policies
+        .iter()
+        .chain(unparsed.values())
+        .map(|p| (p.name.clone(), p.errors.clone()))
+        .collect()
+}
