@@ -55,7 +55,7 @@ impl AdoptedNumbers {
     }
 }
 
-/// The addresses of each pod identity of `compiled`'s ipcache.
+/// The addresses of each pod (and node) identity of `compiled`'s ipcache.
 pub fn addresses_by_identity(compiled: &Compiled) -> BTreeMap<u32, BTreeSet<IpAddr>> {
     let mut out: BTreeMap<u32, BTreeSet<IpAddr>> = BTreeMap::new();
     for (ip, e) in &compiled.ipcache {
@@ -82,11 +82,18 @@ pub fn seed(fresh: &Compiled, adopted: &AdoptedNumbers) -> Compiled {
         .map(|(id, a)| (a, *id))
         .collect();
     let mut identities = BTreeMap::new();
+    let mut node_identities = BTreeMap::new();
     for (fresh_id, addrs) in addresses_by_identity(fresh) {
-        let (Some(key), Some(old)) = (fresh.ids.identities.get(&fresh_id), by_addresses.get(&addrs)) else {
+        let Some(old) = by_addresses.get(&addrs) else {
             continue;
         };
-        identities.insert(*old, key.clone());
+        // Node identities share the pod identity space and are adopted by
+        // the same rule (their addresses are exactly the adopted set).
+        if let Some(key) = fresh.ids.identities.get(&fresh_id) {
+            identities.insert(*old, key.clone());
+        } else if let Some(n) = fresh.ids.node_identities.get(&fresh_id) {
+            node_identities.insert(*old, n.clone());
+        }
     }
     let cidrs: BTreeMap<IpNet, u32> = fresh
         .cidrs
@@ -105,6 +112,7 @@ pub fn seed(fresh: &Compiled, adopted: &AdoptedNumbers) -> Compiled {
     Compiled {
         ids: IdTables {
             identities,
+            node_identities,
             next_identity,
             next_cidr,
             next_rule: adopted.max_rule.saturating_add(1),

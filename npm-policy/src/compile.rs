@@ -13,7 +13,7 @@ use crate::compiled::{
     CompileOptions, Compiled, Direction, Endpoint, IdentityKey, IpEntry, PodRef, PolicyEntry, RuleRef,
 };
 use crate::identity::{identity_key, mapped_prefix, namespace_labels, Allocator, PrefixTable};
-use crate::model::{IpBlock, Peer, Pod, Policy, PortSpec, Protocol, Rule, Snapshot};
+use crate::model::{IpBlock, Labels, Peer, Pod, Policy, PortSpec, Protocol, Rule, Snapshot};
 use crate::ownership::ip_owners;
 use crate::peers::{self, IdentityGroups, PeerSet};
 
@@ -363,6 +363,25 @@ pub fn compile(snapshot: &Snapshot, opts: &CompileOptions, prev: Option<&Compile
             );
         }
     }
+    // Other nodes' addresses: node identities (see `crate::nodes`); a pod
+    // owning the address wins, this node's addresses (below) win.
+    let node_table = crate::nodes::NodeTable::new(snapshot, opts);
+    let mut node_id: HashMap<&Labels, u32> = HashMap::new();
+    for (labels, names) in &node_table.groups {
+        node_id.insert(labels, alloc.node_identity(labels, names.clone()));
+    }
+    for (ip, node) in &node_table.addresses {
+        if owners.contains_key(ip) {
+            continue;
+        }
+        out.ipcache.insert(
+            *ip,
+            IpEntry {
+                identity: node_id[&node.labels],
+                cidr_identity: cidr_of(*ip),
+            },
+        );
+    }
     // Spec §7: "always allow ingress from the local node": node addresses
     // have IDENTITY_HOST; the datapath allows ingress from it (step 8).
     for ip in &opts.node_ips {
@@ -448,7 +467,13 @@ pub fn compile(snapshot: &Snapshot, opts: &CompileOptions, prev: Option<&Compile
         locals.push((ep, pod));
     }
     // ClusterNetworkPolicy tiers (see `tiers::compile`).
-    out.tiers = crate::tiers::compile::compile_tiers(snapshot, &locals, &identities, &out.cidrs, |r| alloc.rule(r));
+    let node_identities = alloc.tables.node_identities.clone();
+    let nodes = crate::tiers::compile::TierNodes {
+        identities: &node_identities,
+        local: snapshot.nodes.get(&opts.node_name).map(|n| &n.labels),
+    };
+    out.tiers =
+        crate::tiers::compile::compile_tiers(snapshot, &locals, &identities, &out.cidrs, &nodes, |r| alloc.rule(r));
     crate::tiers::compile::set_presence(&mut endpoints, &out.tiers);
     out.endpoints = endpoints;
     out.policy = policy;

@@ -69,10 +69,21 @@ pub struct IdentityKey {
     pub named_ports: Vec<(String, Protocol, u16)>,
 }
 
+/// What a node identity stands for: the other nodes with equal labels
+/// share it (numbered like pod identities, kept while the label set exists).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeIdentity {
+    /// The nodes' labels (the identity's key).
+    pub labels: Labels,
+    /// The names of the other nodes that have these labels and at least
+    /// one node address (shadowed by a pod or not), sorted (for logs).
+    pub nodes: Vec<String>,
+}
+
 /// Exact-address entry of the ipcache (pods cluster-wide, node addresses).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IpEntry {
-    /// Pod identity or `IDENTITY_HOST`.
+    /// Pod identity, node identity or `IDENTITY_HOST`.
     pub identity: u32,
     /// Identity of the longest ipBlock prefix containing the address, 0 for none.
     pub cidr_identity: u32,
@@ -298,6 +309,10 @@ pub struct Compiled {
 pub struct IdTables {
     /// Pod identity -> what it stands for.
     pub identities: BTreeMap<u32, IdentityKey>,
+    /// Node identity -> what it stands for (from the same number space as
+    /// pod identities; see [`crate::nodes`]).
+    #[serde(default)]
+    pub node_identities: BTreeMap<u32, NodeIdentity>,
     /// Pod uid -> endpoint id.
     pub endpoints: BTreeMap<String, u32>,
     /// Rule id -> rule.

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1 as corev1;
 use k8s_openapi::api::networking::v1 as netv1;
 
-use crate::model::{ContainerPort, Namespace, Pod, PodPhase, Protocol, Snapshot};
+use crate::model::{ContainerPort, Namespace, Node, Pod, PodPhase, Protocol, Snapshot};
 use crate::validate::{convert_policy, parse_protocol};
 
 /// Errors converting API objects.
@@ -23,6 +23,16 @@ pub enum ConvertError {
     MissingName {
         /// Object kind.
         kind: &'static str,
+    },
+    /// A node address does not parse.
+    #[error("node {object}: {field}: invalid IP {value:?}")]
+    BadNodeIp {
+        /// Node name.
+        object: String,
+        /// Field path.
+        field: String,
+        /// The value.
+        value: String,
     },
     /// A pod address does not parse.
     #[error("pod {object}: {field}: invalid IP {value:?}")]
@@ -71,7 +81,7 @@ pub enum YamlError {
     },
     /// A document has a kind other than Namespace, Pod, NetworkPolicy,
     /// ClusterNetworkPolicy, List.
-    #[error("document {index}: unsupported kind {kind:?} (want Namespace, Pod, NetworkPolicy, ClusterNetworkPolicy or List)")]
+    #[error("document {index}: unsupported kind {kind:?} (want Namespace, Pod, NetworkPolicy, ClusterNetworkPolicy, Node or List)")]
     UnsupportedKind {
         /// Document index.
         index: usize,
@@ -100,6 +110,8 @@ pub struct Objects {
     /// ClusterNetworkPolicies (add them with
     /// [`Snapshot::upsert_cluster_policy`]).
     pub cluster_policies: Vec<crate::tiers::ClusterNetworkPolicy>,
+    /// Nodes (convert them with [`node_from_api`]).
+    pub nodes: Vec<corev1::Node>,
 }
 
 impl Objects {
@@ -109,6 +121,7 @@ impl Objects {
         self.pods.extend(other.pods);
         self.policies.extend(other.policies);
         self.cluster_policies.extend(other.cluster_policies);
+        self.nodes.extend(other.nodes);
     }
 }
 
@@ -134,7 +147,8 @@ fn push_value(out: &mut Objects, index: usize, v: serde_yaml::Value) -> Result<(
         "Pod" => out.pods.push(serde_yaml::from_value(v).map_err(wrap)?),
         "NetworkPolicy" => out.policies.push(serde_yaml::from_value(v).map_err(wrap)?),
         "ClusterNetworkPolicy" => out.cluster_policies.push(serde_yaml::from_value(v).map_err(wrap)?),
-        "List" | "NamespaceList" | "PodList" | "NetworkPolicyList" | "ClusterNetworkPolicyList" => {
+        "Node" => out.nodes.push(serde_yaml::from_value(v).map_err(wrap)?),
+        "List" | "NamespaceList" | "PodList" | "NetworkPolicyList" | "ClusterNetworkPolicyList" | "NodeList" => {
             if let Some(items) = v.get("items").and_then(|i| i.as_sequence()) {
                 for item in items.clone() {
                     push_value(out, index, item)?;
@@ -147,7 +161,7 @@ fn push_value(out: &mut Objects, index: usize, v: serde_yaml::Value) -> Result<(
 }
 
 /// Parses a multi-document YAML text of Namespace, Pod, NetworkPolicy,
-/// ClusterNetworkPolicy (and `List`) objects.
+/// ClusterNetworkPolicy, Node (and `List`) objects.
 pub fn load_yaml(text: &str) -> Result<Objects, YamlError> {
     use serde::Deserialize;
     let mut out = Objects::default();
@@ -268,7 +282,55 @@ pub fn pod_from_api(p: &corev1::Pod) -> Result<Pod, ConvertError> {
     })
 }
 
+/// Converts a Node: its labels and its `status.addresses` of type
+/// `InternalIP` and `ExternalIP` (in API order, duplicates dropped;
+/// `Hostname`, `InternalDNS`, `ExternalDNS` are names, not addresses). An
+/// address that does not parse is an error naming it.
+pub fn node_from_api(n: &corev1::Node) -> Result<Node, ConvertError> {
+    let name = n
+        .metadata
+        .name
+        .clone()
+        .ok_or(ConvertError::MissingName { kind: "Node" })?;
+    let mut addresses: Vec<IpAddr> = Vec::new();
+    let listed = n.status.as_ref().and_then(|s| s.addresses.as_ref());
+    for (i, a) in listed.into_iter().flatten().enumerate() {
+        if a.type_ != "InternalIP" && a.type_ != "ExternalIP" {
+            continue;
+        }
+        let ip: IpAddr = a.address.trim().parse().map_err(|_| ConvertError::BadNodeIp {
+            object: name.clone(),
+            field: format!("status.addresses[{i}].address"),
+            value: a.address.clone(),
+        })?;
+        // An IPv4-mapped IPv6 address is the IPv4 address (as for pods'
+        // addresses in the datapath's mapped space).
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        if !addresses.contains(&ip) {
+            addresses.push(ip);
+        }
+    }
+    Ok(Node {
+        name,
+        labels: n.metadata.labels.clone().unwrap_or_default(),
+        addresses,
+    })
+}
+
 impl Snapshot {
+    /// Adds or replaces a Node.
+    pub fn upsert_node(&mut self, node: Node) {
+        self.nodes.insert(node.name.clone(), node);
+    }
+
+    /// Removes a Node.
+    pub fn remove_node(&mut self, name: &str) -> Option<Node> {
+        self.nodes.remove(name)
+    }
+
     /// Builds a snapshot from API objects. Policies that are not fully
     /// understood are kept without the parts that cannot be understood and
     /// reported in `invalid_policies`; a namespace or pod that cannot be

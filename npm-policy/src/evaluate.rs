@@ -10,7 +10,7 @@ use crate::compiled::{CompileOptions, Direction, Tier, TierAction};
 use crate::identity::namespace_labels;
 use crate::model::{Peer, Pod, Policy, PortSpec, Rule, Snapshot};
 use crate::ownership::ip_owners;
-use crate::tiers::evaluate::{applies, tier_match, TierMatch};
+use crate::tiers::evaluate::{applies, tier_match_node, TierMatch};
 
 /// One new connection: `src` opens it to `dst`:`dst_port`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,6 +220,12 @@ fn direction_verdict(
         return v(true, EndReason::NotIsolated, &tiers);
     }
     let peer_is_node = opts.node_ips.contains(&peer_ip);
+    // The node the other end belongs to, when no pod owns it (for a
+    // ClusterNetworkPolicy `nodes` peer; `crate::nodes`).
+    let peer_node = match peer_pod {
+        Some(_) => None,
+        None => crate::nodes::node_labels_at(snapshot, opts, peer_ip),
+    };
     // §7: "always allow ingress from the local node" (before every tier:
     // npm's documented choice, so that kubelet probes always work).
     if dir == Direction::Ingress && peer_is_node {
@@ -229,7 +235,17 @@ fn direction_verdict(
     // NetworkPolicy tier, Baseline tier". "If Admin tier has made a final
     // decision (Accept or Deny) on a connection, then no further evaluation
     // is done."
-    if let Some(m) = tier_match(snapshot, Tier::Admin, pod, dir, peer_ip, peer_pod, protocol, port) {
+    if let Some(m) = tier_match_node(
+        snapshot,
+        Tier::Admin,
+        pod,
+        dir,
+        peer_ip,
+        peer_pod,
+        peer_node,
+        protocol,
+        port,
+    ) {
         tiers.push(m.clone());
         match m.action {
             TierAction::Accept => return v(true, EndReason::Tier(m), &tiers),
@@ -271,7 +287,17 @@ fn direction_verdict(
     // "Baseline tier is a cluster-wide policy that can be overridden by the
     // v1.NetworkPolicy. If Baseline tier has made a final decision (Accept
     // or Deny) on a connection, then no further evaluation is done."
-    if let Some(m) = tier_match(snapshot, Tier::Baseline, pod, dir, peer_ip, peer_pod, protocol, port) {
+    if let Some(m) = tier_match_node(
+        snapshot,
+        Tier::Baseline,
+        pod,
+        dir,
+        peer_ip,
+        peer_pod,
+        peer_node,
+        protocol,
+        port,
+    ) {
         tiers.push(m.clone());
         match m.action {
             TierAction::Accept => return v(true, EndReason::Tier(m), &tiers),
@@ -299,7 +325,10 @@ fn peer_matches(snapshot: &Snapshot, policy: &Policy, peer: &Peer, peer_ip: IpAd
             peer_pod.is_some_and(|p| namespaces.matches(&ns_labels(p)) && pods.matches(&p.labels))
         }
         // "IP inside `cidr` and not inside any `except` entry" (any address,
-        // pod IPs too).
+        // pod IPs too). Other nodes' addresses (node identities,
+        // `crate::nodes`) are selected by ipBlock only: the spec says node
+        // traffic is selected by ipBlock; the pod/namespace forms above
+        // need a pod (`peer_pod`), which a node address never is.
         Peer::IpBlock(b) => b.cidr.contains(&peer_ip) && !b.except.iter().any(|e| e.contains(&peer_ip)),
     }
 }

@@ -125,6 +125,7 @@ pub(crate) struct Allocator<'p> {
     prev_cidrs: Option<&'p BTreeMap<IpNet, u32>>,
     prev_identity_by_key: HashMap<&'p IdentityKey, u32>,
     prev_rule_by_ref: HashMap<&'p RuleRef, u32>,
+    prev_node_by_labels: HashMap<&'p Labels, u32>,
 }
 
 impl<'p> Allocator<'p> {
@@ -149,6 +150,9 @@ impl<'p> Allocator<'p> {
                 .unwrap_or_default(),
             prev_rule_by_ref: prev
                 .map(|c| c.ids.rules.iter().map(|(id, r)| (r, *id)).collect())
+                .unwrap_or_default(),
+            prev_node_by_labels: prev
+                .map(|c| c.ids.node_identities.iter().map(|(id, n)| (&n.labels, *id)).collect())
                 .unwrap_or_default(),
         }
     }
@@ -207,6 +211,28 @@ impl<'p> Allocator<'p> {
         };
         self.tables.rules.insert(id, rule.clone());
         self.rule_by_ref.insert(rule.clone(), id);
+        id
+    }
+
+    /// Node identity of a label set (called once per label set and
+    /// compile): the previous one if it existed, else a new one from the
+    /// pod identity counter.
+    pub(crate) fn node_identity(&mut self, labels: &Labels, nodes: Vec<String>) -> u32 {
+        let id = match self.prev_node_by_labels.get(labels) {
+            Some(id) => *id,
+            None => {
+                let id = self.tables.next_identity;
+                self.tables.next_identity += 1;
+                id
+            }
+        };
+        self.tables.node_identities.insert(
+            id,
+            crate::compiled::NodeIdentity {
+                labels: labels.clone(),
+                nodes,
+            },
+        );
         id
     }
 

@@ -25,6 +25,7 @@ pub mod identity;
 pub mod incremental;
 pub mod lookup;
 pub mod model;
+pub mod nodes;
 pub mod ownership;
 mod peers;
 pub mod render;

@@ -252,6 +252,20 @@ pub struct InvalidPolicy {
     pub errors: Vec<String>,
 }
 
+/// A Node of the cluster: its labels and addresses. Another node's
+/// addresses get a node identity (see [`crate::nodes`]); this node's own
+/// addresses are `CompileOptions::node_ips` (`IDENTITY_HOST`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    /// metadata.name.
+    pub name: String,
+    /// metadata.labels.
+    pub labels: Labels,
+    /// status.addresses of type InternalIP and ExternalIP, in API order,
+    /// without duplicates.
+    pub addresses: Vec<IpAddr>,
+}
+
 /// The complete cluster state the compiler works on.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -273,4 +287,8 @@ pub struct Snapshot {
     /// understood (`namespace` empty; each is also in `cluster_policies`).
     #[serde(default)]
     pub invalid_cluster_policies: Vec<InvalidPolicy>,
+    /// Nodes by name (this node included: its labels are matched by a
+    /// ClusterNetworkPolicy `nodes` peer; its addresses are not used).
+    #[serde(default)]
+    pub nodes: BTreeMap<String, Node>,
 }

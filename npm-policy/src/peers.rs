@@ -62,6 +62,11 @@ pub(crate) fn resolve(
         return set;
     }
     // Spec §3: "Inside a list, items are combined with OR".
+    // Other nodes' addresses (node identities, `crate::nodes`): the spec
+    // says node traffic is selected by ipBlock, so only `IpBlock` (through
+    // the CIDR identity every node address carries) and an empty peer list
+    // (`IDENTITY_ANY`) reach them; the selector forms below iterate pod
+    // identities only (`ids` holds no node identity), so they never do.
     for peer in &rule.peers {
         match peer {
             // "`podSelector` only | matching pods in the **policy's own namespace**"

@@ -21,6 +21,21 @@ fn labels(l: &crate::model::Labels) -> String {
 }
 
 fn peer_name(c: &Compiled, id: u32) -> String {
+    identity_name(c, id)
+}
+
+/// A name of identity `id` for logs and tables: `any`, `world`, `host`,
+/// `cidr:<prefix>`, `node/<name>` for a node identity (`node/<first>+<n>`
+/// when `n` more nodes share its labels), else `id:<n>` (a pod identity;
+/// its key is in `ids.identities`).
+pub fn identity_name(c: &Compiled, id: u32) -> String {
+    if let Some(n) = c.ids.node_identities.get(&id) {
+        return match n.nodes.as_slice() {
+            [] => format!("node#{id}"),
+            [one] => format!("node/{one}"),
+            [first, rest @ ..] => format!("node/{first}+{}", rest.len()),
+        };
+    }
     match id {
         npm_common::IDENTITY_ANY => "any".to_string(),
         npm_common::IDENTITY_WORLD => "world".to_string(),
@@ -52,6 +67,12 @@ impl Compiled {
                 labels(&k.namespace_labels),
                 ports.join(",")
             );
+        }
+        if !self.ids.node_identities.is_empty() {
+            s.push_str("node identities:\n");
+            for (id, n) in &self.ids.node_identities {
+                let _ = writeln!(s, "  {id} nodes=[{}] labels{}", n.nodes.join(","), labels(&n.labels));
+            }
         }
         s.push_str("cidrs:\n");
         for (n, id) in &self.cidrs {

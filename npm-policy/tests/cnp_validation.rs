@@ -309,9 +309,12 @@ fn invalid_forms_fail_closed() {
             |p| p.ingress[0].peers == vec![ClusterPeer::All],
         ),
         (
-            "nodes peer (experimental, unsupported) in a Deny rule",
-            |v| v["spec"]["egress"][0]["to"][0] = json!({"nodes": {}}),
-            "spec.egress[0].to[0].nodes",
+            "nodes peer (experimental) with a bad selector in a Deny rule",
+            |v| {
+                v["spec"]["egress"][0]["to"][0] =
+                    json!({"nodes": {"matchExpressions": [{"key": "a", "operator": "In"}]}})
+            },
+            "spec.egress[0].to[0].nodes.matchExpressions[0].values",
             ClusterConsequence::DenyEveryPeer("spec.egress[0]".into()),
             |p| p.egress[0].peers == vec![ClusterPeer::All],
         ),

@@ -345,8 +345,62 @@ fn cluster_policies(seed: u64, s: &mut Snapshot) {
 }
 
 /// Packets by how a tier decided them (evaluator): Admin Accept, Admin
-/// Deny, Baseline Accept, Baseline Deny, an Admin Pass then NetworkPolicy.
-type TierCounts = [usize; 5];
+/// Deny, Baseline Accept, Baseline Deny, an Admin Pass then NetworkPolicy,
+/// and decided by a rule with a `nodes` peer for a non-pod address.
+type TierCounts = [usize; 6];
+
+/// Node addresses: other nodes' (10.0.5.x, fd00::5:1), one inside the
+/// `networks` and ipBlocks (10.0.1.5), one a pod may hold (10.0.0.1), this
+/// node's (10.0.9.1).
+const NODE_ADDRESSES: &[&str] = &["10.0.5.1", "10.0.5.2", "fd00::5:1", "10.0.1.5", "10.0.0.1", "10.0.9.1"];
+
+/// Nodes (`node` is this one) with zone labels and some of
+/// [`NODE_ADDRESSES`], and some egress `networks` peers of the snapshot's
+/// ClusterNetworkPolicies turned into `nodes` peers; all from `rng`, the
+/// nodes' own stream.
+fn nodes(rng: &mut StdRng, s: &mut Snapshot) {
+    for name in ["node", "w1", "w2", "w3"] {
+        if rng.random_bool(0.2) {
+            continue;
+        }
+        let mut addresses: Vec<IpAddr> = Vec::new();
+        for _ in 0..rng.random_range(0..3) {
+            let a: IpAddr = pick(rng, NODE_ADDRESSES).parse().unwrap();
+            if !addresses.contains(&a) {
+                addresses.push(a);
+            }
+        }
+        let mut labels = Labels::new();
+        if rng.random_bool(0.8) {
+            labels.insert("zone".into(), pick(rng, &["z1", "z2"]).to_string());
+        }
+        s.nodes.insert(
+            name.into(),
+            Node {
+                name: name.into(),
+                labels,
+                addresses,
+            },
+        );
+    }
+    let names: Vec<String> = s.cluster_policies.keys().cloned().collect();
+    for name in names {
+        let mut p = s.cluster_policies[&name].clone();
+        for r in &mut p.egress {
+            for peer in &mut r.peers {
+                if matches!(peer, ClusterPeer::Networks(_)) && rng.random_bool(0.6) {
+                    let mut sel = Selector::default();
+                    if rng.random_bool(0.7) {
+                        sel.match_labels
+                            .insert("zone".into(), pick(rng, &["z1", "z2"]).to_string());
+                    }
+                    *peer = ClusterPeer::Nodes(sel);
+                }
+            }
+        }
+        s.cluster_policies.insert(name, p);
+    }
+}
 
 const EXTERNAL: &[&str] = &[
     "10.0.1.5",
@@ -388,6 +442,8 @@ fn check(seed: u64, prev: Option<&Compiled>, tc: &mut TierCounts) -> Result<(Com
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut s, opts) = snapshot(&mut rng);
     cluster_policies(seed, &mut s);
+    let mut nrng = StdRng::seed_from_u64(seed ^ 0x70de);
+    nodes(&mut nrng, &mut s);
     let c = npm_policy::compile(&s, &opts, prev);
     let table = PrefixTable::new(&c.cidrs);
     let mut peers: Vec<IpAddr> = s.pods.values().flat_map(|p| p.ips.iter().copied()).collect();
@@ -395,6 +451,7 @@ fn check(seed: u64, prev: Option<&Compiled>, tc: &mut TierCounts) -> Result<(Com
     let mut n = [0usize; 3];
     for (id, ep) in &c.endpoints {
         let pod = &s.pods[&(ep.pod.namespace.clone(), ep.pod.name.clone())];
+        let mut packets: Vec<(Direction, IpAddr, u8, u16)> = Vec::new();
         for _ in 0..12 {
             let dir = if rng.random_bool(0.5) {
                 Direction::Ingress
@@ -408,6 +465,24 @@ fn check(seed: u64, prev: Option<&Compiled>, tc: &mut TierCounts) -> Result<(Com
             } else {
                 *pick(&mut rng, &[53u16, 80, 81, 8080, 5353, 9000, 150, 1100, 65535])
             };
+            packets.push((dir, peer, proto, port));
+        }
+        // Packets to and from node addresses, from the nodes' stream.
+        for peer in NODE_ADDRESSES.iter().map(|a| a.parse::<IpAddr>().unwrap()) {
+            let dir = if nrng.random_bool(0.7) {
+                Direction::Egress
+            } else {
+                Direction::Ingress
+            };
+            let proto = *pick(&mut nrng, &[6u8, 17, 1]);
+            let port = if proto == 1 {
+                0
+            } else {
+                *pick(&mut nrng, &[53u16, 80, 8080])
+            };
+            packets.push((dir, peer, proto, port));
+        }
+        for (dir, peer, proto, port) in packets {
             let got = lookup_with(&c, Some(&table), *id, dir, peer, proto, port);
             let want = evaluate_direction(&s, &opts, pod, dir, peer, proto, port);
             n[got.allowed as usize] += 1;
@@ -447,6 +522,15 @@ fn check(seed: u64, prev: Option<&Compiled>, tc: &mut TierCounts) -> Result<(Com
                 }
                 _ => None,
             };
+            if let EndReason::Tier(m) = &want.reason {
+                let by_nodes_peer = s.cluster_policies[&m.policy].rules(dir)[m.index]
+                    .peers
+                    .iter()
+                    .any(|p| matches!(p, ClusterPeer::Nodes(_)));
+                if by_nodes_peer && npm_policy::evaluate::pod_at(&s, &opts, peer).is_none() {
+                    tc[5] += 1;
+                }
+            }
             if matches!(want.reason, EndReason::Rule { .. } | EndReason::Denied)
                 && want
                     .tiers
@@ -496,7 +580,7 @@ fn compiled_lookup_agrees_with_evaluator() {
         .unwrap_or(10_000);
     let mut prev: Option<Compiled> = None;
     let mut packets = [0usize; 3];
-    let mut tc: TierCounts = [0; 5];
+    let mut tc: TierCounts = [0; 6];
     for i in 0..count {
         let seed = base + i;
         // Half of the compiles reuse the previous (unrelated) compile's id
@@ -530,7 +614,7 @@ fn compiled_lookup_agrees_with_evaluator() {
         assert!(tc.iter().all(|n| *n >= 500), "tier decisions {tc:?}");
     }
     eprintln!(
-        "{count} snapshots; denied {} and allowed {} packets agree ({} allowed through an egress named port with an empty to); tier decisions (admin accept, admin deny, baseline accept, baseline deny, pass then NP) {tc:?}",
+        "{count} snapshots; denied {} and allowed {} packets agree ({} allowed through an egress named port with an empty to); tier decisions (admin accept, admin deny, baseline accept, baseline deny, pass then NP, by a nodes peer) {tc:?}",
         packets[0], packets[1], packets[2]
     );
 }

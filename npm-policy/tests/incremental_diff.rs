@@ -185,6 +185,39 @@ fn cluster_policy(rng: &mut StdRng) -> ClusterPolicy {
     }
 }
 
+/// `p` with some egress `networks` peers turned into `nodes` peers, drawn
+/// from `rng` (the nodes' stream, so the policies' stream stays as it was).
+fn with_nodes(mut p: ClusterPolicy, rng: &mut StdRng) -> ClusterPolicy {
+    for r in &mut p.egress {
+        for peer in &mut r.peers {
+            if matches!(peer, ClusterPeer::Networks(_)) && rng.random_bool(0.5) {
+                *peer = ClusterPeer::Nodes(sel(rng, "zone", &["z1", "z2"]));
+            }
+        }
+    }
+    p
+}
+
+/// A Node (`node` is the local one): zone labels, addresses from a pool
+/// that collides with pod addresses (10.0.0.3, 10.0.0.5), this node's
+/// address (10.0.0.9) and the other nodes' (10.2.0.x, fd00::2).
+fn node(rng: &mut StdRng) -> Node {
+    let pool = ["10.0.0.9", "10.0.0.3", "10.2.0.1", "10.2.0.2", "fd00::2", "10.0.0.5"];
+    let n = rng.random_range(0..4);
+    let mut addresses: Vec<std::net::IpAddr> = Vec::new();
+    for _ in 0..n {
+        let a = pick(rng, &pool).parse().unwrap();
+        if !addresses.contains(&a) {
+            addresses.push(a);
+        }
+    }
+    Node {
+        name: pick(rng, &["node", "w1", "w2", "w3"]).to_string(),
+        labels: labels(rng, "zone", &["z1", "z2"]),
+        addresses,
+    }
+}
+
 fn namespace(rng: &mut StdRng, name: &str) -> Namespace {
     let mut l = labels(rng, "team", &["t1", "t2"]);
     l.insert("kubernetes.io/metadata.name".into(), name.into());
@@ -198,6 +231,7 @@ fn namespace(rng: &mut StdRng, name: &str) -> Namespace {
 fn canonical(c: &Compiled) -> BTreeSet<String> {
     let ident = |id: u32| match c.ids.identities.get(&id) {
         Some(k) => format!("{k:?}"),
+        None if c.ids.node_identities.contains_key(&id) => format!("node {:?}", c.ids.node_identities[&id]),
         None => match c.cidrs.iter().find(|(_, v)| **v == id) {
             Some((n, _)) => format!("cidr {n}"),
             None => format!("reserved {id}"),
@@ -215,6 +249,9 @@ fn canonical(c: &Compiled) -> BTreeSet<String> {
     }
     for n in c.cidrs.keys() {
         out.insert(format!("cidr {n}"));
+    }
+    for n in c.ids.node_identities.values() {
+        out.insert(format!("node identity {n:?}"));
     }
     for (id, e) in &c.endpoints {
         out.insert(format!(
@@ -301,6 +338,9 @@ fn compiler_matches_reference() {
     let mut any_peer_named = 0;
     // Steps whose tables hold tier entries.
     let mut tier_steps = 0;
+    // Node changes, and steps whose ipcache holds a node identity or whose
+    // tier entries name one.
+    let (mut node_changes, mut node_ip_steps, mut node_tier_steps) = (0, 0, 0);
     for seed in 0..300u64 {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut s = Snapshot::default();
@@ -318,8 +358,14 @@ fn compiler_matches_reference() {
         // ClusterNetworkPolicies from their own stream (the rest of the
         // test sees the same random sequence as without them).
         let mut crng = StdRng::seed_from_u64(seed ^ 0xc1_57e5);
+        // Nodes (and `nodes` peers) from their own stream too.
+        let mut nrng = StdRng::seed_from_u64(seed ^ 0x70de);
         for _ in 0..crng.random_range(1..5) {
-            s.insert_cluster_policy(cluster_policy(&mut crng), None);
+            s.insert_cluster_policy(with_nodes(cluster_policy(&mut crng), &mut nrng), None);
+        }
+        for _ in 0..nrng.random_range(0..4) {
+            let n = node(&mut nrng);
+            s.nodes.insert(n.name.clone(), n);
         }
         let mut c = Compiler::new(s.clone(), opts.clone(), None);
         assert_eq!(
@@ -337,9 +383,31 @@ fn compiler_matches_reference() {
                 1 => 9,
                 _ => what,
             };
+            // A Node change (add, labels, addresses, delete) in a fifth of
+            // the steps, before the step's other change, checked alone.
+            if nrng.random_range(0..10) < 2 {
+                if nrng.random_bool(0.25) {
+                    let name = pick(&mut nrng, &["node", "w1", "w2", "w3"]).to_string();
+                    s.nodes.remove(&name);
+                    c.remove_node(&name);
+                } else {
+                    let n = node(&mut nrng);
+                    s.nodes.insert(n.name.clone(), n.clone());
+                    c.upsert_node(n);
+                }
+                node_changes += 1;
+                let reference = npm_policy::compile(&s, &opts, Some(&before));
+                assert_eq!(
+                    canonical(c.compiled()),
+                    canonical(&reference),
+                    "seed {seed} step {step} node change\ncompiler:\n{}\nreference:\n{}",
+                    c.compiled().render_table(),
+                    reference.render_table()
+                );
+            }
             match what {
                 8 => {
-                    let p = cluster_policy(&mut crng);
+                    let p = with_nodes(cluster_policy(&mut crng), &mut nrng);
                     s.insert_cluster_policy(p.clone(), None);
                     c.upsert_cluster_policy(p);
                 }
@@ -401,6 +469,13 @@ fn compiler_matches_reference() {
             if !reference.tiers.is_empty() {
                 tier_steps += 1;
             }
+            let is_node = |id: &u32| reference.ids.node_identities.contains_key(id);
+            if reference.ipcache.values().any(|e| is_node(&e.identity)) {
+                node_ip_steps += 1;
+            }
+            if reference.tiers.keys().any(|e| is_node(&e.peer)) {
+                node_tier_steps += 1;
+            }
             if any_peer_named_entries(&reference, &s) > 0 {
                 any_peer_named += 1;
             }
@@ -422,11 +497,30 @@ fn compiler_matches_reference() {
                     assert_eq!(old, id);
                 }
             }
+            // A node label set that still exists keeps its identity.
+            for (id, n) in &c.compiled().ids.node_identities {
+                if let Some((old, _)) = before.ids.node_identities.iter().find(|(_, o)| o.labels == n.labels) {
+                    assert_eq!(
+                        old, id,
+                        "seed {seed} step {step}: node identity of {:?} changed",
+                        n.labels
+                    );
+                }
+            }
         }
         assert_eq!(c.snapshot(), &s);
     }
     assert!(changes >= 4000);
-    eprintln!("{changes} changes, {tier_steps} with tier entries");
+    eprintln!(
+        "{changes} changes, {tier_steps} with tier entries, {node_changes} node changes, {node_ip_steps} with node \
+         addresses, {node_tier_steps} with node tier entries"
+    );
+    assert!(node_changes >= 800, "only {node_changes} node changes");
+    assert!(node_ip_steps >= 1000, "only {node_ip_steps} steps with node addresses");
+    assert!(
+        node_tier_steps >= 100,
+        "only {node_tier_steps} steps with node tier entries"
+    );
     assert!(tier_steps >= 1500, "only {tier_steps} steps with tier entries");
     assert!(
         any_peer_named >= 100,

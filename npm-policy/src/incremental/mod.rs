@@ -12,6 +12,8 @@
 //!   identity also gets the entries of the egress rules with an empty `to`
 //!   whose named ports it resolves (spec §5: resolved per destination pod);
 //! - a namespace: the identities of its pods, as above;
+//! - a Node: the node identities and node ipcache entries, wholesale
+//!   (`nodes`), then the tier entries;
 //! - a new policy: its entries are added in place to the local endpoints it
 //!   selects (nothing else is re-emitted);
 //! - a ClusterNetworkPolicy (and, when CNPs exist, any change): the tier
@@ -37,6 +39,7 @@
 mod addresses;
 mod endpoints;
 mod identities;
+mod nodes;
 mod rules;
 mod tiers;
 
@@ -71,6 +74,9 @@ pub struct Compiler {
     rules: Rules,
     /// Local endpoint -> its id and entries.
     eps: HashMap<PodKey, EndpointState>,
+    /// Node address -> node identity (before pod ownership; see
+    /// `crate::nodes`).
+    node_entries: BTreeMap<IpAddr, u32>,
 }
 
 impl Compiler {
@@ -80,6 +86,7 @@ impl Compiler {
         let out = crate::compile(&snapshot, &opts, prev);
         let addresses = Addresses::new(&snapshot, &opts.node_ips);
         let identities = PodIdentities::new(&out, &snapshot, &addresses);
+        let node_entries = nodes::node_entries(&crate::nodes::NodeTable::new(&snapshot, &opts), &out);
         let eps = out
             .endpoints
             .iter()
@@ -91,6 +98,7 @@ impl Compiler {
             identities,
             rules: Rules::new(&out),
             eps,
+            node_entries,
             opts,
             snapshot,
             out,
@@ -169,6 +177,18 @@ impl Compiler {
                         && self.addresses.owner(ip).is_none_or(|o| o == pk)
                     {
                         self.out.ipcache.remove(&ip);
+                        // A node listing the address gets it back (the pod
+                        // takes it again in `acquire` if it still owns it).
+                        if let Some(id) = self.node_entries.get(&ip) {
+                            let cidr = self.lpm.longest(ip).map_or(IDENTITY_ANY, |(_, c)| c);
+                            self.out.ipcache.insert(
+                                ip,
+                                IpEntry {
+                                    identity: *id,
+                                    cidr_identity: cidr,
+                                },
+                            );
+                        }
                     }
                 }
             }

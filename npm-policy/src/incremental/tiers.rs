@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use crate::model::{InvalidPolicy, Pod};
 use crate::ownership::PodKey;
-use crate::tiers::compile::{compile_tiers, set_presence};
+use crate::tiers::compile::{compile_tiers, set_presence, TierNodes};
 use crate::tiers::{convert_cluster_policy, ClusterNetworkPolicy, ClusterPolicy};
 
 use super::Compiler;
@@ -68,11 +68,17 @@ impl Compiler {
         locals.sort_by_key(|(id, _)| *id);
         // The identity table is read while rule ids are handed out.
         let identities = std::mem::take(&mut self.out.ids.identities);
+        let node_identities = std::mem::take(&mut self.out.ids.node_identities);
+        let nodes = TierNodes {
+            identities: &node_identities,
+            local: self.snapshot.nodes.get(&self.opts.node_name).map(|n| &n.labels),
+        };
         let (rules, ids) = (&mut self.rules, &mut self.out.ids);
-        let tiers = compile_tiers(&self.snapshot, &locals, &identities, &self.out.cidrs, |r| {
+        let tiers = compile_tiers(&self.snapshot, &locals, &identities, &self.out.cidrs, &nodes, |r| {
             rules.rule_id(r.clone(), ids)
         });
         self.out.ids.identities = identities;
+        self.out.ids.node_identities = node_identities;
         self.out.tiers = tiers;
         set_presence(&mut self.out.endpoints, &self.out.tiers);
     }

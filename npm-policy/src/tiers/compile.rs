@@ -121,12 +121,25 @@ pub fn subject_selects(subject: &Subject, pod_labels: &Labels, ns_labels: &Label
     }
 }
 
+/// What a `nodes` peer resolves against: the node identities (other
+/// nodes, see [`crate::nodes`]) and this node's labels (a match is
+/// `IDENTITY_HOST`).
+#[derive(Clone, Copy, Debug)]
+pub struct TierNodes<'a> {
+    /// Node identity -> its labels and nodes.
+    pub identities: &'a BTreeMap<u32, crate::compiled::NodeIdentity>,
+    /// This node's labels (`None`: its Node object is not known; a `nodes`
+    /// peer then never matches this node).
+    pub local: Option<&'a Labels>,
+}
+
 /// The peers of one rule as identities.
 #[derive(Clone, Debug, Default)]
 struct Peers {
     /// Pod identities selected by `namespaces`/`pods` peers.
     pods: Vec<u32>,
-    /// CIDR identities (`networks`) and `IDENTITY_ANY` (the fail-closed
+    /// Node identities and `IDENTITY_HOST` (`nodes`), CIDR identities
+    /// (`networks`) and `IDENTITY_ANY` (the fail-closed
     /// [`ClusterPeer::All`]).
     other: Vec<u32>,
     /// [`ClusterPeer::All`] is among the peers.
@@ -167,6 +180,7 @@ fn peer_ids<'p>(
     peer: &'p ClusterPeer,
     groups: &Groups<'_>,
     cidrs: &BTreeMap<IpNet, u32>,
+    nodes: &TierNodes<'_>,
     memo: &mut HashMap<&'p ClusterPeer, Vec<u32>>,
 ) -> Vec<u32> {
     if let Some(v) = memo.get(peer) {
@@ -192,6 +206,21 @@ fn peer_ids<'p>(
             .filter(|(p, _)| nets.iter().any(|n| contains_net(n, p)))
             .map(|(_, id)| *id)
             .collect(),
+        // "Nodes defines a way to select a set of nodes in the cluster
+        // (based on the node's labels)": the node identities of the other
+        // nodes whose labels match, and IDENTITY_HOST when this node's do.
+        ClusterPeer::Nodes(sel) => {
+            let mut v: Vec<u32> = nodes
+                .identities
+                .iter()
+                .filter(|(_, n)| sel.matches(&n.labels))
+                .map(|(id, _)| *id)
+                .collect();
+            if nodes.local.is_some_and(|l| sel.matches(l)) {
+                v.push(npm_common::IDENTITY_HOST);
+            }
+            v
+        }
         ClusterPeer::All => vec![IDENTITY_ANY],
     };
     memo.insert(peer, v.clone());
@@ -202,16 +231,18 @@ fn resolve<'p>(
     rule: &'p ClusterRule,
     groups: &Groups<'_>,
     cidrs: &BTreeMap<IpNet, u32>,
+    nodes: &TierNodes<'_>,
     memo: &mut HashMap<&'p ClusterPeer, Vec<u32>>,
 ) -> Peers {
     let mut pods = std::collections::BTreeSet::new();
     let mut other = std::collections::BTreeSet::new();
     let mut all = false;
     for peer in &rule.peers {
-        let ids = peer_ids(peer, groups, cidrs, memo);
+        let ids = peer_ids(peer, groups, cidrs, nodes, memo);
         match peer {
             ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } => pods.extend(ids),
-            ClusterPeer::Networks(_) => other.extend(ids),
+            // Nodes have no named ports: `other`, like CIDRs.
+            ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) => other.extend(ids),
             ClusterPeer::All => {
                 all = true;
                 other.extend(ids);
@@ -376,13 +407,14 @@ fn emit(
 }
 
 /// The tier entries of the local endpoints `locals` (endpoint id, pod) of
-/// `snapshot`, against the pod identities `identities` and CIDR identities
-/// `cidrs`; `rule_id` numbers the rules that emit entries.
+/// `snapshot`, against the pod identities `identities`, CIDR identities
+/// `cidrs` and the nodes `nodes`; `rule_id` numbers the rules that emit entries.
 pub(crate) fn compile_tiers(
     snapshot: &Snapshot,
     locals: &[(u32, &Pod)],
     identities: &BTreeMap<u32, IdentityKey>,
     cidrs: &BTreeMap<IpNet, u32>,
+    nodes: &TierNodes<'_>,
     mut rule_id: impl FnMut(&RuleRef) -> u32,
 ) -> BTreeMap<TierEntry, TierValue> {
     let mut out = BTreeMap::new();
@@ -424,7 +456,7 @@ pub(crate) fn compile_tiers(
                 let peers = match resolved.get(r.rule.peers.as_slice()) {
                     Some(p) => p.clone(),
                     None => {
-                        let p = std::rc::Rc::new(resolve(r.rule, &groups, cidrs, &mut memo));
+                        let p = std::rc::Rc::new(resolve(r.rule, &groups, cidrs, nodes, &mut memo));
                         resolved.insert(r.rule.peers.as_slice(), p.clone());
                         p
                     }

@@ -74,9 +74,19 @@ pub fn applies(snapshot: &Snapshot, pod: &Pod, direction: Direction) -> bool {
         .any(|p| !p.rules(direction).is_empty() && selects(snapshot, p, pod))
 }
 
-/// Does `peer` match the other end (`peer_ip`, owned by `peer_pod` if a
-/// pod owns it)?
-fn peer_matches(snapshot: &Snapshot, peer: &ClusterPeer, peer_ip: IpAddr, peer_pod: Option<&Pod>) -> bool {
+/// The other end of a flow: its address, the pod owning it (if any) and,
+/// when no pod owns it, the labels of the node it belongs to (if any; see
+/// [`crate::nodes::node_labels_at`]).
+#[derive(Clone, Copy, Debug)]
+struct End<'a> {
+    ip: IpAddr,
+    pod: Option<&'a Pod>,
+    node: Option<&'a Labels>,
+}
+
+/// Does `peer` match the other end?
+fn peer_matches(snapshot: &Snapshot, peer: &ClusterPeer, end: End<'_>) -> bool {
+    let (peer_ip, peer_pod) = (end.ip, end.pod);
     let empty = Labels::new();
     let ns = |p: &Pod| namespace_labels(snapshot, &p.namespace).unwrap_or(&empty).clone();
     match peer {
@@ -94,6 +104,11 @@ fn peer_matches(snapshot: &Snapshot, peer: &ClusterPeer, peer_ip: IpAddr, peer_p
         // rule as well." "Networks matches both regular IP traffic and ICMP
         // traffic to/from the specified CIDRs."
         ClusterPeer::Networks(nets) => nets.iter().any(|n| n.contains(&peer_ip)),
+        // "Nodes defines a way to select a set of nodes in the cluster
+        // (based on the node's labels). This field follows standard label
+        // selector semantics; if present but empty, it selects all Nodes."
+        // A pod address is never a node (a pod owning it wins).
+        ClusterPeer::Nodes(sel) => peer_pod.is_none() && end.node.is_some_and(|l| sel.matches(l)),
         // A peer that could not be understood, in a Deny rule: "For "Deny"
         // and "Pass" rules, "fail closed" means: "treat the rule as a 'Deny
         // all' rule"".
@@ -110,15 +125,15 @@ fn rule_matches(
     rule: &ClusterRule,
     dir: Direction,
     pod: &Pod,
-    peer_ip: IpAddr,
-    peer_pod: Option<&Pod>,
+    end: End<'_>,
     protocol: u8,
     port: u16,
 ) -> bool {
+    let peer_pod = end.pod;
     // An empty peer list matches nothing ("This field must be defined and
     // contain at least one item"; validation empties it for an Accept rule
     // it cannot understand: "treat the rule as matching no traffic").
-    if !rule.peers.iter().any(|p| peer_matches(snapshot, p, peer_ip, peer_pod)) {
+    if !rule.peers.iter().any(|p| peer_matches(snapshot, p, end)) {
         return false;
     }
     // "Protocols allows for more fine-grain matching of traffic on
@@ -154,7 +169,8 @@ fn rule_matches(
                 Direction::Egress => {
                     peer_pod.is_some_and(resolves)
                         && rule.peers.iter().any(|pe| {
-                            !matches!(pe, ClusterPeer::Networks(_)) && peer_matches(snapshot, pe, peer_ip, peer_pod)
+                            !matches!(pe, ClusterPeer::Networks(_) | ClusterPeer::Nodes(_))
+                                && peer_matches(snapshot, pe, end)
                         })
                 }
             }
@@ -163,7 +179,9 @@ fn rule_matches(
 }
 
 /// The first matching rule of `tier` for `pod` in `dir` with the other end
-/// `peer_ip` (`peer_pod`), or `None` when no rule of the tier matches.
+/// `peer_ip` (`peer_pod`), or `None` when no rule of the tier matches. The
+/// other end is taken as no node (a `nodes` peer never matches it); see
+/// [`tier_match_node`].
 #[allow(clippy::too_many_arguments)]
 pub fn tier_match(
     snapshot: &Snapshot,
@@ -175,6 +193,29 @@ pub fn tier_match(
     protocol: u8,
     port: u16,
 ) -> Option<TierMatch> {
+    tier_match_node(snapshot, tier, pod, dir, peer_ip, peer_pod, None, protocol, port)
+}
+
+/// [`tier_match`] with the labels of the node the other end belongs to
+/// (`peer_node`, only used when `peer_pod` is `None`; from
+/// [`crate::nodes::node_labels_at`]), for `nodes` peers.
+#[allow(clippy::too_many_arguments)]
+pub fn tier_match_node(
+    snapshot: &Snapshot,
+    tier: Tier,
+    pod: &Pod,
+    dir: Direction,
+    peer_ip: IpAddr,
+    peer_pod: Option<&Pod>,
+    peer_node: Option<&Labels>,
+    protocol: u8,
+    port: u16,
+) -> Option<TierMatch> {
+    let end = End {
+        ip: peer_ip,
+        pod: peer_pod,
+        node: if peer_pod.is_some() { None } else { peer_node },
+    };
     // "Priority is a value from 0 to 1000 indicating the precedence of the
     // policy within its tier. Policies with lower priority values have
     // higher precedence, and are checked before policies with higher
@@ -193,7 +234,7 @@ pub fn tier_match(
         // single CNP object (all of which share the priority) will be
         // determined by the order in which the rule is written."
         for (index, rule) in p.rules(dir).iter().enumerate() {
-            if rule_matches(snapshot, rule, dir, pod, peer_ip, peer_pod, protocol, port) {
+            if rule_matches(snapshot, rule, dir, pod, end, protocol, port) {
                 // Accept: "No further ingress [egress] ClusterNetworkPolicy
                 // or NetworkPolicy rules will be processed"; Deny: "Drops
                 // the selected traffic. No further ClusterNetworkPolicy or

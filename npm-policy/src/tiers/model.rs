@@ -39,6 +39,10 @@ pub enum ClusterPeer {
     /// `networks` (egress): any address inside one of the CIDRs, pod
     /// addresses included (host bits cleared, IPv4-mapped IPv6 read as IPv4).
     Networks(Vec<IpNet>),
+    /// `nodes` (egress, experimental): the nodes whose labels match (other
+    /// nodes' addresses by their node identity, this node's addresses as
+    /// `IDENTITY_HOST`; see [`crate::nodes`]). Never a pod.
+    Nodes(Selector),
     /// Every peer: what a peer that cannot be understood (no field set, or
     /// an unsupported or invalid one) becomes in a `Deny` rule (fail closed;
     /// see [`crate::tiers::validate`]). The API has no such peer.

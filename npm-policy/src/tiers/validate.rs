@@ -18,7 +18,7 @@
 //!
 //! | what cannot be understood | what the conversion does ([`ClusterConsequence`]) |
 //! |---|---|
-//! | a peer with no field (a newer field), `nodes` or `domainNames` (not supported), an empty or unparsable `networks`, a bad selector | Accept: the peer matches nothing; Deny/Pass: the rule becomes Deny of every peer |
+//! | a peer with no field (a newer field), `domainNames` (not supported), a bad `nodes` selector, an empty or unparsable `networks`, a bad selector | Accept: the peer matches nothing; Deny/Pass: the rule becomes Deny of every peer |
 //! | an empty `from`/`to` | Accept: matches nothing; Deny/Pass: Deny of every peer |
 //! | a protocol entry with no field or several, `tcp`/`udp`/`sctp` without a port, a port not 1..=65535, a range without `start < end`, a bad port name | Accept: the entry is dropped (the rule matches nothing once none is left); Deny/Pass: the rule becomes Deny of all traffic of its peers |
 //! | an action other than `Accept`, `Deny`, `Pass` | the rule is a Deny |
@@ -231,13 +231,9 @@ fn peer(ctx: &mut Ctx, path: &str, p: &ClusterNetworkPolicyEgressPeer) -> Option
         );
         return None;
     }
-    if p.nodes.is_some() {
-        ctx.err(
-            format!("{path}.nodes"),
-            "nodes peers (experimental) are not supported by this agent",
-            ClusterConsequence::Reported,
-        );
-        return None;
+    if let Some(s) = &p.nodes {
+        // Experimental `nodes`: a label selector over Nodes.
+        return ctx.selector(&format!("{path}.nodes"), s).map(ClusterPeer::Nodes);
     }
     if let Some(d) = &p.domain_names {
         ctx.err(
