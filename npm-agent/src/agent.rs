@@ -117,7 +117,8 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
     resolver: Box<dyn Resolve>,
     metrics: Metrics,
 ) -> Started {
-    let cache = Cache::with_cluster_policies(metrics.clone(), cfg.sync.cluster_policies);
+    // Nodes are watched: other nodes' addresses are node identities.
+    let cache = Cache::watching_nodes(metrics.clone(), cfg.sync.cluster_policies);
     let cni_facts = match &cfg.cni {
         Some(c) => {
             let path = cni::persist::state_file_for(&c.socket);

@@ -1,5 +1,5 @@
-//! The agent's view of the cluster: the four [`ListStore`]s (pods,
-//! namespaces, NetworkPolicies, ClusterNetworkPolicies) behind one
+//! The agent's view of the cluster: the five [`ListStore`]s (pods,
+//! namespaces, NetworkPolicies, ClusterNetworkPolicies, Nodes) behind one
 //! [`Cache`] (shared by the watchers and the sync loop), the
 //! [`CompleteState`] copy a sync works on, and what each watched kind
 //! counts in the metrics.
@@ -8,7 +8,7 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::Event;
 use kube::Resource;
@@ -16,10 +16,11 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use super::cluster_policy::{ClusterNetworkPolicy, ClusterPolicyMode};
+use super::nodes::NODE_PROJECTION;
 use super::store::{ListStore, StoreUpdate};
 use crate::telemetry::metrics::{Metrics, PodOperation};
 
-/// The four resources the agent watches.
+/// The five resources the agent watches.
 pub trait Watched: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static {
     /// Plural resource name (metrics label, logs).
     const NAME: &'static str;
@@ -62,6 +63,13 @@ impl Watched for ClusterNetworkPolicy {
     }
 }
 
+impl Watched for Node {
+    const NAME: &'static str = "nodes";
+    fn store(cache: &Cache) -> &Mutex<ListStore<Self>> {
+        &cache.nodes
+    }
+}
+
 fn pod_has_ip(p: &Pod) -> bool {
     p.status.as_ref().is_some_and(|s| {
         s.pod_ip.as_deref().is_some_and(|ip| !ip.is_empty())
@@ -83,7 +91,7 @@ pub fn classify_pod_change(old: Option<&Pod>, new: Option<&Pod>) -> Option<PodOp
     }
 }
 
-/// A consistent copy of the four complete stores.
+/// A consistent copy of the five complete stores.
 #[derive(Clone, Debug, Default)]
 pub struct CompleteState {
     /// Namespaces.
@@ -95,6 +103,9 @@ pub struct CompleteState {
     /// ClusterNetworkPolicies (empty when the API does not serve them and
     /// `--cluster-network-policies` is `auto`, or it is `off`).
     pub cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
+    /// Nodes, slim (see [`crate::k8s::nodes`]; empty when the cache does
+    /// not watch them, [`Cache::watches_nodes`]).
+    pub nodes: Vec<Arc<Node>>,
 }
 
 /// The agent's view of the cluster, shared by the watchers and the sync loop.
@@ -107,12 +118,15 @@ pub struct Cache {
     pub policies: Mutex<ListStore<NetworkPolicy>>,
     /// ClusterNetworkPolicies.
     pub cluster_policies: Mutex<ListStore<ClusterNetworkPolicy>>,
+    /// Nodes (slim: [`crate::k8s::nodes`]).
+    pub nodes: Mutex<ListStore<Node>>,
     /// Woken on every change of a complete state.
     pub changed: Notify,
     /// When the oldest change not yet programmed was received.
     pub first_unprogrammed: Mutex<Option<Instant>>,
     metrics: Metrics,
     cluster_policy_mode: ClusterPolicyMode,
+    watch_nodes: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -123,11 +137,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Cache {
     /// An empty cache of pods, namespaces and NetworkPolicies that does not
-    /// watch ClusterNetworkPolicies: their list is complete and empty from
-    /// the start, as with `--cluster-network-policies=off`
+    /// watch ClusterNetworkPolicies nor Nodes: their lists are complete and
+    /// empty from the start, as with `--cluster-network-policies=off`
     /// ([`Cache::with_cluster_policies`] with [`ClusterPolicyMode::Off`]).
     pub fn new(metrics: Metrics) -> Arc<Cache> {
         Cache::with_cluster_policies(metrics, ClusterPolicyMode::Off)
+    }
+
+    /// The agent's cache: as [`Cache::with_cluster_policies`], and Nodes
+    /// are watched too (their list is incomplete, so nothing is
+    /// programmed, until their watcher completes one; other nodes'
+    /// addresses are node identities, not world).
+    pub fn watching_nodes(metrics: Metrics, mode: ClusterPolicyMode) -> Arc<Cache> {
+        Cache::build(metrics, mode, true)
     }
 
     /// An empty cache whose ClusterNetworkPolicies follow `mode`: with
@@ -135,23 +157,41 @@ impl Cache {
     /// until their watcher completes one (or, with `auto`, finds them not
     /// served); with `off` it is complete and empty from the start. The
     /// watchers ([`crate::k8s::spawn_watchers`]) and the guard's direct
-    /// reads follow the mode of the cache.
+    /// reads follow the mode of the cache. Nodes are not watched (their
+    /// list is complete and empty: other nodes' addresses are world; the
+    /// agent uses [`Cache::watching_nodes`]).
     pub fn with_cluster_policies(metrics: Metrics, mode: ClusterPolicyMode) -> Arc<Cache> {
+        Cache::build(metrics, mode, false)
+    }
+
+    fn build(metrics: Metrics, mode: ClusterPolicyMode, watch_nodes: bool) -> Arc<Cache> {
         let mut cluster_policies = ListStore::default();
         if mode == ClusterPolicyMode::Off {
             cluster_policies.handle(Event::Init, |_, _| {});
             cluster_policies.handle(Event::InitDone, |_, _| {});
+        }
+        let mut nodes = ListStore::projected(NODE_PROJECTION);
+        if !watch_nodes {
+            nodes.handle(Event::Init, |_, _| {});
+            nodes.handle(Event::InitDone, |_, _| {});
         }
         Arc::new(Cache {
             pods: Mutex::default(),
             namespaces: Mutex::default(),
             policies: Mutex::default(),
             cluster_policies: Mutex::new(cluster_policies),
+            nodes: Mutex::new(nodes),
             changed: Notify::new(),
             first_unprogrammed: Mutex::new(None),
             metrics,
             cluster_policy_mode: mode,
+            watch_nodes,
         })
+    }
+
+    /// Whether Nodes are watched (and read by the guard's direct reads).
+    pub fn watches_nodes(&self) -> bool {
+        self.watch_nodes
     }
 
     /// Whether (and how) ClusterNetworkPolicies are watched.
@@ -201,27 +241,30 @@ impl Cache {
         lock(&self.first_unprogrammed).take()
     }
 
-    /// Whether pods, namespaces, NetworkPolicies and ClusterNetworkPolicies
-    /// have each completed a full list.
+    /// Whether pods, namespaces, NetworkPolicies, ClusterNetworkPolicies
+    /// and Nodes have each completed a full list.
     pub fn all_listed(&self) -> bool {
         lock(&self.pods).is_listed()
             && lock(&self.namespaces).is_listed()
             && lock(&self.policies).is_listed()
             && lock(&self.cluster_policies).is_listed()
+            && lock(&self.nodes).is_listed()
     }
 
-    /// The complete state of all four resources, `None` until all four
+    /// The complete state of all five resources, `None` until all five
     /// have completed a full list.
     pub fn complete(&self) -> Option<CompleteState> {
         let pods = lock(&self.pods);
         let namespaces = lock(&self.namespaces);
         let policies = lock(&self.policies);
         let cluster_policies = lock(&self.cluster_policies);
+        let nodes = lock(&self.nodes);
         Some(CompleteState {
             pods: pods.complete()?.values().cloned().collect(),
             namespaces: namespaces.complete()?.values().cloned().collect(),
             policies: policies.complete()?.values().cloned().collect(),
             cluster_policies: cluster_policies.complete()?.values().cloned().collect(),
+            nodes: nodes.complete()?.values().cloned().collect(),
         })
     }
 

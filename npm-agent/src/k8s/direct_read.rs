@@ -1,19 +1,20 @@
-//! The direct read: a fresh, complete, paginated LIST of the four
+//! The direct read: a fresh, complete, paginated LIST of the five
 //! resources straight from the API server (not the cache), which the
 //! mass-deletion guard needs to confirm a large removal. The
 //! ClusterNetworkPolicies follow [`ClusterPolicyMode`]: not read with
 //! `off`, a `404` is an empty list with `auto` (as for the watcher), any
-//! other failure fails the read.
+//! other failure fails the read. Nodes are read unless the cache they
+//! confirm does not watch them ([`direct_read_for`]).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::{Api, Client};
 
-use super::cache::{CompleteState, Watched};
+use super::cache::{Cache, CompleteState, Watched};
 use super::cluster_policy::{classify_list_error, ClusterNetworkPolicy, ClusterPolicyMode, ListFailure};
 use super::store::strip;
 
@@ -90,12 +91,35 @@ pub async fn direct_read_with(
     page_size: u32,
     mode: ClusterPolicyMode,
 ) -> Result<CompleteState, WatchError> {
+    read_all(client, page_size, mode, true).await
+}
+
+/// The direct read that confirms `cache`: ClusterNetworkPolicies in its
+/// mode, Nodes only when it watches them (else none, as in the cache).
+pub async fn direct_read_for(cache: &Cache, client: &Client, page_size: u32) -> Result<CompleteState, WatchError> {
+    read_all(client, page_size, cache.cluster_policy_mode(), cache.watches_nodes()).await
+}
+
+async fn read_all(
+    client: &Client,
+    page_size: u32,
+    mode: ClusterPolicyMode,
+    nodes: bool,
+) -> Result<CompleteState, WatchError> {
     within(DIRECT_READ_TIMEOUT, async {
         Ok(CompleteState {
             namespaces: direct_list(Api::<Namespace>::all(client.clone()), page_size).await?,
             pods: direct_list(Api::<Pod>::all(client.clone()), page_size).await?,
             policies: direct_list(Api::<NetworkPolicy>::all(client.clone()), page_size).await?,
             cluster_policies: direct_cluster_policies(client, page_size, mode).await?,
+            nodes: match nodes {
+                true => direct_list(Api::<Node>::all(client.clone()), page_size)
+                    .await?
+                    .into_iter()
+                    .map(|n| std::sync::Arc::new(super::nodes::slim_node((*n).clone())))
+                    .collect(),
+                false => Vec::new(),
+            },
         })
     })
     .await

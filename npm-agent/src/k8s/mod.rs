@@ -1,7 +1,7 @@
 //! The API server side of the agent: watching pods (all namespaces),
-//! namespaces, NetworkPolicies and ClusterNetworkPolicies, each into a
-//! [`ListStore`] that only trusts complete lists, and the direct (uncached)
-//! read of all four.
+//! namespaces, NetworkPolicies, ClusterNetworkPolicies and Nodes, each into
+//! a [`ListStore`] that only trusts complete lists, and the direct
+//! (uncached) read of all five.
 //!
 //! Incident 2 (a paginated LIST hit `410 Gone` mid-list and a controller
 //! trusted the partial list and deleted live resources) shapes this module:
@@ -12,7 +12,7 @@
 //!   away and the last complete state stays in force;
 //! - nothing is reported as changed for `InitApply`: the sync loop is only
 //!   woken by `InitDone`, `Apply` and `Delete`;
-//! - [`Cache::complete`] returns nothing until all four resources have
+//! - [`Cache::complete`] returns nothing until all five resources have
 //!   completed a full list, so the agent programs and deletes nothing before.
 //!
 //! kube's reflector store is not used on purpose: we need the "keep the last
@@ -21,11 +21,12 @@
 //! paginated with `page_size`, with its default backoff).
 //!
 //! - [`store`]: one kind's [`ListStore`] (complete state, relist buffer);
-//! - [`cache`]: the four stores as one [`Cache`] and its [`CompleteState`];
+//! - [`cache`]: the five stores as one [`Cache`] and its [`CompleteState`];
 //! - [`cluster_policy`]: the ClusterNetworkPolicy resource type and
 //!   [`ClusterPolicyMode`] (what a `404` or `403` on its list means);
+//! - [`nodes`]: the slim Node projection (a heartbeat is no change);
 //! - [`watcher`]: the kube-rs watchers feeding the cache;
-//! - [`direct_read`]: a fresh paginated LIST of all four (the
+//! - [`direct_read`]: a fresh paginated LIST of all five (the
 //!   mass-deletion guard's confirmation);
 //! - [`taint`]: removing the `npm.io/agent-not-ready` taint from this
 //!   agent's Node after the first full sync.
@@ -33,14 +34,15 @@
 pub mod cache;
 pub mod cluster_policy;
 pub mod direct_read;
+pub mod nodes;
 pub mod store;
 pub mod taint;
 pub mod watcher;
 
 pub use cache::{classify_pod_change, Cache, CompleteState, Watched};
 pub use cluster_policy::{ClusterNetworkPolicy, ClusterPolicyMode};
-pub use direct_read::{direct_read, direct_read_with, WatchError};
-pub use store::{key_of, strip, ListStore, ObjKey, StoreUpdate};
+pub use direct_read::{direct_read, direct_read_for, direct_read_with, WatchError};
+pub use store::{key_of, strip, ListStore, ObjKey, Projection, StoreUpdate};
 pub use watcher::{spawn_watchers, watch, watch_cluster_policies};
 
 #[cfg(test)]

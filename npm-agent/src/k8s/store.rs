@@ -1,6 +1,8 @@
 //! One resource kind's store: the last complete list, and the buffer of a
 //! (re)list in progress that replaces it only on `InitDone`; the object
-//! keys and the stripping of fields the agent never reads.
+//! keys and the stripping of fields the agent never reads; a kind-specific
+//! [`Projection`] (Nodes keep only what the compiler reads) under which an
+//! update that changes nothing projected is not a change at all.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,12 +13,35 @@ use kube::{Resource, ResourceExt};
 /// `namespace/name` of an object (`name` for cluster-scoped ones).
 pub type ObjKey = (String, String);
 
+/// A kind-specific slim copy of the objects a store keeps: `project`
+/// drops what the agent never reads (after [`strip`]), and `same` says
+/// whether two projected objects differ in anything but their
+/// resourceVersion. An `Apply`, or a relisted object, that is `same` as the
+/// stored one keeps the stored object (the same pointer: the compiler's
+/// object diff skips it) and is not a change (no wake-up, no recompile).
+#[derive(Debug)]
+pub struct Projection<K> {
+    /// The slim copy of an object.
+    pub project: fn(K) -> K,
+    /// Whether two projected objects are equal but for their resourceVersion.
+    pub same: fn(&K, &K) -> bool,
+}
+
+impl<K> Clone for Projection<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Projection<K> {}
+
 /// The objects of one resource kind, trusting only complete lists.
 #[derive(Debug)]
 pub struct ListStore<K> {
     complete: Option<BTreeMap<ObjKey, Arc<K>>>,
     pending: Option<BTreeMap<ObjKey, Arc<K>>>,
     lists_completed: u64,
+    projection: Option<Projection<K>>,
 }
 
 impl<K> Default for ListStore<K> {
@@ -25,6 +50,17 @@ impl<K> Default for ListStore<K> {
             complete: None,
             pending: None,
             lists_completed: 0,
+            projection: None,
+        }
+    }
+}
+
+impl<K> ListStore<K> {
+    /// An empty store keeping the objects as `projection` makes them.
+    pub fn projected(projection: Projection<K>) -> Self {
+        ListStore {
+            projection: Some(projection),
+            ..ListStore::default()
         }
     }
 }
@@ -34,6 +70,9 @@ impl<K> Default for ListStore<K> {
 pub enum StoreUpdate {
     /// Nothing visible changed (a buffered InitApply, or Init).
     Buffered,
+    /// An `Apply` that changed nothing the store's [`Projection`] keeps
+    /// (a Node heartbeat): the stored object stays, nobody is woken.
+    Unchanged,
     /// The complete state changed.
     Changed,
 }
@@ -68,15 +107,24 @@ impl<K: Resource + Clone> ListStore<K> {
                 StoreUpdate::Buffered
             }
             Event::InitApply(obj) => {
-                let obj = strip(obj);
+                let obj = self.slim(obj);
                 self.pending
                     .get_or_insert_with(BTreeMap::new)
                     .insert(key_of(&obj), Arc::new(obj));
                 StoreUpdate::Buffered
             }
             Event::InitDone => {
-                let new = self.pending.take().unwrap_or_default();
+                let mut new = self.pending.take().unwrap_or_default();
                 let old = self.complete.take().unwrap_or_default();
+                if let Some(p) = self.projection {
+                    // Relisted objects equal to the stored ones keep the
+                    // stored pointers (nothing to convert again).
+                    for (k, n) in new.iter_mut() {
+                        if let Some(o) = old.get(k).filter(|o| (p.same)(o, n)) {
+                            *n = o.clone();
+                        }
+                    }
+                }
                 for (k, o) in &old {
                     match new.get(k) {
                         None => on_change(Some(o), None),
@@ -98,7 +146,8 @@ impl<K: Resource + Clone> ListStore<K> {
                 StoreUpdate::Changed
             }
             Event::Apply(obj) => {
-                let obj = Arc::new(strip(obj));
+                let obj = Arc::new(self.slim(obj));
+                let projection = self.projection;
                 let Some(complete) = self.complete.as_mut() else {
                     // Cannot happen with kube's watcher (Apply only follows
                     // InitDone); if it did, a partial state is not trusted.
@@ -107,7 +156,13 @@ impl<K: Resource + Clone> ListStore<K> {
                         .insert(key_of(obj.as_ref()), obj);
                     return StoreUpdate::Buffered;
                 };
-                let old = complete.insert(key_of(obj.as_ref()), obj.clone());
+                let key = key_of(obj.as_ref());
+                if let (Some(p), Some(old)) = (projection, complete.get(&key)) {
+                    if (p.same)(old, &obj) {
+                        return StoreUpdate::Unchanged;
+                    }
+                }
+                let old = complete.insert(key, obj.clone());
                 on_change(old.as_deref(), Some(&obj));
                 StoreUpdate::Changed
             }
@@ -122,6 +177,17 @@ impl<K: Resource + Clone> ListStore<K> {
                 on_change(old.as_deref().or(Some(&obj)), None);
                 StoreUpdate::Changed
             }
+        }
+    }
+}
+
+impl<K: Resource> ListStore<K> {
+    /// [`strip`], then this store's projection.
+    fn slim(&self, obj: K) -> K {
+        let obj = strip(obj);
+        match self.projection {
+            Some(p) => (p.project)(obj),
+            None => obj,
         }
     }
 }

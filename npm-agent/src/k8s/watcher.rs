@@ -1,5 +1,5 @@
 //! The kube-rs watchers (`kube::runtime::watcher`, paginated with
-//! `page_size`, with its default backoff) of the four resources, each
+//! `page_size`, with its default backoff) of the five resources, each
 //! feeding the [`Cache`]. A failed watch is counted and logged; the last
 //! complete list stays in force. The ClusterNetworkPolicy watcher also
 //! applies [`ClusterPolicyMode`] to a failed list (a `404` in `auto` is a
@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
@@ -109,8 +109,9 @@ pub async fn watch_cluster_policies(
 }
 
 /// Spawn the watchers on the current tokio runtime: pods, namespaces,
-/// NetworkPolicies and, unless the cache's [`ClusterPolicyMode`] is `off`
-/// (then their list is complete and empty from the start),
+/// NetworkPolicies, Nodes when the cache watches them
+/// ([`Cache::watches_nodes`]) and, unless the cache's [`ClusterPolicyMode`]
+/// is `off` (then their list is complete and empty from the start),
 /// ClusterNetworkPolicies.
 pub fn spawn_watchers(
     client: Client,
@@ -131,6 +132,14 @@ pub fn spawn_watchers(
             cache.clone(),
             metrics.clone(),
             health.clone(),
+        )));
+    }
+    if cache.watches_nodes() {
+        tasks.push(tokio::spawn(watch(
+            Api::<Node>::all(client.clone()),
+            page_size,
+            cache.clone(),
+            metrics.clone(),
         )));
     }
     tasks.extend([

@@ -11,8 +11,12 @@
 //! ingress and egress counts twice), and, because a lost Deny opens traffic
 //! too, the ClusterNetworkPolicies of the state (by name) and the tier
 //! entries of the compile (`Compiled::tiers`, by count: a CNP edit that
-//! reshapes its entries is no loss). Each is held at the same threshold,
-//! with the same window and the same confirming direct read.
+//! reshapes its entries is no loss), and, because other nodes' addresses
+//! are node identities (a lost one becomes world, which a
+//! ClusterNetworkPolicy `nodes` peer or an ipBlock decides differently),
+//! the Nodes of the state (by name) and the node addresses of the compile
+//! (ipcache entries with a node identity). Each is held at the same
+//! threshold, with the same window and the same confirming direct read.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -24,7 +28,7 @@ use npm_policy::model::Snapshot;
 use super::config::{DIRECT_READ_MAX_BACKOFF, DIRECT_READ_MIN_BACKOFF};
 use super::dataplane::AgentDataplane;
 use super::syncer::{SyncError, SyncOutcome, Syncer};
-use crate::k8s::direct_read_with;
+use crate::k8s::direct_read_for;
 
 /// The pod identities of a compile (its identity table holds exactly the
 /// identities of the pods that own an address), in order.
@@ -134,6 +138,38 @@ pub fn tier_removal<'a>(
     })
 }
 
+/// The node addresses of a compile: its ipcache entries whose identity is
+/// a node identity.
+pub fn node_addresses(c: &Compiled) -> usize {
+    c.ipcache
+        .values()
+        .filter(|e| c.ids.node_identities.contains_key(&e.identity))
+        .count()
+}
+
+/// Which share of the Nodes last programmed (`programmed`, names in
+/// order) the next state (`next`, names in order) no longer has, and by
+/// which share the node addresses of `new` fell below those of `old`;
+/// `Some(description)` when either exceeds `threshold`.
+pub fn node_removal<'a>(
+    programmed: &'a [String],
+    next: impl Iterator<Item = &'a str>,
+    old: &Compiled,
+    new: &Compiled,
+    threshold: f64,
+) -> Option<String> {
+    let removed_nodes = missing_from(programmed.iter().map(String::as_str), next);
+    let (oa, na) = (node_addresses(old), node_addresses(new));
+    let removed_addresses = oa.saturating_sub(na);
+    let (sn, sa) = (share(programmed.len(), removed_nodes), share(oa, removed_addresses));
+    (sn > threshold || sa > threshold).then(|| {
+        format!(
+            "{removed_nodes}/{} Nodes and {removed_addresses}/{oa} node addresses would be removed",
+            programmed.len()
+        )
+    })
+}
+
 /// The reference of the cumulative mass-deletion check: the highest pod
 /// identity, endpoint, NetworkPolicy, isolated endpoint direction,
 /// ClusterNetworkPolicy and tier entry counts
@@ -149,6 +185,11 @@ pub struct GuardReference {
     isolated: VecDeque<(Instant, usize)>,
     cluster_policies: VecDeque<(Instant, usize)>,
     tier_entries: VecDeque<(Instant, usize)>,
+    nodes: VecDeque<(Instant, usize)>,
+    node_addresses: VecDeque<(Instant, usize)>,
+    /// The Nodes (names) last programmed, in order (`None` before the
+    /// first sync).
+    programmed_nodes: Option<Vec<String>>,
     /// The NetworkPolicies (namespace, name) last programmed, in order
     /// (`None` before the first sync).
     programmed_policies: Option<Vec<(String, String)>>,
@@ -215,6 +256,51 @@ impl GuardReference {
         self.programmed_cluster_policies = Some(names);
     }
 
+    /// Record the Nodes (`names`, in order) of the state just programmed
+    /// and the node addresses of what was programmed.
+    pub fn observe_nodes(&mut self, now: Instant, names: Vec<String>, programmed: &Compiled) {
+        for q in [&mut self.nodes, &mut self.node_addresses] {
+            if let Some(b) = q.back_mut() {
+                b.0 = b.0.max(now);
+            }
+        }
+        push_max(&mut self.nodes, now, names.len());
+        push_max(&mut self.node_addresses, now, node_addresses(programmed));
+        self.programmed_nodes = Some(names);
+    }
+
+    /// The Nodes last programmed, in order (`None` before the first sync).
+    pub fn programmed_nodes(&self) -> Option<&[String]> {
+        self.programmed_nodes.as_deref()
+    }
+
+    /// `Some(description)` when the next state has more than `threshold`
+    /// fewer Nodes (`next_count`), or its compile `compiled` fewer node
+    /// addresses, than the high-water counts within `window` before `now`.
+    pub fn cumulative_node_removal(
+        &mut self,
+        next_count: usize,
+        compiled: &Compiled,
+        now: Instant,
+        window: Duration,
+        threshold: f64,
+    ) -> Option<String> {
+        expire(&mut self.nodes, now, window);
+        expire(&mut self.node_addresses, now, window);
+        let hn = self.nodes.front().map_or(0, |s| s.1);
+        let ha = self.node_addresses.front().map_or(0, |s| s.1);
+        let (rn, ra) = (
+            hn.saturating_sub(next_count),
+            ha.saturating_sub(node_addresses(compiled)),
+        );
+        (share(hn, rn) > threshold || share(ha, ra) > threshold).then(|| {
+            format!(
+                "{rn} of up to {hn} Nodes and {ra} of up to {ha} node addresses gone within {window:?} since \
+                 the last confirmation"
+            )
+        })
+    }
+
     /// The ClusterNetworkPolicies last programmed, in order (`None`
     /// before the first sync).
     pub fn programmed_cluster_policies(&self) -> Option<&[String]> {
@@ -264,6 +350,8 @@ impl GuardReference {
         self.isolated.clear();
         self.cluster_policies.clear();
         self.tier_entries.clear();
+        self.nodes.clear();
+        self.node_addresses.clear();
         self.observe(now, identities, endpoints);
     }
 
@@ -354,6 +442,12 @@ impl<D: AgentDataplane> Syncer<D> {
                     return Some(what);
                 }
             }
+            if let Some(nodes) = self.guard.programmed_nodes() {
+                let names = self.incremental.node_names();
+                if let Some(what) = node_removal(nodes, names, prog, next, threshold) {
+                    return Some(what);
+                }
+            }
         }
         if let Some(what) = self.guard.cumulative_removal(next, now, window, threshold) {
             return Some(what);
@@ -365,7 +459,11 @@ impl<D: AgentDataplane> Syncer<D> {
             return Some(what);
         }
         let cnps = self.incremental.cluster_policy_names().count();
-        self.guard.cumulative_tier_removal(cnps, next, now, window, threshold)
+        if let Some(what) = self.guard.cumulative_tier_removal(cnps, next, now, window, threshold) {
+            return Some(what);
+        }
+        let nodes = self.incremental.node_names().count();
+        self.guard.cumulative_node_removal(nodes, next, now, window, threshold)
     }
 
     /// A sync is held (it would remove `what`): confirm it with a direct
@@ -392,8 +490,7 @@ impl<D: AgentDataplane> Syncer<D> {
         let Some(client) = self.client.clone() else {
             return Err(SyncError::NoDirectReader { what });
         };
-        let mode = self.cache.cluster_policy_mode();
-        let read = direct_read_with(&client, self.cfg.page_size, mode).await;
+        let read = direct_read_for(&self.cache, &client, self.cfg.page_size).await;
         // Until a read confirms a deletion, reads back off.
         self.next_direct_read_at = Instant::now().checked_add(self.direct_read_backoff);
         self.direct_read_backoff = (self.direct_read_backoff * 2).min(DIRECT_READ_MAX_BACKOFF);

@@ -27,8 +27,8 @@ fn missing<K: Resource>(last: &[Arc<K>], next: &[Arc<K>]) -> Vec<Arc<K>> {
         .collect()
 }
 
-/// `next` plus the namespaces, pods, NetworkPolicies and
-/// ClusterNetworkPolicies of `last` (the
+/// `next` plus the namespaces, pods, NetworkPolicies,
+/// ClusterNetworkPolicies and Nodes of `last` (the
 /// state last programmed) that `next` no longer has; each held pod carries
 /// a deletion timestamp (keeping one it had), so that any live pod of
 /// `next` claiming its address owns it.
@@ -38,6 +38,7 @@ pub fn held_state(last: &CompleteState, next: &CompleteState) -> CompleteState {
     out.policies.extend(missing(&last.policies, &next.policies));
     out.cluster_policies
         .extend(missing(&last.cluster_policies, &next.cluster_policies));
+    out.nodes.extend(missing(&last.nodes, &next.nodes));
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     for p in missing(&last.pods, &next.pods) {
         if p.metadata.deletion_timestamp.is_some() {
@@ -57,4 +58,5 @@ pub fn held_objects(last: &CompleteState, next: &CompleteState) -> usize {
         + missing(&last.policies, &next.policies).len()
         + missing(&last.cluster_policies, &next.cluster_policies).len()
         + missing(&last.pods, &next.pods).len()
+        + missing(&last.nodes, &next.nodes).len()
 }

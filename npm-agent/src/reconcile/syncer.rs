@@ -582,6 +582,8 @@ impl<D: AgentDataplane> Syncer<D> {
         self.guard.observe_enforcement(now, self.incremental.snapshot(), target);
         let cnps = self.incremental.cluster_policy_names().map(String::from).collect();
         self.guard.observe_tiers(now, cnps, target);
+        let nodes = self.incremental.node_names().map(String::from).collect();
+        self.guard.observe_nodes(now, nodes, target);
         self.metrics.sync_duration.record(started.elapsed().as_secs_f64());
         if outcome.applied {
             self.metrics.syncs.increment(1);

@@ -2,8 +2,8 @@
 //!
 //! Each deny event becomes one JSON line on stdout ([`FlowRecord`]): the
 //! pod the event is about (namespace/name), the peer (another pod by
-//! namespace/name, this node, or the world with the longest matching CIDR
-//! of the policies), the direction and reason, the 5-tuple, and the
+//! namespace/name, this node, another node by name: `node/<name>`, or the
+//! world with the longest matching CIDR of the policies), the direction and reason, the 5-tuple, and the
 //! policies that isolate the pod in that direction (namespace/name). A
 //! deny of a ClusterNetworkPolicy tier (`admin-deny`, `baseline-deny`)
 //! names the tier and, when the programmed state still decides the packet
@@ -118,14 +118,32 @@ pub enum Peer {
         /// Name.
         name: String,
     },
-    /// This node (or another node address the agent knows).
+    /// This node.
     Host,
+    /// Another node of the cluster (an address of its `status.addresses`,
+    /// known by its node identity): printed `node/<name>`.
+    Node {
+        /// The Node's name.
+        name: String,
+    },
     /// Outside the cluster's pods: `cidr` is the longest prefix of a
     /// policy's ipBlock that contains the address, if any.
     World {
         /// The longest matching policy CIDR.
         cidr: Option<String>,
     },
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Pod { namespace, name } => write!(f, "pod/{namespace}/{name}"),
+            Peer::Host => f.write_str("host"),
+            Peer::Node { name } => write!(f, "node/{name}"),
+            Peer::World { cidr: Some(c) } => write!(f, "world/{c}"),
+            Peer::World { cidr: None } => f.write_str("world"),
+        }
+    }
 }
 
 /// The ClusterNetworkPolicy rule that denied a packet.
@@ -204,6 +222,23 @@ impl<'a> Names<'a> {
         let identity = self.compiled.and_then(|c| c.ipcache.get(&ip)).map(|e| e.identity);
         match identity {
             Some(npm_common::IDENTITY_HOST) => return Peer::Host,
+            Some(id) if self.compiled.is_some_and(|c| c.ids.node_identities.contains_key(&id)) => {
+                // The node of that identity listing the address (the
+                // compiler's rule: the first by name).
+                let compiled = self.compiled.expect("checked");
+                let of_identity = &compiled.ids.node_identities[&id].nodes;
+                let by_address = self
+                    .snapshot
+                    .nodes
+                    .values()
+                    .find(|n| of_identity.contains(&n.name) && n.addresses.contains(&ip))
+                    .map(|n| n.name.clone());
+                let name = by_address.unwrap_or_else(|| {
+                    let shown = npm_policy::render::identity_name(compiled, id);
+                    shown.strip_prefix("node/").map(String::from).unwrap_or(shown)
+                });
+                return Peer::Node { name };
+            }
             Some(id) if id >= npm_common::IDENTITY_FIRST_POD => {
                 let ns = self
                     .compiled

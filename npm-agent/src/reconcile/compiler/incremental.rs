@@ -9,10 +9,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use npm_policy::compiled::{CompileOptions, Compiled};
-use npm_policy::convert::namespace_from_api;
+use npm_policy::convert::{namespace_from_api, node_from_api};
 use npm_policy::incremental::Compiler;
 use npm_policy::model::Snapshot;
 
@@ -29,6 +29,7 @@ enum Op {
     Pod(ObjKey, Option<npm_policy::model::Pod>),
     Policy(ObjKey, Option<Arc<NetworkPolicy>>),
     ClusterPolicy(String, Option<Arc<ClusterNetworkPolicy>>),
+    Node(String, Option<npm_policy::model::Node>),
 }
 
 /// The compile state the sync loop keeps between syncs: a long-lived
@@ -58,6 +59,7 @@ pub struct Incremental {
     pods: Vec<Arc<Pod>>,
     policies: Vec<Arc<NetworkPolicy>>,
     cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
+    nodes: Vec<Arc<Node>>,
     facts: Arc<NodeFacts>,
     stripped: Stripped,
     /// The ClusterNetworkPolicies of the state that cannot be decoded.
@@ -95,6 +97,7 @@ impl Incremental {
             pods: sorted(&state.pods),
             policies: sorted(&state.policies),
             cluster_policies: sorted(&state.cluster_policies),
+            nodes: sorted(&state.nodes),
             facts: facts.clone(),
             stripped,
             unparsed,
@@ -105,6 +108,11 @@ impl Incremental {
     /// (decoded or not), in order.
     pub fn cluster_policy_names(&self) -> impl Iterator<Item = &str> + '_ {
         self.cluster_policies.iter().map(|p| p.name())
+    }
+
+    /// The names of the Nodes of the state last compiled, in order.
+    pub fn node_names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.nodes.iter().map(|n| key_ref(n.as_ref()).1)
     }
 
     /// The ClusterNetworkPolicies of the state last compiled that are not
@@ -121,6 +129,7 @@ impl Incremental {
             pods: self.pods.clone(),
             policies: self.policies.clone(),
             cluster_policies: self.cluster_policies.clone(),
+            nodes: self.nodes.clone(),
         }
     }
 
@@ -171,7 +180,9 @@ impl Incremental {
         self.facts = facts.clone();
         let (np_up, np_gone) = diff_objects(&mut self.policies, &state.policies);
         let (cnp_up, cnp_gone) = diff_objects(&mut self.cluster_policies, &state.cluster_policies);
+        let (node_up, node_gone) = diff_objects(&mut self.nodes, &state.nodes);
         let changes = Changes {
+            nodes: node_up.len() + node_gone.len(),
             namespaces: ns_up.len() + ns_gone.len(),
             pods: pod_up.len() + pod_gone.len(),
             policies: np_up.len() + np_gone.len(),
@@ -215,6 +226,17 @@ impl Incremental {
                 .into_iter()
                 .map(|p| Op::ClusterPolicy(p.name().to_string(), Some(p))),
         );
+        ops.extend(node_gone.into_iter().map(|(_, name)| Op::Node(name, None)));
+        for n in &node_up {
+            let name = key_of(n.as_ref()).1;
+            match node_from_api(n) {
+                Ok(n) => ops.push(Op::Node(name, Some(n))),
+                Err(e) => {
+                    tracing::error!(error = %e, "node skipped");
+                    ops.push(Op::Node(name, None));
+                }
+            }
+        }
         if ops.is_empty() {
             return changes;
         }
@@ -238,6 +260,8 @@ impl Incremental {
                     Op::Policy((ns, name), None) => c.remove_policy(&ns, &name),
                     Op::ClusterPolicy(_, Some(p)) => cluster::apply(c, &mut self.unparsed, &p),
                     Op::ClusterPolicy(name, None) => cluster::remove_compiled(c, &mut self.unparsed, &name),
+                    Op::Node(_, Some(n)) => c.upsert_node(n),
+                    Op::Node(name, None) => c.remove_node(&name),
                 }
             }
             self.per_change = ewma(self.per_change, t.elapsed() / changes.total().max(1) as u32);
@@ -262,6 +286,10 @@ impl Incremental {
                     Op::Policy((ns, name), None) => snapshot.remove_policy(&ns, &name),
                     Op::ClusterPolicy(_, Some(p)) => cluster::upsert(&mut snapshot, &mut self.unparsed, &p),
                     Op::ClusterPolicy(name, None) => cluster::remove(&mut snapshot, &mut self.unparsed, &name),
+                    Op::Node(_, Some(n)) => snapshot.upsert_node(n),
+                    Op::Node(name, None) => {
+                        snapshot.remove_node(&name);
+                    }
                 }
             }
             self.compiler = Compiler::new(snapshot, self.opts.clone(), Some(&prev));
@@ -344,5 +372,6 @@ impl Incremental {
         self.pods = sorted(&state.pods);
         self.policies = sorted(&state.policies);
         self.cluster_policies = sorted(&state.cluster_policies);
+        self.nodes = sorted(&state.nodes);
     }
 }

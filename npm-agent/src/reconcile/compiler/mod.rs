@@ -6,7 +6,10 @@
 //! rejects (a malformed IP, say) is logged and skipped instead of stopping
 //! enforcement of everything else; invalid policies are kept by the
 //! converter in `Snapshot::invalid_policies` (ClusterNetworkPolicies in
-//! `Snapshot::invalid_cluster_policies`, see [`cluster`]).
+//! `Snapshot::invalid_cluster_policies`, see [`cluster`]). Nodes are
+//! converted by `npm_policy::convert::node_from_api` (a Node with an
+//! address that does not parse is logged and left out: its addresses are
+//! world, as before Nodes were watched).
 //!
 //! [`Incremental`] stays level-triggered: each update compares the complete
 //! state it is given with the complete state of the previous update (object
@@ -30,7 +33,7 @@ pub mod overlay;
 pub use incremental::Incremental;
 
 use npm_policy::compiled::{CompileOptions, Compiled};
-use npm_policy::convert::namespace_from_api;
+use npm_policy::convert::{namespace_from_api, node_from_api};
 use npm_policy::model::Snapshot;
 
 use crate::cni::NodeFacts;
@@ -76,6 +79,12 @@ fn snapshot_with_overlay(state: &CompleteState, facts: &NodeFacts) -> (Snapshot,
     for cnp in &state.cluster_policies {
         cluster::upsert(&mut s, &mut unparsed, cnp);
     }
+    for n in &state.nodes {
+        match node_from_api(n) {
+            Ok(n) => s.upsert_node(n),
+            Err(e) => tracing::error!(error = %e, "node skipped"),
+        }
+    }
     (s, stripped, unparsed)
 }
 
@@ -95,12 +104,14 @@ pub struct Changes {
     pub policies: usize,
     /// ClusterNetworkPolicies added, changed or removed.
     pub cluster_policies: usize,
+    /// Nodes added, changed or removed.
+    pub nodes: usize,
 }
 
 impl Changes {
     /// Total number of objects fed to the compiler.
     pub fn total(&self) -> usize {
-        self.namespaces + self.pods + self.policies + self.cluster_policies
+        self.namespaces + self.pods + self.policies + self.cluster_policies + self.nodes
     }
 }
 

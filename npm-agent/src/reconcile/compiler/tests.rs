@@ -104,6 +104,7 @@ fn incremental_updates_match_full_compile() {
             .collect(),
         policies: vec![policy("a", "np1", 100, "web", "y")],
         cluster_policies: Vec::new(),
+        nodes: Vec::new(),
     };
     let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
     let mut rv = 1000;
@@ -170,6 +171,7 @@ fn incremental_updates_match_full_compile() {
         pods: state.pods.iter().map(|o| Arc::new((**o).clone())).collect(),
         policies: state.policies.iter().map(|o| Arc::new((**o).clone())).collect(),
         cluster_policies: Vec::new(),
+        nodes: Vec::new(),
     };
     assert_eq!(inc.update(&relisted, &no_facts()), Changes::default());
 }
@@ -183,6 +185,7 @@ fn cross_check_repairs_a_missed_change() {
         pods: vec![pod("a", "p", 2, "10.2.0.1", "web", "node-a")],
         policies: Vec::new(),
         cluster_policies: Vec::new(),
+        nodes: Vec::new(),
     };
     let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
     state.pods[0] = pod("a", "p", 3, "10.2.0.9", "web", "node-a");
@@ -235,6 +238,7 @@ fn facts_changes_are_compiled_incrementally() {
         ],
         policies: vec![policy("a", "np1", 3, "web", "x")],
         cluster_policies: Vec::new(),
+        nodes: Vec::new(),
     };
     let ip: IpAddr = "10.3.0.7".parse().unwrap();
     let mut facts = NodeFacts::default();
@@ -370,4 +374,103 @@ fn cluster_policy_steps_match_full_compile() {
     }
     assert!(inc.compiled().tiers.is_empty(), "all CNPs removed");
     assert!(inc.snapshot().cluster_policies.is_empty());
+}
+
+fn api_node(name: &str, rv: u64, zone: &str, ips: &[&str]) -> Arc<k8s_openapi::api::core::v1::Node> {
+    use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
+    Arc::new(Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            uid: Some(format!("uid-node-{name}")),
+            resource_version: Some(rv.to_string()),
+            labels: Some([("zone".to_string(), zone.to_string())].into()),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(NodeStatus {
+            addresses: Some(
+                ips.iter()
+                    .map(|ip| NodeAddress {
+                        type_: "InternalIP".into(),
+                        address: ip.to_string(),
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+    })
+}
+
+/// Nodes go through the same incremental compile: every step (a node
+/// added, relabelled, readdressed, one with a bad address, a pod taking a
+/// node's address and giving it back, removals) equals a full compile,
+/// both ways; other nodes' addresses get node identities, this node's
+/// Node none.
+#[test]
+fn node_steps_match_full_compile() {
+    let mut state = CompleteState {
+        namespaces: vec![ns("a", 1, "x")],
+        pods: vec![pod("a", "w", 2, "10.5.0.1", "web", "node-a")],
+        nodes: vec![api_node("node-a", 3, "z1", &["10.6.0.1"])],
+        ..Default::default()
+    };
+    let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
+    assert!(
+        inc.compiled().ids.node_identities.is_empty(),
+        "this node is no node identity"
+    );
+    let steps: Vec<Box<Step>> = vec![
+        Box::new(|s, rv| s.nodes.push(api_node("node-b", rv, "z1", &["10.6.0.2"]))),
+        Box::new(|s, rv| s.nodes.push(api_node("node-c", rv, "z2", &["10.6.0.3", "fd00::3"]))),
+        Box::new(|s, rv| s.nodes[1] = api_node("node-b", rv, "z2", &["10.6.0.2"])),
+        Box::new(|s, rv| s.nodes[2] = api_node("node-c", rv, "z2", &["10.6.0.4"])),
+        Box::new(|s, rv| s.nodes.push(api_node("node-d", rv, "z3", &["not-an-ip"]))),
+        Box::new(|s, rv| s.pods.push(pod("a", "squat", rv, "10.6.0.2", "web", "node-b"))),
+        Box::new(|s, _| {
+            s.pods.pop();
+        }),
+        Box::new(|s, _| {
+            s.nodes.remove(1);
+        }),
+        Box::new(|s, _| s.nodes.truncate(1)),
+    ];
+    for (i, step) in steps.iter().enumerate() {
+        step(&mut state, 100 + i as u64);
+        let force_rebuild = i % 2 == 1;
+        (inc.per_change, inc.rebuild_cost) = if force_rebuild {
+            (Duration::from_secs(3600), Duration::ZERO)
+        } else {
+            (Duration::ZERO, Duration::from_secs(3600))
+        };
+        let changes = inc.update(&state, &no_facts());
+        assert!(changes.total() >= 1, "step {i}");
+        let reference = compile(&snapshot(&state, &NodeFacts::default()), &opts(), Some(inc.compiled()));
+        let diff = inc.compiled().diff(&reference);
+        assert!(diff.is_empty(), "step {i}: incremental == full: {diff:?}");
+        assert_eq!(inc.node_names().count(), state.nodes.len(), "step {i}");
+        assert_eq!(inc.cross_check(&state), None, "step {i}");
+        let c = inc.compiled();
+        let node_id = |ip: &str| {
+            c.ipcache
+                .get(&ip.parse::<IpAddr>().unwrap())
+                .map(|e| c.ids.node_identities.contains_key(&e.identity))
+        };
+        match i {
+            0 => assert_eq!(node_id("10.6.0.2"), Some(true), "node-b is a node identity"),
+            3 => {
+                assert_eq!(node_id("10.6.0.4"), Some(true));
+                assert_eq!(node_id("10.6.0.3"), None, "an address the node dropped is world");
+            }
+            5 => assert_eq!(node_id("10.6.0.2"), Some(false), "a pod owning the address wins"),
+            6 => assert_eq!(node_id("10.6.0.2"), Some(true), "the node gets it back"),
+            8 => assert!(c.ids.node_identities.is_empty() && node_id("10.6.0.4").is_none()),
+            _ => {}
+        }
+    }
+    // A relist with the same versions feeds nothing.
+    let relisted = CompleteState {
+        nodes: state.nodes.iter().map(|o| Arc::new((**o).clone())).collect(),
+        ..state.clone()
+    };
+    assert_eq!(inc.update(&relisted, &no_facts()), Changes::default());
 }

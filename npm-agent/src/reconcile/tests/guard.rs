@@ -191,3 +191,64 @@ fn losing_most_cluster_policies_or_tier_entries_is_held() {
         None
     );
 }
+
+/// Losing most Nodes, or most node addresses, is held, in one step and
+/// cumulatively.
+#[test]
+fn node_removals_are_held() {
+    use crate::reconcile::guard::{node_addresses, node_removal};
+    use npm_policy::compiled::{Compiled, IpEntry, NodeIdentity};
+    let with_nodes = |n: u8| {
+        let mut c = Compiled::default();
+        c.ids.node_identities.insert(
+            IDENTITY_FIRST_POD,
+            NodeIdentity {
+                labels: Default::default(),
+                nodes: (0..n).map(|i| format!("n{i}")).collect(),
+            },
+        );
+        for i in 0..n {
+            c.ipcache.insert(
+                format!("10.0.0.{i}").parse().unwrap(),
+                IpEntry {
+                    identity: IDENTITY_FIRST_POD,
+                    cidr_identity: 0,
+                },
+            );
+        }
+        c
+    };
+    let names = |n: u8| (0..n).map(|i| format!("n{i:02}")).collect::<Vec<_>>();
+    let (old, new) = (with_nodes(10), with_nodes(4));
+    assert_eq!(node_addresses(&old), 10);
+    let all = names(10);
+    let some = names(4);
+    assert!(node_removal(&all, some.iter().map(String::as_str), &old, &new, 0.5)
+        .is_some_and(|w| w.starts_with("6/10 Nodes and 6/10 node addresses")));
+    let most = names(6);
+    assert_eq!(
+        node_removal(&all, most.iter().map(String::as_str), &old, &with_nodes(6), 0.5),
+        None
+    );
+    // Addresses lost while the Node objects stay are held too.
+    assert!(node_removal(&all, all.iter().map(String::as_str), &old, &new, 0.5).is_some());
+    // Cumulatively: small steps add up against the high-water count.
+    let (window, t0) = (Duration::from_secs(60), Instant::now());
+    let mut g = GuardReference::default();
+    for (s, n) in [(0u64, 10u8), (10, 8), (20, 6)] {
+        let at = t0 + Duration::from_secs(s);
+        assert_eq!(
+            g.cumulative_node_removal(n as usize, &with_nodes(n), at, window, 0.5),
+            None
+        );
+        g.observe_nodes(at, names(n), &with_nodes(n));
+    }
+    assert_eq!(g.programmed_nodes().map(<[String]>::len), Some(6));
+    let at = t0 + Duration::from_secs(30);
+    assert!(g
+        .cumulative_node_removal(4, &with_nodes(4), at, window, 0.5)
+        .is_some_and(|w| w.starts_with("6 of up to 10 Nodes")));
+    g.reset(at, 0, 0);
+    g.observe_nodes(at, names(4), &with_nodes(4));
+    assert_eq!(g.cumulative_node_removal(4, &with_nodes(4), at, window, 0.5), None);
+}

@@ -122,6 +122,13 @@ fn names_pod_peer_and_isolating_policies() {
     ] {
         s.policies.insert((pol.namespace.clone(), pol.name.clone()), pol);
     }
+    for (name, ip) in [("node-a", "10.0.0.1"), ("node-b", "10.0.0.2")] {
+        s.upsert_node(npm_policy::model::Node {
+            name: name.into(),
+            labels: [("zone".to_string(), "z1".to_string())].into(),
+            addresses: vec![ip.parse().unwrap()],
+        });
+    }
     let opts = CompileOptions {
         node_name: "node-a".into(),
         node_ips: vec!["10.0.0.1".parse().unwrap()],
@@ -169,6 +176,14 @@ fn names_pod_peer_and_isolating_policies() {
     );
     assert_eq!(egress([198, 51, 100, 1]).peer, Peer::World { cidr: None });
     assert_eq!(egress([10, 0, 0, 1]).peer, Peer::Host);
+    // Another node's address: named by its Node.
+    let other = egress([10, 0, 0, 2]).peer;
+    assert_eq!(other, Peer::Node { name: "node-b".into() });
+    assert_eq!(other.to_string(), "node/node-b");
+    assert_eq!(
+        serde_json::to_value(&other).unwrap(),
+        serde_json::json!({"kind": "node", "name": "node-b"})
+    );
 
     // The JSON line.
     let sink = Sink::default();
