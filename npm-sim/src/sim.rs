@@ -10,6 +10,8 @@ use npm_policy::convert::{load_yaml, ConvertError, Objects, YamlError};
 use npm_policy::evaluate::{evaluate, Flow, Verdict};
 use npm_policy::identity::{is_addressable, pod_addresses};
 use npm_policy::model::{PodPhase, Protocol, Snapshot};
+use npm_policy::tiers::api::KIND;
+use npm_policy::tiers::validate::{convert_cluster_policy_yaml, ClusterParseError};
 
 /// Errors of the simulator.
 #[derive(Debug, thiserror::Error)]
@@ -25,25 +27,107 @@ pub enum SimError {
     /// An object failed to convert.
     #[error("{0}")]
     Convert(#[from] ConvertError),
+    /// A ClusterNetworkPolicy document does not have the object's shape.
+    #[error("{input}: {source}")]
+    ClusterPolicy {
+        /// Which input (file name).
+        input: String,
+        /// The error.
+        source: ClusterParseError,
+    },
+}
+
+/// Splits a multi-document YAML text into its ClusterNetworkPolicy objects
+/// (also the items of a `List` or `ClusterNetworkPolicyList`) and the text
+/// of every other document (for [`load_yaml`]; a document that was only
+/// ClusterNetworkPolicies becomes `null`, so document indexes in its errors
+/// stay those of the input).
+fn split_cluster_policies(text: &str) -> Result<(Vec<serde_yaml::Value>, String), serde_yaml::Error> {
+    use serde::Deserialize;
+    /// The document without its ClusterNetworkPolicies (`Null` if nothing
+    /// is left).
+    fn walk(v: serde_yaml::Value, cnps: &mut Vec<serde_yaml::Value>) -> serde_yaml::Value {
+        let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or("").to_string();
+        match kind.as_str() {
+            KIND => {
+                cnps.push(v);
+                serde_yaml::Value::Null
+            }
+            "ClusterNetworkPolicyList" | "List" => {
+                let items = v
+                    .get("items")
+                    .and_then(|i| i.as_sequence())
+                    .cloned()
+                    .unwrap_or_default();
+                let other: Vec<serde_yaml::Value> = items
+                    .into_iter()
+                    .map(|i| walk(i, cnps))
+                    .filter(|i| !i.is_null())
+                    .collect();
+                if other.is_empty() {
+                    return serde_yaml::Value::Null;
+                }
+                let mut list = serde_yaml::Mapping::new();
+                list.insert("kind".into(), "List".into());
+                list.insert("items".into(), serde_yaml::Value::Sequence(other));
+                serde_yaml::Value::Mapping(list)
+            }
+            _ => v,
+        }
+    }
+    let (mut cnps, mut rest) = (Vec::new(), Vec::new());
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let v = serde_yaml::Value::deserialize(doc)?;
+        rest.push(walk(v, &mut cnps));
+    }
+    let mut out = String::new();
+    for v in rest {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&v)?);
+    }
+    Ok((cnps, out))
 }
 
 /// The node the simulator compiles for.
 pub const SIM_NODE: &str = "npm-node";
 
-/// Builds a snapshot from named YAML texts (`(name, text)`). Pods without
+/// Builds a snapshot from named YAML texts (`(name, text)`) of Namespace,
+/// Pod, NetworkPolicy and ClusterNetworkPolicy objects (the latter
+/// converted by npm-policy; one not fully understood is kept as converted,
+/// failing closed, and reported in `invalid_cluster_policies`). Pods without
 /// `status.podIP(s)` get a synthetic address in `10.244.0.0/16` and, when
 /// without a phase, phase Running; pods without `spec.nodeName` run on
 /// [`SIM_NODE`]. Namespaces referenced by pods or policies but not defined
 /// are created with just their metadata label.
 pub fn load_snapshot(inputs: &[(String, String)]) -> Result<Snapshot, SimError> {
     let mut objs = Objects::default();
+    let mut cnps = Vec::new();
     for (name, text) in inputs {
-        objs.extend(load_yaml(text).map_err(|source| SimError::Yaml {
+        let (mine, rest) = split_cluster_policies(text).map_err(|e| SimError::Yaml {
+            input: name.clone(),
+            source: YamlError::Syntax { index: 0, source: e },
+        })?;
+        objs.extend(load_yaml(&rest).map_err(|source| SimError::Yaml {
             input: name.clone(),
             source,
         })?);
+        for v in mine {
+            let text = serde_yaml::to_string(&v).map_err(|e| SimError::Yaml {
+                input: name.clone(),
+                source: YamlError::Syntax { index: 0, source: e },
+            })?;
+            let conv = convert_cluster_policy_yaml(&text).map_err(|source| SimError::ClusterPolicy {
+                input: name.clone(),
+                source,
+            })?;
+            cnps.push(conv);
+        }
     }
     let mut snap = Snapshot::from_objects(&objs.namespaces, &objs.pods, &objs.policies)?;
+    for conv in cnps {
+        let invalid = conv.invalid();
+        snap.insert_cluster_policy(conv.policy, invalid);
+    }
     let raw_phase: std::collections::BTreeMap<(String, String), bool> = objs
         .pods
         .iter()

@@ -7,7 +7,8 @@
 //! - `cargo xtask conformance [...]`: the conformance catalogue on real netns pods
 //!   (`--nodes N --cni veth|ptp|bridge --kube-proxy none|iptables|nftables
 //!   --destination pod|service`: several node netns, each with its agent).
-//! - `cargo xtask bench datapath|compile|agent|traffic`: the benchmarks.
+//! - `cargo xtask bench datapath|compile|agent|traffic|propagation`: the benchmarks
+//!   (`propagation` runs the three-node cluster: one multi-node run at a time).
 //! - `cargo xtask image`: the agent's OCI image (buildah, no daemon).
 
 mod image;
@@ -61,7 +62,7 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
-    /// Benchmarks: datapath, compile, agent, traffic or all.
+    /// Benchmarks: datapath, compile, agent, traffic, propagation or all.
     Bench {
         /// Which benchmark.
         which: String,
@@ -324,16 +325,32 @@ fn bench(which: &str, args: &[String]) -> Result<()> {
             build_ebpf()?;
             ("npm-dataplane", "bench_traffic")
         }
+        // Multi-node (fixed fabric addresses): not part of `all`.
+        "propagation" => return bench_propagation(args),
         "all" => {
             for w in ["compile", "datapath", "agent", "traffic"] {
                 bench(w, args)?;
             }
             return Ok(());
         }
-        other => bail!("unknown benchmark {other:?}: use datapath, compile, agent, traffic or all"),
+        other => bail!("unknown benchmark {other:?}: use datapath, compile, agent, traffic, propagation or all"),
     };
     run(cargo()
         .args(["run", "--release", "--package", package, "--example", example, "--"])
         .args(args)
         .env("NPM_EBPF_OBJECT", ebpf_object()))
+}
+
+/// `bench propagation`: a new remote pod address, API write to node 1's
+/// kernel state, on the three-node cluster (`npm-bench-propagation`).
+fn bench_propagation(args: &[String]) -> Result<()> {
+    if !ebpf_object().exists() {
+        build_ebpf()?;
+    }
+    run(cargo().args(["build", "--bin", "npm-agent", "--bin", "npm-bench-propagation"]))?;
+    let mut cmd = Command::new(root().join("target/debug/npm-bench-propagation"));
+    if !args.iter().any(|a| a == "--agent-bin" || a.starts_with("--agent-bin=")) {
+        cmd.arg("--agent-bin").arg(root().join("target/debug/npm-agent"));
+    }
+    run(cmd.args(args).env("NPM_EBPF_OBJECT", ebpf_object()))
 }

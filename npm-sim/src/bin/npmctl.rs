@@ -1,4 +1,5 @@
-//! `npmctl`: the NetworkPolicy simulator on YAML files.
+//! `npmctl`: the NetworkPolicy and ClusterNetworkPolicy simulator on YAML
+//! files (Namespace, Pod, NetworkPolicy, ClusterNetworkPolicy objects).
 //!
 //! - `npmctl matrix -f objects.yaml --port 80 --protocol TCP`
 //! - `npmctl explain -f ... --from ns/pod --to ns/pod --port 80`
@@ -14,7 +15,7 @@ use npm_policy::model::Protocol;
 use npm_sim::sim;
 
 #[derive(Parser)]
-#[command(name = "npmctl", about = "NetworkPolicy simulator")]
+#[command(name = "npmctl", about = "NetworkPolicy and ClusterNetworkPolicy simulator")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -22,7 +23,8 @@ struct Cli {
 
 #[derive(clap::Args)]
 struct Files {
-    /// YAML files of Namespace, Pod and NetworkPolicy objects.
+    /// YAML files of Namespace, Pod, NetworkPolicy and ClusterNetworkPolicy
+    /// objects.
     #[arg(short = 'f', long = "file", required = true)]
     files: Vec<PathBuf>,
 }
@@ -92,6 +94,24 @@ fn load(files: &Files) -> Result<npm_policy::model::Snapshot, String> {
     sim::load_snapshot(&inputs).map_err(|e| e.to_string())
 }
 
+/// Warns about policies enforced without the parts that cannot be
+/// understood (they fail closed).
+fn warn_invalid(s: &npm_policy::model::Snapshot) {
+    for p in &s.invalid_policies {
+        eprintln!(
+            "warning: invalid policy {}/{} enforced without the parts that cannot be understood",
+            p.namespace, p.name
+        );
+    }
+    for p in &s.invalid_cluster_policies {
+        eprintln!(
+            "warning: invalid clusternetworkpolicy {} enforced failing closed where it cannot be understood: {}",
+            p.name,
+            p.errors.join("; ")
+        );
+    }
+}
+
 fn protocol(p: &PortArgs) -> Result<Protocol, String> {
     npm_policy::validate::parse_protocol(&p.protocol.to_uppercase())
         .ok_or_else(|| format!("unsupported protocol {:?}: want TCP, UDP or SCTP", p.protocol))
@@ -102,17 +122,13 @@ fn run(cli: Cli) -> Result<bool, String> {
     match cli.cmd {
         Cmd::Matrix { files, port } => {
             let s = load(&files)?;
-            for p in &s.invalid_policies {
-                eprintln!(
-                    "warning: invalid policy {}/{} enforced without the parts that cannot be understood",
-                    p.namespace, p.name
-                );
-            }
+            warn_invalid(&s);
             print!("{}", sim::matrix(&s, &opts, protocol(&port)?, port.port).render());
             Ok(true)
         }
         Cmd::Explain { files, from, to, port } => {
             let s = load(&files)?;
+            warn_invalid(&s);
             let v = sim::explain(&s, &opts, &from, &to, protocol(&port)?, port.port).map_err(|e| e.to_string())?;
             println!("{from} -> {to} {}/{}: {v}", port.protocol, port.port);
             Ok(true)
@@ -133,7 +149,22 @@ fn run(cli: Cli) -> Result<bool, String> {
                     println!("  {e}");
                 }
             }
-            Ok(s.invalid_policies.is_empty())
+            let invalid_cnp = |n: &str| s.invalid_cluster_policies.iter().any(|i| i.name == n);
+            for p in s.cluster_policies.values().filter(|p| !invalid_cnp(&p.name)) {
+                println!(
+                    "valid: clusternetworkpolicy {} (tier {}, priority {})",
+                    p.name,
+                    p.tier.name(),
+                    p.priority
+                );
+            }
+            for p in &s.invalid_cluster_policies {
+                println!("INVALID: clusternetworkpolicy {}", p.name);
+                for e in &p.errors {
+                    println!("  {e}");
+                }
+            }
+            Ok(s.invalid_policies.is_empty() && s.invalid_cluster_policies.is_empty())
         }
         Cmd::Compile { files, node } => {
             let s = load(&files)?;

@@ -29,7 +29,16 @@
 //! `set_namespace_labels: {namespace, labels}`, `add_pod_labels` /
 //! `set_pod_labels: {pod: ns/name, labels}`, `create_pod: {pod, labels}`,
 //! `delete_pod: {pod}`, `create_namespace: {namespace, labels}`,
-//! `delete_namespace: {namespace}`.
+//! `delete_namespace: {namespace}`,
+//! `create_cluster_network_policy` / `update_cluster_network_policy` (a
+//! ClusterNetworkPolicy object, `policy.networking.k8s.io/v1alpha2`; update
+//! replaces the same-named one) and `delete_cluster_network_policy: {name}`.
+//!
+//! Topology: `topology: xyz` (the default: namespaces x, y, z with pods a,
+//! b, c) or `topology: network-policy-api` (the ClusterNetworkPolicy
+//! conformance houses), on a case or at the top of a file holding `cases:`
+//! (the default of its cases); see [`Topology`]. A probe's `pods` default
+//! to every pod of the case's topology.
 //!
 //! Placeholders in the text: `${IP:<ns>/<pod>}` (the pod's IPv4 address)
 //! and `${CIDR<n>:<ns>/<pod>}` (the IPv4 /n network containing it); see
@@ -39,6 +48,7 @@
 mod model;
 mod placeholder;
 mod run;
+mod topology;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -51,6 +61,7 @@ pub use crate::sim::{Matrix, Mismatch};
 pub use model::{model_container_ports, Model, MODEL_NODE};
 pub use placeholder::{substitute, Placeholder};
 pub use run::{run_case_simulated, CaseResult, ProbeResult};
+pub use topology::{house_namespace, Topology, TopologyNamespace, HOUSES};
 
 /// Errors of case files and actions.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +112,15 @@ pub enum CaseError {
         /// Validation errors.
         errors: Vec<String>,
     },
+    /// A ClusterNetworkPolicy of an action is not an object with a
+    /// `metadata.name`.
+    #[error("action {action}: {message}")]
+    ClusterPolicyObject {
+        /// Action name.
+        action: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// A probe's protocol is not TCP, UDP or SCTP.
     #[error("probe: unsupported protocol {0:?}")]
     Protocol(String),
@@ -122,9 +142,19 @@ pub struct Case {
     /// Title.
     #[serde(default)]
     pub title: Option<String>,
+    /// The topology (`None`: the file's, else [`Topology::Xyz`]).
+    #[serde(default)]
+    pub topology: Option<Topology>,
     /// Steps, in order.
     #[serde(default)]
     pub steps: Vec<Step>,
+}
+
+impl Case {
+    /// The topology the case runs on.
+    pub fn topology(&self) -> Topology {
+        self.topology.unwrap_or_default()
+    }
 }
 
 /// One step: actions, then probes.
@@ -181,6 +211,30 @@ pub struct NamespaceName {
     pub namespace: String,
 }
 
+/// `name` of a cluster-scoped object.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ClusterObjectName {
+    /// Name.
+    pub name: String,
+}
+
+/// A ClusterNetworkPolicy object as written in the case file (passed as it
+/// is to the API server in live runs, converted by npm-policy in simulated
+/// ones). Parsing checks that it is a map with a `metadata.name`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterPolicyObject(pub serde_yaml::Value);
+
+impl ClusterPolicyObject {
+    /// `metadata.name`.
+    pub fn name(&self) -> &str {
+        self.0
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(|n| n.as_str())
+            .unwrap_or_default()
+    }
+}
+
 /// Nothing (`{}`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 pub struct Empty {}
@@ -212,6 +266,12 @@ pub enum Action {
     CreateNamespace(NamespaceLabels),
     /// Delete a namespace with its pods and policies.
     DeleteNamespace(NamespaceName),
+    /// Create a ClusterNetworkPolicy.
+    CreateClusterNetworkPolicy(Box<ClusterPolicyObject>),
+    /// Replace the same-named ClusterNetworkPolicy.
+    UpdateClusterNetworkPolicy(Box<ClusterPolicyObject>),
+    /// Delete a ClusterNetworkPolicy.
+    DeleteClusterNetworkPolicy(ClusterObjectName),
 }
 
 impl Action {
@@ -230,6 +290,9 @@ impl Action {
             Action::DeletePod(_) => "delete_pod",
             Action::CreateNamespace(_) => "create_namespace",
             Action::DeleteNamespace(_) => "delete_namespace",
+            Action::CreateClusterNetworkPolicy(_) => "create_cluster_network_policy",
+            Action::UpdateClusterNetworkPolicy(_) => "update_cluster_network_policy",
+            Action::DeleteClusterNetworkPolicy(_) => "delete_cluster_network_policy",
         }
     }
 }
@@ -253,6 +316,16 @@ impl<'de> Deserialize<'de> for Action {
             };
             serde_yaml::from_value(v).map_err(|e| E::custom(format!("{name}: {e}")))
         }
+        fn cnp<E: Error>(name: &str, v: serde_yaml::Value) -> Result<ClusterPolicyObject, E> {
+            let o = ClusterPolicyObject(v);
+            if !o.0.is_mapping() {
+                return Err(E::custom(format!("{name}: want a ClusterNetworkPolicy object")));
+            }
+            if o.name().is_empty() {
+                return Err(E::custom(format!("{name}: the object has no metadata.name")));
+            }
+            Ok(o)
+        }
         Ok(match name.as_str() {
             "create_policy" => Action::CreatePolicy(arg(&name, v)?),
             "update_policy" => Action::UpdatePolicy(arg(&name, v)?),
@@ -266,6 +339,9 @@ impl<'de> Deserialize<'de> for Action {
             "delete_pod" => Action::DeletePod(arg(&name, v)?),
             "create_namespace" => Action::CreateNamespace(arg(&name, v)?),
             "delete_namespace" => Action::DeleteNamespace(arg(&name, v)?),
+            "create_cluster_network_policy" => Action::CreateClusterNetworkPolicy(Box::new(cnp(&name, v)?)),
+            "update_cluster_network_policy" => Action::UpdateClusterNetworkPolicy(Box::new(cnp(&name, v)?)),
+            "delete_cluster_network_policy" => Action::DeleteClusterNetworkPolicy(arg(&name, v)?),
             other => return Err(D::Error::custom(format!("unknown action {other:?}"))),
         })
     }
@@ -293,8 +369,9 @@ pub struct Probe {
     pub protocol: String,
     /// Source pod -> `1`/`0` per destination, in `pods` order.
     pub matrix: BTreeMap<String, String>,
-    /// Destination order (and the full pod list).
-    #[serde(default = "default_pods")]
+    /// Destination order (and the full pod list); empty in the file: every
+    /// pod of the case's topology (filled by [`parse_case_file`]).
+    #[serde(default)]
     pub pods: Vec<String>,
 }
 
@@ -348,15 +425,32 @@ impl Probe {
 pub fn parse_case_file(text: &str) -> Result<Vec<Case>, CaseError> {
     // Untagged enums hide the real error: try the list form explicitly.
     let v: serde_yaml::Value = serde_yaml::from_str(text)?;
-    if v.get("cases").is_some() {
+    let mut cases = if v.get("cases").is_some() {
         #[derive(Deserialize)]
         struct Many {
+            #[serde(default)]
+            topology: Option<Topology>,
             cases: Vec<Case>,
         }
         // (from_str: serde_yaml's Value does not deserialize map-form enums.)
-        return Ok(serde_yaml::from_str::<Many>(text)?.cases);
+        let many = serde_yaml::from_str::<Many>(text)?;
+        let mut cases = many.cases;
+        for c in &mut cases {
+            c.topology = c.topology.or(many.topology);
+        }
+        cases
+    } else {
+        vec![serde_yaml::from_str::<Case>(text)?]
+    };
+    for c in &mut cases {
+        let pods = c.topology().default_pods();
+        for p in c.steps.iter_mut().flat_map(|s| s.probes.iter_mut()) {
+            if p.pods.is_empty() {
+                p.pods = pods.clone();
+            }
+        }
     }
-    Ok(vec![serde_yaml::from_str::<Case>(text)?])
+    Ok(cases)
 }
 
 /// Parses a case file after replacing placeholders with `ip` (see [`substitute`]).

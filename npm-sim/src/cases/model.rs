@@ -1,6 +1,7 @@
-//! The pristine model the cases run on ([`Model::upstream`]: namespaces
-//! x, y, z with pods a, b, c), the actions applied to it, and its probe
-//! matrices by the reference evaluator and the compiled lookup.
+//! The pristine model the cases run on ([`Model::new`] of a [`Topology`];
+//! [`Model::upstream`]: namespaces x, y, z with pods a, b, c), the actions
+//! applied to it, and its probe matrices by the reference evaluator and the
+//! compiled lookup.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -10,7 +11,7 @@ use npm_policy::compiled::{CompileOptions, Direction};
 use npm_policy::identity::PrefixTable;
 use npm_policy::model::{ContainerPort, Labels, Namespace, Pod, PodPhase, Protocol, Snapshot};
 
-use super::{substitute, Action, CaseError, Matrix};
+use super::{substitute, Action, CaseError, ClusterPolicyObject, Matrix, Topology};
 
 /// The node every model pod runs on.
 pub const MODEL_NODE: &str = "npm-node";
@@ -35,6 +36,7 @@ pub fn model_container_ports() -> Vec<ContainerPort> {
 pub struct Model {
     /// The cluster.
     pub snapshot: Snapshot,
+    topology: Topology,
     ns_index: BTreeMap<String, u16>,
     pod_index: BTreeMap<String, u16>,
     next_ns: u16,
@@ -54,21 +56,34 @@ impl Model {
     /// `pod=<name>`, the standard ports), IPv4 `198.18.<ns>.<pod>` and IPv6
     /// `fd00:198:18::<ns>:<pod>` (1-based), all on [`MODEL_NODE`].
     pub fn upstream() -> Model {
+        Model::new(Topology::Xyz)
+    }
+
+    /// The pristine model of `topology`: its namespaces and pods (in
+    /// order: namespace index from [`Topology::first_namespace_index`], pod
+    /// index from 1), the topology's container ports, all on [`MODEL_NODE`].
+    /// IPv4 `198.18.<ns>.<pod>`, IPv6 `fd00:198:18::<ns>:<pod>`.
+    pub fn new(topology: Topology) -> Model {
         let mut m = Model {
             snapshot: Snapshot::default(),
+            topology,
             ns_index: BTreeMap::new(),
             pod_index: BTreeMap::new(),
-            next_ns: 1,
+            next_ns: topology.first_namespace_index(),
             clock: 1_000,
         };
-        for ns in ["x", "y", "z"] {
-            m.create_namespace(ns, &Labels::new()).expect("fresh model");
-            for p in ["a", "b", "c"] {
-                let labels: Labels = [("pod".to_string(), p.to_string())].into();
-                m.create_pod(ns, p, &labels).expect("fresh model");
+        for ns in topology.namespaces() {
+            m.create_namespace(&ns.name, &ns.labels).expect("fresh model");
+            for (p, labels) in &ns.pods {
+                m.create_pod(&ns.name, p, labels).expect("fresh model");
             }
         }
         m
+    }
+
+    /// The topology the model was built from.
+    pub fn topology(&self) -> Topology {
+        self.topology
     }
 
     /// Compile options of the model's node (no node addresses).
@@ -105,7 +120,9 @@ impl Model {
             });
         }
         let mut l = labels.clone();
-        l.entry("ns".to_string()).or_insert_with(|| ns.to_string());
+        if self.topology.adds_ns_label() {
+            l.entry("ns".to_string()).or_insert_with(|| ns.to_string());
+        }
         l.insert("kubernetes.io/metadata.name".to_string(), ns.to_string());
         self.snapshot.upsert_namespace(Namespace {
             name: ns.to_string(),
@@ -158,7 +175,7 @@ impl Model {
             phase: PodPhase::Running,
             deleting: false,
             host_network: false,
-            ports: model_container_ports(),
+            ports: self.topology.container_ports(),
             created: self.clock,
         });
         Ok(())
@@ -174,6 +191,54 @@ impl Model {
             message: e.to_string(),
         })?;
         Ok(serde_yaml::from_str(&text)?)
+    }
+
+    /// The ClusterNetworkPolicy of an action with its placeholders resolved
+    /// against the model's IPv4 addresses.
+    pub fn resolve_cluster_policy(
+        &self,
+        action: &'static str,
+        obj: &ClusterPolicyObject,
+    ) -> Result<ClusterPolicyObject, CaseError> {
+        let text = serde_yaml::to_string(&obj.0)?;
+        if !text.contains("${") {
+            return Ok(obj.clone());
+        }
+        let text = substitute(&text, &|p| self.ip(p)).map_err(|e| CaseError::Placeholder {
+            placeholder: action.to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(ClusterPolicyObject(serde_yaml::from_str(&text)?))
+    }
+
+    fn has_cluster_policy(&self, name: &str) -> bool {
+        self.snapshot.cluster_policies.contains_key(name)
+    }
+
+    /// Converts and stores a ClusterNetworkPolicy (npm-policy's conversion);
+    /// one that is not fully understood is an error of the action (as an
+    /// invalid NetworkPolicy is).
+    fn upsert_cluster_policy(&mut self, action: &'static str, obj: &ClusterPolicyObject) -> Result<(), CaseError> {
+        let text = serde_yaml::to_string(&obj.0)?;
+        let conv = npm_policy::tiers::validate::convert_cluster_policy_yaml(&text).map_err(|e| {
+            CaseError::ClusterPolicyObject {
+                action,
+                message: e.to_string(),
+            }
+        })?;
+        let invalid = conv.invalid();
+        self.snapshot.insert_cluster_policy(conv.policy, invalid.clone());
+        match invalid {
+            None => Ok(()),
+            Some(e) => Err(CaseError::InvalidPolicy {
+                action,
+                errors: e.errors,
+            }),
+        }
+    }
+
+    fn remove_cluster_policy(&mut self, name: &str) {
+        self.snapshot.remove_cluster_policy(name);
     }
 
     fn pod_mut(&mut self, action: &'static str, pod: &str) -> Result<&mut Pod, CaseError> {
@@ -231,6 +296,35 @@ impl Model {
                 })?;
             }
             Action::CreateNamespace(a) => self.create_namespace(&a.namespace, &a.labels)?,
+            Action::CreateClusterNetworkPolicy(o) | Action::UpdateClusterNetworkPolicy(o) => {
+                let exists = self.has_cluster_policy(o.name());
+                match action {
+                    Action::CreateClusterNetworkPolicy(_) if exists => {
+                        return Err(CaseError::Exists {
+                            action: name,
+                            object: format!("ClusterNetworkPolicy {}", o.name()),
+                        })
+                    }
+                    Action::UpdateClusterNetworkPolicy(_) if !exists => {
+                        return Err(CaseError::ClusterPolicyObject {
+                            action: name,
+                            message: format!("ClusterNetworkPolicy {:?} does not exist", o.name()),
+                        })
+                    }
+                    _ => {}
+                }
+                let o = self.resolve_cluster_policy(name, o)?;
+                self.upsert_cluster_policy(name, &o)?;
+            }
+            Action::DeleteClusterNetworkPolicy(o) => {
+                if !self.has_cluster_policy(&o.name) {
+                    return Err(CaseError::ClusterPolicyObject {
+                        action: name,
+                        message: format!("ClusterNetworkPolicy {:?} does not exist", o.name),
+                    });
+                }
+                self.remove_cluster_policy(&o.name);
+            }
             Action::DeleteNamespace(a) => {
                 self.snapshot
                     .remove_namespace(&a.namespace)

@@ -1,6 +1,8 @@
-//! A simulated run of a case: each step's actions on [`Model::upstream`],
-//! each probe checked against the reference evaluator and the compiled
-//! lookup.
+//! A simulated run of a case: each step's actions on the pristine model of
+//! the case's topology ([`Model::new`]), each probe checked against the
+//! reference evaluator and the compiled lookup. A probe naming a pod that
+//! does not exist is an error (as in live runs), so a case on the wrong
+//! topology cannot pass by probing nothing.
 
 use super::{Case, Matrix, Mismatch, Model};
 
@@ -72,15 +74,16 @@ impl CaseResult {
     }
 }
 
-/// Runs a case on [`Model::upstream`]: applies each step's actions, then
-/// checks each probe against the evaluator and the compiled lookup.
+/// Runs a case on the pristine model of its topology: applies each step's
+/// actions, then checks each probe against the evaluator and the compiled
+/// lookup.
 pub fn run_case_simulated(case: &Case) -> CaseResult {
     let mut res = CaseResult {
         id: case.id.clone(),
         probes: Vec::new(),
         error: None,
     };
-    let mut model = Model::upstream();
+    let mut model = Model::new(case.topology());
     for (si, step) in case.steps.iter().enumerate() {
         for a in &step.actions {
             if let Err(e) = model.apply(a) {
@@ -96,6 +99,18 @@ pub fn run_case_simulated(case: &Case) -> CaseResult {
                     return res;
                 }
             };
+            if let Some(missing) = expected
+                .rows
+                .iter()
+                .chain(&expected.columns)
+                .find(|p| model.ip(p).is_none())
+            {
+                res.error = Some(format!(
+                    "step {si} probe {pi}: pod {missing} does not exist (topology {})",
+                    model.topology().name()
+                ));
+                return res;
+            }
             let (actual, compiled) = model.probe(&expected.rows, &probe.pods, proto, probe.port);
             let mismatches = expected.compare(&actual);
             let compiled_mismatches = actual.compare(&compiled);

@@ -172,6 +172,9 @@ pub struct Cluster {
     wiring: PodWiring,
     runtimes: Vec<NodeRuntime>,
     pod_mtu: Option<u32>,
+    /// TCP/UDP ports the servers of pods created from now on listen on
+    /// ([`SERVED_PORTS`] unless [`Cluster::set_served_ports`] changed them).
+    served_ports: Vec<u16>,
     // Last: removed after the pods.
     nodes: Option<Nodes>,
 }
@@ -212,6 +215,7 @@ impl Cluster {
             wiring: PodWiring::Veth,
             runtimes: Vec::new(),
             pod_mtu: None,
+            served_ports: SERVED_PORTS.to_vec(),
             nodes: None,
         })
     }
@@ -332,7 +336,7 @@ impl Cluster {
             attachment: Some(att),
             server: None,
         };
-        match PodServer::start(&netns, &key, &SERVED_PORTS, self.sctp.clone()) {
+        match PodServer::start(&netns, &key, &self.served_ports, self.sctp.clone()) {
             Ok(s) => pod.server = Some(s),
             Err(source) => {
                 let _ = remove_pod(&mut pod);
@@ -395,6 +399,13 @@ impl Cluster {
         };
         self.pod_index.insert(k, i);
         Ok(i)
+    }
+
+    /// The TCP/UDP ports the servers of pods created from now on listen on
+    /// (the conformance runner sets its topology's; SCTP is answered on
+    /// every port).
+    pub fn set_served_ports(&mut self, ports: &[u16]) {
+        self.served_ports = ports.to_vec();
     }
 
     /// The address a pod has (or would get), without creating it.
@@ -537,7 +548,7 @@ impl Cluster {
             let _ = host_ip(&["link", "del", &host_if]);
             return Err(err(e));
         }
-        match PodServer::start(&netns, &key, &SERVED_PORTS, self.sctp.clone()) {
+        match PodServer::start(&netns, &key, &self.served_ports, self.sctp.clone()) {
             Ok(s) => pod.server = Some(s),
             Err(source) => {
                 let _ = ip(&["netns", "del", &netns]);

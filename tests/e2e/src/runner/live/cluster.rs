@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use npm_sim::cases::{self, Action, Model};
+use npm_sim::cases::{self, Action, Model, Topology};
 use serde_json::{json, Value};
 
 use super::{api_err, LiveRunner};
-use crate::api::{namespace_path, pod_object, pod_path, policy_path};
+use crate::api::{namespace_path, pod_path, policy_path};
 use crate::runner::{remap_cidr_placeholders_v6, RunnerError};
 
 fn model_pod_ip(model: &Model, pod: &str, v6: bool) -> Option<IpAddr> {
@@ -65,16 +65,19 @@ impl LiveRunner {
                 })
             }
         };
+        self.serve_topology_ports(model);
         if self.opts.multi_node() {
-            return self.create_pod_on_node(&pod.labels, ns, name, v4, v6);
+            let served = model.topology().served_ports();
+            return self.create_pod_on_node(&pod, v4, v6, &served);
         }
         self.cluster.create_pod_at(ns, name, v4, v6)?;
-        let obj = pod_object(
+        let obj = super::cnp::model_pod_object(
             ns,
             name,
             &pod.labels,
             cases::MODEL_NODE,
             &[IpAddr::V4(v4), IpAddr::V6(v6)],
+            &pod.ports,
         );
         self.api
             .create(&format!("/api/v1/namespaces/{ns}/pods"), &obj)
@@ -91,10 +94,19 @@ impl LiveRunner {
         Ok(())
     }
 
-    /// Brings the live cluster back to the pristine model.
+    /// Brings the live cluster back to the pristine x, y, z model.
     pub fn reset(&mut self) -> Result<(), RunnerError> {
+        self.reset_to(Topology::Xyz)
+    }
+
+    /// Brings the live cluster to the pristine model of `topology`: every
+    /// NetworkPolicy and ClusterNetworkPolicy deleted, namespaces and pods
+    /// of other topologies deleted, the topology's created (at their model
+    /// addresses, serving its ports) or relabelled.
+    pub fn reset_to(&mut self, topology: Topology) -> Result<(), RunnerError> {
         self.api.delete_all_policies().map_err(api_err)?;
-        let pristine = Model::upstream();
+        self.delete_all_cluster_policies()?;
+        let pristine = Model::new(topology);
         let cur = self.model.clone();
         // Extra namespaces (with their pods).
         for ns in cur.snapshot.namespaces.keys() {
@@ -157,7 +169,7 @@ impl LiveRunner {
         Ok(())
     }
 
-    fn policy_json(&self, action: &'static str, np: &impl serde::Serialize) -> Result<Value, RunnerError> {
+    pub(super) fn policy_json(&self, action: &'static str, np: &impl serde::Serialize) -> Result<Value, RunnerError> {
         let v = serde_json::to_value(np).map_err(|e| RunnerError::Action {
             action,
             message: format!("serialising the policy: {e}"),
@@ -239,6 +251,17 @@ impl LiveRunner {
                 self.model.apply(action).map_err(aerr)?;
                 let labels = self.model.snapshot.namespaces[&a.namespace].labels.clone();
                 self.create_namespace_obj(&a.namespace, &labels)?;
+            }
+            Action::CreateClusterNetworkPolicy(o) | Action::UpdateClusterNetworkPolicy(o) => {
+                // The model first: it checks existence and validity, so an
+                // action the case gets wrong fails with the model's error.
+                self.model.apply(action).map_err(aerr)?;
+                let update = matches!(action, Action::UpdateClusterNetworkPolicy(_));
+                self.apply_cluster_policy(name, o, update)?;
+            }
+            Action::DeleteClusterNetworkPolicy(o) => {
+                self.model.apply(action).map_err(aerr)?;
+                self.delete_cluster_policy(&o.name)?;
             }
             Action::DeleteNamespace(a) => {
                 self.model.apply(action).map_err(aerr)?;

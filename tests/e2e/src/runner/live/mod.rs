@@ -5,6 +5,7 @@
 
 mod agent;
 mod cluster;
+mod cnp;
 mod nodes;
 mod probing;
 mod services;
@@ -180,10 +181,16 @@ impl Drop for LiveRunner {
 
 /// Starts the test API server with `options`, and the runner's scratch
 /// directory `npm-conformance-<pid>` holding a kubeconfig that points at it:
-/// (server, client, scratch directory, kubeconfig path).
+/// (server, client, scratch directory, kubeconfig path). The
+/// ClusterNetworkPolicy CRD (experimental channel, unless `options` names
+/// one) is installed at startup.
 pub(super) fn start_api_server(
     options: npm_testapi::Options,
 ) -> Result<(npm_testapi::TestApiServer, Api, PathBuf, PathBuf), RunnerError> {
+    let options = npm_testapi::Options {
+        cnp_crd: options.cnp_crd.or(Some(npm_testapi::CnpChannel::Experimental)),
+        ..options
+    };
     let server =
         npm_testapi::TestApiServer::start_background(options).map_err(|e| RunnerError::ApiServer(e.to_string()))?;
     let api = Api::new(server.addr());

@@ -163,29 +163,30 @@ impl LiveRunner {
         l
     }
 
-    /// Creates pod `ns/name` on its node at the model's addresses.
+    /// Creates model pod `pod` on its node at the model's addresses, its
+    /// Service (with a kube-proxy) on the `served` ports.
     pub(super) fn create_pod_on_node(
         &mut self,
-        labels: &BTreeMap<String, String>,
-        ns: &str,
-        name: &str,
+        pod: &npm_policy::model::Pod,
         v4: Ipv4Addr,
         v6: Ipv6Addr,
+        served: &[u16],
     ) -> Result<(), RunnerError> {
+        let (ns, name, ports) = (pod.namespace.as_str(), pod.name.as_str(), &pod.ports);
         let node = self.cluster.node_name_for(v4).unwrap_or_default();
-        let labels = self.live_labels(labels, name);
+        let labels = self.live_labels(&pod.labels, name);
         let ips = [IpAddr::V4(v4), IpAddr::V6(v6)];
         match self.cluster.wiring() {
             PodWiring::Veth => {
                 self.cluster.create_pod_at(ns, name, v4, v6)?;
-                let obj = pod_object(ns, name, &labels, &node, &ips);
+                let obj = super::cnp::model_pod_object(ns, name, &labels, &node, &ips, ports);
                 self.api
                     .create(&format!("/api/v1/namespaces/{ns}/pods"), &obj)
                     .map_err(api_err)?;
             }
             PodWiring::Cni(_) => {
                 // As the kubelet: the Pod exists, scheduled, without an IP.
-                let mut obj = pod_object(ns, name, &labels, &node, &[]);
+                let mut obj = super::cnp::model_pod_object(ns, name, &labels, &node, &[], ports);
                 obj["status"] = json!({"phase": "Pending"});
                 let created = self
                     .api
@@ -209,7 +210,7 @@ impl LiveRunner {
         }
         if self.opts.kube_proxy != KubeProxyMode::None {
             let before = self.plumbing.generations();
-            self.create_service(ns, name)?;
+            self.create_service(ns, name, served)?;
             self.wait_service_programmed(ns, name, &before)?;
         }
         Ok(())
@@ -251,10 +252,11 @@ impl LiveRunner {
     }
 
     /// The per-pod Service `s-<ns>-<pod>`: dual-stack, one port per served
-    /// port and protocol, selecting the pod by [`SERVICE_LABEL`].
-    fn create_service(&mut self, ns: &str, pod: &str) -> Result<(), RunnerError> {
+    /// port (the topology's) and protocol, selecting the pod by
+    /// [`SERVICE_LABEL`].
+    fn create_service(&mut self, ns: &str, pod: &str, served: &[u16]) -> Result<(), RunnerError> {
         let mut ports = Vec::new();
-        for port in crate::cluster::SERVED_PORTS {
+        for &port in served {
             for proto in ["TCP", "UDP", "SCTP"] {
                 ports.push(json!({
                     "name": format!("serve-{port}-{}", proto.to_ascii_lowercase()),

@@ -19,22 +19,33 @@ fn proto_of(p: Protocol) -> Proto {
     }
 }
 
+/// The probe jobs of one case probe: the jobs, the expected verdict of
+/// each, and the matrix cell each fills.
+struct ProbeJobs {
+    expected: Matrix,
+    jobs: Vec<Probe>,
+    want: Vec<bool>,
+    cells: Vec<(usize, usize)>,
+}
+
 impl LiveRunner {
-    /// Probes one case probe until it matches or the deadline passes;
-    /// returns (expected, observed, rounds).
-    pub fn probe(&mut self, probe: &cases::Probe) -> Result<(Matrix, Matrix, usize), RunnerError> {
+    /// The jobs of one case probe (one per off-diagonal cell).
+    fn probe_jobs(&self, probe: &cases::Probe) -> Result<ProbeJobs, RunnerError> {
         let proto = probe.protocol().map_err(|e| RunnerError::Probe(e.to_string()))?;
         let expected = probe.expected().map_err(|e| RunnerError::Probe(e.to_string()))?;
-        let mut jobs = Vec::new();
-        let mut want = Vec::new();
-        let mut cells = Vec::new();
-        for (ri, r) in expected.rows.iter().enumerate() {
+        let mut out = ProbeJobs {
+            expected,
+            jobs: Vec::new(),
+            want: Vec::new(),
+            cells: Vec::new(),
+        };
+        for (ri, r) in out.expected.rows.iter().enumerate() {
             let (rns, rname) = r.split_once('/').unwrap_or(("", ""));
             let src = self
                 .cluster
                 .pod(rns, rname)
                 .ok_or_else(|| RunnerError::Probe(format!("source pod {r} does not exist")))?;
-            for (ci, c) in expected.columns.iter().enumerate() {
+            for (ci, c) in out.expected.columns.iter().enumerate() {
                 if r == c {
                     continue;
                 }
@@ -49,15 +60,32 @@ impl LiveRunner {
                         .service_ip(cns, cname, self.opts.ipv6)
                         .ok_or_else(|| RunnerError::Probe(format!("destination pod {c} has no Service")))?,
                 };
-                jobs.push(Probe {
+                out.jobs.push(Probe {
                     src_netns: src.netns.clone(),
                     dst_pod: dst.key(),
                     dst: SocketAddr::new(dst_ip, probe.port),
                     proto: proto_of(proto),
                 });
-                want.push(expected.cells[ri][ci]);
-                cells.push((ri, ci));
+                out.want.push(out.expected.cells[ri][ci]);
+                out.cells.push((ri, ci));
             }
+        }
+        Ok(out)
+    }
+
+    /// Probes every probe of one step as one parallel batch until all of
+    /// them match or the deadline passes; returns (expected, observed) per
+    /// probe. (One batch, so a step's denied cells wait out one probe
+    /// timeout together, not one per probe.)
+    pub fn probe_step(&mut self, probes: &[cases::Probe]) -> Result<Vec<(Matrix, Matrix)>, RunnerError> {
+        let mut parts = Vec::with_capacity(probes.len());
+        let mut jobs = Vec::new();
+        let mut want = Vec::new();
+        for p in probes {
+            let pj = self.probe_jobs(p)?;
+            jobs.extend(pj.jobs.iter().cloned());
+            want.extend(pj.want.iter().copied());
+            parts.push(pj);
         }
         let cfg = ProbeConfig {
             timeout: self.opts.probe_timeout,
@@ -71,12 +99,18 @@ impl LiveRunner {
             self.opts.deadline
         };
         self.first_probe = false;
-        let (got, rounds) = probe_until(&jobs, &want, &cfg, deadline, self.opts.settle, true);
-        let mut observed = expected.clone();
-        for (k, &(ri, ci)) in cells.iter().enumerate() {
-            observed.cells[ri][ci] = got[k];
+        let (got, _rounds) = probe_until(&jobs, &want, &cfg, deadline, self.opts.settle, true);
+        let mut at = 0;
+        let mut out = Vec::with_capacity(parts.len());
+        for pj in parts {
+            let mut observed = pj.expected.clone();
+            for &(ri, ci) in &pj.cells {
+                observed.cells[ri][ci] = got[at];
+                at += 1;
+            }
+            out.push((pj.expected, observed));
         }
-        Ok((expected, observed, rounds))
+        Ok(out)
     }
 
     /// Runs one case from the pristine model.
@@ -86,7 +120,7 @@ impl LiveRunner {
         if let Some(msg) = self.agent_exited() {
             return (false, format!("  the agent is not running: {msg}\n"));
         }
-        if let Err(e) = self.reset() {
+        if let Err(e) = self.reset_to(case.topology()) {
             return (false, format!("  reset to the pristine model: {e}\n"));
         }
         for (si, step) in case.steps.iter().enumerate() {
@@ -96,27 +130,26 @@ impl LiveRunner {
                 }
             }
             std::thread::sleep(self.opts.settle);
-            for (pi, p) in step.probes.iter().enumerate() {
-                match self.probe(p) {
-                    Ok((expected, observed, _rounds)) => {
-                        let mism = expected.compare(&observed);
-                        if !mism.is_empty() {
-                            ok = false;
-                            report.push_str(&format!(
-                                "  step {si} probe {pi} ({} {}{}): {} cells differ\n  expected:\n{}  observed:\n{}",
-                                p.protocol,
-                                p.port,
-                                if self.opts.ipv6 { " IPv6" } else { "" },
-                                mism.len(),
-                                indent(&expected.render()),
-                                indent(&observed.render())
-                            ));
-                            for m in mism.iter().take(20) {
-                                report.push_str(&format!("    {m}\n"));
-                            }
-                        }
+            let results = match self.probe_step(&step.probes) {
+                Ok(r) => r,
+                Err(e) => return (false, format!("{report}  step {si}: {e}\n")),
+            };
+            for (pi, (p, (expected, observed))) in step.probes.iter().zip(results).enumerate() {
+                let mism = expected.compare(&observed);
+                if !mism.is_empty() {
+                    ok = false;
+                    report.push_str(&format!(
+                        "  step {si} probe {pi} ({} {}{}): {} cells differ\n  expected:\n{}  observed:\n{}",
+                        p.protocol,
+                        p.port,
+                        if self.opts.ipv6 { " IPv6" } else { "" },
+                        mism.len(),
+                        indent(&expected.render()),
+                        indent(&observed.render())
+                    ));
+                    for m in mism.iter().take(20) {
+                        report.push_str(&format!("    {m}\n"));
                     }
-                    Err(e) => return (false, format!("{report}  step {si} probe {pi}: {e}\n")),
                 }
             }
         }
