@@ -69,6 +69,21 @@ pub const EP_ADMIN_EGRESS: u32 = 1 << 16;
 pub const EP_BASELINE_INGRESS: u32 = 1 << 17;
 /// [`EndpointInfo::flags`]: like [`EP_BASELINE_INGRESS`], for egress.
 pub const EP_BASELINE_EGRESS: u32 = 1 << 18;
+/// [`EndpointInfo::flags`]: every Admin-tier `NPM_TIERS` entry of this
+/// endpoint for ingress is also in `NPM_TIER_FRONT` (as the words of
+/// [`crate::tier_front_word`], with their current values), so the datapath
+/// probes the front instead of walking the LPM trie, and a miss there is a
+/// miss. The loader sets it only once all the words are written and clears
+/// it before a word it cannot place would be needed. The egress flag is
+/// the ingress flag shifted left by [`DIR_EGRESS`].
+pub const EP_ADMIN_FRONT_INGRESS: u32 = 1 << 19;
+/// [`EndpointInfo::flags`]: like [`EP_ADMIN_FRONT_INGRESS`], for egress.
+pub const EP_ADMIN_FRONT_EGRESS: u32 = 1 << 20;
+/// [`EndpointInfo::flags`]: like [`EP_ADMIN_FRONT_INGRESS`], for the
+/// Baseline tier.
+pub const EP_BASELINE_FRONT_INGRESS: u32 = 1 << 21;
+/// [`EndpointInfo::flags`]: like [`EP_BASELINE_FRONT_INGRESS`], for egress.
+pub const EP_BASELINE_FRONT_EGRESS: u32 = 1 << 22;
 /// Every tier flag of the ingress direction (shift left by [`DIR_EGRESS`]
 /// for egress): clear, the direction is decided as without
 /// ClusterNetworkPolicies.
@@ -77,6 +92,8 @@ pub const EP_TIERS_INGRESS: u32 = EP_ADMIN_INGRESS | EP_BASELINE_INGRESS;
 const _: () = assert!(EP_ADMIN_EGRESS == EP_ADMIN_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_BASELINE_EGRESS == EP_BASELINE_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_FRONT_EGRESS == EP_FRONT_INGRESS << DIR_EGRESS);
+const _: () = assert!(EP_ADMIN_FRONT_EGRESS == EP_ADMIN_FRONT_INGRESS << DIR_EGRESS);
+const _: () = assert!(EP_BASELINE_FRONT_EGRESS == EP_BASELINE_FRONT_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_FRONT_EXACT_EGRESS == EP_FRONT_EXACT_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_NO_ANY_PEER_EGRESS == EP_NO_ANY_PEER_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_NO_CIDR_PEER_EGRESS == EP_NO_CIDR_PEER_INGRESS << DIR_EGRESS);

@@ -55,8 +55,15 @@ pub const SERVICES: &str = "NPM_SERVICES";
 /// [`crate::tier_key`]) -> [`crate::TierValue`]: the ClusterNetworkPolicy
 /// Admin and Baseline tiers.
 pub const TIERS: &str = "NPM_TIERS";
+/// The tier front: the `NPM_TIERS` entries of endpoints whose tier in a
+/// direction fits it (see [`crate::EP_ADMIN_FRONT_INGRESS`]), as
+/// [`crate::tier_front_word`]s (tag and value in one word) in 4-word
+/// buckets ([`crate::tier_front_slot`]), read by the datapath with inlined
+/// array accesses. User space writes single 64-bit words through a
+/// shared mapping.
+pub const TIER_FRONT: &str = "NPM_TIER_FRONT";
 /// Every map, for pinning and adoption.
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 16] = [
     EP_SLOTS,
     ENDPOINTS,
     IPCACHE,
@@ -72,6 +79,7 @@ pub const ALL: [&str; 15] = [
     GENERATION,
     SERVICES,
     TIERS,
+    TIER_FRONT,
 ];
 
 /// Map sizes (max entries).
@@ -103,6 +111,12 @@ pub mod sizes {
     /// ClusterNetworkPolicy tier LPM entries (both tiers; port ranges
     /// expand to prefixes).
     pub const TIERS: u32 = 262_144;
+    /// log2 of the buckets of `NPM_TIER_FRONT` (the tag of a word is the
+    /// other 48 bits of its hashed key).
+    pub const TIER_FRONT_BITS: u32 = 16;
+    /// Buckets of `NPM_TIER_FRONT` (4 words, 32 bytes each: 2 MB, room for
+    /// 262,144 words).
+    pub const TIER_FRONT_BUCKETS: u32 = 1 << TIER_FRONT_BITS;
     /// Service keys (ClusterIP ports and node address x NodePort pairs).
     pub const SERVICES: u32 = 65_536;
     /// Ring buffer bytes for deny events.
@@ -124,5 +138,6 @@ pub mod sizes {
 /// [`crate::EP_BASELINE_EGRESS`] (bits no older loader set): a new map and
 /// new bits, nothing existing changed meaning. An older program that runs
 /// on these maps (a rollback) ignores the tiers: it enforces NetworkPolicy
-/// alone, as it always did.
+/// alone, as it always did. Then (same rule) `NPM_TIER_FRONT` and the flags
+/// [`crate::EP_ADMIN_FRONT_INGRESS`] ... [`crate::EP_BASELINE_FRONT_EGRESS`].
 pub const LAYOUT_VERSION: u32 = 5;

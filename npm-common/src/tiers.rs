@@ -96,6 +96,110 @@ impl TierValue {
     }
 }
 
+/// Endpoint ids below this fit a [`tier_front_key`] (19 bits).
+pub const TIER_FRONT_MAX_ENDPOINT: u32 = 1 << 19;
+/// Peer identities below this fit a [`tier_front_key`] (25 bits: every pod
+/// identity and the first 2^24 CIDR identities).
+pub const TIER_FRONT_MAX_IDENTITY: u32 = 1 << 25;
+/// Ranks below this fit a [`tier_front_word`] (14 bits); an entry of a
+/// larger rank keeps its endpoint's direction and tier on `NPM_TIERS`.
+pub const TIER_FRONT_MAX_RANK: u32 = 1 << 14;
+/// log2 of the ports of a block word ([`tier_front_pc_block`]): an aligned
+/// block of 64 ports inside one entry's range is one word.
+pub const TIER_FRONT_BLOCK_BITS: u32 = 6;
+/// First port class of the exact-port words.
+const PC_EXACT: u64 = 4;
+/// First port class of the block words.
+const PC_BLOCK: u64 = PC_EXACT + 3 * 65_536;
+// Every port class fits 18 bits.
+const _: () = assert!(PC_BLOCK + 3 * (65_536 >> TIER_FRONT_BLOCK_BITS) <= 1 << 18);
+
+/// Port class of an "any protocol" entry.
+pub const TIER_FRONT_PC_ANY_PROTO: u64 = 0;
+/// Port class of "any port of protocol `code`" (`code` 1..=3, see
+/// [`crate::policy_front_proto`]).
+pub const fn tier_front_pc_any_port(code: u64) -> u64 {
+    code
+}
+/// Port class of destination port `port` of protocol `code` (1..=3).
+pub const fn tier_front_pc_exact(code: u64, port: u16) -> u64 {
+    PC_EXACT + ((code - 1) << 16) + port as u64
+}
+/// Port class of the aligned 64-port block holding `port` of protocol
+/// `code` (1..=3).
+pub const fn tier_front_pc_block(code: u64, port: u16) -> u64 {
+    PC_BLOCK + ((code - 1) << (16 - TIER_FRONT_BLOCK_BITS)) + (port >> TIER_FRONT_BLOCK_BITS) as u64
+}
+
+/// The key of one `NPM_TIER_FRONT` entry (64 bits): port class `pc` (bits
+/// 0..18), peer `identity` (18..43), direction (43), tier (44: 1 for
+/// [`TIER_BASELINE`]), endpoint (45..64). The caller checks the ranges
+/// ([`TIER_FRONT_MAX_ENDPOINT`], [`TIER_FRONT_MAX_IDENTITY`]).
+pub const fn tier_front_key(endpoint: u32, dir: u8, tier: u8, identity: u32, pc: u64) -> u64 {
+    pc | (identity as u64) << 18
+        | ((dir & 1) as u64) << 43
+        | ((tier & TIER_BASELINE != 0) as u64) << 44
+        | (endpoint as u64) << 45
+}
+
+/// The odd multiplier of the front's bijective hash.
+const FRONT_MUL: u64 = 0x9e37_79b9_7f4a_7c15;
+/// Its inverse modulo 2^64 (Newton's iteration).
+const FRONT_MUL_INV: u64 = {
+    let mut x = FRONT_MUL;
+    let mut i = 0;
+    while i < 6 {
+        x = x.wrapping_mul(2u64.wrapping_sub(FRONT_MUL.wrapping_mul(x)));
+        i += 1;
+    }
+    x
+};
+const _: () = assert!(FRONT_MUL.wrapping_mul(FRONT_MUL_INV) == 1);
+/// Bits of a word's tag (the low bits of the hashed key).
+const TAG_BITS: u32 = 64 - crate::maps::sizes::TIER_FRONT_BITS;
+/// The tag bits of a word.
+pub const TIER_FRONT_TAG_MASK: u64 = (1 << TAG_BITS) - 1;
+// The value (action, 14-bit rank) fills the 16 bits above the tag.
+const _: () = assert!(TAG_BITS == 48 && TIER_FRONT_MAX_RANK << TIER_RANK_SHIFT == 1 << 16);
+
+/// (bucket, tag) of a [`tier_front_key`]: the key times an odd constant
+/// (a bijection of 64-bit words), whose top bits are the bucket and low 48
+/// bits the tag. Within one bucket the tag identifies the key, so a word
+/// holds its tag and its value together and is published with one store.
+#[inline(always)]
+pub const fn tier_front_slot(key: u64) -> (u32, u64) {
+    let h = key.wrapping_mul(FRONT_MUL);
+    ((h >> TAG_BITS) as u32, h & TIER_FRONT_TAG_MASK)
+}
+
+/// The key of the word `word` found in bucket `bucket` (inverse of
+/// [`tier_front_slot`]).
+pub const fn tier_front_key_of(bucket: u32, word: u64) -> u64 {
+    (((bucket as u64) << TAG_BITS) | (word & TIER_FRONT_TAG_MASK)).wrapping_mul(FRONT_MUL_INV)
+}
+
+/// The `NPM_TIER_FRONT` word of `key` with the [`TierValue::flags`]
+/// `flags`: its tag, then action and rank in bits 48..64. `None` when the
+/// rank does not fit ([`TIER_FRONT_MAX_RANK`]) or the action is none. A
+/// word is never 0 (the action is not), the empty slot.
+pub const fn tier_front_word(key: u64, flags: u32) -> Option<u64> {
+    if flags >> TIER_RANK_SHIFT >= TIER_FRONT_MAX_RANK || flags & TIER_ACTION_MASK == 0 {
+        return None;
+    }
+    Some(tier_front_slot(key).1 | (flags as u64) << TAG_BITS)
+}
+
+/// The [`TierValue::flags`] of a word whose tag is `tag`, else `u32::MAX`
+/// (no entry: a pass of the last rank, as the datapath's misses).
+#[inline(always)]
+pub const fn tier_front_hit(word: u64, tag: u64) -> u32 {
+    if word & TIER_FRONT_TAG_MASK == tag && (word >> TAG_BITS) as u32 & TIER_ACTION_MASK != 0 {
+        (word >> TAG_BITS) as u32
+    } else {
+        u32::MAX
+    }
+}
+
 // SAFETY: repr(C), only integers, no padding (asserted above), any bit
 // pattern is valid.
 #[cfg(feature = "user")]
@@ -120,5 +224,42 @@ mod tests {
         assert_eq!((v.action(), v.rank()), (TIER_DENY, 5));
         // Lower rank, lower flags, whatever the action.
         assert!(tier_flags(TIER_PASS, 1) < tier_flags(TIER_ACCEPT, 2));
+    }
+
+    #[test]
+    fn tier_front_words_round_trip() {
+        let keys = [
+            tier_front_key(1, DIR_INGRESS, TIER_ADMIN, 0, TIER_FRONT_PC_ANY_PROTO),
+            tier_front_key(7, 1, TIER_BASELINE, 300, tier_front_pc_exact(1, 80)),
+            tier_front_key(7, 1, TIER_ADMIN, 300, tier_front_pc_exact(1, 80)),
+            tier_front_key(7, 1, TIER_ADMIN, 300, tier_front_pc_block(3, 65_535)),
+            tier_front_key(
+                TIER_FRONT_MAX_ENDPOINT - 1,
+                1,
+                TIER_BASELINE,
+                TIER_FRONT_MAX_IDENTITY - 1,
+                3,
+            ),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for k in keys {
+            assert!(seen.insert(k), "distinct keys");
+            let (bucket, tag) = tier_front_slot(k);
+            assert!(bucket < crate::sizes::TIER_FRONT_BUCKETS);
+            let w = tier_front_word(k, tier_flags(TIER_DENY, 77)).unwrap();
+            assert_ne!(w, 0);
+            assert_eq!(tier_front_key_of(bucket, w), k);
+            assert_eq!(tier_front_hit(w, tag), tier_flags(TIER_DENY, 77));
+            assert_eq!(tier_front_hit(w, tag ^ 1), u32::MAX);
+            assert_eq!(tier_front_hit(0, tag), u32::MAX);
+        }
+        assert_eq!(
+            tier_front_word(keys[0], tier_flags(TIER_ACCEPT, TIER_FRONT_MAX_RANK)),
+            None
+        );
+        assert!(tier_front_word(keys[0], tier_flags(TIER_PASS, TIER_FRONT_MAX_RANK - 1)).is_some());
+        // Port classes never collide.
+        assert!(tier_front_pc_exact(3, u16::MAX) < tier_front_pc_block(1, 0));
+        assert!(tier_front_pc_any_port(3) < tier_front_pc_exact(1, 0));
     }
 }

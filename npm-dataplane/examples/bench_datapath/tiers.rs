@@ -19,6 +19,10 @@
 //! - `baseline_tier`: 10.0.0.6 (312) to endpoint 2 TCP 80: the Admin tier does
 //!   not match (3 lookups), the Baseline tier accepts (3 more).
 //!
+//! Every tier of both endpoints fits the tier front (`NPM_TIER_FRONT`), so
+//! a "lookup" above is four front probes (exact port, 64-port block, any
+//! port, any protocol), not an `NPM_TIERS` LPM walk.
+//!
 //! Each path is measured with the decision cache off (the lookups: what a
 //! new (peer, port) tuple costs) and on (`_cached`: a tuple decided before
 //! under the same generation). Same method as the other rows: the median

@@ -34,6 +34,9 @@ pub struct BenchSwitches {
     /// The datapath never probes the policy front (`NPM_POLICY_FRONT`):
     /// every policy lookup walks the LPM.
     pub no_policy_front: bool,
+    /// The datapath never probes the tier front (`NPM_TIER_FRONT`): every
+    /// tier lookup walks `NPM_TIERS`.
+    pub no_tier_front: bool,
 }
 
 /// The object to load: `explicit` if given, else `$NPM_EBPF_OBJECT`, else the
@@ -107,6 +110,8 @@ pub(crate) fn load(
     loader.override_global("NPM_BENCH_NO_FAST_V4", &no_fast, true);
     let no_front: u8 = switches.no_policy_front.into();
     loader.override_global("NPM_BENCH_NO_POLICY_FRONT", &no_front, true);
+    let no_tier_front: u8 = switches.no_tier_front.into();
+    loader.override_global("NPM_BENCH_NO_TIER_FRONT", &no_tier_front, true);
     let mut bpf = loader.load(data).map_err(|source| EbpfError::Load {
         path: object.to_path_buf(),
         source: Box::new(source),

@@ -35,7 +35,7 @@
 //! | `features.rs` | the kernel feature check ([`check_kernel`]) and the tcx probe |
 //! | `fill.rs` | how full each map is ([`MapFill`]), counted from what the writer wrote |
 //! | `writer.rs` | apply and full sync in the documented order, the sweep, the generation bump, flow purges |
-//! | `endpoints.rs`, `ipcache.rs` (+ `ipcache4.rs`), `cidr.rs`, `policy.rs` (+ `policy_front.rs`), `tiers.rs`, `conntrack.rs`, `counters.rs` | one map table each: its keys, writes, removals and sweep |
+//! | `endpoints.rs`, `ipcache.rs` (+ `ipcache4.rs`), `cidr.rs`, `policy.rs` (+ `policy_front.rs`), `tiers.rs` (+ `tier_front.rs`), `conntrack.rs`, `counters.rs` | one map table each: its keys, writes, removals and sweep |
 //! | `translate.rs` | compiled entries -> map keys and values (no kernel access) |
 //! | `dump.rs` | reading the maps back (`inspect`) |
 //! | `errors.rs` | [`EbpfError`] and its conversion into [`crate::DataplaneError`] |
@@ -63,6 +63,7 @@ mod shared_words;
 pub mod tc_filters;
 #[cfg(feature = "testing")]
 mod testing;
+mod tier_front;
 mod tiers;
 pub mod translate;
 mod writer;
@@ -93,6 +94,7 @@ pub use loader::{resolve_object, INSTALLED_OBJECT, OBJECT_ENV};
 pub use node_exit::{exit_dir, remove_node_exit_pins, NodeExit};
 pub use pins::{default_pin_dir, ensure_bpffs};
 pub use services::{ServicePort, ServicesMap, ServicesSync};
+pub use tier_front::{tier_front_words, TIER_FRONT_MAX_WORDS};
 
 use cidr::CidrTable;
 use conntrack::Flows;
@@ -367,6 +369,11 @@ impl EbpfDataplane {
     /// Words in the policy front (`NPM_POLICY_FRONT`).
     pub fn policy_front_len(&self) -> usize {
         self.policy.front_len()
+    }
+
+    /// Words in the tier front (`NPM_TIER_FRONT`).
+    pub fn tier_front_len(&self) -> usize {
+        self.tiers.front_len()
     }
 
     /// Counters summed over CPUs.

@@ -3,7 +3,9 @@
 //! tier in the direction byte; see [`translate::tier_keys`]) -> the action,
 //! rank and rule id of the entry ([`translate::tier_value`]). Written in
 //! the order of the policy entries: upserts before the endpoints whose
-//! tier flags point at them, removals after.
+//! tier flags point at them, removals after. Its front `NPM_TIER_FRONT`
+//! ([`TierFront`]) is written with it: words after the LPM keys, removals
+//! before them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,11 +17,13 @@ use npm_policy::compiled::{Compiled, TierEntry, TierValue};
 
 use super::errors::{map_err, removed, EbpfError};
 use super::loader::take_map;
+use super::tier_front::{tier_front_words, TierFront};
 use super::translate;
 
-/// `NPM_TIERS`.
+/// `NPM_TIERS` and its front, written together.
 pub(crate) struct TierTable {
     lpm: LpmTrie<MapData, [u8; POLICY_KEY_LEN], KernelTierValue>,
+    front: TierFront,
 }
 
 /// The entries of `compiled` that may share LPM keys with `entry`: the same
@@ -56,10 +60,13 @@ impl TierTable {
     pub(crate) fn take(bpf: &mut Ebpf) -> Result<Self, EbpfError> {
         Ok(TierTable {
             lpm: take_map(bpf, maps::TIERS)?,
+            front: TierFront::new(take_map(bpf, maps::TIER_FRONT)?)?,
         })
     }
 
-    /// Writes the keys of `entry` with its value.
+    /// Writes the keys of `entry` with its value, then its front words (a
+    /// word whose bucket is full is left out: the endpoint's direction and
+    /// tier then stay on the LPM).
     pub(crate) fn upsert(&mut self, entry: &TierEntry, value: &TierValue) -> Result<(), EbpfError> {
         let v = translate::tier_value(value);
         for k in translate::tier_keys(entry)? {
@@ -67,15 +74,37 @@ impl TierTable {
                 .insert(&Key::new(k.prefix_len, k.data), v, 0)
                 .map_err(map_err(maps::TIERS, format!("insert {entry:?}")))?;
         }
+        for (k, w) in tier_front_words(entry, value).unwrap_or_default() {
+            self.front.upsert(k, w);
+        }
         Ok(())
     }
 
     /// Removes the keys of `entry` that no entry of `next` still produces
-    /// (an entry of the same group may hold the same aligned block).
+    /// (an entry of the same group may hold the same aligned block): its
+    /// front words first, then its LPM keys.
     pub(crate) fn remove(&mut self, entry: &TierEntry, next: &Compiled) -> Result<(), EbpfError> {
         let mut still: BTreeSet<PolicyKey> = BTreeSet::new();
-        for (other, _) in group(next, entry) {
+        let mut still_words: BTreeSet<u64> = BTreeSet::new();
+        for (other, v) in group(next, entry) {
             still.extend(translate::tier_keys(other)?);
+            still_words.extend(
+                tier_front_words(other, v)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, _)| k),
+            );
+        }
+        // Every key the entry may have stored (whatever its value was).
+        let any = TierValue {
+            action: npm_policy::compiled::TierAction::Pass,
+            rank: 0,
+            rule: 0,
+        };
+        for (k, _) in tier_front_words(entry, &any).unwrap_or_default() {
+            if !still_words.contains(&k) {
+                self.front.remove(k);
+            }
         }
         for k in translate::tier_keys(entry)? {
             if !still.contains(&k) {
@@ -97,6 +126,58 @@ impl TierTable {
                 .map_err(map_err(maps::TIERS, format!("insert {k:?}")))?;
         }
         Ok(())
+    }
+
+    /// After the removals of a batch: drops the front words an upserted
+    /// entry left when its new value no longer fits the front (its
+    /// endpoint's flag was cleared by then), and stores the words of
+    /// upserted entries that found their bucket full before the removals.
+    /// Returns whether a word was newly stored (the endpoints' front flags
+    /// may then be set).
+    pub(crate) fn refront<'a>(&mut self, upserts: impl IntoIterator<Item = (&'a TierEntry, &'a TierValue)>) -> bool {
+        let mut placed = false;
+        for (entry, value) in upserts {
+            match tier_front_words(entry, value) {
+                Some(words) => {
+                    for (k, w) in words {
+                        if !self.front.holds(k, w) {
+                            placed |= self.front.upsert(k, w);
+                        }
+                    }
+                }
+                None => {
+                    let any = TierValue { rank: 0, ..*value };
+                    for (k, _) in tier_front_words(entry, &any).unwrap_or_default() {
+                        self.front.remove(k);
+                    }
+                }
+            }
+        }
+        placed
+    }
+
+    /// Stores the front words of `want` (key -> word, after their LPM
+    /// keys).
+    pub(crate) fn insert_words(&mut self, want: &BTreeMap<u64, u64>) {
+        for (k, w) in want {
+            self.front.upsert(*k, *w);
+        }
+    }
+
+    /// Removes the front words whose key is not in `want`.
+    pub(crate) fn sweep_words(&mut self, want: &BTreeMap<u64, u64>) {
+        self.front.sweep(want);
+    }
+
+    /// The `EP_ADMIN_FRONT_*` / `EP_BASELINE_FRONT_*` flags of the
+    /// endpoints of `next` that have tier entries.
+    pub(crate) fn front_flags(&self, next: &Compiled) -> BTreeMap<u32, u32> {
+        self.front.flags(next)
+    }
+
+    /// Words in the front.
+    pub(crate) fn front_len(&self) -> usize {
+        self.front.len()
     }
 
     /// Removes every key not in `want`.

@@ -13,7 +13,7 @@ use npm_common::{maps, PolicyKey};
 use npm_policy::compiled::{Compiled, CompiledDiff};
 
 use super::errors::{map_err, EbpfError};
-use super::{tiers, translate, EbpfDataplane, FRONT_ALL};
+use super::{tier_front, tiers, translate, EbpfDataplane, FRONT_ALL};
 use crate::{AdoptedEndpoint, Interfaces};
 
 impl EbpfDataplane {
@@ -105,6 +105,9 @@ impl EbpfDataplane {
             self.ipcache.remove(*addr)?;
         }
         self.cidrs.remove(&diff.cidrs.remove, &next.cidrs)?;
+        if self.tiers.refront(diff.tiers.upsert.iter().map(|(e, v)| (e, v))) {
+            self.program_endpoints(next, interfaces, &BTreeSet::new())?;
+        }
         let mut removed = BTreeSet::new();
         for id in &diff.endpoints.remove {
             self.written_flags.remove(id);
@@ -156,6 +159,10 @@ impl EbpfDataplane {
         self.policy.insert_words(&want_words);
         let want_tiers = tiers::want_keys(compiled)?;
         self.tiers.insert_keys(&want_tiers)?;
+        // The tier front after its LPM keys; its stale words go with the
+        // sweep (a value is replaced in place, one store).
+        let want_tier_words = tier_front::want_words(compiled);
+        self.tiers.insert_words(&want_tier_words);
         for (addr, e) in &compiled.ipcache {
             self.ipcache.upsert(*addr, translate::ip_info(e))?;
         }
@@ -170,7 +177,12 @@ impl EbpfDataplane {
 
         // Sweep.
         self.policy.sweep_keys(&want_policy)?;
+        self.tiers.sweep_words(&want_tier_words);
         self.tiers.sweep_keys(&want_tiers)?;
+        // Words that found their bucket full of stale ones go in now; the
+        // endpoints whose front flags that completes are rewritten.
+        self.tiers.insert_words(&want_tier_words);
+        self.program_endpoints(compiled, interfaces, &BTreeSet::new())?;
         self.ipcache.sweep(&compiled.ipcache)?;
         self.cidrs.sweep(&compiled.cidrs)?;
         let want_if: BTreeSet<u32> = self.programmed.values().copied().collect();
@@ -197,7 +209,7 @@ impl EbpfDataplane {
 
     /// Writes the endpoints of `next` that have an interface and need it
     /// (new, changed in `changed`, moved to another interface, or whose
-    /// `EP_NO_*_PEER_*`, `EP_FRONT_*` or tier flags changed with the
+    /// `EP_NO_*_PEER_*`, `EP_FRONT_*`, tier or tier front flags changed with the
     /// policy), attaching the programs. The tier flags are those of
     /// [`npm_policy::compiled::Endpoint::tiers`] and of the endpoint's
     /// entries in `next.tiers`. Endpoints without an interface are held back.
@@ -210,6 +222,7 @@ impl EbpfDataplane {
         let peer_flags = translate::endpoint_peer_flags(next.policy.keys());
         let front_flags = self.policy.front_flags(next);
         let tier_flags = translate::endpoint_tier_flags(next.tiers.keys());
+        let tier_front_flags = self.tiers.front_flags(next);
         for (&id, ep) in &next.endpoints {
             let Some(&ifindex) = interfaces.get(&id) else {
                 // No interface known (yet, or any more): nothing may stay
@@ -225,6 +238,7 @@ impl EbpfDataplane {
             info.flags |= peer_flags.get(&id).copied().unwrap_or(translate::EP_NO_PEER_ALL);
             info.flags |= front_flags.get(&id).copied().unwrap_or(FRONT_ALL);
             info.flags |= tier_flags.get(&id).copied().unwrap_or(0);
+            info.flags |= tier_front_flags.get(&id).copied().unwrap_or(0);
             if old == Some(ifindex)
                 && !changed.contains(&id)
                 && self.attached_in_mode(ifindex)

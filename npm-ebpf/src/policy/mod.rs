@@ -126,7 +126,7 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     let ids = (identity, cidr_identity);
     // 9a. Admin tier: accept and deny are final, pass goes on.
     if f & (EP_ADMIN_INGRESS << dir) != 0 {
-        let a = tier_action(lpm, id, dir | TIER_ADMIN, ids, pr, port);
+        let a = tier_action(lpm, id, f, dir | TIER_ADMIN, ids, pr, port);
         if a == TIER_ACCEPT {
             return Reason::AdminAccept as u8;
         }
@@ -137,7 +137,7 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     if !isolated {
         // 9c. Baseline tier, then 9d.
         if f & (EP_BASELINE_INGRESS << dir) != 0 {
-            let a = tier_action(lpm, id, dir | TIER_BASELINE, ids, pr, port);
+            let a = tier_action(lpm, id, f, dir | TIER_BASELINE, ids, pr, port);
             if a == TIER_ACCEPT {
                 return Reason::BaselineAccept as u8;
             }
