@@ -205,6 +205,31 @@ fn push_max(q: &mut VecDeque<(Instant, usize)>, now: Instant, v: usize) {
     q.push_back((now, v));
 }
 
+/// One count of a cumulative check: its high-water samples, the count the
+/// next state would have, and what it counts (for the message).
+struct Count<'a> {
+    samples: &'a mut VecDeque<(Instant, usize)>,
+    next: usize,
+    what: &'static str,
+}
+
+/// `Some(description)` when either count is more than `threshold` below
+/// its high-water within `window` before `now` (samples older than the
+/// window are expired first).
+fn cumulative_pair(a: Count<'_>, b: Count<'_>, now: Instant, window: Duration, threshold: f64) -> Option<String> {
+    expire(a.samples, now, window);
+    expire(b.samples, now, window);
+    let ha = a.samples.front().map_or(0, |s| s.1);
+    let hb = b.samples.front().map_or(0, |s| s.1);
+    let (ra, rb) = (ha.saturating_sub(a.next), hb.saturating_sub(b.next));
+    let (wa, wb) = (a.what, b.what);
+    (share(ha, ra) > threshold || share(hb, rb) > threshold).then(|| {
+        format!(
+            "{ra} of up to {ha} {wa} and {rb} of up to {hb} {wb} gone within {window:?} since the last confirmation"
+        )
+    })
+}
+
 fn expire(q: &mut VecDeque<(Instant, usize)>, now: Instant, window: Duration) {
     // The newest sample is what is programmed now: it always stays.
     while q.len() > 1
@@ -285,20 +310,22 @@ impl GuardReference {
         window: Duration,
         threshold: f64,
     ) -> Option<String> {
-        expire(&mut self.nodes, now, window);
-        expire(&mut self.node_addresses, now, window);
-        let hn = self.nodes.front().map_or(0, |s| s.1);
-        let ha = self.node_addresses.front().map_or(0, |s| s.1);
-        let (rn, ra) = (
-            hn.saturating_sub(next_count),
-            ha.saturating_sub(node_addresses(compiled)),
-        );
-        (share(hn, rn) > threshold || share(ha, ra) > threshold).then(|| {
-            format!(
-                "{rn} of up to {hn} Nodes and {ra} of up to {ha} node addresses gone within {window:?} since \
-                 the last confirmation"
-            )
-        })
+        let addresses = node_addresses(compiled);
+        cumulative_pair(
+            Count {
+                samples: &mut self.nodes,
+                next: next_count,
+                what: "Nodes",
+            },
+            Count {
+                samples: &mut self.node_addresses,
+                next: addresses,
+                what: "node addresses",
+            },
+            now,
+            window,
+            threshold,
+        )
     }
 
     /// The ClusterNetworkPolicies last programmed, in order (`None`
@@ -319,17 +346,21 @@ impl GuardReference {
         window: Duration,
         threshold: f64,
     ) -> Option<String> {
-        expire(&mut self.cluster_policies, now, window);
-        expire(&mut self.tier_entries, now, window);
-        let hc = self.cluster_policies.front().map_or(0, |s| s.1);
-        let he = self.tier_entries.front().map_or(0, |s| s.1);
-        let (rc, re) = (hc.saturating_sub(next_count), he.saturating_sub(compiled.tiers.len()));
-        (share(hc, rc) > threshold || share(he, re) > threshold).then(|| {
-            format!(
-                "{rc} of up to {hc} ClusterNetworkPolicies and {re} of up to {he} tier entries gone within \
-                 {window:?} since the last confirmation"
-            )
-        })
+        cumulative_pair(
+            Count {
+                samples: &mut self.cluster_policies,
+                next: next_count,
+                what: "ClusterNetworkPolicies",
+            },
+            Count {
+                samples: &mut self.tier_entries,
+                next: compiled.tiers.len(),
+                what: "tier entries",
+            },
+            now,
+            window,
+            threshold,
+        )
     }
 
     /// Record the isolated endpoint directions of the state adopted from a
@@ -373,18 +404,22 @@ impl GuardReference {
         window: Duration,
         threshold: f64,
     ) -> Option<String> {
-        expire(&mut self.policies, now, window);
-        expire(&mut self.isolated, now, window);
-        let hp = self.policies.front().map_or(0, |s| s.1);
-        let hi = self.isolated.front().map_or(0, |s| s.1);
-        let (np, ni) = (next.policies.len(), isolated_directions(compiled).count());
-        let (rp, ri) = (hp.saturating_sub(np), hi.saturating_sub(ni));
-        (share(hp, rp) > threshold || share(hi, ri) > threshold).then(|| {
-            format!(
-                "{rp} of up to {hp} NetworkPolicies and {ri} of up to {hi} isolated endpoint directions gone \
-                 within {window:?} since the last confirmation"
-            )
-        })
+        let isolated = isolated_directions(compiled).count();
+        cumulative_pair(
+            Count {
+                samples: &mut self.policies,
+                next: next.policies.len(),
+                what: "NetworkPolicies",
+            },
+            Count {
+                samples: &mut self.isolated,
+                next: isolated,
+                what: "isolated endpoint directions",
+            },
+            now,
+            window,
+            threshold,
+        )
     }
 
     /// The highest (identities, endpoints) counts programmed within
@@ -408,15 +443,22 @@ impl GuardReference {
         window: Duration,
         threshold: f64,
     ) -> Option<String> {
-        let (hi, he) = self.high_water(now, window);
-        let (ni, ne) = (pod_identities(next).count(), next.endpoints.len());
-        let (ri, re) = (hi.saturating_sub(ni), he.saturating_sub(ne));
-        (share(hi, ri) > threshold || share(he, re) > threshold).then(|| {
-            format!(
-                "{ri} of up to {hi} identities and {re} of up to {he} endpoints gone within {window:?} \
-                 since the last confirmation"
-            )
-        })
+        let identities = pod_identities(next).count();
+        cumulative_pair(
+            Count {
+                samples: &mut self.identities,
+                next: identities,
+                what: "identities",
+            },
+            Count {
+                samples: &mut self.endpoints,
+                next: next.endpoints.len(),
+                what: "endpoints",
+            },
+            now,
+            window,
+            threshold,
+        )
     }
 }
 
