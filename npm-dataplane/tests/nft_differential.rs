@@ -429,6 +429,64 @@ fn send_batch(topo: &Topo, from: usize, lines: &[String]) -> (Proc, ChildStdout)
     send_from(topo, &topo.hosts[from].ns.name, lines)
 }
 
+/// Waits, before any table is loaded, until the topology delivers a UDP
+/// datagram between every pair the probes use (each source address to each
+/// destination address of its family). A freshly built node can drop the
+/// first IPv6 datagrams it forwards onto a new bridge for a second or two;
+/// without this the first comparison would blame nftables for the kernel's
+/// warm-up. Nothing is filtered yet, so every pair must arrive.
+fn warm_up(topo: &Topo) {
+    let mut want: Vec<(usize, String, String)> = Vec::new();
+    for (si, s) in topo.hosts.iter().enumerate() {
+        for (di, d) in topo.hosts.iter().enumerate() {
+            if si == di || (s.endpoint.is_none() && d.endpoint.is_none()) {
+                continue;
+            }
+            for sa in s.v4.iter().chain(s.v6.iter()) {
+                for da in d.v4.iter().chain(d.v6.iter()) {
+                    if sa.contains(':') == da.contains(':') {
+                        want.push((si, sa.clone(), da.clone()));
+                    }
+                }
+            }
+        }
+    }
+    let port = 39999;
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let missing: Vec<&(usize, String, String)> = {
+            let seen = topo.seen.lock().unwrap();
+            want.iter()
+                .filter(|(_, sa, da)| !seen.contains(&(sa.clone(), da.clone(), "udp".to_string(), port)))
+                .collect()
+        };
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the topology never delivered (no table loaded): {missing:?}"
+        );
+        for si in 0..topo.hosts.len() {
+            let lines: Vec<String> = missing
+                .iter()
+                .filter(|m| m.0 == si)
+                .map(|(_, sa, da)| format!("{sa} {da} udp {port}"))
+                .collect();
+            if lines.is_empty() {
+                continue;
+            }
+            let (proc_, out) = send_batch(topo, si, &lines);
+            let mut line = String::new();
+            BufReader::new(out).read_line(&mut line).unwrap();
+            assert_eq!(line.trim(), "done");
+            drop(proc_);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    topo.seen.lock().unwrap().clear();
+}
+
 /// Runs the sender in namespace `ns` with one probe per line.
 fn send_from(topo: &Topo, ns: &str, lines: &[String]) -> (Proc, ChildStdout) {
     let mut child = Command::new("ip")
@@ -459,6 +517,7 @@ fn nft_matches_reference_lookup_with_bridged_pods() {
 fn differential(bridged: bool) {
     let started = Instant::now();
     let topo = Topo::new(bridged);
+    warm_up(&topo);
     let mut dp = NftDataplane::new(NftOptions {
         table: format!("npm_t{}{}", std::process::id(), if bridged { "b" } else { "r" }),
         netns: Some(topo.node.name.clone()),
