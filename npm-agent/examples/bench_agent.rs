@@ -26,7 +26,7 @@
 
 // The tests' netns helpers (leftover detection by the pid in a name).
 #[allow(dead_code)]
-#[path = "../tests/common/netns.rs"]
+#[path = "../tests/agent/common/netns.rs"]
 mod netns;
 
 use std::collections::{BTreeMap, HashMap};

@@ -39,7 +39,7 @@
 
 #[path = "bench_traffic/load.rs"]
 mod load;
-#[path = "../tests/netns_common/mod.rs"]
+#[path = "../tests/dataplane/netns_common/mod.rs"]
 mod netns_common;
 #[path = "bench_traffic/stats.rs"]
 mod stats;

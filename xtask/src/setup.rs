@@ -27,11 +27,11 @@ const APT_PACKAGES: &[&str] = &[
     "runc",
     // The image carries the CA bundle (the kube client's TLS needs roots).
     "ca-certificates",
-    // A real Prometheus scrapes the agent (`npm-agent/tests/prometheus_scrape.rs`).
+    // A real Prometheus scrapes the agent (`npm-agent/tests/agent/prometheus_scrape.rs`).
     "prometheus",
     // kube-proxy's iptables mode in the e2e cluster (`tests/e2e/src/kube_proxy/`).
     "iptables",
-    // `ping -M do` in the path-MTU test (`npm-dataplane/tests/vxlan_pmtu.rs`).
+    // `ping -M do` in the path-MTU test (`npm-dataplane/tests/dataplane/vxlan_pmtu.rs`).
     "iputils-ping",
     // `cargo xtask bench traffic` (TCP bulk throughput).
     "iperf3",

@@ -1,0 +1,242 @@
+//! What the agent does with what npm-cni tells it, through the real
+//! plugins (`ptp` or `bridge`, then the real `npm-cni` binary, chained as a
+//! runtime runs a conflist), the test API server and the agent's CNI
+//! socket; the dataplane is the recording one, so the tests read exactly
+//! what was programmed.
+//!
+//! - ADD programs the endpoint on the pod's veth with the CNI addresses
+//!   before the kubelet publishes them; CHECK and STATUS answer; a
+//!   restarted agent re-learns the attachment from its state file; DEL
+//!   evicts the endpoint and its address at once although the API object
+//!   lingers with it; the tombstone goes with the object.
+//! - Incident 1 with CNI facts: a stale object claiming the address IPAM
+//!   hands to a new pod never owns it.
+//! - `bridge`: the endpoint is on the veth, never on the bridge.
+//! - GC drops the attachments the runtime no longer lists.
+//!
+//! Names carry the process id (`npmcnia<pid>...`).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cni_chain::*;
+use crate::cni_plugins::ifindex;
+use crate::common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use npm_agent::agent::RunningAgent;
+use npm_agent::cni::CniConfig;
+use npm_cni::proto::{self, ConnectMode, Request};
+use serde_json::json;
+
+const NS: &str = "f";
+
+async fn pending_pod(client: &kube::Client, name: &str, app: &str) -> String {
+    let mut p = pod(NS, name, "node-a", None, &[("app", app)]);
+    p.status.as_mut().unwrap().phase = Some("Pending".into());
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &p)
+        .await
+        .unwrap_or_else(|e| panic!("create pod {name}: {e}"))
+        .metadata
+        .uid
+        .unwrap()
+}
+
+async fn publish_ip(client: &kube::Client, name: &str, ip: IpAddr) {
+    let status = json!({"status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]}});
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+async fn agent(client: &kube::Client, dp: &RecordingDataplane, net: &Network) -> RunningAgent {
+    let mut cfg = agent_config(100);
+    cfg.cni = Some(CniConfig::new(net.socket.clone()));
+    let agent = start_agent(cfg, client.clone(), dp.clone()).await;
+    wait_until("agent ready", Duration::from_secs(20), || agent.is_ready()).await;
+    agent
+}
+
+async fn setup(tag: &str, wiring: Wiring, subnet: &str) -> (npm_testapi::TestApiServer, kube::Client, Arc<Network>) {
+    clear_leftovers();
+    let (srv, client) = server(true).await;
+    create_namespaces(&client, &[namespace(NS, &[])]).await;
+    create_policy(
+        &client,
+        NS,
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "web", "namespace": NS},
+            "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "ingress": [{"ports": [{"port": 80}]}]}
+        }),
+    )
+    .await
+    .unwrap();
+    (srv, client, Arc::new(Network::new(tag, wiring, subnet)))
+}
+
+fn add(sb: &mut Sandbox) {
+    let chain = tokio::task::block_in_place(|| sb.add());
+    assert!(chain.ok(), "ADD of {}: {:?}", sb.name, chain.runs);
+}
+
+fn exchange(net: &Network, request: &Request) -> proto::Response {
+    proto::exchange(&net.socket, request, Duration::from_secs(10), ConnectMode::Once).expect("the agent answers")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_check_restart_del_and_tombstone() {
+    let (srv, client, net) = setup("a", Wiring::Ptp, "10.241.0.0/24").await;
+    let dp = RecordingDataplane::default();
+    let first = agent(&client, &dp, &net).await;
+    assert!(exchange(&net, &Request::Status).ok);
+
+    let uid = pending_pod(&client, "p", "web").await;
+    let mut sb = Sandbox::new(&net, NS, "p", &uid);
+    add(&mut sb);
+    let ip = sb.ip().to_string();
+    let veth = sb.host_interfaces()[0].clone();
+    {
+        // Programmed before the IP is in the pod's status.
+        let r = dp.lock();
+        let (id, name) = endpoint_with_ip(&r.state, &ip).expect("endpoint programmed at ADD");
+        assert_eq!(name, "f/p");
+        assert_eq!(r.interfaces.get(&id), Some(&ifindex(None, &veth)), "on the pod's veth");
+        assert_eq!(policies_of_endpoint(&r.state, id), ["f/web".to_string()].into());
+    }
+    let check = tokio::task::block_in_place(|| sb.check_npm_cni());
+    assert_eq!(check.code, 0, "{check:?}");
+    let state_file = net.socket.with_file_name(npm_agent::cni::persist::STATE_FILE_NAME);
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&state_file).unwrap()).unwrap();
+    assert_eq!(saved["attachments"][0]["pod"]["uid"], uid.as_str(), "{saved}");
+    assert!(metric(&first, "npm_cni_add_wait_seconds_count") >= 1.0);
+    assert_eq!(
+        metric(&first, "npm_cni_requests_total{command=\"add\",result=\"ok\"}"),
+        1.0
+    );
+    publish_ip(&client, "p", sb.ip()).await;
+
+    // A restarted agent knows the attachment from the state file.
+    drop(first);
+    let second = agent(&client, &dp, &net).await;
+    assert_eq!(second.cni_facts.current().attachments().count(), 1);
+    wait_until("CHECK passes after the restart", Duration::from_secs(10), || {
+        tokio::task::block_in_place(|| sb.check_npm_cni()).code == 0
+    })
+    .await;
+
+    // DEL: evicted at once, though the object still has the address.
+    let runs = tokio::task::block_in_place(|| sb.del());
+    assert!(runs.iter().all(|r| r.code == 0), "{runs:?}");
+    {
+        let r = dp.lock();
+        assert_eq!(
+            endpoint_with_ip(&r.state, &ip),
+            None,
+            "endpoint evicted when DEL returned"
+        );
+        assert!(!r.state.ipcache.contains_key(&ip.parse().unwrap()), "address evicted");
+    }
+    assert!(second.cni_facts.current().is_tombstoned(&uid));
+    // The tombstone holds while the object lingers, and goes with it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(endpoint_with_ip(&dp.lock().state, &ip), None);
+    delete_pods(&client, vec![(NS.into(), "p".into())], 1).await;
+    wait_until("tombstone lifted", Duration::from_secs(10), || {
+        !second.cni_facts.current().is_tombstoned(&uid)
+    })
+    .await;
+    drop(sb);
+    drop(second);
+    srv.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_object_never_takes_the_address_of_the_attached_pod() {
+    let (srv, client, net) = setup("i", Wiring::Ptp, "10.242.0.0/24").await;
+    // host-local hands out .2 first: a stale object of a gone pod has it.
+    create_pods(
+        &client,
+        vec![pod(NS, "old", "node-a", Some("10.242.0.2"), &[("app", "old")])],
+        1,
+    )
+    .await;
+    let dp = RecordingDataplane::default();
+    let agent = agent(&client, &dp, &net).await;
+    let uid = pending_pod(&client, "new", "web").await;
+    let mut sb = Sandbox::new(&net, NS, "new", &uid);
+    add(&mut sb);
+    assert_eq!(sb.ip().to_string(), "10.242.0.2");
+    {
+        let r = dp.lock();
+        let (id, name) = endpoint_with_ip(&r.state, "10.242.0.2").unwrap();
+        assert_eq!(name, "f/new", "the attached pod owns its address");
+        assert_eq!(r.state.endpoints.len(), 1, "the stale object has no endpoint");
+        assert_eq!(policies_of_endpoint(&r.state, id), ["f/web".to_string()].into());
+        let identity = r.state.ipcache[&"10.242.0.2".parse().unwrap()].identity;
+        assert_eq!(
+            identity, r.state.endpoints[&id].identity,
+            "the address carries the new pod's identity"
+        );
+    }
+    // The stale object is written again after the new pod's status: no change.
+    publish_ip(&client, "new", sb.ip()).await;
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .patch_status(
+            "old",
+            &PatchParams::default(),
+            &Patch::Merge(
+                &json!({"status": {"phase": "Running", "podIP": "10.242.0.2", "podIPs": [{"ip": "10.242.0.2"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        endpoint_with_ip(&dp.lock().state, "10.242.0.2").map(|e| e.1).as_deref(),
+        Some("f/new")
+    );
+    drop(sb);
+    drop(agent);
+    srv.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bridge_pods_are_attached_on_their_veth_and_gc_evicts() {
+    let (srv, client, net) = setup("b", Wiring::Bridge, "10.243.0.0/24").await;
+    let dp = RecordingDataplane::default();
+    let agent = agent(&client, &dp, &net).await;
+    let uid = pending_pod(&client, "w", "web").await;
+    let mut sb = Sandbox::new(&net, NS, "w", &uid);
+    add(&mut sb);
+    let hosts = sb.host_interfaces();
+    assert_eq!(hosts.len(), 2, "bridge lists the bridge and the veth: {hosts:?}");
+    assert_eq!(Some(&hosts[0]), net.bridge.as_ref());
+    {
+        let r = dp.lock();
+        let (id, _) = endpoint_with_ip(&r.state, &sb.ip().to_string()).unwrap();
+        assert_eq!(r.interfaces.get(&id), Some(&ifindex(None, &hosts[1])), "on the veth");
+        assert_ne!(
+            r.interfaces.get(&id),
+            Some(&ifindex(None, &hosts[0])),
+            "never the bridge"
+        );
+    }
+    // GC with no valid attachment of this network evicts it.
+    let gc = exchange(
+        &net,
+        &Request::Gc(proto::GcRequest {
+            network: net.name.clone(),
+            valid_attachments: Vec::new(),
+        }),
+    );
+    assert!(gc.ok, "{gc:?}");
+    assert_eq!(endpoint_with_ip(&dp.lock().state, &sb.ip().to_string()), None);
+    assert_eq!(agent.cni_facts.current().attachments().count(), 0);
+    drop(sb);
+    drop(agent);
+    srv.shutdown().await;
+}

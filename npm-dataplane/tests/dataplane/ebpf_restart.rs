@@ -1,0 +1,346 @@
+//! Enforcement survives the loader, in each attach mode: a loader process
+//! programs and pins maps, attaches (tcx links pinned, or tc filters) and
+//! exits; traffic is still enforced with no loader running; a new loader
+//! adopts the pinned maps and the links or filters and swaps the program
+//! atomically while a stream of allowed flows sees no drop and denied
+//! flows never pass. Needs root.
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::ebpf_common::*;
+use npm_dataplane::ebpf::{AttachMode, EbpfDataplane, EbpfOptions, VERDICT_ALLOW};
+use npm_dataplane::Dataplane;
+use npm_policy::model::Protocol;
+
+const CHILD_ENV: &str = "NPM_EBPF_RESTART_CHILD";
+const TCP_PORT: u16 = 8080;
+const UDP_ALLOWED: u16 = 5353;
+const UDP_DENIED: u16 = 5354;
+
+fn policy(pod: Ipv4Addr, peer: Ipv4Addr) -> npm_policy::compiled::Compiled {
+    policy_for(pod, peer, &[(Protocol::Tcp, TCP_PORT), (Protocol::Udp, UDP_ALLOWED)])
+}
+
+/// Entry point of the loader child process (the test binary re-invoked
+/// with `NPM_EBPF_RESTART_CHILD=<pin dir>|<ifindex>|<pod ip>|<peer ip>|<mode>`).
+/// Without that variable (a normal test run) it has nothing to do.
+#[test]
+fn restart_child_entry() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split('|').collect();
+    let [pin, ifindex, pod, peer, mode] = parts[..] else {
+        panic!("bad {CHILD_ENV}: {spec}");
+    };
+    let mut dp = EbpfDataplane::open(EbpfOptions {
+        object: None,
+        pin_dir: pin.into(),
+        bench_no_ct_create: false,
+        attach: mode.parse().expect("attach mode"),
+    })
+    .expect("child open");
+    let c = policy(pod.parse().unwrap(), peer.parse().unwrap());
+    dp.sync_full(&c, &ifaces(&[(1, ifindex.parse().unwrap())]))
+        .expect("child sync");
+    // Exit without detaching: the pinned links keep the program attached.
+}
+
+#[test]
+fn enforcement_survives_loader_restart_tcx() {
+    enforcement_survives_loader_restart(AttachMode::Tcx, "rs");
+}
+
+#[test]
+fn enforcement_survives_loader_restart_tc() {
+    // npm tc filters: not while `auto` is tested (ebpf_attach_modes).
+    let _g = crate::serial();
+    enforcement_survives_loader_restart(AttachMode::Tc, "rc");
+}
+
+fn enforcement_survives_loader_restart(mode: AttachMode, tag: &str) {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    sweep_leftovers();
+    let pins = PinDir::new(tag);
+    let mut net = PodNet::new(tag);
+    net.start_servers(TCP_PORT, &[UDP_ALLOWED, UDP_DENIED]);
+    net.wait_ready(TCP_PORT, UDP_DENIED);
+
+    // 1. A loader process programs, pins and exits.
+    let spec = format!(
+        "{}|{}|{}|{}|{mode}",
+        pins.path.display(),
+        net.ifindex,
+        net.pod_ip,
+        net.peer_ip
+    );
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "ebpf_restart::restart_child_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, &spec)
+        .output()
+        .expect("spawn loader child");
+    assert!(
+        out.status.success(),
+        "loader child failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // 2. No loader runs: still enforced.
+    let (ing_before, eg_before) = prog_ids(&net.host_if, mode);
+    assert_eq!((ing_before.len(), eg_before.len()), (1, 1), "one program per hook");
+    let t = Duration::from_secs(2);
+    let short = Duration::from_millis(500);
+    net.tcp_exchange(TCP_PORT, t).expect("allowed TCP with no loader");
+    net.udp_exchange(UDP_ALLOWED, t).expect("allowed UDP with no loader");
+    assert!(
+        net.udp_exchange(UDP_DENIED, short).is_err(),
+        "denied UDP passed with no loader"
+    );
+
+    // 3. A new loader adopts maps and links and swaps the program while
+    // allowed and denied flows stream.
+    let stop = AtomicBool::new(false);
+    let (ok, lost, denied_tries, denied_passed) = (
+        AtomicU32::new(0),
+        AtomicU32::new(0),
+        AtomicU32::new(0),
+        AtomicU32::new(0),
+    );
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                match net.udp_exchange(UDP_ALLOWED, t) {
+                    Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => lost.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        });
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                denied_tries.fetch_add(1, Ordering::Relaxed);
+                if net.udp_exchange(UDP_DENIED, Duration::from_millis(100)).is_ok() {
+                    denied_passed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let mut dp = pins.open_in(mode);
+        assert_eq!(dp.attach_mode(), mode);
+        dp.sync_full(&policy(net.pod_ip, net.peer_ip), &ifaces(&[(1, net.ifindex)]))
+            .expect("new loader sync");
+        std::thread::sleep(Duration::from_millis(300));
+        drop(dp);
+        std::thread::sleep(Duration::from_millis(200));
+        stop.store(true, Ordering::Relaxed);
+    });
+    let (ok, lost) = (ok.into_inner(), lost.into_inner());
+    let (denied_tries, denied_passed) = (denied_tries.into_inner(), denied_passed.into_inner());
+    println!("swap: {ok} allowed flows answered, {lost} lost; {denied_tries} denied tries, {denied_passed} passed");
+    assert!(ok >= 20, "too few allowed flows measured: {ok}");
+    assert_eq!(lost, 0, "allowed flows dropped during the program swap");
+    assert!(denied_tries >= 3, "too few denied tries: {denied_tries}");
+    assert_eq!(denied_passed, 0, "denied flows passed during the swap");
+
+    // 4. The program was replaced in the same links or filters (no second
+    // attachment).
+    let (ing_after, eg_after) = prog_ids(&net.host_if, mode);
+    assert_eq!((ing_after.len(), eg_after.len()), (1, 1), "one program per hook");
+    assert_ne!(ing_after, ing_before, "ingress program not replaced");
+    assert_ne!(eg_after, eg_before, "egress program not replaced");
+    assert!(net.udp_exchange(UDP_DENIED, short).is_err());
+    net.udp_exchange(UDP_ALLOWED, t).expect("allowed after swap");
+}
+
+#[test]
+fn other_map_layouts_are_retired_after_the_first_full_sync_tcx() {
+    other_map_layouts_are_retired_after_the_first_full_sync(AttachMode::Tcx, "ly");
+}
+
+#[test]
+fn other_map_layouts_are_retired_after_the_first_full_sync_tc() {
+    // npm tc filters: not while `auto` is tested (ebpf_attach_modes).
+    let _g = crate::serial();
+    other_map_layouts_are_retired_after_the_first_full_sync(AttachMode::Tc, "lc");
+}
+
+fn other_map_layouts_are_retired_after_the_first_full_sync(mode: AttachMode, tag: &str) {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    sweep_leftovers();
+    // <root>/v<old> holds an older agent's maps and links (or filters);
+    // <root>/v<current> is ours; <root>/keep is not a layout directory.
+    let root = PinDir::new(tag);
+    let veth_a = Dummy::new(&format!("{tag}a"));
+    let veth_b = Dummy::new(&format!("{tag}b"));
+    let old_dir = root.path.join(format!("v{}", npm_common::LAYOUT_VERSION - 1));
+    let new_dir = root.path.join(format!("v{}", npm_common::LAYOUT_VERSION));
+    let keep = root.path.join("keep");
+    std::fs::create_dir_all(&keep).unwrap();
+    let open = |dir: &std::path::Path| {
+        EbpfDataplane::open(EbpfOptions {
+            object: None,
+            pin_dir: dir.to_path_buf(),
+            bench_no_ct_create: false,
+            attach: mode,
+        })
+        .expect("open")
+    };
+    // Endpoint 1 (10.9.0.1 on veth a) admits 10.9.0.2 on TCP 8080;
+    // endpoint 2 (10.9.0.9 on veth b) is isolated with no rule.
+    let mut c = policy(Ipv4Addr::new(10, 9, 0, 1), Ipv4Addr::new(10, 9, 0, 2));
+    c.endpoints
+        .insert(2, endpoint("other", 257, Some("10.9.0.9"), None, true, true));
+    let both = ifaces(&[(1, veth_a.ifindex), (2, veth_b.ifindex)]);
+    let syn = v4("10.9.0.2", "10.9.0.1", L4::Tcp(40100, TCP_PORT, 0x02));
+    let synack = v4("10.9.0.1", "10.9.0.2", L4::Tcp(TCP_PORT, 40100, 0x12));
+    let ack = v4("10.9.0.2", "10.9.0.1", L4::Tcp(40100, TCP_PORT, 0x10));
+    {
+        let mut old = open(&old_dir);
+        old.sync_full(&c, &both).unwrap();
+        // An established connection, tracked by the old layout.
+        use npm_policy::compiled::Direction::{Egress, Ingress};
+        assert_eq!(old.test_run(Ingress, veth_a.ifindex, &syn).unwrap().0, VERDICT_ALLOW);
+        assert_eq!(old.test_run(Egress, veth_a.ifindex, &synack).unwrap().0, VERDICT_ALLOW);
+    }
+    let (old_a, _) = prog_ids(&veth_a.name, mode);
+    let (old_b, old_b_eg) = prog_ids(&veth_b.name, mode);
+    assert_eq!(
+        (old_a.len(), old_b.len()),
+        (1, 1),
+        "the old layout's programs stay attached"
+    );
+
+    // The new layout copies the old conntrack on open, before it attaches.
+    let mut new = open(&new_dir);
+    assert_eq!(new.ct_len(), 1, "conntrack copied from the old layout");
+    // The copied flows are keyed by the old layout's endpoint ids: its
+    // records are what the agent adopts (to keep those ids).
+    let mut adopted: Vec<(u32, u32)> = new.adopted_endpoints().iter().map(|a| (a.id, a.ifindex)).collect();
+    adopted.sort();
+    assert_eq!(adopted, vec![(1, veth_a.ifindex), (2, veth_b.ifindex)]);
+    // Its first full sync cannot resolve veth b: b keeps the old program
+    // (and the old layout its pins) rather than being left unenforced.
+    let mut policy_change = c.clone();
+    policy_change.policy.clear();
+    new.sync_full(&policy_change, &ifaces(&[(1, veth_a.ifindex)])).unwrap();
+    let (new_a, _) = prog_ids_settled(&veth_a.name, mode, (1, 1));
+    assert_eq!(new_a.len(), 1, "only this layout's program on a");
+    assert_ne!(new_a, old_a);
+    assert_eq!(
+        prog_ids(&veth_b.name, mode),
+        (old_b.clone(), old_b_eg.clone()),
+        "b keeps the old program"
+    );
+    assert!(
+        old_dir.join("links").exists(),
+        "the old layout is kept while it still enforces somewhere"
+    );
+    // The established connection survives the upgrade although its rule is
+    // gone (established flows are not re-evaluated).
+    assert_eq!(
+        new.test_run(npm_policy::compiled::Direction::Ingress, veth_a.ifindex, &ack)
+            .unwrap(),
+        (VERDICT_ALLOW, Some(npm_common::Reason::Tracked))
+    );
+
+    // Once b is attached too, the old layout goes.
+    new.sync_full(&c, &both).unwrap();
+    let (new_b, new_b_eg) = prog_ids_settled(&veth_b.name, mode, (1, 1));
+    assert_eq!((new_b.len(), new_b_eg.len()), (1, 1));
+    assert_ne!(new_b, old_b);
+    assert!(!old_dir.exists(), "the old layout's pins are removed");
+    assert!(new_dir.join("links").exists());
+    assert!(keep.exists(), "a directory that is not a layout is left alone");
+    assert!(new.retire_other_layouts().unwrap().is_empty());
+}
+
+#[test]
+fn a_restart_that_renumbers_endpoints_drops_only_their_flows() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    use npm_policy::compiled::Direction::{Egress, Ingress};
+    sweep_leftovers();
+    let pins = PinDir::new("rn");
+    let veth_a = Dummy::new("rna");
+    let veth_b = Dummy::new("rnb");
+    let peer = "10.9.1.2";
+    let with = |eps: &[(u32, &str)]| {
+        let mut c = npm_policy::compiled::Compiled::default();
+        ip(&mut c, peer, 300, 0);
+        for (id, addr) in eps {
+            c.endpoints
+                .insert(*id, endpoint(&format!("p{id}"), 256, Some(addr), None, true, true));
+            ip(&mut c, addr, 256, 0);
+            allow(
+                &mut c,
+                *id,
+                Ingress,
+                300,
+                Some(Protocol::Tcp),
+                (TCP_PORT, TCP_PORT),
+                *id,
+            );
+        }
+        c
+    };
+    let ifs = ifaces(&[(1, veth_a.ifindex), (2, veth_b.ifindex)]);
+    let establish = |dp: &EbpfDataplane, ifindex: u32, addr: &str| {
+        let syn = v4(peer, addr, L4::Tcp(40200, TCP_PORT, 0x02));
+        let synack = v4(addr, peer, L4::Tcp(TCP_PORT, 40200, 0x12));
+        assert_eq!(dp.test_run(Ingress, ifindex, &syn).unwrap().0, VERDICT_ALLOW);
+        assert_eq!(dp.test_run(Egress, ifindex, &synack).unwrap().0, VERDICT_ALLOW);
+    };
+    {
+        let mut dp = pins.open();
+        dp.sync_full(&with(&[(1, "10.9.1.1"), (2, "10.9.1.9")]), &ifs).unwrap();
+        establish(&dp, veth_a.ifindex, "10.9.1.1");
+        establish(&dp, veth_b.ifindex, "10.9.1.9");
+        assert_eq!(dp.ct_len(), 2);
+    }
+    // A new agent numbers anew: id 1 is the same pod on the same veth; id 2
+    // is now another pod (another address) on veth b.
+    let mut dp = pins.open();
+    dp.sync_full(&with(&[(1, "10.9.1.1"), (2, "10.9.1.7")]), &ifs).unwrap();
+    let kept: Vec<u32> = dp.ct_entries().iter().map(|(k, _)| k.endpoint).collect();
+    assert_eq!(kept, vec![1], "only the unchanged endpoint keeps its flows");
+    let ack = v4(peer, "10.9.1.1", L4::Tcp(40200, TCP_PORT, 0x10));
+    assert_eq!(
+        dp.test_run(Ingress, veth_a.ifindex, &ack).unwrap(),
+        (VERDICT_ALLOW, Some(npm_common::Reason::Tracked))
+    );
+    drop(dp);
+
+    // Flows under an id no record carries are orphans (say, left by a
+    // crash between a record's removal and its purge): a new agent that
+    // gives that id to a pod (pod 3 on veth b) must not let it inherit them.
+    let dp = pins.open();
+    let orphan = dp.ct_entries()[0];
+    {
+        use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+        let data = MapData::from_pin(pins.path.join(npm_common::maps::CT4)).unwrap();
+        let mut ct4: BpfHashMap<MapData, npm_common::CtKey4, npm_common::CtValue> =
+            BpfHashMap::try_from(Map::from_map_data(data).unwrap()).unwrap();
+        let mut key: npm_common::CtKey4 = ct4.keys().next().unwrap().unwrap();
+        key.endpoint = 3;
+        ct4.insert(key, orphan.1, 0).unwrap();
+    }
+    assert_eq!(dp.ct_len(), 2);
+    let mut dp = dp;
+    let ifs3 = ifaces(&[(1, veth_a.ifindex), (3, veth_b.ifindex)]);
+    dp.sync_full(&with(&[(1, "10.9.1.1"), (3, "10.9.1.7")]), &ifs3).unwrap();
+    let kept: Vec<u32> = dp.ct_entries().iter().map(|(k, _)| k.endpoint).collect();
+    assert_eq!(kept, vec![1], "the orphan under the new id is gone");
+}

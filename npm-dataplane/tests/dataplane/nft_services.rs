@@ -1,0 +1,241 @@
+//! Service traffic through the nftables dataplane: a kube-proxy-style DNAT
+//! (nftables mode: `nat` prerouting at priority `dstnat` = -100, one
+//! random choice among the backends with `numgen random mod 2`) of a
+//! ClusterIP to two backend pods, and policies that allow one backend.
+//! The dataplane's filter hooks run at priority `filter` (0), after the
+//! DNAT: they see the backend's address and port, so the sender's egress
+//! and the backend's ingress are decided for the backend the kernel chose,
+//! and the replies (un-NATed by conntrack) pass as `ct state established`.
+//!
+//! Topology: a node namespace routes between pods `client` (10.78.0.1),
+//! `b1` (10.78.0.2) and `b2` (10.78.0.3) on their own veths; ClusterIP
+//! 10.96.0.10:80 is DNATed to `b1:8080` or `b2:8080`. Each backend answers
+//! its name, so the client sees which one it reached.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use npm_common::IDENTITY_HOST;
+use npm_dataplane::nft::{NftDataplane, NftOptions};
+use npm_dataplane::{Dataplane, Interfaces};
+use npm_policy::compiled::{Compiled, Direction};
+use npm_policy::model::Protocol;
+
+use crate::nft_common::{
+    allow, clear_leftovers, endpoint, ip, node_netns, ns_ifindex, ns_sh, route_to_pod, wire_pod, Netns, Proc, TempFile,
+};
+
+const NS_PREFIX: &str = "npmnftv";
+const NODE_IP: &str = "10.78.255.254";
+const CLUSTER_IP: &str = "10.96.0.10";
+const PODS: [(&str, &str); 3] = [("client", "10.78.0.1"), ("b1", "10.78.0.2"), ("b2", "10.78.0.3")];
+const ATTEMPTS: usize = 24;
+
+const PY: &str = r#"
+import socket, sys
+if sys.argv[1] == "serve":
+    name, addr = sys.argv[2], sys.argv[3]
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, 8080)); s.listen(64)
+    print("ready", flush=True)
+    while True:
+        c, _ = s.accept()
+        try:
+            c.sendall(name.encode())
+        finally:
+            c.close()
+else:
+    for _ in range(int(sys.argv[3])):
+        try:
+            c = socket.create_connection((sys.argv[2], 80), timeout=0.4)
+            c.settimeout(0.4)
+            print(c.recv(16).decode() or "empty", flush=True)
+            c.close()
+        except OSError:
+            print("denied", flush=True)
+"#;
+
+/// Field order is drop order: servers before namespaces.
+struct Topo {
+    servers: Vec<Proc>,
+    pods: Vec<Netns>,
+    node: Netns,
+    script: TempFile,
+    ifs: Interfaces,
+}
+
+fn setup() -> Topo {
+    clear_leftovers(NS_PREFIX);
+    let pid = std::process::id();
+    let script = TempFile(format!("/tmp/npm_nft_services_{pid}.py"));
+    std::fs::write(&script.0, PY).unwrap();
+    let node = node_netns(
+        &format!("{NS_PREFIX}{pid}node"),
+        &["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0"],
+        &[format!("{NODE_IP}/32")],
+    );
+    let n = node.name.clone();
+    let mut pods = Vec::new();
+    let mut ifs = Interfaces::new();
+    for (i, (name, addr)) in PODS.iter().enumerate() {
+        let ns = Netns::new(&format!("{NS_PREFIX}{pid}{name}"));
+        let host_if = format!("s{i}");
+        let (_, pod_mac) = wire_pod(&n, &ns.name, &host_if);
+        ns_sh(&ns.name, &["ip", "addr", "add", &format!("{addr}/32"), "dev", "eth0"]);
+        route_to_pod(&n, &host_if, &pod_mac, addr, "32", Some(NODE_IP));
+        ifs.insert(i as u32 + 1, ns_ifindex(&n, &host_if));
+        pods.push(ns);
+    }
+    // kube-proxy's nftables mode, reduced to one service: DNAT in nat
+    // prerouting (dstnat), a random backend per new connection.
+    let kp = format!(
+        "table ip kp {{\n chain pre {{\n  type nat hook prerouting priority dstnat; policy accept;\n  \
+         ip daddr {CLUSTER_IP} tcp dport 80 dnat to numgen random mod 2 map {{ 0 : {} . 8080, 1 : {} . 8080 }}\n }}\n}}\n",
+        PODS[1].1, PODS[2].1
+    );
+    let mut nft = Command::new("ip")
+        .args(["netns", "exec", &n, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(nft.stdin.as_mut().unwrap(), kp.as_bytes()).unwrap();
+    drop(nft.stdin.take());
+    assert!(nft.wait().unwrap().success(), "load the DNAT:\n{kp}");
+    let mut topo = Topo {
+        servers: Vec::new(),
+        pods,
+        node,
+        script,
+        ifs,
+    };
+    for (i, (name, addr)) in PODS.iter().enumerate().skip(1) {
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &topo.pods[i].name,
+                "python3",
+                &topo.script.0,
+                "serve",
+                name,
+                addr,
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        topo.servers.push(Proc(child));
+    }
+    topo
+}
+
+/// `ATTEMPTS` connections from the client to the ClusterIP: how many
+/// reached b1, b2, and how many were denied.
+fn connect_all(topo: &Topo) -> (usize, usize, usize) {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.pods[0].name,
+            "python3",
+            &topo.script.0,
+            "connect",
+            CLUSTER_IP,
+        ])
+        .arg(ATTEMPTS.to_string())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let n = |w: &str| text.lines().filter(|l| l.trim() == w).count();
+    let got = (n("b1"), n("b2"), n("denied"));
+    assert_eq!(got.0 + got.1 + got.2, ATTEMPTS, "client output: {text}");
+    got
+}
+
+/// Three endpoints (client 256, b1 257, b2 258) and the node as host.
+fn base() -> Compiled {
+    let mut c = Compiled::default();
+    for (i, (name, addr)) in PODS.iter().enumerate() {
+        let id = i as u32 + 1;
+        c.endpoints
+            .insert(id, endpoint(name, 255 + id, Some(addr), None, false, false));
+        ip(&mut c, addr, 255 + id, 0);
+    }
+    ip(&mut c, NODE_IP, IDENTITY_HOST, 0);
+    c
+}
+
+#[test]
+fn cluster_ip_connections_reach_only_the_allowed_backend() {
+    let topo = setup();
+    let mut dp = NftDataplane::new(NftOptions {
+        table: format!("npm_s{}", std::process::id()),
+        netns: Some(topo.node.name.clone()),
+    })
+    .unwrap();
+    // Without policy both backends are reached (the DNAT really spreads).
+    dp.sync_full(&base(), &topo.ifs).unwrap();
+    let (b1, b2, denied) = connect_all(&topo);
+    assert!(
+        b1 > 0 && b2 > 0 && denied == 0,
+        "no policy: b1 {b1}, b2 {b2}, denied {denied}"
+    );
+
+    // The client's egress allows b1 on 8080 only (and its ingress nothing:
+    // the replies pass as tracked traffic).
+    let mut egress = base();
+    let client = egress.endpoints.get_mut(&1).unwrap();
+    client.isolated_egress = true;
+    client.isolated_ingress = true;
+    allow(
+        &mut egress,
+        1,
+        Direction::Egress,
+        257,
+        Some(Protocol::Tcp),
+        (8080, 8080),
+    );
+    dp.apply(&base().diff(&egress), &egress, &topo.ifs).unwrap();
+    let (b1, b2, denied) = connect_all(&topo);
+    assert!(
+        b1 > 0 && b2 == 0 && denied > 0,
+        "client egress to b1 only: b1 {b1}, b2 {b2}, denied {denied}"
+    );
+
+    // The backends' ingress: b1 allows the client, b2 nothing.
+    let mut ingress = base();
+    ingress.endpoints.get_mut(&2).unwrap().isolated_ingress = true;
+    ingress.endpoints.get_mut(&3).unwrap().isolated_ingress = true;
+    allow(
+        &mut ingress,
+        2,
+        Direction::Ingress,
+        256,
+        Some(Protocol::Tcp),
+        (8080, 8080),
+    );
+    dp.apply(&egress.diff(&ingress), &ingress, &topo.ifs).unwrap();
+    let (b1, b2, denied) = connect_all(&topo);
+    assert!(
+        b1 > 0 && b2 == 0 && denied > 0,
+        "b1 admits the client, b2 nobody: b1 {b1}, b2 {b2}, denied {denied}"
+    );
+
+    // A rule for the ClusterIP's port (80) allows nothing: the verdict is
+    // taken on the backend's port.
+    let mut port80 = base();
+    port80.endpoints.get_mut(&1).unwrap().isolated_egress = true;
+    allow(&mut port80, 1, Direction::Egress, 257, Some(Protocol::Tcp), (80, 80));
+    allow(&mut port80, 1, Direction::Egress, 258, Some(Protocol::Tcp), (80, 80));
+    dp.apply(&ingress.diff(&port80), &port80, &topo.ifs).unwrap();
+    let (b1, b2, denied) = connect_all(&topo);
+    assert!(
+        b1 == 0 && b2 == 0 && denied == ATTEMPTS,
+        "port 80 rules: b1 {b1}, b2 {b2}, denied {denied}"
+    );
+    dp.remove().unwrap();
+}
