@@ -53,7 +53,16 @@ spec:
 #[test]
 fn the_network_policy_api_topology() {
     let m = Model::new(Topology::NetworkPolicyApi);
-    assert_eq!(m.pod_names().len(), 8);
+    // Four houses of two pods, and the two host-network centaurs, each with
+    // its node's addresses (npm-node, npm-node-2).
+    assert_eq!(m.pod_names().len(), 10);
+    let c1 = &m.snapshot.pods[&(
+        "network-policy-conformance-forbidden-forrest".into(),
+        "centaur-1".into(),
+    )];
+    assert!(c1.host_network);
+    assert_eq!(c1.ips, m.snapshot.nodes["npm-node-2"].addresses);
+    assert_eq!(m.compile_options().node_ips, m.snapshot.nodes["npm-node"].addresses);
     let s = &m.snapshot;
     let ns = &s.namespaces["network-policy-conformance-ravenclaw"];
     assert_eq!(ns.labels.len(), 2, "{:?}", ns.labels);
@@ -77,7 +86,8 @@ fn the_network_policy_api_topology() {
     for a in &c.steps[0].actions {
         m.apply(a).unwrap();
     }
-    assert_eq!(m.ip("q/p").unwrap().to_string(), "198.18.15.1");
+    // (index 15 is forbidden-forrest, whose host-network pods have node addresses)
+    assert_eq!(m.ip("q/p").unwrap().to_string(), "198.18.16.1");
     assert!(!m.snapshot.namespaces["q"].labels.contains_key("ns"));
     assert_eq!(m.snapshot.pods[&("q".into(), "p".into())].ports.len(), 2);
 }
@@ -205,13 +215,13 @@ fn indent(s: &str, n: usize) -> String {
 #[test]
 fn the_catalogue_cnp_cases_pass_on_the_evaluator_and_the_compiled_lookup() {
     let cases = cnp_cases();
-    // 22 upstream tests on their topology, one case on x, y, z.
-    assert_eq!(cases.len(), 23);
+    // 24 upstream tests on their topology, one case on x, y, z.
+    assert_eq!(cases.len(), 25);
     let houses = cases
         .iter()
         .filter(|(_, c)| c.topology() == Topology::NetworkPolicyApi)
         .count();
-    assert_eq!(houses, 22);
+    assert_eq!(houses, 24);
     let mut failures = String::new();
     for (file, c) in &cases {
         let r = run_case_simulated(c);

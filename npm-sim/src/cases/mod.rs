@@ -61,7 +61,10 @@ pub use crate::sim::{Matrix, Mismatch};
 pub use model::{model_container_ports, Model, MODEL_NODE};
 pub use placeholder::{substitute, Placeholder};
 pub use run::{run_case_simulated, CaseResult, ProbeResult};
-pub use topology::{house_namespace, Topology, TopologyNamespace, HOUSES};
+pub use topology::{
+    house_namespace, node_addresses, Topology, TopologyNamespace, TopologyNode, HOST_NETWORK_HOUSE, HOST_NETWORK_PORTS,
+    HOUSES,
+};
 
 /// Errors of case files and actions.
 #[derive(Debug, thiserror::Error)]

@@ -9,9 +9,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use npm_policy::compiled::{CompileOptions, Direction};
 use npm_policy::identity::PrefixTable;
-use npm_policy::model::{ContainerPort, Labels, Namespace, Pod, PodPhase, Protocol, Snapshot};
+use npm_policy::model::{ContainerPort, Labels, Namespace, Node, Pod, PodPhase, Protocol, Snapshot};
 
-use super::{substitute, Action, CaseError, ClusterPolicyObject, Matrix, Topology};
+use super::{substitute, Action, CaseError, ClusterPolicyObject, Matrix, Topology, TopologyNode};
 
 /// The node every model pod runs on.
 pub const MODEL_NODE: &str = "npm-node";
@@ -72,13 +72,47 @@ impl Model {
             next_ns: topology.first_namespace_index(),
             clock: 1_000,
         };
+        let nodes = topology.nodes();
+        for n in &nodes {
+            m.snapshot.nodes.insert(
+                n.name.clone(),
+                Node {
+                    name: n.name.clone(),
+                    labels: n.labels.clone(),
+                    addresses: n.addresses.to_vec(),
+                },
+            );
+        }
         for ns in topology.namespaces() {
             m.create_namespace(&ns.name, &ns.labels).expect("fresh model");
-            for (p, labels) in &ns.pods {
-                m.create_pod(&ns.name, p, labels).expect("fresh model");
+            for (i, (p, labels)) in ns.pods.iter().enumerate() {
+                if ns.host_network {
+                    m.create_host_network_pod(&ns.name, p, labels, &nodes[i]);
+                } else {
+                    m.create_pod(&ns.name, p, labels).expect("fresh model");
+                }
             }
         }
         m
+    }
+
+    /// A host-network pod of the topology on `node`: its addresses are the
+    /// node's, it owns none of them (`host_network`).
+    fn create_host_network_pod(&mut self, ns: &str, name: &str, labels: &Labels, node: &TopologyNode) {
+        self.clock += 1;
+        self.snapshot.upsert_pod(Pod {
+            uid: format!("{ns}-{name}-{}", self.clock),
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            labels: labels.clone(),
+            ips: node.addresses.to_vec(),
+            node_name: Some(node.name.clone()),
+            phase: PodPhase::Running,
+            deleting: false,
+            host_network: true,
+            ports: self.topology.host_network_container_ports(),
+            created: self.clock,
+        });
     }
 
     /// The topology the model was built from.
@@ -93,6 +127,25 @@ impl Model {
             node_ips: vec![],
             allow_host_egress: false,
         }
+    }
+
+    /// Compile options of this model's node: [`Model::options`] with the
+    /// addresses of the [`MODEL_NODE`] Node object when the topology has
+    /// one (its host-network pods' node), as an agent there reads them.
+    pub fn compile_options(&self) -> CompileOptions {
+        let mut o = Model::options();
+        if let Some(n) = self.snapshot.nodes.get(MODEL_NODE) {
+            o.node_ips = n.addresses.clone();
+        }
+        o
+    }
+
+    /// Whether `pod` (`namespace/name`) is a host-network pod.
+    pub fn is_host_network(&self, pod: &str) -> bool {
+        split_pod(pod)
+            .ok()
+            .and_then(|k| self.snapshot.pods.get(&k))
+            .is_some_and(|p| p.host_network)
     }
 
     /// A pod's IPv4 address.
@@ -346,7 +399,7 @@ impl Model {
     /// Returns (evaluator, compiled). Rows are the probe's sources that
     /// exist; pods of `pods` that do not exist are skipped.
     pub fn probe(&self, sources: &[String], pods: &[String], protocol: Protocol, port: u16) -> (Matrix, Matrix) {
-        let opts = Model::options();
+        let opts = self.compile_options();
         let compiled = npm_policy::compile(&self.snapshot, &opts, None);
         let table = PrefixTable::new(&compiled.cidrs);
         let ep_of = |pod: &str| {

@@ -111,6 +111,13 @@ pub fn run_case_simulated(case: &Case) -> CaseResult {
                 ));
                 return res;
             }
+            // A host-network pod is the node: the runners probe from pods.
+            if let Some(host) = expected.rows.iter().find(|p| model.is_host_network(p)) {
+                res.error = Some(format!(
+                    "step {si} probe {pi}: host-network pod {host} cannot be a probe source"
+                ));
+                return res;
+            }
             let (actual, compiled) = model.probe(&expected.rows, &probe.pods, proto, probe.port);
             let mismatches = expected.compare(&actual);
             let compiled_mismatches = actual.compare(&compiled);

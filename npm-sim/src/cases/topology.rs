@@ -13,9 +13,20 @@
 //!   gryffindor, `draco-malfoy-0/1` in slytherin, `cedric-diggory-0/1` in
 //!   hufflepuff, `luna-lovegood-0/1` in ravenclaw; label `conformance-house:
 //!   <house>`), serving TCP 80 (container port `web`) and 8080, UDP 53
-//!   (`dns`) and 5353, SCTP 9003 and 9005. The host-network
-//!   `forbidden-forrest` namespace of the node-peer tests is not part of it
-//!   (node peers are not supported).
+//!   (`dns`) and 5353, SCTP 9003 and 9005; and the host-network namespace
+//!   `network-policy-conformance-forbidden-forrest` of the node-peer tests:
+//!   StatefulSet `centaur` (pods `centaur-0/1`, label `conformance-house:
+//!   forbidden-forrest`, `hostNetwork: true`) serving upstream's host
+//!   network ports [`HOST_NETWORK_PORTS`] (34345..34352: TCP on the first
+//!   two, UDP on the third and fifth, SCTP on the seventh and eighth).
+//!
+//! Host-network pods have no address of their own: a pod's address is its
+//! node's ([`Topology::nodes`]). Two of them never share a node upstream
+//! (the same host ports: the scheduler spreads them), so host-network pod
+//! `i` is on model node `i` (`centaur-0` on [`crate::cases::MODEL_NODE`],
+//! the node every other pod is on, `centaur-1` on `npm-node-2`); the live
+//! runner places them the same way relative to the first namespace's node
+//! (on one node both share it and its servers).
 
 use npm_policy::model::{ContainerPort, Labels, Protocol};
 use serde::{Deserialize, Serialize};
@@ -32,6 +43,36 @@ pub const HOUSES: [(&str, &str); 4] = [
 /// The namespace of a house: `network-policy-conformance-<house>`.
 pub fn house_namespace(house: &str) -> String {
     format!("network-policy-conformance-{house}")
+}
+
+/// The host-network StatefulSet of the network-policy-api topology:
+/// (house, StatefulSet name).
+pub const HOST_NETWORK_HOUSE: (&str, &str) = ("forbidden-forrest", "centaur");
+
+/// Upstream's host network ports (`HostNetworkPorts`, the suite's default
+/// range 34345..34352): `[0]`, `[1]` TCP, `[2]`, `[4]` UDP (`[3]`, `[5]`:
+/// the HTTP ports of upstream's UDP servers), `[6]`, `[7]` SCTP.
+pub const HOST_NETWORK_PORTS: [u16; 8] = [34345, 34346, 34347, 34348, 34349, 34350, 34351, 34352];
+
+/// One node of a topology's model: name, labels, addresses (IPv4, IPv6).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopologyNode {
+    /// Node name.
+    pub name: String,
+    /// Labels (`kubernetes.io/os: linux`, `kubernetes.io/hostname`).
+    pub labels: Labels,
+    /// Its InternalIPs: IPv4 `198.19.254.<k>`, IPv6 `fd00:198:19::<k>`.
+    pub addresses: [std::net::IpAddr; 2],
+}
+
+/// The model address pair of node `k` (1-based): `198.19.254.<k>` and
+/// `fd00:198:19::<k>` (the live one-node runner gives its node the
+/// addresses of `k = 1`).
+pub fn node_addresses(k: u8) -> [std::net::IpAddr; 2] {
+    [
+        std::net::IpAddr::V4(std::net::Ipv4Addr::new(198, 19, 254, k)),
+        std::net::IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0x198, 0x19, 0, 0, 0, 0, k as u16)),
+    ]
 }
 
 /// A topology a case declares (`topology:` of the case or of its file).
@@ -57,6 +98,9 @@ pub struct TopologyNamespace {
     pub labels: Labels,
     /// Pods: name and labels.
     pub pods: Vec<(String, Labels)>,
+    /// The pods are host-network pods (`spec.hostNetwork`): pod `i` has
+    /// the addresses of [`Topology::nodes`]`[i]` and is on that node.
+    pub host_network: bool,
 }
 
 impl Topology {
@@ -78,6 +122,7 @@ impl Topology {
                     name: ns.to_string(),
                     labels: Labels::new(),
                     pods: ["a", "b", "c"].iter().map(|p| (p.to_string(), one("pod", p))).collect(),
+                    host_network: false,
                 })
                 .collect(),
             Topology::NetworkPolicyApi => HOUSES
@@ -88,8 +133,85 @@ impl Topology {
                     pods: (0..2)
                         .map(|i| (format!("{set}-{i}"), one("conformance-house", house)))
                         .collect(),
+                    host_network: false,
                 })
+                .chain(std::iter::once({
+                    let (house, set) = HOST_NETWORK_HOUSE;
+                    TopologyNamespace {
+                        name: house_namespace(house),
+                        labels: one("conformance-house", house),
+                        pods: (0..2)
+                            .map(|i| (format!("{set}-{i}"), one("conformance-house", house)))
+                            .collect(),
+                        host_network: true,
+                    }
+                }))
                 .collect(),
+        }
+    }
+
+    /// The Node objects of the model (none for [`Topology::Xyz`], as
+    /// before; two for [`Topology::NetworkPolicyApi`], the hosts of its
+    /// host-network pods): node 1 is [`crate::cases::MODEL_NODE`], the node
+    /// of every other pod and the node whose view the simulator compiles,
+    /// node `k` > 1 is `npm-node-<k>`. Labels `kubernetes.io/os: linux`
+    /// (what upstream's `nodes` peers select) and `kubernetes.io/hostname`.
+    pub fn nodes(&self) -> Vec<TopologyNode> {
+        let count = self
+            .namespaces()
+            .iter()
+            .filter(|n| n.host_network)
+            .map(|n| n.pods.len())
+            .max()
+            .unwrap_or(0);
+        (1..=count as u8)
+            .map(|k| {
+                let name = if k == 1 {
+                    crate::cases::MODEL_NODE.to_string()
+                } else {
+                    format!("{}-{k}", crate::cases::MODEL_NODE)
+                };
+                let labels: Labels = [
+                    ("kubernetes.io/os".to_string(), "linux".to_string()),
+                    ("kubernetes.io/hostname".to_string(), name.clone()),
+                ]
+                .into();
+                TopologyNode {
+                    name,
+                    labels,
+                    addresses: node_addresses(k),
+                }
+            })
+            .collect()
+    }
+
+    /// The container ports of the host-network pods: upstream's named ports
+    /// `web-<port>` (TCP, `[0]`, `[1]`) and `dns-<port>` (UDP, `[2]`,
+    /// `[4]`); its SCTP containers declare none.
+    pub fn host_network_container_ports(&self) -> Vec<ContainerPort> {
+        let p = HOST_NETWORK_PORTS;
+        [
+            (p[0], Protocol::Tcp, "web"),
+            (p[1], Protocol::Tcp, "web"),
+            (p[2], Protocol::Udp, "dns"),
+            (p[4], Protocol::Udp, "dns"),
+        ]
+        .into_iter()
+        .map(|(port, protocol, n)| ContainerPort {
+            name: Some(format!("{n}-{port}")),
+            port,
+            protocol,
+        })
+        .collect()
+    }
+
+    /// The TCP/UDP ports the host-network servers listen on (each for TCP
+    /// and UDP, SCTP answered on every port): all of
+    /// [`HOST_NETWORK_PORTS`], a superset of upstream's servers.
+    pub fn host_network_served_ports(&self) -> Vec<u16> {
+        match self {
+            Topology::Xyz => vec![],
+            Topology::NetworkPolicyApi => HOST_NETWORK_PORTS.to_vec(),
         }
     }
 
@@ -142,10 +264,11 @@ impl Topology {
     }
 
     /// Every pod, `namespace/name`, in address order: the default `pods`
-    /// of a probe.
+    /// of a probe (host-network pods are left out: a probe names them).
     pub fn default_pods(&self) -> Vec<String> {
         self.namespaces()
             .iter()
+            .filter(|ns| !ns.host_network)
             .flat_map(|ns| ns.pods.iter().map(move |(p, _)| format!("{}/{p}", ns.name)))
             .collect()
     }
@@ -170,5 +293,21 @@ mod tests {
             "network-policy-conformance-gryffindor/harry-potter-0"
         );
         assert_eq!(Topology::Xyz.default_pods(), crate::cases::default_pods());
+    }
+
+    #[test]
+    fn host_network_pods_have_one_node_each() {
+        let t = Topology::NetworkPolicyApi;
+        let host: Vec<_> = t.namespaces().into_iter().filter(|n| n.host_network).collect();
+        assert_eq!(host.len(), 1);
+        assert_eq!(host[0].name, "network-policy-conformance-forbidden-forrest");
+        assert_eq!(host[0].pods[1].0, "centaur-1");
+        let nodes = t.nodes();
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes[0].name, crate::cases::MODEL_NODE);
+        assert_eq!(nodes[1].labels["kubernetes.io/os"], "linux");
+        assert_ne!(nodes[0].addresses, nodes[1].addresses);
+        assert!(Topology::Xyz.nodes().is_empty());
+        assert_eq!(t.host_network_container_ports()[2].name.as_deref(), Some("dns-34347"));
     }
 }

@@ -31,7 +31,11 @@ HOUSE_OF = {
     "draco-malfoy": "slytherin",
     "cedric-diggory": "hufflepuff",
     "luna-lovegood": "ravenclaw",
+    "centaur": "forbidden-forrest",
 }
+
+# Upstream's HostNetworkPorts (the suite's default range, 34345..34352).
+HNP = [34345 + i for i in range(8)]
 
 
 def ns(house):
@@ -552,6 +556,84 @@ def named_port_cases():
     return out
 
 
+def nodes_peer(sel=None):
+    return {"nodes": {"matchLabels": sel or {"kubernetes.io/os": "linux"}}}
+
+
+def node_peer_cnp(tier):
+    """base/{admin,baseline}_tier/experimental-egress-selector-rules.yaml."""
+    if tier == "Admin":
+        eg = [
+            rule(f"allow-egress-to-{HNP[0]}-on-nodes", "Accept", [nodes_peer()], "egress", [proto("tcp", HNP[0])]),
+            rule(f"pass-egress-to-{HNP[2]}-on-nodes", "Pass", [nodes_peer()], "egress", [proto("udp", HNP[2])]),
+            rule("deny-egress-to-slytherin-and-nodes-and-internet", "Deny",
+                 [pods_of("slytherin"), nodes_peer(), {"networks": ["0.0.0.0/0", "::/0"]}], "egress"),
+        ]
+        return cnp("node-and-cidr-as-peers-example", "Admin", 75, pods_of("gryffindor"), egress=eg)
+    eg = [
+        rule(f"allow-egress-to-{HNP[0]}-on-nodes", "Accept", [nodes_peer()], "egress",
+             [{"tcp": {"destinationPort": {"range": {"start": HNP[0], "end": HNP[1]}}}}]),
+        rule("deny-egress-to-nodes-and-internet", "Deny", [nodes_peer(), {"networks": ["0.0.0.0/0", "::/0"]}], "egress"),
+    ]
+    return cnp("default", "Baseline", 10, by_name("gryffindor"), egress=eg)
+
+
+def node_peer_cases():
+    """The experimental node-peer tests (CNP{Admin,Baseline}TierEgressNodePeers): egress
+    from gryffindor to the host-network pod centaur-1 (its address is its node's)."""
+    out = []
+    C1 = "centaur-1"
+    subtests = {
+        "Admin": [
+            ("Should support an 'allow-egress' rule policy for egress-node-peer",
+             [poke("harry-potter-1", "tcp", C1, HNP[0], True)]),
+            ("Should support a 'pass-egress' rule policy for egress-node-peer",
+             [poke("harry-potter-1", "udp", C1, HNP[2], True)]),
+            ("Should support a 'deny-egress' rule policy for egress-node-peer",
+             [poke("harry-potter-1", "tcp", C1, HNP[1], False), poke("harry-potter-1", "udp", C1, HNP[4], False),
+              poke("harry-potter-1", "sctp", C1, HNP[6], False)]),
+        ],
+        "Baseline": [
+            ("Should support an 'allow-egress' rule policy for egress-node-peer",
+             [poke("harry-potter-0", "tcp", C1, HNP[0], True), poke("harry-potter-1", "tcp", C1, HNP[1], True)]),
+            ("Should support a 'deny-egress' rule policy for egress-node-peer",
+             [poke("harry-potter-1", "udp", C1, HNP[4], False), poke("harry-potter-1", "sctp", C1, HNP[6], False)]),
+        ],
+    }
+    for tier in ("Admin", "Baseline"):
+        t = "admin" if tier == "Admin" else "baseline"
+        prefix = "admin-network-policy" if tier == "Admin" else "baseline-admin-network-policy"
+        c = Case(f"cnp-{t}-egress-node-peers", f"CNP{tier}TierEgressNodePeers",
+                 f"{prefix}-experimental-egress-rules.go", f"base/{t}_tier/experimental-egress-selector-rules.yaml",
+                 [node_peer_cnp(tier)])
+        every = [pk for _, pokes in subtests[tier] for pk in pokes]
+        # Not upstream: before the policy exists every probed port answers, on both
+        # host-network pods (so a 0 below is the policy, not a missing server).
+        create, c.pending = c.pending, []
+        seen = []
+        # SCTP is left out: the one-node cluster's node answers an INIT from another of its
+        # addresses (the route's source), which the nftables dataplane's conntrack does not
+        # take as the reply, so an allowed SCTP probe of a host-network pod cannot pass there.
+        for cl, p, _, port, _ in every:
+            if p == "sctp":
+                continue
+            for srv in ("centaur-1", "centaur-0"):
+                if (cl, p, srv, port) not in seen:
+                    seen.append((cl, p, srv, port))
+        c.subtest("(not upstream) before the policy: every probed port of both host-network pods answers",
+                  [(cl, p, srv, port, True) for cl, p, srv, port in seen])
+        c.pending = create
+        for title, pokes in subtests[tier]:
+            c.subtest(title, pokes)
+        # Not upstream: the same pokes against centaur-0, the other host-network pod
+        # (the client's own node: this node's address in the simulator and in
+        # multi-node runs, where centaur-1 is another node's).
+        c.subtest("(not upstream) the same expectations against centaur-0, the host-network pod on the client's node",
+                  [(cl, p, "centaur-0", port, e) for cl, p, _, port, e in every])
+        out.append(c.render())
+    return out
+
+
 def xyz_cases():
     """ClusterNetworkPolicy actions on the x/y/z model, with full 9x9 matrices
     (not upstream: the tier order of the API's documentation on the netpol model)."""
@@ -605,9 +687,14 @@ NOTES = """\
 Upstream code vs. comments (the cases follow the code: the applied objects and the asserted expectations):
 - the baseline gress rule `allow-to-hufflepuff-at-ports-8080-5353` also holds SCTP 9003 (kept);
 - CNPAdminTierIngressTCP's last subtest says "PASSED ... at port 9003" but probes TCP 80 (80 kept);
-- the baseline node-peer test comments "Pass rule at index2" (Baseline has no Pass); node-peer
-  tests (CNP*TierEgressNodePeers, host-network forbidden-forrest) are left out: nodes peers are not
-  supported by this agent yet (a nodes peer fails closed).
+- the baseline node-peer test comments "Pass rule at index2" on an allowed TCP probe (Baseline has
+  no Pass; rule 0, the Accept of the TCP range, decides it) and its deny subtest says "egressRule at
+  index1" (kept: rule 1 denies); the admin one says "egressRule at index1/index2" for pass and deny
+  (rules 1 and 2, kept).
+- node peers: the host-network pods centaur-0/1 have their node's address; the probes target
+  centaur-1 as upstream, plus two steps marked "not upstream": before the policy, every probed
+  TCP/UDP port of both pods answers (SCTP not: see the generator); after the subtests, the same
+  expectations against centaur-0.
 """
 
 
@@ -619,6 +706,7 @@ def files():
         "cnp-baseline.yaml": baseline + [gress_case("Baseline"), cidr_case("Baseline")],
         "cnp-integration.yaml": [priority_case(), integration_case()],
         "cnp-named-ports.yaml": named_port_cases(),
+        "cnp-nodes.yaml": node_peer_cases(),
         "cnp-xyz.yaml": xyz_cases(),
     }
 

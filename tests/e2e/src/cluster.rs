@@ -10,7 +10,9 @@
 //! a pod is in the netns of the node owning its namespace's subnet, and
 //! pods are wired either by hand-made veths or by the CNI chain
 //! ([`crate::cni`], [`Cluster::create_pod_cni`]; DEL on removal). The
-//! host-wide lock and forwarding state are in `cluster/host_state.rs`.
+//! host-wide lock and forwarding state are in `cluster/host_state.rs`,
+//! host-network pods (the node's addresses and netns) in
+//! `cluster/host_network.rs`.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -32,6 +34,7 @@ pub const SERVED_PORTS: [u16; 2] = [80, 81];
 /// entry for the 169.254.1.1 gateway, so no ARP is needed for it).
 const HOST_MAC: &str = "ee:ee:ee:ee:ee:ee";
 
+mod host_network;
 mod host_state;
 use host_state::{cluster_lock_acquire, cluster_lock_release, forwarding_acquire, forwarding_release};
 
@@ -118,12 +121,25 @@ pub struct PodNet {
     /// The CNI attachment (CNI wiring).
     pub attachment: Option<Attachment>,
     server: Option<PodServer>,
+    /// A host-network pod (`cluster/host_network.rs`): the node's
+    /// addresses, `netns` is the node's, served by the node's servers.
+    pub host_network: bool,
 }
 
 impl PodNet {
     /// `ns/name`.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+    /// The name its servers log SCTP arrivals under: `ns/name`, or
+    /// `host/<node>` for a host-network pod (`host/root` on the one-node
+    /// cluster), whose node's servers answer for every such pod there.
+    pub fn receiver(&self) -> String {
+        if self.host_network {
+            format!("host/{}", self.node.as_deref().unwrap_or("root"))
+        } else {
+            self.key()
+        }
     }
     /// The pod's address of the given family.
     pub fn ip(&self, ipv6: bool) -> IpAddr {
@@ -175,6 +191,10 @@ pub struct Cluster {
     /// TCP/UDP ports the servers of pods created from now on listen on
     /// ([`SERVED_PORTS`] unless [`Cluster::set_served_ports`] changed them).
     served_ports: Vec<u16>,
+    /// The servers of host-network pods, by node (`None`: the root netns).
+    host_servers: BTreeMap<Option<u8>, (PodServer, host_network::HostServer)>,
+    /// The one-node cluster's node interface (`cluster/host_network.rs`) exists.
+    host_node_if: bool,
     // Last: removed after the pods.
     nodes: Option<Nodes>,
 }
@@ -216,6 +236,8 @@ impl Cluster {
             runtimes: Vec::new(),
             pod_mtu: None,
             served_ports: SERVED_PORTS.to_vec(),
+            host_servers: BTreeMap::new(),
+            host_node_if: false,
             nodes: None,
         })
     }
@@ -335,6 +357,7 @@ impl Cluster {
             node: Some(runtime.node.clone()),
             attachment: Some(att),
             server: None,
+            host_network: false,
         };
         match PodServer::start(&netns, &key, &self.served_ports, self.sctp.clone()) {
             Ok(s) => pod.server = Some(s),
@@ -512,6 +535,7 @@ impl Cluster {
             node: node_name,
             attachment: None,
             server: None,
+            host_network: false,
         };
         let setup = || -> Result<(), NetnsError> {
             let host = vec![
@@ -567,6 +591,10 @@ impl Cluster {
             .pods
             .remove(&k)
             .ok_or_else(|| ClusterError::NoSuchPod(format!("{ns}/{name}")))?;
+        if pod.host_network {
+            self.release_host_network_pod(&pod);
+            return Ok(());
+        }
         remove_pod(&mut pod).map_err(|source| ClusterError::Netns {
             pod: format!("{ns}/{name}"),
             source,
@@ -595,10 +623,14 @@ impl Cluster {
         self.torn_down = true;
         let mut first_err = None;
         for (_, mut pod) in std::mem::take(&mut self.pods) {
+            if pod.host_network {
+                continue;
+            }
             if let Err(source) = remove_pod(&mut pod) {
                 first_err.get_or_insert(ClusterError::Netns { pod: pod.key(), source });
             }
         }
+        self.teardown_host_network();
         if let Some(mut nodes) = self.nodes.take() {
             nodes.teardown();
         }

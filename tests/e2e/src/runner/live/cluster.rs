@@ -48,6 +48,9 @@ impl LiveRunner {
                 message: format!("pod {key} is not in the model"),
             })?
             .clone();
+        if pod.host_network {
+            return self.create_host_network_pod_live(model, &pod);
+        }
         let v4 = pod.ips.iter().find_map(|i| match i {
             IpAddr::V4(a) => Some(*a),
             _ => None,
@@ -81,6 +84,39 @@ impl LiveRunner {
         );
         self.api
             .create(&format!("/api/v1/namespaces/{ns}/pods"), &obj)
+            .map_err(api_err)?;
+        Ok(())
+    }
+
+    /// Creates host-network pod `pod` of `model`: on the one-node cluster
+    /// its only node; with nodes, model node `k` (1 = the node of every
+    /// other model pod) becomes the `k-1`th node after the one hosting the
+    /// topology's first namespace (the houses: gryffindor's node for
+    /// `centaur-0`, the next one for `centaur-1`, so both a same-node and a
+    /// cross-node path are probed on several nodes). Its address is that
+    /// node's, its servers the node's; no Service, no CNI.
+    fn create_host_network_pod_live(&mut self, model: &Model, pod: &npm_policy::model::Pod) -> Result<(), RunnerError> {
+        let topo = model.topology();
+        let k = topo
+            .nodes()
+            .iter()
+            .position(|n| pod.node_name.as_deref() == Some(n.name.as_str()))
+            .unwrap_or(0) as u8;
+        let node = self.cluster.nodes().map(|nodes| {
+            let count = nodes.nodes().len().max(1) as u8;
+            let base = crate::nodes::Nodes::owner_of(count, topo.first_namespace_index() as u8);
+            ((base - 1 + k) % count) + 1
+        });
+        let ports = topo.host_network_served_ports();
+        let p = self
+            .cluster
+            .create_host_network_pod(&pod.namespace, &pod.name, node, &ports)?;
+        let ips = [IpAddr::V4(p.ipv4), IpAddr::V6(p.ipv6)];
+        let node_name = p.node.clone().unwrap_or_else(|| cases::MODEL_NODE.to_string());
+        let obj =
+            super::cnp::host_network_pod_object(&pod.namespace, &pod.name, &pod.labels, &node_name, &ips, &pod.ports);
+        self.api
+            .create(&format!("/api/v1/namespaces/{}/pods", pod.namespace), &obj)
             .map_err(api_err)?;
         Ok(())
     }

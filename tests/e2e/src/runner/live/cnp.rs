@@ -4,7 +4,8 @@
 //! API server serves them once the CRD is installed: the runner starts it
 //! with the experimental channel's CRD, so named ports and the other
 //! experimental fields are kept), the removal of every CNP when a case
-//! starts, and the Pod objects of a topology (its container ports).
+//! starts, and the Pod objects of a topology (its container ports; a
+//! host-network pod's with `hostNetwork` and its node's addresses).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -130,6 +131,24 @@ pub fn model_pod_object(
             "podIPs": pod_ips,
         },
     })
+}
+
+/// The Pod object of a host-network model pod: [`model_pod_object`] with
+/// `spec.hostNetwork: true`, `status.podIP(s)` the node's addresses `ips`
+/// and `status.hostIP` the first of them (as a kubelet reports it).
+pub fn host_network_pod_object(
+    ns: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    node: &str,
+    ips: &[IpAddr],
+    ports: &[ContainerPort],
+) -> Value {
+    let mut o = model_pod_object(ns, name, labels, node, ips, ports);
+    o["spec"]["hostNetwork"] = json!(true);
+    o["status"]["hostIP"] = json!(ips.first().map(|i| i.to_string()));
+    o["status"]["hostIPs"] = o["status"]["podIPs"].clone();
+    o
 }
 
 #[cfg(test)]

@@ -81,6 +81,7 @@ impl LiveRunner {
             nft_table,
             first_probe: true,
         };
+        r.register_single_node()?;
         // Publish and build the pristine model.
         let pristine = Model::upstream();
         for ns in pristine.snapshot.namespaces.values() {

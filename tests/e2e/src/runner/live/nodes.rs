@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 
-use npm_sim::cases::Model;
+use npm_sim::cases::{self, Model};
 use serde_json::{json, Value};
 
 use super::agent::AgentSpec;
@@ -29,6 +29,13 @@ pub const SERVICE_LABEL: &str = "npm-e2e/pod";
 
 /// The agents' metrics port on their node address.
 const NODE_METRICS_PORT: u16 = 9090;
+
+/// The labels of a Node object: a kubelet's `kubernetes.io/hostname` and
+/// `kubernetes.io/os: linux` (the upstream node-peer tests select nodes by
+/// the latter).
+fn node_labels(name: &str) -> Value {
+    json!({"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"})
+}
 
 /// The per-pod Service name of the upstream model.
 pub fn service_name(ns: &str, pod: &str) -> String {
@@ -106,7 +113,7 @@ impl LiveRunner {
             let obj = json!({
                 "apiVersion": "v1",
                 "kind": "Node",
-                "metadata": {"name": node.name, "labels": {"kubernetes.io/hostname": node.name}},
+                "metadata": {"name": node.name, "labels": node_labels(&node.name)},
                 "spec": {"podCIDR": cidrs[0], "podCIDRs": [cidrs[0], cidrs[1]]},
                 "status": {"addresses": addresses},
             });
@@ -118,6 +125,34 @@ impl LiveRunner {
                     .replace(&format!("/api/v1/nodes/{}/status", node.name), &o)
                     .map_err(api_err)?;
             }
+        }
+        Ok(())
+    }
+
+    /// The one-node cluster's Node object ([`cases::MODEL_NODE`]): its
+    /// InternalIPs are the addresses of the root netns' node
+    /// interface (`cluster/host_network.rs`, created here, before the
+    /// agent starts), which the agent reads as this node's; its labels are
+    /// a kubelet's (what a ClusterNetworkPolicy `nodes` peer selects).
+    pub(super) fn register_single_node(&mut self) -> Result<(), RunnerError> {
+        let (v4, v6) = self.cluster.host_address(None)?;
+        let obj = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": cases::MODEL_NODE, "labels": node_labels(cases::MODEL_NODE)},
+            "status": {"addresses": [
+                {"type": "InternalIP", "address": v4.to_string()},
+                {"type": "InternalIP", "address": v6.to_string()},
+                {"type": "Hostname", "address": cases::MODEL_NODE},
+            ]},
+        });
+        let created = self.api.create("/api/v1/nodes", &obj).map_err(api_err)?;
+        if created["status"]["addresses"] != obj["status"]["addresses"] {
+            let mut o = created.clone();
+            o["status"] = obj["status"].clone();
+            self.api
+                .replace(&format!("/api/v1/nodes/{}/status", cases::MODEL_NODE), &o)
+                .map_err(api_err)?;
         }
         Ok(())
     }

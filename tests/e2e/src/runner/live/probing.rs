@@ -45,6 +45,11 @@ impl LiveRunner {
                 .cluster
                 .pod(rns, rname)
                 .ok_or_else(|| RunnerError::Probe(format!("source pod {r} does not exist")))?;
+            if src.host_network {
+                return Err(RunnerError::Probe(format!(
+                    "host-network pod {r} cannot be a probe source"
+                )));
+            }
             for (ci, c) in out.expected.columns.iter().enumerate() {
                 if r == c {
                     continue;
@@ -54,7 +59,10 @@ impl LiveRunner {
                     .cluster
                     .pod(cns, cname)
                     .ok_or_else(|| RunnerError::Probe(format!("destination pod {c} does not exist")))?;
+                // A host-network pod is probed at its address (its node's,
+                // as upstream probes `status.podIP`): it has no Service.
                 let dst_ip = match self.opts.destination {
+                    _ if dst.host_network => dst.ip(self.opts.ipv6),
                     Destination::Pod => dst.ip(self.opts.ipv6),
                     Destination::Service => self
                         .service_ip(cns, cname, self.opts.ipv6)
@@ -62,7 +70,7 @@ impl LiveRunner {
                 };
                 out.jobs.push(Probe {
                     src_netns: src.netns.clone(),
-                    dst_pod: dst.key(),
+                    dst_pod: dst.receiver(),
                     dst: SocketAddr::new(dst_ip, probe.port),
                     proto: proto_of(proto),
                 });
