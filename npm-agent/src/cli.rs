@@ -15,6 +15,7 @@ use npm_agent::k8s::ClusterPolicyMode;
 use npm_agent::reconcile::SyncConfig;
 use npm_agent::telemetry::HealthConfig;
 use npm_dataplane::ebpf::AttachMode;
+use npm_dataplane::ebpf::{MapSizes, MAP_SIZE_MAX, MAP_SIZE_MIN};
 use npm_policy::compiled::CompileOptions;
 
 #[derive(Parser)]
@@ -42,6 +43,10 @@ pub enum Command {
     Run(RunArgs),
     /// Print what the eBPF dataplane of this node has pinned.
     Inspect(InspectArgs),
+    /// Why a flow is allowed or denied on a node: asks that node's agent
+    /// (its `/explain`, read-only), which names the deciding policies and
+    /// rules and runs the kernel's classifier as a dry run (eBPF).
+    Explain(ExplainArgs),
     /// Reachability matrix of YAML objects, by the compiler's simulator
     /// (the reference evaluator of npm-policy; no kernel, no API server).
     Simulate(SimulateArgs),
@@ -203,11 +208,55 @@ pub struct RunArgs {
     /// /readyz fails while this many applies in a row have failed.
     #[arg(long, env = "NPM_MAX_APPLY_FAILURES", default_value_t = npm_agent::telemetry::health::DEFAULT_MAX_APPLY_FAILURES)]
     pub max_apply_failures: u32,
+    /// Entries of the eBPF map `NPM_POLICY` (NetworkPolicy allow keys; a
+    /// port range takes one key per aligned block). Sizes apply when a map
+    /// is created: a map already pinned on the node keeps its size (and its
+    /// entries, so enforcement and tracked connections survive) until the
+    /// pins are removed (`npm-agent cleanup`, `helm uninstall`, a reboot);
+    /// the agent logs the difference. A state that does not fit is
+    /// programmed in degraded mode (`npm_map_full{map}`, `/readyz`).
+    #[arg(long, env = "NPM_MAP_SIZE_POLICY", default_value_t = npm_common::sizes::POLICY, value_parser = map_size())]
+    pub map_size_policy: u32,
+    /// Entries of `NPM_TIERS` (ClusterNetworkPolicy tier keys).
+    #[arg(long, env = "NPM_MAP_SIZE_TIERS", default_value_t = npm_common::sizes::TIERS, value_parser = map_size())]
+    pub map_size_tiers: u32,
+    /// Entries of `NPM_IPCACHE` (every pod and node address of the cluster).
+    #[arg(long, env = "NPM_MAP_SIZE_IPCACHE", default_value_t = npm_common::sizes::IPCACHE, value_parser = map_size())]
+    pub map_size_ipcache: u32,
+    /// Entries of `NPM_CIDRS` (distinct ipBlock prefixes).
+    #[arg(long, env = "NPM_MAP_SIZE_CIDRS", default_value_t = npm_common::sizes::CIDRS, value_parser = map_size())]
+    pub map_size_cidrs: u32,
+    /// Entries of each of `NPM_CT` and `NPM_CT4` (tracked connections, LRU:
+    /// the oldest flow is evicted when full).
+    #[arg(long, env = "NPM_MAP_SIZE_CONNTRACK", default_value_t = npm_common::sizes::CT, value_parser = map_size())]
+    pub map_size_conntrack: u32,
     /// Check every flag and the configuration as `run` does, print the
     /// effective configuration as JSON and exit, touching neither the
     /// kernel nor the API server.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+#[derive(Parser)]
+pub struct ExplainArgs {
+    /// The agent's metrics listener, `http://HOST:PORT`.
+    #[arg(long, env = "NPM_AGENT", default_value = "http://127.0.0.1:9090")]
+    pub agent: String,
+    /// The sender: `NAMESPACE/POD` or an IP address.
+    #[arg(long)]
+    pub from: String,
+    /// The receiver: `NAMESPACE/POD` or an IP address.
+    #[arg(long)]
+    pub to: String,
+    /// Destination port.
+    #[arg(long)]
+    pub port: u16,
+    /// `TCP`, `UDP` or `SCTP`.
+    #[arg(long, default_value = "TCP")]
+    pub protocol: String,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Parser)]
@@ -233,7 +282,24 @@ pub struct InspectArgs {
     pub json: bool,
 }
 
+/// The parser of a `--map-size-*` value: an integer in
+/// [`MAP_SIZE_MIN`]..=[`MAP_SIZE_MAX`] (clap names the flag and the bounds).
+fn map_size() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(i64::from(MAP_SIZE_MIN)..=i64::from(MAP_SIZE_MAX))
+}
+
 impl RunArgs {
+    /// The eBPF map sizes of the `--map-size-*` flags.
+    pub fn map_sizes(&self) -> MapSizes {
+        MapSizes {
+            policy: self.map_size_policy,
+            tiers: self.map_size_tiers,
+            ipcache: self.map_size_ipcache,
+            cidrs: self.map_size_cidrs,
+            conntrack: self.map_size_conntrack,
+        }
+    }
+
     /// The readiness and liveness settings of the flags.
     pub fn health_config(&self) -> HealthConfig {
         HealthConfig {
@@ -264,6 +330,7 @@ impl RunArgs {
             bpf_object: self.bpf_object.clone(),
             pin_dir: self.pin_dir.clone(),
             attach: self.attach,
+            map_sizes: self.map_sizes(),
             nft_table: self.nft_table.clone(),
         }
     }

@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 
 use npm_common::DenyEvent;
-use npm_dataplane::ebpf::{check_kernel, default_pin_dir, AttachMode, EbpfDataplane, EbpfOptions, MissingFeatures};
+use npm_dataplane::ebpf::{
+    check_kernel, default_pin_dir, AttachMode, EbpfDataplane, EbpfOptions, MapSizes, MissingFeatures,
+};
 use npm_dataplane::nft::{NftDataplane, NftOptions};
 use npm_dataplane::AdoptedEndpoint;
 
@@ -56,6 +58,9 @@ pub struct DataplaneOptions {
     pub pin_dir: Option<PathBuf>,
     /// How the eBPF programs are attached (`--attach`).
     pub attach: AttachMode,
+    /// Sizes of the eBPF maps created (`--map-size-*`; pinned maps keep
+    /// theirs).
+    pub map_sizes: MapSizes,
     /// nftables table name.
     pub nft_table: String,
 }
@@ -106,6 +111,19 @@ impl AgentDataplane for EbpfDataplane {
     fn events_lost(&self) -> Option<u64> {
         EbpfDataplane::events_lost(self).ok()
     }
+    fn fit(
+        &self,
+        programmed: Option<&npm_policy::compiled::Compiled>,
+        diff: Option<&npm_policy::compiled::CompiledDiff>,
+        target: &npm_policy::compiled::Compiled,
+    ) -> Result<Option<npm_dataplane::ebpf::Fitted>, npm_dataplane::DataplaneError> {
+        if let Some(d) = diff {
+            if self.diff_fits(d)? {
+                return Ok(None);
+            }
+        }
+        Ok(EbpfDataplane::fit(self, programmed, target)?)
+    }
 }
 
 /// The eBPF dataplane's options for `opts` (default pin dir when unset).
@@ -122,7 +140,7 @@ fn open_ebpf(opts: &DataplaneOptions) -> Result<Box<dyn AgentDataplane>, OpenErr
     let eo = ebpf_options(opts);
     let features = check_kernel(eo.attach)?;
     tracing::info!(attach = %eo.attach, tcx = features.tcx, clsact = ?features.clsact, "kernel features checked");
-    let dp = EbpfDataplane::open(eo.clone()).map_err(|e| OpenError::Ebpf {
+    let dp = EbpfDataplane::open_sized(eo.clone(), opts.map_sizes).map_err(|e| OpenError::Ebpf {
         pin_dir: Some(eo.pin_dir.clone()),
         object: eo.object.clone(),
         detail: e.to_string(),

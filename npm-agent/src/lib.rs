@@ -24,12 +24,14 @@
 //! - [`lifecycle`]: the node's lifecycle outside the loop: `mount-bpffs`,
 //!   the one-agent-per-pin-directory lock, `cleanup`, `uninstall`, `pause`;
 //! - [`inspect`], [`simulate`]: the `npm-agent inspect` and
-//!   `npm-agent simulate` subcommands.
+//!   `npm-agent simulate` subcommands;
+//! - [`explain`]: `npm-agent explain` and the agent's `/explain`.
 #![deny(missing_docs)]
 
 pub mod agent;
 pub mod cni;
 pub mod dataplanes;
+pub mod explain;
 pub mod inspect;
 pub mod k8s;
 pub mod lifecycle;

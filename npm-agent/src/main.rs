@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use cli::{CleanupArgs, Cli, Command, LogFormat, RunArgs, UninstallStep};
+use cli::{CleanupArgs, Cli, Command, ExplainArgs, LogFormat, RunArgs, UninstallStep};
 use npm_agent::agent;
 use npm_agent::dataplanes;
 use npm_agent::dataplanes::DataplaneKind;
+use npm_agent::explain;
 use npm_agent::lifecycle::cleanup::CleanupOptions;
 use npm_agent::lifecycle::lock::AgentLock;
 use npm_agent::lifecycle::uninstall;
@@ -106,6 +107,7 @@ fn dry_run(log_level: &str, log_format: LogFormat, args: &RunArgs) -> anyhow::Re
         "bpf_object": dp.bpf_object,
         "attach": dp.attach.to_string(),
         "pin_dir": dataplanes::ebpf_options(&dp).pin_dir,
+        "map_sizes": dp.map_sizes,
         "nft_table": args.nft_table,
         "metrics_addr": args.metrics_addr.to_string(),
         "page_size": args.page_size,
@@ -124,6 +126,24 @@ fn dry_run(log_level: &str, log_format: LogFormat, args: &RunArgs) -> anyhow::Re
         "log_format": value_name(log_format),
     });
     println!("{}", serde_json::to_string_pretty(&config)?);
+    Ok(())
+}
+
+/// `explain`: ask the agent, print its report (JSON or text, the mismatch
+/// first); exit 0 whatever the verdict.
+fn explain_cmd(args: ExplainArgs) -> anyhow::Result<()> {
+    let q = explain::ExplainQuery {
+        from: args.from,
+        to: args.to,
+        port: args.port,
+        protocol: Some(args.protocol),
+    };
+    let (report, raw) = explain::client::fetch(&args.agent, &q)?;
+    if args.json {
+        println!("{raw}");
+    } else {
+        print!("{}", explain::client::render(&report));
+    }
     Ok(())
 }
 
@@ -198,6 +218,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut cfg = args.agent_config(Vec::new());
     let node_addresses = NodeAddresses::watch(None);
     tracing::info!(node = %args.node_name, dataplane = ?args.dataplane, node_ips = ?node_addresses.current(), "starting");
+    metrics.set_explain(explain::ExplainConfig {
+        node_name: cfg.sync.compile.node_name.clone(),
+        allow_host_egress: cfg.sync.compile.allow_host_egress,
+        node_addresses: Some(node_addresses.clone()),
+        kernel: match args.dataplane {
+            DataplaneKind::Ebpf => explain::KernelView::Ebpf {
+                pin_dir: dataplanes::ebpf_options(&args.dataplane_options()).pin_dir,
+            },
+            DataplaneKind::Nftables => explain::KernelView::Nftables,
+        },
+    });
     cfg.sync.node_addresses = Some(node_addresses);
     let services_client = client.clone();
     let mut running = agent::start_with_health(
@@ -241,6 +272,7 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) if args.dry_run => dry_run(&cli.log_level, cli.log_format, &args),
         Command::Run(args) => runtime()?.block_on(run(args)),
         Command::Inspect(args) => Ok(npm_agent::inspect::run(args.pin_dir, args.json)?),
+        Command::Explain(args) => explain_cmd(args),
         Command::Simulate(args) => npm_agent::simulate::run(&args.files, args.port, &args.protocol),
         Command::MountBpffs(args) => {
             let outcome = npm_agent::lifecycle::bpffs::mount_bpffs(&args.path)?;

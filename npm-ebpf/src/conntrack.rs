@@ -248,6 +248,10 @@ pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reaso
     if unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_CT_CREATE) } != 0 {
         return;
     }
+    // A dry run (`npm-agent explain`) creates no conntrack state.
+    if s.pad == crate::DRY_RUN_IIF {
+        return;
+    }
     let mut flags = extra | if pkt.src_is_lo { CT_ORIG_LO_TO_HI } else { 0 };
     if pkt.pr == proto::TCP {
         flags |= tcp_close_flags(pkt.tcp_flags, pkt.src_is_lo);

@@ -106,6 +106,10 @@ pub(crate) unsafe fn decision_cache_get(slot: *const DecisionSlot, w: &[u32; 6],
 /// `slot` points to this CPU's `NPM_DECISIONS` slot.
 #[inline(always)]
 pub(crate) unsafe fn decision_cache_put(slot: *mut DecisionSlot, w: &[u32; 6], generation: u64, reason: u8) {
+    // A dry run (`npm-agent explain`) fills no cache.
+    if crate::dry_run() {
+        return;
+    }
     let d = slot as *mut u8;
     wr32(d, w[0]);
     wr32(d.add(4), w[1]);

@@ -100,6 +100,10 @@ pub(crate) unsafe fn flow_cache_forget(slot: *mut FlowSlot, k: &[u32; 5]) {
 /// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
 #[inline(always)]
 pub(crate) unsafe fn flow_cache_fill(slot: *mut FlowSlot, w: &[u32; 5], now: u64) {
+    // A dry run (`npm-agent explain`) fills no cache.
+    if crate::dry_run() {
+        return;
+    }
     let d = slot as *mut u8;
     wr32(d, w[0]);
     wr32(d.add(4), w[1]);

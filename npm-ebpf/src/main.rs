@@ -156,9 +156,42 @@ pub fn node_exit(ctx: TcContext) -> i32 {
         Some(s) => unsafe { &mut *s },
         None => return TC_ACT_SHOT,
     };
+    // Never a dry run (explain runs `to_pod` and `from_pod` only): a stale
+    // flag must not skip this packet's conntrack entry.
+    s.pad = 0;
     let mut seen = Seen { ep_id: 0, now: 0 };
     let reason = deferred_egress(&ctx, s, src, &mut seen);
     account(s, DIR_EGRESS, src, ctx.len(), reason, seen)
+}
+
+/// The dry-run signal of `npm-agent explain`: `__sk_buff.ingress_ifindex`
+/// (the kernel's `skb->skb_iif`) equal to this value. `BPF_PROG_TEST_RUN`
+/// lets the caller set it in `ctx_in`; a real packet never carries it: the
+/// kernel sets `skb_iif` only to the ifindex of the device that received
+/// the packet (an `int` allocated in `1..=i32::MAX`) or leaves it 0 for a
+/// locally generated one, and no BPF program or helper can write it (it
+/// is read-only in `__sk_buff`). `mark`, `priority` and `tstamp` can be
+/// set by any process or program, and `cb[]` is not zeroed for every
+/// packet on the TC path, so none of them could be trusted. Same value as
+/// `npm_dataplane::ebpf::explain::DRY_RUN_IIF`.
+pub(crate) const DRY_RUN_IIF: u32 = u32::MAX;
+
+/// A dry run returns its reason in the skb mark (`ctx_out`): this value
+/// with the reason in the low byte (`npm_dataplane::ebpf::explain`).
+const DRY_RUN_MARK: u32 = 0x4e50_4d00;
+
+/// Whether this CPU's packet is a dry run (its scratch `pad` holds the
+/// packet's `ingress_ifindex`, written first thing by [`decide`] and
+/// cleared by [`node_exit`]). Read only on paths that write state (the
+/// flow and decision caches); [`decide`] and `ct_create` test `s.pad`
+/// directly.
+#[inline(always)]
+pub(crate) fn dry_run() -> bool {
+    match NPM_SCRATCH.get_ptr(0) {
+        // SAFETY: per-CPU memory used only by this CPU, for this packet.
+        Some(s) => unsafe { (*s).pad == DRY_RUN_IIF },
+        None => false,
+    }
 }
 
 /// The benchmark's baseline: does nothing.
@@ -179,6 +212,9 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
     };
     // SAFETY: the context pointer is valid for the program's lifetime.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // The dry-run signal (see DRY_RUN_IIF), for the steps that write state.
+    // SAFETY: as above.
+    s.pad = unsafe { (*ctx.skb.skb).ingress_ifindex };
     let len = ctx.len();
     // `to_pod` of a packet whose egress `from_pod` deferred: the sender's
     // egress against this (post-DNAT) destination first, then this
@@ -208,6 +244,17 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
         clear_fields(&mut s.pkt);
         seen = Seen { ep_id: 0, now: 0 };
         reason = classify(ctx, dir, ifindex, s, &mut seen);
+    }
+    // A dry run counts nothing and sends no event: its reason goes back
+    // in the mark. The one dry-run branch every packet takes.
+    if s.pad == DRY_RUN_IIF {
+        s.pad = 0;
+        ctx.set_mark(DRY_RUN_MARK | reason as u32);
+        return if reason < FIRST_DENY_REASON {
+            TC_ACT_UNSPEC
+        } else {
+            TC_ACT_SHOT
+        };
     }
 
     account(s, dir, ifindex, len, reason, seen)

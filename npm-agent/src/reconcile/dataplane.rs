@@ -3,7 +3,7 @@
 //! a previous agent), and the boxed form `--dataplane` opens.
 
 use npm_common::DenyEvent;
-use npm_dataplane::ebpf::MapFill;
+use npm_dataplane::ebpf::{Fitted, MapFill};
 use npm_dataplane::{AdoptedEndpoint, Counters, Dataplane, DataplaneError, Interfaces};
 use npm_policy::adopt::AdoptedNumbers;
 use npm_policy::compiled::{Compiled, CompiledDiff};
@@ -49,6 +49,20 @@ pub trait AgentDataplane: Dataplane + Send {
     fn events_lost(&self) -> Option<u64> {
         None
     }
+    /// Degraded mode: `None` when `target` fits the dataplane's maps (when
+    /// `diff`, the change from `programmed`, is given, a cheap bound on it
+    /// may decide), else the largest fail-closed part of `target` that
+    /// fits, with the maps it did not fit (eBPF:
+    /// `npm_dataplane::ebpf::EbpfDataplane::fit`). Dataplanes without size
+    /// limits always fit.
+    fn fit(
+        &self,
+        _programmed: Option<&Compiled>,
+        _diff: Option<&CompiledDiff>,
+        _target: &Compiled,
+    ) -> Result<Option<Fitted>, DataplaneError> {
+        Ok(None)
+    }
 }
 
 impl Dataplane for Box<dyn AgentDataplane> {
@@ -81,5 +95,13 @@ impl AgentDataplane for Box<dyn AgentDataplane> {
     }
     fn events_lost(&self) -> Option<u64> {
         (**self).events_lost()
+    }
+    fn fit(
+        &self,
+        programmed: Option<&Compiled>,
+        diff: Option<&CompiledDiff>,
+        target: &Compiled,
+    ) -> Result<Option<Fitted>, DataplaneError> {
+        (**self).fit(programmed, diff, target)
     }
 }

@@ -6,7 +6,9 @@
 //! pass of the loop (a sync, a stats tick, or the heartbeat tick every
 //! [`HEARTBEAT`] when idle) is progress for the `/healthz` watchdog, and
 //! each sync's outcome feeds the readiness checks (a held removal, an
-//! apply that failed and whether a map is full, a sync that went through).
+//! apply that failed and whether a map is full, a sync that went through,
+//! a reduced state programmed because the compiled state does not fit a
+//! map: degraded mode, until a later sync's target fits).
 //!
 //! The agent runs the loop on a dedicated OS thread with a runtime of its
 //! own ([`Syncer::spawn_thread`], issue 12 §5): a long compile or a burst of
@@ -110,7 +112,18 @@ impl<D: AgentDataplane> Syncer<D> {
             let since = cache.take_first_unprogrammed();
             let result = self.sync_once().await;
             match &result {
-                Ok(o) if !o.not_listed => health.sync_succeeded(),
+                Ok(o) if !o.not_listed => {
+                    health.sync_succeeded();
+                    // Degraded mode: a reduced state was programmed.
+                    let reason = (!o.map_full.is_empty()).then(|| {
+                        o.map_full
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    });
+                    health.maps_degraded(reason);
+                }
                 Ok(_) => {}
                 Err(SyncError::Dataplane { source, .. }) => health.apply_failed(source),
                 Err(
@@ -130,6 +143,8 @@ impl<D: AgentDataplane> Syncer<D> {
                         }
                         tracing::debug!(changes = o.changes, full = o.full, "programmed");
                     }
+                    // Degraded mode needs no retry: the fit is of the whole
+                    // target; the next change is fitted from scratch.
                     retry_at = (o.pending_interfaces > 0).then(|| retry_instant(Duration::from_secs(1)));
                 }
                 Err(e) => {

@@ -7,6 +7,18 @@
 //! Kubernetes Event per policy resourceVersion: NetworkPolicies are
 //! enforced as far as they are understood, ClusterNetworkPolicies fail
 //! closed where they are not) and IP conflicts.
+//!
+//! Degraded mode: before it is written, the target is checked against the
+//! dataplane's map sizes ([`AgentDataplane::fit`]); a target that does not
+//! fit is replaced by its largest fail-closed part that does (an endpoint
+//! direction whose allows do not fit keeps only the allows both programmed
+//! and still wanted, or denies; an address that does not fit is left
+//! unknown), which is programmed and recorded like any state, so everything
+//! else keeps being programmed. The sync reports it
+//! ([`SyncOutcome::map_full`]: a log line per map naming its sizes,
+//! `npm_map_full{map}`, the `map-capacity` readiness check) and, while
+//! degraded, fits every later target from scratch, so the whole state is
+//! programmed (and the report cleared) as soon as it fits again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -14,6 +26,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use npm_dataplane::ebpf::{Fitted, Shortfall};
 use npm_dataplane::{AdoptedEndpoint, DataplaneError, Interfaces};
 use npm_policy::adopt::AdoptedNumbers;
 use npm_policy::compiled::{Compiled, IdTables};
@@ -87,6 +100,24 @@ fn raise_counters(programmed: &mut IdTables, attempted: &IdTables) {
     programmed.next_cidr = programmed.next_cidr.max(attempted.next_cidr);
 }
 
+/// The dataplane's fit of `target` (see [`AgentDataplane::fit`]); an error
+/// computing it is logged and the whole target is written (the write then
+/// reports what the kernel says).
+fn fit<D: AgentDataplane>(
+    dataplane: &D,
+    programmed: Option<&Compiled>,
+    diff: Option<&npm_policy::compiled::CompiledDiff>,
+    target: &Compiled,
+) -> Option<Fitted> {
+    match dataplane.fit(programmed, diff, target) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(error = %e, "checking the compiled state against the map sizes failed; writing it whole");
+            None
+        }
+    }
+}
+
 /// Readiness of the agent: the shared [`Health`] state the loop writes
 /// (first sync, held removals, apply failures, full maps) and the HTTP
 /// server reads.
@@ -107,6 +138,9 @@ pub struct SyncOutcome {
     pub guarded: bool,
     /// Endpoints left out because their interface is not found yet.
     pub pending_interfaces: usize,
+    /// The maps the target did not fit: a reduced, fail-closed state was
+    /// programmed instead (degraded mode; empty: the whole state).
+    pub map_full: Vec<Shortfall>,
 }
 
 /// The sync loop's state: what was compiled and programmed last.
@@ -155,6 +189,8 @@ pub struct Syncer<D: AgentDataplane> {
     pub(super) events: Option<EventRecorder>,
     pub(super) known_conflicts: BTreeSet<(IpAddr, Vec<String>)>,
     pub(super) flowlog: FlowLog,
+    /// The maps the last programmed state did not fit (degraded mode).
+    pub(super) degraded: Vec<Shortfall>,
 }
 
 /// Builds a [`Syncer`] ([`Syncer::builder`]). The settings default to
@@ -258,6 +294,7 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             events,
             known_conflicts: BTreeSet::new(),
             flowlog,
+            degraded: Vec::new(),
             cfg,
         }
     }
@@ -330,6 +367,34 @@ impl<D: AgentDataplane> Syncer<D> {
             tracing::warn!(%ip, pods = ?pods, "IP claimed by more than one live pod; the compiler gives it to one owner");
         }
         self.known_conflicts = conflicts;
+    }
+
+    /// Report the maps the programmed state did not fit (`map_full`; empty:
+    /// the whole state is programmed): an error line per map when its
+    /// report changes, an info line when the last one clears, and
+    /// `npm_map_full{map}`. The readiness check is set by the loop.
+    fn report_map_full(metrics: &Metrics, degraded: &mut Vec<Shortfall>, map_full: &[Shortfall]) {
+        for s in map_full {
+            if !degraded.iter().any(|d| d == s) {
+                tracing::error!(
+                    map = s.map,
+                    needed = s.needed,
+                    capacity = s.capacity,
+                    programmed = s.programmed,
+                    degraded = s.degraded,
+                    unit = s.unit,
+                    "kernel map full: programming a reduced, fail-closed state (endpoints keep their last good allows or deny; addresses that do not fit stay unknown); raise the map size (chart value mapSizes) or reduce the policy"
+                );
+            }
+            metrics.map_full(s.map, true);
+        }
+        for d in degraded.iter() {
+            if !map_full.iter().any(|s| s.map == d.map) {
+                tracing::info!(map = d.map, "the compiled state fits the map again; programmed whole");
+                metrics.map_full(d.map, false);
+            }
+        }
+        *degraded = map_full.to_vec();
     }
 
     /// Bring the incremental compiler up to `state` (a full rebuild when
@@ -495,9 +560,24 @@ impl<D: AgentDataplane> Syncer<D> {
         let t_target = started.elapsed();
         let mut t_diff = t_target;
 
+        let degraded = !self.degraded.is_empty();
+        let mut map_full = Vec::new();
         match &mut self.programmed {
             Some((prog, prog_ifaces)) if !self.need_full => {
-                let diff = prog.diff(target);
+                let mut diff = prog.diff(target);
+                // Degraded mode: what fits (every target from scratch while
+                // degraded, so that the whole state comes back).
+                let fitted = fit(&self.dataplane, Some(&*prog), (!degraded).then_some(&diff), target);
+                let fitted_compiled;
+                let target: &Compiled = match fitted {
+                    Some(f) => {
+                        map_full = f.shortfalls;
+                        fitted_compiled = f.compiled;
+                        diff = prog.diff(&fitted_compiled);
+                        &fitted_compiled
+                    }
+                    None => target,
+                };
                 t_diff = started.elapsed();
                 if !diff.is_empty() || *prog_ifaces != interfaces {
                     outcome.changes = diff.len();
@@ -523,6 +603,17 @@ impl<D: AgentDataplane> Syncer<D> {
                 }
             }
             _ => {
+                let last = self.programmed.as_ref().map(|p| &p.0);
+                let fitted = fit(&self.dataplane, last, None, target);
+                let fitted_compiled;
+                let target: &Compiled = match fitted {
+                    Some(f) => {
+                        map_full = f.shortfalls;
+                        fitted_compiled = f.compiled;
+                        &fitted_compiled
+                    }
+                    None => target,
+                };
                 if let Err(source) = self.dataplane.sync_full(target, &interfaces) {
                     self.need_full = true;
                     // The kernel may already hold ids handed out by the
@@ -551,6 +642,8 @@ impl<D: AgentDataplane> Syncer<D> {
                 self.attempted_ids = None;
             }
         }
+        Self::report_map_full(&self.metrics, &mut self.degraded, &map_full);
+        outcome.map_full = map_full;
         let t_apply = started.elapsed();
         tracing::debug!(
             state_ms = t_state.as_secs_f64() * 1e3,

@@ -11,7 +11,7 @@
 //! | `first-sync` | no full sync has been applied yet | [`Health::first_sync_applied`] |
 //! | `held-removal` | a mass removal has been held (waiting for a confirming direct read) longer than [`HealthConfig::max_held_removal`] | [`Health::removal_held`], cleared by [`Health::sync_succeeded`] |
 //! | `apply-failures` | the last [`HealthConfig::max_apply_failures`] (or more) applies failed in a row | [`Health::apply_failed`], cleared by [`Health::sync_succeeded`] |
-//! | `map-capacity` | the last apply failed because a kernel map is full ([`npm_dataplane::DataplaneError::is_map_full`]) | [`Health::apply_failed`] |
+//! | `map-capacity` | the last apply failed because a kernel map is full ([`npm_dataplane::DataplaneError::is_map_full`]), or the last sync programmed a reduced state because the compiled state does not fit a map (degraded mode; the reason names the map and its sizes) | [`Health::apply_failed`], [`Health::maps_degraded`] |
 //! | `cluster-network-policies` | the ClusterNetworkPolicy list fails for a reason that is not "not served" in `auto` (RBAC `403`; a `404` with `--cluster-network-policies=on`) | the CNP watcher (`k8s::watcher`), through [`Health::set_problem`] |
 //! | any other name | a problem another part of the agent reports | [`Health::set_problem`] |
 //!
@@ -309,6 +309,15 @@ impl Health {
             s.last_apply_error = Some(error.to_string());
             s.map_full = error.is_map_full().then(|| error.to_string());
         }
+        self.publish();
+    }
+
+    /// The last sync programmed a reduced, fail-closed state because the
+    /// compiled state does not fit a kernel map (`Some(reason)`, naming the
+    /// map and its sizes), or the whole state (`None`). Call after
+    /// [`Health::sync_succeeded`], which clears it.
+    pub fn maps_degraded(&self, reason: Option<String>) {
+        self.state().map_full = reason;
         self.publish();
     }
 

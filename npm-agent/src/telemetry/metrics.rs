@@ -98,6 +98,7 @@ pub const SERIES: &[Series] = &[
     series("npm_readiness_failures", G, None, &["check"], "1 while the readiness check fails, else 0."),
     series("npm_endpoints_pending_interface", G, N, &[], "Local endpoints whose host interface is not found yet (not enforced)."),
     series("npm_incremental_mismatch_total", C, N, &[], "Incremental compiles that differed from the full-compile cross-check."),
+    series("npm_explain_mismatch_total", C, N, &[], "Explain requests whose kernel dry-run verdict differed from the agent's compiled verdict."),
     series("npm_cni_add_wait_seconds", H, S, &[], "Seconds a CNI ADD waited until its endpoint was programmed."),
     series("npm_cni_requests_total", C, N, &["command", "result"], "npm-cni requests answered, by command and result (ok, retry, error)."),
     series("npm_interface_conflicts_total", C, N, &[], "Interfaces found claimed by more than one endpoint (the newcomers are refused)."),
@@ -110,6 +111,7 @@ pub const SERIES: &[Series] = &[
     series("npm_compiled_entries", G, N, &["table"], "Entries of the compiled state last synced, by table (ipcache, cidrs, endpoints, policy, tiers)."),
     series("npm_map_entries", G, N, &["map"], "Entries in each pinned kernel map (eBPF dataplane), by map name."),
     series("npm_map_capacity", G, N, &["map"], "Maximum entries of each pinned kernel map (eBPF dataplane), by map name."),
+    series("npm_map_full", G, N, &["map"], "1 while the compiled state does not fit this kernel map (eBPF dataplane) and a reduced, fail-closed state is programmed (degraded mode), else 0."),
     series("npm_packets_total", C, N, &["direction", "reason", "verdict"], "Packets classified by the datapath, by direction, reason and verdict."),
     series("npm_bytes_total", C, B, &["direction", "reason", "verdict"], "Bytes of the packets classified by the datapath, by direction, reason and verdict."),
     series("npm_tier_packets_total", C, N, &["direction", "tier", "action"], "New connections decided by a ClusterNetworkPolicy tier (admin, baseline), by direction and action (accept, deny); the datapath counters of the reasons admin-accept, admin-deny, baseline-accept and baseline-deny."),
@@ -201,6 +203,10 @@ pub struct Metrics {
     pub last_sync_success: Gauge,
     /// `npm_ringbuf_events_lost_total`: deny events the datapath could not write because its ring buffer was full.
     pub ringbuf_events_lost: Counter,
+    /// `npm_explain_mismatch_total`: explain requests where the kernel's dry run disagreed with the agent.
+    pub explain_mismatch: Counter,
+    /// What `/explain` needs (set once by `main`; unset: `/explain` answers 503).
+    explain: crate::explain::ExplainSlot,
 }
 
 impl Metrics {
@@ -253,6 +259,8 @@ impl Metrics {
             held_removals: metrics::gauge!("npm_held_removals"),
             last_sync_success: metrics::gauge!("npm_last_sync_success_timestamp_seconds"),
             ringbuf_events_lost: metrics::counter!("npm_ringbuf_events_lost_total"),
+            explain_mismatch: metrics::counter!("npm_explain_mismatch_total"),
+            explain: Default::default(),
         });
         // Make the labelled families visible from the start.
         for op in [
@@ -287,6 +295,16 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         self.handle.render()
+    }
+
+    /// Configures `/explain` (once; a second call is ignored).
+    pub fn set_explain(&self, cfg: crate::explain::ExplainConfig) {
+        let _ = self.explain.set(cfg);
+    }
+
+    /// The `/explain` configuration, if set.
+    pub fn explain_config(&self) -> Option<crate::explain::ExplainConfig> {
+        self.explain.get().cloned()
     }
 
     fn with<T>(&self, f: impl FnOnce() -> T) -> T {
@@ -343,6 +361,12 @@ impl Metrics {
                 metrics::gauge!("npm_map_capacity", "map" => f.map).set(f.capacity as f64);
             }
         });
+    }
+
+    /// Set `npm_map_full{map}`: 1 while the compiled state does not fit
+    /// `map` (degraded mode), else 0.
+    pub fn map_full(&self, map: &'static str, full: bool) {
+        self.with(|| metrics::gauge!("npm_map_full", "map" => map).set(if full { 1.0 } else { 0.0 }));
     }
 
     /// Publish the datapath's count of deny events lost to a full ring
@@ -482,6 +506,7 @@ mod tests {
         m.error("watch");
         m.readiness_failure("lists", true);
         m.compiled_entries("ipcache", 1);
+        m.map_full("NPM_POLICY", false);
         m.map_fill(&[MapFill {
             map: "NPM_POLICY",
             entries: 0,

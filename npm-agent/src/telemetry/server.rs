@@ -1,4 +1,5 @@
-//! The agent's HTTP endpoints: `/metrics` (Prometheus text), `/healthz`
+//! The agent's HTTP endpoints: `/metrics` (Prometheus text), `/explain`
+//! (read-only, [`crate::explain`]), `/healthz`
 //! (the sync loop makes progress) and `/readyz` (all four lists completed,
 //! the first sync applied and no other readiness check fails; see
 //! [`health`](super::health)). `?verbose` lists the checks one per line,
@@ -155,6 +156,7 @@ pub fn router(state: ServerState) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/explain", get(crate::explain::handler))
         .with_state(state)
 }
 

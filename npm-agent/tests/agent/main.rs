@@ -45,6 +45,7 @@ mod lifecycle_bpffs;
 mod lifecycle_cleanup;
 mod lifecycle_lock;
 mod lifecycle_uninstall;
+mod map_full;
 mod metrics_map_fill;
 mod node_addresses;
 mod node_bridge_ebpf;

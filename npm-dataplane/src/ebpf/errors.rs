@@ -146,6 +146,18 @@ pub enum EbpfError {
         /// The expected pin path.
         path: PathBuf,
     },
+    /// A configured map size is out of bounds (`--map-size-*`).
+    #[error("map {map}: size {size} out of bounds (at least {min}, at most {max} entries)")]
+    MapSize {
+        /// Map name.
+        map: &'static str,
+        /// The configured size.
+        size: u32,
+        /// The smallest size accepted.
+        min: u32,
+        /// The largest size accepted.
+        max: u32,
+    },
     /// A map could not be mapped into memory.
     #[error("map {map}: mmap: {source}")]
     Mmap {
@@ -163,7 +175,10 @@ impl EbpfError {
     /// translate`.
     pub fn step(&self) -> &'static str {
         match self {
-            EbpfError::ObjectMissing { .. } | EbpfError::ReadObject { .. } | EbpfError::Load { .. } => "ebpf load",
+            EbpfError::ObjectMissing { .. }
+            | EbpfError::ReadObject { .. }
+            | EbpfError::Load { .. }
+            | EbpfError::MapSize { .. } => "ebpf load",
             EbpfError::PinDir { .. } => "ebpf pin directory",
             EbpfError::ProgramMissing { .. } | EbpfError::Program { .. } => "ebpf program",
             EbpfError::MapMissing { .. }
@@ -245,7 +260,8 @@ impl From<EbpfError> for DataplaneError {
             EbpfError::ObjectMissing { .. }
             | EbpfError::ReadObject { .. }
             | EbpfError::ProgramMissing { .. }
-            | EbpfError::MapMissing { .. } => DataplaneError::Object { source: e },
+            | EbpfError::MapMissing { .. }
+            | EbpfError::MapSize { .. } => DataplaneError::Object { source: e },
             e => DataplaneError::KernelRefused {
                 op: e.step(),
                 source: e,

@@ -96,12 +96,14 @@ fn group_keys(next: &Compiled, e: &PolicyEntry) -> usize {
 #[derive(Debug, Default)]
 pub(crate) struct Fill {
     /// Whether a full sync succeeded (the counts are known).
-    known: bool,
-    ipcache: usize,
+    pub(super) known: bool,
+    /// `NPM_IPCACHE` entries.
+    pub(super) ipcache: usize,
     cidrs: usize,
     /// Group -> its distinct LPM keys.
     policy_groups: BTreeMap<Group, usize>,
-    policy_keys: usize,
+    /// `NPM_POLICY` keys.
+    pub(super) policy_keys: usize,
     /// Tier group -> its distinct LPM keys.
     tier_groups: BTreeMap<TierGroup, usize>,
     tier_keys: usize,
@@ -173,13 +175,15 @@ impl Fill {
 
 impl EbpfDataplane {
     /// Every map's fill (see the module doc); the maps the writer counts
-    /// only after the first full sync.
+    /// only after the first full sync. The capacity is the map's real
+    /// `max_entries` (configured, or kept by a pinned map).
     pub fn map_fill(&self) -> Vec<MapFill> {
         let fill = |map, entries: usize, capacity: u32| MapFill {
             map,
             entries: entries as u64,
             capacity: u64::from(capacity),
         };
+        let actual = &self.sizes.actual;
         let mut out = Vec::new();
         if self.fill.known {
             let ifindexes: BTreeSet<u32> = self.programmed.values().copied().collect();
@@ -187,10 +191,10 @@ impl EbpfDataplane {
             out.extend([
                 fill(maps::EP_SLOTS, slots, sizes::ENDPOINT_SLOTS),
                 fill(maps::ENDPOINTS, ifindexes.len() - slots, sizes::ENDPOINTS),
-                fill(maps::IPCACHE, self.fill.ipcache, sizes::IPCACHE),
-                fill(maps::CIDRS, self.fill.cidrs, sizes::CIDRS),
-                fill(maps::POLICY, self.fill.policy_keys, sizes::POLICY),
-                fill(maps::TIERS, self.fill.tier_keys, sizes::TIERS),
+                fill(maps::IPCACHE, self.fill.ipcache, actual.ipcache),
+                fill(maps::CIDRS, self.fill.cidrs, actual.cidrs),
+                fill(maps::POLICY, self.fill.policy_keys, actual.policy),
+                fill(maps::TIERS, self.fill.tier_keys, actual.tiers),
             ]);
         }
         out.push(fill(maps::IPCACHE4, self.ipcache4_occupied(), sizes::IPCACHE4_SLOTS));
@@ -201,8 +205,8 @@ impl EbpfDataplane {
         ));
         let [ct, ct4, frags] = self.datapath_counts();
         out.extend([
-            fill(maps::CT, ct, sizes::CT),
-            fill(maps::CT4, ct4, sizes::CT),
+            fill(maps::CT, ct, actual.conntrack),
+            fill(maps::CT4, ct4, actual.conntrack),
             fill(maps::FRAGS, frags, sizes::FRAGS),
         ]);
         out

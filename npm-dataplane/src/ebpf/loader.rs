@@ -1,16 +1,18 @@
 //! Finding and loading the datapath object: where the object is looked up
 //! ([`resolve_object`]), the `EbpfLoader` set up with every map pinned
-//! under the pin directory and the benchmark globals, the verifier load of
-//! each program (retried on `EAGAIN`), and taking the programs and maps out
-//! of the loaded object.
+//! under the pin directory, the configured map sizes ([`MapSizes`]) and the
+//! benchmark globals, the verifier load of each program (retried on
+//! `EAGAIN`), the sizes the maps really have (a pinned map keeps the size
+//! it was created with: [`EffectiveSizes`]), and taking the programs and
+//! maps out of the loaded object.
 
 use std::path::{Path, PathBuf};
 
 use aya::programs::{ProgramError, SchedClassifier};
 use aya::{Ebpf, EbpfLoader};
-use npm_common::maps;
+use npm_common::{maps, sizes};
 
-use super::errors::{prog_err, EbpfError};
+use super::errors::{map_err, prog_err, EbpfError};
 use super::{PROG_EGRESS, PROG_EMPTY, PROG_INGRESS};
 
 /// Installed location of the object.
@@ -37,6 +39,123 @@ pub struct BenchSwitches {
     /// The datapath never probes the tier front (`NPM_TIER_FRONT`): every
     /// tier lookup walks `NPM_TIERS`.
     pub no_tier_front: bool,
+}
+
+/// The `max_entries` of the maps whose size scales with the cluster, set at
+/// load time (`npm-agent run --map-size-*`). A map created by this load
+/// gets the configured size; a map adopted from its pin keeps the size it
+/// was created with (see [`EffectiveSizes`]). The arrays the datapath
+/// indexes directly (`NPM_EP_SLOTS` by ifindex, `NPM_IPCACHE4`,
+/// `NPM_POLICY_FRONT` and `NPM_TIER_FRONT` by hash bits compiled into the
+/// program) are not configurable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MapSizes {
+    /// `NPM_POLICY`: NetworkPolicy LPM keys.
+    pub policy: u32,
+    /// `NPM_TIERS`: ClusterNetworkPolicy tier LPM keys.
+    pub tiers: u32,
+    /// `NPM_IPCACHE`: exact addresses known cluster-wide.
+    pub ipcache: u32,
+    /// `NPM_CIDRS`: distinct ipBlock prefixes.
+    pub cidrs: u32,
+    /// `NPM_CT` and `NPM_CT4` (each): tracked connections (LRU).
+    pub conntrack: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        MapSizes {
+            policy: sizes::POLICY,
+            tiers: sizes::TIERS,
+            ipcache: sizes::IPCACHE,
+            cidrs: sizes::CIDRS,
+            conntrack: sizes::CT,
+        }
+    }
+}
+
+/// The smallest size [`MapSizes::validate`] accepts for any map: below it
+/// a node's own addresses and one endpoint's policy may not fit.
+pub const MAP_SIZE_MIN: u32 = 64;
+/// The largest size [`MapSizes::validate`] accepts (2^26 entries: a policy
+/// LPM that large takes several GiB of kernel memory when full).
+pub const MAP_SIZE_MAX: u32 = 1 << 26;
+
+impl MapSizes {
+    /// (map name, configured size) of every configurable map.
+    pub fn by_map(&self) -> [(&'static str, u32); 6] {
+        [
+            (maps::POLICY, self.policy),
+            (maps::TIERS, self.tiers),
+            (maps::IPCACHE, self.ipcache),
+            (maps::CIDRS, self.cidrs),
+            (maps::CT, self.conntrack),
+            (maps::CT4, self.conntrack),
+        ]
+    }
+
+    /// Checks every size against [`MAP_SIZE_MIN`]..=[`MAP_SIZE_MAX`]; the
+    /// error names the map, the value and the bounds.
+    pub fn validate(&self) -> Result<(), EbpfError> {
+        for (map, size) in self.by_map() {
+            if !(MAP_SIZE_MIN..=MAP_SIZE_MAX).contains(&size) {
+                return Err(EbpfError::MapSize {
+                    map,
+                    size,
+                    min: MAP_SIZE_MIN,
+                    max: MAP_SIZE_MAX,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `max_entries` the kernel reports for the configurable maps after
+/// the load: the configured size for a map this load created, the pinned
+/// map's own size for an adopted one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct EffectiveSizes {
+    /// What was configured.
+    pub configured: MapSizes,
+    /// What the maps have.
+    pub actual: MapSizes,
+}
+
+impl EffectiveSizes {
+    /// The maps whose pinned size differs from the configured one:
+    /// (map, actual, configured).
+    pub fn pending(&self) -> Vec<(&'static str, u32, u32)> {
+        self.actual
+            .by_map()
+            .into_iter()
+            .zip(self.configured.by_map())
+            .filter(|((_, a), (_, c))| a != c)
+            .map(|((m, a), (_, c))| (m, a, c))
+            .collect()
+    }
+}
+
+/// The `max_entries` of each configurable map of the loaded object, as the
+/// kernel reports it.
+pub(crate) fn actual_sizes(bpf: &Ebpf) -> Result<MapSizes, EbpfError> {
+    let get = |name: &'static str| -> Result<u32, EbpfError> {
+        let map = bpf.map(name).ok_or(EbpfError::MapMissing { map: name })?;
+        let data: &aya::maps::MapData = match map {
+            aya::maps::Map::LpmTrie(d) | aya::maps::Map::HashMap(d) | aya::maps::Map::LruHashMap(d) => d,
+            _ => return Err(EbpfError::MapMissing { map: name }),
+        };
+        Ok(data.info().map_err(map_err(name, "read map info"))?.max_entries())
+    };
+    let ct = get(maps::CT)?;
+    let ct4 = get(maps::CT4)?;
+    Ok(MapSizes {
+        policy: get(maps::POLICY)?,
+        tiers: get(maps::TIERS)?,
+        ipcache: get(maps::IPCACHE)?,
+        cidrs: get(maps::CIDRS)?,
+        conntrack: ct.min(ct4),
+    })
 }
 
 /// The object to load: `explicit` if given, else `$NPM_EBPF_OBJECT`, else the
@@ -88,17 +207,23 @@ pub(crate) fn read_object(explicit: Option<&Path>) -> Result<(PathBuf, Vec<u8>),
 
 /// Loads the object `data` (read from `object`) with every map of
 /// `maps::ALL` pinned under `pin_dir` (adopted when already pinned there),
-/// the benchmark globals set, and every program through the verifier.
+/// the configurable maps created with `map_sizes`, the benchmark globals
+/// set, and every program through the verifier.
 pub(crate) fn load(
     object: &Path,
     data: &[u8],
     pin_dir: &Path,
+    map_sizes: &MapSizes,
     bench_no_ct_create: bool,
     switches: BenchSwitches,
 ) -> Result<Ebpf, EbpfError> {
+    map_sizes.validate()?;
     let mut loader = EbpfLoader::new();
     for name in maps::ALL {
         loader.map_pin_path(name, pin_dir.join(name));
+    }
+    for (name, size) in map_sizes.by_map() {
+        loader.map_max_entries(name, size);
     }
     let bench: u8 = bench_no_ct_create.into();
     loader.override_global("NPM_BENCH_NO_CT_CREATE", &bench, true);

@@ -34,12 +34,14 @@
 //! | `tc_filters.rs` | npm's tc priority and handle, the netlink dump of `clsact` filters, which belong to a pin directory |
 //! | `features.rs` | the kernel feature check ([`check_kernel`]) and the tcx probe |
 //! | `fill.rs` | how full each map is ([`MapFill`]), counted from what the writer wrote |
+//! | `fit.rs` | degraded mode: the largest fail-closed part of a compiled state that fits the maps ([`Fitted`]) |
 //! | `writer.rs` | apply and full sync in the documented order, the sweep, the generation bump, flow purges |
 //! | `endpoints.rs`, `ipcache.rs` (+ `ipcache4.rs`), `cidr.rs`, `policy.rs` (+ `policy_front.rs`), `tiers.rs` (+ `tier_front.rs`), `conntrack.rs`, `counters.rs` | one map table each: its keys, writes, removals and sweep |
 //! | `translate.rs` | compiled entries -> map keys and values (no kernel access) |
 //! | `dump.rs` | reading the maps back (`inspect`) |
 //! | `errors.rs` | [`EbpfError`] and its conversion into [`crate::DataplaneError`] |
 //! | `testing.rs` | `BPF_PROG_TEST_RUN` helpers and benchmark switches (feature `testing`) |
+//! | `explain.rs` | `npm-agent explain`: a dry run of the attached program on a crafted packet |
 
 mod adopt_numbers;
 mod cidr;
@@ -48,8 +50,10 @@ mod counters;
 mod dump;
 mod endpoints;
 mod errors;
+pub mod explain;
 mod features;
 mod fill;
+mod fit;
 mod ipcache;
 mod ipcache4;
 mod links;
@@ -87,10 +91,11 @@ pub use dump::{
 pub use errors::EbpfError;
 pub use features::{check_kernel, tcx_supported, KernelFeatures, Missing, MissingFeatures};
 pub use fill::{MapFill, DATAPATH_COUNT_INTERVAL};
+pub use fit::{Fitted, Shortfall};
 pub use links::{remove_pinned_filters, AttachMode};
 #[cfg(feature = "testing")]
 pub use loader::BenchSwitches;
-pub use loader::{resolve_object, INSTALLED_OBJECT, OBJECT_ENV};
+pub use loader::{resolve_object, EffectiveSizes, MapSizes, INSTALLED_OBJECT, MAP_SIZE_MAX, MAP_SIZE_MIN, OBJECT_ENV};
 pub use node_exit::{exit_dir, remove_node_exit_pins, NodeExit};
 pub use pins::{default_pin_dir, ensure_bpffs};
 pub use services::{ServicePort, ServicesMap, ServicesSync};
@@ -187,6 +192,8 @@ pub struct EbpfDataplane {
     full_synced: bool,
     /// What the writer wrote, counted (`fill.rs`).
     fill: fill::Fill,
+    /// The configured and the actual sizes of the configurable maps.
+    sizes: EffectiveSizes,
 }
 
 impl fmt::Debug for EbpfDataplane {
@@ -221,16 +228,37 @@ impl EbpfDataplane {
     /// `opts.pin_dir`, and adopts every pinned link there (replacing its
     /// program atomically with the newly loaded one).
     pub fn open(opts: EbpfOptions) -> Result<Self, EbpfError> {
-        Self::open_switched(opts, loader::BenchSwitches::default())
+        Self::open_sized(opts, MapSizes::default())
+    }
+
+    /// [`EbpfDataplane::open`] creating the configurable maps with `sizes`
+    /// (validated first: [`MapSizes::validate`]). A map already pinned keeps
+    /// its own size: the pins are adopted so that enforcement and tracked
+    /// connections survive the restart, the difference is logged, and the
+    /// configured size applies once the pins are removed (`npm-agent
+    /// cleanup`, a reboot); [`EbpfDataplane::map_sizes`] tells both.
+    pub fn open_sized(opts: EbpfOptions, sizes: MapSizes) -> Result<Self, EbpfError> {
+        Self::open_switched_sized(opts, sizes, loader::BenchSwitches::default())
     }
 
     /// [`EbpfDataplane::open`] with benchmark switches (the defaults in
     /// production).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     fn open_switched(opts: EbpfOptions, switches: loader::BenchSwitches) -> Result<Self, EbpfError> {
+        Self::open_switched_sized(opts, MapSizes::default(), switches)
+    }
+
+    fn open_switched_sized(
+        opts: EbpfOptions,
+        map_sizes: MapSizes,
+        switches: loader::BenchSwitches,
+    ) -> Result<Self, EbpfError> {
+        map_sizes.validate()?;
         let (object, data) = loader::read_object(opts.object.as_deref())?;
         let pin_dir = opts.pin_dir.clone();
         pins::prepare(&pin_dir)?;
-        let mut bpf = loader::load(&object, &data, &pin_dir, opts.bench_no_ct_create, switches)?;
+        let mut bpf = loader::load(&object, &data, &pin_dir, &map_sizes, opts.bench_no_ct_create, switches)?;
+        let sizes = pins::effective_sizes(&bpf, &pin_dir, map_sizes)?;
         let endpoints = EndpointTable::take(&mut bpf)?;
         let ipcache = IpcacheTable::take(&mut bpf)?;
         let cidrs = CidrTable::take(&mut bpf)?;
@@ -260,6 +288,7 @@ impl EbpfDataplane {
             adopted_numbers: Default::default(),
             full_synced: false,
             fill: Default::default(),
+            sizes,
         };
         dp.adopt_links()?;
         let tc_on_node = dp.adopt_filters()?;
@@ -336,6 +365,12 @@ impl EbpfDataplane {
     /// The pin directory.
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir
+    }
+
+    /// The configured sizes of the configurable maps and the sizes they
+    /// have (a map adopted from its pin keeps the size it was created with).
+    pub fn map_sizes(&self) -> &EffectiveSizes {
+        &self.sizes
     }
 
     /// The (pod identities, endpoints) the pinned maps held when this

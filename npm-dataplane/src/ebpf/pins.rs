@@ -2,8 +2,8 @@
 //! (`<pin dir>/<map>` and `<pin dir>/links/<ifindex>-<direction>`),
 //! opening a pinned map read-only, the pin directories of other map layouts
 //! beside this one (`<parent>/v<N>`), the migration of an older layout's
-//! flows and records on open, and the retirement of its pins after a full
-//! sync.
+//! flows and records on open, the retirement of its pins after a full
+//! sync, and the size a pinned map keeps ([`effective_sizes`]).
 
 use std::ffi::{CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
@@ -16,6 +16,7 @@ use super::conntrack::Flows;
 use super::endpoints::EndpointTable;
 use super::errors::{map_err, EbpfError};
 use super::links::{delete_filter, dir_name, ifname};
+use super::loader::{actual_sizes, EffectiveSizes, MapSizes};
 use super::tc_filters;
 use super::{adopted_state, AdoptedState, EbpfDataplane};
 
@@ -70,6 +71,34 @@ pub(crate) fn prepare(pin_dir: &Path) -> Result<(), EbpfError> {
         op: "create",
         source,
     })
+}
+
+/// The configured and the actual sizes of the configurable maps after a
+/// load under `pin_dir`. A map adopted from its pin keeps the size it was
+/// created with: npm never recreates a pinned map to resize it (that would
+/// drop every tracked connection, or leave a moment without the policy
+/// entries); a difference is logged as a warning naming the map and both
+/// sizes, and the configured size applies once the pins are gone
+/// (`npm-agent cleanup`, `helm uninstall`, a reboot).
+pub(crate) fn effective_sizes(
+    bpf: &aya::Ebpf,
+    pin_dir: &Path,
+    configured: MapSizes,
+) -> Result<EffectiveSizes, EbpfError> {
+    let sizes = EffectiveSizes {
+        configured,
+        actual: actual_sizes(bpf)?,
+    };
+    for (map, actual, wanted) in sizes.pending() {
+        tracing::warn!(
+            map,
+            pinned_size = actual,
+            configured_size = wanted,
+            pin = %pin_dir.join(map).display(),
+            "pinned map keeps its size; the configured size applies after `npm-agent cleanup` (or `helm uninstall`) or a reboot removes the pins"
+        );
+    }
+    Ok(sizes)
 }
 
 /// `<pin_dir>/links/<ifindex>-<direction>`: the pin of the link of pod

@@ -6,6 +6,14 @@
 //! [`EbpfDataplane::sync`] writes everything and sweeps what is not part of
 //! it (mark and sweep against adopted pins), after purging the flows of
 //! endpoint ids that now name another pod.
+//!
+//! When a map is nearly full the order bends, never towards allowing more:
+//! if a diff's `NPM_POLICY` (or `NPM_IPCACHE`) upserts would not fit beside
+//! the entries it removes, those removals go first (a removal only takes
+//! away an allow, or an address, that the target does not have); a full
+//! sync whose inserts find the map full sweeps that map's unwanted entries
+//! first and inserts again. The states that do not fit at all are trimmed
+//! before they get here (`fit.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,7 +21,7 @@ use npm_common::{maps, PolicyKey};
 use npm_policy::compiled::{Compiled, CompiledDiff};
 
 use super::errors::{map_err, EbpfError};
-use super::{tier_front, tiers, translate, EbpfDataplane, FRONT_ALL};
+use super::{fit, tier_front, tiers, translate, EbpfDataplane, FRONT_ALL};
 use crate::{AdoptedEndpoint, Interfaces};
 
 impl EbpfDataplane {
@@ -78,6 +86,18 @@ impl EbpfDataplane {
         next: &Compiled,
         interfaces: &Interfaces,
     ) -> Result<(), EbpfError> {
+        // A nearly full map: its removals first (see the module doc).
+        let (policy_first, ipcache_first) = self.removals_first(diff)?;
+        if policy_first {
+            for entry in &diff.policy.remove {
+                self.policy.remove(entry, next)?;
+            }
+        }
+        if ipcache_first {
+            for addr in &diff.ipcache.remove {
+                self.ipcache.remove(*addr)?;
+            }
+        }
         // 1. upserts: policy and tiers, ipcache and CIDRs, endpoints (whose
         // tier flags then point at written entries).
         for (entry, rule) in &diff.policy.upsert {
@@ -95,14 +115,18 @@ impl EbpfDataplane {
         let changed: BTreeSet<u32> = diff.endpoints.upsert.iter().map(|(id, _)| *id).collect();
         self.program_endpoints(next, interfaces, &changed)?;
         // 2. removals in the same order.
-        for entry in &diff.policy.remove {
-            self.policy.remove(entry, next)?;
+        if !policy_first {
+            for entry in &diff.policy.remove {
+                self.policy.remove(entry, next)?;
+            }
         }
         for entry in &diff.tiers.remove {
             self.tiers.remove(entry, next)?;
         }
-        for addr in &diff.ipcache.remove {
-            self.ipcache.remove(*addr)?;
+        if !ipcache_first {
+            for addr in &diff.ipcache.remove {
+                self.ipcache.remove(*addr)?;
+            }
         }
         self.cidrs.remove(&diff.cidrs.remove, &next.cidrs)?;
         if self.tiers.refront(diff.tiers.upsert.iter().map(|(e, v)| (e, v))) {
@@ -155,7 +179,19 @@ impl EbpfDataplane {
                 want_policy.insert(k, *rule);
             }
         }
-        self.policy.insert_keys(&want_policy)?;
+        if let Err(e) = self.policy.insert_keys(&want_policy) {
+            if e.full_map() != Some(maps::POLICY) {
+                return Err(e);
+            }
+            // Full of entries the target does not want (adopted pins, a
+            // failed apply): those go first, then the inserts again.
+            tracing::warn!(
+                wanted = want_policy.len(),
+                "NPM_POLICY full during a full sync; removing unwanted keys first"
+            );
+            self.policy.sweep_keys(&want_policy)?;
+            self.policy.insert_keys(&want_policy)?;
+        }
         self.policy.insert_words(&want_words);
         let want_tiers = tiers::want_keys(compiled)?;
         self.tiers.insert_keys(&want_tiers)?;
@@ -164,7 +200,20 @@ impl EbpfDataplane {
         let want_tier_words = tier_front::want_words(compiled);
         self.tiers.insert_words(&want_tier_words);
         for (addr, e) in &compiled.ipcache {
-            self.ipcache.upsert(*addr, translate::ip_info(e))?;
+            match self.ipcache.upsert(*addr, translate::ip_info(e)) {
+                Err(e) if e.full_map() == Some(maps::IPCACHE) => {
+                    tracing::warn!(
+                        wanted = compiled.ipcache.len(),
+                        "NPM_IPCACHE full during a full sync; removing unwanted addresses first"
+                    );
+                    self.ipcache.sweep(&compiled.ipcache)?;
+                    for (addr, e) in &compiled.ipcache {
+                        self.ipcache.upsert(*addr, translate::ip_info(e))?;
+                    }
+                    break;
+                }
+                r => r?,
+            }
         }
         for (net, id) in &compiled.cidrs {
             self.cidrs.upsert(net, *id)?;
@@ -257,6 +306,26 @@ impl EbpfDataplane {
             }
         }
         Ok(())
+    }
+
+    /// Whether the `NPM_POLICY` and the `NPM_IPCACHE` removals of `diff`
+    /// must go before its upserts: the map's entries (as the writer counted
+    /// them) and the upserts would exceed its real size.
+    fn removals_first(&self, diff: &CompiledDiff) -> Result<(bool, bool), EbpfError> {
+        if !self.fill.known {
+            return Ok((false, false));
+        }
+        let actual = &self.sizes.actual;
+        let ipcache = self.fill.ipcache + diff.ipcache.upsert.len() > actual.ipcache as usize;
+        let cap = actual.policy as usize;
+        if self.fill.policy_keys + diff.policy.upsert.len() * fit::MAX_KEYS_PER_ENTRY <= cap {
+            return Ok((false, ipcache));
+        }
+        let mut keys = self.fill.policy_keys;
+        for (e, _) in &diff.policy.upsert {
+            keys += translate::policy_keys(e)?.len();
+        }
+        Ok((keys > cap, ipcache))
     }
 
     fn unprogram_ifindex(&mut self, ifindex: u32) -> Result<(), EbpfError> {

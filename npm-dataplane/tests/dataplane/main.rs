@@ -35,6 +35,7 @@ mod ebpf_services;
 mod ebpf_tier_front;
 mod ebpf_tiers;
 mod ebpf_veth;
+mod map_size;
 mod nft_differential;
 mod nft_golden;
 mod nft_scale;

@@ -1,0 +1,177 @@
+//! The `npm-agent explain` command: asks an agent's `/explain` over plain
+//! HTTP/1.1 (the metrics listener) and prints the report, the mismatch
+//! first.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use super::{DirectionReport, ExplainQuery, ExplainReport};
+
+/// Errors of the explain client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The agent URL is not `http://HOST:PORT`.
+    #[error("--agent {0:?}: want http://HOST:PORT")]
+    Url(String),
+    /// Connecting, sending or reading failed.
+    #[error("explain: talking to {addr}: {source}")]
+    Io {
+        /// The agent's address.
+        addr: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The agent answered with an error.
+    #[error("explain: the agent at {addr} answered {status}: {body}")]
+    Status {
+        /// The agent's address.
+        addr: String,
+        /// The status line.
+        status: String,
+        /// The body.
+        body: String,
+    },
+    /// The body is not a report.
+    #[error("explain: the agent at {addr} sent an unreadable report: {source}")]
+    Decode {
+        /// The agent's address.
+        addr: String,
+        /// The error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Percent-encodes a query value.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Asks the agent at `agent` (`http://HOST:PORT`) to explain `q`; returns
+/// the report and its raw JSON.
+pub fn fetch(agent: &str, q: &ExplainQuery) -> Result<(ExplainReport, String), ClientError> {
+    let addr = agent
+        .strip_prefix("http://")
+        .map(|a| a.trim_end_matches('/'))
+        .filter(|a| !a.is_empty() && !a.contains('/'))
+        .ok_or_else(|| ClientError::Url(agent.into()))?
+        .to_string();
+    let io = |source| ClientError::Io {
+        addr: addr.clone(),
+        source,
+    };
+    let mut path = format!("/explain?from={}&to={}&port={}", encode(&q.from), encode(&q.to), q.port);
+    if let Some(p) = &q.protocol {
+        path.push_str(&format!("&protocol={}", encode(p)));
+    }
+    let mut s = TcpStream::connect(&addr).map_err(io)?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).map_err(io)?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").map_err(io)?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(io)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.lines().next().unwrap_or("").to_string();
+    if status.split_whitespace().nth(1) != Some("200") {
+        return Err(ClientError::Status {
+            addr,
+            status,
+            body: body.trim().into(),
+        });
+    }
+    let report = serde_json::from_str(body).map_err(|source| ClientError::Decode {
+        addr: addr.clone(),
+        source,
+    })?;
+    Ok((report, body.to_string()))
+}
+
+fn direction_lines(d: &DirectionReport) -> String {
+    let mut s = format!("  {}\n", d.text);
+    if !d.local {
+        return s;
+    }
+    let named: Vec<String> = d
+        .policies
+        .iter()
+        .map(|p| {
+            let who = match &p.namespace {
+                Some(ns) => format!("{}/{}", ns, p.name),
+                None => format!("{} {}", p.tier.as_deref().unwrap_or("?"), p.name),
+            };
+            match &p.rule {
+                Some(r) => format!("{} {who} {r} ({})", p.kind, p.effect),
+                None => format!("{} {who} ({})", p.kind, p.effect),
+            }
+        })
+        .collect();
+    s.push_str(&format!(
+        "    agent: {} ({}){}\n",
+        d.verdict,
+        d.reason.as_deref().unwrap_or("?"),
+        if named.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", named.join(", "))
+        }
+    ));
+    match (&d.kernel, &d.kernel_error) {
+        (Some(k), _) => s.push_str(&format!(
+            "    kernel: {} ({}) by program {} on ifindex {}, dry run\n",
+            k.verdict, k.reason, k.program_id, k.ifindex
+        )),
+        (None, Some(e)) => s.push_str(&format!("    kernel: unknown: {e}\n")),
+        (None, None) => s.push_str("    kernel: null (nftables: no dry run)\n"),
+    }
+    s
+}
+
+/// The text form: the mismatch first, then the verdict and each direction.
+pub fn render(r: &ExplainReport) -> String {
+    let mut s = String::new();
+    if let Some(m) = &r.mismatch {
+        s.push_str(&format!("{m}\n"));
+    }
+    let end = |i: usize, ip: &std::net::IpAddr| match r.directions.get(i).and_then(|d| d.pod.as_deref()) {
+        Some(pod) => format!("{pod} ({ip})"),
+        None => ip.to_string(),
+    };
+    s.push_str(&format!(
+        "{} {} -> {} {} {}\n",
+        if r.verdict == "allow" { "ALLOWED" } else { "DENIED" },
+        end(0, &r.from),
+        end(1, &r.to),
+        r.protocol,
+        r.port
+    ));
+    for d in &r.directions {
+        s.push_str(&direction_lines(d));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_encoding() {
+        assert!(matches!(
+            fetch("localhost:1", &ExplainQuery::default()),
+            Err(ClientError::Url(_))
+        ));
+        assert!(matches!(
+            fetch("http://", &ExplainQuery::default()),
+            Err(ClientError::Url(_))
+        ));
+        assert_eq!(encode("x/a b"), "x%2Fa%20b");
+        assert_eq!(encode("fd00::1"), "fd00%3A%3A1");
+    }
+}
