@@ -10,8 +10,8 @@
 //! fit never keeps another owner's identity, and once the state fits again
 //! it converges. Privileged: needs root (bpffs, veths).
 
-use aya::maps::MapData;
 use crate::ebpf_common::*;
+use aya::maps::MapData;
 use npm_common::{maps, sizes, Reason};
 use npm_dataplane::ebpf::{EbpfDataplane, EbpfError, MapSizes, VERDICT_ALLOW, VERDICT_DROP};
 use npm_dataplane::Dataplane;
