@@ -42,7 +42,10 @@ pub(crate) struct Scratch {
     pub(crate) ev: DenyEvent,
     /// An LPM key: prefix length and up to 16 bytes of data.
     pub(crate) lpm: [u32; 5],
-    /// Reserved.
+    /// This packet's `ingress_ifindex`, copied by `decide()`: `DRY_RUN_IIF`
+    /// (`u32::MAX`, which no real packet carries) marks an explain dry run
+    /// (`main.rs`: no conntrack entry, no cache fill, no counter, no event);
+    /// `node_exit` clears it.
     pub(crate) pad: u32,
     /// The clock cache and the deny-event budget.
     pub(crate) clk: Clock,

@@ -90,9 +90,9 @@ fn every_upstream_cluster_network_policy_test_is_in_the_catalogue() {
         .filter_map(|c| c.case.title.as_deref())
         .filter(|t| t.starts_with("upstream: CNP"))
         .collect();
-    // network-policy-api conformance/tests: 18 standard tests and the 4
-    // experimental named-port ones (the 2 node-peer tests need nodes peers).
-    assert_eq!(cnp.len(), 22, "{cnp:?}");
+    // network-policy-api conformance/tests: 18 standard tests and the 6
+    // experimental ones (4 named-port, 2 node-peer).
+    assert_eq!(cnp.len(), 24, "{cnp:?}");
     for short in [
         "CNPAdminTierIngressTCP ",
         "CNPAdminTierEgressSCTP ",
@@ -104,6 +104,8 @@ fn every_upstream_cluster_network_policy_test_is_in_the_catalogue() {
         "CNPBaselineTierEgressInlineCIDRPeers ",
         "CNPAdminTierEgressNamedPort ",
         "CNPBaselineTierIngressNamedPort ",
+        "CNPAdminTierEgressNodePeers ",
+        "CNPBaselineTierEgressNodePeers ",
     ] {
         assert!(cnp.iter().any(|t| t.contains(short)), "missing upstream test {short:?}");
     }
