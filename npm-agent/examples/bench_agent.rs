@@ -24,15 +24,11 @@
 //! (`NPM_EBPF_OBJECT` or the workspace build of `cargo xtask build-ebpf`
 //! gives the BPF object).
 
-// The tests' netns helpers (leftover detection by the pid in a name).
-#[allow(dead_code)]
-#[path = "../tests/agent/common/netns.rs"]
-mod netns;
+#[path = "bench_support/mod.rs"]
+mod bench_support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,7 +37,6 @@ use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodIP, PodSpec, PodS
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, ObjectMeta, PostParams};
 use npm_agent::agent::{self, AgentConfig};
-use npm_agent::node::{Resolve, Resolved};
 use npm_agent::reconcile::{AgentDataplane, SyncConfig};
 use npm_agent::telemetry::Metrics;
 use npm_common::DenyEvent;
@@ -49,6 +44,8 @@ use npm_dataplane::ebpf::{dump_pinned, EbpfDataplane, EbpfOptions};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
 use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, PolicyEntry, RuleRef};
 use npm_testapi::{Options, TestApiServer};
+
+use bench_support::{percentile, setup_kernel, PoolResolver};
 
 const LINK_PREFIX: &str = "nbd";
 const PIN_PREFIX: &str = "npmbench";
@@ -139,124 +136,6 @@ impl AgentDataplane for TimedEbpf {
     }
 }
 
-/// Hands each local endpoint one of the veth interfaces (stable while the
-/// endpoint exists).
-struct PoolResolver {
-    free: Vec<u32>,
-    assigned: BTreeMap<u32, u32>,
-}
-
-impl Resolve for PoolResolver {
-    fn resolve(&mut self, compiled: &Compiled) -> Resolved {
-        let gone: Vec<u32> = self
-            .assigned
-            .keys()
-            .filter(|id| !compiled.endpoints.contains_key(id))
-            .copied()
-            .collect();
-        for id in gone {
-            if let Some(i) = self.assigned.remove(&id) {
-                self.free.push(i);
-            }
-        }
-        let mut missing = Vec::new();
-        for id in compiled.endpoints.keys() {
-            if !self.assigned.contains_key(id) {
-                match self.free.pop() {
-                    Some(i) => {
-                        self.assigned.insert(*id, i);
-                    }
-                    None => missing.push(*id),
-                }
-            }
-        }
-        Resolved {
-            interfaces: self.assigned.clone(),
-            missing,
-        }
-    }
-}
-
-/// The veth links and the pin directory of this run; removed on drop.
-struct Kernel {
-    links: Vec<String>,
-    pin_dir: PathBuf,
-}
-
-impl Drop for Kernel {
-    fn drop(&mut self) {
-        delete_links(&self.links);
-        let _ = std::fs::remove_dir_all(&self.pin_dir);
-    }
-}
-
-fn ip_batch(lines: &[String]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut child = Command::new("ip")
-        .args(["-force", "-batch", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("ip -batch: no stdin"))?
-        .write_all(lines.join("\n").as_bytes())?;
-    let out = child.wait_with_output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "ip -batch failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
-fn delete_links(names: &[String]) {
-    let lines: Vec<String> = names.iter().map(|n| format!("link delete {n}")).collect();
-    if !lines.is_empty() {
-        let _ = ip_batch(&lines);
-    }
-}
-
-/// Removes links and pin directories of earlier runs whose process is gone.
-fn clear_leftovers() {
-    let mut stale = Vec::new();
-    for entry in std::fs::read_dir("/sys/class/net").into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(LINK_PREFIX) && netns::pid_gone(&name, LINK_PREFIX) {
-            stale.push(name);
-        }
-    }
-    // One `ip -batch` for the (many) stale veths.
-    delete_links(&stale);
-    netns::clear_stale_dirs("/sys/fs/bpf", PIN_PREFIX);
-}
-
-/// Creates `n` veth pairs (up) and returns the guard and their ifindexes.
-fn setup_kernel(n: usize) -> anyhow::Result<(Kernel, Vec<u32>)> {
-    clear_leftovers();
-    let pid = std::process::id();
-    let kernel = Kernel {
-        links: (0..n).map(|k| format!("{LINK_PREFIX}{pid}x{k}")).collect(),
-        pin_dir: PathBuf::from(format!("/sys/fs/bpf/{PIN_PREFIX}{pid}")),
-    };
-    let mut lines = Vec::new();
-    for l in &kernel.links {
-        // The peer (`...y<n>`) goes with it when the link is deleted.
-        let peer = l.replacen('x', "y", 1);
-        lines.push(format!("link add name {l} type veth peer name {peer}"));
-        lines.push(format!("link set {l} up"));
-        lines.push(format!("link set {peer} up"));
-    }
-    ip_batch(&lines)?;
-    let mut ifindexes = Vec::new();
-    for l in &kernel.links {
-        let idx = std::fs::read_to_string(format!("/sys/class/net/{l}/ifindex"))?;
-        ifindexes.push(idx.trim().parse()?);
-    }
-    Ok((kernel, ifindexes))
-}
-
 fn rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -321,13 +200,6 @@ fn ip_of(i: usize) -> String {
     format!("10.{}.{}.{}", 100 + i / 65536, (i / 256) % 256, i % 256)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
@@ -382,7 +254,7 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let locals = pods.div_ceil(100);
-    let (kernel, ifindexes) = setup_kernel(locals)?;
+    let (kernel, ifindexes) = setup_kernel(locals, LINK_PREFIX, PIN_PREFIX)?;
     let probe: Arc<Mutex<Probe>> = Arc::default();
     let rss_before = rss_mb();
     let dp = TimedEbpf {

@@ -36,8 +36,6 @@
 //! 10), or `cargo run --release -p npm-agent --example bench_cnp`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,7 +44,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodIP, PodSpec, PodStatus};
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use npm_agent::agent::{self, AgentConfig};
-use npm_agent::node::{Resolve, Resolved};
 use npm_agent::reconcile::{AgentDataplane, SyncConfig};
 use npm_agent::telemetry::Metrics;
 use npm_common::{maps, sizes, tier_front_slot, DenyEvent};
@@ -56,6 +53,11 @@ use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, Direction, Ru
 use npm_policy::tiers::ClusterNetworkPolicy as ApiCnp;
 use npm_testapi::{CnpChannel, Options, TestApiServer};
 use serde_json::json;
+
+#[path = "bench_support/mod.rs"]
+mod bench_support;
+
+use bench_support::{percentile, setup_kernel, PoolResolver};
 
 const LINK_PREFIX: &str = "ncb";
 const PIN_PREFIX: &str = "npmcnpbench";
@@ -179,132 +181,6 @@ impl AgentDataplane for TimedEbpf {
     }
 }
 
-/// Hands each local endpoint one of the veth interfaces.
-struct PoolResolver {
-    free: Vec<u32>,
-    assigned: BTreeMap<u32, u32>,
-}
-
-impl Resolve for PoolResolver {
-    fn resolve(&mut self, compiled: &Compiled) -> Resolved {
-        let gone: Vec<u32> = self
-            .assigned
-            .keys()
-            .filter(|id| !compiled.endpoints.contains_key(id))
-            .copied()
-            .collect();
-        for id in gone {
-            if let Some(i) = self.assigned.remove(&id) {
-                self.free.push(i);
-            }
-        }
-        let mut missing = Vec::new();
-        for id in compiled.endpoints.keys() {
-            if !self.assigned.contains_key(id) {
-                match self.free.pop() {
-                    Some(i) => {
-                        self.assigned.insert(*id, i);
-                    }
-                    None => missing.push(*id),
-                }
-            }
-        }
-        Resolved {
-            interfaces: self.assigned.clone(),
-            missing,
-        }
-    }
-}
-
-/// The veth links and the pin directory of this run; removed on drop.
-struct Kernel {
-    links: Vec<String>,
-    pin_dir: PathBuf,
-}
-
-impl Drop for Kernel {
-    fn drop(&mut self) {
-        delete_links(&self.links);
-        let _ = std::fs::remove_dir_all(&self.pin_dir);
-    }
-}
-
-fn ip_batch(lines: &[String]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut child = Command::new("ip")
-        .args(["-force", "-batch", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("ip -batch: no stdin"))?
-        .write_all(lines.join("\n").as_bytes())?;
-    let out = child.wait_with_output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "ip -batch failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
-fn delete_links(names: &[String]) {
-    let lines: Vec<String> = names.iter().map(|n| format!("link delete {n}")).collect();
-    if !lines.is_empty() {
-        let _ = ip_batch(&lines);
-    }
-}
-
-/// Whether the process whose id follows `prefix` in `name` is gone.
-fn pid_gone(name: &str, prefix: &str) -> bool {
-    let pid: String = name
-        .strip_prefix(prefix)
-        .unwrap_or("")
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Creates `n` veth pairs (up), after removing leftovers of crashed runs.
-fn setup_kernel(n: usize) -> anyhow::Result<(Kernel, Vec<u32>)> {
-    let mut stale = Vec::new();
-    for entry in std::fs::read_dir("/sys/class/net").into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(LINK_PREFIX) && pid_gone(&name, LINK_PREFIX) {
-            stale.push(name);
-        }
-    }
-    delete_links(&stale);
-    for entry in std::fs::read_dir("/sys/fs/bpf").into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(PIN_PREFIX) && pid_gone(&name, PIN_PREFIX) {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-    let pid = std::process::id();
-    let kernel = Kernel {
-        links: (0..n).map(|k| format!("{LINK_PREFIX}{pid}x{k}")).collect(),
-        pin_dir: PathBuf::from(format!("/sys/fs/bpf/{PIN_PREFIX}{pid}")),
-    };
-    let mut lines = Vec::new();
-    for l in &kernel.links {
-        let peer = l.replacen('x', "y", 1);
-        lines.push(format!("link add name {l} type veth peer name {peer}"));
-        lines.push(format!("link set {l} up"));
-        lines.push(format!("link set {peer} up"));
-    }
-    ip_batch(&lines)?;
-    let mut ifindexes = Vec::new();
-    for l in &kernel.links {
-        let idx = std::fs::read_to_string(format!("/sys/class/net/{l}/ifindex"))?;
-        ifindexes.push(idx.trim().parse()?);
-    }
-    Ok((kernel, ifindexes))
-}
-
 fn namespace(n: usize) -> Namespace {
     serde_json::from_value(json!({"metadata": {"name": format!("ns-{n}"), "labels": {
         "team": format!("t{}", n % 20),
@@ -422,13 +298,6 @@ fn churn_cnp(k: usize, priority: usize) -> ApiCnp {
         }
     }))
     .expect("churn CNP JSON")
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn stats(v: &mut [f64]) -> serde_json::Value {
@@ -558,7 +427,7 @@ async fn main() -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
 
-    let (kernel, ifindexes) = setup_kernel(NAMESPACES)?;
+    let (kernel, ifindexes) = setup_kernel(NAMESPACES, LINK_PREFIX, PIN_PREFIX)?;
     let probe: Arc<Mutex<Probe>> = Arc::default();
     let dp = TimedEbpf {
         inner: EbpfDataplane::open(EbpfOptions {
