@@ -170,6 +170,7 @@ fn compiled(policy: usize, ipcache: usize) -> Compiled {
             isolated_ingress: true,
             isolated_egress: true,
             tiers: Default::default(),
+            report_new: false,
         },
     );
     c.ipcache.insert(

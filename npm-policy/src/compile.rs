@@ -316,6 +316,7 @@ pub(crate) fn endpoint_record(
         isolated_ingress,
         isolated_egress,
         tiers: Default::default(),
+        report_new: false,
     }
 }
 

@@ -119,6 +119,14 @@ pub struct Endpoint {
     /// (derived from [`Compiled::tiers`]: the datapath skips a tier's
     /// lookups when its flag is clear).
     pub tiers: TierPresence,
+    /// Report the new connections this endpoint's dataplane allows (both
+    /// directions): the datapath emits an allow event for the packet that
+    /// creates each new tracked flow, rate-limited like deny events. Set
+    /// for endpoints an audited policy (`npm.io/audit: "true"`) selects,
+    /// or for every endpoint with `--flow-logs-allow`; it never changes a
+    /// verdict.
+    #[serde(default)]
+    pub report_new: bool,
 }
 
 /// Which ClusterNetworkPolicy tiers have [`TierEntry`]s for one endpoint,

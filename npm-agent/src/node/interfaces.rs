@@ -481,6 +481,7 @@ mod tests {
                     isolated_ingress: false,
                     isolated_egress: false,
                     tiers: Default::default(),
+                    report_new: false,
                 },
             );
         }

@@ -160,6 +160,7 @@ fn compiled(endpoints: &[(u32, String)]) -> Compiled {
                 isolated_ingress: false,
                 isolated_egress: false,
                 tiers: Default::default(),
+                report_new: false,
             },
         );
     }

@@ -60,6 +60,7 @@ fn endpoint(name: &str, ip: Ipv4Addr, isolated_ingress: bool) -> Endpoint {
         isolated_ingress,
         isolated_egress: false,
         tiers: Default::default(),
+        report_new: false,
     }
 }
 

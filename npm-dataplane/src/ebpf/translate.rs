@@ -616,6 +616,7 @@ mod tests {
             isolated_ingress: true,
             isolated_egress: false,
             tiers: Default::default(),
+            report_new: false,
         };
         let info = endpoint_info(9, &ep);
         assert_eq!(info.id, 9);

@@ -317,6 +317,7 @@ mod tests {
             isolated_ingress: false,
             isolated_egress: false,
             tiers: Default::default(),
+            report_new: false,
         };
         let jumps = TierJumps {
             admin: Some("ep_1_in_admin".into()),

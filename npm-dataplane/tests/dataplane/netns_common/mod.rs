@@ -250,6 +250,7 @@ pub fn endpoint(name: &str, identity: u32, v4: Option<&str>, v6: Option<&str>, i
         isolated_ingress: iso_in,
         isolated_egress: iso_eg,
         tiers: Default::default(),
+        report_new: false,
     }
 }
 
