@@ -70,17 +70,24 @@ fn workspace_key(toml: &str, key: &str) -> Option<String> {
     })
 }
 
+/// The cargo arguments of the image's release build: `npm-agent` and
+/// `npm-cni` (when the crate exists), optimised.
+pub fn release_build_args() -> Vec<&'static str> {
+    let mut args = vec!["build", "--release", "-p", "npm-agent", "--bin", "npm-agent"];
+    if root().join("npm-cni/Cargo.toml").exists() {
+        args.extend(["-p", "npm-cni", "--bin", "npm-cni"]);
+    }
+    args
+}
+
 /// Build the release binaries and the image; returns the versioned tag.
 pub fn image() -> Result<String> {
     crate::setup::check_image_prerequisites()?;
     crate::build_ebpf()?;
     let has_cni = root().join("npm-cni/Cargo.toml").exists();
-    let mut build = cargo();
-    build.args(["build", "--release", "-p", "npm-agent", "--bin", "npm-agent"]);
-    if has_cni {
-        build.args(["-p", "npm-cni", "--bin", "npm-cni"]);
-    }
-    run(&mut build)?;
+    // A no-op when `cargo xtask test` already ran it beside the conformance
+    // runs (`release_build_args`).
+    run(cargo().args(release_build_args()))?;
 
     let version = version()?;
     let staging = root().join("target/image/rootfs");

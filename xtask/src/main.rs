@@ -181,8 +181,12 @@ fn test(no_setup: bool) -> Result<()> {
     build_ebpf()?;
     // Binaries the end-to-end tests start (agent, test API server, conformance runner).
     run(cargo().args(["build", "--workspace", "--exclude", "npm-ebpf", "--bins"]))?;
+    // Three tests at a time on two cores: most kernel and live-agent tests
+    // wait on packets, timers and child processes, not on the CPU. Tests
+    // that must not overlap take their binary's lock (tc attach vs auto
+    // mode, multi-node clusters a host-wide one).
     run(cargo()
-        .args(["test", "--workspace", "--exclude", "npm-ebpf", "--no-fail-fast"])
+        .args(["test", "--workspace", "--exclude", "npm-ebpf", "--no-fail-fast", "--", "--test-threads", "3"])
         .env("NPM_EBPF_OBJECT", ebpf_object()))?;
     // The CI matrix (the whole catalogue, probed over IPv4; `--ipv6` runs are
     // manual, see the notes), chosen
@@ -198,6 +202,11 @@ fn test(no_setup: bool) -> Result<()> {
     // The one-node runs (`cargo xtask conformance --dataplane
     // ebpf|nftables`, tcx by default) are covered by these and by the kernel
     // tests, which run every attach test in both modes.
+    // The image's release build (about 5 minutes of both cores) runs at the
+    // lowest CPU priority while the conformance runs, which mostly wait on
+    // probes, use the debug binaries built above: they share no cargo
+    // lock (`target/release` vs `target/debug`).
+    let release = Background::start(cargo().args(image::release_build_args()), "release-build")?;
     for args in [
         &["--dataplane", "simulate"][..],
         &[
@@ -227,13 +236,71 @@ fn test(no_setup: bool) -> Result<()> {
             "service",
         ][..],
     ] {
-        conformance(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+        // The binaries were built above (`--workspace --bins`).
+        conformance_with(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
     }
-    // The shipped artefact: the OCI image, run as the chart runs it.
+    release.finish()?;
+    // The shipped artefact: the OCI image, run as the chart runs it (its
+    // release build already ran beside the conformance runs).
     let tag = image::image()?;
     image::check(&tag)?;
     eprintln!("xtask: whole suite passed in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// A command run beside the rest of the suite at the lowest CPU priority,
+/// its output kept in `target/xtask-<name>.log` (printed if it fails).
+struct Background {
+    child: std::process::Child,
+    shown: String,
+    log: PathBuf,
+}
+
+impl Background {
+    fn start(cmd: &mut Command, name: &str) -> Result<Self> {
+        let log = root().join(format!("target/xtask-{name}.log"));
+        let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut nice = Command::new("nice");
+        nice.args(["-n", "19"]).arg(cmd.get_program()).args(cmd.get_args());
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => nice.env(k, v),
+                None => nice.env_remove(k),
+            };
+        }
+        let shown = format!("{nice:?}");
+        eprintln!("xtask: $ {shown} > {} (in the background)", log.display());
+        let child = nice
+            .current_dir(root())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("cannot start {shown}"))?;
+        Ok(Self { child, shown, log })
+    }
+
+    /// Waits for it; its log is printed when it failed.
+    fn finish(mut self) -> Result<()> {
+        let status = self.child.wait().with_context(|| format!("waiting for {}", self.shown))?;
+        if !status.success() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("{log}");
+            bail!("{} failed with {status}", self.shown);
+        }
+        eprintln!("xtask: background {} done", self.shown);
+        Ok(())
+    }
+}
+
+impl Drop for Background {
+    /// A suite that stops early (a failed run) does not leave the build
+    /// running.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 fn conformance(args: &[String]) -> Result<()> {
