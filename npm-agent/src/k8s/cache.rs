@@ -8,7 +8,7 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::Event;
 use kube::Resource;
@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 
 use super::cluster_policy::{ClusterNetworkPolicy, ClusterPolicyMode};
 use super::nodes::NODE_PROJECTION;
+use super::pods::{Pod, POD_PROJECTION};
 use super::store::{ListStore, StoreUpdate};
 use crate::telemetry::metrics::{Metrics, PodOperation};
 
@@ -96,7 +97,7 @@ pub fn classify_pod_change(old: Option<&Pod>, new: Option<&Pod>) -> Option<PodOp
 pub struct CompleteState {
     /// Namespaces.
     pub namespaces: Vec<Arc<Namespace>>,
-    /// Pods.
+    /// Pods (slim: [`crate::k8s::pods`]).
     pub pods: Vec<Arc<Pod>>,
     /// NetworkPolicies.
     pub policies: Vec<Arc<NetworkPolicy>>,
@@ -110,7 +111,7 @@ pub struct CompleteState {
 
 /// The agent's view of the cluster, shared by the watchers and the sync loop.
 pub struct Cache {
-    /// Pods of every namespace.
+    /// Pods of every namespace (slim: [`crate::k8s::pods`]).
     pub pods: Mutex<ListStore<Pod>>,
     /// Namespaces.
     pub namespaces: Mutex<ListStore<Namespace>>,
@@ -176,7 +177,7 @@ impl Cache {
             nodes.handle(Event::InitDone, |_, _| {});
         }
         Arc::new(Cache {
-            pods: Mutex::default(),
+            pods: Mutex::new(ListStore::projected(POD_PROJECTION)),
             namespaces: Mutex::default(),
             policies: Mutex::default(),
             cluster_policies: Mutex::new(cluster_policies),

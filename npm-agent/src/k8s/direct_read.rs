@@ -10,12 +10,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::{Api, Client};
 
 use super::cache::{Cache, CompleteState, Watched};
 use super::cluster_policy::{classify_list_error, ClusterNetworkPolicy, ClusterPolicyMode, ListFailure};
+use super::pods::Pod;
 use super::store::strip;
 
 /// Errors of the direct (uncached) reads.
@@ -109,7 +110,11 @@ async fn read_all(
     within(DIRECT_READ_TIMEOUT, async {
         Ok(CompleteState {
             namespaces: direct_list(Api::<Namespace>::all(client.clone()), page_size).await?,
-            pods: direct_list(Api::<Pod>::all(client.clone()), page_size).await?,
+            pods: direct_list(Api::<Pod>::all(client.clone()), page_size)
+                .await?
+                .into_iter()
+                .map(|p| std::sync::Arc::new(super::pods::slim_pod((*p).clone())))
+                .collect(),
             policies: direct_list(Api::<NetworkPolicy>::all(client.clone()), page_size).await?,
             cluster_policies: direct_cluster_policies(client, page_size, mode).await?,
             nodes: match nodes {

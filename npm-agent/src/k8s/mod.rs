@@ -25,6 +25,8 @@
 //! - [`cluster_policy`]: the ClusterNetworkPolicy resource type and
 //!   [`ClusterPolicyMode`] (what a `404` or `403` on its list means);
 //! - [`nodes`]: the slim Node projection (a heartbeat is no change);
+//! - [`pods`]: the slim Pod type (only what the compiler reads; a
+//!   condition update is no change);
 //! - [`watcher`]: the kube-rs watchers feeding the cache;
 //! - [`direct_read`]: a fresh paginated LIST of all five (the
 //!   mass-deletion guard's confirmation);
@@ -35,6 +37,7 @@ pub mod cache;
 pub mod cluster_policy;
 pub mod direct_read;
 pub mod nodes;
+pub mod pods;
 pub mod store;
 pub mod taint;
 pub mod watcher;

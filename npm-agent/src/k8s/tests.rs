@@ -1,10 +1,11 @@
 //! Unit tests of the stores and the cache.
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, PodStatus};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::ObjectMeta;
 use kube::runtime::watcher::Event;
 
+use super::pods::{Pod, PodStatus};
 use super::Cache;
 use crate::telemetry::metrics::{sample, Metrics};
 

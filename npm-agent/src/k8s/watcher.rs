@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
@@ -19,6 +19,7 @@ use super::cache::{Cache, Watched};
 use super::cluster_policy::{
     classify_list_error, ClusterNetworkPolicy, ClusterPolicyMode, ListFailure, CHECK_CLUSTER_POLICIES,
 };
+use super::pods::Pod;
 use crate::telemetry::health::Health;
 use crate::telemetry::metrics::Metrics;
 

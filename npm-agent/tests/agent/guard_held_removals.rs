@@ -42,7 +42,7 @@ fn a(i: usize, app: &str) -> Pod {
 }
 
 /// Pod `name` of `state` (the server's object: its uid) with label app=`app`.
-fn relabel(state: &CompleteState, name: &str, app: &str) -> Pod {
+fn relabel(state: &CompleteState, name: &str, app: &str) -> CachedPod {
     let mut p = (**state
         .pods
         .iter()
@@ -100,11 +100,11 @@ async fn setup() -> (
 
 /// The cache loses `a0..a8` (a mass removal the guard holds) and gets
 /// `extra` besides; `a9` is replaced by `a9_as`.
-fn feed_lossy(cache: &Cache, state: &CompleteState, a9_as: Pod, extra: Vec<Pod>) {
+fn feed_lossy(cache: &Cache, state: &CompleteState, a9_as: CachedPod, extra: Vec<Pod>) {
     let mut s = state.clone();
     s.pods.retain(|p| matches!(p.metadata.name.as_deref(), Some("s")));
     s.pods.push(Arc::new(a9_as));
-    s.pods.extend(extra.into_iter().map(Arc::new));
+    s.pods.extend(extra.into_iter().map(|p| Arc::new(CachedPod::from(p))));
     feed_cache(cache, &s, |_| true);
 }
 

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::common::*;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::Event;
 use npm_agent::k8s::{direct_read, Cache, CompleteState};
@@ -84,11 +84,11 @@ impl Setup {
             self.cache.handle(Event::InitApply((**n).clone()));
         }
         self.cache.handle::<Namespace>(Event::InitDone);
-        self.cache.handle::<Pod>(Event::Init);
+        self.cache.handle::<CachedPod>(Event::Init);
         for p in &self.state.pods {
             self.cache.handle(Event::InitApply((**p).clone()));
         }
-        self.cache.handle::<Pod>(Event::InitDone);
+        self.cache.handle::<CachedPod>(Event::InitDone);
         self.cache.handle::<NetworkPolicy>(Event::Init);
         for p in policies {
             self.cache.handle(Event::InitApply(p.clone()));

@@ -203,7 +203,7 @@ fn gradual_pods() -> Vec<Pod> {
 /// Whether pod `g<i>` of `gradual_pods` is left after `step` steps of 10
 /// (those with `i % 10 >= step`): each step removes 10 identities and 2
 /// endpoints.
-fn left_after(p: &Pod, step: usize) -> bool {
+fn left_after(p: &CachedPod, step: usize) -> bool {
     let name = p.metadata.name.as_deref().unwrap_or("");
     let i: usize = name.trim_start_matches('g').parse().unwrap();
     i % 10 >= step
@@ -213,7 +213,7 @@ fn left_after(p: &Pod, step: usize) -> bool {
 /// watchers would, with complete lists), and the metrics.
 struct GradualSetup {
     /// The server's objects of `gradual_pods`.
-    all: Vec<Pod>,
+    all: Vec<CachedPod>,
     cache: Arc<Cache>,
     metrics: Metrics,
     dp: RecordingDataplane,
@@ -248,16 +248,16 @@ async fn gradual_setup(client: &kube::Client) -> GradualSetup {
 
 impl GradualSetup {
     /// The pod store's complete list becomes `pods`.
-    fn feed(&self, pods: &[Pod]) {
-        self.cache.handle::<Pod>(Event::Init);
+    fn feed(&self, pods: &[CachedPod]) {
+        self.cache.handle::<CachedPod>(Event::Init);
         for p in pods {
             self.cache.handle(Event::InitApply(p.clone()));
         }
-        self.cache.handle::<Pod>(Event::InitDone);
+        self.cache.handle::<CachedPod>(Event::InitDone);
     }
 
     /// The server's pods left after `step` steps (see `left_after`).
-    fn after_steps(&self, step: usize) -> Vec<Pod> {
+    fn after_steps(&self, step: usize) -> Vec<CachedPod> {
         self.all.iter().filter(|p| left_after(p, step)).cloned().collect()
     }
 

@@ -65,7 +65,7 @@ fn ids_by_name(dp: &RecordingDataplane) -> BTreeMap<String, (String, u32)> {
 
 /// Feeds a cache the cluster as a direct read sees it now, keeping only
 /// the pods `keep` accepts.
-async fn feed(client: &kube::Client, cache: &Arc<Cache>, keep: impl Fn(&Pod) -> bool) {
+async fn feed(client: &kube::Client, cache: &Arc<Cache>, keep: impl Fn(&CachedPod) -> bool) {
     let state = direct_read(client, 100).await.unwrap();
     feed_cache(cache, &state, keep);
 }

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use crate::common::process::http_get;
 use crate::common::*;
-use k8s_openapi::api::core::v1::Pod;
 use npm_agent::agent::start_with_health;
 use npm_agent::reconcile::AgentDataplane;
 use npm_agent::telemetry::{HealthConfig, Metrics};
@@ -76,7 +75,7 @@ fn cached(agent: &npm_agent::agent::RunningAgent, name: &str) -> bool {
     agent.cache.complete().is_some_and(|s| {
         s.pods
             .iter()
-            .any(|p: &Arc<Pod>| p.metadata.name.as_deref() == Some(name))
+            .any(|p: &Arc<CachedPod>| p.metadata.name.as_deref() == Some(name))
     })
 }
 

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use npm_policy::compiled::{CompileOptions, Compiled};
 use npm_policy::convert::{namespace_from_api, node_from_api};
@@ -21,6 +21,7 @@ use super::objects::{diff_objects, key_ref, sorted};
 use super::overlay::{convert_pod, Stripped};
 use super::{compile, snapshot, snapshot_with_overlay, Changes, Mismatch};
 use crate::cni::NodeFacts;
+use crate::k8s::pods::Pod;
 use crate::k8s::{key_of, ClusterNetworkPolicy, CompleteState, ObjKey};
 
 /// One object change, converted, in the order it is applied.

@@ -7,17 +7,17 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::Pod;
 use npm_policy::convert::{pod_from_api, ConvertError};
 use npm_policy::model::Pod as ModelPod;
 
 use crate::cni::NodeFacts;
+use crate::k8s::pods::Pod;
 use crate::k8s::ObjKey;
 
 /// Convert `pod` and overlay the facts on it; also returns the addresses
 /// the overlay took from it (an attachment of another pod holds them).
 pub(super) fn convert_pod(pod: &Pod, facts: &NodeFacts) -> Result<(ModelPod, Vec<IpAddr>), ConvertError> {
-    let mut model = pod_from_api(pod)?;
+    let mut model = pod_from_api(&pod.to_api())?;
     let stripped = facts.overlay(&mut model);
     Ok((model, stripped))
 }

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Namespace, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::ObjectMeta;
 use npm_policy::compiled::CompileOptions;
@@ -13,6 +13,7 @@ use npm_policy::compiled::CompileOptions;
 use super::incremental::Incremental;
 use super::{compile, snapshot, Changes};
 use crate::cni::{Attachment, NodeFacts};
+use crate::k8s::pods::{Container, Pod, PodSpec, PodStatus};
 use crate::k8s::CompleteState;
 
 fn no_facts() -> Arc<NodeFacts> {

@@ -9,7 +9,7 @@ mod syncer;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod as ApiPod};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::ObjectMeta;
 use kube::runtime::watcher::Event;
@@ -18,6 +18,7 @@ use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
 use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, IdentityKey};
 
 use super::{AgentDataplane, SyncConfig, Syncer, SyncerBuilder};
+use crate::k8s::pods::Pod as ApiPod;
 use crate::k8s::Cache;
 use crate::node::{Resolve, Resolved};
 use crate::telemetry::metrics::Metrics;

@@ -17,6 +17,8 @@ use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodIP
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use npm_agent::agent::{self, AgentConfig, RunningAgent};
+/// The agent's slim cached Pod (what `Cache` and `CompleteState` hold).
+pub use npm_agent::k8s::pods::Pod as CachedPod;
 use npm_agent::k8s::Cache;
 use npm_agent::node::{Resolve, Resolved};
 use npm_agent::reconcile::{AgentDataplane, SyncConfig, Syncer, SyncerBuilder};
@@ -455,7 +457,7 @@ pub fn endpoint_with_ip(state: &Compiled, ip: &str) -> Option<(u32, String)> {
 
 /// Feeds `cache` a complete list of `state`'s namespaces and policies and
 /// of the pods `keep` accepts, as the watchers would.
-pub fn feed_cache(cache: &Cache, state: &npm_agent::k8s::CompleteState, keep: impl Fn(&Pod) -> bool) {
+pub fn feed_cache(cache: &Cache, state: &npm_agent::k8s::CompleteState, keep: impl Fn(&CachedPod) -> bool) {
     use kube::runtime::watcher::Event;
     cache.handle::<Namespace>(Event::Init);
     for n in &state.namespaces {
@@ -467,9 +469,9 @@ pub fn feed_cache(cache: &Cache, state: &npm_agent::k8s::CompleteState, keep: im
         cache.handle(Event::InitApply((**p).clone()));
     }
     cache.handle::<NetworkPolicy>(Event::InitDone);
-    cache.handle::<Pod>(Event::Init);
+    cache.handle::<CachedPod>(Event::Init);
     for p in state.pods.iter().filter(|p| keep(p)) {
         cache.handle(Event::InitApply((**p).clone()));
     }
-    cache.handle::<Pod>(Event::InitDone);
+    cache.handle::<CachedPod>(Event::InitDone);
 }

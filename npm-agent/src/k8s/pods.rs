@@ -1,0 +1,279 @@
+//! The Pods the agent watches, as a slim type of their own (issue 15): the
+//! watcher deserializes each Pod straight into [`Pod`], which has only the
+//! fields the compiler reads, so a cluster of 100,000 pods costs the agent
+//! a few hundred bytes per pod instead of k8s-openapi's full `Pod` (about
+//! 2.2 KiB inline, plus 2.1 KiB per container, before any string).
+//!
+//! Kept: `metadata` (name, namespace, uid, resourceVersion, labels,
+//! creationTimestamp, deletionTimestamp: the rest is dropped by
+//! [`POD_PROJECTION`]), `spec.nodeName`, `spec.hostNetwork`, the name and
+//! `ports` of every container and init container (named ports), and
+//! `status.phase`, `status.podIP`, `status.podIPs`. Everything else
+//! (volumes, images, env, resources, conditions, container statuses) is
+//! never read, so it is never stored; and a Pod update that changes only
+//! such fields (a readiness condition, a restart count) is no change: it
+//! neither wakes the sync loop nor recompiles.
+//!
+//! The field names are k8s-openapi's, so code reading a Pod reads this one
+//! the same way; [`Pod::to_api`] gives the k8s-openapi object the policy
+//! compiler's conversion (`npm_policy::convert::pod_from_api`) takes.
+
+use std::borrow::Cow;
+
+use k8s_openapi::api::core::v1 as corev1;
+use k8s_openapi::api::core::v1::{ContainerPort, PodIP};
+use kube::api::ObjectMeta;
+use kube::core::NamespaceResourceScope;
+use kube::Resource;
+use serde::{Deserialize, Serialize};
+
+use super::store::Projection;
+
+/// A Pod, slim: what the compiler reads and nothing else.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct Pod {
+    /// Standard object metadata (slimmed by [`POD_PROJECTION`]).
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The kept part of `spec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<PodSpec>,
+    /// The kept part of `status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<PodStatus>,
+}
+
+/// The kept part of a Pod's `spec`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    /// `spec.nodeName`: the node the pod is bound to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// `spec.hostNetwork`: host-network pods are never endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_network: Option<bool>,
+    /// `spec.containers`: names and ports only.
+    #[serde(default)]
+    pub containers: Vec<Container>,
+    /// `spec.initContainers`: names and ports only (sidecars serve ports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_containers: Option<Vec<Container>>,
+}
+
+/// A container's name and ports.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+pub struct Container {
+    /// The container name.
+    #[serde(default)]
+    pub name: String,
+    /// Its ports (named ports resolve against them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<Vec<ContainerPort>>,
+}
+
+/// The kept part of a Pod's `status`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    /// `status.phase`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// `status.podIP`.
+    #[serde(default, rename = "podIP", skip_serializing_if = "Option::is_none")]
+    pub pod_ip: Option<String>,
+    /// `status.podIPs`.
+    #[serde(default, rename = "podIPs", skip_serializing_if = "Option::is_none")]
+    pub pod_ips: Option<Vec<PodIP>>,
+}
+
+impl Resource for Pod {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Pod".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "pods".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+fn container_to_api(c: &Container) -> corev1::Container {
+    corev1::Container {
+        name: c.name.clone(),
+        ports: c.ports.clone(),
+        ..Default::default()
+    }
+}
+
+fn container_from_api(c: corev1::Container) -> Container {
+    Container {
+        name: c.name,
+        ports: c.ports,
+    }
+}
+
+impl Pod {
+    /// The k8s-openapi Pod with the kept fields (what
+    /// `npm_policy::convert::pod_from_api` converts). Built per conversion,
+    /// which happens only when the pod changed.
+    pub fn to_api(&self) -> corev1::Pod {
+        corev1::Pod {
+            metadata: self.metadata.clone(),
+            spec: self.spec.as_ref().map(|s| corev1::PodSpec {
+                node_name: s.node_name.clone(),
+                host_network: s.host_network,
+                containers: s.containers.iter().map(container_to_api).collect(),
+                init_containers: s
+                    .init_containers
+                    .as_ref()
+                    .map(|cs| cs.iter().map(container_to_api).collect()),
+                ..Default::default()
+            }),
+            status: self.status.as_ref().map(|s| corev1::PodStatus {
+                phase: s.phase.clone(),
+                pod_ip: s.pod_ip.clone(),
+                pod_ips: s.pod_ips.clone(),
+                ..Default::default()
+            }),
+        }
+    }
+}
+
+impl From<corev1::Pod> for Pod {
+    /// The slim copy of a full Pod (test fixtures, YAML).
+    fn from(p: corev1::Pod) -> Self {
+        slim_pod(Pod {
+            metadata: p.metadata,
+            spec: p.spec.map(|s| PodSpec {
+                node_name: s.node_name,
+                host_network: s.host_network,
+                containers: s.containers.into_iter().map(container_from_api).collect(),
+                init_containers: s
+                    .init_containers
+                    .map(|cs| cs.into_iter().map(container_from_api).collect()),
+            }),
+            status: p.status.map(|s| PodStatus {
+                phase: s.phase,
+                pod_ip: s.pod_ip,
+                pod_ips: s.pod_ips,
+            }),
+        })
+    }
+}
+
+/// The slim metadata: name, namespace, uid, resourceVersion, labels,
+/// creationTimestamp and deletionTimestamp (owner references, finalizers,
+/// generateName and the rest are dropped).
+pub fn slim_pod(p: Pod) -> Pod {
+    let m = p.metadata;
+    Pod {
+        metadata: ObjectMeta {
+            name: m.name,
+            namespace: m.namespace,
+            uid: m.uid,
+            resource_version: m.resource_version,
+            labels: m.labels,
+            creation_timestamp: m.creation_timestamp,
+            deletion_timestamp: m.deletion_timestamp,
+            ..ObjectMeta::default()
+        },
+        spec: p.spec,
+        status: p.status,
+    }
+}
+
+/// Whether two slim Pods differ in nothing but their resourceVersion (the
+/// uid is compared: a pod recreated under the same name is a change).
+pub fn same_pod(a: &Pod, b: &Pod) -> bool {
+    let (x, y) = (&a.metadata, &b.metadata);
+    x.name == y.name
+        && x.namespace == y.namespace
+        && x.uid == y.uid
+        && x.labels == y.labels
+        && x.creation_timestamp == y.creation_timestamp
+        && x.deletion_timestamp == y.deletion_timestamp
+        && a.spec == b.spec
+        && a.status == b.status
+}
+
+/// The projection of the Pod store.
+pub const POD_PROJECTION: Projection<Pod> = Projection {
+    project: slim_pod,
+    same: same_pod,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Pod as the API server sends it, with fields the agent never reads.
+    const API_POD: &str = r#"{
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-0", "namespace": "shop", "uid": "u1", "resourceVersion": "7",
+                     "labels": {"app": "web"}, "ownerReferences": [{"apiVersion": "apps/v1",
+                     "kind": "StatefulSet", "name": "web", "uid": "s1"}],
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"nodeName": "n1", "volumes": [{"name": "v", "emptyDir": {}}],
+                 "containers": [{"name": "c", "image": "nginx", "env": [{"name": "A", "value": "b"}],
+                                 "ports": [{"name": "http", "containerPort": 80}]}],
+                 "initContainers": [{"name": "side", "image": "envoy", "restartPolicy": "Always",
+                                     "ports": [{"name": "admin", "containerPort": 9901, "protocol": "TCP"}]}]},
+        "status": {"phase": "Running", "podIP": "10.0.0.5", "podIPs": [{"ip": "10.0.0.5"}, {"ip": "fd00::5"}],
+                   "conditions": [{"type": "Ready", "status": "True"}],
+                   "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0, "image": "nginx",
+                                          "imageID": "x"}]}
+    }"#;
+
+    #[test]
+    fn deserializes_only_what_the_compiler_reads() {
+        let slim = slim_pod(serde_json::from_str::<Pod>(API_POD).unwrap());
+        let full: corev1::Pod = serde_json::from_str(API_POD).unwrap();
+        // The conversion the compiler does gives the same model pod from
+        // the slim object as from the full one.
+        assert_eq!(
+            npm_policy::convert::pod_from_api(&slim.to_api()).unwrap(),
+            npm_policy::convert::pod_from_api(&full).unwrap()
+        );
+        assert_eq!(Pod::from(full), slim);
+        assert!(slim.metadata.owner_references.is_none());
+        let spec = slim.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.init_containers.as_ref().unwrap()[0].ports.as_ref().unwrap()[0].container_port,
+            9901
+        );
+    }
+
+    #[test]
+    fn a_status_condition_change_is_no_change_an_address_change_is() {
+        let a = slim_pod(serde_json::from_str::<Pod>(API_POD).unwrap());
+        let mut json: serde_json::Value = serde_json::from_str(API_POD).unwrap();
+        json["metadata"]["resourceVersion"] = "8".into();
+        json["status"]["conditions"][0]["status"] = "False".into();
+        let b = slim_pod(serde_json::from_value(json.clone()).unwrap());
+        assert!(same_pod(&a, &b), "readiness condition flip is not a change");
+        json["status"]["podIPs"][0]["ip"] = "10.0.0.6".into();
+        let c = slim_pod(serde_json::from_value(json.clone()).unwrap());
+        assert!(!same_pod(&a, &c), "a new address is a change");
+        json["status"]["podIPs"][0]["ip"] = "10.0.0.5".into();
+        json["metadata"]["uid"] = "u2".into();
+        let d = slim_pod(serde_json::from_value(json).unwrap());
+        assert!(!same_pod(&a, &d), "a recreated pod is a change");
+    }
+}
