@@ -101,8 +101,11 @@ pub const TIER_FRONT_MAX_ENDPOINT: u32 = 1 << 19;
 /// Peer identities below this fit a [`tier_front_key`] (25 bits: every pod
 /// identity and the first 2^24 CIDR identities).
 pub const TIER_FRONT_MAX_IDENTITY: u32 = 1 << 25;
-/// Ranks below this fit a [`tier_front_word`] (14 bits); an entry of a
-/// larger rank keeps its endpoint's direction and tier on `NPM_TIERS`.
+/// Ranks below this fit a [`tier_front_word`] (14 bits). A word holds the
+/// loader's front rank, not the compiler's: per endpoint, direction and
+/// tier an order-preserving renumbering of the compiler's ranks (the
+/// datapath compares a front rank only with front ranks of the same
+/// endpoint, direction and tier).
 pub const TIER_FRONT_MAX_RANK: u32 = 1 << 14;
 /// log2 of the ports of a block word ([`tier_front_pc_block`]): an aligned
 /// block of 64 ports inside one entry's range is one word.
@@ -129,6 +132,56 @@ pub const fn tier_front_pc_exact(code: u64, port: u16) -> u64 {
 /// `code` (1..=3).
 pub const fn tier_front_pc_block(code: u64, port: u16) -> u64 {
     PC_BLOCK + ((code - 1) << (16 - TIER_FRONT_BLOCK_BITS)) + (port >> TIER_FRONT_BLOCK_BITS) as u64
+}
+
+/// Port class of an identity's summary word: the word of (endpoint,
+/// direction, tier, identity) whose rank field is a mask of the port
+/// classes that identity has words of ([`tier_front_summary_bit`]). The
+/// datapath probes it first and only the classes it names: an identity
+/// without a summary word has no word at all (one probe instead of four).
+/// The loader keeps the mask a superset of the identity's words: a bit is
+/// set before the first word of its class is stored and cleared after the
+/// last one is removed.
+pub const TIER_FRONT_PC_SUMMARY: u64 = PC_BLOCK + 3 * (65_536 >> TIER_FRONT_BLOCK_BITS);
+const _: () = assert!(TIER_FRONT_PC_SUMMARY < 1 << 18);
+/// Summary class: exact-port words of protocol code 1 (shift left by
+/// `code - 1` for the others).
+pub const TIER_FRONT_SUM_EXACT: u32 = 1 << 0;
+/// Summary class: 64-port block words of protocol code 1 (shift left by
+/// `code - 1`).
+pub const TIER_FRONT_SUM_BLOCK: u32 = 1 << 3;
+/// Summary class: the any-port word of protocol code 1 (shift left by
+/// `code - 1`).
+pub const TIER_FRONT_SUM_ANY_PORT: u32 = 1 << 6;
+/// Summary class: the any-protocol word.
+pub const TIER_FRONT_SUM_ANY_PROTO: u32 = 1 << 9;
+/// The action bits of a summary word's flags (any non-zero action: a word
+/// is never 0).
+pub const TIER_FRONT_SUM_ACTION: u32 = TIER_PASS;
+
+/// The summary class bit ([`TIER_FRONT_SUM_EXACT`] ...) of the word of
+/// port class `pc` (not itself a summary).
+pub const fn tier_front_summary_bit(pc: u64) -> u32 {
+    if pc == TIER_FRONT_PC_ANY_PROTO {
+        TIER_FRONT_SUM_ANY_PROTO
+    } else if pc < PC_EXACT {
+        TIER_FRONT_SUM_ANY_PORT << (pc - 1)
+    } else if pc < PC_BLOCK {
+        TIER_FRONT_SUM_EXACT << ((pc - PC_EXACT) >> 16)
+    } else {
+        TIER_FRONT_SUM_BLOCK << ((pc - PC_BLOCK) >> (16 - TIER_FRONT_BLOCK_BITS))
+    }
+}
+
+/// The port class of a [`tier_front_key`] (bits 0..18).
+pub const fn tier_front_pc_of(key: u64) -> u64 {
+    key & ((1 << 18) - 1)
+}
+
+/// The summary key of the identity of `key` (same endpoint, direction,
+/// tier and identity; port class [`TIER_FRONT_PC_SUMMARY`]).
+pub const fn tier_front_summary_key(key: u64) -> u64 {
+    (key & !((1 << 18) - 1)) | TIER_FRONT_PC_SUMMARY
 }
 
 /// The key of one `NPM_TIER_FRONT` entry (64 bits): port class `pc` (bits
@@ -260,6 +313,35 @@ mod tests {
         assert!(tier_front_word(keys[0], tier_flags(TIER_PASS, TIER_FRONT_MAX_RANK - 1)).is_some());
         // Port classes never collide.
         assert!(tier_front_pc_exact(3, u16::MAX) < tier_front_pc_block(1, 0));
+        assert!(tier_front_pc_block(3, u16::MAX) < TIER_FRONT_PC_SUMMARY);
+        // Summary bits, one per class and protocol code.
+        assert_eq!(
+            tier_front_summary_bit(TIER_FRONT_PC_ANY_PROTO),
+            TIER_FRONT_SUM_ANY_PROTO
+        );
+        assert_eq!(
+            tier_front_summary_bit(tier_front_pc_any_port(2)),
+            TIER_FRONT_SUM_ANY_PORT << 1
+        );
+        assert_eq!(
+            tier_front_summary_bit(tier_front_pc_exact(3, 65_535)),
+            TIER_FRONT_SUM_EXACT << 2
+        );
+        assert_eq!(tier_front_summary_bit(tier_front_pc_exact(1, 0)), TIER_FRONT_SUM_EXACT);
+        assert_eq!(
+            tier_front_summary_bit(tier_front_pc_block(1, 65_535)),
+            TIER_FRONT_SUM_BLOCK
+        );
+        assert_eq!(
+            tier_front_summary_bit(tier_front_pc_block(2, 64)),
+            TIER_FRONT_SUM_BLOCK << 1
+        );
+        let k = tier_front_key(7, 1, TIER_ADMIN, 300, tier_front_pc_exact(1, 80));
+        assert_eq!(tier_front_pc_of(k), tier_front_pc_exact(1, 80));
+        let sk = tier_front_summary_key(k);
+        assert_eq!(sk, tier_front_key(7, 1, TIER_ADMIN, 300, TIER_FRONT_PC_SUMMARY));
+        let all = TIER_FRONT_SUM_ANY_PROTO * 2 - 1;
+        assert!(tier_front_word(sk, tier_flags(TIER_FRONT_SUM_ACTION, all)).is_some());
         assert!(tier_front_pc_any_port(3) < tier_front_pc_exact(1, 0));
     }
 }

@@ -19,22 +19,39 @@
 //! those entries is here with its current value. `NPM_TIERS` always holds
 //! every entry. Writes follow `NPM_TIERS`: words after the LPM keys,
 //! removals before them.
+//!
+//! A word's rank is not the compiler's (`priority << 20 | …`, up to 2^30)
+//! but its loader-given front rank ([`ranks`]: 14 bits, the same order
+//! within the endpoint, direction and tier).
+//!
+//! Each (endpoint, direction, tier, identity) with words also has a
+//! summary word ([`npm_common::TIER_FRONT_PC_SUMMARY`]) naming the port
+//! classes it has words of, so the datapath probes one bucket for an
+//! identity without words and only the named classes otherwise. The mask
+//! is kept a superset of the stored words' classes: a class is added
+//! before its first word is stored and dropped after its last word is
+//! removed; a word whose summary cannot be stored (bucket full) is not
+//! stored either.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aya::maps::{Array, IterableMap, MapData};
 use npm_common::{
-    maps, policy_front_proto, sizes, tier_front_key, tier_front_key_of, tier_front_pc_any_port, tier_front_pc_block,
-    tier_front_pc_exact, tier_front_slot, tier_front_word, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS,
-    TIER_FRONT_BLOCK_BITS, TIER_FRONT_MAX_ENDPOINT, TIER_FRONT_MAX_IDENTITY, TIER_FRONT_PC_ANY_PROTO,
+    maps, policy_front_proto, sizes, tier_flags, tier_front_key, tier_front_key_of, tier_front_pc_any_port,
+    tier_front_pc_block, tier_front_pc_exact, tier_front_pc_of, tier_front_slot, tier_front_summary_bit,
+    tier_front_summary_key, tier_front_word, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, TIER_FRONT_BLOCK_BITS,
+    TIER_FRONT_MAX_ENDPOINT, TIER_FRONT_MAX_IDENTITY, TIER_FRONT_PC_ANY_PROTO, TIER_FRONT_PC_SUMMARY,
+    TIER_FRONT_SUM_ACTION, TIER_RANK_SHIFT,
 };
 use npm_policy::compiled::{Compiled, Tier, TierEntry, TierValue};
 
 use super::errors::EbpfError;
 use super::shared_words::SharedWords;
 use super::translate;
+
+pub(crate) mod ranks;
 
 /// Words per bucket.
 const WAYS: usize = 4;
@@ -45,19 +62,29 @@ const WAYS: usize = 4;
 pub const TIER_FRONT_MAX_WORDS: usize = 256;
 
 /// The `NPM_TIER_FRONT` words of a tier entry with its value, as (key,
-/// word) pairs: one "any protocol" word for an entry without protocol, one
-/// "any port" word for a whole protocol, else one word per port at the
-/// edges of the range and one per aligned 64-port block inside it. `None`
-/// when the entry does not fit the front: an endpoint id or peer identity
-/// beyond the key's fields, a rank beyond the word's, a protocol other
-/// than TCP, UDP and SCTP, an empty range, or more than
-/// [`TIER_FRONT_MAX_WORDS`] words.
+/// word) pairs ([`tier_front_keys`], each with `value`'s action and rank;
+/// the loader stores the entry's front rank, see [`ranks`]). `None` when
+/// the keys do not fit the front or the rank does not fit a word.
 pub fn tier_front_words(entry: &TierEntry, value: &TierValue) -> Option<Vec<(u64, u64)>> {
+    let flags = translate::tier_value(value).flags;
+    tier_front_keys(entry)?
+        .into_iter()
+        .map(|k| tier_front_word(k, flags).map(|w| (k, w)))
+        .collect()
+}
+
+/// The `NPM_TIER_FRONT` keys of a tier entry: one "any protocol" key for
+/// an entry without protocol, one "any port" key for a whole protocol,
+/// else one key per port at the edges of the range and one per aligned
+/// 64-port block inside it. `None` when the entry does not fit the front:
+/// an endpoint id or peer identity beyond the key's fields, a protocol
+/// other than TCP, UDP and SCTP, an empty range, or more than
+/// [`TIER_FRONT_MAX_WORDS`] words.
+pub(crate) fn tier_front_keys(entry: &TierEntry) -> Option<Vec<u64>> {
     let ep = entry.endpoint;
     if ep == 0 || ep >= TIER_FRONT_MAX_ENDPOINT || entry.peer >= TIER_FRONT_MAX_IDENTITY {
         return None;
     }
-    let flags = translate::tier_value(value).flags;
     let (dir, tier, peer) = (entry.direction.as_u8(), translate::tier_bit(entry.tier), entry.peer);
     let key = |pc| tier_front_key(ep, dir, tier, peer, pc);
     let mut pcs = Vec::new();
@@ -90,12 +117,22 @@ pub fn tier_front_words(entry: &TierEntry, value: &TierValue) -> Option<Vec<(u64
             }
         }
     }
-    pcs.into_iter()
-        .map(|pc| {
-            let k = key(pc);
-            tier_front_word(k, flags).map(|w| (k, w))
-        })
-        .collect()
+    Some(pcs.into_iter().map(key).collect())
+}
+
+/// The front group (endpoint, direction, tier) of a tier entry whose
+/// endpoint fits the front's keys.
+pub(crate) fn entry_group(entry: &TierEntry) -> Option<ranks::Group> {
+    let ep = entry.endpoint;
+    (ep != 0 && ep < TIER_FRONT_MAX_ENDPOINT).then(|| {
+        ranks::group_of_key(tier_front_key(
+            ep,
+            entry.direction.as_u8(),
+            translate::tier_bit(entry.tier),
+            0,
+            0,
+        ))
+    })
 }
 
 /// The endpoint flag telling that a tier of a direction is complete in the
@@ -108,11 +145,27 @@ pub(crate) fn front_flag(entry: &TierEntry) -> u32 {
     f << entry.direction.as_u8()
 }
 
+/// Summary class bits ([`tier_front_summary_bit`]): three per protocol
+/// code for exact, block and any-port words, one for any protocol.
+const SUMMARY_BITS: usize = 10;
+
+/// The index of a single summary class bit.
+fn bit_index(bit: u32) -> usize {
+    bit.trailing_zeros() as usize
+}
+
 /// The mapped `NPM_TIER_FRONT` array and where each stored key is.
 pub(crate) struct TierFront {
     slots: SharedWords,
-    /// Stored key -> (slot index, word) (the loader is the only writer).
+    /// Stored key -> (slot index, word) (the loader is the only writer),
+    /// the words of tier entries.
     placed: HashMap<u64, (usize, u64)>,
+    /// Summary key of an identity -> (slot index, class mask): stored for
+    /// every identity that has words in `placed`, its mask a superset of
+    /// their classes.
+    summaries: HashMap<u64, (usize, u32)>,
+    /// Summary key -> words in `placed` per class bit.
+    counts: HashMap<u64, [u32; SUMMARY_BITS]>,
     /// Keeps the map (and its fd) alive as long as the mapping.
     _map: Array<MapData, [u64; 4]>,
 }
@@ -120,40 +173,111 @@ pub(crate) struct TierFront {
 impl TierFront {
     /// Maps the array (created with `BPF_F_MMAPABLE` by the object) and
     /// learns the words already there (adopted pins): each word's key is
-    /// recovered from its bucket and tag.
+    /// recovered from its bucket and tag. The summaries are then made to
+    /// cover exactly the adopted words' classes (pins of a loader without
+    /// summaries get them here, before a program that reads them is
+    /// attached); an identity whose summary finds its bucket full loses
+    /// its words, so its tier stays on `NPM_TIERS`.
     pub(crate) fn new(map: Array<MapData, [u64; 4]>) -> Result<Self, EbpfError> {
         let fd = map.map().fd().as_fd().as_raw_fd();
         let slots = SharedWords::map(fd, sizes::TIER_FRONT_BUCKETS as usize * WAYS, maps::TIER_FRONT)?;
         let mut placed = HashMap::new();
+        let mut summaries = HashMap::new();
         for (i, s) in slots.words().iter().enumerate() {
             let w = s.load(Ordering::Acquire);
             if w == 0 {
                 continue;
             }
             let key = tier_front_key_of((i / WAYS) as u32, w);
-            match placed.entry(key) {
-                // Not a word this loader would have stored: a key is in one
-                // slot only (the datapath reads the first).
-                std::collections::hash_map::Entry::Occupied(_) => s.store(0, Ordering::Release),
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert((i, w));
+            let fresh = if tier_front_pc_of(key) == TIER_FRONT_PC_SUMMARY {
+                summaries
+                    .insert(key, (i, ((w >> 48) as u32) >> TIER_RANK_SHIFT))
+                    .is_none()
+            } else {
+                placed.insert(key, (i, w)).is_none()
+            };
+            // Not a word this loader would have stored: a key is in one
+            // slot only (the datapath reads the first).
+            if !fresh {
+                s.store(0, Ordering::Release);
+            }
+        }
+        let mut front = TierFront {
+            slots,
+            placed,
+            summaries,
+            counts: HashMap::new(),
+            _map: map,
+        };
+        let keys: Vec<u64> = front.placed.keys().copied().collect();
+        for k in &keys {
+            let c = front.counts.entry(tier_front_summary_key(*k)).or_default();
+            c[bit_index(tier_front_summary_bit(tier_front_pc_of(*k)))] += 1;
+        }
+        let mut lost = Vec::new();
+        let skeys: BTreeSet<u64> = front.summaries.keys().chain(front.counts.keys()).copied().collect();
+        for sk in skeys {
+            let need = front.counts.get(&sk).map_or(0, mask_of);
+            if !front.store_summary(sk, need) {
+                lost.push(sk);
+            }
+        }
+        for k in keys {
+            if lost.contains(&tier_front_summary_key(k)) {
+                if let Some((i, _)) = front.placed.remove(&k) {
+                    front.slots()[i].store(0, Ordering::Release);
                 }
             }
         }
-        Ok(TierFront {
-            slots,
-            placed,
-            _map: map,
-        })
+        for sk in lost {
+            front.counts.remove(&sk);
+        }
+        Ok(front)
     }
 
     fn slots(&self) -> &[AtomicU64] {
         self.slots.words()
     }
 
+    /// A free slot of the bucket of `key`.
+    fn free_slot(&self, key: u64) -> Option<usize> {
+        let base = tier_front_slot(key).0 as usize * WAYS;
+        (base..base + WAYS).find(|i| self.slots()[*i].load(Ordering::Acquire) == 0)
+    }
+
+    /// Makes the summary word of `skey` hold `mask` (0: no summary word).
+    /// Returns false when a new summary word finds its bucket full.
+    fn store_summary(&mut self, skey: u64, mask: u32) -> bool {
+        let current = self.summaries.get(&skey).copied();
+        if mask == 0 {
+            if let Some((i, _)) = current {
+                self.slots()[i].store(0, Ordering::Release);
+                self.summaries.remove(&skey);
+            }
+            return true;
+        }
+        if current.is_some_and(|(_, m)| m == mask) {
+            return true;
+        }
+        let Some(word) = tier_front_word(skey, tier_flags(TIER_FRONT_SUM_ACTION, mask)) else {
+            return false;
+        };
+        let slot = match current {
+            Some((i, _)) => i,
+            None => match self.free_slot(skey) {
+                Some(i) => i,
+                None => return false,
+            },
+        };
+        self.slots()[slot].store(word, Ordering::Release);
+        self.summaries.insert(skey, (slot, mask));
+        true
+    }
+
     /// Stores `word` for `key`: over the key's slot when it is stored (one
-    /// store replaces the value), else in a free slot of its bucket.
-    /// Returns false when the bucket is full: the key is not in the front.
+    /// store replaces the value), else in a free slot of its bucket, after
+    /// its identity's summary has its class. Returns false when a bucket
+    /// (the word's or its summary's) is full: the key is not in the front.
     pub(crate) fn upsert(&mut self, key: u64, word: u64) -> bool {
         if let Some((i, w)) = self.placed.get_mut(&key) {
             if *w != word {
@@ -162,22 +286,43 @@ impl TierFront {
             }
             return true;
         }
-        let base = tier_front_slot(key).0 as usize * WAYS;
-        for i in base..base + WAYS {
-            let slot = &self.slots()[i];
-            if slot.load(Ordering::Acquire) == 0 {
-                slot.store(word, Ordering::Release);
-                self.placed.insert(key, (i, word));
-                return true;
-            }
+        let Some(slot) = self.free_slot(key) else {
+            return false;
+        };
+        let skey = tier_front_summary_key(key);
+        let bit = tier_front_summary_bit(tier_front_pc_of(key));
+        let mask = self.summaries.get(&skey).map_or(0, |(_, m)| *m);
+        // The summary names the class before the word is there.
+        if mask & bit == 0 && !self.store_summary(skey, mask | bit) {
+            return false;
         }
-        false
+        self.slots()[slot].store(word, Ordering::Release);
+        self.placed.insert(key, (slot, word));
+        self.counts.entry(skey).or_default()[bit_index(bit)] += 1;
+        true
     }
 
-    /// Removes the word of `key`.
+    /// Removes the word of `key`, then its class from its identity's
+    /// summary when it was the class's last word.
     pub(crate) fn remove(&mut self, key: u64) {
-        if let Some((i, _)) = self.placed.remove(&key) {
-            self.slots()[i].store(0, Ordering::Release);
+        let Some((i, _)) = self.placed.remove(&key) else {
+            return;
+        };
+        self.slots()[i].store(0, Ordering::Release);
+        let skey = tier_front_summary_key(key);
+        let bit = tier_front_summary_bit(tier_front_pc_of(key));
+        let Some(c) = self.counts.get_mut(&skey) else {
+            return;
+        };
+        let n = &mut c[bit_index(bit)];
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            let need = mask_of(c);
+            if need == 0 {
+                self.counts.remove(&skey);
+            }
+            // Shrinking (or removing) never needs a free slot.
+            self.store_summary(skey, need);
         }
     }
 
@@ -200,36 +345,32 @@ impl TierFront {
         self.placed.len()
     }
 
-    /// The front flags of every endpoint that has tier entries (endpoint id
-    /// -> `EP_ADMIN_FRONT_*` / `EP_BASELINE_FRONT_*`): set for a direction
-    /// and tier when every entry of it fits the front and its words are
-    /// stored with the entry's current value.
-    pub(crate) fn flags(&self, next: &Compiled) -> BTreeMap<u32, u32> {
-        // (endpoint -> flags that some entry rules out, flags seen).
-        let mut seen: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
-        for (e, v) in &next.tiers {
-            let f = front_flag(e);
-            let s = seen.entry(e.endpoint).or_default();
-            s.1 |= f;
-            if s.0 & f != 0 {
-                continue;
-            }
-            let held = tier_front_words(e, v).is_some_and(|w| w.iter().all(|(k, w)| self.holds(*k, *w)));
-            if !held {
-                s.0 |= f;
-            }
-        }
-        seen.into_iter().map(|(id, (out, all))| (id, all & !out)).collect()
+    /// The stored keys (summaries apart).
+    pub(crate) fn keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.placed.keys().copied()
     }
 }
 
-/// Every front (key, word) of `compiled`'s tier entries that fit (a full
-/// sync's "mark" set).
+/// The summary mask of per-class word counts.
+fn mask_of(counts: &[u32; SUMMARY_BITS]) -> u32 {
+    counts
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .fold(0, |m, (i, _)| m | 1 << i)
+}
+
+/// Every front key of `compiled`'s tier entries that fit, with the
+/// entry's `NPM_TIERS` flags (action and compiler rank, numbered into a
+/// front rank when stored): a full sync's "mark" set.
 pub(crate) fn want_words(compiled: &Compiled) -> BTreeMap<u64, u64> {
     compiled
         .tiers
         .iter()
-        .filter_map(|(e, v)| tier_front_words(e, v))
+        .filter_map(|(e, v)| {
+            let flags = u64::from(translate::tier_value(v).flags);
+            Some(tier_front_keys(e)?.into_iter().map(move |k| (k, flags)))
+        })
         .flatten()
         .collect()
 }

@@ -6,24 +6,53 @@
 //! tier flags point at them, removals after. Its front `NPM_TIER_FRONT`
 //! ([`TierFront`]) is written with it: words after the LPM keys, removals
 //! before them.
+//!
+//! The front's words carry front ranks ([`FrontRanks`]), given when the
+//! endpoints' front flags are computed ([`TierTable::front_flags`], which
+//! the writer calls after the upserts and before it writes the
+//! endpoints): the upserted entries' new ranks are placed in the gaps of
+//! their group's numbering, all at once, and their words stored. A group
+//! whose gap is too small (or whose words were adopted from pins) is
+//! renumbered in three steps, so no packet is ever decided by a mix of two
+//! numberings: `front_flags` reports it off (the writer clears the flag in
+//! the endpoint record: the tier is decided on `NPM_TIERS`), the next
+//! [`TierTable::refront`] or [`TierTable::insert_words`] (after the
+//! records are written) rewrites its words, and the writer's next
+//! `front_flags` sets the flag again.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::MapData;
 use aya::Ebpf;
-use npm_common::{maps, PolicyKey, TierValue as KernelTierValue, POLICY_KEY_LEN};
+use npm_common::{
+    maps, tier_front_word, PolicyKey, TierValue as KernelTierValue, POLICY_KEY_LEN, TIER_ACTION_MASK, TIER_RANK_SHIFT,
+};
 use npm_policy::compiled::{Compiled, TierEntry, TierValue};
 
 use super::errors::{map_err, removed, EbpfError};
 use super::loader::take_map;
-use super::tier_front::{tier_front_words, TierFront};
+use super::tier_front::ranks::{self, FrontRanks, Group, Numbering};
+use super::tier_front::{entry_group, front_flag, tier_front_keys, TierFront};
 use super::translate;
 
 /// `NPM_TIERS` and its front, written together.
 pub(crate) struct TierTable {
     lpm: LpmTrie<MapData, [u8; POLICY_KEY_LEN], KernelTierValue>,
     front: TierFront,
+    ranks: FrontRanks,
+    /// Entries upserted whose words wait for [`TierTable::front_flags`]
+    /// (their new ranks are placed together).
+    queued: Vec<TierEntry>,
+    /// Renumberings of pending groups computed by the last `front_flags`
+    /// (group -> numbering, words), stored by the next `refront` or
+    /// `insert_words`, after the endpoints were written with the group's
+    /// front flag cleared.
+    ready: BTreeMap<Group, (Numbering, Vec<(u64, u64)>)>,
+    /// Each group's ranks in the last `front_flags`'s target: the numbers
+    /// of other ranks are dropped by the next `refront` or `insert_words`,
+    /// once the batch's removals are done.
+    prune: Option<BTreeMap<Group, BTreeSet<u32>>>,
 }
 
 /// The entries of `compiled` that may share LPM keys with `entry`: the same
@@ -55,28 +84,57 @@ pub(crate) fn group_keys(compiled: &Compiled, entry: &TierEntry) -> usize {
     keys.len()
 }
 
+/// The front flags (action and front rank) of a compiler `flags` word in a
+/// numbering.
+fn front_flags_of(ranks: &FrontRanks, group: Group, flags: u32) -> Option<u32> {
+    let n = ranks.number(group, flags >> TIER_RANK_SHIFT)?;
+    Some(flags & TIER_ACTION_MASK | n << TIER_RANK_SHIFT)
+}
+
 impl TierTable {
-    /// Takes the map out of the loaded object.
+    /// Takes the map out of the loaded object. Groups with adopted words
+    /// (numbered by an earlier loader) wait for a renumbering.
     pub(crate) fn take(bpf: &mut Ebpf) -> Result<Self, EbpfError> {
+        let front = TierFront::new(take_map(bpf, maps::TIER_FRONT)?)?;
+        let mut ranks = FrontRanks::default();
+        for k in front.keys() {
+            ranks.set_pending(ranks::group_of_key(k));
+        }
         Ok(TierTable {
             lpm: take_map(bpf, maps::TIERS)?,
-            front: TierFront::new(take_map(bpf, maps::TIER_FRONT)?)?,
+            front,
+            ranks,
+            queued: Vec::new(),
+            ready: BTreeMap::new(),
+            prune: None,
         })
     }
 
-    /// Writes the keys of `entry` with its value, then its front words (a
-    /// word whose bucket is full is left out: the endpoint's direction and
-    /// tier then stay on the LPM).
+    /// The front words of `entry` with `value`, numbered; `None` when the
+    /// entry does not fit the front or its rank has no front rank (yet).
+    fn words(&self, entry: &TierEntry, value: &TierValue) -> Option<Vec<(u64, u64)>> {
+        let group = entry_group(entry)?;
+        let flags = front_flags_of(&self.ranks, group, translate::tier_value(value).flags)?;
+        tier_front_keys(entry)?
+            .into_iter()
+            .map(|k| tier_front_word(k, flags).map(|w| (k, w)))
+            .collect()
+    }
+
+    /// Writes the keys of `entry` with its value; its front words follow in
+    /// [`TierTable::front_flags`] (a word whose bucket is full is left
+    /// out: the endpoint's direction and tier then stay on the LPM).
     pub(crate) fn upsert(&mut self, entry: &TierEntry, value: &TierValue) -> Result<(), EbpfError> {
+        // A new batch: what an aborted one computed is stale.
+        self.ready.clear();
+        self.prune = None;
         let v = translate::tier_value(value);
         for k in translate::tier_keys(entry)? {
             self.lpm
                 .insert(&Key::new(k.prefix_len, k.data), v, 0)
                 .map_err(map_err(maps::TIERS, format!("insert {entry:?}")))?;
         }
-        for (k, w) in tier_front_words(entry, value).unwrap_or_default() {
-            self.front.upsert(k, w);
-        }
+        self.queued.push(*entry);
         Ok(())
     }
 
@@ -86,22 +144,11 @@ impl TierTable {
     pub(crate) fn remove(&mut self, entry: &TierEntry, next: &Compiled) -> Result<(), EbpfError> {
         let mut still: BTreeSet<PolicyKey> = BTreeSet::new();
         let mut still_words: BTreeSet<u64> = BTreeSet::new();
-        for (other, v) in group(next, entry) {
+        for (other, _) in group(next, entry) {
             still.extend(translate::tier_keys(other)?);
-            still_words.extend(
-                tier_front_words(other, v)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, _)| k),
-            );
+            still_words.extend(tier_front_keys(other).unwrap_or_default());
         }
-        // Every key the entry may have stored (whatever its value was).
-        let any = TierValue {
-            action: npm_policy::compiled::TierAction::Pass,
-            rank: 0,
-            rule: 0,
-        };
-        for (k, _) in tier_front_words(entry, &any).unwrap_or_default() {
+        for k in tier_front_keys(entry).unwrap_or_default() {
             if !still_words.contains(&k) {
                 self.front.remove(k);
             }
@@ -118,8 +165,12 @@ impl TierTable {
         Ok(())
     }
 
-    /// Writes every key of `want`.
+    /// Writes every key of `want` (a full sync's first tier write: what an
+    /// aborted batch computed is dropped).
     pub(crate) fn insert_keys(&mut self, want: &BTreeMap<PolicyKey, KernelTierValue>) -> Result<(), EbpfError> {
+        self.ready.clear();
+        self.prune = None;
+        self.queued.clear();
         for (k, v) in want {
             self.lpm
                 .insert(&Key::new(k.prefix_len, k.data), *v, 0)
@@ -128,16 +179,39 @@ impl TierTable {
         Ok(())
     }
 
-    /// After the removals of a batch: drops the front words an upserted
-    /// entry left when its new value no longer fits the front (its
-    /// endpoint's flag was cleared by then), and stores the words of
-    /// upserted entries that found their bucket full before the removals.
-    /// Returns whether a word was newly stored (the endpoints' front flags
-    /// may then be set).
+    /// The renumberings and prunings the last `front_flags` prepared, now
+    /// that the endpoints were written with the renumbered groups' front
+    /// flags cleared and the batch's removals are done. Returns whether a
+    /// group was renumbered (its flag may be set again).
+    fn finish_batch(&mut self) -> bool {
+        let ready = std::mem::take(&mut self.ready);
+        let renumbered = !ready.is_empty();
+        for (group, (numbering, words)) in ready {
+            tracing::debug!(group, ranks = numbering.len(), "tier front: group renumbered");
+            self.ranks.renumbered(group, numbering);
+            for (k, w) in words {
+                self.front.upsert(k, w);
+            }
+        }
+        if let Some(plan) = self.prune.take() {
+            for (group, ranks) in &plan {
+                self.ranks.prune(*group, ranks);
+            }
+            self.ranks.retain(&plan.keys().copied().collect());
+        }
+        renumbered
+    }
+
+    /// After the removals of a batch: stores the renumbered groups' words,
+    /// drops the front words an upserted entry left when its new value no
+    /// longer fits the front (its endpoint's flag was cleared by then), and
+    /// stores the words of upserted entries that found their bucket full
+    /// before the removals. Returns whether a word was newly stored (the
+    /// endpoints' front flags may then be set).
     pub(crate) fn refront<'a>(&mut self, upserts: impl IntoIterator<Item = (&'a TierEntry, &'a TierValue)>) -> bool {
-        let mut placed = false;
+        let mut placed = self.finish_batch();
         for (entry, value) in upserts {
-            match tier_front_words(entry, value) {
+            match self.words(entry, value) {
                 Some(words) => {
                     for (k, w) in words {
                         if !self.front.holds(k, w) {
@@ -146,8 +220,7 @@ impl TierTable {
                     }
                 }
                 None => {
-                    let any = TierValue { rank: 0, ..*value };
-                    for (k, _) in tier_front_words(entry, &any).unwrap_or_default() {
+                    for k in tier_front_keys(entry).unwrap_or_default() {
                         self.front.remove(k);
                     }
                 }
@@ -156,11 +229,30 @@ impl TierTable {
         placed
     }
 
-    /// Stores the front words of `want` (key -> word, after their LPM
-    /// keys).
+    /// Stores the front words of `want` (key -> `NPM_TIERS` flags, after
+    /// their LPM keys), giving their ranks front ranks in their groups'
+    /// gaps; a group without room waits for a renumbering (see the module
+    /// doc). The second call of a full sync (after the endpoints were
+    /// written) first stores the renumbered groups.
     pub(crate) fn insert_words(&mut self, want: &BTreeMap<u64, u64>) {
-        for (k, w) in want {
-            self.front.upsert(*k, *w);
+        self.finish_batch();
+        let mut by_group: BTreeMap<Group, BTreeSet<u32>> = BTreeMap::new();
+        for (k, f) in want {
+            by_group
+                .entry(ranks::group_of_key(*k))
+                .or_default()
+                .insert((*f as u32) >> TIER_RANK_SHIFT);
+        }
+        for (group, ranks) in &by_group {
+            self.ranks.place(*group, ranks);
+        }
+        for (k, f) in want {
+            let Some(flags) = front_flags_of(&self.ranks, ranks::group_of_key(*k), *f as u32) else {
+                continue;
+            };
+            if let Some(w) = tier_front_word(*k, flags) {
+                self.front.upsert(*k, w);
+            }
         }
     }
 
@@ -170,9 +262,76 @@ impl TierTable {
     }
 
     /// The `EP_ADMIN_FRONT_*` / `EP_BASELINE_FRONT_*` flags of the
-    /// endpoints of `next` that have tier entries.
-    pub(crate) fn front_flags(&self, next: &Compiled) -> BTreeMap<u32, u32> {
-        self.front.flags(next)
+    /// endpoints of `next` that have tier entries: set for a direction and
+    /// tier when every entry of it fits the front and its words are stored
+    /// with the entry's current value and front rank. First stores the
+    /// words of the entries upserted since the last call (their new ranks
+    /// placed in their groups' gaps), and prepares the renumbering of the
+    /// groups that wait for one (reported off here; stored by the next
+    /// `refront` / `insert_words`).
+    pub(crate) fn front_flags(&mut self, next: &Compiled) -> BTreeMap<u32, u32> {
+        let mut group_ranks: BTreeMap<Group, BTreeSet<u32>> = BTreeMap::new();
+        for (e, v) in &next.tiers {
+            if let Some(g) = entry_group(e) {
+                group_ranks.entry(g).or_default().insert(v.rank);
+            }
+        }
+        for entry in std::mem::take(&mut self.queued) {
+            let (Some(value), Some(g)) = (next.tiers.get(&entry), entry_group(&entry)) else {
+                continue;
+            };
+            if !self.ranks.place(g, &group_ranks[&g]) {
+                continue;
+            }
+            for (k, w) in self.words(&entry, value).unwrap_or_default() {
+                self.front.upsert(k, w);
+            }
+        }
+        // The renumberings of waiting groups, from the target state.
+        self.ready.clear();
+        let mut fresh: BTreeMap<Group, Numbering> = BTreeMap::new();
+        for (g, r) in &group_ranks {
+            if self.ranks.pending(*g) {
+                if let Some(n) = ranks::fresh(r) {
+                    fresh.insert(*g, n);
+                }
+            }
+        }
+        for (e, v) in &next.tiers {
+            let Some(n) = entry_group(e).and_then(|g| fresh.get(&g)) else {
+                continue;
+            };
+            let flags = translate::tier_value(v).flags;
+            let front = flags & TIER_ACTION_MASK | n[&v.rank] << TIER_RANK_SHIFT;
+            let words = tier_front_keys(e)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|k| tier_front_word(k, front).map(|w| (k, w)));
+            let g = entry_group(e).expect("grouped above");
+            self.ready
+                .entry(g)
+                .or_insert_with(|| (n.clone(), Vec::new()))
+                .1
+                .extend(words);
+        }
+        self.prune = Some(group_ranks);
+        // (endpoint -> flags that some entry rules out, flags seen).
+        let mut seen: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
+        for (e, v) in &next.tiers {
+            let f = front_flag(e);
+            let s = seen.entry(e.endpoint).or_default();
+            s.1 |= f;
+            if s.0 & f != 0 {
+                continue;
+            }
+            let held = self
+                .words(e, v)
+                .is_some_and(|w| w.iter().all(|(k, w)| self.front.holds(*k, *w)));
+            if !held {
+                s.0 |= f;
+            }
+        }
+        seen.into_iter().map(|(id, (out, all))| (id, all & !out)).collect()
     }
 
     /// Words in the front.

@@ -4,14 +4,17 @@
 //! port, any protocol, CIDR and any peers, ranks across identities), the
 //! datapath really reads it for a tier complete there (the LPM emptied
 //! behind the loader's back changes nothing), a value change is one store
-//! and follows diffs, and a tier that does not fit (a long range, a rank
-//! beyond the word, a full bucket) stays on the LPM and correct. Needs root.
+//! and follows diffs, a tier that does not fit (a long range, a full
+//! bucket) stays on the LPM and correct, and the compiler's real ranks
+//! (`priority << 20 | …`) are renumbered onto the front and decide in
+//! their order through priority changes and renumberings. Needs root.
 
 use crate::ebpf_common::*;
 use aya::maps::{Array, Map, MapData};
 use npm_common::{
-    maps, tier_front_key, tier_front_pc_exact, tier_front_slot, Reason, DIR_INGRESS, EP_ADMIN_FRONT_INGRESS,
-    EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY, IDENTITY_FIRST_CIDR, TIER_ADMIN, TIER_FRONT_MAX_RANK,
+    maps, tier_front_key, tier_front_key_of, tier_front_pc_exact, tier_front_pc_of, tier_front_slot,
+    tier_front_summary_key, Reason, DIR_INGRESS, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY,
+    IDENTITY_FIRST_CIDR, TIER_ADMIN, TIER_FRONT_MAX_RANK, TIER_FRONT_PC_SUMMARY,
 };
 use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
 use npm_dataplane::Dataplane;
@@ -167,15 +170,27 @@ impl Fixture {
     }
 }
 
-/// The non-zero words of the pinned `NPM_TIER_FRONT`.
-fn kernel_words(pin_dir: &std::path::Path) -> usize {
+/// The non-zero words of the pinned `NPM_TIER_FRONT`, the summary words
+/// apart: (entry words, summary words). Checks that the summaries are
+/// exactly one per (endpoint, direction, tier, identity) with entry words.
+fn kernel_words(pin_dir: &std::path::Path) -> (usize, usize) {
     let data = MapData::from_pin(pin_dir.join(maps::TIER_FRONT)).expect("open pinned NPM_TIER_FRONT");
     let front: Array<MapData, [u64; 4]> =
         Array::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_TIER_FRONT");
-    front
-        .iter()
-        .map(|b| b.expect("bucket").iter().filter(|w| **w != 0).count())
-        .sum()
+    let (mut words, mut summaries) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+    for (bucket, b) in front.iter().enumerate() {
+        for w in b.expect("bucket").into_iter().filter(|w| *w != 0) {
+            let key = tier_front_key_of(bucket as u32, w);
+            if tier_front_pc_of(key) == TIER_FRONT_PC_SUMMARY {
+                summaries.insert(key);
+            } else {
+                words.insert(key);
+            }
+        }
+    }
+    let identities: std::collections::BTreeSet<u64> = words.iter().map(|k| tier_front_summary_key(*k)).collect();
+    assert_eq!(identities, summaries, "one summary word per identity with words");
+    (words.len(), summaries.len())
 }
 
 /// Empties the pinned `NPM_TIERS`, behind the loader's back.
@@ -211,7 +226,8 @@ fn the_tier_front_decides_as_the_lpm_does() {
     // by the writer, checked against the kernel.
     let words = front.dp.tier_front_len();
     assert!(words > 0);
-    assert_eq!(kernel_words(&front.pins.path), words);
+    // The summary words (one per identity with words) come on top.
+    assert_eq!(kernel_words(&front.pins.path).0, words);
     let (g_front, g_lpm) = (front.grid(40000), lpm.grid(40000));
     assert_eq!(g_front, g_lpm);
     // The grid is not trivial: spot checks of each form.
@@ -281,7 +297,7 @@ fn a_value_change_follows_diffs_and_what_does_not_fit_stays_on_the_lpm() {
     }
     f.dp.apply(&c.diff(&next), &next, &f.ifs()).unwrap();
     assert_eq!(f.dp.tier_front_len(), words);
-    assert_eq!(kernel_words(&f.pins.path), words);
+    assert_eq!(kernel_words(&f.pins.path).0, words);
     assert_eq!(f.grid(40000), {
         let mut l = fixture(
             "tfe",
@@ -297,8 +313,8 @@ fn a_value_change_follows_diffs_and_what_does_not_fit_stays_on_the_lpm() {
         f.run_from(1, "10.0.0.2", 41000, false, 60),
         (VERDICT_ALLOW, Some(Reason::AdminAccept))
     );
-    // A rank beyond the word: endpoint 1's Admin tier leaves the front (its
-    // stale words go) and still decides, on the LPM.
+    // A compiler rank beyond the word's 14 bits is renumbered: endpoint
+    // 1's Admin tier stays on the front and decides by it.
     let mut big = next.clone();
     tier(
         &mut big,
@@ -311,27 +327,56 @@ fn a_value_change_follows_diffs_and_what_does_not_fit_stays_on_the_lpm() {
         TIER_FRONT_MAX_RANK + 5,
     );
     f.dp.apply(&next.diff(&big), &big, &f.ifs()).unwrap();
-    assert_eq!(f.flags(1) & EP_ADMIN_FRONT_INGRESS, 0);
-    assert_ne!(f.flags(2) & EP_ADMIN_FRONT_INGRESS, 0);
-    assert_eq!(f.dp.tier_front_len(), words - 1);
+    assert_ne!(f.flags(1) & EP_ADMIN_FRONT_INGRESS, 0);
+    assert_eq!(f.dp.tier_front_len(), words);
     f.dp.bump_generation().unwrap();
-    // Rank 2^14 + 5 loses to the CIDR identity's ... nothing on 443: a deny.
     assert_eq!(
         f.run_from(1, "10.0.0.2", 41001, false, 443),
         (VERDICT_DROP, Some(Reason::AdminDeny))
     );
+    // A range too long for the front: endpoint 1's Admin tier leaves the
+    // front (the words of the range it replaces go: 60..=200 had 15) and
+    // still decides, on the LPM.
+    let mut long = big.clone();
+    long.tiers.remove(&TierEntry {
+        endpoint: 1,
+        direction: IN,
+        tier: Tier::Admin,
+        peer: POD_B,
+        protocol: Some(Tcp),
+        ports: (60, 200),
+    });
+    tier(&mut long, 1, Tier::Admin, POD_B, Some(Tcp), (1000, 30_000), Deny, 5);
+    f.dp.apply(&big.diff(&long), &long, &f.ifs()).unwrap();
+    assert_eq!(f.flags(1) & EP_ADMIN_FRONT_INGRESS, 0);
+    assert_ne!(f.flags(2) & EP_ADMIN_FRONT_INGRESS, 0);
+    assert_eq!(f.dp.tier_front_len(), words - 15);
+    f.dp.bump_generation().unwrap();
     assert_eq!(
-        f.run_from(2, "10.0.0.2", 41001, false, 443),
+        f.run_from(1, "10.0.0.2", 41002, false, 1000),
+        (VERDICT_DROP, Some(Reason::AdminDeny))
+    );
+    assert_eq!(
+        f.run_from(1, "10.0.0.2", 41002, false, 443),
+        (VERDICT_DROP, Some(Reason::AdminDeny))
+    );
+    assert_eq!(
+        f.run_from(1, "10.0.0.2", 41002, false, 60),
+        (VERDICT_DROP, Some(Reason::PolicyDenied))
+    );
+    assert_eq!(
+        f.run_from(2, "10.0.0.2", 41002, false, 443),
         (VERDICT_ALLOW, Some(Reason::AdminAccept))
     );
+    let big = long;
     // Removing every tier entry empties the front.
     let none = base();
     f.dp.apply(&big.diff(&none), &none, &f.ifs()).unwrap();
     assert_eq!(f.dp.tier_front_len(), 0);
-    assert_eq!(kernel_words(&f.pins.path), 0);
+    assert_eq!(kernel_words(&f.pins.path), (0, 0));
     f.dp.bump_generation().unwrap();
     assert_eq!(
-        f.run_from(1, "10.0.0.2", 41002, false, 60),
+        f.run_from(1, "10.0.0.2", 41003, false, 60),
         (VERDICT_DROP, Some(Reason::PolicyDenied))
     );
 }
@@ -359,11 +404,228 @@ fn a_full_bucket_keeps_the_tier_on_the_lpm_until_it_frees() {
     front.set(bucket, [0; 4], 0).unwrap();
     f.dp.sync_full(&next, &f.ifs()).unwrap();
     assert_ne!(f.flags(2) & EP_ADMIN_FRONT_INGRESS, 0);
-    assert_eq!(kernel_words(&f.pins.path), 1);
+    // The word and its identity's summary word.
+    assert_eq!(kernel_words(&f.pins.path), (1, 1));
     f.dp.bump_generation().unwrap();
     assert_eq!(f.run(2, "10.0.0.2", false, 80), (VERDICT_DROP, Some(Reason::AdminDeny)));
     assert_eq!(
         f.run_from(2, "10.0.0.2", 41001, false, 81),
         (VERDICT_ALLOW, Some(Reason::NotIsolated))
     );
+}
+
+/// The compiler's rank of rule `index` of the CNP at `position` (by name)
+/// among those of priority `priority` (`npm_policy::tiers::compile`).
+fn compiler_rank(priority: u32, position: u32, index: u32) -> u32 {
+    priority << 20 | position << 5 | index
+}
+
+/// Admin CNPs A (priority `a`: deny POD_B TCP 80), B (`b`: accept every
+/// peer TCP 80..=81) and C (`c`: pass POD_C, deny every peer TCP 8080),
+/// and a Baseline (priority 20: accept POD_B TCP 443; 500: deny all), on
+/// both endpoints, with the compiler's ranks.
+fn prioritised(a: u32, b: u32, c: u32) -> Compiled {
+    let mut x = base();
+    for ep in [1, 2] {
+        tier(
+            &mut x,
+            ep,
+            Tier::Admin,
+            POD_B,
+            Some(Tcp),
+            (80, 80),
+            Deny,
+            compiler_rank(a, 0, 0),
+        );
+        let accept = compiler_rank(b, 0, 0);
+        tier(
+            &mut x,
+            ep,
+            Tier::Admin,
+            IDENTITY_ANY,
+            Some(Tcp),
+            (80, 81),
+            Accept,
+            accept,
+        );
+        tier(
+            &mut x,
+            ep,
+            Tier::Admin,
+            POD_C,
+            None,
+            (0, 0),
+            Pass,
+            compiler_rank(c, 0, 0),
+        );
+        let deny = compiler_rank(c, 0, 1);
+        tier(
+            &mut x,
+            ep,
+            Tier::Admin,
+            IDENTITY_ANY,
+            Some(Tcp),
+            (8080, 8080),
+            Deny,
+            deny,
+        );
+        let accept = compiler_rank(20, 0, 0);
+        tier(&mut x, ep, Tier::Baseline, POD_B, Some(Tcp), (443, 443), Accept, accept);
+        let deny = compiler_rank(500, 0, 0);
+        tier(&mut x, ep, Tier::Baseline, IDENTITY_ANY, None, (0, 0), Deny, deny);
+    }
+    x
+}
+
+impl Fixture {
+    /// Both tiers of both endpoints are decided on the front, and the
+    /// pinned front holds exactly the writer's words.
+    fn all_on_front(&self, what: &str) {
+        for ep in [1, 2] {
+            let f = self.flags(ep);
+            assert_ne!(
+                f & EP_ADMIN_FRONT_INGRESS,
+                0,
+                "{what}: endpoint {ep} Admin on the front"
+            );
+            assert_ne!(
+                f & EP_BASELINE_FRONT_INGRESS,
+                0,
+                "{what}: endpoint {ep} Baseline on the front"
+            );
+        }
+        let words = self.dp.tier_front_len();
+        assert!(words > 0, "{what}");
+        assert_eq!(kernel_words(&self.pins.path).0, words, "{what}");
+    }
+
+    /// New flows from POD_B and POD_C to both endpoints, TCP and UDP, on
+    /// the ports of [`prioritised`].
+    fn probes(&mut self, sport: u16) -> Vec<Probe> {
+        self.dp.bump_generation().unwrap();
+        let mut out = Vec::new();
+        for ep in [1, 2] {
+            for src in ["10.0.0.2", "10.0.0.3"] {
+                for udp in [false, true] {
+                    for port in [53, 80, 81, 82, 443, 1000, 1050, 8080] {
+                        out.push((ep, src, udp, port, self.run_from(ep, src, sport, udp, port)));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+#[test]
+fn real_priorities_are_decided_on_the_front_in_their_order() {
+    const ADMIN_DENY: (i32, Option<Reason>) = (VERDICT_DROP, Some(Reason::AdminDeny));
+    const ADMIN_ACCEPT: (i32, Option<Reason>) = (VERDICT_ALLOW, Some(Reason::AdminAccept));
+    const NP_DENIED: (i32, Option<Reason>) = (VERDICT_DROP, Some(Reason::PolicyDenied));
+    // Priorities 10, 20, 500: ranks of 2^23 and more. `l` decides on
+    // NPM_TIERS only and follows the same diffs.
+    let c = prioritised(10, 20, 500);
+    let mut f = fixture("tfp", &c, BenchSwitches::default());
+    let no_front = BenchSwitches {
+        no_tier_front: true,
+        ..BenchSwitches::default()
+    };
+    let mut l = fixture("tfq", &c, no_front);
+    let step = |f: &mut Fixture, l: &mut Fixture, c: &Compiled, n: &Compiled| {
+        f.dp.apply(&c.diff(n), n, &f.ifs()).unwrap();
+        l.dp.apply(&c.diff(n), n, &l.ifs()).unwrap();
+    };
+    f.all_on_front("priorities 10, 20, 500");
+    assert_eq!(f.probes(40000), l.probes(40000));
+    assert_eq!(f.run_from(1, "10.0.0.2", 40100, false, 80), ADMIN_DENY, "A before B");
+    assert_eq!(
+        f.run_from(1, "10.0.0.3", 40100, false, 80),
+        ADMIN_ACCEPT,
+        "B before C's pass"
+    );
+    assert_eq!(
+        f.run_from(1, "10.0.0.3", 40100, false, 8080),
+        NP_DENIED,
+        "C's pass first"
+    );
+    assert_eq!(f.run_from(1, "10.0.0.2", 40100, false, 8080), ADMIN_DENY);
+    assert_eq!(
+        f.run_from(2, "10.0.0.2", 40100, false, 443),
+        (VERDICT_ALLOW, Some(Reason::BaselineAccept))
+    );
+    assert_eq!(
+        f.run_from(2, "10.0.0.3", 40100, false, 443),
+        (VERDICT_DROP, Some(Reason::BaselineDeny))
+    );
+
+    // A's priority 10 -> 30: A and B swap.
+    let next = prioritised(30, 20, 500);
+    step(&mut f, &mut l, &c, &next);
+    f.all_on_front("A after B");
+    assert_eq!(f.probes(41000), l.probes(41000));
+    assert_eq!(f.run_from(1, "10.0.0.2", 41100, false, 80), ADMIN_ACCEPT, "B before A");
+    // C's priority 500 -> 5: C moves in front of both.
+    let c = next;
+    let next = prioritised(30, 20, 5);
+    step(&mut f, &mut l, &c, &next);
+    f.all_on_front("C first");
+    assert_eq!(f.probes(42000), l.probes(42000));
+    assert_eq!(
+        f.run_from(1, "10.0.0.3", 42100, false, 80),
+        NP_DENIED,
+        "C's pass before B"
+    );
+    assert_eq!(f.run_from(1, "10.0.0.2", 42100, false, 80), ADMIN_ACCEPT);
+
+    // An accept of every peer's UDP 1000..=1100 at priority 25, then CNPs
+    // inserted one by one between B (20) and it, each after the last:
+    // priority 20, positions 1, 2, ... by name, each denying POD_B UDP
+    // 1000 + i. The gap between B's and the accept's front ranks runs out
+    // (after about 10) and the group is renumbered; every step decides in
+    // the compiler's order.
+    let mut c = next;
+    let mut n = c.clone();
+    for ep in [1, 2] {
+        let accept = compiler_rank(25, 0, 0);
+        tier(
+            &mut n,
+            ep,
+            Tier::Admin,
+            IDENTITY_ANY,
+            Some(Udp),
+            (1000, 1100),
+            Accept,
+            accept,
+        );
+    }
+    step(&mut f, &mut l, &c, &n);
+    c = n;
+    for i in 1..=14u16 {
+        let mut n = c.clone();
+        for ep in [1, 2] {
+            let port = 1000 + i;
+            let rank = compiler_rank(20, u32::from(i), 0);
+            tier(&mut n, ep, Tier::Admin, POD_B, Some(Udp), (port, port), Deny, rank);
+        }
+        step(&mut f, &mut l, &c, &n);
+        c = n;
+        f.all_on_front(&format!("{i} CNPs inserted"));
+        f.dp.bump_generation().unwrap();
+        for ep in [1, 2] {
+            for j in [1, i] {
+                let got = f.run_from(ep, "10.0.0.2", 43000 + i, true, 1000 + j);
+                assert_eq!(got, ADMIN_DENY, "{i} inserted: POD_B UDP {}", 1000 + j);
+            }
+            let got = f.run_from(ep, "10.0.0.2", 43000 + i, true, 1050);
+            assert_eq!(got, ADMIN_ACCEPT, "{i} inserted: POD_B UDP 1050");
+            let got = f.run_from(ep, "10.0.0.2", 43000 + i, false, 80);
+            assert_eq!(got, ADMIN_ACCEPT, "{i} inserted: B before A");
+        }
+    }
+    assert_eq!(f.probes(44000), l.probes(44000));
+    // The front decides: with NPM_TIERS emptied behind the loader's back,
+    // every verdict stays.
+    let before = f.probes(45000);
+    drop_kernel_tiers(&f.pins.path);
+    assert_eq!(f.probes(46000), before);
 }

@@ -5,7 +5,9 @@
 //! `NPM_POLICY` key layout with the tier bit in the direction byte). Per
 //! tier one most specific entry per peer identity (three identities) and
 //! the minimum of their ranks: constant in the number of
-//! ClusterNetworkPolicies and rules.
+//! ClusterNetworkPolicies and rules. On the front, an identity costs one
+//! probe (its summary word) when it has no word, else the summary and the
+//! port classes it names.
 
 use aya_ebpf::{
     macros::map,
@@ -15,7 +17,8 @@ use npm_common::{
     policy_front_proto, sizes, tier_front_key, tier_front_pc_any_port, tier_front_pc_block, tier_front_pc_exact,
     tier_front_slot, TierValue, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY, POLICY_KEY_LEN,
     TIER_ACTION_MASK, TIER_BASELINE, TIER_FRONT_MAX_ENDPOINT, TIER_FRONT_MAX_IDENTITY, TIER_FRONT_PC_ANY_PROTO,
-    TIER_FRONT_TAG_MASK,
+    TIER_FRONT_PC_SUMMARY, TIER_FRONT_SUM_ANY_PORT, TIER_FRONT_SUM_ANY_PROTO, TIER_FRONT_SUM_BLOCK,
+    TIER_FRONT_SUM_EXACT, TIER_FRONT_TAG_MASK, TIER_RANK_SHIFT,
 };
 
 use super::lpm::write_full_key;
@@ -111,31 +114,53 @@ fn min32(a: u32, b: u32) -> u32 {
     b ^ ((a ^ b) & (lt as u32).wrapping_neg())
 }
 
-/// [`tier_hit`] on the tier front, as 16 bits (action, rank): the exact
+/// [`tier_hit`] on the tier front, as 16 bits (action, rank): first the
+/// identity's summary word (`TIER_FRONT_PC_SUMMARY`; none: the identity
+/// has no word, no hit), then only the port classes it names: the exact
 /// port's word or its 64-port block's (one protocol's entries have
 /// disjoint ranges: at most one of the two exists), else the protocol's
-/// any-port word, else the any-protocol word: the same answer as the LPM's
-/// longest prefix. `0xffff` for none (a pass of the last front rank, which
-/// never decides). Branch-free but for the map lookups: the specificity is
-/// put above the 16 bits and the minimum taken ([`min32`]).
+/// any-port word, else the any-protocol word: the same answer as the
+/// LPM's longest prefix. `0xffff` for none (a pass of the last front rank,
+/// which never decides). The specificity is put above the 16 bits and the
+/// minimum taken ([`min32`]); a class the summary does not name is a miss
+/// without its probe.
 #[inline(always)]
 fn front_hit(lpm: *mut u8, ep: u32, dir: u8, tier: u8, identity: u32, pr: u8, port: u16) -> u32 {
+    let summary = front_get(lpm, tier_front_key(ep, dir, tier, identity, TIER_FRONT_PC_SUMMARY));
+    if summary == u32::MAX {
+        return 0xffff;
+    }
+    let mask = summary >> TIER_RANK_SHIFT;
     let code = policy_front_proto(pr);
-    // Protocols without a front code have only "any protocol" words: their
-    // port probes use code 1's keys and are masked out below.
-    let none = 1 - nonzero(code);
-    let c = code + none;
-    let exact = front_get(
-        lpm,
-        tier_front_key(ep, dir, tier, identity, tier_front_pc_exact(c, port)),
-    ) & front_get(
-        lpm,
-        tier_front_key(ep, dir, tier, identity, tier_front_pc_block(c, port)),
-    );
-    let any_port = front_get(lpm, tier_front_key(ep, dir, tier, identity, tier_front_pc_any_port(c)));
-    let any_proto = front_get(lpm, tier_front_key(ep, dir, tier, identity, TIER_FRONT_PC_ANY_PROTO));
+    let mut exact = u32::MAX;
+    let mut any_port = u32::MAX;
+    if code != 0 {
+        let shift = (code - 1) as u32;
+        if mask & (TIER_FRONT_SUM_EXACT << shift) != 0 {
+            exact = front_get(
+                lpm,
+                tier_front_key(ep, dir, tier, identity, tier_front_pc_exact(code, port)),
+            );
+        }
+        if mask & (TIER_FRONT_SUM_BLOCK << shift) != 0 {
+            exact &= front_get(
+                lpm,
+                tier_front_key(ep, dir, tier, identity, tier_front_pc_block(code, port)),
+            );
+        }
+        if mask & (TIER_FRONT_SUM_ANY_PORT << shift) != 0 {
+            any_port = front_get(
+                lpm,
+                tier_front_key(ep, dir, tier, identity, tier_front_pc_any_port(code)),
+            );
+        }
+    }
+    let mut any_proto = u32::MAX;
+    if mask & TIER_FRONT_SUM_ANY_PROTO != 0 {
+        any_proto = front_get(lpm, tier_front_key(ep, dir, tier, identity, TIER_FRONT_PC_ANY_PROTO));
+    }
     // A miss is u32::MAX; `|` keeps it so.
-    let specific = min32(exact, any_port | 0x1_0000) | (none as u32).wrapping_neg();
+    let specific = min32(exact, any_port | 0x1_0000);
     min32(specific, any_proto | 0x2_0000) & 0xffff
 }
 
