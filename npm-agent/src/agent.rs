@@ -139,7 +139,12 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
     let health = Arc::new(Health::new(health).with_metrics(metrics.clone()));
     let (events, events_task) =
         EventRecorder::spawn(client.clone(), cfg.sync.compile.node_name.clone(), metrics.clone());
+    // Shared by the sync loop (which writes them) and the HTTP server.
+    let programmed = crate::explain::ProgrammedView::default();
+    let observe = crate::telemetry::ObserveHub::default();
     let syncer = Syncer::builder(cache.clone(), dataplane)
+        .programmed_view(programmed.clone())
+        .observe(observe.clone())
         .config(cfg.sync.clone())
         .resolver(resolver)
         .client(client.clone())
@@ -154,6 +159,8 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
             metrics: metrics.clone(),
             cache: cache.clone(),
             health: health.clone(),
+            programmed,
+            observe,
         };
         let (bound, serve) = server::bind(addr, state).await?;
         http_addr = Some(bound);

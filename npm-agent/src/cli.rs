@@ -47,6 +47,10 @@ pub enum Command {
     /// (its `/explain`, read-only), which names the deciding policies and
     /// rules and runs the kernel's classifier as a dry run (eBPF).
     Explain(ExplainArgs),
+    /// Follow a node's flow records live (its agent's `/observe`, read-only):
+    /// each deny (and allow or would-deny, when logged) with its pod, peer,
+    /// direction, reason and policies, until interrupted.
+    Observe(ObserveArgs),
     /// Reachability matrix of YAML objects, by the compiler's simulator
     /// (the reference evaluator of npm-policy; no kernel, no API server).
     Simulate(SimulateArgs),
@@ -177,6 +181,18 @@ pub struct RunArgs {
     /// Deny flow log lines per second at most.
     #[arg(long, env = "NPM_FLOW_LOGS_PER_SEC", default_value_t = 10)]
     pub flow_logs_per_sec: u32,
+    /// Also log the allowed new connections of every local pod (one
+    /// `"verdict":"allow"` flow log line per new connection, within the
+    /// same rate): the datapath reports the first packet of each new
+    /// tracked flow (eBPF: ring-buffer event; nftables: NFLOG).
+    #[arg(long, env = "NPM_FLOW_LOGS_ALLOW")]
+    pub flow_logs_allow: bool,
+    /// Series per kind of the per-rule (`npm_rule_allowed_*`) and
+    /// per-endpoint (`npm_endpoint_denied_*`) counters: beyond it, a new
+    /// rule or pod is counted in its direction's `_other` series and in
+    /// `npm_rule_metrics_folded` (0: every one is folded).
+    #[arg(long, env = "NPM_RULE_METRICS_MAX", default_value_t = npm_agent::telemetry::rule_metrics::DEFAULT_MAX_SERIES)]
+    pub rule_metrics_max: usize,
     /// ClusterNetworkPolicies (policy.networking.k8s.io/v1alpha2): `auto`
     /// watches them, and while the API server does not serve them (404:
     /// the CRD is not installed) counts their list as complete and empty
@@ -257,6 +273,25 @@ pub struct ExplainArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Parser)]
+pub struct ObserveArgs {
+    /// The agent's metrics listener, `http://HOST:PORT`.
+    #[arg(long, env = "NPM_AGENT", default_value = "http://127.0.0.1:9090")]
+    pub agent: String,
+    /// Print each record as the agent's JSON (one object per line).
+    #[arg(long)]
+    pub json: bool,
+    /// Only records whose pod or peer pod is in this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Only records whose pod or peer pod is `NAMESPACE/POD`.
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// Only records of this verdict.
+    #[arg(long, value_parser = ["allow", "deny", "would-deny"])]
+    pub verdict: Option<String>,
 }
 
 #[derive(Parser)]
@@ -350,6 +385,7 @@ impl RunArgs {
                 mass_delete_window: Duration::from_secs(self.mass_delete_window_secs),
                 page_size: self.page_size,
                 flow_logs_per_sec: self.flow_logs_per_sec,
+                flow_logs_allow: self.flow_logs_allow,
                 cluster_policies: self.cluster_network_policies,
                 ..SyncConfig::default()
             },

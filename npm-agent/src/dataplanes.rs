@@ -66,6 +66,10 @@ pub struct DataplaneOptions {
 }
 
 impl AgentDataplane for NftDataplane {
+    /// The NFLOG events of the table's `log` rules (`npm_dataplane::nft::nflog`).
+    fn poll_deny_events(&mut self) -> Vec<DenyEvent> {
+        self.poll_flow_events()
+    }
     fn adopted_counts(&self) -> Option<(usize, usize)> {
         self.adopted().map(|a| (a.identities, a.endpoints.len()))
     }
@@ -78,7 +82,7 @@ impl AgentDataplane for NftDataplane {
 pub fn open(kind: DataplaneKind, opts: &DataplaneOptions) -> Result<Box<dyn AgentDataplane>, OpenError> {
     match kind {
         DataplaneKind::Nftables => {
-            let dp = NftDataplane::new(NftOptions {
+            let mut dp = NftDataplane::new(NftOptions {
                 table: opts.nft_table.clone(),
                 netns: None,
             })
@@ -86,6 +90,11 @@ pub fn open(kind: DataplaneKind, opts: &DataplaneOptions) -> Result<Box<dyn Agen
                 table: opts.nft_table.clone(),
                 source,
             })?;
+            // Flow events are best effort: without them the dataplane still
+            // enforces (the flow log stays empty).
+            if let Err(e) = dp.open_flow_events() {
+                tracing::warn!(error = %e, "nftables flow events (NFLOG) unavailable: no flow logs");
+            }
             Ok(Box::new(dp))
         }
         DataplaneKind::Ebpf => open_ebpf(opts),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use cli::{CleanupArgs, Cli, Command, ExplainArgs, LogFormat, RunArgs, UninstallStep};
+use cli::{CleanupArgs, Cli, Command, ExplainArgs, LogFormat, ObserveArgs, RunArgs, UninstallStep};
 use npm_agent::agent;
 use npm_agent::dataplanes;
 use npm_agent::dataplanes::DataplaneKind;
@@ -117,6 +117,7 @@ fn dry_run(log_level: &str, log_format: LogFormat, args: &RunArgs) -> anyhow::Re
         "allow_host_egress": args.allow_host_egress,
         "interface_pattern": args.interface_pattern,
         "flow_logs_per_sec": args.flow_logs_per_sec,
+        "flow_logs_allow": args.flow_logs_allow,
         "cluster_network_policies": args.cluster_network_policies.name(),
         "cni_socket": args.cni_socket,
         "lock_file": args.lock_dir.join(npm_agent::lifecycle::lock::lock_file_name(&key)),
@@ -145,6 +146,24 @@ fn explain_cmd(args: ExplainArgs) -> anyhow::Result<()> {
         print!("{}", explain::client::render(&report));
     }
     Ok(())
+}
+
+/// `observe`: follow the agent's flow records until interrupted (or the
+/// stream fails: an error naming the agent).
+fn observe_cmd(args: ObserveArgs) -> anyhow::Result<()> {
+    let q = explain::observe_client::ObserveQuery {
+        namespace: args.namespace,
+        pod: args.pod,
+        verdict: args.verdict,
+    };
+    let (mut out, mut notes) = (std::io::stdout().lock(), std::io::stderr());
+    Ok(explain::observe_client::follow(
+        &args.agent,
+        &q,
+        args.json,
+        &mut out,
+        &mut notes,
+    )?)
 }
 
 /// `cleanup`: print what was removed; fail naming what was not.
@@ -211,6 +230,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let lock = AgentLock::acquire(&args.lock_dir, &key, &what)?;
     tracing::info!(lock = %lock.path().display(), "holding the agent lock of {what}");
     let metrics = Metrics::new()?;
+    metrics.rules.set_max(args.rule_metrics_max);
     let client = client(args.kubeconfig.as_ref()).await?;
     let dataplane = dataplanes::open(args.dataplane, &args.dataplane_options())?;
     // This node's addresses, kept current through netlink (the sync loop
@@ -220,8 +240,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(node = %args.node_name, dataplane = ?args.dataplane, node_ips = ?node_addresses.current(), "starting");
     metrics.set_explain(explain::ExplainConfig {
         node_name: cfg.sync.compile.node_name.clone(),
-        allow_host_egress: cfg.sync.compile.allow_host_egress,
-        node_addresses: Some(node_addresses.clone()),
         kernel: match args.dataplane {
             DataplaneKind::Ebpf => explain::KernelView::Ebpf {
                 pin_dir: dataplanes::ebpf_options(&args.dataplane_options()).pin_dir,
@@ -273,6 +291,7 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => runtime()?.block_on(run(args)),
         Command::Inspect(args) => Ok(npm_agent::inspect::run(args.pin_dir, args.json)?),
         Command::Explain(args) => explain_cmd(args),
+        Command::Observe(args) => observe_cmd(args),
         Command::Simulate(args) => npm_agent::simulate::run(&args.files, args.port, &args.protocol),
         Command::MountBpffs(args) => {
             let outcome = npm_agent::lifecycle::bpffs::mount_bpffs(&args.path)?;

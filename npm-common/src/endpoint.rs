@@ -84,6 +84,14 @@ pub const EP_ADMIN_FRONT_EGRESS: u32 = 1 << 20;
 pub const EP_BASELINE_FRONT_INGRESS: u32 = 1 << 21;
 /// [`EndpointInfo::flags`]: like [`EP_BASELINE_FRONT_INGRESS`], for egress.
 pub const EP_BASELINE_FRONT_EGRESS: u32 = 1 << 22;
+/// [`EndpointInfo::flags`]: report the new connections this endpoint's
+/// policy allows (both directions): the packet that creates a new tracked
+/// flow (the conntrack entry of steps 7 to 9) also sends an allow event to
+/// `NPM_EVENTS` (a [`crate::DenyEvent`] whose reason is an allow reason,
+/// below [`crate::FIRST_DENY_REASON`]), rate-limited per CPU and tick.
+/// Never changes a verdict; tracked packets never send one; a dry run
+/// (`npm-agent explain`) sends none.
+pub const EP_REPORT_NEW: u32 = 1 << 23;
 /// Every tier flag of the ingress direction (shift left by [`DIR_EGRESS`]
 /// for egress): clear, the direction is decided as without
 /// ClusterNetworkPolicies.

@@ -62,8 +62,15 @@ pub const TIERS: &str = "NPM_TIERS";
 /// array accesses. User space writes single 64-bit words through a
 /// shared mapping.
 pub const TIER_FRONT: &str = "NPM_TIER_FRONT";
+/// per-CPU [`crate::Counter`]s of the packets allowed at a policy
+/// decision by each NetworkPolicy rule, at [`crate::rule_slot`] (the
+/// first packet of each connection: tracked packets are not re-decided).
+pub const RULE_COUNT: &str = "NPM_RULE_COUNT";
+/// per-CPU [`crate::Counter`]s of the packets NetworkPolicy denied, by
+/// endpoint and direction at [`crate::endpoint_deny_slot`].
+pub const EP_DENIES: &str = "NPM_EP_DENIES";
 /// Every map, for pinning and adoption.
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 18] = [
     EP_SLOTS,
     ENDPOINTS,
     IPCACHE,
@@ -80,6 +87,8 @@ pub const ALL: [&str; 16] = [
     SERVICES,
     TIERS,
     TIER_FRONT,
+    RULE_COUNT,
+    EP_DENIES,
 ];
 
 /// Map sizes (max entries).
@@ -139,5 +148,6 @@ pub mod sizes {
 /// new bits, nothing existing changed meaning. An older program that runs
 /// on these maps (a rollback) ignores the tiers: it enforces NetworkPolicy
 /// alone, as it always did. Then (same rule) `NPM_TIER_FRONT` and the flags
-/// [`crate::EP_ADMIN_FRONT_INGRESS`] ... [`crate::EP_BASELINE_FRONT_EGRESS`].
+/// [`crate::EP_ADMIN_FRONT_INGRESS`] ... [`crate::EP_BASELINE_FRONT_EGRESS`]. Then (same rule)
+/// `NPM_RULE_COUNT` and `NPM_EP_DENIES`, counters no older program writes.
 pub const LAYOUT_VERSION: u32 = 5;

@@ -167,6 +167,40 @@ pub const fn policy_front_bucket(word: u64) -> u32 {
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for PolicyValue {}
 
+/// Rule slots of `NPM_RULE_COUNT` (a power of two): the packets and bytes
+/// allowed by rule `r` at a policy decision are counted at
+/// [`rule_slot`]`(r)`. Rule ids only grow while the rule table lives, so
+/// two live rules share a slot only when their ids are this far apart;
+/// user space attributes a slot to the one live rule it belongs to.
+pub const RULE_SLOTS: u32 = 8192;
+/// The slot of an allow whose rule the datapath could not tell (a policy
+/// front word whose `NPM_POLICY` entry was gone at the lookup: a race with
+/// the loader).
+pub const RULE_SLOT_UNKNOWN: u32 = RULE_SLOTS;
+/// Entries of `NPM_RULE_COUNT`: the rule slots and [`RULE_SLOT_UNKNOWN`].
+pub const RULE_COUNT_ENTRIES: u32 = RULE_SLOTS + 1;
+
+/// The `NPM_RULE_COUNT` slot of rule id `rule`.
+pub const fn rule_slot(rule: u32) -> u32 {
+    rule & (RULE_SLOTS - 1)
+}
+
+/// Endpoint slots of `NPM_EP_DENIES` (a power of two): the packets a
+/// NetworkPolicy denies (`Reason::PolicyDenied`) to endpoint `e` in
+/// direction `d` are counted at [`endpoint_deny_slot`]`(e, d)`. Endpoint
+/// ids are never reused, so two live endpoints share a slot only when
+/// their ids are this far apart.
+pub const DENY_ENDPOINT_SLOTS: u32 = 2048;
+/// Entries of `NPM_EP_DENIES`: two directions per endpoint slot.
+pub const EP_DENY_ENTRIES: u32 = DENY_ENDPOINT_SLOTS * 2;
+
+/// The `NPM_EP_DENIES` slot of endpoint `endpoint` in direction `dir`.
+pub const fn endpoint_deny_slot(endpoint: u32, dir: u8) -> u32 {
+    (endpoint & (DENY_ENDPOINT_SLOTS - 1)) << 1 | (dir & 1) as u32
+}
+const _: () = assert!(RULE_SLOTS.is_power_of_two() && DENY_ENDPOINT_SLOTS.is_power_of_two());
+const _: () = assert!(endpoint_deny_slot(u32::MAX, 1) < EP_DENY_ENTRIES);
+
 #[cfg(test)]
 mod tests {
     extern crate std;

@@ -1,7 +1,8 @@
 //! Verdicts: why a packet was allowed or dropped ([`Reason`]), the
 //! per-CPU counters (`NPM_COUNTERS`: [`counter_index`] -> [`Counter`], and
-//! the lost deny events at [`EVENTS_LOST_SLOT`]) and the deny events of the
-//! ring buffer `NPM_EVENTS` ([`DenyEvent`]).
+//! the lost events at [`EVENTS_LOST_SLOT`]) and the events of the ring
+//! buffer `NPM_EVENTS` ([`DenyEvent`]): deny events, and the allow events
+//! of new connections of endpoints flagged [`crate::EP_REPORT_NEW`].
 
 use core::mem::{align_of, offset_of, size_of};
 
@@ -59,6 +60,23 @@ pub enum Reason {
 pub const REASON_SLOTS: u32 = 32;
 /// Reasons at or above this value drop the packet.
 pub const FIRST_DENY_REASON: u8 = 16;
+
+/// The dry-run signal of `npm-agent explain`: `__sk_buff.ingress_ifindex`
+/// (the kernel's `skb->skb_iif`) equal to this value. `BPF_PROG_TEST_RUN`
+/// lets the caller set it in `ctx_in`; a real packet never carries it: the
+/// kernel sets `skb_iif` only to the ifindex of the device that received
+/// the packet (an `int` allocated in `1..=i32::MAX`) or leaves it 0 for a
+/// locally generated one, and no BPF program or helper can write it (it
+/// is read-only in `__sk_buff`). `mark`, `priority` and `tstamp` can be
+/// set by any process or program, and `cb[]` is not zeroed for every
+/// packet on the TC path, so none of them could be trusted. The classifier
+/// (`npm-ebpf`) tests it; `npm_dataplane::ebpf::explain` sets it.
+pub const DRY_RUN_IIF: u32 = u32::MAX;
+
+/// A dry run returns its [`Reason`] in the skb mark (`ctx_out` of
+/// `BPF_PROG_TEST_RUN`): this value with the reason in the low byte. A
+/// program without dry-run support leaves the mark without it.
+pub const DRY_RUN_MARK: u32 = 0x4e50_4d00;
 
 impl Reason {
     /// Every reason, for counters and metrics.
@@ -157,7 +175,7 @@ pub const fn counter_index(direction: u8, reason: u8) -> u32 {
 /// Number of entries of `NPM_COUNTERS`.
 pub const COUNTER_SLOTS: u32 = 2 * REASON_SLOTS;
 
-/// The slot of `NPM_COUNTERS` that counts deny events lost because
+/// The slot of `NPM_COUNTERS` that counts events (deny or allow) lost because
 /// `NPM_EVENTS` was full (its `packets` are the lost events, its `bytes`
 /// stay 0): the last slot, whose reason number (31, of the egress half) no
 /// [`Reason`] has, so no verdict is ever counted there. The slot existed
@@ -179,7 +197,13 @@ const _: () = assert!(size_of::<Counter>() == 16);
 const _: () = assert!(offset_of!(Counter, packets) == 0);
 const _: () = assert!(offset_of!(Counter, bytes) == 8);
 
-/// A dropped packet, sent to user space through `NPM_EVENTS`.
+/// A dropped packet, or the first packet of a new connection allowed for an
+/// endpoint flagged [`crate::EP_REPORT_NEW`], sent to user space through
+/// `NPM_EVENTS`. The verdict is the reason's: [`DenyEvent::is_allow`]
+/// (`reason <` [`FIRST_DENY_REASON`]: `Policy`, `NotIsolated`, `Host`,
+/// `AdminAccept`, `BaselineAccept`) for an allow event, else a deny. An
+/// allow event is never counted as a drop: the counters count verdicts in
+/// the datapath, not events.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct DenyEvent {
@@ -206,6 +230,13 @@ pub struct DenyEvent {
     /// Destination address (IPv4-mapped for IPv4).
     pub dst: [u8; 16],
 }
+impl DenyEvent {
+    /// True for an allow event (a new connection allowed), false for a drop.
+    pub const fn is_allow(&self) -> bool {
+        self.reason < FIRST_DENY_REASON
+    }
+}
+
 // The datapath writes an event as 64- and 32-bit words: the time, endpoint,
 // ifindex, the four bytes direction..family, the two ports, the addresses.
 const _: () = assert!(size_of::<DenyEvent>() == 56);
@@ -252,5 +283,15 @@ mod tests {
         assert_eq!(Reason::Policy.verdict(), "allowed");
         assert_eq!(Reason::PolicyDenied.verdict(), "denied");
         assert_ne!(counter_index(DIR_EGRESS, Reason::Deferred as u8), EVENTS_LOST_SLOT);
+        let allow = DenyEvent {
+            reason: Reason::Policy as u8,
+            ..DenyEvent::default()
+        };
+        assert!(allow.is_allow());
+        let deny = DenyEvent {
+            reason: Reason::PolicyDenied as u8,
+            ..DenyEvent::default()
+        };
+        assert!(!deny.is_allow());
     }
 }

@@ -46,6 +46,47 @@ pub struct AdoptedEndpoint {
 pub struct Counters {
     /// ((direction, reason), (packets, bytes)); reasons from `npm_common::Reason`.
     pub by_reason: BTreeMap<(u8, u8), (u64, u64)>,
+    /// Per-rule allows and per-endpoint denies, as the kernel counts them
+    /// (the agent folds them into `npm_rule_*` and `npm_endpoint_*`).
+    pub rules: RuleCounts,
+}
+
+/// The kernel's per-rule and per-endpoint counters: running totals of
+/// individual kernel counters ([`KernelCount::source`]), which the reader
+/// turns into increments (a total lower than the last reading restarted
+/// from 0: its counter was recreated).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RuleCounts {
+    /// What [`KernelCount::key`] of `allowed` is: `None` the rule id itself
+    /// (nftables), `Some(n)` the rule id modulo `n` (the eBPF slot,
+    /// `npm_common::rule_slot`; key `n` is an allow whose rule the
+    /// datapath could not tell).
+    pub rule_modulus: Option<u32>,
+    /// What [`KernelCount::key`] of `denied` is: `None` the endpoint id,
+    /// `Some(n)` the endpoint id modulo `n` (eBPF).
+    pub endpoint_modulus: Option<u32>,
+    /// Packets allowed at a policy decision (the first packet of each new
+    /// connection) by NetworkPolicy rule, non-zero counters only.
+    pub allowed: Vec<KernelCount>,
+    /// Packets NetworkPolicy denied (`Reason::PolicyDenied`) by endpoint and
+    /// direction, non-zero counters only.
+    pub denied: Vec<KernelCount>,
+}
+
+/// One kernel counter's running totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KernelCount {
+    /// Which kernel counter (stable while it exists: an eBPF slot, an
+    /// nftables rule handle with its chain).
+    pub source: u64,
+    /// The rule (allowed) or endpoint (denied), see [`RuleCounts`].
+    pub key: u32,
+    /// `npm_common::DIR_INGRESS` or `DIR_EGRESS`.
+    pub direction: u8,
+    /// Packets.
+    pub packets: u64,
+    /// Bytes.
+    pub bytes: u64,
 }
 
 /// Errors of the dataplanes, sorted by what the caller can do about them:

@@ -2,7 +2,9 @@
 //! leaves (IPv6, fragments, options, SCTP, ICMP, non-linear headers, ...).
 
 use aya_ebpf::programs::TcContext;
-use npm_common::{proto, sizes, Reason, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_HAS_V6, FIRST_DENY_REASON};
+use npm_common::{
+    proto, sizes, Reason, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_HAS_V6, EP_REPORT_NEW, FIRST_DENY_REASON,
+};
 
 use crate::conntrack::{ct4_words, ct_continue, ct_create, fill_ct_key, fill_ct_key4, CtPacket, NPM_CT, NPM_CT4};
 use crate::endpoint::{endpoint_slot, NPM_ENDPOINTS};
@@ -19,7 +21,7 @@ use crate::parse::{
 use crate::policy::{policy_step, Peer};
 use crate::scratch::{coarse_now, Scratch};
 use crate::service::{defer, deferred};
-use crate::verdict::Seen;
+use crate::verdict::{report_new, Seen};
 
 /// Steps 1 to 9 of the precedence; returns the reason (a `Reason` number).
 #[inline(always)]
@@ -184,7 +186,11 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
         src_is_lo,
         now,
     };
-    ct_create(s, v4, pkt, dir, reason, 0);
+    // The allow event of a new connection (only for a flagged endpoint:
+    // an unflagged one pays the flag test).
+    if ct_create(s, v4, pkt, dir, reason, 0) && ep.flags & EP_REPORT_NEW != 0 {
+        report_new(s, dir, ifindex, ep.id, reason, now);
+    }
     record_first_fragment(s, ep.id, dir, reason);
     reason
 }

@@ -241,16 +241,19 @@ pub(crate) fn ct_continue(v: *mut CtValue, pkt: CtPacket, slot: *mut FlowSlot, k
 /// Creates the conntrack entry of a new connection allowed by steps 7 to 9
 /// (in `NPM_CT4` from `s.ct4` when `v4`, else in `NPM_CT` from `s.ct`)
 /// with the extra flags `extra` (`CT_PENDING` for a deferred flow, else 0);
-/// a fresh entry replaces an older one of the same key.
+/// a fresh entry replaces an older one of the same key. Returns whether the
+/// entry was written (false for a dry run or the benchmark switch): the
+/// hook of the allow event of a new connection (`crate::verdict::report_new`,
+/// called by the caller only for an `EP_REPORT_NEW` endpoint).
 #[inline(always)]
-pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reason: u8, extra: u8) {
+pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reason: u8, extra: u8) -> bool {
     // SAFETY: reading a read-only global.
     if unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_CT_CREATE) } != 0 {
-        return;
+        return false;
     }
     // A dry run (`npm-agent explain`) creates no conntrack state.
     if s.pad == crate::DRY_RUN_IIF {
-        return;
+        return false;
     }
     let mut flags = extra | if pkt.src_is_lo { CT_ORIG_LO_TO_HI } else { 0 };
     if pkt.pr == proto::TCP {
@@ -270,4 +273,5 @@ pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reaso
     } else {
         NPM_CT.insert(&s.ct, &s.ctv, 0)
     };
+    true
 }

@@ -76,16 +76,17 @@ pub(crate) fn decision_slot(w: &[u32; 6]) -> u32 {
     ((a ^ b) >> 16) & (DECISION_SLOTS - 1)
 }
 
-/// [`decision_cache_get`]'s miss.
-pub(crate) const NO_DECISION: u8 = 0xff;
+/// [`decision_cache_get`]'s miss (no reason is 0xff).
+pub(crate) const NO_DECISION: u32 = 0xff;
 
-/// The cached decision for `key` if the slot holds it under `generation`,
-/// else [`NO_DECISION`].
+/// The cached decision word for `key` (the reason in bits 0..8, the rule
+/// slot of a `Policy` allow above) if the slot holds it under
+/// `generation`, else [`NO_DECISION`].
 ///
 /// # Safety
 /// `slot` points to this CPU's `NPM_DECISIONS` slot.
 #[inline(always)]
-pub(crate) unsafe fn decision_cache_get(slot: *const DecisionSlot, w: &[u32; 6], generation: u64) -> u8 {
+pub(crate) unsafe fn decision_cache_get(slot: *const DecisionSlot, w: &[u32; 6], generation: u64) -> u32 {
     let sl = &*slot;
     let diff = (sl.key[0] ^ w[0])
         | (sl.key[1] ^ w[1])
@@ -94,18 +95,18 @@ pub(crate) unsafe fn decision_cache_get(slot: *const DecisionSlot, w: &[u32; 6],
         | (sl.key[4] ^ w[4])
         | (sl.key[5] ^ w[5]);
     if diff == 0 && sl.generation == generation {
-        sl.reason as u8
+        sl.reason
     } else {
         NO_DECISION
     }
 }
 
-/// Stores a decision made under `generation`.
+/// Stores a decision word (see [`decision_cache_get`]) made under `generation`.
 ///
 /// # Safety
 /// `slot` points to this CPU's `NPM_DECISIONS` slot.
 #[inline(always)]
-pub(crate) unsafe fn decision_cache_put(slot: *mut DecisionSlot, w: &[u32; 6], generation: u64, reason: u8) {
+pub(crate) unsafe fn decision_cache_put(slot: *mut DecisionSlot, w: &[u32; 6], generation: u64, word: u32) {
     // A dry run (`npm-agent explain`) fills no cache.
     if crate::dry_run() {
         return;
@@ -117,6 +118,6 @@ pub(crate) unsafe fn decision_cache_put(slot: *mut DecisionSlot, w: &[u32; 6], g
     wr32(d.add(12), w[3]);
     wr32(d.add(16), w[4]);
     wr32(d.add(20), w[5]);
-    wr32(d.add(24), reason as u32);
+    wr32(d.add(24), word);
     wr64(d.add(32), generation);
 }

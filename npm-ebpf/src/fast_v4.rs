@@ -2,7 +2,7 @@
 //! fields in registers; anything else goes to [`crate::classify::classify`].
 
 use aya_ebpf::programs::TcContext;
-use npm_common::{proto, sizes, Reason, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, FIRST_DENY_REASON};
+use npm_common::{proto, sizes, Reason, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_REPORT_NEW, FIRST_DENY_REASON};
 
 use crate::conntrack::{ct4_key, ct_continue, ct_create, store_ct4, CtPacket, NPM_CT4};
 use crate::endpoint::endpoint_slot;
@@ -12,7 +12,7 @@ use crate::parse::{Pkt, ETH_HLEN, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
 use crate::policy::{policy_step, Peer};
 use crate::scratch::{coarse_now, Scratch};
 use crate::service::{defer, deferred_v4};
-use crate::verdict::Seen;
+use crate::verdict::{report_new, Seen};
 
 /// Test and benchmark switch: when 1, every packet takes the general path
 /// ([`classify`](crate::classify::classify)), never [`fast_v4`]; the packet tables run both ways.
@@ -29,7 +29,8 @@ pub(crate) const TAKE_GENERAL: u8 = 0xfe;
 /// rather than in scratch memory: an established flow costs the parse, the
 /// endpoint slot and the flow-cache slot. Returns the reason, or
 /// [`TAKE_GENERAL`] (having changed nothing) for any other packet.
-/// `s.pkt` is filled only for a denied packet (its deny event).
+/// `s.pkt` is filled only for a denied packet (its deny event) and for the
+/// allow event of a new connection of an `EP_REPORT_NEW` endpoint.
 ///
 /// `ebpf_packets.rs` runs its tables with this path switched off too
 /// (`NPM_BENCH_NO_FAST_V4`): both paths give every row the same verdict.
@@ -158,7 +159,20 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
         return reason;
     }
     store_ct4(&mut s.ct4, &key);
-    ct_create(s, true, ct, dir, reason, 0);
+    // The allow event of a new connection (only for a flagged endpoint:
+    // an unflagged one pays the flag test), read from scratch.
+    if ct_create(s, true, ct, dir, reason, 0) && ep.flags & EP_REPORT_NEW != 0 {
+        let h = Hdr4 {
+            saddr,
+            daddr,
+            pr,
+            tcp_flags,
+            sport,
+            dport,
+        };
+        fill_pkt_v4(&mut s.pkt, h);
+        report_new(s, dir, ifindex, ep.id, reason, now);
+    }
     reason
 }
 

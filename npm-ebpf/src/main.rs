@@ -110,6 +110,7 @@ mod icmp_error;
 mod mem;
 mod parse;
 mod policy;
+mod rule_counters;
 mod scratch;
 mod service;
 mod verdict;
@@ -164,21 +165,8 @@ pub fn node_exit(ctx: TcContext) -> i32 {
     account(s, DIR_EGRESS, src, ctx.len(), reason, seen)
 }
 
-/// The dry-run signal of `npm-agent explain`: `__sk_buff.ingress_ifindex`
-/// (the kernel's `skb->skb_iif`) equal to this value. `BPF_PROG_TEST_RUN`
-/// lets the caller set it in `ctx_in`; a real packet never carries it: the
-/// kernel sets `skb_iif` only to the ifindex of the device that received
-/// the packet (an `int` allocated in `1..=i32::MAX`) or leaves it 0 for a
-/// locally generated one, and no BPF program or helper can write it (it
-/// is read-only in `__sk_buff`). `mark`, `priority` and `tstamp` can be
-/// set by any process or program, and `cb[]` is not zeroed for every
-/// packet on the TC path, so none of them could be trusted. Same value as
-/// `npm_dataplane::ebpf::explain::DRY_RUN_IIF`.
-pub(crate) const DRY_RUN_IIF: u32 = u32::MAX;
-
-/// A dry run returns its reason in the skb mark (`ctx_out`): this value
-/// with the reason in the low byte (`npm_dataplane::ebpf::explain`).
-const DRY_RUN_MARK: u32 = 0x4e50_4d00;
+/// The dry-run signal and mark (one definition, in `npm-common`).
+pub(crate) use npm_common::{DRY_RUN_IIF, DRY_RUN_MARK};
 
 /// Whether this CPU's packet is a dry run (its scratch `pad` holds the
 /// packet's `ingress_ifindex`, written first thing by [`decide`] and
@@ -230,6 +218,11 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
             let reason = deferred_egress(ctx, s, src, &mut seen);
             if reason >= FIRST_DENY_REASON {
                 return account(s, DIR_EGRESS, src, len, reason, seen);
+            }
+            // The egress rule that allowed the deferred flow (the
+            // accounting below is the ingress side's).
+            if s.pad != DRY_RUN_IIF {
+                crate::rule_counters::count_rule(s, DIR_EGRESS, len, reason, seen.ep_id);
             }
             deferred = true;
         }

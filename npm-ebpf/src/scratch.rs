@@ -51,7 +51,7 @@ pub(crate) struct Scratch {
     pub(crate) clk: Clock,
 }
 
-/// Clock cache of [`coarse_now`] and the deny-event budget of this CPU.
+/// Clock cache of [`coarse_now`] and the event budgets of this CPU.
 #[repr(C)]
 pub(crate) struct Clock {
     /// The jiffies value at the last clock read.
@@ -62,6 +62,11 @@ pub(crate) struct Clock {
     pub(crate) ev_jiffies: u64,
     /// Deny events sent in that tick.
     pub(crate) ev_count: u64,
+    /// The tick whose allow events `allow_count` counts.
+    pub(crate) allow_jiffies: u64,
+    /// Allow events (new connections of `EP_REPORT_NEW` endpoints) sent in
+    /// that tick: their own budget, so they never take the deny events'.
+    pub(crate) allow_count: u64,
 }
 
 /// `bpf_ktime_get_coarse_ns`, read at most once per jiffy and CPU: the

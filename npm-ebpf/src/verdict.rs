@@ -5,6 +5,17 @@
 //! and tick are written to the ring buffer, so a flood of denied packets
 //! costs no ring-buffer call per packet. An event the full ring buffer
 //! refuses is counted at `EVENTS_LOST_SLOT` (`npm_ringbuf_events_lost_total`).
+//!
+//! Allow events ([`report_new`]): the packet that creates a new conntrack
+//! entry of an endpoint flagged `EP_REPORT_NEW` (the allowed first packet
+//! of a connection, never a tracked packet, never a dry run) sends the
+//! same `DenyEvent` record with its allow reason (`Policy`, `NotIsolated`,
+//! `Host`, `AdminAccept`, `BaselineAccept`: below `FIRST_DENY_REASON`, so
+//! user space tells the verdict from the reason). They have a budget of
+//! their own, [`ALLOW_EVENTS_PER_TICK`] per CPU and tick, so a burst of new
+//! connections never takes the deny events' budget. They count nothing in
+//! `NPM_COUNTERS` (the packet's verdict is counted as ever), except a lost
+//! one at `EVENTS_LOST_SLOT`.
 
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
@@ -26,6 +37,9 @@ static NPM_EVENTS: RingBuf = RingBuf::with_byte_size(sizes::EVENTS_BYTES, 0);
 
 /// Deny events per CPU and tick (1 to 10 ms) sent to the ring buffer.
 const EVENTS_PER_TICK: u64 = 32;
+/// Allow events per CPU and tick sent to the ring buffer (a budget of their
+/// own, see the module doc).
+const ALLOW_EVENTS_PER_TICK: u64 = 32;
 
 /// What the path that decided a packet learned of it besides `s.pkt`, for
 /// its deny event.
@@ -50,6 +64,9 @@ pub(crate) fn account(s: &mut Scratch, dir: u8, ifindex: u32, len: u32, reason: 
             (*c).bytes += len as u64;
         }
     }
+    // Per rule (a policy allow) and per endpoint (a policy deny): two
+    // compares for any other packet.
+    crate::rule_counters::count_rule(s, dir, len, reason, ep_id);
     if reason < FIRST_DENY_REASON {
         return TC_ACT_UNSPEC;
     }
@@ -68,6 +85,36 @@ pub(crate) fn account(s: &mut Scratch, dir: u8, ifindex: u32, len: u32, reason: 
     s.clk.ev_count += 1;
     // The conntrack step's clock reading, when it got that far.
     let ts = if now != 0 { now } else { coarse_now(&mut s.clk) };
+    send_event(s, dir, ifindex, ep_id, reason, ts);
+    TC_ACT_SHOT
+}
+
+/// The allow event of a new connection of an `EP_REPORT_NEW` endpoint
+/// (`ep_id`), allowed for `reason` at `now` (the conntrack step's clock):
+/// called once its conntrack entry was written (so never for a tracked
+/// packet nor a dry run), with `s.pkt` holding the packet. At most
+/// [`ALLOW_EVENTS_PER_TICK`] per CPU and tick; the rest are not sent.
+#[inline(always)]
+pub(crate) fn report_new(s: &mut Scratch, dir: u8, ifindex: u32, ep_id: u32, reason: u8, now: u64) {
+    // SAFETY: plain helper call (inlined by the verifier).
+    let j = unsafe { bpf_jiffies64() };
+    if s.clk.allow_jiffies != j {
+        s.clk.allow_jiffies = j;
+        s.clk.allow_count = 0;
+    }
+    if s.clk.allow_count >= ALLOW_EVENTS_PER_TICK {
+        return;
+    }
+    s.clk.allow_count += 1;
+    send_event(s, dir, ifindex, ep_id, reason, now);
+}
+
+/// Writes the event of `s.pkt` (endpoint `ep_id` on `ifindex`, direction
+/// `dir`, `reason`, time `ts`) into `s.ev` and sends it to `NPM_EVENTS`; a
+/// full ring buffer loses the event (counted at `EVENTS_LOST_SLOT`), never
+/// the verdict.
+#[inline(always)]
+fn send_event(s: &mut Scratch, dir: u8, ifindex: u32, ep_id: u32, reason: u8, ts: u64) {
     // SAFETY: DenyEvent layout: ts 0, endpoint 8, ifindex 12, direction,
     // reason, protocol, family 16..20, sport 20, dport 22, src 24, dst 40.
     unsafe {
@@ -97,5 +144,4 @@ pub(crate) fn account(s: &mut Scratch, dir: u8, ifindex: u32, len: u32, reason: 
             unsafe { (*c).packets += 1 };
         }
     }
-    TC_ACT_SHOT
 }

@@ -166,6 +166,24 @@ pub fn evaluate_direction(
     direction_verdict(snapshot, opts, pod, direction, peer_ip, peer_pod, protocol, port)
 }
 
+/// [`evaluate_direction`] with the peer's pod already known (`peer_pod`:
+/// the owner of `peer_ip` by [`pod_at`], `None` for no pod): saves the pass
+/// over every pod that finding it takes, for callers deciding many flows
+/// of one snapshot (audit mode, `crate::audit`).
+#[allow(clippy::too_many_arguments)]
+pub fn evaluate_direction_with_peer(
+    snapshot: &Snapshot,
+    opts: &CompileOptions,
+    pod: &Pod,
+    direction: Direction,
+    peer_ip: IpAddr,
+    peer_pod: Option<&Pod>,
+    protocol: u8,
+    port: u16,
+) -> EndVerdict {
+    direction_verdict(snapshot, opts, pod, direction, peer_ip, peer_pod, protocol, port)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn direction_verdict(
     snapshot: &Snapshot,

@@ -273,7 +273,9 @@ pub struct Snapshot {
     pub namespaces: BTreeMap<String, Namespace>,
     /// Pods by (namespace, name).
     pub pods: BTreeMap<(String, String), Pod>,
-    /// Policies by (namespace, name), each as far as it is understood.
+    /// Policies by (namespace, name), each as far as it is understood; an
+    /// audited policy (`npm.io/audit: "true"`) only in its enforced form,
+    /// which selects no pod ([`crate::audit`]).
     pub policies: BTreeMap<(String, String), Policy>,
     /// The reports of the policies that are not fully understood (each is
     /// also in `policies`, without the parts it could not understand).

@@ -29,6 +29,7 @@
 //! | the policy's own `spec.podSelector` | the policy selects no pod |
 //! | a `policyTypes` entry other than `Ingress`/`Egress` | read as both: the selected pods are isolated for ingress and egress |
 //! | more than two `policyTypes` entries, an empty `metadata.name` | nothing: reported, enforced as written |
+//! | an `npm.io/audit` annotation other than `"true"`/`"false"` | nothing: reported, **enforced** (not audited; [`crate::audit`]) |
 //!
 //! A label key or value the API would reject is not matched literally:
 //! with `NotIn` or `DoesNotExist` on a key no pod can have, the
@@ -516,6 +517,10 @@ pub struct PolicyConversion {
     pub policy: Policy,
     /// Every error, each naming the field, the value and what was dropped.
     pub problems: Vec<FieldError>,
+    /// The policy as far as it is understood when it is audited
+    /// (`npm.io/audit: "true"`, see [`crate::audit`]); `policy` is then its
+    /// enforced form, which selects no pod.
+    pub audited: Option<Policy>,
 }
 
 impl PolicyConversion {
@@ -532,7 +537,9 @@ impl PolicyConversion {
 
 /// Defaults and converts a NetworkPolicy as far as it is understood (see
 /// the module doc for what is dropped). The namespace defaults to
-/// `default` when the object has none (raw YAML).
+/// `default` when the object has none (raw YAML). An audited policy
+/// (`npm.io/audit: "true"`) comes back as its enforced form, which selects
+/// no pod, with the converted policy in `audited` ([`crate::audit`]).
 pub fn convert_policy(np: &netv1::NetworkPolicy) -> PolicyConversion {
     let namespace = np.metadata.namespace.clone().unwrap_or_else(|| "default".to_string());
     let name = np.metadata.name.clone().unwrap_or_default();
@@ -587,17 +594,29 @@ pub fn convert_policy(np: &netv1::NetworkPolicy) -> PolicyConversion {
     let egress = rules(&mut ctx, "egress", "to", spec.egress.as_ref(), |r| {
         (r.ports.as_ref(), r.to.as_ref())
     });
+    let policy = Policy {
+        namespace,
+        name,
+        pod_selector,
+        ingress_isolation: ing,
+        egress_isolation: eg,
+        ingress,
+        egress,
+    };
+    // Audit mode: the one point where an audited policy is kept out of
+    // enforcement; a bad value is reported and the policy enforced.
+    let audit = crate::audit::audit_annotation(&np.metadata).unwrap_or_else(|e| {
+        ctx.err(crate::audit::AUDIT_FIELD, e.to_string());
+        false
+    });
+    let (policy, audited) = match audit {
+        true => (crate::audit::enforced_form(&policy), Some(policy)),
+        false => (policy, None),
+    };
     PolicyConversion {
-        policy: Policy {
-            namespace,
-            name,
-            pod_selector,
-            ingress_isolation: ing,
-            egress_isolation: eg,
-            ingress,
-            egress,
-        },
+        policy,
         problems: ctx.errors,
+        audited,
     }
 }
 

@@ -45,7 +45,7 @@ pub enum ClientError {
 }
 
 /// Percent-encodes a query value.
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
@@ -54,15 +54,20 @@ fn encode(s: &str) -> String {
         .collect()
 }
 
-/// Asks the agent at `agent` (`http://HOST:PORT`) to explain `q`; returns
-/// the report and its raw JSON.
-pub fn fetch(agent: &str, q: &ExplainQuery) -> Result<(ExplainReport, String), ClientError> {
-    let addr = agent
+/// The `HOST:PORT` of an `--agent` URL (`http://HOST:PORT`).
+pub(crate) fn agent_addr(agent: &str) -> Result<String, ClientError> {
+    agent
         .strip_prefix("http://")
         .map(|a| a.trim_end_matches('/'))
         .filter(|a| !a.is_empty() && !a.contains('/'))
-        .ok_or_else(|| ClientError::Url(agent.into()))?
-        .to_string();
+        .map(String::from)
+        .ok_or_else(|| ClientError::Url(agent.into()))
+}
+
+/// Asks the agent at `agent` (`http://HOST:PORT`) to explain `q`; returns
+/// the report and its raw JSON.
+pub fn fetch(agent: &str, q: &ExplainQuery) -> Result<(ExplainReport, String), ClientError> {
+    let addr = agent_addr(agent)?;
     let io = |source| ClientError::Io {
         addr: addr.clone(),
         source,

@@ -7,9 +7,10 @@
 //! endpoint is local to this node (the sender's egress, the receiver's
 //! ingress) the answer gives:
 //!
-//! - the agent's view: the compiled form of the complete current state
-//!   (the watch caches, [`crate::reconcile::compiler::snapshot`] and
-//!   `npm_policy::compile`, the function the sync loop programs from)
+//! - the agent's view: the state the sync loop last programmed
+//!   ([`programmed`]: the compiled state exactly as written, with its ids,
+//!   and the snapshot it came from, copied by the sync loop when asked;
+//!   nothing is compiled per request)
 //!   decided by `npm_policy::lookup::lookup`, with the deciding rule by
 //!   name (NetworkPolicy `namespace/name` and rule index, or the
 //!   ClusterNetworkPolicy's tier, name and rule index, an Admin `Pass`
@@ -21,14 +22,16 @@
 //!   no counter, no event); on nftables `null` (the ruleset has no test
 //!   mode: a packet would have to be sent).
 //!
-//! Ids of this compile may differ from the programmed ones; names do not.
-//! CNI facts of pods the API server has no address for yet are not used.
-//! When the two views disagree the mismatch is printed first and counted
+//! A change the sync loop has not programmed yet (the debounce, a held
+//! removal, a failed apply) is not in the agent's view: explain says what
+//! the agent believes the kernel holds. When the two views disagree the mismatch is printed first and counted
 //! (`npm_explain_mismatch_total`). A kernel verdict from a tracked flow
 //! (UDP or SCTP packets of an existing connection) is shown but not
 //! compared: policy decides new connections only.
 
 pub mod client;
+pub mod observe_client;
+pub mod programmed;
 mod report;
 
 use std::net::IpAddr;
@@ -40,9 +43,9 @@ use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
+pub use programmed::{Programmed, ProgrammedView, ViewError};
 pub use report::{explain, DirectionReport, ExplainReport, KernelReport, PolicyRef};
 
-use crate::node::NodeAddresses;
 use crate::telemetry::ServerState;
 
 /// Errors of an explain request (each a 4xx or 503 answer).
@@ -70,9 +73,9 @@ pub enum ExplainError {
     /// Addresses of two families.
     #[error("from {0} and to {1} are of different address families")]
     Family(IpAddr, IpAddr),
-    /// The agent has not listed everything yet.
-    #[error("the agent has no complete list of pods, namespaces and policies yet")]
-    NotListed,
+    /// The programmed state cannot be read now.
+    #[error(transparent)]
+    View(#[from] programmed::ViewError),
     /// The agent was started without explain support.
     #[error("explain is not configured in this agent")]
     NotConfigured,
@@ -90,16 +93,12 @@ pub enum KernelView {
     Nftables,
 }
 
-/// What explain needs besides the watch caches: the compile options the
-/// sync loop uses and the kernel view.
+/// What explain needs besides the programmed state: this node and the
+/// kernel view.
 #[derive(Clone, Debug)]
 pub struct ExplainConfig {
     /// This node's name.
     pub node_name: String,
-    /// `--allow-host-egress`.
-    pub allow_host_egress: bool,
-    /// This node's addresses (current through netlink).
-    pub node_addresses: Option<NodeAddresses>,
     /// The kernel view.
     pub kernel: KernelView,
 }
@@ -118,8 +117,12 @@ pub struct ExplainQuery {
     pub protocol: Option<String>,
 }
 
+/// How long `/explain` waits for the sync loop's copy of what it programmed.
+pub const VIEW_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// `GET /explain`: the [`ExplainReport`] as JSON; 400 for a bad query,
-/// 503 before the lists completed.
+/// 503 before the first sync, after a failed one, or when the sync loop
+/// does not hand over its state within [`VIEW_WAIT`].
 pub async fn handler(State(s): State<ServerState>, uri: Uri) -> Response {
     let q = match parse_query(uri.query().unwrap_or("")) {
         Ok(q) => q,
@@ -128,11 +131,14 @@ pub async fn handler(State(s): State<ServerState>, uri: Uri) -> Response {
     let Some(cfg) = s.metrics.explain_config() else {
         return (StatusCode::SERVICE_UNAVAILABLE, ExplainError::NotConfigured.to_string()).into_response();
     };
-    let cache = s.cache.clone();
+    // At most the sync under way is waited for.
+    let programmed = match s.programmed.current(VIEW_WAIT).await {
+        Ok(p) => p,
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, ExplainError::View(e).to_string()).into_response(),
+    };
     let metrics = s.metrics.clone();
     let job = tokio::task::spawn_blocking(move || {
-        let state = cache.complete().ok_or(ExplainError::NotListed)?;
-        let r = explain(&cfg, &state, &q)?;
+        let r = explain(&cfg, &programmed, &q)?;
         if r.mismatch.is_some() {
             metrics.explain_mismatch.increment(1);
         }
@@ -143,14 +149,14 @@ pub async fn handler(State(s): State<ServerState>, uri: Uri) -> Response {
             Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("explain: {e}")).into_response(),
         },
-        Ok(Err(e @ ExplainError::NotListed)) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+        Ok(Err(e @ ExplainError::View(_))) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
         Ok(Err(e)) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("explain failed: {e}")).into_response(),
     }
 }
 
 /// Decodes a percent-encoded query component (`+` is a space).
-fn decode(s: &str) -> Result<String, String> {
+pub(crate) fn decode(s: &str) -> Result<String, String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

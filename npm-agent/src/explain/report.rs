@@ -1,21 +1,20 @@
-//! The explain report: both directions of a flow decided on the compiled
-//! form of the complete state (`npm_policy::lookup`), named, with the
-//! reference evaluator's text, and the kernel's dry-run verdict.
+//! The explain report: both directions of a flow decided on the state the
+//! sync loop last programmed (`npm_policy::lookup` over its compiled form),
+//! named, with the reference evaluator's text, and the kernel's dry-run
+//! verdict.
 
 use std::net::IpAddr;
 
 use npm_common::Reason;
 use npm_dataplane::ebpf::explain::KernelVerdict;
-use npm_policy::compiled::{CompileOptions, Compiled, Direction, RuleRef, TierAction, TierValue};
+use npm_policy::compiled::{Compiled, Direction, RuleRef, TierAction, TierValue};
 use npm_policy::evaluate::{evaluate, EndVerdict, Flow};
 use npm_policy::lookup::LookupResult;
 use npm_policy::model::{Protocol, Snapshot};
 use serde::{Deserialize, Serialize};
 
+use super::programmed::Programmed;
 use super::{ExplainConfig, ExplainError, ExplainQuery, KernelView};
-use crate::cni::NodeFacts;
-use crate::k8s::CompleteState;
-use crate::reconcile::compiler;
 
 /// A policy rule (or an isolating policy) that took part in a decision.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -236,37 +235,26 @@ pub(crate) fn mismatch(
     ))
 }
 
-/// Explains the flow of `q` on the complete state `state` (blocking: it
-/// compiles the state and, on eBPF, runs the attached programs).
-pub fn explain(cfg: &ExplainConfig, state: &CompleteState, q: &ExplainQuery) -> Result<ExplainReport, ExplainError> {
+/// Explains the flow of `q` on the programmed state `programmed`
+/// (blocking: on eBPF it runs the attached programs).
+pub fn explain(cfg: &ExplainConfig, programmed: &Programmed, q: &ExplainQuery) -> Result<ExplainReport, ExplainError> {
     let protocol = match q.protocol.as_deref().unwrap_or("TCP").to_ascii_uppercase().as_str() {
         "TCP" => Protocol::Tcp,
         "UDP" => Protocol::Udp,
         "SCTP" => Protocol::Sctp,
         other => return Err(ExplainError::Protocol(other.into())),
     };
-    let snapshot = compiler::snapshot(state, &NodeFacts::default());
+    let (snapshot, compiled, opts) = (&programmed.snapshot, &programmed.compiled, &programmed.options);
     let v6 = |s: &str| s.parse::<IpAddr>().ok().map(|ip| ip.is_ipv6());
-    let src = resolve(&snapshot, "from", &q.from, v6(&q.to))?;
-    let dst = resolve(&snapshot, "to", &q.to, Some(src.is_ipv6()))?;
+    let src = resolve(snapshot, "from", &q.from, v6(&q.to))?;
+    let dst = resolve(snapshot, "to", &q.to, Some(src.is_ipv6()))?;
     if src.is_ipv6() != dst.is_ipv6() {
         return Err(ExplainError::Family(src, dst));
     }
-    let opts = CompileOptions {
-        node_name: cfg.node_name.clone(),
-        node_ips: cfg
-            .node_addresses
-            .as_ref()
-            .and_then(|a| a.current())
-            .map(|a| a.as_ref().clone())
-            .unwrap_or_default(),
-        allow_host_egress: cfg.allow_host_egress,
-    };
-    let compiled = compiler::compile(&snapshot, &opts, None);
     let proto = protocol.number();
     let reference = evaluate(
-        &snapshot,
-        &opts,
+        snapshot,
+        opts,
         &Flow {
             src,
             dst,
@@ -281,8 +269,8 @@ pub fn explain(cfg: &ExplainConfig, state: &CompleteState, q: &ExplainQuery) -> 
     ] {
         directions.push(direction(
             cfg,
-            &snapshot,
-            &compiled,
+            snapshot,
+            compiled,
             dir,
             me,
             peer,
@@ -347,7 +335,11 @@ fn direction(
         mismatch: None,
     };
     let Some((&ep, _)) = local else {
-        if r.pod.is_some() {
+        if r.node.as_deref() == Some(cfg.node_name.as_str()) {
+            // A pod of this node the last sync left out (its interface
+            // was not found yet): nothing enforces its policy here yet.
+            r.text = format!("{} (a pod of this node, not programmed yet)", r.text);
+        } else if r.pod.is_some() {
             r.text = format!(
                 "{} (decided on node {}, not here)",
                 r.text,

@@ -204,12 +204,18 @@ pub fn key_of<K: Resource>(o: &K) -> ObjKey {
     )
 }
 
-/// Drop the fields the agent never reads (managedFields, annotations) so the
-/// cache of a large cluster stays small.
+/// Drop the fields the agent never reads (managedFields, annotations but
+/// `npm.io/audit`, which puts a NetworkPolicy in audit mode:
+/// `npm_policy::audit`) so the cache of a large cluster stays small.
 pub fn strip<K: Resource>(mut o: K) -> K {
     let m = o.meta_mut();
     m.managed_fields = None;
-    m.annotations = None;
+    let audit = npm_policy::audit::AUDIT_ANNOTATION;
+    m.annotations = m
+        .annotations
+        .take()
+        .and_then(|mut a| a.remove(audit))
+        .map(|v| BTreeMap::from([(audit.to_string(), v)]));
     o
 }
 

@@ -59,6 +59,9 @@ pub struct SyncConfig {
     pub stats_interval: Duration,
     /// Deny events logged per second at most.
     pub flow_logs_per_sec: u32,
+    /// `--flow-logs-allow`: every local endpoint reports its allowed new
+    /// connections (`report_new`, decided in [`super::report_new`]).
+    pub flow_logs_allow: bool,
     /// How often the incremental compile is checked against a full compile,
     /// in the background (`Duration::ZERO`: after every sync, one check at a
     /// time; debug builds check after every sync).
@@ -88,6 +91,7 @@ impl Default for SyncConfig {
             max_backoff: Duration::from_secs(30),
             stats_interval: Duration::from_secs(5),
             flow_logs_per_sec: 10,
+            flow_logs_allow: false,
             cross_check_interval: Duration::from_secs(300),
             node_addresses: None,
             cluster_policies: ClusterPolicyMode::Auto,

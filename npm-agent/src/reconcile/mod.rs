@@ -83,6 +83,8 @@
 //!   (endpoint ids, the guard's first reference);
 //! - [`cross_check`]: the background full compile that checks the
 //!   incremental one;
+//! - [`report_new`]: which endpoints report their allowed new connections
+//!   (`--flow-logs-allow`, audit mode), set on the state to program;
 //! - [`compiler`]: the calls into `npm-policy` (API objects -> snapshot ->
 //!   compiled form, incrementally).
 
@@ -93,6 +95,7 @@ pub mod cross_check;
 pub mod dataplane;
 pub mod guard;
 pub mod hold;
+pub mod report_new;
 pub mod run;
 pub mod syncer;
 

@@ -62,7 +62,11 @@ impl<D: AgentDataplane> Syncer<D> {
     /// Read the dataplane's counters and deny events into metrics and logs.
     pub fn poll_stats(&mut self) {
         match self.dataplane.counters() {
-            Ok(c) => self.metrics.dataplane_counters(&c),
+            Ok(c) => {
+                self.metrics.dataplane_counters(&c);
+                let programmed = self.programmed.as_ref().map(|p| &p.0);
+                self.metrics.rules.fold(&c.rules, programmed);
+            }
             Err(e) => {
                 self.metrics.error("counters");
                 tracing::warn!(error = %e, "reading dataplane counters failed");
@@ -72,11 +76,20 @@ impl<D: AgentDataplane> Syncer<D> {
         if let Some(lost) = self.dataplane.events_lost() {
             self.metrics.ringbuf_events_lost(lost);
         }
+        // Deny events and the allow events of `report_new` endpoints; an
+        // allow event is not a deny.
         let events = self.dataplane.poll_deny_events();
-        self.metrics.deny_events.increment(events.len() as u64);
+        let denies = events.iter().filter(|e| !e.is_allow()).count();
+        self.metrics.deny_events.increment(denies as u64);
         let programmed = self.programmed.as_ref().map(|p| &p.0);
         let names = crate::telemetry::flowlog::Names::new(programmed, self.incremental.snapshot());
         let suppressed = self.flowlog.log_all(&events, &names, Instant::now());
+        // Audit mode: the allow events the audited policies would deny.
+        let snapshot = self.incremental.snapshot();
+        let would_deny = self
+            .audit
+            .would_deny(&events, &names, programmed, snapshot, &self.cfg.compile, &self.metrics);
+        self.audit.log(&would_deny, &mut self.flowlog, Instant::now());
         self.metrics.deny_events_suppressed.increment(suppressed);
     }
 
@@ -94,6 +107,7 @@ impl<D: AgentDataplane> Syncer<D> {
         let cache = self.cache.clone();
         let health = self.readiness.clone();
         let mut node_addresses = self.cfg.node_addresses.clone();
+        let view = self.programmed_view.clone();
         loop {
             health.loop_progress();
             let far = tokio::time::Instant::now() + Duration::from_secs(3600);
@@ -103,6 +117,8 @@ impl<D: AgentDataplane> Syncer<D> {
                 _ = sleep, if retry_at.is_some() => {}
                 _ = stats.tick() => { self.poll_stats(); continue; }
                 _ = heartbeat.tick() => continue,
+                // `/explain` waits for a copy of what is programmed.
+                _ = view.wanted() => { self.publish_programmed(); continue; }
                 _ = node_addresses_changed(node_addresses.as_mut()) => {}
             }
             // Coalesce changes for `debounce` after the oldest one not yet

@@ -189,8 +189,12 @@ pub struct Syncer<D: AgentDataplane> {
     pub(super) events: Option<EventRecorder>,
     pub(super) known_conflicts: BTreeSet<(IpAddr, Vec<String>)>,
     pub(super) flowlog: FlowLog,
+    /// Audit mode: the audited policies of the state last compiled.
+    pub(super) audit: crate::telemetry::audit::Audit,
     /// The maps the last programmed state did not fit (degraded mode).
     pub(super) degraded: Vec<Shortfall>,
+    /// Where each successful sync publishes what it programmed (`/explain`).
+    pub(super) programmed_view: crate::explain::ProgrammedView,
 }
 
 /// Builds a [`Syncer`] ([`Syncer::builder`]). The settings default to
@@ -206,9 +210,25 @@ pub struct SyncerBuilder<D: AgentDataplane> {
     health: Option<Arc<Health>>,
     node_facts: FactsHandle,
     events: Option<EventRecorder>,
+    programmed_view: crate::explain::ProgrammedView,
+    observe: Option<crate::telemetry::ObserveHub>,
 }
 
 impl<D: AgentDataplane> SyncerBuilder<D> {
+    /// Where each successful sync publishes the state it programmed
+    /// (default: a slot nobody reads).
+    pub fn programmed_view(mut self, view: crate::explain::ProgrammedView) -> Self {
+        self.programmed_view = view;
+        self
+    }
+
+    /// Where the flow-log records go besides stdout (`/observe`; default:
+    /// stdout only).
+    pub fn observe(mut self, hub: crate::telemetry::ObserveHub) -> Self {
+        self.observe = Some(hub);
+        self
+    }
+
     /// The loop's settings.
     pub fn config(mut self, cfg: SyncConfig) -> Self {
         self.cfg = cfg;
@@ -260,11 +280,17 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             health,
             node_facts,
             events,
+            programmed_view,
+            observe,
         } = self;
         let resolver = resolver.unwrap_or_else(|| Box::new(InterfaceResolver::new(None)));
         let metrics = cache.metrics().clone();
         let readiness = health.unwrap_or_else(|| Arc::new(Health::default().with_metrics(metrics.clone())));
-        let flowlog = FlowLog::new(cfg.flow_logs_per_sec);
+        let flowlog = match &observe {
+            Some(hub) => FlowLog::with_writer(cfg.flow_logs_per_sec, hub.tee(Box::new(std::io::stdout()))),
+            None => FlowLog::new(cfg.flow_logs_per_sec),
+        }
+        .log_allows(cfg.flow_logs_allow);
         Syncer {
             cache,
             metrics,
@@ -294,7 +320,9 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             events,
             known_conflicts: BTreeSet::new(),
             flowlog,
+            audit: crate::telemetry::audit::Audit::with_rate(cfg.flow_logs_per_sec),
             degraded: Vec::new(),
+            programmed_view,
             cfg,
         }
     }
@@ -314,6 +342,8 @@ impl<D: AgentDataplane> Syncer<D> {
             health: None,
             node_facts: FactsHandle::default(),
             events: None,
+            programmed_view: Default::default(),
+            observe: None,
         }
     }
 
@@ -325,6 +355,21 @@ impl<D: AgentDataplane> Syncer<D> {
     /// What was programmed last (the compiled state and the interfaces).
     pub fn programmed(&self) -> Option<&(Compiled, Interfaces)> {
         self.programmed.as_ref()
+    }
+
+    /// Copy what is programmed for `/explain`, which waits for it (see
+    /// [`crate::explain::ProgrammedView`]); refused while a failed sync left
+    /// the compiled state unlike what is programmed.
+    pub(super) fn publish_programmed(&self) {
+        let view = &self.programmed_view;
+        match &self.programmed {
+            Some((prog, _)) if view.is_settled() => {
+                if view.is_stale() {
+                    view.publish(prog, self.incremental.snapshot(), &self.cfg.compile);
+                }
+            }
+            _ => view.refuse(),
+        }
     }
 
     /// The dataplane.
@@ -448,6 +493,8 @@ impl<D: AgentDataplane> Syncer<D> {
         }
         let conflicts = self.incremental.conflicts();
         self.report_snapshot(invalid, conflicts);
+        // Audit mode: the audited policies of the state just compiled.
+        self.audit.refresh(&state.policies);
     }
 
     /// Take this node's current addresses into the compile options (a
@@ -494,6 +541,9 @@ impl<D: AgentDataplane> Syncer<D> {
         let rebuild = self.need_full || self.programmed.is_none() || self.rebuild_pending;
         // The objects last programmed (what a held removal keeps).
         let last = self.programmed.is_some().then(|| self.incremental.state());
+        // Until this sync succeeds, the compiled state may not be what is
+        // programmed (`/explain` is told so).
+        self.programmed_view.syncing();
         self.compile_state(&state, rebuild);
         let t_compile = started.elapsed();
         let mut confirmed = false;
@@ -546,14 +596,18 @@ impl<D: AgentDataplane> Syncer<D> {
             tracing::debug!(missing = ?resolved.missing, "endpoints without an interface yet; retrying");
         }
         let interfaces = resolved.interfaces;
-        // Endpoints without an interface are left out; only then is the
-        // compiled state copied.
+        // Endpoints without an interface are left out, and `report_new` is
+        // set as `report_new` decides; only then is the compiled state copied.
         let filtered;
-        let target: &Compiled = if compiled.endpoints.keys().all(|id| interfaces.contains_key(id)) {
+        let snapshot = self.incremental.snapshot();
+        let target: &Compiled = if compiled.endpoints.keys().all(|id| interfaces.contains_key(id))
+            && !super::report_new::report_new_differs(&self.cfg, snapshot, &self.audit, compiled)
+        {
             compiled
         } else {
             let mut t = compiled.clone();
             t.endpoints.retain(|id, _| interfaces.contains_key(id));
+            super::report_new::apply_report_new(&self.cfg, snapshot, &self.audit, &mut t);
             filtered = t;
             &filtered
         };
@@ -688,6 +742,8 @@ impl<D: AgentDataplane> Syncer<D> {
             // What CNI requests wait for: this sync's facts, programmed.
             self.node_facts.publish(self.facts.programmed(prog, interfaces));
         }
+        // `/explain` copies this state when it asks (`publish_programmed`).
+        self.programmed_view.synced();
         match held_err {
             Some(e) => Err(e),
             None => Ok(outcome),

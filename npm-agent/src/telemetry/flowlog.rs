@@ -1,6 +1,24 @@
-//! Rate-limited deny flow logs from the datapath's ring buffer, with names.
+//! Rate-limited flow logs of the datapath's events, with names: deny
+//! events, and the allow events of new connections of the endpoints that
+//! report them (`report_new`: `--flow-logs-allow`, audit mode; see
+//! `crate::reconcile::report_new`).
 //!
-//! Each deny event becomes one JSON line on stdout ([`FlowRecord`]): the
+//! Both dataplanes give the same events ([`DenyEvent`], its verdict told by
+//! [`DenyEvent::is_allow`]): eBPF from its ring buffer `NPM_EVENTS`,
+//! nftables from NFLOG ([`npm_dataplane::nft::nflog`]).
+//!
+//! # Where to hook in
+//!
+//! - [`FlowLog::log_all`] names every event ([`Names::record`]) and writes
+//!   what the rate allows as JSON lines to its writer (stdout; the live
+//!   stream of `npm-agent observe` tees that writer);
+//! - [`FlowLog::on_allow`] registers a consumer that receives EVERY allow
+//!   event with its named record, before and regardless of the rate limit
+//!   (audit mode's would-deny evaluation): `(event, record)`, in the order
+//!   the datapath reported them.
+//!
+//! Each event becomes one JSON line ([`FlowRecord`], `"verdict":"allow"` or
+//! `"deny"`): the
 //! pod the event is about (namespace/name), the peer (another pod by
 //! namespace/name, this node, another node by name: `node/<name>`, or the
 //! world with the longest matching CIDR of the policies), the direction and reason, the 5-tuple, and the
@@ -13,9 +31,10 @@
 //! the snapshot's pods and policies), so the log says what the agent
 //! believed when it read the event.
 //!
-//! At most `per_sec` deny events are logged per one-second window
-//! (`--flow-logs-per-sec`); the rest are counted, and the count is logged
-//! (to the tracing log) when the window closes.
+//! At most `per_sec` deny events and `per_sec` allow events are logged per
+//! one-second window (`--flow-logs-per-sec`, a budget per verdict, so
+//! allowed connections never crowd out denies); the rest are counted, and
+//! the count is logged (to the tracing log) when the window closes.
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -27,13 +46,21 @@ use npm_policy::compiled::{Compiled, Direction, RuleRef};
 use npm_policy::model::Snapshot;
 use serde::Serialize;
 
-/// The rate limiter and writer of deny flow logs.
+/// A consumer of every allow event with its named record
+/// ([`FlowLog::on_allow`]).
+pub type AllowSink = Box<dyn FnMut(&DenyEvent, &FlowRecord) + Send>;
+
+/// The rate limiter and writer of flow logs.
 pub struct FlowLog {
     per_sec: u32,
     window: Option<Instant>,
-    logged: u32,
-    suppressed: u64,
+    /// Lines logged in the window: deny, allow.
+    logged: [u32; 2],
+    /// Lines suppressed in the window: deny, allow.
+    suppressed: [u64; 2],
     out: Box<dyn Write + Send>,
+    allow_sinks: Vec<AllowSink>,
+    log_allows: bool,
 }
 
 impl std::fmt::Debug for FlowLog {
@@ -82,11 +109,21 @@ fn protocol(p: u8) -> String {
     }
 }
 
-/// One line describing a deny event by ids and addresses only.
+/// The record's verdict of an event: `allow` or `deny`.
+pub fn verdict(e: &DenyEvent) -> &'static str {
+    if e.is_allow() {
+        "allow"
+    } else {
+        "deny"
+    }
+}
+
+/// One line describing an event by ids and addresses only.
 pub fn describe(e: &DenyEvent) -> String {
     let reason = Reason::from_u8(e.reason).map(Reason::name).unwrap_or("unknown");
     format!(
-        "deny endpoint={} ifindex={} dir={} reason={reason} proto={} {}:{} -> {}:{}",
+        "{} endpoint={} ifindex={} dir={} reason={reason} proto={} {}:{} -> {}:{}",
+        verdict(e),
         e.endpoint,
         e.ifindex,
         direction(e),
@@ -164,12 +201,13 @@ pub fn tier_of(reason: Option<Reason>) -> Option<&'static str> {
     }
 }
 
-/// One deny flow log line (serialized as JSON).
+/// One flow log line (serialized as JSON).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FlowRecord {
-    /// Always `deny`.
+    /// `deny` (a dropped packet) or `allow` (the first packet of an allowed
+    /// new connection).
     pub verdict: &'static str,
-    /// The datapath's reason (`policy-denied`, ...).
+    /// The datapath's reason (`policy-denied`, `policy`, `not-isolated`, ...).
     pub reason: &'static str,
     /// `ingress` (into the pod) or `egress` (out of it).
     pub direction: &'static str,
@@ -183,11 +221,12 @@ pub struct FlowRecord {
     /// The policies that isolate the pod in this direction,
     /// `namespace/name`, sorted.
     pub policies: Vec<String>,
-    /// The ClusterNetworkPolicy tier that denied it (`Admin`,
-    /// `Baseline`); absent for other reasons.
+    /// The ClusterNetworkPolicy tier that decided it (`Admin`,
+    /// `Baseline`: `admin-deny`, `admin-accept`, ...); absent for other
+    /// reasons.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tier: Option<&'static str>,
-    /// The ClusterNetworkPolicy rule that denied it, when the programmed
+    /// The ClusterNetworkPolicy rule that decided it, when the programmed
     /// state still decides the packet so (absent otherwise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster_policy: Option<ClusterRuleName>,
@@ -325,7 +364,7 @@ impl<'a> Names<'a> {
         let cluster_policy = tier.and_then(|_| self.cluster_rule(e, dir, peer_ip));
         let hostport = |ip: IpAddr, port: u16| std::net::SocketAddr::new(ip, port).to_string();
         FlowRecord {
-            verdict: "deny",
+            verdict: verdict(e),
             reason: reason.map(Reason::name).unwrap_or("unknown"),
             direction: direction(e),
             pod,
@@ -354,47 +393,113 @@ impl FlowLog {
         FlowLog {
             per_sec,
             window: None,
-            logged: 0,
-            suppressed: 0,
+            logged: [0; 2],
+            suppressed: [0; 2],
             out,
+            allow_sinks: Vec::new(),
+            log_allows: true,
         }
     }
 
-    /// Decide for one event at `now`. When a window closes with suppressed
-    /// events, their count is logged.
+    /// Whether allow events become lines (`--flow-logs-allow`; on by
+    /// default here). Off, allow events still reach the
+    /// [`FlowLog::on_allow`] sinks (audit mode) but are not logged: an
+    /// audited pod's new connections do not appear as allow lines.
+    pub fn log_allows(mut self, on: bool) -> Self {
+        self.log_allows = on;
+        self
+    }
+
+    /// Write `record` (built elsewhere: audit mode's would-deny lines,
+    /// [`super::audit`], which rate-limits them) as one JSON line to this
+    /// log's writer.
+    pub fn write_record(&mut self, record: &FlowRecord) {
+        match serde_json::to_string(record) {
+            Ok(line) => {
+                if let Err(err) = writeln!(self.out, "{line}").and_then(|()| self.out.flush()) {
+                    tracing::warn!(error = %err, "writing a flow log line failed");
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "serializing a flow log record failed"),
+        }
+    }
+
+    /// Registers `sink`, called by [`FlowLog::log_all`] with every allow
+    /// event and its named record (all of them: the rate limit applies to
+    /// the lines only), in order.
+    pub fn on_allow(&mut self, sink: AllowSink) {
+        self.allow_sinks.push(sink);
+    }
+
+    /// Decide for one deny event at `now` (see [`FlowLog::admit_verdict`]).
     pub fn admit(&mut self, now: Instant) -> Admit {
+        self.admit_verdict(now, false)
+    }
+
+    /// Decide for one event at `now`, an allow event when `allow` (each
+    /// verdict has its budget of `per_sec` lines per window). When a window
+    /// closes with suppressed events, their count is logged.
+    pub fn admit_verdict(&mut self, now: Instant, allow: bool) -> Admit {
         let fresh = match self.window {
             None => true,
             Some(start) => now.saturating_duration_since(start) >= Duration::from_secs(1),
         };
         if fresh {
-            if self.suppressed > 0 {
-                tracing::warn!(
-                    suppressed = self.suppressed,
-                    "deny flow logs suppressed by the rate limit"
-                );
+            for (i, what) in ["deny", "allow"].into_iter().enumerate() {
+                if self.suppressed[i] > 0 {
+                    tracing::warn!(
+                        suppressed = self.suppressed[i],
+                        verdict = what,
+                        "flow logs suppressed by the rate limit"
+                    );
+                }
             }
             self.window = Some(now);
-            self.logged = 0;
-            self.suppressed = 0;
+            self.logged = [0; 2];
+            self.suppressed = [0; 2];
         }
-        if self.logged < self.per_sec {
-            self.logged += 1;
+        let i = usize::from(allow);
+        if self.logged[i] < self.per_sec {
+            self.logged[i] += 1;
             Admit::Log
         } else {
-            self.suppressed += 1;
+            self.suppressed[i] += 1;
             Admit::Suppress
         }
     }
 
     /// Log what the rate allows of `events`, named by `names`, as JSON
-    /// lines; returns how many were suppressed.
+    /// lines, and hand every allow event to the [`FlowLog::on_allow`]
+    /// sinks; returns how many lines were suppressed.
     pub fn log_all(&mut self, events: &[DenyEvent], names: &Names<'_>, now: Instant) -> u64 {
         let mut suppressed = 0;
         for e in events {
-            match self.admit(now) {
+            let allow = e.is_allow();
+            if allow && !self.log_allows {
+                if !self.allow_sinks.is_empty() {
+                    let record = names.record(e);
+                    for sink in &mut self.allow_sinks {
+                        sink(e, &record);
+                    }
+                }
+                continue;
+            }
+            let admit = self.admit_verdict(now, allow);
+            // A suppressed line is still named for the allow sinks.
+            let for_sinks = allow && !self.allow_sinks.is_empty();
+            if admit == Admit::Suppress && !for_sinks {
+                suppressed += 1;
+                continue;
+            }
+            let record = names.record(e);
+            if allow {
+                for sink in &mut self.allow_sinks {
+                    sink(e, &record);
+                }
+            }
+            match admit {
                 Admit::Log => {
-                    let line = serde_json::to_string(&names.record(e)).unwrap_or_else(|_| describe(e));
+                    let line = serde_json::to_string(&record).unwrap_or_else(|_| describe(e));
                     if let Err(err) = writeln!(self.out, "{line}").and_then(|()| self.out.flush()) {
                         tracing::warn!(error = %err, "writing a flow log line failed");
                     }

@@ -99,6 +99,7 @@ pub const SERIES: &[Series] = &[
     series("npm_endpoints_pending_interface", G, N, &[], "Local endpoints whose host interface is not found yet (not enforced)."),
     series("npm_incremental_mismatch_total", C, N, &[], "Incremental compiles that differed from the full-compile cross-check."),
     series("npm_explain_mismatch_total", C, N, &[], "Explain requests whose kernel dry-run verdict differed from the agent's compiled verdict."),
+    series("npm_observe_lost_total", C, N, &[], "Flow records dropped for `/observe` clients that read too slowly (each client's loss counts)."),
     series("npm_cni_add_wait_seconds", H, S, &[], "Seconds a CNI ADD waited until its endpoint was programmed."),
     series("npm_cni_requests_total", C, N, &["command", "result"], "npm-cni requests answered, by command and result (ok, retry, error)."),
     series("npm_interface_conflicts_total", C, N, &[], "Interfaces found claimed by more than one endpoint (the newcomers are refused)."),
@@ -115,6 +116,12 @@ pub const SERIES: &[Series] = &[
     series("npm_packets_total", C, N, &["direction", "reason", "verdict"], "Packets classified by the datapath, by direction, reason and verdict."),
     series("npm_bytes_total", C, B, &["direction", "reason", "verdict"], "Bytes of the packets classified by the datapath, by direction, reason and verdict."),
     series("npm_tier_packets_total", C, N, &["direction", "tier", "action"], "New connections decided by a ClusterNetworkPolicy tier (admin, baseline), by direction and action (accept, deny); the datapath counters of the reasons admin-accept, admin-deny, baseline-accept and baseline-deny."),
+    series("npm_audit_would_deny_total", C, N, &["namespace", "policy", "direction"], "New connections the datapath allowed that an audited NetworkPolicy (annotation npm.io/audit set to true: evaluated, not enforced) would deny, by policy namespace, policy name and direction of the pod; one per reported allow event and audited policy."),
+    series("npm_rule_allowed_packets_total", C, N, &["namespace", "policy", "rule", "direction"], "Packets a NetworkPolicy rule allowed at the policy decision: the first packet of each new connection (its later packets are tracked, not re-decided: reason tracked of npm_packets_total), by policy namespace, policy name, rule index and direction; _other: beyond --rule-metrics-max or not attributable."),
+    series("npm_rule_allowed_bytes_total", C, B, &["namespace", "policy", "rule", "direction"], "Bytes of the packets counted by npm_rule_allowed_packets_total."),
+    series("npm_endpoint_denied_packets_total", C, N, &["namespace", "pod", "direction"], "Packets NetworkPolicy denied to an isolated pod of this node, by pod namespace, pod name and direction; _other: beyond --rule-metrics-max or not attributable."),
+    series("npm_endpoint_denied_bytes_total", C, B, &["namespace", "pod", "direction"], "Bytes of the packets counted by npm_endpoint_denied_packets_total."),
+    series("npm_rule_metrics_folded", G, N, &["kind"], "Live rules (kind rule) or pods (kind endpoint) counted in an _other series because --rule-metrics-max series of their kind exist."),
     series("npm_tier_bytes_total", C, B, &["direction", "tier", "action"], "Bytes of the packets decided by a ClusterNetworkPolicy tier, by direction, tier and action (the same counters as npm_tier_packets_total)."),
 ];
 
@@ -205,8 +212,12 @@ pub struct Metrics {
     pub ringbuf_events_lost: Counter,
     /// `npm_explain_mismatch_total`: explain requests where the kernel's dry run disagreed with the agent.
     pub explain_mismatch: Counter,
+    /// `npm_observe_lost_total`: flow records dropped for `/observe` clients that fell behind.
+    pub observe_lost: Counter,
     /// What `/explain` needs (set once by `main`; unset: `/explain` answers 503).
     explain: crate::explain::ExplainSlot,
+    /// The per-rule and per-endpoint series (rendered after the registry's).
+    pub rules: Arc<super::rule_metrics::RuleMetrics>,
 }
 
 impl Metrics {
@@ -260,7 +271,9 @@ impl Metrics {
             last_sync_success: metrics::gauge!("npm_last_sync_success_timestamp_seconds"),
             ringbuf_events_lost: metrics::counter!("npm_ringbuf_events_lost_total"),
             explain_mismatch: metrics::counter!("npm_explain_mismatch_total"),
+            observe_lost: metrics::counter!("npm_observe_lost_total"),
             explain: Default::default(),
+            rules: Default::default(),
         });
         // Make the labelled families visible from the start.
         for op in [
@@ -294,7 +307,9 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
-        self.handle.render()
+        let mut text = self.handle.render();
+        text.push_str(&self.rules.render());
+        text
     }
 
     /// Configures `/explain` (once; a second call is ignored).
@@ -329,6 +344,16 @@ impl Metrics {
     pub fn cni_request(&self, command: &'static str, result: &'static str) {
         self.with(|| {
             metrics::counter!("npm_cni_requests_total", "command" => command, "result" => result).increment(1)
+        });
+    }
+
+    /// Count one new connection the audited policy `namespace/policy`
+    /// would deny in `direction` (`npm_audit_would_deny_total`).
+    pub fn audit_would_deny(&self, namespace: &str, policy: &str, direction: &'static str) {
+        let (namespace, policy) = (namespace.to_string(), policy.to_string());
+        self.with(|| {
+            metrics::counter!("npm_audit_would_deny_total", "namespace" => namespace, "policy" => policy, "direction" => direction)
+                .increment(1)
         });
     }
 
@@ -502,6 +527,7 @@ mod tests {
     fn every_series_is_described_and_listed() {
         let m = Metrics::new().unwrap();
         m.watch_event("pods", "apply");
+        m.audit_would_deny("ns", "audited", "ingress");
         m.cni_request("add", "ok");
         m.error("watch");
         m.readiness_failure("lists", true);

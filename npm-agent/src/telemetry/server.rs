@@ -1,5 +1,6 @@
 //! The agent's HTTP endpoints: `/metrics` (Prometheus text), `/explain`
-//! (read-only, [`crate::explain`]), `/healthz`
+//! (read-only, [`crate::explain`]), `/observe` (the live flow stream,
+//! read-only, [`super::observe`]), `/healthz`
 //! (the sync loop makes progress) and `/readyz` (all four lists completed,
 //! the first sync applied and no other readiness check fails; see
 //! [`health`](super::health)). `?verbose` lists the checks one per line,
@@ -42,6 +43,10 @@ pub struct ServerState {
     pub cache: Arc<Cache>,
     /// Readiness and liveness checks.
     pub health: Arc<Health>,
+    /// What the sync loop last programmed (`/explain`).
+    pub programmed: crate::explain::ProgrammedView,
+    /// The flow-log records the sync loop publishes (`/observe`).
+    pub observe: super::observe::ObserveHub,
 }
 
 async fn metrics(State(s): State<ServerState>) -> impl IntoResponse {
@@ -150,13 +155,14 @@ async fn readyz(State(s): State<ServerState>, uri: Uri) -> (StatusCode, String) 
     })
 }
 
-/// The router of the three endpoints.
+/// The router of the endpoints.
 pub fn router(state: ServerState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/explain", get(crate::explain::handler))
+        .route("/observe", get(super::observe::handler))
         .with_state(state)
 }
 

@@ -336,6 +336,7 @@ fn agent_command_line_is_run_with_every_flag() {
         "--mass-delete-threshold=0.5",
         "--mass-delete-window-secs=600",
         "--flow-logs-per-sec=10",
+        "--rule-metrics-max=1000",
         "--cluster-network-policies=auto",
         "--log-level=info",
         "--log-format=json",
@@ -345,7 +346,12 @@ fn agent_command_line_is_run_with_every_flag() {
     ] {
         assert!(argv.iter().any(|a| a == want), "{want} in {argv:?}");
     }
-    assert_eq!(argv.len(), 2 + 14, "no other flag: {argv:?}");
+    assert_eq!(argv.len(), 2 + 15, "no other flag: {argv:?}");
+    assert!(!argv.iter().any(|a| a == "--flow-logs-allow"), "off by default: {argv:?}");
+    let argv = agent_command_line(&["flowLogsAllow=true", "ruleMetricsMax=20"]);
+    for want in ["--flow-logs-allow", "--rule-metrics-max=20"] {
+        assert!(argv.iter().any(|a| a == want), "{want} in {argv:?}");
+    }
 }
 
 /// Runs the image's binary (`target/debug/npm-agent`) with the command

@@ -6,8 +6,8 @@
 //! live maps it uses.
 //!
 //! The run is a *dry run*: its `__sk_buff.ingress_ifindex` is
-//! [`DRY_RUN_IIF`], a value no real packet carries (see `DRY_RUN_IIF` in
-//! `npm-ebpf/src/main.rs` for why). The classifier then creates no
+//! [`DRY_RUN_IIF`], a value no real packet carries (see
+//! `npm_common::DRY_RUN_IIF` for why). The classifier then creates no
 //! conntrack entry, fills neither per-CPU cache, counts nothing and sends
 //! no deny event; it returns its reason in the skb mark, which
 //! `BPF_PROG_TEST_RUN` copies back (`ctx_out`). What remains: a packet of
@@ -32,13 +32,10 @@ use super::endpoints::read_entries;
 use super::pins::open_pinned;
 use super::{translate, EbpfError};
 
-/// The dry-run signal: `__sk_buff.ingress_ifindex` of an explain run.
-/// Same value as `DRY_RUN_IIF` of the classifier (`npm-ebpf`).
-pub const DRY_RUN_IIF: u32 = u32::MAX;
-
-/// A dry run's mark: this value with the reason in the low byte (the
-/// classifier's `DRY_RUN_MARK`).
-pub const DRY_RUN_MARK: u32 = 0x4e50_4d00;
+/// The dry-run signal (`__sk_buff.ingress_ifindex` of an explain run) and
+/// the mark a dry run returns its reason in: one definition, shared with
+/// the classifier (`npm_common`).
+pub use npm_common::{DRY_RUN_IIF, DRY_RUN_MARK};
 
 /// The source port of crafted packets.
 const CRAFTED_SPORT: u16 = 49152;

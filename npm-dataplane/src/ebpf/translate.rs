@@ -12,8 +12,8 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use npm_common::{
     ep_no_peer_flag, EndpointInfo, IpInfo, IpKey, PolicyKey, PolicyValue, EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS,
     EP_ISOLATED_INGRESS, EP_NO_ANY_PEER_EGRESS, EP_NO_ANY_PEER_INGRESS, EP_NO_CIDR_PEER_EGRESS,
-    EP_NO_CIDR_PEER_INGRESS, EP_NO_POD_PEER_EGRESS, EP_NO_POD_PEER_INGRESS, EP_PRESENT, POLICY_FRONT_MAX_ENDPOINT,
-    POLICY_FRONT_MAX_IDENTITY, POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTO,
+    EP_NO_CIDR_PEER_INGRESS, EP_NO_POD_PEER_EGRESS, EP_NO_POD_PEER_INGRESS, EP_PRESENT, EP_REPORT_NEW,
+    POLICY_FRONT_MAX_ENDPOINT, POLICY_FRONT_MAX_IDENTITY, POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTO,
 };
 use npm_common::{policy_front_proto, policy_front_word};
 use npm_common::{
@@ -323,7 +323,8 @@ pub fn presence_flags(p: &TierPresence) -> u32 {
 }
 
 /// The `NPM_ENDPOINTS` value of endpoint `id` (its tier flags from
-/// [`Endpoint::tiers`]; the writer adds those of its entries).
+/// [`Endpoint::tiers`]; the writer adds those of its entries;
+/// [`EP_REPORT_NEW`] from [`Endpoint::report_new`]).
 pub fn endpoint_info(id: u32, ep: &Endpoint) -> EndpointInfo {
     let mut info = EndpointInfo {
         id,
@@ -337,6 +338,9 @@ pub fn endpoint_info(id: u32, ep: &Endpoint) -> EndpointInfo {
         info.flags |= EP_ISOLATED_EGRESS;
     }
     info.flags |= presence_flags(&ep.tiers);
+    if ep.report_new {
+        info.flags |= EP_REPORT_NEW;
+    }
     if let Some(v4) = ep.ipv4 {
         info.flags |= EP_HAS_V4;
         info.ipv4 = IpKey::v4(v4.octets()).addr;
@@ -623,5 +627,7 @@ mod tests {
         assert_eq!(info.flags, EP_PRESENT | EP_ISOLATED_INGRESS | EP_HAS_V4);
         assert_eq!(endpoint_ipv4(&info), Some("10.0.0.5".parse().unwrap()));
         assert_eq!(endpoint_ipv6(&info), None);
+        let reported = endpoint_info(9, &Endpoint { report_new: true, ..ep });
+        assert_eq!(reported.flags, info.flags | EP_REPORT_NEW);
     }
 }

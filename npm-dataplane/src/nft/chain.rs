@@ -22,6 +22,7 @@ use npm_common::{Reason, IDENTITY_ANY, IDENTITY_HOST, IDENTITY_WORLD};
 use npm_policy::compiled::{Direction, Endpoint, PolicyEntry, Tier, TierAction, TierEntry, TierValue};
 use npm_policy::model::Protocol;
 
+use super::nflog::{allow_log_rule, deny_log_rule};
 use super::ranges::Family;
 use super::render::{chain_name, counter_name, set_name, PeerSet, ICMPV6_CONTROL};
 
@@ -78,17 +79,31 @@ const fn decision(tier: Tier, action: TierAction) -> Option<(Reason, &'static st
 /// The rules of a tier chain: one per entry and family in rank order
 /// (entries with an empty port range and peers without addresses are left
 /// out: they match nothing).
+///
+/// A `Deny` rule is preceded by its NFLOG rule (same match), an `Accept`
+/// rule too when the endpoint (`id`) has `report_new` (`super::nflog`).
 pub(crate) fn tier_rules(
+    id: u32,
+    report_new: bool,
     direction: Direction,
     tier: Tier,
     entries: &[(&TierEntry, &TierValue)],
     sets: &BTreeMap<u32, PeerSet>,
 ) -> Vec<String> {
     let mut out = Vec::new();
+    let d = direction.as_u8();
     for (entry, value) in entries {
         let Some(l4) = l4_match(entry.protocol, entry.ports) else {
             continue;
         };
+        let log = match decision(tier, value.action) {
+            Some((reason, "drop")) => Some(deny_log_rule(&l4, id, d, reason)),
+            Some((reason, _)) => allow_log_rule(&l4, report_new, id, d, reason),
+            None => None,
+        };
+        if let Some(log) = log {
+            peer_rules(&mut out, direction, entry.peer, &format!(" {log}"), sets);
+        }
         let rule = value.rule;
         let tail = match decision(tier, value.action) {
             Some((reason, verdict)) => format!(
@@ -145,7 +160,12 @@ pub(crate) struct TierJumps {
 /// host ingress first (before every tier), then `jump` to the Admin chain,
 /// then NetworkPolicy when it isolates the endpoint, else `jump` to the
 /// Baseline chain and `not_isolated`.
+///
+/// Every drop is preceded by its NFLOG rule (same match, rate-limited), and
+/// every allow of an endpoint with `report_new` too (`ct state new` only):
+/// `super::nflog`. `id` is the endpoint's id (the log prefix).
 pub(crate) fn endpoint_rules(
+    id: u32,
     ep: &Endpoint,
     direction: Direction,
     entries: &[(&PolicyEntry, u32)],
@@ -161,29 +181,38 @@ pub(crate) fn endpoint_rules(
     if direction == Direction::Egress {
         // Source validation: only the endpoint's own addresses may leave it.
         let spoofed = c(Reason::Spoofed);
-        out.push(match ep.ipv4 {
-            Some(a) => format!("ip saddr != {a} counter name \"{spoofed}\" drop"),
-            None => format!("meta nfproto ipv4 counter name \"{spoofed}\" drop"),
-        });
-        out.push(match ep.ipv6 {
-            Some(a) => format!("ip6 saddr != {a} counter name \"{spoofed}\" drop"),
-            None => format!("meta nfproto ipv6 counter name \"{spoofed}\" drop"),
-        });
+        let v4 = match ep.ipv4 {
+            Some(a) => format!("ip saddr != {a}"),
+            None => "meta nfproto ipv4".to_string(),
+        };
+        let v6 = match ep.ipv6 {
+            Some(a) => format!("ip6 saddr != {a}"),
+            None => "meta nfproto ipv6".to_string(),
+        };
+        // Not logged: a logging rule here would cost every egress packet,
+        // tracked ones included, one more rule (the drops logged all come
+        // after the conntrack step).
+        for m in [v4, v6] {
+            out.push(format!("{m} counter name \"{spoofed}\" drop"));
+        }
     }
     out.push(format!(
         "ct state established,related counter name \"{}\" return",
         c(Reason::Tracked)
     ));
+    out.push(deny_log_rule("ct state invalid", id, d, Reason::Malformed));
     out.push(format!(
         "ct state invalid counter name \"{}\" drop",
         c(Reason::Malformed)
     ));
+    let allow_log = |m: &str, r: Reason| allow_log_rule(m, ep.report_new, id, d, r);
     let isolated = match direction {
         Direction::Ingress => ep.isolated_ingress,
         Direction::Egress => ep.isolated_egress,
     };
     let tiered = tiers.admin.is_some() || tiers.baseline.is_some();
     if !isolated && !tiered {
+        out.extend(allow_log("", Reason::NotIsolated));
         out.push(format!("counter name \"{}\" return", c(Reason::NotIsolated)));
         return out;
     }
@@ -192,6 +221,10 @@ pub(crate) fn endpoint_rules(
         if let Some(host) = sets.get(&IDENTITY_HOST) {
             for (family, sel) in [(Family::V4, "ip saddr"), (Family::V6, "ip6 saddr")] {
                 if !host.elements(family).is_empty() {
+                    out.extend(allow_log(
+                        &format!("{sel} @{}", set_name(IDENTITY_HOST, family)),
+                        Reason::Host,
+                    ));
                     out.push(format!(
                         "{sel} @{} counter name \"{}\" return",
                         set_name(IDENTITY_HOST, family),
@@ -208,6 +241,7 @@ pub(crate) fn endpoint_rules(
         if let Some(baseline) = &tiers.baseline {
             out.push(format!("jump {baseline}"));
         }
+        out.extend(allow_log("", Reason::NotIsolated));
         out.push(format!("counter name \"{}\" return", c(Reason::NotIsolated)));
         return out;
     }
@@ -215,13 +249,20 @@ pub(crate) fn endpoint_rules(
         let Some(l4) = l4_match(entry.protocol, entry.ports) else {
             continue;
         };
+        if let Some(log) = allow_log(&l4, Reason::Policy) {
+            peer_rules(&mut out, direction, entry.peer, &format!(" {log}"), sets);
+        }
+        // The anonymous `counter` is the rule's own (read back per rule id
+        // from its comment: `super::rule_counts`).
         let tail = format!(
-            "{l4} counter name \"{}\" return comment \"rule {rule}\"",
+            "{l4} counter name \"{}\" counter return comment \"rule {rule}\"",
             c(Reason::Policy)
         );
         peer_rules(&mut out, direction, entry.peer, &tail, sets);
     }
-    out.push(format!("counter name \"{}\" drop", c(Reason::PolicyDenied)));
+    // The anonymous `counter`: this endpoint's denies (`super::rule_counts`).
+    out.push(deny_log_rule("", id, d, Reason::PolicyDenied));
+    out.push(format!("counter name \"{}\" counter drop", c(Reason::PolicyDenied)));
     out
 }
 
@@ -290,15 +331,25 @@ mod tests {
         );
         let groups = group_tiers(&tiers);
         let list = &groups[&(1, Direction::Ingress, Tier::Admin)];
-        let rules = tier_rules(Direction::Ingress, Tier::Admin, list, &BTreeMap::new());
+        let rules = tier_rules(1, false, Direction::Ingress, Tier::Admin, list, &BTreeMap::new());
+        let deny_log = "limit rate 100/second burst 32 packets log prefix \"npm:1:0:20 \" group 20048";
         assert_eq!(
             rules,
             [
                 "meta l4proto tcp th dport 80 counter name \"in_admin_accept\" accept comment \"rule 41\"",
                 "meta l4proto udp th dport 53-54 return comment \"rule 42 pass\"",
+                deny_log,
                 "counter name \"in_admin_deny\" drop comment \"rule 40\"",
             ]
         );
+        // With report_new the accept logs its new connections too.
+        let rules = tier_rules(1, true, Direction::Ingress, Tier::Admin, list, &BTreeMap::new());
+        assert_eq!(
+            rules[0],
+            "meta l4proto tcp th dport 80 ct state new limit rate 100/second burst 32 packets \
+             log prefix \"npm:1:0:9 \" group 20048"
+        );
+        assert_eq!(rules.len(), 5);
     }
 
     /// An endpoint with tier chains: host first, Admin before NetworkPolicy,
@@ -323,8 +374,8 @@ mod tests {
             admin: Some("ep_1_in_admin".into()),
             baseline: Some("ep_1_in_baseline".into()),
         };
-        let rules = endpoint_rules(&ep, Direction::Ingress, &[], &jumps, &BTreeMap::new());
-        let tail: Vec<&str> = rules[3..].iter().map(String::as_str).collect();
+        let rules = endpoint_rules(1, &ep, Direction::Ingress, &[], &jumps, &BTreeMap::new());
+        let tail: Vec<&str> = rules[4..].iter().map(String::as_str).collect();
         assert_eq!(
             tail,
             [
@@ -337,16 +388,37 @@ mod tests {
             isolated_ingress: true,
             ..ep.clone()
         };
-        let rules = endpoint_rules(&isolated, Direction::Ingress, &[], &jumps, &BTreeMap::new());
-        let tail: Vec<&str> = rules[3..].iter().map(String::as_str).collect();
+        let rules = endpoint_rules(1, &isolated, Direction::Ingress, &[], &jumps, &BTreeMap::new());
+        let tail: Vec<&str> = rules[4..].iter().map(String::as_str).collect();
         assert_eq!(
             tail,
-            ["jump ep_1_in_admin", "counter name \"in_policy_denied\" drop"],
+            [
+                "jump ep_1_in_admin",
+                "limit rate 100/second burst 32 packets log prefix \"npm:1:0:16 \" group 20048",
+                "counter name \"in_policy_denied\" counter drop"
+            ],
             "Baseline is not consulted when NetworkPolicy isolates"
         );
         // No tier chains: exactly the NetworkPolicy chain.
-        let rules = endpoint_rules(&ep, Direction::Ingress, &[], &TierJumps::default(), &BTreeMap::new());
+        let rules = endpoint_rules(1, &ep, Direction::Ingress, &[], &TierJumps::default(), &BTreeMap::new());
         assert_eq!(rules.last().unwrap(), "counter name \"in_not_isolated\" return");
-        assert_eq!(rules.len(), 4);
+        assert_eq!(rules.len(), 5);
+        // report_new: the not-isolated return logs new connections first.
+        let reported = Endpoint {
+            report_new: true,
+            ..ep.clone()
+        };
+        let rules = endpoint_rules(
+            1,
+            &reported,
+            Direction::Ingress,
+            &[],
+            &TierJumps::default(),
+            &BTreeMap::new(),
+        );
+        assert_eq!(
+            rules[rules.len() - 2],
+            "ct state new limit rate 100/second burst 32 packets log prefix \"npm:1:0:1 \" group 20048"
+        );
     }
 }

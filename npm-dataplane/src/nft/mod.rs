@@ -199,8 +199,10 @@
 
 mod adopt;
 mod chain;
+pub mod nflog;
 mod ranges;
 mod render;
+mod rule_counts;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -422,6 +424,9 @@ pub struct NftDataplane {
     incremental_updates: u64,
     /// What the table held when the dataplane was created (`adopt.rs`).
     adopted: Option<NftAdopted>,
+    /// The NFLOG reader of the flow events, once opened
+    /// ([`NftDataplane::open_flow_events`], `nflog.rs`).
+    nflog: Option<nflog::NflogReader>,
 }
 
 impl NftDataplane {
@@ -439,6 +444,7 @@ impl NftDataplane {
             full_loads: 0,
             incremental_updates: 0,
             adopted: None,
+            nflog: None,
         };
         // A previous agent's table, read only: the first full sync is
         // guarded against it.
@@ -569,7 +575,8 @@ impl Dataplane for NftDataplane {
             e.0 += packets;
             e.1 += bytes;
         }
-        Ok(Counters { by_reason })
+        let rules = self.rule_counts()?;
+        Ok(Counters { by_reason, rules })
     }
 }
 

@@ -286,7 +286,8 @@ pub(crate) fn model(compiled: &Compiled, interfaces: &Interfaces) -> Model {
                 }
                 let tl = tiers.get(&(*id, direction, tier)).map_or(&[][..], Vec::as_slice);
                 let name = tier_chain_name(*id, direction, tier);
-                m.chains.insert(name.clone(), tier_rules(direction, tier, tl, &peer));
+                m.chains
+                    .insert(name.clone(), tier_rules(*id, ep.report_new, direction, tier, tl, &peer));
                 match tier {
                     Tier::Admin => jumps.admin = Some(name),
                     Tier::Baseline => jumps.baseline = Some(name),
@@ -295,7 +296,7 @@ pub(crate) fn model(compiled: &Compiled, interfaces: &Interfaces) -> Model {
             }
             m.chains.insert(
                 chain_name(*id, direction),
-                endpoint_rules(ep, direction, list, &jumps, &peer),
+                endpoint_rules(*id, ep, direction, list, &jumps, &peer),
             );
         }
         if let Some(ifindex) = interfaces.get(id) {

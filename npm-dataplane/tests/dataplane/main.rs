@@ -22,6 +22,7 @@ pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+mod ebpf_allow_events;
 mod ebpf_attach_modes;
 mod ebpf_fastpath;
 mod ebpf_fill;
@@ -31,13 +32,16 @@ mod ebpf_inspect;
 mod ebpf_packets;
 mod ebpf_policy_front;
 mod ebpf_restart;
+mod ebpf_rule_counters;
 mod ebpf_services;
 mod ebpf_tier_front;
 mod ebpf_tiers;
 mod ebpf_veth;
 mod map_size;
 mod nft_differential;
+mod nft_flow_events;
 mod nft_golden;
+mod nft_rule_counters;
 mod nft_scale;
 mod nft_services;
 mod nft_tiers;

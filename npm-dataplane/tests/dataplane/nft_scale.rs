@@ -93,10 +93,10 @@ fn hundred_endpoints_fifty_entries() {
     let listed = dp.list_table().unwrap();
     let chains = listed.matches("\tchain ep_").count();
     assert_eq!(chains, 200, "endpoint chains in the kernel");
-    let policy_rules = listed.matches("counter name \"in_policy\" return").count()
-        + listed.matches("counter name \"out_policy\" return").count();
-    let rendered_rules = script.matches("counter name \"in_policy\" return").count()
-        + script.matches("counter name \"out_policy\" return").count();
+    let policy_rules = listed.matches("counter name \"in_policy\" counter").count()
+        + listed.matches("counter name \"out_policy\" counter").count();
+    let rendered_rules = script.matches("counter name \"in_policy\" counter").count()
+        + script.matches("counter name \"out_policy\" counter").count();
     assert_eq!(policy_rules, rendered_rules);
     assert!(policy_rules >= 5000, "{policy_rules} policy rules");
 
@@ -108,7 +108,7 @@ fn hundred_endpoints_fifty_entries() {
     assert!(dp
         .list_table()
         .unwrap()
-        .contains("tcp dport 7 counter name \"in_policy\" return"));
+        .contains("tcp dport 7 counter name \"in_policy\" counter"));
     assert_eq!((dp.full_loads(), dp.incremental_updates()), (1, 1));
 
     // An apply that changes nothing does not touch the kernel.

@@ -44,7 +44,7 @@ fn front_has(word: u64) -> bool {
 /// Step 9's lookup of one peer identity in the policy front, for an
 /// endpoint direction whose policy is complete there: the exact port, then
 /// (unless `exact_only`) any port of the protocol and any protocol. The
-/// same answer as [`super::lpm::policy_allows`] on the LPM: an LPM entry is an aligned
+/// same answer as [`super::lpm::policy_rule`] on the LPM: an LPM entry is an aligned
 /// port block, which the front holds port by port.
 #[inline(always)]
 pub(crate) fn front_allows(ep: u32, dir: u8, identity: u32, protocol: u8, port: u16, exact_only: bool) -> bool {

@@ -18,14 +18,21 @@ static NPM_POLICY: LpmTrie<[u8; POLICY_KEY_LEN], PolicyValue> = LpmTrie::with_ma
 // `NPM_POLICY` key (`npm_common::PolicyKey`).
 const _: () = assert!(size_of::<Key<[u8; POLICY_KEY_LEN]>>() == 16);
 
+/// [`policy_rule`]'s answer when no entry matches (no rule has this id).
+pub(crate) const NO_RULE: u32 = u32::MAX;
+
 /// Looks up the fully specified policy key (see `PolicyKey`): endpoint,
 /// direction, identity, protocol and port in network order, prefix 96.
+/// Returns the rule id of the matching allow, or [`NO_RULE`].
 #[inline(always)]
-pub(crate) fn policy_allows(lpm: *mut u8, ep: u32, dir: u8, identity: u32, protocol: u8, port: u16) -> bool {
+pub(crate) fn policy_rule(lpm: *mut u8, ep: u32, dir: u8, identity: u32, protocol: u8, port: u16) -> u32 {
     // SAFETY: lpm is 20 bytes; the key is 16 (`bpf_lpm_trie_key` + 12).
     unsafe {
         write_full_key(lpm, ep, dir, identity, protocol, port);
-        NPM_POLICY.get(&*(lpm as *const Key<[u8; POLICY_KEY_LEN]>)).is_some()
+        match NPM_POLICY.get(&*(lpm as *const Key<[u8; POLICY_KEY_LEN]>)) {
+            Some(v) => v.rule,
+            None => NO_RULE,
+        }
     }
 }
 

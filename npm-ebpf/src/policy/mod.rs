@@ -1,7 +1,9 @@
 //! Steps 7 to 9 for a packet conntrack did not allow: isolation and the
 //! tier flags, then the peer's identities ([`ipcache`]), the Admin tier
 //! ([`tiers`]), the allows of the endpoint's policy ([`lpm`], or its
-//! [`front`]) and the Baseline tier, through the decision cache.
+//! [`front`]) and the Baseline tier, through the decision cache. A
+//! `Policy` allow also says which rule allowed it (for
+//! [`crate::rule_counters`]).
 
 pub(crate) mod front;
 pub(crate) mod ipcache;
@@ -9,19 +11,20 @@ pub(crate) mod lpm;
 pub(crate) mod tiers;
 
 use npm_common::{
-    ep_no_peer_flag, EndpointInfo, Reason, DIR_INGRESS, EP_ADMIN_INGRESS, EP_BASELINE_INGRESS, EP_FRONT_EXACT_INGRESS,
-    EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_TIERS_INGRESS, IDENTITY_ANY, IDENTITY_HOST, TIER_ACCEPT, TIER_ADMIN,
-    TIER_BASELINE, TIER_DENY,
+    ep_no_peer_flag, rule_slot, EndpointInfo, Reason, DIR_INGRESS, EP_ADMIN_INGRESS, EP_BASELINE_INGRESS,
+    EP_FRONT_EXACT_INGRESS, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_TIERS_INGRESS, IDENTITY_ANY, IDENTITY_HOST,
+    RULE_SLOT_UNKNOWN, TIER_ACCEPT, TIER_ADMIN, TIER_BASELINE, TIER_DENY,
 };
 
 use crate::decision_cache::{
     decision_cache_get, decision_cache_put, decision_key, decision_slot, DecisionSlot, NO_DECISION,
     NPM_BENCH_NO_DECISION_CACHE, NPM_DECISIONS, NPM_GENERATION,
 };
-use crate::mem::V4_MAPPED_WORD;
+use crate::mem::{wr32, V4_MAPPED_WORD};
+use crate::rule_counters::RULE_TAG;
 use front::{front_allows, front_enabled};
 use ipcache::peer_identities;
-use lpm::policy_allows;
+use lpm::{policy_rule, NO_RULE};
 use tiers::tier_action;
 
 /// `BPF_F_MMAPABLE`: user space maps the array and stores whole words.
@@ -46,6 +49,8 @@ pub(crate) struct Peer {
 /// (through the decision cache). `port` is the destination port (0 for
 /// protocols without ports). An endpoint direction with no tier flag and
 /// not isolated returns at step 7, as without ClusterNetworkPolicies.
+/// On `Policy`, the first word at `lpm` is `RULE_TAG` | the allowing
+/// rule's slot (`npm_common::rule_slot`), for [`crate::rule_counters`].
 #[inline(always)]
 pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: Peer) -> u8 {
     let Peer { at, lazy_v4, v4addr } = peer;
@@ -97,13 +102,20 @@ pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port
     } else {
         unsafe { decision_cache_get(slot, key, generation) }
     };
-    if cached != NO_DECISION {
-        return cached;
-    }
-    let r = evaluate_policy(lpm, ep, dir, pr, port, peer, isolated);
-    if !slot.is_null() {
-        // SAFETY: this CPU's slot.
-        unsafe { decision_cache_put(slot, key, generation, r) };
+    let w = if cached != NO_DECISION {
+        cached
+    } else {
+        let w = evaluate_policy(lpm, ep, dir, pr, port, peer, isolated);
+        if !slot.is_null() {
+            // SAFETY: this CPU's slot.
+            unsafe { decision_cache_put(slot, key, generation, w) };
+        }
+        w
+    };
+    let r = w as u8;
+    if r == Reason::Policy as u8 {
+        // SAFETY: lpm is 20 writable, 4-aligned bytes (the key is dead now).
+        unsafe { wr32(lpm, RULE_TAG | w >> 8) };
     }
     r
 }
@@ -111,15 +123,16 @@ pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port
 /// Steps 8 and 9 for an endpoint direction that is isolated (`isolated`)
 /// or has a tier flag: the peer's identities (ipcache, else the CIDR trie),
 /// then 9a the Admin tier, 9b the policy lookups when isolated, 9c the
-/// Baseline tier, 9d allow. Returns `Host`, `AdminAccept`, `AdminDeny`,
-/// `Policy`, `PolicyDenied`, `BaselineAccept`, `BaselineDeny` or
-/// `NotIsolated`.
+/// Baseline tier, 9d allow. Returns the decision word: the reason (`Host`,
+/// `AdminAccept`, `AdminDeny`, `Policy`, `PolicyDenied`, `BaselineAccept`,
+/// `BaselineDeny` or `NotIsolated`) in bits 0..8 and, for `Policy`, the
+/// allowing rule's slot above.
 #[inline(always)]
-fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: Peer, isolated: bool) -> u8 {
+fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: Peer, isolated: bool) -> u32 {
     let (identity, cidr_identity) = peer_identities(lpm, peer);
     if dir == DIR_INGRESS && identity == IDENTITY_HOST {
         // 8. host.
-        return Reason::Host as u8;
+        return Reason::Host as u32;
     }
     let id = ep.id;
     let f = ep.flags;
@@ -128,10 +141,10 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     if f & (EP_ADMIN_INGRESS << dir) != 0 {
         let a = tier_action(lpm, id, f, dir | TIER_ADMIN, ids, pr, port);
         if a == TIER_ACCEPT {
-            return Reason::AdminAccept as u8;
+            return Reason::AdminAccept as u32;
         }
         if a == TIER_DENY {
-            return Reason::AdminDeny as u8;
+            return Reason::AdminDeny as u32;
         }
     }
     if !isolated {
@@ -139,13 +152,13 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
         if f & (EP_BASELINE_INGRESS << dir) != 0 {
             let a = tier_action(lpm, id, f, dir | TIER_BASELINE, ids, pr, port);
             if a == TIER_ACCEPT {
-                return Reason::BaselineAccept as u8;
+                return Reason::BaselineAccept as u32;
             }
             if a == TIER_DENY {
-                return Reason::BaselineDeny as u8;
+                return Reason::BaselineDeny as u32;
             }
         }
-        return Reason::NotIsolated as u8;
+        return Reason::NotIsolated as u32;
     }
     // 9b. policy (final when isolated).
     // The front when the direction's policy is complete there, else the LPM.
@@ -154,15 +167,25 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     let at = Rules { lpm, front, exact_only };
     // A lookup the endpoint's EP_NO_*_PEER_* flags rule out is skipped: it
     // could not hit.
-    if (may_match(f, dir, identity) && lookup(at, id, dir, identity, pr, port))
-        || (cidr_identity != IDENTITY_ANY
-            && may_match(f, dir, cidr_identity)
-            && lookup(at, id, dir, cidr_identity, pr, port))
-        || (may_match(f, dir, IDENTITY_ANY) && lookup(at, id, dir, IDENTITY_ANY, pr, port))
-    {
-        Reason::Policy as u8
+    let mut rule = NO_RULE;
+    if may_match(f, dir, identity) {
+        rule = lookup(at, id, dir, identity, pr, port);
+    }
+    if rule == NO_RULE && cidr_identity != IDENTITY_ANY && may_match(f, dir, cidr_identity) {
+        rule = lookup(at, id, dir, cidr_identity, pr, port);
+    }
+    if rule == NO_RULE && may_match(f, dir, IDENTITY_ANY) {
+        rule = lookup(at, id, dir, IDENTITY_ANY, pr, port);
+    }
+    if rule == NO_RULE {
+        Reason::PolicyDenied as u32
     } else {
-        Reason::PolicyDenied as u8
+        let slot = if rule == UNKNOWN_RULE {
+            RULE_SLOT_UNKNOWN
+        } else {
+            rule_slot(rule)
+        };
+        Reason::Policy as u32 | slot << 8
     }
 }
 
@@ -183,13 +206,29 @@ struct Rules {
     exact_only: bool,
 }
 
-/// One identity's lookup of step 9, where `at` says. (A plain function, not
+/// [`lookup`]'s answer for a front hit whose `NPM_POLICY` entry was gone
+/// (a race with the loader): allowed, by a rule it cannot tell.
+const UNKNOWN_RULE: u32 = u32::MAX - 1;
+
+/// One identity's lookup of step 9, where `at` says: the allowing rule's
+/// id, [`UNKNOWN_RULE`], or [`NO_RULE`] (no allow). (A plain function, not
 /// a closure: LLVM compiles a closure into a BPF-to-BPF call.)
+///
+/// A front word carries no rule id: a front hit looks the rule up in
+/// `NPM_POLICY` (one LPM lookup, on a decision-cache miss only).
 #[inline(always)]
-fn lookup(at: Rules, ep: u32, dir: u8, identity: u32, pr: u8, port: u16) -> bool {
+fn lookup(at: Rules, ep: u32, dir: u8, identity: u32, pr: u8, port: u16) -> u32 {
     if at.front {
-        front_allows(ep, dir, identity, pr, port, at.exact_only)
+        if !front_allows(ep, dir, identity, pr, port, at.exact_only) {
+            return NO_RULE;
+        }
+        let r = policy_rule(at.lpm, ep, dir, identity, pr, port);
+        if r == NO_RULE {
+            UNKNOWN_RULE
+        } else {
+            r
+        }
     } else {
-        policy_allows(at.lpm, ep, dir, identity, pr, port)
+        policy_rule(at.lpm, ep, dir, identity, pr, port)
     }
 }

@@ -7,7 +7,9 @@
 //! dry runs must leave no conntrack entry (the pinned maps counted by
 //! `npm-agent inspect` before and after), count no packet, and a real
 //! probe afterwards still behaves per policy. An IP address works as an
-//! endpoint as well as `NS/POD`.
+//! endpoint as well as `NS/POD`. A forced mismatch (eBPF): `y/b`'s ingress
+//! isolation is cleared in the kernel's endpoint record behind the agent's
+//! back; explain must print the disagreement first and count it.
 //!
 //! Needs root and the agent binary (`cargo build --bin npm-agent`, or
 //! `NPM_AGENT_BIN`); the eBPF variant also the BPF object
@@ -230,6 +232,171 @@ fn run(engine: Engine) {
 
 /// One live cluster at a time (shared pod addresses).
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Raw `bpf(2)` on pinned maps, for tampering with the kernel's state
+/// behind the agent's back.
+mod bpf {
+    use std::ffi::CString;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::path::Path;
+
+    /// Big enough for every `union bpf_attr` variant used here.
+    #[repr(C, align(8))]
+    #[derive(Default)]
+    struct Attr {
+        words: [u64; 16],
+    }
+
+    fn bpf(cmd: i64, attr: &mut Attr) -> std::io::Result<i64> {
+        // SAFETY: `attr` outlives the call and is as large as the kernel reads.
+        let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut Attr, std::mem::size_of::<Attr>()) };
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(r)
+        }
+    }
+
+    /// `BPF_OBJ_GET` of a pinned map.
+    pub fn open(path: &Path) -> OwnedFd {
+        let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        let mut a = Attr::default();
+        a.words[0] = c.as_ptr() as u64;
+        let fd = bpf(7, &mut a).unwrap_or_else(|e| panic!("BPF_OBJ_GET {}: {e}", path.display()));
+        // SAFETY: a new descriptor this process owns.
+        unsafe { OwnedFd::from_raw_fd(fd as i32) }
+    }
+
+    fn elem(cmd: i64, fd: &OwnedFd, key: &[u8], value: &mut [u8]) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let mut a = Attr::default();
+        a.words[0] = fd.as_raw_fd() as u64;
+        a.words[1] = key.as_ptr() as u64;
+        a.words[2] = value.as_mut_ptr() as u64;
+        bpf(cmd, &mut a).map(|_| ())
+    }
+
+    /// `BPF_MAP_LOOKUP_ELEM`.
+    pub fn lookup(fd: &OwnedFd, key: &[u8], value: &mut [u8]) {
+        elem(1, fd, key, value).expect("BPF_MAP_LOOKUP_ELEM");
+    }
+
+    /// `BPF_MAP_UPDATE_ELEM` (`BPF_ANY`).
+    pub fn update(fd: &OwnedFd, key: &[u8], value: &mut [u8]) {
+        elem(2, fd, key, value).expect("BPF_MAP_UPDATE_ELEM");
+    }
+
+    /// The pinned map `name` under `dir` (its layout directory).
+    pub fn find(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
+        for e in std::fs::read_dir(dir).ok()?.flatten() {
+            let p = e.path();
+            if p.file_name().is_some_and(|n| n == name) {
+                return Some(p);
+            }
+            if p.is_dir() {
+                if let Some(found) = find(&p, name) {
+                    return Some(found);
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Clears (or restores) `EP_ISOLATED_INGRESS` in the kernel's endpoint
+/// record of `ifindex` behind the agent's back and bumps `NPM_GENERATION`
+/// so no cached decision answers for the old record; returns the flags it
+/// found.
+fn tamper_ingress_isolation(pin_dir: &std::path::Path, ifindex: u32, isolated: bool) -> u32 {
+    let slots = bpf::find(pin_dir, "NPM_EP_SLOTS").expect("NPM_EP_SLOTS pinned");
+    let fd = bpf::open(&slots);
+    // `EndpointInfo`: id, flags, ipv4, ipv6 (40 bytes).
+    let mut rec = [0u8; 40];
+    bpf::lookup(&fd, &ifindex.to_ne_bytes(), &mut rec);
+    let flags = u32::from_ne_bytes(rec[4..8].try_into().unwrap());
+    let new = if isolated { flags | 1 } else { flags & !1 };
+    rec[4..8].copy_from_slice(&new.to_ne_bytes());
+    bpf::update(&fd, &ifindex.to_ne_bytes(), &mut rec);
+    let generation = bpf::find(pin_dir, "NPM_GENERATION").expect("NPM_GENERATION pinned");
+    let gfd = bpf::open(&generation);
+    let mut g = [0u8; 8];
+    bpf::lookup(&gfd, &0u32.to_ne_bytes(), &mut g);
+    let mut next = (u64::from_ne_bytes(g) + 1).to_ne_bytes();
+    bpf::update(&gfd, &0u32.to_ne_bytes(), &mut next);
+    flags
+}
+
+/// A forced disagreement: y/b's ingress isolation is removed from the
+/// kernel's endpoint record behind the agent's back. The kernel then
+/// really lets x/a through to 81 (a real probe connects) while the agent
+/// still says deny; `npm-agent explain` must print the mismatch first,
+/// say what the kernel did, and count it in `npm_explain_mismatch_total`.
+#[test]
+fn explain_forced_mismatch_ebpf() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let t0 = Instant::now();
+    let mut r = LiveRunner::start(Options {
+        engine: Engine::Ebpf,
+        agent_bin: agent_bin(),
+        deadline: Duration::from_secs(10),
+        ..Options::default()
+    })
+    .expect("start the live runner");
+    let setup = parse_text(SETUP).unwrap().remove(0);
+    let (passed, report) = r.run_case(&setup);
+    assert!(passed, "setup: {report}");
+    let cfg = ProbeConfig {
+        timeout: Duration::from_millis(500),
+        threads: 1,
+        sctp_log: r.cluster().sctp_log(),
+    };
+    let denied = [probe(&r, "x/a", "y/b", 81)];
+    let until = Instant::now() + Duration::from_secs(15);
+    while probe_all(&denied, &cfg)[0] {
+        assert!(Instant::now() < until, "the policy was never enforced");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let agreed = explain_json(&r, "x/a", "y/b", 81);
+    assert_eq!(agreed["mismatch"], Value::Null, "{agreed}");
+    let ifindex = ingress(&agreed)["kernel"]["ifindex"].as_u64().expect("y/b's ifindex") as u32;
+
+    let flags = tamper_ingress_isolation(r.pin_dir(), ifindex, false);
+    assert_ne!(flags & 1, 0, "y/b's record was not ingress-isolated: {flags:#x}");
+    // The kernel really disagrees now.
+    assert!(probe_all(&denied, &cfg)[0], "x/a -> y/b:81 still denied by the kernel");
+    let text = explain(&r, "x/a", "y/b", 81, false);
+    let json = explain_json(&r, "x/a", "y/b", 81);
+    eprintln!("forced mismatch:\n{text}{json}");
+    let first = text.lines().next().unwrap_or("");
+    assert!(
+        first.starts_with(
+            "MISMATCH on ingress of y/b: the agent says deny (PolicyDenied), the kernel says allow (NotIsolated"
+        ),
+        "the mismatch is not printed first:\n{text}"
+    );
+    assert!(text.contains("DENIED "), "{text}");
+    assert!(
+        json["mismatch"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("MISMATCH on ingress of y/b")),
+        "{json}"
+    );
+    assert_eq!(ingress(&json)["kernel"]["verdict"], "allow", "{json}");
+    assert_eq!(json["verdict"], "deny", "the agent's view changed: {json}");
+    let metrics = std::process::Command::new("curl")
+        .args(["-s", &format!("http://{}/metrics", r.metrics_addr().unwrap())])
+        .output()
+        .expect("curl /metrics");
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    assert!(metrics.contains("npm_explain_mismatch_total 2"), "{metrics}");
+
+    // Put the record back: enforced again, and no mismatch.
+    tamper_ingress_isolation(r.pin_dir(), ifindex, true);
+    assert!(!probe_all(&denied, &cfg)[0], "x/a -> y/b:81 connects after the restore");
+    assert_eq!(explain_json(&r, "x/a", "y/b", 81)["mismatch"], Value::Null);
+    r.shutdown().expect("shutdown");
+    eprintln!("forced mismatch: {:?}", t0.elapsed());
+}
 
 #[test]
 fn explain_ebpf() {

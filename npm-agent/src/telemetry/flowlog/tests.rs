@@ -13,11 +13,49 @@ use super::*;
 fn limits_per_second_window() {
     let mut f = FlowLog::with_writer(3, Box::new(std::io::sink()));
     let t0 = Instant::now();
-    let events = vec![DenyEvent::default(); 5];
+    let deny = DenyEvent {
+        reason: Reason::PolicyDenied as u8,
+        ..DenyEvent::default()
+    };
+    let events = vec![deny; 5];
     let snapshot = Snapshot::default();
     assert_eq!(f.log_all(&events, &Names::new(None, &snapshot), t0), 2);
     assert_eq!(f.admit(t0 + Duration::from_millis(999)), Admit::Suppress);
+    // Allow events have a budget of their own.
+    assert_eq!(f.admit_verdict(t0 + Duration::from_millis(999), true), Admit::Log);
     assert_eq!(f.admit(t0 + Duration::from_secs(1)), Admit::Log);
+}
+
+#[test]
+fn allow_events_are_allow_lines_and_reach_the_allow_sinks_all() {
+    let sink = Sink::default();
+    let mut f = FlowLog::with_writer(1, Box::new(sink.clone()));
+    let seen: Arc<Mutex<Vec<(u16, &'static str)>>> = Arc::default();
+    let s2 = seen.clone();
+    f.on_allow(Box::new(move |e, r| s2.lock().unwrap().push((e.sport, r.verdict))));
+    let mut allow = event(7, npm_common::DIR_INGRESS, [10, 0, 0, 1], [10, 0, 0, 2]);
+    allow.reason = Reason::Policy as u8;
+    let deny = event(7, npm_common::DIR_INGRESS, [10, 0, 0, 1], [10, 0, 0, 2]);
+    let mut allow2 = allow;
+    allow2.sport = 999;
+    let snapshot = Snapshot::default();
+    let t0 = Instant::now();
+    // One line of each verdict fits the window; the second allow line is
+    // suppressed but still reaches the sink.
+    assert_eq!(f.log_all(&[allow, deny, allow2], &Names::new(None, &snapshot), t0), 1);
+    assert_eq!(*seen.lock().unwrap(), vec![(1234, "allow"), (999, "allow")]);
+    let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(
+        (lines[0]["verdict"].as_str(), lines[0]["reason"].as_str()),
+        (Some("allow"), Some("policy"))
+    );
+    assert_eq!(
+        (lines[1]["verdict"].as_str(), lines[1]["reason"].as_str()),
+        (Some("deny"), Some("policy-denied"))
+    );
+    assert!(describe(&allow).starts_with("allow endpoint=7 "));
 }
 
 #[test]
