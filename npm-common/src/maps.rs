@@ -128,7 +128,7 @@ pub mod sizes {
     pub const TIER_FRONT_BUCKETS: u32 = 1 << TIER_FRONT_BITS;
     /// Service keys (ClusterIP ports and node address x NodePort pairs).
     pub const SERVICES: u32 = 65_536;
-    /// Ring buffer bytes for deny events.
+    /// Ring buffer bytes for flow events (denies, and allows of new connections).
     pub const EVENTS_BYTES: u32 = 256 * 1024;
 }
 
