@@ -46,10 +46,10 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use npm_agent::agent::{self, AgentConfig};
 use npm_agent::reconcile::{AgentDataplane, SyncConfig};
 use npm_agent::telemetry::Metrics;
-use npm_common::{maps, sizes, tier_front_slot, DenyEvent};
+use npm_common::{maps, sizes, tier_front_slot, DenyEvent, TIER_FRONT_TAG_MASK};
 use npm_dataplane::ebpf::{dump_pinned, tier_front_words, EbpfDataplane, EbpfOptions};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
-use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, Direction, RuleRef, Tier, TierAction};
+use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, Direction, RuleRef, Tier, TierAction, TierEntry};
 use npm_policy::tiers::ClusterNetworkPolicy as ApiCnp;
 use npm_testapi::{CnpChannel, Options, TestApiServer};
 use serde_json::json;
@@ -87,8 +87,20 @@ struct Probe {
     /// Changes waiting for the kernel, in write order.
     pending: Vec<Pending>,
     ms: BTreeMap<&'static str, Vec<f64>>,
-    /// The state the last dataplane call programmed.
+    /// The state the last dataplane call programmed (kept by full syncs,
+    /// and by every call once `keep_last` is set: a copy of 165k entries
+    /// per sync would slow the sync loop it measures).
     last: Option<Compiled>,
+    /// Set before the last change is written.
+    keep_last: bool,
+}
+
+/// Whether namespace `ns` is one the churn CNPs' subject (`team=t0`)
+/// selects (see [`namespace`]).
+fn churn_subject_namespace(ns: &str) -> bool {
+    ns.strip_prefix("ns-")
+        .and_then(|n| n.parse::<usize>().ok())
+        .is_some_and(|n| n % 20 == 0)
 }
 
 impl Probe {
@@ -96,9 +108,31 @@ impl Probe {
     /// returned.
     fn observe(&mut self, now: Instant, next: &Compiled) {
         if !self.pending.is_empty() {
-            // The ranks of each churn CNP's entries now in the kernel.
+            // The ranks of each churn CNP's entries now in the kernel: the
+            // Admin ingress entries of the endpoints of its subject.
             let mut ranks: HashMap<&str, Vec<u32>> = HashMap::new();
-            for v in next.tiers.values() {
+            let subject = next
+                .endpoints
+                .iter()
+                .filter(|(_, e)| churn_subject_namespace(&e.pod.namespace))
+                .map(|(id, _)| *id);
+            let lo = |endpoint| TierEntry {
+                endpoint,
+                direction: Direction::Ingress,
+                tier: Tier::Admin,
+                peer: 0,
+                protocol: None,
+                ports: (0, 0),
+            };
+            let entries = subject.flat_map(|id| {
+                next.tiers
+                    .range(lo(id)..)
+                    .take_while(move |(e, _)| {
+                        e.endpoint == id && e.direction == Direction::Ingress && e.tier == Tier::Admin
+                    })
+                    .map(|(_, v)| v)
+            });
+            for v in entries {
                 if let Some(RuleRef::Cluster { name, .. }) = next.ids.rules.get(&v.rule) {
                     if name.starts_with("churn-") {
                         ranks.entry(name.as_str()).or_default().push(v.rank);
@@ -138,7 +172,9 @@ impl Probe {
             still.reverse();
             self.pending = still;
         }
-        self.last = Some(next.clone());
+        if self.keep_last {
+            self.last = Some(next.clone());
+        }
     }
 }
 
@@ -156,6 +192,7 @@ impl Dataplane for TimedEbpf {
         let mut p = self.probe.lock().unwrap();
         p.first_full.get_or_insert(now);
         p.observe(now, compiled);
+        p.last = Some(compiled.clone());
         Ok(())
     }
     fn apply(&mut self, diff: &CompiledDiff, next: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError> {
@@ -353,12 +390,17 @@ fn verify_pinned(pin_dir: &std::path::Path, last: &Compiled) -> anyhow::Result<(
     let path = pin_dir.join(maps::TIER_FRONT);
     let front: Array<MapData, [u64; 4]> = Array::try_from(Map::Array(MapData::from_pin(&path)?))?;
     // A word whose bucket is full is legitimately absent (its endpoint's
-    // tier stays on NPM_TIERS): counted, not an error.
+    // tier stays on NPM_TIERS): counted, not an error. The loader stores
+    // its own dense ranks, not the compiler's, so a word is found by its
+    // key's tag (`tier_front_words` only gives the keys that fit the front).
     let (mut words, mut absent) = (0, 0);
     for (e, v) in &last.tiers {
-        for (key, word) in tier_front_words(e, v).unwrap_or_default() {
-            let (bucket, _) = tier_front_slot(key);
-            if bucket >= sizes::TIER_FRONT_BUCKETS || !front.get(&bucket, 0)?.contains(&word) {
+        // Rank 0: the keys of the entry, whatever its compiler rank.
+        let v0 = npm_policy::compiled::TierValue { rank: 0, ..*v };
+        for (key, _) in tier_front_words(e, &v0).unwrap_or_default() {
+            let (bucket, tag) = tier_front_slot(key);
+            let stored = |b: &[u64; 4]| b.iter().any(|w| *w != 0 && w & TIER_FRONT_TAG_MASK == tag);
+            if bucket >= sizes::TIER_FRONT_BUCKETS || !stored(&front.get(&bucket, 0)?) {
                 absent += 1;
             } else {
                 words += 1;
@@ -478,6 +520,9 @@ async fn main() -> anyhow::Result<()> {
     let mut next_k = 0;
     for c in 0..changes {
         tick.tick().await;
+        if c + 1 == changes {
+            probe.lock().unwrap().keep_last = true;
+        }
         let kind = match c % 3 {
             0 => Kind::Create,
             1 if !created.is_empty() => Kind::Update,

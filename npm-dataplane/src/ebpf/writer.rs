@@ -18,11 +18,38 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use npm_common::{maps, PolicyKey};
-use npm_policy::compiled::{Compiled, CompiledDiff};
+use npm_policy::compiled::{Compiled, CompiledDiff, Direction, Tier, TierEntry, TierValue};
 
 use super::errors::{map_err, EbpfError};
 use super::{fit, tier_front, tiers, translate, EbpfDataplane, FRONT_ALL};
 use crate::{AdoptedEndpoint, Interfaces};
+
+/// The tier flags of endpoint `id` derived from its entries in `tiers`
+/// (those [`translate::endpoint_tier_flags`] gives it), by four range
+/// lookups instead of a pass over every entry of every endpoint.
+fn entry_tier_flags(tiers: &BTreeMap<TierEntry, TierValue>, id: u32) -> u32 {
+    let mut flags = 0;
+    for direction in [Direction::Ingress, Direction::Egress] {
+        for tier in [Tier::Admin, Tier::Baseline] {
+            let lo = TierEntry {
+                endpoint: id,
+                direction,
+                tier,
+                peer: 0,
+                protocol: None,
+                ports: (0, 0),
+            };
+            if tiers
+                .range(lo..)
+                .next()
+                .is_some_and(|(e, _)| e.endpoint == id && e.direction == direction && e.tier == tier)
+            {
+                flags |= translate::tier_flag(tier, direction);
+            }
+        }
+    }
+    flags
+}
 
 impl EbpfDataplane {
     /// [`crate::Dataplane::apply`] with the loader's own error type.
@@ -270,7 +297,6 @@ impl EbpfDataplane {
     ) -> Result<(), EbpfError> {
         let peer_flags = translate::endpoint_peer_flags(next.policy.keys());
         let front_flags = self.policy.front_flags(next);
-        let tier_flags = translate::endpoint_tier_flags(next.tiers.keys());
         let tier_front_flags = self.tiers.front_flags(next);
         for (&id, ep) in &next.endpoints {
             let Some(&ifindex) = interfaces.get(&id) else {
@@ -286,7 +312,7 @@ impl EbpfDataplane {
             let mut info = translate::endpoint_info(id, ep);
             info.flags |= peer_flags.get(&id).copied().unwrap_or(translate::EP_NO_PEER_ALL);
             info.flags |= front_flags.get(&id).copied().unwrap_or(FRONT_ALL);
-            info.flags |= tier_flags.get(&id).copied().unwrap_or(0);
+            info.flags |= entry_tier_flags(&next.tiers, id);
             info.flags |= tier_front_flags.get(&id).copied().unwrap_or(0);
             if old == Some(ifindex)
                 && !changed.contains(&id)
@@ -362,5 +388,46 @@ impl EbpfDataplane {
         }
         tracing::debug!(endpoints = ?renumbered, "dropping the flows of endpoint ids no record describes as the same endpoint");
         self.flows.purge(|ep| !renumbered.contains(&ep))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `entry_tier_flags` gives every endpoint the flags of
+    /// `translate::endpoint_tier_flags` (and 0 to one without entries).
+    #[test]
+    fn entry_tier_flags_match_a_pass_over_the_entries() {
+        let mut seed = 11u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..200 {
+            let mut tiers = BTreeMap::new();
+            for _ in 0..rnd() % 30 {
+                let e = TierEntry {
+                    endpoint: (rnd() % 6) as u32,
+                    direction: [Direction::Ingress, Direction::Egress][(rnd() % 2) as usize],
+                    tier: [Tier::Admin, Tier::Baseline][(rnd() % 2) as usize],
+                    peer: (rnd() % 4) as u32,
+                    protocol: None,
+                    ports: (0, 65535),
+                };
+                let v = TierValue {
+                    action: npm_policy::compiled::TierAction::Deny,
+                    rank: 1,
+                    rule: 1,
+                };
+                tiers.insert(e, v);
+            }
+            let want = translate::endpoint_tier_flags(tiers.keys());
+            for id in 0..7 {
+                assert_eq!(entry_tier_flags(&tiers, id), want.get(&id).copied().unwrap_or(0));
+            }
+        }
     }
 }

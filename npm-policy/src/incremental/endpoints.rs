@@ -111,11 +111,19 @@ impl Compiler {
             let (Some(pod), false) = (pod, owned.is_empty()) else {
                 if let Some(old) = old {
                     self.out.ids.endpoints.retain(|_, v| *v != old.id);
+                    // Its tier entries go.
+                    self.tier_changes.endpoints.insert(old.id);
                 }
                 continue;
             };
             let pod = pod.clone();
-            let ep = self.endpoint_id(old.map(|o| o.id), &pod.uid);
+            let old_id = old.map(|o| o.id);
+            let ep = self.endpoint_id(old_id, &pod.uid);
+            if old_id != Some(ep) {
+                // A new endpoint (or a new id): tier entries of its own.
+                self.tier_changes.endpoints.extend(old_id);
+                self.tier_changes.endpoints.insert(ep);
+            }
             let lo = (pod.namespace.clone(), String::new());
             let selecting: Vec<Policy> = self
                 .snapshot
@@ -146,9 +154,10 @@ impl Compiler {
             let keys: Vec<PolicyEntry> = entries.keys().copied().collect();
             self.out.policy.extend(entries);
             let identity = self.identities.of_pod(&pk);
-            self.out
-                .endpoints
-                .insert(ep, endpoint_record(&pod, identity, &owned, iso_in, iso_eg));
+            let mut record = endpoint_record(&pod, identity, &owned, iso_in, iso_eg);
+            // Its tier entries are not re-emitted here (see `tiers`).
+            Self::restore_presence(&self.out.tiers, ep, &mut record);
+            self.out.endpoints.insert(ep, record);
             self.eps.insert(pk, EndpointState { id: ep, entries: keys });
         }
     }
@@ -205,6 +214,7 @@ impl Compiler {
     /// rules select it (patched in place).
     pub(super) fn add_identity(&mut self, id: u32, key: IdentityKey) {
         self.identities.register(id, key.clone(), &mut self.out.ids.identities);
+        self.tier_changes.identities.push((id, key.clone()));
         let (matched, any_named) = self.rules.add_identity(id, &key, &self.snapshot);
         for rk in any_named {
             let users = self.rules.users(&rk);
@@ -252,6 +262,9 @@ impl Compiler {
     /// Forgets an identity: its entries go from every endpoint (patched in
     /// place, not re-emitted).
     pub(super) fn drop_identity(&mut self, id: u32) {
+        if let Some(key) = self.out.ids.identities.get(&id) {
+            self.tier_changes.identities.push((id, key.clone()));
+        }
         self.identities.forget(id, &mut self.out.ids.identities);
         self.rules.drop_identity(id);
         let policy = &mut self.out.policy;

@@ -17,9 +17,12 @@
 //! - a new policy: its entries are added in place to the local endpoints it
 //!   selects (nothing else is re-emitted);
 //! - a ClusterNetworkPolicy (and, when CNPs exist, any change): the tier
-//!   entries are recomputed wholesale (`tiers::compile`), then every
-//!   endpoint's tier presence; a change of the `networks` prefixes
-//!   recomputes CIDR identities as for ipBlocks;
+//!   entries of the endpoints the change touches are recomputed (`tiers`:
+//!   the endpoints of the CNP's old and new subject and of the CNPs whose
+//!   ranks moved; for a pod, namespace or Node change those of the CNPs
+//!   whose peers see a changed identity, plus the changed endpoints); a
+//!   change of the `networks` prefixes recomputes CIDR identities as for
+//!   ipBlocks;
 //! - a changed or removed policy: its rules' peer sets are dropped and the
 //!   local endpoints its old or new version selects are re-emitted; when
 //!   the set of ipBlock prefixes changes (also for a new policy),
@@ -42,6 +45,9 @@ mod identities;
 mod nodes;
 mod rules;
 mod tiers;
+
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -77,6 +83,8 @@ pub struct Compiler {
     /// Node address -> node identity (before pod ownership; see
     /// `crate::nodes`).
     node_entries: BTreeMap<IpAddr, u32>,
+    /// What changed since the tier entries were last brought up to date.
+    tier_changes: tiers::TierChanges,
 }
 
 impl Compiler {
@@ -99,6 +107,7 @@ impl Compiler {
             rules: Rules::new(&out),
             eps,
             node_entries,
+            tier_changes: Default::default(),
             opts,
             snapshot,
             out,
@@ -234,6 +243,13 @@ impl Compiler {
             self.drop_identity(id);
         }
         self.emit(dirty);
+        // Their pods (or namespaces) changed: their subject selection and
+        // named ports may have too.
+        for pk in &pods {
+            if let Some(st) = self.eps.get(pk) {
+                self.tier_changes.endpoints.insert(st.id);
+            }
+        }
     }
 
     /// Adds or replaces a namespace.
@@ -358,6 +374,7 @@ impl Compiler {
                 cidrs.insert(net, id);
             }
             self.out.cidrs = cidrs;
+            self.tier_changes.cidrs = true;
             self.lpm = PrefixTable::new(&self.out.cidrs);
             for (ip, e) in self.out.ipcache.iter_mut() {
                 e.cidr_identity = self.lpm.longest(*ip).map_or(IDENTITY_ANY, |(_, c)| c);

@@ -1,7 +1,7 @@
 //! Nodes in the incremental compiler: adding, replacing and removing a
 //! Node recomputes the node identities and the node ipcache entries
 //! wholesale (one pass over the Nodes, the rule of [`crate::nodes`]), then
-//! the tier entries (a `nodes` peer may change). A pod that gives up an
+//! the tier entries of the CNPs with a `nodes` peer (see `tiers`). A pod that gives up an
 //! address a node lists hands it back to the node (`Compiler::release`).
 
 use std::collections::{BTreeMap, HashMap};
@@ -104,6 +104,7 @@ impl Compiler {
         self.out.ids.next_identity = next;
         self.out.ids.node_identities = ids;
         self.node_entries = entries;
+        self.tier_changes.nodes = true;
         self.refresh_tiers();
     }
 }

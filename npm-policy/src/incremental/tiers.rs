@@ -1,16 +1,184 @@
 //! ClusterNetworkPolicies in the incremental compiler: adding, replacing
-//! and removing one, and the wholesale recomputation of the tier entries
-//! (the same function as the full compile, `tiers::compile`) after every
-//! change while CNPs exist. With no CNP and no tier entry it costs nothing.
+//! and removing one, and the recomputation of only the tier entries a
+//! change touches, with the function of the full compile
+//! (`tiers::compile::compile_tiers_scoped`) restricted to some endpoints,
+//! a tier and some peer identities: an entry of one (endpoint, direction,
+//! tier, peer) depends only on that endpoint's pod and on the rules that
+//! match that peer, never on another endpoint.
+//!
+//! What a change touches, recorded in [`TierChanges`] by the code that
+//! makes the change and recomputed by [`Compiler::refresh_tiers`]:
+//! - a CNP created, replaced or deleted: its tier's entries, for the
+//!   endpoints its old and new subject select and the peers its old and
+//!   new rules resolve to (the old ones resolved before the change); the
+//!   same for every CNP whose ranks moved (the CNPs of its old and new
+//!   priority in its tier, see `ranked_rules`);
+//! - a pod identity that appears or goes (a pod or namespace change): the
+//!   entries of that identity, on the endpoints of every CNP with a
+//!   `namespaces`/`pods` peer matching its key (or an all-peers egress rule
+//!   with a named port, which resolves the name per identity);
+//! - a local endpoint re-emitted with a new id, removed, or whose pod or
+//!   namespace changed (`acquire`): all its entries (old and new id);
+//! - the node identities or this node's labels (a Node change), the CIDR
+//!   prefixes (an ipBlock or `networks` change): all entries of the
+//!   endpoints of the CNPs with a `nodes` (resp. `networks`) peer.
+//!
+//! The tests (`tests.rs`) compare the result with the full compile after
+//! every step of random sequences. With no CNP and no tier entry it costs
+//! nothing.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::model::{InvalidPolicy, Pod};
-use crate::ownership::PodKey;
-use crate::tiers::compile::{compile_tiers, set_presence, TierNodes};
-use crate::tiers::{convert_cluster_policy, ClusterNetworkPolicy, ClusterPolicy};
+use crate::compiled::{Direction, Endpoint, IdentityKey, Tier, TierEntry, TierPresence, TierValue};
+use crate::identity::namespace_labels;
+use crate::model::{InvalidPolicy, Labels, Pod, Snapshot};
+use crate::tiers::compile::{compile_tiers_scoped, policy_peer_ids, ranked_rules, subject_selects, Scope, TierNodes};
+use crate::tiers::{convert_cluster_policy, ClusterNetworkPolicy, ClusterPeer, ClusterPolicy, ClusterPort};
 
 use super::Compiler;
+
+/// What changed since the tier entries were last brought up to date (see
+/// the module doc); emptied by [`Compiler::refresh_tiers`].
+#[derive(Clone, Debug, Default)]
+pub(super) struct TierChanges {
+    /// Endpoint ids whose tier entries are all recomputed (gone ones lose
+    /// theirs).
+    pub(super) endpoints: BTreeSet<u32>,
+    /// Pod identities that appeared or went, with their keys.
+    pub(super) identities: Vec<(u32, IdentityKey)>,
+    /// The node identities or this node's labels may have changed.
+    pub(super) nodes: bool,
+    /// The CIDR prefixes changed.
+    pub(super) cidrs: bool,
+    /// Narrower recomputations (a CNP change).
+    jobs: Vec<Job>,
+}
+
+/// One recomputation: the tier entries of `endpoints` in `scope`.
+#[derive(Clone, Debug, Default)]
+struct Job {
+    endpoints: BTreeSet<u32>,
+    scope: Scope,
+}
+
+/// The ranks of each CNP's rules in `tier` (both directions, in order).
+fn tier_ranks(snapshot: &Snapshot, tier: Tier) -> HashMap<String, Vec<u32>> {
+    let mut out: HashMap<String, Vec<u32>> = HashMap::new();
+    for dir in [Direction::Ingress, Direction::Egress] {
+        for r in ranked_rules(snapshot, tier, dir) {
+            match out.get_mut(r.policy.name.as_str()) {
+                Some(v) => v.push(r.rank),
+                None => {
+                    out.insert(r.policy.name.clone(), vec![r.rank]);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The lowest [`TierEntry`] of endpoint `endpoint`, direction `direction`,
+/// tier `tier` and peer `peer` (the entries of one endpoint are
+/// contiguous, ordered by direction, tier, then peer).
+fn first_key(endpoint: u32, direction: Direction, tier: Tier, peer: u32) -> TierEntry {
+    TierEntry {
+        endpoint,
+        direction,
+        tier,
+        peer,
+        protocol: None,
+        ports: (0, 0),
+    }
+}
+
+/// Endpoint `endpoint`'s tier presence from the entries.
+pub(super) fn presence_of(tiers: &BTreeMap<TierEntry, TierValue>, endpoint: u32) -> TierPresence {
+    let mut p = TierPresence::default();
+    for direction in [Direction::Ingress, Direction::Egress] {
+        for tier in [Tier::Admin, Tier::Baseline] {
+            let has = tiers
+                .range(first_key(endpoint, direction, tier, 0)..)
+                .next()
+                .is_some_and(|(e, _)| e.endpoint == endpoint && e.direction == direction && e.tier == tier);
+            if has {
+                p.set(tier, direction);
+            }
+        }
+    }
+    p
+}
+
+/// Removes the tier entries of endpoint `endpoint` in `scope`.
+fn remove_scoped(tiers: &mut BTreeMap<TierEntry, TierValue>, endpoint: u32, scope: &Scope) {
+    let mut keys: Vec<TierEntry> = Vec::new();
+    for direction in [Direction::Ingress, Direction::Egress] {
+        for tier in [Tier::Admin, Tier::Baseline] {
+            if scope.tiers.as_ref().is_some_and(|t| !t.contains(&tier)) {
+                continue;
+            }
+            let same = |e: &TierEntry| e.endpoint == endpoint && e.direction == direction && e.tier == tier;
+            match &scope.peers {
+                None => keys.extend(
+                    tiers
+                        .range(first_key(endpoint, direction, tier, 0)..)
+                        .take_while(|(e, _)| same(e))
+                        .map(|(e, _)| *e),
+                ),
+                Some(peers) => {
+                    for peer in peers {
+                        keys.extend(
+                            tiers
+                                .range(first_key(endpoint, direction, tier, *peer)..)
+                                .take_while(|(e, _)| same(e) && e.peer == *peer)
+                                .map(|(e, _)| *e),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    for k in keys {
+        tiers.remove(&k);
+    }
+}
+
+/// Does a rule with peers `peers` and ports `ports` resolve differently
+/// when the pod identity `key` appears or goes?
+fn rule_sees_identity(peers: &[ClusterPeer], ports: &[ClusterPort], key: &IdentityKey) -> bool {
+    peers.iter().any(|p| match p {
+        ClusterPeer::Namespaces(sel) => sel.matches(&key.namespace_labels),
+        ClusterPeer::Pods { namespaces, pods } => {
+            namespaces.matches(&key.namespace_labels) && pods.matches(&key.pod_labels)
+        }
+        // Resolved to IDENTITY_ANY, but an egress named port is resolved
+        // per destination identity (`emit`): an identity with a named
+        // port changes those entries.
+        ClusterPeer::All => !key.named_ports.is_empty() && ports.iter().any(|p| matches!(p, ClusterPort::Named(_))),
+        ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) => false,
+    })
+}
+
+/// Does one of `policy`'s rules resolve differently when pod identity
+/// `key` appears or goes?
+fn identity_affects(policy: &ClusterPolicy, key: &IdentityKey) -> bool {
+    policy
+        .ingress
+        .iter()
+        .chain(&policy.egress)
+        .any(|r| rule_sees_identity(&r.peers, &r.ports, key))
+}
+
+/// Is `policy` affected through its `nodes` peers (node identities) or
+/// `networks` peers (CIDR prefixes)?
+fn nodes_or_cidrs_affected(policy: &ClusterPolicy, changes: &TierChanges) -> bool {
+    policy.ingress.iter().chain(&policy.egress).any(|r| {
+        r.peers.iter().any(|p| match p {
+            ClusterPeer::Nodes(_) => changes.nodes,
+            ClusterPeer::Networks(_) => changes.cidrs,
+            _ => false,
+        })
+    })
+}
 
 impl Compiler {
     /// Adds or replaces a (converted) ClusterNetworkPolicy.
@@ -39,6 +207,17 @@ impl Compiler {
     }
 
     fn set_cluster_policy(&mut self, name: String, policy: Option<ClusterPolicy>, invalid: Option<InvalidPolicy>) {
+        // The old version's job (its endpoints, tier and peers, resolved
+        // before the change: a CIDR identity it alone used goes with it),
+        // and the ranks of its tier(s) before the change.
+        let old = self.snapshot.cluster_policies.get(&name).map(|p| self.cnp_job(p));
+        let tiers: BTreeSet<Tier> = old
+            .iter()
+            .flat_map(|j| j.scope.tiers.iter().flatten().copied())
+            .chain(policy.as_ref().map(|p| p.tier))
+            .collect();
+        let before: Vec<(Tier, HashMap<String, Vec<u32>>)> =
+            tiers.iter().map(|t| (*t, tier_ranks(&self.snapshot, *t))).collect();
         self.rules.forget_cluster(&name, &mut self.out.ids);
         match policy {
             Some(p) => self.snapshot.insert_cluster_policy(p, invalid),
@@ -49,20 +228,146 @@ impl Compiler {
         if let Some(users) = self.refresh_prefixes() {
             // New CIDR identities: the NetworkPolicy entries of the ipBlock
             // rules change too.
-            let dirty: BTreeSet<PodKey> = users;
+            let dirty = users;
             self.emit(dirty);
         }
+        let mut jobs: Vec<Job> = old.into_iter().collect();
+        if let Some(new) = self.snapshot.cluster_policies.get(&name) {
+            jobs.push(self.cnp_job(new));
+        }
+        // Every other CNP whose ranks moved (same tier, same priority as
+        // the old or new version, later name; all of them should the tier
+        // fall back to dense ranks).
+        for (tier, old_ranks) in before {
+            let new_ranks = tier_ranks(&self.snapshot, tier);
+            for (n, r) in &new_ranks {
+                if *n == name || old_ranks.get(n).is_none_or(|o| o == r) {
+                    continue;
+                }
+                if let Some(p) = self.snapshot.cluster_policies.get(n) {
+                    jobs.push(self.cnp_job(p));
+                }
+            }
+        }
+        self.tier_changes.jobs.extend(jobs);
         self.refresh_tiers();
     }
 
-    /// Recomputes every tier entry and every endpoint's tier presence.
+    /// What a change of `policy` touches: the tier entries of its tier,
+    /// for the local endpoints its subject selects and the peers its rules
+    /// resolve to (now).
+    fn cnp_job(&self, policy: &ClusterPolicy) -> Job {
+        let nodes = TierNodes {
+            identities: &self.out.ids.node_identities,
+            local: self.snapshot.nodes.get(&self.opts.node_name).map(|n| &n.labels),
+        };
+        Job {
+            endpoints: self.cnp_endpoints(policy).into_iter().collect(),
+            scope: Scope {
+                tiers: Some([policy.tier].into()),
+                peers: policy_peer_ids(policy, &self.out.ids.identities, &self.out.cidrs, &nodes),
+            },
+        }
+    }
+
+    /// The ids of the local endpoints `policy`'s subject selects.
+    fn cnp_endpoints(&self, policy: &ClusterPolicy) -> Vec<u32> {
+        let empty = Labels::new();
+        self.eps
+            .iter()
+            .filter(|(pk, _)| {
+                self.snapshot.pods.get(*pk).is_some_and(|pod| {
+                    let ns = namespace_labels(&self.snapshot, &pod.namespace).unwrap_or(&empty);
+                    subject_selects(&policy.subject, &pod.labels, ns)
+                })
+            })
+            .map(|(_, st)| st.id)
+            .collect()
+    }
+
+    /// Brings the tier entries up to date with the changes recorded since
+    /// the last call: the entries they touch (see the module doc) are
+    /// recomputed, the others stay.
     pub(super) fn refresh_tiers(&mut self) {
+        let changes = std::mem::take(&mut self.tier_changes);
         if self.snapshot.cluster_policies.is_empty() && self.out.tiers.is_empty() {
             return;
+        }
+        let mut jobs = changes.jobs.clone();
+        // Changed endpoints: everything of theirs.
+        let mut full = changes.endpoints.clone();
+        if changes.nodes || changes.cidrs {
+            for p in self.snapshot.cluster_policies.values() {
+                if nodes_or_cidrs_affected(p, &changes) {
+                    full.extend(self.cnp_endpoints(p));
+                }
+            }
+        }
+        if !full.is_empty() {
+            jobs.push(Job {
+                endpoints: full,
+                scope: Scope::default(),
+            });
+        }
+        // An identity that appeared or went: its own entries, on the
+        // endpoints of the CNPs whose peers see it (an identity that went
+        // had entries only there).
+        if !changes.identities.is_empty() {
+            let mut endpoints = BTreeSet::new();
+            for p in self.snapshot.cluster_policies.values() {
+                if changes.identities.iter().any(|(_, k)| identity_affects(p, k)) {
+                    endpoints.extend(self.cnp_endpoints(p));
+                }
+            }
+            jobs.push(Job {
+                endpoints,
+                scope: Scope {
+                    tiers: None,
+                    peers: Some(changes.identities.iter().map(|(id, _)| *id).collect()),
+                },
+            });
+        }
+        // One recomputation per tier scope: the union of the endpoints and
+        // of the peers (a superset of each job's entries is recomputed, so
+        // the result is the same; the fixed costs are paid once).
+        let mut merged: BTreeMap<Option<BTreeSet<Tier>>, Job> = BTreeMap::new();
+        for job in jobs {
+            if job.endpoints.is_empty() {
+                continue;
+            }
+            match merged.get_mut(&job.scope.tiers) {
+                None => {
+                    merged.insert(job.scope.tiers.clone(), job);
+                }
+                Some(m) => {
+                    m.endpoints.extend(job.endpoints);
+                    m.scope.peers = match (m.scope.peers.take(), job.scope.peers) {
+                        (Some(mut a), Some(b)) => {
+                            a.extend(b);
+                            Some(a)
+                        }
+                        _ => None,
+                    };
+                }
+            }
+        }
+        for job in merged.into_values() {
+            self.recompute_tiers(&job);
+        }
+    }
+
+    /// Recomputes the tier entries of `job` and the presence of its
+    /// endpoints (an id that is no longer an endpoint just loses its
+    /// entries).
+    fn recompute_tiers(&mut self, job: &Job) {
+        let dirty = &job.endpoints;
+        for id in dirty {
+            remove_scoped(&mut self.out.tiers, *id, &job.scope);
         }
         let mut locals: Vec<(u32, &Pod)> = self
             .eps
             .iter()
+            .filter(|(_, st)| dirty.contains(&st.id))
             .filter_map(|(pk, st)| self.snapshot.pods.get(pk).map(|p| (st.id, p)))
             .collect();
         locals.sort_by_key(|(id, _)| *id);
@@ -74,12 +379,28 @@ impl Compiler {
             local: self.snapshot.nodes.get(&self.opts.node_name).map(|n| &n.labels),
         };
         let (rules, ids) = (&mut self.rules, &mut self.out.ids);
-        let tiers = compile_tiers(&self.snapshot, &locals, &identities, &self.out.cidrs, &nodes, |r| {
-            rules.rule_id(r.clone(), ids)
-        });
+        let tiers = compile_tiers_scoped(
+            &self.snapshot,
+            &locals,
+            &identities,
+            &self.out.cidrs,
+            &nodes,
+            &job.scope,
+            |r| rules.rule_id(r.clone(), ids),
+        );
         self.out.ids.identities = identities;
         self.out.ids.node_identities = node_identities;
-        self.out.tiers = tiers;
-        set_presence(&mut self.out.endpoints, &self.out.tiers);
+        self.out.tiers.extend(tiers);
+        for id in dirty {
+            if let Some(ep) = self.out.endpoints.get_mut(id) {
+                ep.tiers = presence_of(&self.out.tiers, *id);
+            }
+        }
+    }
+
+    /// Sets the tier presence of a (re-emitted) endpoint record from the
+    /// current tier entries.
+    pub(super) fn restore_presence(tiers: &BTreeMap<TierEntry, TierValue>, id: u32, ep: &mut Endpoint) {
+        ep.tiers = presence_of(tiers, id);
     }
 }

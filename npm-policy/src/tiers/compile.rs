@@ -1,7 +1,8 @@
 //! The tier compiler: the ClusterNetworkPolicies of a snapshot ->
 //! [`Compiled::tiers`](crate::compiled::Compiled::tiers) for the local
 //! endpoints, shared by the full ([`crate::compile()`]) and the incremental
-//! compiler (which recomputes the tier entries wholesale on a change).
+//! compiler (which recomputes only the entries a change touches, with
+//! [`compile_tiers_scoped`]: some endpoints, a tier, some peers).
 //!
 //! Ranks: the CNPs of a tier are ordered by (priority ascending, name
 //! ascending) and their rules of one direction by index; a rule's rank
@@ -22,7 +23,7 @@
 //! `None` entry already says it). Pieces equal to the `None` entry's value
 //! are left out, adjacent equal pieces are merged.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ipnet::IpNet;
 use npm_common::IDENTITY_ANY;
@@ -330,7 +331,8 @@ pub fn fold(items: &[Item]) -> Vec<(Option<Protocol>, (u16, u16), TierValue)> {
 }
 
 /// Adds the items of `rule` (value `value`, peers `peers`) for the local
-/// endpoint `pod` to `acc`.
+/// endpoint `pod` to `acc` (only those of the peers in `only`, if given).
+#[allow(clippy::too_many_arguments)]
 fn emit(
     acc: &mut HashMap<u32, Vec<Item>>,
     pod: &Pod,
@@ -339,11 +341,15 @@ fn emit(
     peers: &Peers,
     identities: &BTreeMap<u32, IdentityKey>,
     value: TierValue,
+    only: Option<&BTreeSet<u32>>,
 ) {
     // Rules come in rank order: an item covered by an earlier item of the
     // same peer (protocol-less, or the same protocol with a range holding
     // this one) can never be the lowest rank of a packet; it is left out.
     let mut put = |peer: u32, protocol: Option<Protocol>, ports: (u16, u16)| {
+        if only.is_some_and(|o| !o.contains(&peer)) {
+            return;
+        }
         let items = acc.entry(peer).or_default();
         let covered = items.iter().any(|i| {
             i.value.rank <= value.rank
@@ -415,17 +421,74 @@ pub(crate) fn compile_tiers(
     identities: &BTreeMap<u32, IdentityKey>,
     cidrs: &BTreeMap<IpNet, u32>,
     nodes: &TierNodes<'_>,
+    rule_id: impl FnMut(&RuleRef) -> u32,
+) -> BTreeMap<TierEntry, TierValue> {
+    compile_tiers_scoped(snapshot, locals, identities, cidrs, nodes, &Scope::default(), rule_id)
+}
+
+/// Which part of the tier entries [`compile_tiers_scoped`] computes.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Scope {
+    /// Only these tiers (`None`: both).
+    pub(crate) tiers: Option<BTreeSet<Tier>>,
+    /// Only the entries of these peer identities (`None`: every peer).
+    pub(crate) peers: Option<BTreeSet<u32>>,
+}
+
+impl Scope {
+    fn has_tier(&self, tier: Tier) -> bool {
+        self.tiers.as_ref().is_none_or(|t| t.contains(&tier))
+    }
+}
+
+/// The peer identities whose tier entries `policy`'s rules can produce,
+/// against the same tables as [`compile_tiers`]; `None` when that is every
+/// pod identity (an egress rule with a peer standing for every peer and a
+/// named port, resolved per destination identity).
+pub(crate) fn policy_peer_ids(
+    policy: &ClusterPolicy,
+    identities: &BTreeMap<u32, IdentityKey>,
+    cidrs: &BTreeMap<IpNet, u32>,
+    nodes: &TierNodes<'_>,
+) -> Option<BTreeSet<u32>> {
+    let named_all = policy.egress.iter().any(|r| {
+        r.peers.iter().any(|p| matches!(p, ClusterPeer::All))
+            && r.ports.iter().any(|p| matches!(p, ClusterPort::Named(_)))
+    });
+    if named_all {
+        return None;
+    }
+    let groups = groups(identities);
+    let mut memo = HashMap::new();
+    let mut out = BTreeSet::new();
+    for r in policy.ingress.iter().chain(&policy.egress) {
+        out.extend(resolve(r, &groups, cidrs, nodes, &mut memo).ids());
+    }
+    Some(out)
+}
+
+/// [`compile_tiers`] restricted to `scope`: exactly the entries of
+/// `compile_tiers` that are in the scope (an entry of one (endpoint,
+/// direction, tier, peer) depends only on the rules matching that peer).
+pub(crate) fn compile_tiers_scoped(
+    snapshot: &Snapshot,
+    locals: &[(u32, &Pod)],
+    identities: &BTreeMap<u32, IdentityKey>,
+    cidrs: &BTreeMap<IpNet, u32>,
+    nodes: &TierNodes<'_>,
+    scope: &Scope,
     mut rule_id: impl FnMut(&RuleRef) -> u32,
 ) -> BTreeMap<TierEntry, TierValue> {
     let mut out = BTreeMap::new();
-    if snapshot.cluster_policies.is_empty() || locals.is_empty() {
+    if snapshot.cluster_policies.is_empty() || locals.is_empty() || scope.peers.as_ref().is_some_and(|p| p.is_empty()) {
         return out;
     }
+    let only = scope.peers.as_ref();
     // "host-networked pods are not included in subject selection": they are
     // never endpoints.
     let empty = Labels::new();
     let mut selected: HashMap<&str, Vec<usize>> = HashMap::new();
-    for p in snapshot.cluster_policies.values() {
+    for p in snapshot.cluster_policies.values().filter(|p| scope.has_tier(p.tier)) {
         let sel: Vec<usize> = locals
             .iter()
             .enumerate()
@@ -440,7 +503,7 @@ pub(crate) fn compile_tiers(
     let groups = groups(identities);
     let mut memo: HashMap<&ClusterPeer, Vec<u32>> = HashMap::new();
     let mut resolved: HashMap<&[ClusterPeer], std::rc::Rc<Peers>> = HashMap::new();
-    for tier in [Tier::Admin, Tier::Baseline] {
+    for tier in [Tier::Admin, Tier::Baseline].into_iter().filter(|t| scope.has_tier(*t)) {
         for dir in [Direction::Ingress, Direction::Egress] {
             // Endpoint index -> peer identity -> items.
             let mut acc: Vec<HashMap<u32, Vec<Item>>> = vec![HashMap::new(); locals.len()];
@@ -456,12 +519,19 @@ pub(crate) fn compile_tiers(
                 let peers = match resolved.get(r.rule.peers.as_slice()) {
                     Some(p) => p.clone(),
                     None => {
-                        let p = std::rc::Rc::new(resolve(r.rule, &groups, cidrs, nodes, &mut memo));
+                        let mut p = resolve(r.rule, &groups, cidrs, nodes, &mut memo);
+                        if let Some(o) = only {
+                            p.pods.retain(|id| o.contains(id));
+                            p.other.retain(|id| o.contains(id));
+                        }
+                        let p = std::rc::Rc::new(p);
                         resolved.insert(r.rule.peers.as_slice(), p.clone());
                         p
                     }
                 };
-                if peers.is_empty() {
+                // (With `all`, an egress named port still resolves per
+                // destination identity, see `emit`.)
+                if peers.is_empty() && !(peers.all && dir == Direction::Egress) {
                     continue;
                 }
                 let value = TierValue {
@@ -474,7 +544,7 @@ pub(crate) fn compile_tiers(
                     .or_default();
                 for i in eps {
                     if done.insert(*i) {
-                        emit(&mut acc[*i], locals[*i].1, dir, r.rule, &peers, identities, value);
+                        emit(&mut acc[*i], locals[*i].1, dir, r.rule, &peers, identities, value, only);
                     }
                 }
             }
