@@ -186,7 +186,16 @@ fn test(no_setup: bool) -> Result<()> {
     // that must not overlap take their binary's lock (tc attach vs auto
     // mode, multi-node clusters a host-wide one).
     run(cargo()
-        .args(["test", "--workspace", "--exclude", "npm-ebpf", "--no-fail-fast", "--", "--test-threads", "3"])
+        .args([
+            "test",
+            "--workspace",
+            "--exclude",
+            "npm-ebpf",
+            "--no-fail-fast",
+            "--",
+            "--test-threads",
+            "3",
+        ])
         .env("NPM_EBPF_OBJECT", ebpf_object()))?;
     // The CI matrix (the whole catalogue, probed over IPv4; `--ipv6` runs are
     // manual, see the notes), chosen
@@ -281,7 +290,10 @@ impl Background {
 
     /// Waits for it; its log is printed when it failed.
     fn finish(mut self) -> Result<()> {
-        let status = self.child.wait().with_context(|| format!("waiting for {}", self.shown))?;
+        let status = self
+            .child
+            .wait()
+            .with_context(|| format!("waiting for {}", self.shown))?;
         if !status.success() {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             eprintln!("{log}");

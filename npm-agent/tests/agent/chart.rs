@@ -347,7 +347,10 @@ fn agent_command_line_is_run_with_every_flag() {
         assert!(argv.iter().any(|a| a == want), "{want} in {argv:?}");
     }
     assert_eq!(argv.len(), 2 + 15, "no other flag: {argv:?}");
-    assert!(!argv.iter().any(|a| a == "--flow-logs-allow"), "off by default: {argv:?}");
+    assert!(
+        !argv.iter().any(|a| a == "--flow-logs-allow"),
+        "off by default: {argv:?}"
+    );
     let argv = agent_command_line(&["flowLogsAllow=true", "ruleMetricsMax=20"]);
     for want in ["--flow-logs-allow", "--rule-metrics-max=20"] {
         assert!(argv.iter().any(|a| a == want), "{want} in {argv:?}");
