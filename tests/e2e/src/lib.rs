@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod cni;
 pub mod demo;
 pub mod endpointslices;
+pub mod fixtures;
 pub mod kube_proxy;
 pub mod netns;
 pub mod nodeport_fixture;

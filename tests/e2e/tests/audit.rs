@@ -19,13 +19,12 @@
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use npm_e2e::probe::{probe_all, Probe, ProbeConfig, Proto};
+use npm_e2e::fixtures::{agent_bin, tcp_probe as probe};
+use npm_e2e::probe::{probe_all, Probe, ProbeConfig};
 use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
 use npm_policy::audit::{audited_policies, AuditView};
 use npm_policy::compiled::Direction;
@@ -53,14 +52,6 @@ const PROBES: &[(&str, &str, u16)] = &[
     ("x/a", "y/c", 80),
     ("z/c", "x/b", 81),
 ];
-
-fn agent_bin() -> PathBuf {
-    let p = std::env::var_os("NPM_AGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/npm-agent"));
-    assert!(p.exists(), "{} missing: cargo build --bin npm-agent", p.display());
-    p
-}
 
 /// A running `npm-agent observe --json` and the records it printed.
 struct Observer {
@@ -141,17 +132,6 @@ fn key_of(v: &Value) -> Key {
         .and_then(|(_, p)| p.parse().ok())
         .unwrap_or(0);
     (pod, v["direction"].as_str().unwrap_or("?").to_string(), peer, port)
-}
-
-fn probe(r: &LiveRunner, from: &str, to: &str, port: u16) -> Probe {
-    let (ns, name) = from.split_once('/').unwrap();
-    let (tns, tname) = to.split_once('/').unwrap();
-    Probe {
-        src_netns: r.cluster().pod(ns, name).unwrap().netns.clone(),
-        dst_pod: to.to_string(),
-        dst: SocketAddr::new(r.cluster().pod(tns, tname).unwrap().ipv4.into(), port),
-        proto: Proto::Tcp,
-    }
 }
 
 fn split(p: &str) -> (String, String) {

@@ -15,12 +15,11 @@
 //! `NPM_AGENT_BIN`); the eBPF variant also the BPF object
 //! (`NPM_EBPF_OBJECT`, as `cargo xtask test` sets it).
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use npm_e2e::probe::{probe_all, Probe, ProbeConfig, Proto};
+use npm_e2e::fixtures::{agent_bin, tcp_probe as probe};
+use npm_e2e::probe::{probe_all, ProbeConfig};
 use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
 use serde_json::Value;
 
@@ -42,14 +41,6 @@ steps:
                 ports: [{protocol: TCP, port: 80}]
     probes: []
 "#;
-
-fn agent_bin() -> PathBuf {
-    let p = std::env::var_os("NPM_AGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/npm-agent"));
-    assert!(p.exists(), "{} missing: cargo build --bin npm-agent", p.display());
-    p
-}
 
 /// `npm-agent explain --json` from `from` to `to` on TCP `port`.
 fn explain(r: &LiveRunner, from: &str, to: &str, port: u16, json: bool) -> String {
@@ -100,17 +91,6 @@ fn inspect(r: &LiveRunner) -> (u64, Value) {
         .cloned()
         .collect();
     (v["ct_entries"].as_u64().expect("ct_entries"), Value::Array(policy))
-}
-
-fn probe(r: &LiveRunner, from: &str, to: &str, port: u16) -> Probe {
-    let (ns, name) = from.split_once('/').unwrap();
-    let (tns, tname) = to.split_once('/').unwrap();
-    Probe {
-        src_netns: r.cluster().pod(ns, name).unwrap().netns.clone(),
-        dst_pod: to.to_string(),
-        dst: SocketAddr::new(r.cluster().pod(tns, tname).unwrap().ipv4.into(), port),
-        proto: Proto::Tcp,
-    }
 }
 
 fn ingress(v: &Value) -> &Value {

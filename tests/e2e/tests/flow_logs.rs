@@ -12,11 +12,10 @@
 //! `NPM_AGENT_BIN`); the eBPF variant also the BPF object
 //! (`NPM_EBPF_OBJECT`, as `cargo xtask test` sets it).
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use npm_e2e::probe::{probe_all, Probe, ProbeConfig, Proto};
+use npm_e2e::fixtures::{agent_bin, tcp_probe as probe};
+use npm_e2e::probe::{probe_all, ProbeConfig};
 use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
 use serde_json::Value;
 
@@ -38,25 +37,6 @@ steps:
                 ports: [{protocol: TCP, port: 80}]
     probes: []
 "#;
-
-fn agent_bin() -> PathBuf {
-    let p = std::env::var_os("NPM_AGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/npm-agent"));
-    assert!(p.exists(), "{} missing: cargo build --bin npm-agent", p.display());
-    p
-}
-
-fn probe(r: &LiveRunner, from: &str, to: &str, port: u16) -> Probe {
-    let (ns, name) = from.split_once('/').unwrap();
-    let (tns, tname) = to.split_once('/').unwrap();
-    Probe {
-        src_netns: r.cluster().pod(ns, name).unwrap().netns.clone(),
-        dst_pod: to.to_string(),
-        dst: SocketAddr::new(r.cluster().pod(tns, tname).unwrap().ipv4.into(), port),
-        proto: Proto::Tcp,
-    }
-}
 
 /// The flow log lines of the agent's stdout (its log file holds stdout
 /// and stderr: the JSON lines with a `verdict`).

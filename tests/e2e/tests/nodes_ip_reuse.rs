@@ -19,9 +19,9 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use npm_e2e::fixtures::agent_bin;
 use npm_e2e::probe::{probe_all, Probe, ProbeConfig, Proto};
 use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
 
@@ -62,14 +62,6 @@ steps:
       - add_pod_labels: {pod: x/b, labels: {trusted: "yes"}}
     probes: []
 "#;
-
-fn agent_bin() -> PathBuf {
-    let p = std::env::var_os("NPM_AGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/npm-agent"));
-    assert!(p.exists(), "{} missing: cargo build --bin npm-agent", p.display());
-    p
-}
 
 fn probe(r: &LiveRunner, from: &str, to: IpAddr, to_pod: &str) -> Probe {
     let (ns, name) = from.split_once('/').unwrap();

@@ -17,13 +17,13 @@
 //! (`NPM_EBPF_OBJECT`, as `cargo xtask test` sets it).
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use npm_e2e::probe::{probe_all, Probe, ProbeConfig, Proto};
+use npm_e2e::fixtures::{agent_bin, tcp_probe as probe};
+use npm_e2e::probe::{probe_all, Probe, ProbeConfig};
 use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
 use serde_json::Value;
 
@@ -52,14 +52,6 @@ steps:
             policyTypes: [Ingress]
     probes: []
 "#;
-
-fn agent_bin() -> PathBuf {
-    let p = std::env::var_os("NPM_AGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/npm-agent"));
-    assert!(p.exists(), "{} missing: cargo build --bin npm-agent", p.display());
-    p
-}
 
 /// A running `npm-agent observe --json` and what it printed so far.
 struct Observer {
@@ -137,17 +129,6 @@ impl Drop for Observer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-fn probe(r: &LiveRunner, from: &str, to: &str, port: u16) -> Probe {
-    let (ns, name) = from.split_once('/').unwrap();
-    let (tns, tname) = to.split_once('/').unwrap();
-    Probe {
-        src_netns: r.cluster().pod(ns, name).unwrap().netns.clone(),
-        dst_pod: to.to_string(),
-        dst: SocketAddr::new(r.cluster().pod(tns, tname).unwrap().ipv4.into(), port),
-        proto: Proto::Tcp,
     }
 }
 

@@ -11,11 +11,10 @@
 //! `NPM_AGENT_BIN`); the eBPF variant also the BPF object
 //! (`NPM_EBPF_OBJECT`, as `cargo xtask test` sets it).
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use npm_e2e::probe::{probe_all, Probe, ProbeConfig, Proto};
+use npm_e2e::fixtures::{agent_bin, tcp_probe as probe};
+use npm_e2e::probe::{probe_all, ProbeConfig};
 use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
 
 const SETUP: &str = r#"
@@ -42,14 +41,6 @@ const RULE_BYTES: &str =
     r#"npm_rule_allowed_bytes_total{namespace="y",policy="allow-xa-80",rule="0",direction="ingress"}"#;
 const DENIED: &str = r#"npm_endpoint_denied_packets_total{namespace="y",pod="b",direction="ingress"}"#;
 
-fn agent_bin() -> PathBuf {
-    let p = std::env::var_os("NPM_AGENT_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/npm-agent"));
-    assert!(p.exists(), "{} missing: cargo build --bin npm-agent", p.display());
-    p
-}
-
 /// The agent's `/metrics` text.
 fn scrape(r: &LiveRunner) -> String {
     let out = std::process::Command::new("curl")
@@ -69,17 +60,6 @@ fn value(text: &str, series: &str) -> f64 {
             (name == series).then(|| v.parse().ok()).flatten()
         })
         .unwrap_or(0.0)
-}
-
-fn probe(r: &LiveRunner, from: &str, to: &str, port: u16) -> Probe {
-    let (ns, name) = from.split_once('/').unwrap();
-    let (tns, tname) = to.split_once('/').unwrap();
-    Probe {
-        src_netns: r.cluster().pod(ns, name).unwrap().netns.clone(),
-        dst_pod: to.to_string(),
-        dst: SocketAddr::new(r.cluster().pod(tns, tname).unwrap().ipv4.into(), port),
-        proto: Proto::Tcp,
-    }
 }
 
 fn run(engine: Engine) {
