@@ -211,6 +211,11 @@ fn test(no_setup: bool) -> Result<()> {
     // The one-node runs (`cargo xtask conformance --dataplane
     // ebpf|nftables`, tcx by default) are covered by these and by the kernel
     // tests, which run every attach test in both modes.
+    // The live runs wait 500 ms for a probe (default 1 s): a denied probe is
+    // one that got no answer in that time, and an allowed one answers in
+    // milliseconds here (a slow one is retried until the deadline, so the
+    // shorter wait cannot fail a case). Every step waits it out twice (its
+    // round and the confirmation): 540 s -> 385 s per three-node run.
     // The image's release build (about 5 minutes of both cores) runs at the
     // lowest CPU priority while the conformance runs, which mostly wait on
     // probes, use the debug binaries built above: they share no cargo
@@ -231,6 +236,8 @@ fn test(no_setup: bool) -> Result<()> {
             "nftables",
             "--destination",
             "service",
+            "--probe-timeout-ms",
+            "500",
         ][..],
         &[
             "--dataplane",
@@ -243,6 +250,8 @@ fn test(no_setup: bool) -> Result<()> {
             "iptables",
             "--destination",
             "service",
+            "--probe-timeout-ms",
+            "500",
         ][..],
     ] {
         // The binaries were built above (`--workspace --bins`).
