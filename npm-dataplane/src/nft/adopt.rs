@@ -45,8 +45,8 @@ fn is_tier_chain(name: &str) -> bool {
         .any(|t| name.strip_suffix(t).and_then(endpoint_chain).is_some())
 }
 
-/// `ep_<id>_<in|out>` -> (id, direction).
-fn endpoint_chain(name: &str) -> Option<(u32, u8)> {
+/// `ep_<id>_<in|out>` -> (id, direction); tier chains and others: `None`.
+pub(super) fn endpoint_chain(name: &str) -> Option<(u32, u8)> {
     let rest = name.strip_prefix("ep_")?;
     let (id, dir) = rest.rsplit_once('_')?;
     let d = match dir {
@@ -82,19 +82,25 @@ fn source_check(expr: &[Value]) -> Option<IpAddr> {
     })
 }
 
-/// Parses `nft -j list table inet <table>` (`command`, for errors).
-pub(super) fn parse(command: &str, json: &str) -> Result<NftAdopted, NftError> {
-    let v: Value = serde_json::from_str(json).map_err(|source| NftError::NotJson {
+/// The objects of an `nft -j list ...` output (`command`, for errors):
+/// its `"nftables"` array.
+pub(super) fn listing_items(command: &str, json: &str) -> Result<Vec<Value>, NftError> {
+    let mut v: Value = serde_json::from_str(json).map_err(|source| NftError::NotJson {
         command: command.to_string(),
         source,
     })?;
-    let items = v
-        .get("nftables")
-        .and_then(Value::as_array)
-        .ok_or_else(|| NftError::BadOutput {
+    match v.get_mut("nftables").map(Value::take) {
+        Some(Value::Array(items)) => Ok(items),
+        _ => Err(NftError::BadOutput {
             command: command.to_string(),
             detail: "no \"nftables\" array".into(),
-        })?;
+        }),
+    }
+}
+
+/// Parses `nft -j list table inet <table>` (`command`, for errors).
+pub(super) fn parse(command: &str, json: &str) -> Result<NftAdopted, NftError> {
+    let items = listing_items(command, json)?;
     let mut identities = BTreeSet::new();
     // id -> (seen directions, isolated ingress, isolated egress, v4, v6);
     // a chain is isolated until a rule of it counts `not_isolated`.

@@ -11,9 +11,9 @@
 //! restart), so the packets a rewritten rule counted since the agent's last
 //! read are lost; chains an update does not touch keep their counters.
 
-use npm_common::{DIR_EGRESS, DIR_INGRESS};
 use serde_json::Value;
 
+use super::adopt::{endpoint_chain, listing_items};
 use super::{is_missing_table, run_nft, NftDataplane, NftError};
 use crate::{KernelCount, RuleCounts};
 
@@ -28,19 +28,6 @@ impl NftDataplane {
             Err(e) => Err(e),
         }
     }
-}
-
-/// The endpoint id and direction of an endpoint chain's name
-/// (`ep_<id>_in`, `ep_<id>_out`; tier chains and others: `None`).
-fn endpoint_chain(name: &str) -> Option<(u32, u8)> {
-    let rest = name.strip_prefix("ep_")?;
-    let (id, dir) = rest.split_once('_')?;
-    let dir = match dir {
-        "in" => DIR_INGRESS,
-        "out" => DIR_EGRESS,
-        _ => return None,
-    };
-    Some((id.parse().ok()?, dir))
 }
 
 /// A rule's anonymous counter (`{"counter": {"packets": .., "bytes": ..}}`).
@@ -73,17 +60,7 @@ fn source_of(chain: &str, handle: u64) -> u64 {
 /// commented `rule <id>` and of the `policy_denied` drops of the endpoint
 /// chains (zero counters left out).
 pub(crate) fn parse_rule_counts(command: &str, json: &str) -> Result<RuleCounts, NftError> {
-    let v: Value = serde_json::from_str(json).map_err(|source| NftError::NotJson {
-        command: command.to_string(),
-        source,
-    })?;
-    let items = v
-        .get("nftables")
-        .and_then(Value::as_array)
-        .ok_or_else(|| NftError::BadOutput {
-            command: command.to_string(),
-            detail: "no \"nftables\" array".into(),
-        })?;
+    let items = listing_items(command, json)?;
     let mut out = RuleCounts::default();
     for item in items {
         let Some(rule) = item.get("rule") else { continue };
@@ -127,6 +104,7 @@ pub(crate) fn parse_rule_counts(command: &str, json: &str) -> Result<RuleCounts,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use npm_common::{DIR_EGRESS, DIR_INGRESS};
 
     #[test]
     fn reads_rule_and_deny_counters() {
