@@ -1,5 +1,6 @@
 //! Small helpers the live-agent tests (`tests/*.rs`) share: the agent
-//! binary they start, and a TCP probe between two pods of a live cluster.
+//! binary they start, a TCP probe between two pods of a live cluster, and
+//! the one-policy setup several of them start from.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,3 +30,24 @@ pub fn tcp_probe(r: &LiveRunner, from: &str, to: &str, port: u16) -> Probe {
         proto: Proto::Tcp,
     }
 }
+
+/// A one-step case on the x/y/z model: `y/allow-xa-80` isolates `y/b`'s
+/// ingress and allows TCP 80 from `x/a` (no probes).
+pub const ALLOW_XA_80: &str = r#"
+id: allow-xa-80-setup
+steps:
+  - actions:
+      - create_policy:
+          apiVersion: networking.k8s.io/v1
+          kind: NetworkPolicy
+          metadata: {namespace: y, name: allow-xa-80}
+          spec:
+            podSelector: {matchLabels: {pod: b}}
+            policyTypes: [Ingress]
+            ingress:
+              - from:
+                  - namespaceSelector: {matchLabels: {ns: x}}
+                    podSelector: {matchLabels: {pod: a}}
+                ports: [{protocol: TCP, port: 80}]
+    probes: []
+"#;

@@ -18,29 +18,10 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use npm_e2e::fixtures::{agent_bin, tcp_probe as probe};
+use npm_e2e::fixtures::{agent_bin, tcp_probe as probe, ALLOW_XA_80};
 use npm_e2e::probe::{probe_all, ProbeConfig};
 use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
 use serde_json::Value;
-
-const SETUP: &str = r#"
-id: explain-setup
-steps:
-  - actions:
-      - create_policy:
-          apiVersion: networking.k8s.io/v1
-          kind: NetworkPolicy
-          metadata: {namespace: y, name: allow-xa-80}
-          spec:
-            podSelector: {matchLabels: {pod: b}}
-            policyTypes: [Ingress]
-            ingress:
-              - from:
-                  - namespaceSelector: {matchLabels: {ns: x}}
-                    podSelector: {matchLabels: {pod: a}}
-                ports: [{protocol: TCP, port: 80}]
-    probes: []
-"#;
 
 /// `npm-agent explain --json` from `from` to `to` on TCP `port`.
 fn explain(r: &LiveRunner, from: &str, to: &str, port: u16, json: bool) -> String {
@@ -109,7 +90,7 @@ fn run(engine: Engine) {
         ..Options::default()
     })
     .expect("start the live runner");
-    let setup = parse_text(SETUP).unwrap().remove(0);
+    let setup = parse_text(ALLOW_XA_80).unwrap().remove(0);
     let (passed, report) = r.run_case(&setup);
     assert!(passed, "setup: {report}");
     let cfg = ProbeConfig {
@@ -322,7 +303,7 @@ fn explain_forced_mismatch_ebpf() {
         ..Options::default()
     })
     .expect("start the live runner");
-    let setup = parse_text(SETUP).unwrap().remove(0);
+    let setup = parse_text(ALLOW_XA_80).unwrap().remove(0);
     let (passed, report) = r.run_case(&setup);
     assert!(passed, "setup: {report}");
     let cfg = ProbeConfig {

@@ -13,28 +13,9 @@
 
 use std::time::{Duration, Instant};
 
-use npm_e2e::fixtures::{agent_bin, tcp_probe as probe};
+use npm_e2e::fixtures::{agent_bin, tcp_probe as probe, ALLOW_XA_80};
 use npm_e2e::probe::{probe_all, ProbeConfig};
 use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
-
-const SETUP: &str = r#"
-id: rule-metrics-setup
-steps:
-  - actions:
-      - create_policy:
-          apiVersion: networking.k8s.io/v1
-          kind: NetworkPolicy
-          metadata: {namespace: y, name: allow-xa-80}
-          spec:
-            podSelector: {matchLabels: {pod: b}}
-            policyTypes: [Ingress]
-            ingress:
-              - from:
-                  - namespaceSelector: {matchLabels: {ns: x}}
-                    podSelector: {matchLabels: {pod: a}}
-                ports: [{protocol: TCP, port: 80}]
-    probes: []
-"#;
 
 const RULE: &str = r#"npm_rule_allowed_packets_total{namespace="y",policy="allow-xa-80",rule="0",direction="ingress"}"#;
 const RULE_BYTES: &str =
@@ -71,7 +52,7 @@ fn run(engine: Engine) {
         ..Options::default()
     })
     .expect("start the live runner");
-    let setup = parse_text(SETUP).unwrap().remove(0);
+    let setup = parse_text(ALLOW_XA_80).unwrap().remove(0);
     let (passed, report) = r.run_case(&setup);
     assert!(passed, "setup: {report}");
     let cfg = ProbeConfig {
