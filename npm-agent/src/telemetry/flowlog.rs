@@ -475,20 +475,13 @@ impl FlowLog {
         let mut suppressed = 0;
         for e in events {
             let allow = e.is_allow();
-            if allow && !self.log_allows {
-                if !self.allow_sinks.is_empty() {
-                    let record = names.record(e);
-                    for sink in &mut self.allow_sinks {
-                        sink(e, &record);
-                    }
-                }
-                continue;
-            }
-            let admit = self.admit_verdict(now, allow);
-            // A suppressed line is still named for the allow sinks.
+            // Allow events without `log_allows` are not lines (and not
+            // counted as suppressed); the sinks still get them.
+            let admit = (!allow || self.log_allows).then(|| self.admit_verdict(now, allow));
+            // A suppressed or unlogged allow is still named for the sinks.
             let for_sinks = allow && !self.allow_sinks.is_empty();
-            if admit == Admit::Suppress && !for_sinks {
-                suppressed += 1;
+            if admit != Some(Admit::Log) && !for_sinks {
+                suppressed += u64::from(admit == Some(Admit::Suppress));
                 continue;
             }
             let record = names.record(e);
@@ -498,13 +491,14 @@ impl FlowLog {
                 }
             }
             match admit {
-                Admit::Log => {
+                Some(Admit::Log) => {
                     let line = serde_json::to_string(&record).unwrap_or_else(|_| describe(e));
                     if let Err(err) = writeln!(self.out, "{line}").and_then(|()| self.out.flush()) {
                         tracing::warn!(error = %err, "writing a flow log line failed");
                     }
                 }
-                Admit::Suppress => suppressed += 1,
+                Some(Admit::Suppress) => suppressed += 1,
+                None => {}
             }
         }
         suppressed
