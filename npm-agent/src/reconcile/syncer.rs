@@ -39,7 +39,7 @@ use super::hold;
 use crate::cni::{FactsHandle, NodeFacts};
 use crate::k8s::{Cache, CompleteState, WatchError};
 use crate::node::{InterfaceResolver, Resolve};
-use crate::telemetry::events::{cluster_reports_of, reports_of, EventRecorder};
+use crate::telemetry::events::{cluster_reports_of, reports_of, EventRecorder, MapFullReport};
 use crate::telemetry::flowlog::FlowLog;
 use crate::telemetry::health::Health;
 use crate::telemetry::metrics::Metrics;
@@ -417,9 +417,21 @@ impl<D: AgentDataplane> Syncer<D> {
     /// Report the maps the programmed state did not fit (`map_full`; empty:
     /// the whole state is programmed): an error line per map when its
     /// report changes, an info line when the last one clears, and
-    /// `npm_map_full{map}`. The readiness check is set by the loop.
-    fn report_map_full(metrics: &Metrics, degraded: &mut Vec<Shortfall>, map_full: &[Shortfall]) {
+    /// `npm_map_full{map}`, and a Kubernetes Event on the Node when a map
+    /// enters degraded mode. The readiness check is set by the loop.
+    fn report_map_full(
+        metrics: &Metrics,
+        events: Option<&EventRecorder>,
+        degraded: &mut Vec<Shortfall>,
+        map_full: &[Shortfall],
+    ) {
         for s in map_full {
+            if let Some(events) = events.filter(|_| !degraded.iter().any(|d| d.map == s.map)) {
+                events.map_full(MapFullReport {
+                    map: s.map.to_string(),
+                    detail: s.to_string(),
+                });
+            }
             if !degraded.iter().any(|d| d == s) {
                 tracing::error!(
                     map = s.map,
@@ -696,7 +708,7 @@ impl<D: AgentDataplane> Syncer<D> {
                 self.attempted_ids = None;
             }
         }
-        Self::report_map_full(&self.metrics, &mut self.degraded, &map_full);
+        Self::report_map_full(&self.metrics, self.events.as_ref(), &mut self.degraded, &map_full);
         outcome.map_full = map_full;
         let t_apply = started.elapsed();
         tracing::debug!(

@@ -20,6 +20,13 @@
 //! created in namespace [`CLUSTER_EVENT_NAMESPACE`] (where Kubernetes puts
 //! the Events of cluster-scoped objects) and its involvedObject has no
 //! namespace.
+//!
+//! A kernel map that the compiled state does not fit (degraded mode, see
+//! `reconcile::syncer`) gets a `Warning` Event with reason
+//! [`REASON_MAP_FULL`] on this node's Node object ([`MapFullReport`]), once
+//! each time the map enters degraded mode (not on every sync while it
+//! stays there), beside the log line, `npm_map_full{map}` and the
+//! `map-capacity` readiness check.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -36,6 +43,9 @@ use super::metrics::Metrics;
 
 /// The reason of the Event on a policy that is not fully understood.
 pub const REASON_PARTIALLY_INVALID: &str = "PolicyPartiallyInvalid";
+/// The reason of the Event on the Node whose agent programs a reduced,
+/// fail-closed state because a kernel map is full.
+pub const REASON_MAP_FULL: &str = "NpmMapFull";
 /// The namespace of the Events on cluster-scoped objects.
 pub const CLUSTER_EVENT_NAMESPACE: &str = "default";
 /// `reportingComponent` (and `source.component`) of the agent's Events.
@@ -64,6 +74,119 @@ pub struct PolicyReport {
     /// The conversion's errors, each naming the field, the value and what
     /// was dropped.
     pub errors: Vec<String>,
+}
+
+/// One kernel map the programmed state did not fit, on this node: the
+/// subject of a [`REASON_MAP_FULL`] Event on the Node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapFullReport {
+    /// The map (`NPM_POLICY`, `NPM_IPCACHE`, ...).
+    pub map: String,
+    /// What did not fit and what was programmed instead (the shortfall's
+    /// own description: entries needed, capacity, written, reduced).
+    pub detail: String,
+}
+
+impl MapFullReport {
+    /// The Event's message: the shortfall and what to do about it, cut to
+    /// [`MAX_MESSAGE`] bytes.
+    pub fn message(&self) -> String {
+        let mut m = format!(
+            "{}; enforcement of what was programmed is kept and nothing is opened; raise the map size (chart value \
+             mapSizes) or reduce the policy",
+            self.detail
+        );
+        truncate(&mut m);
+        m
+    }
+
+    /// The core `v1` Event on Node `node` (in [`CLUSTER_EVENT_NAMESPACE`]),
+    /// named after the node, the map and the time, so each entry into
+    /// degraded mode is its own Event.
+    pub fn event(&self, node: &str) -> Event {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let stamp = now.as_nanosecond().to_string();
+        let hash = fnv64(&[node, &self.map, &stamp]);
+        let mut event = base_event(node, now, REASON_MAP_FULL, self.message(), "Program");
+        event.metadata = ObjectMeta {
+            name: Some(format!("{}.{hash:016x}", dns_prefix(node, "node"))),
+            namespace: Some(CLUSTER_EVENT_NAMESPACE.to_string()),
+            ..ObjectMeta::default()
+        };
+        event.involved_object = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.to_string()),
+            ..ObjectReference::default()
+        };
+        event
+    }
+}
+
+/// `name` made a valid DNS-subdomain prefix (at most 200 characters),
+/// `fallback` when nothing is left.
+fn dns_prefix(name: &str, fallback: &str) -> String {
+    let mut prefix: String = name
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '.' | '-') => c,
+            _ => '-',
+        })
+        .take(200)
+        .collect();
+    while prefix.ends_with(['.', '-']) {
+        prefix.pop();
+    }
+    let prefix = prefix.trim_start_matches(['.', '-']);
+    if prefix.is_empty() {
+        fallback.to_string()
+    } else {
+        prefix.to_string()
+    }
+}
+
+/// Cuts `m` to [`MAX_MESSAGE`] bytes (on a character boundary, ending in
+/// `...`).
+fn truncate(m: &mut String) {
+    if m.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE - 3;
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        m.truncate(end);
+        m.push_str("...");
+    }
+}
+
+/// The fields every Event of the agent of `node` shares: a `Warning` of
+/// `reason` with `message`, timestamps `now`, reported by the agent.
+fn base_event(node: &str, now: k8s_openapi::jiff::Timestamp, reason: &str, message: String, action: &str) -> Event {
+    Event {
+        reason: Some(reason.into()),
+        message: Some(message),
+        type_: Some("Warning".into()),
+        action: Some(action.into()),
+        count: Some(1),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        event_time: Some(MicroTime(now)),
+        reporting_component: Some(REPORTING_COMPONENT.into()),
+        reporting_instance: Some(node.to_string()),
+        source: Some(EventSource {
+            component: Some(REPORTING_COMPONENT.into()),
+            host: Some(node.to_string()),
+        }),
+        ..Event::default()
+    }
+}
+
+/// What the Event task is asked to create.
+#[derive(Debug)]
+enum Pending {
+    /// A policy not fully understood.
+    Policy(PolicyReport),
+    /// A kernel map full on this node.
+    MapFull(MapFullReport),
 }
 
 /// The key of "one Event per policy resourceVersion": namespace, name,
@@ -98,27 +221,13 @@ impl PolicyReport {
     /// and cut to 200 characters) and a stable hash of the namespace,
     /// name, uid and resourceVersion.
     pub fn event_name(&self) -> String {
-        let mut prefix: String = self
-            .name
-            .chars()
-            .map(|c| match c.to_ascii_lowercase() {
-                c @ ('a'..='z' | '0'..='9' | '.' | '-') => c,
-                _ => '-',
-            })
-            .take(200)
-            .collect();
-        while prefix.ends_with(['.', '-']) {
-            prefix.pop();
-        }
-        let prefix = prefix.trim_start_matches(['.', '-']);
-        let hash = fnv64(&[&self.namespace, &self.name, &self.uid, &self.resource_version]);
-        if prefix.is_empty() && self.cluster {
-            format!("clusternetworkpolicy.{hash:016x}")
-        } else if prefix.is_empty() {
-            format!("networkpolicy.{hash:016x}")
+        let fallback = if self.cluster {
+            "clusternetworkpolicy"
         } else {
-            format!("{prefix}.{hash:016x}")
-        }
+            "networkpolicy"
+        };
+        let hash = fnv64(&[&self.namespace, &self.name, &self.uid, &self.resource_version]);
+        format!("{}.{hash:016x}", dns_prefix(&self.name, fallback))
     }
 
     /// The Event's message: what is enforced, then each error (field path,
@@ -147,14 +256,7 @@ impl PolicyReport {
                 errors.join("; ")
             )
         };
-        if m.len() > MAX_MESSAGE {
-            let mut end = MAX_MESSAGE - 3;
-            while !m.is_char_boundary(end) {
-                end -= 1;
-            }
-            m.truncate(end);
-            m.push_str("...");
-        }
+        truncate(&mut m);
         m
     }
 
@@ -182,37 +284,22 @@ impl PolicyReport {
         } else {
             ("networking.k8s.io/v1".to_string(), "NetworkPolicy")
         };
-        Event {
-            metadata: ObjectMeta {
-                name: Some(self.event_name()),
-                namespace: Some(self.event_namespace().to_string()),
-                ..ObjectMeta::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some(api_version),
-                kind: Some(kind.into()),
-                namespace: (!self.cluster).then(|| self.namespace.clone()),
-                name: Some(self.name.clone()),
-                uid: Some(self.uid.clone()).filter(|u| !u.is_empty()),
-                resource_version: Some(self.resource_version.clone()).filter(|r| !r.is_empty()),
-                ..ObjectReference::default()
-            },
-            reason: Some(REASON_PARTIALLY_INVALID.into()),
-            message: Some(self.message()),
-            type_: Some("Warning".into()),
-            action: Some("Enforce".into()),
-            count: Some(1),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
-            event_time: Some(MicroTime(now)),
-            reporting_component: Some(REPORTING_COMPONENT.into()),
-            reporting_instance: Some(node.to_string()),
-            source: Some(EventSource {
-                component: Some(REPORTING_COMPONENT.into()),
-                host: Some(node.to_string()),
-            }),
-            ..Event::default()
-        }
+        let mut event = base_event(node, now, REASON_PARTIALLY_INVALID, self.message(), "Enforce");
+        event.metadata = ObjectMeta {
+            name: Some(self.event_name()),
+            namespace: Some(self.event_namespace().to_string()),
+            ..ObjectMeta::default()
+        };
+        event.involved_object = ObjectReference {
+            api_version: Some(api_version),
+            kind: Some(kind.into()),
+            namespace: (!self.cluster).then(|| self.namespace.clone()),
+            name: Some(self.name.clone()),
+            uid: Some(self.uid.clone()).filter(|u| !u.is_empty()),
+            resource_version: Some(self.resource_version.clone()).filter(|r| !r.is_empty()),
+            ..ObjectReference::default()
+        };
+        event
     }
 }
 
@@ -287,7 +374,7 @@ pub fn cluster_reports_of(
 /// module doc). Cloning shares the task and the set of known reports.
 #[derive(Clone, Debug)]
 pub struct EventRecorder {
-    tx: mpsc::UnboundedSender<PolicyReport>,
+    tx: mpsc::UnboundedSender<Pending>,
     known: Arc<Mutex<BTreeSet<ReportKey>>>,
 }
 
@@ -314,45 +401,68 @@ impl EventRecorder {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         let current: BTreeSet<_> = reports.iter().map(PolicyReport::key).collect();
         for r in reports {
-            if !known.contains(&r.key()) && self.tx.send(r).is_err() {
+            if !known.contains(&r.key()) && self.tx.send(Pending::Policy(r)).is_err() {
                 tracing::warn!("policy event task stopped; Event not created");
             }
         }
         *known = current;
     }
+
+    /// A kernel map entered degraded mode: an Event on this node's Node
+    /// object. Never blocks.
+    pub fn map_full(&self, report: MapFullReport) {
+        if self.tx.send(Pending::MapFull(report)).is_err() {
+            tracing::warn!("event task stopped; map-full Event not created");
+        }
+    }
 }
 
 /// Creates one Event: `Ok` also when it exists already (another agent or an
 /// earlier run created it).
-async fn create(client: &kube::Client, report: &PolicyReport, node: &str) -> Result<(), kube::Error> {
-    let api: Api<Event> = Api::namespaced(client.clone(), report.event_namespace());
-    match api.create(&PostParams::default(), &report.event(node)).await {
+async fn create(client: &kube::Client, namespace: &str, event: &Event) -> Result<(), kube::Error> {
+    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
+    match api.create(&PostParams::default(), event).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.is_already_exists() || s.code == 409 => Ok(()),
         Err(e) => Err(e),
     }
 }
 
-async fn run(mut rx: mpsc::UnboundedReceiver<PolicyReport>, client: kube::Client, node: String, metrics: Metrics) {
-    while let Some(report) = rx.recv().await {
-        let policy = if report.cluster {
-            format!("clusternetworkpolicy {}", report.name)
-        } else {
-            format!("{}/{}", report.namespace, report.name)
+async fn run(mut rx: mpsc::UnboundedReceiver<Pending>, client: kube::Client, node: String, metrics: Metrics) {
+    while let Some(pending) = rx.recv().await {
+        // (what the Event is on, its namespace, the Event, its reason)
+        let (subject, namespace, event, reason) = match &pending {
+            Pending::Policy(report) => (
+                if report.cluster {
+                    format!("clusternetworkpolicy {}", report.name)
+                } else {
+                    format!("{}/{}", report.namespace, report.name)
+                },
+                report.event_namespace().to_string(),
+                report.event(&node),
+                REASON_PARTIALLY_INVALID,
+            ),
+            Pending::MapFull(report) => (
+                format!("node {node} (map {})", report.map),
+                CLUSTER_EVENT_NAMESPACE.to_string(),
+                report.event(&node),
+                REASON_MAP_FULL,
+            ),
         };
+        let name = event.metadata.name.clone().unwrap_or_default();
         let mut wait = FIRST_RETRY;
         for attempt in 1..=ATTEMPTS {
-            match create(&client, &report, &node).await {
+            match create(&client, &namespace, &event).await {
                 Ok(()) => {
-                    tracing::info!(%policy, event = %report.event_name(), reason = REASON_PARTIALLY_INVALID, "Event recorded on the policy");
+                    tracing::info!(%subject, event = %name, reason, "Event recorded");
                     break;
                 }
                 Err(e) if attempt == ATTEMPTS => {
                     metrics.error("event");
-                    tracing::error!(%policy, error = %e, "Event on the policy not created");
+                    tracing::error!(%subject, error = %e, "Event not created");
                 }
                 Err(e) => {
-                    tracing::debug!(%policy, error = %e, attempt, "creating the Event failed; retrying");
+                    tracing::debug!(%subject, error = %e, attempt, "creating the Event failed; retrying");
                     tokio::time::sleep(wait).await;
                     wait *= 2;
                 }
@@ -427,6 +537,24 @@ mod tests {
         assert!(r.event_name().starts_with("deny-metadata."));
     }
 
+    #[test]
+    fn a_map_full_event_is_on_the_node_and_names_the_map() {
+        let r = MapFullReport {
+            map: "NPM_POLICY".into(),
+            detail: "map NPM_POLICY is full: 71 entries needed, 64 fit".into(),
+        };
+        let e = r.event("node-a");
+        assert_eq!(e.metadata.namespace.as_deref(), Some(CLUSTER_EVENT_NAMESPACE));
+        assert!(e.metadata.name.as_deref().unwrap().starts_with("node-a."));
+        assert_eq!(e.involved_object.kind.as_deref(), Some("Node"));
+        assert_eq!(e.involved_object.name.as_deref(), Some("node-a"));
+        assert_eq!(e.involved_object.namespace, None);
+        assert_eq!(e.reason.as_deref(), Some(REASON_MAP_FULL));
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        let m = e.message.unwrap();
+        assert!(m.contains("NPM_POLICY is full") && m.contains("mapSizes"), "{m}");
+    }
+
     #[tokio::test]
     async fn only_new_resource_versions_are_sent() {
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -438,7 +566,7 @@ mod tests {
         r.report(vec![report("a", "1"), report("b", "1")]);
         r.report(vec![report("a", "2"), report("b", "1")]);
         let mut sent = Vec::new();
-        while let Ok(x) = rx.try_recv() {
+        while let Ok(Pending::Policy(x)) = rx.try_recv() {
             sent.push((x.name, x.resource_version));
         }
         let want = [("a", "1"), ("b", "1"), ("a", "2")].map(|(n, v)| (n.to_string(), v.to_string()));

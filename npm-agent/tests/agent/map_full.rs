@@ -17,8 +17,11 @@ use std::time::Duration;
 
 use crate::common::netns::clear_stale_dirs;
 use crate::common::*;
+use k8s_openapi::api::core::v1::Event;
+use kube::Api;
 use npm_agent::agent::{start_with_health, RunningAgent};
 use npm_agent::node::{Resolve, Resolved};
+use npm_agent::telemetry::events::REASON_MAP_FULL;
 use npm_agent::telemetry::{HealthConfig, Metrics};
 use npm_common::{maps, EP_ISOLATED_INGRESS};
 use npm_dataplane::ebpf::{dump_pinned, AttachMode, EbpfDataplane, EbpfOptions, MapSizes};
@@ -223,6 +226,16 @@ async fn a_full_policy_map_degrades_fail_closed_reports_and_recovers() {
     let (id_b, flags_b) = ep_b.expect("b programmed");
     assert_ne!(flags_b & EP_ISOLATED_INGRESS, 0, "b isolated");
     assert_eq!(keys, BTreeMap::from([(id_a, 1)]), "only a's allow");
+    // A Warning Event on the Node names the map and its sizes.
+    wait_until_async("the map-full Event on the Node", Duration::from_secs(15), || async {
+        !map_full_events(&client).await.is_empty()
+    })
+    .await;
+    let events = map_full_events(&client).await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let m = events[0].message.clone().unwrap_or_default();
+    assert!(m.contains("map NPM_POLICY is full: 71 entries needed, 64 fit"), "{m}");
+    assert_eq!(events[0].type_.as_deref(), Some("Warning"));
 
     // The policy shrinks to 30 ports: the whole state, and the report clears.
     delete_policy(&client, "app", "pb").await;
@@ -234,7 +247,25 @@ async fn a_full_policy_map_degrades_fail_closed_reports_and_recovers() {
     assert_eq!(metric(&agent, &full), 0.0);
     let (_, keys) = kernel_state(&k.pins, if_b);
     assert_eq!(keys, BTreeMap::from([(id_a, 1), (id_b, 30)]));
+    // One entry into degraded mode, one Event (not one per sync).
+    assert_eq!(map_full_events(&client).await.len(), 1);
     drop(agent);
+}
+
+/// The `NpmMapFull` Events on Node `node-a` (namespace `default`).
+async fn map_full_events(client: &kube::Client) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(client.clone(), "default");
+    api.list(&Default::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(REASON_MAP_FULL)
+                && e.involved_object.kind.as_deref() == Some("Node")
+                && e.involved_object.name.as_deref() == Some("node-a")
+        })
+        .collect()
 }
 
 /// `helm template` of the chart with `set`: the agent container's args.
