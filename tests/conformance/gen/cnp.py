@@ -611,12 +611,9 @@ def node_peer_cases():
         # host-network pods (so a 0 below is the policy, not a missing server).
         create, c.pending = c.pending, []
         seen = []
-        # SCTP is left out: the one-node cluster's node answers an INIT from another of its
-        # addresses (the route's source), which the nftables dataplane's conntrack does not
-        # take as the reply, so an allowed SCTP probe of a host-network pod cannot pass there.
+        # SCTP included: the pods' raw receivers answer an INIT from the address it was
+        # sent to (a host-network pod's node has several), as an SCTP endpoint does.
         for cl, p, _, port, _ in every:
-            if p == "sctp":
-                continue
             for srv in ("centaur-1", "centaur-0"):
                 if (cl, p, srv, port) not in seen:
                     seen.append((cl, p, srv, port))
@@ -693,7 +690,7 @@ Upstream code vs. comments (the cases follow the code: the applied objects and t
   (rules 1 and 2, kept).
 - node peers: the host-network pods centaur-0/1 have their node's address; the probes target
   centaur-1 as upstream, plus two steps marked "not upstream": before the policy, every probed
-  TCP/UDP port of both pods answers (SCTP not: see the generator); after the subtests, the same
+  TCP/UDP/SCTP port of both pods answers; after the subtests, the same
   expectations against centaur-0.
 """
 

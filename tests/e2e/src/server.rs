@@ -179,6 +179,15 @@ fn open_sockets(ports: &[u16]) -> Result<Sockets, ServerError> {
         what: "raw sctp ipv6".into(),
         source,
     })?;
+    for (fd, v6, what) in [
+        (&raw4, false, "raw sctp ipv4 pktinfo"),
+        (&raw6, true, "raw sctp ipv6 pktinfo"),
+    ] {
+        want_pktinfo(fd.as_raw_fd(), v6).map_err(|source| ServerError::Socket {
+            what: what.into(),
+            source,
+        })?;
+    }
     Ok(Sockets { tcp, udp, raw4, raw6 })
 }
 
@@ -285,32 +294,136 @@ pub fn send_raw(fd: RawFd, dst: IpAddr, pkt: &[u8]) -> std::io::Result<()> {
     }
 }
 
+/// Asks the kernel to tell, with each packet `fd` receives, the address it
+/// was sent to (`IP_PKTINFO` / `IPV6_RECVPKTINFO`).
+fn want_pktinfo(fd: RawFd, v6: bool) -> std::io::Result<()> {
+    let on: libc::c_int = 1;
+    let (level, name) = if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_PKTINFO)
+    };
+    // SAFETY: a valid int option of the stated size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// One packet of a raw socket: its length in `buf`, the sender and the
+/// address it was sent to (from the packet-info control message).
+fn recv_raw(fd: RawFd, v6: bool, buf: &mut [u8]) -> Option<(usize, IpAddr, Option<IpAddr>)> {
+    // SAFETY: plain data, filled by recvmsg.
+    let mut sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut control = [0u64; 16];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: plain data; every pointer set below is valid for its length.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut sa as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: msg describes valid buffers.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    if n <= 0 {
+        return None;
+    }
+    let src = if v6 {
+        // SAFETY: an AF_INET6 raw socket fills a sockaddr_in6.
+        let sin6: &libc::sockaddr_in6 = unsafe { &*(&sa as *const libc::sockaddr_storage).cast() };
+        IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+    } else {
+        // SAFETY: an AF_INET raw socket fills a sockaddr_in.
+        let sin: &libc::sockaddr_in = unsafe { &*(&sa as *const libc::sockaddr_storage).cast() };
+        IpAddr::V4(Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()))
+    };
+    let mut dst = None;
+    // SAFETY: walking the control messages recvmsg wrote, with the libc
+    // macros; each data pointer is read as the type its level/type says.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let (level, kind) = ((*c).cmsg_level, (*c).cmsg_type);
+            if level == libc::IPPROTO_IP && kind == libc::IP_PKTINFO {
+                let info = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in_pktinfo);
+                dst = Some(IpAddr::V4(Ipv4Addr::from(info.ipi_addr.s_addr.to_ne_bytes())));
+            } else if level == libc::IPPROTO_IPV6 && kind == libc::IPV6_PKTINFO {
+                let info = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::in6_pktinfo);
+                dst = Some(IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Some((n as usize, src, dst))
+}
+
+/// Sends `pkt` to `to` from the local address `from` (a raw socket bound
+/// to it), so a reply leaves from the address the request was sent to,
+/// as an SCTP endpoint's would, whatever the route's preferred source.
+fn send_raw_from(from: IpAddr, to: IpAddr, pkt: &[u8]) -> std::io::Result<()> {
+    let family = if from.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let fd = raw_socket(family)?;
+    let rc = match from {
+        IpAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: 0,
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: a valid sockaddr of the stated size.
+            unsafe {
+                libc::bind(
+                    fd.as_raw_fd(),
+                    (&sin as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            }
+        }
+        IpAddr::V6(a) => {
+            // SAFETY: sockaddr_in6 is plain data.
+            let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_addr.s6_addr = a.octets();
+            // SAFETY: a valid sockaddr of the stated size.
+            unsafe {
+                libc::bind(
+                    fd.as_raw_fd(),
+                    (&sin6 as *const libc::sockaddr_in6).cast(),
+                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            }
+        }
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    send_raw(fd.as_raw_fd(), to, pkt)
+}
+
 fn drain_raw(fd: RawFd, v6: bool, pod: &str, log: &SctpLog) {
     let mut buf = [0u8; 2048];
-    loop {
-        // SAFETY: sockaddr_storage is plain data; recvfrom writes at most
-        // its size.
-        let mut sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let mut salen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        // SAFETY: buf and sa are valid for the given lengths.
-        let n = unsafe {
-            libc::recvfrom(
-                fd,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                0,
-                (&mut sa as *mut libc::sockaddr_storage).cast(),
-                &mut salen,
-            )
-        };
-        if n <= 0 {
-            return;
-        }
-        let pkt = &buf[..n as usize];
-        let (src, sctp) = if v6 {
-            // SAFETY: an AF_INET6 raw socket fills a sockaddr_in6.
-            let sin6: &libc::sockaddr_in6 = unsafe { &*(&sa as *const libc::sockaddr_storage).cast() };
-            (IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)), pkt)
+    while let Some((n, src, dst)) = recv_raw(fd, v6, &mut buf) {
+        let pkt = &buf[..n];
+        let sctp = if v6 {
+            pkt
         } else {
             // IPv4 raw sockets deliver the IP header too.
             if pkt.len() < 20 {
@@ -320,8 +433,7 @@ fn drain_raw(fd: RawFd, v6: bool, pod: &str, log: &SctpLog) {
             if pkt.len() < ihl {
                 continue;
             }
-            let src = Ipv4Addr::new(pkt[12], pkt[13], pkt[14], pkt[15]);
-            (IpAddr::V4(src), &pkt[ihl..])
+            &pkt[ihl..]
         };
         let Some(h) = parse_sctp(sctp) else {
             continue;
@@ -329,7 +441,9 @@ fn drain_raw(fd: RawFd, v6: bool, pod: &str, log: &SctpLog) {
         if h.chunk == SCTP_INIT {
             // Answer like an SCTP endpoint would: an INIT-ACK whose
             // verification tag is the INIT's initiate tag (the reply of the
-            // association, which conntrack and the datapaths must pass).
+            // association, which conntrack and the datapaths must pass),
+            // from the address the INIT was sent to (a host-network pod's
+            // node has several; conntrack only takes that one's reply).
             let ack = sctp_packet(&SctpHeader {
                 src_port: h.dst_port,
                 dst_port: h.src_port,
@@ -337,7 +451,10 @@ fn drain_raw(fd: RawFd, v6: bool, pod: &str, log: &SctpLog) {
                 chunk: SCTP_INIT_ACK,
                 init_tag: !h.init_tag | 1,
             });
-            let _ = send_raw(fd, src, &ack);
+            let _ = match dst {
+                Some(local) => send_raw_from(local, src, &ack),
+                None => send_raw(fd, src, &ack),
+            };
         }
         log.push(SctpArrival {
             pod: pod.to_string(),
