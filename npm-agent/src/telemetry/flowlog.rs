@@ -410,9 +410,10 @@ impl FlowLog {
         self
     }
 
-    /// Write `record` (built elsewhere: audit mode's would-deny lines,
-    /// [`super::audit`], which rate-limits them) as one JSON line to this
-    /// log's writer.
+    /// Write `record` as one JSON line to this log's writer: the one writer
+    /// of [`FlowLog::log_all`]'s lines and of records built elsewhere
+    /// (audit mode's would-deny lines, [`super::audit`], which rate-limits
+    /// them).
     pub fn write_record(&mut self, record: &FlowRecord) {
         match serde_json::to_string(record) {
             Ok(line) => {
@@ -491,12 +492,7 @@ impl FlowLog {
                 }
             }
             match admit {
-                Some(Admit::Log) => {
-                    let line = serde_json::to_string(&record).unwrap_or_else(|_| describe(e));
-                    if let Err(err) = writeln!(self.out, "{line}").and_then(|()| self.out.flush()) {
-                        tracing::warn!(error = %err, "writing a flow log line failed");
-                    }
-                }
+                Some(Admit::Log) => self.write_record(&record),
                 Some(Admit::Suppress) => suppressed += 1,
                 None => {}
             }
