@@ -33,6 +33,7 @@
 //! | `NPM_CIDRS`    | LPM trie             | prefix of [`IpKey::addr`]   | CIDR identity (`u32`) |
 //! | `NPM_POLICY`   | LPM trie             | [`PolicyKey`]               | [`PolicyValue`] |
 //! | `NPM_POLICY_FRONT` | array (mmapable) of 4-word buckets | [`policy_front_bucket`] of a word | [`policy_front_word`]s (`[u64; 4]`) |
+//! | `NPM_POLICY_FRONT_RULES` | array (mmapable) | the bucket of `NPM_POLICY_FRONT` | [`policy_front_rule`] of each slot's rule (`[u32; 4]`) |
 //! | `NPM_TIERS`    | LPM trie             | [`PolicyKey`] with the tier in the direction byte ([`tier_key`]) | [`TierValue`] |
 //! | `NPM_CT`       | LRU hash             | [`CtKey`]                   | [`CtValue`]    |
 //! | `NPM_CT4`      | LRU hash             | [`CtKey4`]                  | [`CtValue`]    |
@@ -111,7 +112,9 @@
 //!    the direction's policy is complete in `NPM_POLICY_FRONT`, a hash table
 //!    of exact words the datapath probes with inlined array reads: each
 //!    lookup is then up to three probes (the exact port, any port of the
-//!    protocol, any protocol) instead of the LPM walk, with the same answer.
+//!    protocol, any protocol) instead of the LPM walk, with the same answer;
+//!    the allowing rule (for `NPM_RULE_COUNT`) is read from the same slot
+//!    of `NPM_POLICY_FRONT_RULES`, never looked up in `NPM_POLICY`.
 //!
 //! Steps 8 and 9 (all of 9a to 9d) read only the endpoint, the direction, the peer address,
 //! the protocol and the destination port. The datapath keeps their outcome

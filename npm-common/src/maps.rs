@@ -46,6 +46,13 @@ pub const GENERATION: &str = "NPM_GENERATION";
 /// array accesses. User space writes single 64-bit words through a
 /// shared mapping, so the datapath never sees half of a word.
 pub const POLICY_FRONT: &str = "NPM_POLICY_FRONT";
+/// The rule ids of the policy front: slot `i` of bucket `b` holds
+/// [`crate::policy_front_rule`] of the rule that allows the word in slot
+/// `i` of bucket `b` of `NPM_POLICY_FRONT` (0: unknown), so a front hit
+/// tells its rule (for `NPM_RULE_COUNT`) without an `NPM_POLICY` lookup.
+/// Written by user space through a shared mapping with single 32-bit
+/// stores, before the word (and cleared after it).
+pub const POLICY_FRONT_RULES: &str = "NPM_POLICY_FRONT_RULES";
 /// [`crate::ServiceKey`] -> [`crate::ServiceValue`]: the ClusterIP and
 /// NodePort addresses and ports kube-proxy may DNAT; an isolated
 /// endpoint's egress to one is decided after the DNAT (see
@@ -70,7 +77,7 @@ pub const RULE_COUNT: &str = "NPM_RULE_COUNT";
 /// endpoint and direction at [`crate::endpoint_deny_slot`].
 pub const EP_DENIES: &str = "NPM_EP_DENIES";
 /// Every map, for pinning and adoption.
-pub const ALL: [&str; 18] = [
+pub const ALL: [&str; 19] = [
     EP_SLOTS,
     ENDPOINTS,
     IPCACHE,
@@ -78,6 +85,7 @@ pub const ALL: [&str; 18] = [
     CIDRS,
     POLICY,
     POLICY_FRONT,
+    POLICY_FRONT_RULES,
     CT,
     CT4,
     FRAGS,
@@ -150,4 +158,9 @@ pub mod sizes {
 /// alone, as it always did. Then (same rule) `NPM_TIER_FRONT` and the flags
 /// [`crate::EP_ADMIN_FRONT_INGRESS`] ... [`crate::EP_BASELINE_FRONT_EGRESS`]. Then (same rule)
 /// `NPM_RULE_COUNT` and `NPM_EP_DENIES`, counters no older program writes.
+/// Then (same rule) `NPM_POLICY_FRONT_RULES`, the rule ids beside the
+/// policy front's words: an older program ignores it (it looked the rule
+/// up in `NPM_POLICY`); a slot it leaves 0 (unknown) or stale (an older
+/// loader moved words without it) only miscounts a rule until the next
+/// full sync rewrites every slot, never changes a verdict.
 pub const LAYOUT_VERSION: u32 = 5;

@@ -162,6 +162,17 @@ pub const fn policy_front_bucket(word: u64) -> u32 {
     (word.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - sizes::POLICY_FRONT_BITS)) as u32
 }
 
+/// The `NPM_POLICY_FRONT_RULES` value of rule id `rule`: `rule + 1`, so
+/// that 0 ([`POLICY_FRONT_RULE_UNKNOWN`], what a new map holds) is no rule
+/// id (rule `u32::MAX` wraps to it: counted as unknown).
+pub const fn policy_front_rule(rule: u32) -> u32 {
+    rule.wrapping_add(1)
+}
+/// An `NPM_POLICY_FRONT_RULES` slot whose rule is not known (empty, or
+/// its word's rule not written yet): the allow counts at
+/// [`RULE_SLOT_UNKNOWN`].
+pub const POLICY_FRONT_RULE_UNKNOWN: u32 = 0;
+
 // SAFETY: repr(C), only integers, no padding (asserted above), any bit
 // pattern is valid.
 #[cfg(feature = "user")]
@@ -174,8 +185,9 @@ unsafe impl aya::Pod for PolicyValue {}
 /// user space attributes a slot to the one live rule it belongs to.
 pub const RULE_SLOTS: u32 = 8192;
 /// The slot of an allow whose rule the datapath could not tell (a policy
-/// front word whose `NPM_POLICY` entry was gone at the lookup: a race with
-/// the loader).
+/// front word whose `NPM_POLICY_FRONT_RULES` slot was unknown or changed
+/// while it was read: a race with the loader, or adopted pins before the
+/// first full sync).
 pub const RULE_SLOT_UNKNOWN: u32 = RULE_SLOTS;
 /// Entries of `NPM_RULE_COUNT`: the rule slots and [`RULE_SLOT_UNKNOWN`].
 pub const RULE_COUNT_ENTRIES: u32 = RULE_SLOTS + 1;

@@ -134,11 +134,13 @@ pub const fn tier_front_pc_block(code: u64, port: u16) -> u64 {
     PC_BLOCK + ((code - 1) << (16 - TIER_FRONT_BLOCK_BITS)) + (port >> TIER_FRONT_BLOCK_BITS) as u64
 }
 
-/// Port class of an identity's summary word: the word of (endpoint,
-/// direction, tier, identity) whose rank field is a mask of the port
-/// classes that identity has words of ([`tier_front_summary_bit`]). The
-/// datapath probes it first and only the classes it names: an identity
-/// without a summary word has no word at all (one probe instead of four).
+/// Port class of an identity's per-tier summary word: the word of
+/// (endpoint, direction, tier, identity) whose rank field is a mask of the
+/// port classes that identity has words of ([`tier_front_summary_bit`]).
+/// A program of the previous format probes it first and only the classes
+/// it names (an identity without a summary word has no word at all); the
+/// current datapath reads the shared summary
+/// ([`TIER_FRONT_PC_SHARED_SUMMARY`]) instead.
 /// The loader keeps the mask a superset of the identity's words: a bit is
 /// set before the first word of its class is stored and cleared after the
 /// last one is removed.
@@ -171,6 +173,66 @@ pub const fn tier_front_summary_bit(pc: u64) -> u32 {
     } else {
         TIER_FRONT_SUM_BLOCK << ((pc - PC_BLOCK) >> (16 - TIER_FRONT_BLOCK_BITS))
     }
+}
+
+/// Port class of an identity's shared summary word: the word of
+/// (endpoint, direction, identity) (the tier bit of its key is 0) whose
+/// rank field names, for both tiers, the port classes that identity has
+/// words of ([`tier_front_shared_bit`]): the datapath probes it once for
+/// the Admin and the Baseline tier. The per-tier summaries
+/// ([`TIER_FRONT_PC_SUMMARY`]) are kept beside it for the programs that
+/// read them (an older program stays attached until the new one replaces
+/// it); the loader keeps both masks supersets of the identity's words.
+pub const TIER_FRONT_PC_SHARED_SUMMARY: u64 = TIER_FRONT_PC_SUMMARY + 1;
+const _: () = assert!(TIER_FRONT_PC_SHARED_SUMMARY < 1 << 18);
+/// Shared summary class: exact-port words of protocol code 1 (shift left
+/// by `code - 1` for the others), in the Admin tier (shift left by
+/// [`TIER_FRONT_SHARED_TIER_SHIFT`] for the Baseline tier).
+pub const TIER_FRONT_SHARED_EXACT: u32 = 1 << 0;
+/// Shared summary class: 64-port block words of any protocol.
+pub const TIER_FRONT_SHARED_BLOCK: u32 = 1 << 3;
+/// Shared summary class: the any-port word of any protocol.
+pub const TIER_FRONT_SHARED_ANY_PORT: u32 = 1 << 4;
+/// Shared summary class: the any-protocol word.
+pub const TIER_FRONT_SHARED_ANY_PROTO: u32 = 1 << 5;
+/// Shift of the Baseline tier's classes in a shared summary.
+pub const TIER_FRONT_SHARED_TIER_SHIFT: u32 = 6;
+/// The classes of one tier in a shared summary.
+pub const TIER_FRONT_SHARED_TIER_MASK: u32 = (1 << TIER_FRONT_SHARED_TIER_SHIFT) - 1;
+// Both tiers' classes fit the 14-bit rank field of a word.
+const _: () = assert!(TIER_FRONT_SHARED_ANY_PROTO << TIER_FRONT_SHARED_TIER_SHIFT < TIER_FRONT_MAX_RANK);
+
+/// The shared summary class bit of the word of `key` (not itself a
+/// summary): its class ([`TIER_FRONT_SHARED_EXACT`] ...) shifted by its
+/// tier.
+pub const fn tier_front_shared_bit(key: u64) -> u32 {
+    let pc = tier_front_pc_of(key);
+    let bit = if pc == TIER_FRONT_PC_ANY_PROTO {
+        TIER_FRONT_SHARED_ANY_PROTO
+    } else if pc < PC_EXACT {
+        TIER_FRONT_SHARED_ANY_PORT
+    } else if pc < PC_BLOCK {
+        TIER_FRONT_SHARED_EXACT << ((pc - PC_EXACT) >> 16)
+    } else {
+        TIER_FRONT_SHARED_BLOCK
+    };
+    if key >> 44 & 1 != 0 {
+        bit << TIER_FRONT_SHARED_TIER_SHIFT
+    } else {
+        bit
+    }
+}
+
+/// The shared summary key of the identity of `key` (same endpoint,
+/// direction and identity; tier bit 0; port class
+/// [`TIER_FRONT_PC_SHARED_SUMMARY`]).
+pub const fn tier_front_shared_summary_key(key: u64) -> u64 {
+    (key & !((1 << 18) - 1) & !(1 << 44)) | TIER_FRONT_PC_SHARED_SUMMARY
+}
+
+/// Whether port class `pc` is a summary's (per-tier or shared).
+pub const fn tier_front_is_summary(pc: u64) -> bool {
+    pc == TIER_FRONT_PC_SUMMARY || pc == TIER_FRONT_PC_SHARED_SUMMARY
 }
 
 /// The port class of a [`tier_front_key`] (bits 0..18).
@@ -343,5 +405,35 @@ mod tests {
         let all = TIER_FRONT_SUM_ANY_PROTO * 2 - 1;
         assert!(tier_front_word(sk, tier_flags(TIER_FRONT_SUM_ACTION, all)).is_some());
         assert!(tier_front_pc_any_port(3) < tier_front_pc_exact(1, 0));
+        // The shared summary: one key for both tiers, the Baseline's
+        // classes above the Admin's.
+        let kb = tier_front_key(7, 1, TIER_BASELINE, 300, tier_front_pc_exact(2, 80));
+        assert_eq!(tier_front_shared_summary_key(k), tier_front_shared_summary_key(kb));
+        assert_eq!(
+            tier_front_shared_summary_key(kb),
+            tier_front_key(7, 1, TIER_ADMIN, 300, TIER_FRONT_PC_SHARED_SUMMARY)
+        );
+        assert_eq!(tier_front_shared_bit(k), TIER_FRONT_SHARED_EXACT);
+        assert_eq!(
+            tier_front_shared_bit(kb),
+            (TIER_FRONT_SHARED_EXACT << 1) << TIER_FRONT_SHARED_TIER_SHIFT
+        );
+        let kp = tier_front_key(7, 1, TIER_BASELINE, 300, TIER_FRONT_PC_ANY_PROTO);
+        assert_eq!(
+            tier_front_shared_bit(kp),
+            TIER_FRONT_SHARED_ANY_PROTO << TIER_FRONT_SHARED_TIER_SHIFT
+        );
+        let ka = tier_front_key(7, 1, TIER_ADMIN, 300, tier_front_pc_any_port(3));
+        assert_eq!(tier_front_shared_bit(ka), TIER_FRONT_SHARED_ANY_PORT);
+        let kk = tier_front_key(7, 1, TIER_ADMIN, 300, tier_front_pc_block(3, 640));
+        assert_eq!(tier_front_shared_bit(kk), TIER_FRONT_SHARED_BLOCK);
+        assert!(tier_front_is_summary(TIER_FRONT_PC_SHARED_SUMMARY) && tier_front_is_summary(TIER_FRONT_PC_SUMMARY));
+        assert!(!tier_front_is_summary(tier_front_pc_block(3, 65_535)));
+        let both = (TIER_FRONT_SHARED_ANY_PROTO << TIER_FRONT_SHARED_TIER_SHIFT) * 2 - 1;
+        assert!(tier_front_word(
+            tier_front_shared_summary_key(k),
+            tier_flags(TIER_FRONT_SUM_ACTION, both)
+        )
+        .is_some());
     }
 }

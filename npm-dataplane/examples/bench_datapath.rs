@@ -15,7 +15,9 @@
 //!   repeat is a new connection) and `no_decision_cache`: parse, endpoint
 //!   slot, IPv4 ipcache front, policy lookup, counters. The endpoint's
 //!   ingress policy is complete in the policy front (`NPM_POLICY_FRONT`):
-//!   the lookup is one bucket probe. A SYN skips the conntrack lookup (a new
+//!   the lookup is one bucket probe, and the allowing rule (for
+//!   `NPM_RULE_COUNT`) one read of the same slot of
+//!   `NPM_POLICY_FRONT_RULES` (no LPM lookup). A SYN skips the conntrack lookup (a new
 //!   connection is decided by policy). Not included: the conntrack insert a
 //!   real new connection does once.
 //! - `deny`: a TCP SYN to a port no entry allows, from a pod that also has a

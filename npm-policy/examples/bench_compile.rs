@@ -1,7 +1,10 @@
-//! Compile benchmark: 10,000 pods in 500 namespaces, 1,000 policies, a node
-//! with 100 local endpoints. Measures a full compile, a single-pod label
-//! update and a single-policy update (both recompiled with `prev`), and
-//! peak RSS. Run: `cargo run --release -p npm-policy --example bench_compile`
+//! Compile benchmark: PODS pods in PODS/20 namespaces, POLICIES policies,
+//! a node with LOCAL local endpoints (defaults 10,000 / 1,000 / 100).
+//! Measures a full compile, a single-pod label update and a single-policy
+//! update (incremental, checked against the reference path), peak RSS and
+//! the entry counts, and ends with one JSON line holding the scale.
+//! Run: `cargo xtask bench compile -- [PODS [POLICIES [LOCAL]]]`, or
+//! `cargo run --release -p npm-policy --example bench_compile -- ...`
 //! (with `NPM_BENCH_ANY_PEER_NAMED=1`, the egress policies also hold a rule
 //! with a named port and an empty `to`).
 
@@ -12,10 +15,56 @@ use npm_policy::compiled::CompileOptions;
 use npm_policy::incremental::Compiler;
 use npm_policy::model::*;
 
-const PODS: usize = 10_000;
-const NAMESPACES: usize = 500;
-const POLICIES: usize = 1_000;
-const NODES: usize = 100;
+/// The scale of a run.
+#[derive(Clone, Copy, Debug)]
+struct Scale {
+    pods: usize,
+    namespaces: usize,
+    policies: usize,
+    /// Nodes: `pods / local`, so node-0 has `local` endpoints.
+    nodes: usize,
+}
+
+impl Scale {
+    /// `[PODS [POLICIES [LOCAL]]]`, defaults 10,000 / 1,000 / 100; one
+    /// namespace per 20 pods (500 at 10,000).
+    fn from_args() -> Result<Scale, String> {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let arg = |i: usize, default: usize, what: &str| -> Result<usize, String> {
+            match args.get(i) {
+                None => Ok(default),
+                Some(a) => a
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("{what} must be a positive integer, got {a:?}")),
+            }
+        };
+        if args.len() > 3 {
+            return Err(format!("usage: bench_compile [PODS [POLICIES [LOCAL]]], got {args:?}"));
+        }
+        let pods = arg(0, 10_000, "PODS")?;
+        let policies = arg(1, 1_000, "POLICIES")?;
+        let local = arg(2, 100, "LOCAL")?;
+        if pods < 20 || local > pods {
+            return Err(format!(
+                "need PODS >= 20 and LOCAL <= PODS (got {pods} pods, {local} local)"
+            ));
+        }
+        if pods > 250 * 65_536 {
+            return Err(format!(
+                "at most {} pods (addresses 10.1.0.0 - 10.250.255.255)",
+                250 * 65_536
+            ));
+        }
+        Ok(Scale {
+            pods,
+            namespaces: pods / 20,
+            policies,
+            nodes: pods / local,
+        })
+    }
+}
 
 fn l(pairs: &[(&str, String)]) -> Labels {
     pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
@@ -34,9 +83,9 @@ fn any_peer_named() -> bool {
     std::env::var("NPM_BENCH_ANY_PEER_NAMED").is_ok_and(|v| v == "1")
 }
 
-fn snapshot() -> Snapshot {
+fn snapshot(sc: Scale) -> Snapshot {
     let mut s = Snapshot::default();
-    for n in 0..NAMESPACES {
+    for n in 0..sc.namespaces {
         let name = format!("ns-{n}");
         let labels = l(&[
             ("kubernetes.io/metadata.name", name.clone()),
@@ -45,9 +94,9 @@ fn snapshot() -> Snapshot {
         ]);
         s.namespaces.insert(name.clone(), Namespace { name, labels });
     }
-    for i in 0..PODS {
-        let ns = format!("ns-{}", i % NAMESPACES);
-        let j = i / NAMESPACES;
+    for i in 0..sc.pods {
+        let ns = format!("ns-{}", i % sc.namespaces);
+        let j = i / sc.namespaces;
         let pod = Pod {
             uid: format!("uid-{i}"),
             namespace: ns.clone(),
@@ -63,7 +112,7 @@ fn snapshot() -> Snapshot {
                 (i / 256 % 256) as u8,
                 (i % 256) as u8,
             ))],
-            node_name: Some(format!("node-{}", i % NODES)),
+            node_name: Some(format!("node-{}", i % sc.nodes)),
             phase: PodPhase::Running,
             deleting: false,
             host_network: false,
@@ -83,10 +132,10 @@ fn snapshot() -> Snapshot {
         };
         s.pods.insert((ns, pod.name.clone()), pod);
     }
-    for p in 0..POLICIES {
-        let n = p % NAMESPACES;
+    for p in 0..sc.policies {
+        let n = p % sc.namespaces;
         let ns = format!("ns-{n}");
-        let k = p / NAMESPACES;
+        let k = p / sc.namespaces;
         let app = |x: usize| ("app", format!("app{}", x % 5));
         let port = |a: u16, b: u16| Port {
             protocol: Protocol::Tcp,
@@ -193,12 +242,35 @@ fn peak_rss_mb() -> u64 {
         / 1024
 }
 
+/// Updates of each kind measured beyond the first.
+const REPEATS: usize = 20;
+
+/// Median and maximum.
+fn stats(v: &mut [f64]) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[v.len() - 1])
+}
+
 fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
 fn main() {
-    let s = snapshot();
+    let sc = match Scale::from_args() {
+        Ok(sc) => sc,
+        Err(e) => {
+            eprintln!("bench_compile: {e}");
+            std::process::exit(2);
+        }
+    };
+    let local = sc.pods / sc.nodes;
+    println!(
+        "scale: {} pods, {} namespaces, {} policies, {} nodes (~{local} local endpoints)",
+        sc.pods, sc.namespaces, sc.policies, sc.nodes
+    );
+    let t = Instant::now();
+    let s = snapshot(sc);
+    println!("snapshot built: {:.1} ms", ms(t.elapsed()));
     let opts = CompileOptions {
         node_name: "node-0".into(),
         node_ips: vec!["192.168.0.10".parse().unwrap()],
@@ -208,6 +280,7 @@ fn main() {
     let t = Instant::now();
     let full = npm_policy::compile(&s, &opts, None);
     let full_ms = ms(t.elapsed());
+    let (endpoints, entries) = (full.endpoints.len(), full.policy.len());
     println!(
         "full compile: {full_ms:.1} ms ({} endpoints, {} ipcache, {} cidrs, {} identities, {} policy entries)",
         full.endpoints.len(),
@@ -244,7 +317,8 @@ fn main() {
     let t = Instant::now();
     let mut compiler = Compiler::new(s, opts.clone(), Some(&full));
     drop(full);
-    println!("Compiler::new: {:.1} ms", ms(t.elapsed()));
+    let new_ms = ms(t.elapsed());
+    println!("Compiler::new: {new_ms:.1} ms");
 
     // One local pod's labels change.
     let mut pod = compiler.snapshot().pods[&key].clone();
@@ -267,7 +341,7 @@ fn main() {
         .snapshot()
         .pods
         .values()
-        .find(|p| p.node_name.as_deref() == Some("node-7"))
+        .find(|p| p.node_name.as_deref().is_some_and(|n| n != "node-0"))
         .map(|p| (p.namespace.clone(), p.name.clone()))
         .unwrap();
     let mut pod = compiler.snapshot().pods[&rkey].clone();
@@ -283,21 +357,29 @@ fn main() {
         d.policy.len()
     );
 
-    // One policy's port changes.
+    // One policy's port changes: one that selects local endpoints.
+    let on_node = |p: &Policy| {
+        compiler.snapshot().pods.values().any(|pod| {
+            pod.node_name.as_deref() == Some("node-0")
+                && pod.namespace == p.namespace
+                && p.pod_selector.matches(&pod.labels)
+        })
+    };
     let pk = compiler
         .snapshot()
         .policies
         .iter()
         .find(|(_, p)| {
-            p.ingress.first().is_some_and(|r| {
-                matches!(
-                    r.ports.first(),
-                    Some(Port {
-                        port: PortSpec::Range(8080, 8080),
-                        ..
-                    })
-                )
-            })
+            on_node(p)
+                && p.ingress.first().is_some_and(|r| {
+                    matches!(
+                        r.ports.first(),
+                        Some(Port {
+                            port: PortSpec::Range(8080, 8080),
+                            ..
+                        })
+                    )
+                })
         })
         .map(|(k, _)| k.clone())
         .unwrap();
@@ -313,6 +395,76 @@ fn main() {
         d.policy.len()
     );
 
+    // More of each (the machine is shared: medians and maxima of
+    // REPEATS + 1 updates, the first ones above included).
+    let mut pod_times = vec![pod_ms];
+    let locals: Vec<_> = compiler
+        .snapshot()
+        .pods
+        .values()
+        .filter(|p| p.node_name.as_deref() == Some("node-0") && (p.namespace.clone(), p.name.clone()) != key)
+        .take(REPEATS)
+        .map(|p| (p.namespace.clone(), p.name.clone()))
+        .collect();
+    for k in &locals {
+        let mut pod = compiler.snapshot().pods[k].clone();
+        pod.labels.insert("app".into(), "app4".into());
+        let t = Instant::now();
+        compiler.upsert_pod(pod);
+        pod_times.push(ms(t.elapsed()));
+    }
+    let mut remote_times = vec![remote_ms];
+    let remotes: Vec<_> = compiler
+        .snapshot()
+        .pods
+        .values()
+        .filter(|p| {
+            p.node_name.as_deref().is_some_and(|n| n != "node-0") && (p.namespace.clone(), p.name.clone()) != rkey
+        })
+        .step_by(97)
+        .take(REPEATS)
+        .map(|p| (p.namespace.clone(), p.name.clone()))
+        .collect();
+    for k in &remotes {
+        let mut pod = compiler.snapshot().pods[k].clone();
+        pod.labels.insert("app".into(), "app1".into());
+        let t = Instant::now();
+        compiler.upsert_pod(pod);
+        remote_times.push(ms(t.elapsed()));
+    }
+    let mut policy_times = vec![policy_ms];
+    let on_node = |p: &Policy| {
+        compiler.snapshot().pods.values().any(|pod| {
+            pod.node_name.as_deref() == Some("node-0")
+                && pod.namespace == p.namespace
+                && p.pod_selector.matches(&pod.labels)
+        })
+    };
+    let pols: Vec<Policy> = compiler
+        .snapshot()
+        .policies
+        .values()
+        .filter(|p| p.ingress_isolation && !p.ingress.is_empty() && !p.ingress[0].ports.is_empty() && on_node(p))
+        .filter(|p| (p.namespace.clone(), p.name.clone()) != pk)
+        .take(REPEATS)
+        .cloned()
+        .collect();
+    for mut pol in pols {
+        pol.ingress[0].ports[0].port = PortSpec::Range(7000, 7001);
+        let t = Instant::now();
+        compiler.upsert_policy(pol);
+        policy_times.push(ms(t.elapsed()));
+    }
+    let (pod_med, pod_max) = stats(&mut pod_times);
+    let (remote_med, remote_max) = stats(&mut remote_times);
+    let (policy_med, policy_max) = stats(&mut policy_times);
+    println!(
+        "median / max of {} local pod updates: {pod_med:.3} / {pod_max:.3} ms; {} remote: {remote_med:.3} / {remote_max:.3} ms; {} policy updates: {policy_med:.3} / {policy_max:.3} ms",
+        pod_times.len(),
+        remote_times.len(),
+        policy_times.len()
+    );
+
     // One namespace's labels change.
     let mut ns = compiler.snapshot().namespaces["ns-0"].clone();
     ns.labels.insert("team".into(), "t7".into());
@@ -323,14 +475,14 @@ fn main() {
     let rss = peak_rss_mb();
     println!("peak RSS: {rss} MB");
     println!(
-        "{{\"bench\":\"compile\",{}\"pods\":{PODS},\"policies\":{POLICIES},\"full_compile_ms\":{:.1},\"pod_update_ms\":{:.2},\"policy_update_ms\":{:.2},\"peak_rss_mb\":{rss}}}",
+        "{{\"bench\":\"compile\",{}\"pods\":{},\"namespaces\":{},\"policies\":{},\"local_endpoints\":{endpoints},\"policy_entries\":{entries},\"full_compile_ms\":{full_ms:.1},\"compiler_new_ms\":{new_ms:.1},\"pod_update_ms\":{pod_med:.2},\"pod_update_max_ms\":{pod_max:.2},\"remote_pod_update_ms\":{remote_med:.2},\"remote_pod_update_max_ms\":{remote_max:.2},\"policy_update_ms\":{policy_med:.2},\"policy_update_max_ms\":{policy_max:.2},\"peak_rss_mb\":{rss}}}",
         if any_peer_named() {
             "\"variant\":\"any_peer_named\","
         } else {
             ""
         },
-        full_ms,
-        pod_ms,
-        policy_ms
+        sc.pods,
+        sc.namespaces,
+        sc.policies,
     );
 }

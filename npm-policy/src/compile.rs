@@ -324,6 +324,21 @@ pub(crate) fn endpoint_record(
 /// previous result), every id of something that still exists is kept, so
 /// [`Compiled::diff`] is minimal.
 pub fn compile(snapshot: &Snapshot, opts: &CompileOptions, prev: Option<&Compiled>) -> Compiled {
+    compile_with_peers(snapshot, opts, prev).0
+}
+
+/// The peer sets a compile resolved: rule `(namespace, policy name,
+/// direction, index)` -> its peers, for every enforced rule of a policy
+/// selecting a local endpoint.
+pub(crate) type ResolvedPeers = HashMap<(String, String, Direction, usize), PeerSet>;
+
+/// [`compile`], also returning the peer sets it resolved (the incremental
+/// compiler starts from them instead of resolving every rule again).
+pub(crate) fn compile_with_peers(
+    snapshot: &Snapshot,
+    opts: &CompileOptions,
+    prev: Option<&Compiled>,
+) -> (Compiled, ResolvedPeers) {
     let mut alloc = Allocator::new(prev);
     let mut out = Compiled::default();
 
@@ -479,6 +494,12 @@ pub fn compile(snapshot: &Snapshot, opts: &CompileOptions, prev: Option<&Compile
     out.endpoints = endpoints;
     out.policy = policy;
     out.ids = alloc.tables;
+    let peers = resolver
+        .memo
+        .into_iter()
+        .map(|((ns, name, dir, i), set)| ((ns.to_string(), name.to_string(), dir, i), set))
+        .collect();
+    drop(resolver.by_namespace);
     out.ids.identities = identities;
-    out
+    (out, peers)
 }

@@ -6,7 +6,7 @@
 //! Every map is ordered so that two compiles of the same snapshot are equal
 //! and [`Compiled::diff`] is minimal.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
@@ -357,9 +357,24 @@ impl<K, V> Default for MapDiff<K, V> {
 impl<K: Ord + Clone, V: PartialEq + Clone> MapDiff<K, V> {
     /// The minimal changes that turn `old` into `new`.
     pub fn between(old: &BTreeMap<K, V>, new: &BTreeMap<K, V>) -> Self {
-        // One merge walk over both ordered maps: linear, no lookups.
         let mut d = MapDiff::default();
-        let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+        d.extend_between(old.iter(), new.iter());
+        d
+    }
+
+    /// Adds the changes that turn the entries `old` into `new` (both in key
+    /// order; e.g. the same key range of two maps).
+    pub fn extend_between<'a>(
+        &mut self,
+        old: impl Iterator<Item = (&'a K, &'a V)>,
+        new: impl Iterator<Item = (&'a K, &'a V)>,
+    ) where
+        K: 'a,
+        V: 'a,
+    {
+        // One merge walk over both ordered sequences: linear, no lookups.
+        let d = self;
+        let (mut o, mut n) = (old.peekable(), new.peekable());
         loop {
             match (o.peek(), n.peek()) {
                 (None, None) => break,
@@ -390,7 +405,6 @@ impl<K: Ord + Clone, V: PartialEq + Clone> MapDiff<K, V> {
                 },
             }
         }
-        d
     }
 
     /// Applies the diff to `map` (what [`MapDiff::between`]`(map, new)`
@@ -461,6 +475,46 @@ impl Compiled {
             endpoints: MapDiff::between(&self.endpoints, &next.endpoints),
             policy: MapDiff::between(&self.policy, &next.policy),
             tiers: MapDiff::between(&self.tiers, &next.tiers),
+        }
+    }
+
+    /// [`Compiled::diff`] when the tier entries of `self` and `next` can
+    /// differ only for the endpoints `tier_endpoints` (`None`: any): only
+    /// those endpoints' tier entries are compared, not every entry (the
+    /// incremental compiler says which endpoints, see
+    /// [`crate::incremental::Compiler::take_tier_touched`]). Debug builds
+    /// check the result against the full comparison.
+    pub fn diff_with_tiers_of(&self, next: &Compiled, tier_endpoints: Option<&BTreeSet<u32>>) -> CompiledDiff {
+        let Some(endpoints) = tier_endpoints else {
+            return self.diff(next);
+        };
+        let mut tiers = MapDiff::default();
+        for &id in endpoints {
+            let lo = TierEntry {
+                endpoint: id,
+                direction: Direction::Ingress,
+                tier: Tier::Admin,
+                peer: 0,
+                protocol: None,
+                ports: (0, 0),
+            };
+            let same = |(e, _): &(&TierEntry, &TierValue)| e.endpoint == id;
+            tiers.extend_between(
+                self.tiers.range(lo..).take_while(same),
+                next.tiers.range(lo..).take_while(same),
+            );
+        }
+        debug_assert_eq!(
+            tiers,
+            MapDiff::between(&self.tiers, &next.tiers),
+            "tier entries changed outside the endpoints named"
+        );
+        CompiledDiff {
+            ipcache: MapDiff::between(&self.ipcache, &next.ipcache),
+            cidrs: MapDiff::between(&self.cidrs, &next.cidrs),
+            endpoints: MapDiff::between(&self.endpoints, &next.endpoints),
+            policy: MapDiff::between(&self.policy, &next.policy),
+            tiers,
         }
     }
 }

@@ -12,6 +12,7 @@
 //! - every local pod uid has one endpoint id (from 1);
 //! - every rule ([`RuleRef`]) has one rule id (from 1).
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
@@ -159,19 +160,20 @@ impl<'p> Allocator<'p> {
 
     /// Identity of a key: the previous one if it existed, else a new one.
     pub(crate) fn identity(&mut self, key: IdentityKey) -> u32 {
-        if let Some(id) = self.identity_by_key.get(&key) {
-            return *id;
-        }
-        let id = match self.prev_identity_by_key.get(&key) {
-            Some(id) => *id,
-            None => {
-                let id = self.tables.next_identity;
-                self.tables.next_identity += 1;
-                id
+        match self.identity_by_key.entry(key) {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(e) => {
+                let id = match self.prev_identity_by_key.get(e.key()) {
+                    Some(id) => *id,
+                    None => {
+                        let id = self.tables.next_identity;
+                        self.tables.next_identity += 1;
+                        id
+                    }
+                };
+                *e.insert(id)
             }
-        };
-        self.identity_by_key.insert(key, id);
-        id
+        }
     }
 
     /// Moves the identities handed out so far into `tables.identities`.

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use npm_dataplane::ebpf::{Fitted, Shortfall};
 use npm_dataplane::{AdoptedEndpoint, DataplaneError, Interfaces};
 use npm_policy::adopt::AdoptedNumbers;
-use npm_policy::compiled::{Compiled, IdTables};
+use npm_policy::compiled::{Compiled, IdTables, MapDiff};
 
 use super::compiler;
 use super::config::{SyncConfig, DIRECT_READ_MIN_BACKOFF};
@@ -98,6 +98,30 @@ fn raise_counters(programmed: &mut IdTables, attempted: &IdTables) {
     programmed.next_identity = programmed.next_identity.max(attempted.next_identity);
     programmed.next_rule = programmed.next_rule.max(attempted.next_rule);
     programmed.next_cidr = programmed.next_cidr.max(attempted.next_cidr);
+}
+
+/// Makes `programmed` equal `target` by changing only the entries that
+/// differ (a CNP change adds or drops a few rule ids: no copy of every
+/// identity and rule per sync).
+fn update_ids(programmed: &mut IdTables, target: &IdTables) {
+    let IdTables {
+        identities,
+        node_identities,
+        endpoints,
+        rules,
+        next_endpoint,
+        next_identity,
+        next_rule,
+        next_cidr,
+    } = target;
+    MapDiff::between(&programmed.identities, identities).apply_to(&mut programmed.identities);
+    MapDiff::between(&programmed.node_identities, node_identities).apply_to(&mut programmed.node_identities);
+    MapDiff::between(&programmed.endpoints, endpoints).apply_to(&mut programmed.endpoints);
+    MapDiff::between(&programmed.rules, rules).apply_to(&mut programmed.rules);
+    programmed.next_endpoint = *next_endpoint;
+    programmed.next_identity = *next_identity;
+    programmed.next_rule = *next_rule;
+    programmed.next_cidr = *next_cidr;
 }
 
 /// The dataplane's fit of `target` (see [`AgentDataplane::fit`]); an error
@@ -594,6 +618,10 @@ impl<D: AgentDataplane> Syncer<D> {
             self.start_cross_check(&state);
         }
         let t_guard = started.elapsed();
+        // The endpoints whose tier entries changed since the last sync that
+        // got here: what is programmed differs from the target only there
+        // (a failed write makes the next sync a full one).
+        let tier_touched = self.incremental.take_tier_touched();
         let compiled = self.incremental.compiled();
         // CNI-reported veths first: the conflict check then gives an
         // attached veth to its pod, never to a route-resolved endpoint.
@@ -630,7 +658,7 @@ impl<D: AgentDataplane> Syncer<D> {
         let mut map_full = Vec::new();
         match &mut self.programmed {
             Some((prog, prog_ifaces)) if !self.need_full => {
-                let mut diff = prog.diff(target);
+                let mut diff = prog.diff_with_tiers_of(target, tier_touched.as_ref());
                 // Degraded mode: what fits (every target from scratch while
                 // degraded, so that the whole state comes back).
                 let fitted = fit(&self.dataplane, Some(&*prog), (!degraded).then_some(&diff), target);
@@ -664,9 +692,8 @@ impl<D: AgentDataplane> Syncer<D> {
                     diff.tiers.apply_to(&mut prog.tiers);
                     *prog_ifaces = interfaces;
                 }
-                if prog.ids != target.ids {
-                    prog.ids = target.ids.clone();
-                }
+                update_ids(&mut prog.ids, &target.ids);
+                debug_assert!(prog.ids == target.ids);
             }
             _ => {
                 let last = self.programmed.as_ref().map(|p| &p.0);

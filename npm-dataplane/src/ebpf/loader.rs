@@ -46,8 +46,8 @@ pub struct BenchSwitches {
 /// gets the configured size; a map adopted from its pin keeps the size it
 /// was created with (see [`EffectiveSizes`]). The arrays the datapath
 /// indexes directly (`NPM_EP_SLOTS` by ifindex, `NPM_IPCACHE4`,
-/// `NPM_POLICY_FRONT` and `NPM_TIER_FRONT` by hash bits compiled into the
-/// program) are not configurable.
+/// `NPM_POLICY_FRONT` with `NPM_POLICY_FRONT_RULES`, and `NPM_TIER_FRONT`
+/// by hash bits compiled into the program) are not configurable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct MapSizes {
     /// `NPM_POLICY`: NetworkPolicy LPM keys.

@@ -1,7 +1,8 @@
 //! The policy maps: `NPM_POLICY`, the LPM trie of allow entries keyed by
 //! [`PolicyKey`] (endpoint, direction, peer identity, protocol, port block;
 //! see [`translate::policy_keys`]) -> rule id, which always holds every
-//! entry, and its front `NPM_POLICY_FRONT` ([`PolicyFront`]). The front is
+//! entry, and its front `NPM_POLICY_FRONT` with the rule ids beside it
+//! (`NPM_POLICY_FRONT_RULES`, [`PolicyFront`]). The front is
 //! a subset of what the LPM allows at every moment: its words are stored
 //! after their entry's LPM keys and removed before them.
 
@@ -28,13 +29,16 @@ impl PolicyTable {
     /// Takes both maps out of the loaded object (mapping the front).
     pub(crate) fn take(bpf: &mut Ebpf) -> Result<Self, EbpfError> {
         let lpm = take_map(bpf, maps::POLICY)?;
-        let front = PolicyFront::new(take_map(bpf, maps::POLICY_FRONT)?)?;
+        let front = PolicyFront::new(
+            take_map(bpf, maps::POLICY_FRONT)?,
+            take_map(bpf, maps::POLICY_FRONT_RULES)?,
+        )?;
         Ok(PolicyTable { lpm, front })
     }
 
     /// Writes `entry` with rule id `rule`: its LPM keys, then its front
-    /// words (a word whose bucket is full is simply left out: the
-    /// endpoint's direction then stays on the LPM).
+    /// words with `rule` (a word whose bucket is full is simply left out:
+    /// the endpoint's direction then stays on the LPM).
     pub(crate) fn upsert(&mut self, entry: &PolicyEntry, rule: u32) -> Result<(), EbpfError> {
         let value = translate::policy_value(rule);
         for k in translate::policy_keys(entry)? {
@@ -43,14 +47,15 @@ impl PolicyTable {
                 .map_err(map_err(maps::POLICY, format!("insert {entry:?}")))?;
         }
         for w in translate::front_words(entry).unwrap_or_default() {
-            self.front.insert(w);
+            self.front.insert(w, rule);
         }
         Ok(())
     }
 
     /// Removes the keys of `entry` that no entry of `next` still produces
     /// (two entries of one peer and protocol may share an aligned block):
-    /// its front words first, then its LPM keys.
+    /// its front words first, then its LPM keys. A word another entry still
+    /// produces stays, with that entry's rule.
     pub(crate) fn remove(&mut self, entry: &PolicyEntry, next: &Compiled) -> Result<(), EbpfError> {
         let lo = PolicyEntry {
             ports: (0, 0),
@@ -61,16 +66,22 @@ impl PolicyTable {
             ..*entry
         };
         let mut still: BTreeSet<PolicyKey> = BTreeSet::new();
-        let mut still_words: BTreeSet<u64> = BTreeSet::new();
-        for (other, _) in next.policy.range(lo..=hi) {
+        let mut still_words: BTreeMap<u64, u32> = BTreeMap::new();
+        for (other, rule) in next.policy.range(lo..=hi) {
             if other.ports.0 <= other.ports.1 || other.protocol.is_none() {
                 still.extend(translate::policy_keys(other)?);
-                still_words.extend(translate::front_words(other).unwrap_or_default());
+                for w in translate::front_words(other).unwrap_or_default() {
+                    still_words.insert(w, *rule);
+                }
             }
         }
         for w in translate::front_words(entry).unwrap_or_default() {
-            if !still_words.contains(&w) {
-                self.front.remove(w);
+            match still_words.get(&w) {
+                Some(rule) if self.front.contains(w) => {
+                    self.front.insert(w, *rule);
+                }
+                Some(_) => {}
+                None => self.front.remove(w),
             }
         }
         for k in translate::policy_keys(entry)? {
@@ -85,9 +96,9 @@ impl PolicyTable {
         Ok(())
     }
 
-    /// Removes the front words not in `want` (first in a full sync: the
-    /// front never allows what the LPM does not).
-    pub(crate) fn sweep_front(&mut self, want: &BTreeSet<u64>) {
+    /// Removes the front words not in `want` (word -> rule; first in a
+    /// full sync: the front never allows what the LPM does not).
+    pub(crate) fn sweep_front(&mut self, want: &BTreeMap<u64, u32>) {
         self.front.sweep(want);
     }
 
@@ -101,10 +112,11 @@ impl PolicyTable {
         Ok(())
     }
 
-    /// Stores the front words of `want` (after their LPM keys).
-    pub(crate) fn insert_words(&mut self, want: &BTreeSet<u64>) {
-        for w in want {
-            self.front.insert(*w);
+    /// Stores the front words of `want` (word -> rule; after their LPM
+    /// keys), each with its rule (rewritten in place for a stored word).
+    pub(crate) fn insert_words(&mut self, want: &BTreeMap<u64, u32>) {
+        for (w, rule) in want {
+            self.front.insert(*w, *rule);
         }
     }
 

@@ -1,7 +1,10 @@
 //! `NPM_POLICY_FRONT`, the policy front: a hash table of
 //! [`policy_front_word`]s in 4-word buckets, written through a shared
 //! mapping of the array and probed by the datapath with inlined array
-//! reads instead of an LPM walk.
+//! reads instead of an LPM walk; and beside it `NPM_POLICY_FRONT_RULES`,
+//! the rule id of each slot's word ([`policy_front_rule`], 0 unknown),
+//! which the datapath reads from the slot that matched to count the
+//! allowing rule without an `NPM_POLICY` lookup.
 //!
 //! A word is an allow of one (endpoint, direction, peer identity, protocol,
 //! port), or of any port of a protocol, or of any protocol. It is stored
@@ -12,56 +15,76 @@
 //! which the loader sets when every word of that direction's entries is
 //! here. `NPM_POLICY` always holds every entry.
 //!
-//! Each change is one aligned 64-bit store, so a packet sees a slot before
-//! or after it, never half of it. The order of writes keeps the front a
-//! subset of what `NPM_POLICY` allows at every moment: a word is stored
-//! after its entry's LPM keys and removed before them.
+//! Each change is one aligned 64-bit (word) or 32-bit (rule) store, so a
+//! packet sees a slot before or after it, never half of it. The order of
+//! writes keeps the front a subset of what `NPM_POLICY` allows at every
+//! moment: a word is stored after its entry's LPM keys and removed before
+//! them. Verdicts come only from the words; the rules only say which rule
+//! to count. A slot's rule is stored before its word and cleared after
+//! the word is removed (so a slot reused by another word never shows the
+//! new word with the old rule, and the datapath, which reads the word again
+//! after the rule, counts a torn read as unknown). A word that two entries
+//! produce carries the rule of one of them: the last written, and after
+//! one of them is removed, the other's ([`PolicyFront::insert`] again).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use aya::maps::{Array, IterableMap, MapData};
-use npm_common::{maps, policy_front_bucket, sizes};
+use npm_common::{maps, policy_front_bucket, policy_front_rule, sizes, POLICY_FRONT_RULE_UNKNOWN};
 
 use super::errors::EbpfError;
-use super::shared_words::SharedWords;
+use super::shared_words::{SharedWords, SharedWords32};
 
 /// Words per bucket.
 const WAYS: usize = 4;
 
-/// The mapped `NPM_POLICY_FRONT` array and where each stored word is.
+/// The mapped `NPM_POLICY_FRONT` and `NPM_POLICY_FRONT_RULES` arrays and
+/// where each stored word is.
 pub(crate) struct PolicyFront {
     slots: SharedWords,
+    rules: SharedWords32,
     /// Stored word -> slot index (the loader is the only writer).
     placed: HashMap<u64, usize>,
-    /// Keeps the map (and its fd) alive as long as the mapping.
+    /// Keep the maps (and their fds) alive as long as the mappings.
     _map: Array<MapData, [u64; 4]>,
+    _rules_map: Array<MapData, [u32; 4]>,
 }
 
 impl PolicyFront {
-    /// Maps the array (created with `BPF_F_MMAPABLE` by the object) and
-    /// learns the words already there (adopted pins).
-    pub(crate) fn new(map: Array<MapData, [u64; 4]>) -> Result<Self, EbpfError> {
+    /// Maps both arrays (created with `BPF_F_MMAPABLE` by the object) and
+    /// learns the words already there (adopted pins). An adopted word
+    /// keeps its adopted rule (a rules map created beside older pins
+    /// starts unknown, 0) until the next write of it; the rule of a slot
+    /// without a word is cleared.
+    pub(crate) fn new(map: Array<MapData, [u64; 4]>, rules_map: Array<MapData, [u32; 4]>) -> Result<Self, EbpfError> {
+        let n = sizes::POLICY_FRONT_BUCKETS as usize * WAYS;
         let fd = map.map().fd().as_fd().as_raw_fd();
-        let slots = SharedWords::map(fd, sizes::POLICY_FRONT_BUCKETS as usize * WAYS, maps::POLICY_FRONT)?;
+        let slots = SharedWords::map(fd, n, maps::POLICY_FRONT)?;
+        let fd = rules_map.map().fd().as_fd().as_raw_fd();
+        let rules = SharedWords32::map(fd, n, maps::POLICY_FRONT_RULES)?;
         let mut placed = HashMap::new();
-        for (i, s) in slots.words().iter().enumerate() {
+        for (i, (s, r)) in slots.words().iter().zip(rules.words()).enumerate() {
             let w = s.load(Ordering::Acquire);
-            if w == 0 {
+            if w != 0 && !placed.contains_key(&w) && policy_front_bucket(w) as usize == i / WAYS {
+                placed.insert(w, i);
                 continue;
             }
-            if placed.contains_key(&w) || policy_front_bucket(w) as usize != i / WAYS {
+            if w != 0 {
                 // Not a word this loader would have stored there: drop it.
                 s.store(0, Ordering::Release);
-            } else {
-                placed.insert(w, i);
+            }
+            if r.load(Ordering::Acquire) != POLICY_FRONT_RULE_UNKNOWN {
+                r.store(POLICY_FRONT_RULE_UNKNOWN, Ordering::Release);
             }
         }
         Ok(PolicyFront {
             slots,
+            rules,
             placed,
             _map: map,
+            _rules_map: rules_map,
         })
     }
 
@@ -69,16 +92,28 @@ impl PolicyFront {
         self.slots.words()
     }
 
-    /// Stores `word` (after its entry's LPM keys were written). Returns
-    /// false when its bucket is full: the word is not in the front.
-    pub(crate) fn insert(&mut self, word: u64) -> bool {
-        if self.placed.contains_key(&word) {
+    fn rules(&self) -> &[AtomicU32] {
+        self.rules.words()
+    }
+
+    /// Stores `word` allowed by rule `rule` (after its entry's LPM keys
+    /// were written): the rule first, then the word. A word already stored
+    /// gets `rule` in place (the datapath counts the old or the new one).
+    /// Returns false when its bucket is full: the word is not in the front.
+    pub(crate) fn insert(&mut self, word: u64, rule: u32) -> bool {
+        let code = policy_front_rule(rule);
+        if let Some(&i) = self.placed.get(&word) {
+            let r = &self.rules()[i];
+            if r.load(Ordering::Acquire) != code {
+                r.store(code, Ordering::Release);
+            }
             return true;
         }
         let base = policy_front_bucket(word) as usize * WAYS;
         for i in base..base + WAYS {
             let slot = &self.slots()[i];
             if slot.load(Ordering::Acquire) == 0 {
+                self.rules()[i].store(code, Ordering::Release);
                 slot.store(word, Ordering::Release);
                 self.placed.insert(word, i);
                 return true;
@@ -87,10 +122,12 @@ impl PolicyFront {
         false
     }
 
-    /// Removes `word` (before its entry's LPM keys are removed).
+    /// Removes `word` (before its entry's LPM keys are removed), then
+    /// clears its slot's rule.
     pub(crate) fn remove(&mut self, word: u64) {
         if let Some(i) = self.placed.remove(&word) {
             self.slots()[i].store(0, Ordering::Release);
+            self.rules()[i].store(POLICY_FRONT_RULE_UNKNOWN, Ordering::Release);
         }
     }
 
@@ -99,9 +136,10 @@ impl PolicyFront {
         self.placed.contains_key(&word)
     }
 
-    /// Removes every word not in `want`. Returns how many were removed.
-    pub(crate) fn sweep(&mut self, want: &BTreeSet<u64>) -> usize {
-        let stale: Vec<u64> = self.placed.keys().filter(|w| !want.contains(w)).copied().collect();
+    /// Removes every word not in `want` (word -> rule). Returns how many
+    /// were removed.
+    pub(crate) fn sweep(&mut self, want: &BTreeMap<u64, u32>) -> usize {
+        let stale: Vec<u64> = self.placed.keys().filter(|w| !want.contains_key(w)).copied().collect();
         for w in &stale {
             self.remove(*w);
         }

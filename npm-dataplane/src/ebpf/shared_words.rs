@@ -1,26 +1,40 @@
-//! A shared read-write mapping of a `BPF_F_MMAPABLE` array as 64-bit words,
-//! which user space stores with single atomic writes while the datapath
-//! reads them (`ipcache4.rs`, `policy_front.rs`).
+//! A shared read-write mapping of a `BPF_F_MMAPABLE` array as 64-bit words
+//! ([`SharedWords`]) or 32-bit words ([`SharedWords32`]), which user space
+//! stores with single atomic writes while the datapath reads them
+//! (`ipcache4.rs`, `policy_front.rs`, `tier_front.rs`).
 
+use std::marker::PhantomData;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use super::errors::EbpfError;
 
-/// `len` 64-bit words of a mapped BPF array, unmapped on drop.
-pub(crate) struct SharedWords {
-    ptr: NonNull<AtomicU64>,
+/// An atomic integer a mapped array is made of (the datapath reads whole
+/// words of this width).
+pub(crate) trait SharedWord: Sized {}
+impl SharedWord for AtomicU64 {}
+impl SharedWord for AtomicU32 {}
+
+/// `len` words of type `A` of a mapped BPF array, unmapped on drop.
+pub(crate) struct Shared<A: SharedWord> {
+    ptr: NonNull<A>,
     len: usize,
+    _words: PhantomData<A>,
 }
+
+/// 64-bit words of a mapped array.
+pub(crate) type SharedWords = Shared<AtomicU64>;
+/// 32-bit words of a mapped array.
+pub(crate) type SharedWords32 = Shared<AtomicU32>;
 
 // SAFETY: the mapping is shared memory owned by this value; every access
 // goes through atomics.
-unsafe impl Send for SharedWords {}
+unsafe impl<A: SharedWord> Send for Shared<A> {}
 // SAFETY: as above.
-unsafe impl Sync for SharedWords {}
+unsafe impl<A: SharedWord> Sync for Shared<A> {}
 
-impl SharedWords {
+impl<A: SharedWord> Shared<A> {
     /// Maps the first `len` words of the array behind `fd` (the map
     /// `name`, for errors).
     pub(crate) fn map(fd: RawFd, len: usize, name: &'static str) -> Result<Self, EbpfError> {
@@ -29,7 +43,7 @@ impl SharedWords {
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len * 8,
+                len * std::mem::size_of::<A>(),
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd,
@@ -42,25 +56,32 @@ impl SharedWords {
                 source: std::io::Error::last_os_error(),
             });
         }
-        let ptr = NonNull::new(p as *mut AtomicU64).ok_or_else(|| EbpfError::Mmap {
+        let ptr = NonNull::new(p as *mut A).ok_or_else(|| EbpfError::Mmap {
             map: name,
             source: std::io::Error::other("null mapping"),
         })?;
-        Ok(SharedWords { ptr, len })
+        Ok(Shared {
+            ptr,
+            len,
+            _words: PhantomData,
+        })
     }
 
     /// The words.
-    pub(crate) fn words(&self) -> &[AtomicU64] {
-        // SAFETY: `len` 8-byte words mapped for the lifetime of self.
+    pub(crate) fn words(&self) -> &[A] {
+        // SAFETY: `len` words mapped for the lifetime of self.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
 
-impl Drop for SharedWords {
+impl<A: SharedWord> Drop for Shared<A> {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly what map() mapped.
         unsafe {
-            libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len * 8);
+            libc::munmap(
+                self.ptr.as_ptr() as *mut libc::c_void,
+                self.len * std::mem::size_of::<A>(),
+            );
         }
     }
 }

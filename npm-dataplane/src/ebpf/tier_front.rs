@@ -24,14 +24,18 @@
 //! but its loader-given front rank ([`ranks`]: 14 bits, the same order
 //! within the endpoint, direction and tier).
 //!
-//! Each (endpoint, direction, tier, identity) with words also has a
-//! summary word ([`npm_common::TIER_FRONT_PC_SUMMARY`]) naming the port
-//! classes it has words of, so the datapath probes one bucket for an
-//! identity without words and only the named classes otherwise. The mask
-//! is kept a superset of the stored words' classes: a class is added
-//! before its first word is stored and dropped after its last word is
-//! removed; a word whose summary cannot be stored (bucket full) is not
-//! stored either.
+//! Each (endpoint, direction, identity) with words also has a shared
+//! summary word ([`npm_common::TIER_FRONT_PC_SHARED_SUMMARY`]) naming the
+//! port classes it has words of in each tier: the datapath reads the
+//! three peer identities' shared summaries once per packet for both tiers
+//! and then probes only the named classes. Each (endpoint, direction,
+//! tier, identity) with words keeps its per-tier summary
+//! ([`npm_common::TIER_FRONT_PC_SUMMARY`]) too, for a program of the same
+//! layout that reads those (one still attached while a new agent writes
+//! the adopted pins). Every mask is kept a superset of the stored words'
+//! classes: a class is added before its first word is stored and dropped
+//! after its last word is removed; a word one of whose summaries cannot
+//! be stored (bucket full) is not stored either.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::{AsFd, AsRawFd};
@@ -39,11 +43,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use aya::maps::{Array, IterableMap, MapData};
 use npm_common::{
-    maps, policy_front_proto, sizes, tier_flags, tier_front_key, tier_front_key_of, tier_front_pc_any_port,
-    tier_front_pc_block, tier_front_pc_exact, tier_front_pc_of, tier_front_slot, tier_front_summary_bit,
-    tier_front_summary_key, tier_front_word, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, TIER_FRONT_BLOCK_BITS,
-    TIER_FRONT_MAX_ENDPOINT, TIER_FRONT_MAX_IDENTITY, TIER_FRONT_PC_ANY_PROTO, TIER_FRONT_PC_SUMMARY,
-    TIER_FRONT_SUM_ACTION, TIER_RANK_SHIFT,
+    maps, policy_front_proto, sizes, tier_flags, tier_front_is_summary, tier_front_key, tier_front_key_of,
+    tier_front_pc_any_port, tier_front_pc_block, tier_front_pc_exact, tier_front_pc_of, tier_front_shared_bit,
+    tier_front_shared_summary_key, tier_front_slot, tier_front_summary_bit, tier_front_summary_key, tier_front_word,
+    EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, TIER_ACTION_MASK, TIER_FRONT_BLOCK_BITS,
+    TIER_FRONT_MAX_ENDPOINT, TIER_FRONT_MAX_IDENTITY, TIER_FRONT_PC_ANY_PROTO, TIER_FRONT_SUM_ACTION, TIER_RANK_SHIFT,
 };
 use npm_policy::compiled::{Compiled, Tier, TierEntry, TierValue};
 
@@ -145,9 +149,23 @@ pub(crate) fn front_flag(entry: &TierEntry) -> u32 {
     f << entry.direction.as_u8()
 }
 
-/// Summary class bits ([`tier_front_summary_bit`]): three per protocol
-/// code for exact, block and any-port words, one for any protocol.
-const SUMMARY_BITS: usize = 10;
+/// Summary class bits: ten in a per-tier summary
+/// ([`tier_front_summary_bit`]: three per protocol code for exact, block
+/// and any-port words, one for any protocol), twelve in a shared one
+/// ([`tier_front_shared_bit`]: six per tier).
+const SUMMARY_BITS: usize = 12;
+
+/// The summaries that name the word of `key`, each with the word's class
+/// bit there: its identity's per-tier summary and its shared summary.
+fn summaries_of(key: u64) -> [(u64, u32); 2] {
+    [
+        (
+            tier_front_summary_key(key),
+            tier_front_summary_bit(tier_front_pc_of(key)),
+        ),
+        (tier_front_shared_summary_key(key), tier_front_shared_bit(key)),
+    ]
+}
 
 /// The index of a single summary class bit.
 fn bit_index(bit: u32) -> usize {
@@ -188,8 +206,14 @@ impl TierFront {
             if w == 0 {
                 continue;
             }
+            // A word without an action is none this loader stores (the
+            // datapath takes every word of a matching tag for a hit).
+            if ((w >> 48) as u32) & TIER_ACTION_MASK == 0 {
+                s.store(0, Ordering::Release);
+                continue;
+            }
             let key = tier_front_key_of((i / WAYS) as u32, w);
-            let fresh = if tier_front_pc_of(key) == TIER_FRONT_PC_SUMMARY {
+            let fresh = if tier_front_is_summary(tier_front_pc_of(key)) {
                 summaries
                     .insert(key, (i, ((w >> 48) as u32) >> TIER_RANK_SHIFT))
                     .is_none()
@@ -211,8 +235,9 @@ impl TierFront {
         };
         let keys: Vec<u64> = front.placed.keys().copied().collect();
         for k in &keys {
-            let c = front.counts.entry(tier_front_summary_key(*k)).or_default();
-            c[bit_index(tier_front_summary_bit(tier_front_pc_of(*k)))] += 1;
+            for (sk, bit) in summaries_of(*k) {
+                front.counts.entry(sk).or_default()[bit_index(bit)] += 1;
+            }
         }
         let mut lost = Vec::new();
         let skeys: BTreeSet<u64> = front.summaries.keys().chain(front.counts.keys()).copied().collect();
@@ -222,15 +247,12 @@ impl TierFront {
                 lost.push(sk);
             }
         }
+        // The words of an identity whose summary could not be stored go
+        // (their other summary shrinks with them).
         for k in keys {
-            if lost.contains(&tier_front_summary_key(k)) {
-                if let Some((i, _)) = front.placed.remove(&k) {
-                    front.slots()[i].store(0, Ordering::Release);
-                }
+            if summaries_of(k).iter().any(|(sk, _)| lost.contains(sk)) {
+                front.remove(k);
             }
-        }
-        for sk in lost {
-            front.counts.remove(&sk);
         }
         Ok(front)
     }
@@ -289,16 +311,25 @@ impl TierFront {
         let Some(slot) = self.free_slot(key) else {
             return false;
         };
-        let skey = tier_front_summary_key(key);
-        let bit = tier_front_summary_bit(tier_front_pc_of(key));
-        let mask = self.summaries.get(&skey).map_or(0, |(_, m)| *m);
-        // The summary names the class before the word is there.
-        if mask & bit == 0 && !self.store_summary(skey, mask | bit) {
+        let sums = summaries_of(key);
+        // The summaries name the class before the word is there.
+        for (n, (skey, bit)) in sums.iter().enumerate() {
+            let mask = self.summaries.get(skey).map_or(0, |(_, m)| *m);
+            if mask & bit != 0 || self.store_summary(*skey, mask | bit) {
+                continue;
+            }
+            // Undo what the earlier summaries gained for this word.
+            for (skey, _) in &sums[..n] {
+                let need = self.counts.get(skey).map_or(0, mask_of);
+                self.store_summary(*skey, need);
+            }
             return false;
         }
         self.slots()[slot].store(word, Ordering::Release);
         self.placed.insert(key, (slot, word));
-        self.counts.entry(skey).or_default()[bit_index(bit)] += 1;
+        for (skey, bit) in sums {
+            self.counts.entry(skey).or_default()[bit_index(bit)] += 1;
+        }
         true
     }
 
@@ -309,20 +340,20 @@ impl TierFront {
             return;
         };
         self.slots()[i].store(0, Ordering::Release);
-        let skey = tier_front_summary_key(key);
-        let bit = tier_front_summary_bit(tier_front_pc_of(key));
-        let Some(c) = self.counts.get_mut(&skey) else {
-            return;
-        };
-        let n = &mut c[bit_index(bit)];
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            let need = mask_of(c);
-            if need == 0 {
-                self.counts.remove(&skey);
+        for (skey, bit) in summaries_of(key) {
+            let Some(c) = self.counts.get_mut(&skey) else {
+                continue;
+            };
+            let n = &mut c[bit_index(bit)];
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                let need = mask_of(c);
+                if need == 0 {
+                    self.counts.remove(&skey);
+                }
+                // Shrinking (or removing) never needs a free slot.
+                self.store_summary(skey, need);
             }
-            // Shrinking (or removing) never needs a free slot.
-            self.store_summary(skey, need);
         }
     }
 

@@ -19,6 +19,12 @@
 //! [`TierTable::refront`] or [`TierTable::insert_words`] (after the
 //! records are written) rewrites its words, and the writer's next
 //! `front_flags` sets the flag again.
+//!
+//! A group's flag depends only on its own entries, words and numbering, so
+//! an apply computes only the groups its diff touches
+//! ([`TierTable::begin_apply`]) and those waiting for a renumbering; a full
+//! sync or a failed batch computes every group. Debug builds check the
+//! result against a pass over every entry.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,7 +34,7 @@ use aya::Ebpf;
 use npm_common::{
     maps, tier_front_word, PolicyKey, TierValue as KernelTierValue, POLICY_KEY_LEN, TIER_ACTION_MASK, TIER_RANK_SHIFT,
 };
-use npm_policy::compiled::{Compiled, TierEntry, TierValue};
+use npm_policy::compiled::{Compiled, Direction, MapDiff, Tier, TierEntry, TierValue};
 
 use super::errors::{map_err, removed, EbpfError};
 use super::loader::take_map;
@@ -49,10 +55,50 @@ pub(crate) struct TierTable {
     /// `insert_words`, after the endpoints were written with the group's
     /// front flag cleared.
     ready: BTreeMap<Group, (Numbering, Vec<(u64, u64)>)>,
-    /// Each group's ranks in the last `front_flags`'s target: the numbers
-    /// of other ranks are dropped by the next `refront` or `insert_words`,
-    /// once the batch's removals are done.
-    prune: Option<BTreeMap<Group, BTreeSet<u32>>>,
+    /// Each group's ranks in the last `front_flags`'s target (the groups
+    /// it computed; `true`: every group of the target): the numbers of
+    /// other ranks are dropped by the next `refront` or `insert_words`,
+    /// once the batch's removals are done (with `true`, other groups too).
+    prune: Option<(BTreeMap<Group, BTreeSet<u32>>, bool)>,
+    /// Every group is computed by the next `front_flags` (set by a full
+    /// sync and a failed batch).
+    full: bool,
+    /// The groups the current batch touches ([`TierTable::begin_apply`]).
+    touched: BTreeSet<Triple>,
+    /// Groups waiting for a renumbering when `front_flags` last ran: it
+    /// computes them again.
+    waiting: BTreeSet<Triple>,
+    /// The front flags `front_flags` last gave each endpoint (none: 0).
+    flags: BTreeMap<u32, u32>,
+}
+
+/// An (endpoint, direction, tier) of the tier entries (one front group).
+type Triple = (u32, Direction, Tier);
+
+/// The group of `entry`.
+fn triple(entry: &TierEntry) -> Triple {
+    (entry.endpoint, entry.direction, entry.tier)
+}
+
+/// The lowest [`TierEntry`] of a group (the entries of a group are
+/// contiguous: endpoint, direction and tier lead their order).
+fn first_of((endpoint, direction, tier): Triple) -> TierEntry {
+    TierEntry {
+        endpoint,
+        direction,
+        tier,
+        peer: 0,
+        protocol: None,
+        ports: (0, 0),
+    }
+}
+
+/// The entries of `compiled` in group `t`.
+fn entries_of(compiled: &Compiled, t: Triple) -> impl Iterator<Item = (&TierEntry, &TierValue)> {
+    compiled
+        .tiers
+        .range(first_of(t)..)
+        .take_while(move |(e, _)| triple(e) == t)
 }
 
 /// The entries of `compiled` that may share LPM keys with `entry`: the same
@@ -107,6 +153,10 @@ impl TierTable {
             queued: Vec::new(),
             ready: BTreeMap::new(),
             prune: None,
+            full: true,
+            touched: BTreeSet::new(),
+            waiting: BTreeSet::new(),
+            flags: BTreeMap::new(),
         })
     }
 
@@ -171,6 +221,7 @@ impl TierTable {
         self.ready.clear();
         self.prune = None;
         self.queued.clear();
+        self.full = true;
         for (k, v) in want {
             self.lpm
                 .insert(&Key::new(k.prefix_len, k.data), *v, 0)
@@ -193,11 +244,13 @@ impl TierTable {
                 self.front.upsert(k, w);
             }
         }
-        if let Some(plan) = self.prune.take() {
+        if let Some((plan, every)) = self.prune.take() {
             for (group, ranks) in &plan {
                 self.ranks.prune(*group, ranks);
             }
-            self.ranks.retain(&plan.keys().copied().collect());
+            if every {
+                self.ranks.retain(&plan.keys().copied().collect());
+            }
         }
         renumbered
     }
@@ -261,6 +314,26 @@ impl TierTable {
         self.front.sweep(want);
     }
 
+    /// Records the (endpoint, direction, tier) groups an apply's tier
+    /// changes touch: with [`TierTable::front_flags`]'s cache, only those
+    /// (and the groups waiting for a renumbering) are computed again.
+    /// Called before the batch's first write.
+    pub(crate) fn begin_apply(&mut self, diff: &MapDiff<TierEntry, TierValue>) {
+        let entries = diff.upsert.iter().map(|(e, _)| e).chain(&diff.remove);
+        self.touched.extend(entries.map(triple));
+    }
+
+    /// Ends a batch (an apply or a full sync): the touched groups were
+    /// computed; after a failed batch every group is computed again.
+    pub(crate) fn end_batch(&mut self, ok: bool) {
+        self.touched.clear();
+        self.full = !ok;
+        if !ok {
+            self.flags.clear();
+            self.waiting.clear();
+        }
+    }
+
     /// The `EP_ADMIN_FRONT_*` / `EP_BASELINE_FRONT_*` flags of the
     /// endpoints of `next` that have tier entries: set for a direction and
     /// tier when every entry of it fits the front and its words are stored
@@ -269,18 +342,46 @@ impl TierTable {
     /// placed in their groups' gaps), and prepares the renumbering of the
     /// groups that wait for one (reported off here; stored by the next
     /// `refront` / `insert_words`).
+    ///
+    /// A group's flag depends only on its own entries, words and
+    /// numbering, so outside a full sync only the groups the batch touched
+    /// ([`TierTable::begin_apply`], the upserted entries) and those waiting
+    /// for a renumbering are computed; the others keep their flags from
+    /// the last call.
     pub(crate) fn front_flags(&mut self, next: &Compiled) -> BTreeMap<u32, u32> {
+        let full = self.full;
+        let groups: BTreeSet<Triple> = if full {
+            self.flags.clear();
+            self.waiting.clear();
+            next.tiers.keys().map(triple).collect()
+        } else {
+            let mut g = std::mem::take(&mut self.waiting);
+            g.extend(self.touched.iter().copied());
+            g.extend(self.queued.iter().map(triple));
+            g
+        };
+        // Each group's ranks in the target.
         let mut group_ranks: BTreeMap<Group, BTreeSet<u32>> = BTreeMap::new();
-        for (e, v) in &next.tiers {
-            if let Some(g) = entry_group(e) {
-                group_ranks.entry(g).or_default().insert(v.rank);
-            }
+        for t in &groups {
+            let Some(g) = entry_group(&first_of(*t)) else {
+                continue;
+            };
+            let ranks = group_ranks.entry(g).or_default();
+            ranks.extend(entries_of(next, *t).map(|(_, v)| v.rank));
         }
-        for entry in std::mem::take(&mut self.queued) {
+        // The upserted entries' new ranks, placed once per group, then
+        // their words.
+        let queued = std::mem::take(&mut self.queued);
+        let mut placed: BTreeMap<Group, bool> = BTreeMap::new();
+        for entry in queued {
             let (Some(value), Some(g)) = (next.tiers.get(&entry), entry_group(&entry)) else {
                 continue;
             };
-            if !self.ranks.place(g, &group_ranks[&g]) {
+            let ok = *placed.entry(g).or_insert_with(|| match group_ranks.get(&g) {
+                Some(r) => self.ranks.place(g, r),
+                None => false,
+            });
+            if !ok {
                 continue;
             }
             for (k, w) in self.words(&entry, value).unwrap_or_default() {
@@ -289,32 +390,70 @@ impl TierTable {
         }
         // The renumberings of waiting groups, from the target state.
         self.ready.clear();
-        let mut fresh: BTreeMap<Group, Numbering> = BTreeMap::new();
-        for (g, r) in &group_ranks {
-            if self.ranks.pending(*g) {
-                if let Some(n) = ranks::fresh(r) {
-                    fresh.insert(*g, n);
-                }
-            }
-        }
-        for (e, v) in &next.tiers {
-            let Some(n) = entry_group(e).and_then(|g| fresh.get(&g)) else {
+        for t in &groups {
+            let Some(g) = entry_group(&first_of(*t)) else {
                 continue;
             };
-            let flags = translate::tier_value(v).flags;
-            let front = flags & TIER_ACTION_MASK | n[&v.rank] << TIER_RANK_SHIFT;
-            let words = tier_front_keys(e)
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|k| tier_front_word(k, front).map(|w| (k, w)));
-            let g = entry_group(e).expect("grouped above");
-            self.ready
-                .entry(g)
-                .or_insert_with(|| (n.clone(), Vec::new()))
-                .1
-                .extend(words);
+            if !self.ranks.pending(g) {
+                continue;
+            }
+            let Some(n) = group_ranks.get(&g).filter(|r| !r.is_empty()).and_then(ranks::fresh) else {
+                continue;
+            };
+            let mut words = Vec::new();
+            for (e, v) in entries_of(next, *t) {
+                let flags = translate::tier_value(v).flags;
+                let front = flags & TIER_ACTION_MASK | n[&v.rank] << TIER_RANK_SHIFT;
+                words.extend(
+                    tier_front_keys(e)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|k| tier_front_word(k, front).map(|w| (k, w))),
+                );
+            }
+            self.ready.insert(g, (n, words));
         }
-        self.prune = Some(group_ranks);
+        self.prune = Some((group_ranks, full));
+        // The flags of the groups computed here; a group still waiting
+        // for a renumbering is computed again by the next call.
+        for t in &groups {
+            let (endpoint, direction, tier) = *t;
+            let bit = front_flag(&first_of(*t));
+            let mut any = false;
+            let mut held = true;
+            for (e, v) in entries_of(next, *t) {
+                any = true;
+                held = self
+                    .words(e, v)
+                    .is_some_and(|w| w.iter().all(|(k, w)| self.front.holds(*k, *w)));
+                if !held {
+                    break;
+                }
+            }
+            let f = self.flags.entry(endpoint).or_default();
+            *f = if any && held { *f | bit } else { *f & !bit };
+            if *f == 0 {
+                self.flags.remove(&endpoint);
+            }
+            if entry_group(&first_of(*t)).is_some_and(|g| self.ranks.pending(g)) {
+                self.waiting.insert((endpoint, direction, tier));
+            }
+        }
+        #[cfg(debug_assertions)]
+        {
+            let scratch = self.flags_from_scratch(next);
+            debug_assert_eq!(
+                self.flags, scratch,
+                "tier front flags computed for the touched groups only differ from a pass over every entry"
+            );
+        }
+        self.flags.clone()
+    }
+
+    /// [`TierTable::front_flags`]'s result from a pass over every entry of
+    /// `next` (what the cached flags must equal; checked in debug builds).
+    #[cfg(debug_assertions)]
+    fn flags_from_scratch(&self, next: &Compiled) -> BTreeMap<u32, u32> {
         // (endpoint -> flags that some entry rules out, flags seen).
         let mut seen: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
         for (e, v) in &next.tiers {
@@ -331,7 +470,10 @@ impl TierTable {
                 s.0 |= f;
             }
         }
-        seen.into_iter().map(|(id, (out, all))| (id, all & !out)).collect()
+        seen.into_iter()
+            .map(|(id, (out, all))| (id, all & !out))
+            .filter(|(_, f)| *f != 0)
+            .collect()
     }
 
     /// Words in the front.

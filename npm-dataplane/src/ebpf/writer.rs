@@ -59,7 +59,10 @@ impl EbpfDataplane {
         next: &Compiled,
         interfaces: &Interfaces,
     ) -> Result<(), EbpfError> {
+        // The tier front's flags are computed for the groups it touches.
+        self.tiers.begin_apply(&diff.tiers);
         let result = self.apply_diff_maps(diff, next, interfaces);
+        self.tiers.end_batch(result.is_ok());
         if result.is_ok() {
             self.fill.applied(diff, next);
         }
@@ -72,6 +75,7 @@ impl EbpfDataplane {
     /// pinned link) that is not part of it.
     pub fn sync(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
         let result = self.sync_maps(compiled, interfaces);
+        self.tiers.end_batch(result.is_ok());
         // Also after a failed sync: some maps may have changed.
         self.bump_after(result)?;
         // The maps are right; a pin that cannot be removed yet is only
@@ -191,11 +195,12 @@ impl EbpfDataplane {
         // entry (the writes below then fill the free slots).
         self.ipcache.sweep_front(&compiled.ipcache);
         // The policy front likewise: words no entry wants go first, the
-        // wanted ones are stored after the LPM keys below.
-        let want_words: BTreeSet<u64> = compiled
+        // wanted ones (word -> rule: the last entry's, as for an LPM key
+        // two entries produce) are stored after the LPM keys below.
+        let want_words: BTreeMap<u64, u32> = compiled
             .policy
-            .keys()
-            .filter_map(translate::front_words)
+            .iter()
+            .filter_map(|(e, rule)| Some(translate::front_words(e)?.into_iter().map(move |w| (w, *rule))))
             .flatten()
             .collect();
         self.policy.sweep_front(&want_words);

@@ -12,9 +12,10 @@
 use crate::ebpf_common::*;
 use aya::maps::{Array, Map, MapData};
 use npm_common::{
-    maps, tier_front_key, tier_front_key_of, tier_front_pc_exact, tier_front_pc_of, tier_front_slot,
-    tier_front_summary_key, Reason, DIR_INGRESS, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY,
-    IDENTITY_FIRST_CIDR, TIER_ADMIN, TIER_FRONT_MAX_RANK, TIER_FRONT_PC_SUMMARY,
+    maps, tier_front_is_summary, tier_front_key, tier_front_key_of, tier_front_pc_exact, tier_front_pc_of,
+    tier_front_shared_summary_key, tier_front_slot, tier_front_summary_key, Reason, DIR_INGRESS,
+    EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY, IDENTITY_FIRST_CIDR, TIER_ADMIN,
+    TIER_FRONT_MAX_RANK,
 };
 use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
 use npm_dataplane::Dataplane;
@@ -172,7 +173,8 @@ impl Fixture {
 
 /// The non-zero words of the pinned `NPM_TIER_FRONT`, the summary words
 /// apart: (entry words, summary words). Checks that the summaries are
-/// exactly one per (endpoint, direction, tier, identity) with entry words.
+/// exactly one per (endpoint, direction, tier, identity) with entry words
+/// and one shared per (endpoint, direction, identity).
 fn kernel_words(pin_dir: &std::path::Path) -> (usize, usize) {
     let data = MapData::from_pin(pin_dir.join(maps::TIER_FRONT)).expect("open pinned NPM_TIER_FRONT");
     let front: Array<MapData, [u64; 4]> =
@@ -181,15 +183,21 @@ fn kernel_words(pin_dir: &std::path::Path) -> (usize, usize) {
     for (bucket, b) in front.iter().enumerate() {
         for w in b.expect("bucket").into_iter().filter(|w| *w != 0) {
             let key = tier_front_key_of(bucket as u32, w);
-            if tier_front_pc_of(key) == TIER_FRONT_PC_SUMMARY {
+            if tier_front_is_summary(tier_front_pc_of(key)) {
                 summaries.insert(key);
             } else {
                 words.insert(key);
             }
         }
     }
-    let identities: std::collections::BTreeSet<u64> = words.iter().map(|k| tier_front_summary_key(*k)).collect();
-    assert_eq!(identities, summaries, "one summary word per identity with words");
+    let identities: std::collections::BTreeSet<u64> = words
+        .iter()
+        .flat_map(|k| [tier_front_summary_key(*k), tier_front_shared_summary_key(*k)])
+        .collect();
+    assert_eq!(
+        identities, summaries,
+        "one per-tier and one shared summary word per identity with words"
+    );
     (words.len(), summaries.len())
 }
 
@@ -404,8 +412,8 @@ fn a_full_bucket_keeps_the_tier_on_the_lpm_until_it_frees() {
     front.set(bucket, [0; 4], 0).unwrap();
     f.dp.sync_full(&next, &f.ifs()).unwrap();
     assert_ne!(f.flags(2) & EP_ADMIN_FRONT_INGRESS, 0);
-    // The word and its identity's summary word.
-    assert_eq!(kernel_words(&f.pins.path), (1, 1));
+    // The word and its identity's summary words (per-tier and shared).
+    assert_eq!(kernel_words(&f.pins.path), (1, 2));
     f.dp.bump_generation().unwrap();
     assert_eq!(f.run(2, "10.0.0.2", false, 80), (VERDICT_DROP, Some(Reason::AdminDeny)));
     assert_eq!(

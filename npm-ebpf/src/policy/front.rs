@@ -1,14 +1,25 @@
 //! Step 9 on the policy front `NPM_POLICY_FRONT`: a hash table of exact
 //! words in 4-word buckets written by user space, probed with inlined array
 //! reads for an endpoint direction whose policy is complete there
-//! (`EP_FRONT_<dir>`).
+//! (`EP_FRONT_<dir>`), and the allowing rule of a hit, read from the same
+//! slot of `NPM_POLICY_FRONT_RULES` (no `NPM_POLICY` lookup).
+//!
+//! Verdicts come only from the words. User space stores a slot's rule id
+//! before its word and clears it after removing the word, and a hit
+//! re-reads its word after reading the rule: a reader that raced with a
+//! change of the slot gets [`UNKNOWN_RULE`] (counted at
+//! `RULE_SLOT_UNKNOWN`), never another word's rule, and never an allow the
+//! words do not give. (The datapath's loads are plain loads: on a weakly
+//! ordered CPU a torn read may still count one packet under a neighbouring
+//! rule; the verdict stays the words'.)
 
 use aya_ebpf::{macros::map, maps::Array};
 use npm_common::{
     policy_front_bucket, policy_front_proto, policy_front_word, sizes, EP_FRONT_INGRESS, POLICY_FRONT_MAX_ENDPOINT,
-    POLICY_FRONT_MAX_IDENTITY,
+    POLICY_FRONT_MAX_IDENTITY, POLICY_FRONT_RULE_UNKNOWN,
 };
 
+use super::lpm::NO_RULE;
 use super::BPF_F_MMAPABLE;
 
 /// `NPM_POLICY_FRONT`: buckets of four policy words (see
@@ -17,54 +28,108 @@ use super::BPF_F_MMAPABLE;
 #[map]
 static NPM_POLICY_FRONT: Array<[u64; 4]> = Array::with_max_entries(sizes::POLICY_FRONT_BUCKETS, BPF_F_MMAPABLE);
 
+/// `NPM_POLICY_FRONT_RULES`: beside each bucket of `NPM_POLICY_FRONT`, the
+/// `npm_common::policy_front_rule` of each slot's word (0: unknown),
+/// written by user space through a shared mapping with single 32-bit
+/// stores.
+#[map]
+static NPM_POLICY_FRONT_RULES: Array<[u32; 4]> = Array::with_max_entries(sizes::POLICY_FRONT_BUCKETS, BPF_F_MMAPABLE);
+
 /// Test and benchmark switch: when 1, step 9 always walks the LPM
 /// (`NPM_POLICY`), never the policy front.
 #[no_mangle]
 static NPM_BENCH_NO_POLICY_FRONT: u8 = 0;
 
-/// Whether `NPM_POLICY_FRONT` holds the word (one bucket of four words).
+/// [`front_rule`]'s answer for a hit whose rule slot is unknown (not
+/// written yet, or changed while it was read): allowed, by a rule it
+/// cannot tell.
+pub(crate) const UNKNOWN_RULE: u32 = u32::MAX - 1;
+
+/// The rule of slot `i` (0..4) of bucket `bucket`, whose word (at `words`)
+/// was `word`: the rule id, or [`UNKNOWN_RULE`] when the slot's rule is
+/// unknown or the word changed meanwhile.
 #[inline(always)]
-fn front_has(word: u64) -> bool {
-    match NPM_POLICY_FRONT.get(policy_front_bucket(word)) {
-        Some(b) => {
-            let b = b.as_ptr();
-            // SAFETY: four 8-aligned words of the bucket; volatile: user
-            // space stores them concurrently (whole words).
-            unsafe {
-                (core::ptr::read_volatile(b) == word)
-                    | (core::ptr::read_volatile(b.add(1)) == word)
-                    | (core::ptr::read_volatile(b.add(2)) == word)
-                    | (core::ptr::read_volatile(b.add(3)) == word)
-            }
-        }
-        None => false,
+fn slot_rule(bucket: u32, i: usize, words: *const u64, word: u64) -> u32 {
+    let Some(rules) = NPM_POLICY_FRONT_RULES.get(bucket) else {
+        return UNKNOWN_RULE;
+    };
+    let i = i & 3;
+    // SAFETY: slot i < 4 of the bucket's rules and words; volatile: user
+    // space stores them concurrently (whole words). The word is read again
+    // after its rule: user space writes a rule before its word and clears
+    // it after removing the word.
+    let (v, still) = unsafe {
+        let v = core::ptr::read_volatile(rules.as_ptr().add(i));
+        (v, core::ptr::read_volatile(words.add(i)) == word)
+    };
+    if v == POLICY_FRONT_RULE_UNKNOWN || !still {
+        UNKNOWN_RULE
+    } else {
+        v - 1
     }
+}
+
+/// One probe of `NPM_POLICY_FRONT` (one bucket of four words): the rule of
+/// the slot holding `word` (see [`slot_rule`]), or [`NO_RULE`] when no
+/// slot does.
+#[inline(always)]
+fn front_probe(word: u64) -> u32 {
+    let bucket = policy_front_bucket(word);
+    let Some(b) = NPM_POLICY_FRONT.get(bucket) else {
+        return NO_RULE;
+    };
+    let b = b.as_ptr();
+    // SAFETY: four 8-aligned words of the bucket; volatile: user space
+    // stores them concurrently (whole words).
+    let i = unsafe {
+        if core::ptr::read_volatile(b) == word {
+            0
+        } else if core::ptr::read_volatile(b.add(1)) == word {
+            1
+        } else if core::ptr::read_volatile(b.add(2)) == word {
+            2
+        } else if core::ptr::read_volatile(b.add(3)) == word {
+            3
+        } else {
+            return NO_RULE;
+        }
+    };
+    slot_rule(bucket, i, b, word)
 }
 
 /// Step 9's lookup of one peer identity in the policy front, for an
 /// endpoint direction whose policy is complete there: the exact port, then
-/// (unless `exact_only`) any port of the protocol and any protocol. The
-/// same answer as [`super::lpm::policy_rule`] on the LPM: an LPM entry is an aligned
-/// port block, which the front holds port by port.
+/// (unless `exact_only`) any port of the protocol and any protocol. Returns
+/// the allowing rule's id, [`UNKNOWN_RULE`], or [`NO_RULE`] (no allow): the
+/// same allow as [`super::lpm::policy_rule`] on the LPM (an LPM entry is an
+/// aligned port block, which the front holds port by port).
 #[inline(always)]
-pub(crate) fn front_allows(ep: u32, dir: u8, identity: u32, protocol: u8, port: u16, exact_only: bool) -> bool {
+pub(crate) fn front_rule(ep: u32, dir: u8, identity: u32, protocol: u8, port: u16, exact_only: bool) -> u32 {
     // Out of the word's ranges no front word can be meant (the loader never
     // marks such an endpoint, or a direction with such a peer, complete):
     // no allow, rather than a word whose bits spill into other fields.
     // Endpoint 0 is never used (its any-protocol word for peer ANY would be
     // 0, an empty slot).
     if identity >= POLICY_FRONT_MAX_IDENTITY || ep == 0 || ep >= POLICY_FRONT_MAX_ENDPOINT {
-        return false;
+        return NO_RULE;
     }
     let code = policy_front_proto(protocol);
-    if code != 0 && front_has(policy_front_word(ep, dir, identity, code, true, port)) {
-        return true;
+    if code != 0 {
+        let r = front_probe(policy_front_word(ep, dir, identity, code, true, port));
+        if r != NO_RULE {
+            return r;
+        }
     }
     if exact_only {
-        return false;
+        return NO_RULE;
     }
-    (code != 0 && front_has(policy_front_word(ep, dir, identity, code, false, 0)))
-        || front_has(policy_front_word(ep, dir, identity, 0, false, 0))
+    if code != 0 {
+        let r = front_probe(policy_front_word(ep, dir, identity, code, false, 0));
+        if r != NO_RULE {
+            return r;
+        }
+    }
+    front_probe(policy_front_word(ep, dir, identity, 0, false, 0))
 }
 
 /// Whether step 9 probes the front for an endpoint (flags `ep_flags`) in

@@ -22,10 +22,10 @@ use crate::decision_cache::{
 };
 use crate::mem::{wr32, V4_MAPPED_WORD};
 use crate::rule_counters::RULE_TAG;
-use front::{front_allows, front_enabled};
+use front::{front_enabled, front_rule, UNKNOWN_RULE};
 use ipcache::peer_identities;
 use lpm::{policy_rule, NO_RULE};
-use tiers::tier_action;
+use tiers::{tier_action, tier_summaries};
 
 /// `BPF_F_MMAPABLE`: user space maps the array and stores whole words.
 pub(crate) const BPF_F_MMAPABLE: u32 = 1 << 10;
@@ -137,9 +137,13 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     let id = ep.id;
     let f = ep.flags;
     let ids = (identity, cidr_identity);
+    // The tier front's summaries of the peer, read once for both tiers.
+    let admin = f & (EP_ADMIN_INGRESS << dir) != 0;
+    let baseline = !isolated && f & (EP_BASELINE_INGRESS << dir) != 0;
+    let sums = tier_summaries(lpm, id, f, dir, ids, admin, baseline);
     // 9a. Admin tier: accept and deny are final, pass goes on.
-    if f & (EP_ADMIN_INGRESS << dir) != 0 {
-        let a = tier_action(lpm, id, f, dir | TIER_ADMIN, ids, pr, port);
+    if admin {
+        let a = tier_action(lpm, id, f, dir | TIER_ADMIN, ids, pr, port, sums);
         if a == TIER_ACCEPT {
             return Reason::AdminAccept as u32;
         }
@@ -149,8 +153,8 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     }
     if !isolated {
         // 9c. Baseline tier, then 9d.
-        if f & (EP_BASELINE_INGRESS << dir) != 0 {
-            let a = tier_action(lpm, id, f, dir | TIER_BASELINE, ids, pr, port);
+        if baseline {
+            let a = tier_action(lpm, id, f, dir | TIER_BASELINE, ids, pr, port, sums);
             if a == TIER_ACCEPT {
                 return Reason::BaselineAccept as u32;
             }
@@ -206,28 +210,17 @@ struct Rules {
     exact_only: bool,
 }
 
-/// [`lookup`]'s answer for a front hit whose `NPM_POLICY` entry was gone
-/// (a race with the loader): allowed, by a rule it cannot tell.
-const UNKNOWN_RULE: u32 = u32::MAX - 1;
-
 /// One identity's lookup of step 9, where `at` says: the allowing rule's
 /// id, [`UNKNOWN_RULE`], or [`NO_RULE`] (no allow). (A plain function, not
 /// a closure: LLVM compiles a closure into a BPF-to-BPF call.)
 ///
-/// A front word carries no rule id: a front hit looks the rule up in
-/// `NPM_POLICY` (one LPM lookup, on a decision-cache miss only).
+/// A front hit reads its rule from the same slot of
+/// `NPM_POLICY_FRONT_RULES` (an inlined array read, [`front_rule`]): no
+/// `NPM_POLICY` lookup.
 #[inline(always)]
 fn lookup(at: Rules, ep: u32, dir: u8, identity: u32, pr: u8, port: u16) -> u32 {
     if at.front {
-        if !front_allows(ep, dir, identity, pr, port, at.exact_only) {
-            return NO_RULE;
-        }
-        let r = policy_rule(at.lpm, ep, dir, identity, pr, port);
-        if r == NO_RULE {
-            UNKNOWN_RULE
-        } else {
-            r
-        }
+        front_rule(ep, dir, identity, pr, port, at.exact_only)
     } else {
         policy_rule(at.lpm, ep, dir, identity, pr, port)
     }

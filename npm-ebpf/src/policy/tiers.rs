@@ -5,9 +5,11 @@
 //! `NPM_POLICY` key layout with the tier bit in the direction byte). Per
 //! tier one most specific entry per peer identity (three identities) and
 //! the minimum of their ranks: constant in the number of
-//! ClusterNetworkPolicies and rules. On the front, an identity costs one
-//! probe (its summary word) when it has no word, else the summary and the
-//! port classes it names.
+//! ClusterNetworkPolicies and rules. On the front, each identity's shared
+//! summary word (its port classes in both tiers) is read once per packet
+//! for both tiers ([`tier_summaries`]); an identity then costs nothing in a
+//! tier where it has no word, else the probes of the classes its summary
+//! names, most specific first, up to the first hit.
 
 use aya_ebpf::{
     macros::map,
@@ -16,9 +18,10 @@ use aya_ebpf::{
 use npm_common::{
     policy_front_proto, sizes, tier_front_key, tier_front_pc_any_port, tier_front_pc_block, tier_front_pc_exact,
     tier_front_slot, TierValue, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY, POLICY_KEY_LEN,
-    TIER_ACTION_MASK, TIER_BASELINE, TIER_FRONT_MAX_ENDPOINT, TIER_FRONT_MAX_IDENTITY, TIER_FRONT_PC_ANY_PROTO,
-    TIER_FRONT_PC_SUMMARY, TIER_FRONT_SUM_ANY_PORT, TIER_FRONT_SUM_ANY_PROTO, TIER_FRONT_SUM_BLOCK,
-    TIER_FRONT_SUM_EXACT, TIER_FRONT_TAG_MASK, TIER_RANK_SHIFT,
+    TIER_ACTION_MASK, TIER_ADMIN, TIER_BASELINE, TIER_FRONT_MAX_ENDPOINT, TIER_FRONT_MAX_IDENTITY,
+    TIER_FRONT_PC_ANY_PROTO, TIER_FRONT_PC_SHARED_SUMMARY, TIER_FRONT_SHARED_ANY_PORT, TIER_FRONT_SHARED_ANY_PROTO,
+    TIER_FRONT_SHARED_BLOCK, TIER_FRONT_SHARED_EXACT, TIER_FRONT_SHARED_TIER_MASK, TIER_FRONT_SHARED_TIER_SHIFT,
+    TIER_RANK_SHIFT,
 };
 
 use super::lpm::write_full_key;
@@ -70,7 +73,9 @@ fn front_get(lpm: *mut u8, key: u64) -> u32 {
     }
 }
 
-/// [`front_get`] without the scratch word.
+/// [`front_get`] without the scratch word: the smallest [`slot_code`] of
+/// the bucket's four words, a hit when it is below `0xffff` (a key is in
+/// at most one slot, so the smallest is that slot's).
 #[inline(always)]
 fn front_probe(key: u64) -> u32 {
     let (bucket, tag) = tier_front_slot(key);
@@ -78,33 +83,49 @@ fn front_probe(key: u64) -> u32 {
         Some(b) => {
             let b = b.as_ptr();
             // SAFETY: four 8-aligned words of the bucket; volatile: user
-            // space stores them concurrently (whole words). A key is in at
-            // most one slot.
-            unsafe {
-                slot_hit(core::ptr::read_volatile(b), tag)
-                    & slot_hit(core::ptr::read_volatile(b.add(1)), tag)
-                    & slot_hit(core::ptr::read_volatile(b.add(2)), tag)
-                    & slot_hit(core::ptr::read_volatile(b.add(3)), tag)
+            // space stores them concurrently (whole words).
+            let m = unsafe {
+                min64(
+                    min64(
+                        slot_code(core::ptr::read_volatile(b), tag),
+                        slot_code(core::ptr::read_volatile(b.add(1)), tag),
+                    ),
+                    min64(
+                        slot_code(core::ptr::read_volatile(b.add(2)), tag),
+                        slot_code(core::ptr::read_volatile(b.add(3)), tag),
+                    ),
+                )
+            };
+            if m < 0xffff {
+                (m + 1) as u32
+            } else {
+                u32::MAX
             }
         }
         None => u32::MAX,
     }
 }
 
-/// 1 when `x` is not 0, else 0, without a branch (BPF has no conditional
-/// move or set: a comparison is a jump the verifier explores both ways).
+/// A word's 16-bit value minus one when its tag is `tag` (below `0xffff`:
+/// a word's value is never 0, its action is set), else at least `0xffff`:
+/// the word XOR the tag, rotated so that the value is the low 16 bits and
+/// the tag difference the high 48 (an empty slot, 0, gives `u64::MAX`
+/// whatever the tag). The loader stores only words whose action is set
+/// (`npm_common::tier_front_word`; adopted words without one are
+/// dropped), so this is `npm_common::tier_front_hit` minus one.
 #[inline(always)]
-fn nonzero(x: u64) -> u64 {
-    (x | x.wrapping_neg()) >> 63
+fn slot_code(word: u64, tag: u64) -> u64 {
+    (word ^ tag).rotate_left(16).wrapping_sub(1)
 }
 
-/// `npm_common::tier_front_hit` without a branch: the word's 16-bit value
-/// when its tag is `tag` and its action is set, else `u32::MAX`.
+/// The smaller of `a` and `b`.
 #[inline(always)]
-fn slot_hit(word: u64, tag: u64) -> u32 {
-    let value = word >> 48;
-    let miss = nonzero((word & TIER_FRONT_TAG_MASK) ^ tag) | (1 - nonzero(value & TIER_ACTION_MASK as u64));
-    (value | miss.wrapping_neg()) as u32
+fn min64(a: u64, b: u64) -> u64 {
+    if a < b {
+        a
+    } else {
+        b
+    }
 }
 
 /// The smaller of `a` and `b` without a branch.
@@ -114,54 +135,105 @@ fn min32(a: u32, b: u32) -> u32 {
     b ^ ((a ^ b) & (lt as u32).wrapping_neg())
 }
 
-/// [`tier_hit`] on the tier front, as 16 bits (action, rank): first the
-/// identity's summary word (`TIER_FRONT_PC_SUMMARY`; none: the identity
-/// has no word, no hit), then only the port classes it names: the exact
-/// port's word or its 64-port block's (one protocol's entries have
-/// disjoint ranges: at most one of the two exists), else the protocol's
-/// any-port word, else the any-protocol word: the same answer as the
-/// LPM's longest prefix. `0xffff` for none (a pass of the last front rank,
-/// which never decides). The specificity is put above the 16 bits and the
-/// minimum taken ([`min32`]); a class the summary does not name is a miss
-/// without its probe.
+/// The shared summaries (`npm_common::TIER_FRONT_PC_SHARED_SUMMARY`) of a
+/// packet's three peer identities: per identity, the port classes it has
+/// words of in both tiers (0: no word, or not probed), read once for the
+/// Admin and the Baseline tier ([`tier_summaries`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Summaries {
+    pod: u32,
+    cidr: u32,
+    any: u32,
+}
+
+/// The class mask of the shared summary `key` (0 when there is none),
+/// through the scratch word as [`front_get`].
 #[inline(always)]
-fn front_hit(lpm: *mut u8, ep: u32, dir: u8, tier: u8, identity: u32, pr: u8, port: u16) -> u32 {
-    let summary = front_get(lpm, tier_front_key(ep, dir, tier, identity, TIER_FRONT_PC_SUMMARY));
-    if summary == u32::MAX {
+fn summary_get(lpm: *mut u8, key: u64) -> u32 {
+    let f = front_probe(key);
+    let mask = if f == u32::MAX { 0 } else { f >> TIER_RANK_SHIFT };
+    // SAFETY: lpm is the 20-byte, 4-aligned scratch key.
+    unsafe {
+        wr32(lpm, mask);
+        core::ptr::read_volatile(lpm as *const u32)
+    }
+}
+
+/// The [`Summaries`] of the peer `ids` (pod or node identity, CIDR
+/// identity) for endpoint `ep` (flags `ep_flags`) in direction `dir`: three
+/// probes when a tier that will be consulted (the Admin tier when `admin`,
+/// the Baseline tier when `baseline`) is on the front, else none. An
+/// identity out of the key's range, or a CIDR identity of `IDENTITY_ANY`
+/// (the any facet answers for it), gets 0 without a probe.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn tier_summaries(
+    lpm: *mut u8,
+    ep: u32,
+    ep_flags: u32,
+    dir: u8,
+    ids: (u32, u32),
+    admin: bool,
+    baseline: bool,
+) -> Summaries {
+    let mut s = Summaries {
+        pod: 0,
+        cidr: 0,
+        any: 0,
+    };
+    let front = (admin && front_enabled(ep, ep_flags, dir | TIER_ADMIN))
+        || (baseline && front_enabled(ep, ep_flags, dir | TIER_BASELINE));
+    if !front {
+        return s;
+    }
+    let (identity, cidr_identity) = ids;
+    // (Plain calls, not a closure: LLVM compiles a closure into a
+    // BPF-to-BPF call.)
+    let pc = TIER_FRONT_PC_SHARED_SUMMARY;
+    if identity < TIER_FRONT_MAX_IDENTITY {
+        s.pod = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, identity, pc));
+    }
+    if cidr_identity != IDENTITY_ANY && cidr_identity < TIER_FRONT_MAX_IDENTITY {
+        s.cidr = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, cidr_identity, pc));
+    }
+    s.any = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, IDENTITY_ANY, pc));
+    s
+}
+
+/// [`tier_hit`] on the tier front, as 16 bits (action, rank), given the
+/// identity's classes in this tier (`mask`, from its shared summary: 0,
+/// the identity has no word, no hit): only the port classes it names, the
+/// most specific first, the first hit ending the search: the exact port's
+/// word, else its 64-port block's (one protocol's entries have disjoint
+/// ranges: at most one of the two exists), else the protocol's any-port
+/// word, else the any-protocol word: the same answer as the LPM's longest
+/// prefix. `0xffff` for none (a pass of the last front rank, which never
+/// decides). `code` is the packet's `policy_front_proto`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn front_hit(lpm: *mut u8, ep: u32, dir: u8, tier: u8, identity: u32, mask: u32, code: u64, port: u16) -> u32 {
+    if mask == 0 {
         return 0xffff;
     }
-    let mask = summary >> TIER_RANK_SHIFT;
-    let code = policy_front_proto(pr);
-    let mut exact = u32::MAX;
-    let mut any_port = u32::MAX;
+    let mut r = u32::MAX;
     if code != 0 {
-        let shift = (code - 1) as u32;
-        if mask & (TIER_FRONT_SUM_EXACT << shift) != 0 {
-            exact = front_get(
-                lpm,
-                tier_front_key(ep, dir, tier, identity, tier_front_pc_exact(code, port)),
-            );
+        if mask & (TIER_FRONT_SHARED_EXACT << (code - 1) as u32) != 0 {
+            let pc = tier_front_pc_exact(code, port);
+            r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc));
         }
-        if mask & (TIER_FRONT_SUM_BLOCK << shift) != 0 {
-            exact &= front_get(
-                lpm,
-                tier_front_key(ep, dir, tier, identity, tier_front_pc_block(code, port)),
-            );
+        if r == u32::MAX && mask & TIER_FRONT_SHARED_BLOCK != 0 {
+            let pc = tier_front_pc_block(code, port);
+            r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc));
         }
-        if mask & (TIER_FRONT_SUM_ANY_PORT << shift) != 0 {
-            any_port = front_get(
-                lpm,
-                tier_front_key(ep, dir, tier, identity, tier_front_pc_any_port(code)),
-            );
+        if r == u32::MAX && mask & TIER_FRONT_SHARED_ANY_PORT != 0 {
+            let pc = tier_front_pc_any_port(code);
+            r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc));
         }
     }
-    let mut any_proto = u32::MAX;
-    if mask & TIER_FRONT_SUM_ANY_PROTO != 0 {
-        any_proto = front_get(lpm, tier_front_key(ep, dir, tier, identity, TIER_FRONT_PC_ANY_PROTO));
+    if r == u32::MAX && mask & TIER_FRONT_SHARED_ANY_PROTO != 0 {
+        r = front_get(lpm, tier_front_key(ep, dir, tier, identity, TIER_FRONT_PC_ANY_PROTO));
     }
-    // A miss is u32::MAX; `|` keeps it so.
-    let specific = min32(exact, any_port | 0x1_0000);
-    min32(specific, any_proto | 0x2_0000) & 0xffff
+    r & 0xffff
 }
 
 /// Whether a tier of an endpoint (flags `ep_flags`) in direction `dir` is
@@ -187,8 +259,10 @@ fn front_enabled(ep: u32, ep_flags: u32, dir_tier: u8) -> bool {
 /// `TIER_DENY`, `TIER_PASS`) of the hit of lowest rank among the lookups of
 /// the pod identity, the CIDR identity (skipped when there is none: it
 /// could not hit) and `IDENTITY_ANY`. No hit is `TIER_PASS` (the tier does
-/// not decide).
+/// not decide). On the front, `sums` are the identities' shared summaries
+/// ([`tier_summaries`], read with this tier consulted).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn tier_action(
     lpm: *mut u8,
     ep: u32,
@@ -197,22 +271,36 @@ pub(crate) fn tier_action(
     ids: (u32, u32),
     pr: u8,
     port: u16,
+    sums: Summaries,
 ) -> u32 {
     let (identity, cidr_identity) = ids;
     if front_enabled(ep, ep_flags, dir_tier) {
         let (dir, tier) = (dir_tier & 1, dir_tier & !1);
-        // Out of the key's ranges no word can be meant (the loader never
-        // marks a tier complete with such a peer): no hit, rather than a
-        // key whose bits spill into other fields. A CIDR identity of ANY
-        // probes ANY twice: the same answer.
-        let mut best = 0xffff;
-        if identity < TIER_FRONT_MAX_IDENTITY {
-            best = front_hit(lpm, ep, dir, tier, identity, pr, port);
-        }
-        if cidr_identity < TIER_FRONT_MAX_IDENTITY {
-            best = min32(best, front_hit(lpm, ep, dir, tier, cidr_identity, pr, port));
-        }
-        best = min32(best, front_hit(lpm, ep, dir, tier, IDENTITY_ANY, pr, port));
+        // This tier's classes of each identity's shared summary. Out of
+        // the key's ranges no word can be meant (the loader never marks a
+        // tier complete with such a peer): the summary is 0, no hit,
+        // rather than a key whose bits spill into other fields.
+        let shift = if tier & TIER_BASELINE != 0 {
+            TIER_FRONT_SHARED_TIER_SHIFT
+        } else {
+            0
+        };
+        let mask = TIER_FRONT_SHARED_TIER_MASK;
+        let code = policy_front_proto(pr);
+        let mut best = front_hit(lpm, ep, dir, tier, identity, (sums.pod >> shift) & mask, code, port);
+        let c = front_hit(
+            lpm,
+            ep,
+            dir,
+            tier,
+            cidr_identity,
+            (sums.cidr >> shift) & mask,
+            code,
+            port,
+        );
+        best = min32(best, c);
+        let a = front_hit(lpm, ep, dir, tier, IDENTITY_ANY, (sums.any >> shift) & mask, code, port);
+        best = min32(best, a);
         return best & TIER_ACTION_MASK;
     }
     let mut best = tier_hit(lpm, ep, dir_tier, identity, pr, port);

@@ -4,11 +4,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::ops::Bound;
 
 use crate::compile::{
-    emit_named_egress_to, emit_rule, endpoint_record, enforced_rules, host_egress_entry, policy_selects,
+    emit_named_egress_to, emit_rule, endpoint_record, enforced_rules, host_egress_entry, policy_selects, ResolvedPeers,
 };
-use crate::compiled::{IdentityKey, PolicyEntry, RuleRef};
+use crate::compiled::{Direction, IdentityKey, PolicyEntry, RuleRef};
 use crate::model::Policy;
 use crate::ownership::PodKey;
 use crate::peers::PeerSet;
@@ -16,43 +17,71 @@ use crate::peers::PeerSet;
 use super::rules::{rule_of, RuleKey};
 use super::Compiler;
 
-/// A local endpoint: its id and the policy entries it put in the compiled
-/// policy map (entries it shares with another endpoint's rule are listed
-/// by the first one).
+/// A local endpoint: its id. Its policy entries are those of the compiled
+/// policy map keyed by that id ([`endpoint_entries`]): the map is ordered
+/// by endpoint first, so they are one range of it.
 #[derive(Clone, Debug)]
 pub(super) struct EndpointState {
     /// Endpoint id.
     pub(super) id: u32,
-    /// Its entries.
-    entries: Vec<PolicyEntry>,
 }
 
 impl EndpointState {
-    /// An endpoint of a full compile, before its entries are emitted.
+    /// An endpoint of a full compile.
     pub(super) fn new(id: u32) -> EndpointState {
-        EndpointState {
-            id,
-            entries: Vec::new(),
-        }
+        EndpointState { id }
     }
 }
 
+/// The entries of endpoint `ep` in a policy map (ordered by endpoint
+/// first): from its first possible entry up to the first of `ep + 1`.
+fn endpoint_entries(ep: u32) -> (Bound<PolicyEntry>, Bound<PolicyEntry>) {
+    let first = |endpoint: u32| PolicyEntry {
+        endpoint,
+        direction: Direction::Ingress,
+        peer: 0,
+        protocol: None,
+        ports: (0, 0),
+    };
+    (
+        Bound::Included(first(ep)),
+        match ep.checked_add(1) {
+            Some(next) => Bound::Excluded(first(next)),
+            None => Bound::Unbounded,
+        },
+    )
+}
+
+/// The entries of endpoint `ep` towards peer `peer` in direction `dir`
+/// (ordered by endpoint, direction, peer).
+fn peer_entries(ep: u32, dir: Direction, peer: u32) -> (Bound<PolicyEntry>, Bound<PolicyEntry>) {
+    let first = |peer: u32| PolicyEntry {
+        endpoint: ep,
+        direction: dir,
+        peer,
+        protocol: None,
+        ports: (0, 0),
+    };
+    (
+        Bound::Included(first(peer)),
+        match peer.checked_add(1) {
+            Some(next) => Bound::Excluded(first(next)),
+            None => Bound::Unbounded,
+        },
+    )
+}
+
+/// Removes the entries of endpoint `ep` from a policy map.
+fn remove_endpoint_entries(policy: &mut BTreeMap<PolicyEntry, u32>, ep: u32) {
+    policy.extract_if(endpoint_entries(ep), |_, _| true).for_each(drop);
+}
+
 /// Adds `new` entries to the compiled policy map; an entry already there
-/// keeps the lower rule id, a new one is also recorded in the endpoint's
-/// `owned` list.
-fn merge_entries(
-    policy: &mut BTreeMap<PolicyEntry, u32>,
-    owned: &mut Vec<PolicyEntry>,
-    new: BTreeMap<PolicyEntry, u32>,
-) {
+/// keeps the lower rule id.
+fn merge_entries(policy: &mut BTreeMap<PolicyEntry, u32>, new: BTreeMap<PolicyEntry, u32>) {
     for (e, r) in new {
-        match policy.get_mut(&e) {
-            Some(cur) => *cur = (*cur).min(r),
-            None => {
-                policy.insert(e, r);
-                owned.push(e);
-            }
-        }
+        let slot = policy.entry(e).or_insert(r);
+        *slot = (*slot).min(r);
     }
 }
 
@@ -90,6 +119,32 @@ impl Compiler {
         }
     }
 
+    /// Starts from a full compile of the snapshot (entries, endpoint
+    /// records, rule ids): takes over its resolved peer sets and records
+    /// the rules each endpoint uses, as [`Compiler::emit`] of every
+    /// endpoint would.
+    pub(super) fn adopt(&mut self, peers: ResolvedPeers) {
+        self.rules.adopt_peers(peers);
+        for pk in self.eps.keys() {
+            let Some(pod) = self.snapshot.pods.get(pk) else {
+                continue;
+            };
+            let lo = (pod.namespace.clone(), String::new());
+            let selecting = self
+                .snapshot
+                .policies
+                .range(lo..)
+                .take_while(|((ns, _), _)| *ns == pod.namespace)
+                .map(|(_, p)| p)
+                .filter(|p| policy_selects(p, pod));
+            for p in selecting {
+                for (dir, i, _) in enforced_rules(p) {
+                    self.rules.add_user(&(p.namespace.clone(), p.name.clone(), dir, i), pk);
+                }
+            }
+        }
+    }
+
     /// Re-emits the entries and endpoint records of `dirty`.
     pub(super) fn emit(&mut self, dirty: BTreeSet<PodKey>) {
         for pk in dirty {
@@ -97,9 +152,7 @@ impl Compiler {
             let old = self.eps.remove(&pk);
             self.rules.remove_user(&pk);
             if let Some(old) = &old {
-                for e in &old.entries {
-                    self.out.policy.remove(e);
-                }
+                remove_endpoint_entries(&mut self.out.policy, old.id);
                 self.out.endpoints.remove(&old.id);
             }
             let pod = self
@@ -151,14 +204,13 @@ impl Compiler {
                 let rid = self.rules.rule_id(RuleRef::HostEgress, &mut self.out.ids);
                 entries.insert(host_egress_entry(ep), rid);
             }
-            let keys: Vec<PolicyEntry> = entries.keys().copied().collect();
             self.out.policy.extend(entries);
             let identity = self.identities.of_pod(&pk);
             let mut record = endpoint_record(&pod, identity, &owned, iso_in, iso_eg);
             // Its tier entries are not re-emitted here (see `tiers`).
             Self::restore_presence(&self.out.tiers, ep, &mut record);
             self.out.endpoints.insert(ep, record);
-            self.eps.insert(pk, EndpointState { id: ep, entries: keys });
+            self.eps.insert(pk, EndpointState { id: ep });
         }
     }
 
@@ -180,12 +232,12 @@ impl Compiler {
                 continue;
             };
             for pk in &eps {
-                let (Some(ep), Some(pod)) = (self.eps.get_mut(pk), self.snapshot.pods.get(pk)) else {
+                let (Some(ep), Some(pod)) = (self.eps.get(pk), self.snapshot.pods.get(pk)) else {
                     continue;
                 };
                 let mut tmp = BTreeMap::new();
                 emit_rule(&mut tmp, ep.id, pod, dir, rule, &peers, &self.out.ids.identities, rid);
-                merge_entries(&mut self.out.policy, &mut ep.entries, tmp);
+                merge_entries(&mut self.out.policy, tmp);
             }
         }
         for pk in &eps {
@@ -200,12 +252,7 @@ impl Compiler {
             if rec.isolated_egress && self.opts.allow_host_egress {
                 // As in `emit`: the host entry is set after the rules'.
                 let rid = self.rules.rule_id(RuleRef::HostEgress, &mut self.out.ids);
-                let e = host_egress_entry(ep);
-                if self.out.policy.insert(e, rid).is_none() {
-                    if let Some(state) = self.eps.get_mut(pk) {
-                        state.entries.push(e);
-                    }
-                }
+                self.out.policy.insert(host_egress_entry(ep), rid);
             }
         }
     }
@@ -225,12 +272,12 @@ impl Compiler {
             let rule = policy.egress[rk.3].clone();
             let rid = self.rules.rule_key_id(&rk, &mut self.out.ids);
             for pk in users {
-                let Some(ep) = self.eps.get_mut(&pk) else {
+                let Some(ep) = self.eps.get(&pk) else {
                     continue;
                 };
                 let mut tmp = BTreeMap::new();
                 emit_named_egress_to(&mut tmp, ep.id, &rule, id, &key, rid);
-                merge_entries(&mut self.out.policy, &mut ep.entries, tmp);
+                merge_entries(&mut self.out.policy, tmp);
             }
         }
         let only = PeerSet {
@@ -246,7 +293,7 @@ impl Compiler {
             let rule = rule_of(&policy, &rk).expect("a matched rule");
             let rid = self.rules.rule_key_id(&rk, &mut self.out.ids);
             for pk in users {
-                let Some(ep) = self.eps.get_mut(&pk) else {
+                let Some(ep) = self.eps.get(&pk) else {
                     continue;
                 };
                 let Some(pod) = self.snapshot.pods.get(&pk) else {
@@ -254,29 +301,29 @@ impl Compiler {
                 };
                 let mut tmp = BTreeMap::new();
                 emit_rule(&mut tmp, ep.id, pod, rk.2, rule, &only, &self.out.ids.identities, rid);
-                merge_entries(&mut self.out.policy, &mut ep.entries, tmp);
+                merge_entries(&mut self.out.policy, tmp);
             }
         }
     }
 
     /// Forgets an identity: its entries go from every endpoint (patched in
-    /// place, not re-emitted).
+    /// place, not re-emitted). Only the users of the rules that can emit
+    /// entries towards it are visited (see [`super::rules::Rules::users_towards`]).
     pub(super) fn drop_identity(&mut self, id: u32) {
         if let Some(key) = self.out.ids.identities.get(&id) {
             self.tier_changes.identities.push((id, key.clone()));
         }
+        let users = self.rules.users_towards(id);
         self.identities.forget(id, &mut self.out.ids.identities);
         self.rules.drop_identity(id);
         let policy = &mut self.out.policy;
-        for ep in self.eps.values_mut() {
-            ep.entries.retain(|e| {
-                if e.peer == id {
-                    policy.remove(e);
-                    false
-                } else {
-                    true
-                }
-            });
+        for pk in users {
+            let Some(ep) = self.eps.get(&pk) else { continue };
+            for dir in [Direction::Ingress, Direction::Egress] {
+                policy
+                    .extract_if(peer_entries(ep.id, dir, id), |_, _| true)
+                    .for_each(drop);
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 //! [`PodIdentities::forget`] update it together with the indexes here.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasher, RandomState};
 
 use crate::compiled::{Compiled, IdentityKey};
 use crate::model::Snapshot;
@@ -20,8 +21,12 @@ pub(super) struct PodIdentities {
     of_pod: HashMap<PodKey, u32>,
     /// Identity -> pods having it.
     refs: HashMap<u32, usize>,
-    /// Key -> identity.
-    by_key: HashMap<IdentityKey, u32>,
+    /// Hash of a key -> the identities whose key has that hash (almost
+    /// always one): the keys themselves are in the identity table, not
+    /// copied here.
+    by_hash: HashMap<u64, Vec<u32>>,
+    /// The hasher of `by_hash`.
+    hasher: RandomState,
     /// Namespace -> identities of its pods.
     by_namespace: BTreeMap<String, BTreeSet<u32>>,
 }
@@ -31,13 +36,22 @@ impl PodIdentities {
     /// having the identity of the ipcache entry of an address it owns.
     pub(super) fn new(out: &Compiled, snapshot: &Snapshot, addresses: &Addresses) -> PodIdentities {
         let mut ids = PodIdentities {
-            of_pod: HashMap::new(),
-            refs: HashMap::new(),
-            by_key: out.ids.identities.iter().map(|(id, k)| (k.clone(), *id)).collect(),
+            of_pod: HashMap::with_capacity(snapshot.pods.len()),
+            refs: HashMap::with_capacity(out.ids.identities.len()),
+            by_hash: HashMap::with_capacity(out.ids.identities.len()),
+            hasher: RandomState::new(),
             by_namespace: BTreeMap::new(),
         };
         for (id, k) in &out.ids.identities {
-            ids.by_namespace.entry(k.namespace.clone()).or_default().insert(*id);
+            ids.by_hash.entry(ids.hasher.hash_one(k)).or_default().push(*id);
+            match ids.by_namespace.get_mut(&k.namespace) {
+                Some(set) => {
+                    set.insert(*id);
+                }
+                None => {
+                    ids.by_namespace.insert(k.namespace.clone(), [*id].into());
+                }
+            }
         }
         for (pk, pod) in &snapshot.pods {
             if let Some(ip) = addresses.owned(pk, pod).first() {
@@ -47,9 +61,14 @@ impl PodIdentities {
         ids
     }
 
-    /// The identity of key `key`, if there is one.
-    pub(super) fn get(&self, key: &IdentityKey) -> Option<u32> {
-        self.by_key.get(key).copied()
+    /// The identity of key `key` in `table` (the identity table), if
+    /// there is one.
+    pub(super) fn get(&self, key: &IdentityKey, table: &BTreeMap<u32, IdentityKey>) -> Option<u32> {
+        self.by_hash
+            .get(&self.hasher.hash_one(key))?
+            .iter()
+            .copied()
+            .find(|id| table.get(id) == Some(key))
     }
 
     /// The identity of pod `pk` (which owns an address).
@@ -85,14 +104,20 @@ impl PodIdentities {
     /// Registers the new identity `id` of `key` in `table` and here.
     pub(super) fn register(&mut self, id: u32, key: IdentityKey, table: &mut BTreeMap<u32, IdentityKey>) {
         self.by_namespace.entry(key.namespace.clone()).or_default().insert(id);
-        table.insert(id, key.clone());
-        self.by_key.insert(key, id);
+        self.by_hash.entry(self.hasher.hash_one(&key)).or_default().push(id);
+        table.insert(id, key);
     }
 
     /// Forgets identity `id` in `table` and here.
     pub(super) fn forget(&mut self, id: u32, table: &mut BTreeMap<u32, IdentityKey>) {
         if let Some(k) = table.remove(&id) {
-            self.by_key.remove(&k);
+            let h = self.hasher.hash_one(&k);
+            if let Some(ids) = self.by_hash.get_mut(&h) {
+                ids.retain(|i| *i != id);
+                if ids.is_empty() {
+                    self.by_hash.remove(&h);
+                }
+            }
             if let Some(s) = self.by_namespace.get_mut(&k.namespace) {
                 s.remove(&id);
                 if s.is_empty() {

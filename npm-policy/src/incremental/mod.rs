@@ -91,7 +91,7 @@ impl Compiler {
     /// Compiles `snapshot` (with [`crate::compile()`], keeping the ids of
     /// `prev`) and builds the caches.
     pub fn new(snapshot: Snapshot, opts: CompileOptions, prev: Option<&Compiled>) -> Compiler {
-        let out = crate::compile(&snapshot, &opts, prev);
+        let (out, peers) = crate::compile::compile_with_peers(&snapshot, &opts, prev);
         let addresses = Addresses::new(&snapshot, &opts.node_ips);
         let identities = PodIdentities::new(&out, &snapshot, &addresses);
         let node_entries = nodes::node_entries(&crate::nodes::NodeTable::new(&snapshot, &opts), &out);
@@ -112,11 +112,9 @@ impl Compiler {
             snapshot,
             out,
         };
-        // Re-emit every endpoint: fills the entry lists and peer caches
-        // (the entries are the same as compile's).
-        let all: BTreeSet<PodKey> = c.eps.keys().cloned().collect();
-        c.out.policy.clear();
-        c.emit(all);
+        // The entries are compile's; the peer caches and rule users are
+        // what re-emitting every endpoint would record.
+        c.adopt(peers);
         c.refresh_tiers();
         c
     }
@@ -218,7 +216,7 @@ impl Compiler {
                 continue;
             }
             let key = identity_key(pod, namespace_labels(&self.snapshot, &pod.namespace));
-            let id = match self.identities.get(&key) {
+            let id = match self.identities.get(&key, &self.out.ids.identities) {
                 Some(id) => id,
                 None => {
                     let id = self.out.ids.next_identity;
@@ -321,6 +319,16 @@ impl Compiler {
             .invalid_policies
             .retain(|p| !(p.namespace == key.0 && p.name == key.1));
         let existed = self.snapshot.policies.contains_key(&key);
+        // The CIDR prefixes are those of every policy's ipBlocks (and of the
+        // ClusterNetworkPolicies, which refresh them on their own changes):
+        // they can change only when the old or new version has an ipBlock.
+        let has_block = |p: &Policy| {
+            p.ingress
+                .iter()
+                .chain(&p.egress)
+                .any(|r| r.peers.iter().any(|x| matches!(x, Peer::IpBlock(_))))
+        };
+        let blocks = self.snapshot.policies.get(&key).is_some_and(has_block) || policy.as_ref().is_some_and(has_block);
         // The endpoints the old version selected (a policy without rules
         // has no rule users but isolates them).
         dirty.extend(self.selected_by(&key));
@@ -332,7 +340,7 @@ impl Compiler {
         // already); of the others only those the new version selects
         // change.
         let selected = self.selected_by(&key);
-        let prefixes_changed = match self.refresh_prefixes() {
+        let prefixes_changed = match blocks.then(|| self.refresh_prefixes()).flatten() {
             Some(users) => {
                 dirty.extend(users);
                 true

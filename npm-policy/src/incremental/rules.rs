@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ipnet::IpNet;
+use npm_common::IDENTITY_ANY;
 
 use crate::compile::named_port_numbers;
 use crate::compiled::{Compiled, Direction, IdTables, IdentityKey, RuleRef};
@@ -170,6 +171,12 @@ impl Rules {
         (!peers.is_empty()).then(|| peers.clone())
     }
 
+    /// Takes over the peer sets a full compile resolved (against the same
+    /// identities and CIDR identities).
+    pub(super) fn adopt_peers(&mut self, peers: crate::compile::ResolvedPeers) {
+        self.peers.extend(peers);
+    }
+
     /// Drops the peer sets of the resolved rules for which `pred` holds;
     /// returns the endpoints that used them (their users are forgotten).
     pub(super) fn drop_rules(&mut self, pred: impl Fn(&RuleKey) -> bool) -> BTreeSet<PodKey> {
@@ -230,6 +237,22 @@ impl Rules {
             }
         }
         (matched, any_named)
+    }
+
+    /// The endpoints whose entries can have peer `id`: the users of the
+    /// rules whose peer set holds it, and of the rules without peers
+    /// (`IDENTITY_ANY`: an egress rule with an empty `to` and a named port
+    /// has entries per destination pod identity, see `emit_rule`). No
+    /// other rule emits an entry towards a pod identity (ipBlocks give CIDR
+    /// identities).
+    pub(super) fn users_towards(&self, id: u32) -> BTreeSet<PodKey> {
+        let mut out = BTreeSet::new();
+        for (rk, set) in &self.peers {
+            if set.pods.contains(&id) || set.other.contains(&IDENTITY_ANY) {
+                out.extend(self.users.by_rule.get(rk).into_iter().flatten().cloned());
+            }
+        }
+        out
     }
 
     /// Identity `id` is gone: removed from every peer set.

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::compiled::{CompileOptions, Compiled, Tier, TierAction};
+use crate::compiled::{CompileOptions, Compiled, Tier, TierAction, TierEntry, TierValue};
 use crate::model::{ContainerPort, Namespace, Node, Peer, Pod, PodPhase, Policy, Protocol, Rule, Selector, Snapshot};
 use crate::tiers::{ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Subject};
 
@@ -207,6 +207,10 @@ fn incremental_tiers_match_full_compile() {
         }
         let mut c = Compiler::new(s.clone(), opts(), None);
         check(&c, &s, c.compiled(), &format!("seed {seed} initial"));
+        assert_eq!(c.take_tier_touched(), None, "a new compiler touched every endpoint");
+        // The compiled form at the last `take_tier_touched` (taken at two
+        // steps of three: what it names accumulates in between).
+        let mut taken = c.compiled().clone();
         for step in 0..30 {
             let before = c.compiled().clone();
             let what = rng.random_range(0..12);
@@ -295,6 +299,23 @@ fn incremental_tiers_match_full_compile() {
                 with_entries += 1;
             }
             check(&c, &s, &before, &format!("seed {seed} step {step} change {what}"));
+            if !(seed as usize + step).is_multiple_of(3) {
+                // The tier entries changed only on the endpoints named.
+                let touched = c.take_tier_touched().expect("taken before");
+                let ours = c.compiled();
+                let outside = |m: &BTreeMap<TierEntry, TierValue>| {
+                    m.iter()
+                        .filter(|(e, _)| !touched.contains(&e.endpoint))
+                        .map(|(e, v)| (*e, *v))
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(
+                    outside(&taken.tiers),
+                    outside(&ours.tiers),
+                    "seed {seed} step {step} change {what}: tier entries changed outside {touched:?}"
+                );
+                taken = ours.clone();
+            }
         }
     }
     assert!(steps >= 3000, "only {steps} steps");

@@ -11,8 +11,8 @@
 //! - a CNP created, replaced or deleted: its tier's entries, for the
 //!   endpoints its old and new subject select and the peers its old and
 //!   new rules resolve to (the old ones resolved before the change); the
-//!   same for every CNP whose ranks moved (the CNPs of its old and new
-//!   priority in its tier, see `ranked_rules`);
+//!   CNPs whose ranks moved (the CNPs of its old and new priority in its
+//!   tier, see `ranked_rules`) are re-ranked in place (below);
 //! - a pod identity that appears or goes (a pod or namespace change): the
 //!   entries of that identity, on the endpoints of every CNP with a
 //!   `namespaces`/`pods` peer matching its key (or an all-peers egress rule
@@ -23,13 +23,20 @@
 //!   prefixes (an ipBlock or `networks` change): all entries of the
 //!   endpoints of the CNPs with a `nodes` (resp. `networks`) peer.
 //!
+//! The CNPs whose ranks moved without changing themselves keep their
+//! entries, which get the new rank values (the order of their rules among
+//! every rule but the changed CNP's is the same): nothing is recomputed for
+//! them. The endpoints whose entries were recomputed or re-ranked are
+//! recorded for [`Compiler::take_tier_touched`], so a caller diffs only
+//! those endpoints' entries.
+//!
 //! The tests (`tests.rs`) compare the result with the full compile after
 //! every step of random sequences. With no CNP and no tier entry it costs
 //! nothing.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::compiled::{Direction, Endpoint, IdentityKey, Tier, TierEntry, TierPresence, TierValue};
+use crate::compiled::{Direction, Endpoint, IdentityKey, RuleRef, Tier, TierEntry, TierPresence, TierValue};
 use crate::identity::namespace_labels;
 use crate::model::{InvalidPolicy, Labels, Pod, Snapshot};
 use crate::tiers::compile::{compile_tiers_scoped, policy_peer_ids, ranked_rules, subject_selects, Scope, TierNodes};
@@ -52,6 +59,10 @@ pub(super) struct TierChanges {
     pub(super) cidrs: bool,
     /// Narrower recomputations (a CNP change).
     jobs: Vec<Job>,
+    /// The endpoint ids whose tier entries were recomputed since the last
+    /// [`Compiler::take_tier_touched`] (`None`: every one; a new compiler).
+    /// Kept across [`Compiler::refresh_tiers`].
+    touched: Option<BTreeSet<u32>>,
 }
 
 /// One recomputation: the tier entries of `endpoints` in `scope`.
@@ -168,6 +179,19 @@ fn identity_affects(policy: &ClusterPolicy, key: &IdentityKey) -> bool {
         .any(|r| rule_sees_identity(&r.peers, &r.ports, key))
 }
 
+/// The CIDRs of `policy`'s `networks` peers.
+fn networks_of(policy: &ClusterPolicy) -> BTreeSet<ipnet::IpNet> {
+    let mut out = BTreeSet::new();
+    for r in policy.ingress.iter().chain(&policy.egress) {
+        for p in &r.peers {
+            if let ClusterPeer::Networks(nets) = p {
+                out.extend(nets.iter().copied());
+            }
+        }
+    }
+    out
+}
+
 /// Is `policy` affected through its `nodes` peers (node identities) or
 /// `networks` peers (CIDR prefixes)?
 fn nodes_or_cidrs_affected(policy: &ClusterPolicy, changes: &TierChanges) -> bool {
@@ -218,6 +242,10 @@ impl Compiler {
             .collect();
         let before: Vec<(Tier, HashMap<String, Vec<u32>>)> =
             tiers.iter().map(|t| (*t, tier_ranks(&self.snapshot, *t))).collect();
+        // The CIDR prefixes are a union over every policy: they can change
+        // only when this one's `networks` do.
+        let old_networks = self.snapshot.cluster_policies.get(&name).map(networks_of);
+        let networks_changed = old_networks.unwrap_or_default() != policy.as_ref().map(networks_of).unwrap_or_default();
         self.rules.forget_cluster(&name, &mut self.out.ids);
         match policy {
             Some(p) => self.snapshot.insert_cluster_policy(p, invalid),
@@ -225,11 +253,13 @@ impl Compiler {
                 self.snapshot.remove_cluster_policy(&name);
             }
         }
-        if let Some(users) = self.refresh_prefixes() {
-            // New CIDR identities: the NetworkPolicy entries of the ipBlock
-            // rules change too.
-            let dirty = users;
-            self.emit(dirty);
+        if networks_changed {
+            if let Some(users) = self.refresh_prefixes() {
+                // New CIDR identities: the NetworkPolicy entries of the
+                // ipBlock rules change too.
+                let dirty = users;
+                self.emit(dirty);
+            }
         }
         let mut jobs: Vec<Job> = old.into_iter().collect();
         if let Some(new) = self.snapshot.cluster_policies.get(&name) {
@@ -237,20 +267,77 @@ impl Compiler {
         }
         // Every other CNP whose ranks moved (same tier, same priority as
         // the old or new version, later name; all of them should the tier
-        // fall back to dense ranks).
+        // fall back to dense ranks): the order of their rules among
+        // themselves and every rule but this CNP's is the same, so their
+        // entries stay and only carry new ranks (`rerank`); where this
+        // CNP's rules take part, its jobs recompute them.
+        let mut moved: BTreeSet<String> = BTreeSet::new();
         for (tier, old_ranks) in before {
             let new_ranks = tier_ranks(&self.snapshot, tier);
-            for (n, r) in &new_ranks {
-                if *n == name || old_ranks.get(n).is_none_or(|o| o == r) {
+            for (n, r) in new_ranks {
+                if n == name || old_ranks.get(&n).is_none_or(|o| *o == r) {
                     continue;
                 }
-                if let Some(p) = self.snapshot.cluster_policies.get(n) {
-                    jobs.push(self.cnp_job(p));
+                moved.insert(n);
+            }
+        }
+        self.rerank(&moved);
+        self.tier_changes.jobs.extend(jobs);
+        self.refresh_tiers();
+    }
+
+    /// Gives the tier entries of the (unchanged) CNPs `moved` the ranks
+    /// their rules have now: each entry whose rule is one of theirs, on the
+    /// local endpoints their subjects select (the only ones where their
+    /// rules emit entries). Valid because the new ranks keep the order of
+    /// every rule but the changed CNP's (ranks follow (priority, name,
+    /// index)), and the fold depends only on that order.
+    fn rerank(&mut self, moved: &BTreeSet<String>) {
+        if moved.is_empty() {
+            return;
+        }
+        let mut endpoints: BTreeSet<u32> = BTreeSet::new();
+        for n in moved {
+            if let Some(p) = self.snapshot.cluster_policies.get(n) {
+                endpoints.extend(self.cnp_endpoints(p));
+            }
+        }
+        let mut rank: HashMap<(Tier, Direction, &str, usize), u32> = HashMap::new();
+        for tier in [Tier::Admin, Tier::Baseline] {
+            for dir in [Direction::Ingress, Direction::Egress] {
+                for r in ranked_rules(&self.snapshot, tier, dir) {
+                    if moved.contains(&r.policy.name) {
+                        rank.insert((tier, dir, r.policy.name.as_str(), r.index), r.rank);
+                    }
                 }
             }
         }
-        self.tier_changes.jobs.extend(jobs);
-        self.refresh_tiers();
+        // Rule id -> its new rank (`None`: not a rule of `moved`).
+        let mut by_rule: HashMap<u32, Option<u32>> = HashMap::new();
+        let rules = &self.out.ids.rules;
+        for id in &endpoints {
+            let lo = first_key(*id, Direction::Ingress, Tier::Admin, 0);
+            for (e, v) in self.out.tiers.range_mut(lo..) {
+                if e.endpoint != *id {
+                    break;
+                }
+                let new = *by_rule.entry(v.rule).or_insert_with(|| match rules.get(&v.rule) {
+                    Some(RuleRef::Cluster {
+                        tier,
+                        name,
+                        direction,
+                        index,
+                    }) => rank.get(&(*tier, *direction, name.as_str(), *index)).copied(),
+                    _ => None,
+                });
+                if let Some(r) = new {
+                    v.rank = r;
+                }
+            }
+        }
+        if let Some(t) = &mut self.tier_changes.touched {
+            t.extend(endpoints);
+        }
     }
 
     /// What a change of `policy` touches: the tier entries of its tier,
@@ -289,7 +376,8 @@ impl Compiler {
     /// the last call: the entries they touch (see the module doc) are
     /// recomputed, the others stay.
     pub(super) fn refresh_tiers(&mut self) {
-        let changes = std::mem::take(&mut self.tier_changes);
+        let mut changes = std::mem::take(&mut self.tier_changes);
+        self.tier_changes.touched = changes.touched.take();
         if self.snapshot.cluster_policies.is_empty() && self.out.tiers.is_empty() {
             return;
         }
@@ -361,6 +449,9 @@ impl Compiler {
     /// entries).
     fn recompute_tiers(&mut self, job: &Job) {
         let dirty = &job.endpoints;
+        if let Some(t) = &mut self.tier_changes.touched {
+            t.extend(dirty);
+        }
         for id in dirty {
             remove_scoped(&mut self.out.tiers, *id, &job.scope);
         }
@@ -396,6 +487,15 @@ impl Compiler {
                 ep.tiers = presence_of(&self.out.tiers, *id);
             }
         }
+    }
+
+    /// The endpoint ids whose tier entries may have changed since the last
+    /// call (`None`: any; the first call on a new compiler), and starts a
+    /// new record. Every other endpoint's entries are as they were, so a
+    /// caller holding the compiled form of the last call diffs only these
+    /// ([`crate::compiled::Compiled::diff_with_tiers_of`]).
+    pub fn take_tier_touched(&mut self) -> Option<BTreeSet<u32>> {
+        self.tier_changes.touched.replace(BTreeSet::new())
     }
 
     /// Sets the tier presence of a (re-emitted) endpoint record from the

@@ -228,18 +228,48 @@ fn peer_ids<'p>(
     v
 }
 
-fn resolve<'p>(
-    rule: &'p ClusterRule,
-    groups: &Groups<'_>,
-    cidrs: &BTreeMap<IpNet, u32>,
+/// The identities of `only` that one peer stands for: [`peer_ids`]
+/// restricted to `only`, found by matching each identity of `only` against
+/// the peer instead of resolving the peer against every identity (a
+/// recompute scoped to a few peers then costs what its scope holds).
+fn peer_ids_among(
+    peer: &ClusterPeer,
+    only: &BTreeSet<u32>,
+    identities: &BTreeMap<u32, IdentityKey>,
+    cidr_of: &HashMap<u32, IpNet>,
     nodes: &TierNodes<'_>,
-    memo: &mut HashMap<&'p ClusterPeer, Vec<u32>>,
-) -> Peers {
+) -> Vec<u32> {
+    let pick = |f: &dyn Fn(u32) -> bool| only.iter().copied().filter(|id| f(*id)).collect();
+    match peer {
+        ClusterPeer::Namespaces(sel) => {
+            pick(&|id| identities.get(&id).is_some_and(|k| sel.matches(&k.namespace_labels)))
+        }
+        ClusterPeer::Pods { namespaces, pods } => pick(&|id| {
+            identities
+                .get(&id)
+                .is_some_and(|k| namespaces.matches(&k.namespace_labels) && pods.matches(&k.pod_labels))
+        }),
+        ClusterPeer::Networks(nets) => pick(&|id| {
+            cidr_of
+                .get(&id)
+                .is_some_and(|p| nets.iter().any(|n| contains_net(n, p)))
+        }),
+        ClusterPeer::Nodes(sel) => pick(&|id| {
+            nodes.identities.get(&id).is_some_and(|n| sel.matches(&n.labels))
+                || (id == npm_common::IDENTITY_HOST && nodes.local.is_some_and(|l| sel.matches(l)))
+        }),
+        ClusterPeer::All => pick(&|id| id == IDENTITY_ANY),
+    }
+}
+
+/// The peers of `rule` as identities, each peer's identities given by
+/// `ids_of`.
+fn resolve_with<'p>(rule: &'p ClusterRule, mut ids_of: impl FnMut(&'p ClusterPeer) -> Vec<u32>) -> Peers {
     let mut pods = std::collections::BTreeSet::new();
     let mut other = std::collections::BTreeSet::new();
     let mut all = false;
     for peer in &rule.peers {
-        let ids = peer_ids(peer, groups, cidrs, nodes, memo);
+        let ids = ids_of(peer);
         match peer {
             ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } => pods.extend(ids),
             // Nodes have no named ports: `other`, like CIDRs.
@@ -255,6 +285,16 @@ fn resolve<'p>(
         other: other.into_iter().collect(),
         all,
     }
+}
+
+fn resolve<'p>(
+    rule: &'p ClusterRule,
+    groups: &Groups<'_>,
+    cidrs: &BTreeMap<IpNet, u32>,
+    nodes: &TierNodes<'_>,
+    memo: &mut HashMap<&'p ClusterPeer, Vec<u32>>,
+) -> Peers {
+    resolve_with(rule, |peer| peer_ids(peer, groups, cidrs, nodes, memo))
 }
 
 /// One contribution of a rule to one (endpoint, direction, tier, peer).
@@ -500,7 +540,15 @@ pub(crate) fn compile_tiers_scoped(
             .collect();
         selected.insert(p.name.as_str(), sel);
     }
-    let groups = groups(identities);
+    // A scope of a few peers matches them against each rule's peers; a
+    // wide one (or none) resolves each peer against every identity once.
+    let direct = only.is_some_and(|o| o.len().saturating_mul(8) <= identities.len() + cidrs.len());
+    let groups = if direct { Vec::new() } else { groups(identities) };
+    let cidr_of: HashMap<u32, IpNet> = if direct {
+        cidrs.iter().map(|(net, id)| (*id, *net)).collect()
+    } else {
+        HashMap::new()
+    };
     let mut memo: HashMap<&ClusterPeer, Vec<u32>> = HashMap::new();
     let mut resolved: HashMap<&[ClusterPeer], std::rc::Rc<Peers>> = HashMap::new();
     for tier in [Tier::Admin, Tier::Baseline].into_iter().filter(|t| scope.has_tier(*t)) {
@@ -519,11 +567,34 @@ pub(crate) fn compile_tiers_scoped(
                 let peers = match resolved.get(r.rule.peers.as_slice()) {
                     Some(p) => p.clone(),
                     None => {
-                        let mut p = resolve(r.rule, &groups, cidrs, nodes, &mut memo);
-                        if let Some(o) = only {
-                            p.pods.retain(|id| o.contains(id));
-                            p.other.retain(|id| o.contains(id));
-                        }
+                        let p = match only {
+                            Some(o) if direct => {
+                                let p =
+                                    resolve_with(r.rule, |peer| peer_ids_among(peer, o, identities, &cidr_of, nodes));
+                                #[cfg(debug_assertions)]
+                                {
+                                    let mut full = resolve(
+                                        r.rule,
+                                        &crate::tiers::compile::groups(identities),
+                                        cidrs,
+                                        nodes,
+                                        &mut HashMap::new(),
+                                    );
+                                    full.pods.retain(|id| o.contains(id));
+                                    full.other.retain(|id| o.contains(id));
+                                    debug_assert_eq!((&p.pods, &p.other, p.all), (&full.pods, &full.other, full.all));
+                                }
+                                p
+                            }
+                            _ => {
+                                let mut p = resolve(r.rule, &groups, cidrs, nodes, &mut memo);
+                                if let Some(o) = only {
+                                    p.pods.retain(|id| o.contains(id));
+                                    p.other.retain(|id| o.contains(id));
+                                }
+                                p
+                            }
+                        };
                         let p = std::rc::Rc::new(p);
                         resolved.insert(r.rule.peers.as_slice(), p.clone());
                         p

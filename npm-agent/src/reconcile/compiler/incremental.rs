@@ -317,6 +317,13 @@ impl Incremental {
         self.compiler.snapshot()
     }
 
+    /// The endpoint ids whose tier entries may have changed since the last
+    /// call (`None`: any; a rebuilt compiler), see
+    /// [`Compiler::take_tier_touched`].
+    pub fn take_tier_touched(&mut self) -> Option<BTreeSet<u32>> {
+        self.compiler.take_tier_touched()
+    }
+
     /// IP conflicts of the current snapshot: addresses claimed by more than
     /// one pod (`npm_policy::ownership`, the one ownership rule), kept up to
     /// date pod by pod by the compiler.

@@ -1,0 +1,257 @@
+//! The tier front against the `NPM_TIERS` LPM on varied rule sets, through
+//! `BPF_PROG_TEST_RUN` on the real programs: seeded random sets of tier
+//! entries (both tiers, both endpoints, pod, CIDR and any peers, exact
+//! ports, ranges over 64-port blocks, any port, any protocol, now and then
+//! a range too long for the front that keeps its tier on the LPM) are
+//! applied one after the other as diffs to a dataplane reading the front
+//! and to one that never does, and every probe (each source, TCP and UDP,
+//! ports at and around every edge) must get the same verdict and reason
+//! from both. This covers the shared summaries (one word per identity for
+//! both tiers, written and shrunk by the diffs) and the first-hit order of
+//! the port classes. Needs root.
+
+use crate::ebpf_common::*;
+use npm_common::{Reason, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY, IDENTITY_FIRST_CIDR};
+use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane};
+use npm_dataplane::Dataplane;
+use npm_policy::compiled::{Compiled, Direction::Ingress as IN, Tier, TierAction, TierEntry, TierValue};
+use npm_policy::model::Protocol;
+
+const POD_B: u32 = 300;
+const POD_C: u32 = 301;
+const BLOCK: u32 = IDENTITY_FIRST_CIDR + 1;
+
+/// Endpoint 1 (isolated for ingress: its NetworkPolicy allows POD_B on TCP
+/// 80, so its Baseline tier is never consulted) and endpoint 2 (isolated
+/// by none); POD_B carries the CIDR identity BLOCK, POD_C none.
+fn base() -> Compiled {
+    let mut c = Compiled::default();
+    c.endpoints
+        .insert(1, endpoint("a", 256, Some("10.0.0.1"), None, true, false));
+    c.endpoints
+        .insert(2, endpoint("b", 257, Some("10.0.0.5"), None, false, false));
+    ip(&mut c, "10.0.0.1", 256, 0);
+    ip(&mut c, "10.0.0.5", 257, 0);
+    ip(&mut c, "10.0.0.2", POD_B, BLOCK);
+    ip(&mut c, "10.0.0.3", POD_C, 0);
+    c.cidrs.insert("10.0.0.2/32".parse().unwrap(), BLOCK);
+    allow(&mut c, 1, IN, POD_B, Some(Protocol::Tcp), (80, 80), 1);
+    c
+}
+
+/// A small deterministic generator (xorshift64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Disjoint port ranges an entry of one protocol may take: exact ports, a
+/// range with edge ports and two blocks, an aligned block, a range over
+/// three blocks with edges.
+const RANGES: [(u16, u16); 6] = [
+    (53, 53),
+    (60, 200),
+    (443, 443),
+    (1024, 1087),
+    (8000, 8100),
+    (9000, 9000),
+];
+/// A range that does not fit the front (more words than an entry may
+/// take): its endpoint's tier stays on `NPM_TIERS`.
+const LONG: (u16, u16) = (20_000, 40_000);
+
+/// A random set of tier entries over [`base`], with ranks unique per
+/// endpoint and tier (as the compiler's are per direction and tier).
+fn random_set(rng: &mut Rng) -> Compiled {
+    let mut c = base();
+    for ep in [1, 2] {
+        for tier in [Tier::Admin, Tier::Baseline] {
+            // Shuffled ranks 1..=n for this tier.
+            let mut ranks: Vec<u32> = (1..=64).collect();
+            for i in (1..ranks.len()).rev() {
+                ranks.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            let mut next_rank = ranks.into_iter();
+            let mut any = false;
+            for peer in [POD_B, POD_C, BLOCK, IDENTITY_ANY] {
+                let mut add = |c: &mut Compiled, protocol, ports, rng: &mut Rng| {
+                    let action = match rng.below(3) {
+                        0 => TierAction::Accept,
+                        1 => TierAction::Deny,
+                        _ => TierAction::Pass,
+                    };
+                    let rank = next_rank.next().expect("enough ranks");
+                    let entry = TierEntry {
+                        endpoint: ep,
+                        direction: IN,
+                        tier,
+                        peer,
+                        protocol,
+                        ports,
+                    };
+                    c.tiers.insert(
+                        entry,
+                        TierValue {
+                            action,
+                            rank,
+                            rule: 1000 + rank,
+                        },
+                    );
+                };
+                if rng.below(4) == 0 {
+                    add(&mut c, None, (0, 0), rng);
+                    any = true;
+                }
+                for protocol in [Protocol::Tcp, Protocol::Udp] {
+                    match rng.below(4) {
+                        0 => {}
+                        1 => {
+                            add(&mut c, Some(protocol), (0, u16::MAX), rng);
+                            any = true;
+                        }
+                        _ => {
+                            for r in RANGES {
+                                if rng.below(3) == 0 {
+                                    add(&mut c, Some(protocol), r, rng);
+                                    any = true;
+                                }
+                            }
+                            if rng.below(12) == 0 {
+                                add(&mut c, Some(protocol), LONG, rng);
+                                any = true;
+                            }
+                        }
+                    }
+                }
+            }
+            if any {
+                c.endpoints.get_mut(&ep).unwrap().tiers.set(tier, IN);
+            }
+        }
+    }
+    c
+}
+
+/// Ports at and around every edge of [`RANGES`] and [`LONG`].
+const PORTS: [u16; 17] = [
+    0, 53, 59, 60, 64, 127, 128, 200, 201, 443, 1024, 1087, 8000, 8100, 9000, 20_000, 40_001,
+];
+
+struct Fixture {
+    dp: EbpfDataplane,
+    a: Dummy,
+    b: Dummy,
+    _pins: PinDir,
+}
+
+fn fixture(tag: &str, switches: BenchSwitches) -> Fixture {
+    let pins = PinDir::new(tag);
+    let a = Dummy::new(&format!("{tag}a"));
+    let b = Dummy::new(&format!("{tag}b"));
+    let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
+    dp.sync_full(&base(), &ifaces(&[(1, a.ifindex), (2, b.ifindex)]))
+        .unwrap();
+    Fixture { dp, a, b, _pins: pins }
+}
+
+type Probe = (u32, &'static str, bool, u16, (i32, Option<Reason>));
+
+impl Fixture {
+    fn apply(&mut self, prev: &Compiled, next: &Compiled) {
+        let ifs = ifaces(&[(1, self.a.ifindex), (2, self.b.ifindex)]);
+        self.dp.apply(&prev.diff(next), next, &ifs).unwrap();
+    }
+
+    /// Every probe's (verdict, reason), each a new flow (source port
+    /// `sport`), nothing cached from before.
+    fn grid(&mut self, sport: u16) -> Vec<Probe> {
+        self.dp.bump_generation().unwrap();
+        let mut out = Vec::new();
+        for (ep, ifindex, dst) in [(1, self.a.ifindex, "10.0.0.1"), (2, self.b.ifindex, "10.0.0.5")] {
+            // POD_B (with its CIDR identity), POD_C, an unknown address.
+            for src in ["10.0.0.2", "10.0.0.3", "10.0.0.9"] {
+                for udp in [false, true] {
+                    for port in PORTS {
+                        let l4 = if udp {
+                            L4::Udp(sport, port)
+                        } else {
+                            L4::Tcp(sport, port, 0x02)
+                        };
+                        let got = self.dp.test_run(IN, ifindex, &v4(src, dst, l4)).unwrap();
+                        out.push((ep, src, udp, port, got));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// How many (endpoint, tier)s are on the front.
+    fn on_front(&self) -> usize {
+        let d = self.dp.dump().unwrap();
+        d.endpoints
+            .iter()
+            .map(|e| {
+                usize::from(e.flags & EP_ADMIN_FRONT_INGRESS != 0)
+                    + usize::from(e.flags & EP_BASELINE_FRONT_INGRESS != 0)
+            })
+            .sum()
+    }
+}
+
+#[test]
+fn the_tier_front_decides_as_the_lpm_does_on_random_rule_sets() {
+    sweep_leftovers();
+    let mut front = fixture("tfm", BenchSwitches::default());
+    let mut lpm = fixture(
+        "tfn",
+        BenchSwitches {
+            no_tier_front: true,
+            ..BenchSwitches::default()
+        },
+    );
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut prev = base();
+    let (mut decided, mut fronted) = (0, 0);
+    for round in 0..8u16 {
+        let next = random_set(&mut rng);
+        front.apply(&prev, &next);
+        lpm.apply(&prev, &next);
+        fronted += front.on_front();
+        let sport = 40_000 + round;
+        let (g_front, g_lpm) = (front.grid(sport), lpm.grid(sport));
+        for (f, l) in g_front.iter().zip(&g_lpm) {
+            assert_eq!(f, l, "round {round}: front vs LPM");
+        }
+        decided += g_front
+            .iter()
+            .filter(|p| {
+                matches!(
+                    p.4 .1,
+                    Some(Reason::AdminAccept | Reason::AdminDeny | Reason::BaselineAccept | Reason::BaselineDeny)
+                )
+            })
+            .count();
+        prev = next;
+    }
+    // Not trivial: the tiers decided many probes, most tiers were read
+    // from the front.
+    assert!(decided > 200, "tier-decided probes: {decided}");
+    assert!(
+        fronted > 16,
+        "(endpoint, tier)s on the front over the rounds: {fronted}"
+    );
+    // Back to no tier entry: the front empties, the packets are decided as
+    // without tiers.
+    front.apply(&prev, &base());
+    assert_eq!(front.dp.tier_front_len(), 0);
+}
