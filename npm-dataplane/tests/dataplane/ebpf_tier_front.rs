@@ -14,29 +14,20 @@ use aya::maps::{Array, Map, MapData};
 use npm_common::{
     maps, tier_front_is_summary, tier_front_key, tier_front_key_of, tier_front_pc_exact, tier_front_pc_of,
     tier_front_shared_summary_key, tier_front_slot, tier_front_summary_key, Reason, DIR_INGRESS,
-    EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY, IDENTITY_FIRST_CIDR, TIER_ADMIN,
-    TIER_FRONT_MAX_RANK,
+    EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY, TIER_ADMIN, TIER_FRONT_MAX_RANK,
 };
 use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction::Ingress as IN, Tier, TierAction, TierAction::*, TierEntry, TierValue};
 use npm_policy::model::Protocol::{self, Tcp, Udp};
 
-const POD_B: u32 = 300;
-const POD_C: u32 = 301;
-const BLOCK: u32 = IDENTITY_FIRST_CIDR + 1;
+const POD_B: u32 = TIER_POD_B;
+const POD_C: u32 = TIER_POD_C;
+const BLOCK: u32 = TIER_BLOCK;
 
+/// [`tier_fixture`] with endpoint 1 isolated both ways.
 fn base() -> Compiled {
-    let mut c = Compiled::default();
-    c.endpoints
-        .insert(1, endpoint("a", 256, Some("10.0.0.1"), None, true, true));
-    c.endpoints
-        .insert(2, endpoint("b", 257, Some("10.0.0.5"), None, false, false));
-    ip(&mut c, "10.0.0.1", 256, 0);
-    ip(&mut c, "10.0.0.5", 257, 0);
-    ip(&mut c, "10.0.0.2", POD_B, BLOCK);
-    ip(&mut c, "10.0.0.3", POD_C, 0);
-    c.cidrs.insert("10.0.0.2/32".parse().unwrap(), BLOCK);
+    let mut c = tier_fixture(true);
     // Endpoint 1's NetworkPolicy allows POD_B on TCP 80.
     allow(&mut c, 1, IN, POD_B, Some(Tcp), (80, 80), 1);
     c

@@ -11,30 +11,21 @@
 //! the port classes. Needs root.
 
 use crate::ebpf_common::*;
-use npm_common::{Reason, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY, IDENTITY_FIRST_CIDR};
+use npm_common::{Reason, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY};
 use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane};
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction::Ingress as IN, Tier, TierAction, TierEntry, TierValue};
 use npm_policy::model::Protocol;
 
-const POD_B: u32 = 300;
-const POD_C: u32 = 301;
-const BLOCK: u32 = IDENTITY_FIRST_CIDR + 1;
+const POD_B: u32 = TIER_POD_B;
+const POD_C: u32 = TIER_POD_C;
+const BLOCK: u32 = TIER_BLOCK;
 
-/// Endpoint 1 (isolated for ingress: its NetworkPolicy allows POD_B on TCP
-/// 80, so its Baseline tier is never consulted) and endpoint 2 (isolated
-/// by none); POD_B carries the CIDR identity BLOCK, POD_C none.
+/// [`tier_fixture`]: endpoint 1 (isolated for ingress: its NetworkPolicy
+/// allows POD_B on TCP 80, so its Baseline tier is never consulted) and
+/// endpoint 2 (isolated by none).
 fn base() -> Compiled {
-    let mut c = Compiled::default();
-    c.endpoints
-        .insert(1, endpoint("a", 256, Some("10.0.0.1"), None, true, false));
-    c.endpoints
-        .insert(2, endpoint("b", 257, Some("10.0.0.5"), None, false, false));
-    ip(&mut c, "10.0.0.1", 256, 0);
-    ip(&mut c, "10.0.0.5", 257, 0);
-    ip(&mut c, "10.0.0.2", POD_B, BLOCK);
-    ip(&mut c, "10.0.0.3", POD_C, 0);
-    c.cidrs.insert("10.0.0.2/32".parse().unwrap(), BLOCK);
+    let mut c = tier_fixture(false);
     allow(&mut c, 1, IN, POD_B, Some(Protocol::Tcp), (80, 80), 1);
     c
 }

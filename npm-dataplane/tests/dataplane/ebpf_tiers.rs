@@ -11,7 +11,7 @@ use aya::maps::lpm_trie::LpmTrie;
 use aya::maps::{Map, MapData};
 use npm_common::{
     maps, Reason, TierValue as KernelTierValue, EP_ADMIN_EGRESS, EP_ADMIN_INGRESS, EP_BASELINE_INGRESS, IDENTITY_ANY,
-    IDENTITY_FIRST_CIDR, IDENTITY_HOST, POLICY_KEY_LEN, TIER_ACCEPT, TIER_DENY,
+    IDENTITY_HOST, POLICY_KEY_LEN, TIER_ACCEPT, TIER_DENY,
 };
 use npm_dataplane::ebpf::{EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
 use npm_dataplane::Dataplane;
@@ -20,28 +20,15 @@ use npm_policy::compiled::{
 };
 use npm_policy::model::Protocol::{self, Tcp, Udp};
 
-/// Pod identity of 10.0.0.2 (which also has the CIDR identity `BLOCK`).
-const POD_B: u32 = 300;
-/// Pod identity of 10.0.0.3 (no CIDR identity).
-const POD_C: u32 = 301;
-/// CIDR identity of 10.0.0.2.
-const BLOCK: u32 = IDENTITY_FIRST_CIDR + 1;
+const POD_B: u32 = TIER_POD_B;
+const POD_C: u32 = TIER_POD_C;
+const BLOCK: u32 = TIER_BLOCK;
 
-/// Endpoint 1 (10.0.0.1, NP-isolated both ways) and endpoint 2 (10.0.0.5,
-/// isolated by no NetworkPolicy); peers 10.0.0.2 (POD_B, CIDR BLOCK),
-/// 10.0.0.3 (POD_C), the node 10.0.0.9 (IDENTITY_HOST). No tier entry yet.
+/// [`tier_fixture`] with endpoint 1 isolated both ways, and the node
+/// 10.0.0.9 (IDENTITY_HOST). No tier entry yet.
 fn base() -> Compiled {
-    let mut c = Compiled::default();
-    c.endpoints
-        .insert(1, endpoint("a", 256, Some("10.0.0.1"), None, true, true));
-    c.endpoints
-        .insert(2, endpoint("b", 257, Some("10.0.0.5"), None, false, false));
-    ip(&mut c, "10.0.0.1", 256, 0);
-    ip(&mut c, "10.0.0.5", 257, 0);
-    ip(&mut c, "10.0.0.2", POD_B, BLOCK);
-    ip(&mut c, "10.0.0.3", POD_C, 0);
+    let mut c = tier_fixture(true);
     ip(&mut c, "10.0.0.9", IDENTITY_HOST, 0);
-    c.cidrs.insert("10.0.0.2/32".parse().unwrap(), BLOCK);
     c
 }
 

@@ -245,47 +245,42 @@ pub fn sctp_packet(h: &SctpHeader) -> Vec<u8> {
     p
 }
 
-/// Sends a raw SCTP packet to `dst` on a raw socket.
-pub fn send_raw(fd: RawFd, dst: IpAddr, pkt: &[u8]) -> std::io::Result<()> {
-    let rc = match dst {
+/// `addr` as a socket address (port 0) for `sendto`/`bind`, with its length.
+fn sockaddr_of(addr: IpAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data, large enough for both.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
         IpAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: 0,
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: valid buffer and sockaddr of the stated size.
-            unsafe {
-                libc::sendto(
-                    fd,
-                    pkt.as_ptr().cast(),
-                    pkt.len(),
-                    0,
-                    (&sin as *const libc::sockaddr_in).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            }
+            // SAFETY: sockaddr_storage holds a sockaddr_in.
+            let sin: &mut libc::sockaddr_in = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage).cast() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_addr.s_addr = u32::from_ne_bytes(a.octets());
+            std::mem::size_of::<libc::sockaddr_in>()
         }
         IpAddr::V6(a) => {
-            // SAFETY: sockaddr_in6 is plain data.
-            let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            // SAFETY: sockaddr_storage holds a sockaddr_in6.
+            let sin6: &mut libc::sockaddr_in6 = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage).cast() };
             sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
             sin6.sin6_addr.s6_addr = a.octets();
-            // SAFETY: valid buffer and sockaddr of the stated size.
-            unsafe {
-                libc::sendto(
-                    fd,
-                    pkt.as_ptr().cast(),
-                    pkt.len(),
-                    0,
-                    (&sin6 as *const libc::sockaddr_in6).cast(),
-                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            }
+            std::mem::size_of::<libc::sockaddr_in6>()
         }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// Sends a raw SCTP packet to `dst` on a raw socket.
+pub fn send_raw(fd: RawFd, dst: IpAddr, pkt: &[u8]) -> std::io::Result<()> {
+    let (sa, len) = sockaddr_of(dst);
+    // SAFETY: valid buffer and sockaddr of the stated size.
+    let rc = unsafe {
+        libc::sendto(
+            fd,
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            (&sa as *const libc::sockaddr_storage).cast(),
+            len,
+        )
     };
     if rc < 0 {
         Err(std::io::Error::last_os_error())
@@ -378,41 +373,9 @@ fn recv_raw(fd: RawFd, v6: bool, buf: &mut [u8]) -> Option<(usize, IpAddr, Optio
 fn send_raw_from(from: IpAddr, to: IpAddr, pkt: &[u8]) -> std::io::Result<()> {
     let family = if from.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
     let fd = raw_socket(family)?;
-    let rc = match from {
-        IpAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: 0,
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: a valid sockaddr of the stated size.
-            unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    (&sin as *const libc::sockaddr_in).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            }
-        }
-        IpAddr::V6(a) => {
-            // SAFETY: sockaddr_in6 is plain data.
-            let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            sin6.sin6_addr.s6_addr = a.octets();
-            // SAFETY: a valid sockaddr of the stated size.
-            unsafe {
-                libc::bind(
-                    fd.as_raw_fd(),
-                    (&sin6 as *const libc::sockaddr_in6).cast(),
-                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            }
-        }
-    };
-    if rc < 0 {
+    let (sa, len) = sockaddr_of(from);
+    // SAFETY: a valid sockaddr of the stated size.
+    if unsafe { libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_storage).cast(), len) } < 0 {
         return Err(std::io::Error::last_os_error());
     }
     send_raw(fd.as_raw_fd(), to, pkt)

@@ -415,6 +415,33 @@ pub fn allow(
     );
 }
 
+/// The tier tests' pod identity of 10.0.0.2 (which also has the CIDR
+/// identity [`TIER_BLOCK`]).
+pub const TIER_POD_B: u32 = 300;
+/// The tier tests' pod identity of 10.0.0.3 (no CIDR identity).
+pub const TIER_POD_C: u32 = 301;
+/// The tier tests' CIDR identity of 10.0.0.2 (`10.0.0.2/32`).
+pub const TIER_BLOCK: u32 = npm_common::IDENTITY_FIRST_CIDR + 1;
+
+/// The tier tests' base state: endpoint 1 (10.0.0.1, identity 256,
+/// isolated for ingress, and for egress when `egress_isolated`) and
+/// endpoint 2 (10.0.0.5, 257, isolated by no NetworkPolicy); peers
+/// 10.0.0.2 ([`TIER_POD_B`], CIDR [`TIER_BLOCK`]) and 10.0.0.3
+/// ([`TIER_POD_C`]). No policy or tier entry.
+pub fn tier_fixture(egress_isolated: bool) -> Compiled {
+    let mut c = Compiled::default();
+    c.endpoints
+        .insert(1, endpoint("a", 256, Some("10.0.0.1"), None, true, egress_isolated));
+    c.endpoints
+        .insert(2, endpoint("b", 257, Some("10.0.0.5"), None, false, false));
+    ip(&mut c, "10.0.0.1", 256, 0);
+    ip(&mut c, "10.0.0.5", 257, 0);
+    ip(&mut c, "10.0.0.2", TIER_POD_B, TIER_BLOCK);
+    ip(&mut c, "10.0.0.3", TIER_POD_C, 0);
+    c.cidrs.insert("10.0.0.2/32".parse().unwrap(), TIER_BLOCK);
+    c
+}
+
 /// Interfaces map of one endpoint.
 pub fn ifaces(pairs: &[(u32, u32)]) -> BTreeMap<u32, u32> {
     pairs.iter().copied().collect()
