@@ -490,6 +490,7 @@ async fn main() -> anyhow::Result<()> {
                 node_name: "node-a".into(),
                 node_ips: Vec::new(),
                 allow_host_egress: false,
+                report_new: false,
             },
             ..SyncConfig::default()
         },

@@ -379,6 +379,7 @@ impl RunArgs {
                     node_name: self.node_name.clone(),
                     node_ips,
                     allow_host_egress: self.allow_host_egress,
+                    report_new: self.flow_logs_allow,
                 },
                 debounce: Duration::from_millis(self.debounce_ms),
                 mass_delete_threshold: self.mass_delete_threshold,
@@ -393,5 +394,29 @@ impl RunArgs {
             metrics_addr: Some(self.metrics_addr),
             cni: (!self.cni_socket.as_os_str().is_empty()).then(|| CniConfig::new(self.cni_socket.clone())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn run_args(extra: &[&str]) -> RunArgs {
+        let mut argv = vec!["npm-agent", "run", "--node-name", "n1"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).expect("parse").command {
+            Command::Run(a) => a,
+            _ => panic!("not run"),
+        }
+    }
+
+    #[test]
+    fn flow_logs_allow_is_a_compile_option() {
+        let on = run_args(&["--flow-logs-allow"]).agent_config(vec![]);
+        assert!(on.sync.flow_logs_allow && on.sync.compile.report_new);
+        let off = run_args(&[]).agent_config(vec![]);
+        assert!(!off.sync.flow_logs_allow && !off.sync.compile.report_new);
     }
 }

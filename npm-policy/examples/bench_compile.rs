@@ -275,6 +275,7 @@ fn main() {
         node_name: "node-0".into(),
         node_ips: vec!["192.168.0.10".parse().unwrap()],
         allow_host_egress: false,
+        report_new: false,
     };
 
     let t = Instant::now();

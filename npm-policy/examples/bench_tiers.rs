@@ -148,6 +148,7 @@ fn main() {
         node_name: "node-0".into(),
         node_ips: vec!["192.168.0.1".parse().unwrap()],
         allow_host_egress: false,
+        report_new: false,
     };
     let t = Instant::now();
     let c = npm_policy::compile(&s, &opts, None);

@@ -91,6 +91,7 @@ fn main() {
         node_name: "node-a".into(),
         node_ips: vec![],
         allow_host_egress: false,
+        report_new: false,
     };
     let t = Instant::now();
     let full = npm_policy::compile(&s, &opts, None);

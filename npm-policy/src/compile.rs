@@ -290,7 +290,8 @@ pub(crate) fn host_egress_entry(endpoint: u32) -> PolicyEntry {
 }
 
 /// The endpoint record of local pod `pod` with identity `identity`, owning
-/// the addresses `ips`.
+/// the addresses `ips` (`report_new` false: the caller sets it from
+/// [`CompileOptions::report_new`]).
 pub(crate) fn endpoint_record(
     pod: &Pod,
     identity: u32,
@@ -479,7 +480,9 @@ pub(crate) fn compile_with_peers(
             let rid = alloc.rule(&RuleRef::HostEgress);
             policy.insert(host_egress_entry(ep), rid);
         }
-        endpoints.insert(ep, endpoint_record(pod, pod_identity[&key], ips, iso_in, iso_eg));
+        let mut record = endpoint_record(pod, pod_identity[&key], ips, iso_in, iso_eg);
+        record.report_new = opts.report_new;
+        endpoints.insert(ep, record);
         locals.push((ep, pod));
     }
     // ClusterNetworkPolicy tiers (see `tiers::compile`).

@@ -51,6 +51,12 @@ pub struct CompileOptions {
     /// Whether an egress-isolated pod may still reach its own node (the
     /// specification is ambiguous; default: no, policy governs it).
     pub allow_host_egress: bool,
+    /// Every local endpoint reports its allowed new connections
+    /// ([`Endpoint::report_new`]; the agent's `--flow-logs-allow`). Off,
+    /// the compiler leaves `report_new` false and the agent sets it per
+    /// endpoint where audit mode wants it.
+    #[serde(default)]
+    pub report_new: bool,
 }
 
 /// What a pod identity stands for: pods with equal keys share the identity.

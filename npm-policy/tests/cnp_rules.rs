@@ -35,6 +35,7 @@ fn opts() -> CompileOptions {
         node_name: "node".into(),
         node_ips: vec![NODE_IP.parse().unwrap()],
         allow_host_egress: false,
+        report_new: false,
     }
 }
 

@@ -241,6 +241,7 @@ fn snapshot(rng: &mut StdRng) -> (Snapshot, CompileOptions) {
             node_name: "node".into(),
             node_ips,
             allow_host_egress: rng.random_bool(0.5),
+            report_new: false,
         },
     )
 }

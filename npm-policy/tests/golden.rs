@@ -25,6 +25,7 @@ fn golden() {
             node_name: "npm-node".into(),
             node_ips: vec!["192.168.0.10".parse().unwrap()],
             allow_host_egress: true,
+            report_new: false,
         };
         let c = npm_policy::compile(&snap, &opts, None);
         let got = c.render_table();

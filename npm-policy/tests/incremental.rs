@@ -383,3 +383,34 @@ fn ip_ownership_tie_on_uid_is_the_same_incrementally() {
         assert_eq!(owner(c.compiled()), "p1", "order {order:?}");
     }
 }
+
+#[test]
+fn report_new_option_flags_every_endpoint_in_the_full_and_incremental_compile() {
+    let m = model();
+    let on = CompileOptions {
+        report_new: true,
+        ..opts()
+    };
+    let full = npm_policy::compile(&m.snapshot, &on, None);
+    assert!(!full.endpoints.is_empty());
+    assert!(full.endpoints.values().all(|e| e.report_new));
+    let off = npm_policy::compile(&m.snapshot, &opts(), None);
+    assert!(off.endpoints.values().all(|e| !e.report_new));
+    // The incremental compiler keeps the flag on endpoints it re-emits
+    // (a label change) and on new ones (a new local pod).
+    let mut inc = npm_policy::incremental::Compiler::new(m.snapshot.clone(), on.clone(), None);
+    let mut c = m.snapshot.pods[&("x".to_string(), "c".to_string())].clone();
+    c.labels = sel(&[("pod", "b")]).match_labels;
+    inc.upsert_pod(c.clone());
+    let mut d = c;
+    d.name = "d".into();
+    d.uid = "uid-x-d".into();
+    d.ips = vec!["10.0.9.9".parse().unwrap()];
+    inc.upsert_pod(d);
+    assert!(inc.compiled().endpoints.len() > full.endpoints.len());
+    assert!(inc.compiled().endpoints.values().all(|e| e.report_new));
+    assert_eq!(
+        inc.compiled(),
+        &npm_policy::compile(inc.snapshot(), &on, Some(inc.compiled()))
+    );
+}

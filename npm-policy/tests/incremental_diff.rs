@@ -331,6 +331,7 @@ fn compiler_matches_reference() {
         node_name: "node".into(),
         node_ips: vec!["10.0.0.9".parse().unwrap()],
         allow_host_egress: true,
+        report_new: false,
     };
     let mut changes = 0;
     // Steps whose tables hold entries of an egress rule with an empty `to`

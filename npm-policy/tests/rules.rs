@@ -120,6 +120,7 @@ fn run(case: &Case) {
         node_name: "npm-node".into(),
         node_ips: vec![NODE_IP.parse().unwrap()],
         allow_host_egress: case.allow_host_egress,
+        report_new: false,
     };
     let c = npm_policy::compile(&m.snapshot, &opts, None);
     for (i, (from, to, proto, port, want)) in case.flows.iter().enumerate() {

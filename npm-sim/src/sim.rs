@@ -180,6 +180,7 @@ pub fn sim_options() -> CompileOptions {
         node_name: SIM_NODE.to_string(),
         node_ips: vec![],
         allow_host_egress: false,
+        report_new: false,
     }
 }
 

@@ -3,11 +3,15 @@
 //! the datapath's `EP_REPORT_NEW`: an allow event for the first packet of
 //! each new tracked flow, eBPF ring buffer or nftables NFLOG).
 //!
-//! The compiler leaves `report_new` false; the sync loop calls
-//! [`apply_report_new`] on the state it is about to program (after the
-//! compile and the interface filter, before the diff against what is
-//! programmed), so a flag change is an ordinary endpoint update of the
-//! diff, and the incremental compile and its cross-check never see it.
+//! With `--flow-logs-allow` the compiler itself sets `report_new` on every
+//! endpoint (`CompileOptions::report_new`, set from the flag in
+//! `cli.rs`), so the compiled state already is what is programmed and the
+//! sync loop copies nothing. For audit mode the compiler leaves it false;
+//! the sync loop calls [`apply_report_new`] on the state it is about to
+//! program (after the compile and the interface filter, before the diff
+//! against what is programmed) only when [`report_new_differs`], so a flag
+//! change is an ordinary endpoint update of the diff, and the incremental
+//! compile and its cross-check never see it.
 //!
 //! Conditions, OR-ed, in [`wants_report_new`]:
 //! - `--flow-logs-allow` ([`SyncConfig::flow_logs_allow`]): every local

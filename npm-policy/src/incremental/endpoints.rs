@@ -207,6 +207,7 @@ impl Compiler {
             self.out.policy.extend(entries);
             let identity = self.identities.of_pod(&pk);
             let mut record = endpoint_record(&pod, identity, &owned, iso_in, iso_eg);
+            record.report_new = self.opts.report_new;
             // Its tier entries are not re-emitted here (see `tiers`).
             Self::restore_presence(&self.out.tiers, ep, &mut record);
             self.out.endpoints.insert(ep, record);

@@ -35,6 +35,7 @@ fn opts() -> CompileOptions {
         node_name: "node".into(),
         node_ips: vec!["10.0.0.250".parse().unwrap()],
         allow_host_egress: true,
+        report_new: false,
     }
 }
 

@@ -126,6 +126,7 @@ impl Model {
             node_name: MODEL_NODE.to_string(),
             node_ips: vec![],
             allow_host_egress: false,
+            report_new: false,
         }
     }
 

@@ -81,6 +81,7 @@ fn opts() -> CompileOptions {
         node_name: "node-a".into(),
         node_ips: Vec::new(),
         allow_host_egress: false,
+        report_new: false,
     }
 }
 

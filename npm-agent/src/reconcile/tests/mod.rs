@@ -108,6 +108,7 @@ fn node_a_config() -> SyncConfig {
             node_name: "node-a".into(),
             node_ips: Vec::new(),
             allow_host_egress: false,
+            report_new: false,
         },
         ..SyncConfig::default()
     }

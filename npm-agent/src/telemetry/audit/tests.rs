@@ -66,6 +66,7 @@ fn opts() -> CompileOptions {
         node_name: "node".into(),
         node_ips: vec!["10.9.9.9".parse().unwrap()],
         allow_host_egress: false,
+        report_new: false,
     }
 }
 

@@ -171,6 +171,7 @@ fn names_pod_peer_and_isolating_policies() {
         node_name: "node-a".into(),
         node_ips: vec!["10.0.0.1".parse().unwrap()],
         allow_host_egress: false,
+        report_new: false,
     };
     let compiled = npm_policy::compile(&s, &opts, None);
     let b = *compiled.ids.endpoints.get("uid-b").expect("endpoint of b");

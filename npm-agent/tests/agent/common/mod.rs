@@ -225,6 +225,7 @@ pub fn agent_config(page_size: u32) -> AgentConfig {
                 node_name: "node-a".into(),
                 node_ips: Vec::new(),
                 allow_host_egress: false,
+                report_new: false,
             },
             debounce: Duration::from_millis(50),
             page_size,
