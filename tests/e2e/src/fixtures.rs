@@ -1,12 +1,15 @@
 //! Small helpers the live-agent tests (`tests/*.rs`) share: the agent
-//! binary they start, a TCP probe between two pods of a live cluster, and
-//! the one-policy setup several of them start from.
+//! binary they start, a live runner that has run a setup case, the probe
+//! settings and the wait until a policy is enforced, a TCP probe between
+//! two pods of a live cluster, and the one-policy setup several of them
+//! start from.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use crate::probe::{Probe, Proto};
-use crate::runner::LiveRunner;
+use crate::probe::{probe_all, Probe, ProbeConfig, Proto};
+use crate::runner::{parse_text, Engine, LiveRunner, Options};
 
 /// The `npm-agent` binary a live test starts: `NPM_AGENT_BIN`, else the
 /// workspace's debug build (a clear panic when it was not built).
@@ -16,6 +19,44 @@ pub fn agent_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/npm-agent"));
     assert!(p.exists(), "{} missing: cargo build --bin npm-agent", p.display());
     p
+}
+
+/// A live runner on `engine` (the agent of [`agent_bin`] with the extra
+/// flags `agent_args`, a probe deadline of 10 s) that has run the one-step
+/// case `setup` (panics if the case fails).
+pub fn start_with_setup(engine: Engine, agent_args: &[&str], setup: &str) -> LiveRunner {
+    let mut r = LiveRunner::start(Options {
+        engine,
+        agent_bin: agent_bin(),
+        deadline: Duration::from_secs(10),
+        agent_args: agent_args.iter().map(|a| a.to_string()).collect(),
+        ..Options::default()
+    })
+    .expect("start the live runner");
+    let case = parse_text(setup).expect("setup case").remove(0);
+    let (passed, report) = r.run_case(&case);
+    assert!(passed, "setup: {report}");
+    r
+}
+
+/// The probe settings of the live tests: 500 ms an attempt, `threads`
+/// probe threads.
+pub fn probe_config(r: &LiveRunner, threads: usize) -> ProbeConfig {
+    ProbeConfig {
+        timeout: Duration::from_millis(500),
+        threads,
+        sctp_log: r.cluster().sctp_log(),
+    }
+}
+
+/// Probes every 200 ms until each of `allowed` connects and none of
+/// `denied` does; panics with `what` after 15 s.
+pub fn wait_enforced(what: &str, cfg: &ProbeConfig, allowed: &[Probe], denied: &[Probe]) {
+    let until = Instant::now() + Duration::from_secs(15);
+    while !(probe_all(allowed, cfg).iter().all(|ok| *ok) && probe_all(denied, cfg).iter().all(|ok| !ok)) {
+        assert!(Instant::now() < until, "{what}: the policy was never enforced");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// A TCP probe from pod `from` (`NS/POD`) to pod `to`'s IPv4 address on

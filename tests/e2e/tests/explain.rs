@@ -16,11 +16,11 @@
 //! (`NPM_EBPF_OBJECT`, as `cargo xtask test` sets it).
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use npm_e2e::fixtures::{agent_bin, tcp_probe as probe, ALLOW_XA_80};
-use npm_e2e::probe::{probe_all, ProbeConfig};
-use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
+use npm_e2e::fixtures::{agent_bin, probe_config, start_with_setup, tcp_probe as probe, wait_enforced, ALLOW_XA_80};
+use npm_e2e::probe::probe_all;
+use npm_e2e::runner::{Engine, LiveRunner};
 use serde_json::Value;
 
 /// `npm-agent explain --json` from `from` to `to` on TCP `port`.
@@ -83,29 +83,12 @@ fn ingress(v: &Value) -> &Value {
 
 fn run(engine: Engine) {
     let t0 = Instant::now();
-    let mut r = LiveRunner::start(Options {
-        engine,
-        agent_bin: agent_bin(),
-        deadline: Duration::from_secs(10),
-        ..Options::default()
-    })
-    .expect("start the live runner");
-    let setup = parse_text(ALLOW_XA_80).unwrap().remove(0);
-    let (passed, report) = r.run_case(&setup);
-    assert!(passed, "setup: {report}");
-    let cfg = ProbeConfig {
-        timeout: Duration::from_millis(500),
-        threads: 2,
-        sctp_log: r.cluster().sctp_log(),
-    };
+    let r = start_with_setup(engine, &[], ALLOW_XA_80);
+    let cfg = probe_config(&r, 2);
     let allowed = [probe(&r, "x/a", "y/b", 80)];
     let denied = [probe(&r, "x/a", "y/b", 81), probe(&r, "z/c", "y/b", 80)];
     // Enforced: 80 connects, 81 and z/c do not.
-    let until = Instant::now() + Duration::from_secs(15);
-    while !(probe_all(&allowed, &cfg)[0] && probe_all(&denied, &cfg).iter().all(|ok| !ok)) {
-        assert!(Instant::now() < until, "{engine:?}: the policy was never enforced");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_enforced(&format!("{engine:?}"), &cfg, &allowed, &denied);
     let before = (engine == Engine::Ebpf).then(|| inspect(&r));
 
     let allow = explain_json(&r, "x/a", "y/b", 80);
@@ -296,27 +279,10 @@ fn tamper_ingress_isolation(pin_dir: &std::path::Path, ifindex: u32, isolated: b
 fn explain_forced_mismatch_ebpf() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let t0 = Instant::now();
-    let mut r = LiveRunner::start(Options {
-        engine: Engine::Ebpf,
-        agent_bin: agent_bin(),
-        deadline: Duration::from_secs(10),
-        ..Options::default()
-    })
-    .expect("start the live runner");
-    let setup = parse_text(ALLOW_XA_80).unwrap().remove(0);
-    let (passed, report) = r.run_case(&setup);
-    assert!(passed, "setup: {report}");
-    let cfg = ProbeConfig {
-        timeout: Duration::from_millis(500),
-        threads: 1,
-        sctp_log: r.cluster().sctp_log(),
-    };
+    let r = start_with_setup(Engine::Ebpf, &[], ALLOW_XA_80);
+    let cfg = probe_config(&r, 1);
     let denied = [probe(&r, "x/a", "y/b", 81)];
-    let until = Instant::now() + Duration::from_secs(15);
-    while probe_all(&denied, &cfg)[0] {
-        assert!(Instant::now() < until, "the policy was never enforced");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_enforced("ebpf", &cfg, &[], &denied);
     let agreed = explain_json(&r, "x/a", "y/b", 81);
     assert_eq!(agreed["mismatch"], Value::Null, "{agreed}");
     let ifindex = ingress(&agreed)["kernel"]["ifindex"].as_u64().expect("y/b's ifindex") as u32;

@@ -14,9 +14,9 @@
 
 use std::time::{Duration, Instant};
 
-use npm_e2e::fixtures::{agent_bin, tcp_probe as probe, ALLOW_XA_80};
-use npm_e2e::probe::{probe_all, ProbeConfig};
-use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
+use npm_e2e::fixtures::{probe_config, start_with_setup, tcp_probe as probe, ALLOW_XA_80};
+use npm_e2e::probe::probe_all;
+use npm_e2e::runner::{Engine, LiveRunner};
 use serde_json::Value;
 
 /// The flow log lines of the agent's stdout (its log file holds stdout
@@ -51,22 +51,12 @@ fn into_b(v: &Value, verdict: &str, reason: &str, port: u16) -> bool {
 
 fn run(engine: Engine) {
     let t0 = Instant::now();
-    let mut r = LiveRunner::start(Options {
+    let r = start_with_setup(
         engine,
-        agent_bin: agent_bin(),
-        deadline: Duration::from_secs(10),
-        agent_args: vec!["--flow-logs-per-sec".into(), "100".into(), "--flow-logs-allow".into()],
-        ..Options::default()
-    })
-    .expect("start the live runner");
-    let setup = parse_text(ALLOW_XA_80).unwrap().remove(0);
-    let (passed, report) = r.run_case(&setup);
-    assert!(passed, "setup: {report}");
-    let cfg = ProbeConfig {
-        timeout: Duration::from_millis(500),
-        threads: 2,
-        sctp_log: r.cluster().sctp_log(),
-    };
+        &["--flow-logs-per-sec", "100", "--flow-logs-allow"],
+        ALLOW_XA_80,
+    );
+    let cfg = probe_config(&r, 2);
     let allowed = [probe(&r, "x/a", "y/b", 80)];
     let denied = [probe(&r, "x/a", "y/b", 81)];
     // Probe until both lines are on stdout (the agent reads events every

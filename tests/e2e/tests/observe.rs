@@ -22,9 +22,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use npm_e2e::fixtures::{agent_bin, tcp_probe as probe};
+use npm_e2e::fixtures::{agent_bin, probe_config, start_with_setup, tcp_probe as probe, wait_enforced};
 use npm_e2e::probe::{probe_all, Probe, ProbeConfig};
-use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
+use npm_e2e::runner::Engine;
 use serde_json::Value;
 
 const SETUP: &str = r#"
@@ -178,32 +178,14 @@ fn probe_until(o: &Observer, denied: &[Probe], cfg: &ProbeConfig, what: &str, se
 
 fn run(engine: Engine) {
     let t0 = Instant::now();
-    let mut r = LiveRunner::start(Options {
-        engine,
-        agent_bin: agent_bin(),
-        deadline: Duration::from_secs(10),
-        agent_args: vec!["--flow-logs-per-sec".into(), "100".into()],
-        ..Options::default()
-    })
-    .expect("start the live runner");
-    let setup = parse_text(SETUP).unwrap().remove(0);
-    let (passed, report) = r.run_case(&setup);
-    assert!(passed, "setup: {report}");
-    let cfg = ProbeConfig {
-        timeout: Duration::from_millis(500),
-        threads: 2,
-        sctp_log: r.cluster().sctp_log(),
-    };
+    let r = start_with_setup(engine, &["--flow-logs-per-sec", "100"], SETUP);
+    let cfg = probe_config(&r, 2);
     let allowed = [probe(&r, "x/a", "y/b", 80)];
     let from_a = [probe(&r, "x/a", "y/b", 81)];
     let from_c = [probe(&r, "z/c", "y/b", 80)];
     let c_to_a = [probe(&r, "z/c", "x/a", 80)];
-    let until = Instant::now() + Duration::from_secs(15);
     // Until 80 connects and 81 does not.
-    while !probe_all(&allowed, &cfg)[0] || probe_all(&from_a, &cfg)[0] {
-        assert!(Instant::now() < until, "{engine:?}: the policy was never enforced");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_enforced(&format!("{engine:?}"), &cfg, &allowed, &from_a);
     let agent = format!("http://{}", r.metrics_addr().expect("the agent's metrics address"));
     eprintln!("{engine:?}: enforced after {:?}", t0.elapsed());
 

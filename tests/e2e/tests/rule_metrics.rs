@@ -13,9 +13,9 @@
 
 use std::time::{Duration, Instant};
 
-use npm_e2e::fixtures::{agent_bin, tcp_probe as probe, ALLOW_XA_80};
-use npm_e2e::probe::{probe_all, ProbeConfig};
-use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
+use npm_e2e::fixtures::{probe_config, start_with_setup, tcp_probe as probe, wait_enforced, ALLOW_XA_80};
+use npm_e2e::probe::probe_all;
+use npm_e2e::runner::{Engine, LiveRunner};
 
 const RULE: &str = r#"npm_rule_allowed_packets_total{namespace="y",policy="allow-xa-80",rule="0",direction="ingress"}"#;
 const RULE_BYTES: &str =
@@ -45,28 +45,11 @@ fn value(text: &str, series: &str) -> f64 {
 
 fn run(engine: Engine) {
     let t0 = Instant::now();
-    let mut r = LiveRunner::start(Options {
-        engine,
-        agent_bin: agent_bin(),
-        deadline: Duration::from_secs(10),
-        ..Options::default()
-    })
-    .expect("start the live runner");
-    let setup = parse_text(ALLOW_XA_80).unwrap().remove(0);
-    let (passed, report) = r.run_case(&setup);
-    assert!(passed, "setup: {report}");
-    let cfg = ProbeConfig {
-        timeout: Duration::from_millis(500),
-        threads: 2,
-        sctp_log: r.cluster().sctp_log(),
-    };
+    let r = start_with_setup(engine, &[], ALLOW_XA_80);
+    let cfg = probe_config(&r, 2);
     let allowed = [probe(&r, "x/a", "y/b", 80)];
     let denied = [probe(&r, "z/c", "y/b", 80)];
-    let until = Instant::now() + Duration::from_secs(15);
-    while !probe_all(&allowed, &cfg)[0] || probe_all(&denied, &cfg)[0] {
-        assert!(Instant::now() < until, "{engine:?}: the policy was never enforced");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_enforced(&format!("{engine:?}"), &cfg, &allowed, &denied);
     let before = scrape(&r);
     let (rule0, denied0) = (value(&before, RULE), value(&before, DENIED));
     for _ in 0..3 {
