@@ -475,13 +475,7 @@ impl CompiledDiff {
 impl Compiled {
     /// The minimal diff from `self` (what is programmed) to `next`.
     pub fn diff(&self, next: &Compiled) -> CompiledDiff {
-        CompiledDiff {
-            ipcache: MapDiff::between(&self.ipcache, &next.ipcache),
-            cidrs: MapDiff::between(&self.cidrs, &next.cidrs),
-            endpoints: MapDiff::between(&self.endpoints, &next.endpoints),
-            policy: MapDiff::between(&self.policy, &next.policy),
-            tiers: MapDiff::between(&self.tiers, &next.tiers),
-        }
+        self.diff_with_tiers_of(next, None)
     }
 
     /// [`Compiled::diff`] when the tier entries of `self` and `next` can
@@ -491,30 +485,33 @@ impl Compiled {
     /// [`crate::incremental::Compiler::take_tier_touched`]). Debug builds
     /// check the result against the full comparison.
     pub fn diff_with_tiers_of(&self, next: &Compiled, tier_endpoints: Option<&BTreeSet<u32>>) -> CompiledDiff {
-        let Some(endpoints) = tier_endpoints else {
-            return self.diff(next);
+        let tiers = match tier_endpoints {
+            None => MapDiff::between(&self.tiers, &next.tiers),
+            Some(endpoints) => {
+                let mut tiers = MapDiff::default();
+                for &id in endpoints {
+                    let lo = TierEntry {
+                        endpoint: id,
+                        direction: Direction::Ingress,
+                        tier: Tier::Admin,
+                        peer: 0,
+                        protocol: None,
+                        ports: (0, 0),
+                    };
+                    let same = |(e, _): &(&TierEntry, &TierValue)| e.endpoint == id;
+                    tiers.extend_between(
+                        self.tiers.range(lo..).take_while(same),
+                        next.tiers.range(lo..).take_while(same),
+                    );
+                }
+                debug_assert_eq!(
+                    tiers,
+                    MapDiff::between(&self.tiers, &next.tiers),
+                    "tier entries changed outside the endpoints named"
+                );
+                tiers
+            }
         };
-        let mut tiers = MapDiff::default();
-        for &id in endpoints {
-            let lo = TierEntry {
-                endpoint: id,
-                direction: Direction::Ingress,
-                tier: Tier::Admin,
-                peer: 0,
-                protocol: None,
-                ports: (0, 0),
-            };
-            let same = |(e, _): &(&TierEntry, &TierValue)| e.endpoint == id;
-            tiers.extend_between(
-                self.tiers.range(lo..).take_while(same),
-                next.tiers.range(lo..).take_while(same),
-            );
-        }
-        debug_assert_eq!(
-            tiers,
-            MapDiff::between(&self.tiers, &next.tiers),
-            "tier entries changed outside the endpoints named"
-        );
         CompiledDiff {
             ipcache: MapDiff::between(&self.ipcache, &next.ipcache),
             cidrs: MapDiff::between(&self.cidrs, &next.cidrs),
