@@ -308,6 +308,8 @@ struct PmtuNet {
     far_ip: String,
     dp: EbpfDataplane,
     _pins: PinDir,
+    /// The root namespace routes between the pod and the far host.
+    _forwarding: Forwarding,
 }
 
 impl Drop for PmtuNet {
@@ -362,6 +364,7 @@ fn pmtu_net(tag: &str) -> PmtuNet {
         far_ip,
         dp,
         _pins: pins,
+        _forwarding: Forwarding::on(),
     }
 }
 

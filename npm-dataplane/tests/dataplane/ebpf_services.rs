@@ -43,6 +43,8 @@ struct Pod {
     ifindex: u32,
     ip: Ipv4Addr,
     servers: Vec<Proc>,
+    /// Routed through the root namespace.
+    _forwarding: Forwarding,
 }
 
 impl Pod {
@@ -70,6 +72,7 @@ impl Pod {
             ifindex,
             ip,
             servers: Vec::new(),
+            _forwarding: Forwarding::on(),
         }
     }
 }

@@ -264,3 +264,39 @@ pub fn ip(c: &mut Compiled, addr: &str, identity: u32, cidr_identity: u32) {
         },
     );
 }
+
+const FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+/// How many [`Forwarding`]s live in this process, and the value before the
+/// first.
+static FORWARDING: std::sync::Mutex<(usize, String)> = std::sync::Mutex::new((0, String::new()));
+
+/// IPv4 forwarding of the root namespace on while it lives, for fixtures
+/// whose pods are routed through the root namespace (a Kubernetes node
+/// always forwards; a fresh machine may not). Shared by the tests of the
+/// process, which run in parallel: the value found before the first is
+/// restored after the last, never while another test still needs it.
+pub struct Forwarding(());
+
+impl Forwarding {
+    /// Switches forwarding on.
+    pub fn on() -> Forwarding {
+        let mut f = FORWARDING.lock().unwrap_or_else(|e| e.into_inner());
+        if f.0 == 0 {
+            f.1 = std::fs::read_to_string(FORWARD).unwrap_or_else(|_| "0\n".into());
+            std::fs::write(FORWARD, "1\n").expect("enable IPv4 forwarding");
+        }
+        f.0 += 1;
+        Forwarding(())
+    }
+}
+
+impl Drop for Forwarding {
+    fn drop(&mut self) {
+        let mut f = FORWARDING.lock().unwrap_or_else(|e| e.into_inner());
+        f.0 -= 1;
+        if f.0 == 0 {
+            let _ = std::fs::write(FORWARD, &f.1);
+        }
+    }
+}
