@@ -143,14 +143,16 @@ impl Fill {
         }
         self.ipcache = next.ipcache.len();
         self.cidrs = next.cidrs.len();
-        let touched = diff
+        // Each touched group once (a diff may change many entries of one).
+        let touched: BTreeMap<Group, &PolicyEntry> = diff
             .policy
             .upsert
             .iter()
             .map(|(e, _)| e)
-            .chain(diff.policy.remove.iter());
-        for e in touched {
-            let g = group(e);
+            .chain(diff.policy.remove.iter())
+            .map(|e| (group(e), e))
+            .collect();
+        for (g, e) in touched {
             let now = group_keys(next, e);
             let before = if now == 0 {
                 self.policy_groups.remove(&g)
@@ -159,9 +161,15 @@ impl Fill {
             };
             self.policy_keys = (self.policy_keys + now).saturating_sub(before.unwrap_or(0));
         }
-        let touched = diff.tiers.upsert.iter().map(|(e, _)| e).chain(diff.tiers.remove.iter());
-        for e in touched {
-            let g = tier_group(e);
+        let touched: BTreeMap<TierGroup, &TierEntry> = diff
+            .tiers
+            .upsert
+            .iter()
+            .map(|(e, _)| e)
+            .chain(diff.tiers.remove.iter())
+            .map(|e| (tier_group(e), e))
+            .collect();
+        for (g, e) in touched {
             let now = tiers::group_keys(next, e);
             let before = if now == 0 {
                 self.tier_groups.remove(&g)

@@ -61,6 +61,7 @@ mod loader;
 mod node_exit;
 mod pins;
 mod policy;
+mod policy_flags;
 mod policy_front;
 mod services;
 mod shared_words;

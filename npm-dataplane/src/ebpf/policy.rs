@@ -5,24 +5,31 @@
 //! (`NPM_POLICY_FRONT_RULES`, [`PolicyFront`]). The front is
 //! a subset of what the LPM allows at every moment: its words are stored
 //! after their entry's LPM keys and removed before them.
+//!
+//! The endpoints' policy flags (`EP_NO_*_PEER_*`, `EP_FRONT_*`) are kept
+//! between applies and recounted for the entry groups a diff touches
+//! (`policy_flags.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::MapData;
 use aya::Ebpf;
-use npm_common::{maps, PolicyKey, PolicyValue, EP_FRONT_EXACT_INGRESS, EP_FRONT_INGRESS, POLICY_KEY_LEN};
-use npm_policy::compiled::{Compiled, PolicyEntry};
+use npm_common::{maps, PolicyKey, PolicyValue, POLICY_KEY_LEN};
+use npm_policy::compiled::{Compiled, MapDiff, PolicyEntry};
 
 use super::errors::{map_err, removed, EbpfError};
 use super::loader::take_map;
+use super::policy_flags::PolicyFlags;
 use super::policy_front::PolicyFront;
-use super::{translate, FRONT_ALL};
+use super::translate;
 
 /// `NPM_POLICY` and its front, written together.
 pub(crate) struct PolicyTable {
     lpm: LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue>,
     front: PolicyFront,
+    /// The endpoints' policy flags, kept between applies.
+    flags: PolicyFlags,
 }
 
 impl PolicyTable {
@@ -33,7 +40,11 @@ impl PolicyTable {
             take_map(bpf, maps::POLICY_FRONT)?,
             take_map(bpf, maps::POLICY_FRONT_RULES)?,
         )?;
-        Ok(PolicyTable { lpm, front })
+        Ok(PolicyTable {
+            lpm,
+            front,
+            flags: PolicyFlags::default(),
+        })
     }
 
     /// Writes `entry` with rule id `rule`: its LPM keys, then its front
@@ -139,25 +150,34 @@ impl PolicyTable {
         Ok(())
     }
 
-    /// The `EP_FRONT_*` flags of every endpoint that has policy entries
-    /// (endpoint id -> flags): `EP_FRONT_<dir>` when the front holds every
-    /// word of the endpoint's entries in that direction (and each entry
-    /// fits it), `EP_FRONT_EXACT_<dir>` when none of them is a wildcard. An
-    /// endpoint without entries gets [`FRONT_ALL`].
-    pub(crate) fn front_flags(&self, next: &Compiled) -> BTreeMap<u32, u32> {
-        let mut flags: BTreeMap<u32, u32> = BTreeMap::new();
-        for e in next.policy.keys() {
-            let f = flags.entry(e.endpoint).or_insert(FRONT_ALL);
-            let dir = e.direction.as_u8();
-            let held = translate::front_word_iter(e).is_some_and(|mut w| w.all(|w| self.front.contains(w)));
-            if !held {
-                *f &= !(EP_FRONT_INGRESS << dir);
-            }
-            if translate::is_wildcard(e) {
-                *f &= !(EP_FRONT_EXACT_INGRESS << dir);
-            }
-        }
-        flags
+    /// Records the entry groups an apply's policy changes touch: outside
+    /// a full sync only those are counted again by
+    /// [`PolicyTable::endpoint_flags`]. Called before the batch's first
+    /// write.
+    pub(crate) fn begin_apply(&mut self, diff: &MapDiff<PolicyEntry, u32>) {
+        self.flags.begin_apply(diff);
+    }
+
+    /// A full sync starts: every endpoint is counted again.
+    pub(crate) fn begin_sync(&mut self) {
+        self.flags.begin_sync();
+    }
+
+    /// Ends a batch (an apply or a full sync); after a failed one every
+    /// endpoint is counted again.
+    pub(crate) fn end_batch(&mut self, ok: bool) {
+        self.flags.end_batch(ok);
+    }
+
+    /// The policy flags of every endpoint of `next` that has policy
+    /// entries (endpoint id -> flags; see `policy_flags.rs`): an endpoint
+    /// missing has no entry, its flags are [`translate::EP_NO_PEER_ALL`] |
+    /// [`FRONT_ALL`](super::FRONT_ALL). Called after the batch's upserts.
+    pub(crate) fn endpoint_flags(&mut self, next: &Compiled) -> &BTreeMap<u32, u32> {
+        let front = &self.front;
+        self.flags.compute(next, |e| {
+            translate::front_word_iter(e).is_some_and(|mut w| w.all(|w| front.contains(w)))
+        })
     }
 
     /// Words in the front.

@@ -59,9 +59,12 @@ impl EbpfDataplane {
         next: &Compiled,
         interfaces: &Interfaces,
     ) -> Result<(), EbpfError> {
-        // The tier front's flags are computed for the groups it touches.
+        // The policy and tier front flags are computed for the endpoints
+        // and groups the diff touches.
+        self.policy.begin_apply(&diff.policy);
         self.tiers.begin_apply(&diff.tiers);
         let result = self.apply_diff_maps(diff, next, interfaces);
+        self.policy.end_batch(result.is_ok());
         self.tiers.end_batch(result.is_ok());
         if result.is_ok() {
             self.fill.applied(diff, next);
@@ -74,7 +77,9 @@ impl EbpfDataplane {
     /// writes everything in `compiled`, then deletes every kernel entry (and
     /// pinned link) that is not part of it.
     pub fn sync(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
+        self.policy.begin_sync();
         let result = self.sync_maps(compiled, interfaces);
+        self.policy.end_batch(result.is_ok());
         self.tiers.end_batch(result.is_ok());
         // Also after a failed sync: some maps may have changed.
         self.bump_after(result)?;
@@ -300,8 +305,7 @@ impl EbpfDataplane {
         interfaces: &Interfaces,
         changed: &BTreeSet<u32>,
     ) -> Result<(), EbpfError> {
-        let peer_flags = translate::endpoint_peer_flags(next.policy.keys());
-        let front_flags = self.policy.front_flags(next);
+        let policy_flags = self.policy.endpoint_flags(next).clone();
         let tier_front_flags = self.tiers.front_flags(next);
         for (&id, ep) in &next.endpoints {
             let Some(&ifindex) = interfaces.get(&id) else {
@@ -315,8 +319,10 @@ impl EbpfDataplane {
             };
             let old = self.programmed.get(&id).copied();
             let mut info = translate::endpoint_info(id, ep);
-            info.flags |= peer_flags.get(&id).copied().unwrap_or(translate::EP_NO_PEER_ALL);
-            info.flags |= front_flags.get(&id).copied().unwrap_or(FRONT_ALL);
+            info.flags |= policy_flags
+                .get(&id)
+                .copied()
+                .unwrap_or(translate::EP_NO_PEER_ALL | FRONT_ALL);
             info.flags |= entry_tier_flags(&next.tiers, id);
             info.flags |= tier_front_flags.get(&id).copied().unwrap_or(0);
             if old == Some(ifindex)
