@@ -2,7 +2,7 @@
 //! endpoint's record and policy entries, and patching the entries in place
 //! when a policy is added or an identity appears or goes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::ops::Bound;
 
@@ -294,6 +294,7 @@ impl Compiler {
     /// used (their users are gone); the new version's users are recorded.
     pub(super) fn patch_policy(&mut self, key: &(String, String), eps: BTreeSet<PodKey>, reach: &Reach) {
         let changed = self.snapshot.policies.get(key).cloned();
+        let mut resolved: HashMap<RuleKey, Option<(PeerSet, u32)>> = HashMap::new();
         for pk in eps {
             let (Some(ep), Some(pod)) = (self.eps.get(&pk).map(|e| e.id), self.snapshot.pods.get(&pk)) else {
                 continue;
@@ -338,7 +339,15 @@ impl Compiler {
                 for p in &selecting {
                     for (d, i, rule) in enforced_rules(p).filter(|(d, _, _)| *d == dir) {
                         let rk: RuleKey = (p.namespace.clone(), p.name.clone(), d, i);
-                        let Some((peers, rid)) = self.rule_peers(p, &rk) else {
+                        // Looked up once per rule, not per endpoint.
+                        let resolved = match resolved.get(&rk) {
+                            Some(r) => r,
+                            None => {
+                                let r = self.rule_peers(p, &rk);
+                                resolved.entry(rk).or_insert(r)
+                            }
+                        };
+                        let Some((peers, rid)) = resolved else {
                             continue;
                         };
                         let target = RuleTarget {
@@ -346,8 +355,8 @@ impl Compiler {
                             pod: &pod,
                             dir,
                             rule,
-                            peers: &peers,
-                            rule_id: rid,
+                            peers,
+                            rule_id: *rid,
                         };
                         emit_rule_towards(&mut self.out.policy, &target, &self.out.ids.identities, only);
                     }
