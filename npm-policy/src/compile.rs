@@ -120,14 +120,35 @@ struct Resolver<'a> {
     cidrs: &'a BTreeMap<IpNet, u32>,
     /// Memo: (policy, direction, rule index) -> peers.
     memo: HashMap<(&'a str, &'a str, Direction, usize), PeerSet>,
+    /// The first rule resolved for each [`PeerContent`]: rules with the
+    /// same content have the same peers (many policies repeat a selector).
+    by_content: HashMap<PeerContent<'a>, (&'a str, &'a str, Direction, usize)>,
 }
+
+/// What the peers of a rule depend on (the identities and CIDR identities
+/// of the compile aside): its peers and, when one is a `podSelector`
+/// alone, the policy's namespace.
+type PeerContent<'a> = (Option<&'a str>, &'a [Peer]);
 
 impl<'a> Resolver<'a> {
     fn peers(&mut self, policy: &'a Policy, dir: Direction, index: usize, rule: &'a Rule) -> &PeerSet {
         let key = (policy.namespace.as_str(), policy.name.as_str(), dir, index);
-        self.memo
-            .entry(key)
-            .or_insert_with(|| peers::resolve(policy, rule, &self.by_namespace, self.cidrs))
+        if !self.memo.contains_key(&key) {
+            let ns = rule
+                .peers
+                .iter()
+                .any(|p| matches!(p, Peer::Pods(_)))
+                .then_some(policy.namespace.as_str());
+            let set = match self.by_content.get(&(ns, rule.peers.as_slice())) {
+                Some(same) => self.memo[same].clone(),
+                None => {
+                    self.by_content.insert((ns, rule.peers.as_slice()), key);
+                    peers::resolve(policy, rule, &self.by_namespace, self.cidrs)
+                }
+            };
+            self.memo.insert(key, set);
+        }
+        &self.memo[&key]
     }
 }
 
@@ -506,6 +527,7 @@ pub(crate) fn compile_with_peers(
         by_namespace: ByNamespace(BTreeMap::new()),
         cidrs: &out.cidrs,
         memo: HashMap::new(),
+        by_content: HashMap::new(),
     };
     for (id, k) in &identities {
         resolver
