@@ -271,9 +271,8 @@ impl Compiler {
             }
             let rk: RuleKey = (policy.namespace.clone(), policy.name.clone(), dir, i);
             let groups = self.identities.groups(&self.out.ids.identities);
-            if let Some(peers) = self.rules.peers(policy, &rk, &groups, &self.out.cidrs) {
-                set.extend(peers.pods.iter().chain(&peers.other));
-            }
+            let peers = self.rules.resolved(policy, &rk, &groups, &self.out.cidrs);
+            set.extend(peers.pods.iter().chain(&peers.other));
         }
         for set in reach.iter_mut().flatten() {
             set.sort_unstable();

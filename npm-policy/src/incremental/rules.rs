@@ -210,20 +210,30 @@ impl Rules {
         ids: &impl IdentityGroups,
         cidrs: &BTreeMap<IpNet, u32>,
     ) -> Option<PeerSet> {
-        let peers = match self.peers.get(rk) {
-            Some(set) => set,
-            None => {
-                let rule = rule_of(policy, rk).expect("a rule of the policy");
-                let kept = (!self.spare.is_empty())
-                    .then(|| content(policy, rule))
-                    .flatten()
-                    .and_then(|c| self.spare.iter().find(|(k, _)| *k == c))
-                    .map(|(_, set)| set.clone());
-                let set = kept.unwrap_or_else(|| peers::resolve(policy, rule, ids, cidrs));
-                self.peers.entry(rk.clone()).or_insert(set)
-            }
-        };
+        let peers = self.resolved(policy, rk, ids, cidrs);
         (!peers.is_empty()).then(|| peers.clone())
+    }
+
+    /// The memoized peer set of rule `rk` of `policy`, by reference (see
+    /// [`Rules::peers`]).
+    pub(super) fn resolved(
+        &mut self,
+        policy: &Policy,
+        rk: &RuleKey,
+        ids: &impl IdentityGroups,
+        cidrs: &BTreeMap<IpNet, u32>,
+    ) -> &PeerSet {
+        if !self.peers.contains_key(rk) {
+            let rule = rule_of(policy, rk).expect("a rule of the policy");
+            let kept = (!self.spare.is_empty())
+                .then(|| content(policy, rule))
+                .flatten()
+                .and_then(|c| self.spare.iter().find(|(k, _)| *k == c))
+                .map(|(_, set)| set.clone());
+            let set = kept.unwrap_or_else(|| peers::resolve(policy, rule, ids, cidrs));
+            self.peers.insert(rk.clone(), set);
+        }
+        &self.peers[rk]
     }
 
     /// Takes over the peer sets a full compile resolved (against the same
