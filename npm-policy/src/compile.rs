@@ -120,14 +120,35 @@ struct Resolver<'a> {
     cidrs: &'a BTreeMap<IpNet, u32>,
     /// Memo: (policy, direction, rule index) -> peers.
     memo: HashMap<(&'a str, &'a str, Direction, usize), PeerSet>,
+    /// The first rule resolved for each [`PeerContent`]: rules with the
+    /// same content have the same peers (many policies repeat a selector).
+    by_content: HashMap<PeerContent<'a>, (&'a str, &'a str, Direction, usize)>,
 }
+
+/// What the peers of a rule depend on (the identities and CIDR identities
+/// of the compile aside): its peers and, when one is a `podSelector`
+/// alone, the policy's namespace.
+type PeerContent<'a> = (Option<&'a str>, &'a [Peer]);
 
 impl<'a> Resolver<'a> {
     fn peers(&mut self, policy: &'a Policy, dir: Direction, index: usize, rule: &'a Rule) -> &PeerSet {
         let key = (policy.namespace.as_str(), policy.name.as_str(), dir, index);
-        self.memo
-            .entry(key)
-            .or_insert_with(|| peers::resolve(policy, rule, &self.by_namespace, self.cidrs))
+        if !self.memo.contains_key(&key) {
+            let ns = rule
+                .peers
+                .iter()
+                .any(|p| matches!(p, Peer::Pods(_)))
+                .then_some(policy.namespace.as_str());
+            let set = match self.by_content.get(&(ns, rule.peers.as_slice())) {
+                Some(same) => self.memo[same].clone(),
+                None => {
+                    self.by_content.insert((ns, rule.peers.as_slice()), key);
+                    peers::resolve(policy, rule, &self.by_namespace, self.cidrs)
+                }
+            };
+            self.memo.insert(key, set);
+        }
+        &self.memo[&key]
     }
 }
 
@@ -187,6 +208,94 @@ pub(crate) fn emit_rule(
     identities: &BTreeMap<u32, IdentityKey>,
     rule_id: u32,
 ) {
+    let target = RuleTarget {
+        endpoint,
+        pod,
+        dir,
+        rule,
+        peers,
+        rule_id,
+    };
+    emit_rule_towards(out, &target, identities, None);
+}
+
+/// One rule of one endpoint, as [`emit_rule_towards`] emits it.
+pub(crate) struct RuleTarget<'a> {
+    /// Endpoint id.
+    pub(crate) endpoint: u32,
+    /// The endpoint's pod.
+    pub(crate) pod: &'a Pod,
+    /// The rule's direction.
+    pub(crate) dir: Direction,
+    /// The rule.
+    pub(crate) rule: &'a Rule,
+    /// Its resolved peers.
+    pub(crate) peers: &'a PeerSet,
+    /// Its rule id.
+    pub(crate) rule_id: u32,
+}
+
+/// Appends the elements of `set` that are in `only` (sorted) to `out`:
+/// lookups of the smaller side in the larger when one is much smaller,
+/// else one merge walk of both.
+fn intersect_into(set: &BTreeSet<u32>, only: &[u32], out: &mut Vec<u32>) {
+    if only.len().saturating_mul(16) < set.len() {
+        out.extend(only.iter().filter(|p| set.contains(p)));
+    } else if set.len().saturating_mul(16) < only.len() {
+        out.extend(set.iter().filter(|p| only.binary_search(p).is_ok()));
+    } else {
+        let mut rest = only;
+        for p in set {
+            let skip = rest.partition_point(|o| o < p);
+            rest = &rest[skip..];
+            match rest.first() {
+                None => break,
+                Some(o) if o == p => out.push(*p),
+                Some(_) => {}
+            }
+        }
+    }
+}
+
+/// The peers of `peers` that are in `only` (sorted; every one: `None`):
+/// the pod identities first, then the others, and how many pod
+/// identities there are.
+fn peers_in(peers: &PeerSet, only: Option<&[u32]>) -> (Vec<u32>, usize) {
+    match only {
+        None => (
+            peers.pods.iter().chain(&peers.other).copied().collect(),
+            peers.pods.len(),
+        ),
+        Some(o) => {
+            let mut out = Vec::new();
+            intersect_into(&peers.pods, o, &mut out);
+            let n = out.len();
+            intersect_into(&peers.other, o, &mut out);
+            (out, n)
+        }
+    }
+}
+
+/// [`emit_rule`] restricted to the entries towards the peer identities in
+/// `only` (sorted; `None`: every entry). The entries of an endpoint towards one
+/// peer depend only on the rules that emit towards that peer, so the
+/// restricted emission of every rule of an endpoint is exactly the subset
+/// of its entries whose peer is in `only` (the incremental compiler
+/// patches a policy change that way).
+pub(crate) fn emit_rule_towards(
+    out: &mut BTreeMap<PolicyEntry, u32>,
+    target: &RuleTarget<'_>,
+    identities: &BTreeMap<u32, IdentityKey>,
+    only: Option<&[u32]>,
+) {
+    let RuleTarget {
+        endpoint,
+        pod,
+        dir,
+        rule,
+        peers,
+        rule_id,
+    } = *target;
     let mut put = |peer: u32, protocol, ports: (u16, u16)| {
         let e = PolicyEntry {
             endpoint,
@@ -198,7 +307,8 @@ pub(crate) fn emit_rule(
         let slot = out.entry(e).or_insert(rule_id);
         *slot = (*slot).min(rule_id);
     };
-    let all_peers = || peers.pods.iter().chain(&peers.other).copied();
+    let (targets, pod_targets) = peers_in(peers, only);
+    let all_peers = || targets.iter().copied();
     // Spec §3: "An empty or missing `ports` matches all ports and protocols."
     if rule.ports.is_empty() {
         for peer in all_peers() {
@@ -242,20 +352,20 @@ pub(crate) fn emit_rule(
                     // there": ipBlock peers, world and node addresses get
                     // no entry (nor do pods reached only through an
                     // ipBlock: the name is not resolved through a CIDR).
-                    if rule.peers.is_empty() {
-                        for (id, k) in identities {
-                            for n in named_port_numbers(k, name, port.protocol) {
-                                put(*id, proto, (n, n));
-                            }
+                    let mut towards = |id: u32, k: &IdentityKey| {
+                        for n in named_port_numbers(k, name, port.protocol) {
+                            put(id, proto, (n, n));
                         }
-                    } else {
-                        for id in &peers.pods {
-                            if let Some(k) = identities.get(id) {
-                                for n in named_port_numbers(k, name, port.protocol) {
-                                    put(*id, proto, (n, n));
-                                }
-                            }
-                        }
+                    };
+                    let known = |id: &u32| identities.get(id).map(|k| (*id, k));
+                    match (rule.peers.is_empty(), only) {
+                        (true, None) => identities.iter().for_each(|(id, k)| towards(*id, k)),
+                        (true, Some(o)) => o.iter().filter_map(known).for_each(|(id, k)| towards(id, k)),
+                        (false, None) => peers.pods.iter().filter_map(known).for_each(|(id, k)| towards(id, k)),
+                        (false, Some(_)) => targets[..pod_targets]
+                            .iter()
+                            .filter_map(known)
+                            .for_each(|(id, k)| towards(id, k)),
                     }
                 }
             },
@@ -417,6 +527,7 @@ pub(crate) fn compile_with_peers(
         by_namespace: ByNamespace(BTreeMap::new()),
         cidrs: &out.cidrs,
         memo: HashMap::new(),
+        by_content: HashMap::new(),
     };
     for (id, k) in &identities {
         resolver

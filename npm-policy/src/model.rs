@@ -165,7 +165,7 @@ impl Selector {
 }
 
 /// A validated ipBlock.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct IpBlock {
     /// cidr (normalised: host bits cleared).
     pub cidr: IpNet,
@@ -174,7 +174,7 @@ pub struct IpBlock {
 }
 
 /// A validated NetworkPolicyPeer: exactly one form.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Peer {
     /// podSelector only: pods of the policy's namespace.
     Pods(Selector),

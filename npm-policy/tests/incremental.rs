@@ -414,3 +414,93 @@ fn report_new_option_flags_every_endpoint_in_the_full_and_incremental_compile() 
         &npm_policy::compile(inc.snapshot(), &on, Some(inc.compiled()))
     );
 }
+
+/// A changed or removed policy is patched in place (only the entries
+/// towards the peers of its old or new version are emitted again, from
+/// every rule of the endpoint): after each step the compiler's policy
+/// entries and endpoint records are exactly those of a full compile with
+/// its ids, rule ids included. The steps cover an entry shared by two
+/// policies (it keeps the other's rule), a new identity between two
+/// changes with the same peers (the peer set carried over from the old
+/// version must not outlive the change), an egress rule with an empty `to`
+/// and a named port (every pod identity resolving the name), and removals.
+#[test]
+fn policy_changes_are_patched_like_a_full_compile() {
+    use npm_policy::incremental::Compiler;
+    let mut m = model();
+    let pk = |n: &str| ("x".to_string(), n.to_string());
+    // r: the same peers and port as p, so their entries coincide.
+    let mut r = m.snapshot.policies[&pk("p")].clone();
+    r.name = "r".into();
+    m.snapshot.policies.insert(pk("r"), r.clone());
+    let mut c = Compiler::new(m.snapshot.clone(), opts(), None);
+    let check = |c: &Compiler, what: &str| {
+        let full = npm_policy::compile(c.snapshot(), &opts(), Some(c.compiled()));
+        assert_eq!(c.compiled().policy, full.policy, "{what}: policy entries");
+        assert_eq!(c.compiled().endpoints, full.endpoints, "{what}: endpoint records");
+        assert!(c.compiled().diff(&full).is_empty(), "{what}: diff");
+    };
+    check(&c, "initial");
+    let xa = ep(c.compiled(), "x/a");
+    let allows = |c: &Compiler, pod: &str, port: u16| {
+        lookup(c.compiled(), xa, Direction::Ingress, m.ip(pod).unwrap(), 6, port).allowed
+    };
+    // p's port only: r keeps port 80, p gets 81.
+    let mut p = c.snapshot().policies[&pk("p")].clone();
+    p.ingress[0].ports[0].port = PortSpec::Range(81, 81);
+    c.upsert_policy(p.clone());
+    check(&c, "p's port");
+    assert!(allows(&c, "x/b", 80) && allows(&c, "x/b", 81));
+    // A new identity selected by p's and r's peers (pod=b with a named port).
+    let mut b2 = pod("uid-b2", "b2", "10.9.0.7", PodPhase::Running, false, 1);
+    b2.labels = sel(&[("pod", "b")]).match_labels;
+    b2.node_name = Some("elsewhere".into());
+    b2.ports = vec![ContainerPort {
+        name: Some("http".into()),
+        port: 8080,
+        protocol: Protocol::Tcp,
+    }];
+    c.upsert_pod(b2);
+    check(&c, "new identity");
+    // A new policy with the same peers: its set holds the new identity.
+    let mut q = p.clone();
+    q.name = "q".into();
+    q.ingress[0].ports[0].port = PortSpec::Range(90, 90);
+    c.upsert_policy(q);
+    check(&c, "q added");
+    assert!(c.compiled().policy.keys().any(|e| e.endpoint == xa
+        && e.ports == (90, 90)
+        && c.compiled().ids.identities[&e.peer].pod_labels.contains_key("pod")
+        && c.compiled().ids.identities[&e.peer].named_ports.len() == 1));
+    p.ingress[0].ports[0].port = PortSpec::Range(82, 82);
+    c.upsert_policy(p);
+    check(&c, "p's port again");
+    // r: egress to every pod on its named port `http`, then on UDP (which
+    // no pod names).
+    r.egress_isolation = true;
+    r.egress = vec![Rule {
+        ports: vec![Port {
+            protocol: Protocol::Tcp,
+            port: PortSpec::Named("http".into()),
+        }],
+        peers: vec![],
+    }];
+    c.upsert_policy(r.clone());
+    check(&c, "r egress named");
+    assert!(c
+        .compiled()
+        .policy
+        .keys()
+        .any(|e| e.direction == Direction::Egress && e.ports == (8080, 8080)));
+    r.egress[0].ports[0].protocol = Protocol::Udp;
+    c.upsert_policy(r);
+    check(&c, "r egress named UDP");
+    c.remove_policy("x", "p");
+    check(&c, "p removed");
+    assert!(allows(&c, "x/b", 80) && !allows(&c, "x/b", 82));
+    c.remove_policy("x", "r");
+    check(&c, "r removed");
+    c.remove_policy("x", "q");
+    check(&c, "q removed");
+    assert!(c.compiled().policy.is_empty());
+}

@@ -487,6 +487,21 @@ fn compiler_matches_reference() {
                 c.compiled().render_table(),
                 reference.render_table()
             );
+            // With the compiler's ids, the full compile gives exactly its
+            // policy entries and endpoint records: rule ids included (each
+            // entry has the smallest id of the rules producing it), which
+            // the comparison by meaning above leaves out.
+            let same_ids = npm_policy::compile(&s, &opts, Some(c.compiled()));
+            assert_eq!(
+                c.compiled().policy,
+                same_ids.policy,
+                "seed {seed} step {step} change {what}: policy entries (with rule ids) differ"
+            );
+            assert_eq!(
+                c.compiled().endpoints,
+                same_ids.endpoints,
+                "seed {seed} step {step} change {what}: endpoint records differ"
+            );
             // Ids of what still exists are stable.
             for (uid, id) in &c.compiled().ids.endpoints {
                 if let Some(old) = before.ids.endpoints.get(uid) {

@@ -2,12 +2,13 @@
 //! the [`Claims`] of [`crate::ownership`] (the one ownership rule) and the
 //! owner of every claimed address, updated together pod by pod.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use crate::identity::pod_addresses;
 use crate::model::{Pod, Snapshot};
-use crate::ownership::{Claims, PodKey};
+use crate::ownership::{claimed_addresses, rank, Claims, PodKey};
 
 /// The claims on addresses and the current owner of each one.
 #[derive(Clone, Debug)]
@@ -22,10 +23,24 @@ impl Addresses {
     /// The claims and owners of every pod of `snapshot`.
     pub(super) fn new(snapshot: &Snapshot, node_ips: &[IpAddr]) -> Addresses {
         let claims = Claims::of(snapshot, node_ips);
-        let owner = claims
-            .addresses()
-            .filter_map(|ip| claims.owner(ip, &snapshot.pods).map(|w| (ip, w.clone())))
-            .collect();
+        // The claimant of the greatest rank, as `Claims::owner` (ranks of
+        // distinct pods differ), in one pass: pods are looked up only for
+        // addresses with several claimants.
+        let mut owner: HashMap<IpAddr, PodKey> = HashMap::with_capacity(snapshot.pods.len());
+        for (key, pod) in &snapshot.pods {
+            for ip in claimed_addresses(pod, node_ips) {
+                match owner.entry(ip) {
+                    Entry::Vacant(v) => {
+                        v.insert(key.clone());
+                    }
+                    Entry::Occupied(mut o) => {
+                        if rank(pod) > rank(&snapshot.pods[o.get()]) {
+                            o.insert(key.clone());
+                        }
+                    }
+                }
+            }
+        }
         Addresses { claims, owner }
     }
 

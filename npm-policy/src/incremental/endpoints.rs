@@ -2,12 +2,13 @@
 //! endpoint's record and policy entries, and patching the entries in place
 //! when a policy is added or an identity appears or goes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::ops::Bound;
 
 use crate::compile::{
-    emit_named_egress_to, emit_rule, endpoint_record, enforced_rules, host_egress_entry, policy_selects, ResolvedPeers,
+    emit_named_egress_to, emit_rule, emit_rule_towards, endpoint_record, enforced_rules, host_egress_entry,
+    policy_selects, ResolvedPeers, RuleTarget,
 };
 use crate::compiled::{Direction, IdentityKey, PolicyEntry, RuleRef};
 use crate::model::Policy;
@@ -69,6 +70,44 @@ fn peer_entries(ep: u32, dir: Direction, peer: u32) -> (Bound<PolicyEntry>, Boun
             None => Bound::Unbounded,
         },
     )
+}
+
+/// The entries of endpoint `ep` in direction `dir`.
+fn direction_entries(ep: u32, dir: Direction) -> (Bound<PolicyEntry>, Bound<PolicyEntry>) {
+    let first = |direction: Direction| PolicyEntry {
+        endpoint: ep,
+        direction,
+        peer: 0,
+        protocol: None,
+        ports: (0, 0),
+    };
+    match dir {
+        Direction::Ingress => (
+            Bound::Included(first(Direction::Ingress)),
+            Bound::Excluded(first(Direction::Egress)),
+        ),
+        Direction::Egress => (Bound::Included(first(Direction::Egress)), endpoint_entries(ep).1),
+    }
+}
+
+/// The peers towards which the entries of a policy's rules can be, per
+/// direction (ingress, egress): `None` for every peer (an egress rule
+/// with an empty `to` and a named port has entries towards each pod
+/// identity resolving the name, see `emit_rule`).
+/// Each set is sorted, without duplicates.
+pub(super) type Reach = [Option<Vec<u32>>; 2];
+
+/// No peer in either direction.
+pub(super) fn no_reach() -> Reach {
+    [Some(Vec::new()), Some(Vec::new())]
+}
+
+/// The index of `dir` in a [`Reach`].
+fn reach_index(dir: Direction) -> usize {
+    match dir {
+        Direction::Ingress => 0,
+        Direction::Egress => 1,
+    }
 }
 
 /// Removes the entries of endpoint `ep` from a policy map.
@@ -212,6 +251,130 @@ impl Compiler {
             Self::restore_presence(&self.out.tiers, ep, &mut record);
             self.out.endpoints.insert(ep, record);
             self.eps.insert(pk, EndpointState { id: ep });
+        }
+    }
+
+    /// The [`Reach`] of the enforced rules of `policy` (its peer sets are
+    /// resolved and memoized).
+    pub(super) fn reach(&mut self, policy: &Policy) -> Reach {
+        let mut reach = no_reach();
+        for (dir, i, rule) in enforced_rules(policy) {
+            let slot = &mut reach[reach_index(dir)];
+            let Some(set) = slot.as_mut() else { continue };
+            let named = rule
+                .ports
+                .iter()
+                .any(|p| matches!(p.port, crate::model::PortSpec::Named(_)));
+            if dir == Direction::Egress && rule.peers.is_empty() && named {
+                *slot = None;
+                continue;
+            }
+            let rk: RuleKey = (policy.namespace.clone(), policy.name.clone(), dir, i);
+            let groups = self.identities.groups(&self.out.ids.identities);
+            let peers = self.rules.resolved(policy, &rk, &groups, &self.out.cidrs);
+            set.extend(peers.pods.iter().chain(&peers.other));
+        }
+        for set in reach.iter_mut().flatten() {
+            set.sort_unstable();
+            set.dedup();
+        }
+        reach
+    }
+
+    /// Policy `key` changed (or went): patches the entries of the local
+    /// endpoints `eps` that its old or new version selects, in place. An
+    /// endpoint's entries towards one peer come only from the rules that
+    /// emit towards that peer, so only the entries towards the peers of
+    /// `reach` (the union of the old and new versions' reaches) can
+    /// change: those are removed and emitted again from every rule of the
+    /// endpoint restricted to them ([`emit_rule_towards`]); the others stay.
+    /// The isolation flags and the host egress entry follow the policies
+    /// selecting the endpoint now. The old version's rules are no longer
+    /// used (their users are gone); the new version's users are recorded.
+    pub(super) fn patch_policy(&mut self, key: &(String, String), eps: BTreeSet<PodKey>, reach: &Reach) {
+        let changed = self.snapshot.policies.get(key).cloned();
+        let mut resolved: HashMap<RuleKey, Option<(PeerSet, u32)>> = HashMap::new();
+        for pk in eps {
+            let (Some(ep), Some(pod)) = (self.eps.get(&pk).map(|e| e.id), self.snapshot.pods.get(&pk)) else {
+                continue;
+            };
+            let pod = pod.clone();
+            let lo = (pod.namespace.clone(), String::new());
+            let selecting: Vec<Policy> = self
+                .snapshot
+                .policies
+                .range(lo..)
+                .take_while(|((ns, _), _)| *ns == pod.namespace)
+                .map(|(_, p)| p)
+                .filter(|p| policy_selects(p, &pod))
+                .cloned()
+                .collect();
+            if let Some(p) = changed.as_ref().filter(|p| policy_selects(p, &pod)) {
+                for (dir, i, _) in enforced_rules(p) {
+                    self.rules.add_user(&(p.namespace.clone(), p.name.clone(), dir, i), &pk);
+                }
+            }
+            for dir in [Direction::Ingress, Direction::Egress] {
+                let only = reach[reach_index(dir)].as_deref();
+                if only.is_some_and(|o| o.is_empty()) {
+                    continue;
+                }
+                // The entries come in peer order: one walk along `only`.
+                let mut rest = only.unwrap_or_default();
+                let towards_reach = |e: &PolicyEntry, _: &mut u32| match only {
+                    None => true,
+                    Some(_) => {
+                        rest = &rest[rest.partition_point(|p| *p < e.peer)..];
+                        rest.first() == Some(&e.peer)
+                    }
+                };
+                self.out
+                    .policy
+                    .extract_if(direction_entries(ep, dir), towards_reach)
+                    .for_each(drop);
+                // Emitted in place: the map holds no entry towards `only`
+                // any more, so it gathers exactly those entries (each with
+                // the smallest rule id, as `emit_rule` merges them).
+                for p in &selecting {
+                    for (d, i, rule) in enforced_rules(p).filter(|(d, _, _)| *d == dir) {
+                        let rk: RuleKey = (p.namespace.clone(), p.name.clone(), d, i);
+                        // Looked up once per rule, not per endpoint.
+                        let resolved = match resolved.get(&rk) {
+                            Some(r) => r,
+                            None => {
+                                let r = self.rule_peers(p, &rk);
+                                resolved.entry(rk).or_insert(r)
+                            }
+                        };
+                        let Some((peers, rid)) = resolved else {
+                            continue;
+                        };
+                        let target = RuleTarget {
+                            endpoint: ep,
+                            pod: &pod,
+                            dir,
+                            rule,
+                            peers,
+                            rule_id: *rid,
+                        };
+                        emit_rule_towards(&mut self.out.policy, &target, &self.out.ids.identities, only);
+                    }
+                }
+            }
+            let iso_in = selecting.iter().any(|p| p.ingress_isolation);
+            let iso_eg = selecting.iter().any(|p| p.egress_isolation);
+            if self.opts.allow_host_egress {
+                if iso_eg {
+                    let rid = self.rules.rule_id(RuleRef::HostEgress, &mut self.out.ids);
+                    self.out.policy.insert(host_egress_entry(ep), rid);
+                } else {
+                    self.out.policy.remove(&host_egress_entry(ep));
+                }
+            }
+            if let Some(rec) = self.out.endpoints.get_mut(&ep) {
+                rec.isolated_ingress = iso_in;
+                rec.isolated_egress = iso_eg;
+            }
         }
     }
 

@@ -5,7 +5,9 @@
 //! [`PodIdentities::forget`] update it together with the indexes here.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
+
+use foldhash::fast::RandomState;
 
 use crate::compiled::{Compiled, IdentityKey};
 use crate::model::Snapshot;
@@ -25,7 +27,7 @@ pub(super) struct PodIdentities {
     /// always one): the keys themselves are in the identity table, not
     /// copied here.
     by_hash: HashMap<u64, Vec<u32>>,
-    /// The hasher of `by_hash`.
+    /// The hasher of `by_hash` (foldhash: the keys are label maps).
     hasher: RandomState,
     /// Namespace -> identities of its pods.
     by_namespace: BTreeMap<String, BTreeSet<u32>>,
@@ -39,7 +41,7 @@ impl PodIdentities {
             of_pod: HashMap::with_capacity(snapshot.pods.len()),
             refs: HashMap::with_capacity(out.ids.identities.len()),
             by_hash: HashMap::with_capacity(out.ids.identities.len()),
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
             by_namespace: BTreeMap::new(),
         };
         for (id, k) in &out.ids.identities {

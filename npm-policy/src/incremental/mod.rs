@@ -23,11 +23,17 @@
 //!   whose peers see a changed identity, plus the changed endpoints); a
 //!   change of the `networks` prefixes recomputes CIDR identities as for
 //!   ipBlocks;
-//! - a changed or removed policy: its rules' peer sets are dropped and the
-//!   local endpoints its old or new version selects are re-emitted; when
-//!   the set of ipBlock prefixes changes (also for a new policy),
-//!   CIDR identities of every address are recomputed and every rule with an
-//!   ipBlock is resolved again.
+//! - a changed or removed policy: its rules' peer sets are dropped (a new
+//!   rule with the same peers as an old one takes its set over, see
+//!   `Rules::keep_spare`) and the local endpoints its old or new version
+//!   selects are patched: only their entries towards the peers of the old
+//!   or new version's rules are emitted again, from every rule of the
+//!   endpoint (`patch_policy`; an egress rule with an empty `to` and a
+//!   named port reaches every pod identity: that direction is emitted
+//!   again whole); when the set of ipBlock prefixes changes (also for a
+//!   new policy), CIDR identities of every address are recomputed, every
+//!   rule with an ipBlock is resolved again and the endpoints using them
+//!   are re-emitted.
 //!
 //! The state, each part with the one place that updates it:
 //! - `addresses`: who claims and who owns each address
@@ -64,6 +70,24 @@ use addresses::Addresses;
 use endpoints::EndpointState;
 use identities::PodIdentities;
 use rules::{rule_of, Rules};
+
+/// The union of two reaches (`None`: every peer).
+fn union_reach(a: endpoints::Reach, b: endpoints::Reach) -> endpoints::Reach {
+    let [ai, ae] = a;
+    let [bi, be] = b;
+    let union = |x: Option<Vec<u32>>, y: Option<Vec<u32>>| match (x, y) {
+        (Some(mut x), Some(y)) => {
+            if x != y {
+                x.extend(y);
+                x.sort_unstable();
+                x.dedup();
+            }
+            Some(x)
+        }
+        _ => None,
+    };
+    [union(ai, bi), union(ae, be)]
+}
 
 /// An incremental compiler for one node.
 #[derive(Clone, Debug)]
@@ -311,8 +335,16 @@ impl Compiler {
     }
 
     fn set_policy(&mut self, key: (String, String), policy: Option<Policy>) {
-        // Its cached rules go; their users and every local endpoint of the
-        // namespace are re-emitted.
+        // Where the old version's entries are (before its peer sets go).
+        let old_reach = match self.snapshot.policies.get(&key).cloned() {
+            Some(old) => {
+                let reach = self.reach(&old);
+                self.rules.keep_spare(&old);
+                reach
+            }
+            None => endpoints::no_reach(),
+        };
+        // Its cached rules go; their users are patched (or re-emitted).
         let mut dirty: BTreeSet<PodKey> = self.rules.drop_rules(|rk| rk.0 == key.0 && rk.1 == key.1);
         self.rules.forget_policy(&key, &mut self.out.ids);
         self.snapshot
@@ -351,10 +383,22 @@ impl Compiler {
             // A new policy: its entries are added to the endpoints it
             // selects, the others stay as they are.
             self.add_policy(&key, selected);
+        } else if !prefixes_changed {
+            // A changed or removed policy: the entries towards the peers
+            // of its old or new version are patched on the endpoints
+            // either selects.
+            let new_reach = match self.snapshot.policies.get(&key).cloned() {
+                Some(new) => self.reach(&new),
+                None => endpoints::no_reach(),
+            };
+            let reach = union_reach(old_reach, new_reach);
+            dirty.extend(selected);
+            self.patch_policy(&key, dirty, &reach);
         } else {
             dirty.extend(selected);
             self.emit(dirty);
         }
+        self.rules.clear_spare();
         self.refresh_tiers();
     }
 

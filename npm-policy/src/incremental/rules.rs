@@ -86,6 +86,29 @@ pub(super) struct Rules {
     users: RuleUsers,
     /// Rule -> its id (the inverse of the compiled form's `ids.rules`).
     by_ref: HashMap<RuleRef, u32>,
+    /// The peer sets of the rules of a policy being replaced, by what they
+    /// resolve ([`Content`]), while its new version is resolved (see
+    /// [`Rules::keep_spare`]).
+    spare: Vec<(Content, PeerSet)>,
+}
+
+/// What the peer set of a rule depends on besides the identities: its
+/// peers and, when one is a `podSelector` alone, the policy's namespace.
+/// Rules with an ipBlock peer have none (their sets also depend on the
+/// CIDR prefixes, which a policy change can change).
+type Content = (Option<String>, Vec<Peer>);
+
+/// The [`Content`] of `rule` of `policy`.
+fn content(policy: &Policy, rule: &Rule) -> Option<Content> {
+    if rule.peers.iter().any(|p| matches!(p, Peer::IpBlock(_))) {
+        return None;
+    }
+    let ns = rule
+        .peers
+        .iter()
+        .any(|p| matches!(p, Peer::Pods(_)))
+        .then(|| policy.namespace.clone());
+    Some((ns, rule.peers.clone()))
 }
 
 impl Rules {
@@ -95,7 +118,34 @@ impl Rules {
             peers: HashMap::new(),
             users: RuleUsers::default(),
             by_ref: out.ids.rules.iter().map(|(id, r)| (r.clone(), *id)).collect(),
+            spare: Vec::new(),
         }
+    }
+
+    /// Keeps the resolved peer sets of `policy`'s rules (the version being
+    /// replaced) by content, for its new version's rules that resolve the
+    /// same peers (a change of ports only, say): until
+    /// [`Rules::clear_spare`], which the caller calls before the
+    /// identities or the CIDR prefixes change.
+    pub(super) fn keep_spare(&mut self, policy: &Policy) {
+        for (dir, rules) in [
+            (Direction::Ingress, &policy.ingress),
+            (Direction::Egress, &policy.egress),
+        ] {
+            for (i, rule) in rules.iter().enumerate() {
+                let rk: RuleKey = (policy.namespace.clone(), policy.name.clone(), dir, i);
+                if let (Some(set), Some(c)) = (self.peers.get(&rk), content(policy, rule)) {
+                    if !self.spare.iter().any(|(k, _)| *k == c) {
+                        self.spare.push((c, set.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets the sets [`Rules::keep_spare`] kept.
+    pub(super) fn clear_spare(&mut self) {
+        self.spare.clear();
     }
 
     /// The id of rule `r`, a new one (recorded in `ids`) for a new rule.
@@ -160,15 +210,30 @@ impl Rules {
         ids: &impl IdentityGroups,
         cidrs: &BTreeMap<IpNet, u32>,
     ) -> Option<PeerSet> {
-        let peers = match self.peers.get(rk) {
-            Some(set) => set,
-            None => {
-                let rule = rule_of(policy, rk).expect("a rule of the policy");
-                let set = peers::resolve(policy, rule, ids, cidrs);
-                self.peers.entry(rk.clone()).or_insert(set)
-            }
-        };
+        let peers = self.resolved(policy, rk, ids, cidrs);
         (!peers.is_empty()).then(|| peers.clone())
+    }
+
+    /// The memoized peer set of rule `rk` of `policy`, by reference (see
+    /// [`Rules::peers`]).
+    pub(super) fn resolved(
+        &mut self,
+        policy: &Policy,
+        rk: &RuleKey,
+        ids: &impl IdentityGroups,
+        cidrs: &BTreeMap<IpNet, u32>,
+    ) -> &PeerSet {
+        if !self.peers.contains_key(rk) {
+            let rule = rule_of(policy, rk).expect("a rule of the policy");
+            let kept = (!self.spare.is_empty())
+                .then(|| content(policy, rule))
+                .flatten()
+                .and_then(|c| self.spare.iter().find(|(k, _)| *k == c))
+                .map(|(_, set)| set.clone());
+            let set = kept.unwrap_or_else(|| peers::resolve(policy, rule, ids, cidrs));
+            self.peers.insert(rk.clone(), set);
+        }
+        &self.peers[rk]
     }
 
     /// Takes over the peer sets a full compile resolved (against the same
