@@ -44,8 +44,8 @@ static NPM_TIER_FRONT: Array<[u64; 4]> = Array::with_max_entries(sizes::TIER_FRO
 /// Load-time constant: the `npm_common::front_shift` of the buckets of
 /// `NPM_TIER_FRONT` as loaded (set by the loader from the size the map is
 /// created with, or the size of the pinned map it adopts). Read once per
-/// [`tier_summaries`] and per front [`tier_action`]; the verifier sees the
-/// frozen value.
+/// packet, by [`tier_summaries`] (the [`Summaries`] carry it to
+/// [`tier_action`]); the verifier sees the frozen value.
 #[no_mangle]
 static NPM_TIER_FRONT_SHIFT: u32 = TIER_FRONT_SHIFT;
 
@@ -164,6 +164,9 @@ pub(crate) struct Summaries {
     pod: u32,
     cidr: u32,
     any: u32,
+    /// [`NPM_TIER_FRONT_SHIFT`], read with the summaries (0 when none was
+    /// probed: then every mask is 0 and no word is probed either).
+    shift: u32,
 }
 
 /// The class mask of the shared summary `key` (0 when there is none),
@@ -200,6 +203,7 @@ pub(crate) fn tier_summaries(
         pod: 0,
         cidr: 0,
         any: 0,
+        shift: 0,
     };
     let front = (admin && front_enabled(ep, ep_flags, dir | TIER_ADMIN))
         || (baseline && front_enabled(ep, ep_flags, dir | TIER_BASELINE));
@@ -211,6 +215,7 @@ pub(crate) fn tier_summaries(
     // BPF-to-BPF call.)
     let pc = TIER_FRONT_PC_SHARED_SUMMARY;
     let shift = front_shift();
+    s.shift = shift;
     if identity < TIER_FRONT_MAX_IDENTITY {
         s.pod = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, identity, pc), shift);
     }
@@ -323,7 +328,7 @@ pub(crate) fn tier_action(
         };
         let mask = TIER_FRONT_SHARED_TIER_MASK;
         let code = policy_front_proto(pr);
-        let fs = front_shift();
+        let fs = sums.shift;
         let mut best = front_hit(lpm, ep, dir, tier, identity, (sums.pod >> shift) & mask, code, port, fs);
         let c = front_hit(
             lpm,
