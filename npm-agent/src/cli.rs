@@ -38,6 +38,9 @@ pub enum LogFormat {
     Text,
 }
 
+// Parsed once at start: the size of `Run` (every flag of the agent) costs
+// nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum Command {
     /// Run the agent (the DaemonSet's command).
