@@ -34,6 +34,9 @@
 //!
 //! `cargo xtask bench cnp [-- CNPS CHANGES RATE_PER_S]` (defaults 1000 150
 //! 10), or `cargo run --release -p npm-agent --example bench_cnp`.
+//! `--tier-front-buckets N` (a power of two) loads the dataplane with a tier
+//! front of N buckets (`npm-agent run --map-size-tier-front`; default
+//! 65,536).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -46,8 +49,8 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use npm_agent::agent::{self, AgentConfig};
 use npm_agent::reconcile::{AgentDataplane, SyncConfig};
 use npm_agent::telemetry::Metrics;
-use npm_common::{maps, sizes, tier_front_slot, DenyEvent, TIER_FRONT_TAG_MASK};
-use npm_dataplane::ebpf::{dump_pinned, tier_front_words, EbpfDataplane, EbpfOptions};
+use npm_common::{front_shift, maps, tier_front_slot, DenyEvent, TIER_FRONT_TAG_MASK};
+use npm_dataplane::ebpf::{dump_pinned, tier_front_words, EbpfDataplane, EbpfOptions, MapSizes};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
 use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, Direction, RuleRef, Tier, TierAction, TierEntry};
 use npm_policy::tiers::ClusterNetworkPolicy as ApiCnp;
@@ -388,7 +391,11 @@ fn verify_pinned(pin_dir: &std::path::Path, last: &Compiled) -> anyhow::Result<(
         have.difference(&want).count()
     );
     let path = pin_dir.join(maps::TIER_FRONT);
-    let front: Array<MapData, [u64; 4]> = Array::try_from(Map::Array(MapData::from_pin(&path)?))?;
+    let data = MapData::from_pin(&path)?;
+    // The front's buckets as the kernel has them (what the program hashes to).
+    let buckets = data.info()?.max_entries();
+    let shift = front_shift(buckets);
+    let front: Array<MapData, [u64; 4]> = Array::try_from(Map::Array(data))?;
     // A word whose bucket is full is legitimately absent (its endpoint's
     // tier stays on NPM_TIERS): counted, not an error. The loader stores
     // its own dense ranks, not the compiler's, so a word is found by its
@@ -398,9 +405,9 @@ fn verify_pinned(pin_dir: &std::path::Path, last: &Compiled) -> anyhow::Result<(
         // Rank 0: the keys of the entry, whatever its compiler rank.
         let v0 = npm_policy::compiled::TierValue { rank: 0, ..*v };
         for (key, _) in tier_front_words(e, &v0).unwrap_or_default() {
-            let (bucket, tag) = tier_front_slot(key);
+            let (bucket, tag) = tier_front_slot(key, shift);
             let stored = |b: &[u64; 4]| b.iter().any(|w| *w != 0 && w & TIER_FRONT_TAG_MASK == tag);
-            if bucket >= sizes::TIER_FRONT_BUCKETS || !stored(&front.get(&bucket, 0)?) {
+            if bucket >= buckets || !stored(&front.get(&bucket, 0)?) {
                 absent += 1;
             } else {
                 words += 1;
@@ -412,7 +419,15 @@ fn verify_pinned(pin_dir: &std::path::Path, last: &Compiled) -> anyhow::Result<(
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let mut argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut map_sizes = MapSizes::default();
+    if let Some(i) = argv.iter().position(|a| a == "--tier-front-buckets") {
+        let n = argv.get(i + 1).and_then(|v| v.parse().ok());
+        map_sizes.tier_front = n.ok_or_else(|| anyhow::anyhow!("--tier-front-buckets needs a number"))?;
+        argv.drain(i..=i + 1);
+    }
+    map_sizes.validate()?;
+    let args: Vec<usize> = argv.iter().filter_map(|a| a.parse().ok()).collect();
     let cnps = args.first().copied().unwrap_or(1_000);
     let changes = args.get(1).copied().unwrap_or(150);
     let rate = args.get(2).copied().unwrap_or(10).max(1);
@@ -472,12 +487,15 @@ async fn main() -> anyhow::Result<()> {
     let (kernel, ifindexes) = setup_kernel(NAMESPACES, LINK_PREFIX, PIN_PREFIX)?;
     let probe: Arc<Mutex<Probe>> = Arc::default();
     let dp = TimedEbpf {
-        inner: EbpfDataplane::open(EbpfOptions {
-            object: None,
-            pin_dir: kernel.pin_dir.clone(),
-            bench_no_ct_create: false,
-            attach: npm_dataplane::ebpf::AttachMode::Tcx,
-        })?,
+        inner: EbpfDataplane::open_sized(
+            EbpfOptions {
+                object: None,
+                pin_dir: kernel.pin_dir.clone(),
+                bench_no_ct_create: false,
+                attach: npm_dataplane::ebpf::AttachMode::Tcx,
+            },
+            map_sizes,
+        )?,
         probe: probe.clone(),
     };
     let resolver = PoolResolver {
@@ -598,7 +616,7 @@ async fn main() -> anyhow::Result<()> {
     let mut all: Vec<f64> = by_kind.values().flatten().copied().collect();
     let mut out = json!({
         "bench": "cnp", "dataplane": "ebpf", "pods": PODS, "local_endpoints": NAMESPACES, "cnps": cnps,
-        "tier_entries": last.tiers.len(), "front_words": front_words, "front_words_not_stored": front_absent, "changes": changes, "rate_per_s": rate,
+        "tier_entries": last.tiers.len(), "tier_front_buckets": map_sizes.tier_front, "front_words": front_words, "front_words_not_stored": front_absent, "changes": changes, "rate_per_s": rate,
         "first_enforcement_s": (first_enforcement_s * 1000.0).round() / 1000.0,
     });
     let overall = stats(&mut all);

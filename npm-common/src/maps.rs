@@ -116,11 +116,19 @@ pub mod sizes {
     pub const CIDRS: u32 = 65_536;
     /// Policy LPM entries (port ranges expand to prefixes).
     pub const POLICY: u32 = 1_048_576;
-    /// log2 of the buckets of `NPM_POLICY_FRONT`.
+    /// log2 of the default buckets of `NPM_POLICY_FRONT`.
     pub const POLICY_FRONT_BITS: u32 = 16;
-    /// Buckets of `NPM_POLICY_FRONT` (4 words, 32 bytes each: 2 MB, room
-    /// for 262,144 words).
+    /// Default buckets of `NPM_POLICY_FRONT` and `NPM_POLICY_FRONT_RULES`
+    /// (4 words, 32 + 16 bytes each: 3 MB, room for 262,144 words). The
+    /// number is set at load time (a power of two,
+    /// [`POLICY_FRONT_MIN_BUCKETS`]..=[`FRONT_MAX_BUCKETS`]); the datapath
+    /// takes its bucket shift from a load-time constant
+    /// ([`crate::front_shift`]).
     pub const POLICY_FRONT_BUCKETS: u32 = 1 << POLICY_FRONT_BITS;
+    /// The fewest buckets a policy front may have.
+    pub const POLICY_FRONT_MIN_BUCKETS: u32 = 64;
+    /// The most buckets a front may have (2^24: 512 MiB of words).
+    pub const FRONT_MAX_BUCKETS: u32 = 1 << 24;
     /// Tracked connections (each of `NPM_CT` and `NPM_CT4`).
     pub const CT: u32 = 262_144;
     /// Fragment records.
@@ -128,12 +136,16 @@ pub mod sizes {
     /// ClusterNetworkPolicy tier LPM entries (both tiers; port ranges
     /// expand to prefixes).
     pub const TIERS: u32 = 262_144;
-    /// log2 of the buckets of `NPM_TIER_FRONT` (the tag of a word is the
-    /// other 48 bits of its hashed key).
+    /// log2 of the default buckets of `NPM_TIER_FRONT`.
     pub const TIER_FRONT_BITS: u32 = 16;
-    /// Buckets of `NPM_TIER_FRONT` (4 words, 32 bytes each: 2 MB, room for
-    /// 262,144 words).
+    /// Default buckets of `NPM_TIER_FRONT` (4 words, 32 bytes each: 2 MB,
+    /// room for 262,144 words). The number is set at load time (a power of
+    /// two, [`TIER_FRONT_MIN_BUCKETS`]..=[`FRONT_MAX_BUCKETS`]).
     pub const TIER_FRONT_BUCKETS: u32 = 1 << TIER_FRONT_BITS;
+    /// The fewest buckets a tier front may have: a word holds the low 48
+    /// bits of its hashed key as its tag, so the bucket (the top bits) must
+    /// be at least the other 16 for bucket and tag to name the key.
+    pub const TIER_FRONT_MIN_BUCKETS: u32 = 1 << (64 - crate::tiers::TIER_FRONT_TAG_BITS);
     /// Service keys (ClusterIP ports and node address x NodePort pairs).
     pub const SERVICES: u32 = 65_536;
     /// Ring buffer bytes for flow events (denies, and allows of new connections).

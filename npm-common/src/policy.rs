@@ -154,12 +154,39 @@ pub const fn policy_front_word(endpoint: u32, dir: u8, identity: u32, code: u64,
 // the smallest word of endpoint 1 is not 0.
 const _: () = assert!(policy_front_word(1, DIR_INGRESS, IDENTITY_ANY, 0, false, 0) != 0);
 
-/// The bucket of a [`policy_front_word`] in `NPM_POLICY_FRONT`: a
-/// multiplicative hash of the whole word. A word is only ever stored in
-/// its own bucket (4 slots); a word that finds its bucket full is not
-/// stored, and its endpoint's direction keeps the LPM.
-pub const fn policy_front_bucket(word: u64) -> u32 {
-    (word.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - sizes::POLICY_FRONT_BITS)) as u32
+/// The right shift of a front's 64-bit hash that leaves its bucket, for a
+/// front of `buckets` buckets (a power of two, at least 2): 64 - log2 of
+/// the buckets. The datapath reads it from a load-time constant set from
+/// the front's size as loaded (`NPM_POLICY_FRONT_SHIFT`,
+/// `NPM_TIER_FRONT_SHIFT`).
+pub const fn front_shift(buckets: u32) -> u32 {
+    64 - buckets.trailing_zeros()
+}
+
+/// The shift of the default policy front ([`sizes::POLICY_FRONT_BUCKETS`]).
+pub const POLICY_FRONT_SHIFT: u32 = front_shift(sizes::POLICY_FRONT_BUCKETS);
+
+/// The bucket of a [`policy_front_word`] in an `NPM_POLICY_FRONT` whose
+/// [`front_shift`] is `shift`: the top bits of a multiplicative hash of the
+/// whole word. A word is only ever stored in its own bucket (4 slots); a
+/// word that finds its bucket full is not stored, and its endpoint's
+/// direction keeps the LPM.
+#[inline(always)]
+pub const fn policy_front_bucket(word: u64, shift: u32) -> u32 {
+    (word.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> shift) as u32
+}
+
+/// [`policy_front_bucket`] without the masking of the shift (one
+/// instruction less per probe in the datapath, where the shift is a
+/// load-time constant LLVM cannot see).
+///
+/// # Safety
+///
+/// `shift` is below 64 (a [`front_shift`] of at least 2 buckets).
+#[inline(always)]
+pub const unsafe fn policy_front_bucket_unchecked(word: u64, shift: u32) -> u32 {
+    // SAFETY: the caller's.
+    unsafe { word.wrapping_mul(0x9e37_79b9_7f4a_7c15).unchecked_shr(shift) as u32 }
 }
 
 /// The `NPM_POLICY_FRONT_RULES` value of rule id `rule`: `rule + 1`, so
@@ -230,5 +257,41 @@ mod tests {
         let k = PolicyKey::with_prefix(88, 7, DIR_INGRESS, 1, proto::UDP, 0x12ff);
         assert_eq!(k.protocol(), proto::UDP);
         assert_eq!(k.port(), 0x1200);
+    }
+
+    #[test]
+    fn policy_front_buckets_follow_the_front_size() {
+        let words = [
+            policy_front_word(1, DIR_INGRESS, IDENTITY_ANY, 0, false, 0),
+            policy_front_word(7, DIR_EGRESS, 300, 1, true, 80),
+            policy_front_word(
+                POLICY_FRONT_MAX_ENDPOINT - 1,
+                1,
+                POLICY_FRONT_MAX_IDENTITY - 1,
+                3,
+                true,
+                65_535,
+            ),
+        ];
+        assert_eq!(POLICY_FRONT_SHIFT, 48);
+        for w in words {
+            // The default is today's layout: the top 16 bits of the hash.
+            let h = w.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            assert_eq!(policy_front_bucket(w, POLICY_FRONT_SHIFT), (h >> 48) as u32);
+            let mut buckets = sizes::POLICY_FRONT_MIN_BUCKETS;
+            while buckets <= sizes::FRONT_MAX_BUCKETS {
+                let shift = front_shift(buckets);
+                assert_eq!(1u64 << (64 - shift), u64::from(buckets));
+                assert!(policy_front_bucket(w, shift) < buckets);
+                // SAFETY: shift < 64.
+                assert_eq!(
+                    unsafe { policy_front_bucket_unchecked(w, shift) },
+                    policy_front_bucket(w, shift)
+                );
+                // A front twice as large splits each bucket in two.
+                assert_eq!(policy_front_bucket(w, shift - 1) >> 1, policy_front_bucket(w, shift));
+                buckets <<= 1;
+            }
+        }
     }
 }

@@ -270,27 +270,51 @@ const FRONT_MUL_INV: u64 = {
     x
 };
 const _: () = assert!(FRONT_MUL.wrapping_mul(FRONT_MUL_INV) == 1);
-/// Bits of a word's tag (the low bits of the hashed key).
-const TAG_BITS: u32 = 64 - crate::maps::sizes::TIER_FRONT_BITS;
+/// Bits of a word's tag (the low bits of the hashed key); the bucket is
+/// the top bits (at least the other 16: [`crate::sizes::TIER_FRONT_MIN_BUCKETS`]).
+pub const TIER_FRONT_TAG_BITS: u32 = 48;
+const TAG_BITS: u32 = TIER_FRONT_TAG_BITS;
 /// The tag bits of a word.
 pub const TIER_FRONT_TAG_MASK: u64 = (1 << TAG_BITS) - 1;
 // The value (action, 14-bit rank) fills the 16 bits above the tag.
 const _: () = assert!(TAG_BITS == 48 && TIER_FRONT_MAX_RANK << TIER_RANK_SHIFT == 1 << 16);
 
-/// (bucket, tag) of a [`tier_front_key`]: the key times an odd constant
-/// (a bijection of 64-bit words), whose top bits are the bucket and low 48
-/// bits the tag. Within one bucket the tag identifies the key, so a word
-/// holds its tag and its value together and is published with one store.
+/// The [`crate::front_shift`] of the default tier front
+/// ([`crate::sizes::TIER_FRONT_BUCKETS`]).
+pub const TIER_FRONT_SHIFT: u32 = crate::front_shift(crate::sizes::TIER_FRONT_BUCKETS);
+
+/// (bucket, tag) of a [`tier_front_key`] in an `NPM_TIER_FRONT` whose
+/// [`crate::front_shift`] is `shift` (at most 48: at least
+/// [`crate::sizes::TIER_FRONT_MIN_BUCKETS`] buckets): the key times an odd
+/// constant (a bijection of 64-bit words), whose top `64 - shift` bits are
+/// the bucket and low 48 bits the tag. Within one bucket the tag identifies
+/// the key, so a word holds its tag and its value together and is
+/// published with one store.
 #[inline(always)]
-pub const fn tier_front_slot(key: u64) -> (u32, u64) {
+pub const fn tier_front_slot(key: u64, shift: u32) -> (u32, u64) {
     let h = key.wrapping_mul(FRONT_MUL);
-    ((h >> TAG_BITS) as u32, h & TIER_FRONT_TAG_MASK)
+    ((h >> shift) as u32, h & TIER_FRONT_TAG_MASK)
 }
 
-/// The key of the word `word` found in bucket `bucket` (inverse of
-/// [`tier_front_slot`]).
-pub const fn tier_front_key_of(bucket: u32, word: u64) -> u64 {
-    (((bucket as u64) << TAG_BITS) | (word & TIER_FRONT_TAG_MASK)).wrapping_mul(FRONT_MUL_INV)
+/// [`tier_front_slot`] without the masking of the shift (one instruction
+/// less per probe in the datapath, where the shift is a load-time constant
+/// LLVM cannot see).
+///
+/// # Safety
+///
+/// `shift` is below 64 (a [`crate::front_shift`] of at least 2 buckets).
+#[inline(always)]
+pub const unsafe fn tier_front_slot_unchecked(key: u64, shift: u32) -> (u32, u64) {
+    let h = key.wrapping_mul(FRONT_MUL);
+    // SAFETY: the caller's.
+    (unsafe { h.unchecked_shr(shift) } as u32, h & TIER_FRONT_TAG_MASK)
+}
+
+/// The key of the word `word` found in bucket `bucket` of a front whose
+/// shift is `shift` (inverse of [`tier_front_slot`]; the bucket's bits
+/// below bit 48 repeat the tag's, for a word in its own bucket).
+pub const fn tier_front_key_of(bucket: u32, word: u64, shift: u32) -> u64 {
+    (((bucket as u64) << shift) | (word & TIER_FRONT_TAG_MASK)).wrapping_mul(FRONT_MUL_INV)
 }
 
 /// The `NPM_TIER_FRONT` word of `key` with the [`TierValue::flags`]
@@ -301,7 +325,7 @@ pub const fn tier_front_word(key: u64, flags: u32) -> Option<u64> {
     if flags >> TIER_RANK_SHIFT >= TIER_FRONT_MAX_RANK || flags & TIER_ACTION_MASK == 0 {
         return None;
     }
-    Some(tier_front_slot(key).1 | (flags as u64) << TAG_BITS)
+    Some(key.wrapping_mul(FRONT_MUL) & TIER_FRONT_TAG_MASK | (flags as u64) << TAG_BITS)
 }
 
 /// The [`TierValue::flags`] of a word whose tag is `tag`, else `u32::MAX`
@@ -359,14 +383,30 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for k in keys {
             assert!(seen.insert(k), "distinct keys");
-            let (bucket, tag) = tier_front_slot(k);
-            assert!(bucket < crate::sizes::TIER_FRONT_BUCKETS);
             let w = tier_front_word(k, tier_flags(TIER_DENY, 77)).unwrap();
             assert_ne!(w, 0);
-            assert_eq!(tier_front_key_of(bucket, w), k);
-            assert_eq!(tier_front_hit(w, tag), tier_flags(TIER_DENY, 77));
-            assert_eq!(tier_front_hit(w, tag ^ 1), u32::MAX);
-            assert_eq!(tier_front_hit(0, tag), u32::MAX);
+            // Every front size from the smallest to the largest: the bucket
+            // is in range, the tag the same, and bucket and word give the key.
+            let mut buckets = crate::sizes::TIER_FRONT_MIN_BUCKETS;
+            while buckets <= crate::sizes::FRONT_MAX_BUCKETS {
+                let shift = crate::front_shift(buckets);
+                let (bucket, tag) = tier_front_slot(k, shift);
+                assert!(bucket < buckets);
+                assert_eq!(tag, tier_front_slot(k, TIER_FRONT_SHIFT).1);
+                assert_eq!(tier_front_key_of(bucket, w, shift), k);
+                // SAFETY: shift < 64.
+                assert_eq!(unsafe { tier_front_slot_unchecked(k, shift) }, (bucket, tag));
+                assert_eq!(tier_front_hit(w, tag), tier_flags(TIER_DENY, 77));
+                assert_eq!(tier_front_hit(w, tag ^ 1), u32::MAX);
+                assert_eq!(tier_front_hit(0, tag), u32::MAX);
+                buckets <<= 1;
+            }
+            // The default: the top 16 bits (today's layout, which adopted
+            // pins and attached programs of the same layout share).
+            assert_eq!(
+                tier_front_slot(k, TIER_FRONT_SHIFT).0,
+                (k.wrapping_mul(FRONT_MUL) >> 48) as u32
+            );
         }
         assert_eq!(
             tier_front_word(keys[0], tier_flags(TIER_ACCEPT, TIER_FRONT_MAX_RANK)),

@@ -158,6 +158,31 @@ pub enum EbpfError {
         /// The largest size accepted.
         max: u32,
     },
+    /// A configured front size is not a power of two within its bounds
+    /// (`--map-size-policy-front`, `--map-size-tier-front`).
+    #[error("map {map}: {buckets} buckets: must be a power of two, at least {min} and at most {max}")]
+    FrontSize {
+        /// Map name.
+        map: &'static str,
+        /// The configured buckets.
+        buckets: u32,
+        /// The fewest buckets accepted.
+        min: u32,
+        /// The most buckets accepted.
+        max: u32,
+    },
+    /// A pinned front has a size this loader cannot hash to (not a power
+    /// of two within the bounds), or not the size the program was loaded
+    /// for.
+    #[error("map {map} pinned at {path}: {buckets} buckets, not a front size this agent can use; remove the pins (`npm-agent cleanup`)")]
+    PinnedFrontSize {
+        /// Map name.
+        map: &'static str,
+        /// Its buckets.
+        buckets: u32,
+        /// The pin.
+        path: PathBuf,
+    },
     /// A map could not be mapped into memory.
     #[error("map {map}: mmap: {source}")]
     Mmap {
@@ -178,7 +203,9 @@ impl EbpfError {
             EbpfError::ObjectMissing { .. }
             | EbpfError::ReadObject { .. }
             | EbpfError::Load { .. }
-            | EbpfError::MapSize { .. } => "ebpf load",
+            | EbpfError::MapSize { .. }
+            | EbpfError::FrontSize { .. }
+            | EbpfError::PinnedFrontSize { .. } => "ebpf load",
             EbpfError::PinDir { .. } => "ebpf pin directory",
             EbpfError::ProgramMissing { .. } | EbpfError::Program { .. } => "ebpf program",
             EbpfError::MapMissing { .. }
@@ -261,7 +288,8 @@ impl From<EbpfError> for DataplaneError {
             | EbpfError::ReadObject { .. }
             | EbpfError::ProgramMissing { .. }
             | EbpfError::MapMissing { .. }
-            | EbpfError::MapSize { .. } => DataplaneError::Object { source: e },
+            | EbpfError::MapSize { .. }
+            | EbpfError::FrontSize { .. } => DataplaneError::Object { source: e },
             e => DataplaneError::KernelRefused {
                 op: e.step(),
                 source: e,

@@ -209,7 +209,7 @@ impl EbpfDataplane {
         out.push(fill(
             maps::POLICY_FRONT,
             self.policy_front_len(),
-            sizes::POLICY_FRONT_BUCKETS * 4,
+            actual.policy_front * 4,
         ));
         let [ct, ct4, frags] = self.datapath_counts();
         out.extend([

@@ -28,13 +28,13 @@
 //! one of them is removed, the other's ([`PolicyFront::insert`] again).
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use aya::maps::{Array, IterableMap, MapData};
-use npm_common::{maps, policy_front_bucket, policy_front_rule, sizes, POLICY_FRONT_RULE_UNKNOWN};
+use npm_common::{front_shift, maps, policy_front_bucket, policy_front_rule, POLICY_FRONT_RULE_UNKNOWN};
 
 use super::errors::EbpfError;
+use super::loader::check_front_buckets;
 use super::shared_words::{SharedWords, SharedWords32};
 
 /// Words per bucket.
@@ -47,6 +47,9 @@ pub(crate) struct PolicyFront {
     rules: SharedWords32,
     /// Stored word -> slot index (the loader is the only writer).
     placed: HashMap<u64, usize>,
+    /// The [`front_shift`] of the front's buckets as loaded (the program's
+    /// `NPM_POLICY_FRONT_SHIFT`).
+    shift: u32,
     /// Keep the maps (and their fds) alive as long as the mappings.
     _map: Array<MapData, [u64; 4]>,
     _rules_map: Array<MapData, [u32; 4]>,
@@ -57,17 +60,26 @@ impl PolicyFront {
     /// learns the words already there (adopted pins). An adopted word
     /// keeps its adopted rule (a rules map created beside older pins
     /// starts unknown, 0) until the next write of it; the rule of a slot
-    /// without a word is cleared.
+    /// without a word is cleared. The buckets are the map's as loaded (the
+    /// loader gave the program the same number, and the rules array the
+    /// same size).
     pub(crate) fn new(map: Array<MapData, [u64; 4]>, rules_map: Array<MapData, [u32; 4]>) -> Result<Self, EbpfError> {
-        let n = sizes::POLICY_FRONT_BUCKETS as usize * WAYS;
-        let fd = map.map().fd().as_fd().as_raw_fd();
-        let slots = SharedWords::map(fd, n, maps::POLICY_FRONT)?;
-        let fd = rules_map.map().fd().as_fd().as_raw_fd();
-        let rules = SharedWords32::map(fd, n, maps::POLICY_FRONT_RULES)?;
+        let (slots, buckets) = SharedWords::map_array(map.map(), WAYS, maps::POLICY_FRONT)?;
+        let (rules, rule_buckets) = SharedWords32::map_array(rules_map.map(), WAYS, maps::POLICY_FRONT_RULES)?;
+        check_front_buckets(maps::POLICY_FRONT, buckets)?;
+        if rule_buckets != buckets {
+            return Err(EbpfError::FrontSize {
+                map: maps::POLICY_FRONT_RULES,
+                buckets: rule_buckets,
+                min: buckets,
+                max: buckets,
+            });
+        }
+        let shift = front_shift(buckets);
         let mut placed = HashMap::new();
         for (i, (s, r)) in slots.words().iter().zip(rules.words()).enumerate() {
             let w = s.load(Ordering::Acquire);
-            if w != 0 && !placed.contains_key(&w) && policy_front_bucket(w) as usize == i / WAYS {
+            if w != 0 && !placed.contains_key(&w) && policy_front_bucket(w, shift) as usize == i / WAYS {
                 placed.insert(w, i);
                 continue;
             }
@@ -83,6 +95,7 @@ impl PolicyFront {
             slots,
             rules,
             placed,
+            shift,
             _map: map,
             _rules_map: rules_map,
         })
@@ -109,7 +122,7 @@ impl PolicyFront {
             }
             return true;
         }
-        let base = policy_front_bucket(word) as usize * WAYS;
+        let base = policy_front_bucket(word, self.shift) as usize * WAYS;
         for i in base..base + WAYS {
             let slot = &self.slots()[i];
             if slot.load(Ordering::Acquire) == 0 {

@@ -67,6 +67,24 @@ impl<A: SharedWord> Shared<A> {
         })
     }
 
+    /// Maps the whole array `data` (the map `name`): `per_entry` words of
+    /// each of its entries, as many entries as the kernel says it has (a
+    /// pinned map keeps the size it was created with). Returns the mapping
+    /// and the number of entries.
+    pub(crate) fn map_array(
+        data: &aya::maps::MapData,
+        per_entry: usize,
+        name: &'static str,
+    ) -> Result<(Self, u32), EbpfError> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let entries = data
+            .info()
+            .map_err(super::errors::map_err(name, "read map info"))?
+            .max_entries();
+        let fd = data.fd().as_fd().as_raw_fd();
+        Ok((Self::map(fd, entries as usize * per_entry, name)?, entries))
+    }
+
     /// The words.
     pub(crate) fn words(&self) -> &[A] {
         // SAFETY: `len` words mapped for the lifetime of self.

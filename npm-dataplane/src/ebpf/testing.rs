@@ -15,7 +15,7 @@ use npm_policy::compiled::Direction;
 
 use super::errors::{prog_err, EbpfError};
 use super::links::prog_for;
-use super::loader::{self, BenchSwitches};
+use super::loader::{self, BenchSwitches, MapSizes};
 use super::{EbpfDataplane, EbpfOptions};
 
 impl EbpfDataplane {
@@ -23,6 +23,12 @@ impl EbpfDataplane {
     /// benchmark measures the conntrack lookup without the flow cache).
     pub fn open_with(opts: EbpfOptions, switches: BenchSwitches) -> Result<Self, EbpfError> {
         Self::open_switched(opts, switches)
+    }
+
+    /// [`EbpfDataplane::open_with`] creating the configurable maps with
+    /// `sizes` (as [`EbpfDataplane::open_sized`]).
+    pub fn open_with_sized(opts: EbpfOptions, sizes: MapSizes, switches: BenchSwitches) -> Result<Self, EbpfError> {
+        Self::open_switched_sized(opts, sizes, switches)
     }
 
     fn run(

@@ -38,12 +38,11 @@
 //! be stored (bucket full) is not stored either.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use aya::maps::{Array, IterableMap, MapData};
 use npm_common::{
-    maps, policy_front_proto, sizes, tier_flags, tier_front_is_summary, tier_front_key, tier_front_key_of,
+    front_shift, maps, policy_front_proto, tier_flags, tier_front_is_summary, tier_front_key, tier_front_key_of,
     tier_front_pc_any_port, tier_front_pc_block, tier_front_pc_exact, tier_front_pc_of, tier_front_shared_bit,
     tier_front_shared_summary_key, tier_front_slot, tier_front_summary_bit, tier_front_summary_key, tier_front_word,
     EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, TIER_ACTION_MASK, TIER_FRONT_BLOCK_BITS,
@@ -52,6 +51,7 @@ use npm_common::{
 use npm_policy::compiled::{Compiled, Tier, TierEntry, TierValue};
 
 use super::errors::EbpfError;
+use super::loader::check_front_buckets;
 use super::shared_words::SharedWords;
 use super::translate;
 
@@ -184,6 +184,9 @@ pub(crate) struct TierFront {
     summaries: HashMap<u64, (usize, u32)>,
     /// Summary key -> words in `placed` per class bit.
     counts: HashMap<u64, [u32; SUMMARY_BITS]>,
+    /// The [`front_shift`] of the front's buckets as loaded (the program's
+    /// `NPM_TIER_FRONT_SHIFT`).
+    shift: u32,
     /// Keeps the map (and its fd) alive as long as the mapping.
     _map: Array<MapData, [u64; 4]>,
 }
@@ -195,10 +198,12 @@ impl TierFront {
     /// cover exactly the adopted words' classes (pins of a loader without
     /// summaries get them here, before a program that reads them is
     /// attached); an identity whose summary finds its bucket full loses
-    /// its words, so its tier stays on `NPM_TIERS`.
+    /// its words, so its tier stays on `NPM_TIERS`. The buckets are the
+    /// map's as loaded (the loader gave the program the same number).
     pub(crate) fn new(map: Array<MapData, [u64; 4]>) -> Result<Self, EbpfError> {
-        let fd = map.map().fd().as_fd().as_raw_fd();
-        let slots = SharedWords::map(fd, sizes::TIER_FRONT_BUCKETS as usize * WAYS, maps::TIER_FRONT)?;
+        let (slots, buckets) = SharedWords::map_array(map.map(), WAYS, maps::TIER_FRONT)?;
+        check_front_buckets(maps::TIER_FRONT, buckets)?;
+        let shift = front_shift(buckets);
         let mut placed = HashMap::new();
         let mut summaries = HashMap::new();
         for (i, s) in slots.words().iter().enumerate() {
@@ -212,7 +217,14 @@ impl TierFront {
                 s.store(0, Ordering::Release);
                 continue;
             }
-            let key = tier_front_key_of((i / WAYS) as u32, w);
+            let bucket = (i / WAYS) as u32;
+            let key = tier_front_key_of(bucket, w, shift);
+            // A word out of its bucket (its bucket bits below bit 48
+            // disagree with its tag) is none this loader stored.
+            if tier_front_slot(key, shift).0 != bucket {
+                s.store(0, Ordering::Release);
+                continue;
+            }
             let fresh = if tier_front_is_summary(tier_front_pc_of(key)) {
                 summaries
                     .insert(key, (i, ((w >> 48) as u32) >> TIER_RANK_SHIFT))
@@ -231,6 +243,7 @@ impl TierFront {
             placed,
             summaries,
             counts: HashMap::new(),
+            shift,
             _map: map,
         };
         let keys: Vec<u64> = front.placed.keys().copied().collect();
@@ -263,7 +276,7 @@ impl TierFront {
 
     /// A free slot of the bucket of `key`.
     fn free_slot(&self, key: u64) -> Option<usize> {
-        let base = tier_front_slot(key).0 as usize * WAYS;
+        let base = tier_front_slot(key, self.shift).0 as usize * WAYS;
         (base..base + WAYS).find(|i| self.slots()[*i].load(Ordering::Acquire) == 0)
     }
 
@@ -456,7 +469,10 @@ mod tests {
             4 + 2 + 9
         );
         let (k, w) = tier_front_words(&entry(Some(Protocol::Sctp), 443, 443), &V).unwrap()[0];
-        assert_eq!(tier_front_hit(w, tier_front_slot(k).1), tier_flags(TIER_ACCEPT, 9));
+        assert_eq!(
+            tier_front_hit(w, tier_front_slot(k, npm_common::TIER_FRONT_SHIFT).1),
+            tier_flags(TIER_ACCEPT, 9)
+        );
         // Too many words, an empty range, ids and ranks beyond the fields.
         assert_eq!(tier_front_words(&entry(Some(Protocol::Tcp), 1, 65534), &V), None);
         assert_eq!(tier_front_words(&entry(Some(Protocol::Tcp), 5, 4), &V), None);

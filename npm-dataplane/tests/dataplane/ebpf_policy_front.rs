@@ -267,7 +267,9 @@ fn colliding_identities(n: usize) -> Vec<u32> {
     let word = |id: u32| policy_front_word(1, DIR_INGRESS, id, policy_front_proto(6), true, 80);
     let mut by_bucket: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
     for id in 1000..2_000_000u32 {
-        let v = by_bucket.entry(policy_front_bucket(word(id))).or_default();
+        let v = by_bucket
+            .entry(policy_front_bucket(word(id), npm_common::POLICY_FRONT_SHIFT))
+            .or_default();
         v.push(id);
         if v.len() == n {
             return v.clone();

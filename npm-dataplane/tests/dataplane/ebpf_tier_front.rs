@@ -173,7 +173,7 @@ fn kernel_words(pin_dir: &std::path::Path) -> (usize, usize) {
     let (mut words, mut summaries) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
     for (bucket, b) in front.iter().enumerate() {
         for w in b.expect("bucket").into_iter().filter(|w| *w != 0) {
-            let key = tier_front_key_of(bucket as u32, w);
+            let key = tier_front_key_of(bucket as u32, w, npm_common::TIER_FRONT_SHIFT);
             if tier_front_is_summary(tier_front_pc_of(key)) {
                 summaries.insert(key);
             } else {
@@ -387,7 +387,7 @@ fn a_full_bucket_keeps_the_tier_on_the_lpm_until_it_frees() {
     let c = base();
     let mut f = fixture("tfb", &c, BenchSwitches::default());
     let key = tier_front_key(2, DIR_INGRESS, TIER_ADMIN, POD_B, tier_front_pc_exact(1, 80));
-    let (bucket, tag) = tier_front_slot(key);
+    let (bucket, tag) = tier_front_slot(key, npm_common::TIER_FRONT_SHIFT);
     let data = MapData::from_pin(f.pins.path.join(maps::TIER_FRONT)).unwrap();
     let mut front: Array<MapData, [u64; 4]> = Array::try_from(Map::from_map_data(data).unwrap()).unwrap();
     // Four other keys (other tags), action accept.

@@ -27,6 +27,7 @@ mod ebpf_attach_modes;
 mod ebpf_fastpath;
 mod ebpf_fill;
 mod ebpf_front_rules;
+mod ebpf_front_sizes;
 mod ebpf_half_close;
 mod ebpf_icmp_errors;
 mod ebpf_inspect;

@@ -15,8 +15,8 @@
 
 use aya_ebpf::{macros::map, maps::Array};
 use npm_common::{
-    policy_front_bucket, policy_front_proto, policy_front_word, sizes, EP_FRONT_INGRESS, POLICY_FRONT_MAX_ENDPOINT,
-    POLICY_FRONT_MAX_IDENTITY, POLICY_FRONT_RULE_UNKNOWN,
+    policy_front_bucket_unchecked, policy_front_proto, policy_front_word, sizes, EP_FRONT_INGRESS,
+    POLICY_FRONT_MAX_ENDPOINT, POLICY_FRONT_MAX_IDENTITY, POLICY_FRONT_RULE_UNKNOWN, POLICY_FRONT_SHIFT,
 };
 
 use super::lpm::NO_RULE;
@@ -24,7 +24,9 @@ use super::BPF_F_MMAPABLE;
 
 /// `NPM_POLICY_FRONT`: buckets of four policy words (see
 /// `npm_common::policy_front_word`), written by user space through a
-/// shared mapping with single 64-bit stores.
+/// shared mapping with single 64-bit stores. Its number of buckets is set
+/// at load time (`max_entries`; the default here), and with it
+/// [`NPM_POLICY_FRONT_SHIFT`].
 #[map]
 static NPM_POLICY_FRONT: Array<[u64; 4]> = Array::with_max_entries(sizes::POLICY_FRONT_BUCKETS, BPF_F_MMAPABLE);
 
@@ -34,6 +36,14 @@ static NPM_POLICY_FRONT: Array<[u64; 4]> = Array::with_max_entries(sizes::POLICY
 /// stores.
 #[map]
 static NPM_POLICY_FRONT_RULES: Array<[u32; 4]> = Array::with_max_entries(sizes::POLICY_FRONT_BUCKETS, BPF_F_MMAPABLE);
+
+/// Load-time constant: the `npm_common::front_shift` of the buckets of
+/// `NPM_POLICY_FRONT` as loaded (set by the loader from the size the map
+/// is created with, or the size of the pinned map it adopts), so that the
+/// datapath hashes a word to the bucket user space stored it in. Read once
+/// per lookup ([`front_rule`]); the verifier sees the frozen value.
+#[no_mangle]
+static NPM_POLICY_FRONT_SHIFT: u32 = POLICY_FRONT_SHIFT;
 
 /// Test and benchmark switch: when 1, step 9 always walks the LPM
 /// (`NPM_POLICY`), never the policy front.
@@ -69,12 +79,15 @@ fn slot_rule(bucket: u32, i: usize, words: *const u64, word: u64) -> u32 {
     }
 }
 
-/// One probe of `NPM_POLICY_FRONT` (one bucket of four words): the rule of
-/// the slot holding `word` (see [`slot_rule`]), or [`NO_RULE`] when no
-/// slot does.
+/// One probe of `NPM_POLICY_FRONT` (one bucket of four words; `shift`:
+/// [`NPM_POLICY_FRONT_SHIFT`]): the rule of the slot holding `word` (see
+/// [`slot_rule`]), or [`NO_RULE`] when no slot does.
 #[inline(always)]
-fn front_probe(word: u64) -> u32 {
-    let bucket = policy_front_bucket(word);
+fn front_probe(word: u64, shift: u32) -> u32 {
+    // SAFETY: shift is NPM_POLICY_FRONT_SHIFT, below 64: the loader sets it to the
+    // front_shift of a front size that check_front_buckets accepted (at
+    // least 64 buckets: at most 58).
+    let bucket = unsafe { policy_front_bucket_unchecked(word, shift) };
     let Some(b) = NPM_POLICY_FRONT.get(bucket) else {
         return NO_RULE;
     };
@@ -113,9 +126,11 @@ pub(crate) fn front_rule(ep: u32, dir: u8, identity: u32, protocol: u8, port: u1
     if identity >= POLICY_FRONT_MAX_IDENTITY || ep == 0 || ep >= POLICY_FRONT_MAX_ENDPOINT {
         return NO_RULE;
     }
+    // SAFETY: reading a read-only global.
+    let shift = unsafe { core::ptr::read_volatile(&NPM_POLICY_FRONT_SHIFT) };
     let code = policy_front_proto(protocol);
     if code != 0 {
-        let r = front_probe(policy_front_word(ep, dir, identity, code, true, port));
+        let r = front_probe(policy_front_word(ep, dir, identity, code, true, port), shift);
         if r != NO_RULE {
             return r;
         }
@@ -124,12 +139,12 @@ pub(crate) fn front_rule(ep: u32, dir: u8, identity: u32, protocol: u8, port: u1
         return NO_RULE;
     }
     if code != 0 {
-        let r = front_probe(policy_front_word(ep, dir, identity, code, false, 0));
+        let r = front_probe(policy_front_word(ep, dir, identity, code, false, 0), shift);
         if r != NO_RULE {
             return r;
         }
     }
-    front_probe(policy_front_word(ep, dir, identity, 0, false, 0))
+    front_probe(policy_front_word(ep, dir, identity, 0, false, 0), shift)
 }
 
 /// Whether step 9 probes the front for an endpoint (flags `ep_flags`) in

@@ -17,11 +17,11 @@ use aya_ebpf::{
 };
 use npm_common::{
     policy_front_proto, sizes, tier_front_key, tier_front_pc_any_port, tier_front_pc_block, tier_front_pc_exact,
-    tier_front_slot, TierValue, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY, POLICY_KEY_LEN,
-    TIER_ACTION_MASK, TIER_ADMIN, TIER_BASELINE, TIER_FRONT_MAX_ENDPOINT, TIER_FRONT_MAX_IDENTITY,
+    tier_front_slot_unchecked, TierValue, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY,
+    POLICY_KEY_LEN, TIER_ACTION_MASK, TIER_ADMIN, TIER_BASELINE, TIER_FRONT_MAX_ENDPOINT, TIER_FRONT_MAX_IDENTITY,
     TIER_FRONT_PC_ANY_PROTO, TIER_FRONT_PC_SHARED_SUMMARY, TIER_FRONT_SHARED_ANY_PORT, TIER_FRONT_SHARED_ANY_PROTO,
     TIER_FRONT_SHARED_BLOCK, TIER_FRONT_SHARED_EXACT, TIER_FRONT_SHARED_TIER_MASK, TIER_FRONT_SHARED_TIER_SHIFT,
-    TIER_RANK_SHIFT,
+    TIER_FRONT_SHIFT, TIER_RANK_SHIFT,
 };
 
 use super::lpm::write_full_key;
@@ -35,9 +35,26 @@ static NPM_TIERS: LpmTrie<[u8; POLICY_KEY_LEN], TierValue> = LpmTrie::with_max_e
 
 /// `NPM_TIER_FRONT`: buckets of four tier words (see
 /// `npm_common::tier_front_word`: tag and value in one word), written by
-/// user space through a shared mapping with single 64-bit stores.
+/// user space through a shared mapping with single 64-bit stores. Its
+/// number of buckets is set at load time (`max_entries`; the default here),
+/// and with it [`NPM_TIER_FRONT_SHIFT`].
 #[map]
 static NPM_TIER_FRONT: Array<[u64; 4]> = Array::with_max_entries(sizes::TIER_FRONT_BUCKETS, BPF_F_MMAPABLE);
+
+/// Load-time constant: the `npm_common::front_shift` of the buckets of
+/// `NPM_TIER_FRONT` as loaded (set by the loader from the size the map is
+/// created with, or the size of the pinned map it adopts). Read once per
+/// packet, by [`tier_summaries`] (the [`Summaries`] carry it to
+/// [`tier_action`]); the verifier sees the frozen value.
+#[no_mangle]
+static NPM_TIER_FRONT_SHIFT: u32 = TIER_FRONT_SHIFT;
+
+/// [`NPM_TIER_FRONT_SHIFT`].
+#[inline(always)]
+fn front_shift() -> u32 {
+    // SAFETY: reading a read-only global.
+    unsafe { core::ptr::read_volatile(&NPM_TIER_FRONT_SHIFT) }
+}
 
 /// Test and benchmark switch: when 1, the tiers always walk the LPM
 /// (`NPM_TIERS`), never the tier front.
@@ -64,8 +81,8 @@ fn tier_hit(lpm: *mut u8, ep: u32, dir_tier: u8, identity: u32, pr: u8, port: u1
 /// the number of states it explores (the branches of the probes and
 /// minimums) from multiplying.
 #[inline(always)]
-fn front_get(lpm: *mut u8, key: u64) -> u32 {
-    let f = front_probe(key);
+fn front_get(lpm: *mut u8, key: u64, shift: u32) -> u32 {
+    let f = front_probe(key, shift);
     // SAFETY: lpm is the 20-byte, 4-aligned scratch key.
     unsafe {
         wr32(lpm, f);
@@ -77,8 +94,11 @@ fn front_get(lpm: *mut u8, key: u64) -> u32 {
 /// the bucket's four words, a hit when it is below `0xffff` (a key is in
 /// at most one slot, so the smallest is that slot's).
 #[inline(always)]
-fn front_probe(key: u64) -> u32 {
-    let (bucket, tag) = tier_front_slot(key);
+fn front_probe(key: u64, shift: u32) -> u32 {
+    // SAFETY: shift is NPM_TIER_FRONT_SHIFT, below 64: the loader sets it to the
+    // front_shift of a front size that check_front_buckets accepted (at
+    // least 64 buckets: at most 58).
+    let (bucket, tag) = unsafe { tier_front_slot_unchecked(key, shift) };
     match NPM_TIER_FRONT.get(bucket) {
         Some(b) => {
             let b = b.as_ptr();
@@ -144,13 +164,16 @@ pub(crate) struct Summaries {
     pod: u32,
     cidr: u32,
     any: u32,
+    /// [`NPM_TIER_FRONT_SHIFT`], read with the summaries (0 when none was
+    /// probed: then every mask is 0 and no word is probed either).
+    shift: u32,
 }
 
 /// The class mask of the shared summary `key` (0 when there is none),
 /// through the scratch word as [`front_get`].
 #[inline(always)]
-fn summary_get(lpm: *mut u8, key: u64) -> u32 {
-    let f = front_probe(key);
+fn summary_get(lpm: *mut u8, key: u64, shift: u32) -> u32 {
+    let f = front_probe(key, shift);
     let mask = if f == u32::MAX { 0 } else { f >> TIER_RANK_SHIFT };
     // SAFETY: lpm is the 20-byte, 4-aligned scratch key.
     unsafe {
@@ -180,6 +203,7 @@ pub(crate) fn tier_summaries(
         pod: 0,
         cidr: 0,
         any: 0,
+        shift: 0,
     };
     let front = (admin && front_enabled(ep, ep_flags, dir | TIER_ADMIN))
         || (baseline && front_enabled(ep, ep_flags, dir | TIER_BASELINE));
@@ -190,13 +214,15 @@ pub(crate) fn tier_summaries(
     // (Plain calls, not a closure: LLVM compiles a closure into a
     // BPF-to-BPF call.)
     let pc = TIER_FRONT_PC_SHARED_SUMMARY;
+    let shift = front_shift();
+    s.shift = shift;
     if identity < TIER_FRONT_MAX_IDENTITY {
-        s.pod = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, identity, pc));
+        s.pod = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, identity, pc), shift);
     }
     if cidr_identity != IDENTITY_ANY && cidr_identity < TIER_FRONT_MAX_IDENTITY {
-        s.cidr = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, cidr_identity, pc));
+        s.cidr = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, cidr_identity, pc), shift);
     }
-    s.any = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, IDENTITY_ANY, pc));
+    s.any = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, IDENTITY_ANY, pc), shift);
     s
 }
 
@@ -208,10 +234,21 @@ pub(crate) fn tier_summaries(
 /// ranges: at most one of the two exists), else the protocol's any-port
 /// word, else the any-protocol word: the same answer as the LPM's longest
 /// prefix. `0xffff` for none (a pass of the last front rank, which never
-/// decides). `code` is the packet's `policy_front_proto`.
+/// decides). `code` is the packet's `policy_front_proto`, `shift`
+/// [`NPM_TIER_FRONT_SHIFT`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn front_hit(lpm: *mut u8, ep: u32, dir: u8, tier: u8, identity: u32, mask: u32, code: u64, port: u16) -> u32 {
+fn front_hit(
+    lpm: *mut u8,
+    ep: u32,
+    dir: u8,
+    tier: u8,
+    identity: u32,
+    mask: u32,
+    code: u64,
+    port: u16,
+    shift: u32,
+) -> u32 {
     if mask == 0 {
         return 0xffff;
     }
@@ -219,19 +256,23 @@ fn front_hit(lpm: *mut u8, ep: u32, dir: u8, tier: u8, identity: u32, mask: u32,
     if code != 0 {
         if mask & (TIER_FRONT_SHARED_EXACT << (code - 1) as u32) != 0 {
             let pc = tier_front_pc_exact(code, port);
-            r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc));
+            r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc), shift);
         }
         if r == u32::MAX && mask & TIER_FRONT_SHARED_BLOCK != 0 {
             let pc = tier_front_pc_block(code, port);
-            r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc));
+            r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc), shift);
         }
         if r == u32::MAX && mask & TIER_FRONT_SHARED_ANY_PORT != 0 {
             let pc = tier_front_pc_any_port(code);
-            r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc));
+            r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc), shift);
         }
     }
     if r == u32::MAX && mask & TIER_FRONT_SHARED_ANY_PROTO != 0 {
-        r = front_get(lpm, tier_front_key(ep, dir, tier, identity, TIER_FRONT_PC_ANY_PROTO));
+        r = front_get(
+            lpm,
+            tier_front_key(ep, dir, tier, identity, TIER_FRONT_PC_ANY_PROTO),
+            shift,
+        );
     }
     r & 0xffff
 }
@@ -287,7 +328,8 @@ pub(crate) fn tier_action(
         };
         let mask = TIER_FRONT_SHARED_TIER_MASK;
         let code = policy_front_proto(pr);
-        let mut best = front_hit(lpm, ep, dir, tier, identity, (sums.pod >> shift) & mask, code, port);
+        let fs = sums.shift;
+        let mut best = front_hit(lpm, ep, dir, tier, identity, (sums.pod >> shift) & mask, code, port, fs);
         let c = front_hit(
             lpm,
             ep,
@@ -297,9 +339,20 @@ pub(crate) fn tier_action(
             (sums.cidr >> shift) & mask,
             code,
             port,
+            fs,
         );
         best = min32(best, c);
-        let a = front_hit(lpm, ep, dir, tier, IDENTITY_ANY, (sums.any >> shift) & mask, code, port);
+        let a = front_hit(
+            lpm,
+            ep,
+            dir,
+            tier,
+            IDENTITY_ANY,
+            (sums.any >> shift) & mask,
+            code,
+            port,
+            fs,
+        );
         best = min32(best, a);
         return best & TIER_ACTION_MASK;
     }
