@@ -16,7 +16,7 @@
 //!   block, so keys are counted per such group ([`Fill::applied`] recounts
 //!   only the groups a diff touches);
 //! - `NPM_TIERS` likewise, per (endpoint, direction, tier, peer, protocol);
-//! - `NPM_IPCACHE4` and `NPM_POLICY_FRONT` are counted by the loader's own
+//! - `NPM_IPCACHE4`, `NPM_POLICY_FRONT` and `NPM_TIER_FRONT` are counted by the loader's own
 //!   mappings (user-space memory reads, no syscall).
 //!
 //! Until the first full sync the counts are not known (adopted pins may
@@ -211,6 +211,7 @@ impl EbpfDataplane {
             self.policy_front_len(),
             actual.policy_front * 4,
         ));
+        out.push(fill(maps::TIER_FRONT, self.tier_front_len(), actual.tier_front * 4));
         let [ct, ct4, frags] = self.datapath_counts();
         out.extend([
             fill(maps::CT, ct, actual.conntrack),

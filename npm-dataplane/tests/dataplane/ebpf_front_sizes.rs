@@ -237,6 +237,9 @@ fn fronts_of_configured_sizes_decide_as_the_lpms() {
     let fill = f.dp.map_fill();
     let front = fill.iter().find(|m| m.map == maps::POLICY_FRONT).unwrap();
     assert_eq!(front.capacity, 4 << 10, "the policy front's capacity is its words");
+    let tier_front = fill.iter().find(|m| m.map == maps::TIER_FRONT).unwrap();
+    assert_eq!(tier_front.capacity, 4 << 18, "the tier front's capacity is its words");
+    assert_eq!(tier_front.entries, f.dp.tier_front_len() as u64);
     f.assert_on_fronts();
     assert_eq!(f.grid(41_000), want, "fronts (with the LPMs behind them) vs LPMs");
     // Only the fronts: the verdicts can only come from the words, found in
