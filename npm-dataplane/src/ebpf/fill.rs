@@ -35,7 +35,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use npm_common::{maps, sizes, PolicyKey};
-use npm_policy::compiled::{Compiled, CompiledDiff, PolicyEntry, TierEntry};
+use npm_policy::compiled::{Compiled, CompiledDiff, MapDiff, PolicyEntry, TierEntry};
 
 use super::{tiers, translate, EbpfDataplane};
 
@@ -92,6 +92,29 @@ fn group_keys(next: &Compiled, e: &PolicyEntry) -> usize {
     keys.len()
 }
 
+/// Recounts the key groups (`group_of`) that `diff` touches, each once (a
+/// diff may change many entries of one): `keys_of` an entry gives its
+/// group's distinct keys in the target; `groups` and `total` follow.
+fn recount<E, V, G: Ord>(
+    diff: &MapDiff<E, V>,
+    group_of: impl Fn(&E) -> G,
+    keys_of: impl Fn(&E) -> usize,
+    groups: &mut BTreeMap<G, usize>,
+    total: &mut usize,
+) {
+    let entries = diff.upsert.iter().map(|(e, _)| e).chain(&diff.remove);
+    let touched: BTreeMap<G, &E> = entries.map(|e| (group_of(e), e)).collect();
+    for (g, e) in touched {
+        let now = keys_of(e);
+        let before = if now == 0 {
+            groups.remove(&g)
+        } else {
+            groups.insert(g, now)
+        };
+        *total = (*total + now).saturating_sub(before.unwrap_or(0));
+    }
+}
+
 /// The counts of the maps the writer writes (see the module doc).
 #[derive(Debug, Default)]
 pub(crate) struct Fill {
@@ -143,41 +166,20 @@ impl Fill {
         }
         self.ipcache = next.ipcache.len();
         self.cidrs = next.cidrs.len();
-        // Each touched group once (a diff may change many entries of one).
-        let touched: BTreeMap<Group, &PolicyEntry> = diff
-            .policy
-            .upsert
-            .iter()
-            .map(|(e, _)| e)
-            .chain(diff.policy.remove.iter())
-            .map(|e| (group(e), e))
-            .collect();
-        for (g, e) in touched {
-            let now = group_keys(next, e);
-            let before = if now == 0 {
-                self.policy_groups.remove(&g)
-            } else {
-                self.policy_groups.insert(g, now)
-            };
-            self.policy_keys = (self.policy_keys + now).saturating_sub(before.unwrap_or(0));
-        }
-        let touched: BTreeMap<TierGroup, &TierEntry> = diff
-            .tiers
-            .upsert
-            .iter()
-            .map(|(e, _)| e)
-            .chain(diff.tiers.remove.iter())
-            .map(|e| (tier_group(e), e))
-            .collect();
-        for (g, e) in touched {
-            let now = tiers::group_keys(next, e);
-            let before = if now == 0 {
-                self.tier_groups.remove(&g)
-            } else {
-                self.tier_groups.insert(g, now)
-            };
-            self.tier_keys = (self.tier_keys + now).saturating_sub(before.unwrap_or(0));
-        }
+        recount(
+            &diff.policy,
+            group,
+            |e| group_keys(next, e),
+            &mut self.policy_groups,
+            &mut self.policy_keys,
+        );
+        recount(
+            &diff.tiers,
+            tier_group,
+            |e| tiers::group_keys(next, e),
+            &mut self.tier_groups,
+            &mut self.tier_keys,
+        );
     }
 }
 
