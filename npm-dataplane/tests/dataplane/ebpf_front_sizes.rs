@@ -12,6 +12,7 @@
 //! rules array of another size than its front is created anew. Sizes that
 //! are not a power of two within the bounds are refused. Needs root.
 
+use crate::ebpf_common::tier_in as tier;
 use crate::ebpf_common::*;
 use aya::maps::MapData;
 use npm_common::{
@@ -19,8 +20,8 @@ use npm_common::{
 };
 use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, EbpfError, MapSizes};
 use npm_dataplane::Dataplane;
-use npm_policy::compiled::{Compiled, Direction::Ingress as IN, Tier, TierAction, TierAction::*, TierEntry, TierValue};
-use npm_policy::model::Protocol::{self, Tcp, Udp};
+use npm_policy::compiled::{Compiled, Direction::Ingress as IN, Tier, TierAction::*};
+use npm_policy::model::Protocol::{Tcp, Udp};
 
 const POD_B: u32 = TIER_POD_B;
 const POD_C: u32 = TIER_POD_C;
@@ -33,35 +34,6 @@ fn sized() -> MapSizes {
         tier_front: 1 << 18,
         ..MapSizes::default()
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn tier(
-    c: &mut Compiled,
-    ep: u32,
-    tier: Tier,
-    peer: u32,
-    protocol: Option<Protocol>,
-    ports: (u16, u16),
-    action: TierAction,
-    rank: u32,
-) {
-    c.tiers.insert(
-        TierEntry {
-            endpoint: ep,
-            direction: IN,
-            tier,
-            peer,
-            protocol,
-            ports,
-        },
-        TierValue {
-            action,
-            rank,
-            rule: 100 + rank,
-        },
-    );
-    c.endpoints.get_mut(&ep).unwrap().tiers.set(tier, IN);
 }
 
 /// Endpoint 1 isolated for ingress, its NetworkPolicy allowing POD_B on

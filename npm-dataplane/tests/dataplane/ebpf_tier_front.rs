@@ -9,6 +9,7 @@
 //! (`priority << 20 | …`) are renumbered onto the front and decide in
 //! their order through priority changes and renumberings. Needs root.
 
+use crate::ebpf_common::tier_in as tier;
 use crate::ebpf_common::*;
 use aya::maps::{Array, Map, MapData};
 use npm_common::{
@@ -18,8 +19,8 @@ use npm_common::{
 };
 use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
 use npm_dataplane::Dataplane;
-use npm_policy::compiled::{Compiled, Direction::Ingress as IN, Tier, TierAction, TierAction::*, TierEntry, TierValue};
-use npm_policy::model::Protocol::{self, Tcp, Udp};
+use npm_policy::compiled::{Compiled, Direction::Ingress as IN, Tier, TierAction::*, TierEntry};
+use npm_policy::model::Protocol::{Tcp, Udp};
 
 const POD_B: u32 = TIER_POD_B;
 const POD_C: u32 = TIER_POD_C;
@@ -31,35 +32,6 @@ fn base() -> Compiled {
     // Endpoint 1's NetworkPolicy allows POD_B on TCP 80.
     allow(&mut c, 1, IN, POD_B, Some(Tcp), (80, 80), 1);
     c
-}
-
-#[allow(clippy::too_many_arguments)]
-fn tier(
-    c: &mut Compiled,
-    ep: u32,
-    tier: Tier,
-    peer: u32,
-    protocol: Option<Protocol>,
-    ports: (u16, u16),
-    action: TierAction,
-    rank: u32,
-) {
-    c.tiers.insert(
-        TierEntry {
-            endpoint: ep,
-            direction: IN,
-            tier,
-            peer,
-            protocol,
-            ports,
-        },
-        TierValue {
-            action,
-            rank,
-            rule: 100 + rank,
-        },
-    );
-    c.endpoints.get_mut(&ep).unwrap().tiers.set(tier, IN);
 }
 
 /// Every entry form in both tiers of both endpoints; endpoint 2's Baseline

@@ -6,6 +6,7 @@
 //! identities wins, host ingress comes first, and the writer's entries are
 //! in the pinned map (full sync and diffs). Needs root.
 
+use crate::ebpf_common::tier_entry as tier;
 use crate::ebpf_common::*;
 use aya::maps::lpm_trie::LpmTrie;
 use aya::maps::{Map, MapData};
@@ -15,10 +16,8 @@ use npm_common::{
 };
 use npm_dataplane::ebpf::{EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
 use npm_dataplane::Dataplane;
-use npm_policy::compiled::{
-    Compiled, Direction, Direction::Egress as EG, Direction::Ingress as IN, Tier, TierAction, TierEntry, TierValue,
-};
-use npm_policy::model::Protocol::{self, Tcp, Udp};
+use npm_policy::compiled::{Compiled, Direction, Direction::Egress as EG, Direction::Ingress as IN, Tier, TierAction};
+use npm_policy::model::Protocol::{Tcp, Udp};
 
 const POD_B: u32 = TIER_POD_B;
 const POD_C: u32 = TIER_POD_C;
@@ -30,35 +29,6 @@ fn base() -> Compiled {
     let mut c = tier_fixture(true);
     ip(&mut c, "10.0.0.9", IDENTITY_HOST, 0);
     c
-}
-
-/// Adds a tier entry (and the endpoint's presence flag, as the compiler
-/// sets it).
-#[allow(clippy::too_many_arguments)]
-fn tier(
-    c: &mut Compiled,
-    ep: u32,
-    direction: Direction,
-    tier: Tier,
-    peer: u32,
-    protocol: Option<Protocol>,
-    ports: (u16, u16),
-    action: TierAction,
-    rank: u32,
-    rule: u32,
-) {
-    c.tiers.insert(
-        TierEntry {
-            endpoint: ep,
-            direction,
-            tier,
-            peer,
-            protocol,
-            ports,
-        },
-        TierValue { action, rank, rule },
-    );
-    c.endpoints.get_mut(&ep).unwrap().tiers.set(tier, direction);
 }
 
 struct Fixture {

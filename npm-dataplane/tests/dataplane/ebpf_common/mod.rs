@@ -12,7 +12,7 @@ use std::process::Command;
 
 use npm_dataplane::ebpf::tc_filters::{list_filters, TcFilter};
 use npm_dataplane::ebpf::{AttachMode, EbpfDataplane, EbpfOptions};
-use npm_policy::compiled::{Compiled, Direction, PolicyEntry};
+use npm_policy::compiled::{Compiled, Direction, PolicyEntry, Tier, TierAction, TierEntry, TierValue};
 use npm_policy::model::Protocol;
 
 /// Removes interfaces, netns and pin dirs left by crashed runs of any of
@@ -440,6 +440,62 @@ pub fn tier_fixture(egress_isolated: bool) -> Compiled {
     ip(&mut c, "10.0.0.3", TIER_POD_C, 0);
     c.cidrs.insert("10.0.0.2/32".parse().unwrap(), TIER_BLOCK);
     c
+}
+
+/// Adds the tier entry (endpoint `ep`, `direction`, `tier`, `peer`,
+/// `protocol`, `ports`) -> (`action`, `rank`, `rule`) and sets the
+/// endpoint's presence flag for that tier and direction.
+#[allow(clippy::too_many_arguments)]
+pub fn tier_entry(
+    c: &mut Compiled,
+    ep: u32,
+    direction: Direction,
+    tier: Tier,
+    peer: u32,
+    protocol: Option<Protocol>,
+    ports: (u16, u16),
+    action: TierAction,
+    rank: u32,
+    rule: u32,
+) {
+    c.tiers.insert(
+        TierEntry {
+            endpoint: ep,
+            direction,
+            tier,
+            peer,
+            protocol,
+            ports,
+        },
+        TierValue { action, rank, rule },
+    );
+    c.endpoints.get_mut(&ep).unwrap().tiers.set(tier, direction);
+}
+
+/// [`tier_entry`] for ingress, with rule id `100 + rank`.
+#[allow(clippy::too_many_arguments)]
+pub fn tier_in(
+    c: &mut Compiled,
+    ep: u32,
+    tier: Tier,
+    peer: u32,
+    protocol: Option<Protocol>,
+    ports: (u16, u16),
+    action: TierAction,
+    rank: u32,
+) {
+    tier_entry(
+        c,
+        ep,
+        Direction::Ingress,
+        tier,
+        peer,
+        protocol,
+        ports,
+        action,
+        rank,
+        100 + rank,
+    );
 }
 
 /// Interfaces map of one endpoint.
