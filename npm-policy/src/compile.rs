@@ -549,7 +549,6 @@ pub(crate) fn compile_with_peers(
 
     let mut policy = BTreeMap::new();
     let mut endpoints = BTreeMap::new();
-    let mut locals: Vec<(u32, &Pod)> = Vec::new();
     // Subject (pod identity) -> its isolation (ingress, egress), once its
     // entries are emitted: the endpoints of one identity share them.
     let mut subjects: HashMap<u32, (bool, bool)> = HashMap::new();
@@ -583,9 +582,10 @@ pub(crate) fn compile_with_peers(
         let mut record = endpoint_record(pod, subject, ips, iso_in, iso_eg);
         record.report_new = opts.report_new;
         endpoints.insert(ep, record);
-        locals.push((ep, pod));
     }
-    // ClusterNetworkPolicy tiers (see `tiers::compile`).
+    // ClusterNetworkPolicy tiers (see `tiers::compile`), per subject.
+    let mut locals: Vec<(u32, &IdentityKey)> = subjects.keys().map(|s| (*s, &identities[s])).collect();
+    locals.sort_by_key(|(s, _)| *s);
     let node_identities = alloc.tables.node_identities.clone();
     let nodes = crate::tiers::compile::TierNodes {
         identities: &node_identities,

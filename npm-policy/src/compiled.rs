@@ -122,9 +122,9 @@ pub struct Endpoint {
     pub isolated_ingress: bool,
     /// Some policy selects it for egress.
     pub isolated_egress: bool,
-    /// Which ClusterNetworkPolicy tiers have entries for it, per direction
-    /// (derived from [`Compiled::tiers`]: the datapath skips a tier's
-    /// lookups when its flag is clear).
+    /// Which ClusterNetworkPolicy tiers have entries for its subject, per
+    /// direction (derived from [`Compiled::tiers`]: the datapath skips a
+    /// tier's lookups when its flag is clear).
     pub tiers: TierPresence,
     /// Report the new connections this endpoint's dataplane allows (both
     /// directions): the datapath emits an allow event for the packet that
@@ -208,9 +208,10 @@ pub enum TierAction {
     Pass,
 }
 
-/// One entry of a tier's table for one local endpoint and direction.
+/// One entry of a tier's table for one subject (the pod identity of local
+/// endpoints, as for [`PolicyEntry`]) and direction.
 ///
-/// The compiler guarantees, for one (`endpoint`, `direction`, `tier`,
+/// The compiler guarantees, for one (`subject`, `direction`, `tier`,
 /// `peer`): the entries of one protocol have disjoint port ranges, and at
 /// most one entry has `protocol: None`. A packet's match for one peer
 /// identity is its *most specific* entry: the entry of its protocol whose
@@ -224,8 +225,8 @@ pub enum TierAction {
 /// This is exactly an LPM lookup per identity and a minimum over three.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct TierEntry {
-    /// Endpoint id.
-    pub endpoint: u32,
+    /// The pod identity of the local endpoints the entry applies to.
+    pub subject: u32,
     /// Direction from the endpoint.
     pub direction: Direction,
     /// Tier.
@@ -321,7 +322,7 @@ pub struct Compiled {
     /// Allow entries (keyed by subject: the endpoints' pod identity, see
     /// [`PolicyEntry`]) -> rule id.
     pub policy: BTreeMap<PolicyEntry, u32>,
-    /// ClusterNetworkPolicy tier entries (see [`TierEntry`]).
+    /// ClusterNetworkPolicy tier entries, keyed by subject (see [`TierEntry`]).
     pub tiers: BTreeMap<TierEntry, TierValue>,
     /// Allocation state, kept so that ids are stable across recompiles.
     pub ids: IdTables,
@@ -489,26 +490,26 @@ impl Compiled {
     }
 
     /// [`Compiled::diff`] when the tier entries of `self` and `next` can
-    /// differ only for the endpoints `tier_endpoints` (`None`: any): only
-    /// those endpoints' tier entries are compared, not every entry (the
-    /// incremental compiler says which endpoints, see
+    /// differ only for the subjects `tier_subjects` (`None`: any): only
+    /// those subjects' tier entries are compared, not every entry (the
+    /// incremental compiler says which subjects, see
     /// [`crate::incremental::Compiler::take_tier_touched`]). Debug builds
     /// check the result against the full comparison.
-    pub fn diff_with_tiers_of(&self, next: &Compiled, tier_endpoints: Option<&BTreeSet<u32>>) -> CompiledDiff {
-        let tiers = match tier_endpoints {
+    pub fn diff_with_tiers_of(&self, next: &Compiled, tier_subjects: Option<&BTreeSet<u32>>) -> CompiledDiff {
+        let tiers = match tier_subjects {
             None => MapDiff::between(&self.tiers, &next.tiers),
-            Some(endpoints) => {
+            Some(subjects) => {
                 let mut tiers = MapDiff::default();
-                for &id in endpoints {
+                for &id in subjects {
                     let lo = TierEntry {
-                        endpoint: id,
+                        subject: id,
                         direction: Direction::Ingress,
                         tier: Tier::Admin,
                         peer: 0,
                         protocol: None,
                         ports: (0, 0),
                     };
-                    let same = |(e, _): &(&TierEntry, &TierValue)| e.endpoint == id;
+                    let same = |(e, _): &(&TierEntry, &TierValue)| e.subject == id;
                     tiers.extend_between(
                         self.tiers.range(lo..).take_while(same),
                         next.tiers.range(lo..).take_while(same),
@@ -517,7 +518,7 @@ impl Compiled {
                 debug_assert_eq!(
                     tiers,
                     MapDiff::between(&self.tiers, &next.tiers),
-                    "tier entries changed outside the endpoints named"
+                    "tier entries changed outside the subjects named"
                 );
                 tiers
             }

@@ -71,14 +71,14 @@ pub fn find_entry(
         .map(|(e, r)| (e, *r))
 }
 
-/// The tier entry of `compiled` matching (`endpoint`, `direction`,
+/// The tier entry of `compiled` matching (`subject`, `direction`,
 /// `tier`, `peer` identity, `protocol`, `port`): the most specific one (the
 /// entry of the packet's protocol whose range holds `port`, else the
 /// `protocol: None` entry), as the datapath's LPM lookup finds it.
 #[allow(clippy::too_many_arguments)]
 pub fn find_tier_entry(
     compiled: &Compiled,
-    endpoint: u32,
+    subject: u32,
     direction: Direction,
     tier: Tier,
     peer: u32,
@@ -86,7 +86,7 @@ pub fn find_tier_entry(
     port: u16,
 ) -> Option<(&TierEntry, TierValue)> {
     let lo = TierEntry {
-        endpoint,
+        subject,
         direction,
         tier,
         peer,
@@ -111,10 +111,11 @@ pub fn find_tier_entry(
 
 /// A tier's decision for a packet whose peer has the identities `ids`
 /// (pod or node identity, CIDR identity, `IDENTITY_ANY`): the matched entry
-/// of lowest rank among them; `None`: the tier does not decide.
+/// of lowest rank among them, for the endpoints of subject `subject`;
+/// `None`: the tier does not decide.
 pub fn tier_decision(
     compiled: &Compiled,
-    endpoint: u32,
+    subject: u32,
     direction: Direction,
     tier: Tier,
     ids: [u32; 3],
@@ -122,7 +123,7 @@ pub fn tier_decision(
     port: u16,
 ) -> Option<TierValue> {
     ids.iter()
-        .filter_map(|id| find_tier_entry(compiled, endpoint, direction, tier, *id, protocol, port).map(|(_, v)| v))
+        .filter_map(|id| find_tier_entry(compiled, subject, direction, tier, *id, protocol, port).map(|(_, v)| v))
         .min_by_key(|v| v.rank)
 }
 
@@ -206,7 +207,7 @@ pub fn lookup_with(
     }
     let ids = [res.peer_identity, res.cidr_identity, IDENTITY_ANY];
     if admin {
-        res.admin = tier_decision(compiled, endpoint, direction, Tier::Admin, ids, protocol, port);
+        res.admin = tier_decision(compiled, ep.identity, direction, Tier::Admin, ids, protocol, port);
         match res.admin {
             Some(v) if v.action == TierAction::Accept => {
                 res.reason = Reason::AdminAccept;
@@ -235,7 +236,7 @@ pub fn lookup_with(
         return res;
     }
     if baseline {
-        res.baseline = tier_decision(compiled, endpoint, direction, Tier::Baseline, ids, protocol, port);
+        res.baseline = tier_decision(compiled, ep.identity, direction, Tier::Baseline, ids, protocol, port);
         match res.baseline {
             Some(v) if v.action == TierAction::Accept => {
                 res.reason = Reason::BaselineAccept;

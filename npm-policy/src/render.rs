@@ -155,8 +155,8 @@ impl Compiled {
             for (e, v) in &self.tiers {
                 let _ = writeln!(
                     s,
-                    "  ep{} {} {} {} {} {:?} rank={} r{}",
-                    e.endpoint,
+                    "  s{} {} {} {} {} {:?} rank={} r{}",
+                    e.subject,
                     e.direction.name(),
                     e.tier.name(),
                     peer_name(self, e.peer),

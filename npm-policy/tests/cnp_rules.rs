@@ -386,7 +386,7 @@ fn overlapping_port_ranges_fold_to_disjoint_entries() {
     let c = npm_policy::compile(&s, &opts(), None);
     let mut by: BTreeMap<_, Vec<(u16, u16)>> = BTreeMap::new();
     for e in c.tiers.keys() {
-        by.entry((e.endpoint, e.direction, e.tier, e.peer, e.protocol))
+        by.entry((e.subject, e.direction, e.tier, e.peer, e.protocol))
             .or_default()
             .push(e.ports);
     }

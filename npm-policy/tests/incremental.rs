@@ -568,3 +568,71 @@ fn same_tables(a: &Compiled, b: &Compiled) {
     assert_eq!(a.policy, b.policy);
     assert_eq!(a.tiers, b.tiers);
 }
+
+/// ClusterNetworkPolicy tier entries are keyed by subject too: two local
+/// pods of one identity share them (and both get the tier presence), a
+/// relabelled pod leaves them, and the Admin Deny decides the verdicts of
+/// exactly the pods its subject selects now.
+#[test]
+fn endpoints_of_one_identity_share_their_subjects_tier_entries() {
+    use npm_policy::compiled::{Tier, TierAction};
+    use npm_policy::tiers::{ClusterPeer, ClusterPolicy, ClusterRule, Subject};
+    let mut m = Model::upstream();
+    m.snapshot.pods.get_mut(&("x".into(), "c".into())).unwrap().labels = sel(&[("pod", "a")]).match_labels;
+    let cnp = ClusterPolicy {
+        name: "deny-to-a".into(),
+        tier: Tier::Admin,
+        priority: 5,
+        subject: Subject::Pods {
+            namespaces: Selector::default(),
+            pods: sel(&[("pod", "a")]),
+        },
+        ingress: vec![ClusterRule {
+            name: None,
+            action: TierAction::Deny,
+            peers: vec![ClusterPeer::Namespaces(Selector::default())],
+            ports: vec![],
+        }],
+        egress: vec![],
+    };
+    m.snapshot.insert_cluster_policy(cnp, None);
+    let mut inc = npm_policy::incremental::Compiler::new(m.snapshot.clone(), opts(), None);
+    let c = inc.compiled().clone();
+    same_tables(&c, &npm_policy::compile(&m.snapshot, &opts(), Some(&c)));
+    let (xa, xc) = (ep(&c, "x/a"), ep(&c, "x/c"));
+    let subject = c.endpoints[&xa].identity;
+    assert_eq!(c.endpoints[&xc].identity, subject);
+    // Pods labelled pod=a: x/a, x/c, y/a, z/a: three identities (x/a and
+    // x/c share one), each with one entry per peer identity.
+    let subjects: std::collections::BTreeSet<u32> = c.tiers.keys().map(|e| e.subject).collect();
+    assert_eq!(subjects.len(), 3, "{subjects:?}");
+    assert!(subjects.contains(&subject));
+    let yb = m.ip("y/b").unwrap();
+    for e in [xa, xc] {
+        assert!(c.endpoints[&e].tiers.admin_ingress);
+        assert!(!lookup(&c, e, Direction::Ingress, yb, 6, 80).allowed);
+    }
+    // x/c is relabelled: it leaves the subject, the Deny no longer applies.
+    let mut pc = m.snapshot.pods[&("x".to_string(), "c".to_string())].clone();
+    pc.labels = sel(&[("pod", "c2")]).match_labels;
+    inc.upsert_pod(pc.clone());
+    m.snapshot.pods.insert(("x".into(), "c".into()), pc);
+    let c2 = inc.compiled().clone();
+    same_tables(&c2, &npm_policy::compile(&m.snapshot, &opts(), Some(&c2)));
+    // x/a's subject keeps its entries; it only gains one towards x/c's
+    // new identity (a peer of the Deny: every namespace).
+    let d = c.diff(&c2);
+    let xc_new = c2.endpoints[&xc].identity;
+    assert!(d.tiers.remove.iter().all(|e| e.subject != subject), "{:?}", d.tiers);
+    assert!(
+        d.tiers
+            .upsert
+            .iter()
+            .all(|(e, _)| e.subject != subject || e.peer == xc_new),
+        "{:?}",
+        d.tiers
+    );
+    assert!(!c2.endpoints[&xc].tiers.admin_ingress);
+    assert!(lookup(&c2, xc, Direction::Ingress, yb, 6, 80).allowed);
+    assert!(!lookup(&c2, xa, Direction::Ingress, yb, 6, 80).allowed);
+}

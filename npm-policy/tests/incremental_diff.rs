@@ -281,7 +281,7 @@ fn canonical(c: &Compiled) -> BTreeSet<String> {
     for (e, v) in &c.tiers {
         out.insert(format!(
             "tier {} {:?} {:?} {} {:?} {:?} {:?} rank {} {:?}",
-            ep(e.endpoint),
+            ident(e.subject),
             e.direction,
             e.tier,
             ident(e.peer),

@@ -209,27 +209,25 @@ impl Compiler {
             let (Some(pod), false) = (pod, owned.is_empty()) else {
                 if let Some(old) = old {
                     self.out.ids.endpoints.retain(|_, v| *v != old.id);
-                    // Its tier entries go.
-                    self.tier_changes.endpoints.insert(old.id);
                 }
                 continue;
             };
             let pod = pod.clone();
-            let old_id = old.map(|o| o.id);
-            let ep = self.endpoint_id(old_id, &pod.uid);
-            if old_id != Some(ep) {
-                // A new endpoint (or a new id): tier entries of its own.
-                self.tier_changes.endpoints.extend(old_id);
-                self.tier_changes.endpoints.insert(ep);
-            }
+            let ep = self.endpoint_id(old.map(|o| o.id), &pod.uid);
             let subject = self.identities.of_pod(&pk);
-            self.subjects.entry(subject).or_default().insert(pk.clone());
+            let members = self.subjects.entry(subject).or_default();
+            if members.is_empty() {
+                // A new subject: tier entries of its own (see `tiers`).
+                self.tier_changes.subjects.insert(subject);
+            }
+            members.insert(pk.clone());
             subjects.insert(subject);
             // The isolation is the subject's (set by `emit_subjects`).
             let mut record = endpoint_record(&pod, subject, &owned, false, false);
             record.report_new = self.opts.report_new;
-            // Its tier entries are not re-emitted here (see `tiers`).
-            Self::restore_presence(&self.out.tiers, ep, &mut record);
+            // Its subject's tier entries are not re-emitted here (see
+            // `tiers`).
+            Self::restore_presence(&self.out.tiers, &mut record);
             self.out.endpoints.insert(ep, record);
             self.eps.insert(pk, EndpointState { id: ep, subject });
         }
@@ -247,7 +245,9 @@ impl Compiler {
                 .for_each(drop);
             self.rules.remove_user(s);
             if self.subjects.get(&s).is_none_or(|m| m.is_empty()) {
+                // A gone subject: its tier entries go too.
                 self.subjects.remove(&s);
+                self.tier_changes.subjects.insert(s);
                 continue;
             }
             let Some(key) = self.out.ids.identities.get(&s).cloned() else {

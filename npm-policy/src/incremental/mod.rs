@@ -278,14 +278,10 @@ impl Compiler {
         for id in self.identities.take_orphans() {
             self.drop_identity(id);
         }
+        // A pod or namespace change that changes what a CNP's subject or
+        // named port sees gives the pods a new identity: a new subject,
+        // whose tier entries `emit` has `refresh_tiers` compute.
         self.emit(dirty);
-        // Their pods (or namespaces) changed: their subject selection and
-        // named ports may have too.
-        for pk in &pods {
-            if let Some(st) = self.eps.get(pk) {
-                self.tier_changes.endpoints.insert(st.id);
-            }
-        }
     }
 
     /// Adds or replaces a namespace.

@@ -301,12 +301,12 @@ fn incremental_tiers_match_full_compile() {
             }
             check(&c, &s, &before, &format!("seed {seed} step {step} change {what}"));
             if !(seed as usize + step).is_multiple_of(3) {
-                // The tier entries changed only on the endpoints named.
+                // The tier entries changed only on the subjects named.
                 let touched = c.take_tier_touched().expect("taken before");
                 let ours = c.compiled();
                 let outside = |m: &BTreeMap<TierEntry, TierValue>| {
                     m.iter()
-                        .filter(|(e, _)| !touched.contains(&e.endpoint))
+                        .filter(|(e, _)| !touched.contains(&e.subject))
                         .map(|(e, v)| (*e, *v))
                         .collect::<Vec<_>>()
                 };

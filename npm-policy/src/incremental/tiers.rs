@@ -1,34 +1,37 @@
 //! ClusterNetworkPolicies in the incremental compiler: adding, replacing
 //! and removing one, and the recomputation of only the tier entries a
 //! change touches, with the function of the full compile
-//! (`tiers::compile::compile_tiers_scoped`) restricted to some endpoints,
-//! a tier and some peer identities: an entry of one (endpoint, direction,
-//! tier, peer) depends only on that endpoint's pod and on the rules that
-//! match that peer, never on another endpoint.
+//! (`tiers::compile::compile_tiers_scoped`) restricted to some subjects
+//! (pod identities of local endpoints, see
+//! [`crate::compiled::TierEntry`]), a tier and some peer identities: an
+//! entry of one (subject, direction, tier, peer) depends only on that
+//! subject's identity key and on the rules that match that peer, never on
+//! another subject.
 //!
 //! What a change touches, recorded in [`TierChanges`] by the code that
 //! makes the change and recomputed by [`Compiler::refresh_tiers`]:
 //! - a CNP created, replaced or deleted: its tier's entries, for the
-//!   endpoints its old and new subject select and the peers its old and
+//!   subjects its old and new `subject` select and the peers its old and
 //!   new rules resolve to (the old ones resolved before the change); the
 //!   CNPs whose ranks moved (the CNPs of its old and new priority in its
 //!   tier, see `ranked_rules`) are re-ranked in place (below);
 //! - a pod identity that appears or goes (a pod or namespace change): the
-//!   entries of that identity, on the endpoints of every CNP with a
+//!   entries of that identity, on the subjects of every CNP with a
 //!   `namespaces`/`pods` peer matching its key (or an all-peers egress rule
 //!   with a named port, which resolves the name per identity);
-//! - a local endpoint re-emitted with a new id, removed, or whose pod or
-//!   namespace changed (`acquire`): all its entries (old and new id);
+//! - a subject that appears (its first local endpoint) or goes (its last):
+//!   all its entries (a pod or namespace relabel gives the pods a new
+//!   identity, so a new subject);
 //! - the node identities or this node's labels (a Node change), the CIDR
 //!   prefixes (an ipBlock or `networks` change): all entries of the
-//!   endpoints of the CNPs with a `nodes` (resp. `networks`) peer.
+//!   subjects of the CNPs with a `nodes` (resp. `networks`) peer.
 //!
 //! The CNPs whose ranks moved without changing themselves keep their
 //! entries, which get the new rank values (the order of their rules among
 //! every rule but the changed CNP's is the same): nothing is recomputed for
-//! them. The endpoints whose entries were recomputed or re-ranked are
+//! them. The subjects whose entries were recomputed or re-ranked are
 //! recorded for [`Compiler::take_tier_touched`], so a caller diffs only
-//! those endpoints' entries.
+//! those subjects' entries.
 //!
 //! The tests (`tests.rs`) compare the result with the full compile after
 //! every step of random sequences. With no CNP and no tier entry it costs
@@ -37,8 +40,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::compiled::{Direction, Endpoint, IdentityKey, RuleRef, Tier, TierEntry, TierPresence, TierValue};
-use crate::identity::namespace_labels;
-use crate::model::{InvalidPolicy, Labels, Pod, Snapshot};
+use crate::model::{InvalidPolicy, Snapshot};
 use crate::tiers::compile::{compile_tiers_scoped, policy_peer_ids, ranked_rules, subject_selects, Scope, TierNodes};
 use crate::tiers::{convert_cluster_policy, ClusterNetworkPolicy, ClusterPeer, ClusterPolicy, ClusterPort};
 
@@ -48,9 +50,9 @@ use super::Compiler;
 /// the module doc); emptied by [`Compiler::refresh_tiers`].
 #[derive(Clone, Debug, Default)]
 pub(super) struct TierChanges {
-    /// Endpoint ids whose tier entries are all recomputed (gone ones lose
+    /// Subjects whose tier entries are all recomputed (gone ones lose
     /// theirs).
-    pub(super) endpoints: BTreeSet<u32>,
+    pub(super) subjects: BTreeSet<u32>,
     /// Pod identities that appeared or went, with their keys.
     pub(super) identities: Vec<(u32, IdentityKey)>,
     /// The node identities or this node's labels may have changed.
@@ -59,16 +61,16 @@ pub(super) struct TierChanges {
     pub(super) cidrs: bool,
     /// Narrower recomputations (a CNP change).
     jobs: Vec<Job>,
-    /// The endpoint ids whose tier entries were recomputed since the last
+    /// The subjects whose tier entries were recomputed since the last
     /// [`Compiler::take_tier_touched`] (`None`: every one; a new compiler).
     /// Kept across [`Compiler::refresh_tiers`].
     touched: Option<BTreeSet<u32>>,
 }
 
-/// One recomputation: the tier entries of `endpoints` in `scope`.
+/// One recomputation: the tier entries of `subjects` in `scope`.
 #[derive(Clone, Debug, Default)]
 struct Job {
-    endpoints: BTreeSet<u32>,
+    subjects: BTreeSet<u32>,
     scope: Scope,
 }
 
@@ -88,12 +90,12 @@ fn tier_ranks(snapshot: &Snapshot, tier: Tier) -> HashMap<String, Vec<u32>> {
     out
 }
 
-/// The lowest [`TierEntry`] of endpoint `endpoint`, direction `direction`,
-/// tier `tier` and peer `peer` (the entries of one endpoint are
+/// The lowest [`TierEntry`] of subject `subject`, direction `direction`,
+/// tier `tier` and peer `peer` (the entries of one subject are
 /// contiguous, ordered by direction, tier, then peer).
-fn first_key(endpoint: u32, direction: Direction, tier: Tier, peer: u32) -> TierEntry {
+fn first_key(subject: u32, direction: Direction, tier: Tier, peer: u32) -> TierEntry {
     TierEntry {
-        endpoint,
+        subject,
         direction,
         tier,
         peer,
@@ -102,15 +104,15 @@ fn first_key(endpoint: u32, direction: Direction, tier: Tier, peer: u32) -> Tier
     }
 }
 
-/// Endpoint `endpoint`'s tier presence from the entries.
-pub(super) fn presence_of(tiers: &BTreeMap<TierEntry, TierValue>, endpoint: u32) -> TierPresence {
+/// Subject `subject`'s tier presence from the entries.
+pub(super) fn presence_of(tiers: &BTreeMap<TierEntry, TierValue>, subject: u32) -> TierPresence {
     let mut p = TierPresence::default();
     for direction in [Direction::Ingress, Direction::Egress] {
         for tier in [Tier::Admin, Tier::Baseline] {
             let has = tiers
-                .range(first_key(endpoint, direction, tier, 0)..)
+                .range(first_key(subject, direction, tier, 0)..)
                 .next()
-                .is_some_and(|(e, _)| e.endpoint == endpoint && e.direction == direction && e.tier == tier);
+                .is_some_and(|(e, _)| e.subject == subject && e.direction == direction && e.tier == tier);
             if has {
                 p.set(tier, direction);
             }
@@ -119,19 +121,19 @@ pub(super) fn presence_of(tiers: &BTreeMap<TierEntry, TierValue>, endpoint: u32)
     p
 }
 
-/// Removes the tier entries of endpoint `endpoint` in `scope`.
-fn remove_scoped(tiers: &mut BTreeMap<TierEntry, TierValue>, endpoint: u32, scope: &Scope) {
+/// Removes the tier entries of subject `subject` in `scope`.
+fn remove_scoped(tiers: &mut BTreeMap<TierEntry, TierValue>, subject: u32, scope: &Scope) {
     let mut keys: Vec<TierEntry> = Vec::new();
     for direction in [Direction::Ingress, Direction::Egress] {
         for tier in [Tier::Admin, Tier::Baseline] {
             if scope.tiers.as_ref().is_some_and(|t| !t.contains(&tier)) {
                 continue;
             }
-            let same = |e: &TierEntry| e.endpoint == endpoint && e.direction == direction && e.tier == tier;
+            let same = |e: &TierEntry| e.subject == subject && e.direction == direction && e.tier == tier;
             match &scope.peers {
                 None => keys.extend(
                     tiers
-                        .range(first_key(endpoint, direction, tier, 0)..)
+                        .range(first_key(subject, direction, tier, 0)..)
                         .take_while(|(e, _)| same(e))
                         .map(|(e, _)| *e),
                 ),
@@ -139,7 +141,7 @@ fn remove_scoped(tiers: &mut BTreeMap<TierEntry, TierValue>, endpoint: u32, scop
                     for peer in peers {
                         keys.extend(
                             tiers
-                                .range(first_key(endpoint, direction, tier, *peer)..)
+                                .range(first_key(subject, direction, tier, *peer)..)
                                 .take_while(|(e, _)| same(e) && e.peer == *peer)
                                 .map(|(e, _)| *e),
                         );
@@ -287,18 +289,18 @@ impl Compiler {
 
     /// Gives the tier entries of the (unchanged) CNPs `moved` the ranks
     /// their rules have now: each entry whose rule is one of theirs, on the
-    /// local endpoints their subjects select (the only ones where their
-    /// rules emit entries). Valid because the new ranks keep the order of
+    /// subjects they select (the only ones where their rules emit
+    /// entries). Valid because the new ranks keep the order of
     /// every rule but the changed CNP's (ranks follow (priority, name,
     /// index)), and the fold depends only on that order.
     fn rerank(&mut self, moved: &BTreeSet<String>) {
         if moved.is_empty() {
             return;
         }
-        let mut endpoints: BTreeSet<u32> = BTreeSet::new();
+        let mut subjects: BTreeSet<u32> = BTreeSet::new();
         for n in moved {
             if let Some(p) = self.snapshot.cluster_policies.get(n) {
-                endpoints.extend(self.cnp_endpoints(p));
+                subjects.extend(self.cnp_subjects(p));
             }
         }
         let mut rank: HashMap<(Tier, Direction, &str, usize), u32> = HashMap::new();
@@ -314,10 +316,10 @@ impl Compiler {
         // Rule id -> its new rank (`None`: not a rule of `moved`).
         let mut by_rule: HashMap<u32, Option<u32>> = HashMap::new();
         let rules = &self.out.ids.rules;
-        for id in &endpoints {
+        for id in &subjects {
             let lo = first_key(*id, Direction::Ingress, Tier::Admin, 0);
             for (e, v) in self.out.tiers.range_mut(lo..) {
-                if e.endpoint != *id {
+                if e.subject != *id {
                     break;
                 }
                 let new = *by_rule.entry(v.rule).or_insert_with(|| match rules.get(&v.rule) {
@@ -335,20 +337,20 @@ impl Compiler {
             }
         }
         if let Some(t) = &mut self.tier_changes.touched {
-            t.extend(endpoints);
+            t.extend(subjects);
         }
     }
 
     /// What a change of `policy` touches: the tier entries of its tier,
-    /// for the local endpoints its subject selects and the peers its rules
-    /// resolve to (now).
+    /// for the subjects it selects and the peers its rules resolve to
+    /// (now).
     fn cnp_job(&self, policy: &ClusterPolicy) -> Job {
         let nodes = TierNodes {
             identities: &self.out.ids.node_identities,
             local: self.snapshot.nodes.get(&self.opts.node_name).map(|n| &n.labels),
         };
         Job {
-            endpoints: self.cnp_endpoints(policy).into_iter().collect(),
+            subjects: self.cnp_subjects(policy).into_iter().collect(),
             scope: Scope {
                 tiers: Some([policy.tier].into()),
                 peers: policy_peer_ids(policy, &self.out.ids.identities, &self.out.cidrs, &nodes),
@@ -356,18 +358,17 @@ impl Compiler {
         }
     }
 
-    /// The ids of the local endpoints `policy`'s subject selects.
-    fn cnp_endpoints(&self, policy: &ClusterPolicy) -> Vec<u32> {
-        let empty = Labels::new();
-        self.eps
-            .iter()
-            .filter(|(pk, _)| {
-                self.snapshot.pods.get(*pk).is_some_and(|pod| {
-                    let ns = namespace_labels(&self.snapshot, &pod.namespace).unwrap_or(&empty);
-                    subject_selects(&policy.subject, &pod.labels, ns)
-                })
+    /// The subjects (pod identities of local endpoints) `policy`'s
+    /// `subject` selects.
+    fn cnp_subjects(&self, policy: &ClusterPolicy) -> Vec<u32> {
+        let ids = &self.out.ids.identities;
+        self.subjects
+            .keys()
+            .filter(|s| {
+                ids.get(*s)
+                    .is_some_and(|k| subject_selects(&policy.subject, &k.pod_labels, &k.namespace_labels))
             })
-            .map(|(_, st)| st.id)
+            .copied()
             .collect()
     }
 
@@ -381,45 +382,45 @@ impl Compiler {
             return;
         }
         let mut jobs = changes.jobs.clone();
-        // Changed endpoints: everything of theirs.
-        let mut full = changes.endpoints.clone();
+        // New and gone subjects: everything of theirs.
+        let mut full = changes.subjects.clone();
         if changes.nodes || changes.cidrs {
             for p in self.snapshot.cluster_policies.values() {
                 if nodes_or_cidrs_affected(p, &changes) {
-                    full.extend(self.cnp_endpoints(p));
+                    full.extend(self.cnp_subjects(p));
                 }
             }
         }
         if !full.is_empty() {
             jobs.push(Job {
-                endpoints: full,
+                subjects: full,
                 scope: Scope::default(),
             });
         }
         // An identity that appeared or went: its own entries, on the
-        // endpoints of the CNPs whose peers see it (an identity that went
+        // subjects of the CNPs whose peers see it (an identity that went
         // had entries only there).
         if !changes.identities.is_empty() {
-            let mut endpoints = BTreeSet::new();
+            let mut subjects = BTreeSet::new();
             for p in self.snapshot.cluster_policies.values() {
                 if changes.identities.iter().any(|(_, k)| identity_affects(p, k)) {
-                    endpoints.extend(self.cnp_endpoints(p));
+                    subjects.extend(self.cnp_subjects(p));
                 }
             }
             jobs.push(Job {
-                endpoints,
+                subjects,
                 scope: Scope {
                     tiers: None,
                     peers: Some(changes.identities.iter().map(|(id, _)| *id).collect()),
                 },
             });
         }
-        // One recomputation per tier scope: the union of the endpoints and
+        // One recomputation per tier scope: the union of the subjects and
         // of the peers (a superset of each job's entries is recomputed, so
         // the result is the same; the fixed costs are paid once).
         let mut merged: BTreeMap<Option<BTreeSet<Tier>>, Job> = BTreeMap::new();
         for job in jobs {
-            if job.endpoints.is_empty() {
+            if job.subjects.is_empty() {
                 continue;
             }
             match merged.get_mut(&job.scope.tiers) {
@@ -427,7 +428,7 @@ impl Compiler {
                     merged.insert(job.scope.tiers.clone(), job);
                 }
                 Some(m) => {
-                    m.endpoints.extend(job.endpoints);
+                    m.subjects.extend(job.subjects);
                     m.scope.peers = match (m.scope.peers.take(), job.scope.peers) {
                         (Some(mut a), Some(b)) => {
                             a.extend(b);
@@ -444,25 +445,23 @@ impl Compiler {
     }
 
     /// Recomputes the tier entries of `job` and the presence of its
-    /// endpoints (an id that is no longer an endpoint just loses its
-    /// entries).
+    /// subjects' endpoints (a subject without endpoints any more just
+    /// loses its entries).
     fn recompute_tiers(&mut self, job: &Job) {
-        let dirty = &job.endpoints;
+        let dirty = &job.subjects;
         if let Some(t) = &mut self.tier_changes.touched {
             t.extend(dirty);
         }
         for id in dirty {
             remove_scoped(&mut self.out.tiers, *id, &job.scope);
         }
-        let mut locals: Vec<(u32, &Pod)> = self
-            .eps
-            .iter()
-            .filter(|(_, st)| dirty.contains(&st.id))
-            .filter_map(|(pk, st)| self.snapshot.pods.get(pk).map(|p| (st.id, p)))
-            .collect();
-        locals.sort_by_key(|(id, _)| *id);
         // The identity table is read while rule ids are handed out.
         let identities = std::mem::take(&mut self.out.ids.identities);
+        let locals: Vec<(u32, &IdentityKey)> = dirty
+            .iter()
+            .filter(|s| self.subjects.contains_key(*s))
+            .filter_map(|s| identities.get(s).map(|k| (*s, k)))
+            .collect();
         let node_identities = std::mem::take(&mut self.out.ids.node_identities);
         let nodes = TierNodes {
             identities: &node_identities,
@@ -478,19 +477,24 @@ impl Compiler {
             &job.scope,
             |r| rules.rule_id(r.clone(), ids),
         );
+        drop(locals);
         self.out.ids.identities = identities;
         self.out.ids.node_identities = node_identities;
         self.out.tiers.extend(tiers);
-        for id in dirty {
-            if let Some(ep) = self.out.endpoints.get_mut(id) {
-                ep.tiers = presence_of(&self.out.tiers, *id);
+        for s in dirty {
+            let presence = presence_of(&self.out.tiers, *s);
+            for pk in self.subjects.get(s).into_iter().flatten() {
+                let Some(st) = self.eps.get(pk) else { continue };
+                if let Some(ep) = self.out.endpoints.get_mut(&st.id) {
+                    ep.tiers = presence;
+                }
             }
         }
     }
 
-    /// The endpoint ids whose tier entries may have changed since the last
+    /// The subjects whose tier entries may have changed since the last
     /// call (`None`: any; the first call on a new compiler), and starts a
-    /// new record. Every other endpoint's entries are as they were, so a
+    /// new record. Every other subject's entries are as they were, so a
     /// caller holding the compiled form of the last call diffs only these
     /// ([`crate::compiled::Compiled::diff_with_tiers_of`]).
     pub fn take_tier_touched(&mut self) -> Option<BTreeSet<u32>> {
@@ -498,8 +502,8 @@ impl Compiler {
     }
 
     /// Sets the tier presence of a (re-emitted) endpoint record from the
-    /// current tier entries.
-    pub(super) fn restore_presence(tiers: &BTreeMap<TierEntry, TierValue>, id: u32, ep: &mut Endpoint) {
-        ep.tiers = presence_of(tiers, id);
+    /// current tier entries of its subject.
+    pub(super) fn restore_presence(tiers: &BTreeMap<TierEntry, TierValue>, ep: &mut Endpoint) {
+        ep.tiers = presence_of(tiers, ep.identity);
     }
 }

@@ -1,8 +1,10 @@
 //! The tier compiler: the ClusterNetworkPolicies of a snapshot ->
-//! [`Compiled::tiers`](crate::compiled::Compiled::tiers) for the local
-//! endpoints, shared by the full ([`crate::compile()`]) and the incremental
-//! compiler (which recomputes only the entries a change touches, with
-//! [`compile_tiers_scoped`]: some endpoints, a tier, some peers).
+//! [`Compiled::tiers`](crate::compiled::Compiled::tiers) for the subjects
+//! (the pod identities of local endpoints, as for NetworkPolicy entries:
+//! what a CNP decides for a pod is a function of its identity key), shared
+//! by the full ([`crate::compile()`]) and the incremental compiler (which
+//! recomputes only the entries a change touches, with
+//! [`compile_tiers_scoped`]: some subjects, a tier, some peers).
 //!
 //! Ranks: the CNPs of a tier are ordered by (priority ascending, name
 //! ascending) and their rules of one direction by index; a rule's rank
@@ -10,7 +12,7 @@
 //! re-ranks only its priority's CNPs). "The first matching rule of the
 //! highest-priority matching CNP" is the matching rule of lowest rank.
 //!
-//! The fold (see [`TierEntry`]): per (endpoint, direction, tier, peer
+//! The fold (see [`TierEntry`]): per (subject, direction, tier, peer
 //! identity), every rule that matches that identity contributes items
 //! (protocol or none, port range, value). [`fold`] turns them into entries
 //! whose lookup — the entry of the packet's protocol holding its port, else
@@ -31,8 +33,7 @@ use npm_common::IDENTITY_ANY;
 use super::model::{ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Subject};
 use crate::compile::{contains_net, ALL_PORTS};
 use crate::compiled::{Direction, Endpoint, IdentityKey, RuleRef, Tier, TierEntry, TierPresence, TierValue};
-use crate::identity::namespace_labels;
-use crate::model::{Labels, Pod, Protocol, Snapshot};
+use crate::model::{Labels, Protocol, Snapshot};
 
 /// The largest rank a rule can have (the datapath packs it in 30 bits).
 pub const MAX_RANK: u32 = (1 << 30) - 1;
@@ -297,7 +298,7 @@ fn resolve<'p>(
     resolve_with(rule, |peer| peer_ids(peer, groups, cidrs, nodes, memo))
 }
 
-/// One contribution of a rule to one (endpoint, direction, tier, peer).
+/// One contribution of a rule to one (subject, direction, tier, peer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Item {
     /// `None`: every protocol and port.
@@ -308,7 +309,7 @@ pub struct Item {
     pub value: TierValue,
 }
 
-/// Folds the items of one (endpoint, direction, tier, peer) into entries
+/// Folds the items of one (subject, direction, tier, peer) into entries
 /// (protocol, ports, value) as the module doc says.
 pub fn fold(items: &[Item]) -> Vec<(Option<Protocol>, (u16, u16), TierValue)> {
     let mut out = Vec::new();
@@ -370,12 +371,13 @@ pub fn fold(items: &[Item]) -> Vec<(Option<Protocol>, (u16, u16), TierValue)> {
     out
 }
 
-/// Adds the items of `rule` (value `value`, peers `peers`) for the local
-/// endpoint `pod` to `acc` (only those of the peers in `only`, if given).
+/// Adds the items of `rule` (value `value`, peers `peers`) for the
+/// subject of identity key `key` to `acc` (only those of the peers in
+/// `only`, if given).
 #[allow(clippy::too_many_arguments)]
 fn emit(
     acc: &mut HashMap<u32, Vec<Item>>,
-    pod: &Pod,
+    key: &IdentityKey,
     dir: Direction,
     rule: &ClusterRule,
     peers: &Peers,
@@ -417,11 +419,12 @@ fn emit(
             // "DestinationNamedPort selects a destination port on a pod
             // based on the ContainerPort name."
             ClusterPort::Named(name) => match dir {
-                // The destination is the endpoint itself.
+                // The destination is the endpoint itself (its key holds
+                // its pods' named ports).
                 Direction::Ingress => {
-                    for cp in pod.ports.iter().filter(|c| c.name.as_deref() == Some(name.as_str())) {
+                    for (_, proto, num) in key.named_ports.iter().filter(|(n, _, _)| n == name) {
                         for id in peers.ids() {
-                            put(id, Some(cp.protocol), (cp.port, cp.port));
+                            put(id, Some(*proto), (*num, *num));
                         }
                     }
                 }
@@ -452,12 +455,12 @@ fn emit(
     }
 }
 
-/// The tier entries of the local endpoints `locals` (endpoint id, pod) of
-/// `snapshot`, against the pod identities `identities`, CIDR identities
+/// The tier entries of the subjects `locals` (pod identity of local
+/// endpoints, its key) of `snapshot`, against the pod identities `identities`, CIDR identities
 /// `cidrs` and the nodes `nodes`; `rule_id` numbers the rules that emit entries.
 pub(crate) fn compile_tiers(
     snapshot: &Snapshot,
-    locals: &[(u32, &Pod)],
+    locals: &[(u32, &IdentityKey)],
     identities: &BTreeMap<u32, IdentityKey>,
     cidrs: &BTreeMap<IpNet, u32>,
     nodes: &TierNodes<'_>,
@@ -508,11 +511,11 @@ pub(crate) fn policy_peer_ids(
 }
 
 /// [`compile_tiers`] restricted to `scope`: exactly the entries of
-/// `compile_tiers` that are in the scope (an entry of one (endpoint,
+/// `compile_tiers` that are in the scope (an entry of one (subject,
 /// direction, tier, peer) depends only on the rules matching that peer).
 pub(crate) fn compile_tiers_scoped(
     snapshot: &Snapshot,
-    locals: &[(u32, &Pod)],
+    locals: &[(u32, &IdentityKey)],
     identities: &BTreeMap<u32, IdentityKey>,
     cidrs: &BTreeMap<IpNet, u32>,
     nodes: &TierNodes<'_>,
@@ -526,16 +529,12 @@ pub(crate) fn compile_tiers_scoped(
     let only = scope.peers.as_ref();
     // "host-networked pods are not included in subject selection": they are
     // never endpoints.
-    let empty = Labels::new();
     let mut selected: HashMap<&str, Vec<usize>> = HashMap::new();
     for p in snapshot.cluster_policies.values().filter(|p| scope.has_tier(p.tier)) {
         let sel: Vec<usize> = locals
             .iter()
             .enumerate()
-            .filter(|(_, (_, pod))| {
-                let ns = namespace_labels(snapshot, &pod.namespace).unwrap_or(&empty);
-                subject_selects(&p.subject, &pod.labels, ns)
-            })
+            .filter(|(_, (_, key))| subject_selects(&p.subject, &key.pod_labels, &key.namespace_labels))
             .map(|(i, _)| i)
             .collect();
         selected.insert(p.name.as_str(), sel);
@@ -553,9 +552,9 @@ pub(crate) fn compile_tiers_scoped(
     let mut resolved: HashMap<&[ClusterPeer], std::rc::Rc<Peers>> = HashMap::new();
     for tier in [Tier::Admin, Tier::Baseline].into_iter().filter(|t| scope.has_tier(*t)) {
         for dir in [Direction::Ingress, Direction::Egress] {
-            // Endpoint index -> peer identity -> items.
+            // Subject index -> peer identity -> items.
             let mut acc: Vec<HashMap<u32, Vec<Item>>> = vec![HashMap::new(); locals.len()];
-            // (peers, ports) -> the endpoints that already have a rule of
+            // (peers, ports) -> the subjects that already have a rule of
             // exactly that match at a lower rank: a later equal rule is
             // never the first match there.
             let mut seen: HashMap<(&[ClusterPeer], &[ClusterPort]), std::collections::HashSet<usize>> = HashMap::new();
@@ -624,7 +623,7 @@ pub(crate) fn compile_tiers_scoped(
                     for (protocol, ports, value) in fold(&items) {
                         out.insert(
                             TierEntry {
-                                endpoint: locals[i].0,
+                                subject: locals[i].0,
                                 direction: dir,
                                 tier,
                                 peer,
@@ -642,13 +641,13 @@ pub(crate) fn compile_tiers_scoped(
 }
 
 /// Sets every endpoint's [`Endpoint::tiers`] from the entries: a tier and
-/// direction is present iff it has an entry for the endpoint.
+/// direction is present iff it has an entry for the endpoint's subject.
 pub(crate) fn set_presence(endpoints: &mut BTreeMap<u32, Endpoint>, tiers: &BTreeMap<TierEntry, TierValue>) {
     let mut presence: HashMap<u32, TierPresence> = HashMap::new();
     for e in tiers.keys() {
-        presence.entry(e.endpoint).or_default().set(e.tier, e.direction);
+        presence.entry(e.subject).or_default().set(e.tier, e.direction);
     }
-    for (id, ep) in endpoints.iter_mut() {
-        ep.tiers = presence.get(id).copied().unwrap_or_default();
+    for ep in endpoints.values_mut() {
+        ep.tiers = presence.get(&ep.identity).copied().unwrap_or_default();
     }
 }
