@@ -237,12 +237,6 @@ fn canonical(c: &Compiled) -> BTreeSet<String> {
             None => format!("reserved {id}"),
         },
     };
-    let ep = |id: u32| {
-        c.endpoints
-            .get(&id)
-            .map(|e| format!("{:?}", e.pod))
-            .unwrap_or_else(|| format!("unknown endpoint {id}"))
-    };
     let mut out = BTreeSet::new();
     for (ip, e) in &c.ipcache {
         out.insert(format!("ip {ip} {} {}", ident(e.identity), ident(e.cidr_identity)));
