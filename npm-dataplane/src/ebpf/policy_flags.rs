@@ -262,10 +262,7 @@ fn from_scratch(next: &Compiled, held: &impl Fn(&PolicyEntry) -> bool) -> BTreeM
     subjects
         .into_iter()
         .map(|s| {
-            let f = flags_of(
-                sides.get(&(s, Direction::Ingress)),
-                sides.get(&(s, Direction::Egress)),
-            );
+            let f = flags_of(sides.get(&(s, Direction::Ingress)), sides.get(&(s, Direction::Egress)));
             (s, f)
         })
         .collect()

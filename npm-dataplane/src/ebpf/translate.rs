@@ -229,7 +229,10 @@ pub fn subject_peer_flags<'a>(policy: impl IntoIterator<Item = &'a PolicyEntry>)
     for e in policy {
         *present.entry(e.subject).or_default() |= ep_no_peer_flag(e.peer) << e.direction.as_u8();
     }
-    present.into_iter().map(|(subject, p)| (subject, EP_NO_PEER_ALL & !p)).collect()
+    present
+        .into_iter()
+        .map(|(subject, p)| (subject, EP_NO_PEER_ALL & !p))
+        .collect()
 }
 
 /// The value written for a policy entry produced by rule `rule`.
