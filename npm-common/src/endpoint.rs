@@ -13,23 +13,26 @@ pub const EP_ISOLATED_EGRESS: u32 = 1 << 1;
 pub const EP_HAS_V4: u32 = 1 << 2;
 /// [`EndpointInfo::flags`]: [`EndpointInfo::ipv6`] is set.
 pub const EP_HAS_V6: u32 = 1 << 3;
-/// [`EndpointInfo::flags`]: no `NPM_POLICY` entry of this endpoint for
-/// ingress has the peer [`IDENTITY_ANY`], so step 9 skips that lookup (it
-/// could not hit). The `EP_NO_*_PEER_*` flags only let the datapath skip
+/// [`EndpointInfo::flags`]: no `NPM_POLICY` entry of this endpoint's
+/// subject ([`EndpointInfo::subject`]) for ingress has the peer
+/// [`IDENTITY_ANY`], so step 9 skips that lookup (it could not hit). Like
+/// every policy flag (`EP_NO_*_PEER_*`, `EP_FRONT_*`) it describes the
+/// subject's entries, so every endpoint of one subject carries the same
+/// ones. The `EP_NO_*_PEER_*` flags only let the datapath skip
 /// lookups that cannot match: when clear (e.g. an endpoint written by an
 /// older loader) every lookup is made. The egress flag of each pair is the
 /// ingress flag shifted left by [`DIR_EGRESS`].
 pub const EP_NO_ANY_PEER_INGRESS: u32 = 1 << 4;
 /// [`EndpointInfo::flags`]: like [`EP_NO_ANY_PEER_INGRESS`], for egress.
 pub const EP_NO_ANY_PEER_EGRESS: u32 = 1 << 5;
-/// [`EndpointInfo::flags`]: no `NPM_POLICY` entry of this endpoint for
-/// ingress has a CIDR identity (`>=` [`IDENTITY_FIRST_CIDR`]) as its peer, so
+/// [`EndpointInfo::flags`]: no `NPM_POLICY` entry of this endpoint's
+/// subject for ingress has a CIDR identity (`>=` [`IDENTITY_FIRST_CIDR`]) as its peer, so
 /// step 9 skips the lookup of such an identity.
 pub const EP_NO_CIDR_PEER_INGRESS: u32 = 1 << 6;
 /// [`EndpointInfo::flags`]: like [`EP_NO_CIDR_PEER_INGRESS`], for egress.
 pub const EP_NO_CIDR_PEER_EGRESS: u32 = 1 << 7;
-/// [`EndpointInfo::flags`]: no `NPM_POLICY` entry of this endpoint for
-/// ingress has a peer identity between [`crate::IDENTITY_WORLD`] and
+/// [`EndpointInfo::flags`]: no `NPM_POLICY` entry of this endpoint's
+/// subject for ingress has a peer identity between [`crate::IDENTITY_WORLD`] and
 /// [`IDENTITY_FIRST_CIDR`] (exclusive), so step 9 skips the lookup of such an
 /// identity.
 pub const EP_NO_POD_PEER_INGRESS: u32 = 1 << 8;
@@ -38,8 +41,8 @@ pub const EP_NO_POD_PEER_EGRESS: u32 = 1 << 9;
 /// [`EndpointInfo::flags`]: the record holds an endpoint. Array slots always
 /// exist; a slot without this flag (all zeroes) is no endpoint.
 pub const EP_PRESENT: u32 = 1 << 10;
-/// [`EndpointInfo::flags`]: every `NPM_POLICY` entry of this endpoint for
-/// ingress is also in `NPM_POLICY_FRONT` (as the words of
+/// [`EndpointInfo::flags`]: every `NPM_POLICY` entry of this endpoint's
+/// subject for ingress is also in `NPM_POLICY_FRONT` (as the words of
 /// [`crate::policy_front_word`]), so step 9 probes the front instead of walking
 /// the LPM trie, and a miss there is a miss. The loader sets it only once
 /// all the words are written and clears it before a word it cannot place
@@ -50,7 +53,7 @@ pub const EP_FRONT_INGRESS: u32 = 1 << 11;
 /// [`EndpointInfo::flags`]: like [`EP_FRONT_INGRESS`], for egress.
 pub const EP_FRONT_EGRESS: u32 = 1 << 12;
 /// [`EndpointInfo::flags`]: with [`EP_FRONT_INGRESS`], no ingress entry of
-/// the endpoint is a wildcard (any port, or any protocol), so step 9 only
+/// the endpoint's subject is a wildcard (any port, or any protocol), so step 9 only
 /// probes exact ports.
 pub const EP_FRONT_EXACT_INGRESS: u32 = 1 << 13;
 /// [`EndpointInfo::flags`]: like [`EP_FRONT_EXACT_INGRESS`], for egress.
@@ -108,7 +111,7 @@ const _: () = assert!(EP_NO_CIDR_PEER_EGRESS == EP_NO_CIDR_PEER_INGRESS << DIR_E
 const _: () = assert!(EP_NO_POD_PEER_EGRESS == EP_NO_POD_PEER_INGRESS << DIR_EGRESS);
 
 /// The `EP_NO_*_PEER_INGRESS` flag whose (direction-shifted) bit tells that
-/// no policy entry of an endpoint can match `identity` as its peer.
+/// no policy entry of an endpoint's subject can match `identity` as its peer.
 pub const fn ep_no_peer_flag(identity: u32) -> u32 {
     if identity == IDENTITY_ANY {
         EP_NO_ANY_PEER_INGRESS
@@ -120,10 +123,19 @@ pub const fn ep_no_peer_flag(identity: u32) -> u32 {
 }
 
 /// One local pod, keyed by the ifindex of its host-side veth.
+///
+/// Two numbers name it: [`EndpointInfo::id`], its own (conntrack,
+/// fragments, deny counters, events, the ClusterNetworkPolicy tiers), and
+/// [`EndpointInfo::subject`], the pod identity whose NetworkPolicy allows
+/// govern it (`NPM_POLICY`, `NPM_POLICY_FRONT`): what NetworkPolicy allows
+/// a pod is a function of its identity only, so every local endpoint of
+/// one identity shares one set of entries.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct EndpointInfo {
-    /// Endpoint id used in [`crate::PolicyKey`], [`crate::CtKey`] and [`crate::FragKey`].
+    /// Endpoint id used in [`crate::CtKey`], [`crate::FragKey`], the
+    /// `NPM_TIERS` keys ([`crate::tier_key`]), `NPM_EP_DENIES` and the
+    /// events. Never reused by an agent.
     pub id: u32,
     /// `EP_*` flags.
     pub flags: u32,
@@ -131,14 +143,24 @@ pub struct EndpointInfo {
     pub ipv4: [u8; 16],
     /// The pod's IPv6 address (valid with [`EP_HAS_V6`]).
     pub ipv6: [u8; 16],
+    /// The policy subject: the pod identity (`>=`
+    /// [`crate::IDENTITY_FIRST_POD`]) whose `NPM_POLICY` keys
+    /// ([`crate::PolicyKey::subject`]) and `NPM_POLICY_FRONT` words
+    /// ([`crate::policy_front_word`]) hold this endpoint's NetworkPolicy
+    /// allows. The policy flags (`EP_NO_*_PEER_*`, `EP_FRONT_*`) describe
+    /// the subject's entries. 0 only in a record that makes no policy
+    /// lookup (no endpoint, or a drop-all record). Appended after the
+    /// addresses so that they stay 4-aligned (layout 6).
+    pub subject: u32,
 }
 // The datapath compares the addresses as 4-aligned 32-bit words.
-const _: () = assert!(size_of::<EndpointInfo>() == 40);
+const _: () = assert!(size_of::<EndpointInfo>() == 44);
 const _: () = assert!(align_of::<EndpointInfo>() == 4);
 const _: () = assert!(offset_of!(EndpointInfo, id) == 0);
 const _: () = assert!(offset_of!(EndpointInfo, flags) == 4);
 const _: () = assert!(offset_of!(EndpointInfo, ipv4) == 8);
 const _: () = assert!(offset_of!(EndpointInfo, ipv6) == 24);
+const _: () = assert!(offset_of!(EndpointInfo, subject) == 40);
 
 // SAFETY: repr(C), only integers and byte arrays, no padding (asserted
 // above), any bit pattern is valid.

@@ -104,10 +104,13 @@
 //!      hit goes on;
 //!    - 9d. allow ([`Reason::NotIsolated`]).
 //!
-//!    9b: `NPM_POLICY` is looked up with the peer's pod identity, then its
-//!    CIDR identity, then [`IDENTITY_ANY`]; any hit allows ([`Reason::Policy`]),
-//!    no hit drops ([`Reason::PolicyDenied`]). A lookup that cannot hit, as
-//!    the endpoint's `EP_NO_*_PEER_*` flags tell, is skipped. When the
+//!    9b: `NPM_POLICY` is looked up under the endpoint's subject
+//!    ([`EndpointInfo::subject`], its pod identity: every local endpoint of
+//!    one identity shares its NetworkPolicy entries) with the peer's pod
+//!    identity, then its CIDR identity, then [`IDENTITY_ANY`]; any hit
+//!    allows ([`Reason::Policy`]), no hit drops ([`Reason::PolicyDenied`]).
+//!    A lookup that cannot hit, as the endpoint's `EP_NO_*_PEER_*` flags
+//!    (which describe its subject's entries) tell, is skipped. When the
 //!    endpoint's flags carry [`EP_FRONT_INGRESS`] (or [`EP_FRONT_EGRESS`])
 //!    the direction's policy is complete in `NPM_POLICY_FRONT`, a hash table
 //!    of exact words the datapath probes with inlined array reads: each
@@ -116,7 +119,8 @@
 //!    the allowing rule (for `NPM_RULE_COUNT`) is read from the same slot
 //!    of `NPM_POLICY_FRONT_RULES`, never looked up in `NPM_POLICY`.
 //!
-//! Steps 8 and 9 (all of 9a to 9d) read only the endpoint, the direction, the peer address,
+//! Steps 8 and 9 (all of 9a to 9d) read only the endpoint (its record:
+//! id, subject, flags), the direction, the peer address,
 //! the protocol and the destination port. The datapath keeps their outcome
 //! per CPU in a decision cache (`NPM_DECISIONS`, not pinned) tagged with
 //! `NPM_GENERATION`, which the loader bumps after every batch of map writes:

@@ -39,7 +39,7 @@ pub const EVENTS: &str = "NPM_EVENTS";
 /// after every batch of map writes; the datapath's decision cache only
 /// answers for decisions made under the current generation.
 pub const GENERATION: &str = "NPM_GENERATION";
-/// The policy front: the `NPM_POLICY` entries of endpoints whose
+/// The policy front: the `NPM_POLICY` entries of subjects whose
 /// policy in a direction fits it (see [`crate::EP_FRONT_INGRESS`]), as
 /// [`crate::policy_front_word`]s in 4-word buckets
 /// ([`crate::policy_front_bucket`]), read by the datapath with inlined
@@ -104,7 +104,7 @@ pub mod sizes {
     /// Local endpoints per node whose ifindex is `>=` [`ENDPOINT_SLOTS`].
     pub const ENDPOINTS: u32 = 4096;
     /// Slots of `NPM_EP_SLOTS`: interfaces with a smaller ifindex are found
-    /// by an inlined array lookup (40 bytes a slot: 2.6 MB).
+    /// by an inlined array lookup (44 bytes a slot: 2.9 MB).
     pub const ENDPOINT_SLOTS: u32 = 65_536;
     /// Exact addresses known cluster-wide (pods and node addresses).
     pub const IPCACHE: u32 = 262_144;
@@ -175,4 +175,12 @@ pub mod sizes {
 /// up in `NPM_POLICY`); a slot it leaves 0 (unknown) or stale (an older
 /// loader moved words without it) only miscounts a rule until the next
 /// full sync rewrites every slot, never changes a verdict.
-pub const LAYOUT_VERSION: u32 = 5;
+/// 6: NetworkPolicy allows keyed by subject (the pod identity,
+/// [`crate::EndpointInfo::subject`]) instead of endpoint id: the first word
+/// of an `NPM_POLICY` key and the top bits of an `NPM_POLICY_FRONT` word
+/// changed meaning, and the endpoint record grew to 44 bytes (the subject
+/// at offset 40). `NPM_TIERS`, conntrack, fragments, counters and events
+/// keep the endpoint id; the conntrack and fragment entries of layout 5
+/// are copied on open as before, and its 40-byte endpoint records are read
+/// for the ids they carry.
+pub const LAYOUT_VERSION: u32 = 6;

@@ -5,11 +5,11 @@
 use core::mem::{offset_of, size_of};
 
 use crate::maps::sizes;
-use crate::packet::{proto, DIR_INGRESS, IDENTITY_ANY};
+use crate::packet::{proto, DIR_INGRESS, IDENTITY_ANY, IDENTITY_FIRST_POD};
 
 /// Length of [`PolicyKey::data`] in bytes.
 pub const POLICY_KEY_LEN: usize = 12;
-/// Prefix length matching endpoint, direction and peer: any protocol, any port.
+/// Prefix length matching subject, direction and peer: any protocol, any port.
 pub const POLICY_PREFIX_ANY_PROTO: u32 = 72;
 /// Prefix length matching up to the protocol: any port of that protocol.
 pub const POLICY_PREFIX_ANY_PORT: u32 = 80;
@@ -18,8 +18,13 @@ pub const POLICY_PREFIX_FULL: u32 = 96;
 
 /// Key of the `NPM_POLICY` LPM trie: `bpf_lpm_trie_key` layout.
 ///
-/// `data` is, in network order: endpoint id (4 bytes), direction (1),
-/// peer identity (4), protocol (1), destination port (2). A rule without
+/// `data` is, in network order: the subject (4 bytes), direction (1),
+/// peer identity (4), protocol (1), destination port (2). The subject of an
+/// `NPM_POLICY` key is the pod identity of the local endpoints it governs
+/// ([`crate::EndpointInfo::subject`]): one set of keys serves every local
+/// endpoint of that identity. `NPM_TIERS` uses the same layout keyed by
+/// the endpoint id ([`crate::tier_key`], read back with
+/// [`PolicyKey::endpoint`]). A rule without
 /// ports is an entry of prefix length [`POLICY_PREFIX_ANY_PROTO`]; a rule
 /// with a protocol and no port, [`POLICY_PREFIX_ANY_PORT`]; a port range is
 /// split into aligned power-of-two blocks, each an entry of prefix length
@@ -37,7 +42,7 @@ pub struct PolicyKey {
 const _: () = assert!(size_of::<PolicyKey>() == 16);
 const _: () = assert!(offset_of!(PolicyKey, prefix_len) == 0);
 const _: () = assert!(offset_of!(PolicyKey, data) == 4);
-// `data` bytes: endpoint 0..4, direction 4, identity 5..9, protocol 9,
+// `data` bytes: subject 0..4, direction 4, identity 5..9, protocol 9,
 // port 10..12 (each big-endian): here the bytes 1 to 12 in order.
 const _: () = {
     let k = PolicyKey::new(0x0102_0304, 0x05, 0x0607_0809, 0x0a, 0x0b0c);
@@ -51,21 +56,22 @@ const _: () = {
 impl PolicyKey {
     /// The fully specified key the datapath looks up for one packet.
     #[inline(always)]
-    pub const fn new(endpoint: u32, direction: u8, identity: u32, protocol: u8, port: u16) -> Self {
-        Self::with_prefix(POLICY_PREFIX_FULL, endpoint, direction, identity, protocol, port)
+    pub const fn new(subject: u32, direction: u8, identity: u32, protocol: u8, port: u16) -> Self {
+        Self::with_prefix(POLICY_PREFIX_FULL, subject, direction, identity, protocol, port)
     }
 
-    /// A key with an explicit prefix length; bits past the prefix are zeroed.
+    /// A key with an explicit prefix length; bits past the prefix are
+    /// zeroed. `subject`: the first word (an `NPM_TIERS` key's endpoint id).
     #[inline(always)]
     pub const fn with_prefix(
         prefix_len: u32,
-        endpoint: u32,
+        subject: u32,
         direction: u8,
         identity: u32,
         protocol: u8,
         port: u16,
     ) -> Self {
-        let e = endpoint.to_be_bytes();
+        let e = subject.to_be_bytes();
         let i = identity.to_be_bytes();
         let p = port.to_be_bytes();
         let mut data = [
@@ -80,9 +86,15 @@ impl PolicyKey {
         PolicyKey { prefix_len, data }
     }
 
-    /// Endpoint id of the key.
-    pub const fn endpoint(&self) -> u32 {
+    /// Subject of an `NPM_POLICY` key: the pod identity whose endpoints
+    /// it governs.
+    pub const fn subject(&self) -> u32 {
         u32::from_be_bytes([self.data[0], self.data[1], self.data[2], self.data[3]])
+    }
+    /// Endpoint id of an `NPM_TIERS` key ([`crate::tier_key`]: the same
+    /// first word as [`PolicyKey::subject`], which the tiers key by endpoint).
+    pub const fn endpoint(&self) -> u32 {
+        self.subject()
     }
     /// Direction of the key.
     pub const fn direction(&self) -> u8 {
@@ -114,8 +126,12 @@ pub struct PolicyValue {
 }
 const _: () = assert!(size_of::<PolicyValue>() == 8);
 
-/// Endpoint ids below this fit a [`policy_front_word`] (19 bits).
-pub const POLICY_FRONT_MAX_ENDPOINT: u32 = 1 << 19;
+/// Subjects (pod identities) below this fit a [`policy_front_word`] (19
+/// bits). The entries of a subject at or above it are not put in the
+/// front: its endpoints' directions with entries never carry
+/// [`crate::EP_FRONT_INGRESS`] / [`crate::EP_FRONT_EGRESS`] and keep the
+/// LPM (`NPM_POLICY`), which holds every entry.
+pub const POLICY_FRONT_MAX_SUBJECT: u32 = 1 << 19;
 /// Peer identities below this fit a [`policy_front_word`] (25 bits: every
 /// pod identity and the first 2^24 CIDR identities).
 pub const POLICY_FRONT_MAX_IDENTITY: u32 = 1 << 25;
@@ -131,28 +147,31 @@ pub const fn policy_front_proto(protocol: u8) -> u64 {
     }
 }
 
-/// One `NPM_POLICY_FRONT` word: an allow of endpoint `endpoint` in
-/// direction `dir` for peer `identity` and
+/// One `NPM_POLICY_FRONT` word: an allow of subject `subject` (a pod
+/// identity, [`crate::EndpointInfo::subject`]) in direction `dir` for peer
+/// `identity` and
 /// - `code` 0: any protocol, any port (`exact` false, `port` 0);
 /// - `code` 1..=3 ([`policy_front_proto`]) with `exact` false: any port of
 ///   that protocol (`port` 0);
 /// - `code` 1..=3 with `exact` true: that destination port.
 ///
 /// Bits 0..16 the port, 16 exact, 17..19 the protocol code, 19..44 the
-/// identity, 44 the direction, 45..64 the endpoint. Endpoint ids start at
-/// 1, so no word is 0 (an empty slot). The caller checks the ranges
-/// ([`POLICY_FRONT_MAX_ENDPOINT`], [`POLICY_FRONT_MAX_IDENTITY`]).
-pub const fn policy_front_word(endpoint: u32, dir: u8, identity: u32, code: u64, exact: bool, port: u16) -> u64 {
+/// identity, 44 the direction, 45..64 the subject. Subjects are pod
+/// identities (`>=` [`crate::IDENTITY_FIRST_POD`], never 0), so no word is
+/// 0 (an empty slot). The caller checks the ranges
+/// ([`POLICY_FRONT_MAX_SUBJECT`], [`POLICY_FRONT_MAX_IDENTITY`]).
+pub const fn policy_front_word(subject: u32, dir: u8, identity: u32, code: u64, exact: bool, port: u16) -> u64 {
     port as u64
         | (exact as u64) << 16
         | code << 17
         | (identity as u64) << 19
         | ((dir & 1) as u64) << 44
-        | (endpoint as u64) << 45
+        | (subject as u64) << 45
 }
 // The datapath reads a bucket as four `u64` words, 0 being an empty slot:
-// the smallest word of endpoint 1 is not 0.
-const _: () = assert!(policy_front_word(1, DIR_INGRESS, IDENTITY_ANY, 0, false, 0) != 0);
+// the smallest word of the first subject (the first pod identity; any
+// subject above 0) is not 0.
+const _: () = assert!(policy_front_word(IDENTITY_FIRST_POD, DIR_INGRESS, IDENTITY_ANY, 0, false, 0) != 0);
 
 /// The right shift of a front's 64-bit hash that leaves its bucket, for a
 /// front of `buckets` buckets (a power of two, at least 2): 64 - log2 of
@@ -169,7 +188,7 @@ pub const POLICY_FRONT_SHIFT: u32 = front_shift(sizes::POLICY_FRONT_BUCKETS);
 /// The bucket of a [`policy_front_word`] in an `NPM_POLICY_FRONT` whose
 /// [`front_shift`] is `shift`: the top bits of a multiplicative hash of the
 /// whole word. A word is only ever stored in its own bucket (4 slots); a
-/// word that finds its bucket full is not stored, and its endpoint's
+/// word that finds its bucket full is not stored, and its subject's
 /// direction keeps the LPM.
 #[inline(always)]
 pub const fn policy_front_bucket(word: u64, shift: u32) -> u32 {
@@ -249,6 +268,7 @@ mod tests {
     #[test]
     fn policy_key_prefix_zeroes_tail() {
         let k = PolicyKey::with_prefix(POLICY_PREFIX_ANY_PROTO, 7, DIR_EGRESS, 300, proto::TCP, 80);
+        assert_eq!(k.subject(), 7);
         assert_eq!(k.endpoint(), 7);
         assert_eq!(k.direction(), DIR_EGRESS);
         assert_eq!(k.identity(), 300);
@@ -265,7 +285,7 @@ mod tests {
             policy_front_word(1, DIR_INGRESS, IDENTITY_ANY, 0, false, 0),
             policy_front_word(7, DIR_EGRESS, 300, 1, true, 80),
             policy_front_word(
-                POLICY_FRONT_MAX_ENDPOINT - 1,
+                POLICY_FRONT_MAX_SUBJECT - 1,
                 1,
                 POLICY_FRONT_MAX_IDENTITY - 1,
                 3,

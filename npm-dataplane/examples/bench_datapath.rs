@@ -193,9 +193,11 @@ fn compiled(policy: usize, ipcache: usize) -> Compiled {
             },
         );
     }
+    // Entries are keyed by the endpoint's subject, its pod identity.
+    let subject = c.endpoints[&1].identity;
     c.policy.insert(
         PolicyEntry {
-            endpoint: 1,
+            subject,
             direction: Direction::Ingress,
             peer: 300,
             protocol: Some(Protocol::Tcp),
@@ -207,7 +209,7 @@ fn compiled(policy: usize, ipcache: usize) -> Compiled {
         let lo = 1024 + (i as u16 % 30_000) * 2;
         c.policy.insert(
             PolicyEntry {
-                endpoint: 1,
+                subject,
                 direction: if i % 2 == 0 {
                     Direction::Ingress
                 } else {

@@ -12,14 +12,18 @@ use crate::mem::{rd32, wr32, wr64};
 /// The per-CPU decision cache of steps 8 and 9 (the tiers and
 /// NetworkPolicy alike: every outcome of `evaluate_policy`, from `Host` to
 /// `BaselineDeny`): a direct-mapped table of
-/// (endpoint, direction, protocol, port, peer address) -> reason, each
+/// (endpoint id, direction, protocol, port, peer address) -> reason, each
 /// slot tagged with the `NPM_GENERATION` it was decided under. The loader
 /// bumps the generation after every batch of writes to the maps a decision
 /// reads (endpoints, ipcache, CIDRs, policy, tiers), so a slot only answers while
 /// the maps are as when it was decided: exact at batch boundaries (during a
 /// batch it answers with the state before the batch). The generation is a
 /// plain load, ordered before the map reads on x86; see ARCHITECTURE.md for
-/// weakly ordered CPUs. Not pinned.
+/// weakly ordered CPUs. The key is the endpoint id, whose record names
+/// the subject the NetworkPolicy lookups use: a relabelled pod (its record
+/// now naming another subject) and a change of a subject's entries are
+/// both writes of a batch, so neither outlives the batch in a slot. Not
+/// pinned.
 #[map]
 pub(crate) static NPM_DECISIONS: PerCpuArray<DecisionSlot> = PerCpuArray::with_max_entries(DECISION_SLOTS, 0);
 

@@ -57,14 +57,14 @@ const fn compiler_rank(priority: u32, index: u32) -> u32 {
     priority << 20 | index
 }
 
-fn endpoint(name: &str, ip: Ipv4Addr, isolated_ingress: bool) -> Endpoint {
+fn endpoint(name: &str, identity: u32, ip: Ipv4Addr, isolated_ingress: bool) -> Endpoint {
     Endpoint {
         pod: PodRef {
             namespace: "bench".into(),
             name: name.into(),
             uid: format!("uid-{name}"),
         },
-        identity: 256,
+        identity,
         ipv4: Some(ip),
         ipv6: None,
         isolated_ingress,
@@ -77,9 +77,12 @@ fn endpoint(name: &str, ip: Ipv4Addr, isolated_ingress: bool) -> Endpoint {
 /// The compiled form of `n` CNPs in each tier (see the module doc).
 fn compiled(n: usize) -> Compiled {
     let mut c = Compiled::default();
-    c.endpoints.insert(1, endpoint("np", Ipv4Addr::new(10, 0, 0, 1), true));
+    // Two identities: isolation, like every NetworkPolicy outcome, is a
+    // function of the pod identity (the entries' subject).
     c.endpoints
-        .insert(2, endpoint("open", Ipv4Addr::new(10, 0, 0, 5), false));
+        .insert(1, endpoint("np", 256, Ipv4Addr::new(10, 0, 0, 1), true));
+    c.endpoints
+        .insert(2, endpoint("open", 257, Ipv4Addr::new(10, 0, 0, 5), false));
     for (last, identity) in [(2, 300), (3, 310), (4, 311), (6, 312)] {
         c.ipcache.insert(
             IpAddr::V4(Ipv4Addr::new(10, 0, 0, last)),
@@ -93,7 +96,7 @@ fn compiled(n: usize) -> Compiled {
     for peer in [300, 311] {
         c.policy.insert(
             PolicyEntry {
-                endpoint: 1,
+                subject: 256,
                 direction: Direction::Ingress,
                 peer,
                 protocol: Some(Protocol::Tcp),

@@ -169,9 +169,10 @@ pub fn compiled(entries: usize) -> Compiled {
     ip(&mut c, CLIENT_IP, CLIENT_IDENTITY, 0);
     ip(&mut c, SERVER_IP, SERVER_IDENTITY, 0);
     ip(&mut c, NODE_IP, npm_common::IDENTITY_HOST, 0);
+    // The server's entries, keyed by its subject (its pod identity).
     c.policy.insert(
         PolicyEntry {
-            endpoint: 2,
+            subject: SERVER_IDENTITY,
             direction: Direction::Ingress,
             peer: CLIENT_IDENTITY,
             protocol: Some(Protocol::Tcp),
@@ -183,7 +184,7 @@ pub fn compiled(entries: usize) -> Compiled {
         let lo = 1024 + (i as u16 % 30_000) * 2;
         c.policy.insert(
             PolicyEntry {
-                endpoint: 2,
+                subject: SERVER_IDENTITY,
                 direction: Direction::Ingress,
                 peer: 1000 + (i as u32 % 5000),
                 protocol: Some(if i % 3 == 0 { Protocol::Udp } else { Protocol::Tcp }),

@@ -32,6 +32,9 @@ pub struct DumpEndpoint {
     pub ifindex: u32,
     /// Endpoint id.
     pub id: u32,
+    /// Its policy subject: the pod identity whose `NPM_POLICY` keys
+    /// govern it ([`DumpPolicy::subject`]).
+    pub subject: u32,
     /// `EP_*` flags.
     pub flags: u32,
     /// IPv4 address.
@@ -65,8 +68,9 @@ pub struct DumpCidr {
 /// One policy key in [`EbpfDump`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DumpPolicy {
-    /// Endpoint id.
-    pub endpoint: u32,
+    /// The key's subject: the pod identity of the local endpoints it
+    /// governs (those whose [`DumpEndpoint::subject`] it is).
+    pub subject: u32,
     /// "ingress" or "egress".
     pub direction: &'static str,
     /// Peer identity (0: any).
@@ -184,6 +188,7 @@ fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool
         .map(|(ifindex, info)| DumpEndpoint {
             ifindex,
             id: info.id,
+            subject: info.subject,
             flags: info.flags,
             ipv4: translate::endpoint_ipv4(&info),
             ipv6: translate::endpoint_ipv6(&info),
@@ -228,7 +233,7 @@ fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool
                 None => (None, (0, u16::MAX)),
             };
             DumpPolicy {
-                endpoint: key.endpoint(),
+                subject: key.subject(),
                 direction: dir_name(key.direction()),
                 peer: key.identity(),
                 protocol,
@@ -239,8 +244,8 @@ fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool
         })
         .collect();
     policy.sort_by(|a, b| {
-        (a.endpoint, a.direction, a.peer, a.protocol, a.ports).cmp(&(
-            b.endpoint,
+        (a.subject, a.direction, a.peer, a.protocol, a.ports).cmp(&(
+            b.subject,
             b.direction,
             b.peer,
             b.protocol,

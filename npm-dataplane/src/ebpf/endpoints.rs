@@ -10,8 +10,13 @@
 //!
 //! Array slots are updated in place, not replaced atomically like hash
 //! entries: a packet racing with an update may read a mix of the old and
-//! the new bytes. For the same endpoint (new flags or addresses) a mix only
-//! combines that endpoint's own old and new settings. When a slot changes
+//! the new bytes. For the same endpoint (new flags, addresses or subject)
+//! a mix only combines that endpoint's own old and new settings: a new
+//! subject (a relabelled pod) read with the old subject's policy flags, or
+//! the reverse, only skips lookups or trusts a front of words that are all
+//! the read subject's allows, so it allows at most what that subject
+//! allows (both subjects' entries exist while the record is rewritten:
+//! upserts before, removals after). When a slot changes
 //! owner (endpoint X's interface index now belongs to endpoint Y), the
 //! loader goes through two drop-all records first ([`EndpointTable::replace`]):
 //! X's, then Y's, then Y's full record; any mix of two consecutive records
@@ -117,18 +122,7 @@ impl EndpointTable {
 
     /// Every endpoint record: interface, id, addresses and isolation.
     pub(crate) fn records(&self) -> Result<Vec<AdoptedEndpoint>, EbpfError> {
-        Ok(self
-            .entries()?
-            .into_iter()
-            .map(|(ifindex, info)| AdoptedEndpoint {
-                ifindex,
-                id: info.id,
-                ipv4: translate::endpoint_ipv4(&info),
-                ipv6: translate::endpoint_ipv6(&info),
-                isolated_ingress: info.flags & EP_ISOLATED_INGRESS != 0,
-                isolated_egress: info.flags & EP_ISOLATED_EGRESS != 0,
-            })
-            .collect())
+        Ok(adopted_records(self.entries()?))
     }
 
     /// The borrowed maps, for a dump.
@@ -148,19 +142,87 @@ fn drop_all(id: u32) -> EndpointInfo {
     }
 }
 
+/// The [`AdoptedEndpoint`]s of endpoint records (by ifindex).
+pub(crate) fn adopted_records(entries: Vec<(u32, EndpointInfo)>) -> Vec<AdoptedEndpoint> {
+    entries
+        .into_iter()
+        .map(|(ifindex, info)| AdoptedEndpoint {
+            ifindex,
+            id: info.id,
+            ipv4: translate::endpoint_ipv4(&info),
+            ipv6: translate::endpoint_ipv6(&info),
+            isolated_ingress: info.flags & EP_ISOLATED_INGRESS != 0,
+            isolated_egress: info.flags & EP_ISOLATED_EGRESS != 0,
+        })
+        .collect()
+}
+
+/// An endpoint record as some map layout stores it, read back as this
+/// layout's [`EndpointInfo`].
+pub(crate) trait Record: aya::Pod + Default {
+    /// The record's `EP_*` flags.
+    fn flags(&self) -> u32;
+    /// The record in this layout's form.
+    fn info(self) -> EndpointInfo;
+}
+
+impl Record for EndpointInfo {
+    fn flags(&self) -> u32 {
+        self.flags
+    }
+    fn info(self) -> EndpointInfo {
+        self
+    }
+}
+
+/// The endpoint record of map layouts 3 to 5 (40 bytes): this layout's
+/// without the subject (policy keys were keyed by endpoint id then).
+/// Read only from an older layout's pins, for the ids, addresses and
+/// isolation of the endpoints whose flows were copied.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RecordV5 {
+    id: u32,
+    flags: u32,
+    ipv4: [u8; 16],
+    ipv6: [u8; 16],
+}
+const _: () = assert!(std::mem::size_of::<RecordV5>() == 40);
+
+// SAFETY: repr(C), only integers and byte arrays, no padding (40 bytes,
+// asserted), any bit pattern is valid.
+unsafe impl aya::Pod for RecordV5 {}
+
+impl Record for RecordV5 {
+    fn flags(&self) -> u32 {
+        self.flags
+    }
+    fn info(self) -> EndpointInfo {
+        EndpointInfo {
+            id: self.id,
+            flags: self.flags,
+            ipv4: self.ipv4,
+            ipv6: self.ipv6,
+            subject: 0,
+        }
+    }
+}
+
 /// Every endpoint of the two maps, by ifindex: the present slots of the
-/// array, then the hash entries.
-pub(crate) fn read_entries(
-    slots: &Array<MapData, EndpointInfo>,
-    overflow: &BpfHashMap<MapData, u32, EndpointInfo>,
+/// array, then the hash entries (records of type `R`, read as
+/// [`EndpointInfo`]s).
+pub(crate) fn read_entries<R: Record>(
+    slots: &Array<MapData, R>,
+    overflow: &BpfHashMap<MapData, u32, R>,
 ) -> Result<Vec<(u32, EndpointInfo)>, EbpfError> {
     let mut out: Vec<(u32, EndpointInfo)> = read_all_slots(slots)?
         .into_iter()
-        .filter(|(_, info)| info.flags & EP_PRESENT != 0)
+        .filter(|(_, r)| r.flags() & EP_PRESENT != 0)
+        .map(|(ifindex, r)| (ifindex, r.info()))
         .collect();
     for e in overflow.iter() {
-        let (ifindex, info) = e.map_err(|e: MapError| map_err(maps::ENDPOINTS, "iterate")(e))?;
-        out.push((ifindex, info));
+        let (ifindex, r) = e.map_err(|e: MapError| map_err(maps::ENDPOINTS, "iterate")(e))?;
+        out.push((ifindex, r.info()));
     }
     Ok(out)
 }
@@ -185,10 +247,10 @@ const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 /// Reads every slot of the array with `BPF_MAP_LOOKUP_BATCH`: a few
 /// syscalls for all 65,536 slots instead of one per slot (which made a full
 /// sync's sweep cost seconds).
-fn read_all_slots(slots: &Array<MapData, EndpointInfo>) -> Result<Vec<(u32, EndpointInfo)>, EbpfError> {
+fn read_all_slots<R: Record>(slots: &Array<MapData, R>) -> Result<Vec<(u32, R)>, EbpfError> {
     let n = sizes::ENDPOINT_SLOTS as usize;
     let mut keys = vec![0u32; n];
-    let mut values = vec![EndpointInfo::default(); n];
+    let mut values = vec![R::default(); n];
     let fd = slots.map().fd().as_fd().as_raw_fd();
     let mut done = 0usize;
     let mut token: u32 = 0;
@@ -205,8 +267,8 @@ fn read_all_slots(slots: &Array<MapData, EndpointInfo>) -> Result<Vec<(u32, Endp
             ..BatchAttr::default()
         };
         // SAFETY: the attribute points to buffers of `count` keys and
-        // values of the map's sizes (u32 index, EndpointInfo), alive for
-        // the call.
+        // values of the map's sizes (u32 index, R: the map was opened as
+        // an array of R, whose value size aya checked), alive for the call.
         let rc = unsafe {
             libc::syscall(
                 libc::SYS_bpf,

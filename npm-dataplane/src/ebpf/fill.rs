@@ -12,7 +12,7 @@
 //! - `NPM_EP_SLOTS` / `NPM_ENDPOINTS` one per programmed interface (by
 //!   whether its ifindex fits the slot array);
 //! - `NPM_POLICY` the distinct LPM keys of the compiled entries. Entries
-//!   of one (endpoint, direction, peer, protocol) may share an aligned port
+//!   of one (subject, direction, peer, protocol) may share an aligned port
 //!   block, so keys are counted per such group ([`Fill::applied`] recounts
 //!   only the groups a diff touches);
 //! - `NPM_TIERS` likewise, per (endpoint, direction, tier, peer, protocol);
@@ -54,12 +54,12 @@ pub struct MapFill {
     pub capacity: u64,
 }
 
-/// (endpoint, direction, peer, protocol): the entries whose LPM keys may
+/// (subject, direction, peer, protocol): the entries whose LPM keys may
 /// coincide.
 type Group = (u32, u8, u32, Option<u8>);
 
 fn group(e: &PolicyEntry) -> Group {
-    (e.endpoint, e.direction.as_u8(), e.peer, e.protocol.map(|p| p as u8))
+    (e.subject, e.direction.as_u8(), e.peer, e.protocol.map(|p| p as u8))
 }
 
 /// (endpoint, direction, tier, peer, protocol): the tier entries whose LPM

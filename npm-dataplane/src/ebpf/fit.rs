@@ -5,15 +5,20 @@
 //!
 //! What is left out, and why it fails closed:
 //!
-//! - `NPM_POLICY` (allow entries): an endpoint direction (endpoint,
-//!   ingress or egress) whose new allows do not fit keeps only the allows
+//! - `NPM_POLICY` (allow entries): a subject direction (subject, the pod
+//!   identity whose entries govern its local endpoints, and ingress or
+//!   egress) whose new allows do not fit keeps only the allows
 //!   that are both programmed and still wanted (the last good state minus
 //!   what the current policy revoked; deny-all for a direction with no
-//!   programmed state, e.g. the first sync after a restart). Its isolation
+//!   programmed state, e.g. the first sync after a restart, or a subject
+//!   new since the last good state: a relabelled pod whose new identity's
+//!   entries were trimmed is denied in that direction, it never keeps its
+//!   old identity's allows, which are another subject's). Every endpoint of
+//!   a trimmed subject is degraded alike. Its isolation
 //!   follows the current policy, so it never becomes "not isolated" for
 //!   lack of room, and it never allows what the current policy denies.
-//!   The directions that free the most keys go first, so as few endpoints
-//!   as possible are degraded; every other endpoint gets its whole policy.
+//!   The directions that free the most keys go first, so as few subjects
+//!   as possible are degraded; every other subject gets its whole policy.
 //!   A programmed entry that is still wanted is never removed to make room.
 //! - `NPM_IPCACHE` (exact addresses): the addresses that did not fit are
 //!   left out, newest first (never this node's addresses, never a local
@@ -60,10 +65,11 @@ pub struct Shortfall {
     pub capacity: u64,
     /// Entries the fitted state puts in it.
     pub programmed: u64,
-    /// How many endpoint directions (`NPM_POLICY`) or addresses
+    /// How many subject directions (`NPM_POLICY`: a subject is the pod
+    /// identity whose entries govern its local endpoints) or addresses
     /// (`NPM_IPCACHE`) were left on a reduced state.
     pub degraded: usize,
-    /// What `degraded` counts: `endpoint directions` or `addresses`.
+    /// What `degraded` counts: `subject directions` or `addresses`.
     pub unit: &'static str,
 }
 
@@ -93,7 +99,7 @@ pub(super) const MAX_KEYS_PER_ENTRY: usize = 32;
 /// Policy entries -> rule id, as in [`Compiled::policy`].
 type PolicyMap = BTreeMap<PolicyEntry, u32>;
 
-/// (endpoint, direction): the unit of `NPM_POLICY` degradation.
+/// (subject, direction): the unit of `NPM_POLICY` degradation.
 type Group = (u32, u8);
 
 /// The distinct LPM keys of `entries` (all of one [`Group`]).
@@ -164,10 +170,10 @@ impl EbpfDataplane {
     ) -> Result<Option<(PolicyMap, Shortfall)>, EbpfError> {
         let cap = self.sizes.actual.policy as usize;
         // The target's entries by group (contiguous: entries order by
-        // endpoint, then direction).
+        // subject, then direction).
         let mut groups: BTreeMap<Group, Vec<&PolicyEntry>> = BTreeMap::new();
         for e in target.policy.keys() {
-            groups.entry((e.endpoint, e.direction.as_u8())).or_default().push(e);
+            groups.entry((e.subject, e.direction.as_u8())).or_default().push(e);
         }
         let mut sizes: BTreeMap<Group, usize> = BTreeMap::new();
         for (g, entries) in &groups {
@@ -202,7 +208,7 @@ impl EbpfDataplane {
         let policy: PolicyMap = target
             .policy
             .iter()
-            .filter(|(e, _)| !trimmed.contains(&(e.endpoint, e.direction.as_u8())) || kept(e))
+            .filter(|(e, _)| !trimmed.contains(&(e.subject, e.direction.as_u8())) || kept(e))
             .map(|(e, r)| (*e, *r))
             .collect();
         let shortfall = Shortfall {
@@ -211,7 +217,7 @@ impl EbpfDataplane {
             capacity: cap as u64,
             programmed: total as u64,
             degraded: trimmed.len(),
-            unit: "endpoint directions",
+            unit: "subject directions",
         };
         Ok(Some((policy, shortfall)))
     }

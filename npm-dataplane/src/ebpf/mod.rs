@@ -184,8 +184,9 @@ pub struct EbpfDataplane {
     mode: AttachMode,
     /// Endpoint id -> ifindex it is programmed at.
     programmed: BTreeMap<u32, u32>,
-    /// Endpoint id -> the `EndpointInfo::flags` last written for it.
-    written_flags: BTreeMap<u32, u32>,
+    /// Endpoint id -> the record last written for it (subject and flags
+    /// included).
+    written: BTreeMap<u32, npm_common::EndpointInfo>,
     /// (pod identities, endpoints) found in the maps at open.
     adopted: (usize, usize),
     /// The endpoint records found at open.
@@ -215,15 +216,15 @@ impl fmt::Debug for EbpfDataplane {
 /// identities, endpoints), the endpoint records).
 type AdoptedState = ((usize, usize), Vec<AdoptedEndpoint>);
 
-/// The [`AdoptedState`] of an ipcache and endpoint table: the distinct pod
-/// identities (`IDENTITY_FIRST_POD..IDENTITY_FIRST_CIDR`) of the ipcache,
-/// and every record.
+/// The [`AdoptedState`] of an ipcache and the records of an endpoint
+/// table: the distinct pod identities
+/// (`IDENTITY_FIRST_POD..IDENTITY_FIRST_CIDR`) of the ipcache, and every
+/// record.
 fn adopted_state(
     ipcache: &BpfHashMap<MapData, IpKey, IpInfo>,
-    endpoints: &EndpointTable,
+    records: Vec<AdoptedEndpoint>,
 ) -> Result<AdoptedState, EbpfError> {
     let identities = ipcache::pod_identities(ipcache)?;
-    let records = endpoints.records()?;
     Ok(((identities, records.len()), records))
 }
 
@@ -286,7 +287,7 @@ impl EbpfDataplane {
             doubled: BTreeSet::new(),
             mode: opts.attach,
             programmed: BTreeMap::new(),
-            written_flags: BTreeMap::new(),
+            written: BTreeMap::new(),
             adopted: (0, 0),
             adopted_endpoints: Vec::new(),
             adopted_numbers: Default::default(),
@@ -301,7 +302,11 @@ impl EbpfDataplane {
         // What a previous agent programmed here; after an upgrade to this
         // layout (fresh pins, flows copied from the older layout), what it
         // programmed there: the copied flows are keyed by its endpoint ids.
-        let mut adopted = match adopted_state(dp.ipcache.hash(), &dp.endpoints) {
+        let mut adopted = match dp
+            .endpoints
+            .records()
+            .and_then(|records| adopted_state(dp.ipcache.hash(), records))
+        {
             Ok(a) => Some(a),
             Err(e) => {
                 tracing::warn!(error = %e, "reading the adopted state (the first sync is not guarded against it)");
@@ -329,7 +334,16 @@ impl EbpfDataplane {
         }
         // The numbers of this layout's maps (a restarted agent keeps their
         // meaning; unreadable: every number is handed out anew, above none).
-        match adopt_numbers::read_numbers(dp.ipcache.hash(), dp.cidrs.trie(), dp.policy.lpm(), dp.tiers.lpm()) {
+        let numbers = dp.endpoints.entries().and_then(|records| {
+            adopt_numbers::read_numbers(
+                dp.ipcache.hash(),
+                dp.cidrs.trie(),
+                dp.policy.lpm(),
+                dp.tiers.lpm(),
+                &records,
+            )
+        });
+        match numbers {
             Ok(n) => dp.adopted_numbers = n,
             Err(e) => tracing::warn!(error = %e, "reading the adopted identity numbers"),
         }

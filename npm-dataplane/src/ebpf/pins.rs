@@ -13,7 +13,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError};
 use npm_common::{maps, EndpointInfo, IpInfo, IpKey, DIR_EGRESS, DIR_INGRESS, LAYOUT_VERSION};
 
 use super::conntrack::Flows;
-use super::endpoints::EndpointTable;
+use super::endpoints::{adopted_records, read_entries, RecordV5};
 use super::errors::{map_err, EbpfError};
 use super::links::{delete_filter, dir_name, ifname};
 use super::loader::{actual_sizes, EffectiveSizes, MapSizes};
@@ -150,10 +150,7 @@ where
 /// The pin directories of other npm map layouts beside `pin_dir`, newest
 /// first (see [`EbpfDataplane::retire_other_layouts`]).
 fn other_layouts(pin_dir: &Path) -> Result<Vec<PathBuf>, EbpfError> {
-    fn version_of(p: &Path) -> Option<u32> {
-        p.file_name()?.to_str()?.strip_prefix('v')?.parse().ok()
-    }
-    let (Some(mine), Some(parent)) = (version_of(pin_dir), pin_dir.parent()) else {
+    let (Some(mine), Some(parent)) = (layout_of(pin_dir), pin_dir.parent()) else {
         return Ok(Vec::new());
     };
     if mine != LAYOUT_VERSION {
@@ -167,7 +164,7 @@ fn other_layouts(pin_dir: &Path) -> Result<Vec<PathBuf>, EbpfError> {
     let mut found: Vec<(u32, PathBuf)> = entries
         .flatten()
         .map(|e| e.path())
-        .filter_map(|p| Some((version_of(&p)?, p)))
+        .filter_map(|p| Some((layout_of(&p)?, p)))
         .filter(|(v, p)| *v != mine && p.is_dir() && (p.join("links").is_dir() || p.join(maps::CT).exists()))
         .collect();
     found.sort_by_key(|f| std::cmp::Reverse(f.0));
@@ -204,14 +201,32 @@ pub(crate) fn migrate_flows(pin_dir: &Path, flows: &mut Flows) -> Result<Option<
     Ok((copied > 0).then_some(src))
 }
 
-/// [`adopted_state`] of the maps pinned in another layout's directory
-/// (layouts 3 and later share the endpoint record; an older one fails to
-/// open as typed maps).
+/// [`adopted_state`] of the maps pinned in another layout's directory.
+/// Layouts 6 and later store this layout's record; layouts 3 to 5 the
+/// 40-byte record without the subject ([`RecordV5`]), read when the pinned
+/// maps' value size is not this layout's (an older layout than 3, or a
+/// record of another size, fails to open as typed maps).
 pub(crate) fn adopted_state_at(dir: &Path) -> Result<AdoptedState, EbpfError> {
     let ipcache: BpfHashMap<MapData, IpKey, IpInfo> = open_pinned(dir, maps::IPCACHE)?;
-    let slots: Array<MapData, EndpointInfo> = open_pinned(dir, maps::EP_SLOTS)?;
-    let overflow: BpfHashMap<MapData, u32, EndpointInfo> = open_pinned(dir, maps::ENDPOINTS)?;
-    adopted_state(&ipcache, &EndpointTable::new(slots, overflow))
+    let current = || -> Result<_, EbpfError> {
+        let slots: Array<MapData, EndpointInfo> = open_pinned(dir, maps::EP_SLOTS)?;
+        let overflow: BpfHashMap<MapData, u32, EndpointInfo> = open_pinned(dir, maps::ENDPOINTS)?;
+        Ok((slots, overflow))
+    };
+    let entries = match current() {
+        Ok((slots, overflow)) => read_entries(&slots, &overflow)?,
+        Err(e) => {
+            let slots: Array<MapData, RecordV5> = open_pinned(dir, maps::EP_SLOTS).map_err(|_| e)?;
+            let overflow: BpfHashMap<MapData, u32, RecordV5> = open_pinned(dir, maps::ENDPOINTS)?;
+            read_entries(&slots, &overflow)?
+        }
+    };
+    adopted_state(&ipcache, adopted_records(entries))
+}
+
+/// The layout version `N` of a pin directory named `v<N>`.
+fn layout_of(dir: &Path) -> Option<u32> {
+    dir.file_name()?.to_str()?.strip_prefix('v')?.parse().ok()
 }
 
 impl EbpfDataplane {

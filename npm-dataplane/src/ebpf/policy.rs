@@ -1,14 +1,15 @@
 //! The policy maps: `NPM_POLICY`, the LPM trie of allow entries keyed by
-//! [`PolicyKey`] (endpoint, direction, peer identity, protocol, port block;
-//! see [`translate::policy_keys`]) -> rule id, which always holds every
+//! [`PolicyKey`] (subject, direction, peer identity, protocol, port block;
+//! see [`translate::policy_keys`]; the subject is the pod identity of the
+//! endpoints the entry governs) -> rule id, which always holds every
 //! entry, and its front `NPM_POLICY_FRONT` with the rule ids beside it
 //! (`NPM_POLICY_FRONT_RULES`, [`PolicyFront`]). The front is
 //! a subset of what the LPM allows at every moment: its words are stored
 //! after their entry's LPM keys and removed before them.
 //!
-//! The endpoints' policy flags (`EP_NO_*_PEER_*`, `EP_FRONT_*`) are kept
-//! between applies and recounted for the entry groups a diff touches
-//! (`policy_flags.rs`).
+//! The subjects' policy flags (`EP_NO_*_PEER_*`, `EP_FRONT_*`, written
+//! into every endpoint record of the subject) are kept between applies and
+//! recounted for the entry groups a diff touches (`policy_flags.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,7 +29,7 @@ use super::translate;
 pub(crate) struct PolicyTable {
     lpm: LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue>,
     front: PolicyFront,
-    /// The endpoints' policy flags, kept between applies.
+    /// The subjects' policy flags, kept between applies.
     flags: PolicyFlags,
 }
 
@@ -49,7 +50,7 @@ impl PolicyTable {
 
     /// Writes `entry` with rule id `rule`: its LPM keys, then its front
     /// words with `rule` (a word whose bucket is full is simply left out:
-    /// the endpoint's direction then stays on the LPM).
+    /// the subject's direction then stays on the LPM).
     pub(crate) fn upsert(&mut self, entry: &PolicyEntry, rule: u32) -> Result<(), EbpfError> {
         let value = translate::policy_value(rule);
         for k in translate::policy_keys(entry)? {
@@ -152,28 +153,29 @@ impl PolicyTable {
 
     /// Records the entry groups an apply's policy changes touch: outside
     /// a full sync only those are counted again by
-    /// [`PolicyTable::endpoint_flags`]. Called before the batch's first
+    /// [`PolicyTable::subject_flags`]. Called before the batch's first
     /// write.
     pub(crate) fn begin_apply(&mut self, diff: &MapDiff<PolicyEntry, u32>) {
         self.flags.begin_apply(diff);
     }
 
-    /// A full sync starts: every endpoint is counted again.
+    /// A full sync starts: every subject is counted again.
     pub(crate) fn begin_sync(&mut self) {
         self.flags.begin_sync();
     }
 
     /// Ends a batch (an apply or a full sync); after a failed one every
-    /// endpoint is counted again.
+    /// subject is counted again.
     pub(crate) fn end_batch(&mut self, ok: bool) {
         self.flags.end_batch(ok);
     }
 
-    /// The policy flags of every endpoint of `next` that has policy
-    /// entries (endpoint id -> flags; see `policy_flags.rs`): an endpoint
-    /// missing has no entry, its flags are [`translate::EP_NO_PEER_ALL`] |
+    /// The policy flags of every subject of `next` that has policy entries
+    /// (subject -> flags, for each endpoint of that subject; see
+    /// `policy_flags.rs`): a subject missing has no entry, its endpoints'
+    /// flags are [`translate::EP_NO_PEER_ALL`] |
     /// [`FRONT_ALL`](super::FRONT_ALL). Called after the batch's upserts.
-    pub(crate) fn endpoint_flags(&mut self, next: &Compiled) -> &BTreeMap<u32, u32> {
+    pub(crate) fn subject_flags(&mut self, next: &Compiled) -> &BTreeMap<u32, u32> {
         let front = &self.front;
         self.flags.compute(next, |e| {
             translate::front_word_iter(e).is_some_and(|mut w| w.all(|w| front.contains(w)))

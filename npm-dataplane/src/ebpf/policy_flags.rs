@@ -1,21 +1,30 @@
-//! The policy flags of each endpoint record, kept between applies
-//! ([`PolicyFlags`]): `EP_NO_<class>_PEER_<dir>` when no entry of that
-//! direction has a peer of that class (any, CIDR, pod identity), so the
-//! datapath skips that lookup; `EP_FRONT_<dir>` when the policy front
-//! holds every word of the direction's entries, so the datapath trusts a
-//! front miss; `EP_FRONT_EXACT_<dir>` when none of them is a wildcard.
+//! The policy flags of each subject, kept between applies
+//! ([`PolicyFlags`]) and written into the record of every endpoint of
+//! that subject (its pod identity, `EndpointInfo::subject`):
+//! `EP_NO_<class>_PEER_<dir>` when no entry of the subject's direction has
+//! a peer of that class (any, CIDR, pod identity), so the datapath skips
+//! that lookup; `EP_FRONT_<dir>` when the policy front holds every word of
+//! the direction's entries, so the datapath trusts a front miss;
+//! `EP_FRONT_EXACT_<dir>` when none of them is a wildcard.
 //!
-//! The flags are derived from counts per (endpoint, direction, peer,
+//! The flags are derived from counts per (subject, direction, peer,
 //! protocol) group of entries: how many entries, how many the front does
 //! not hold, how many are wildcards. A group's counts depend only on its
 //! own entries and on the front's words of that group (a word names its
-//! endpoint, direction, peer and protocol, and is stored only in a free
+//! subject, direction, peer and protocol, and is stored only in a free
 //! slot, never in place of another word), so an apply recounts only the
 //! groups its diff touches and the work is proportional to the change,
-//! not to the entries of the endpoints it touches (a policy selecting
-//! every local endpoint touches all of them). A full sync or a failed batch
-//! counts everything again; debug builds check the kept flags against a
-//! pass over every entry.
+//! not to the entries of the subjects it touches. A full sync or a failed
+//! batch counts everything again; debug builds check the kept flags
+//! against a pass over every entry.
+//!
+//! The writer looks an endpoint's flags up by its subject when it writes
+//! the record, after the batch's upserts, and rewrites every record whose
+//! flags differ from those last written: a change of a subject's groups
+//! rewrites every endpoint of that subject, an endpoint whose subject
+//! changed (a relabelled pod) gets its new subject's flags with its new
+//! subject, and the old subject's entries go only with the removals,
+//! after the record stopped naming them (invariant 4).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,19 +37,19 @@ use npm_policy::model::Protocol;
 
 use super::{translate, FRONT_ALL};
 
-/// (endpoint, direction, peer, protocol): the entries whose front words
+/// (subject, direction, peer, protocol): the entries whose front words
 /// only they produce.
 type Group = (u32, Direction, u32, Option<Protocol>);
 
 fn group(e: &PolicyEntry) -> Group {
-    (e.endpoint, e.direction, e.peer, e.protocol)
+    (e.subject, e.direction, e.peer, e.protocol)
 }
 
 /// The entries of `next` in group `g`.
 fn entries_of(next: &Compiled, g: Group) -> impl Iterator<Item = &PolicyEntry> {
-    let (endpoint, direction, peer, protocol) = g;
+    let (subject, direction, peer, protocol) = g;
     let lo = PolicyEntry {
-        endpoint,
+        subject,
         direction,
         peer,
         protocol,
@@ -53,7 +62,7 @@ fn entries_of(next: &Compiled, g: Group) -> impl Iterator<Item = &PolicyEntry> {
     next.policy.range(lo..=hi).map(|(e, _)| e)
 }
 
-/// The counts of one group, or of one (endpoint, direction) side.
+/// The counts of one group, or of one (subject, direction) side.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Counts {
     /// Entries with an any / a CIDR / a pod identity peer.
@@ -101,7 +110,7 @@ fn class_of(peer: u32) -> usize {
     CLASS_FLAGS.iter().position(|f| *f == flag).unwrap_or(0)
 }
 
-/// The flags of an endpoint whose sides have `ingress` and `egress`.
+/// The flags of a subject whose sides have `ingress` and `egress`.
 fn flags_of(ingress: Option<&Counts>, egress: Option<&Counts>) -> u32 {
     let mut flags = translate::EP_NO_PEER_ALL | FRONT_ALL;
     for (side, dir) in [(ingress, Direction::Ingress), (egress, Direction::Egress)] {
@@ -122,13 +131,13 @@ fn flags_of(ingress: Option<&Counts>, egress: Option<&Counts>) -> u32 {
     flags
 }
 
-/// Each endpoint's policy flags and the group counts they come from (see
+/// Each subject's policy flags and the group counts they come from (see
 /// the module doc).
 #[derive(Debug)]
 pub(crate) struct PolicyFlags {
     groups: BTreeMap<Group, Counts>,
     sides: BTreeMap<(u32, Direction), Counts>,
-    /// Endpoint id -> flags, for the endpoints with entries.
+    /// Subject -> flags, for the subjects with entries.
     flags: BTreeMap<u32, u32>,
     /// Everything is counted again by the next [`PolicyFlags::compute`].
     all: bool,
@@ -169,9 +178,10 @@ impl PolicyFlags {
         }
     }
 
-    /// The flags of every endpoint of `next` that has policy entries
-    /// (endpoint id -> flags; an endpoint missing has none:
-    /// [`translate::EP_NO_PEER_ALL`] | [`FRONT_ALL`]), `held` telling
+    /// The flags of every subject of `next` that has policy entries
+    /// (subject -> flags, for every endpoint of that subject; a subject
+    /// missing has none: [`translate::EP_NO_PEER_ALL`] | [`FRONT_ALL`]),
+    /// `held` telling
     /// whether the front holds every word of an entry. Counts the touched
     /// groups again, or everything (see the module doc); called after the
     /// batch's upserts.
@@ -186,9 +196,9 @@ impl PolicyFlags {
             for (g, c) in &self.groups {
                 self.sides.entry((g.0, g.1)).or_default().add(c);
             }
-            self.flags = self.flags_from_sides(self.sides.keys().map(|(id, _)| *id).collect());
+            self.flags = self.flags_from_sides(self.sides.keys().map(|(subject, _)| *subject).collect());
         } else {
-            let mut endpoints = BTreeSet::new();
+            let mut subjects = BTreeSet::new();
             for g in std::mem::take(&mut self.touched) {
                 let mut now = Counts::default();
                 for e in entries_of(next, g) {
@@ -207,13 +217,13 @@ impl PolicyFlags {
                 if side.is_empty() {
                     self.sides.remove(&(g.0, g.1));
                 }
-                endpoints.insert(g.0);
+                subjects.insert(g.0);
             }
-            let changed = self.flags_from_sides(endpoints.clone());
-            for id in endpoints {
-                match changed.get(&id) {
-                    Some(f) => self.flags.insert(id, *f),
-                    None => self.flags.remove(&id),
+            let changed = self.flags_from_sides(subjects.clone());
+            for subject in subjects {
+                match changed.get(&subject) {
+                    Some(f) => self.flags.insert(subject, *f),
+                    None => self.flags.remove(&subject),
                 };
             }
         }
@@ -226,13 +236,15 @@ impl PolicyFlags {
         &self.flags
     }
 
-    /// The flags of the endpoints `ids` that have entries, from their sides.
-    fn flags_from_sides(&self, ids: BTreeSet<u32>) -> BTreeMap<u32, u32> {
-        ids.into_iter()
-            .filter_map(|id| {
-                let ingress = self.sides.get(&(id, Direction::Ingress));
-                let egress = self.sides.get(&(id, Direction::Egress));
-                (ingress.is_some() || egress.is_some()).then(|| (id, flags_of(ingress, egress)))
+    /// The flags of the subjects `subjects` that have entries, from their
+    /// sides.
+    fn flags_from_sides(&self, subjects: BTreeSet<u32>) -> BTreeMap<u32, u32> {
+        subjects
+            .into_iter()
+            .filter_map(|s| {
+                let ingress = self.sides.get(&(s, Direction::Ingress));
+                let egress = self.sides.get(&(s, Direction::Egress));
+                (ingress.is_some() || egress.is_some()).then(|| (s, flags_of(ingress, egress)))
             })
             .collect()
     }
@@ -244,16 +256,14 @@ impl PolicyFlags {
 fn from_scratch(next: &Compiled, held: &impl Fn(&PolicyEntry) -> bool) -> BTreeMap<u32, u32> {
     let mut sides: BTreeMap<(u32, Direction), Counts> = BTreeMap::new();
     for e in next.policy.keys() {
-        sides.entry((e.endpoint, e.direction)).or_default().count(e, held(e));
+        sides.entry((e.subject, e.direction)).or_default().count(e, held(e));
     }
-    let ids: BTreeSet<u32> = sides.keys().map(|(id, _)| *id).collect();
-    ids.into_iter()
-        .map(|id| {
-            let f = flags_of(
-                sides.get(&(id, Direction::Ingress)),
-                sides.get(&(id, Direction::Egress)),
-            );
-            (id, f)
+    let subjects: BTreeSet<u32> = sides.keys().map(|(s, _)| *s).collect();
+    subjects
+        .into_iter()
+        .map(|s| {
+            let f = flags_of(sides.get(&(s, Direction::Ingress)), sides.get(&(s, Direction::Egress)));
+            (s, f)
         })
         .collect()
 }
@@ -264,14 +274,14 @@ mod tests {
     use npm_common::{IDENTITY_ANY, IDENTITY_FIRST_CIDR};
 
     fn entry(
-        endpoint: u32,
+        subject: u32,
         direction: Direction,
         peer: u32,
         protocol: Option<Protocol>,
         ports: (u16, u16),
     ) -> PolicyEntry {
         PolicyEntry {
-            endpoint,
+            subject,
             direction,
             peer,
             protocol,
@@ -326,7 +336,7 @@ mod tests {
         assert!(flags.groups.is_empty() && flags.sides.is_empty() && flags.flags.is_empty());
     }
 
-    /// The flags of one endpoint: a pod peer over TCP port 80 held by the
+    /// The flags of one subject: a pod peer over TCP port 80 held by the
     /// front, a CIDR peer of every UDP port not held.
     #[test]
     fn flags_name_the_classes_present_and_what_the_front_holds() {
@@ -347,5 +357,34 @@ mod tests {
         assert_ne!(f & EP_FRONT_EXACT_INGRESS, 0);
         assert_eq!(f & (EP_FRONT_INGRESS << eg), 0);
         assert_eq!(f & (EP_FRONT_EXACT_INGRESS << eg), 0);
+    }
+
+    /// Flags are per subject: the two subjects below differ, and a subject
+    /// too large for a front word never gets `EP_FRONT_*` for a direction
+    /// with entries, whatever the front holds (it has no words: it keeps
+    /// the LPM), while one just below the limit does.
+    #[test]
+    fn a_subject_beyond_the_front_word_keeps_the_lpm() {
+        use npm_common::POLICY_FRONT_MAX_SUBJECT;
+        let tcp = Some(Protocol::Tcp);
+        let small = POLICY_FRONT_MAX_SUBJECT - 1;
+        let big = POLICY_FRONT_MAX_SUBJECT;
+        let next = compiled(&[
+            entry(small, Direction::Ingress, 300, tcp, (80, 80)),
+            entry(big, Direction::Ingress, 300, tcp, (80, 80)),
+        ]);
+        // A front that holds every word there is (the writer's test, with
+        // every store succeeding).
+        let held = |e: &PolicyEntry| translate::front_word_iter(e).is_some();
+        let mut flags = PolicyFlags::default();
+        let f = flags.compute(&next, held).clone();
+        assert_eq!(f.len(), 2);
+        assert_ne!(f[&small] & EP_FRONT_INGRESS, 0);
+        assert_eq!(f[&big] & EP_FRONT_INGRESS, 0);
+        // Both still skip what their entries rule out.
+        for s in [small, big] {
+            assert_eq!(f[&s] & EP_NO_POD_PEER_INGRESS, 0);
+            assert_ne!(f[&s] & EP_NO_ANY_PEER_INGRESS, 0);
+        }
     }
 }

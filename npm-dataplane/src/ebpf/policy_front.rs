@@ -6,14 +6,15 @@
 //! which the datapath reads from the slot that matched to count the
 //! allowing rule without an `NPM_POLICY` lookup.
 //!
-//! A word is an allow of one (endpoint, direction, peer identity, protocol,
-//! port), or of any port of a protocol, or of any protocol. It is stored
+//! A word is an allow of one (subject, direction, peer identity, protocol,
+//! port), or of any port of a protocol, or of any protocol; the subject is
+//! the pod identity of the endpoints it governs. It is stored
 //! only in its own bucket ([`policy_front_bucket`]); when the four slots
-//! there are taken the word is not stored, and its endpoint's direction
+//! there are taken the word is not stored, and its subject's direction
 //! keeps using `NPM_POLICY`. The datapath trusts the front for an endpoint
 //! direction only while the endpoint record carries `EP_FRONT_<dir>`,
-//! which the loader sets when every word of that direction's entries is
-//! here. `NPM_POLICY` always holds every entry.
+//! which the loader sets when every word of that direction's entries of
+//! the endpoint's subject is here. `NPM_POLICY` always holds every entry.
 //!
 //! Each change is one aligned 64-bit (word) or 32-bit (rule) store, so a
 //! packet sees a slot before or after it, never half of it. The order of

@@ -1,7 +1,8 @@
 //! Pure translation of the compiled policy into the kernel map layout of
 //! `npm-common`: addresses to [`IpKey`]s (IPv4-mapped), prefixes to LPM keys
 //! (IPv4 prefix `n` stored as `96 + n`), policy entries to LPM
-//! [`PolicyKey`]s (port ranges split into aligned power-of-two blocks), tier
+//! [`PolicyKey`]s keyed by their subject (port ranges split into aligned
+//! power-of-two blocks) and policy front words, tier
 //! entries to `NPM_TIERS` keys and values, and endpoints to
 //! [`EndpointInfo`]s. No kernel access here.
 
@@ -13,7 +14,7 @@ use npm_common::{
     ep_no_peer_flag, EndpointInfo, IpInfo, IpKey, PolicyKey, PolicyValue, EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS,
     EP_ISOLATED_INGRESS, EP_NO_ANY_PEER_EGRESS, EP_NO_ANY_PEER_INGRESS, EP_NO_CIDR_PEER_EGRESS,
     EP_NO_CIDR_PEER_INGRESS, EP_NO_POD_PEER_EGRESS, EP_NO_POD_PEER_INGRESS, EP_PRESENT, EP_REPORT_NEW,
-    POLICY_FRONT_MAX_ENDPOINT, POLICY_FRONT_MAX_IDENTITY, POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTO,
+    POLICY_FRONT_MAX_IDENTITY, POLICY_FRONT_MAX_SUBJECT, POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTO,
 };
 use npm_common::{policy_front_proto, policy_front_word};
 use npm_common::{
@@ -126,18 +127,20 @@ pub fn split_port_range(lo: u16, hi: u16) -> Vec<(u16, u32)> {
     out
 }
 
-/// The `NPM_POLICY` keys of one policy entry: one key of prefix
+/// The `NPM_POLICY` keys of one policy entry, under its subject
+/// ([`PolicyEntry::subject`], the pod identity of the endpoints it
+/// governs): one key of prefix
 /// [`POLICY_PREFIX_ANY_PROTO`] for a rule without ports, one of
 /// [`POLICY_PREFIX_ANY_PORT`] for a whole protocol, else one key per aligned
 /// block of the port range (prefix `80 + bits`).
 pub fn policy_keys(entry: &PolicyEntry) -> Result<Vec<PolicyKey>, TranslateError> {
-    let ep = entry.endpoint;
+    let subject = entry.subject;
     let dir = entry.direction.as_u8();
     let peer = entry.peer;
     let Some(protocol) = entry.protocol else {
         return Ok(vec![PolicyKey::with_prefix(
             POLICY_PREFIX_ANY_PROTO,
-            ep,
+            subject,
             dir,
             peer,
             0,
@@ -151,13 +154,13 @@ pub fn policy_keys(entry: &PolicyEntry) -> Result<Vec<PolicyKey>, TranslateError
     let proto = protocol.number();
     Ok(split_port_range(lo, hi)
         .into_iter()
-        .map(|(start, bits)| PolicyKey::with_prefix(POLICY_PREFIX_ANY_PORT + bits, ep, dir, peer, proto, start))
+        .map(|(start, bits)| PolicyKey::with_prefix(POLICY_PREFIX_ANY_PORT + bits, subject, dir, peer, proto, start))
         .collect())
 }
 
 /// Longest port range (ports) whose entry the policy front holds port by
 /// port; an entry with a longer range (but not all ports) keeps its
-/// endpoint's direction on the LPM.
+/// subject's direction on the LPM.
 pub const FRONT_MAX_RANGE: u32 = 64;
 
 /// The `NPM_POLICY_FRONT` words of a policy entry ([`policy_front_word`]):
@@ -165,15 +168,18 @@ pub const FRONT_MAX_RANGE: u32 = 64;
 /// "any protocol" word for an entry without protocol. `None` when the entry
 /// does not fit the front: an endpoint id or peer identity beyond the
 /// word's fields, or a port range longer than [`FRONT_MAX_RANGE`] (and not
-/// all ports), or an empty one.
+/// all ports), or an empty one. A subject at or beyond the word's field
+/// ([`POLICY_FRONT_MAX_SUBJECT`]) has no words: its entries are never held
+/// by the front, so its directions keep the LPM (`policy_flags.rs` never
+/// gives them `EP_FRONT_*`).
 pub fn front_words(entry: &PolicyEntry) -> Option<Vec<u64>> {
     front_word_iter(entry).map(Iterator::collect)
 }
 
 /// [`front_words`] without allocating.
 pub fn front_word_iter(entry: &PolicyEntry) -> Option<impl Iterator<Item = u64>> {
-    let ep = entry.endpoint;
-    if ep == 0 || ep >= POLICY_FRONT_MAX_ENDPOINT || entry.peer >= POLICY_FRONT_MAX_IDENTITY {
+    let subject = entry.subject;
+    if subject == 0 || subject >= POLICY_FRONT_MAX_SUBJECT || entry.peer >= POLICY_FRONT_MAX_IDENTITY {
         return None;
     }
     let (dir, peer) = (entry.direction.as_u8(), entry.peer);
@@ -196,7 +202,7 @@ pub fn front_word_iter(entry: &PolicyEntry) -> Option<impl Iterator<Item = u64>>
             }
         }
     };
-    Some((lo..=hi).map(move |port| policy_front_word(ep, dir, peer, code, exact, port)))
+    Some((lo..=hi).map(move |port| policy_front_word(subject, dir, peer, code, exact, port)))
 }
 
 /// Whether the entry allows every port of its protocol, or every protocol
@@ -213,16 +219,20 @@ pub const EP_NO_PEER_ALL: u32 = EP_NO_ANY_PEER_INGRESS
     | EP_NO_POD_PEER_INGRESS
     | EP_NO_POD_PEER_EGRESS;
 
-/// The `EP_NO_*_PEER_*` flags of every endpoint that has policy entries
-/// (endpoint id -> flags): a flag is set when no entry of that endpoint,
-/// direction and peer class exists. An endpoint missing from the result has
-/// no entry at all: its flags are [`EP_NO_PEER_ALL`].
-pub fn endpoint_peer_flags<'a>(policy: impl IntoIterator<Item = &'a PolicyEntry>) -> BTreeMap<u32, u32> {
+/// The `EP_NO_*_PEER_*` flags of every subject that has policy entries
+/// (subject -> flags, given to every endpoint of that subject): a flag is
+/// set when no entry of that subject, direction and peer class exists. A
+/// subject missing from the result has no entry at all: its endpoints'
+/// flags are [`EP_NO_PEER_ALL`].
+pub fn subject_peer_flags<'a>(policy: impl IntoIterator<Item = &'a PolicyEntry>) -> BTreeMap<u32, u32> {
     let mut present: BTreeMap<u32, u32> = BTreeMap::new();
     for e in policy {
-        *present.entry(e.endpoint).or_default() |= ep_no_peer_flag(e.peer) << e.direction.as_u8();
+        *present.entry(e.subject).or_default() |= ep_no_peer_flag(e.peer) << e.direction.as_u8();
     }
-    present.into_iter().map(|(id, p)| (id, EP_NO_PEER_ALL & !p)).collect()
+    present
+        .into_iter()
+        .map(|(subject, p)| (subject, EP_NO_PEER_ALL & !p))
+        .collect()
 }
 
 /// The value written for a policy entry produced by rule `rule`.
@@ -322,13 +332,15 @@ pub fn presence_flags(p: &TierPresence) -> u32 {
     f
 }
 
-/// The `NPM_ENDPOINTS` value of endpoint `id` (its tier flags from
-/// [`Endpoint::tiers`]; the writer adds those of its entries;
-/// [`EP_REPORT_NEW`] from [`Endpoint::report_new`]).
+/// The `NPM_ENDPOINTS` value of endpoint `id` (its subject is its pod
+/// identity, [`Endpoint::identity`]; its tier flags from
+/// [`Endpoint::tiers`]; the writer adds those of its entries and its
+/// subject's policy flags; [`EP_REPORT_NEW`] from [`Endpoint::report_new`]).
 pub fn endpoint_info(id: u32, ep: &Endpoint) -> EndpointInfo {
     let mut info = EndpointInfo {
         id,
         flags: EP_PRESENT,
+        subject: ep.identity,
         ..EndpointInfo::default()
     };
     if ep.isolated_ingress {
@@ -374,7 +386,7 @@ mod tests {
 
     fn entry(protocol: Option<Protocol>, lo: u16, hi: u16) -> PolicyEntry {
         PolicyEntry {
-            endpoint: 7,
+            subject: 7,
             direction: Direction::Egress,
             peer: 300,
             protocol,
@@ -402,11 +414,16 @@ mod tests {
         // Too long a range, an empty one, ids beyond the word's fields.
         assert_eq!(front_words(&entry(Some(Protocol::Udp), 1000, 1064)), None);
         assert_eq!(front_words(&entry(Some(Protocol::Udp), 5, 4)), None);
-        let big_ep = PolicyEntry {
-            endpoint: POLICY_FRONT_MAX_ENDPOINT,
+        let big_subject = PolicyEntry {
+            subject: POLICY_FRONT_MAX_SUBJECT,
             ..entry(None, 0, 0)
         };
-        assert_eq!(front_words(&big_ep), None);
+        assert_eq!(front_words(&big_subject), None);
+        let last_subject = PolicyEntry {
+            subject: POLICY_FRONT_MAX_SUBJECT - 1,
+            ..entry(None, 0, 0)
+        };
+        assert!(front_words(&last_subject).is_some());
         let cidr_peer = PolicyEntry {
             peer: IDENTITY_FIRST_CIDR + 5,
             ..entry(None, 0, 0)
@@ -470,7 +487,7 @@ mod tests {
         let any = policy_keys(&entry(None, 0, 0)).unwrap();
         assert_eq!(any.len(), 1);
         assert_eq!(any[0].prefix_len, POLICY_PREFIX_ANY_PROTO);
-        assert_eq!(any[0].endpoint(), 7);
+        assert_eq!(any[0].subject(), 7);
         assert_eq!(any[0].direction(), npm_common::DIR_EGRESS);
         assert_eq!(any[0].identity(), 300);
         assert_eq!(any[0].protocol(), 0);
@@ -531,8 +548,8 @@ mod tests {
 
     #[test]
     fn peer_flags() {
-        let mk = |endpoint, direction, peer| PolicyEntry {
-            endpoint,
+        let mk = |subject, direction, peer| PolicyEntry {
+            subject,
             direction,
             peer,
             protocol: None,
@@ -544,7 +561,7 @@ mod tests {
             mk(2, Direction::Ingress, 300),
             mk(2, Direction::Egress, npm_common::IDENTITY_WORLD),
         ];
-        let f = endpoint_peer_flags(&entries);
+        let f = subject_peer_flags(&entries);
         assert_eq!(f.len(), 2);
         assert_eq!(
             f[&1],
@@ -554,7 +571,7 @@ mod tests {
             f[&2],
             EP_NO_PEER_ALL & !(EP_NO_POD_PEER_INGRESS | EP_NO_POD_PEER_EGRESS)
         );
-        assert!(endpoint_peer_flags(&[]).is_empty());
+        assert!(subject_peer_flags(&[]).is_empty());
     }
 
     #[test]
@@ -624,6 +641,7 @@ mod tests {
         };
         let info = endpoint_info(9, &ep);
         assert_eq!(info.id, 9);
+        assert_eq!(info.subject, 256);
         assert_eq!(info.flags, EP_PRESENT | EP_ISOLATED_INGRESS | EP_HAS_V4);
         assert_eq!(endpoint_ipv4(&info), Some("10.0.0.5".parse().unwrap()));
         assert_eq!(endpoint_ipv6(&info), None);

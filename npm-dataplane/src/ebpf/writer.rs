@@ -170,7 +170,7 @@ impl EbpfDataplane {
         }
         let mut removed = BTreeSet::new();
         for id in &diff.endpoints.remove {
-            self.written_flags.remove(id);
+            self.written.remove(id);
             if let Some(ifindex) = self.programmed.remove(id) {
                 if !self.programmed.values().any(|v| *v == ifindex) {
                     self.unprogram_ifindex(ifindex)?;
@@ -258,7 +258,7 @@ impl EbpfDataplane {
         // Every endpoint is rewritten: adopted maps may hold stale values.
         let all: BTreeSet<u32> = compiled.endpoints.keys().copied().collect();
         self.programmed.retain(|id, _| all.contains(id));
-        self.written_flags.retain(|id, _| all.contains(id));
+        self.written.retain(|id, _| all.contains(id));
         self.program_endpoints(compiled, interfaces, &all)?;
 
         // Sweep.
@@ -295,8 +295,12 @@ impl EbpfDataplane {
 
     /// Writes the endpoints of `next` that have an interface and need it
     /// (new, changed in `changed`, moved to another interface, or whose
+    /// record differs from the one last written: its subject, or its
     /// `EP_NO_*_PEER_*`, `EP_FRONT_*`, tier or tier front flags changed with the
-    /// policy), attaching the programs. The tier flags are those of
+    /// policy), attaching the programs. The subject is the endpoint's pod
+    /// identity and the policy flags are its subject's (`policy_flags.rs`):
+    /// when a subject's entries change, every endpoint of that subject is
+    /// rewritten here. The tier flags are those of
     /// [`npm_policy::compiled::Endpoint::tiers`] and of the endpoint's
     /// entries in `next.tiers`. Endpoints without an interface are held back.
     fn program_endpoints(
@@ -305,13 +309,13 @@ impl EbpfDataplane {
         interfaces: &Interfaces,
         changed: &BTreeSet<u32>,
     ) -> Result<(), EbpfError> {
-        let policy_flags = self.policy.endpoint_flags(next).clone();
+        let policy_flags = self.policy.subject_flags(next).clone();
         let tier_front_flags = self.tiers.front_flags(next);
         for (&id, ep) in &next.endpoints {
             let Some(&ifindex) = interfaces.get(&id) else {
                 // No interface known (yet, or any more): nothing may stay
                 // keyed by an ifindex that could be reused.
-                self.written_flags.remove(&id);
+                self.written.remove(&id);
                 if let Some(old) = self.programmed.remove(&id) {
                     self.unprogram_ifindex(old)?;
                 }
@@ -319,8 +323,9 @@ impl EbpfDataplane {
             };
             let old = self.programmed.get(&id).copied();
             let mut info = translate::endpoint_info(id, ep);
+            // The policy flags of its subject (its entries' owner).
             info.flags |= policy_flags
-                .get(&id)
+                .get(&info.subject)
                 .copied()
                 .unwrap_or(translate::EP_NO_PEER_ALL | FRONT_ALL);
             info.flags |= entry_tier_flags(&next.tiers, id);
@@ -328,12 +333,12 @@ impl EbpfDataplane {
             if old == Some(ifindex)
                 && !changed.contains(&id)
                 && self.attached_in_mode(ifindex)
-                && self.written_flags.get(&id) == Some(&info.flags)
+                && self.written.get(&id) == Some(&info)
             {
                 continue;
             }
             self.endpoints.replace(ifindex, info)?;
-            self.written_flags.insert(id, info.flags);
+            self.written.insert(id, info);
             self.attach(ifindex)?;
             self.programmed.insert(id, ifindex);
             if let Some(old) = old.filter(|o| *o != ifindex) {

@@ -266,17 +266,20 @@ pub(crate) fn model(compiled: &Compiled, interfaces: &Interfaces) -> Model {
             );
         }
     }
+    // The entries of each (subject, direction): every endpoint of that
+    // subject (its pod identity) gets them in its own chain, so the log
+    // prefixes, `report_new` and the deny counter stay the endpoint's.
     let mut entries: BTreeMap<(u32, Direction), Vec<(&PolicyEntry, u32)>> = BTreeMap::new();
     for (entry, rule) in &compiled.policy {
         entries
-            .entry((entry.endpoint, entry.direction))
+            .entry((entry.subject, entry.direction))
             .or_default()
             .push((entry, *rule));
     }
     let tiers = group_tiers(&compiled.tiers);
     for (id, ep) in &compiled.endpoints {
         for direction in [Direction::Ingress, Direction::Egress] {
-            let list = entries.get(&(*id, direction)).map(Vec::as_slice).unwrap_or(&[]);
+            let list = entries.get(&(ep.identity, direction)).map(Vec::as_slice).unwrap_or(&[]);
             let mut jumps = TierJumps::default();
             for tier in [Tier::Admin, Tier::Baseline] {
                 // The endpoint's flag decides, as in the datapath (the

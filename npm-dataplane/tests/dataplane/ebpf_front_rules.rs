@@ -20,10 +20,13 @@ use npm_policy::model::Protocol::Tcp;
 
 const PORT: u16 = 80;
 
-/// `n` peer identities whose words for (endpoint 1, ingress, TCP 80) share
-/// one bucket of the front.
+/// The subject (pod identity) of endpoint 1.
+const A_SUBJECT: u32 = 256;
+
+/// `n` peer identities whose words for (endpoint 1's subject
+/// [`A_SUBJECT`], ingress, TCP 80) share one bucket of the front.
 fn colliding_identities(n: usize) -> Vec<u32> {
-    let word = |id: u32| policy_front_word(1, DIR_INGRESS, id, policy_front_proto(6), true, PORT);
+    let word = |id: u32| policy_front_word(A_SUBJECT, DIR_INGRESS, id, policy_front_proto(6), true, PORT);
     let mut by_bucket: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
     for id in 3000..3_000_000u32 {
         let v = by_bucket
@@ -48,8 +51,8 @@ fn rule_of(i: usize) -> u32 {
 fn compiled(ids: &[u32]) -> Compiled {
     let mut c = Compiled::default();
     c.endpoints
-        .insert(1, endpoint("a", 256, Some("10.0.0.1"), None, true, true));
-    ip(&mut c, "10.0.0.1", 256, 0);
+        .insert(1, endpoint("a", A_SUBJECT, Some("10.0.0.1"), None, true, true));
+    ip(&mut c, "10.0.0.1", A_SUBJECT, 0);
     for (i, id) in ids.iter().enumerate() {
         ip(&mut c, &format!("10.0.3.{}", i + 1), *id, 0);
         if i < 4 {

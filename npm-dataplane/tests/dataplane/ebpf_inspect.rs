@@ -50,7 +50,7 @@ fn dump_pinned_reads_state_without_touching_the_links() {
     assert!(ips.contains(&(IpAddr::V4(pod), 256)), "{ips:?}");
     assert!(ips.contains(&(IpAddr::V4(peer), 300)), "{ips:?}");
     assert!(
-        d.policy.iter().any(|p| p.endpoint == ep.id
+        d.policy.iter().any(|p| p.subject == ep.subject
             && p.direction == "ingress"
             && p.peer == 300
             && p.protocol == Some(6)

@@ -853,8 +853,9 @@ fn apply_diff_and_sync_sweep() {
 
     // Remove endpoint 1: no endpoint entry, links detached, flows purged.
     let mut c4 = c3.clone();
+    let a_subject = subject_of(&c4, 1);
     c4.endpoints.remove(&1);
-    c4.policy.retain(|e, _| e.endpoint != 1);
+    c4.policy.retain(|e, _| e.subject != a_subject);
     let ifs4 = ifaces(&[(2, f.ep2.ifindex)]);
     assert!(f.dp.ct_entries().iter().any(|(k, _)| k.endpoint == 1));
     f.dp.apply(&c3.diff(&c4), &c4, &ifs4).unwrap();
@@ -863,7 +864,7 @@ fn apply_diff_and_sync_sweep() {
     assert_eq!(f.dp.test_run(IN, a, &p).unwrap(), allow_r(Reason::NoEndpoint));
     let dump = f.dp.dump().unwrap();
     assert_eq!(dump.endpoints.len(), 1);
-    assert!(dump.policy.iter().all(|k| k.endpoint != 1));
+    assert!(dump.policy.iter().all(|k| k.subject != a_subject));
 
     // An endpoint without a known interface is held back, then programmed.
     let mut c5 = c4.clone();

@@ -4,12 +4,9 @@
 //! direction that does not fit (a long port range, a full bucket) stays on
 //! the LPM until a full sync can place it. Needs root.
 
-use std::path::Path;
-
 use crate::ebpf_common::*;
-use aya::maps::{Map, MapData};
 use npm_common::{
-    maps, policy_front_bucket, policy_front_proto, policy_front_word, Reason, DIR_INGRESS, EP_FRONT_EGRESS,
+    policy_front_bucket, policy_front_proto, policy_front_word, Reason, DIR_INGRESS, EP_FRONT_EGRESS,
     EP_FRONT_EXACT_EGRESS, EP_FRONT_EXACT_INGRESS, EP_FRONT_INGRESS, IDENTITY_ANY, IDENTITY_FIRST_CIDR,
 };
 use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
@@ -108,19 +105,6 @@ fn packet(src: &str, dst: &str, proto: u8, sport: u16, dport: u16) -> Vec<u8> {
         132 => v4(src, dst, L4::Sctp(sport, dport)),
         _ => v4(src, dst, L4::Icmp(8, sport)),
     }
-}
-
-/// The non-zero words of the pinned `NPM_POLICY_FRONT` (the kernel's view,
-/// not the loader's).
-fn kernel_front_words(pin_dir: &Path) -> usize {
-    use aya::maps::Array;
-    let data = MapData::from_pin(pin_dir.join(maps::POLICY_FRONT)).expect("open pinned NPM_POLICY_FRONT");
-    let front: Array<MapData, [u64; 4]> =
-        Array::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_POLICY_FRONT");
-    front
-        .iter()
-        .map(|b| b.expect("bucket").iter().filter(|w| **w != 0).count())
-        .sum()
 }
 
 #[test]
@@ -240,7 +224,8 @@ fn complete_directions_are_decided_by_the_front() {
     f.dp.sync_full(&c, &ifs).unwrap();
     let mut c1 = c.clone();
     allow(&mut c1, 1, IN, POD_B, Some(Tcp), (8080, 8080), 9);
-    c1.policy.retain(|e, _| !(e.endpoint == 1 && e.ports == (80, 80)));
+    c1.policy
+        .retain(|e, _| !(e.subject == subject_of(&c, 1) && e.ports == (80, 80)));
     f.dp.apply(&c.diff(&c1), &c1, &ifs).unwrap();
     assert_eq!(f.dp.policy_front_len(), WORDS);
     assert_eq!(kernel_front_words(&f.pins.path), WORDS);
@@ -255,16 +240,19 @@ fn complete_directions_are_decided_by_the_front() {
     );
     // Removing the endpoint's entries removes its words.
     let mut c2 = c1.clone();
-    c2.policy.retain(|e, _| e.endpoint != 1);
+    c2.policy.retain(|e, _| e.subject != subject_of(&c, 1));
     f.dp.apply(&c1.diff(&c2), &c2, &ifs).unwrap();
     assert_eq!(f.dp.policy_front_len(), WORDS - 10);
     assert_eq!(kernel_front_words(&f.pins.path), WORDS - 10);
 }
 
-/// `n` peer identities whose words for (endpoint 1, ingress, TCP 80) share
-/// one bucket of the front.
+/// The subject (pod identity) of endpoint 1 in the full-bucket test.
+const A_SUBJECT: u32 = 256;
+
+/// `n` peer identities whose words for (endpoint 1's subject
+/// [`A_SUBJECT`], ingress, TCP 80) share one bucket of the front.
 fn colliding_identities(n: usize) -> Vec<u32> {
-    let word = |id: u32| policy_front_word(1, DIR_INGRESS, id, policy_front_proto(6), true, 80);
+    let word = |id: u32| policy_front_word(A_SUBJECT, DIR_INGRESS, id, policy_front_proto(6), true, 80);
     let mut by_bucket: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
     for id in 1000..2_000_000u32 {
         let v = by_bucket
@@ -283,7 +271,7 @@ fn a_full_bucket_keeps_the_direction_on_the_lpm_until_a_sync_places_it() {
     let ids = colliding_identities(5);
     let mut c = Compiled::default();
     c.endpoints
-        .insert(1, endpoint("a", 256, Some("10.0.0.1"), None, true, true));
+        .insert(1, endpoint("a", A_SUBJECT, Some("10.0.0.1"), None, true, true));
     c.endpoints
         .insert(2, endpoint("b", 257, Some("10.0.0.5"), None, true, true));
     for (i, id) in ids.iter().enumerate() {
@@ -359,7 +347,7 @@ fn a_restarted_loader_adopts_the_front() {
     assert_eq!(dp.adopted_counts(), (5, 3));
     let mut c1 = c.clone();
     c1.policy
-        .retain(|e, _| !(e.endpoint == 1 && e.direction == EG && e.peer == POD_B));
+        .retain(|e, _| !(e.subject == subject_of(&c, 1) && e.direction == EG && e.peer == POD_B));
     dp.sync_full(&c1, &ifs).unwrap();
     assert_eq!(dp.policy_front_len(), WORDS - 1);
     assert_eq!(kernel_front_words(&pins.path), WORDS - 1);

@@ -36,6 +36,7 @@ mod ebpf_policy_front;
 mod ebpf_restart;
 mod ebpf_rule_counters;
 mod ebpf_services;
+mod ebpf_subjects;
 mod ebpf_tier_front;
 mod ebpf_tier_front_mixed;
 mod ebpf_tiers;

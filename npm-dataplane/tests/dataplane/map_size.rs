@@ -180,7 +180,8 @@ fn a_policy_that_does_not_fit_keeps_programmed_verdicts_and_fails_closed() {
 
     // A policy revoked while degraded is revoked: b drops 81.
     let mut s2 = s1.clone();
-    s2.policy.retain(|e, _| !(e.endpoint == 2 && e.ports.0 == 81));
+    let b_subject = s2.endpoints[&2].identity;
+    s2.policy.retain(|e, _| !(e.subject == b_subject && e.ports.0 == 81));
     let f2 = dp.fit(Some(&f1), &s2).unwrap().expect("still too big").compiled;
     dp.apply(&f1.diff(&f2), &f2, &ifs).unwrap();
     assert_eq!(verdict(&dp, b.ifindex, peer, "10.70.0.2", 81), VERDICT_DROP);
@@ -204,7 +205,7 @@ fn a_policy_that_does_not_fit_keeps_programmed_verdicts_and_fails_closed() {
     // Nearly full (52 keys of 64) and 30 keys replaced: the final state
     // fits but not beside the old one; the removals go first.
     let mut s4 = s3.clone();
-    s4.policy.retain(|e, _| e.endpoint != 2);
+    s4.policy.retain(|e, _| e.subject != b_subject);
     allow_ports(&mut s4, 2, 300, 1100..1130);
     assert!(!dp.diff_fits(&s3.diff(&s4)).unwrap());
     assert!(dp.fit(Some(&s3), &s4).unwrap().is_none(), "the final state fits");

@@ -363,7 +363,7 @@ fn compiled(a: bool) -> Compiled {
     if !a {
         c.policy.insert(
             PolicyEntry {
-                endpoint: 1,
+                subject: R_IDENTITY,
                 direction: Direction::Ingress,
                 peer: S_IDENTITY,
                 protocol: Some(Protocol::Tcp),

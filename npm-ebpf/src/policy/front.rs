@@ -1,6 +1,6 @@
 //! Step 9 on the policy front `NPM_POLICY_FRONT`: a hash table of exact
 //! words in 4-word buckets written by user space, probed with inlined array
-//! reads for an endpoint direction whose policy is complete there
+//! reads for an endpoint direction whose subject's policy is complete there
 //! (`EP_FRONT_<dir>`), and the allowing rule of a hit, read from the same
 //! slot of `NPM_POLICY_FRONT_RULES` (no `NPM_POLICY` lookup).
 //!
@@ -16,7 +16,7 @@
 use aya_ebpf::{macros::map, maps::Array};
 use npm_common::{
     policy_front_bucket_unchecked, policy_front_proto, policy_front_word, sizes, EP_FRONT_INGRESS,
-    POLICY_FRONT_MAX_ENDPOINT, POLICY_FRONT_MAX_IDENTITY, POLICY_FRONT_RULE_UNKNOWN, POLICY_FRONT_SHIFT,
+    POLICY_FRONT_MAX_IDENTITY, POLICY_FRONT_MAX_SUBJECT, POLICY_FRONT_RULE_UNKNOWN, POLICY_FRONT_SHIFT,
 };
 
 use super::lpm::NO_RULE;
@@ -110,27 +110,28 @@ fn front_probe(word: u64, shift: u32) -> u32 {
     slot_rule(bucket, i, b, word)
 }
 
-/// Step 9's lookup of one peer identity in the policy front, for an
-/// endpoint direction whose policy is complete there: the exact port, then
+/// Step 9's lookup of one peer identity in the policy front under
+/// `subject` (the endpoint's pod identity), for an endpoint direction whose
+/// subject's policy is complete there: the exact port, then
 /// (unless `exact_only`) any port of the protocol and any protocol. Returns
 /// the allowing rule's id, [`UNKNOWN_RULE`], or [`NO_RULE`] (no allow): the
 /// same allow as [`super::lpm::policy_rule`] on the LPM (an LPM entry is an
 /// aligned port block, which the front holds port by port).
 #[inline(always)]
-pub(crate) fn front_rule(ep: u32, dir: u8, identity: u32, protocol: u8, port: u16, exact_only: bool) -> u32 {
+pub(crate) fn front_rule(subject: u32, dir: u8, identity: u32, protocol: u8, port: u16, exact_only: bool) -> u32 {
     // Out of the word's ranges no front word can be meant (the loader never
-    // marks such an endpoint, or a direction with such a peer, complete):
+    // marks a direction of such a subject, or with such a peer, complete):
     // no allow, rather than a word whose bits spill into other fields.
-    // Endpoint 0 is never used (its any-protocol word for peer ANY would be
+    // Subject 0 is never used (its any-protocol word for peer ANY would be
     // 0, an empty slot).
-    if identity >= POLICY_FRONT_MAX_IDENTITY || ep == 0 || ep >= POLICY_FRONT_MAX_ENDPOINT {
+    if identity >= POLICY_FRONT_MAX_IDENTITY || subject == 0 || subject >= POLICY_FRONT_MAX_SUBJECT {
         return NO_RULE;
     }
     // SAFETY: reading a read-only global.
     let shift = unsafe { core::ptr::read_volatile(&NPM_POLICY_FRONT_SHIFT) };
     let code = policy_front_proto(protocol);
     if code != 0 {
-        let r = front_probe(policy_front_word(ep, dir, identity, code, true, port), shift);
+        let r = front_probe(policy_front_word(subject, dir, identity, code, true, port), shift);
         if r != NO_RULE {
             return r;
         }
@@ -139,16 +140,16 @@ pub(crate) fn front_rule(ep: u32, dir: u8, identity: u32, protocol: u8, port: u1
         return NO_RULE;
     }
     if code != 0 {
-        let r = front_probe(policy_front_word(ep, dir, identity, code, false, 0), shift);
+        let r = front_probe(policy_front_word(subject, dir, identity, code, false, 0), shift);
         if r != NO_RULE {
             return r;
         }
     }
-    front_probe(policy_front_word(ep, dir, identity, 0, false, 0), shift)
+    front_probe(policy_front_word(subject, dir, identity, 0, false, 0), shift)
 }
 
 /// Whether step 9 probes the front for an endpoint (flags `ep_flags`) in
-/// direction `dir`: its policy is complete there (`EP_FRONT_<dir>`) and
+/// direction `dir`: its subject's policy is complete there (`EP_FRONT_<dir>`) and
 /// [`NPM_BENCH_NO_POLICY_FRONT`] is not set.
 #[inline(always)]
 pub(crate) fn front_enabled(ep_flags: u32, dir: u8) -> bool {

@@ -11,7 +11,8 @@ use core::mem::size_of;
 
 use crate::mem::wr32;
 
-/// `NPM_POLICY`: the allows of every endpoint (`PolicyKey` -> `PolicyValue`).
+/// `NPM_POLICY`: the allows of every subject (`PolicyKey` -> `PolicyValue`;
+/// a subject is the pod identity of the local endpoints it governs).
 #[map]
 static NPM_POLICY: LpmTrie<[u8; POLICY_KEY_LEN], PolicyValue> = LpmTrie::with_max_entries(sizes::POLICY, 0);
 // The scratch key `lpm` is written as four words and read as a
@@ -21,14 +22,14 @@ const _: () = assert!(size_of::<Key<[u8; POLICY_KEY_LEN]>>() == 16);
 /// [`policy_rule`]'s answer when no entry matches (no rule has this id).
 pub(crate) const NO_RULE: u32 = u32::MAX;
 
-/// Looks up the fully specified policy key (see `PolicyKey`): endpoint,
+/// Looks up the fully specified policy key (see `PolicyKey`): subject,
 /// direction, identity, protocol and port in network order, prefix 96.
 /// Returns the rule id of the matching allow, or [`NO_RULE`].
 #[inline(always)]
-pub(crate) fn policy_rule(lpm: *mut u8, ep: u32, dir: u8, identity: u32, protocol: u8, port: u16) -> u32 {
+pub(crate) fn policy_rule(lpm: *mut u8, subject: u32, dir: u8, identity: u32, protocol: u8, port: u16) -> u32 {
     // SAFETY: lpm is 20 bytes; the key is 16 (`bpf_lpm_trie_key` + 12).
     unsafe {
-        write_full_key(lpm, ep, dir, identity, protocol, port);
+        write_full_key(lpm, subject, dir, identity, protocol, port);
         match NPM_POLICY.get(&*(lpm as *const Key<[u8; POLICY_KEY_LEN]>)) {
             Some(v) => v.rule,
             None => NO_RULE,
@@ -36,18 +37,19 @@ pub(crate) fn policy_rule(lpm: *mut u8, ep: u32, dir: u8, identity: u32, protoco
     }
 }
 
-/// Writes the fully specified `PolicyKey` layout (prefix 96; endpoint,
+/// Writes the fully specified `PolicyKey` layout (prefix 96; `owner`,
 /// direction byte `dir`, identity, protocol and port in network order) as
-/// four 32-bit words at `lpm`: the key of `NPM_POLICY` and, with the tier
-/// in `dir`, of `NPM_TIERS`.
+/// four 32-bit words at `lpm`: the key of `NPM_POLICY` (`owner` the
+/// subject) and, with the tier in `dir`, of `NPM_TIERS` (`owner` the
+/// endpoint id).
 ///
 /// # Safety
 /// `lpm` is 16 writable, 4-aligned bytes.
 #[inline(always)]
-pub(crate) unsafe fn write_full_key(lpm: *mut u8, ep: u32, dir: u8, identity: u32, protocol: u8, port: u16) {
+pub(crate) unsafe fn write_full_key(lpm: *mut u8, owner: u32, dir: u8, identity: u32, protocol: u8, port: u16) {
     let i = identity;
     wr32(lpm, POLICY_PREFIX_FULL);
-    wr32(lpm.add(4), ep.to_be());
+    wr32(lpm.add(4), owner.to_be());
     wr32(
         lpm.add(8),
         dir as u32 | ((i >> 24) & 0xff) << 8 | ((i >> 16) & 0xff) << 16 | ((i >> 8) & 0xff) << 24,

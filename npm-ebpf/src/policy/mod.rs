@@ -1,7 +1,9 @@
 //! Steps 7 to 9 for a packet conntrack did not allow: isolation and the
 //! tier flags, then the peer's identities ([`ipcache`]), the Admin tier
 //! ([`tiers`]), the allows of the endpoint's policy ([`lpm`], or its
-//! [`front`]) and the Baseline tier, through the decision cache. A
+//! [`front`]: keyed by the endpoint's subject, its pod identity, which
+//! every local endpoint of that identity shares) and the Baseline tier,
+//! through the decision cache. A
 //! `Policy` allow also says which rule allowed it (for
 //! [`crate::rule_counters`]).
 
@@ -65,7 +67,10 @@ pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port
     }
     // Steps 8 and 9 (with the tiers) depend on the endpoint, the direction, the peer
     // address, the protocol and the port only: the decision cache answers
-    // for a tuple decided before under the same generation.
+    // for a tuple decided before under the same generation. The key is the
+    // endpoint id, not the subject: the tiers and the flags are the
+    // endpoint's own, and the record (subject included) changes only in a
+    // batch of writes, after which the generation is bumped.
     // SAFETY: reading a read-only global.
     let use_cache = unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_DECISION_CACHE) } == 0;
     let generation = match NPM_GENERATION.get(0) {
@@ -134,7 +139,9 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
         // 8. host.
         return Reason::Host as u32;
     }
+    // The tiers are keyed by the endpoint id, NetworkPolicy by the subject.
     let id = ep.id;
+    let subject = ep.subject;
     let f = ep.flags;
     let ids = (identity, cidr_identity);
     // The tier front's summaries of the peer, read once for both tiers.
@@ -173,13 +180,13 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     // could not hit.
     let mut rule = NO_RULE;
     if may_match(f, dir, identity) {
-        rule = lookup(at, id, dir, identity, pr, port);
+        rule = lookup(at, subject, dir, identity, pr, port);
     }
     if rule == NO_RULE && cidr_identity != IDENTITY_ANY && may_match(f, dir, cidr_identity) {
-        rule = lookup(at, id, dir, cidr_identity, pr, port);
+        rule = lookup(at, subject, dir, cidr_identity, pr, port);
     }
     if rule == NO_RULE && may_match(f, dir, IDENTITY_ANY) {
-        rule = lookup(at, id, dir, IDENTITY_ANY, pr, port);
+        rule = lookup(at, subject, dir, IDENTITY_ANY, pr, port);
     }
     if rule == NO_RULE {
         Reason::PolicyDenied as u32
@@ -193,8 +200,8 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     }
 }
 
-/// Whether some policy entry of the endpoint (flags `ep_flags`) in
-/// direction `dir` may have `identity` as its peer.
+/// Whether some policy entry of the endpoint's subject (flags `ep_flags`)
+/// in direction `dir` may have `identity` as its peer.
 #[inline(always)]
 fn may_match(ep_flags: u32, dir: u8, identity: u32) -> bool {
     ep_flags & (ep_no_peer_flag(identity) << dir) == 0
@@ -210,7 +217,8 @@ struct Rules {
     exact_only: bool,
 }
 
-/// One identity's lookup of step 9, where `at` says: the allowing rule's
+/// One identity's lookup of step 9 under `subject` (the endpoint's pod
+/// identity), where `at` says: the allowing rule's
 /// id, [`UNKNOWN_RULE`], or [`NO_RULE`] (no allow). (A plain function, not
 /// a closure: LLVM compiles a closure into a BPF-to-BPF call.)
 ///
@@ -218,10 +226,10 @@ struct Rules {
 /// `NPM_POLICY_FRONT_RULES` (an inlined array read, [`front_rule`]): no
 /// `NPM_POLICY` lookup.
 #[inline(always)]
-fn lookup(at: Rules, ep: u32, dir: u8, identity: u32, pr: u8, port: u16) -> u32 {
+fn lookup(at: Rules, subject: u32, dir: u8, identity: u32, pr: u8, port: u16) -> u32 {
     if at.front {
-        front_rule(ep, dir, identity, pr, port, at.exact_only)
+        front_rule(subject, dir, identity, pr, port, at.exact_only)
     } else {
-        policy_rule(at.lpm, ep, dir, identity, pr, port)
+        policy_rule(at.lpm, subject, dir, identity, pr, port)
     }
 }

@@ -393,7 +393,18 @@ pub fn arp() -> Vec<u8> {
 
 // ---------------------------------------------------------------- compiled
 
-/// A policy entry.
+/// The policy subject of endpoint `ep` of `c` (its pod identity: the
+/// `subject` of the entries that govern it).
+pub fn subject_of(c: &Compiled, ep: u32) -> u32 {
+    c.endpoints
+        .get(&ep)
+        .unwrap_or_else(|| panic!("endpoint {ep} is not in the compiled state"))
+        .identity
+}
+
+/// A policy entry of the subject of endpoint `ep` (its pod identity: the
+/// entry governs every endpoint of that identity). The endpoint must be in
+/// `c` already.
 pub fn allow(
     c: &mut Compiled,
     ep: u32,
@@ -403,9 +414,10 @@ pub fn allow(
     ports: (u16, u16),
     rule: u32,
 ) {
+    let subject = subject_of(c, ep);
     c.policy.insert(
         PolicyEntry {
-            endpoint: ep,
+            subject,
             direction: dir,
             peer,
             protocol: proto,
@@ -668,6 +680,25 @@ pub fn policy_for(pod_ip: Ipv4Addr, peer_ip: Ipv4Addr, allow_ports: &[(Protocol,
         allow(&mut c, 1, Direction::Ingress, 300, Some(*p), (*port, *port), i as u32);
     }
     c
+}
+
+/// The words stored in the pinned `NPM_POLICY_FRONT` (read through the
+/// pin, not the loader's count).
+pub fn kernel_front(pin_dir: &std::path::Path) -> Vec<u64> {
+    use aya::maps::{Array, Map, MapData};
+    let data = MapData::from_pin(pin_dir.join(npm_common::maps::POLICY_FRONT)).expect("open pinned NPM_POLICY_FRONT");
+    let front: Array<MapData, [u64; 4]> =
+        Array::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_POLICY_FRONT");
+    front
+        .iter()
+        .flat_map(|b| b.expect("bucket"))
+        .filter(|w| *w != 0)
+        .collect()
+}
+
+/// How many words the pinned `NPM_POLICY_FRONT` holds.
+pub fn kernel_front_words(pin_dir: &std::path::Path) -> usize {
+    kernel_front(pin_dir).len()
 }
 
 /// Deletes every `NPM_POLICY` (LPM) entry through the pinned map, behind

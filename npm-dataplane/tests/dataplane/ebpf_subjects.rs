@@ -1,0 +1,178 @@
+//! NetworkPolicy allows are keyed by subject (the pod identity), not by
+//! endpoint: two pods of one identity, each in its own network namespace
+//! behind its own veth, are governed by one set of `NPM_POLICY` keys (and
+//! front words), counted in the kernel; relabelling one pod (a new
+//! identity) moves it to the new subject's entries and leaves the other's
+//! record and verdicts alone. Real TCP connections from the root netns
+//! decide, on the policy front and, with the front switched off, on the
+//! LPM trie. Needs root.
+
+use std::time::Duration;
+
+use crate::ebpf_common::*;
+use npm_common::{EP_FRONT_INGRESS, POLICY_PREFIX_FULL};
+use npm_dataplane::ebpf::{dump_pinned, BenchSwitches, EbpfDataplane, EbpfDump};
+use npm_dataplane::Dataplane;
+use npm_policy::compiled::{Compiled, Direction};
+use npm_policy::model::Protocol;
+
+/// The subject both pods start with, and its allowed port.
+const OLD: u32 = 256;
+const OLD_PORT: u16 = 8080;
+/// The identity pod b is relabelled to, and its allowed port.
+const NEW: u32 = 257;
+const NEW_PORT: u16 = 9090;
+/// The identity of the root-netns peers.
+const PEER: u32 = 300;
+/// An unused UDP port (the fixture's servers want one).
+const UDP_PORT: u16 = 5353;
+
+#[test]
+fn endpoints_of_one_identity_share_its_entries_front() {
+    endpoints_of_one_identity_share_its_entries(false, "sf");
+}
+
+#[test]
+fn endpoints_of_one_identity_share_its_entries_lpm() {
+    endpoints_of_one_identity_share_its_entries(true, "sl");
+}
+
+/// Pods a (endpoint 1) and b (endpoint 2), both ingress- and
+/// egress-isolated, b of identity `b_identity`; each identity that some pod
+/// has allows ingress from [`PEER`] on its own port only.
+fn state(a: &PodNet, b: &PodNet, b_identity: u32) -> Compiled {
+    let mut c = Compiled::default();
+    let (pa, pb) = (a.pod_ip.to_string(), b.pod_ip.to_string());
+    c.endpoints.insert(1, endpoint("a", OLD, Some(&pa), None, true, true));
+    c.endpoints
+        .insert(2, endpoint("b", b_identity, Some(&pb), None, true, true));
+    ip(&mut c, &pa, OLD, 0);
+    ip(&mut c, &pb, b_identity, 0);
+    ip(&mut c, &a.peer_ip.to_string(), PEER, 0);
+    ip(&mut c, &b.peer_ip.to_string(), PEER, 0);
+    // One entry per subject (keyed through an endpoint of it).
+    allow(
+        &mut c,
+        1,
+        Direction::Ingress,
+        PEER,
+        Some(Protocol::Tcp),
+        (OLD_PORT, OLD_PORT),
+        1,
+    );
+    if b_identity != OLD {
+        allow(
+            &mut c,
+            2,
+            Direction::Ingress,
+            PEER,
+            Some(Protocol::Tcp),
+            (NEW_PORT, NEW_PORT),
+            2,
+        );
+    }
+    c
+}
+
+/// The kernel's `NPM_POLICY` keys as (subject, port), sorted.
+fn kernel_keys(d: &EbpfDump) -> Vec<(u32, u16)> {
+    let mut keys: Vec<(u32, u16)> = d
+        .policy
+        .iter()
+        .map(|p| {
+            assert_eq!(
+                (p.prefix_len, p.ports.0, p.ports.1),
+                (POLICY_PREFIX_FULL, p.ports.0, p.ports.0)
+            );
+            (p.subject, p.ports.0)
+        })
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// The subjects of the pinned `NPM_POLICY_FRONT`'s words
+/// (`npm_common::policy_front_word`: bits 45..64), sorted.
+fn kernel_front_subjects(pins: &PinDir) -> Vec<u32> {
+    let mut s: Vec<u32> = kernel_front(&pins.path).iter().map(|w| (w >> 45) as u32).collect();
+    s.sort();
+    s
+}
+
+/// The record of endpoint `id` in the dump.
+fn record(d: &EbpfDump, id: u32) -> (u32, u32) {
+    let e = d
+        .endpoints
+        .iter()
+        .find(|e| e.id == id)
+        .unwrap_or_else(|| panic!("no record of endpoint {id}: {d:?}"));
+    (e.subject, e.flags)
+}
+
+/// Whether a new TCP connection from the root netns to `net`'s port
+/// `port` is answered.
+fn connects(net: &PodNet, port: u16) -> bool {
+    let short = Duration::from_millis(700);
+    net.tcp_exchange(port, short).is_ok()
+}
+
+fn endpoints_of_one_identity_share_its_entries(lpm: bool, tag: &str) {
+    sweep_leftovers();
+    let pins = PinDir::new(&format!("subj{tag}"));
+    let mut a = PodNet::new(&format!("{tag}a"));
+    let mut b = PodNet::new(&format!("{tag}b"));
+    for net in [&mut a, &mut b] {
+        net.start_servers(OLD_PORT, &[UDP_PORT]);
+        net.start_servers(NEW_PORT, &[]);
+        net.wait_ready(OLD_PORT, UDP_PORT);
+        net.wait_ready(NEW_PORT, UDP_PORT);
+    }
+    let switches = BenchSwitches {
+        no_policy_front: lpm,
+        ..BenchSwitches::default()
+    };
+    let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
+    let ifs = ifaces(&[(1, a.ifindex), (2, b.ifindex)]);
+
+    // One identity: one set of keys in the kernel, both records name it.
+    let shared = state(&a, &b, OLD);
+    dp.sync_full(&shared, &ifs).unwrap();
+    // Read through the pins: the kernel's maps, not the loader's counts.
+    let d = dump_pinned(&pins.path).unwrap();
+    assert_eq!(kernel_keys(&d), vec![(OLD, OLD_PORT)], "one key for both endpoints");
+    assert_eq!(kernel_front_subjects(&pins), vec![OLD], "one front word for both");
+    let (a_subject, a_flags) = record(&d, 1);
+    assert_eq!(a_subject, OLD);
+    assert_eq!(record(&d, 2), (OLD, a_flags), "b carries a's subject and flags");
+    assert_ne!(a_flags & EP_FRONT_INGRESS, 0, "the subject's ingress is on the front");
+    for net in [&a, &b] {
+        assert!(connects(net, OLD_PORT), "{}: the shared rule allows", net.pod_ip);
+        assert!(!connects(net, NEW_PORT), "{}: no rule for {NEW_PORT}", net.pod_ip);
+    }
+
+    // b is relabelled: a new subject with its own rule; a's entries and
+    // record stay as they were.
+    let relabelled = state(&a, &b, NEW);
+    dp.apply(&shared.diff(&relabelled), &relabelled, &ifs).unwrap();
+    let d = dump_pinned(&pins.path).unwrap();
+    assert_eq!(kernel_keys(&d), vec![(OLD, OLD_PORT), (NEW, NEW_PORT)]);
+    assert_eq!(record(&d, 1), (OLD, a_flags), "a's record untouched");
+    assert_eq!(record(&d, 2).0, NEW, "b's record names its new subject");
+    assert_eq!(kernel_front_subjects(&pins), vec![OLD, NEW]);
+    assert!(connects(&a, OLD_PORT), "a keeps its rule");
+    assert!(!connects(&a, NEW_PORT), "a does not get b's new rule");
+    assert!(connects(&b, NEW_PORT), "b gets its new identity's rule");
+    assert!(!connects(&b, OLD_PORT), "b loses its old identity's rule");
+
+    // a goes: its subject's entries go with it; b is unchanged.
+    let mut alone = relabelled.clone();
+    alone.endpoints.remove(&1);
+    alone.policy.retain(|e, _| e.subject != OLD);
+    dp.apply(&relabelled.diff(&alone), &alone, &ifaces(&[(2, b.ifindex)]))
+        .unwrap();
+    let d = dump_pinned(&pins.path).unwrap();
+    assert_eq!(kernel_keys(&d), vec![(NEW, NEW_PORT)]);
+    assert_eq!(kernel_front_subjects(&pins), vec![NEW]);
+    assert!(connects(&b, NEW_PORT));
+    assert!(!connects(&b, OLD_PORT));
+}
