@@ -112,26 +112,28 @@ impl Probe {
     fn observe(&mut self, now: Instant, next: &Compiled) {
         if !self.pending.is_empty() {
             // The ranks of each churn CNP's entries now in the kernel: the
-            // Admin ingress entries of the endpoints of its subject.
+            // Admin ingress entries of the subjects (pod identities) of the
+            // endpoints it selects.
             let mut ranks: HashMap<&str, Vec<u32>> = HashMap::new();
-            let subject = next
+            let subject: BTreeSet<u32> = next
                 .endpoints
-                .iter()
-                .filter(|(_, e)| churn_subject_namespace(&e.pod.namespace))
-                .map(|(id, _)| *id);
-            let lo = |endpoint| TierEntry {
-                endpoint,
+                .values()
+                .filter(|e| churn_subject_namespace(&e.pod.namespace))
+                .map(|e| e.identity)
+                .collect();
+            let lo = |subject| TierEntry {
+                subject,
                 direction: Direction::Ingress,
                 tier: Tier::Admin,
                 peer: 0,
                 protocol: None,
                 ports: (0, 0),
             };
-            let entries = subject.flat_map(|id| {
+            let entries = subject.into_iter().flat_map(|id| {
                 next.tiers
                     .range(lo(id)..)
                     .take_while(move |(e, _)| {
-                        e.endpoint == id && e.direction == Direction::Ingress && e.tier == Tier::Admin
+                        e.subject == id && e.direction == Direction::Ingress && e.tier == Tier::Admin
                     })
                     .map(|(_, v)| v)
             });
@@ -369,7 +371,7 @@ fn verify_pinned(pin_dir: &std::path::Path, last: &Compiled) -> anyhow::Result<(
         .iter()
         .map(|(e, v)| {
             (
-                e.endpoint,
+                e.subject,
                 dir(e.direction),
                 tier(e.tier),
                 e.peer,
@@ -382,7 +384,7 @@ fn verify_pinned(pin_dir: &std::path::Path, last: &Compiled) -> anyhow::Result<(
     let have: BTreeSet<_> = dump
         .tiers
         .iter()
-        .map(|t| (t.endpoint, t.direction, t.tier, t.peer, t.action, t.rank, t.rule))
+        .map(|t| (t.subject, t.direction, t.tier, t.peer, t.action, t.rank, t.rule))
         .collect();
     anyhow::ensure!(
         want == have,

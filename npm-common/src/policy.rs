@@ -86,15 +86,10 @@ impl PolicyKey {
         PolicyKey { prefix_len, data }
     }
 
-    /// Subject of an `NPM_POLICY` key: the pod identity whose endpoints
-    /// it governs.
+    /// Subject of an `NPM_POLICY` or `NPM_TIERS` key ([`crate::tier_key`]):
+    /// the pod identity whose endpoints it governs.
     pub const fn subject(&self) -> u32 {
         u32::from_be_bytes([self.data[0], self.data[1], self.data[2], self.data[3]])
-    }
-    /// Endpoint id of an `NPM_TIERS` key ([`crate::tier_key`]: the same
-    /// first word as [`PolicyKey::subject`], which the tiers key by endpoint).
-    pub const fn endpoint(&self) -> u32 {
-        self.subject()
     }
     /// Direction of the key.
     pub const fn direction(&self) -> u8 {
@@ -269,7 +264,7 @@ mod tests {
     fn policy_key_prefix_zeroes_tail() {
         let k = PolicyKey::with_prefix(POLICY_PREFIX_ANY_PROTO, 7, DIR_EGRESS, 300, proto::TCP, 80);
         assert_eq!(k.subject(), 7);
-        assert_eq!(k.endpoint(), 7);
+        assert_eq!(k.subject(), 7);
         assert_eq!(k.direction(), DIR_EGRESS);
         assert_eq!(k.identity(), 300);
         assert_eq!(k.protocol(), 0);

@@ -34,7 +34,8 @@ pub const TIER_RANK_SHIFT: u32 = 2;
 /// Ranks are below this (they fit [`TierValue::flags`] above the action).
 pub const TIER_MAX_RANK: u32 = 1 << 30;
 
-/// The `NPM_TIERS` key of endpoint `endpoint`, direction `dir`, tier
+/// The `NPM_TIERS` key of subject `subject` (the pod identity of the
+/// endpoints it governs), direction `dir`, tier
 /// `tier` ([`TIER_ADMIN`] or [`TIER_BASELINE`]), peer `identity`,
 /// `protocol` and `port`, with `prefix_len` significant bits (the
 /// prefixes of `NPM_POLICY`: [`crate::POLICY_PREFIX_ANY_PROTO`] for every
@@ -44,14 +45,14 @@ pub const TIER_MAX_RANK: u32 = 1 << 30;
 #[inline(always)]
 pub const fn tier_key(
     prefix_len: u32,
-    endpoint: u32,
+    subject: u32,
     dir: u8,
     tier: u8,
     identity: u32,
     protocol: u8,
     port: u16,
 ) -> PolicyKey {
-    PolicyKey::with_prefix(prefix_len, endpoint, dir | tier, identity, protocol, port)
+    PolicyKey::with_prefix(prefix_len, subject, dir | tier, identity, protocol, port)
 }
 
 /// Value of an `NPM_TIERS` entry: the first rule of the tier matching the
@@ -96,8 +97,10 @@ impl TierValue {
     }
 }
 
-/// Endpoint ids below this fit a [`tier_front_key`] (19 bits).
-pub const TIER_FRONT_MAX_ENDPOINT: u32 = 1 << 19;
+/// Subjects (pod identities of local endpoints) below this fit a
+/// [`tier_front_key`] (19 bits); a subject at or above it has no front
+/// words and its tiers are decided on `NPM_TIERS`.
+pub const TIER_FRONT_MAX_SUBJECT: u32 = 1 << 19;
 /// Peer identities below this fit a [`tier_front_key`] (25 bits: every pod
 /// identity and the first 2^24 CIDR identities).
 pub const TIER_FRONT_MAX_IDENTITY: u32 = 1 << 25;
@@ -248,13 +251,14 @@ pub const fn tier_front_summary_key(key: u64) -> u64 {
 
 /// The key of one `NPM_TIER_FRONT` entry (64 bits): port class `pc` (bits
 /// 0..18), peer `identity` (18..43), direction (43), tier (44: 1 for
-/// [`TIER_BASELINE`]), endpoint (45..64). The caller checks the ranges
-/// ([`TIER_FRONT_MAX_ENDPOINT`], [`TIER_FRONT_MAX_IDENTITY`]).
-pub const fn tier_front_key(endpoint: u32, dir: u8, tier: u8, identity: u32, pc: u64) -> u64 {
+/// [`TIER_BASELINE`]), subject (45..64: the pod identity of the endpoints
+/// it governs). The caller checks the ranges ([`TIER_FRONT_MAX_SUBJECT`],
+/// [`TIER_FRONT_MAX_IDENTITY`]).
+pub const fn tier_front_key(subject: u32, dir: u8, tier: u8, identity: u32, pc: u64) -> u64 {
     pc | (identity as u64) << 18
         | ((dir & 1) as u64) << 43
         | ((tier & TIER_BASELINE != 0) as u64) << 44
-        | (endpoint as u64) << 45
+        | (subject as u64) << 45
 }
 
 /// The odd multiplier of the front's bijective hash.
@@ -373,7 +377,7 @@ mod tests {
             tier_front_key(7, 1, TIER_ADMIN, 300, tier_front_pc_exact(1, 80)),
             tier_front_key(7, 1, TIER_ADMIN, 300, tier_front_pc_block(3, 65_535)),
             tier_front_key(
-                TIER_FRONT_MAX_ENDPOINT - 1,
+                TIER_FRONT_MAX_SUBJECT - 1,
                 1,
                 TIER_BASELINE,
                 TIER_FRONT_MAX_IDENTITY - 1,

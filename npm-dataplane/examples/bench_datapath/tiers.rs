@@ -108,9 +108,11 @@ fn compiled(n: usize) -> Compiled {
     let mut rule = 1_000;
     let mut add = |c: &mut Compiled, ep, tier, peer, protocol, ports, action, rank| {
         rule += 1;
+        // Keyed by the endpoint's subject (its pod identity).
+        let subject = c.endpoints[&ep].identity;
         c.tiers.insert(
             TierEntry {
-                endpoint: ep,
+                subject,
                 direction: Direction::Ingress,
                 tier,
                 peer,

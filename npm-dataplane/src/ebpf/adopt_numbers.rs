@@ -3,7 +3,7 @@
 //! identity of `NPM_IPCACHE` with the addresses that carry it, each prefix
 //! of `NPM_CIDRS` with its CIDR identity, the highest rule id of
 //! `NPM_POLICY` and `NPM_TIERS` (one rule id space), and the highest policy
-//! subject (a pod identity) of the `NPM_POLICY` keys and the endpoint
+//! subject (a pod identity) of the `NPM_POLICY` and `NPM_TIERS` keys and the endpoint
 //! records (`max_subject`: a subject whose keys or records are still in the
 //! kernel may have no address left in the ipcache, and must not be given
 //! to another identity). A restarted agent keeps those numbers' meaning
@@ -62,8 +62,14 @@ pub(super) fn read_numbers(
         out.max_subject = out.max_subject.max(info.subject);
     }
     for e in tiers.iter() {
-        let (_, v) = e.map_err(map_err(maps::TIERS, "iterate"))?;
+        let (k, v) = e.map_err(map_err(maps::TIERS, "iterate"))?;
         out.max_rule = out.max_rule.max(v.rule);
+        // Tier keys are keyed by subject too.
+        let key = PolicyKey {
+            prefix_len: k.prefix_len(),
+            data: k.data(),
+        };
+        out.max_subject = out.max_subject.max(key.subject());
     }
     Ok(out)
 }

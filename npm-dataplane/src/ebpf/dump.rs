@@ -88,8 +88,8 @@ pub struct DumpPolicy {
 /// One `NPM_TIERS` key in [`EbpfDump`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DumpTier {
-    /// Endpoint id.
-    pub endpoint: u32,
+    /// Subject: the pod identity of the endpoints the key governs.
+    pub subject: u32,
     /// "ingress" or "egress".
     pub direction: &'static str,
     /// "admin" or "baseline".
@@ -267,7 +267,7 @@ fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool
             };
             let d = key.direction();
             DumpTier {
-                endpoint: key.endpoint(),
+                subject: key.subject(),
                 direction: dir_name(d & DIR_EGRESS),
                 tier: if d & TIER_ADMIN != 0 { "admin" } else { "baseline" },
                 peer: key.identity(),
@@ -285,8 +285,8 @@ fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool
         })
         .collect();
     tiers.sort_by(|a, b| {
-        (a.endpoint, a.direction, a.tier, a.peer, a.protocol, a.ports).cmp(&(
-            b.endpoint,
+        (a.subject, a.direction, a.tier, a.peer, a.protocol, a.ports).cmp(&(
+            b.subject,
             b.direction,
             b.tier,
             b.peer,

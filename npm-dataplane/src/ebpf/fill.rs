@@ -62,13 +62,13 @@ fn group(e: &PolicyEntry) -> Group {
     (e.subject, e.direction.as_u8(), e.peer, e.protocol.map(|p| p as u8))
 }
 
-/// (endpoint, direction, tier, peer, protocol): the tier entries whose LPM
+/// (subject, direction, tier, peer, protocol): the tier entries whose LPM
 /// keys may coincide.
 type TierGroup = (u32, u8, u8, u32, Option<u8>);
 
 fn tier_group(e: &TierEntry) -> TierGroup {
     (
-        e.endpoint,
+        e.subject,
         e.direction.as_u8(),
         translate::tier_bit(e.tier),
         e.peer,

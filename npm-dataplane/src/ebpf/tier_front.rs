@@ -46,7 +46,7 @@ use npm_common::{
     tier_front_pc_any_port, tier_front_pc_block, tier_front_pc_exact, tier_front_pc_of, tier_front_shared_bit,
     tier_front_shared_summary_key, tier_front_slot, tier_front_summary_bit, tier_front_summary_key, tier_front_word,
     EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, TIER_ACTION_MASK, TIER_FRONT_BLOCK_BITS,
-    TIER_FRONT_MAX_ENDPOINT, TIER_FRONT_MAX_IDENTITY, TIER_FRONT_PC_ANY_PROTO, TIER_FRONT_SUM_ACTION, TIER_RANK_SHIFT,
+    TIER_FRONT_MAX_IDENTITY, TIER_FRONT_MAX_SUBJECT, TIER_FRONT_PC_ANY_PROTO, TIER_FRONT_SUM_ACTION, TIER_RANK_SHIFT,
 };
 use npm_policy::compiled::{Compiled, Tier, TierEntry, TierValue};
 
@@ -81,12 +81,12 @@ pub fn tier_front_words(entry: &TierEntry, value: &TierValue) -> Option<Vec<(u64
 /// an entry without protocol, one "any port" key for a whole protocol,
 /// else one key per port at the edges of the range and one per aligned
 /// 64-port block inside it. `None` when the entry does not fit the front:
-/// an endpoint id or peer identity beyond the key's fields, a protocol
+/// a subject (pod identity) or peer identity beyond the key's fields, a protocol
 /// other than TCP, UDP and SCTP, an empty range, or more than
 /// [`TIER_FRONT_MAX_WORDS`] words.
 pub(crate) fn tier_front_keys(entry: &TierEntry) -> Option<Vec<u64>> {
-    let ep = entry.endpoint;
-    if ep == 0 || ep >= TIER_FRONT_MAX_ENDPOINT || entry.peer >= TIER_FRONT_MAX_IDENTITY {
+    let ep = entry.subject;
+    if ep == 0 || ep >= TIER_FRONT_MAX_SUBJECT || entry.peer >= TIER_FRONT_MAX_IDENTITY {
         return None;
     }
     let (dir, tier, peer) = (entry.direction.as_u8(), translate::tier_bit(entry.tier), entry.peer);
@@ -124,11 +124,11 @@ pub(crate) fn tier_front_keys(entry: &TierEntry) -> Option<Vec<u64>> {
     Some(pcs.into_iter().map(key).collect())
 }
 
-/// The front group (endpoint, direction, tier) of a tier entry whose
-/// endpoint fits the front's keys.
+/// The front group (subject, direction, tier) of a tier entry whose
+/// subject fits the front's keys.
 pub(crate) fn entry_group(entry: &TierEntry) -> Option<ranks::Group> {
-    let ep = entry.endpoint;
-    (ep != 0 && ep < TIER_FRONT_MAX_ENDPOINT).then(|| {
+    let ep = entry.subject;
+    (ep != 0 && ep < TIER_FRONT_MAX_SUBJECT).then(|| {
         ranks::group_of_key(tier_front_key(
             ep,
             entry.direction.as_u8(),
@@ -428,7 +428,7 @@ mod tests {
 
     fn entry(protocol: Option<Protocol>, lo: u16, hi: u16) -> TierEntry {
         TierEntry {
-            endpoint: 7,
+            subject: 7,
             direction: Direction::Egress,
             tier: Tier::Admin,
             peer: 300,
@@ -477,7 +477,7 @@ mod tests {
         assert_eq!(tier_front_words(&entry(Some(Protocol::Tcp), 1, 65534), &V), None);
         assert_eq!(tier_front_words(&entry(Some(Protocol::Tcp), 5, 4), &V), None);
         let big_ep = TierEntry {
-            endpoint: TIER_FRONT_MAX_ENDPOINT,
+            subject: TIER_FRONT_MAX_SUBJECT,
             ..entry(None, 0, 0)
         };
         assert_eq!(tier_front_words(&big_ep, &V), None);

@@ -72,19 +72,19 @@ pub(crate) struct TierTable {
     flags: BTreeMap<u32, u32>,
 }
 
-/// An (endpoint, direction, tier) of the tier entries (one front group).
+/// A (subject, direction, tier) of the tier entries (one front group).
 type Triple = (u32, Direction, Tier);
 
 /// The group of `entry`.
 fn triple(entry: &TierEntry) -> Triple {
-    (entry.endpoint, entry.direction, entry.tier)
+    (entry.subject, entry.direction, entry.tier)
 }
 
 /// The lowest [`TierEntry`] of a group (the entries of a group are
-/// contiguous: endpoint, direction and tier lead their order).
-fn first_of((endpoint, direction, tier): Triple) -> TierEntry {
+/// contiguous: subject, direction and tier lead their order).
+fn first_of((subject, direction, tier): Triple) -> TierEntry {
     TierEntry {
-        endpoint,
+        subject,
         direction,
         tier,
         peer: 0,
@@ -454,11 +454,11 @@ impl TierTable {
     /// `next` (what the cached flags must equal; checked in debug builds).
     #[cfg(debug_assertions)]
     fn flags_from_scratch(&self, next: &Compiled) -> BTreeMap<u32, u32> {
-        // (endpoint -> flags that some entry rules out, flags seen).
+        // (subject -> flags that some entry rules out, flags seen).
         let mut seen: BTreeMap<u32, (u32, u32)> = BTreeMap::new();
         for (e, v) in &next.tiers {
             let f = front_flag(e);
-            let s = seen.entry(e.endpoint).or_default();
+            let s = seen.entry(e.subject).or_default();
             s.1 |= f;
             if s.0 & f != 0 {
                 continue;

@@ -257,7 +257,7 @@ pub fn policy_key_ports(key: &PolicyKey) -> Option<(u8, u16, u16)> {
 /// port of a protocol, else one per aligned block of the port range), with
 /// the tier bit in the direction byte.
 pub fn tier_keys(entry: &TierEntry) -> Result<Vec<PolicyKey>, TranslateError> {
-    let ep = entry.endpoint;
+    let ep = entry.subject;
     let dir = entry.direction.as_u8();
     let tier = tier_bit(entry.tier);
     let peer = entry.peer;
@@ -307,14 +307,14 @@ pub const fn tier_flag(tier: Tier, direction: Direction) -> u32 {
     ingress << direction.as_u8()
 }
 
-/// The tier flags of every endpoint that has tier entries (endpoint id ->
-/// `EP_ADMIN_*` / `EP_BASELINE_*`), derived from the entries themselves
-/// (an entry is never ignored because its endpoint's presence flags say
-/// otherwise).
-pub fn endpoint_tier_flags<'a>(tiers: impl IntoIterator<Item = &'a TierEntry>) -> BTreeMap<u32, u32> {
+/// The tier flags of every subject that has tier entries (subject ->
+/// `EP_ADMIN_*` / `EP_BASELINE_*`, given to every endpoint of that
+/// subject), derived from the entries themselves (an entry is never
+/// ignored because its endpoints' presence flags say otherwise).
+pub fn subject_tier_flags<'a>(tiers: impl IntoIterator<Item = &'a TierEntry>) -> BTreeMap<u32, u32> {
     let mut out: BTreeMap<u32, u32> = BTreeMap::new();
     for e in tiers {
-        *out.entry(e.endpoint).or_default() |= tier_flag(e.tier, e.direction);
+        *out.entry(e.subject).or_default() |= tier_flag(e.tier, e.direction);
     }
     out
 }
@@ -578,7 +578,7 @@ mod tests {
     fn tier_entries_translate() {
         use npm_common::{DIR_EGRESS, DIR_INGRESS, EP_ADMIN_EGRESS, EP_BASELINE_EGRESS};
         let e = TierEntry {
-            endpoint: 7,
+            subject: 7,
             direction: Direction::Egress,
             tier: Tier::Baseline,
             peer: 300,
@@ -589,7 +589,7 @@ mod tests {
         assert_eq!(keys.len(), 1);
         assert_eq!(keys[0].prefix_len, POLICY_PREFIX_ANY_PORT + 14);
         assert_eq!(keys[0].direction(), DIR_EGRESS | TIER_BASELINE);
-        assert_eq!((keys[0].endpoint(), keys[0].identity(), keys[0].port()), (7, 300, 80));
+        assert_eq!((keys[0].subject(), keys[0].identity(), keys[0].port()), (7, 300, 80));
         let any = TierEntry {
             tier: Tier::Admin,
             direction: Direction::Ingress,
@@ -616,7 +616,7 @@ mod tests {
             rule: 4,
         });
         assert_eq!((v.rule, v.action(), v.rank()), (4, TIER_PASS, 12));
-        let flags = endpoint_tier_flags([&e, &any]);
+        let flags = subject_tier_flags([&e, &any]);
         assert_eq!(flags[&7], EP_BASELINE_EGRESS | EP_ADMIN_INGRESS);
         let mut p = TierPresence::default();
         p.set(Tier::Admin, Direction::Egress);

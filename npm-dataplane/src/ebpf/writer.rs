@@ -24,15 +24,15 @@ use super::errors::{map_err, EbpfError};
 use super::{fit, tier_front, tiers, translate, EbpfDataplane, FRONT_ALL};
 use crate::{AdoptedEndpoint, Interfaces};
 
-/// The tier flags of endpoint `id` derived from its entries in `tiers`
-/// (those [`translate::endpoint_tier_flags`] gives it), by four range
-/// lookups instead of a pass over every entry of every endpoint.
+/// The tier flags of subject `id` derived from its entries in `tiers`
+/// (those [`translate::subject_tier_flags`] gives it), by four range
+/// lookups instead of a pass over every entry of every subject.
 fn entry_tier_flags(tiers: &BTreeMap<TierEntry, TierValue>, id: u32) -> u32 {
     let mut flags = 0;
     for direction in [Direction::Ingress, Direction::Egress] {
         for tier in [Tier::Admin, Tier::Baseline] {
             let lo = TierEntry {
-                endpoint: id,
+                subject: id,
                 direction,
                 tier,
                 peer: 0,
@@ -42,7 +42,7 @@ fn entry_tier_flags(tiers: &BTreeMap<TierEntry, TierValue>, id: u32) -> u32 {
             if tiers
                 .range(lo..)
                 .next()
-                .is_some_and(|(e, _)| e.endpoint == id && e.direction == direction && e.tier == tier)
+                .is_some_and(|(e, _)| e.subject == id && e.direction == direction && e.tier == tier)
             {
                 flags |= translate::tier_flag(tier, direction);
             }
@@ -328,8 +328,8 @@ impl EbpfDataplane {
                 .get(&info.subject)
                 .copied()
                 .unwrap_or(translate::EP_NO_PEER_ALL | FRONT_ALL);
-            info.flags |= entry_tier_flags(&next.tiers, id);
-            info.flags |= tier_front_flags.get(&id).copied().unwrap_or(0);
+            info.flags |= entry_tier_flags(&next.tiers, info.subject);
+            info.flags |= tier_front_flags.get(&info.subject).copied().unwrap_or(0);
             if old == Some(ifindex)
                 && !changed.contains(&id)
                 && self.attached_in_mode(ifindex)
@@ -411,8 +411,8 @@ impl EbpfDataplane {
 mod tests {
     use super::*;
 
-    /// `entry_tier_flags` gives every endpoint the flags of
-    /// `translate::endpoint_tier_flags` (and 0 to one without entries).
+    /// `entry_tier_flags` gives every subject the flags of
+    /// `translate::subject_tier_flags` (and 0 to one without entries).
     #[test]
     fn entry_tier_flags_match_a_pass_over_the_entries() {
         let mut seed = 11u64;
@@ -426,7 +426,7 @@ mod tests {
             let mut tiers = BTreeMap::new();
             for _ in 0..rnd() % 30 {
                 let e = TierEntry {
-                    endpoint: (rnd() % 6) as u32,
+                    subject: (rnd() % 6) as u32,
                     direction: [Direction::Ingress, Direction::Egress][(rnd() % 2) as usize],
                     tier: [Tier::Admin, Tier::Baseline][(rnd() % 2) as usize],
                     peer: (rnd() % 4) as u32,
@@ -440,7 +440,7 @@ mod tests {
                 };
                 tiers.insert(e, v);
             }
-            let want = translate::endpoint_tier_flags(tiers.keys());
+            let want = translate::subject_tier_flags(tiers.keys());
             for id in 0..7 {
                 assert_eq!(entry_tier_flags(&tiers, id), want.get(&id).copied().unwrap_or(0));
             }

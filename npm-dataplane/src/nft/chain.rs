@@ -47,15 +47,15 @@ pub fn tier_chain_name(endpoint: u32, direction: Direction, tier: Tier) -> Strin
     format!("{}_{t}", chain_name(endpoint, direction))
 }
 
-/// The tier entries of one (endpoint, direction, tier), sorted by rank.
+/// The tier entries of one (subject, direction, tier), sorted by rank.
 pub(crate) type TierRules<'a> = BTreeMap<(u32, Direction, Tier), Vec<(&'a TierEntry, &'a TierValue)>>;
 
-/// Groups `tiers` by (endpoint, direction, tier), each group sorted by
+/// Groups `tiers` by (subject, direction, tier), each group sorted by
 /// rank (then by entry, so the order is deterministic).
 pub(crate) fn group_tiers(tiers: &BTreeMap<TierEntry, TierValue>) -> TierRules<'_> {
     let mut out: TierRules<'_> = BTreeMap::new();
     for (entry, value) in tiers {
-        out.entry((entry.endpoint, entry.direction, entry.tier))
+        out.entry((entry.subject, entry.direction, entry.tier))
             .or_default()
             .push((entry, value));
     }
@@ -299,7 +299,7 @@ mod tests {
 
     fn entry(peer: u32, protocol: Option<Protocol>, ports: (u16, u16)) -> TierEntry {
         TierEntry {
-            endpoint: 1,
+            subject: 1,
             direction: Direction::Ingress,
             tier: Tier::Admin,
             peer,

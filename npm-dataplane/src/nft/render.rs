@@ -289,7 +289,9 @@ pub(crate) fn model(compiled: &Compiled, interfaces: &Interfaces) -> Model {
                 if !ep.tiers.has(tier, direction) {
                     continue;
                 }
-                let tl = tiers.get(&(*id, direction, tier)).map_or(&[][..], Vec::as_slice);
+                let tl = tiers
+                    .get(&(ep.identity, direction, tier))
+                    .map_or(&[][..], Vec::as_slice);
                 let name = tier_chain_name(*id, direction, tier);
                 m.chains
                     .insert(name.clone(), tier_rules(*id, ep.report_new, direction, tier, tl, &peer));

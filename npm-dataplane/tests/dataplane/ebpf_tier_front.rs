@@ -310,7 +310,7 @@ fn a_value_change_follows_diffs_and_what_does_not_fit_stays_on_the_lpm() {
     // still decides, on the LPM.
     let mut long = big.clone();
     long.tiers.remove(&TierEntry {
-        endpoint: 1,
+        subject: big.endpoints[&1].identity,
         direction: IN,
         tier: Tier::Admin,
         peer: POD_B,
@@ -358,7 +358,13 @@ fn a_full_bucket_keeps_the_tier_on_the_lpm_until_it_frees() {
     // filled behind the loader's back before the entry is written.
     let c = base();
     let mut f = fixture("tfb", &c, BenchSwitches::default());
-    let key = tier_front_key(2, DIR_INGRESS, TIER_ADMIN, POD_B, tier_front_pc_exact(1, 80));
+    let key = tier_front_key(
+        c.endpoints[&2].identity,
+        DIR_INGRESS,
+        TIER_ADMIN,
+        POD_B,
+        tier_front_pc_exact(1, 80),
+    );
     let (bucket, tag) = tier_front_slot(key, npm_common::TIER_FRONT_SHIFT);
     let data = MapData::from_pin(f.pins.path.join(maps::TIER_FRONT)).unwrap();
     let mut front: Array<MapData, [u64; 4]> = Array::try_from(Map::from_map_data(data).unwrap()).unwrap();

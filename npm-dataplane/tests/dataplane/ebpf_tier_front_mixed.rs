@@ -82,7 +82,7 @@ fn random_set(rng: &mut Rng) -> Compiled {
                     };
                     let rank = next_rank.next().expect("enough ranks");
                     let entry = TierEntry {
-                        endpoint: ep,
+                        subject: c.endpoints[&ep].identity,
                         direction: IN,
                         tier,
                         peer,

@@ -334,8 +334,9 @@ fn the_lowest_rank_across_the_peers_identities_decides() {
     // Swap the ingress ranks with a diff: the Accept of POD_B now comes
     // first (the decision cache does not outlive the batch).
     let mut next = c.clone();
+    let subject = c.endpoints[&1].identity;
     for (e, v) in next.tiers.iter_mut() {
-        if e.endpoint == 1 && e.direction == IN {
+        if e.subject == subject && e.direction == IN {
             v.rank = if e.peer == POD_B { 2 } else { 5 };
         }
     }

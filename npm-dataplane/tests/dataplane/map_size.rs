@@ -288,9 +288,10 @@ fn an_address_that_does_not_fit_never_keeps_another_identity() {
     // an admin Deny of identity 300 would no longer match a left-out
     // address of 300, and the NetworkPolicy allow would then let it in.
     let mut s3 = s2.clone();
+    let subject = s3.endpoints[&1].identity;
     s3.tiers.insert(
         TierEntry {
-            endpoint: 1,
+            subject,
             direction: IN,
             tier: Tier::Admin,
             peer: 300,

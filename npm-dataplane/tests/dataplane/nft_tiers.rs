@@ -532,7 +532,7 @@ fn fold(c: &mut Compiled, ep: u32, direction: Direction, tier_: Tier, rules: &[R
         let none = rules.iter().position(|r| r.peer == peer && r.proto.is_none());
         let mut put = |proto, ports, rank: usize| {
             let entry = npm_policy::compiled::TierEntry {
-                endpoint: ep,
+                subject: c.endpoints[&ep].identity,
                 direction,
                 tier: tier_,
                 peer,

@@ -68,9 +68,9 @@ pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port
     // Steps 8 and 9 (with the tiers) depend on the endpoint, the direction, the peer
     // address, the protocol and the port only: the decision cache answers
     // for a tuple decided before under the same generation. The key is the
-    // endpoint id, not the subject: the tiers and the flags are the
-    // endpoint's own, and the record (subject included) changes only in a
-    // batch of writes, after which the generation is bumped.
+    // endpoint id, not the subject: the flags are the endpoint record's,
+    // and the record (subject included) changes only in a batch of writes,
+    // after which the generation is bumped.
     // SAFETY: reading a read-only global.
     let use_cache = unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_DECISION_CACHE) } == 0;
     let generation = match NPM_GENERATION.get(0) {
@@ -139,18 +139,18 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
         // 8. host.
         return Reason::Host as u32;
     }
-    // The tiers are keyed by the endpoint id, NetworkPolicy by the subject.
-    let id = ep.id;
+    // NetworkPolicy and the tiers are keyed by the subject (the pod
+    // identity), not the endpoint id.
     let subject = ep.subject;
     let f = ep.flags;
     let ids = (identity, cidr_identity);
     // The tier front's summaries of the peer, read once for both tiers.
     let admin = f & (EP_ADMIN_INGRESS << dir) != 0;
     let baseline = !isolated && f & (EP_BASELINE_INGRESS << dir) != 0;
-    let sums = tier_summaries(lpm, id, f, dir, ids, admin, baseline);
+    let sums = tier_summaries(lpm, subject, f, dir, ids, admin, baseline);
     // 9a. Admin tier: accept and deny are final, pass goes on.
     if admin {
-        let a = tier_action(lpm, id, f, dir | TIER_ADMIN, ids, pr, port, sums);
+        let a = tier_action(lpm, subject, f, dir | TIER_ADMIN, ids, pr, port, sums);
         if a == TIER_ACCEPT {
             return Reason::AdminAccept as u32;
         }
@@ -161,7 +161,7 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     if !isolated {
         // 9c. Baseline tier, then 9d.
         if baseline {
-            let a = tier_action(lpm, id, f, dir | TIER_BASELINE, ids, pr, port, sums);
+            let a = tier_action(lpm, subject, f, dir | TIER_BASELINE, ids, pr, port, sums);
             if a == TIER_ACCEPT {
                 return Reason::BaselineAccept as u32;
             }

@@ -1,6 +1,7 @@
 //! Steps 9a and 9c: the ClusterNetworkPolicy Admin and Baseline tiers, on
-//! the tier front `NPM_TIER_FRONT` (inlined array reads) for an endpoint
-//! direction and tier complete there (`EP_ADMIN_FRONT_<dir>`,
+//! the tier front `NPM_TIER_FRONT` (inlined array reads) for a subject's
+//! direction and tier complete there (a subject is the pod identity of
+//! local endpoints: the endpoints of one identity share its entries) (`EP_ADMIN_FRONT_<dir>`,
 //! `EP_BASELINE_FRONT_<dir>`), else on the LPM trie `NPM_TIERS` (the
 //! `NPM_POLICY` key layout with the tier bit in the direction byte). Per
 //! tier one most specific entry per peer identity (three identities) and
@@ -18,7 +19,7 @@ use aya_ebpf::{
 use npm_common::{
     policy_front_proto, sizes, tier_front_key, tier_front_pc_any_port, tier_front_pc_block, tier_front_pc_exact,
     tier_front_slot_unchecked, TierValue, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY,
-    POLICY_KEY_LEN, TIER_ACTION_MASK, TIER_ADMIN, TIER_BASELINE, TIER_FRONT_MAX_ENDPOINT, TIER_FRONT_MAX_IDENTITY,
+    POLICY_KEY_LEN, TIER_ACTION_MASK, TIER_ADMIN, TIER_BASELINE, TIER_FRONT_MAX_IDENTITY, TIER_FRONT_MAX_SUBJECT,
     TIER_FRONT_PC_ANY_PROTO, TIER_FRONT_PC_SHARED_SUMMARY, TIER_FRONT_SHARED_ANY_PORT, TIER_FRONT_SHARED_ANY_PROTO,
     TIER_FRONT_SHARED_BLOCK, TIER_FRONT_SHARED_EXACT, TIER_FRONT_SHARED_TIER_MASK, TIER_FRONT_SHARED_TIER_SHIFT,
     TIER_FRONT_SHIFT, TIER_RANK_SHIFT,
@@ -28,7 +29,7 @@ use super::lpm::write_full_key;
 use super::BPF_F_MMAPABLE;
 use crate::mem::wr32;
 
-/// `NPM_TIERS`: the tier entries of every endpoint (`tier_key` ->
+/// `NPM_TIERS`: the tier entries of every subject (`tier_key` ->
 /// `TierValue`).
 #[map]
 static NPM_TIERS: LpmTrie<[u8; POLICY_KEY_LEN], TierValue> = LpmTrie::with_max_entries(sizes::TIERS, 0);
@@ -183,7 +184,7 @@ fn summary_get(lpm: *mut u8, key: u64, shift: u32) -> u32 {
 }
 
 /// The [`Summaries`] of the peer `ids` (pod or node identity, CIDR
-/// identity) for endpoint `ep` (flags `ep_flags`) in direction `dir`: three
+/// identity) for subject `ep` (the endpoint's flags `ep_flags`) in direction `dir`: three
 /// probes when a tier that will be consulted (the Admin tier when `admin`,
 /// the Baseline tier when `baseline`) is on the front, else none. An
 /// identity out of the key's range, or a CIDR identity of `IDENTITY_ANY`
@@ -277,8 +278,9 @@ fn front_hit(
     r & 0xffff
 }
 
-/// Whether a tier of an endpoint (flags `ep_flags`) in direction `dir` is
-/// complete in the tier front and the front is not switched off.
+/// Whether a tier of subject `ep` (its endpoint's flags `ep_flags`) in
+/// direction `dir` is complete in the tier front and the front is not
+/// switched off.
 #[inline(always)]
 fn front_enabled(ep: u32, ep_flags: u32, dir_tier: u8) -> bool {
     let flag = if dir_tier & TIER_BASELINE != 0 {
@@ -287,14 +289,14 @@ fn front_enabled(ep: u32, ep_flags: u32, dir_tier: u8) -> bool {
         EP_ADMIN_FRONT_INGRESS
     };
     ep != 0
-        && ep < TIER_FRONT_MAX_ENDPOINT
+        && ep < TIER_FRONT_MAX_SUBJECT
         && ep_flags & (flag << (dir_tier & 1)) != 0
         // SAFETY: reading a read-only global.
         && unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_TIER_FRONT) } == 0
 }
 
-/// The decision of a tier for a packet of endpoint `ep` (flags
-/// `ep_flags`): `dir_tier` is the direction `|` the tier bit (`TIER_ADMIN`
+/// The decision of a tier for a packet of an endpoint of subject `ep`
+/// (the endpoint's flags `ep_flags`): `dir_tier` is the direction `|` the tier bit (`TIER_ADMIN`
 /// or `TIER_BASELINE`), `ids` the peer's (pod or node identity, CIDR
 /// identity; `IDENTITY_ANY`: none). Returns the action (`TIER_ACCEPT`,
 /// `TIER_DENY`, `TIER_PASS`) of the hit of lowest rank among the lookups of

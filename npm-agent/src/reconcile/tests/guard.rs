@@ -99,14 +99,14 @@ fn high_water_survives_a_quiet_period_longer_than_the_window() {
     assert_eq!(g.high_water(at(1261), window), (60, 0));
 }
 
-/// A compile with `n` tier entries (one endpoint, distinct peers).
+/// A compile with `n` tier entries (one subject, distinct peers).
 fn with_tier_entries(n: u32) -> npm_policy::compiled::Compiled {
     use npm_policy::compiled::{Compiled, Direction, Tier, TierAction, TierEntry, TierValue};
     let mut c = Compiled::default();
     for i in 0..n {
         c.tiers.insert(
             TierEntry {
-                endpoint: 1,
+                subject: IDENTITY_FIRST_POD,
                 direction: Direction::Ingress,
                 tier: Tier::Admin,
                 peer: IDENTITY_FIRST_POD + i,

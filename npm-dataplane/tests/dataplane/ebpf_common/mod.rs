@@ -470,9 +470,11 @@ pub fn tier_entry(
     rank: u32,
     rule: u32,
 ) {
+    // Keyed by the endpoint's subject (its pod identity).
+    let subject = c.endpoints[&ep].identity;
     c.tiers.insert(
         TierEntry {
-            endpoint: ep,
+            subject,
             direction,
             tier,
             peer,

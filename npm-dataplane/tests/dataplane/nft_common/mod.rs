@@ -149,9 +149,11 @@ pub fn tier(
     action: npm_policy::compiled::TierAction,
     rank: u32,
 ) {
+    // Keyed by the endpoint's subject (its pod identity).
+    let subject = c.endpoints[&endpoint].identity;
     c.tiers.insert(
         npm_policy::compiled::TierEntry {
-            endpoint,
+            subject,
             direction,
             tier,
             peer,
