@@ -23,6 +23,8 @@ const OLD_PORT: u16 = 8080;
 /// The identity pod b is relabelled to, and its allowed port.
 const NEW: u32 = 257;
 const NEW_PORT: u16 = 9090;
+/// The identity of a third pod without entries (no ipcache entry either).
+const LONE: u32 = 400;
 /// The identity of the root-netns peers.
 const PEER: u32 = 300;
 /// The pods' UDP echo port (allowed from any peer for a while).
@@ -220,4 +222,18 @@ fn endpoints_of_one_identity_share_its_entries(lpm: bool, tag: &str) {
     assert_eq!(kernel_front_subjects(&pins), vec![NEW]);
     assert!(connects(&b, NEW_PORT));
     assert!(!connects(&b, OLD_PORT));
+
+    // A restarted loader adopts the highest subject of the policy keys and
+    // the endpoint records: here a record's (an endpoint whose identity has
+    // no entry yet), above every key's.
+    let other = Dummy::new(&format!("{tag}c"));
+    let mut third = alone.clone();
+    third
+        .endpoints
+        .insert(3, endpoint("c", LONE, Some("10.9.7.1"), None, true, false));
+    let ifs3 = ifaces(&[(2, b.ifindex), (3, other.ifindex)]);
+    dp.apply(&alone.diff(&third), &third, &ifs3).unwrap();
+    drop(dp);
+    let again = EbpfDataplane::open(pins.options()).unwrap_or_else(|e| panic!("reopen: {e}"));
+    assert_eq!(again.adopted_numbers().max_subject, LONE);
 }
