@@ -344,3 +344,122 @@ fn a_restart_that_renumbers_endpoints_drops_only_their_flows() {
     let kept: Vec<u32> = dp.ct_entries().iter().map(|(k, _)| k.endpoint).collect();
     assert_eq!(kept, vec![1], "the orphan under the new id is gone");
 }
+
+/// Creates a map (`BPF_MAP_CREATE`: type, key and value sizes, entries)
+/// and pins it at `path` (`BPF_OBJ_PIN`): the maps of a layout this build's
+/// object no longer has.
+fn pin_new_map(path: &std::path::Path, map_type: u32, key: usize, value: usize, entries: u32) {
+    use std::os::unix::ffi::OsStrExt;
+    // bpf_attr for BPF_MAP_CREATE: map_type, key_size, value_size,
+    // max_entries, the rest zero.
+    let mut create = [0u32; 18];
+    create[..4].copy_from_slice(&[map_type, key as u32, value as u32, entries]);
+    // SAFETY: a zeroed bpf_attr of the size given, alive for the call.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, 0, create.as_mut_ptr(), std::mem::size_of_val(&create)) };
+    assert!(
+        fd >= 0,
+        "BPF_MAP_CREATE {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // bpf_attr for BPF_OBJ_PIN: pathname (u64), bpf_fd (u32), file_flags.
+    let mut pin = [0u64; 3];
+    pin[0] = name.as_ptr() as u64;
+    pin[1] = fd as u64;
+    // SAFETY: as above; `name` outlives the call.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, 6, pin.as_mut_ptr(), std::mem::size_of_val(&pin)) };
+    assert_eq!(
+        rc,
+        0,
+        "BPF_OBJ_PIN {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: our own descriptor; the pin keeps the map.
+    unsafe { libc::close(fd as i32) };
+}
+
+/// An upgrade from layout 5 (40-byte endpoint records without the
+/// subject): the new layout copies the conntrack, reads the old records for
+/// the ids its flows carry (so the agent keeps them), and its first full
+/// sync keeps the flows of the endpoint they still describe. The old
+/// layout is made here with the maps' shapes of layout 5 (this build's
+/// object has the 44-byte record).
+#[test]
+fn an_upgrade_from_layout_5_keeps_the_flows_of_its_records() {
+    use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
+    use npm_common::{
+        maps, CtKey, CtKey4, CtValue, FragKey, FragValue, IpInfo, IpKey, EP_HAS_V4, EP_ISOLATED_INGRESS, EP_PRESENT,
+    };
+    use std::mem::size_of;
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    assert_eq!(npm_common::LAYOUT_VERSION, 6, "this test makes layout 5's maps");
+    sweep_leftovers();
+    let root = PinDir::new("l5");
+    let veth = Dummy::new("l5a");
+    let old_dir = root.path.join("v5");
+    let new_dir = root.path.join("v6");
+    std::fs::create_dir_all(&old_dir).unwrap();
+    const HASH: u32 = 1;
+    const ARRAY: u32 = 2;
+    const LRU_HASH: u32 = 9;
+    let pin = |name: &str, t, k, v, n| pin_new_map(&old_dir.join(name), t, k, v, n);
+    pin(maps::EP_SLOTS, ARRAY, 4, 40, npm_common::sizes::ENDPOINT_SLOTS);
+    pin(maps::ENDPOINTS, HASH, 4, 40, 64);
+    pin(maps::IPCACHE, HASH, size_of::<IpKey>(), size_of::<IpInfo>(), 64);
+    pin(maps::CT, LRU_HASH, size_of::<CtKey>(), size_of::<CtValue>(), 64);
+    pin(maps::CT4, LRU_HASH, size_of::<CtKey4>(), size_of::<CtValue>(), 64);
+    pin(maps::FRAGS, LRU_HASH, size_of::<FragKey>(), size_of::<FragValue>(), 64);
+    let open_old = |name: &str| Map::from_map_data(MapData::from_pin(old_dir.join(name)).unwrap()).unwrap();
+    // Endpoint 7 (10.9.5.1 on the veth) as layout 5 wrote it: id, flags,
+    // IPv4-mapped address, IPv6 address; and one of its flows.
+    let pod = Ipv4Addr::new(10, 9, 5, 1);
+    let mut record = [0u8; 40];
+    record[..4].copy_from_slice(&7u32.to_ne_bytes());
+    record[4..8].copy_from_slice(&(EP_PRESENT | EP_HAS_V4 | EP_ISOLATED_INGRESS).to_ne_bytes());
+    record[8..24].copy_from_slice(&IpKey::v4(pod.octets()).addr);
+    let mut slots: Array<MapData, [u8; 40]> = Array::try_from(open_old(maps::EP_SLOTS)).unwrap();
+    slots.set(veth.ifindex, record, 0).unwrap();
+    let mut ct4: BpfHashMap<MapData, CtKey4, CtValue> = BpfHashMap::try_from(open_old(maps::CT4)).unwrap();
+    let key = CtKey4 {
+        endpoint: 7,
+        protocol: 6,
+        addr_lo: pod.octets(),
+        addr_hi: [10, 9, 5, 2],
+        port_lo: TCP_PORT,
+        port_hi: 40000,
+        ..CtKey4::default()
+    };
+    ct4.insert(key, CtValue::default(), 0).unwrap();
+    drop((slots, ct4));
+
+    let mut new = EbpfDataplane::open(EbpfOptions {
+        object: None,
+        pin_dir: new_dir.clone(),
+        bench_no_ct_create: false,
+        attach: AttachMode::Tcx,
+    })
+    .expect("open");
+    assert_eq!(new.ct_len(), 1, "conntrack copied from layout 5");
+    let adopted: Vec<_> = new
+        .adopted_endpoints()
+        .iter()
+        .map(|a| (a.id, a.ifindex, a.ipv4, a.isolated_ingress))
+        .collect();
+    assert_eq!(
+        adopted,
+        vec![(7, veth.ifindex, Some(pod), true)],
+        "layout 5's records read"
+    );
+    // The agent keeps id 7 for the pod the record describes: its flow stays.
+    let mut c = npm_policy::compiled::Compiled::default();
+    c.endpoints
+        .insert(7, endpoint("pod", 256, Some("10.9.5.1"), None, true, false));
+    ip(&mut c, "10.9.5.1", 256, 0);
+    new.sync_full(&c, &ifaces(&[(7, veth.ifindex)])).unwrap();
+    assert_eq!(new.ct_len(), 1, "the flow of the endpoint its record describes is kept");
+    assert!(!old_dir.exists(), "layout 5's pins are retired after the full sync");
+}

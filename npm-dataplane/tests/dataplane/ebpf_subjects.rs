@@ -3,14 +3,15 @@
 //! behind its own veth, are governed by one set of `NPM_POLICY` keys (and
 //! front words), counted in the kernel; relabelling one pod (a new
 //! identity) moves it to the new subject's entries and leaves the other's
-//! record and verdicts alone. Real TCP connections from the root netns
-//! decide, on the policy front and, with the front switched off, on the
-//! LPM trie. Needs root.
+//! record and verdicts alone; a change of a subject's entries rewrites
+//! every endpoint record of the subject. Real TCP connections and UDP flows
+//! from the root netns decide, on the policy front and, with the front
+//! switched off, on the LPM trie. Needs root.
 
 use std::time::Duration;
 
 use crate::ebpf_common::*;
-use npm_common::{EP_FRONT_INGRESS, POLICY_PREFIX_FULL};
+use npm_common::{EP_FRONT_INGRESS, EP_NO_ANY_PEER_INGRESS, IDENTITY_ANY, POLICY_PREFIX_FULL};
 use npm_dataplane::ebpf::{dump_pinned, BenchSwitches, EbpfDataplane, EbpfDump};
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction};
@@ -22,9 +23,11 @@ const OLD_PORT: u16 = 8080;
 /// The identity pod b is relabelled to, and its allowed port.
 const NEW: u32 = 257;
 const NEW_PORT: u16 = 9090;
+/// The identity of a third pod without entries (no ipcache entry either).
+const LONE: u32 = 400;
 /// The identity of the root-netns peers.
 const PEER: u32 = 300;
-/// An unused UDP port (the fixture's servers want one).
+/// The pods' UDP echo port (allowed from any peer for a while).
 const UDP_PORT: u16 = 5353;
 
 #[test]
@@ -116,6 +119,13 @@ fn connects(net: &PodNet, port: u16) -> bool {
     net.tcp_exchange(port, short).is_ok()
 }
 
+/// Whether a new UDP flow from the root netns to `net`'s echo port is
+/// answered.
+fn echoes(net: &PodNet) -> bool {
+    let short = Duration::from_millis(700);
+    net.udp_exchange(UDP_PORT, short).is_ok()
+}
+
 fn endpoints_of_one_identity_share_its_entries(lpm: bool, tag: &str) {
     sweep_leftovers();
     let pins = PinDir::new(&format!("subj{tag}"));
@@ -148,6 +158,43 @@ fn endpoints_of_one_identity_share_its_entries(lpm: bool, tag: &str) {
     for net in [&a, &b] {
         assert!(connects(net, OLD_PORT), "{}: the shared rule allows", net.pod_ip);
         assert!(!connects(net, NEW_PORT), "{}: no rule for {NEW_PORT}", net.pod_ip);
+        assert!(!echoes(net), "{}: no UDP rule", net.pod_ip);
+    }
+
+    // The subject's entries change (a rule from any peer: its
+    // EP_NO_ANY_PEER flag goes): every endpoint of it is rewritten, b
+    // although the rule was keyed through a.
+    assert_ne!(a_flags & EP_NO_ANY_PEER_INGRESS, 0);
+    let mut wider = shared.clone();
+    let udp = (UDP_PORT, UDP_PORT);
+    allow(
+        &mut wider,
+        1,
+        Direction::Ingress,
+        IDENTITY_ANY,
+        Some(Protocol::Udp),
+        udp,
+        3,
+    );
+    dp.apply(&shared.diff(&wider), &wider, &ifs).unwrap();
+    let d = dump_pinned(&pins.path).unwrap();
+    assert_eq!(kernel_keys(&d), vec![(OLD, UDP_PORT), (OLD, OLD_PORT)]);
+    let (_, wider_flags) = record(&d, 1);
+    assert_eq!(wider_flags & EP_NO_ANY_PEER_INGRESS, 0);
+    assert_eq!(
+        record(&d, 2),
+        (OLD, wider_flags),
+        "b rewritten with the subject's flags"
+    );
+    for net in [&a, &b] {
+        assert!(echoes(net), "{}: the subject's new rule allows", net.pod_ip);
+    }
+    dp.apply(&wider.diff(&shared), &shared, &ifs).unwrap();
+    let d = dump_pinned(&pins.path).unwrap();
+    assert_eq!(kernel_keys(&d), vec![(OLD, OLD_PORT)]);
+    assert_eq!((record(&d, 1), record(&d, 2)), ((OLD, a_flags), (OLD, a_flags)));
+    for net in [&a, &b] {
+        assert!(!echoes(net), "{}: the rule is gone", net.pod_ip);
     }
 
     // b is relabelled: a new subject with its own rule; a's entries and
@@ -175,4 +222,18 @@ fn endpoints_of_one_identity_share_its_entries(lpm: bool, tag: &str) {
     assert_eq!(kernel_front_subjects(&pins), vec![NEW]);
     assert!(connects(&b, NEW_PORT));
     assert!(!connects(&b, OLD_PORT));
+
+    // A restarted loader adopts the highest subject of the policy keys and
+    // the endpoint records: here a record's (an endpoint whose identity has
+    // no entry yet), above every key's.
+    let other = Dummy::new(&format!("{tag}c"));
+    let mut third = alone.clone();
+    third
+        .endpoints
+        .insert(3, endpoint("c", LONE, Some("10.9.7.1"), None, true, false));
+    let ifs3 = ifaces(&[(2, b.ifindex), (3, other.ifindex)]);
+    dp.apply(&alone.diff(&third), &third, &ifs3).unwrap();
+    drop(dp);
+    let again = EbpfDataplane::open(pins.options()).unwrap_or_else(|e| panic!("reopen: {e}"));
+    assert_eq!(again.adopted_numbers().max_subject, LONE);
 }
