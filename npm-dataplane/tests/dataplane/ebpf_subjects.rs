@@ -14,7 +14,7 @@ use crate::ebpf_common::*;
 use npm_common::{EP_FRONT_INGRESS, EP_NO_ANY_PEER_INGRESS, IDENTITY_ANY, POLICY_PREFIX_FULL};
 use npm_dataplane::ebpf::{dump_pinned, BenchSwitches, EbpfDataplane, EbpfDump};
 use npm_dataplane::Dataplane;
-use npm_policy::compiled::{Compiled, Direction};
+use npm_policy::compiled::{Compiled, Direction, Tier, TierAction};
 use npm_policy::model::Protocol;
 
 /// The subject both pods start with, and its allowed port.
@@ -236,4 +236,110 @@ fn endpoints_of_one_identity_share_its_entries(lpm: bool, tag: &str) {
     drop(dp);
     let again = EbpfDataplane::open(pins.options()).unwrap_or_else(|e| panic!("reopen: {e}"));
     assert_eq!(again.adopted_numbers().max_subject, LONE);
+}
+
+#[test]
+fn endpoints_of_one_identity_share_its_tier_entries_front() {
+    endpoints_of_one_identity_share_its_tier_entries(false, "tf");
+}
+
+#[test]
+fn endpoints_of_one_identity_share_its_tier_entries_lpm() {
+    endpoints_of_one_identity_share_its_tier_entries(true, "tl");
+}
+
+/// Pods a (endpoint 1, identity [`OLD`]) and b (endpoint 2, identity
+/// `b_identity`), not isolated; identity [`OLD`] has an Admin Deny of
+/// [`PEER`] on TCP [`OLD_PORT`] (a ClusterNetworkPolicy whose subject
+/// selects it), keyed through endpoint 1.
+fn tier_state(a: &PodNet, b: &PodNet, b_identity: u32) -> Compiled {
+    let mut c = Compiled::default();
+    let (pa, pb) = (a.pod_ip.to_string(), b.pod_ip.to_string());
+    c.endpoints.insert(1, endpoint("a", OLD, Some(&pa), None, false, false));
+    c.endpoints
+        .insert(2, endpoint("b", b_identity, Some(&pb), None, false, false));
+    ip(&mut c, &pa, OLD, 0);
+    ip(&mut c, &pb, b_identity, 0);
+    ip(&mut c, &a.peer_ip.to_string(), PEER, 0);
+    ip(&mut c, &b.peer_ip.to_string(), PEER, 0);
+    tier_entry(
+        &mut c,
+        1,
+        Direction::Ingress,
+        Tier::Admin,
+        PEER,
+        Some(Protocol::Tcp),
+        (OLD_PORT, OLD_PORT),
+        TierAction::Deny,
+        1,
+        41,
+    );
+    // The presence is the subject's: every endpoint of it has the flag.
+    if b_identity == OLD {
+        c.endpoints.get_mut(&2).unwrap().tiers = c.endpoints[&1].tiers;
+    }
+    c
+}
+
+/// The kernel's `NPM_TIERS` keys as (subject, port), sorted.
+fn kernel_tier_keys(d: &EbpfDump) -> Vec<(u32, u16)> {
+    let mut keys: Vec<(u32, u16)> = d.tiers.iter().map(|t| (t.subject, t.ports.0)).collect();
+    keys.sort();
+    keys
+}
+
+fn endpoints_of_one_identity_share_its_tier_entries(lpm: bool, tag: &str) {
+    sweep_leftovers();
+    let pins = PinDir::new(&format!("subj{tag}"));
+    let mut a = PodNet::new(&format!("{tag}a"));
+    let mut b = PodNet::new(&format!("{tag}b"));
+    for net in [&mut a, &mut b] {
+        net.start_servers(OLD_PORT, &[UDP_PORT]);
+        net.start_servers(NEW_PORT, &[]);
+        net.wait_ready(OLD_PORT, UDP_PORT);
+        net.wait_ready(NEW_PORT, UDP_PORT);
+    }
+    let switches = BenchSwitches {
+        no_tier_front: lpm,
+        ..BenchSwitches::default()
+    };
+    let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
+    let ifs = ifaces(&[(1, a.ifindex), (2, b.ifindex)]);
+
+    // One identity: one tier key for both endpoints; the Admin Deny
+    // decides for both.
+    let shared = tier_state(&a, &b, OLD);
+    dp.sync_full(&shared, &ifs).unwrap();
+    let d = dump_pinned(&pins.path).unwrap();
+    assert_eq!(
+        kernel_tier_keys(&d),
+        vec![(OLD, OLD_PORT)],
+        "one tier key for both endpoints"
+    );
+    let (_, a_flags) = record(&d, 1);
+    assert_eq!(record(&d, 2), (OLD, a_flags), "b carries a's subject and flags");
+    for net in [&a, &b] {
+        assert!(!connects(net, OLD_PORT), "{}: the subject's Admin Deny", net.pod_ip);
+        assert!(connects(net, NEW_PORT), "{}: not isolated elsewhere", net.pod_ip);
+    }
+
+    // b is relabelled: it leaves the subject (and its Deny); a keeps it.
+    let relabelled = tier_state(&a, &b, NEW);
+    dp.apply(&shared.diff(&relabelled), &relabelled, &ifs).unwrap();
+    let d = dump_pinned(&pins.path).unwrap();
+    assert_eq!(kernel_tier_keys(&d), vec![(OLD, OLD_PORT)]);
+    assert_eq!(record(&d, 1), (OLD, a_flags), "a's record untouched");
+    assert_eq!(record(&d, 2).0, NEW);
+    assert!(!connects(&a, OLD_PORT), "a keeps the Deny");
+    assert!(connects(&b, OLD_PORT), "b is no longer denied");
+
+    // a goes: the subject's tier keys go with its last endpoint.
+    let mut alone = relabelled.clone();
+    alone.endpoints.remove(&1);
+    alone.tiers.retain(|e, _| e.subject != OLD);
+    dp.apply(&relabelled.diff(&alone), &alone, &ifaces(&[(2, b.ifindex)]))
+        .unwrap();
+    let d = dump_pinned(&pins.path).unwrap();
+    assert!(kernel_tier_keys(&d).is_empty(), "{:?}", d.tiers);
+    assert!(connects(&b, OLD_PORT));
 }
