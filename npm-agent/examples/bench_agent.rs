@@ -11,10 +11,13 @@
 //! completed), at 100 changes/s, and the agent's RSS growth (the API server
 //! runs in the same process; its memory is measured before the agent starts
 //! and subtracted). A new pod writes its `NPM_IPCACHE` entry; a new policy
-//! writes `NPM_POLICY` entries for each of the local endpoints it selects
-//! (100 at 10,000 pods) and their `NPM_ENDPOINTS` records. At the end the
-//! pinned maps are read back and every change is checked to be there.
-//! Ends with one JSON line.
+//! writes `NPM_POLICY` entries for each subject (pod identity) of the
+//! local endpoints it selects (policy entries are keyed by subject: the 100
+//! local pods at 10,000 pods share one identity, so one subject) and their
+//! `NPM_ENDPOINTS` records. At the end the pinned maps are read back and
+//! every change is checked to be there, keyed by the subjects of the last
+//! state written. Ends with one JSON line (`policy_keys`: the `NPM_POLICY`
+//! keys pinned at the end).
 //!
 //! Runs as root (bpffs, tcx, veth links). Names carry the process id
 //! (veths `nbd<pid>x<n>` / `nbd<pid>y<n>`, pin dir `/sys/fs/bpf/npmbench<pid>`); they are
@@ -27,7 +30,7 @@
 #[path = "bench_support/mod.rs"]
 mod bench_support;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,6 +61,10 @@ struct Probe {
     latencies_ms: Vec<f64>,
     pod_ms: Vec<f64>,
     policy_ms: Vec<f64>,
+    /// The subjects (pod identities) of the local endpoints of the last
+    /// state written: the keys the policy entries of the churn policies
+    /// must have in `NPM_POLICY`.
+    local_subjects: BTreeSet<u32>,
 }
 
 impl Probe {
@@ -70,6 +77,7 @@ impl Probe {
         ips: impl Iterator<Item = &'a IpAddr>,
         entries: impl Iterator<Item = (&'a PolicyEntry, &'a u32)>,
     ) {
+        self.local_subjects = next.endpoints.values().map(|e| e.identity).collect();
         for ip in ips {
             if let Some(t) = self.pending_ips.remove(ip) {
                 let ms = (now - t).as_secs_f64() * 1e3;
@@ -363,25 +371,32 @@ async fn main() -> anyhow::Result<()> {
         dump.endpoints.len(),
         locals
     );
-    let mut per_port: HashMap<u16, usize> = HashMap::new();
+    // The churn policies select every local pod (`app=g0` in `bench0`):
+    // each must have its ingress entry, keyed by subject (the local
+    // endpoints' pod identity), for every subject of the local endpoints.
+    let subjects = probe.lock().unwrap().local_subjects.clone();
+    anyhow::ensure!(!subjects.is_empty(), "no local endpoint in the last state written");
+    let mut per_port: HashMap<u16, BTreeSet<u32>> = HashMap::new();
     for e in &dump.policy {
-        if e.protocol == Some(6) && e.ports.0 == e.ports.1 {
-            *per_port.entry(e.ports.0).or_default() += 1;
+        if e.direction == "ingress" && e.protocol == Some(6) && e.ports.0 == e.ports.1 {
+            per_port.entry(e.ports.0).or_default().insert(e.subject);
         }
     }
     let short = churn_ports
         .iter()
-        .filter(|p| per_port.get(p).copied().unwrap_or(0) < locals)
+        .filter(|p| per_port.get(p).is_none_or(|have| !subjects.is_subset(have)))
         .count();
     anyhow::ensure!(
         short == 0,
-        "{short} new policies lack pinned policy entries for some of the {locals} local endpoints"
+        "{short} new policies lack pinned policy entries for some of the {} subjects of the {locals} local endpoints",
+        subjects.len()
     );
     eprintln!(
-        "verified in the pinned maps: {} ipcache, {} endpoints, {} policy keys",
+        "verified in the pinned maps: {} ipcache, {} endpoints, {} policy keys ({} subjects)",
         dump.ipcache.len(),
         dump.endpoints.len(),
-        dump.policy.len()
+        dump.policy.len(),
+        subjects.len()
     );
     println!(
         "{}",
@@ -392,6 +407,7 @@ async fn main() -> anyhow::Result<()> {
             "p99_ms": (percentile(&lat, 0.99) * 10.0).round() / 10.0,
             "rss_mb": rss.round(),
             "dataplane": "ebpf", "local_endpoints": locals,
+            "policy_keys": dump.policy.len(), "subjects": subjects.len(),
             "pod_p50_ms": (percentile(&pod_ms, 0.5) * 10.0).round() / 10.0,
             "pod_p99_ms": (percentile(&pod_ms, 0.99) * 10.0).round() / 10.0,
             "policy_p50_ms": (percentile(&policy_ms, 0.5) * 10.0).round() / 10.0,

@@ -52,9 +52,10 @@ pub fn render_text(d: &EbpfDump) -> String {
     for e in &d.endpoints {
         let _ = writeln!(
             s,
-            "  ifindex {:>5}  id {:>6}  flags {:#06x}  ipv4 {}  ipv6 {}  attached [{}]",
+            "  ifindex {:>5}  id {:>6}  subject {:>8}  flags {:#06x}  ipv4 {}  ipv6 {}  attached [{}]",
             e.ifindex,
             e.id,
+            e.subject,
             e.flags,
             e.ipv4.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
             e.ipv6.map(|a| a.to_string()).unwrap_or_else(|| "-".into()),
@@ -78,8 +79,8 @@ pub fn render_text(d: &EbpfDump) -> String {
         let proto = p.protocol.map(|p| p.to_string()).unwrap_or_else(|| "any".into());
         let _ = writeln!(
             s,
-            "  endpoint {:>6} {:<7} peer {:>8} proto {:<3} ports {}-{}  rule {}",
-            p.endpoint, p.direction, p.peer, proto, p.ports.0, p.ports.1, p.rule
+            "  subject {:>8} {:<7} peer {:>8} proto {:<3} ports {}-{}  rule {}",
+            p.subject, p.direction, p.peer, proto, p.ports.0, p.ports.1, p.rule
         );
     }
     let _ = writeln!(s, "conntrack entries: {}", d.ct_entries);

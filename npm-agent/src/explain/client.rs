@@ -103,6 +103,9 @@ fn direction_lines(d: &DirectionReport) -> String {
     if !d.local {
         return s;
     }
+    if let (Some(ep), Some(subject)) = (d.endpoint, d.subject) {
+        s.push_str(&format!("    endpoint {ep}, subject {subject}\n"));
+    }
     let named: Vec<String> = d
         .policies
         .iter()
@@ -178,5 +181,50 @@ mod tests {
         ));
         assert_eq!(encode("x/a b"), "x%2Fa%20b");
         assert_eq!(encode("fd00::1"), "fd00%3A%3A1");
+    }
+
+    /// A local direction names its endpoint and the subject whose policy
+    /// entries govern it; a remote one names neither.
+    #[test]
+    fn a_local_direction_names_its_endpoint_and_subject() {
+        let dir = |direction: &str, local: bool| DirectionReport {
+            direction: direction.into(),
+            pod: Some("y/b".into()),
+            local,
+            endpoint: local.then_some(7),
+            subject: local.then_some(300),
+            node: Some("node-a".into()),
+            verdict: "allow".into(),
+            reason: Some("Policy".into()),
+            text: format!("{direction} of y/b: allowed"),
+            policies: Vec::new(),
+            kernel: None,
+            kernel_error: None,
+            mismatch: None,
+        };
+        let report = ExplainReport {
+            verdict: "allow".into(),
+            from: "10.0.0.1".parse().unwrap(),
+            to: "10.0.0.2".parse().unwrap(),
+            protocol: "TCP".into(),
+            port: 80,
+            policies: Vec::new(),
+            kernel: None,
+            mismatch: None,
+            directions: vec![dir("egress", false), dir("ingress", true)],
+        };
+        let text = render(&report);
+        assert_eq!(text.matches("    endpoint 7, subject 300\n").count(), 1, "{text}");
+        let ingress = text.split_once("ingress of y/b").expect("the ingress lines").1;
+        assert!(ingress.contains("endpoint 7, subject 300"), "{text}");
+        // The JSON carries both, and an older agent's report (without them) still reads.
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["directions"][1]["subject"], 300);
+        assert!(json["directions"][0].get("subject").is_none());
+        let mut old = json.clone();
+        old["directions"][1].as_object_mut().unwrap().remove("subject");
+        old["directions"][1].as_object_mut().unwrap().remove("endpoint");
+        let back: ExplainReport = serde_json::from_value(old).unwrap();
+        assert_eq!((back.directions[1].endpoint, back.directions[1].subject), (None, None));
     }
 }

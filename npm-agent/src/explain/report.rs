@@ -60,6 +60,14 @@ pub struct DirectionReport {
     pub pod: Option<String>,
     /// Whether this node decides it (a local endpoint).
     pub local: bool,
+    /// The local endpoint's id (local endpoints only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<u32>,
+    /// The local endpoint's policy subject: its pod identity, the key of
+    /// the NetworkPolicy entries that govern it (shared by the endpoints
+    /// of that identity; local endpoints only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<u32>,
     /// The pod's node, when it is a pod.
     pub node: Option<String>,
     /// `allow` or `deny` (the agent's view: the compiled lookup; for a
@@ -325,6 +333,8 @@ fn direction(
         direction: dir.name().into(),
         pod,
         local: local.is_some(),
+        endpoint: local.map(|(id, _)| *id),
+        subject: local.map(|(_, e)| e.identity),
         node,
         verdict: verdict(end.allowed),
         reason: None,

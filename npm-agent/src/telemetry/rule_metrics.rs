@@ -390,7 +390,7 @@ mod tests {
                 },
             );
             let e = PolicyEntry {
-                endpoint: 1,
+                subject: 100,
                 direction: Direction::Ingress,
                 peer: id,
                 protocol: None,

@@ -112,18 +112,19 @@ fn policy(name: &str, target: &str, ports: impl Iterator<Item = u16>) -> serde_j
     })
 }
 
-/// (endpoint id, flags) of the endpoint at `ifindex`, and the number of
-/// `NPM_POLICY` keys of each endpoint id, read from the pinned maps.
+/// (subject, flags) of the endpoint at `ifindex`, and the number of
+/// `NPM_POLICY` keys of each subject (policy keys are keyed by the
+/// endpoints' pod identity), read from the pinned maps.
 fn kernel_state(pins: &Path, ifindex: u32) -> (Option<(u32, u32)>, BTreeMap<u32, usize>) {
     let dump = dump_pinned(pins).expect("dump pins");
     let ep = dump
         .endpoints
         .iter()
         .find(|e| e.ifindex == ifindex)
-        .map(|e| (e.id, e.flags));
+        .map(|e| (e.subject, e.flags));
     let mut keys = BTreeMap::new();
     for p in &dump.policy {
-        *keys.entry(p.endpoint).or_insert(0) += 1;
+        *keys.entry(p.subject).or_insert(0) += 1;
     }
     (ep, keys)
 }
@@ -222,10 +223,11 @@ async fn a_full_policy_map_degrades_fail_closed_reports_and_recovers() {
     // without a single allow (deny, never "not isolated").
     let (ep_a, keys) = kernel_state(&k.pins, if_a);
     let (ep_b, _) = kernel_state(&k.pins, if_b);
-    let (id_a, _) = ep_a.expect("a programmed");
-    let (id_b, flags_b) = ep_b.expect("b programmed");
+    let (subject_a, _) = ep_a.expect("a programmed");
+    let (subject_b, flags_b) = ep_b.expect("b programmed");
+    assert_ne!(subject_a, subject_b, "a and b have identities of their own");
     assert_ne!(flags_b & EP_ISOLATED_INGRESS, 0, "b isolated");
-    assert_eq!(keys, BTreeMap::from([(id_a, 1)]), "only a's allow");
+    assert_eq!(keys, BTreeMap::from([(subject_a, 1)]), "only a's allow");
     // A Warning Event on the Node names the map and its sizes.
     wait_until_async("the map-full Event on the Node", Duration::from_secs(15), || async {
         !map_full_events(&client).await.is_empty()
@@ -246,7 +248,7 @@ async fn a_full_policy_map_degrades_fail_closed_reports_and_recovers() {
     assert_eq!(get(addr, "/readyz").await, (200, "ready\n".to_string()));
     assert_eq!(metric(&agent, &full), 0.0);
     let (_, keys) = kernel_state(&k.pins, if_b);
-    assert_eq!(keys, BTreeMap::from([(id_a, 1), (id_b, 30)]));
+    assert_eq!(keys, BTreeMap::from([(subject_a, 1), (subject_b, 30)]));
     // One entry into degraded mode, one Event (not one per sync).
     assert_eq!(map_full_events(&client).await.len(), 1);
     drop(agent);

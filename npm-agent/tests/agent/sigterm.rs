@@ -163,7 +163,7 @@ fn attached_endpoint(dump: &EbpfDump, ip: &str) -> bool {
         .any(|e| e.ipv4.map(|a| a.to_string()).as_deref() == Some(ip) && e.attached == ["ingress", "egress"])
 }
 
-/// Allow of TCP 8080 into the endpoint of `ip`.
+/// Allow of TCP 8080 into the endpoint of `ip` (a key of its subject).
 fn has_allow_8080(dump: &EbpfDump, ip: &str) -> bool {
     let Some(ep) = dump
         .endpoints
@@ -173,7 +173,7 @@ fn has_allow_8080(dump: &EbpfDump, ip: &str) -> bool {
         return false;
     };
     dump.policy.iter().any(|p| {
-        p.endpoint == ep.id
+        p.subject == ep.subject
             && p.direction == "ingress"
             && p.protocol == Some(6)
             && p.ports.0 <= 8080

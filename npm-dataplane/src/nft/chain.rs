@@ -163,7 +163,8 @@ pub(crate) struct TierJumps {
 ///
 /// Every drop is preceded by its NFLOG rule (same match, rate-limited), and
 /// every allow of an endpoint with `report_new` too (`ct state new` only):
-/// `super::nflog`. `id` is the endpoint's id (the log prefix).
+/// `super::nflog`. `id` is the endpoint's id (the log prefix); `entries`
+/// are the policy entries of its subject (`ep.identity`) in `direction`.
 pub(crate) fn endpoint_rules(
     id: u32,
     ep: &Endpoint,

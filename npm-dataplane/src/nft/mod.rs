@@ -20,7 +20,9 @@
 //!     set not_world_v4 / not_world_v6      (only if IDENTITY_WORLD is a peer) every
 //!                                          ipcache address: world is "not in the
 //!                                          ipcache", as in the datapath
-//!     chain ep_<id>_in / ep_<id>_out       one per endpoint and direction
+//!     chain ep_<id>_in / ep_<id>_out       one per endpoint and direction, with
+//!                                          the policy entries of the endpoint's
+//!                                          subject (its pod identity)
 //!     chain ep_<id>_in_admin, _in_baseline, ClusterNetworkPolicy tier chains, only
 //!           _out_admin, _out_baseline      for an endpoint, direction and tier whose
 //!                                          Endpoint::tiers flag is set: its
@@ -143,7 +145,10 @@
 //!    `accept` (`admin_accept`), `Deny` -> `drop` (`admin_deny`, silent),
 //!    `Pass` -> `return` to this chain; no match -> the chain ends (return).
 //! 7. NetworkPolicy isolates the endpoint in this direction: one rule per
-//!    policy entry: peer set (source for ingress, destination for egress;
+//!    policy entry of the endpoint's subject (`PolicyEntry::subject` equal
+//!    to `Endpoint::identity`: the endpoints of one pod identity each have
+//!    their own chain with the same entries, so log prefixes, allow
+//!    reporting and the deny counter stay per endpoint): peer set (source for ingress, destination for egress;
 //!    none for [`npm_common::IDENTITY_ANY`]), `meta l4proto`, `th dport`
 //!    (single port or range): allowed (`policy`); otherwise drop
 //!    (`policy_denied`). The Baseline tier is not consulted.

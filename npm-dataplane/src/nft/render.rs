@@ -237,9 +237,11 @@ pub(crate) struct Model {
 /// Builds the objects of the table for `compiled`.
 ///
 /// Endpoints get a dispatch entry only when `interfaces` has their ifindex
-/// (an ifindex claimed by two endpoints goes to the lower id); policy
-/// entries of endpoints missing from `compiled.endpoints` and entries with
-/// an empty port range match nothing and are not rendered.
+/// (an ifindex claimed by two endpoints goes to the lower id). Each
+/// endpoint's chains hold the policy entries of its subject (the entries
+/// with `subject` equal to its `identity`); entries of a subject no
+/// endpoint has and entries with an empty port range match nothing and are
+/// not rendered.
 pub(crate) fn model(compiled: &Compiled, interfaces: &Interfaces) -> Model {
     let peer = peer_sets(compiled);
     let mut m = Model::default();
@@ -266,17 +268,23 @@ pub(crate) fn model(compiled: &Compiled, interfaces: &Interfaces) -> Model {
             );
         }
     }
+    // The entries of each (subject, direction): every endpoint of that
+    // subject (its pod identity) gets them in its own chain, so the log
+    // prefixes, `report_new` and the deny counter stay the endpoint's.
     let mut entries: BTreeMap<(u32, Direction), Vec<(&PolicyEntry, u32)>> = BTreeMap::new();
     for (entry, rule) in &compiled.policy {
         entries
-            .entry((entry.endpoint, entry.direction))
+            .entry((entry.subject, entry.direction))
             .or_default()
             .push((entry, *rule));
     }
     let tiers = group_tiers(&compiled.tiers);
     for (id, ep) in &compiled.endpoints {
         for direction in [Direction::Ingress, Direction::Egress] {
-            let list = entries.get(&(*id, direction)).map(Vec::as_slice).unwrap_or(&[]);
+            let list = entries
+                .get(&(ep.identity, direction))
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
             let mut jumps = TierJumps::default();
             for tier in [Tier::Admin, Tier::Baseline] {
                 // The endpoint's flag decides, as in the datapath (the
@@ -344,8 +352,10 @@ fn port_rules(ep: &Endpoint) -> Vec<String> {
 /// transaction.
 ///
 /// Endpoints get a dispatch entry only when `interfaces` has their ifindex;
-/// policy entries of endpoints missing from `compiled.endpoints` and entries
-/// with an empty port range match nothing and are not rendered. The output
+/// each endpoint chain holds the policy entries of the endpoint's subject
+/// (its pod identity); entries of a subject no endpoint of
+/// `compiled.endpoints` has and entries with an empty port range match
+/// nothing and are not rendered. The output
 /// is deterministic (everything is rendered in map order).
 pub fn render(compiled: &Compiled, interfaces: &Interfaces, opts: &NftOptions) -> String {
     full_script(
@@ -670,5 +680,80 @@ fn chain_diff(
     for name in old.keys().filter(|n| !new.contains_key(*n)) {
         let _ = writeln!(late, "flush chain {target} {name}");
         let _ = writeln!(late, "delete chain {target} {name}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use npm_policy::compiled::{IpEntry, PodRef};
+    use npm_policy::model::Protocol;
+
+    fn endpoint(name: &str, identity: u32, v4: &str, isolated_ingress: bool) -> Endpoint {
+        Endpoint {
+            pod: PodRef {
+                namespace: "n".into(),
+                name: name.into(),
+                uid: name.into(),
+            },
+            identity,
+            ipv4: Some(v4.parse().unwrap()),
+            ipv6: None,
+            isolated_ingress,
+            isolated_egress: false,
+            tiers: Default::default(),
+            report_new: false,
+        }
+    }
+
+    /// The entries of a subject reach the chain of every endpoint of that
+    /// pod identity, and no other endpoint's; each chain keeps its own
+    /// endpoint's log prefix, and an entry of a subject without an endpoint
+    /// renders nothing.
+    #[test]
+    fn endpoint_chains_hold_their_subjects_entries() {
+        let mut c = Compiled::default();
+        c.endpoints.insert(1, endpoint("a", 300, "10.0.0.1", true));
+        c.endpoints.insert(2, endpoint("b", 300, "10.0.0.2", true));
+        c.endpoints.insert(3, endpoint("c", 301, "10.0.0.3", true));
+        for (addr, identity) in [("10.0.0.1", 300), ("10.0.0.2", 300), ("10.0.0.3", 301)] {
+            c.ipcache.insert(
+                addr.parse().unwrap(),
+                IpEntry {
+                    identity,
+                    cidr_identity: 0,
+                },
+            );
+        }
+        let entry = |subject, ports| PolicyEntry {
+            subject,
+            direction: Direction::Ingress,
+            peer: 301,
+            protocol: Some(Protocol::Tcp),
+            ports,
+        };
+        c.policy.insert(entry(300, (80, 80)), 7);
+        c.policy.insert(entry(301, (443, 443)), 8);
+        c.policy.insert(entry(999, (22, 22)), 9);
+        let m = model(&c, &Interfaces::new());
+        let rule = |chain: &str, r: u32| {
+            m.chains[chain]
+                .iter()
+                .filter(|l| l.ends_with(&format!("comment \"rule {r}\"")))
+                .count()
+        };
+        for chain in ["ep_1_in", "ep_2_in"] {
+            assert_eq!((rule(chain, 7), rule(chain, 8), rule(chain, 9)), (1, 0, 0), "{chain}");
+        }
+        assert_eq!((rule("ep_3_in", 7), rule("ep_3_in", 8), rule("ep_3_in", 9)), (0, 1, 0));
+        let as_ep1: Vec<String> = m.chains["ep_2_in"]
+            .iter()
+            .map(|l| l.replace("npm:2:", "npm:1:"))
+            .collect();
+        assert_eq!(
+            m.chains["ep_1_in"], as_ep1,
+            "the same rules, each with its own endpoint's log prefix"
+        );
+        assert!(m.chains["ep_2_in"].iter().any(|l| l.contains("npm:2:")));
     }
 }

@@ -434,12 +434,16 @@ pub fn metric(agent: &RunningAgent, series: &str) -> f64 {
 }
 
 /// Names (`ns/name`) of the policies whose rules allow something for the
-/// endpoint `endpoint` in the recorded state.
+/// endpoint `endpoint` in the recorded state: the entries of its subject
+/// (its pod identity; none when the endpoint is not in the state).
 pub fn policies_of_endpoint(state: &Compiled, endpoint: u32) -> BTreeSet<String> {
+    let Some(subject) = state.endpoints.get(&endpoint).map(|e| e.identity) else {
+        return BTreeSet::new();
+    };
     state
         .policy
         .iter()
-        .filter(|(k, _)| k.endpoint == endpoint)
+        .filter(|(k, _)| k.subject == subject)
         .filter_map(|(_, rule)| match state.ids.rules.get(rule) {
             Some(RuleRef::Policy { namespace, name, .. }) => Some(format!("{namespace}/{name}")),
             _ => None,

@@ -16,7 +16,9 @@ pub fn clear_leftovers(prefix: &str) {
     clear_netns_leftovers(prefix);
 }
 
-/// Adds a policy entry with the next rule id.
+/// Adds a policy entry with the next rule id for the subject of endpoint
+/// `endpoint` (its pod identity: the entry governs every endpoint of that
+/// identity). The endpoint must be in `c` already.
 pub fn allow(
     c: &mut Compiled,
     endpoint: u32,
@@ -25,10 +27,15 @@ pub fn allow(
     proto: Option<Protocol>,
     ports: (u16, u16),
 ) {
+    let subject = c
+        .endpoints
+        .get(&endpoint)
+        .unwrap_or_else(|| panic!("allow: endpoint {endpoint} is not in the compiled state"))
+        .identity;
     let rule = c.policy.len() as u32 + 1;
     c.policy.insert(
         PolicyEntry {
-            endpoint,
+            subject,
             direction,
             peer,
             protocol: proto,
