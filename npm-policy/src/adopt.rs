@@ -36,12 +36,20 @@ pub struct AdoptedNumbers {
     pub cidrs: BTreeMap<IpNet, u32>,
     /// The highest rule id found (0: none).
     pub max_rule: u32,
+    /// The highest policy subject found (the `subject` of the policy keys
+    /// and of the endpoint records; 0: none). Subjects are pod
+    /// identities: a new pod identity is numbered above it too, so a
+    /// number whose policy keys are still in the kernel is never given to
+    /// another identity key (one with no address left in the ipcache
+    /// included).
+    #[doc(alias = "subject")]
+    pub max_subject: u32,
 }
 
 impl AdoptedNumbers {
     /// Whether nothing was adopted.
     pub fn is_empty(&self) -> bool {
-        self.identities.is_empty() && self.cidrs.is_empty() && self.max_rule == 0
+        self.identities.is_empty() && self.cidrs.is_empty() && self.max_rule == 0 && self.max_subject == 0
     }
 
     /// The highest pod identity adopted, if any.
@@ -104,6 +112,7 @@ pub fn seed(fresh: &Compiled, adopted: &AdoptedNumbers) -> Compiled {
     let next_identity = adopted
         .max_identity()
         .map_or(IDENTITY_FIRST_POD, |m| m.saturating_add(1))
+        .max(adopted.max_subject.saturating_add(1))
         .max(IDENTITY_FIRST_POD);
     let next_cidr = adopted
         .max_cidr()

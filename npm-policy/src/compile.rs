@@ -98,6 +98,11 @@ pub fn policy_selects(policy: &Policy, pod: &Pod) -> bool {
     policy.namespace == pod.namespace && policy.pod_selector.matches(&pod.labels)
 }
 
+/// [`policy_selects`] for the pods of identity key `key` (a subject).
+pub fn policy_selects_key(policy: &Policy, key: &IdentityKey) -> bool {
+    policy.namespace == key.namespace && policy.pod_selector.matches(&key.pod_labels)
+}
+
 /// Pod identities grouped by namespace, as the peer resolution reads them.
 struct ByNamespace<'a>(BTreeMap<&'a str, Vec<(u32, &'a IdentityKey)>>);
 
@@ -167,13 +172,13 @@ pub(crate) fn named_port_numbers<'k>(
 }
 
 /// Emits the entries that egress rule `rule` (with an empty `to`) gives
-/// endpoint `endpoint` towards the pods of identity `id` (key `key`)
+/// subject `subject` towards the pods of identity `id` (key `key`)
 /// through its named ports; the other ports of the rule are covered by
 /// `IDENTITY_ANY` entries and emit nothing here. Used by the incremental
 /// compiler when an identity appears; the same entries as [`emit_rule`].
 pub(crate) fn emit_named_egress_to(
     out: &mut BTreeMap<PolicyEntry, u32>,
-    endpoint: u32,
+    subject: u32,
     rule: &Rule,
     id: u32,
     key: &IdentityKey,
@@ -183,7 +188,7 @@ pub(crate) fn emit_named_egress_to(
         if let PortSpec::Named(name) = &port.port {
             for n in named_port_numbers(key, name, port.protocol) {
                 let e = PolicyEntry {
-                    endpoint,
+                    subject,
                     direction: Direction::Egress,
                     peer: id,
                     protocol: Some(port.protocol),
@@ -196,12 +201,13 @@ pub(crate) fn emit_named_egress_to(
     }
 }
 
-/// Emits the entries of one rule for one endpoint.
+/// Emits the entries of one rule for one subject (the pod identity
+/// `subject`, of key `key`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn emit_rule(
     out: &mut BTreeMap<PolicyEntry, u32>,
-    endpoint: u32,
-    pod: &Pod,
+    subject: u32,
+    key: &IdentityKey,
     dir: Direction,
     rule: &Rule,
     peers: &PeerSet,
@@ -209,8 +215,8 @@ pub(crate) fn emit_rule(
     rule_id: u32,
 ) {
     let target = RuleTarget {
-        endpoint,
-        pod,
+        subject,
+        key,
         dir,
         rule,
         peers,
@@ -219,12 +225,12 @@ pub(crate) fn emit_rule(
     emit_rule_towards(out, &target, identities, None);
 }
 
-/// One rule of one endpoint, as [`emit_rule_towards`] emits it.
+/// One rule of one subject, as [`emit_rule_towards`] emits it.
 pub(crate) struct RuleTarget<'a> {
-    /// Endpoint id.
-    pub(crate) endpoint: u32,
-    /// The endpoint's pod.
-    pub(crate) pod: &'a Pod,
+    /// The subject (a pod identity of local endpoints, see [`PolicyEntry`]).
+    pub(crate) subject: u32,
+    /// Its identity key (namespace, labels, named ports).
+    pub(crate) key: &'a IdentityKey,
     /// The rule's direction.
     pub(crate) dir: Direction,
     /// The rule.
@@ -277,9 +283,9 @@ fn peers_in(peers: &PeerSet, only: Option<&[u32]>) -> (Vec<u32>, usize) {
 }
 
 /// [`emit_rule`] restricted to the entries towards the peer identities in
-/// `only` (sorted; `None`: every entry). The entries of an endpoint towards one
+/// `only` (sorted; `None`: every entry). The entries of a subject towards one
 /// peer depend only on the rules that emit towards that peer, so the
-/// restricted emission of every rule of an endpoint is exactly the subset
+/// restricted emission of every rule of a subject is exactly the subset
 /// of its entries whose peer is in `only` (the incremental compiler
 /// patches a policy change that way).
 pub(crate) fn emit_rule_towards(
@@ -289,8 +295,8 @@ pub(crate) fn emit_rule_towards(
     only: Option<&[u32]>,
 ) {
     let RuleTarget {
-        endpoint,
-        pod,
+        subject,
+        key,
         dir,
         rule,
         peers,
@@ -298,7 +304,7 @@ pub(crate) fn emit_rule_towards(
     } = *target;
     let mut put = |peer: u32, protocol, ports: (u16, u16)| {
         let e = PolicyEntry {
-            endpoint,
+            subject,
             direction: dir,
             peer,
             protocol,
@@ -331,13 +337,10 @@ pub(crate) fn emit_rule_towards(
             PortSpec::Named(name) => match dir {
                 Direction::Ingress => {
                     // The destination is the endpoint itself, whatever the
-                    // peer: named ports work with any peer form.
-                    for cp in pod
-                        .ports
-                        .iter()
-                        .filter(|c| c.name.as_deref() == Some(name) && c.protocol == port.protocol)
-                    {
-                        all_peers().for_each(|p| put(p, proto, (cp.port, cp.port)));
+                    // peer: named ports work with any peer form. The
+                    // subject's key holds its pods' named ports.
+                    for n in named_port_numbers(key, name, port.protocol) {
+                        all_peers().for_each(|p| put(p, proto, (n, n)));
                     }
                 }
                 Direction::Egress => {
@@ -386,12 +389,12 @@ pub(crate) fn enforced_rules(policy: &Policy) -> impl Iterator<Item = (Direction
     .flat_map(|(dir, _, rules)| rules.iter().enumerate().map(move |(i, r)| (dir, i, r)))
 }
 
-/// The entry of endpoint `endpoint` towards its node. Spec §7: "let policy
+/// The entry of subject `subject` towards its node. Spec §7: "let policy
 /// govern egress to the node. Make the egress choice configurable": an
 /// endpoint isolated for egress gets it with `allow_host_egress`.
-pub(crate) fn host_egress_entry(endpoint: u32) -> PolicyEntry {
+pub(crate) fn host_egress_entry(subject: u32) -> PolicyEntry {
     PolicyEntry {
-        endpoint,
+        subject,
         direction: Direction::Egress,
         peer: IDENTITY_HOST,
         protocol: None,
@@ -547,6 +550,9 @@ pub(crate) fn compile_with_peers(
     let mut policy = BTreeMap::new();
     let mut endpoints = BTreeMap::new();
     let mut locals: Vec<(u32, &Pod)> = Vec::new();
+    // Subject (pod identity) -> its isolation (ingress, egress), once its
+    // entries are emitted: the endpoints of one identity share them.
+    let mut subjects: HashMap<u32, (bool, bool)> = HashMap::new();
     // Local endpoints: pods of this node that own an address (not
     // hostNetwork, not terminal: `is_addressable`).
     for pod in snapshot.pods.values() {
@@ -556,42 +562,25 @@ pub(crate) fn compile_with_peers(
         let key = (pod.namespace.as_str(), pod.name.as_str());
         let Some(ips) = owned.get(&key) else { continue };
         let ep = alloc.endpoint(&pod.uid);
-        let selecting: Vec<&Policy> = policies_by_ns
-            .get(pod.namespace.as_str())
-            .into_iter()
-            .flatten()
-            .copied()
-            .filter(|p| policy_selects(p, pod))
-            .collect();
-        // Spec §1: "A pod is **isolated for ingress** when at least one
-        // policy selects it and has `Ingress` in its effective
-        // `policyTypes`. The same rule, with `Egress` [...]. The two are
-        // independent".
-        let iso_in = selecting.iter().any(|p| p.ingress_isolation);
-        let iso_eg = selecting.iter().any(|p| p.egress_isolation);
-        // "A pod that is isolated in a direction accepts only the
-        // connections allowed by the **union** of the rules of every
-        // policy that applies to it in that direction."
-        for p in &selecting {
-            for (dir, i, rule) in enforced_rules(p) {
-                let peers = resolver.peers(p, dir, i, rule);
-                if peers.is_empty() {
-                    continue;
-                }
-                let rid = alloc.rule(&RuleRef::Policy {
-                    namespace: p.namespace.clone(),
-                    name: p.name.clone(),
-                    direction: dir,
-                    index: i,
-                });
-                emit_rule(&mut policy, ep, pod, dir, rule, peers, &identities, rid);
+        let subject = pod_identity[&key];
+        let (iso_in, iso_eg) = match subjects.get(&subject) {
+            Some(iso) => *iso,
+            None => {
+                let iso = emit_subject(
+                    &mut policy,
+                    subject,
+                    &identities[&subject],
+                    &policies_by_ns,
+                    &mut resolver,
+                    &identities,
+                    &mut alloc,
+                    opts,
+                );
+                subjects.insert(subject, iso);
+                iso
             }
-        }
-        if iso_eg && opts.allow_host_egress {
-            let rid = alloc.rule(&RuleRef::HostEgress);
-            policy.insert(host_egress_entry(ep), rid);
-        }
-        let mut record = endpoint_record(pod, pod_identity[&key], ips, iso_in, iso_eg);
+        };
+        let mut record = endpoint_record(pod, subject, ips, iso_in, iso_eg);
         record.report_new = opts.report_new;
         endpoints.insert(ep, record);
         locals.push((ep, pod));
@@ -616,4 +605,56 @@ pub(crate) fn compile_with_peers(
     drop(resolver.by_namespace);
     out.ids.identities = identities;
     (out, peers)
+}
+
+/// Emits the entries of subject `subject` (identity key `key`): the union
+/// of the rules of every policy selecting its pods, and the host egress
+/// entry. Returns its isolation (ingress, egress).
+#[allow(clippy::too_many_arguments)]
+fn emit_subject<'a>(
+    out: &mut BTreeMap<PolicyEntry, u32>,
+    subject: u32,
+    key: &IdentityKey,
+    policies_by_ns: &HashMap<&str, Vec<&'a Policy>>,
+    resolver: &mut Resolver<'a>,
+    identities: &BTreeMap<u32, IdentityKey>,
+    alloc: &mut Allocator,
+    opts: &CompileOptions,
+) -> (bool, bool) {
+    let selecting: Vec<&Policy> = policies_by_ns
+        .get(key.namespace.as_str())
+        .into_iter()
+        .flatten()
+        .copied()
+        .filter(|p| policy_selects_key(p, key))
+        .collect();
+    // Spec §1: "A pod is **isolated for ingress** when at least one
+    // policy selects it and has `Ingress` in its effective
+    // `policyTypes`. The same rule, with `Egress` [...]. The two are
+    // independent".
+    let iso_in = selecting.iter().any(|p| p.ingress_isolation);
+    let iso_eg = selecting.iter().any(|p| p.egress_isolation);
+    // "A pod that is isolated in a direction accepts only the
+    // connections allowed by the **union** of the rules of every
+    // policy that applies to it in that direction."
+    for p in &selecting {
+        for (dir, i, rule) in enforced_rules(p) {
+            let peers = resolver.peers(p, dir, i, rule);
+            if peers.is_empty() {
+                continue;
+            }
+            let rid = alloc.rule(&RuleRef::Policy {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                direction: dir,
+                index: i,
+            });
+            emit_rule(out, subject, key, dir, rule, peers, identities, rid);
+        }
+    }
+    if iso_eg && opts.allow_host_egress {
+        let rid = alloc.rule(&RuleRef::HostEgress);
+        out.insert(host_egress_entry(subject), rid);
+    }
+    (iso_in, iso_eg)
 }

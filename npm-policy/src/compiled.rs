@@ -111,7 +111,8 @@ pub struct PodRef {
 pub struct Endpoint {
     /// The pod.
     pub pod: PodRef,
-    /// The pod's identity.
+    /// The pod's identity: also its policy *subject*, the `subject` of the
+    /// [`PolicyEntry`]s that govern it.
     pub identity: u32,
     /// IPv4 address.
     pub ipv4: Option<Ipv4Addr>,
@@ -254,10 +255,18 @@ pub struct TierValue {
 }
 
 /// One allow entry of the policy map.
+///
+/// Entries are keyed by *subject*, not by endpoint: what NetworkPolicy
+/// allows a pod is a function of its identity key alone (namespace, its
+/// labels, the pod's labels, its named ports), so every local endpoint of
+/// pod identity `S` ([`Endpoint::identity`]) is governed by the entries
+/// with `subject: S`, and two endpoints of one identity share them (no
+/// entry is repeated per endpoint). An identity is a subject while at
+/// least one local endpoint has it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PolicyEntry {
-    /// Endpoint id.
-    pub endpoint: u32,
+    /// The pod identity of the local endpoints the entry applies to.
+    pub subject: u32,
     /// Direction from the endpoint.
     pub direction: Direction,
     /// Peer identity (pod, CIDR, `IDENTITY_HOST`) or `IDENTITY_ANY`.
@@ -309,7 +318,8 @@ pub struct Compiled {
     pub cidrs: BTreeMap<IpNet, u32>,
     /// Local endpoints by endpoint id.
     pub endpoints: BTreeMap<u32, Endpoint>,
-    /// Allow entries -> rule id.
+    /// Allow entries (keyed by subject: the endpoints' pod identity, see
+    /// [`PolicyEntry`]) -> rule id.
     pub policy: BTreeMap<PolicyEntry, u32>,
     /// ClusterNetworkPolicy tier entries (see [`TierEntry`]).
     pub tiers: BTreeMap<TierEntry, TierValue>,

@@ -34,26 +34,28 @@ pub struct LookupResult {
     pub cidr_identity: u32,
 }
 
-/// The entry of `compiled` allowing (`endpoint`, `direction`, `peer`
+/// The entry of `compiled` allowing (`subject`, `direction`, `peer`
 /// identity, `protocol`, `port`), if any; entries match on protocol `None`
-/// or an equal protocol with `port` in range.
+/// or an equal protocol with `port` in range. `subject` is the local
+/// endpoint's pod identity ([`crate::compiled::Endpoint::identity`]; see
+/// [`PolicyEntry`]).
 pub fn find_entry(
     compiled: &Compiled,
-    endpoint: u32,
+    subject: u32,
     direction: Direction,
     peer: u32,
     protocol: u8,
     port: u16,
 ) -> Option<(&PolicyEntry, u32)> {
     let lo = PolicyEntry {
-        endpoint,
+        subject,
         direction,
         peer,
         protocol: None,
         ports: (0, 0),
     };
     let hi = PolicyEntry {
-        endpoint,
+        subject,
         direction,
         peer,
         protocol: Some(Protocol::Sctp),
@@ -222,7 +224,7 @@ pub fn lookup_with(
     }
     if isolated {
         for id in ids {
-            if let Some((_, rule)) = find_entry(compiled, endpoint, direction, id, protocol, port) {
+            if let Some((_, rule)) = find_entry(compiled, ep.identity, direction, id, protocol, port) {
                 res.reason = Reason::Policy;
                 res.rule = Some(rule);
                 return res;

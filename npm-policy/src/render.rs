@@ -141,8 +141,8 @@ impl Compiled {
         for (e, r) in &self.policy {
             let _ = writeln!(
                 s,
-                "  ep{} {} {} {} r{r}",
-                e.endpoint,
+                "  s{} {} {} {} r{r}",
+                e.subject,
                 e.direction.name(),
                 peer_name(self, e.peer),
                 ports(e.protocol, e.ports)

@@ -57,7 +57,29 @@ fn adopted_from(c: &Compiled) -> AdoptedNumbers {
         identities: addresses_by_identity(c),
         cidrs: c.cidrs.clone(),
         max_rule: c.ids.rules.keys().next_back().copied().unwrap_or(0),
+        max_subject: c.policy.keys().map(|e| e.subject).max().unwrap_or(0),
     }
+}
+
+/// A subject whose policy keys a previous agent left (pod identity 900,
+/// no address of it left in the ipcache) is never handed to an identity
+/// key: every new pod identity is numbered above it.
+#[test]
+fn new_identities_are_numbered_above_an_adopted_subject() {
+    let s = snapshot(&[("a", "10.0.0.1", "a"), ("b", "10.0.0.2", "b")]);
+    let adopted = AdoptedNumbers {
+        max_subject: 900,
+        ..AdoptedNumbers::default()
+    };
+    let c = restarted(&s, &adopted);
+    for ip in ["10.0.0.1", "10.0.0.2"] {
+        assert!(
+            id_of(&c, ip) > 900,
+            "{ip} got {} (not above the adopted subject)",
+            id_of(&c, ip)
+        );
+    }
+    assert!(c.ids.next_identity > 900);
 }
 
 #[test]

@@ -146,7 +146,7 @@ fn policy_add_and_remove() {
         c1.policy.values().collect::<Vec<_>>(),
         c2.policy
             .iter()
-            .filter(|(e, _)| e.endpoint == ep(&c2, "x/a"))
+            .filter(|(e, _)| e.subject == c2.endpoints[&ep(&c2, "x/a")].identity)
             .map(|(_, r)| r)
             .collect::<Vec<_>>()
     );
@@ -299,10 +299,12 @@ fn ip_ownership() {
         .identities
         .values()
         .any(|k: &IdentityKey| k.pod_labels.get("pod").map(String::as_str) == Some("noip")));
-    assert!(!c
-        .policy
-        .keys()
-        .any(|e| Some(e.endpoint) == c.ids.endpoints.get("uid-a").copied()));
+    assert!(!c.policy.keys().any(|e| Some(e.subject)
+        == c.ids
+            .endpoints
+            .get("uid-a")
+            .and_then(|id| c.endpoints.get(id))
+            .map(|r| r.identity)));
     assert_eq!(c.ipcache[&"192.168.0.10".parse().unwrap()].identity, IDENTITY_HOST);
     // Tie on state and time: the greater uid wins, deterministically.
     let mut m2 = Model::upstream();
@@ -468,10 +470,14 @@ fn policy_changes_are_patched_like_a_full_compile() {
     q.ingress[0].ports[0].port = PortSpec::Range(90, 90);
     c.upsert_policy(q);
     check(&c, "q added");
-    assert!(c.compiled().policy.keys().any(|e| e.endpoint == xa
-        && e.ports == (90, 90)
-        && c.compiled().ids.identities[&e.peer].pod_labels.contains_key("pod")
-        && c.compiled().ids.identities[&e.peer].named_ports.len() == 1));
+    assert!(c
+        .compiled()
+        .policy
+        .keys()
+        .any(|e| e.subject == c.compiled().endpoints[&xa].identity
+            && e.ports == (90, 90)
+            && c.compiled().ids.identities[&e.peer].pod_labels.contains_key("pod")
+            && c.compiled().ids.identities[&e.peer].named_ports.len() == 1));
     p.ingress[0].ports[0].port = PortSpec::Range(82, 82);
     c.upsert_policy(p);
     check(&c, "p's port again");
@@ -503,4 +509,62 @@ fn policy_changes_are_patched_like_a_full_compile() {
     c.remove_policy("x", "q");
     check(&c, "q removed");
     assert!(c.compiled().policy.is_empty());
+}
+
+/// Policy entries are keyed by subject (the endpoints' pod identity): two
+/// local pods of one identity share one set of entries, a relabelled pod
+/// moves to its new identity's entries without changing the other's, and
+/// a subject's entries go with its last endpoint. The incremental
+/// compiler agrees with the full compile at every step, and the verdicts
+/// follow the pods' current labels.
+#[test]
+fn endpoints_of_one_identity_share_their_subjects_entries() {
+    let mut m = model();
+    // x/c joins x/a's identity: both are selected by `p`.
+    m.snapshot.pods.get_mut(&("x".into(), "c".into())).unwrap().labels = sel(&[("pod", "a")]).match_labels;
+    let mut inc = npm_policy::incremental::Compiler::new(m.snapshot.clone(), opts(), None);
+    let c = inc.compiled().clone();
+    same_tables(&c, &npm_policy::compile(&m.snapshot, &opts(), Some(&c)));
+    let (xa, xc) = (ep(&c, "x/a"), ep(&c, "x/c"));
+    let subject = c.endpoints[&xa].identity;
+    assert_eq!(c.endpoints[&xc].identity, subject, "x/a and x/c share an identity");
+    // One entry (TCP 80 from pod=b), once for both endpoints.
+    assert_eq!(c.policy.len(), 1);
+    assert!(c.policy.keys().all(|e| e.subject == subject));
+    let xb = m.ip("x/b").unwrap();
+    for e in [xa, xc] {
+        assert!(lookup(&c, e, Direction::Ingress, xb, 6, 80).allowed);
+        assert!(!lookup(&c, e, Direction::Ingress, xb, 6, 81).allowed);
+    }
+    // x/c is relabelled: a new identity, not selected by `p`.
+    let mut pc = m.snapshot.pods[&("x".to_string(), "c".to_string())].clone();
+    pc.labels = sel(&[("pod", "c2")]).match_labels;
+    inc.upsert_pod(pc.clone());
+    m.snapshot.pods.insert(("x".into(), "c".into()), pc);
+    let c2 = inc.compiled().clone();
+    same_tables(&c2, &npm_policy::compile(&m.snapshot, &opts(), Some(&c2)));
+    let d = c.diff(&c2);
+    assert!(d.policy.is_empty(), "x/a's subject keeps its entries: {:?}", d.policy);
+    assert_ne!(c2.endpoints[&xc].identity, subject);
+    assert!(!c2.endpoints[&xc].isolated_ingress);
+    assert!(
+        lookup(&c2, xc, Direction::Ingress, xb, 6, 81).allowed,
+        "x/c is not isolated any more"
+    );
+    assert!(!lookup(&c2, xa, Direction::Ingress, xb, 6, 81).allowed);
+    // x/a goes: its subject had no other endpoint, its entries go.
+    inc.remove_pod("x", "a");
+    m.snapshot.pods.remove(&("x".to_string(), "a".to_string()));
+    let c3 = inc.compiled().clone();
+    same_tables(&c3, &npm_policy::compile(&m.snapshot, &opts(), Some(&c3)));
+    assert!(c3.policy.is_empty(), "{:?}", c3.policy);
+}
+
+/// The tables two compiles program (the rule id table aside: the
+/// incremental compiler keeps the ids of a policy's rules while it exists).
+fn same_tables(a: &Compiled, b: &Compiled) {
+    assert_eq!(a.ipcache, b.ipcache);
+    assert_eq!(a.endpoints, b.endpoints);
+    assert_eq!(a.policy, b.policy);
+    assert_eq!(a.tiers, b.tiers);
 }

@@ -269,7 +269,7 @@ fn canonical(c: &Compiled) -> BTreeSet<String> {
     for (e, r) in &c.policy {
         out.insert(format!(
             "entry {} {:?} {} {:?} {:?}",
-            ep(e.endpoint),
+            ident(e.subject),
             e.direction,
             ident(e.peer),
             e.protocol,

@@ -407,6 +407,7 @@ fn node_identities_are_stable_and_adopted() {
         identities: npm_policy::adopt::addresses_by_identity(old),
         cidrs: old.cidrs.clone(),
         max_rule: 0,
+        max_subject: 0,
     };
     let fresh = npm_policy::compile(inc.snapshot(), &opts(), None);
     let seeded = npm_policy::adopt::seed(&fresh, &adopted);

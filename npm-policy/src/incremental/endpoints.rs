@@ -1,6 +1,12 @@
-//! The local endpoints of the incremental compiler: re-emitting an
-//! endpoint's record and policy entries, and patching the entries in place
-//! when a policy is added or an identity appears or goes.
+//! The local endpoints and subjects of the incremental compiler:
+//! re-emitting a subject's policy entries and its endpoints' records, and
+//! patching a subject's entries in place when a policy is added or changed
+//! or an identity appears or goes.
+//!
+//! Policy entries are keyed by subject, the pod identity of local endpoints
+//! ([`PolicyEntry`]): a subject's entries exist while it has at least one
+//! member endpoint, and every member's record carries the subject's
+//! isolation.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -8,7 +14,7 @@ use std::ops::Bound;
 
 use crate::compile::{
     emit_named_egress_to, emit_rule, emit_rule_towards, endpoint_record, enforced_rules, host_egress_entry,
-    policy_selects, ResolvedPeers, RuleTarget,
+    policy_selects_key, ResolvedPeers, RuleTarget,
 };
 use crate::compiled::{Direction, IdentityKey, PolicyEntry, RuleRef};
 use crate::model::Policy;
@@ -18,46 +24,39 @@ use crate::peers::PeerSet;
 use super::rules::{rule_of, RuleKey};
 use super::Compiler;
 
-/// A local endpoint: its id. Its policy entries are those of the compiled
-/// policy map keyed by that id ([`endpoint_entries`]): the map is ordered
-/// by endpoint first, so they are one range of it.
+/// A local endpoint: its id and its subject (its pod identity).
 #[derive(Clone, Debug)]
 pub(super) struct EndpointState {
     /// Endpoint id.
     pub(super) id: u32,
+    /// Its subject: the entries keyed by it govern the endpoint.
+    pub(super) subject: u32,
 }
 
-impl EndpointState {
-    /// An endpoint of a full compile.
-    pub(super) fn new(id: u32) -> EndpointState {
-        EndpointState { id }
-    }
-}
-
-/// The entries of endpoint `ep` in a policy map (ordered by endpoint
-/// first): from its first possible entry up to the first of `ep + 1`.
-fn endpoint_entries(ep: u32) -> (Bound<PolicyEntry>, Bound<PolicyEntry>) {
-    let first = |endpoint: u32| PolicyEntry {
-        endpoint,
+/// The entries of subject `s` in a policy map (ordered by subject first):
+/// from its first possible entry up to the first of `s + 1`.
+fn subject_entries(s: u32) -> (Bound<PolicyEntry>, Bound<PolicyEntry>) {
+    let first = |subject: u32| PolicyEntry {
+        subject,
         direction: Direction::Ingress,
         peer: 0,
         protocol: None,
         ports: (0, 0),
     };
     (
-        Bound::Included(first(ep)),
-        match ep.checked_add(1) {
+        Bound::Included(first(s)),
+        match s.checked_add(1) {
             Some(next) => Bound::Excluded(first(next)),
             None => Bound::Unbounded,
         },
     )
 }
 
-/// The entries of endpoint `ep` towards peer `peer` in direction `dir`
-/// (ordered by endpoint, direction, peer).
-fn peer_entries(ep: u32, dir: Direction, peer: u32) -> (Bound<PolicyEntry>, Bound<PolicyEntry>) {
+/// The entries of subject `s` towards peer `peer` in direction `dir`
+/// (ordered by subject, direction, peer).
+fn peer_entries(s: u32, dir: Direction, peer: u32) -> (Bound<PolicyEntry>, Bound<PolicyEntry>) {
     let first = |peer: u32| PolicyEntry {
-        endpoint: ep,
+        subject: s,
         direction: dir,
         peer,
         protocol: None,
@@ -72,10 +71,10 @@ fn peer_entries(ep: u32, dir: Direction, peer: u32) -> (Bound<PolicyEntry>, Boun
     )
 }
 
-/// The entries of endpoint `ep` in direction `dir`.
-fn direction_entries(ep: u32, dir: Direction) -> (Bound<PolicyEntry>, Bound<PolicyEntry>) {
+/// The entries of subject `s` in direction `dir`.
+fn direction_entries(s: u32, dir: Direction) -> (Bound<PolicyEntry>, Bound<PolicyEntry>) {
     let first = |direction: Direction| PolicyEntry {
-        endpoint: ep,
+        subject: s,
         direction,
         peer: 0,
         protocol: None,
@@ -86,7 +85,7 @@ fn direction_entries(ep: u32, dir: Direction) -> (Bound<PolicyEntry>, Bound<Poli
             Bound::Included(first(Direction::Ingress)),
             Bound::Excluded(first(Direction::Egress)),
         ),
-        Direction::Egress => (Bound::Included(first(Direction::Egress)), endpoint_entries(ep).1),
+        Direction::Egress => (Bound::Included(first(Direction::Egress)), subject_entries(s).1),
     }
 }
 
@@ -110,11 +109,6 @@ fn reach_index(dir: Direction) -> usize {
     }
 }
 
-/// Removes the entries of endpoint `ep` from a policy map.
-fn remove_endpoint_entries(policy: &mut BTreeMap<PolicyEntry, u32>, ep: u32) {
-    policy.extract_if(endpoint_entries(ep), |_, _| true).for_each(drop);
-}
-
 /// Adds `new` entries to the compiled policy map; an entry already there
 /// keeps the lower rule id.
 fn merge_entries(policy: &mut BTreeMap<PolicyEntry, u32>, new: BTreeMap<PolicyEntry, u32>) {
@@ -122,6 +116,21 @@ fn merge_entries(policy: &mut BTreeMap<PolicyEntry, u32>, new: BTreeMap<PolicyEn
         let slot = policy.entry(e).or_insert(r);
         *slot = (*slot).min(r);
     }
+}
+
+/// The policies of `policies` (ordered by namespace) that select
+/// the pods of identity key `key`.
+fn selecting<'p>(
+    policies: &'p BTreeMap<(String, String), Policy>,
+    key: &'p IdentityKey,
+) -> impl Iterator<Item = &'p Policy> {
+    let lo = (key.namespace.clone(), String::new());
+    let ns = key.namespace.clone();
+    policies
+        .range(lo..)
+        .take_while(move |((n, _), _)| *n == ns)
+        .map(|(_, p)| p)
+        .filter(move |p| policy_selects_key(p, key))
 }
 
 impl Compiler {
@@ -160,39 +169,36 @@ impl Compiler {
 
     /// Starts from a full compile of the snapshot (entries, endpoint
     /// records, rule ids): takes over its resolved peer sets and records
-    /// the rules each endpoint uses, as [`Compiler::emit`] of every
-    /// endpoint would.
+    /// the rules each subject uses, as [`Compiler::emit_subjects`] of every
+    /// subject would.
     pub(super) fn adopt(&mut self, peers: ResolvedPeers) {
         self.rules.adopt_peers(peers);
-        for pk in self.eps.keys() {
-            let Some(pod) = self.snapshot.pods.get(pk) else {
+        for s in self.subjects.keys() {
+            let Some(key) = self.out.ids.identities.get(s) else {
                 continue;
             };
-            let lo = (pod.namespace.clone(), String::new());
-            let selecting = self
-                .snapshot
-                .policies
-                .range(lo..)
-                .take_while(|((ns, _), _)| *ns == pod.namespace)
-                .map(|(_, p)| p)
-                .filter(|p| policy_selects(p, pod));
-            for p in selecting {
+            for p in selecting(&self.snapshot.policies, key) {
                 for (dir, i, _) in enforced_rules(p) {
-                    self.rules.add_user(&(p.namespace.clone(), p.name.clone(), dir, i), pk);
+                    self.rules.add_user(&(p.namespace.clone(), p.name.clone(), dir, i), *s);
                 }
             }
         }
     }
 
-    /// Re-emits the entries and endpoint records of `dirty`.
+    /// Re-emits the endpoint records of `dirty` (pods whose endpoint, or
+    /// subject, may have changed) and the entries of the subjects they
+    /// leave or join.
     pub(super) fn emit(&mut self, dirty: BTreeSet<PodKey>) {
+        let mut subjects: BTreeSet<u32> = BTreeSet::new();
         for pk in dirty {
             // Remove what the endpoint had.
             let old = self.eps.remove(&pk);
-            self.rules.remove_user(&pk);
             if let Some(old) = &old {
-                remove_endpoint_entries(&mut self.out.policy, old.id);
                 self.out.endpoints.remove(&old.id);
+                if let Some(members) = self.subjects.get_mut(&old.subject) {
+                    members.remove(&pk);
+                }
+                subjects.insert(old.subject);
             }
             let pod = self
                 .snapshot
@@ -216,41 +222,68 @@ impl Compiler {
                 self.tier_changes.endpoints.extend(old_id);
                 self.tier_changes.endpoints.insert(ep);
             }
-            let lo = (pod.namespace.clone(), String::new());
-            let selecting: Vec<Policy> = self
-                .snapshot
-                .policies
-                .range(lo..)
-                .take_while(|((ns, _), _)| *ns == pod.namespace)
-                .map(|(_, p)| p)
-                .filter(|p| policy_selects(p, &pod))
-                .cloned()
-                .collect();
-            let iso_in = selecting.iter().any(|p| p.ingress_isolation);
-            let iso_eg = selecting.iter().any(|p| p.egress_isolation);
-            let mut entries = BTreeMap::new();
-            for p in &selecting {
-                for (dir, i, rule) in enforced_rules(p) {
-                    let rk: RuleKey = (p.namespace.clone(), p.name.clone(), dir, i);
-                    self.rules.add_user(&rk, &pk);
-                    let Some((peers, rid)) = self.rule_peers(p, &rk) else {
-                        continue;
-                    };
-                    emit_rule(&mut entries, ep, &pod, dir, rule, &peers, &self.out.ids.identities, rid);
-                }
-            }
-            if iso_eg && self.opts.allow_host_egress {
-                let rid = self.rules.rule_id(RuleRef::HostEgress, &mut self.out.ids);
-                entries.insert(host_egress_entry(ep), rid);
-            }
-            self.out.policy.extend(entries);
-            let identity = self.identities.of_pod(&pk);
-            let mut record = endpoint_record(&pod, identity, &owned, iso_in, iso_eg);
+            let subject = self.identities.of_pod(&pk);
+            self.subjects.entry(subject).or_default().insert(pk.clone());
+            subjects.insert(subject);
+            // The isolation is the subject's (set by `emit_subjects`).
+            let mut record = endpoint_record(&pod, subject, &owned, false, false);
             record.report_new = self.opts.report_new;
             // Its tier entries are not re-emitted here (see `tiers`).
             Self::restore_presence(&self.out.tiers, ep, &mut record);
             self.out.endpoints.insert(ep, record);
-            self.eps.insert(pk, EndpointState { id: ep });
+            self.eps.insert(pk, EndpointState { id: ep, subject });
+        }
+        self.emit_subjects(subjects);
+    }
+
+    /// Re-emits the entries of `subjects` from every rule selecting them
+    /// (a subject without member endpoints any more loses its entries and
+    /// is forgotten) and sets their members' isolation.
+    pub(super) fn emit_subjects(&mut self, subjects: BTreeSet<u32>) {
+        for s in subjects {
+            self.out
+                .policy
+                .extract_if(subject_entries(s), |_, _| true)
+                .for_each(drop);
+            self.rules.remove_user(s);
+            if self.subjects.get(&s).is_none_or(|m| m.is_empty()) {
+                self.subjects.remove(&s);
+                continue;
+            }
+            let Some(key) = self.out.ids.identities.get(&s).cloned() else {
+                continue;
+            };
+            let policies: Vec<Policy> = selecting(&self.snapshot.policies, &key).cloned().collect();
+            let iso_in = policies.iter().any(|p| p.ingress_isolation);
+            let iso_eg = policies.iter().any(|p| p.egress_isolation);
+            let mut entries = BTreeMap::new();
+            for p in &policies {
+                for (dir, i, rule) in enforced_rules(p) {
+                    let rk: RuleKey = (p.namespace.clone(), p.name.clone(), dir, i);
+                    self.rules.add_user(&rk, s);
+                    let Some((peers, rid)) = self.rule_peers(p, &rk) else {
+                        continue;
+                    };
+                    emit_rule(&mut entries, s, &key, dir, rule, &peers, &self.out.ids.identities, rid);
+                }
+            }
+            if iso_eg && self.opts.allow_host_egress {
+                let rid = self.rules.rule_id(RuleRef::HostEgress, &mut self.out.ids);
+                entries.insert(host_egress_entry(s), rid);
+            }
+            self.out.policy.extend(entries);
+            self.set_isolation(s, iso_in, iso_eg);
+        }
+    }
+
+    /// Sets the isolation of every member endpoint of subject `s`.
+    fn set_isolation(&mut self, s: u32, iso_in: bool, iso_eg: bool) {
+        for pk in self.subjects.get(&s).into_iter().flatten() {
+            let Some(st) = self.eps.get(pk) else { continue };
+            if let Some(rec) = self.out.endpoints.get_mut(&st.id) {
+                rec.isolated_ingress = iso_in;
+                rec.isolated_egress = iso_eg;
+            }
         }
     }
 
@@ -281,37 +314,30 @@ impl Compiler {
         reach
     }
 
-    /// Policy `key` changed (or went): patches the entries of the local
-    /// endpoints `eps` that its old or new version selects, in place. An
-    /// endpoint's entries towards one peer come only from the rules that
+    /// Policy `key` changed (or went): patches the entries of the
+    /// `subjects` that its old or new version selects, in place. A
+    /// subject's entries towards one peer come only from the rules that
     /// emit towards that peer, so only the entries towards the peers of
     /// `reach` (the union of the old and new versions' reaches) can
     /// change: those are removed and emitted again from every rule of the
-    /// endpoint restricted to them ([`emit_rule_towards`]); the others stay.
+    /// subject restricted to them ([`emit_rule_towards`]); the others stay.
     /// The isolation flags and the host egress entry follow the policies
-    /// selecting the endpoint now. The old version's rules are no longer
+    /// selecting the subject now. The old version's rules are no longer
     /// used (their users are gone); the new version's users are recorded.
-    pub(super) fn patch_policy(&mut self, key: &(String, String), eps: BTreeSet<PodKey>, reach: &Reach) {
+    pub(super) fn patch_policy(&mut self, key: &(String, String), subjects: BTreeSet<u32>, reach: &Reach) {
         let changed = self.snapshot.policies.get(key).cloned();
         let mut resolved: HashMap<RuleKey, Option<(PeerSet, u32)>> = HashMap::new();
-        for pk in eps {
-            let (Some(ep), Some(pod)) = (self.eps.get(&pk).map(|e| e.id), self.snapshot.pods.get(&pk)) else {
+        for s in subjects {
+            if !self.subjects.contains_key(&s) {
+                continue;
+            }
+            let Some(ikey) = self.out.ids.identities.get(&s).cloned() else {
                 continue;
             };
-            let pod = pod.clone();
-            let lo = (pod.namespace.clone(), String::new());
-            let selecting: Vec<Policy> = self
-                .snapshot
-                .policies
-                .range(lo..)
-                .take_while(|((ns, _), _)| *ns == pod.namespace)
-                .map(|(_, p)| p)
-                .filter(|p| policy_selects(p, &pod))
-                .cloned()
-                .collect();
-            if let Some(p) = changed.as_ref().filter(|p| policy_selects(p, &pod)) {
+            let policies: Vec<Policy> = selecting(&self.snapshot.policies, &ikey).cloned().collect();
+            if let Some(p) = changed.as_ref().filter(|p| policy_selects_key(p, &ikey)) {
                 for (dir, i, _) in enforced_rules(p) {
-                    self.rules.add_user(&(p.namespace.clone(), p.name.clone(), dir, i), &pk);
+                    self.rules.add_user(&(p.namespace.clone(), p.name.clone(), dir, i), s);
                 }
             }
             for dir in [Direction::Ingress, Direction::Egress] {
@@ -330,15 +356,15 @@ impl Compiler {
                 };
                 self.out
                     .policy
-                    .extract_if(direction_entries(ep, dir), towards_reach)
+                    .extract_if(direction_entries(s, dir), towards_reach)
                     .for_each(drop);
                 // Emitted in place: the map holds no entry towards `only`
                 // any more, so it gathers exactly those entries (each with
                 // the smallest rule id, as `emit_rule` merges them).
-                for p in &selecting {
+                for p in &policies {
                     for (d, i, rule) in enforced_rules(p).filter(|(d, _, _)| *d == dir) {
                         let rk: RuleKey = (p.namespace.clone(), p.name.clone(), d, i);
-                        // Looked up once per rule, not per endpoint.
+                        // Looked up once per rule, not per subject.
                         let resolved = match resolved.get(&rk) {
                             Some(r) => r,
                             None => {
@@ -350,8 +376,8 @@ impl Compiler {
                             continue;
                         };
                         let target = RuleTarget {
-                            endpoint: ep,
-                            pod: &pod,
+                            subject: s,
+                            key: &ikey,
                             dir,
                             rule,
                             peers,
@@ -361,67 +387,72 @@ impl Compiler {
                     }
                 }
             }
-            let iso_in = selecting.iter().any(|p| p.ingress_isolation);
-            let iso_eg = selecting.iter().any(|p| p.egress_isolation);
+            let iso_in = policies.iter().any(|p| p.ingress_isolation);
+            let iso_eg = policies.iter().any(|p| p.egress_isolation);
             if self.opts.allow_host_egress {
                 if iso_eg {
                     let rid = self.rules.rule_id(RuleRef::HostEgress, &mut self.out.ids);
-                    self.out.policy.insert(host_egress_entry(ep), rid);
+                    self.out.policy.insert(host_egress_entry(s), rid);
                 } else {
-                    self.out.policy.remove(&host_egress_entry(ep));
+                    self.out.policy.remove(&host_egress_entry(s));
                 }
             }
-            if let Some(rec) = self.out.endpoints.get_mut(&ep) {
-                rec.isolated_ingress = iso_in;
-                rec.isolated_egress = iso_eg;
-            }
+            self.set_isolation(s, iso_in, iso_eg);
         }
     }
 
-    /// Adds the entries of the new policy `key` to the local endpoints
-    /// `eps` it selects (patched in place; the same entries as a re-emit,
-    /// since an endpoint's entries are the union of its rules' entries, each
-    /// with the smallest rule id producing it).
-    pub(super) fn add_policy(&mut self, key: &(String, String), eps: BTreeSet<PodKey>) {
-        if eps.is_empty() {
+    /// Adds the entries of the new policy `key` to the `subjects` it
+    /// selects (patched in place; the same entries as a re-emit, since a
+    /// subject's entries are the union of its rules' entries, each with the
+    /// smallest rule id producing it).
+    pub(super) fn add_policy(&mut self, key: &(String, String), subjects: BTreeSet<u32>) {
+        if subjects.is_empty() {
             return;
         }
         let policy = self.snapshot.policies[key].clone();
         for (dir, i, rule) in enforced_rules(&policy) {
             let rk: RuleKey = (policy.namespace.clone(), policy.name.clone(), dir, i);
-            for pk in &eps {
-                self.rules.add_user(&rk, pk);
+            for s in &subjects {
+                self.rules.add_user(&rk, *s);
             }
             let Some((peers, rid)) = self.rule_peers(&policy, &rk) else {
                 continue;
             };
-            for pk in &eps {
-                let (Some(ep), Some(pod)) = (self.eps.get(pk), self.snapshot.pods.get(pk)) else {
+            for s in &subjects {
+                let Some(ikey) = self.out.ids.identities.get(s) else {
                     continue;
                 };
                 let mut tmp = BTreeMap::new();
-                emit_rule(&mut tmp, ep.id, pod, dir, rule, &peers, &self.out.ids.identities, rid);
+                emit_rule(&mut tmp, *s, ikey, dir, rule, &peers, &self.out.ids.identities, rid);
                 merge_entries(&mut self.out.policy, tmp);
             }
         }
-        for pk in &eps {
-            let Some(ep) = self.eps.get(pk).map(|e| e.id) else {
-                continue;
-            };
-            let Some(rec) = self.out.endpoints.get_mut(&ep) else {
-                continue;
-            };
-            rec.isolated_ingress |= policy.ingress_isolation;
-            rec.isolated_egress |= policy.egress_isolation;
-            if rec.isolated_egress && self.opts.allow_host_egress {
-                // As in `emit`: the host entry is set after the rules'.
+        for s in &subjects {
+            let members: Vec<u32> = self
+                .subjects
+                .get(s)
+                .into_iter()
+                .flatten()
+                .filter_map(|pk| self.eps.get(pk).map(|st| st.id))
+                .collect();
+            let mut iso_eg = false;
+            for ep in members {
+                let Some(rec) = self.out.endpoints.get_mut(&ep) else {
+                    continue;
+                };
+                rec.isolated_ingress |= policy.ingress_isolation;
+                rec.isolated_egress |= policy.egress_isolation;
+                iso_eg |= rec.isolated_egress;
+            }
+            if iso_eg && self.opts.allow_host_egress {
+                // As in `emit_subjects`: the host entry is set after the rules'.
                 let rid = self.rules.rule_id(RuleRef::HostEgress, &mut self.out.ids);
-                self.out.policy.insert(host_egress_entry(ep), rid);
+                self.out.policy.insert(host_egress_entry(*s), rid);
             }
         }
     }
 
-    /// Registers a new identity and adds its entries to the endpoints whose
+    /// Registers a new identity and adds its entries to the subjects whose
     /// rules select it (patched in place).
     pub(super) fn add_identity(&mut self, id: u32, key: IdentityKey) {
         self.identities.register(id, key.clone(), &mut self.out.ids.identities);
@@ -435,12 +466,9 @@ impl Compiler {
             let policy = &self.snapshot.policies[&(rk.0.clone(), rk.1.clone())];
             let rule = policy.egress[rk.3].clone();
             let rid = self.rules.rule_key_id(&rk, &mut self.out.ids);
-            for pk in users {
-                let Some(ep) = self.eps.get(&pk) else {
-                    continue;
-                };
+            for s in users {
                 let mut tmp = BTreeMap::new();
-                emit_named_egress_to(&mut tmp, ep.id, &rule, id, &key, rid);
+                emit_named_egress_to(&mut tmp, s, &rule, id, &key, rid);
                 merge_entries(&mut self.out.policy, tmp);
             }
         }
@@ -456,21 +484,18 @@ impl Compiler {
             let policy = self.snapshot.policies[&(rk.0.clone(), rk.1.clone())].clone();
             let rule = rule_of(&policy, &rk).expect("a matched rule");
             let rid = self.rules.rule_key_id(&rk, &mut self.out.ids);
-            for pk in users {
-                let Some(ep) = self.eps.get(&pk) else {
-                    continue;
-                };
-                let Some(pod) = self.snapshot.pods.get(&pk) else {
+            for s in users {
+                let Some(skey) = self.out.ids.identities.get(&s) else {
                     continue;
                 };
                 let mut tmp = BTreeMap::new();
-                emit_rule(&mut tmp, ep.id, pod, rk.2, rule, &only, &self.out.ids.identities, rid);
+                emit_rule(&mut tmp, s, skey, rk.2, rule, &only, &self.out.ids.identities, rid);
                 merge_entries(&mut self.out.policy, tmp);
             }
         }
     }
 
-    /// Forgets an identity: its entries go from every endpoint (patched in
+    /// Forgets an identity: its entries go from every subject (patched in
     /// place, not re-emitted). Only the users of the rules that can emit
     /// entries towards it are visited (see [`super::rules::Rules::users_towards`]).
     pub(super) fn drop_identity(&mut self, id: u32) {
@@ -481,12 +506,9 @@ impl Compiler {
         self.identities.forget(id, &mut self.out.ids.identities);
         self.rules.drop_identity(id);
         let policy = &mut self.out.policy;
-        for pk in users {
-            let Some(ep) = self.eps.get(&pk) else { continue };
+        for s in users {
             for dir in [Direction::Ingress, Direction::Egress] {
-                policy
-                    .extract_if(peer_entries(ep.id, dir, id), |_, _| true)
-                    .for_each(drop);
+                policy.extract_if(peer_entries(s, dir, id), |_, _| true).for_each(drop);
             }
         }
     }

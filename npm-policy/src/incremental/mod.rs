@@ -60,7 +60,7 @@ use std::net::IpAddr;
 
 use npm_common::{IDENTITY_ANY, IDENTITY_HOST};
 
-use crate::compile::{cidr_prefixes, policy_selects};
+use crate::compile::{cidr_prefixes, policy_selects_key};
 use crate::compiled::{CompileOptions, Compiled, IpEntry};
 use crate::identity::{identity_key, namespace_labels, pod_addresses, PrefixTable};
 use crate::model::{Namespace, Peer, Pod, Policy, Snapshot};
@@ -102,8 +102,11 @@ pub struct Compiler {
     identities: PodIdentities,
     /// Peer sets, rule ids and rule users.
     rules: Rules,
-    /// Local endpoint -> its id and entries.
+    /// Local endpoint -> its id and subject.
     eps: HashMap<PodKey, EndpointState>,
+    /// Subject (pod identity with local endpoints) -> its member
+    /// endpoints; its entries are the compiled policy map's keyed by it.
+    subjects: HashMap<u32, BTreeSet<PodKey>>,
     /// Node address -> node identity (before pod ownership; see
     /// `crate::nodes`).
     node_entries: BTreeMap<IpAddr, u32>,
@@ -119,17 +122,28 @@ impl Compiler {
         let addresses = Addresses::new(&snapshot, &opts.node_ips);
         let identities = PodIdentities::new(&out, &snapshot, &addresses);
         let node_entries = nodes::node_entries(&crate::nodes::NodeTable::new(&snapshot, &opts), &out);
-        let eps = out
+        let eps: HashMap<PodKey, EndpointState> = out
             .endpoints
             .iter()
-            .map(|(id, e)| ((e.pod.namespace.clone(), e.pod.name.clone()), EndpointState::new(*id)))
+            .map(|(id, e)| {
+                let st = EndpointState {
+                    id: *id,
+                    subject: e.identity,
+                };
+                ((e.pod.namespace.clone(), e.pod.name.clone()), st)
+            })
             .collect();
+        let mut subjects: HashMap<u32, BTreeSet<PodKey>> = HashMap::new();
+        for (pk, st) in &eps {
+            subjects.entry(st.subject).or_default().insert(pk.clone());
+        }
         let mut c = Compiler {
             lpm: PrefixTable::new(&out.cidrs),
             addresses,
             identities,
             rules: Rules::new(&out),
             eps,
+            subjects,
             node_entries,
             tier_changes: Default::default(),
             opts,
@@ -345,7 +359,7 @@ impl Compiler {
             None => endpoints::no_reach(),
         };
         // Its cached rules go; their users are patched (or re-emitted).
-        let mut dirty: BTreeSet<PodKey> = self.rules.drop_rules(|rk| rk.0 == key.0 && rk.1 == key.1);
+        let mut dirty: BTreeSet<u32> = self.rules.drop_rules(|rk| rk.0 == key.0 && rk.1 == key.1);
         self.rules.forget_policy(&key, &mut self.out.ids);
         self.snapshot
             .invalid_policies
@@ -361,14 +375,14 @@ impl Compiler {
                 .any(|r| r.peers.iter().any(|x| matches!(x, Peer::IpBlock(_))))
         };
         let blocks = self.snapshot.policies.get(&key).is_some_and(has_block) || policy.as_ref().is_some_and(has_block);
-        // The endpoints the old version selected (a policy without rules
+        // The subjects the old version selected (a policy without rules
         // has no rule users but isolates them).
         dirty.extend(self.selected_by(&key));
         match policy {
             Some(p) => self.snapshot.policies.insert(key.clone(), p),
             None => self.snapshot.policies.remove(&key),
         };
-        // The endpoints the old version selected use its rules (in `dirty`
+        // The subjects the old version selected use its rules (in `dirty`
         // already); of the others only those the new version selects
         // change.
         let selected = self.selected_by(&key);
@@ -380,12 +394,12 @@ impl Compiler {
             None => false,
         };
         if !existed && !prefixes_changed && dirty.is_empty() {
-            // A new policy: its entries are added to the endpoints it
+            // A new policy: its entries are added to the subjects it
             // selects, the others stay as they are.
             self.add_policy(&key, selected);
         } else if !prefixes_changed {
             // A changed or removed policy: the entries towards the peers
-            // of its old or new version are patched on the endpoints
+            // of its old or new version are patched on the subjects
             // either selects.
             let new_reach = match self.snapshot.policies.get(&key).cloned() {
                 Some(new) => self.reach(&new),
@@ -396,7 +410,7 @@ impl Compiler {
             self.patch_policy(&key, dirty, &reach);
         } else {
             dirty.extend(selected);
-            self.emit(dirty);
+            self.emit_subjects(dirty);
         }
         self.rules.clear_spare();
         self.refresh_tiers();
@@ -405,9 +419,9 @@ impl Compiler {
     /// Recomputes the CIDR identities when the set of prefixes (ipBlocks
     /// and ClusterNetworkPolicy `networks`) changed: every address's CIDR
     /// identity, and the peer sets of every rule with an ipBlock are
-    /// dropped. Returns the endpoints that used those rules, `None` when
+    /// dropped. Returns the subjects that used those rules, `None` when
     /// the prefixes did not change.
-    fn refresh_prefixes(&mut self) -> Option<BTreeSet<PodKey>> {
+    fn refresh_prefixes(&mut self) -> Option<BTreeSet<u32>> {
         let prefixes = cidr_prefixes(&self.snapshot);
         if prefixes.iter().eq(self.out.cidrs.keys()) {
             return None;
@@ -441,16 +455,16 @@ impl Compiler {
         }
     }
 
-    /// The local endpoints that policy `key` (of the snapshot) selects.
-    fn selected_by(&self, key: &(String, String)) -> BTreeSet<PodKey> {
+    /// The subjects that policy `key` (of the snapshot) selects.
+    fn selected_by(&self, key: &(String, String)) -> BTreeSet<u32> {
         let Some(p) = self.snapshot.policies.get(key) else {
             return BTreeSet::new();
         };
-        self.eps
+        let ids = &self.out.ids.identities;
+        self.subjects
             .keys()
-            .filter(|pk| pk.0 == key.0)
-            .filter(|pk| self.snapshot.pods.get(*pk).is_some_and(|pod| policy_selects(p, pod)))
-            .cloned()
+            .filter(|s| ids.get(*s).is_some_and(|k| policy_selects_key(p, k)))
+            .copied()
             .collect()
     }
 }

@@ -1,7 +1,8 @@
 //! The rules of the incremental compiler: each rule's peer set (resolved on
 //! first use, patched when identities come and go), the rule ids, and which
-//! local endpoints use which rule ([`RuleUsers`], one index with both
-//! directions).
+//! subjects (pod identities of local endpoints, see
+//! [`crate::compiled::PolicyEntry`]) use which rule ([`RuleUsers`], one
+//! index with both directions).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -11,7 +12,6 @@ use npm_common::IDENTITY_ANY;
 use crate::compile::named_port_numbers;
 use crate::compiled::{Compiled, Direction, IdTables, IdentityKey, RuleRef};
 use crate::model::{Peer, Policy, PortSpec, Rule, Snapshot};
-use crate::ownership::PodKey;
 use crate::peers::{self, IdentityGroups, PeerSet};
 
 /// A rule: `(namespace, policy name, direction, index)`.
@@ -37,34 +37,35 @@ fn peer_selects(policy: &Policy, peer: &Peer, key: &IdentityKey) -> bool {
     }
 }
 
-/// Which local endpoints use which rule, in both directions.
+/// Which subjects use which rule, in both directions.
 #[derive(Clone, Debug, Default)]
 pub(super) struct RuleUsers {
-    by_rule: HashMap<RuleKey, BTreeSet<PodKey>>,
-    by_pod: HashMap<PodKey, Vec<RuleKey>>,
+    by_rule: HashMap<RuleKey, BTreeSet<u32>>,
+    by_subject: HashMap<u32, Vec<RuleKey>>,
 }
 
 impl RuleUsers {
-    /// Endpoint `pk` uses rule `rk`.
-    fn add(&mut self, rk: &RuleKey, pk: &PodKey) {
-        self.by_rule.entry(rk.clone()).or_default().insert(pk.clone());
-        self.by_pod.entry(pk.clone()).or_default().push(rk.clone());
+    /// Subject `s` uses rule `rk`.
+    fn add(&mut self, rk: &RuleKey, s: u32) {
+        if self.by_rule.entry(rk.clone()).or_default().insert(s) {
+            self.by_subject.entry(s).or_default().push(rk.clone());
+        }
     }
 
-    /// Endpoint `pk` uses no rule any more.
-    fn remove_pod(&mut self, pk: &PodKey) {
-        for rk in self.by_pod.remove(pk).into_iter().flatten() {
+    /// Subject `s` uses no rule any more.
+    fn remove_subject(&mut self, s: u32) {
+        for rk in self.by_subject.remove(&s).into_iter().flatten() {
             if let Some(u) = self.by_rule.get_mut(&rk) {
-                u.remove(pk);
+                u.remove(&s);
             }
         }
     }
 
     /// Rule `rk` has no users any more; returns those it had.
-    fn remove_rule(&mut self, rk: &RuleKey) -> BTreeSet<PodKey> {
+    fn remove_rule(&mut self, rk: &RuleKey) -> BTreeSet<u32> {
         let users = self.by_rule.remove(rk).unwrap_or_default();
-        for pk in &users {
-            if let Some(rules) = self.by_pod.get_mut(pk) {
+        for s in &users {
+            if let Some(rules) = self.by_subject.get_mut(s) {
                 rules.retain(|r| r != rk);
             }
         }
@@ -72,8 +73,8 @@ impl RuleUsers {
     }
 
     /// The users of rule `rk`.
-    fn of_rule(&self, rk: &RuleKey) -> Vec<PodKey> {
-        self.by_rule.get(rk).into_iter().flatten().cloned().collect()
+    fn of_rule(&self, rk: &RuleKey) -> Vec<u32> {
+        self.by_rule.get(rk).into_iter().flatten().copied().collect()
     }
 }
 
@@ -82,7 +83,7 @@ impl RuleUsers {
 pub(super) struct Rules {
     /// Rule -> its peers (resolved on first use).
     peers: HashMap<RuleKey, PeerSet>,
-    /// Which endpoints use which rule.
+    /// Which subjects use which rule.
     users: RuleUsers,
     /// Rule -> its id (the inverse of the compiled form's `ids.rules`).
     by_ref: HashMap<RuleRef, u32>,
@@ -243,8 +244,8 @@ impl Rules {
     }
 
     /// Drops the peer sets of the resolved rules for which `pred` holds;
-    /// returns the endpoints that used them (their users are forgotten).
-    pub(super) fn drop_rules(&mut self, pred: impl Fn(&RuleKey) -> bool) -> BTreeSet<PodKey> {
+    /// returns the subjects that used them (their users are forgotten).
+    pub(super) fn drop_rules(&mut self, pred: impl Fn(&RuleKey) -> bool) -> BTreeSet<u32> {
         let stale: Vec<RuleKey> = self.peers.keys().filter(|rk| pred(rk)).cloned().collect();
         let mut users = BTreeSet::new();
         for rk in stale {
@@ -254,18 +255,18 @@ impl Rules {
         users
     }
 
-    /// Endpoint `pk` uses rule `rk`.
-    pub(super) fn add_user(&mut self, rk: &RuleKey, pk: &PodKey) {
-        self.users.add(rk, pk);
+    /// Subject `s` uses rule `rk`.
+    pub(super) fn add_user(&mut self, rk: &RuleKey, s: u32) {
+        self.users.add(rk, s);
     }
 
-    /// Endpoint `pk` uses no rule any more.
-    pub(super) fn remove_user(&mut self, pk: &PodKey) {
-        self.users.remove_pod(pk);
+    /// Subject `s` uses no rule any more.
+    pub(super) fn remove_user(&mut self, s: u32) {
+        self.users.remove_subject(s);
     }
 
-    /// The endpoints using rule `rk`.
-    pub(super) fn users(&self, rk: &RuleKey) -> Vec<PodKey> {
+    /// The subjects using rule `rk`.
+    pub(super) fn users(&self, rk: &RuleKey) -> Vec<u32> {
         self.users.of_rule(rk)
     }
 
@@ -304,17 +305,17 @@ impl Rules {
         (matched, any_named)
     }
 
-    /// The endpoints whose entries can have peer `id`: the users of the
+    /// The subjects whose entries can have peer `id`: the users of the
     /// rules whose peer set holds it, and of the rules without peers
     /// (`IDENTITY_ANY`: an egress rule with an empty `to` and a named port
     /// has entries per destination pod identity, see `emit_rule`). No
     /// other rule emits an entry towards a pod identity (ipBlocks give CIDR
     /// identities).
-    pub(super) fn users_towards(&self, id: u32) -> BTreeSet<PodKey> {
+    pub(super) fn users_towards(&self, id: u32) -> BTreeSet<u32> {
         let mut out = BTreeSet::new();
         for (rk, set) in &self.peers {
             if set.pods.contains(&id) || set.other.contains(&IDENTITY_ANY) {
-                out.extend(self.users.by_rule.get(rk).into_iter().flatten().cloned());
+                out.extend(self.users.by_rule.get(rk).into_iter().flatten().copied());
             }
         }
         out

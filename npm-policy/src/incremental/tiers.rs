@@ -257,8 +257,7 @@ impl Compiler {
             if let Some(users) = self.refresh_prefixes() {
                 // New CIDR identities: the NetworkPolicy entries of the
                 // ipBlock rules change too.
-                let dirty = users;
-                self.emit(dirty);
+                self.emit_subjects(users);
             }
         }
         let mut jobs: Vec<Job> = old.into_iter().collect();
