@@ -398,8 +398,13 @@ fn the_binary_accepts_the_rendered_agent_arguments() {
     assert_eq!(config["allow_host_egress"], true);
     assert_eq!(config["log_format"], "json");
     assert_eq!(config["cluster_network_policies"], "auto");
-    assert_eq!(config["pin_dir"], "/sys/fs/bpf/npm/v5");
-    assert_eq!(config["lock_file"], "/run/npm/agent-sys_fs_bpf_npm_v5.lock");
+    // The default pin directory is the map layout's own.
+    let layout = npm_common::maps::LAYOUT_VERSION;
+    assert_eq!(config["pin_dir"], format!("/sys/fs/bpf/npm/v{layout}"));
+    assert_eq!(
+        config["lock_file"],
+        format!("/run/npm/agent-sys_fs_bpf_npm_v{layout}.lock")
+    );
     let (_, out, _) = dry_run(&["dataplane=nftables", "pinDir=/sys/fs/bpf/npm/custom"]);
     let config: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(config["dataplane"], "nftables");

@@ -215,7 +215,7 @@ async fn a_full_policy_map_degrades_fail_closed_reports_and_recovers() {
     )
     .await;
     assert!(body.contains("[+]first-sync ok"), "{body}");
-    assert!(body.contains("1 written, 1 endpoint directions"), "{body}");
+    assert!(body.contains("1 written, 1 subject directions"), "{body}");
     let full = format!("npm_map_full{{map=\"{}\"}}", maps::POLICY);
     assert_eq!(metric(&agent, &full), 1.0);
     assert!(agent.metrics.render().contains("# HELP npm_map_full"));
