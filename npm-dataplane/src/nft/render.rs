@@ -281,10 +281,7 @@ pub(crate) fn model(compiled: &Compiled, interfaces: &Interfaces) -> Model {
     let tiers = group_tiers(&compiled.tiers);
     for (id, ep) in &compiled.endpoints {
         for direction in [Direction::Ingress, Direction::Egress] {
-            let list = entries
-                .get(&(ep.identity, direction))
-                .map(Vec::as_slice)
-                .unwrap_or(&[]);
+            let list = entries.get(&(ep.identity, direction)).map(Vec::as_slice).unwrap_or(&[]);
             let mut jumps = TierJumps::default();
             for tier in [Tier::Admin, Tier::Baseline] {
                 // The endpoint's flag decides, as in the datapath (the
