@@ -537,12 +537,7 @@ fn endpoints_of_one_identity_share_their_subjects_entries() {
         assert!(!lookup(&c, e, Direction::Ingress, xb, 6, 81).allowed);
     }
     // x/c is relabelled: a new identity, not selected by `p`.
-    let mut pc = m.snapshot.pods[&("x".to_string(), "c".to_string())].clone();
-    pc.labels = sel(&[("pod", "c2")]).match_labels;
-    inc.upsert_pod(pc.clone());
-    m.snapshot.pods.insert(("x".into(), "c".into()), pc);
-    let c2 = inc.compiled().clone();
-    same_tables(&c2, &npm_policy::compile(&m.snapshot, &opts(), Some(&c2)));
+    let c2 = relabel(&mut m, &mut inc, "c", "c2");
     let d = c.diff(&c2);
     assert!(d.policy.is_empty(), "x/a's subject keeps its entries: {:?}", d.policy);
     assert_ne!(c2.endpoints[&xc].identity, subject);
@@ -558,6 +553,19 @@ fn endpoints_of_one_identity_share_their_subjects_entries() {
     let c3 = inc.compiled().clone();
     same_tables(&c3, &npm_policy::compile(&m.snapshot, &opts(), Some(&c3)));
     assert!(c3.policy.is_empty(), "{:?}", c3.policy);
+}
+
+/// Relabels pod `x/name` to `pod=label` in the model and the incremental
+/// compiler; returns the compiled form, checked against a full compile.
+fn relabel(m: &mut Model, inc: &mut npm_policy::incremental::Compiler, name: &str, label: &str) -> Compiled {
+    let key = ("x".to_string(), name.to_string());
+    let mut pod = m.snapshot.pods[&key].clone();
+    pod.labels = sel(&[("pod", label)]).match_labels;
+    inc.upsert_pod(pod.clone());
+    m.snapshot.pods.insert(key, pod);
+    let c = inc.compiled().clone();
+    same_tables(&c, &npm_policy::compile(&m.snapshot, &opts(), Some(&c)));
+    c
 }
 
 /// The tables two compiles program (the rule id table aside: the
@@ -613,12 +621,7 @@ fn endpoints_of_one_identity_share_their_subjects_tier_entries() {
         assert!(!lookup(&c, e, Direction::Ingress, yb, 6, 80).allowed);
     }
     // x/c is relabelled: it leaves the subject, the Deny no longer applies.
-    let mut pc = m.snapshot.pods[&("x".to_string(), "c".to_string())].clone();
-    pc.labels = sel(&[("pod", "c2")]).match_labels;
-    inc.upsert_pod(pc.clone());
-    m.snapshot.pods.insert(("x".into(), "c".into()), pc);
-    let c2 = inc.compiled().clone();
-    same_tables(&c2, &npm_policy::compile(&m.snapshot, &opts(), Some(&c2)));
+    let c2 = relabel(&mut m, &mut inc, "c", "c2");
     // x/a's subject keeps its entries; it only gains one towards x/c's
     // new identity (a peer of the Deny: every namespace).
     let d = c.diff(&c2);

@@ -44,15 +44,7 @@ fn endpoints_of_one_identity_share_its_entries_lpm() {
 /// egress-isolated, b of identity `b_identity`; each identity that some pod
 /// has allows ingress from [`PEER`] on its own port only.
 fn state(a: &PodNet, b: &PodNet, b_identity: u32) -> Compiled {
-    let mut c = Compiled::default();
-    let (pa, pb) = (a.pod_ip.to_string(), b.pod_ip.to_string());
-    c.endpoints.insert(1, endpoint("a", OLD, Some(&pa), None, true, true));
-    c.endpoints
-        .insert(2, endpoint("b", b_identity, Some(&pb), None, true, true));
-    ip(&mut c, &pa, OLD, 0);
-    ip(&mut c, &pb, b_identity, 0);
-    ip(&mut c, &a.peer_ip.to_string(), PEER, 0);
-    ip(&mut c, &b.peer_ip.to_string(), PEER, 0);
+    let mut c = two_pods(a, b, b_identity, true);
     // One entry per subject (keyed through an endpoint of it).
     allow(
         &mut c,
@@ -75,6 +67,50 @@ fn state(a: &PodNet, b: &PodNet, b_identity: u32) -> Compiled {
         );
     }
     c
+}
+
+/// Pods a (endpoint 1, identity [`OLD`]) and b (endpoint 2, identity
+/// `b_identity`), isolated in both directions or in none, and the root
+/// netns peers ([`PEER`]); no entry.
+fn two_pods(a: &PodNet, b: &PodNet, b_identity: u32, isolated: bool) -> Compiled {
+    let mut c = Compiled::default();
+    let (pa, pb) = (a.pod_ip.to_string(), b.pod_ip.to_string());
+    c.endpoints
+        .insert(1, endpoint("a", OLD, Some(&pa), None, isolated, isolated));
+    c.endpoints
+        .insert(2, endpoint("b", b_identity, Some(&pb), None, isolated, isolated));
+    ip(&mut c, &pa, OLD, 0);
+    ip(&mut c, &pb, b_identity, 0);
+    ip(&mut c, &a.peer_ip.to_string(), PEER, 0);
+    ip(&mut c, &b.peer_ip.to_string(), PEER, 0);
+    c
+}
+
+/// What [`setup`] creates.
+struct Setup {
+    pins: PinDir,
+    a: PodNet,
+    b: PodNet,
+    dp: EbpfDataplane,
+    ifs: std::collections::BTreeMap<u32, u32>,
+}
+
+/// Two pods (endpoints 1 and 2) serving TCP on [`OLD_PORT`] and
+/// [`NEW_PORT`] and UDP on [`UDP_PORT`], and a dataplane on fresh pins.
+fn setup(tag: &str, switches: BenchSwitches) -> Setup {
+    sweep_leftovers();
+    let pins = PinDir::new(&format!("subj{tag}"));
+    let mut a = PodNet::new(&format!("{tag}a"));
+    let mut b = PodNet::new(&format!("{tag}b"));
+    for net in [&mut a, &mut b] {
+        net.start_servers(OLD_PORT, &[UDP_PORT]);
+        net.start_servers(NEW_PORT, &[]);
+        net.wait_ready(OLD_PORT, UDP_PORT);
+        net.wait_ready(NEW_PORT, UDP_PORT);
+    }
+    let dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
+    let ifs = ifaces(&[(1, a.ifindex), (2, b.ifindex)]);
+    Setup { pins, a, b, dp, ifs }
 }
 
 /// The kernel's `NPM_POLICY` keys as (subject, port), sorted.
@@ -127,22 +163,17 @@ fn echoes(net: &PodNet) -> bool {
 }
 
 fn endpoints_of_one_identity_share_its_entries(lpm: bool, tag: &str) {
-    sweep_leftovers();
-    let pins = PinDir::new(&format!("subj{tag}"));
-    let mut a = PodNet::new(&format!("{tag}a"));
-    let mut b = PodNet::new(&format!("{tag}b"));
-    for net in [&mut a, &mut b] {
-        net.start_servers(OLD_PORT, &[UDP_PORT]);
-        net.start_servers(NEW_PORT, &[]);
-        net.wait_ready(OLD_PORT, UDP_PORT);
-        net.wait_ready(NEW_PORT, UDP_PORT);
-    }
     let switches = BenchSwitches {
         no_policy_front: lpm,
         ..BenchSwitches::default()
     };
-    let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
-    let ifs = ifaces(&[(1, a.ifindex), (2, b.ifindex)]);
+    let Setup {
+        pins,
+        a,
+        b,
+        mut dp,
+        ifs,
+    } = setup(tag, switches);
 
     // One identity: one set of keys in the kernel, both records name it.
     let shared = state(&a, &b, OLD);
@@ -253,15 +284,7 @@ fn endpoints_of_one_identity_share_its_tier_entries_lpm() {
 /// [`PEER`] on TCP [`OLD_PORT`] (a ClusterNetworkPolicy whose subject
 /// selects it), keyed through endpoint 1.
 fn tier_state(a: &PodNet, b: &PodNet, b_identity: u32) -> Compiled {
-    let mut c = Compiled::default();
-    let (pa, pb) = (a.pod_ip.to_string(), b.pod_ip.to_string());
-    c.endpoints.insert(1, endpoint("a", OLD, Some(&pa), None, false, false));
-    c.endpoints
-        .insert(2, endpoint("b", b_identity, Some(&pb), None, false, false));
-    ip(&mut c, &pa, OLD, 0);
-    ip(&mut c, &pb, b_identity, 0);
-    ip(&mut c, &a.peer_ip.to_string(), PEER, 0);
-    ip(&mut c, &b.peer_ip.to_string(), PEER, 0);
+    let mut c = two_pods(a, b, b_identity, false);
     tier_entry(
         &mut c,
         1,
@@ -289,22 +312,17 @@ fn kernel_tier_keys(d: &EbpfDump) -> Vec<(u32, u16)> {
 }
 
 fn endpoints_of_one_identity_share_its_tier_entries(lpm: bool, tag: &str) {
-    sweep_leftovers();
-    let pins = PinDir::new(&format!("subj{tag}"));
-    let mut a = PodNet::new(&format!("{tag}a"));
-    let mut b = PodNet::new(&format!("{tag}b"));
-    for net in [&mut a, &mut b] {
-        net.start_servers(OLD_PORT, &[UDP_PORT]);
-        net.start_servers(NEW_PORT, &[]);
-        net.wait_ready(OLD_PORT, UDP_PORT);
-        net.wait_ready(NEW_PORT, UDP_PORT);
-    }
     let switches = BenchSwitches {
         no_tier_front: lpm,
         ..BenchSwitches::default()
     };
-    let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
-    let ifs = ifaces(&[(1, a.ifindex), (2, b.ifindex)]);
+    let Setup {
+        pins,
+        a,
+        b,
+        mut dp,
+        ifs,
+    } = setup(tag, switches);
 
     // One identity: one tier key for both endpoints; the Admin Deny
     // decides for both.
