@@ -272,7 +272,8 @@ pub fn stale(name: &str, prefix: &str) -> bool {
 }
 
 /// Remove what crashed runs of a test crate left: netns, root-namespace
-/// interfaces and temp dirs named `<prefix><pid>...` whose process is gone.
+/// interfaces, temp dirs, pins and nftables tables named `<prefix><pid>...`
+/// whose process is gone.
 pub fn clear_leftovers(prefix: &str) {
     let out = Command::new("ip")
         .args(["netns", "list"])
@@ -295,6 +296,16 @@ pub fn clear_leftovers(prefix: &str) {
             let name = entry.file_name().to_string_lossy().into_owned();
             if stale(&name, prefix) {
                 let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    // nftables tables an agent of a crashed run left ("table <family> <name>").
+    if let Ok(out) = Command::new("nft").args(["list", "tables"]).output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let ["table", family, name] = line.split_whitespace().collect::<Vec<_>>()[..] {
+                if stale(name, prefix) {
+                    let _ = Command::new("nft").args(["delete", "table", family, name]).output();
+                }
             }
         }
     }
