@@ -89,6 +89,16 @@ fn direction_entries(s: u32, dir: Direction) -> (Bound<PolicyEntry>, Bound<Polic
     }
 }
 
+/// Spec §1: the isolation (ingress, egress) of the pods that `policies`
+/// (every policy selecting them) select: "isolated for ingress when at
+/// least one policy selects it and has `Ingress` in its effective
+/// `policyTypes`", the same for egress.
+fn isolation<'p>(policies: impl IntoIterator<Item = &'p Policy>) -> (bool, bool) {
+    policies.into_iter().fold((false, false), |(i, e), p| {
+        (i || p.ingress_isolation, e || p.egress_isolation)
+    })
+}
+
 /// The peers towards which the entries of a policy's rules can be, per
 /// direction (ingress, egress): `None` for every peer (an egress rule
 /// with an empty `to` and a named port has entries towards each pod
@@ -189,16 +199,22 @@ impl Compiler {
     /// subject, may have changed) and the entries of the subjects they
     /// leave or join.
     pub(super) fn emit(&mut self, dirty: BTreeSet<PodKey>) {
-        let mut subjects: BTreeSet<u32> = BTreeSet::new();
+        // Subject -> whether it had members before this call.
+        let mut touched: BTreeMap<u32, bool> = BTreeMap::new();
+        let had = |subjects: &HashMap<u32, BTreeSet<PodKey>>, s: u32| subjects.get(&s).is_some_and(|m| !m.is_empty());
+        // The records written here, with their subject.
+        let mut written: Vec<(u32, u32)> = Vec::new();
         for pk in dirty {
             // Remove what the endpoint had.
             let old = self.eps.remove(&pk);
             if let Some(old) = &old {
                 self.out.endpoints.remove(&old.id);
+                touched
+                    .entry(old.subject)
+                    .or_insert_with(|| had(&self.subjects, old.subject));
                 if let Some(members) = self.subjects.get_mut(&old.subject) {
                     members.remove(&pk);
                 }
-                subjects.insert(old.subject);
             }
             let pod = self
                 .snapshot
@@ -215,14 +231,10 @@ impl Compiler {
             let pod = pod.clone();
             let ep = self.endpoint_id(old.map(|o| o.id), &pod.uid);
             let subject = self.identities.of_pod(&pk);
-            let members = self.subjects.entry(subject).or_default();
-            if members.is_empty() {
-                // A new subject: tier entries of its own (see `tiers`).
-                self.tier_changes.subjects.insert(subject);
-            }
-            members.insert(pk.clone());
-            subjects.insert(subject);
-            // The isolation is the subject's (set by `emit_subjects`).
+            touched.entry(subject).or_insert_with(|| had(&self.subjects, subject));
+            self.subjects.entry(subject).or_default().insert(pk.clone());
+            written.push((ep, subject));
+            // The isolation is the subject's (set below).
             let mut record = endpoint_record(&pod, subject, &owned, false, false);
             record.report_new = self.opts.report_new;
             // Its subject's tier entries are not re-emitted here (see
@@ -231,7 +243,30 @@ impl Compiler {
             self.out.endpoints.insert(ep, record);
             self.eps.insert(pk, EndpointState { id: ep, subject });
         }
-        self.emit_subjects(subjects);
+        // A subject's entries are a function of its identity key alone: a
+        // subject that appears or goes is emitted (or removed), with its
+        // tier entries; one that keeps members keeps its entries, and only
+        // the records written here take its isolation.
+        let mut emit = BTreeSet::new();
+        let mut kept: BTreeMap<u32, (bool, bool)> = BTreeMap::new();
+        for (s, before) in touched {
+            let now = had(&self.subjects, s);
+            if now != before {
+                self.tier_changes.subjects.insert(s);
+                emit.insert(s);
+            } else if now {
+                if let Some(key) = self.out.ids.identities.get(&s) {
+                    kept.insert(s, isolation(selecting(&self.snapshot.policies, key)));
+                }
+            }
+        }
+        for (ep, s) in written {
+            if let (Some((iso_in, iso_eg)), Some(rec)) = (kept.get(&s), self.out.endpoints.get_mut(&ep)) {
+                rec.isolated_ingress = *iso_in;
+                rec.isolated_egress = *iso_eg;
+            }
+        }
+        self.emit_subjects(emit);
     }
 
     /// Re-emits the entries of `subjects` from every rule selecting them
@@ -254,8 +289,7 @@ impl Compiler {
                 continue;
             };
             let policies: Vec<Policy> = selecting(&self.snapshot.policies, &key).cloned().collect();
-            let iso_in = policies.iter().any(|p| p.ingress_isolation);
-            let iso_eg = policies.iter().any(|p| p.egress_isolation);
+            let (iso_in, iso_eg) = isolation(&policies);
             let mut entries = BTreeMap::new();
             for p in &policies {
                 for (dir, i, rule) in enforced_rules(p) {
@@ -387,8 +421,7 @@ impl Compiler {
                     }
                 }
             }
-            let iso_in = policies.iter().any(|p| p.ingress_isolation);
-            let iso_eg = policies.iter().any(|p| p.egress_isolation);
+            let (iso_in, iso_eg) = isolation(&policies);
             if self.opts.allow_host_egress {
                 if iso_eg {
                     let rid = self.rules.rule_id(RuleRef::HostEgress, &mut self.out.ids);
