@@ -282,6 +282,36 @@ fn peers_in(peers: &PeerSet, only: Option<&[u32]>) -> (Vec<u32>, usize) {
     }
 }
 
+/// Where the emitters put entries: an entry emitted twice keeps the
+/// smaller rule id.
+pub(crate) trait EntrySink {
+    /// Adds entry `e` of rule `rule_id`.
+    fn put_min(&mut self, e: PolicyEntry, rule_id: u32);
+}
+
+impl EntrySink for BTreeMap<PolicyEntry, u32> {
+    fn put_min(&mut self, e: PolicyEntry, rule_id: u32) {
+        let slot = self.entry(e).or_insert(rule_id);
+        *slot = (*slot).min(rule_id);
+    }
+}
+
+/// Unordered, with repeats: [`sorted_entries`] makes it a map's entries.
+impl EntrySink for Vec<(PolicyEntry, u32)> {
+    fn put_min(&mut self, e: PolicyEntry, rule_id: u32) {
+        self.push((e, rule_id));
+    }
+}
+
+/// Sorts the entries gathered in a `Vec` sink and keeps, of each entry,
+/// its smallest rule id: the entries a map sink would hold, in order.
+pub(crate) fn sorted_entries(mut v: Vec<(PolicyEntry, u32)>) -> Vec<(PolicyEntry, u32)> {
+    v.sort_unstable();
+    // Sorted by (entry, rule id): the first of each entry has the smallest id.
+    v.dedup_by(|later, first| later.0 == first.0);
+    v
+}
+
 /// [`emit_rule`] restricted to the entries towards the peer identities in
 /// `only` (sorted; `None`: every entry). The entries of a subject towards one
 /// peer depend only on the rules that emit towards that peer, so the
@@ -289,7 +319,7 @@ fn peers_in(peers: &PeerSet, only: Option<&[u32]>) -> (Vec<u32>, usize) {
 /// of its entries whose peer is in `only` (the incremental compiler
 /// patches a policy change that way).
 pub(crate) fn emit_rule_towards(
-    out: &mut BTreeMap<PolicyEntry, u32>,
+    out: &mut impl EntrySink,
     target: &RuleTarget<'_>,
     identities: &BTreeMap<u32, IdentityKey>,
     only: Option<&[u32]>,
@@ -310,8 +340,7 @@ pub(crate) fn emit_rule_towards(
             protocol,
             ports,
         };
-        let slot = out.entry(e).or_insert(rule_id);
-        *slot = (*slot).min(rule_id);
+        out.put_min(e, rule_id);
     };
     let (targets, pod_targets) = peers_in(peers, only);
     let all_peers = || targets.iter().copied();
@@ -595,7 +624,7 @@ pub(crate) fn compile_with_peers(
         crate::tiers::compile::compile_tiers(snapshot, &locals, &identities, &out.cidrs, &nodes, |r| alloc.rule(r));
     crate::tiers::compile::set_presence(&mut endpoints, &out.tiers);
     out.endpoints = endpoints;
-    out.policy = policy;
+    out.policy = policy.into();
     out.ids = alloc.tables;
     let peers = resolver
         .memo

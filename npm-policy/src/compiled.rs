@@ -13,6 +13,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Labels, Protocol};
+pub use crate::policy_map::PolicyMap;
 
 /// Direction as seen from the endpoint (pod).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -320,8 +321,8 @@ pub struct Compiled {
     /// Local endpoints by endpoint id.
     pub endpoints: BTreeMap<u32, Endpoint>,
     /// Allow entries (keyed by subject: the endpoints' pod identity, see
-    /// [`PolicyEntry`]) -> rule id.
-    pub policy: BTreeMap<PolicyEntry, u32>,
+    /// [`PolicyEntry`]) -> rule id, one map per (subject, direction).
+    pub policy: PolicyMap,
     /// ClusterNetworkPolicy tier entries, keyed by subject (see [`TierEntry`]).
     pub tiers: BTreeMap<TierEntry, TierValue>,
     /// Allocation state, kept so that ids are stable across recompiles.
@@ -367,6 +368,18 @@ impl<K, V> Default for MapDiff<K, V> {
         MapDiff {
             upsert: Vec::new(),
             remove: Vec::new(),
+        }
+    }
+}
+
+impl MapDiff<PolicyEntry, u32> {
+    /// [`MapDiff::apply_to`] for the grouped policy map.
+    pub fn apply_to_policy(&self, map: &mut PolicyMap) {
+        for k in &self.remove {
+            map.remove(k);
+        }
+        for (k, v) in &self.upsert {
+            map.insert(*k, *v);
         }
     }
 }
@@ -527,7 +540,11 @@ impl Compiled {
             ipcache: MapDiff::between(&self.ipcache, &next.ipcache),
             cidrs: MapDiff::between(&self.cidrs, &next.cidrs),
             endpoints: MapDiff::between(&self.endpoints, &next.endpoints),
-            policy: MapDiff::between(&self.policy, &next.policy),
+            policy: {
+                let mut d = MapDiff::default();
+                d.extend_between(self.policy.iter(), next.policy.iter());
+                d
+            },
             tiers,
         }
     }

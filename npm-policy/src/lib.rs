@@ -29,6 +29,7 @@ pub mod model;
 pub mod nodes;
 pub mod ownership;
 mod peers;
+pub mod policy_map;
 pub mod render;
 pub mod selector;
 pub mod tiers;

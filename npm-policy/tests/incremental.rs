@@ -639,3 +639,113 @@ fn endpoints_of_one_identity_share_their_subjects_tier_entries() {
     assert!(lookup(&c2, xc, Direction::Ingress, yb, 6, 80).allowed);
     assert!(!lookup(&c2, xa, Direction::Ingress, yb, 6, 80).allowed);
 }
+
+/// A policy change towards many peers (more than are patched entry by
+/// entry) rebuilds the subject's (subject, direction) group: the entries
+/// that other rules give towards the same peers stay, those of the other
+/// direction are untouched, and the result is the full compile's at every
+/// step, with the verdicts to match.
+#[test]
+fn a_policy_change_towards_many_peers_is_patched_like_a_full_compile() {
+    use npm_policy::incremental::Compiler;
+    let mut m = model();
+    // 100 remote pods, each of its own identity, all labelled role=peer.
+    for i in 0..100u32 {
+        let mut p = pod(
+            &format!("uid-peer{i}"),
+            &format!("peer{i}"),
+            &format!("10.9.1.{i}"),
+            PodPhase::Running,
+            false,
+            1,
+        );
+        p.labels = sel(&[("role", "peer"), ("n", &i.to_string())]).match_labels;
+        p.node_name = Some("elsewhere".into());
+        m.snapshot.pods.insert(("x".into(), p.name.clone()), p);
+    }
+    let pk = |n: &str| ("x".to_string(), n.to_string());
+    let tcp = |a: u16, b: u16| Port {
+        protocol: Protocol::Tcp,
+        port: PortSpec::Range(a, b),
+    };
+    // wide: x/a accepts TCP 80 from every role=peer pod, and may send to
+    // them on TCP 443.
+    let wide = Policy {
+        namespace: "x".into(),
+        name: "wide".into(),
+        pod_selector: sel(&[("pod", "a")]),
+        ingress_isolation: true,
+        egress_isolation: true,
+        ingress: vec![Rule {
+            ports: vec![tcp(80, 80)],
+            peers: vec![Peer::Pods(sel(&[("role", "peer")]))],
+        }],
+        egress: vec![Rule {
+            ports: vec![tcp(443, 443)],
+            peers: vec![Peer::Pods(sel(&[("role", "peer")]))],
+        }],
+    };
+    // narrow: the same port from peer7 only (its entry coincides with one
+    // of wide's), and 22 from peer8.
+    let narrow = Policy {
+        name: "narrow".into(),
+        egress_isolation: false,
+        ingress: vec![
+            Rule {
+                ports: vec![tcp(80, 80)],
+                peers: vec![Peer::Pods(sel(&[("n", "7")]))],
+            },
+            Rule {
+                ports: vec![tcp(22, 22)],
+                peers: vec![Peer::Pods(sel(&[("n", "8")]))],
+            },
+        ],
+        egress: vec![],
+        ..wide.clone()
+    };
+    m.snapshot.policies.insert(pk("wide"), wide.clone());
+    m.snapshot.policies.insert(pk("narrow"), narrow);
+    let mut c = Compiler::new(m.snapshot.clone(), opts(), None);
+    let check = |c: &Compiler, what: &str| {
+        let full = npm_policy::compile(c.snapshot(), &opts(), Some(c.compiled()));
+        assert_eq!(c.compiled().policy, full.policy, "{what}: policy entries");
+        assert_eq!(c.compiled().endpoints, full.endpoints, "{what}: endpoint records");
+        assert!(c.compiled().diff(&full).is_empty(), "{what}: diff");
+    };
+    check(&c, "initial");
+    let xa = ep(c.compiled(), "x/a");
+    let from = |c: &Compiler, i: u32, port: u16| {
+        let ip = format!("10.9.1.{i}").parse().unwrap();
+        lookup(c.compiled(), xa, Direction::Ingress, ip, 6, port).allowed
+    };
+    let to = |c: &Compiler, i: u32, port: u16| {
+        let ip = format!("10.9.1.{i}").parse().unwrap();
+        lookup(c.compiled(), xa, Direction::Egress, ip, 6, port).allowed
+    };
+    assert!(from(&c, 3, 80) && from(&c, 7, 80) && from(&c, 8, 22) && to(&c, 3, 443));
+    // wide's ingress port moves to 8080: 100 peers' entries are rewritten.
+    let mut w = wide.clone();
+    w.ingress[0].ports = vec![tcp(8080, 8080)];
+    c.upsert_policy(w.clone());
+    check(&c, "wide's port");
+    assert!(!from(&c, 3, 80) && from(&c, 3, 8080));
+    assert!(from(&c, 7, 80), "narrow's entry towards peer7 stays");
+    assert!(from(&c, 8, 22) && to(&c, 3, 443), "the other entries stay");
+    // wide selects half the peers on ingress.
+    w.ingress[0].peers = vec![Peer::Pods(Selector {
+        match_labels: [("role".to_string(), "peer".to_string())].into(),
+        match_expressions: vec![Requirement {
+            key: "n".into(),
+            operator: Operator::In,
+            values: (0..50).map(|i| i.to_string()).collect(),
+        }],
+    })];
+    c.upsert_policy(w);
+    check(&c, "wide's half");
+    assert!(from(&c, 3, 8080) && !from(&c, 60, 8080) && from(&c, 7, 80));
+    c.remove_policy("x", "wide");
+    check(&c, "wide removed");
+    assert!(!from(&c, 3, 8080) && from(&c, 7, 80) && from(&c, 8, 22));
+    c.remove_policy("x", "narrow");
+    check(&c, "narrow removed");
+}

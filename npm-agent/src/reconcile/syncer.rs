@@ -688,7 +688,7 @@ impl<D: AgentDataplane> Syncer<D> {
                     diff.ipcache.apply_to(&mut prog.ipcache);
                     diff.cidrs.apply_to(&mut prog.cidrs);
                     diff.endpoints.apply_to(&mut prog.endpoints);
-                    diff.policy.apply_to(&mut prog.policy);
+                    diff.policy.apply_to_policy(&mut prog.policy);
                     diff.tiers.apply_to(&mut prog.tiers);
                     *prog_ifaces = interfaces;
                 }

@@ -49,7 +49,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use npm_common::{maps, PolicyKey, IDENTITY_HOST};
-use npm_policy::compiled::{Compiled, CompiledDiff, PolicyEntry};
+use npm_policy::compiled::{Compiled, CompiledDiff, PolicyEntry, PolicyMap};
 
 use super::errors::EbpfError;
 use super::{translate, EbpfDataplane};
@@ -95,9 +95,6 @@ pub struct Fitted {
 /// The most `NPM_POLICY` keys one entry expands to (a port range splits
 /// into at most 30 aligned blocks): a bound that needs no translation.
 pub(super) const MAX_KEYS_PER_ENTRY: usize = 32;
-
-/// Policy entries -> rule id, as in [`Compiled::policy`].
-type PolicyMap = BTreeMap<PolicyEntry, u32>;
 
 /// (subject, direction): the unit of `NPM_POLICY` degradation.
 type Group = (u32, u8);

@@ -10,16 +10,16 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::ops::Bound;
 
 use crate::compile::{
     emit_named_egress_to, emit_rule, emit_rule_towards, endpoint_record, enforced_rules, host_egress_entry,
-    policy_selects_key, ResolvedPeers, RuleTarget,
+    policy_selects_key, sorted_entries, ResolvedPeers, RuleTarget,
 };
-use crate::compiled::{Direction, IdentityKey, PolicyEntry, RuleRef};
+use crate::compiled::{Direction, IdentityKey, PolicyEntry, PolicyMap, RuleRef};
 use crate::model::Policy;
 use crate::ownership::PodKey;
 use crate::peers::PeerSet;
+use crate::policy_map::peer_range;
 
 use super::rules::{rule_of, RuleKey};
 use super::Compiler;
@@ -31,62 +31,6 @@ pub(super) struct EndpointState {
     pub(super) id: u32,
     /// Its subject: the entries keyed by it govern the endpoint.
     pub(super) subject: u32,
-}
-
-/// The entries of subject `s` in a policy map (ordered by subject first):
-/// from its first possible entry up to the first of `s + 1`.
-fn subject_entries(s: u32) -> (Bound<PolicyEntry>, Bound<PolicyEntry>) {
-    let first = |subject: u32| PolicyEntry {
-        subject,
-        direction: Direction::Ingress,
-        peer: 0,
-        protocol: None,
-        ports: (0, 0),
-    };
-    (
-        Bound::Included(first(s)),
-        match s.checked_add(1) {
-            Some(next) => Bound::Excluded(first(next)),
-            None => Bound::Unbounded,
-        },
-    )
-}
-
-/// The entries of subject `s` towards peer `peer` in direction `dir`
-/// (ordered by subject, direction, peer).
-fn peer_entries(s: u32, dir: Direction, peer: u32) -> (Bound<PolicyEntry>, Bound<PolicyEntry>) {
-    let first = |peer: u32| PolicyEntry {
-        subject: s,
-        direction: dir,
-        peer,
-        protocol: None,
-        ports: (0, 0),
-    };
-    (
-        Bound::Included(first(peer)),
-        match peer.checked_add(1) {
-            Some(next) => Bound::Excluded(first(next)),
-            None => Bound::Unbounded,
-        },
-    )
-}
-
-/// The entries of subject `s` in direction `dir`.
-fn direction_entries(s: u32, dir: Direction) -> (Bound<PolicyEntry>, Bound<PolicyEntry>) {
-    let first = |direction: Direction| PolicyEntry {
-        subject: s,
-        direction,
-        peer: 0,
-        protocol: None,
-        ports: (0, 0),
-    };
-    match dir {
-        Direction::Ingress => (
-            Bound::Included(first(Direction::Ingress)),
-            Bound::Excluded(first(Direction::Egress)),
-        ),
-        Direction::Egress => (Bound::Included(first(Direction::Egress)), subject_entries(s).1),
-    }
 }
 
 /// Spec §1: the isolation (ingress, egress) of the pods that `policies`
@@ -121,11 +65,69 @@ fn reach_index(dir: Direction) -> usize {
 
 /// Adds `new` entries to the compiled policy map; an entry already there
 /// keeps the lower rule id.
-fn merge_entries(policy: &mut BTreeMap<PolicyEntry, u32>, new: BTreeMap<PolicyEntry, u32>) {
+fn merge_entries(policy: &mut PolicyMap, new: BTreeMap<PolicyEntry, u32>) {
     for (e, r) in new {
-        let slot = policy.entry(e).or_insert(r);
-        *slot = (*slot).min(r);
+        policy.insert_min(e, r);
     }
+}
+
+/// At most this many peers are patched entry by entry in
+/// [`merge_towards`]; more, and the group is rebuilt.
+const POINT_PATCH_PEERS: usize = 64;
+
+/// Makes the entries of group (`s`, `dir`) towards the peers `only`
+/// (`None`: every peer; sorted) exactly `fresh` (entries of that group
+/// towards those peers, sorted, each once), leaving its other entries alone. Towards a few
+/// peers the changed entries are written one by one; otherwise the group
+/// is rebuilt in one ordered pass (the entries it keeps merged with
+/// `fresh`, both in order: linear, and far cheaper than as many single
+/// inserts and removals).
+fn merge_towards(policy: &mut PolicyMap, s: u32, dir: Direction, only: Option<&[u32]>, fresh: Vec<(PolicyEntry, u32)>) {
+    let in_fresh = |e: &PolicyEntry| fresh.binary_search_by(|(f, _)| f.cmp(e)).is_ok();
+    if let Some(peers) = only.filter(|o| o.len() <= POINT_PATCH_PEERS) {
+        let mut gone: Vec<PolicyEntry> = Vec::new();
+        if let Some(group) = policy.group(s, dir) {
+            for p in peers {
+                gone.extend(
+                    group
+                        .range(peer_range(s, dir, *p))
+                        .map(|(e, _)| *e)
+                        .filter(|e| !in_fresh(e)),
+                );
+            }
+        }
+        for e in gone {
+            policy.remove(&e);
+        }
+        for (e, r) in fresh {
+            policy.insert(e, r);
+        }
+        return;
+    }
+    let old = policy.take_group(s, dir);
+    let mut rest = only.unwrap_or_default();
+    let mut towards_reach = |e: &PolicyEntry| match only {
+        None => true,
+        Some(_) => {
+            // The entries come in peer order: one walk along `only`.
+            rest = &rest[rest.partition_point(|p| *p < e.peer)..];
+            rest.first() == Some(&e.peer)
+        }
+    };
+    let mut merged: Vec<(PolicyEntry, u32)> = Vec::with_capacity(old.len() + fresh.len());
+    let mut fresh = fresh.into_iter().peekable();
+    for (e, r) in old {
+        if towards_reach(&e) {
+            continue;
+        }
+        while let Some(f) = fresh.next_if(|(f, _)| *f < e) {
+            merged.push(f);
+        }
+        merged.push((e, r));
+    }
+    merged.extend(fresh);
+    // In order already: the collect builds the map in one pass.
+    policy.set_group(s, dir, merged.into_iter().collect());
 }
 
 /// The policies of `policies` (ordered by namespace) that select
@@ -274,10 +276,7 @@ impl Compiler {
     /// is forgotten) and sets their members' isolation.
     pub(super) fn emit_subjects(&mut self, subjects: BTreeSet<u32>) {
         for s in subjects {
-            self.out
-                .policy
-                .extract_if(subject_entries(s), |_, _| true)
-                .for_each(drop);
+            self.out.policy.remove_subject(s);
             self.rules.remove_user(s);
             if self.subjects.get(&s).is_none_or(|m| m.is_empty()) {
                 // A gone subject: its tier entries go too.
@@ -305,7 +304,16 @@ impl Compiler {
                 let rid = self.rules.rule_id(RuleRef::HostEgress, &mut self.out.ids);
                 entries.insert(host_egress_entry(s), rid);
             }
-            self.out.policy.extend(entries);
+            // The subject has no entries now: its two groups are set.
+            let egress = entries.split_off(&PolicyEntry {
+                subject: s,
+                direction: Direction::Egress,
+                peer: 0,
+                protocol: None,
+                ports: (0, 0),
+            });
+            self.out.policy.set_group(s, Direction::Ingress, entries);
+            self.out.policy.set_group(s, Direction::Egress, egress);
             self.set_isolation(s, iso_in, iso_eg);
         }
     }
@@ -353,8 +361,9 @@ impl Compiler {
     /// subject's entries towards one peer come only from the rules that
     /// emit towards that peer, so only the entries towards the peers of
     /// `reach` (the union of the old and new versions' reaches) can
-    /// change: those are removed and emitted again from every rule of the
-    /// subject restricted to them ([`emit_rule_towards`]); the others stay.
+    /// change: those are emitted again from every rule of the subject
+    /// restricted to them ([`emit_rule_towards`]) and merged in
+    /// ([`merge_towards`]: only what differs is written); the others stay.
     /// The isolation flags and the host egress entry follow the policies
     /// selecting the subject now. The old version's rules are no longer
     /// used (their users are gone); the new version's users are recorded.
@@ -379,22 +388,10 @@ impl Compiler {
                 if only.is_some_and(|o| o.is_empty()) {
                     continue;
                 }
-                // The entries come in peer order: one walk along `only`.
-                let mut rest = only.unwrap_or_default();
-                let towards_reach = |e: &PolicyEntry, _: &mut u32| match only {
-                    None => true,
-                    Some(_) => {
-                        rest = &rest[rest.partition_point(|p| *p < e.peer)..];
-                        rest.first() == Some(&e.peer)
-                    }
-                };
-                self.out
-                    .policy
-                    .extract_if(direction_entries(s, dir), towards_reach)
-                    .for_each(drop);
-                // Emitted in place: the map holds no entry towards `only`
-                // any more, so it gathers exactly those entries (each with
-                // the smallest rule id, as `emit_rule` merges them).
+                // The entries towards `only` from every rule of the
+                // subject, gathered apart (a small map, each entry with
+                // the smallest rule id, as `emit_rule` merges them) ...
+                let mut fresh = Vec::new();
                 for p in &policies {
                     for (d, i, rule) in enforced_rules(p).filter(|(d, _, _)| *d == dir) {
                         let rk: RuleKey = (p.namespace.clone(), p.name.clone(), d, i);
@@ -417,9 +414,13 @@ impl Compiler {
                             peers,
                             rule_id: *rid,
                         };
-                        emit_rule_towards(&mut self.out.policy, &target, &self.out.ids.identities, only);
+                        emit_rule_towards(&mut fresh, &target, &self.out.ids.identities, only);
                     }
                 }
+                // ... then merged into the map in one ordered walk: only
+                // what differs is written (most entries towards a peer
+                // come from other rules and stay).
+                merge_towards(&mut self.out.policy, s, dir, only, sorted_entries(fresh));
             }
             let (iso_in, iso_eg) = isolation(&policies);
             if self.opts.allow_host_egress {
@@ -541,7 +542,7 @@ impl Compiler {
         let policy = &mut self.out.policy;
         for s in users {
             for dir in [Direction::Ingress, Direction::Egress] {
-                policy.extract_if(peer_entries(s, dir, id), |_, _| true).for_each(drop);
+                policy.remove_peer(s, dir, id);
             }
         }
     }

@@ -37,7 +37,7 @@ impl Dataplane for Mem {
         diff.ipcache.apply_to(&mut k.ipcache);
         diff.cidrs.apply_to(&mut k.cidrs);
         diff.endpoints.apply_to(&mut k.endpoints);
-        diff.policy.apply_to(&mut k.policy);
+        diff.policy.apply_to_policy(&mut k.policy);
         Ok(())
     }
     fn counters(&self) -> Result<Counters, DataplaneError> {

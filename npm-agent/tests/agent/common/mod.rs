@@ -123,7 +123,7 @@ impl Dataplane for RecordingDataplane {
         let ipcache_removed = apply_map(&mut r.state.ipcache, &diff.ipcache);
         apply_map(&mut r.state.cidrs, &diff.cidrs);
         let endpoints_removed = apply_map(&mut r.state.endpoints, &diff.endpoints);
-        apply_map(&mut r.state.policy, &diff.policy);
+        diff.policy.apply_to_policy(&mut r.state.policy);
         if r.state.ipcache != next.ipcache
             || r.state.endpoints != next.endpoints
             || r.state.policy != next.policy
