@@ -77,9 +77,9 @@ const POINT_PATCH_PEERS: usize = 64;
 
 /// Makes the entries of group (`s`, `dir`) towards the peers `only`
 /// (`None`: every peer; sorted) exactly `fresh` (entries of that group
-/// towards those peers, sorted, each once), leaving its other entries alone. Towards a few
-/// peers the changed entries are written one by one; otherwise the group
-/// is rebuilt in one ordered pass (the entries it keeps merged with
+/// towards those peers, sorted, each once), leaving its other entries
+/// alone. Towards a few peers the changed entries are written one by one;
+/// otherwise the group is rebuilt in one ordered pass (the entries it keeps merged with
 /// `fresh`, both in order: linear, and far cheaper than as many single
 /// inserts and removals).
 fn merge_towards(policy: &mut PolicyMap, s: u32, dir: Direction, only: Option<&[u32]>, fresh: Vec<(PolicyEntry, u32)>) {
@@ -389,7 +389,7 @@ impl Compiler {
                     continue;
                 }
                 // The entries towards `only` from every rule of the
-                // subject, gathered apart (a small map, each entry with
+                // subject, gathered apart (then sorted, each entry with
                 // the smallest rule id, as `emit_rule` merges them) ...
                 let mut fresh = Vec::new();
                 for p in &policies {
