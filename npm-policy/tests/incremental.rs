@@ -436,12 +436,7 @@ fn policy_changes_are_patched_like_a_full_compile() {
     r.name = "r".into();
     m.snapshot.policies.insert(pk("r"), r.clone());
     let mut c = Compiler::new(m.snapshot.clone(), opts(), None);
-    let check = |c: &Compiler, what: &str| {
-        let full = npm_policy::compile(c.snapshot(), &opts(), Some(c.compiled()));
-        assert_eq!(c.compiled().policy, full.policy, "{what}: policy entries");
-        assert_eq!(c.compiled().endpoints, full.endpoints, "{what}: endpoint records");
-        assert!(c.compiled().diff(&full).is_empty(), "{what}: diff");
-    };
+    let check = matches_full_compile;
     check(&c, "initial");
     let xa = ep(c.compiled(), "x/a");
     let allows = |c: &Compiler, pod: &str, port: u16| {
@@ -553,6 +548,15 @@ fn endpoints_of_one_identity_share_their_subjects_entries() {
     let c3 = inc.compiled().clone();
     same_tables(&c3, &npm_policy::compile(&m.snapshot, &opts(), Some(&c3)));
     assert!(c3.policy.is_empty(), "{:?}", c3.policy);
+}
+
+/// The incremental compiler's state is the full compile's (`what` names
+/// the step).
+fn matches_full_compile(c: &npm_policy::incremental::Compiler, what: &str) {
+    let full = npm_policy::compile(c.snapshot(), &opts(), Some(c.compiled()));
+    assert_eq!(c.compiled().policy, full.policy, "{what}: policy entries");
+    assert_eq!(c.compiled().endpoints, full.endpoints, "{what}: endpoint records");
+    assert!(c.compiled().diff(&full).is_empty(), "{what}: diff");
 }
 
 /// Relabels pod `x/name` to `pod=label` in the model and the incremental
@@ -706,12 +710,7 @@ fn a_policy_change_towards_many_peers_is_patched_like_a_full_compile() {
     m.snapshot.policies.insert(pk("wide"), wide.clone());
     m.snapshot.policies.insert(pk("narrow"), narrow);
     let mut c = Compiler::new(m.snapshot.clone(), opts(), None);
-    let check = |c: &Compiler, what: &str| {
-        let full = npm_policy::compile(c.snapshot(), &opts(), Some(c.compiled()));
-        assert_eq!(c.compiled().policy, full.policy, "{what}: policy entries");
-        assert_eq!(c.compiled().endpoints, full.endpoints, "{what}: endpoint records");
-        assert!(c.compiled().diff(&full).is_empty(), "{what}: diff");
-    };
+    let check = matches_full_compile;
     check(&c, "initial");
     let xa = ep(c.compiled(), "x/a");
     let from = |c: &Compiler, i: u32, port: u16| {
