@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 
 use super::cluster_policy::{ClusterNetworkPolicy, ClusterPolicyMode};
 use super::nodes::NODE_PROJECTION;
+use super::objects::Objects;
 use super::pods::{Pod, POD_PROJECTION};
 use super::store::{ListStore, StoreUpdate};
 use crate::telemetry::metrics::{Metrics, PodOperation};
@@ -92,21 +93,22 @@ pub fn classify_pod_change(old: Option<&Pod>, new: Option<&Pod>) -> Option<PodOp
     }
 }
 
-/// A consistent copy of the five complete stores.
+/// A consistent copy of the five complete stores (each a copy of the
+/// store's [`Objects`]: O(1), sharing its structure).
 #[derive(Clone, Debug, Default)]
 pub struct CompleteState {
     /// Namespaces.
-    pub namespaces: Vec<Arc<Namespace>>,
+    pub namespaces: Objects<Namespace>,
     /// Pods (slim: [`crate::k8s::pods`]).
-    pub pods: Vec<Arc<Pod>>,
+    pub pods: Objects<Pod>,
     /// NetworkPolicies.
-    pub policies: Vec<Arc<NetworkPolicy>>,
+    pub policies: Objects<NetworkPolicy>,
     /// ClusterNetworkPolicies (empty when the API does not serve them and
     /// `--cluster-network-policies` is `auto`, or it is `off`).
-    pub cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
+    pub cluster_policies: Objects<ClusterNetworkPolicy>,
     /// Nodes, slim (see [`crate::k8s::nodes`]; empty when the cache does
     /// not watch them, [`Cache::watches_nodes`]).
-    pub nodes: Vec<Arc<Node>>,
+    pub nodes: Objects<Node>,
 }
 
 /// The agent's view of the cluster, shared by the watchers and the sync loop.
@@ -261,11 +263,11 @@ impl Cache {
         let cluster_policies = lock(&self.cluster_policies);
         let nodes = lock(&self.nodes);
         Some(CompleteState {
-            pods: pods.complete()?.values().cloned().collect(),
-            namespaces: namespaces.complete()?.values().cloned().collect(),
-            policies: policies.complete()?.values().cloned().collect(),
-            cluster_policies: cluster_policies.complete()?.values().cloned().collect(),
-            nodes: nodes.complete()?.values().cloned().collect(),
+            pods: pods.complete()?.clone(),
+            namespaces: namespaces.complete()?.clone(),
+            policies: policies.complete()?.clone(),
+            cluster_policies: cluster_policies.complete()?.clone(),
+            nodes: nodes.complete()?.clone(),
         })
     }
 

@@ -109,21 +109,25 @@ async fn read_all(
 ) -> Result<CompleteState, WatchError> {
     within(DIRECT_READ_TIMEOUT, async {
         Ok(CompleteState {
-            namespaces: direct_list(Api::<Namespace>::all(client.clone()), page_size).await?,
+            namespaces: direct_list(Api::<Namespace>::all(client.clone()), page_size)
+                .await?
+                .into(),
             pods: direct_list(Api::<Pod>::all(client.clone()), page_size)
                 .await?
                 .into_iter()
                 .map(|p| std::sync::Arc::new(super::pods::slim_pod((*p).clone())))
                 .collect(),
-            policies: direct_list(Api::<NetworkPolicy>::all(client.clone()), page_size).await?,
-            cluster_policies: direct_cluster_policies(client, page_size, mode).await?,
+            policies: direct_list(Api::<NetworkPolicy>::all(client.clone()), page_size)
+                .await?
+                .into(),
+            cluster_policies: direct_cluster_policies(client, page_size, mode).await?.into(),
             nodes: match nodes {
                 true => direct_list(Api::<Node>::all(client.clone()), page_size)
                     .await?
                     .into_iter()
                     .map(|n| std::sync::Arc::new(super::nodes::slim_node((*n).clone())))
                     .collect(),
-                false => Vec::new(),
+                false => Default::default(),
             },
         })
     })

@@ -20,6 +20,9 @@
 //! in one place. The watcher itself is kube-rs' (`kube::runtime::watcher`,
 //! paginated with `page_size`, with its default backoff).
 //!
+//! - [`objects`]: [`Objects`], the objects of one kind by key as a
+//!   persistent map (a copy is a pointer; a diff of two copies visits only
+//!   what they do not share);
 //! - [`store`]: one kind's [`ListStore`] (complete state, relist buffer);
 //! - [`cache`]: the five stores as one [`Cache`] and its [`CompleteState`];
 //! - [`cluster_policy`]: the ClusterNetworkPolicy resource type and
@@ -37,6 +40,7 @@ pub mod cache;
 pub mod cluster_policy;
 pub mod direct_read;
 pub mod nodes;
+pub mod objects;
 pub mod pods;
 pub mod store;
 pub mod taint;
@@ -45,6 +49,7 @@ pub mod watcher;
 pub use cache::{classify_pod_change, Cache, CompleteState, Watched};
 pub use cluster_policy::{ClusterNetworkPolicy, ClusterPolicyMode};
 pub use direct_read::{direct_read, direct_read_for, direct_read_with, WatchError};
+pub use objects::Objects;
 pub use store::{key_of, strip, ListStore, ObjKey, Projection, StoreUpdate};
 pub use watcher::{spawn_watchers, watch, watch_cluster_policies};
 

@@ -106,18 +106,18 @@ mod tests {
         store.handle(Event::Init, |_, _| {});
         store.handle(Event::InitApply(node("1", "x", "10.0.0.2", "t1")), |_, _| {});
         assert_eq!(store.handle(Event::InitDone, |_, _| {}), StoreUpdate::Changed);
-        let stored = store.complete().unwrap().values().next().unwrap().clone();
+        let stored = store.complete().unwrap().iter().next().unwrap().clone();
         let mut changes = 0;
         let u = store.handle(Event::Apply(node("2", "x", "10.0.0.2", "t2")), |_, _| changes += 1);
         assert_eq!(u, StoreUpdate::Unchanged);
         assert_eq!(changes, 0);
-        let now = store.complete().unwrap().values().next().unwrap().clone();
+        let now = store.complete().unwrap().iter().next().unwrap().clone();
         assert!(std::sync::Arc::ptr_eq(&stored, &now), "the stored object stays");
         // A relist with only heartbeats changed keeps the pointer too.
         store.handle(Event::Init, |_, _| {});
         store.handle(Event::InitApply(node("3", "x", "10.0.0.2", "t3")), |_, _| {});
         store.handle(Event::InitDone, |_, _| {});
-        let relisted = store.complete().unwrap().values().next().unwrap().clone();
+        let relisted = store.complete().unwrap().iter().next().unwrap().clone();
         assert!(std::sync::Arc::ptr_eq(&stored, &relisted));
         // A label change and an address change are changes.
         let u = store.handle(Event::Apply(node("4", "y", "10.0.0.2", "t3")), |_, _| {});

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use kube::runtime::watcher::Event;
 use kube::{Resource, ResourceExt};
 
+use super::objects::Objects;
+
 /// `namespace/name` of an object (`name` for cluster-scoped ones).
 pub type ObjKey = (String, String);
 
@@ -38,7 +40,7 @@ impl<K> Copy for Projection<K> {}
 /// The objects of one resource kind, trusting only complete lists.
 #[derive(Debug)]
 pub struct ListStore<K> {
-    complete: Option<BTreeMap<ObjKey, Arc<K>>>,
+    complete: Option<Objects<K>>,
     pending: Option<BTreeMap<ObjKey, Arc<K>>>,
     lists_completed: u64,
     projection: Option<Projection<K>>,
@@ -93,8 +95,9 @@ impl<K: Resource + Clone> ListStore<K> {
         self.lists_completed
     }
 
-    /// The last complete state, `None` before the first full list.
-    pub fn complete(&self) -> Option<&BTreeMap<ObjKey, Arc<K>>> {
+    /// The last complete state, `None` before the first full list (a
+    /// clone of it is O(1): see [`Objects`]).
+    pub fn complete(&self) -> Option<&Objects<K>> {
         self.complete.as_ref()
     }
 
@@ -125,7 +128,7 @@ impl<K: Resource + Clone> ListStore<K> {
                         }
                     }
                 }
-                for (k, o) in &old {
+                for (k, o) in old.entries() {
                     match new.get(k) {
                         None => on_change(Some(o), None),
                         Some(n)
@@ -141,7 +144,9 @@ impl<K: Resource + Clone> ListStore<K> {
                         on_change(None, Some(n));
                     }
                 }
-                self.complete = Some(new);
+                // Built anew: shares no structure with the old state, so
+                // the next object diff walks both whole.
+                self.complete = Some(Objects::from(new));
                 self.lists_completed += 1;
                 StoreUpdate::Changed
             }
@@ -162,7 +167,7 @@ impl<K: Resource + Clone> ListStore<K> {
                         return StoreUpdate::Unchanged;
                     }
                 }
-                let old = complete.insert(key, obj.clone());
+                let old = complete.insert_at(key, obj.clone());
                 on_change(old.as_deref(), Some(&obj));
                 StoreUpdate::Changed
             }
@@ -227,7 +232,7 @@ impl<K: Resource> ListStore<K> {
     {
         self.complete
             .as_ref()
-            .map(|c| c.values().map(|o| o.name_any()).collect())
+            .map(|c| c.iter().map(|o| o.name_any()).collect())
             .unwrap_or_default()
     }
 }

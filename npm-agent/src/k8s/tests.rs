@@ -53,7 +53,15 @@ fn relist_keeps_last_complete_state_until_init_done() {
     cache.handle(Event::InitApply(pod("b", "2", Some("10.0.0.2"))));
     cache.handle::<Pod>(Event::InitDone);
     assert_eq!(cache.pods.lock().unwrap().names(), vec!["a", "b"]);
-    let stored = cache.pods.lock().unwrap().complete().unwrap()[&("ns".into(), "a".into())].clone();
+    let stored = cache
+        .pods
+        .lock()
+        .unwrap()
+        .complete()
+        .unwrap()
+        .get(&("ns".into(), "a".into()))
+        .unwrap()
+        .clone();
     assert!(stored.metadata.annotations.is_none(), "annotations stripped");
     cache.handle(Event::Apply(pod("b", "3", None)));
     cache.handle(Event::Delete(pod("a", "4", None)));

@@ -10,20 +10,18 @@
 //! cannot come back through a held sync. A held pod whose address nobody
 //! else claims keeps it, its identity and its endpoint.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
 
-use crate::k8s::{key_of, CompleteState, ObjKey};
+use crate::k8s::{CompleteState, Objects};
 
 /// The objects of `last` whose (namespace, name) `next` does not have.
-fn missing<K: Resource>(last: &[Arc<K>], next: &[Arc<K>]) -> Vec<Arc<K>> {
-    let have: BTreeSet<ObjKey> = next.iter().map(|o| key_of(o.as_ref())).collect();
-    last.iter()
-        .filter(|o| !have.contains(&key_of(o.as_ref())))
-        .cloned()
+fn missing<K: Resource>(last: &Objects<K>, next: &Objects<K>) -> Vec<Arc<K>> {
+    last.entries()
+        .filter(|(k, _)| !next.contains_key(k))
+        .map(|(_, o)| o.clone())
         .collect()
 }
 
@@ -42,12 +40,12 @@ pub fn held_state(last: &CompleteState, next: &CompleteState) -> CompleteState {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     for p in missing(&last.pods, &next.pods) {
         if p.metadata.deletion_timestamp.is_some() {
-            out.pods.push(p);
+            out.pods.insert(p);
             continue;
         }
         let mut held = (*p).clone();
         held.metadata.deletion_timestamp = Some(now.clone());
-        out.pods.push(Arc::new(held));
+        out.pods.insert(Arc::new(held));
     }
     out
 }

@@ -82,10 +82,7 @@ impl ServiceState {
         let s = self.services.lock().unwrap_or_else(|p| p.into_inner());
         let n = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
         let (s, n) = (s.complete()?, n.complete()?);
-        Some(service_keys(
-            s.values().map(|a| a.as_ref()),
-            n.values().map(|a| a.as_ref()),
-        ))
+        Some(service_keys(s.iter().map(|a| a.as_ref()), n.iter().map(|a| a.as_ref())))
     }
 
     /// The change counter.

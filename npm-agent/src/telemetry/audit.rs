@@ -43,6 +43,7 @@ use npm_policy::model::{Policy, Snapshot};
 
 use super::flowlog::{FlowRecord, Names};
 use super::{FlowLog, Metrics};
+use crate::k8s::Objects;
 
 /// The flow-log verdict of a would-deny line.
 pub const WOULD_DENY: &str = "would-deny";
@@ -58,9 +59,12 @@ pub struct Audit {
     window: Option<Instant>,
     logged: u32,
     suppressed: u64,
-    /// The API objects the audited policies were converted from (to skip
-    /// converting again when they did not change).
-    sources: Vec<Arc<NetworkPolicy>>,
+    /// The policies of the last [`Audit::refresh`] (a copy that shares
+    /// structure with the store's).
+    seen: Objects<NetworkPolicy>,
+    /// The audited ones among them, the API objects [`Audit::audited`] was
+    /// converted from.
+    sources: Objects<NetworkPolicy>,
     audited: BTreeMap<(String, String), Policy>,
     view: Option<AuditView>,
 }
@@ -143,21 +147,29 @@ impl Audit {
     }
 
     /// Take the audited policies of `policies` (the API objects of the
-    /// state just compiled, annotations kept by the stores): converted
-    /// again when they changed; the merged view is rebuilt when next
+    /// state just compiled, annotations kept by the stores): only the
+    /// policies that changed since the last call are looked at (the diff of
+    /// two copies of one [`Objects`]), and the audited ones converted again
+    /// when one of them changed; the merged view is rebuilt when next
     /// needed (the snapshot changed too).
-    pub fn refresh(&mut self, policies: &[Arc<NetworkPolicy>]) {
+    pub fn refresh(&mut self, policies: &Objects<NetworkPolicy>) {
         self.view = None;
-        let audited: Vec<Arc<NetworkPolicy>> = policies
-            .iter()
-            .filter(|np| npm_policy::audit::audit_annotation(&np.metadata) == Ok(true))
-            .cloned()
-            .collect();
-        let same =
-            audited.len() == self.sources.len() && audited.iter().zip(&self.sources).all(|(a, b)| Arc::ptr_eq(a, b));
-        if !same {
-            self.audited = audited_policies(audited.iter().map(|np| np.as_ref()));
-            self.sources = audited;
+        let (upserts, removed) = self.seen.diff(policies);
+        self.seen = policies.clone();
+        let mut changed = false;
+        for key in &removed {
+            changed |= self.sources.remove(key).is_some();
+        }
+        for np in upserts {
+            if npm_policy::audit::audit_annotation(&np.metadata) == Ok(true) {
+                self.sources.insert(np);
+                changed = true;
+            } else {
+                changed |= self.sources.remove(&crate::k8s::key_of(np.as_ref())).is_some();
+            }
+        }
+        if changed {
+            self.audited = audited_policies(self.sources.iter().map(|np| np.as_ref()));
         }
     }
 

@@ -40,6 +40,7 @@ use npm_policy::model::InvalidPolicy;
 use tokio::sync::mpsc;
 
 use super::metrics::Metrics;
+use crate::k8s::Objects;
 
 /// The reason of the Event on a policy that is not fully understood.
 pub const REASON_PARTIALLY_INVALID: &str = "PolicyPartiallyInvalid";
@@ -305,39 +306,20 @@ impl PolicyReport {
 
 /// The reports of the policies of `invalid` (the snapshot's
 /// `invalid_policies`), each with the uid and resourceVersion of its API
-/// object in `policies` (one pass over them).
-pub fn reports_of(invalid: &[InvalidPolicy], policies: &[Arc<NetworkPolicy>]) -> Vec<PolicyReport> {
-    if invalid.is_empty() {
-        return Vec::new();
-    }
-    let wanted: BTreeSet<(&str, &str)> = invalid
-        .iter()
-        .map(|p| (p.namespace.as_str(), p.name.as_str()))
-        .collect();
-    let mut found = std::collections::BTreeMap::new();
-    for np in policies {
-        let m = &np.metadata;
-        let key = (
-            m.namespace.as_deref().unwrap_or("default"),
-            m.name.as_deref().unwrap_or(""),
-        );
-        if wanted.contains(&key) {
-            found.insert(key, (m.uid.clone(), m.resource_version.clone()));
-        }
-    }
+/// object in `policies` (looked up by key).
+pub fn reports_of(invalid: &[InvalidPolicy], policies: &Objects<NetworkPolicy>) -> Vec<PolicyReport> {
     invalid
         .iter()
         .map(|p| {
-            let (uid, rv) = found
-                .get(&(p.namespace.as_str(), p.name.as_str()))
-                .cloned()
-                .unwrap_or_default();
+            let meta = policies
+                .get(&(p.namespace.clone(), p.name.clone()))
+                .map(|np| &np.metadata);
             PolicyReport {
                 cluster: false,
                 namespace: p.namespace.clone(),
                 name: p.name.clone(),
-                uid: uid.unwrap_or_default(),
-                resource_version: rv.unwrap_or_default(),
+                uid: meta.and_then(|m| m.uid.clone()).unwrap_or_default(),
+                resource_version: meta.and_then(|m| m.resource_version.clone()).unwrap_or_default(),
                 errors: p.errors.clone(),
             }
         })
@@ -346,18 +328,15 @@ pub fn reports_of(invalid: &[InvalidPolicy], policies: &[Arc<NetworkPolicy>]) ->
 
 /// The reports of the ClusterNetworkPolicies of `invalid` (name, errors),
 /// each with the uid and resourceVersion of its API object in `policies`
-/// (sorted by name, as the cache hands them out).
+/// (looked up by key: cluster-scoped, so an empty namespace).
 pub fn cluster_reports_of(
     invalid: &[(String, Vec<String>)],
-    policies: &[Arc<crate::k8s::ClusterNetworkPolicy>],
+    policies: &Objects<crate::k8s::ClusterNetworkPolicy>,
 ) -> Vec<PolicyReport> {
     invalid
         .iter()
         .map(|(name, errors)| {
-            let meta = policies
-                .binary_search_by(|p| p.name().cmp(name))
-                .ok()
-                .map(|i| &policies[i].metadata);
+            let meta = policies.get(&(String::new(), name.clone())).map(|p| &p.metadata);
             PolicyReport {
                 cluster: true,
                 namespace: String::new(),

@@ -103,7 +103,7 @@ async fn setup() -> (
 fn feed_lossy(cache: &Cache, state: &CompleteState, a9_as: CachedPod, extra: Vec<Pod>) {
     let mut s = state.clone();
     s.pods.retain(|p| matches!(p.metadata.name.as_deref(), Some("s")));
-    s.pods.push(Arc::new(a9_as));
+    s.pods.insert(Arc::new(a9_as));
     s.pods.extend(extra.into_iter().map(|p| Arc::new(CachedPod::from(p))));
     feed_cache(cache, &s, |_| true);
 }
@@ -185,7 +185,7 @@ async fn an_address_claimed_by_a_new_live_pod_moves_to_it_during_a_hold() {
     // a0 is a friend for this test: its address is allowed to the server.
     let mut st = state.clone();
     st.pods.retain(|p| p.metadata.name.as_deref() != Some("a0"));
-    st.pods.push(Arc::new(relabel(&state, "a0", "friend")));
+    st.pods.insert(Arc::new(relabel(&state, "a0", "friend")));
     feed_cache(&cache, &st, |_| true);
     syncer.sync_once().await.unwrap();
     assert!(server_allows(&dp.lock().state, "10.42.0.1"), "a0 (friend) allowed");

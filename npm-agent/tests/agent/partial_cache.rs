@@ -153,7 +153,7 @@ async fn unconfirmed_mass_deletion_is_not_applied() {
 
     // Feed the cache a full list, as the watchers would.
     let state = direct_read(&client, 100).await.unwrap();
-    let first30: std::collections::BTreeSet<_> = state.pods[..30].iter().map(|p| p.metadata.name.clone()).collect();
+    let first30: std::collections::BTreeSet<_> = state.pods.iter().take(30).map(|p| p.metadata.name.clone()).collect();
     feed_cache(&cache, &state, |_| true);
     let first = syncer.sync_once().await.unwrap();
     assert!(first.full && !first.guarded);
@@ -430,7 +430,7 @@ async fn restarted_agent_guards_its_first_sync_against_the_adopted_state() {
     let state = direct_read(&client, 100).await.unwrap();
     let dp = RecordingDataplane::default();
     let new_syncer = |cache: &Arc<Cache>| test_syncer(cache, dp.clone(), &client).build();
-    let first30: std::collections::BTreeSet<_> = state.pods[..30].iter().map(|p| p.metadata.name.clone()).collect();
+    let first30: std::collections::BTreeSet<_> = state.pods.iter().take(30).map(|p| p.metadata.name.clone()).collect();
     let feed = |cache: &Arc<Cache>, all: bool| feed_cache(cache, &state, |p| all || first30.contains(&p.metadata.name));
 
     // The first agent programs all 300 pods (5 identities, 20 endpoints).

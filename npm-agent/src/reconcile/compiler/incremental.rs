@@ -17,12 +17,12 @@ use npm_policy::incremental::Compiler;
 use npm_policy::model::Snapshot;
 
 use super::cluster::{self, Unparsed};
-use super::objects::{diff_objects, key_ref, sorted};
+use super::objects::{diff_objects, key_ref};
 use super::overlay::{convert_pod, Stripped};
 use super::{compile, snapshot, snapshot_with_overlay, Changes, Mismatch};
 use crate::cni::NodeFacts;
 use crate::k8s::pods::Pod;
-use crate::k8s::{key_of, ClusterNetworkPolicy, CompleteState, ObjKey};
+use crate::k8s::{key_of, ClusterNetworkPolicy, CompleteState, ObjKey, Objects};
 
 /// One object change, converted, in the order it is applied.
 enum Op {
@@ -56,11 +56,11 @@ pub struct Incremental {
     last_incremental: bool,
     pub(super) per_change: Duration,
     pub(super) rebuild_cost: Duration,
-    namespaces: Vec<Arc<Namespace>>,
-    pods: Vec<Arc<Pod>>,
-    policies: Vec<Arc<NetworkPolicy>>,
-    cluster_policies: Vec<Arc<ClusterNetworkPolicy>>,
-    nodes: Vec<Arc<Node>>,
+    namespaces: Objects<Namespace>,
+    pods: Objects<Pod>,
+    policies: Objects<NetworkPolicy>,
+    cluster_policies: Objects<ClusterNetworkPolicy>,
+    nodes: Objects<Node>,
     facts: Arc<NodeFacts>,
     stripped: Stripped,
     /// The ClusterNetworkPolicies of the state that cannot be decoded.
@@ -94,11 +94,11 @@ impl Incremental {
             last_incremental: false,
             per_change: Duration::ZERO,
             rebuild_cost: t.elapsed(),
-            namespaces: sorted(&state.namespaces),
-            pods: sorted(&state.pods),
-            policies: sorted(&state.policies),
-            cluster_policies: sorted(&state.cluster_policies),
-            nodes: sorted(&state.nodes),
+            namespaces: state.namespaces.clone(),
+            pods: state.pods.clone(),
+            policies: state.policies.clone(),
+            cluster_policies: state.cluster_policies.clone(),
+            nodes: state.nodes.clone(),
             facts: facts.clone(),
             stripped,
             unparsed,
@@ -122,7 +122,7 @@ impl Incremental {
         cluster::invalid_cluster_policies(self.compiler.snapshot(), &self.unparsed)
     }
 
-    /// The API objects of the state last compiled (sorted; shared, not
+    /// The API objects of the state last compiled (O(1): shared, not
     /// copied).
     pub fn state(&self) -> CompleteState {
         CompleteState {
@@ -157,13 +157,7 @@ impl Incremental {
         let converted: HashSet<(&str, &str)> = pod_up.iter().map(|p| key_ref(p.as_ref())).collect();
         keys.iter()
             .filter(|(ns, name)| !converted.contains(&(ns.as_str(), name.as_str())))
-            .filter_map(|(ns, name)| {
-                let i = self
-                    .pods
-                    .binary_search_by(|o| key_ref(o.as_ref()).cmp(&(ns.as_str(), name.as_str())))
-                    .ok()?;
-                Some(self.pods[i].clone())
-            })
+            .filter_map(|key| self.pods.get(key).cloned())
             .collect()
     }
 
@@ -376,10 +370,10 @@ impl Incremental {
     /// compiling them, so the next update misses their changes (what the
     /// cross-check is there to catch).
     pub(crate) fn pretend_compiled(&mut self, state: &CompleteState) {
-        self.namespaces = sorted(&state.namespaces);
-        self.pods = sorted(&state.pods);
-        self.policies = sorted(&state.policies);
-        self.cluster_policies = sorted(&state.cluster_policies);
-        self.nodes = sorted(&state.nodes);
+        self.namespaces = state.namespaces.clone();
+        self.pods = state.pods.clone();
+        self.policies = state.policies.clone();
+        self.cluster_policies = state.cluster_policies.clone();
+        self.nodes = state.nodes.clone();
     }
 }

@@ -16,6 +16,11 @@ use crate::cni::{Attachment, NodeFacts};
 use crate::k8s::pods::{Container, Pod, PodSpec, PodStatus};
 use crate::k8s::CompleteState;
 
+/// The store key of `ns/name` (`""` for cluster-scoped objects).
+fn key(ns: &str, name: &str) -> crate::k8s::ObjKey {
+    (ns.to_string(), name.to_string())
+}
+
 fn no_facts() -> Arc<NodeFacts> {
     Arc::default()
 }
@@ -90,7 +95,7 @@ fn opts() -> CompileOptions {
 #[test]
 fn incremental_updates_match_full_compile() {
     let mut state = CompleteState {
-        namespaces: vec![ns("a", 1, "x"), ns("b", 2, "y")],
+        namespaces: vec![ns("a", 1, "x"), ns("b", 2, "y")].into(),
         pods: (0..20)
             .map(|i| {
                 let node = if i % 2 == 0 { "node-a" } else { "node-b" };
@@ -104,9 +109,9 @@ fn incremental_updates_match_full_compile() {
                 )
             })
             .collect(),
-        policies: vec![policy("a", "np1", 100, "web", "y")],
-        cluster_policies: Vec::new(),
-        nodes: Vec::new(),
+        policies: vec![policy("a", "np1", 100, "web", "y")].into(),
+        cluster_policies: Default::default(),
+        nodes: Default::default(),
     };
     let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
     let mut rv = 1000;
@@ -115,21 +120,33 @@ fn incremental_updates_match_full_compile() {
         rv
     };
     let steps: Vec<Box<Step>> = vec![
-        Box::new(|s, rv| s.pods.push(pod("a", "new", rv, "10.1.1.1", "web", "node-a"))),
-        Box::new(|s, rv| s.pods[1] = pod("b", "p1", rv, "10.1.1.2", "web", "node-b")),
-        Box::new(|s, _| {
-            s.pods.remove(0);
+        Box::new(|s, rv| {
+            s.pods.insert(pod("a", "new", rv, "10.1.1.1", "web", "node-a"));
         }),
-        Box::new(|s, rv| s.namespaces[1] = ns("b", rv, "x")),
-        Box::new(|s, rv| s.policies.push(policy("b", "np2", rv, "db", "x"))),
-        Box::new(|s, rv| s.policies[0] = policy("a", "np1", rv, "web", "x")),
+        Box::new(|s, rv| {
+            s.pods.insert(pod("b", "p1", rv, "10.1.1.2", "web", "node-b"));
+        }),
         Box::new(|s, _| {
-            s.policies.remove(0);
+            s.pods.remove(&key("a", "p0"));
+        }),
+        Box::new(|s, rv| {
+            s.namespaces.insert(ns("b", rv, "x"));
+        }),
+        Box::new(|s, rv| {
+            s.policies.insert(policy("b", "np2", rv, "db", "x"));
+        }),
+        Box::new(|s, rv| {
+            s.policies.insert(policy("a", "np1", rv, "web", "x"));
+        }),
+        Box::new(|s, _| {
+            s.policies.remove(&key("a", "np1"));
         }),
         // An address taken over by another pod (incident 1 shape).
-        Box::new(|s, rv| s.pods.push(pod("b", "thief", rv, "10.1.0.3", "db", "node-a"))),
+        Box::new(|s, rv| {
+            s.pods.insert(pod("b", "thief", rv, "10.1.0.3", "db", "node-a"));
+        }),
         Box::new(|s, _| {
-            s.namespaces.remove(0);
+            s.namespaces.remove(&key("", "a"));
         }),
     ];
     let mut incremental_steps = 0;
@@ -172,8 +189,8 @@ fn incremental_updates_match_full_compile() {
         namespaces: state.namespaces.iter().map(|o| Arc::new((**o).clone())).collect(),
         pods: state.pods.iter().map(|o| Arc::new((**o).clone())).collect(),
         policies: state.policies.iter().map(|o| Arc::new((**o).clone())).collect(),
-        cluster_policies: Vec::new(),
-        nodes: Vec::new(),
+        cluster_policies: Default::default(),
+        nodes: Default::default(),
     };
     assert_eq!(inc.update(&relisted, &no_facts()), Changes::default());
 }
@@ -183,14 +200,14 @@ fn incremental_updates_match_full_compile() {
 #[test]
 fn cross_check_repairs_a_missed_change() {
     let mut state = CompleteState {
-        namespaces: vec![ns("a", 1, "x")],
-        pods: vec![pod("a", "p", 2, "10.2.0.1", "web", "node-a")],
-        policies: Vec::new(),
-        cluster_policies: Vec::new(),
-        nodes: Vec::new(),
+        namespaces: vec![ns("a", 1, "x")].into(),
+        pods: vec![pod("a", "p", 2, "10.2.0.1", "web", "node-a")].into(),
+        policies: Default::default(),
+        cluster_policies: Default::default(),
+        nodes: Default::default(),
     };
     let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
-    state.pods[0] = pod("a", "p", 3, "10.2.0.9", "web", "node-a");
+    state.pods.insert(pod("a", "p", 3, "10.2.0.9", "web", "node-a"));
     // Pretend the new version was already compiled: the diff misses it.
     inc.pretend_compiled(&state);
     assert_eq!(inc.update(&state, &no_facts()), Changes::default());
@@ -232,15 +249,16 @@ fn facts_changes_are_compiled_incrementally() {
     let mut new = (*pod("a", "new", 1, "", "web", "node-a")).clone();
     new.status.as_mut().unwrap().pod_ip = None;
     let state = CompleteState {
-        namespaces: vec![ns("a", 1, "x")],
+        namespaces: vec![ns("a", 1, "x")].into(),
         pods: vec![
             Arc::new(new),
             // A stale object of a gone pod with the address IPAM hands out next.
             pod("a", "old", 2, "10.3.0.7", "db", "node-a"),
-        ],
-        policies: vec![policy("a", "np1", 3, "web", "x")],
-        cluster_policies: Vec::new(),
-        nodes: Vec::new(),
+        ]
+        .into(),
+        policies: vec![policy("a", "np1", 3, "web", "x")].into(),
+        cluster_policies: Default::default(),
+        nodes: Default::default(),
     };
     let ip: IpAddr = "10.3.0.7".parse().unwrap();
     let mut facts = NodeFacts::default();
@@ -287,7 +305,7 @@ fn facts_changes_are_compiled_incrementally() {
     let mut with_ip = (*pod("a", "new", 5, "10.3.0.8", "web", "node-a")).clone();
     with_ip.metadata.uid = Some("uid-a-new".into());
     let tombstoned = CompleteState {
-        pods: vec![Arc::new(with_ip)],
+        pods: vec![Arc::new(with_ip)].into(),
         ..state.clone()
     };
     let inc = Incremental::new(&tombstoned, &Arc::new(facts), &opts(), None);
@@ -322,30 +340,37 @@ fn admin_deny(name: &str, rv: u64, action: &str, app: &str, team: &str) -> Arc<c
 #[test]
 fn cluster_policy_steps_match_full_compile() {
     let mut state = CompleteState {
-        namespaces: vec![ns("a", 1, "x"), ns("b", 2, "y")],
+        namespaces: vec![ns("a", 1, "x"), ns("b", 2, "y")].into(),
         pods: vec![
             pod("a", "w", 3, "10.4.0.1", "web", "node-a"),
             pod("b", "d", 4, "10.4.0.2", "db", "node-a"),
-        ],
+        ]
+        .into(),
         ..Default::default()
     };
     let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
     assert!(inc.compiled().tiers.is_empty());
     let steps: Vec<Box<Step>> = vec![
-        Box::new(|s, rv| s.cluster_policies.push(admin_deny("deny-y", rv, "Deny", "web", "y"))),
-        Box::new(|s, rv| s.pods.push(pod("a", "w2", rv, "10.4.0.3", "web", "node-a"))),
-        Box::new(|s, rv| s.cluster_policies[0] = admin_deny("deny-y", rv, "Pass", "web", "y")),
         Box::new(|s, rv| {
-            s.cluster_policies.push(cnp(
+            s.cluster_policies.insert(admin_deny("deny-y", rv, "Deny", "web", "y"));
+        }),
+        Box::new(|s, rv| {
+            s.pods.insert(pod("a", "w2", rv, "10.4.0.3", "web", "node-a"));
+        }),
+        Box::new(|s, rv| {
+            s.cluster_policies.insert(admin_deny("deny-y", rv, "Pass", "web", "y"));
+        }),
+        Box::new(|s, rv| {
+            s.cluster_policies.insert(cnp(
                 "garbled",
                 rv,
                 serde_json::json!({"tier": "Admin", "priority": "high"}),
-            ))
+            ));
         }),
         Box::new(|s, _| {
-            s.cluster_policies.remove(0);
+            s.cluster_policies.remove(&key("", "deny-y"));
         }),
-        Box::new(|s, _| s.cluster_policies.clear()),
+        Box::new(|s, _| s.cluster_policies = Default::default()),
     ];
     for (i, step) in steps.iter().enumerate() {
         step(&mut state, 100 + i as u64);
@@ -411,9 +436,9 @@ fn api_node(name: &str, rv: u64, zone: &str, ips: &[&str]) -> Arc<k8s_openapi::a
 #[test]
 fn node_steps_match_full_compile() {
     let mut state = CompleteState {
-        namespaces: vec![ns("a", 1, "x")],
-        pods: vec![pod("a", "w", 2, "10.5.0.1", "web", "node-a")],
-        nodes: vec![api_node("node-a", 3, "z1", &["10.6.0.1"])],
+        namespaces: vec![ns("a", 1, "x")].into(),
+        pods: vec![pod("a", "w", 2, "10.5.0.1", "web", "node-a")].into(),
+        nodes: vec![api_node("node-a", 3, "z1", &["10.6.0.1"])].into(),
         ..Default::default()
     };
     let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
@@ -422,19 +447,34 @@ fn node_steps_match_full_compile() {
         "this node is no node identity"
     );
     let steps: Vec<Box<Step>> = vec![
-        Box::new(|s, rv| s.nodes.push(api_node("node-b", rv, "z1", &["10.6.0.2"]))),
-        Box::new(|s, rv| s.nodes.push(api_node("node-c", rv, "z2", &["10.6.0.3", "fd00::3"]))),
-        Box::new(|s, rv| s.nodes[1] = api_node("node-b", rv, "z2", &["10.6.0.2"])),
-        Box::new(|s, rv| s.nodes[2] = api_node("node-c", rv, "z2", &["10.6.0.4"])),
-        Box::new(|s, rv| s.nodes.push(api_node("node-d", rv, "z3", &["not-an-ip"]))),
-        Box::new(|s, rv| s.pods.push(pod("a", "squat", rv, "10.6.0.2", "web", "node-b"))),
-        Box::new(|s, _| {
-            s.pods.pop();
+        Box::new(|s, rv| {
+            s.nodes.insert(api_node("node-b", rv, "z1", &["10.6.0.2"]));
+        }),
+        Box::new(|s, rv| {
+            s.nodes.insert(api_node("node-c", rv, "z2", &["10.6.0.3", "fd00::3"]));
+        }),
+        Box::new(|s, rv| {
+            s.nodes.insert(api_node("node-b", rv, "z2", &["10.6.0.2"]));
+        }),
+        Box::new(|s, rv| {
+            s.nodes.insert(api_node("node-c", rv, "z2", &["10.6.0.4"]));
+        }),
+        Box::new(|s, rv| {
+            s.nodes.insert(api_node("node-d", rv, "z3", &["not-an-ip"]));
+        }),
+        Box::new(|s, rv| {
+            s.pods.insert(pod("a", "squat", rv, "10.6.0.2", "web", "node-b"));
         }),
         Box::new(|s, _| {
-            s.nodes.remove(1);
+            s.pods.remove(&key("a", "squat"));
         }),
-        Box::new(|s, _| s.nodes.truncate(1)),
+        Box::new(|s, _| {
+            s.nodes.remove(&key("", "node-b"));
+        }),
+        Box::new(|s, _| {
+            s.nodes.remove(&key("", "node-c"));
+            s.nodes.remove(&key("", "node-d"));
+        }),
     ];
     for (i, step) in steps.iter().enumerate() {
         step(&mut state, 100 + i as u64);

@@ -116,7 +116,7 @@ fn allow_events_an_audited_policy_would_deny() {
     );
     assert!(compiled.endpoints[&client].isolated_ingress);
     let mut audit = Audit::new();
-    audit.refresh(&policies);
+    audit.refresh(&policies.clone().into());
     assert_eq!(audit.audited().len(), 1);
     assert!(audit.reports(&snapshot, &compiled.endpoints[&web]));
     assert!(!audit.reports(&snapshot, &compiled.endpoints[&client]));
@@ -175,9 +175,12 @@ fn allow_events_an_audited_policy_would_deny() {
     );
 
     // The annotation removed: enforced, no longer audited.
-    let enforced = vec![np("audit-web", None, "web", Some("db")), policies[1].clone()];
+    // (An update: a new resourceVersion.)
+    let mut unannotated = (*np("audit-web", None, "web", Some("db"))).clone();
+    unannotated.metadata.resource_version = Some("2".into());
+    let enforced = vec![Arc::new(unannotated), policies[1].clone()];
     let (snapshot, compiled) = state(&enforced);
-    audit.refresh(&enforced);
+    audit.refresh(&enforced.clone().into());
     assert!(audit.audited().is_empty());
     assert!(compiled.endpoints[&ep(&compiled, "web")].isolated_ingress);
     let names = Names::new(Some(&compiled), &snapshot);
@@ -196,7 +199,7 @@ fn a_mistyped_annotation_enforces_the_policy() {
     assert_eq!(snapshot.invalid_policies.len(), 1);
     assert!(snapshot.invalid_policies[0].errors[0].contains("npm.io/audit"));
     let mut audit = Audit::new();
-    audit.refresh(&policies);
+    audit.refresh(&policies.clone().into());
     assert!(audit.audited().is_empty());
 }
 
