@@ -239,7 +239,7 @@ mod tests {
         assert_eq!(names(&up), ["o050000"]);
         assert!(gone.is_empty());
         let n = compared();
-        assert!(n >= 1 && n < 1_000, "compared {n} objects for one change");
+        assert!((1..1_000).contains(&n), "compared {n} objects for one change");
         // A map built anew from the same objects shares no structure.
         let rebuilt: Objects<ConfigMap> = base.iter().cloned().collect();
         compared();
@@ -367,7 +367,7 @@ mod tests {
                     .filter(|(k, _)| !old_plain.contains_key(*k))
                     .map(|(_, o)| o.clone()),
             );
-            want_up.sort_by(|a, b| key_of(a.as_ref()).cmp(&key_of(b.as_ref())));
+            want_up.sort_by_key(|a| key_of(a.as_ref()));
             let (up, gone) = old.diff(&objects);
             assert_eq!(names(&up), names(&want_up), "round {round}");
             assert_eq!(gone, want_gone, "round {round}");

@@ -32,7 +32,6 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
