@@ -34,8 +34,10 @@
 //! gives, per row, the median over the rounds of the ratio to the "none"
 //! sample of the same round. The process raises its scheduling priority
 //! (`--nice`, default -10; 0 keeps it) so that other work on the machine
-//! disturbs the figures less. Defaults: 1 s, 7 rounds, about 3 minutes. The
-//! last line of output is one JSON object.
+//! disturbs the figures less, and pins every client to CPU 0 and every
+//! server to CPU 1 (`--no-pin`: not pinned; see `bench_traffic/load.rs`).
+//! Defaults: 1 s, 7 rounds, about 3 minutes. The last line of output is
+//! one JSON object.
 
 #[path = "bench_traffic/load.rs"]
 mod load;
@@ -55,13 +57,17 @@ use topo::{Kind, Topo, DENIED_PORT, RR_PORT};
 const SIZES: [usize; 3] = [1, 1_000, 10_000];
 
 /// The command line: `--duration S` (whole seconds per measurement, default
-/// 1), `--rounds N` (default 7), `--nice N` (default -10) and
-/// `--bpf-stats` (the kernel's run time of the eBPF rows' programs).
+/// 1), `--rounds N` (default 7), `--nice N` (default -10),
+/// `--bpf-stats` (the kernel's run time of the eBPF rows' programs) and
+/// `--no-pin`.
 struct Args {
     duration: u32,
     rounds: usize,
     nice: i32,
     bpf_stats: bool,
+    /// Clients on CPU 0, servers on CPU 1 (`--no-pin`: the scheduler's
+    /// choice).
+    pin: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -70,6 +76,7 @@ fn parse_args() -> Result<Args, String> {
         rounds: 7,
         nice: -10,
         bpf_stats: false,
+        pin: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -89,6 +96,7 @@ fn parse_args() -> Result<Args, String> {
             "--duration" => args.duration = value("--duration")?,
             "--rounds" => args.rounds = value("--rounds")? as usize,
             "--bpf-stats" => args.bpf_stats = true,
+            "--no-pin" => args.pin = false,
             "--nice" => {
                 let v = it.next().ok_or("--nice needs a value")?;
                 args.nice = v
@@ -99,7 +107,7 @@ fn parse_args() -> Result<Args, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown argument {other:?}: use --duration S --rounds N --nice N --bpf-stats"
+                    "unknown argument {other:?}: use --duration S --rounds N --nice N --bpf-stats --no-pin"
                 ))
             }
         }
@@ -200,13 +208,19 @@ fn main() {
         }
     }
     topo::sweep_leftovers();
+    let pinned = load::pin(args.pin);
     let started = Instant::now();
     println!(
-        "traffic bench: {} s per measurement, {} rounds, nice {}, {} cpus, load {}",
+        "traffic bench: {} s per measurement, {} rounds, nice {}, {} cpus, {}, load {}",
         args.duration,
         args.rounds,
         args.nice,
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        if pinned {
+            "clients on cpu 0, servers on cpu 1"
+        } else {
+            "not pinned"
+        },
         loadavg()
     );
 
