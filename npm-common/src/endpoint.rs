@@ -95,6 +95,14 @@ pub const EP_BASELINE_FRONT_EGRESS: u32 = 1 << 22;
 /// Never changes a verdict; tracked packets never send one; a dry run
 /// (`npm-agent explain`) sends none.
 pub const EP_REPORT_NEW: u32 = 1 << 23;
+/// [`EndpointInfo::flags`]: the loader keeps `NPM_TIER_SUMMARY` (the
+/// direct-mapped class filter of the tier front, see
+/// [`crate::tier_summary_slot`]) covering every tier front word of this
+/// endpoint's subject. The datapath trusts the tier front
+/// ([`EP_ADMIN_FRONT_INGRESS`] ...) only with this flag as well; a loader
+/// that does not keep the filter never sets it, and the tiers of its
+/// endpoints are then decided on `NPM_TIERS`.
+pub const EP_TIER_SUMMARY: u32 = 1 << 24;
 /// Every tier flag of the ingress direction (shift left by [`DIR_EGRESS`]
 /// for egress): clear, the direction is decided as without
 /// ClusterNetworkPolicies.

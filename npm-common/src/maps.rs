@@ -69,6 +69,15 @@ pub const TIERS: &str = "NPM_TIERS";
 /// array accesses. User space writes single 64-bit words through a
 /// shared mapping.
 pub const TIER_FRONT: &str = "NPM_TIER_FRONT";
+/// The tier front's class filter: one `u64` per word the front can hold
+/// ([`crate::tier_summary_slot`]), direct-mapped without tags, each slot
+/// the OR of the [`crate::tier_summary_bits`] of the front words of every
+/// (subject, direction, identity) that lands there. The datapath reads a
+/// peer identity's slot with one inlined array access and probes only the
+/// classes (and exact ports) it names. User space writes whole words
+/// through a shared mapping, bits before the words that need them and
+/// after the last such word is gone.
+pub const TIER_SUMMARY: &str = "NPM_TIER_SUMMARY";
 /// per-CPU [`crate::Counter`]s of the packets allowed at a policy
 /// decision by each NetworkPolicy rule, at [`crate::rule_slot`] (the
 /// first packet of each connection: tracked packets are not re-decided).
@@ -77,7 +86,7 @@ pub const RULE_COUNT: &str = "NPM_RULE_COUNT";
 /// endpoint and direction at [`crate::endpoint_deny_slot`].
 pub const EP_DENIES: &str = "NPM_EP_DENIES";
 /// Every map, for pinning and adoption.
-pub const ALL: [&str; 19] = [
+pub const ALL: [&str; 20] = [
     EP_SLOTS,
     ENDPOINTS,
     IPCACHE,
@@ -95,6 +104,7 @@ pub const ALL: [&str; 19] = [
     SERVICES,
     TIERS,
     TIER_FRONT,
+    TIER_SUMMARY,
     RULE_COUNT,
     EP_DENIES,
 ];
@@ -142,6 +152,11 @@ pub mod sizes {
     /// room for 262,144 words). The number is set at load time (a power of
     /// two, [`TIER_FRONT_MIN_BUCKETS`]..=[`FRONT_MAX_BUCKETS`]).
     pub const TIER_FRONT_BUCKETS: u32 = 1 << TIER_FRONT_BITS;
+    /// Default slots of `NPM_TIER_SUMMARY` (8 bytes each: 2 MB): one per
+    /// word of the default tier front. The number is set at load time, always
+    /// the tier front's buckets times `1 <<`
+    /// [`crate::TIER_SUMMARY_SLOTS_PER_BUCKET_LOG`].
+    pub const TIER_SUMMARY_SLOTS: u32 = TIER_FRONT_BUCKETS << crate::tiers::TIER_SUMMARY_SLOTS_PER_BUCKET_LOG;
     /// The fewest buckets a tier front may have: a word holds the low 48
     /// bits of its hashed key as its tag, so the bucket (the top bits) must
     /// be at least the other 16 for bucket and tag to name the key.
@@ -182,5 +197,9 @@ pub mod sizes {
 /// at offset 40). `NPM_TIERS`, conntrack, fragments, counters and events
 /// keep the endpoint id; the conntrack and fragment entries of layout 5
 /// are copied on open as before, and its 40-byte endpoint records are read
-/// for the ids they carry.
+/// for the ids they carry. Then (same rule) `NPM_TIER_SUMMARY` and the
+/// flag [`crate::EP_TIER_SUMMARY`]: the tier front's class filter, which
+/// a program of this layout reads instead of the shared summary words
+/// (still written for the programs that read those) only on endpoints
+/// whose record has the new flag.
 pub const LAYOUT_VERSION: u32 = 6;

@@ -343,6 +343,66 @@ pub const fn tier_front_hit(word: u64, tag: u64) -> u32 {
     }
 }
 
+/// log2 of the `NPM_TIER_SUMMARY` slots per `NPM_TIER_FRONT` bucket: the
+/// summary array has one slot per word the front can hold.
+pub const TIER_SUMMARY_SLOTS_PER_BUCKET_LOG: u32 = 2;
+
+/// The `NPM_TIER_SUMMARY` slot of the shared summary key `skey`
+/// ([`tier_front_shared_summary_key`]: one (subject, direction, identity))
+/// in a summary array beside a tier front whose [`crate::front_shift`] is
+/// `shift`: the top bits of the same multiplicative hash as
+/// [`tier_front_slot`], two more than the front's bucket. The array is
+/// direct-mapped and has no tags: a slot holds the OR of the
+/// [`tier_summary_bits`] of every key that lands there, a superset of
+/// each one's (bits only ever cost a probe that misses).
+#[inline(always)]
+pub const fn tier_summary_slot(skey: u64, shift: u32) -> u32 {
+    (skey.wrapping_mul(FRONT_MUL) >> (shift - TIER_SUMMARY_SLOTS_PER_BUCKET_LOG)) as u32
+}
+
+/// [`tier_summary_slot`] without the checks of the shift (one instruction
+/// less in the datapath, where the shift is a load-time constant).
+///
+/// # Safety
+///
+/// `shift` is in `TIER_SUMMARY_SLOTS_PER_BUCKET_LOG..64` (a tier front's
+/// [`crate::front_shift`]: at least 16).
+#[inline(always)]
+pub const unsafe fn tier_summary_slot_unchecked(skey: u64, shift: u32) -> u32 {
+    // SAFETY: the caller's.
+    unsafe {
+        skey.wrapping_mul(FRONT_MUL)
+            .unchecked_shr(shift.unchecked_sub(TIER_SUMMARY_SLOTS_PER_BUCKET_LOG)) as u32
+    }
+}
+
+/// Shift of the exact-port filter in an `NPM_TIER_SUMMARY` slot: bits
+/// 0..12 are the shared summary classes ([`tier_front_shared_bit`]),
+/// bits 32..64 a one-hash Bloom filter of the ports of the exact-port
+/// words ([`tier_summary_port_bit`]), whatever their protocol and tier.
+pub const TIER_SUMMARY_PORTS_SHIFT: u32 = 32;
+
+/// The exact-port filter bit of destination port `port` in an
+/// `NPM_TIER_SUMMARY` slot: the datapath probes an exact-port word only
+/// when the slot has both the class and this bit.
+#[inline(always)]
+pub const fn tier_summary_port_bit(port: u16) -> u64 {
+    1u64 << (TIER_SUMMARY_PORTS_SHIFT + ((port as u32).wrapping_mul(0x9e37_79b1) >> 27))
+}
+
+/// The `NPM_TIER_SUMMARY` bits the word of tier front key `key` (not a
+/// summary) needs in the slot of its shared summary key: its shared class
+/// bit and, for an exact-port word, its port's filter bit.
+pub const fn tier_summary_bits(key: u64) -> u64 {
+    let pc = tier_front_pc_of(key);
+    let class = tier_front_shared_bit(key) as u64;
+    if pc >= PC_EXACT && pc < PC_BLOCK {
+        class | tier_summary_port_bit(((pc - PC_EXACT) & 0xffff) as u16)
+    } else {
+        class
+    }
+}
+
 // SAFETY: repr(C), only integers, no padding (asserted above), any bit
 // pattern is valid.
 #[cfg(feature = "user")]
@@ -479,5 +539,31 @@ mod tests {
             tier_flags(TIER_FRONT_SUM_ACTION, both)
         )
         .is_some());
+        // The summary array: a slot in range for every front size, the
+        // class bit and, for an exact port, its filter bit.
+        let mut buckets = crate::sizes::TIER_FRONT_MIN_BUCKETS;
+        while buckets <= crate::sizes::FRONT_MAX_BUCKETS {
+            let shift = crate::front_shift(buckets);
+            let slot = tier_summary_slot(tier_front_shared_summary_key(k), shift);
+            assert!(slot < buckets << TIER_SUMMARY_SLOTS_PER_BUCKET_LOG);
+            // SAFETY: shift is in range.
+            assert_eq!(
+                unsafe { tier_summary_slot_unchecked(tier_front_shared_summary_key(k), shift) },
+                slot
+            );
+            buckets <<= 1;
+        }
+        assert_eq!(
+            tier_summary_bits(k),
+            TIER_FRONT_SHARED_EXACT as u64 | tier_summary_port_bit(80)
+        );
+        assert_eq!(tier_summary_bits(kk), TIER_FRONT_SHARED_BLOCK as u64);
+        assert_eq!(
+            tier_summary_bits(kp),
+            (TIER_FRONT_SHARED_ANY_PROTO << TIER_FRONT_SHARED_TIER_SHIFT) as u64
+        );
+        let bits: std::collections::BTreeSet<u64> = (0..=u16::MAX).map(tier_summary_port_bit).collect();
+        assert_eq!(bits.len(), 32, "the ports spread over the 32 filter bits");
+        assert!(bits.iter().all(|b| *b >> TIER_SUMMARY_PORTS_SHIFT != 0));
     }
 }

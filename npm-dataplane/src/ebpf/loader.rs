@@ -208,7 +208,30 @@ fn front_sizes(pin_dir: &Path, configured: &MapSizes) -> Result<(u32, u32), Ebpf
             })?;
         }
     }
-    Ok((policy_front, out[1]))
+    let tier_front = out[1];
+    if let Some(slots) = pinned(maps::TIER_SUMMARY)? {
+        if Some(slots) != tier_summary_slots(tier_front) {
+            let path = pin_dir.join(maps::TIER_SUMMARY);
+            tracing::warn!(
+                map = maps::TIER_SUMMARY,
+                pinned_size = slots,
+                front_size = tier_front,
+                "the pinned class filter of the tier front does not match its size: created anew (rebuilt from the front's words before any program reads it)"
+            );
+            std::fs::remove_file(&path).map_err(|source| EbpfError::PinDir {
+                path,
+                op: "unpin a tier front class filter of another size",
+                source,
+            })?;
+        }
+    }
+    Ok((policy_front, tier_front))
+}
+
+/// The slots of the tier front's class filter `NPM_TIER_SUMMARY` beside a
+/// tier front of `buckets` buckets (`None` past `u32`).
+pub(crate) fn tier_summary_slots(buckets: u32) -> Option<u32> {
+    buckets.checked_mul(1 << npm_common::TIER_SUMMARY_SLOTS_PER_BUCKET_LOG)
 }
 
 /// The `max_entries` of an array map of the loaded object.
@@ -342,6 +365,12 @@ pub(crate) fn load(
     loader.map_max_entries(maps::POLICY_FRONT, policy_front);
     loader.map_max_entries(maps::POLICY_FRONT_RULES, policy_front);
     loader.map_max_entries(maps::TIER_FRONT, tier_front);
+    let summary_slots = tier_summary_slots(tier_front).ok_or(EbpfError::PinnedFrontSize {
+        map: maps::TIER_FRONT,
+        buckets: tier_front,
+        path: pin_dir.join(maps::TIER_FRONT),
+    })?;
+    loader.map_max_entries(maps::TIER_SUMMARY, summary_slots);
     let policy_shift = front_shift(policy_front);
     loader.override_global("NPM_POLICY_FRONT_SHIFT", &policy_shift, true);
     let tier_shift = front_shift(tier_front);
@@ -368,6 +397,7 @@ pub(crate) fn load(
         (maps::POLICY_FRONT, policy_front),
         (maps::POLICY_FRONT_RULES, policy_front),
         (maps::TIER_FRONT, tier_front),
+        (maps::TIER_SUMMARY, summary_slots),
     ] {
         let have = array_entries(&bpf, name)?;
         if have != buckets {

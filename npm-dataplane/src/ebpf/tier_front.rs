@@ -36,6 +36,18 @@
 //! classes: a class is added before its first word is stored and dropped
 //! after its last word is removed; a word one of whose summaries cannot
 //! be stored (bucket full) is not stored either.
+//!
+//! The current datapath reads neither summary word: it reads the class
+//! filter `NPM_TIER_SUMMARY` ([`ClassFilter`]), one `u64` per (endpoint,
+//! direction, identity) slot ([`npm_common::tier_summary_slot`]) with no
+//! tag, so one inlined array read instead of a probe of four tagged words.
+//! Keys that land in one slot share it: the slot is the OR of their
+//! classes and exact ports ([`npm_common::tier_summary_bits`]), a superset
+//! of each one's, which only ever costs a probe that misses. A bit is set
+//! before the first word that needs it is stored and cleared after the last
+//! one is removed, as for the summary words; the filter never refuses a
+//! word. The datapath trusts the front only on endpoints flagged
+//! `EP_TIER_SUMMARY`, which only a loader keeping the filter sets.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,13 +57,14 @@ use npm_common::{
     front_shift, maps, policy_front_proto, tier_flags, tier_front_is_summary, tier_front_key, tier_front_key_of,
     tier_front_pc_any_port, tier_front_pc_block, tier_front_pc_exact, tier_front_pc_of, tier_front_shared_bit,
     tier_front_shared_summary_key, tier_front_slot, tier_front_summary_bit, tier_front_summary_key, tier_front_word,
-    EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, TIER_ACTION_MASK, TIER_FRONT_BLOCK_BITS,
-    TIER_FRONT_MAX_IDENTITY, TIER_FRONT_MAX_SUBJECT, TIER_FRONT_PC_ANY_PROTO, TIER_FRONT_SUM_ACTION, TIER_RANK_SHIFT,
+    tier_summary_bits, tier_summary_slot, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, TIER_ACTION_MASK,
+    TIER_FRONT_BLOCK_BITS, TIER_FRONT_MAX_IDENTITY, TIER_FRONT_MAX_SUBJECT, TIER_FRONT_PC_ANY_PROTO,
+    TIER_FRONT_SUM_ACTION, TIER_RANK_SHIFT,
 };
 use npm_policy::compiled::{Compiled, Tier, TierEntry, TierValue};
 
 use super::errors::EbpfError;
-use super::loader::check_front_buckets;
+use super::loader::{check_front_buckets, tier_summary_slots};
 use super::shared_words::SharedWords;
 use super::translate;
 
@@ -187,8 +200,119 @@ pub(crate) struct TierFront {
     /// The [`front_shift`] of the front's buckets as loaded (the program's
     /// `NPM_TIER_FRONT_SHIFT`).
     shift: u32,
+    /// The class filter the datapath reads instead of the summary words.
+    filter: ClassFilter,
     /// Keeps the map (and its fd) alive as long as the mapping.
     _map: Array<MapData, [u64; 4]>,
+}
+
+/// The mapped class filter `NPM_TIER_SUMMARY` and, per slot and bit, how
+/// many stored words need that bit there (see the module doc).
+struct ClassFilter {
+    slots: SharedWords,
+    /// (slot, bit index) -> words stored in the front that need the bit.
+    counts: HashMap<(u32, u8), u32>,
+    /// The tier front's [`front_shift`] (the slot is two bits more).
+    shift: u32,
+    /// Keeps the map (and its fd) alive as long as the mapping.
+    _map: Array<MapData, u64>,
+}
+
+impl ClassFilter {
+    /// Maps the filter beside a tier front of `buckets` buckets; its size
+    /// must be the front's (the loader created or kept it so).
+    fn new(map: Array<MapData, u64>, buckets: u32) -> Result<Self, EbpfError> {
+        let (slots, len) = SharedWords::map_array(map.map(), 1, maps::TIER_SUMMARY)?;
+        if Some(len) != tier_summary_slots(buckets) {
+            return Err(EbpfError::PinnedFrontSize {
+                map: maps::TIER_SUMMARY,
+                buckets: len,
+                path: maps::TIER_SUMMARY.into(),
+            });
+        }
+        Ok(ClassFilter {
+            slots,
+            counts: HashMap::new(),
+            shift: front_shift(buckets),
+            _map: map,
+        })
+    }
+
+    /// The slot of the word of front key `key`.
+    fn slot_of(&self, key: u64) -> u32 {
+        tier_summary_slot(tier_front_shared_summary_key(key), self.shift)
+    }
+
+    /// The bits the counts of `slot` need.
+    fn need(&self, slot: u32) -> u64 {
+        (0..64u8)
+            .filter(|b| self.counts.contains_key(&(slot, *b)))
+            .fold(0, |m, b| m | 1 << b)
+    }
+
+    /// Counts the word of `key` and sets its bits in its slot (before the
+    /// word is stored).
+    fn add(&mut self, key: u64) {
+        let slot = self.slot_of(key);
+        let bits = tier_summary_bits(key);
+        for b in (0..64u8).filter(|b| bits >> b & 1 != 0) {
+            *self.counts.entry((slot, b)).or_default() += 1;
+        }
+        let w = &self.slots.words()[slot as usize];
+        let have = w.load(Ordering::Acquire);
+        if have | bits != have {
+            w.store(have | bits, Ordering::Release);
+        }
+    }
+
+    /// Uncounts the word of `key` (after it was removed) and clears the
+    /// bits no stored word needs any more.
+    fn sub(&mut self, key: u64) {
+        let slot = self.slot_of(key);
+        let bits = tier_summary_bits(key);
+        for b in (0..64u8).filter(|b| bits >> b & 1 != 0) {
+            if let Some(n) = self.counts.get_mut(&(slot, b)) {
+                *n -= 1;
+                if *n == 0 {
+                    self.counts.remove(&(slot, b));
+                }
+            }
+        }
+        self.store(slot);
+    }
+
+    /// Makes `slot` hold exactly the bits its counts need.
+    fn store(&self, slot: u32) {
+        let need = self.need(slot);
+        let w = &self.slots.words()[slot as usize];
+        if w.load(Ordering::Acquire) != need {
+            w.store(need, Ordering::Release);
+        }
+    }
+
+    /// Counts exactly the words of `keys` and makes every slot hold what
+    /// they need (adopted pins: stale bits of an earlier loader go, missing
+    /// ones come before any program that reads them is attached).
+    fn rebuild(&mut self, keys: impl Iterator<Item = u64>) {
+        self.counts.clear();
+        for key in keys {
+            let slot = self.slot_of(key);
+            let bits = tier_summary_bits(key);
+            for b in (0..64u8).filter(|b| bits >> b & 1 != 0) {
+                *self.counts.entry((slot, b)).or_default() += 1;
+            }
+        }
+        let mut need: HashMap<u32, u64> = HashMap::new();
+        for (slot, b) in self.counts.keys() {
+            *need.entry(*slot).or_default() |= 1 << b;
+        }
+        for (i, w) in self.slots.words().iter().enumerate() {
+            let want = need.get(&(i as u32)).copied().unwrap_or(0);
+            if w.load(Ordering::Acquire) != want {
+                w.store(want, Ordering::Release);
+            }
+        }
+    }
 }
 
 impl TierFront {
@@ -200,9 +324,10 @@ impl TierFront {
     /// attached); an identity whose summary finds its bucket full loses
     /// its words, so its tier stays on `NPM_TIERS`. The buckets are the
     /// map's as loaded (the loader gave the program the same number).
-    pub(crate) fn new(map: Array<MapData, [u64; 4]>) -> Result<Self, EbpfError> {
+    pub(crate) fn new(map: Array<MapData, [u64; 4]>, filter: Array<MapData, u64>) -> Result<Self, EbpfError> {
         let (slots, buckets) = SharedWords::map_array(map.map(), WAYS, maps::TIER_FRONT)?;
         check_front_buckets(maps::TIER_FRONT, buckets)?;
+        let filter = ClassFilter::new(filter, buckets)?;
         let shift = front_shift(buckets);
         let mut placed = HashMap::new();
         let mut summaries = HashMap::new();
@@ -244,6 +369,7 @@ impl TierFront {
             summaries,
             counts: HashMap::new(),
             shift,
+            filter,
             _map: map,
         };
         let keys: Vec<u64> = front.placed.keys().copied().collect();
@@ -267,6 +393,8 @@ impl TierFront {
                 front.remove(k);
             }
         }
+        let kept: Vec<u64> = front.placed.keys().copied().collect();
+        front.filter.rebuild(kept.into_iter());
         Ok(front)
     }
 
@@ -338,6 +466,8 @@ impl TierFront {
             }
             return false;
         }
+        // The filter names the class (and port) before the word is there.
+        self.filter.add(key);
         self.slots()[slot].store(word, Ordering::Release);
         self.placed.insert(key, (slot, word));
         for (skey, bit) in sums {
@@ -353,6 +483,7 @@ impl TierFront {
             return;
         };
         self.slots()[i].store(0, Ordering::Release);
+        self.filter.sub(key);
         for (skey, bit) in summaries_of(key) {
             let Some(c) = self.counts.get_mut(&skey) else {
                 continue;

@@ -141,7 +141,7 @@ impl TierTable {
     /// Takes the map out of the loaded object. Groups with adopted words
     /// (numbered by an earlier loader) wait for a renumbering.
     pub(crate) fn take(bpf: &mut Ebpf) -> Result<Self, EbpfError> {
-        let front = TierFront::new(take_map(bpf, maps::TIER_FRONT)?)?;
+        let front = TierFront::new(take_map(bpf, maps::TIER_FRONT)?, take_map(bpf, maps::TIER_SUMMARY)?)?;
         let mut ranks = FrontRanks::default();
         for k in front.keys() {
             ranks.set_pending(ranks::group_of_key(k));

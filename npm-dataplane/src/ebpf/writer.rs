@@ -329,7 +329,11 @@ impl EbpfDataplane {
                 .copied()
                 .unwrap_or(translate::EP_NO_PEER_ALL | FRONT_ALL);
             info.flags |= entry_tier_flags(&next.tiers, info.subject);
-            info.flags |= tier_front_flags.get(&info.subject).copied().unwrap_or(0);
+            // A tier on the front is trusted with the class filter this
+            // loader keeps (EP_TIER_SUMMARY).
+            info.flags |= tier_front_flags
+                .get(&info.subject)
+                .map_or(0, |f| f | npm_common::EP_TIER_SUMMARY);
             if old == Some(ifindex)
                 && !changed.contains(&id)
                 && self.attached_in_mode(ifindex)

@@ -7,15 +7,19 @@
 //! and follows diffs, a tier that does not fit (a long range, a full
 //! bucket) stays on the LPM and correct, and the compiler's real ranks
 //! (`priority << 20 | …`) are renumbered onto the front and decide in
-//! their order through priority changes and renumberings. Needs root.
+//! their order through priority changes and renumberings. The class filter
+//! `NPM_TIER_SUMMARY` holds exactly the bits the front's words need, the
+//! datapath reads it, and trusts it only on endpoints flagged
+//! `EP_TIER_SUMMARY`. Needs root.
 
 use crate::ebpf_common::tier_in as tier;
 use crate::ebpf_common::*;
 use aya::maps::{Array, Map, MapData};
 use npm_common::{
     maps, tier_front_is_summary, tier_front_key, tier_front_key_of, tier_front_pc_exact, tier_front_pc_of,
-    tier_front_shared_summary_key, tier_front_slot, tier_front_summary_key, Reason, DIR_INGRESS,
-    EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY, TIER_ADMIN, TIER_FRONT_MAX_RANK,
+    tier_front_shared_summary_key, tier_front_slot, tier_front_summary_key, tier_summary_bits, tier_summary_slot,
+    EndpointInfo, Reason, DIR_INGRESS, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, EP_TIER_SUMMARY,
+    IDENTITY_ANY, TIER_ADMIN, TIER_FRONT_MAX_RANK,
 };
 use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
 use npm_dataplane::Dataplane;
@@ -161,7 +165,60 @@ fn kernel_words(pin_dir: &std::path::Path) -> (usize, usize) {
         identities, summaries,
         "one per-tier and one shared summary word per identity with words"
     );
+    // The class filter: each slot is exactly the OR of the bits of the
+    // words whose (endpoint, direction, identity) lands there.
+    let mut want = std::collections::BTreeMap::<u32, u64>::new();
+    for k in &words {
+        *want
+            .entry(tier_summary_slot(
+                tier_front_shared_summary_key(*k),
+                npm_common::TIER_FRONT_SHIFT,
+            ))
+            .or_default() |= tier_summary_bits(*k);
+    }
+    let have: std::collections::BTreeMap<u32, u64> = kernel_filter(pin_dir)
+        .into_iter()
+        .enumerate()
+        .filter(|(_, w)| *w != 0)
+        .map(|(i, w)| (i as u32, w))
+        .collect();
+    assert_eq!(
+        have, want,
+        "the class filter names exactly the words' classes and ports"
+    );
     (words.len(), summaries.len())
+}
+
+/// Every slot of the pinned class filter `NPM_TIER_SUMMARY`.
+fn kernel_filter(pin_dir: &std::path::Path) -> Vec<u64> {
+    let data = MapData::from_pin(pin_dir.join(maps::TIER_SUMMARY)).expect("open pinned NPM_TIER_SUMMARY");
+    let filter: Array<MapData, u64> =
+        Array::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_TIER_SUMMARY");
+    filter.iter().map(|w| w.expect("slot")).collect()
+}
+
+/// Zeroes every slot of the pinned class filter, behind the loader's back.
+fn clear_kernel_filter(pin_dir: &std::path::Path) {
+    let data = MapData::from_pin(pin_dir.join(maps::TIER_SUMMARY)).expect("open pinned NPM_TIER_SUMMARY");
+    let mut filter: Array<MapData, u64> =
+        Array::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_TIER_SUMMARY");
+    let set: Vec<u32> = (0..filter.len()).filter(|i| filter.get(i, 0).unwrap() != 0).collect();
+    assert!(!set.is_empty());
+    for i in set {
+        filter.set(i, 0, 0).unwrap();
+    }
+}
+
+/// Clears `flag` in the pinned endpoint record of `ifindex`, behind the
+/// loader's back.
+fn clear_endpoint_flag(pin_dir: &std::path::Path, ifindex: u32, flag: u32) {
+    let data = MapData::from_pin(pin_dir.join(maps::EP_SLOTS)).expect("open pinned NPM_EP_SLOTS");
+    let mut slots: Array<MapData, EndpointInfo> =
+        Array::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_EP_SLOTS");
+    let mut info = slots.get(&ifindex, 0).unwrap();
+    assert_ne!(info.flags & flag, 0);
+    info.flags &= !flag;
+    slots.set(ifindex, info, 0).unwrap();
 }
 
 /// Empties the pinned `NPM_TIERS`, behind the loader's back.
@@ -254,6 +311,56 @@ fn the_tier_front_decides_as_the_lpm_does() {
         }
     }
     assert!(changed > 0);
+}
+
+#[test]
+fn the_datapath_reads_the_class_filter_on_flagged_endpoints_only() {
+    let c = compiled();
+    let mut f = fixture("tfc", &c, BenchSwitches::default());
+    let before = f.grid(40000);
+    assert_ne!(f.flags(1) & EP_TIER_SUMMARY, 0);
+    assert_ne!(f.flags(2) & EP_TIER_SUMMARY, 0);
+    let at = |g: &[Probe], ep, src, udp, port| {
+        g.iter()
+            .find(|p| (p.0, p.1, p.2, p.3) == (ep, src, udp, port))
+            .unwrap()
+            .4
+    };
+    assert_eq!(
+        at(&before, 1, "10.0.0.2", false, 60),
+        (VERDICT_DROP, Some(Reason::AdminDeny))
+    );
+    // An empty filter names no class: the tiers on the front find no
+    // word (a test of the datapath, not a state the loader leaves).
+    clear_kernel_filter(&f.pins.path);
+    let blind = f.grid(41000);
+    assert_eq!(
+        at(&blind, 1, "10.0.0.2", false, 60),
+        (VERDICT_DROP, Some(Reason::PolicyDenied))
+    );
+    assert_eq!(
+        at(&blind, 1, "10.0.0.2", false, 443),
+        (VERDICT_DROP, Some(Reason::PolicyDenied))
+    );
+    assert_ne!(blind, before);
+    // Without EP_TIER_SUMMARY (as a loader that does not keep the filter
+    // writes its records) the same tiers are decided on NPM_TIERS, as
+    // before, whatever the filter holds.
+    clear_endpoint_flag(&f.pins.path, f.a.ifindex, EP_TIER_SUMMARY);
+    clear_endpoint_flag(&f.pins.path, f.b.ifindex, EP_TIER_SUMMARY);
+    let lpm = f.grid(42000);
+    assert_eq!(lpm, before);
+    // A restarted loader rebuilds the filter from the adopted words before
+    // its first sync, which flags the endpoints again.
+    let Fixture { dp, a, b, pins } = f;
+    drop(dp);
+    let mut dp = EbpfDataplane::open_with(pins.options(), BenchSwitches::default()).unwrap();
+    kernel_words(&pins.path);
+    dp.sync_full(&c, &ifaces(&[(1, a.ifindex), (2, b.ifindex)])).unwrap();
+    let mut f = Fixture { dp, a, b, pins };
+    kernel_words(&f.pins.path);
+    assert_ne!(f.flags(1) & EP_TIER_SUMMARY, 0);
+    assert_eq!(f.grid(43000), before);
 }
 
 #[test]

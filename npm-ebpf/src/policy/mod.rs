@@ -144,10 +144,10 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     let subject = ep.subject;
     let f = ep.flags;
     let ids = (identity, cidr_identity);
-    // The tier front's summaries of the peer, read once for both tiers.
+    // The tier front's class filter slots of the peer, read once for both tiers.
     let admin = f & (EP_ADMIN_INGRESS << dir) != 0;
     let baseline = !isolated && f & (EP_BASELINE_INGRESS << dir) != 0;
-    let sums = tier_summaries(lpm, subject, f, dir, ids, admin, baseline);
+    let sums = tier_summaries(subject, f, dir, ids, admin, baseline);
     // 9a. Admin tier: accept and deny are final, pass goes on.
     if admin {
         let a = tier_action(lpm, subject, f, dir | TIER_ADMIN, ids, pr, port, sums);

@@ -6,11 +6,13 @@
 //! `NPM_POLICY` key layout with the tier bit in the direction byte). Per
 //! tier one most specific entry per peer identity (three identities) and
 //! the minimum of their ranks: constant in the number of
-//! ClusterNetworkPolicies and rules. On the front, each identity's shared
-//! summary word (its port classes in both tiers) is read once per packet
-//! for both tiers ([`tier_summaries`]); an identity then costs nothing in a
-//! tier where it has no word, else the probes of the classes its summary
-//! names, most specific first, up to the first hit.
+//! ClusterNetworkPolicies and rules. On the front, each identity's slot
+//! of the class filter `NPM_TIER_SUMMARY` (its port classes in both tiers
+//! and a filter of its exact ports: one inlined array read, no tag to
+//! compare) is read once per packet for both tiers ([`tier_summaries`]);
+//! an identity then costs nothing in a tier where it has no word, else the
+//! probes of the classes its slot names, most specific first, up to the
+//! first hit.
 
 use aya_ebpf::{
     macros::map,
@@ -18,11 +20,11 @@ use aya_ebpf::{
 };
 use npm_common::{
     policy_front_proto, sizes, tier_front_key, tier_front_pc_any_port, tier_front_pc_block, tier_front_pc_exact,
-    tier_front_slot_unchecked, TierValue, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY,
-    POLICY_KEY_LEN, TIER_ACTION_MASK, TIER_ADMIN, TIER_BASELINE, TIER_FRONT_MAX_IDENTITY, TIER_FRONT_MAX_SUBJECT,
-    TIER_FRONT_PC_ANY_PROTO, TIER_FRONT_PC_SHARED_SUMMARY, TIER_FRONT_SHARED_ANY_PORT, TIER_FRONT_SHARED_ANY_PROTO,
-    TIER_FRONT_SHARED_BLOCK, TIER_FRONT_SHARED_EXACT, TIER_FRONT_SHARED_TIER_MASK, TIER_FRONT_SHARED_TIER_SHIFT,
-    TIER_FRONT_SHIFT, TIER_RANK_SHIFT,
+    tier_front_slot_unchecked, tier_summary_port_bit, tier_summary_slot_unchecked, TierValue, EP_ADMIN_FRONT_INGRESS,
+    EP_BASELINE_FRONT_INGRESS, EP_TIER_SUMMARY, IDENTITY_ANY, POLICY_KEY_LEN, TIER_ACTION_MASK, TIER_ADMIN,
+    TIER_BASELINE, TIER_FRONT_MAX_IDENTITY, TIER_FRONT_MAX_SUBJECT, TIER_FRONT_PC_ANY_PROTO,
+    TIER_FRONT_PC_SHARED_SUMMARY, TIER_FRONT_SHARED_ANY_PORT, TIER_FRONT_SHARED_ANY_PROTO, TIER_FRONT_SHARED_BLOCK,
+    TIER_FRONT_SHARED_EXACT, TIER_FRONT_SHARED_TIER_MASK, TIER_FRONT_SHARED_TIER_SHIFT, TIER_FRONT_SHIFT,
 };
 
 use super::lpm::write_full_key;
@@ -41,6 +43,15 @@ static NPM_TIERS: LpmTrie<[u8; POLICY_KEY_LEN], TierValue> = LpmTrie::with_max_e
 /// and with it [`NPM_TIER_FRONT_SHIFT`].
 #[map]
 static NPM_TIER_FRONT: Array<[u64; 4]> = Array::with_max_entries(sizes::TIER_FRONT_BUCKETS, BPF_F_MMAPABLE);
+
+/// `NPM_TIER_SUMMARY`: the tier front's class filter, one word per
+/// (subject, direction, peer identity) slot (`npm_common::tier_summary_slot`,
+/// direct-mapped, no tags: the OR of the classes of every key landing
+/// there), written by user space through a shared mapping with single
+/// 64-bit stores. Its number of slots is the front's buckets times 4, set
+/// at load time with them.
+#[map]
+static NPM_TIER_SUMMARY: Array<u64> = Array::with_max_entries(sizes::TIER_SUMMARY_SLOTS, BPF_F_MMAPABLE);
 
 /// Load-time constant: the `npm_common::front_shift` of the buckets of
 /// `NPM_TIER_FRONT` as loaded (set by the loader from the size the map is
@@ -156,43 +167,44 @@ fn min32(a: u32, b: u32) -> u32 {
     b ^ ((a ^ b) & (lt as u32).wrapping_neg())
 }
 
-/// The shared summaries (`npm_common::TIER_FRONT_PC_SHARED_SUMMARY`) of a
-/// packet's three peer identities: per identity, the port classes it has
-/// words of in both tiers (0: no word, or not probed), read once for the
-/// Admin and the Baseline tier ([`tier_summaries`]).
+/// The class filter slots (`NPM_TIER_SUMMARY`) of a packet's three peer
+/// identities: per identity, the port classes it has words of in both
+/// tiers and the filter bits of its exact ports (0: no word, or not
+/// read), read once for the Admin and the Baseline tier
+/// ([`tier_summaries`]).
 #[derive(Clone, Copy)]
 pub(crate) struct Summaries {
-    pod: u32,
-    cidr: u32,
-    any: u32,
+    pod: u64,
+    cidr: u64,
+    any: u64,
     /// [`NPM_TIER_FRONT_SHIFT`], read with the summaries (0 when none was
     /// probed: then every mask is 0 and no word is probed either).
     shift: u32,
 }
 
-/// The class mask of the shared summary `key` (0 when there is none),
-/// through the scratch word as [`front_get`].
+/// The `NPM_TIER_SUMMARY` slot of the shared summary key `key` (a
+/// superset of that identity's classes and exact ports; 0: no word): one
+/// inlined array read, no tag.
 #[inline(always)]
-fn summary_get(lpm: *mut u8, key: u64, shift: u32) -> u32 {
-    let f = front_probe(key, shift);
-    let mask = if f == u32::MAX { 0 } else { f >> TIER_RANK_SHIFT };
-    // SAFETY: lpm is the 20-byte, 4-aligned scratch key.
-    unsafe {
-        wr32(lpm, mask);
-        core::ptr::read_volatile(lpm as *const u32)
+fn summary_get(key: u64, shift: u32) -> u64 {
+    // SAFETY: shift is NPM_TIER_FRONT_SHIFT, 16..=58 (see front_probe).
+    let slot = unsafe { tier_summary_slot_unchecked(key, shift) };
+    match NPM_TIER_SUMMARY.get(slot) {
+        // SAFETY: an 8-aligned array value, stored whole by user space.
+        Some(w) => unsafe { core::ptr::read_volatile(w) },
+        None => 0,
     }
 }
 
 /// The [`Summaries`] of the peer `ids` (pod or node identity, CIDR
 /// identity) for subject `ep` (the endpoint's flags `ep_flags`) in direction `dir`: three
-/// probes when a tier that will be consulted (the Admin tier when `admin`,
+/// array reads when a tier that will be consulted (the Admin tier when `admin`,
 /// the Baseline tier when `baseline`) is on the front, else none. An
 /// identity out of the key's range, or a CIDR identity of `IDENTITY_ANY`
-/// (the any facet answers for it), gets 0 without a probe.
+/// (the any facet answers for it), gets 0 without a read.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tier_summaries(
-    lpm: *mut u8,
     ep: u32,
     ep_flags: u32,
     dir: u8,
@@ -218,18 +230,19 @@ pub(crate) fn tier_summaries(
     let shift = front_shift();
     s.shift = shift;
     if identity < TIER_FRONT_MAX_IDENTITY {
-        s.pod = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, identity, pc), shift);
+        s.pod = summary_get(tier_front_key(ep, dir, TIER_ADMIN, identity, pc), shift);
     }
     if cidr_identity != IDENTITY_ANY && cidr_identity < TIER_FRONT_MAX_IDENTITY {
-        s.cidr = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, cidr_identity, pc), shift);
+        s.cidr = summary_get(tier_front_key(ep, dir, TIER_ADMIN, cidr_identity, pc), shift);
     }
-    s.any = summary_get(lpm, tier_front_key(ep, dir, TIER_ADMIN, IDENTITY_ANY, pc), shift);
+    s.any = summary_get(tier_front_key(ep, dir, TIER_ADMIN, IDENTITY_ANY, pc), shift);
     s
 }
 
 /// [`tier_hit`] on the tier front, as 16 bits (action, rank), given the
-/// identity's classes in this tier (`mask`, from its shared summary: 0,
-/// the identity has no word, no hit): only the port classes it names, the
+/// identity's classes in this tier (`mask`, from its filter slot: 0, the
+/// identity has no word, no hit) and whether the slot's exact-port filter
+/// has the packet's port (`port_in`): only the port classes it names, the
 /// most specific first, the first hit ending the search: the exact port's
 /// word, else its 64-port block's (one protocol's entries have disjoint
 /// ranges: at most one of the two exists), else the protocol's any-port
@@ -246,6 +259,7 @@ fn front_hit(
     tier: u8,
     identity: u32,
     mask: u32,
+    port_in: bool,
     code: u64,
     port: u16,
     shift: u32,
@@ -255,7 +269,7 @@ fn front_hit(
     }
     let mut r = u32::MAX;
     if code != 0 {
-        if mask & (TIER_FRONT_SHARED_EXACT << (code - 1) as u32) != 0 {
+        if port_in && mask & (TIER_FRONT_SHARED_EXACT << (code - 1) as u32) != 0 {
             let pc = tier_front_pc_exact(code, port);
             r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc), shift);
         }
@@ -278,9 +292,17 @@ fn front_hit(
     r & 0xffff
 }
 
+/// One tier's classes (bits 0..6 after `shift`: 0 for the Admin tier,
+/// `TIER_FRONT_SHARED_TIER_SHIFT` for the Baseline tier) of a filter slot.
+#[inline(always)]
+fn tier_classes(slot: u64, shift: u32) -> u32 {
+    (slot as u32 >> shift) & TIER_FRONT_SHARED_TIER_MASK
+}
+
 /// Whether a tier of subject `ep` (its endpoint's flags `ep_flags`) in
-/// direction `dir` is complete in the tier front and the front is not
-/// switched off.
+/// direction `dir` is complete in the tier front, the loader keeps the
+/// class filter for it (`EP_TIER_SUMMARY`), and the front is not switched
+/// off.
 #[inline(always)]
 fn front_enabled(ep: u32, ep_flags: u32, dir_tier: u8) -> bool {
     let flag = if dir_tier & TIER_BASELINE != 0 {
@@ -291,6 +313,7 @@ fn front_enabled(ep: u32, ep_flags: u32, dir_tier: u8) -> bool {
     ep != 0
         && ep < TIER_FRONT_MAX_SUBJECT
         && ep_flags & (flag << (dir_tier & 1)) != 0
+        && ep_flags & EP_TIER_SUMMARY != 0
         // SAFETY: reading a read-only global.
         && unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_TIER_FRONT) } == 0
 }
@@ -302,7 +325,7 @@ fn front_enabled(ep: u32, ep_flags: u32, dir_tier: u8) -> bool {
 /// `TIER_DENY`, `TIER_PASS`) of the hit of lowest rank among the lookups of
 /// the pod identity, the CIDR identity (skipped when there is none: it
 /// could not hit) and `IDENTITY_ANY`. No hit is `TIER_PASS` (the tier does
-/// not decide). On the front, `sums` are the identities' shared summaries
+/// not decide). On the front, `sums` are the identities' filter slots
 /// ([`tier_summaries`], read with this tier consulted).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -319,7 +342,7 @@ pub(crate) fn tier_action(
     let (identity, cidr_identity) = ids;
     if front_enabled(ep, ep_flags, dir_tier) {
         let (dir, tier) = (dir_tier & 1, dir_tier & !1);
-        // This tier's classes of each identity's shared summary. Out of
+        // This tier's classes of each identity's filter slot. Out of
         // the key's ranges no word can be meant (the loader never marks a
         // tier complete with such a peer): the summary is 0, no hit,
         // rather than a key whose bits spill into other fields.
@@ -328,17 +351,29 @@ pub(crate) fn tier_action(
         } else {
             0
         };
-        let mask = TIER_FRONT_SHARED_TIER_MASK;
         let code = policy_front_proto(pr);
         let fs = sums.shift;
-        let mut best = front_hit(lpm, ep, dir, tier, identity, (sums.pod >> shift) & mask, code, port, fs);
+        let pb = tier_summary_port_bit(port);
+        let mut best = front_hit(
+            lpm,
+            ep,
+            dir,
+            tier,
+            identity,
+            tier_classes(sums.pod, shift),
+            sums.pod & pb != 0,
+            code,
+            port,
+            fs,
+        );
         let c = front_hit(
             lpm,
             ep,
             dir,
             tier,
             cidr_identity,
-            (sums.cidr >> shift) & mask,
+            tier_classes(sums.cidr, shift),
+            sums.cidr & pb != 0,
             code,
             port,
             fs,
@@ -350,7 +385,8 @@ pub(crate) fn tier_action(
             dir,
             tier,
             IDENTITY_ANY,
-            (sums.any >> shift) & mask,
+            tier_classes(sums.any, shift),
+            sums.any & pb != 0,
             code,
             port,
             fs,
