@@ -209,20 +209,18 @@ fn front_sizes(pin_dir: &Path, configured: &MapSizes) -> Result<(u32, u32), Ebpf
         }
     }
     let tier_front = out[1];
+    // The class filter beside an adopted front is adopted with it, at the
+    // size the front gives; one of another size (a pin tampered with) is
+    // refused like a front of a bad size, rather than created anew: the
+    // program still attached reads the pinned one until the new program
+    // replaces it, so a fresh filter would leave that program a stale one.
     if let Some(slots) = pinned(maps::TIER_SUMMARY)? {
         if Some(slots) != tier_summary_slots(tier_front) {
-            let path = pin_dir.join(maps::TIER_SUMMARY);
-            tracing::warn!(
-                map = maps::TIER_SUMMARY,
-                pinned_size = slots,
-                front_size = tier_front,
-                "the pinned class filter of the tier front does not match its size: created anew (rebuilt from the front's words before any program reads it)"
-            );
-            std::fs::remove_file(&path).map_err(|source| EbpfError::PinDir {
-                path,
-                op: "unpin a tier front class filter of another size",
-                source,
-            })?;
+            return Err(EbpfError::PinnedFrontSize {
+                map: maps::TIER_SUMMARY,
+                buckets: slots,
+                path: pin_dir.join(maps::TIER_SUMMARY),
+            });
         }
     }
     Ok((policy_front, tier_front))

@@ -290,10 +290,8 @@ impl ClassFilter {
         }
     }
 
-    /// Counts exactly the words of `keys` and makes every slot hold what
-    /// they need (adopted pins: stale bits of an earlier loader go, missing
-    /// ones come before any program that reads them is attached).
-    fn rebuild(&mut self, keys: impl Iterator<Item = u64>) {
+    /// Counts exactly the words of `keys` (no slot is written).
+    fn count(&mut self, keys: impl Iterator<Item = u64>) {
         self.counts.clear();
         for key in keys {
             let slot = self.slot_of(key);
@@ -302,6 +300,13 @@ impl ClassFilter {
                 *self.counts.entry((slot, b)).or_default() += 1;
             }
         }
+    }
+
+    /// Counts exactly the words of `keys` and makes every slot hold what
+    /// they need (adopted pins: stale bits of an earlier loader go, missing
+    /// ones come before any program that reads them is attached).
+    fn rebuild(&mut self, keys: impl Iterator<Item = u64>) {
+        self.count(keys);
         let mut need: HashMap<u32, u64> = HashMap::new();
         for (slot, b) in self.counts.keys() {
             *need.entry(*slot).or_default() |= 1 << b;
@@ -378,6 +383,9 @@ impl TierFront {
                 front.counts.entry(sk).or_default()[bit_index(bit)] += 1;
             }
         }
+        // The filter counts the adopted words first, so that removing one
+        // below keeps every bit the others need.
+        front.filter.count(keys.iter().copied());
         let mut lost = Vec::new();
         let skeys: BTreeSet<u64> = front.summaries.keys().chain(front.counts.keys()).copied().collect();
         for sk in skeys {

@@ -204,6 +204,8 @@ fn fronts_of_configured_sizes_decide_as_the_lpms() {
     assert_eq!(pinned_max_entries(&f.pins, maps::POLICY_FRONT), 1 << 10);
     assert_eq!(pinned_max_entries(&f.pins, maps::POLICY_FRONT_RULES), 1 << 10);
     assert_eq!(pinned_max_entries(&f.pins, maps::TIER_FRONT), 1 << 18);
+    // The tier front's class filter: one slot per word of the front.
+    assert_eq!(pinned_max_entries(&f.pins, maps::TIER_SUMMARY), 4 << 18);
     assert_eq!(f.dp.map_sizes().actual, sized());
     assert!(f.dp.map_sizes().pending().is_empty());
     let fill = f.dp.map_fill();
@@ -256,6 +258,33 @@ fn fronts_of_configured_sizes_decide_as_the_lpms() {
     f.assert_on_fronts();
     f.drop_lpms();
     assert_eq!(f.grid(41_003), want, "new policy front, adopted tier front vs LPMs");
+
+    // The tier front unpinned, its class filter left at 4 x 2^18: a new
+    // front of 2^16 buckets would need a filter of 4 x 2^16 slots; the
+    // pinned one (which an attached program still reads) is refused, not
+    // replaced, and nothing changes.
+    drop(f.dp);
+    std::fs::remove_file(f.pins.path.join(maps::TIER_FRONT)).unwrap();
+    let err = match EbpfDataplane::open_sized(f.pins.options(), MapSizes::default()) {
+        Err(e) => e,
+        Ok(_) => panic!("opened beside a class filter of another size"),
+    };
+    match &err {
+        EbpfError::PinnedFrontSize { map, buckets, .. } => assert_eq!((*map, *buckets), (maps::TIER_SUMMARY, 4 << 18)),
+        other => panic!("expected a pinned size error, got {other}"),
+    }
+    assert_eq!(pinned_max_entries(&f.pins, maps::TIER_SUMMARY), 4 << 18);
+    // Both gone (as after `npm-agent cleanup`): both anew, of the default.
+    std::fs::remove_file(f.pins.path.join(maps::TIER_SUMMARY)).unwrap();
+    f.dp = EbpfDataplane::open_sized(f.pins.options(), MapSizes::default()).unwrap_or_else(|e| panic!("reopen: {e}"));
+    assert_eq!(
+        pinned_max_entries(&f.pins, maps::TIER_SUMMARY),
+        sizes::TIER_FRONT_BUCKETS * 4
+    );
+    f.sync();
+    f.assert_on_fronts();
+    f.drop_lpms();
+    assert_eq!(f.grid(41_004), want, "new tier front and filter vs LPMs");
 }
 
 #[test]
