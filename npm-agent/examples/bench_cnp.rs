@@ -49,7 +49,10 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use npm_agent::agent::{self, AgentConfig};
 use npm_agent::reconcile::{AgentDataplane, SyncConfig};
 use npm_agent::telemetry::Metrics;
-use npm_common::{front_shift, maps, tier_front_slot, DenyEvent, TIER_FRONT_TAG_MASK};
+use npm_common::{
+    front_shift, maps, tier_front_shared_summary_key, tier_front_slot, tier_summary_bits, tier_summary_slot, DenyEvent,
+    TIER_FRONT_TAG_MASK,
+};
 use npm_dataplane::ebpf::{dump_pinned, tier_front_words, EbpfDataplane, EbpfOptions, MapSizes};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
 use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, Direction, RuleRef, Tier, TierAction, TierEntry};
@@ -349,7 +352,8 @@ fn stats(v: &mut [f64]) -> serde_json::Value {
            "max_ms": r(v.last().copied().unwrap_or(f64::NAN))})
 }
 
-/// Checks the pinned `NPM_TIERS` and `NPM_TIER_FRONT` against `last`.
+/// Checks the pinned `NPM_TIERS` and `NPM_TIER_FRONT` (with its class
+/// filter `NPM_TIER_SUMMARY`) against `last`.
 /// Returns (tier entries verified, front words found, front words absent).
 fn verify_pinned(pin_dir: &std::path::Path, last: &Compiled) -> anyhow::Result<(usize, usize, usize)> {
     let dump = dump_pinned(pin_dir)?;
@@ -398,6 +402,10 @@ fn verify_pinned(pin_dir: &std::path::Path, last: &Compiled) -> anyhow::Result<(
     let buckets = data.info()?.max_entries();
     let shift = front_shift(buckets);
     let front: Array<MapData, [u64; 4]> = Array::try_from(Map::Array(data))?;
+    // The class filter beside it: every stored word's bits in its slot.
+    let filter: Array<MapData, u64> =
+        Array::try_from(Map::Array(MapData::from_pin(pin_dir.join(maps::TIER_SUMMARY))?))?;
+    let mut unfiltered = 0;
     // A word whose bucket is full is legitimately absent (its endpoint's
     // tier stays on NPM_TIERS): counted, not an error. The loader stores
     // its own dense ranks, not the compiler's, so a word is found by its
@@ -413,9 +421,18 @@ fn verify_pinned(pin_dir: &std::path::Path, last: &Compiled) -> anyhow::Result<(
                 absent += 1;
             } else {
                 words += 1;
+                let slot = tier_summary_slot(tier_front_shared_summary_key(key), shift);
+                let bits = tier_summary_bits(key);
+                if filter.get(&slot, 0)? & bits != bits {
+                    unfiltered += 1;
+                }
             }
         }
     }
+    anyhow::ensure!(
+        unfiltered == 0,
+        "{unfiltered} stored NPM_TIER_FRONT words lack their bits in NPM_TIER_SUMMARY"
+    );
     Ok((want.len(), words, absent))
 }
 

@@ -206,16 +206,22 @@ pub(crate) struct TierFront {
     _map: Array<MapData, [u64; 4]>,
 }
 
-/// The mapped class filter `NPM_TIER_SUMMARY` and, per slot and bit, how
-/// many stored words need that bit there (see the module doc).
+/// The mapped class filter `NPM_TIER_SUMMARY` and, per slot, how many
+/// stored words need each of its bits (see the module doc).
 struct ClassFilter {
     slots: SharedWords,
-    /// (slot, bit index) -> words stored in the front that need the bit.
-    counts: HashMap<(u32, u8), u32>,
+    /// Slot -> (bit index, words stored in the front that need it), only
+    /// bits some word needs (a few per slot).
+    counts: HashMap<u32, Vec<(u8, u32)>>,
     /// The tier front's [`front_shift`] (the slot is two bits more).
     shift: u32,
     /// Keeps the map (and its fd) alive as long as the mapping.
     _map: Array<MapData, u64>,
+}
+
+/// The set bits' indexes of `bits`.
+fn bit_indexes(bits: u64) -> impl Iterator<Item = u8> {
+    (0..64u8).filter(move |b| bits >> b & 1 != 0)
 }
 
 impl ClassFilter {
@@ -245,19 +251,30 @@ impl ClassFilter {
 
     /// The bits the counts of `slot` need.
     fn need(&self, slot: u32) -> u64 {
-        (0..64u8)
-            .filter(|b| self.counts.contains_key(&(slot, *b)))
-            .fold(0, |m, b| m | 1 << b)
+        self.counts
+            .get(&slot)
+            .map_or(0, |c| c.iter().fold(0, |m, (b, _)| m | 1 << b))
+    }
+
+    /// Counts the word of `key` in its slot; returns the slot and the
+    /// word's bits.
+    fn count_one(&mut self, key: u64) -> (u32, u64) {
+        let slot = self.slot_of(key);
+        let bits = tier_summary_bits(key);
+        let c = self.counts.entry(slot).or_default();
+        for b in bit_indexes(bits) {
+            match c.iter_mut().find(|(i, _)| *i == b) {
+                Some((_, n)) => *n += 1,
+                None => c.push((b, 1)),
+            }
+        }
+        (slot, bits)
     }
 
     /// Counts the word of `key` and sets its bits in its slot (before the
     /// word is stored).
     fn add(&mut self, key: u64) {
-        let slot = self.slot_of(key);
-        let bits = tier_summary_bits(key);
-        for b in (0..64u8).filter(|b| bits >> b & 1 != 0) {
-            *self.counts.entry((slot, b)).or_default() += 1;
-        }
+        let (slot, bits) = self.count_one(key);
         let w = &self.slots.words()[slot as usize];
         let have = w.load(Ordering::Acquire);
         if have | bits != have {
@@ -270,12 +287,15 @@ impl ClassFilter {
     fn sub(&mut self, key: u64) {
         let slot = self.slot_of(key);
         let bits = tier_summary_bits(key);
-        for b in (0..64u8).filter(|b| bits >> b & 1 != 0) {
-            if let Some(n) = self.counts.get_mut(&(slot, b)) {
-                *n -= 1;
-                if *n == 0 {
-                    self.counts.remove(&(slot, b));
+        if let Some(c) = self.counts.get_mut(&slot) {
+            for b in bit_indexes(bits) {
+                if let Some(n) = c.iter_mut().find(|(i, _)| *i == b).map(|(_, n)| n) {
+                    *n = n.saturating_sub(1);
                 }
+            }
+            c.retain(|(_, n)| *n > 0);
+            if c.is_empty() {
+                self.counts.remove(&slot);
             }
         }
         self.store(slot);
@@ -294,11 +314,7 @@ impl ClassFilter {
     fn count(&mut self, keys: impl Iterator<Item = u64>) {
         self.counts.clear();
         for key in keys {
-            let slot = self.slot_of(key);
-            let bits = tier_summary_bits(key);
-            for b in (0..64u8).filter(|b| bits >> b & 1 != 0) {
-                *self.counts.entry((slot, b)).or_default() += 1;
-            }
+            self.count_one(key);
         }
     }
 
@@ -307,15 +323,16 @@ impl ClassFilter {
     /// ones come before any program that reads them is attached).
     fn rebuild(&mut self, keys: impl Iterator<Item = u64>) {
         self.count(keys);
-        let mut need: HashMap<u32, u64> = HashMap::new();
-        for (slot, b) in self.counts.keys() {
-            *need.entry(*slot).or_default() |= 1 << b;
-        }
+        // Slots no word needs are cleared (a look-up only for the set ones),
+        // then each needed slot gets exactly its bits (a needed bit is never
+        // cleared on the way).
         for (i, w) in self.slots.words().iter().enumerate() {
-            let want = need.get(&(i as u32)).copied().unwrap_or(0);
-            if w.load(Ordering::Acquire) != want {
-                w.store(want, Ordering::Release);
+            if w.load(Ordering::Acquire) != 0 && !self.counts.contains_key(&(i as u32)) {
+                w.store(0, Ordering::Release);
             }
+        }
+        for slot in self.counts.keys() {
+            self.store(*slot);
         }
     }
 }
