@@ -112,6 +112,7 @@ pub const SERIES: &[Series] = &[
     series("npm_compiled_entries", G, N, &["table"], "Entries of the compiled state last synced, by table (ipcache, cidrs, endpoints, policy, tiers)."),
     series("npm_map_entries", G, N, &["map"], "Entries in each pinned kernel map (eBPF dataplane), by map name."),
     series("npm_map_capacity", G, N, &["map"], "Maximum entries of each pinned kernel map (eBPF dataplane), by map name."),
+    series("npm_front_fallbacks", G, N, &["map"], "Local endpoint directions (NPM_TIER_FRONT: directions and ClusterNetworkPolicy tiers) whose entries do not all fit this front and are decided on the LPM behind it (same verdicts, slower; raise --map-size-policy-front / --map-size-tier-front)."),
     series("npm_map_full", G, N, &["map"], "1 while the compiled state does not fit this kernel map (eBPF dataplane) and a reduced, fail-closed state is programmed (degraded mode), else 0."),
     series("npm_packets_total", C, N, &["direction", "reason", "verdict"], "Packets classified by the datapath, by direction, reason and verdict."),
     series("npm_bytes_total", C, B, &["direction", "reason", "verdict"], "Bytes of the packets classified by the datapath, by direction, reason and verdict."),
@@ -384,6 +385,9 @@ impl Metrics {
             for f in fill {
                 metrics::gauge!("npm_map_entries", "map" => f.map).set(f.entries as f64);
                 metrics::gauge!("npm_map_capacity", "map" => f.map).set(f.capacity as f64);
+                if let Some(n) = f.fallbacks {
+                    metrics::gauge!("npm_front_fallbacks", "map" => f.map).set(n as f64);
+                }
             }
         });
     }
@@ -505,15 +509,26 @@ mod tests {
         );
         assert_eq!(sample(&text, "npm_programming_latency_seconds_count"), Some(1.0));
         assert_eq!(sample(&text, "npm_ringbuf_events_lost_total"), Some(0.0));
-        m.map_fill(&[MapFill {
-            map: "NPM_POLICY",
-            entries: 3,
-            capacity: 1 << 20,
-        }]);
+        m.map_fill(&[
+            MapFill {
+                map: "NPM_POLICY",
+                entries: 3,
+                capacity: 1 << 20,
+                fallbacks: None,
+            },
+            MapFill {
+                map: "NPM_TIER_FRONT",
+                entries: 9,
+                capacity: 1 << 18,
+                fallbacks: Some(2),
+            },
+        ]);
         m.ringbuf_events_lost(12);
         let text = m.render();
         assert_eq!(sample(&text, "npm_map_entries{map=\"NPM_POLICY\"}"), Some(3.0));
         assert_eq!(sample(&text, "npm_map_capacity{map=\"NPM_POLICY\"}"), Some(1048576.0));
+        assert_eq!(sample(&text, "npm_front_fallbacks{map=\"NPM_TIER_FRONT\"}"), Some(2.0));
+        assert_eq!(sample(&text, "npm_front_fallbacks{map=\"NPM_POLICY\"}"), None);
         assert_eq!(sample(&text, "npm_ringbuf_events_lost_total"), Some(12.0));
         // Two registries do not share values.
         let other = Metrics::new().unwrap();
@@ -534,9 +549,10 @@ mod tests {
         m.compiled_entries("ipcache", 1);
         m.map_full("NPM_POLICY", false);
         m.map_fill(&[MapFill {
-            map: "NPM_POLICY",
+            map: "NPM_POLICY_FRONT",
             entries: 0,
             capacity: 1,
+            fallbacks: Some(0),
         }]);
         let mut c = Counters::default();
         c.by_reason

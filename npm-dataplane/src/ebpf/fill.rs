@@ -39,6 +39,36 @@ use npm_policy::compiled::{Compiled, CompiledDiff, MapDiff, PolicyEntry, TierEnt
 
 use super::{tiers, translate, EbpfDataplane};
 
+/// The [`MapFill::fallbacks`] of the policy front and of the tier front,
+/// from the endpoint records last written (their `flags`): an isolated
+/// direction without `EP_FRONT_<dir>`, and a direction's tier with entries
+/// (`EP_ADMIN_<dir>`, `EP_BASELINE_<dir>`) without its front flag (or
+/// without `EP_TIER_SUMMARY`), each count one.
+pub(crate) fn front_fallbacks(records: impl Iterator<Item = u32>) -> (u64, u64) {
+    use npm_common::{
+        DIR_EGRESS, DIR_INGRESS, EP_ADMIN_FRONT_INGRESS, EP_ADMIN_INGRESS, EP_BASELINE_FRONT_INGRESS,
+        EP_BASELINE_INGRESS, EP_FRONT_INGRESS, EP_ISOLATED_INGRESS, EP_TIER_SUMMARY,
+    };
+    let (mut policy, mut tiers) = (0, 0);
+    for f in records {
+        for dir in [DIR_INGRESS, DIR_EGRESS] {
+            let on = |flag: u32| f & (flag << dir) != 0;
+            if on(EP_ISOLATED_INGRESS) && !on(EP_FRONT_INGRESS) {
+                policy += 1;
+            }
+            for (tier, front) in [
+                (EP_ADMIN_INGRESS, EP_ADMIN_FRONT_INGRESS),
+                (EP_BASELINE_INGRESS, EP_BASELINE_FRONT_INGRESS),
+            ] {
+                if on(tier) && !(on(front) && f & EP_TIER_SUMMARY != 0) {
+                    tiers += 1;
+                }
+            }
+        }
+    }
+    (policy, tiers)
+}
+
 /// How often the datapath's maps (conntrack, fragments) are counted.
 pub const DATAPATH_COUNT_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -52,6 +82,13 @@ pub struct MapFill {
     pub entries: u64,
     /// The most entries the map can hold.
     pub capacity: u64,
+    /// For the fronts (`NPM_POLICY_FRONT`, `NPM_TIER_FRONT`), once the
+    /// first full sync is done: the local endpoint directions (for the tier
+    /// front, directions and tiers) whose entries do not all fit the front
+    /// and are decided on the LPM behind it (same verdicts, slower: a
+    /// larger `--map-size-*-front` brings them onto the front). `None` for
+    /// the other maps.
+    pub fallbacks: Option<u64>,
 }
 
 /// (subject, direction, peer, protocol): the entries whose LPM keys may
@@ -192,6 +229,14 @@ impl EbpfDataplane {
             map,
             entries: entries as u64,
             capacity: u64::from(capacity),
+            fallbacks: None,
+        };
+        let (policy_fallbacks, tier_fallbacks) = match self.fill.known {
+            true => {
+                let (p, t) = front_fallbacks(self.written.values().map(|i| i.flags));
+                (Some(p), Some(t))
+            }
+            false => (None, None),
         };
         let actual = &self.sizes.actual;
         let mut out = Vec::new();
@@ -208,12 +253,19 @@ impl EbpfDataplane {
             ]);
         }
         out.push(fill(maps::IPCACHE4, self.ipcache4_occupied(), sizes::IPCACHE4_SLOTS));
+        out.push(MapFill {
+            fallbacks: policy_fallbacks,
+            ..fill(maps::POLICY_FRONT, self.policy_front_len(), actual.policy_front * 4)
+        });
+        out.push(MapFill {
+            fallbacks: tier_fallbacks,
+            ..fill(maps::TIER_FRONT, self.tier_front_len(), actual.tier_front * 4)
+        });
         out.push(fill(
-            maps::POLICY_FRONT,
-            self.policy_front_len(),
-            actual.policy_front * 4,
+            maps::TIER_SUMMARY,
+            self.tiers.filter_len(),
+            actual.tier_front << npm_common::TIER_SUMMARY_SLOTS_PER_BUCKET_LOG,
         ));
-        out.push(fill(maps::TIER_FRONT, self.tier_front_len(), actual.tier_front * 4));
         let [ct, ct4, frags] = self.datapath_counts();
         out.extend([
             fill(maps::CT, ct, actual.conntrack),
@@ -242,5 +294,35 @@ impl EbpfDataplane {
     /// counts them again).
     pub fn recount_datapath_maps(&self) {
         *self.fill.datapath.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::front_fallbacks;
+    use npm_common::{
+        EP_ADMIN_FRONT_INGRESS, EP_ADMIN_INGRESS, EP_BASELINE_EGRESS, EP_FRONT_EGRESS, EP_FRONT_INGRESS,
+        EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_TIER_SUMMARY,
+    };
+
+    #[test]
+    fn fallbacks_count_directions_and_tiers_off_their_front() {
+        // Nothing isolated, no tier: nothing to fall back.
+        assert_eq!(front_fallbacks([0u32].into_iter()), (0, 0));
+        // Isolated both ways, only ingress on the front; an Admin tier on
+        // the front, a Baseline egress tier off it.
+        let f = EP_ISOLATED_INGRESS
+            | EP_ISOLATED_EGRESS
+            | EP_FRONT_INGRESS
+            | EP_ADMIN_INGRESS
+            | EP_ADMIN_FRONT_INGRESS
+            | EP_TIER_SUMMARY
+            | EP_BASELINE_EGRESS;
+        assert_eq!(front_fallbacks([f].into_iter()), (1, 1));
+        // A tier front flag without the filter flag is not trusted.
+        assert_eq!(front_fallbacks([f & !EP_TIER_SUMMARY].into_iter()), (1, 2));
+        // Per endpoint record.
+        let g = EP_ISOLATED_EGRESS | EP_FRONT_EGRESS;
+        assert_eq!(front_fallbacks([f, f, g].into_iter()), (2, 2));
     }
 }

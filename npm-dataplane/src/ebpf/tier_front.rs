@@ -540,6 +540,11 @@ impl TierFront {
         stale.len()
     }
 
+    /// Slots of the class filter in use (some word needs a bit there).
+    pub(crate) fn filter_len(&self) -> usize {
+        self.filter.counts.len()
+    }
+
     /// Words stored.
     pub(crate) fn len(&self) -> usize {
         self.placed.len()

@@ -481,6 +481,11 @@ impl TierTable {
         self.front.len()
     }
 
+    /// Slots of the class filter in use.
+    pub(crate) fn filter_len(&self) -> usize {
+        self.front.filter_len()
+    }
+
     /// Removes every key not in `want`.
     pub(crate) fn sweep_keys(&mut self, want: &BTreeMap<PolicyKey, KernelTierValue>) -> Result<(), EbpfError> {
         let stale: Vec<Key<[u8; POLICY_KEY_LEN]>> = self

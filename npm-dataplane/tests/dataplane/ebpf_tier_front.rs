@@ -256,6 +256,20 @@ fn the_tier_front_decides_as_the_lpm_does() {
     assert!(words > 0);
     // The summary words (one per identity with words) come on top.
     assert_eq!(kernel_words(&front.pins.path).0, words);
+    // The fill: one tier (endpoint 2's Baseline ingress) decided on the
+    // LPM behind the tier front, every policy direction on its front; the
+    // filter's slots in use are the kernel's non-zero ones.
+    let fill = front.dp.map_fill();
+    let of = |map: &str| fill.iter().find(|m| m.map == map).unwrap().clone();
+    assert_eq!(of(maps::TIER_FRONT).fallbacks, Some(1));
+    assert_eq!(of(maps::POLICY_FRONT).fallbacks, Some(0));
+    assert_eq!(of(maps::TIERS).fallbacks, None);
+    let filter = of(maps::TIER_SUMMARY);
+    assert_eq!(
+        filter.entries,
+        kernel_filter(&front.pins.path).iter().filter(|w| **w != 0).count() as u64
+    );
+    assert_eq!(filter.capacity, 4 * npm_common::sizes::TIER_FRONT_BUCKETS as u64);
     let (g_front, g_lpm) = (front.grid(40000), lpm.grid(40000));
     assert_eq!(g_front, g_lpm);
     // The grid is not trivial: spot checks of each form.
