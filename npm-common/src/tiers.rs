@@ -365,8 +365,9 @@ pub const fn tier_summary_slot(skey: u64, shift: u32) -> u32 {
 ///
 /// # Safety
 ///
-/// `shift` is in `TIER_SUMMARY_SLOTS_PER_BUCKET_LOG..64` (a tier front's
-/// [`crate::front_shift`]: at least 16).
+/// `shift` is in `TIER_SUMMARY_SLOTS_PER_BUCKET_LOG..64 +
+/// TIER_SUMMARY_SLOTS_PER_BUCKET_LOG` (a tier front's [`crate::front_shift`]
+/// is 40 to 48).
 #[inline(always)]
 pub const unsafe fn tier_summary_slot_unchecked(skey: u64, shift: u32) -> u32 {
     // SAFETY: the caller's.

@@ -62,7 +62,7 @@
 //! | [`policy::ipcache`] | the peer's identities | `NPM_IPCACHE4`, `NPM_IPCACHE`, `NPM_CIDRS` |
 //! | [`policy::lpm`] | step 9 on the trie | `NPM_POLICY` |
 //! | [`policy::front`] | step 9 on the front | `NPM_POLICY_FRONT` |
-//! | [`policy::tiers`] | steps 9a and 9c: the ClusterNetworkPolicy tiers | `NPM_TIERS` |
+//! | [`policy::tiers`] | steps 9a and 9c: the ClusterNetworkPolicy tiers | `NPM_TIERS`, `NPM_TIER_FRONT`, `NPM_TIER_SUMMARY` |
 //! | [`decision_cache`] | steps 8-9's per-CPU cache | `NPM_DECISIONS`, `NPM_GENERATION` |
 //! | [`verdict`] | counters and deny events | `NPM_COUNTERS`, `NPM_EVENTS` |
 //! | [`scratch`] | per-CPU scratch and the clock cache | `NPM_SCRATCH` |

@@ -187,7 +187,8 @@ pub(crate) struct Summaries {
 /// inlined array read, no tag.
 #[inline(always)]
 fn summary_get(key: u64, shift: u32) -> u64 {
-    // SAFETY: shift is NPM_TIER_FRONT_SHIFT, 16..=58 (see front_probe).
+    // SAFETY: shift is NPM_TIER_FRONT_SHIFT, the front_shift of a tier
+    // front the loader accepted (2^16 to 2^24 buckets): 40..=48.
     let slot = unsafe { tier_summary_slot_unchecked(key, shift) };
     match NPM_TIER_SUMMARY.get(slot) {
         // SAFETY: an 8-aligned array value, stored whole by user space.
