@@ -204,7 +204,6 @@ fn summary_get(key: u64, shift: u32) -> u64 {
 /// identity out of the key's range, or a CIDR identity of `IDENTITY_ANY`
 /// (the any facet answers for it), gets 0 without a read.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn tier_summaries(
     ep: u32,
     ep_flags: u32,
@@ -240,57 +239,76 @@ pub(crate) fn tier_summaries(
     s
 }
 
-/// [`tier_hit`] on the tier front, as 16 bits (action, rank), given the
-/// identity's classes in this tier (`mask`, from its filter slot: 0, the
-/// identity has no word, no hit) and whether the slot's exact-port filter
-/// has the packet's port (`port_in`): only the port classes it names, the
-/// most specific first, the first hit ending the search: the exact port's
-/// word, else its 64-port block's (one protocol's entries have disjoint
-/// ranges: at most one of the two exists), else the protocol's any-port
-/// word, else the any-protocol word: the same answer as the LPM's longest
-/// prefix. `0xffff` for none (a pass of the last front rank, which never
-/// decides). `code` is the packet's `policy_front_proto`, `shift`
-/// [`NPM_TIER_FRONT_SHIFT`].
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn front_hit(
+/// One packet's probes of one tier on the tier front: what every peer
+/// identity's probes share.
+#[derive(Clone, Copy)]
+struct FrontProbe {
+    /// The 20-byte scratch key (see [`front_get`]).
     lpm: *mut u8,
+    /// The subject.
     ep: u32,
     dir: u8,
+    /// `TIER_ADMIN` or `TIER_BASELINE`.
     tier: u8,
-    identity: u32,
-    mask: u32,
-    port_in: bool,
+    /// This tier's classes in a filter slot start here (see
+    /// [`tier_classes`]).
+    classes_shift: u32,
+    /// The packet's `policy_front_proto`.
     code: u64,
+    /// The destination port and its exact-port filter bit.
     port: u16,
+    port_bit: u64,
+    /// [`NPM_TIER_FRONT_SHIFT`].
     shift: u32,
-) -> u32 {
-    if mask == 0 {
-        return 0xffff;
-    }
-    let mut r = u32::MAX;
-    if code != 0 {
-        if port_in && mask & (TIER_FRONT_SHARED_EXACT << (code - 1) as u32) != 0 {
-            let pc = tier_front_pc_exact(code, port);
-            r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc), shift);
+}
+
+impl FrontProbe {
+    /// [`tier_hit`] on the tier front for peer `identity` whose filter slot
+    /// is `slot`, as 16 bits (action, rank): only the port classes this
+    /// tier's bits of the slot name (none: the identity has no word, no
+    /// hit; an exact port only when the slot's port filter has the
+    /// packet's), the most specific first, the first hit ending the search:
+    /// the exact port's word, else its 64-port block's (one protocol's
+    /// entries have disjoint ranges: at most one of the two exists), else
+    /// the protocol's any-port word, else the any-protocol word: the same
+    /// answer as the LPM's longest prefix. `0xffff` for none (a pass of the
+    /// last front rank, which never decides).
+    #[inline(always)]
+    fn hit(self, identity: u32, slot: u64) -> u32 {
+        let mask = tier_classes(slot, self.classes_shift);
+        if mask == 0 {
+            return 0xffff;
         }
-        if r == u32::MAX && mask & TIER_FRONT_SHARED_BLOCK != 0 {
-            let pc = tier_front_pc_block(code, port);
-            r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc), shift);
+        let (code, port) = (self.code, self.port);
+        let mut r = u32::MAX;
+        if code != 0 {
+            if slot & self.port_bit != 0 && mask & (TIER_FRONT_SHARED_EXACT << (code - 1) as u32) != 0 {
+                r = self.word(identity, tier_front_pc_exact(code, port));
+            }
+            if r == u32::MAX && mask & TIER_FRONT_SHARED_BLOCK != 0 {
+                r = self.word(identity, tier_front_pc_block(code, port));
+            }
+            if r == u32::MAX && mask & TIER_FRONT_SHARED_ANY_PORT != 0 {
+                r = self.word(identity, tier_front_pc_any_port(code));
+            }
         }
-        if r == u32::MAX && mask & TIER_FRONT_SHARED_ANY_PORT != 0 {
-            let pc = tier_front_pc_any_port(code);
-            r = front_get(lpm, tier_front_key(ep, dir, tier, identity, pc), shift);
+        if r == u32::MAX && mask & TIER_FRONT_SHARED_ANY_PROTO != 0 {
+            r = self.word(identity, TIER_FRONT_PC_ANY_PROTO);
         }
+        r & 0xffff
     }
-    if r == u32::MAX && mask & TIER_FRONT_SHARED_ANY_PROTO != 0 {
-        r = front_get(
-            lpm,
-            tier_front_key(ep, dir, tier, identity, TIER_FRONT_PC_ANY_PROTO),
-            shift,
-        );
+
+    /// [`front_get`] of the word of `identity` and port class `pc`. (A
+    /// method, not a closure: LLVM compiles a closure into a BPF-to-BPF
+    /// call.)
+    #[inline(always)]
+    fn word(self, identity: u32, pc: u64) -> u32 {
+        front_get(
+            self.lpm,
+            tier_front_key(self.ep, self.dir, self.tier, identity, pc),
+            self.shift,
+        )
     }
-    r & 0xffff
 }
 
 /// One tier's classes (bits 0..6 after `shift`: 0 for the Admin tier,
@@ -342,57 +360,29 @@ pub(crate) fn tier_action(
 ) -> u32 {
     let (identity, cidr_identity) = ids;
     if front_enabled(ep, ep_flags, dir_tier) {
-        let (dir, tier) = (dir_tier & 1, dir_tier & !1);
+        let tier = dir_tier & !1;
         // This tier's classes of each identity's filter slot. Out of
         // the key's ranges no word can be meant (the loader never marks a
-        // tier complete with such a peer): the summary is 0, no hit,
+        // tier complete with such a peer): the slot is 0, no hit,
         // rather than a key whose bits spill into other fields.
-        let shift = if tier & TIER_BASELINE != 0 {
-            TIER_FRONT_SHARED_TIER_SHIFT
-        } else {
-            0
+        let probe = FrontProbe {
+            lpm,
+            ep,
+            dir: dir_tier & 1,
+            tier,
+            classes_shift: if tier & TIER_BASELINE != 0 {
+                TIER_FRONT_SHARED_TIER_SHIFT
+            } else {
+                0
+            },
+            code: policy_front_proto(pr),
+            port,
+            port_bit: tier_summary_port_bit(port),
+            shift: sums.shift,
         };
-        let code = policy_front_proto(pr);
-        let fs = sums.shift;
-        let pb = tier_summary_port_bit(port);
-        let mut best = front_hit(
-            lpm,
-            ep,
-            dir,
-            tier,
-            identity,
-            tier_classes(sums.pod, shift),
-            sums.pod & pb != 0,
-            code,
-            port,
-            fs,
-        );
-        let c = front_hit(
-            lpm,
-            ep,
-            dir,
-            tier,
-            cidr_identity,
-            tier_classes(sums.cidr, shift),
-            sums.cidr & pb != 0,
-            code,
-            port,
-            fs,
-        );
-        best = min32(best, c);
-        let a = front_hit(
-            lpm,
-            ep,
-            dir,
-            tier,
-            IDENTITY_ANY,
-            tier_classes(sums.any, shift),
-            sums.any & pb != 0,
-            code,
-            port,
-            fs,
-        );
-        best = min32(best, a);
+        let mut best = probe.hit(identity, sums.pod);
+        best = min32(best, probe.hit(cidr_identity, sums.cidr));
+        best = min32(best, probe.hit(IDENTITY_ANY, sums.any));
         return best & TIER_ACTION_MASK;
     }
     let mut best = tier_hit(lpm, ep, dir_tier, identity, pr, port);
