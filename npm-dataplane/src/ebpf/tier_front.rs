@@ -318,11 +318,10 @@ impl ClassFilter {
         }
     }
 
-    /// Counts exactly the words of `keys` and makes every slot hold what
-    /// they need (adopted pins: stale bits of an earlier loader go, missing
-    /// ones come before any program that reads them is attached).
-    fn rebuild(&mut self, keys: impl Iterator<Item = u64>) {
-        self.count(keys);
+    /// Makes every slot hold exactly what the counts need (adopted pins:
+    /// stale bits of an earlier loader go, missing ones come before any
+    /// program that reads them is attached).
+    fn store_all(&self) {
         // Slots no word needs are cleared (a look-up only for the set ones),
         // then each needed slot gets exactly its bits (a needed bit is never
         // cleared on the way).
@@ -418,8 +417,8 @@ impl TierFront {
                 front.remove(k);
             }
         }
-        let kept: Vec<u64> = front.placed.keys().copied().collect();
-        front.filter.rebuild(kept.into_iter());
+        // The counts followed those removals: they are the kept words'.
+        front.filter.store_all();
         Ok(front)
     }
 
