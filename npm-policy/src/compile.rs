@@ -55,6 +55,7 @@ pub(crate) fn contains_net(outer: &IpNet, inner: &IpNet) -> bool {
 /// The CIDR identity prefixes of a snapshot: every `cidr` and `except`
 /// prefix of every valid policy (spec §4, ipBlock) and every `networks`
 /// CIDR of every ClusterNetworkPolicy (shared: one identity per prefix),
+/// the host prefix of every learned address a `domainNames` peer matches,
 /// plus `0.0.0.0/0` when an IPv6 prefix covers the IPv4-mapped range (see
 /// [`block_allows_prefix`]).
 pub fn cidr_prefixes(snapshot: &Snapshot) -> BTreeSet<IpNet> {
@@ -72,8 +73,13 @@ pub fn cidr_prefixes(snapshot: &Snapshot) -> BTreeSet<IpNet> {
     for p in snapshot.cluster_policies.values() {
         for r in p.ingress.iter().chain(&p.egress) {
             for peer in &r.peers {
-                if let crate::tiers::ClusterPeer::Networks(nets) = peer {
-                    set.extend(nets.iter().copied());
+                match peer {
+                    crate::tiers::ClusterPeer::Networks(nets) => set.extend(nets.iter().copied()),
+                    // The hosts of the learned names: a prefix each.
+                    crate::tiers::ClusterPeer::DomainNames(names) => {
+                        set.extend(crate::tiers::domains::domain_prefixes(names, &snapshot.domain_names))
+                    }
+                    _ => {}
                 }
             }
         }
@@ -616,9 +622,10 @@ pub(crate) fn compile_with_peers(
     let mut locals: Vec<(u32, &IdentityKey)> = subjects.keys().map(|s| (*s, &identities[s])).collect();
     locals.sort_by_key(|(s, _)| *s);
     let node_identities = alloc.tables.node_identities.clone();
-    let nodes = crate::tiers::compile::TierNodes {
+    let nodes = crate::tiers::compile::TierFacts {
         identities: &node_identities,
         local: snapshot.nodes.get(&opts.node_name).map(|n| &n.labels),
+        learned: &snapshot.domain_names,
     };
     out.tiers =
         crate::tiers::compile::compile_tiers(snapshot, &locals, &identities, &out.cidrs, &nodes, |r| alloc.rule(r));

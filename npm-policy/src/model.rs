@@ -293,4 +293,9 @@ pub struct Snapshot {
     /// ClusterNetworkPolicy `nodes` peer; its addresses are not used).
     #[serde(default)]
     pub nodes: BTreeMap<String, Node>,
+    /// Names learned from DNS answers (see [`crate::tiers::domains`]): what
+    /// a ClusterNetworkPolicy `domainNames` peer matches. Not API state:
+    /// the agent's DNS learning keeps it (each answer for its TTL).
+    #[serde(default)]
+    pub domain_names: crate::tiers::domains::LearnedNames,
 }

@@ -319,11 +319,18 @@ fn invalid_forms_fail_closed() {
             |p| p.egress[0].peers == vec![ClusterPeer::All],
         ),
         (
-            "domainNames peer (experimental, unsupported) in an Accept rule",
-            |v| v["spec"]["egress"][1]["to"][0] = json!({"domainNames": ["*.example.com"]}),
-            "spec.egress[1].to[0].domainNames",
+            "domainNames peer (experimental) with a name the API's pattern refuses, in an Accept rule",
+            |v| v["spec"]["egress"][1]["to"][0] = json!({"domainNames": ["*.example.com", "www.*.example.com"]}),
+            "spec.egress[1].to[0].domainNames[1]",
             ClusterConsequence::PeerMatchesNothing("spec.egress[1].to[0]".into()),
             |p| p.egress[1].peers.is_empty(),
+        ),
+        (
+            "domainNames peer (experimental) in a Deny rule (Accept only)",
+            |v| v["spec"]["egress"][0]["to"][0] = json!({"domainNames": ["*.example.com"]}),
+            "spec.egress[0].to[0].domainNames",
+            ClusterConsequence::DenyEveryPeer("spec.egress[0]".into()),
+            |p| p.egress[0].peers == vec![ClusterPeer::All],
         ),
         (
             "bad CIDR",

@@ -347,8 +347,9 @@ fn cluster_policies(seed: u64, s: &mut Snapshot) {
 
 /// Packets by how a tier decided them (evaluator): Admin Accept, Admin
 /// Deny, Baseline Accept, Baseline Deny, an Admin Pass then NetworkPolicy,
-/// and decided by a rule with a `nodes` peer for a non-pod address.
-type TierCounts = [usize; 6];
+/// decided by a rule with a `nodes` peer for a non-pod address, and decided
+/// by a rule with a `domainNames` peer.
+type TierCounts = [usize; 7];
 
 /// Node addresses: other nodes' (10.0.5.x, fd00::5:1), one inside the
 /// `networks` and ipBlocks (10.0.1.5), one a pod may hold (10.0.0.1), this
@@ -403,6 +404,56 @@ fn nodes(rng: &mut StdRng, s: &mut Snapshot) {
     }
 }
 
+/// Domain names learned, each for some of the snapshot's pod addresses and
+/// [`EXTERNAL`] addresses, and some egress peers of the Accept rules of the
+/// snapshot's ClusterNetworkPolicies turned into `domainNames` peers
+/// (exact names, wildcards, a name never learned); all from `rng`, the
+/// names' own stream.
+fn domain_names(rng: &mut StdRng, s: &mut Snapshot) {
+    let mut addrs: Vec<IpAddr> = s.pods.values().flat_map(|p| p.ips.iter().copied()).collect();
+    addrs.extend(EXTERNAL.iter().map(|e| e.parse::<IpAddr>().unwrap()));
+    for name in [
+        "a.example.com",
+        "b.example.com",
+        "deep.b.example.com",
+        "example.com",
+        "other.org",
+    ] {
+        if rng.random_bool(0.8) {
+            let n = rng.random_range(1..4);
+            let ips = (0..n).map(|_| *pick(rng, &addrs)).collect();
+            s.domain_names.insert(name.into(), ips);
+        }
+    }
+    let names: Vec<String> = s.cluster_policies.keys().cloned().collect();
+    for name in names {
+        let mut p = s.cluster_policies[&name].clone();
+        for r in p.egress.iter_mut().filter(|r| r.action == TierAction::Accept) {
+            for peer in &mut r.peers {
+                if !matches!(peer, ClusterPeer::All) && rng.random_bool(0.4) {
+                    let patterns = (0..rng.random_range(1..3))
+                        .map(|_| {
+                            let p = pick(
+                                rng,
+                                &[
+                                    "a.example.com",
+                                    "*.example.com",
+                                    "*.b.example.com",
+                                    "example.com",
+                                    "never.org",
+                                ],
+                            );
+                            npm_policy::tiers::DomainPattern::parse(p).unwrap()
+                        })
+                        .collect();
+                    *peer = ClusterPeer::DomainNames(patterns);
+                }
+            }
+        }
+        s.cluster_policies.insert(name, p);
+    }
+}
+
 const EXTERNAL: &[&str] = &[
     "10.0.1.5",
     "10.0.2.200",
@@ -445,6 +496,8 @@ fn check(seed: u64, prev: Option<&Compiled>, tc: &mut TierCounts) -> Result<(Com
     cluster_policies(seed, &mut s);
     let mut nrng = StdRng::seed_from_u64(seed ^ 0x70de);
     nodes(&mut nrng, &mut s);
+    let mut drng = StdRng::seed_from_u64(seed ^ 0xd0_3a17);
+    domain_names(&mut drng, &mut s);
     let c = npm_policy::compile(&s, &opts, prev);
     let table = PrefixTable::new(&c.cidrs);
     let mut peers: Vec<IpAddr> = s.pods.values().flat_map(|p| p.ips.iter().copied()).collect();
@@ -531,6 +584,13 @@ fn check(seed: u64, prev: Option<&Compiled>, tc: &mut TierCounts) -> Result<(Com
                 if by_nodes_peer && npm_policy::evaluate::pod_at(&s, &opts, peer).is_none() {
                     tc[5] += 1;
                 }
+                let by_names = s.cluster_policies[&m.policy].rules(dir)[m.index]
+                    .peers
+                    .iter()
+                    .any(|p| matches!(p, ClusterPeer::DomainNames(n) if npm_policy::tiers::domains::domain_matches(n, &s.domain_names, peer)));
+                if by_names {
+                    tc[6] += 1;
+                }
             }
             if matches!(want.reason, EndReason::Rule { .. } | EndReason::Denied)
                 && want
@@ -581,7 +641,7 @@ fn compiled_lookup_agrees_with_evaluator() {
         .unwrap_or(10_000);
     let mut prev: Option<Compiled> = None;
     let mut packets = [0usize; 3];
-    let mut tc: TierCounts = [0; 6];
+    let mut tc: TierCounts = [0; 7];
     for i in 0..count {
         let seed = base + i;
         // Half of the compiles reuse the previous (unrelated) compile's id
@@ -612,10 +672,12 @@ fn compiled_lookup_agrees_with_evaluator() {
     // Every tier decision occurs often (Admin Accept, Admin Deny, Baseline
     // Accept, Baseline Deny, Admin Pass then NetworkPolicy).
     if count >= 10_000 {
-        assert!(tc.iter().all(|n| *n >= 500), "tier decisions {tc:?}");
+        assert!(tc[..6].iter().all(|n| *n >= 500), "tier decisions {tc:?}");
+        // Rules with a `domainNames` peer decide too.
+        assert!(tc[6] >= 200, "decided by a domainNames rule: {}", tc[6]);
     }
     eprintln!(
-        "{count} snapshots; denied {} and allowed {} packets agree ({} allowed through an egress named port with an empty to); tier decisions (admin accept, admin deny, baseline accept, baseline deny, pass then NP, by a nodes peer) {tc:?}",
+        "{count} snapshots; denied {} and allowed {} packets agree ({} allowed through an egress named port with an empty to); tier decisions (admin accept, admin deny, baseline accept, baseline deny, pass then NP, by a nodes peer, by a domainNames rule) {tc:?}",
         packets[0], packets[1], packets[2]
     );
 }

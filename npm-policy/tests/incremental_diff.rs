@@ -5,6 +5,7 @@
 //! empty, and ids of what still exists are stable.
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 
 use npm_policy::compiled::{CompileOptions, Compiled, Direction, RuleRef, Tier, TierAction};
 use npm_policy::incremental::Compiler;
@@ -185,6 +186,35 @@ fn cluster_policy(rng: &mut StdRng) -> ClusterPolicy {
     }
 }
 
+/// `p` with some egress peers of its Accept rules turned into
+/// `domainNames` peers, drawn from `rng` (the names' own stream).
+fn with_domains(mut p: ClusterPolicy, rng: &mut StdRng) -> ClusterPolicy {
+    for r in p.egress.iter_mut().filter(|r| r.action == TierAction::Accept) {
+        for peer in &mut r.peers {
+            if !matches!(peer, ClusterPeer::All) && rng.random_bool(0.4) {
+                let name = *pick(rng, &["a.example.com", "*.example.com", "other.org"]);
+                *peer = ClusterPeer::DomainNames(vec![npm_policy::tiers::DomainPattern::parse(name).unwrap()]);
+            }
+        }
+    }
+    p
+}
+
+/// Learned names for some of `s`'s pod addresses and addresses inside and
+/// outside the `networks` of the generated policies, from `rng`.
+fn learned(rng: &mut StdRng, s: &Snapshot) -> npm_policy::tiers::LearnedNames {
+    let mut addrs: Vec<IpAddr> = s.pods.values().flat_map(|p| p.ips.iter().copied()).collect();
+    addrs.extend(["10.0.0.9", "10.1.2.3", "192.0.2.1", "2001:db8::7"].map(|a| a.parse::<IpAddr>().unwrap()));
+    let mut out = npm_policy::tiers::LearnedNames::new();
+    for name in ["a.example.com", "b.example.com", "other.org"] {
+        if rng.random_bool(0.7) {
+            let ips = (0..rng.random_range(1..3)).map(|_| *pick(rng, &addrs)).collect();
+            out.insert(name.into(), ips);
+        }
+    }
+    out
+}
+
 /// `p` with some egress `networks` peers turned into `nodes` peers, drawn
 /// from `rng` (the nodes' stream, so the policies' stream stays as it was).
 fn with_nodes(mut p: ClusterPolicy, rng: &mut StdRng) -> ClusterPolicy {
@@ -319,14 +349,30 @@ fn any_peer_named_entries(c: &Compiled, s: &Snapshot) -> usize {
         .count()
 }
 
-#[test]
-fn compiler_matches_reference() {
-    let opts = CompileOptions {
+/// The compile options of these tests (this node holds 10.0.0.9).
+fn options() -> CompileOptions {
+    CompileOptions {
         node_name: "node".into(),
         node_ips: vec!["10.0.0.9".parse().unwrap()],
         allow_host_egress: true,
         report_new: false,
-    };
+    }
+}
+
+/// The incremental compiler's tables are the full compile's (`reference`).
+fn assert_same(compiler: &Compiled, reference: &Compiled, what: std::fmt::Arguments<'_>) {
+    assert_eq!(
+        canonical(compiler),
+        canonical(reference),
+        "{what}\ncompiler:\n{}\nreference:\n{}",
+        compiler.render_table(),
+        reference.render_table()
+    );
+}
+
+#[test]
+fn compiler_matches_reference() {
+    let opts = options();
     let mut changes = 0;
     // Steps whose tables hold entries of an egress rule with an empty `to`
     // and a named port (so the generator covers that case).
@@ -336,6 +382,8 @@ fn compiler_matches_reference() {
     // Node changes, and steps whose ipcache holds a node identity or whose
     // tier entries name one.
     let (mut node_changes, mut node_ip_steps, mut node_tier_steps) = (0, 0, 0);
+    // Learned-name changes, and those that changed tier entries.
+    let (mut name_changes, mut name_tier_changes) = (0, 0);
     for seed in 0..300u64 {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut s = Snapshot::default();
@@ -355,9 +403,13 @@ fn compiler_matches_reference() {
         let mut crng = StdRng::seed_from_u64(seed ^ 0xc1_57e5);
         // Nodes (and `nodes` peers) from their own stream too.
         let mut nrng = StdRng::seed_from_u64(seed ^ 0x70de);
+        // Learned names (and `domainNames` peers) from their own stream.
+        let mut drng = StdRng::seed_from_u64(seed ^ 0xd0_3a17);
         for _ in 0..crng.random_range(1..5) {
-            s.insert_cluster_policy(with_nodes(cluster_policy(&mut crng), &mut nrng), None);
+            let p = with_domains(with_nodes(cluster_policy(&mut crng), &mut nrng), &mut drng);
+            s.insert_cluster_policy(p, None);
         }
+        s.domain_names = learned(&mut drng, &s);
         for _ in 0..nrng.random_range(0..4) {
             let n = node(&mut nrng);
             s.nodes.insert(n.name.clone(), n);
@@ -392,17 +444,32 @@ fn compiler_matches_reference() {
                 }
                 node_changes += 1;
                 let reference = npm_policy::compile(&s, &opts, Some(&before));
-                assert_eq!(
-                    canonical(c.compiled()),
-                    canonical(&reference),
-                    "seed {seed} step {step} node change\ncompiler:\n{}\nreference:\n{}",
-                    c.compiled().render_table(),
-                    reference.render_table()
+                assert_same(
+                    c.compiled(),
+                    &reference,
+                    format_args!("seed {seed} step {step} node change"),
+                );
+            }
+            // New learned names in a fifth of the steps, checked alone.
+            if drng.random_range(0..10) < 2 {
+                let l = learned(&mut drng, &s);
+                let tiers_before = c.compiled().tiers.clone();
+                s.domain_names = l.clone();
+                c.set_domain_names(l);
+                name_changes += 1;
+                let reference = npm_policy::compile(&s, &opts, Some(&before));
+                if reference.tiers != tiers_before {
+                    name_tier_changes += 1;
+                }
+                assert_same(
+                    c.compiled(),
+                    &reference,
+                    format_args!("seed {seed} step {step} learned names change"),
                 );
             }
             match what {
                 8 => {
-                    let p = with_nodes(cluster_policy(&mut crng), &mut nrng);
+                    let p = with_domains(with_nodes(cluster_policy(&mut crng), &mut nrng), &mut drng);
                     s.insert_cluster_policy(p.clone(), None);
                     c.upsert_cluster_policy(p);
                 }
@@ -474,12 +541,10 @@ fn compiler_matches_reference() {
             if any_peer_named_entries(&reference, &s) > 0 {
                 any_peer_named += 1;
             }
-            assert_eq!(
-                canonical(c.compiled()),
-                canonical(&reference),
-                "seed {seed} step {step} change {what}\ncompiler:\n{}\nreference:\n{}",
-                c.compiled().render_table(),
-                reference.render_table()
+            assert_same(
+                c.compiled(),
+                &reference,
+                format_args!("seed {seed} step {step} change {what}"),
             );
             // With the compiler's ids, the full compile gives exactly its
             // policy entries and endpoint records: rule ids included (each
@@ -523,7 +588,12 @@ fn compiler_matches_reference() {
     assert!(changes >= 4000);
     eprintln!(
         "{changes} changes, {tier_steps} with tier entries, {node_changes} node changes, {node_ip_steps} with node \
-         addresses, {node_tier_steps} with node tier entries"
+         addresses, {node_tier_steps} with node tier entries, {name_changes} learned-name changes \
+         ({name_tier_changes} changing tier entries)"
+    );
+    assert!(
+        name_tier_changes >= 50,
+        "only {name_tier_changes} learned-name changes changed tier entries"
     );
     assert!(node_changes >= 800, "only {node_changes} node changes");
     assert!(node_ip_steps >= 1000, "only {node_ip_steps} steps with node addresses");
@@ -536,4 +606,58 @@ fn compiler_matches_reference() {
         any_peer_named >= 100,
         "only {any_peer_named} steps with egress named-port entries of an empty `to`"
     );
+}
+
+/// Learned names that trade addresses (the set of host prefixes, and so the
+/// CIDR identities, stay the same): the tier entries of the CNPs with
+/// `domainNames` peers follow the names, as a full compile does.
+#[test]
+fn learned_names_that_trade_addresses_move_the_tier_entries() {
+    let opts = options();
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut s = Snapshot::default();
+    s.namespaces.insert("n0".into(), namespace(&mut rng, "n0"));
+    let p = pod(&mut rng, 0);
+    s.pods.insert((p.namespace.clone(), p.name.clone()), p);
+    let accept_to = |name: &str, priority: u32| ClusterPolicy {
+        name: format!("to-{name}"),
+        tier: Tier::Admin,
+        priority,
+        subject: Subject::Namespaces(Selector::default()),
+        ingress: vec![],
+        egress: vec![ClusterRule {
+            name: None,
+            action: TierAction::Accept,
+            peers: vec![ClusterPeer::DomainNames(vec![npm_policy::tiers::DomainPattern::parse(
+                name,
+            )
+            .unwrap()])],
+            ports: vec![],
+        }],
+    };
+    s.insert_cluster_policy(accept_to("a.example.com", 1), None);
+    s.insert_cluster_policy(accept_to("b.example.com", 2), None);
+    let learned = |a: &str, b: &str| -> npm_policy::tiers::LearnedNames {
+        [("a.example.com", a), ("b.example.com", b)]
+            .into_iter()
+            .map(|(n, ip)| (n.to_string(), [ip.parse::<IpAddr>().unwrap()].into()))
+            .collect()
+    };
+    s.domain_names = learned("192.0.2.1", "192.0.2.2");
+    let mut c = Compiler::new(s.clone(), opts.clone(), None);
+    let first = c.compiled().clone();
+    assert!(!first.tiers.is_empty(), "the names' addresses have tier entries");
+    let l = learned("192.0.2.2", "192.0.2.1");
+    s.domain_names = l.clone();
+    c.set_domain_names(l);
+    let reference = npm_policy::compile(&s, &opts, Some(&first));
+    assert_eq!(first.cidrs, reference.cidrs, "the same prefixes");
+    assert_ne!(first.tiers, reference.tiers, "the entries follow the names");
+    assert_eq!(canonical(c.compiled()), canonical(&reference));
+    // Forgotten names: no entry left for them.
+    s.domain_names.clear();
+    c.set_domain_names(Default::default());
+    let reference = npm_policy::compile(&s, &opts, Some(&first));
+    assert!(reference.tiers.is_empty() && c.compiled().tiers.is_empty());
+    assert_eq!(canonical(c.compiled()), canonical(&reference));
 }

@@ -319,7 +319,7 @@ fn cnp_nodes_peer_matches_other_nodes_and_this_node_by_labels() {
 }
 
 #[test]
-fn cnp_nodes_peer_is_converted_and_domain_names_still_fail_closed() {
+fn cnp_nodes_and_domain_names_peers_are_converted() {
     let cnp = |peer: serde_json::Value, action: &str| {
         serde_json::json!({
             "apiVersion": "policy.networking.k8s.io/v1alpha2",
@@ -350,7 +350,8 @@ fn cnp_nodes_peer_is_converted_and_domain_names_still_fail_closed() {
         bad.policy.egress[0].peers.is_empty(),
         "Accept with a bad peer matches nothing"
     );
-    // domainNames: still unsupported, reported, Deny of every peer.
+    // domainNames in a Deny rule (the API allows it in Accept rules only):
+    // reported, Deny of every peer.
     let d = convert_cluster_policy_value(&cnp(serde_json::json!({"domainNames": ["example.com"]}), "Deny")).unwrap();
     assert!(
         d.problems.iter().any(|p| p.field.ends_with("domainNames")),
@@ -358,6 +359,24 @@ fn cnp_nodes_peer_is_converted_and_domain_names_still_fail_closed() {
         d.problems
     );
     assert_eq!(d.policy.egress[0].peers, vec![ClusterPeer::All]);
+    // In an Accept rule: converted, lowercased, without the trailing dot.
+    let a = convert_cluster_policy_value(&cnp(
+        serde_json::json!({"domainNames": ["Example.COM.", "*.cdn.example.com"]}),
+        "Accept",
+    ))
+    .unwrap();
+    // Reported: the agent learns no names yet, so the peer matches nothing.
+    assert!(
+        matches!(&a.problems[..], [p] if p.field.ends_with("domainNames")
+            && p.consequence == npm_policy::tiers::validate::ClusterConsequence::PeerMatchesNothing("spec.egress[0].to[0]".into())),
+        "{:?}",
+        a.problems
+    );
+    let names: Vec<String> = match &a.policy.egress[0].peers[..] {
+        [ClusterPeer::DomainNames(n)] => n.iter().map(ToString::to_string).collect(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(names, ["example.com", "*.cdn.example.com"]);
 }
 
 /// Node identities: kept by label set across recompiles and address

@@ -41,7 +41,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::compiled::{Direction, Endpoint, IdentityKey, RuleRef, Tier, TierEntry, TierPresence, TierValue};
 use crate::model::{InvalidPolicy, Snapshot};
-use crate::tiers::compile::{compile_tiers_scoped, policy_peer_ids, ranked_rules, subject_selects, Scope, TierNodes};
+use crate::tiers::compile::{compile_tiers_scoped, policy_peer_ids, ranked_rules, subject_selects, Scope, TierFacts};
+use crate::tiers::domains::{domain_prefixes, LearnedNames};
 use crate::tiers::{convert_cluster_policy, ClusterNetworkPolicy, ClusterPeer, ClusterPolicy, ClusterPort};
 
 use super::Compiler;
@@ -59,6 +60,8 @@ pub(super) struct TierChanges {
     pub(super) nodes: bool,
     /// The CIDR prefixes changed.
     pub(super) cidrs: bool,
+    /// The learned names changed (`domainNames` peers).
+    pub(super) domains: bool,
     /// Narrower recomputations (a CNP change).
     jobs: Vec<Job>,
     /// The subjects whose tier entries were recomputed since the last
@@ -167,7 +170,7 @@ fn rule_sees_identity(peers: &[ClusterPeer], ports: &[ClusterPort], key: &Identi
         // per destination identity (`emit`): an identity with a named
         // port changes those entries.
         ClusterPeer::All => !key.named_ports.is_empty() && ports.iter().any(|p| matches!(p, ClusterPort::Named(_))),
-        ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) => false,
+        ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) | ClusterPeer::DomainNames(_) => false,
     })
 }
 
@@ -181,32 +184,55 @@ fn identity_affects(policy: &ClusterPolicy, key: &IdentityKey) -> bool {
         .any(|r| rule_sees_identity(&r.peers, &r.ports, key))
 }
 
-/// The CIDRs of `policy`'s `networks` peers.
-fn networks_of(policy: &ClusterPolicy) -> BTreeSet<ipnet::IpNet> {
+/// The CIDRs of `policy`'s `networks` peers and the host prefixes its
+/// `domainNames` peers stand for with the learned names `learned`.
+fn networks_of(policy: &ClusterPolicy, learned: &LearnedNames) -> BTreeSet<ipnet::IpNet> {
     let mut out = BTreeSet::new();
     for r in policy.ingress.iter().chain(&policy.egress) {
         for p in &r.peers {
-            if let ClusterPeer::Networks(nets) = p {
-                out.extend(nets.iter().copied());
+            match p {
+                ClusterPeer::Networks(nets) => out.extend(nets.iter().copied()),
+                ClusterPeer::DomainNames(names) => out.extend(domain_prefixes(names, learned)),
+                _ => {}
             }
         }
     }
     out
 }
 
-/// Is `policy` affected through its `nodes` peers (node identities) or
-/// `networks` peers (CIDR prefixes)?
+/// Is `policy` affected through its `nodes` peers (node identities),
+/// `networks` peers (CIDR prefixes) or `domainNames` peers (CIDR prefixes,
+/// learned names)?
 fn nodes_or_cidrs_affected(policy: &ClusterPolicy, changes: &TierChanges) -> bool {
     policy.ingress.iter().chain(&policy.egress).any(|r| {
         r.peers.iter().any(|p| match p {
             ClusterPeer::Nodes(_) => changes.nodes,
             ClusterPeer::Networks(_) => changes.cidrs,
+            ClusterPeer::DomainNames(_) => changes.cidrs || changes.domains,
             _ => false,
         })
     })
 }
 
 impl Compiler {
+    /// Replaces the learned names (what `domainNames` peers match, see
+    /// [`crate::tiers::domains`]): the CIDR prefixes their addresses add
+    /// or drop, then the tier entries of the subjects of every CNP with a
+    /// `domainNames` peer. Nothing happens when they are unchanged.
+    pub fn set_domain_names(&mut self, learned: LearnedNames) {
+        if self.snapshot.domain_names == learned {
+            return;
+        }
+        self.snapshot.domain_names = learned;
+        if let Some(users) = self.refresh_prefixes() {
+            // New CIDR identities: the NetworkPolicy entries of the
+            // ipBlock rules change too.
+            self.emit_subjects(users);
+        }
+        self.tier_changes.domains = true;
+        self.refresh_tiers();
+    }
+
     /// Adds or replaces a (converted) ClusterNetworkPolicy.
     pub fn upsert_cluster_policy(&mut self, policy: ClusterPolicy) {
         self.set_cluster_policy(policy.name.clone(), Some(policy), None);
@@ -246,8 +272,14 @@ impl Compiler {
             tiers.iter().map(|t| (*t, tier_ranks(&self.snapshot, *t))).collect();
         // The CIDR prefixes are a union over every policy: they can change
         // only when this one's `networks` do.
-        let old_networks = self.snapshot.cluster_policies.get(&name).map(networks_of);
-        let networks_changed = old_networks.unwrap_or_default() != policy.as_ref().map(networks_of).unwrap_or_default();
+        let learned = &self.snapshot.domain_names;
+        let old_networks = self
+            .snapshot
+            .cluster_policies
+            .get(&name)
+            .map(|p| networks_of(p, learned));
+        let networks_changed =
+            old_networks.unwrap_or_default() != policy.as_ref().map(|p| networks_of(p, learned)).unwrap_or_default();
         self.rules.forget_cluster(&name, &mut self.out.ids);
         match policy {
             Some(p) => self.snapshot.insert_cluster_policy(p, invalid),
@@ -345,9 +377,10 @@ impl Compiler {
     /// for the subjects it selects and the peers its rules resolve to
     /// (now).
     fn cnp_job(&self, policy: &ClusterPolicy) -> Job {
-        let nodes = TierNodes {
+        let nodes = TierFacts {
             identities: &self.out.ids.node_identities,
             local: self.snapshot.nodes.get(&self.opts.node_name).map(|n| &n.labels),
+            learned: &self.snapshot.domain_names,
         };
         Job {
             subjects: self.cnp_subjects(policy).into_iter().collect(),
@@ -384,7 +417,7 @@ impl Compiler {
         let mut jobs = changes.jobs.clone();
         // New and gone subjects: everything of theirs.
         let mut full = changes.subjects.clone();
-        if changes.nodes || changes.cidrs {
+        if changes.nodes || changes.cidrs || changes.domains {
             for p in self.snapshot.cluster_policies.values() {
                 if nodes_or_cidrs_affected(p, &changes) {
                     full.extend(self.cnp_subjects(p));
@@ -463,9 +496,10 @@ impl Compiler {
             .filter_map(|s| identities.get(s).map(|k| (*s, k)))
             .collect();
         let node_identities = std::mem::take(&mut self.out.ids.node_identities);
-        let nodes = TierNodes {
+        let nodes = TierFacts {
             identities: &node_identities,
             local: self.snapshot.nodes.get(&self.opts.node_name).map(|n| &n.labels),
+            learned: &self.snapshot.domain_names,
         };
         let (rules, ids) = (&mut self.rules, &mut self.out.ids);
         let tiers = compile_tiers_scoped(

@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use ipnet::IpNet;
 use npm_common::IDENTITY_ANY;
 
+use super::domains::domain_prefixes;
 use super::model::{ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Subject};
 use crate::compile::{contains_net, ALL_PORTS};
 use crate::compiled::{Direction, Endpoint, IdentityKey, RuleRef, Tier, TierEntry, TierPresence, TierValue};
@@ -123,16 +124,18 @@ pub fn subject_selects(subject: &Subject, pod_labels: &Labels, ns_labels: &Label
     }
 }
 
-/// What a `nodes` peer resolves against: the node identities (other
-/// nodes, see [`crate::nodes`]) and this node's labels (a match is
-/// `IDENTITY_HOST`).
+/// What `nodes` and `domainNames` peers resolve against besides the
+/// identities: the node identities (other nodes, see [`crate::nodes`]),
+/// this node's labels (a match is `IDENTITY_HOST`) and the learned names.
 #[derive(Clone, Copy, Debug)]
-pub struct TierNodes<'a> {
+pub struct TierFacts<'a> {
     /// Node identity -> its labels and nodes.
     pub identities: &'a BTreeMap<u32, crate::compiled::NodeIdentity>,
     /// This node's labels (`None`: its Node object is not known; a `nodes`
     /// peer then never matches this node).
     pub local: Option<&'a Labels>,
+    /// The snapshot's learned names (`domainNames` peers).
+    pub learned: &'a crate::tiers::domains::LearnedNames,
 }
 
 /// The peers of one rule as identities.
@@ -182,7 +185,7 @@ fn peer_ids<'p>(
     peer: &'p ClusterPeer,
     groups: &Groups<'_>,
     cidrs: &BTreeMap<IpNet, u32>,
-    nodes: &TierNodes<'_>,
+    nodes: &TierFacts<'_>,
     memo: &mut HashMap<&'p ClusterPeer, Vec<u32>>,
 ) -> Vec<u32> {
     if let Some(v) = memo.get(peer) {
@@ -207,6 +210,14 @@ fn peer_ids<'p>(
             .iter()
             .filter(|(p, _)| nets.iter().any(|n| contains_net(n, p)))
             .map(|(_, id)| *id)
+            .collect(),
+        // "DomainNames provides a way to specify domain names as peers":
+        // the CIDR identities of the host prefixes of the learned
+        // addresses of the names matched (each is a prefix of the compile,
+        // see `cidr_prefixes`).
+        ClusterPeer::DomainNames(names) => domain_prefixes(names, nodes.learned)
+            .iter()
+            .filter_map(|p| cidrs.get(p).copied())
             .collect(),
         // "Nodes defines a way to select a set of nodes in the cluster
         // (based on the node's labels)": the node identities of the other
@@ -238,7 +249,7 @@ fn peer_ids_among(
     only: &BTreeSet<u32>,
     identities: &BTreeMap<u32, IdentityKey>,
     cidr_of: &HashMap<u32, IpNet>,
-    nodes: &TierNodes<'_>,
+    nodes: &TierFacts<'_>,
 ) -> Vec<u32> {
     let pick = |f: &dyn Fn(u32) -> bool| only.iter().copied().filter(|id| f(*id)).collect();
     match peer {
@@ -255,6 +266,10 @@ fn peer_ids_among(
                 .get(&id)
                 .is_some_and(|p| nets.iter().any(|n| contains_net(n, p)))
         }),
+        ClusterPeer::DomainNames(names) => {
+            let hosts = domain_prefixes(names, nodes.learned);
+            pick(&|id| cidr_of.get(&id).is_some_and(|p| hosts.contains(p)))
+        }
         ClusterPeer::Nodes(sel) => pick(&|id| {
             nodes.identities.get(&id).is_some_and(|n| sel.matches(&n.labels))
                 || (id == npm_common::IDENTITY_HOST && nodes.local.is_some_and(|l| sel.matches(l)))
@@ -273,8 +288,8 @@ fn resolve_with<'p>(rule: &'p ClusterRule, mut ids_of: impl FnMut(&'p ClusterPee
         let ids = ids_of(peer);
         match peer {
             ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } => pods.extend(ids),
-            // Nodes have no named ports: `other`, like CIDRs.
-            ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) => other.extend(ids),
+            // Nodes and names have no named ports: `other`, like CIDRs.
+            ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) | ClusterPeer::DomainNames(_) => other.extend(ids),
             ClusterPeer::All => {
                 all = true;
                 other.extend(ids);
@@ -292,7 +307,7 @@ fn resolve<'p>(
     rule: &'p ClusterRule,
     groups: &Groups<'_>,
     cidrs: &BTreeMap<IpNet, u32>,
-    nodes: &TierNodes<'_>,
+    nodes: &TierFacts<'_>,
     memo: &mut HashMap<&'p ClusterPeer, Vec<u32>>,
 ) -> Peers {
     resolve_with(rule, |peer| peer_ids(peer, groups, cidrs, nodes, memo))
@@ -463,7 +478,7 @@ pub(crate) fn compile_tiers(
     locals: &[(u32, &IdentityKey)],
     identities: &BTreeMap<u32, IdentityKey>,
     cidrs: &BTreeMap<IpNet, u32>,
-    nodes: &TierNodes<'_>,
+    nodes: &TierFacts<'_>,
     rule_id: impl FnMut(&RuleRef) -> u32,
 ) -> BTreeMap<TierEntry, TierValue> {
     compile_tiers_scoped(snapshot, locals, identities, cidrs, nodes, &Scope::default(), rule_id)
@@ -492,7 +507,7 @@ pub(crate) fn policy_peer_ids(
     policy: &ClusterPolicy,
     identities: &BTreeMap<u32, IdentityKey>,
     cidrs: &BTreeMap<IpNet, u32>,
-    nodes: &TierNodes<'_>,
+    nodes: &TierFacts<'_>,
 ) -> Option<BTreeSet<u32>> {
     let named_all = policy.egress.iter().any(|r| {
         r.peers.iter().any(|p| matches!(p, ClusterPeer::All))
@@ -518,7 +533,7 @@ pub(crate) fn compile_tiers_scoped(
     locals: &[(u32, &IdentityKey)],
     identities: &BTreeMap<u32, IdentityKey>,
     cidrs: &BTreeMap<IpNet, u32>,
-    nodes: &TierNodes<'_>,
+    nodes: &TierFacts<'_>,
     scope: &Scope,
     mut rule_id: impl FnMut(&RuleRef) -> u32,
 ) -> BTreeMap<TierEntry, TierValue> {

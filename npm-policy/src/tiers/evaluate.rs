@@ -104,6 +104,14 @@ fn peer_matches(snapshot: &Snapshot, peer: &ClusterPeer, end: End<'_>) -> bool {
         // rule as well." "Networks matches both regular IP traffic and ICMP
         // traffic to/from the specified CIDRs."
         ClusterPeer::Networks(nets) => nets.iter().any(|n| n.contains(&peer_ip)),
+        // "DomainNames provides a way to specify domain names as peers."
+        // "`kubernetes.io` matches only `kubernetes.io`"; "'*' [...]
+        // matches one or more entire labels": the addresses of the learned
+        // answers of the names matched (see `tiers::domains`), pod
+        // addresses included.
+        ClusterPeer::DomainNames(names) => {
+            crate::tiers::domains::domain_matches(names, &snapshot.domain_names, peer_ip)
+        }
         // "Nodes defines a way to select a set of nodes in the cluster
         // (based on the node's labels). This field follows standard label
         // selector semantics; if present but empty, it selects all Nodes."
@@ -169,8 +177,10 @@ fn rule_matches(
                 Direction::Egress => {
                     peer_pod.is_some_and(resolves)
                         && rule.peers.iter().any(|pe| {
-                            !matches!(pe, ClusterPeer::Networks(_) | ClusterPeer::Nodes(_))
-                                && peer_matches(snapshot, pe, end)
+                            !matches!(
+                                pe,
+                                ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) | ClusterPeer::DomainNames(_)
+                            ) && peer_matches(snapshot, pe, end)
                         })
                 }
             }

@@ -4,6 +4,7 @@
 //! - [`api`]: the API object (serde types, upstream field names);
 //! - [`model`]: the validated model ([`ClusterPolicy`]);
 //! - [`validate`]: API -> model, failing closed on what is not understood;
+//! - [`domains`]: `domainNames` patterns and the learned names they match;
 //! - [`compile`]: ranks, the fold, [`crate::compiled::Compiled::tiers`];
 //! - [`evaluate`]: the reference evaluator of one tier (API text quoted);
 //! - the [`Snapshot`] methods below keep `cluster_policies` and
@@ -20,11 +21,13 @@
 
 pub mod api;
 pub mod compile;
+pub mod domains;
 pub mod evaluate;
 pub mod model;
 pub mod validate;
 
 pub use api::ClusterNetworkPolicy;
+pub use domains::{DomainPattern, LearnedNames};
 pub use model::{ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Subject};
 pub use validate::{convert_cluster_policy, validate_cluster_policy, ClusterPolicyConversion};
 

@@ -43,6 +43,10 @@ pub enum ClusterPeer {
     /// nodes' addresses by their node identity, this node's addresses as
     /// `IDENTITY_HOST`; see [`crate::nodes`]). Never a pod.
     Nodes(Selector),
+    /// `domainNames` (egress, experimental, Accept rules only): the
+    /// addresses of the learned names a pattern matches (see
+    /// [`crate::tiers::domains`]), pod addresses included, like `networks`.
+    DomainNames(Vec<crate::tiers::domains::DomainPattern>),
     /// Every peer: what a peer that cannot be understood (no field set, or
     /// an unsupported or invalid one) becomes in a `Deny` rule (fail closed;
     /// see [`crate::tiers::validate`]). The API has no such peer.

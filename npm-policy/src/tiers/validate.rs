@@ -18,7 +18,8 @@
 //!
 //! | what cannot be understood | what the conversion does ([`ClusterConsequence`]) |
 //! |---|---|
-//! | a peer with no field (a newer field), `domainNames` (not supported), a bad `nodes` selector, an empty or unparsable `networks`, a bad selector | Accept: the peer matches nothing; Deny/Pass: the rule becomes Deny of every peer |
+//! | a peer with no field (a newer field), `domainNames` outside an Accept rule or with a name the API's pattern refuses, a bad `nodes` selector, an empty or unparsable `networks`, a bad selector | Accept: the peer matches nothing; Deny/Pass: the rule becomes Deny of every peer |
+//! | a valid `domainNames` peer (an Accept rule) | kept: it matches the addresses of the learned answers of its names (`Snapshot::domain_names`); reported as matching nothing, since the agent learns no names yet |
 //! | an empty `from`/`to` | Accept: matches nothing; Deny/Pass: Deny of every peer |
 //! | a protocol entry with no field or several, `tcp`/`udp`/`sctp` without a port, a port not 1..=65535, a range without `start < end`, a bad port name | Accept: the entry is dropped (the rule matches nothing once none is left); Deny/Pass: the rule becomes Deny of all traffic of its peers |
 //! | an action other than `Accept`, `Deny`, `Pass` | the rule is a Deny |
@@ -27,7 +28,7 @@
 //! | a subject with no field or both, or a bad subject selector | the policy selects no pod (as a NetworkPolicy with a bad `podSelector`: the selector is the only statement of whom the author meant) |
 //! | more than 25 rules/peers/protocols/CIDRs, a rule name over 100 characters, an empty name, a named port with a `networks` peer | reported only |
 //!
-//! A named port never matches a `networks` destination (the API forbids
+//! A named port never matches a `networks` or `domainNames` destination (the API forbids
 //! the combination; the model gives it no meaning there).
 
 use std::fmt;
@@ -36,6 +37,7 @@ use ipnet::IpNet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::api::{self, ClusterNetworkPolicy, ClusterNetworkPolicyEgressPeer, ClusterNetworkPolicyProtocol};
+use super::domains::DomainPattern;
 use super::model::{ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Subject};
 use crate::compiled::{Tier, TierAction};
 use crate::model::{InvalidPolicy, Protocol, Selector};
@@ -203,8 +205,9 @@ impl Ctx {
     }
 }
 
-/// A peer, or `None` (errors recorded, consequence set by the caller).
-fn peer(ctx: &mut Ctx, path: &str, p: &ClusterNetworkPolicyEgressPeer) -> Option<ClusterPeer> {
+/// A peer of a rule whose action is `Accept` when `accept`, or `None`
+/// (errors recorded, consequence set by the caller).
+fn peer(ctx: &mut Ctx, path: &str, p: &ClusterNetworkPolicyEgressPeer, accept: bool) -> Option<ClusterPeer> {
     let set = [
         p.namespaces.is_some(),
         p.pods.is_some(),
@@ -236,12 +239,49 @@ fn peer(ctx: &mut Ctx, path: &str, p: &ClusterNetworkPolicyEgressPeer) -> Option
         return ctx.selector(&format!("{path}.nodes"), s).map(ClusterPeer::Nodes);
     }
     if let Some(d) = &p.domain_names {
+        // "DomainNames is only supported for Accept rules" (the API's CEL
+        // rule refuses it elsewhere; a Deny or Pass on names could not be
+        // enforced safely: the answers known may be incomplete).
+        let dp = format!("{path}.domainNames");
+        if !accept {
+            ctx.err(
+                dp,
+                "domainNames may only be used with Accept action",
+                ClusterConsequence::Reported,
+            );
+            return None;
+        }
+        if d.is_empty() {
+            ctx.err(
+                dp,
+                "domainNames [] must have at least one name",
+                ClusterConsequence::Reported,
+            );
+            return None;
+        }
+        ctx.limit(&dp, "domain names", d.len());
+        let before = ctx.errors.len();
+        let mut out: Vec<DomainPattern> = Vec::new();
+        for (i, n) in d.iter().enumerate() {
+            match DomainPattern::parse(n) {
+                Ok(p) if !out.contains(&p) => out.push(p),
+                Ok(_) => {}
+                Err(e) => ctx.err(format!("{dp}[{i}]"), e, ClusterConsequence::Reported),
+            }
+        }
+        if ctx.errors.len() != before {
+            return None;
+        }
+        // The compiler matches the names against the learned answers it is
+        // given (`Snapshot::domain_names`); the agent learns none yet (no
+        // DNS snooping), so the peer matches nothing: say so.
         ctx.err(
-            format!("{path}.domainNames"),
-            format!("domainNames peers (experimental) are not supported by this agent: {d:?}"),
-            ClusterConsequence::Reported,
+            dp,
+            "domainNames peers match only the addresses of learned DNS answers, and this agent learns none \
+             (no DNS snooping yet): the peer matches nothing",
+            ClusterConsequence::PeerMatchesNothing(path.to_string()),
         );
-        return None;
+        return Some(ClusterPeer::DomainNames(out));
     }
     if let Some(s) = &p.namespaces {
         return ctx
@@ -478,7 +518,7 @@ fn rule(
     for (i, p) in peers.iter().enumerate() {
         let pp = format!("{path}.{peer_field}[{i}]");
         let from = ctx.errors.len();
-        match peer(ctx, &pp, p) {
+        match peer(ctx, &pp, p, accept) {
             Some(p) => out.peers.push(p),
             None if accept => ctx.since(from, &ClusterConsequence::PeerMatchesNothing(pp)),
             None => {
@@ -517,12 +557,15 @@ fn rule(
             e.consequence = c.clone();
         }
     }
-    if out.peers.iter().any(|p| matches!(p, ClusterPeer::Networks(_)))
+    if out
+        .peers
+        .iter()
+        .any(|p| matches!(p, ClusterPeer::Networks(_) | ClusterPeer::DomainNames(_)))
         && out.ports.iter().any(|p| matches!(p, ClusterPort::Named(_)))
     {
         ctx.err(
             path,
-            "a networks peer cannot be set with destinationNamedPort (a named port never matches a CIDR)",
+            "a networks or domainNames peer cannot be set with destinationNamedPort (a named port never matches an address peer)",
             ClusterConsequence::Reported,
         );
     }
