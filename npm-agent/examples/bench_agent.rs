@@ -291,6 +291,7 @@ async fn main() -> anyhow::Result<()> {
         page_size: 500,
         metrics_addr: None,
         cni: None,
+        dns: None,
     };
     let started = Instant::now();
     let running = agent::start(cfg, client.clone(), dp, Box::new(resolver), Metrics::new()?).await?;

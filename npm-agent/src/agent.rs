@@ -27,6 +27,10 @@ pub struct AgentConfig {
     /// The npm-cni socket (`None`: no CNI server; the agent then learns
     /// pods' addresses and interfaces from the API server and routes only).
     pub cni: Option<CniConfig>,
+    /// Learning the DNS answers of trusted servers for ClusterNetworkPolicy
+    /// `domainNames` peers (`None`: no learning; such peers match
+    /// nothing).
+    pub dns: Option<crate::dns::CaptureConfig>,
 }
 
 /// Why an agent could not start.
@@ -38,6 +42,9 @@ pub enum StartError {
     /// The npm-cni socket could not be served.
     #[error(transparent)]
     Cni(#[from] CniServerError),
+    /// The DNS capture could not be started.
+    #[error("learning DNS answers: {0}")]
+    Dns(#[from] crate::dns::CaptureError),
     /// The sync loop's thread (or its runtime) could not be created.
     #[error("starting the sync thread: {0}")]
     SyncThread(#[source] std::io::Error),
@@ -142,6 +149,18 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
     // Shared by the sync loop (which writes them) and the HTTP server.
     let programmed = crate::explain::ProgrammedView::default();
     let observe = crate::telemetry::ObserveHub::default();
+    // The names learned from DNS answers (`--dns-server`): loaded from the
+    // state file before the first sync, so that a restarted agent keeps
+    // allowing what its pods resolved.
+    let dns_names = crate::dns::NamesHandle::default();
+    let capture = match &cfg.dns {
+        Some(c) => {
+            let wake_cache = cache.clone();
+            let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || wake_cache.mark_changed());
+            Some(crate::dns::Capture::start(c.clone(), dns_names.clone(), wake)?)
+        }
+        None => None,
+    };
     let syncer = Syncer::builder(cache.clone(), dataplane)
         .programmed_view(programmed.clone())
         .observe(observe.clone())
@@ -151,8 +170,15 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
         .events(events)
         .health(health.clone())
         .node_facts(cni_facts.clone())
+        .dns_names(dns_names)
         .build();
     let mut tasks = vec![events_task];
+    if let Some(capture) = capture {
+        tasks.push(tokio::spawn(crate::telemetry::metrics::report_dns(
+            capture,
+            metrics.clone(),
+        )));
+    }
     let mut http_addr = None;
     if let Some(addr) = cfg.metrics_addr {
         let state = ServerState {

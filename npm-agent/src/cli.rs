@@ -265,6 +265,29 @@ pub struct RunArgs {
     /// size until the pins are removed.
     #[arg(long, env = "NPM_MAP_SIZE_TIER_FRONT", default_value_t = npm_common::sizes::TIER_FRONT_BUCKETS, value_parser = front_buckets(maps::TIER_FRONT))]
     pub map_size_tier_front: u32,
+    /// Trusted DNS servers (comma-separated addresses the pods send their
+    /// queries to: the cluster DNS Service's ClusterIPs). With any, the
+    /// agent learns their UDP answers to this node's pods (an NFQUEUE
+    /// through iptables' `mangle` table; each response that teaches a new
+    /// address is held until it is programmed), which is what
+    /// ClusterNetworkPolicy `domainNames` peers match. Without, such peers
+    /// match nothing.
+    #[arg(long, env = "NPM_DNS_SERVERS", value_delimiter = ',')]
+    pub dns_server: Vec<IpAddr>,
+    /// NFQUEUE number of the DNS learning (one agent per number).
+    #[arg(long, env = "NPM_DNS_QUEUE", default_value_t = 20049)]
+    pub dns_queue: u16,
+    /// Longest time (ms) a DNS response that taught a new address is held
+    /// until that address is programmed (then released anyway).
+    #[arg(long, env = "NPM_DNS_HOLD_MS", default_value_t = 1000)]
+    pub dns_hold_ms: u64,
+    /// Seconds a learned address is kept beyond its answer's TTL.
+    #[arg(long, env = "NPM_DNS_GRACE_SECS", default_value_t = 30)]
+    pub dns_grace_secs: u64,
+    /// Where the learned names are kept across restarts (default:
+    /// `dns-names-<queue>.json` in `--lock-dir`).
+    #[arg(long, env = "NPM_DNS_STATE_FILE")]
+    pub dns_state_file: Option<PathBuf>,
     /// Check every flag and the configuration as `run` does, print the
     /// effective configuration as JSON and exit, touching neither the
     /// kernel nor the API server.
@@ -427,6 +450,20 @@ impl RunArgs {
             page_size: self.page_size,
             metrics_addr: Some(self.metrics_addr),
             cni: (!self.cni_socket.as_os_str().is_empty()).then(|| CniConfig::new(self.cni_socket.clone())),
+            dns: (!self.dns_server.is_empty()).then(|| npm_agent::dns::CaptureConfig {
+                servers: self.dns_server.clone(),
+                queue: self.dns_queue,
+                hold: std::time::Duration::from_millis(self.dns_hold_ms),
+                limits: npm_agent::dns::learner::Limits {
+                    grace: std::time::Duration::from_secs(self.dns_grace_secs),
+                    ..Default::default()
+                },
+                state_file: Some(
+                    self.dns_state_file
+                        .clone()
+                        .unwrap_or_else(|| self.lock_dir.join(format!("dns-names-{}.json", self.dns_queue))),
+                ),
+            }),
         }
     }
 }

@@ -17,6 +17,8 @@
 //! - [`services`]: Services and Nodes watched into the eBPF dataplane's
 //!   `NPM_SERVICES`, and `node_exit` on the uplinks (egress of Service
 //!   traffic decided after kube-proxy's DNAT);
+//! - [`dns`]: learning the DNS answers of trusted servers (what
+//!   ClusterNetworkPolicy `domainNames` peers match);
 //! - [`dataplanes`]: opening the eBPF or nftables dataplane;
 //! - [`telemetry`]: Prometheus metrics, deny flow logs, `/metrics`,
 //!   `/healthz`, `/readyz`;
@@ -31,6 +33,7 @@
 pub mod agent;
 pub mod cni;
 pub mod dataplanes;
+pub mod dns;
 pub mod explain;
 pub mod inspect;
 pub mod k8s;

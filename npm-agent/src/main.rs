@@ -123,6 +123,13 @@ fn dry_run(log_level: &str, log_format: LogFormat, args: &RunArgs) -> anyhow::Re
         "lock_file": args.lock_dir.join(npm_agent::lifecycle::lock::lock_file_name(&key)),
         "max_held_removal_secs": args.max_held_removal_secs,
         "max_apply_failures": args.max_apply_failures,
+        "dns": args.agent_config(Vec::new()).dns.map(|d| serde_json::json!({
+            "servers": d.servers,
+            "queue": d.queue,
+            "hold_ms": d.hold.as_millis() as u64,
+            "grace_secs": d.limits.grace.as_secs(),
+            "state_file": d.state_file,
+        })),
         "log_level": log_level,
         "log_format": value_name(log_format),
     });
@@ -184,6 +191,7 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
         nft_table_removed = r.nft_table_removed,
         conflists = ?r.conflists,
         cni_binary_removed = r.cni_binary_removed,
+        dns_queues = ?r.dns_queues,
         "npm removed from this node"
     );
     Ok(())

@@ -5,8 +5,10 @@
 //! - `/usr/bin/npm-agent` (release build) and, when the workspace has it,
 //!   `/usr/bin/npm-cni`;
 //! - the BPF object at `/usr/lib/npm/npm-ebpf.o`;
-//! - the one tool the agent still forks: `nft` (the nftables dataplane's
-//!   `nft -f -` transactions and `nft -j list` reads). No `ip`: interface
+//! - the tools the agent forks: `nft` (the nftables dataplane's
+//!   `nft -f -` transactions and `nft -j list` reads), and `iptables` and
+//!   `ip6tables` (the NFQUEUE rules of the DNS learning, `--dns-server`,
+//!   with the four xtables extensions they load). No `ip`: interface
 //!   and node-address discovery use netlink, and `ip netns exec` is only a
 //!   test-side wrapper (`NftOptions::netns`), never set by the agent;
 //! - the shared libraries of all of these, as `ldd` resolves them on the
@@ -37,8 +39,40 @@ use crate::{cargo, ebpf_object, root, run};
 pub const REPOSITORY: &str = "localhost/npm-agent";
 
 /// Tools the agent forks, found on the build machine's PATH, and the
-/// arguments the image check runs each with.
-const TOOLS: &[(&str, &str, &[&str])] = &[("nft", "/usr/sbin/nft", &["--version"])];
+/// arguments the image check runs each with (for iptables and ip6tables:
+/// the help of the extensions the DNS learning's rules use, which fails
+/// when one is missing).
+const TOOLS: &[(&str, &str, &[&str])] = &[
+    ("nft", "/usr/sbin/nft", &["--version"]),
+    (
+        "iptables",
+        "/usr/sbin/iptables",
+        &["-m", "conntrack", "-j", "NFQUEUE", "-h"],
+    ),
+    (
+        "ip6tables",
+        "/usr/sbin/ip6tables",
+        &["-m", "conntrack", "-j", "NFQUEUE", "-h"],
+    ),
+];
+
+/// The xtables extensions the DNS learning's rules load (`-j <chain>`,
+/// `-p udp`, `-m conntrack`, `-j NFQUEUE`; `crate::dns::capture` of the
+/// agent), looked up in [`XTABLES_DIRS`]: iptables opens them at run time,
+/// so `ldd` does not list them.
+const XTABLES_EXTENSIONS: &[&str] = &[
+    "libxt_standard.so",
+    "libxt_udp.so",
+    "libxt_conntrack.so",
+    "libxt_NFQUEUE.so",
+];
+
+/// Where iptables looks for its extensions (Debian's multiarch path first).
+const XTABLES_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/xtables",
+    "/usr/lib/aarch64-linux-gnu/xtables",
+    "/usr/lib/xtables",
+];
 
 /// Tools the agent no longer forks: the image check asserts that none of
 /// these paths exists in the image.
@@ -113,6 +147,18 @@ pub fn image() -> Result<String> {
         if Path::new(f).exists() {
             files.push((f.into(), f.into()));
         }
+    }
+    let xtables = XTABLES_DIRS
+        .iter()
+        .map(Path::new)
+        .find(|d| d.join(XTABLES_EXTENSIONS[0]).exists())
+        .context("no xtables extensions directory (iptables' libxt_*.so): run `cargo xtask setup`")?;
+    for e in XTABLES_EXTENSIONS {
+        let p = xtables.join(e);
+        if !p.exists() {
+            bail!("{} is missing: run `cargo xtask setup`", p.display());
+        }
+        files.push((p.clone(), p));
     }
     // Shared libraries of every executable, and the dynamic loader.
     let mut libs = BTreeSet::new();
@@ -371,6 +417,7 @@ fn check_chart_arguments(tag: &str) -> Result<()> {
         &[][..],
         &["privileged=false"][..],
         &["dataplane=nftables", "cniPreset=calico"][..],
+        &["dns.servers={10.96.0.10,fd00:96::a}"][..],
     ] {
         let agent = agent_container(&helm_template(set)?)?;
         let command = strings(&agent["command"]);

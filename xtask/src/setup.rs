@@ -29,7 +29,9 @@ const APT_PACKAGES: &[&str] = &[
     "ca-certificates",
     // A real Prometheus scrapes the agent (`npm-agent/tests/agent/prometheus_scrape.rs`).
     "prometheus",
-    // kube-proxy's iptables mode in the e2e cluster (`tests/e2e/src/kube_proxy/`).
+    // kube-proxy's iptables mode in the e2e cluster (`tests/e2e/src/kube_proxy/`),
+    // and the agent's DNS learning (NFQUEUE rules; its xtables extensions go
+    // into the image).
     "iptables",
     // `ping -M do` in the path-MTU test (`npm-dataplane/tests/dataplane/vxlan_pmtu.rs`).
     "iputils-ping",

@@ -13,7 +13,10 @@
 //!    is not on a bpf filesystem is refused, never removed.
 //! 2. nftables: the `inet` table (`--nft-table`, default `npm`) is deleted
 //!    (absent: nothing to do; no `nft` binary: no table can exist).
-//! 3. CNI: npm-cni's entry is removed from every conflist of
+//! 3. DNS learning: every `NPM-DNS-<queue>` chain of iptables' and
+//!    ip6tables' `mangle` table and its jump from `POSTROUTING`
+//!    ([`crate::dns::capture::remove_rules`]; none: nothing to do).
+//! 4. CNI: npm-cni's entry is removed from every conflist of
 //!    `--cni-conf-dir` and the binary from `--cni-bin-dir`
 //!    ([`npm_cni::install::uninstall`]).
 //!
@@ -73,6 +76,8 @@ pub struct CleanupReport {
     pub conflists_skipped: Vec<(PathBuf, String)>,
     /// Whether the npm-cni binary was removed.
     pub cni_binary_removed: bool,
+    /// The NFQUEUE queues of the DNS learning whose rules were removed.
+    pub dns_queues: Vec<u16>,
     /// The steps that failed.
     pub failures: Vec<String>,
 }
@@ -251,6 +256,32 @@ fn remove_nft(opts: &CleanupOptions, report: &mut CleanupReport) {
     }
 }
 
+/// The DNS learning's rules, whatever their queue: every `NPM-DNS-<queue>`
+/// chain of `mangle` (iptables and ip6tables).
+fn remove_dns(report: &mut CleanupReport) {
+    let mut queues = std::collections::BTreeSet::new();
+    for bin in ["iptables", "ip6tables"] {
+        let Ok(out) = std::process::Command::new(bin)
+            .args(["-w", "5", "-t", "mangle", "-S"])
+            .output()
+        else {
+            continue;
+        };
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some(q) = line
+                .strip_prefix("-N NPM-DNS-")
+                .and_then(|q| q.trim().parse::<u16>().ok())
+            {
+                queues.insert(q);
+            }
+        }
+    }
+    for q in queues {
+        crate::dns::capture::remove_rules(q);
+        report.dns_queues.push(q);
+    }
+}
+
 fn remove_cni(opts: &CleanupOptions, report: &mut CleanupReport) {
     let options = npm_cni::install::UninstallOptions {
         bin_dir: opts.cni_bin_dir.clone(),
@@ -271,6 +302,7 @@ pub fn cleanup(opts: &CleanupOptions) -> Result<CleanupReport, CleanupError> {
     let mut report = CleanupReport::default();
     remove_ebpf(opts, &mut report);
     remove_nft(opts, &mut report);
+    remove_dns(&mut report);
     remove_cni(opts, &mut report);
     for (path, reason) in &report.conflists_skipped {
         tracing::warn!(conflist = %path.display(), %reason, "conflist left as it is");

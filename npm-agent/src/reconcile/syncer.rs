@@ -37,6 +37,8 @@ use super::dataplane::AgentDataplane;
 use super::guard::{pod_identities, GuardReference};
 use super::hold;
 use crate::cni::{FactsHandle, NodeFacts};
+use crate::dns::handle::Learned;
+use crate::dns::NamesHandle;
 use crate::k8s::{Cache, CompleteState, WatchError};
 use crate::node::{InterfaceResolver, Resolve};
 use crate::telemetry::events::{cluster_reports_of, reports_of, EventRecorder, MapFullReport};
@@ -178,6 +180,10 @@ pub struct Syncer<D: AgentDataplane> {
     pub(super) node_facts: FactsHandle,
     /// The version of the facts the current sync compiles.
     pub(super) facts: Arc<NodeFacts>,
+    /// The names learned from DNS answers, shared with the capture.
+    pub(super) dns_names: NamesHandle,
+    /// The version of the learned names the current sync compiles.
+    pub(super) names: Arc<Learned>,
     /// The generation of the node addresses compiled in.
     pub(super) node_generation: u64,
     pub(super) client: Option<kube::Client>,
@@ -233,6 +239,7 @@ pub struct SyncerBuilder<D: AgentDataplane> {
     client: Option<kube::Client>,
     health: Option<Arc<Health>>,
     node_facts: FactsHandle,
+    dns_names: NamesHandle,
     events: Option<EventRecorder>,
     programmed_view: crate::explain::ProgrammedView,
     observe: Option<crate::telemetry::ObserveHub>,
@@ -286,6 +293,14 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
         self
     }
 
+    /// The names learned from DNS answers (default: none), compiled as
+    /// what `domainNames` peers match; every successful sync publishes the
+    /// version it programmed, and the patterns it compiled.
+    pub fn dns_names(mut self, names: NamesHandle) -> Self {
+        self.dns_names = names;
+        self
+    }
+
     /// Where the Kubernetes Events on policies that are not fully
     /// understood go (default: none, they are logged and counted only).
     pub fn events(mut self, events: EventRecorder) -> Self {
@@ -303,6 +318,7 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             client,
             health,
             node_facts,
+            dns_names,
             events,
             programmed_view,
             observe,
@@ -322,6 +338,8 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             resolver,
             facts: node_facts.current(),
             node_facts,
+            names: dns_names.current(),
+            dns_names,
             node_generation: 0,
             client,
             readiness,
@@ -365,6 +383,7 @@ impl<D: AgentDataplane> Syncer<D> {
             client: None,
             health: None,
             node_facts: FactsHandle::default(),
+            dns_names: NamesHandle::default(),
             events: None,
             programmed_view: Default::default(),
             observe: None,
@@ -514,6 +533,15 @@ impl<D: AgentDataplane> Syncer<D> {
             let changes = self.incremental.update(state, &self.facts);
             tracing::trace!(?changes, "incremental compile");
         }
+        self.incremental.set_domain_names(&self.names.names);
+        let patterns = crate::dns::handle::patterns_of(self.incremental.snapshot());
+        let some = !patterns.is_empty();
+        if self.dns_names.set_patterns(patterns) && some && !self.dns_names.learning() {
+            tracing::warn!(
+                "ClusterNetworkPolicy domainNames peers match nothing: this agent learns no DNS answers \
+                 (start it with --dns-server, the cluster DNS Service's addresses)"
+            );
+        }
         let invalid: BTreeSet<_> = self
             .incremental
             .snapshot()
@@ -571,6 +599,8 @@ impl<D: AgentDataplane> Syncer<D> {
         };
         // The CNI facts are part of the state this sync compiles.
         self.facts = self.node_facts.current();
+        // So are the names learned from DNS answers.
+        self.names = self.dns_names.current();
         let started = Instant::now();
         let t_state = started.duration_since(t0);
         self.poll_cross_check();
@@ -780,6 +810,8 @@ impl<D: AgentDataplane> Syncer<D> {
         if let Some((prog, interfaces)) = &self.programmed {
             // What CNI requests wait for: this sync's facts, programmed.
             self.node_facts.publish(self.facts.programmed(prog, interfaces));
+            // What held DNS responses wait for.
+            self.dns_names.publish_programmed(self.names.version);
         }
         // `/explain` copies this state when it asks (`publish_programmed`).
         self.programmed_view.synced();

@@ -113,6 +113,8 @@ pub const SERIES: &[Series] = &[
     series("npm_map_entries", G, N, &["map"], "Entries in each pinned kernel map (eBPF dataplane), by map name."),
     series("npm_map_capacity", G, N, &["map"], "Maximum entries of each pinned kernel map (eBPF dataplane), by map name."),
     series("npm_front_fallbacks", G, N, &["map"], "Local endpoint directions (NPM_TIER_FRONT: directions and ClusterNetworkPolicy tiers) whose entries do not all fit this front and are decided on the LPM behind it (same verdicts, slower; raise --map-size-policy-front / --map-size-tier-front)."),
+    series("npm_dns_learned", G, N, &["kind"], "Names (kind=names) and addresses (kind=addresses) learned from the DNS answers of the trusted servers (--dns-server): what ClusterNetworkPolicy domainNames peers match."),
+    series("npm_dns_responses_total", C, N, &["result"], "DNS responses of the trusted servers read (result: learned = taught a new address, held until programmed; unparsable; hold_expired = released before its addresses were programmed; read = every one)."),
     series("npm_map_full", G, N, &["map"], "1 while the compiled state does not fit this kernel map (eBPF dataplane) and a reduced, fail-closed state is programmed (degraded mode), else 0."),
     series("npm_packets_total", C, N, &["direction", "reason", "verdict"], "Packets classified by the datapath, by direction, reason and verdict."),
     series("npm_bytes_total", C, B, &["direction", "reason", "verdict"], "Bytes of the packets classified by the datapath, by direction, reason and verdict."),
@@ -392,6 +394,23 @@ impl Metrics {
         });
     }
 
+    /// The DNS learning: `npm_dns_learned{kind}` set to (names, addresses),
+    /// `npm_dns_responses_total{result}` moved by the responses read,
+    /// learning, unparsable and released on an expired hold since the last
+    /// call.
+    pub fn dns_learning(&self, (names, addrs): (usize, usize), counts: [u64; 4]) {
+        self.with(|| {
+            metrics::gauge!("npm_dns_learned", "kind" => "names").set(names as f64);
+            metrics::gauge!("npm_dns_learned", "kind" => "addresses").set(addrs as f64);
+            for (result, n) in ["read", "learned", "unparsable", "hold_expired"]
+                .into_iter()
+                .zip(counts)
+            {
+                metrics::counter!("npm_dns_responses_total", "result" => result).increment(n);
+            }
+        });
+    }
+
     /// Set `npm_map_full{map}`: 1 while the compiled state does not fit
     /// `map` (degraded mode), else 0.
     pub fn map_full(&self, map: &'static str, full: bool) {
@@ -440,6 +459,28 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
         let (name, value) = l.rsplit_once(' ')?;
         (name == series).then(|| value.parse().ok()).flatten()
     })
+}
+
+/// Every 5 s, reports what the DNS capture learned and read
+/// (`npm_dns_learned{kind}`, `npm_dns_responses_total{result}`); owns the
+/// capture, which stops (its rules removed) when this task is aborted.
+pub async fn report_dns(capture: crate::dns::Capture, metrics: Metrics) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut last = [0u64; 4];
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tick.tick().await;
+        let (names, addrs) = capture.learned();
+        let s = &capture.stats;
+        let now = [
+            s.responses.load(Relaxed),
+            s.learning.load(Relaxed),
+            s.unparsable.load(Relaxed),
+            s.hold_expired.load(Relaxed),
+        ];
+        metrics.dns_learning((names, addrs), std::array::from_fn(|i| now[i] - last[i]));
+        last = now;
+    }
 }
 
 #[cfg(test)]
@@ -548,6 +589,7 @@ mod tests {
         m.readiness_failure("lists", true);
         m.compiled_entries("ipcache", 1);
         m.map_full("NPM_POLICY", false);
+        m.dns_learning((1, 2), [3, 1, 0, 0]);
         m.map_fill(&[MapFill {
             map: "NPM_POLICY_FRONT",
             entries: 0,

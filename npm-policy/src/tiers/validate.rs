@@ -19,7 +19,6 @@
 //! | what cannot be understood | what the conversion does ([`ClusterConsequence`]) |
 //! |---|---|
 //! | a peer with no field (a newer field), `domainNames` outside an Accept rule or with a name the API's pattern refuses, a bad `nodes` selector, an empty or unparsable `networks`, a bad selector | Accept: the peer matches nothing; Deny/Pass: the rule becomes Deny of every peer |
-//! | a valid `domainNames` peer (an Accept rule) | kept: it matches the addresses of the learned answers of its names (`Snapshot::domain_names`); reported as matching nothing, since the agent learns no names yet |
 //! | an empty `from`/`to` | Accept: matches nothing; Deny/Pass: Deny of every peer |
 //! | a protocol entry with no field or several, `tcp`/`udp`/`sctp` without a port, a port not 1..=65535, a range without `start < end`, a bad port name | Accept: the entry is dropped (the rule matches nothing once none is left); Deny/Pass: the rule becomes Deny of all traffic of its peers |
 //! | an action other than `Accept`, `Deny`, `Pass` | the rule is a Deny |
@@ -269,19 +268,9 @@ fn peer(ctx: &mut Ctx, path: &str, p: &ClusterNetworkPolicyEgressPeer, accept: b
                 Err(e) => ctx.err(format!("{dp}[{i}]"), e, ClusterConsequence::Reported),
             }
         }
-        if ctx.errors.len() != before {
-            return None;
-        }
         // The compiler matches the names against the learned answers it is
-        // given (`Snapshot::domain_names`); the agent learns none yet (no
-        // DNS snooping), so the peer matches nothing: say so.
-        ctx.err(
-            dp,
-            "domainNames peers match only the addresses of learned DNS answers, and this agent learns none \
-             (no DNS snooping yet): the peer matches nothing",
-            ClusterConsequence::PeerMatchesNothing(path.to_string()),
-        );
-        return Some(ClusterPeer::DomainNames(out));
+        // given (`Snapshot::domain_names`).
+        return (ctx.errors.len() == before).then_some(ClusterPeer::DomainNames(out));
     }
     if let Some(s) = &p.namespaces {
         return ctx

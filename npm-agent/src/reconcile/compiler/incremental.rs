@@ -15,6 +15,7 @@ use npm_policy::compiled::{CompileOptions, Compiled};
 use npm_policy::convert::{namespace_from_api, node_from_api};
 use npm_policy::incremental::Compiler;
 use npm_policy::model::Snapshot;
+use npm_policy::tiers::LearnedNames;
 
 use super::cluster::{self, Unparsed};
 use super::objects::{diff_objects, key_ref};
@@ -65,6 +66,8 @@ pub struct Incremental {
     stripped: Stripped,
     /// The ClusterNetworkPolicies of the state that cannot be decoded.
     unparsed: Unparsed,
+    /// The learned names compiled in (`Snapshot::domain_names`).
+    learned: LearnedNames,
 }
 
 fn ewma(old: Duration, new: Duration) -> Duration {
@@ -102,6 +105,16 @@ impl Incremental {
             facts: facts.clone(),
             stripped,
             unparsed,
+            learned: LearnedNames::new(),
+        }
+    }
+
+    /// Compiles `learned` as the names `domainNames` peers match (nothing
+    /// when they are the ones compiled in).
+    pub fn set_domain_names(&mut self, learned: &LearnedNames) {
+        if &self.learned != learned {
+            self.learned = learned.clone();
+            self.compiler.set_domain_names(learned.clone());
         }
     }
 
@@ -342,7 +355,9 @@ impl Incremental {
         let opts = self.opts.clone();
         let current = self.compiled().clone();
         let facts = self.facts.clone();
+        let learned = std::mem::take(&mut self.learned);
         *self = Incremental::new(state, &facts, &opts, Some(&current));
+        self.set_domain_names(&learned);
         Some(m)
     }
 
@@ -356,8 +371,11 @@ impl Incremental {
         let facts = self.facts.clone();
         let opts = self.opts.clone();
         let current = self.compiled().clone();
+        let learned = self.learned.clone();
         move || {
-            let full = compile(&snapshot(&state, &facts), &opts, Some(&current));
+            let mut s = snapshot(&state, &facts);
+            s.domain_names = learned;
+            let full = compile(&s, &opts, Some(&current));
             let diff = current.diff(&full);
             (!diff.is_empty()).then(|| Mismatch { changes: diff.len() })
         }

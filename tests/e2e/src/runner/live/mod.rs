@@ -148,6 +148,17 @@ impl LiveRunner {
         self.agents.iter_mut().find_map(|a| a.exited())
     }
 
+    /// One-node runs: stops the agent (SIGTERM; its pins or nftables table
+    /// stay and keep enforcing) and starts a new one with the same flags,
+    /// which adopts them; returns once it is ready.
+    pub fn restart_agent(&mut self) -> Result<(), RunnerError> {
+        for mut a in std::mem::take(&mut self.agents) {
+            a.stop();
+        }
+        let kubeconfig = self.kubeconfig_path();
+        self.start_agent(&kubeconfig)
+    }
+
     /// Stops the agent, tears the cluster down, stops the API server and
     /// removes the agent's pins and nftables table.
     pub fn shutdown(mut self) -> Result<(), RunnerError> {

@@ -1,0 +1,176 @@
+//! The learned names as the capture and the sync loop share them
+//! ([`NamesHandle`]): the current version (what the next sync compiles),
+//! the `domainNames` patterns of the state last compiled (which names are
+//! worth learning) and the version last programmed, which a held DNS
+//! response waits for.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use npm_policy::model::Snapshot;
+use npm_policy::tiers::{ClusterPeer, DomainPattern, LearnedNames};
+
+/// One version of the learned names.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Learned {
+    /// Bumped by every change (0: none yet).
+    pub version: u64,
+    /// Name -> addresses.
+    pub names: LearnedNames,
+}
+
+#[derive(Default)]
+struct Inner {
+    current: Mutex<Arc<Learned>>,
+    /// `None` until the first sync compiled a state.
+    patterns: Mutex<Option<Arc<Vec<DomainPattern>>>>,
+    programmed: Mutex<u64>,
+    programmed_cv: Condvar,
+    /// A capture feeds these names.
+    learning: std::sync::atomic::AtomicBool,
+}
+
+/// The learned names of this node as the DNS capture and the sync loop
+/// share them. Cloning shares them. The default holds none (an agent that
+/// learns no names).
+#[derive(Clone, Default)]
+pub struct NamesHandle {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The `domainNames` patterns of every ClusterNetworkPolicy of `snapshot`.
+pub fn patterns_of(snapshot: &Snapshot) -> Vec<DomainPattern> {
+    let mut out: Vec<DomainPattern> = Vec::new();
+    for p in snapshot.cluster_policies.values() {
+        for r in p.ingress.iter().chain(&p.egress) {
+            for peer in &r.peers {
+                if let ClusterPeer::DomainNames(names) = peer {
+                    out.extend(names.iter().cloned());
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+impl NamesHandle {
+    /// The current version.
+    pub fn current(&self) -> Arc<Learned> {
+        lock(&self.inner.current).clone()
+    }
+
+    /// Replaces the names; returns the new version, `None` when they are
+    /// unchanged.
+    pub fn set(&self, names: LearnedNames) -> Option<u64> {
+        let mut cur = lock(&self.inner.current);
+        if cur.names == names {
+            return None;
+        }
+        let version = cur.version + 1;
+        *cur = Arc::new(Learned { version, names });
+        Some(version)
+    }
+
+    /// Records the patterns of the state the sync loop compiled; true when
+    /// they changed.
+    pub fn set_patterns(&self, patterns: Vec<DomainPattern>) -> bool {
+        let mut p = lock(&self.inner.patterns);
+        if p.as_deref() == Some(&patterns) {
+            return false;
+        }
+        *p = Some(Arc::new(patterns));
+        true
+    }
+
+    /// The patterns of the state last compiled (`None`: nothing compiled
+    /// yet).
+    pub fn patterns(&self) -> Option<Arc<Vec<DomainPattern>>> {
+        lock(&self.inner.patterns).clone()
+    }
+
+    /// Whether a pattern of the state last compiled matches `name` (before
+    /// the first compile: every name, so that nothing loaded is dropped
+    /// before the policies are known).
+    pub fn wants(&self, name: &str) -> bool {
+        match self.patterns() {
+            Some(p) => p.iter().any(|p| p.matches(name)),
+            None => true,
+        }
+    }
+
+    /// Marks these names as fed by a capture ([`crate::dns::Capture`]).
+    pub fn set_learning(&self) {
+        self.inner.learning.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a capture feeds these names (else `domainNames` peers match
+    /// nothing).
+    pub fn learning(&self) -> bool {
+        self.inner.learning.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records that a sync programmed version `version` (the sync loop
+    /// calls it after each successful apply).
+    pub fn publish_programmed(&self, version: u64) {
+        let mut p = lock(&self.inner.programmed);
+        if version > *p {
+            *p = version;
+            self.inner.programmed_cv.notify_all();
+        }
+    }
+
+    /// The version last programmed.
+    pub fn programmed(&self) -> u64 {
+        *lock(&self.inner.programmed)
+    }
+
+    /// Blocks until version `version` is programmed or `timeout` passed;
+    /// true when programmed.
+    pub fn wait_programmed(&self, version: u64, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        let mut p = lock(&self.inner.programmed);
+        while *p < version {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            p = self
+                .inner
+                .programmed_cv
+                .wait_timeout(p, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_patterns_and_the_programmed_wait() {
+        let h = NamesHandle::default();
+        assert_eq!(h.current().version, 0);
+        assert!(h.wants("anything.example"), "before the first compile every name");
+        let names: LearnedNames = [("a.example.com".to_string(), ["192.0.2.1".parse().unwrap()].into())].into();
+        assert_eq!(h.set(names.clone()), Some(1));
+        assert_eq!(h.set(names), None, "unchanged");
+        h.set_patterns(vec![DomainPattern::parse("*.example.com").unwrap()]);
+        assert!(h.wants("a.example.com") && !h.wants("example.com"));
+        assert!(!h.wait_programmed(1, Duration::from_millis(20)));
+        let h2 = h.clone();
+        let t = std::thread::spawn(move || h2.wait_programmed(1, Duration::from_secs(5)));
+        std::thread::sleep(Duration::from_millis(20));
+        h.publish_programmed(1);
+        assert!(t.join().unwrap());
+        assert_eq!(h.programmed(), 1);
+    }
+}
