@@ -282,6 +282,11 @@ impl Capture {
     pub fn learned(&self) -> (usize, usize) {
         lock(&self.learner).len()
     }
+
+    /// (name, address) pairs the learner's bounds evicted so far.
+    pub fn evicted(&self) -> u64 {
+        lock(&self.learner).evicted()
+    }
 }
 
 impl Drop for Capture {

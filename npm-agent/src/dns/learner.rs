@@ -170,6 +170,10 @@ pub struct Limits {
     /// Names kept; beyond it the names whose latest expiry is soonest are
     /// evicted. Default 10 000.
     pub max_names: usize,
+    /// Addresses kept in all (each is a CIDR prefix of the compiled state:
+    /// an `NPM_CIDRS` entry on eBPF, default 65,536 entries); beyond it the
+    /// soonest-expiring (name, address) pairs are evicted. Default 16,384.
+    pub max_addrs: usize,
     /// How long an address is kept beyond its TTL (the NPEP's optional
     /// "grace period beyond the TTL"). Default 30 s.
     pub grace: Duration,
@@ -180,6 +184,7 @@ impl Default for Limits {
         Self {
             max_addrs_per_name: 256,
             max_names: 10_000,
+            max_addrs: 16_384,
             grace: Duration::from_secs(30),
         }
     }
@@ -297,6 +302,23 @@ impl Learner {
             for (_, name) in by_latest.into_iter().take(excess) {
                 let addrs = self.names.remove(&name).unwrap_or_default();
                 evicted.extend(addrs.into_keys().map(|a| (name.clone(), a)));
+            }
+        }
+        let total: usize = self.names.values().map(BTreeMap::len).sum();
+        let excess = total.saturating_sub(self.limits.max_addrs);
+        if excess > 0 {
+            let mut by_expiry: Vec<(Instant, String, IpAddr)> = (self.names.iter())
+                .flat_map(|(n, addrs)| addrs.iter().map(move |(a, e)| (*e, n.clone(), *a)))
+                .collect();
+            by_expiry.sort_unstable();
+            for (_, name, addr) in by_expiry.into_iter().take(excess) {
+                if let Some(addrs) = self.names.get_mut(&name) {
+                    addrs.remove(&addr);
+                    if addrs.is_empty() {
+                        self.names.remove(&name);
+                    }
+                }
+                evicted.push((name, addr));
             }
         }
         self.evicted += evicted.len() as u64;
@@ -459,6 +481,7 @@ mod tests {
         Limits {
             max_addrs_per_name: per_name,
             max_names: names,
+            max_addrs: 16_384,
             grace: Duration::from_secs(30),
         }
     }
@@ -574,6 +597,35 @@ mod tests {
         assert_eq!(l.names().keys().collect::<Vec<_>>(), ["k.io", "m.io"]);
         assert_eq!(l.evicted(), 4);
         assert_eq!(l.len(), (2, 2));
+    }
+
+    #[test]
+    fn the_total_address_cap_evicts_the_soonest_expiring() {
+        let t0 = Instant::now();
+        let mut l = Learner::new(Limits {
+            max_addrs: 3,
+            ..Limits::default()
+        });
+        let all = |_: &str| true;
+        let answers = [
+            answer("a.io", "192.0.2.1", 50),
+            answer("a.io", "192.0.2.2", 10),
+            answer("b.io", "192.0.2.3", 30),
+            answer("c.io", "192.0.2.4", 5),
+        ];
+        assert!(l.learn(t0, &answers, all));
+        assert_eq!(l.len(), (2, 3), "c.io (soonest) evicted");
+        assert!(l.learn(t0, &[answer("d.io", "192.0.2.5", 100)], all));
+        let left: Vec<(String, usize)> = l.names().into_iter().map(|(n, a)| (n, a.len())).collect();
+        assert_eq!(
+            left,
+            [
+                ("a.io".to_string(), 1),
+                ("b.io".to_string(), 1),
+                ("d.io".to_string(), 1)
+            ]
+        );
+        assert_eq!(l.evicted(), 2);
     }
 
     #[test]

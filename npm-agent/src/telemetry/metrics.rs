@@ -114,6 +114,7 @@ pub const SERIES: &[Series] = &[
     series("npm_map_capacity", G, N, &["map"], "Maximum entries of each pinned kernel map (eBPF dataplane), by map name."),
     series("npm_front_fallbacks", G, N, &["map"], "Local endpoint directions (NPM_TIER_FRONT: directions and ClusterNetworkPolicy tiers) whose entries do not all fit this front and are decided on the LPM behind it (same verdicts, slower; raise --map-size-policy-front / --map-size-tier-front)."),
     series("npm_dns_learned", G, N, &["kind"], "Names (kind=names) and addresses (kind=addresses) learned from the DNS answers of the trusted servers (--dns-server): what ClusterNetworkPolicy domainNames peers match."),
+    series("npm_dns_evicted_total", C, N, &[], "Learned (name, address) pairs dropped before their TTL because the learner's bounds were reached (256 addresses a name, 10,000 names, 16,384 addresses)."),
     series("npm_dns_responses_total", C, N, &["result"], "DNS responses of the trusted servers read (result: learned = taught a new address, held until programmed; unparsable; hold_expired = released before its addresses were programmed; read = every one)."),
     series("npm_map_full", G, N, &["map"], "1 while the compiled state does not fit this kernel map (eBPF dataplane) and a reduced, fail-closed state is programmed (degraded mode), else 0."),
     series("npm_packets_total", C, N, &["direction", "reason", "verdict"], "Packets classified by the datapath, by direction, reason and verdict."),
@@ -397,8 +398,8 @@ impl Metrics {
     /// The DNS learning: `npm_dns_learned{kind}` set to (names, addresses),
     /// `npm_dns_responses_total{result}` moved by the responses read,
     /// learning, unparsable and released on an expired hold since the last
-    /// call.
-    pub fn dns_learning(&self, (names, addrs): (usize, usize), counts: [u64; 4]) {
+    /// call (`counts[0..4]`), `npm_dns_evicted_total` by `counts[4]`.
+    pub fn dns_learning(&self, (names, addrs): (usize, usize), counts: [u64; 5]) {
         self.with(|| {
             metrics::gauge!("npm_dns_learned", "kind" => "names").set(names as f64);
             metrics::gauge!("npm_dns_learned", "kind" => "addresses").set(addrs as f64);
@@ -408,6 +409,7 @@ impl Metrics {
             {
                 metrics::counter!("npm_dns_responses_total", "result" => result).increment(n);
             }
+            metrics::counter!("npm_dns_evicted_total").increment(counts[4]);
         });
     }
 
@@ -466,19 +468,19 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
 /// capture, which stops (its rules removed) when this task is aborted.
 pub async fn report_dns(capture: crate::dns::Capture, metrics: Metrics) {
     use std::sync::atomic::Ordering::Relaxed;
-    let mut last = [0u64; 4];
+    let mut last = [0u64; 5];
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
     loop {
         tick.tick().await;
-        let (names, addrs) = capture.learned();
         let s = &capture.stats;
         let now = [
             s.responses.load(Relaxed),
             s.learning.load(Relaxed),
             s.unparsable.load(Relaxed),
             s.hold_expired.load(Relaxed),
+            capture.evicted(),
         ];
-        metrics.dns_learning((names, addrs), std::array::from_fn(|i| now[i] - last[i]));
+        metrics.dns_learning(capture.learned(), std::array::from_fn(|i| now[i] - last[i]));
         last = now;
     }
 }
@@ -589,7 +591,7 @@ mod tests {
         m.readiness_failure("lists", true);
         m.compiled_entries("ipcache", 1);
         m.map_full("NPM_POLICY", false);
-        m.dns_learning((1, 2), [3, 1, 0, 0]);
+        m.dns_learning((1, 2), [3, 1, 0, 0, 0]);
         m.map_fill(&[MapFill {
             map: "NPM_POLICY_FRONT",
             entries: 0,
