@@ -274,8 +274,9 @@ const CONTAINER_PREFIX: &str = "npm-agent-xtask-";
 
 /// The image checks of `cargo xtask test`: the image prints its version,
 /// accepts the arguments the chart renders, and runs as the agent of the
-/// netns cluster with exactly the chart's capabilities (the conformance
-/// smoke cases, `default-deny*`, pass with it). Prints `image: N passed, M failed`.
+/// netns cluster with exactly the chart's capabilities and the DNS
+/// learning on (the conformance smoke cases, `default-deny*`, pass with
+/// it). Prints `image: N passed, M failed`.
 pub fn check(tag: &str) -> Result<()> {
     remove_leftover_containers();
     let version = version()?;
@@ -465,14 +466,24 @@ fn check_conformance_smoke(tag: &str) -> Result<()> {
     std::fs::write(&wrapper, script)?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
-    crate::conformance_with(&[
+    // With the DNS learning on: the image's iptables must install its
+    // NFQUEUE rules from inside the container (the agent refuses to start
+    // otherwise). 198.18.3.3 is the model's z/c; the queue is this check's.
+    let queue = format!("--dns-queue={}", 40000 + std::process::id() % 20000);
+    let state = format!("/tmp/npm-image-check-dns-{}.json", std::process::id());
+    let result = crate::conformance_with(&[
         "--dataplane".into(),
         "ebpf".into(),
         "--filter".into(),
         "default-deny".into(),
         "--agent-bin".into(),
         wrapper.display().to_string(),
-    ])
+        "--agent-arg=--dns-server=198.18.3.3".into(),
+        format!("--agent-arg={queue}"),
+        format!("--agent-arg=--dns-state-file={state}"),
+    ]);
+    let _ = std::fs::remove_file(&state);
+    result
 }
 
 fn remove_leftover_containers() {
