@@ -151,6 +151,16 @@ impl PodNet {
     }
 }
 
+/// The host-network pods' ports (`npm_sim::cases::HOST_NETWORK_PORTS`) as
+/// an `ip_local_reserved_ports` range (`first-last`): reserved in every
+/// netns such a pod's servers bind in, so that no outgoing connection takes
+/// one of them as its ephemeral port first.
+pub fn host_network_port_range() -> String {
+    let p = npm_sim::cases::HOST_NETWORK_PORTS;
+    debug_assert!(p.windows(2).all(|w| w[1] == w[0] + 1), "a contiguous range");
+    format!("{}-{}", p[0], p[p.len() - 1])
+}
+
 /// The IPv4 address of pod index `p` in namespace index `n`.
 pub fn pod_ipv4(n: u8, p: u8) -> Ipv4Addr {
     Ipv4Addr::new(198, 18, n, p)

@@ -11,8 +11,9 @@
 //! - a name no peer names (`c.y.example.test`) teaches nothing;
 //! - a forged answer (from `y/c`, not the trusted server, port 53) teaches
 //!   nothing;
-//! - the learned name is in the state file, and a restarted agent keeps
-//!   allowing a learned address (TTL 300 s) through the restart;
+//! - the learned name is in the state file; with the agent killed (its rule
+//!   left, no reader) DNS is still answered; the next agent keeps allowing
+//!   a learned address (TTL 300 s);
 //! - `npm_dns_responses_total{result="learned"}` counts the response;
 //! - after the answer's TTL (2 s, grace 0) the address is denied again;
 //! - stopping the agent removes its NFQUEUE rules.
@@ -284,7 +285,13 @@ fn run(engine: Engine, queue: u16) {
     let (a, connected) = resolve_then_connect(&xa, "xb.other.example.test", SocketAddr::new(IpAddr::V4(XB), 80));
     assert_eq!(a, [XB]);
     assert!(connected, "{engine:?}: x/a -> x/b:80 refused right after the answer");
-    r.restart_agent().expect("restart the agent");
+    // Killed (a crash): its rule stays with no reader, and DNS still flows
+    // (`--queue-bypass`): the pods only stop teaching addresses.
+    r.kill_agent();
+    assert!(chain_present(&chain), "{engine:?}: the killed agent's chain stays");
+    let (a, _) = resolve_then_connect(&xa, "c.y.example.test", SocketAddr::new(IpAddr::V4(YC), 80));
+    assert_eq!(a, [YC], "{engine:?}: DNS answered while no agent reads the queue");
+    r.start_agent_again().expect("start the agent again");
     assert!(chain_present(&chain), "{engine:?}: the restarted agent's chain");
     assert!(
         allowed(&to_xb, &cfg),

@@ -1,7 +1,8 @@
 //! Host-wide state shared by the clusters of every process: the exclusive
-//! cluster lock (`/run/npm-e2e/cluster.lock`) and the forwarding sysctls
-//! of the root netns (values found before the first cluster, restored after
-//! the last one of any process).
+//! cluster lock (`/run/npm-e2e/cluster.lock`) and the sysctls of the root
+//! netns the clusters need, forwarding and the host-network pods' ports
+//! reserved out of the ephemeral range (values found before the first
+//! cluster, restored after the last one of any process).
 
 use super::pid_alive;
 use crate::netns::{sysctl_get, sysctl_set, NetnsError};
@@ -9,7 +10,23 @@ use crate::netns::{sysctl_get, sysctl_set, NetnsError};
 /// Where clusters of every process record the sysctl values found before
 /// the first of them turned forwarding on, and who is using them.
 const STATE_DIR: &str = "/run/npm-e2e";
-const FORWARDING_KEYS: [&str; 2] = ["net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"];
+const FORWARDING_KEYS: [&str; 3] = [
+    "net.ipv4.ip_forward",
+    "net.ipv6.conf.all.forwarding",
+    "net.ipv4.ip_local_reserved_ports",
+];
+
+/// The value a cluster needs for `key`, given the value found (`orig`).
+fn wanted(key: &str, orig: &str) -> String {
+    if key != "net.ipv4.ip_local_reserved_ports" {
+        return "1".into();
+    }
+    let range = super::host_network_port_range();
+    match orig.trim() {
+        "" => range,
+        o => format!("{o},{range}"),
+    }
+}
 
 fn state_io(what: &str, source: std::io::Error) -> NetnsError {
     NetnsError::Sysctl {
@@ -80,7 +97,8 @@ pub(super) fn cluster_lock_release() {
 }
 
 /// Registers `owner` as a user of forwarding; the first user (no `.orig`
-/// file yet) records the current values. Then forwarding is turned on.
+/// file yet) records the current values. Then forwarding is turned on and
+/// the host-network ports reserved.
 pub(super) fn forwarding_acquire(owner: &str) -> Result<(), NetnsError> {
     with_state_lock(|| {
         for key in FORWARDING_KEYS {
@@ -89,7 +107,8 @@ pub(super) fn forwarding_acquire(owner: &str) -> Result<(), NetnsError> {
                 let cur = sysctl_get(key)?;
                 std::fs::write(&orig, cur).map_err(|e| state_io(key, e))?;
             }
-            sysctl_set(key, "1")?;
+            let found = std::fs::read_to_string(&orig).map_err(|e| state_io(key, e))?;
+            sysctl_set(key, &wanted(key, &found))?;
         }
         std::fs::write(format!("{STATE_DIR}/owner-{owner}"), "").map_err(|e| state_io("owner", e))
     })
@@ -120,7 +139,9 @@ pub(super) fn forwarding_release(owner: &str) -> Result<(), NetnsError> {
         for key in FORWARDING_KEYS {
             let orig = format!("{STATE_DIR}/{key}.orig");
             if let Ok(v) = std::fs::read_to_string(&orig) {
-                sysctl_set(key, v.trim())?;
+                // With a newline: an empty value (no reserved port) is then
+                // written, not skipped.
+                sysctl_set(key, &format!("{}\n", v.trim()))?;
                 let _ = std::fs::remove_file(&orig);
             }
         }

@@ -508,8 +508,15 @@ fn mkdir(node: &str, path: &Path) -> Result<(), NodeError> {
     })
 }
 
-/// Forwarding on, DAD off (addresses usable at once), in the node's netns.
+/// Forwarding on, DAD off (addresses usable at once), and the host-network
+/// pods' ports kept out of the ephemeral range (a connection of the node's
+/// agent or kube-proxy would otherwise take one now and then, and the
+/// pod's server could not bind it), in the node's netns.
 fn node_sysctls(node: &Node) -> Result<(), NetnsError> {
+    let reserved = format!(
+        "net.ipv4.ip_local_reserved_ports={}",
+        crate::cluster::host_network_port_range()
+    );
     run_in_netns(
         &node.netns,
         &[
@@ -519,6 +526,7 @@ fn node_sysctls(node: &Node) -> Result<(), NetnsError> {
             "net.ipv6.conf.all.forwarding=1",
             "net.ipv6.conf.all.accept_dad=0",
             "net.ipv6.conf.default.accept_dad=0",
+            &reserved,
         ],
     )
 }

@@ -52,6 +52,12 @@ impl Agent {
         }
     }
 
+    /// SIGKILL, and reaped.
+    pub(super) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub(super) fn stop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             // SAFETY: signalling the child we started, by its pid.

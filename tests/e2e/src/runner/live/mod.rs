@@ -148,13 +148,19 @@ impl LiveRunner {
         self.agents.iter_mut().find_map(|a| a.exited())
     }
 
-    /// One-node runs: stops the agent (SIGTERM; its pins or nftables table
-    /// stay and keep enforcing) and starts a new one with the same flags,
-    /// which adopts them; returns once it is ready.
-    pub fn restart_agent(&mut self) -> Result<(), RunnerError> {
+    /// One-node runs: kills the agent with SIGKILL (as a crash: nothing of
+    /// its shutdown runs; its pins or nftables table stay and keep
+    /// enforcing). [`LiveRunner::start_agent_again`] starts the next one.
+    pub fn kill_agent(&mut self) {
         for mut a in std::mem::take(&mut self.agents) {
-            a.stop();
+            a.kill();
         }
+    }
+
+    /// One-node runs: starts an agent with the same flags after
+    /// [`LiveRunner::kill_agent`]; it adopts what the killed one left and
+    /// this returns once it is ready.
+    pub fn start_agent_again(&mut self) -> Result<(), RunnerError> {
         let kubeconfig = self.kubeconfig_path();
         self.start_agent(&kubeconfig)
     }
