@@ -305,10 +305,7 @@ pub fn node_from_api(n: &corev1::Node) -> Result<Node, ConvertError> {
         })?;
         // An IPv4-mapped IPv6 address is the IPv4 address (as for pods'
         // addresses in the datapath's mapped space).
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
+        let ip = ip.to_canonical();
         if !addresses.contains(&ip) {
             addresses.push(ip);
         }

@@ -27,10 +27,10 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::handle::NamesHandle;
+use super::handle::{lock, NamesHandle};
 use super::learner::{parse_response, Learner, Limits};
 
 /// What [`Capture`] needs.
@@ -76,9 +76,12 @@ pub enum CaptureError {
     Thread(#[source] std::io::Error),
 }
 
+/// The prefix of the chains of the DNS learning (`NPM-DNS-<queue>`).
+pub const CHAIN_PREFIX: &str = "NPM-DNS-";
+
 /// The chain of queue `queue` (in `mangle` of iptables and ip6tables).
 pub fn chain_name(queue: u16) -> String {
-    format!("NPM-DNS-{queue}")
+    format!("{CHAIN_PREFIX}{queue}")
 }
 
 fn run(bin: &str, args: &[&str]) -> Result<(), CaptureError> {
@@ -169,10 +172,6 @@ pub fn udp_payload(p: &[u8]) -> Option<&[u8]> {
         return None;
     }
     p.get(off + 8..)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What the capture counts (read by the metrics).

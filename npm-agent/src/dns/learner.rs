@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use std::{fs, io};
 
-use npm_policy::tiers::domains::{normalize_addr, normalize_name};
+use npm_policy::tiers::domains::normalize_name;
 use npm_policy::tiers::LearnedNames;
 use serde::{Deserialize, Serialize};
 use simple_dns::rdata::RData;
@@ -107,7 +107,7 @@ pub fn parse_response(payload: &[u8]) -> Result<Vec<Answer>, DnsError> {
         let owner = normalize_name(&rr.name.to_string());
         match &rr.rdata {
             RData::A(a) => addrs.push((owner, IpAddr::V4(Ipv4Addr::from(a.address)), rr.ttl)),
-            RData::AAAA(a) => addrs.push((owner, normalize_addr(IpAddr::V6(Ipv6Addr::from(a.address))), rr.ttl)),
+            RData::AAAA(a) => addrs.push((owner, IpAddr::V6(Ipv6Addr::from(a.address)).to_canonical(), rr.ttl)),
             RData::CNAME(c) => cnames.push((owner, normalize_name(&c.0.to_string()), rr.ttl)),
             _ => {}
         }
@@ -241,7 +241,7 @@ impl Learner {
             else {
                 continue;
             };
-            let addr = normalize_addr(answer.addr);
+            let addr = answer.addr.to_canonical();
             if self.insert(&name, addr, expiry) {
                 added.insert((name, addr));
             }
@@ -434,7 +434,7 @@ impl Learner {
                     .and_then(|at| at.duration_since(wall).ok())
                     .filter(|left| !left.is_zero());
                 if let Some(expiry) = left.and_then(|left| now.checked_add(left)) {
-                    learner.insert(&name, normalize_addr(addr), expiry);
+                    learner.insert(&name, addr.to_canonical(), expiry);
                 }
             }
         }

@@ -268,10 +268,10 @@ fn remove_dns(report: &mut CleanupReport) {
             continue;
         };
         for line in String::from_utf8_lossy(&out.stdout).lines() {
-            if let Some(q) = line
-                .strip_prefix("-N NPM-DNS-")
-                .and_then(|q| q.trim().parse::<u16>().ok())
-            {
+            let chain = line
+                .strip_prefix("-N ")
+                .and_then(|c| c.strip_prefix(crate::dns::capture::CHAIN_PREFIX));
+            if let Some(q) = chain.and_then(|q| q.trim().parse::<u16>().ok()) {
                 queues.insert(q);
             }
         }

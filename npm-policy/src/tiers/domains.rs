@@ -105,17 +105,9 @@ pub fn normalize_name(name: &str) -> String {
     name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase()
 }
 
-/// An address as [`LearnedNames`] keeps it (IPv4-mapped IPv6 as IPv4).
-pub fn normalize_addr(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
-}
-
 /// The host prefix (`/32`, `/128`) of an address.
 fn host(ip: IpAddr) -> IpNet {
-    IpNet::from(normalize_addr(ip))
+    IpNet::from(ip.to_canonical())
 }
 
 /// What a `domainNames` peer of `patterns` stands for: the host prefixes of
@@ -138,10 +130,10 @@ pub fn domain_prefixes(patterns: &[DomainPattern], learned: &LearnedNames) -> BT
 
 /// Whether `ip` is an address of a learned name one of `patterns` matches.
 pub fn domain_matches(patterns: &[DomainPattern], learned: &LearnedNames, ip: IpAddr) -> bool {
-    let ip = normalize_addr(ip);
+    let ip = ip.to_canonical();
     learned
         .iter()
-        .any(|(name, ips)| ips.iter().any(|a| normalize_addr(*a) == ip) && patterns.iter().any(|p| p.matches(name)))
+        .any(|(name, ips)| ips.iter().any(|a| a.to_canonical() == ip) && patterns.iter().any(|p| p.matches(name)))
 }
 
 #[cfg(test)]

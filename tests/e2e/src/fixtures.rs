@@ -59,6 +59,17 @@ pub fn wait_enforced(what: &str, cfg: &ProbeConfig, allowed: &[Probe], denied: &
     }
 }
 
+/// The live agent's `/metrics` text (panics when it cannot be read).
+pub fn scrape_metrics(r: &LiveRunner) -> String {
+    let addr = r.metrics_addr().expect("the agent's metrics address");
+    let out = std::process::Command::new("curl")
+        .args(["-sf", &format!("http://{addr}/metrics")])
+        .output()
+        .expect("curl /metrics");
+    assert!(out.status.success(), "curl /metrics failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A TCP probe from pod `from` (`NS/POD`) to pod `to`'s IPv4 address on
 /// `port` (panics on a pod the cluster does not have).
 pub fn tcp_probe(r: &LiveRunner, from: &str, to: &str, port: u16) -> Probe {

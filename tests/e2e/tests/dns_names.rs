@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use npm_e2e::fixtures::{probe_config, start_with_setup, tcp_probe as probe, wait_enforced};
+use npm_e2e::fixtures::{probe_config, scrape_metrics, start_with_setup, tcp_probe as probe, wait_enforced};
 use npm_e2e::netns::NetnsHandle;
 use npm_e2e::probe::probe_all;
 use npm_e2e::runner::Engine;
@@ -187,15 +187,6 @@ fn allowed(p: &npm_e2e::probe::Probe, cfg: &npm_e2e::probe::ProbeConfig) -> bool
     probe_all(std::slice::from_ref(p), cfg)[0]
 }
 
-/// The agent's `/metrics` text.
-fn metrics(r: &npm_e2e::runner::LiveRunner) -> String {
-    let out = std::process::Command::new("curl")
-        .args(["-sf", &format!("http://{}/metrics", r.metrics_addr().unwrap())])
-        .output()
-        .expect("curl /metrics");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Whether `chain` is in `mangle` of the root netns.
 fn chain_present(chain: &str) -> bool {
     std::process::Command::new("iptables")
@@ -266,7 +257,7 @@ fn run(engine: Engine, queue: u16) {
     // Metrics: the learning response counted (reported every 5 s).
     let until = Instant::now() + Duration::from_secs(15);
     loop {
-        let m = metrics(&r);
+        let m = scrape_metrics(&r);
         if m.contains("npm_dns_responses_total{result=\"learned\"} ")
             && !m.contains("npm_dns_responses_total{result=\"learned\"} 0")
         {

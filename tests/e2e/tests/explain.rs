@@ -310,11 +310,7 @@ fn explain_forced_mismatch_ebpf() {
     );
     assert_eq!(ingress(&json)["kernel"]["verdict"], "allow", "{json}");
     assert_eq!(json["verdict"], "deny", "the agent's view changed: {json}");
-    let metrics = std::process::Command::new("curl")
-        .args(["-s", &format!("http://{}/metrics", r.metrics_addr().unwrap())])
-        .output()
-        .expect("curl /metrics");
-    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    let metrics = npm_e2e::fixtures::scrape_metrics(&r);
     assert!(metrics.contains("npm_explain_mismatch_total 2"), "{metrics}");
 
     // Put the record back: enforced again, and no mismatch.

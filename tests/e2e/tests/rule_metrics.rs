@@ -13,24 +13,16 @@
 
 use std::time::{Duration, Instant};
 
-use npm_e2e::fixtures::{probe_config, start_with_setup, tcp_probe as probe, wait_enforced, ALLOW_XA_80};
+use npm_e2e::fixtures::{
+    probe_config, scrape_metrics, start_with_setup, tcp_probe as probe, wait_enforced, ALLOW_XA_80,
+};
 use npm_e2e::probe::probe_all;
-use npm_e2e::runner::{Engine, LiveRunner};
+use npm_e2e::runner::Engine;
 
 const RULE: &str = r#"npm_rule_allowed_packets_total{namespace="y",policy="allow-xa-80",rule="0",direction="ingress"}"#;
 const RULE_BYTES: &str =
     r#"npm_rule_allowed_bytes_total{namespace="y",policy="allow-xa-80",rule="0",direction="ingress"}"#;
 const DENIED: &str = r#"npm_endpoint_denied_packets_total{namespace="y",pod="b",direction="ingress"}"#;
-
-/// The agent's `/metrics` text.
-fn scrape(r: &LiveRunner) -> String {
-    let out = std::process::Command::new("curl")
-        .args(["-sf", &format!("http://{}/metrics", r.metrics_addr().unwrap())])
-        .output()
-        .expect("curl /metrics");
-    assert!(out.status.success(), "curl /metrics failed");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// The value of `series` (name and labels exactly as rendered), 0 if absent.
 fn value(text: &str, series: &str) -> f64 {
@@ -50,7 +42,7 @@ fn run(engine: Engine) {
     let allowed = [probe(&r, "x/a", "y/b", 80)];
     let denied = [probe(&r, "z/c", "y/b", 80)];
     wait_enforced(&format!("{engine:?}"), &cfg, &allowed, &denied);
-    let before = scrape(&r);
+    let before = scrape_metrics(&r);
     let (rule0, denied0) = (value(&before, RULE), value(&before, DENIED));
     for _ in 0..3 {
         assert!(probe_all(&allowed, &cfg)[0], "{engine:?}: x/a -> y/b:80 refused");
@@ -59,7 +51,7 @@ fn run(engine: Engine) {
     // The agent folds the kernel's counters on its stats tick (5 s).
     let until = Instant::now() + Duration::from_secs(20);
     let text = loop {
-        let t = scrape(&r);
+        let t = scrape_metrics(&r);
         if value(&t, RULE) >= rule0 + 3.0 && value(&t, DENIED) >= denied0 + 3.0 {
             break t;
         }

@@ -66,8 +66,6 @@ pub struct Incremental {
     stripped: Stripped,
     /// The ClusterNetworkPolicies of the state that cannot be decoded.
     unparsed: Unparsed,
-    /// The learned names compiled in (`Snapshot::domain_names`).
-    learned: LearnedNames,
 }
 
 fn ewma(old: Duration, new: Duration) -> Duration {
@@ -105,15 +103,13 @@ impl Incremental {
             facts: facts.clone(),
             stripped,
             unparsed,
-            learned: LearnedNames::new(),
         }
     }
 
     /// Compiles `learned` as the names `domainNames` peers match (nothing
-    /// when they are the ones compiled in).
+    /// when they are the ones compiled in: the snapshot's).
     pub fn set_domain_names(&mut self, learned: &LearnedNames) {
-        if &self.learned != learned {
-            self.learned = learned.clone();
+        if &self.snapshot().domain_names != learned {
             self.compiler.set_domain_names(learned.clone());
         }
     }
@@ -355,7 +351,7 @@ impl Incremental {
         let opts = self.opts.clone();
         let current = self.compiled().clone();
         let facts = self.facts.clone();
-        let learned = std::mem::take(&mut self.learned);
+        let learned = self.snapshot().domain_names.clone();
         *self = Incremental::new(state, &facts, &opts, Some(&current));
         self.set_domain_names(&learned);
         Some(m)
@@ -371,7 +367,7 @@ impl Incremental {
         let facts = self.facts.clone();
         let opts = self.opts.clone();
         let current = self.compiled().clone();
-        let learned = self.learned.clone();
+        let learned = self.snapshot().domain_names.clone();
         move || {
             let mut s = snapshot(&state, &facts);
             s.domain_names = learned;
