@@ -4,7 +4,9 @@
 //! namespace and CIDR peers, port ranges and overlapping folds). Measures
 //! the full compile, the incremental compiler's update for one CNP change,
 //! one pod label change and one unrelated pod change (the tier entries are
-//! recomputed wholesale on each), and the tier entry count.
+//! recomputed wholesale on each), the tier entry count, and what the
+//! ahead-of-time fold of every endpoint direction and peer class would
+//! store (`npm_policy::fold`; one JSON line at the end).
 //! Run: `cargo run --release -p npm-policy --example bench_tiers`.
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -213,4 +215,47 @@ fn main() {
         "incremental tiers differ from the full compile"
     );
     println!("incremental tier entries equal the full compile's");
+    fold_size(&c);
+}
+
+/// What the ahead-of-time fold ([`npm_policy::fold`]) of this cluster
+/// costs: every local endpoint direction that has tier entries or is
+/// isolated, for every peer class, folded; the runs and the words an
+/// encoding with the tier front's port classes would store. Ends with one
+/// JSON line.
+fn fold_size(c: &npm_policy::compiled::Compiled) {
+    let classes = npm_policy::fold::peer_classes(c);
+    let t = Instant::now();
+    let (mut tables, mut runs, mut words, mut max_words) = (0usize, 0usize, 0usize, 0usize);
+    for (id, ep) in &c.endpoints {
+        for dir in [Direction::Ingress, Direction::Egress] {
+            let isolated = match dir {
+                Direction::Ingress => ep.isolated_ingress,
+                Direction::Egress => ep.isolated_egress,
+            };
+            if !isolated && !ep.tiers.has(Tier::Admin, dir) && !ep.tiers.has(Tier::Baseline, dir) {
+                continue;
+            }
+            for class in &classes {
+                let f = npm_policy::fold::fold(c, *id, dir, *class).expect("a compiled endpoint");
+                tables += 1;
+                runs += f.runs();
+                let w = f.front_words();
+                words += w;
+                max_words = max_words.max(w);
+            }
+        }
+    }
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "fold: {} peer classes, {tables} (endpoint, direction, class) tables, {runs} runs, {words} front words (largest table {max_words}), {ms:.0} ms",
+        classes.len()
+    );
+    println!(
+        r#"{{"bench":"fold","cnps":{CNPS},"local_endpoints":{},"peer_classes":{},"tables":{tables},"runs":{runs},"front_words":{words},"max_table_words":{max_words},"fold_ms":{ms:.0},"tier_entries":{},"policy_entries":{}}}"#,
+        c.endpoints.len(),
+        classes.len(),
+        c.tiers.len(),
+        c.policy.len()
+    );
 }

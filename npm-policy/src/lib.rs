@@ -22,6 +22,7 @@ pub mod compile;
 pub mod compiled;
 pub mod convert;
 pub mod evaluate;
+pub mod fold;
 pub mod identity;
 pub mod incremental;
 pub mod lookup;

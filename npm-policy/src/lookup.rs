@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use npm_common::{Reason, IDENTITY_ANY, IDENTITY_HOST, IDENTITY_WORLD};
 
-use crate::compiled::{Compiled, Direction, PolicyEntry, Tier, TierAction, TierEntry, TierValue};
+use crate::compiled::{Compiled, Direction, Endpoint, PolicyEntry, Tier, TierAction, TierEntry, TierValue};
 use crate::identity::PrefixTable;
 use crate::model::Protocol;
 
@@ -180,10 +180,6 @@ pub fn lookup_with(
     let Some(ep) = compiled.endpoints.get(&endpoint) else {
         return res;
     };
-    let isolated = match direction {
-        Direction::Ingress => ep.isolated_ingress,
-        Direction::Egress => ep.isolated_egress,
-    };
     let cached = compiled.ipcache.get(&peer);
     res.peer_identity = cached.map_or(IDENTITY_WORLD, |e| e.identity);
     res.cidr_identity = match cached {
@@ -194,6 +190,26 @@ pub fn lookup_with(
                 .longest(peer)
                 .map_or(IDENTITY_ANY, |(_, id)| id),
         },
+    };
+    decide(compiled, ep, direction, res, protocol, port)
+}
+
+/// Steps 1 to 6 of [`lookup`] for endpoint `ep` once the peer's identities
+/// are known (`res.peer_identity`, `res.cidr_identity`; the rest of `res`
+/// as [`lookup_with`] starts it): what the datapath decides from the
+/// endpoint's flags, the peer's two identities, the protocol and the port.
+/// [`crate::fold`] folds it ahead of time per peer class.
+pub(crate) fn decide(
+    compiled: &Compiled,
+    ep: &Endpoint,
+    direction: Direction,
+    mut res: LookupResult,
+    protocol: u8,
+    port: u16,
+) -> LookupResult {
+    let isolated = match direction {
+        Direction::Ingress => ep.isolated_ingress,
+        Direction::Egress => ep.isolated_egress,
     };
     let admin = ep.tiers.has(Tier::Admin, direction);
     let baseline = ep.tiers.has(Tier::Baseline, direction);

@@ -5,12 +5,14 @@
 //! ClusterNetworkPolicies (in about half of the snapshots, from their own
 //! random stream) the deciding tier rule must agree too.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 use npm_common::Reason;
 use npm_policy::compiled::{CompileOptions, Compiled, Direction, RuleRef, Tier, TierAction};
 use npm_policy::evaluate::{evaluate_direction, EndReason};
+use npm_policy::fold::{fold, peer_classes, Decision, Folded, PeerClass};
 use npm_policy::identity::PrefixTable;
 use npm_policy::lookup::lookup_with;
 use npm_policy::model::*;
@@ -503,6 +505,10 @@ fn check(seed: u64, prev: Option<&Compiled>, tc: &mut TierCounts) -> Result<(Com
     let mut peers: Vec<IpAddr> = s.pods.values().flat_map(|p| p.ips.iter().copied()).collect();
     peers.extend(EXTERNAL.iter().map(|e| e.parse::<IpAddr>().unwrap()));
     let mut n = [0usize; 3];
+    let mut folds: HashMap<(u32, Direction, PeerClass), Folded> = HashMap::new();
+    if seed % 10 == 0 {
+        check_folds(seed, &c, &table, &peers)?;
+    }
     for (id, ep) in &c.endpoints {
         let pod = &s.pods[&(ep.pod.namespace.clone(), ep.pod.name.clone())];
         let mut packets: Vec<(Direction, IpAddr, u8, u16)> = Vec::new();
@@ -538,6 +544,20 @@ fn check(seed: u64, prev: Option<&Compiled>, tc: &mut TierCounts) -> Result<(Com
         }
         for (dir, peer, proto, port) in packets {
             let got = lookup_with(&c, Some(&table), *id, dir, peer, proto, port);
+            // The fold of the peer's class decides as the lookup does.
+            let class = PeerClass {
+                identity: got.peer_identity,
+                cidr_identity: got.cidr_identity,
+            };
+            let folded = folds
+                .entry((*id, dir, class))
+                .or_insert_with(|| fold(&c, *id, dir, class).expect("a compiled endpoint"));
+            if folded.decide(proto, port) != Decision::from(got) {
+                return Err(format!(
+                    "seed {seed}: endpoint {id} {dir:?} peer {peer} ({class:?}) proto {proto} port {port}: lookup {got:?}, fold {:?}",
+                    folded.decide(proto, port)
+                ));
+            }
             let want = evaluate_direction(&s, &opts, pod, dir, peer, proto, port);
             n[got.allowed as usize] += 1;
             if want.allowed && by_any_peer_named_port(&s, dir, &want.reason) {
@@ -627,6 +647,60 @@ fn check(seed: u64, prev: Option<&Compiled>, tc: &mut TierCounts) -> Result<(Com
         }
     }
     Ok((c, n))
+}
+
+/// Every fold of `c` (each endpoint, direction and peer class of
+/// [`peer_classes`]) covers every port in runs that neighbours decide
+/// differently, and decides as the lookup does for each address of `peers`
+/// at both ends of each run of its class and at port 0 of ICMP.
+fn check_folds(seed: u64, c: &Compiled, table: &PrefixTable, peers: &[IpAddr]) -> Result<(), String> {
+    let classes = peer_classes(c);
+    for id in c.endpoints.keys() {
+        for dir in [Direction::Ingress, Direction::Egress] {
+            let folds: HashMap<PeerClass, Folded> = classes
+                .iter()
+                .map(|class| (*class, fold(c, *id, dir, *class).expect("a compiled endpoint")))
+                .collect();
+            for f in folds.values() {
+                for runs in &f.ported {
+                    let covered = runs.first().map(|r| r.lo) == Some(0)
+                        && runs.last().map(|r| r.hi) == Some(u16::MAX)
+                        && runs
+                            .windows(2)
+                            .all(|w| w[0].hi + 1 == w[1].lo && w[0].decision != w[1].decision);
+                    if !covered {
+                        return Err(format!("seed {seed}: endpoint {id} {dir:?}: runs {runs:?}"));
+                    }
+                }
+            }
+            for peer in peers {
+                let probe = lookup_with(c, Some(table), *id, dir, *peer, 1, 0);
+                let class = PeerClass {
+                    identity: probe.peer_identity,
+                    cidr_identity: probe.cidr_identity,
+                };
+                let Some(f) = folds.get(&class) else {
+                    return Err(format!(
+                        "seed {seed}: {peer} resolves to {class:?}, not in peer_classes"
+                    ));
+                };
+                let mut probes = vec![(1u8, 0u16)];
+                for (runs, proto) in f.ported.iter().zip([6u8, 17, 132]) {
+                    probes.extend(runs.iter().flat_map(|r| [(proto, r.lo), (proto, r.hi)]));
+                }
+                for (proto, port) in probes {
+                    let want = Decision::from(lookup_with(c, Some(table), *id, dir, *peer, proto, port));
+                    if f.decide(proto, port) != want {
+                        return Err(format!(
+                            "seed {seed}: endpoint {id} {dir:?} peer {peer} proto {proto} port {port}: lookup {want:?}, fold {:?}",
+                            f.decide(proto, port)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[test]
