@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use npm_e2e::api::{namespace_path, pod_path};
 use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
+use npm_sim::cases::Topology;
 
 fn stand_in_agent() -> std::path::PathBuf {
     let p = std::env::temp_dir().join(format!("npm-e2e-fake-agent-{}.sh", std::process::id()));
@@ -124,6 +125,66 @@ fn actions_reset_and_probes_on_an_unenforced_cluster() {
     let open = parse_text(
         "id: open\nsteps:\n  - actions: []\n    probes:\n      - port: 81\n        protocol: UDP\n        matrix: {x/a: '111111111', y/b: '111111111', z/c: '111111111'}\n",
     )
+    .unwrap()
+    .remove(0);
+    let (passed, report) = r.run_case(&open);
+    assert!(passed, "{report}");
+
+    r.shutdown().expect("shutdown");
+    let _ = std::fs::remove_file(agent);
+    assert!(npm_e2e::cluster::own_netns().is_empty());
+}
+
+/// A reset that fails half-way (the API server refuses the pods of one
+/// house after the namespaces and the first houses' pods were created)
+/// leaves the runner able to reset again: the next reset starts from a
+/// clean slate instead of from a model the live cluster no longer matches
+/// (which failed with "already exists" and then failed every case after
+/// it), and the cluster it builds answers probes.
+#[test]
+fn a_reset_that_failed_half_way_does_not_fail_the_next() {
+    let agent = stand_in_agent();
+    let opts = Options {
+        engine: Engine::Nftables,
+        agent_bin: agent.clone(),
+        deadline: Duration::from_secs(2),
+        settle: Duration::from_millis(50),
+        startup_deadline: Duration::from_secs(2),
+        ..Options::default()
+    };
+    let mut r = LiveRunner::start(opts).expect("start the live runner");
+    let slytherin = "network-policy-conformance-slytherin";
+    r.api_server().expect("in-process API server").fail_next(
+        1,
+        500,
+        Some(&format!("/api/v1/namespaces/{slytherin}/pods")),
+    );
+    let failed = r.reset_to(Topology::NetworkPolicyApi);
+    assert!(failed.is_err(), "the injected failure fails the reset: {failed:?}");
+    // Half-way: the first houses' pods are live, slytherin's are not.
+    assert!(r
+        .cluster()
+        .pod("network-policy-conformance-gryffindor", "harry-potter-0")
+        .is_some());
+    assert!(r
+        .api()
+        .get_opt(&pod_path(slytherin, "draco-malfoy-0"))
+        .unwrap()
+        .is_none());
+
+    r.reset_to(Topology::NetworkPolicyApi)
+        .expect("the next reset succeeds after a failed one");
+    let api = r.api();
+    for (ns, pod) in r.model().snapshot.pods.keys() {
+        let obj = api.get(&pod_path(ns, pod)).expect("every model pod is published");
+        let live = r.cluster().pod(ns, pod).expect("every model pod is live");
+        assert_eq!(obj["status"]["podIP"], live.ipv4.to_string(), "{ns}/{pod}");
+    }
+    assert_eq!(r.cluster().pods().count(), r.model().snapshot.pods.len());
+    assert!(api.get_opt(&namespace_path("x")).unwrap().is_none());
+    let open = parse_text(&format!(
+        "topology: network-policy-api\ncases:\n- id: houses-open\n  steps:\n  - actions: []\n    probes:\n    - port: 80\n      protocol: TCP\n      pods: [{slytherin}/draco-malfoy-1]\n      matrix: {{network-policy-conformance-gryffindor/harry-potter-0: '1', {slytherin}/draco-malfoy-0: '1'}}\n"
+    ))
     .unwrap()
     .remove(0);
     let (passed, report) = r.run_case(&open);

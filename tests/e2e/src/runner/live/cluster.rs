@@ -139,11 +139,24 @@ impl LiveRunner {
     /// NetworkPolicy and ClusterNetworkPolicy deleted, namespaces and pods
     /// of other topologies deleted, the topology's created (at their model
     /// addresses, serving its ports) or relabelled.
+    ///
+    /// After a failed action or reset the runner no longer knows what is
+    /// live: this reset then first deletes every namespace the API server
+    /// lists (but `default` and `kube-*`), every pod of the netns cluster
+    /// and their Services, and builds the topology from nothing, so one
+    /// failure does not fail every case after it.
     pub fn reset_to(&mut self, topology: Topology) -> Result<(), RunnerError> {
+        let from_scratch = self.stale;
+        self.stale = true;
         self.api.delete_all_policies().map_err(api_err)?;
         self.delete_all_cluster_policies()?;
         let pristine = Model::new(topology);
-        let cur = self.model.clone();
+        let mut cur = self.model.clone();
+        if from_scratch {
+            self.clear_live()?;
+            cur.snapshot.namespaces.clear();
+            cur.snapshot.pods.clear();
+        }
         // Extra namespaces (with their pods).
         for ns in cur.snapshot.namespaces.keys() {
             if !pristine.snapshot.namespaces.contains_key(ns) {
@@ -202,6 +215,35 @@ impl LiveRunner {
             }
         }
         self.model = pristine;
+        self.stale = false;
+        Ok(())
+    }
+
+    /// Deletes every namespace the API server lists but `default` and
+    /// `kube-*` (with their pods), every pod of the netns cluster and
+    /// every per-pod Service.
+    fn clear_live(&mut self) -> Result<(), RunnerError> {
+        let list = self.api.get("/api/v1/namespaces").map_err(api_err)?;
+        for item in list["items"].as_array().cloned().unwrap_or_default() {
+            let Some(name) = item["metadata"]["name"].as_str() else {
+                continue;
+            };
+            if name != "default" && !name.starts_with("kube-") {
+                self.api.delete(&namespace_path(name)).map_err(api_err)?;
+            }
+        }
+        let services: Vec<(String, String)> = self.services.keys().cloned().collect();
+        for (ns, pod) in services {
+            self.delete_service(&ns, &pod)?;
+        }
+        let pods: Vec<(String, String)> = self
+            .cluster
+            .pods()
+            .map(|p| (p.namespace.clone(), p.name.clone()))
+            .collect();
+        for (ns, pod) in pods {
+            self.cluster.delete_pod(&ns, &pod)?;
+        }
         Ok(())
     }
 
@@ -228,7 +270,17 @@ impl LiveRunner {
     }
 
     /// Applies one action to the live cluster (and to the runner's model).
+    /// A failed action leaves the live cluster unknown: the next reset
+    /// starts from a clean slate.
     pub fn apply(&mut self, action: &Action) -> Result<(), RunnerError> {
+        let r = self.apply_action(action);
+        if r.is_err() {
+            self.stale = true;
+        }
+        r
+    }
+
+    fn apply_action(&mut self, action: &Action) -> Result<(), RunnerError> {
         let name = action.name();
         let aerr = |e: cases::CaseError| RunnerError::Action {
             action: name,

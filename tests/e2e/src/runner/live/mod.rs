@@ -37,6 +37,10 @@ pub struct LiveRunner {
     api: Api,
     server: Option<npm_testapi::TestApiServer>,
     model: Model,
+    /// The live cluster may differ from `model` in ways the runner does not
+    /// know: an action or a reset failed half-way. The next reset starts
+    /// from a clean slate ([`LiveRunner::reset_to`]).
+    stale: bool,
     workdir: PathBuf,
     pin_dir: PathBuf,
     nft_table: String,
@@ -76,6 +80,7 @@ impl LiveRunner {
             api,
             server: Some(server),
             model: Model::upstream(),
+            stale: false,
             workdir,
             pin_dir,
             nft_table,
@@ -98,6 +103,11 @@ impl LiveRunner {
     /// The REST client of the in-process API server.
     pub fn api(&self) -> &Api {
         &self.api
+    }
+
+    /// The in-process API server (fault injection, compaction).
+    pub fn api_server(&self) -> Option<&npm_testapi::TestApiServer> {
+        self.server.as_ref()
     }
 
     /// The netns cluster.

@@ -74,6 +74,7 @@ impl LiveRunner {
             api,
             server: Some(server),
             model: Model::upstream(),
+            stale: false,
             workdir,
             pin_dir: PathBuf::from(format!("/sys/fs/bpf/npm-conformance-{pid}")),
             nft_table: format!("npmconf{pid}"),
