@@ -50,8 +50,12 @@ steps:
           z/c: "1111"
 "#;
 
+/// One live cluster at a time (shared pod addresses and names).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn actions_reset_and_probes_on_an_unenforced_cluster() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let agent = stand_in_agent();
     let opts = Options {
         engine: Engine::Nftables,
@@ -143,6 +147,7 @@ fn actions_reset_and_probes_on_an_unenforced_cluster() {
 /// it), and the cluster it builds answers probes.
 #[test]
 fn a_reset_that_failed_half_way_does_not_fail_the_next() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let agent = stand_in_agent();
     let opts = Options {
         engine: Engine::Nftables,
