@@ -163,15 +163,11 @@ fn install_rules(cfg: &CaptureConfig) -> Result<(), CaptureError> {
 /// The UDP payload of an IPv4 or IPv6 packet (no IPv6 extension headers),
 /// `None` for anything else.
 pub fn udp_payload(p: &[u8]) -> Option<&[u8]> {
-    let (proto, off) = match p.first()? >> 4 {
-        4 => (*p.get(9)?, usize::from(p[0] & 0xf) * 4),
-        6 => (*p.get(6)?, 40),
-        _ => return None,
-    };
-    if proto != 17 || off < 20 {
+    let h = npm_common::IpHeader::parse(p)?;
+    if h.protocol != npm_common::proto::UDP || !h.first_fragment {
         return None;
     }
-    p.get(off + 8..)
+    p.get(h.l4_offset + 8..)
 }
 
 /// What the capture counts (read by the metrics).

@@ -33,7 +33,7 @@ use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_netfilter::nflog::{config_request, ConfigCmd, ConfigMode, ConfigNla, PacketNla, ULogMessage};
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
-use npm_common::{proto, DenyEvent, Reason, DIR_EGRESS, DIR_INGRESS};
+use npm_common::{proto, DenyEvent, IpHeader, Reason, DIR_EGRESS, DIR_INGRESS};
 
 /// The NFLOG group of the dataplane's `log` rules.
 pub const NFLOG_GROUP: u16 = 20048;
@@ -354,33 +354,19 @@ fn monotonic_ns() -> u64 {
 /// (TCP, UDP, SCTP of a first fragment; else 0) of the packet `p`, which
 /// starts at its network header.
 pub fn five_tuple(p: &[u8], e: &mut DenyEvent) -> Option<()> {
-    let (l4, l4_off) = match p.first()? >> 4 {
-        4 => {
-            let ihl = usize::from(p.first()? & 0xf) * 4;
-            if ihl < 20 || p.len() < 20 {
-                return None;
-            }
-            e.family = 4;
-            e.protocol = p[9];
-            e.src[10..12].copy_from_slice(&[0xff, 0xff]);
-            e.src[12..].copy_from_slice(&p[12..16]);
-            e.dst[10..12].copy_from_slice(&[0xff, 0xff]);
-            e.dst[12..].copy_from_slice(&p[16..20]);
-            let frag_offset = u16::from_be_bytes([p[6], p[7]]) & 0x1fff;
-            (frag_offset == 0, ihl)
-        }
-        6 => {
-            if p.len() < 40 {
-                return None;
-            }
-            e.family = 6;
-            e.protocol = p[6];
-            e.src.copy_from_slice(&p[8..24]);
-            e.dst.copy_from_slice(&p[24..40]);
-            (true, 40)
-        }
-        _ => return None,
-    };
+    let h = IpHeader::parse(p)?;
+    e.family = h.family;
+    e.protocol = h.protocol;
+    if h.family == 4 {
+        e.src[10..12].copy_from_slice(&[0xff, 0xff]);
+        e.src[12..].copy_from_slice(&p[12..16]);
+        e.dst[10..12].copy_from_slice(&[0xff, 0xff]);
+        e.dst[12..].copy_from_slice(&p[16..20]);
+    } else {
+        e.src.copy_from_slice(&p[8..24]);
+        e.dst.copy_from_slice(&p[24..40]);
+    }
+    let (l4, l4_off) = (h.first_fragment, h.l4_offset);
     if l4 && matches!(e.protocol, proto::TCP | proto::UDP | proto::SCTP) && p.len() >= l4_off + 4 {
         e.sport = u16::from_be_bytes([p[l4_off], p[l4_off + 1]]);
         e.dport = u16::from_be_bytes([p[l4_off + 2], p[l4_off + 3]]);
