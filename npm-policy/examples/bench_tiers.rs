@@ -219,15 +219,23 @@ fn main() {
 }
 
 /// What the ahead-of-time fold ([`npm_policy::fold`]) of this cluster
-/// costs: every local endpoint direction that has tier entries or is
+/// costs: every direction of a local subject that has tier entries or is
 /// isolated, for every peer class, folded; the runs and the words an
-/// encoding with the tier front's port classes would store. Ends with one
-/// JSON line.
+/// encoding with the tier front's port classes would store, in all and
+/// with the classes of identities a subject's entries do not name sharing
+/// one table per CIDR identity (they fold alike). Ends with one JSON line.
 fn fold_size(c: &npm_policy::compiled::Compiled) {
     let classes = npm_policy::fold::peer_classes(c);
-    let t = Instant::now();
+    let mut fold_time = std::time::Duration::ZERO;
     let (mut tables, mut runs, mut words, mut max_words) = (0usize, 0usize, 0usize, 0usize);
+    let (mut compact_tables, mut compact_words) = (0usize, 0usize);
+    // Per subject (pod identity): its endpoints share their entries and
+    // flags, so one fold serves them all.
+    let mut subjects = std::collections::BTreeSet::new();
     for (id, ep) in &c.endpoints {
+        if !subjects.insert(ep.identity) {
+            continue;
+        }
         for dir in [Direction::Ingress, Direction::Egress] {
             let isolated = match dir {
                 Direction::Ingress => ep.isolated_ingress,
@@ -236,24 +244,48 @@ fn fold_size(c: &npm_policy::compiled::Compiled) {
             if !isolated && !ep.tiers.has(Tier::Admin, dir) && !ep.tiers.has(Tier::Baseline, dir) {
                 continue;
             }
+            // The peer identities the subject's entries name in `dir`: a
+            // class of any other identity folds like every other one of
+            // its CIDR identity (one shared table per CIDR identity).
+            let named: std::collections::BTreeSet<u32> = c
+                .policy
+                .keys()
+                .filter(|e| e.subject == ep.identity && e.direction == dir)
+                .map(|e| e.peer)
+                .chain(
+                    c.tiers
+                        .keys()
+                        .filter(|e| e.subject == ep.identity && e.direction == dir)
+                        .map(|e| e.peer),
+                )
+                .collect();
+            let mut shared = std::collections::BTreeSet::new();
             for class in &classes {
+                let t = Instant::now();
                 let f = npm_policy::fold::fold(c, *id, dir, *class).expect("a compiled endpoint");
+                fold_time += t.elapsed();
                 tables += 1;
                 runs += f.runs();
                 let w = f.front_words();
                 words += w;
                 max_words = max_words.max(w);
+                if named.contains(&class.identity) || shared.insert(class.cidr_identity) {
+                    compact_tables += 1;
+                    compact_words += w;
+                }
             }
         }
     }
-    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let ms = fold_time.as_secs_f64() * 1e3;
     println!(
-        "fold: {} peer classes, {tables} (endpoint, direction, class) tables, {runs} runs, {words} front words (largest table {max_words}), {ms:.0} ms",
+        "fold: {} subjects, {} peer classes, {tables} (subject, direction, class) tables, {runs} runs, {words} front words (largest table {max_words}), {ms:.0} ms; with one shared table per CIDR identity for the identities a subject's entries do not name: {compact_tables} tables, {compact_words} words",
+        subjects.len(),
         classes.len()
     );
     println!(
-        r#"{{"bench":"fold","cnps":{CNPS},"local_endpoints":{},"peer_classes":{},"tables":{tables},"runs":{runs},"front_words":{words},"max_table_words":{max_words},"fold_ms":{ms:.0},"tier_entries":{},"policy_entries":{}}}"#,
+        r#"{{"bench":"fold","cnps":{CNPS},"local_endpoints":{},"subjects":{},"peer_classes":{},"tables":{tables},"runs":{runs},"front_words":{words},"max_table_words":{max_words},"compact_tables":{compact_tables},"compact_words":{compact_words},"fold_ms":{ms:.0},"tier_entries":{},"policy_entries":{}}}"#,
         c.endpoints.len(),
+        subjects.len(),
         classes.len(),
         c.tiers.len(),
         c.policy.len()

@@ -506,7 +506,7 @@ fn check(seed: u64, prev: Option<&Compiled>, tc: &mut TierCounts) -> Result<(Com
     peers.extend(EXTERNAL.iter().map(|e| e.parse::<IpAddr>().unwrap()));
     let mut n = [0usize; 3];
     let mut folds: HashMap<(u32, Direction, PeerClass), Folded> = HashMap::new();
-    if seed % 10 == 0 {
+    if seed.is_multiple_of(10) {
         check_folds(seed, &c, &table, &peers)?;
     }
     for (id, ep) in &c.endpoints {
