@@ -9,4 +9,5 @@
 #![deny(missing_docs)]
 
 pub mod cases;
+pub mod ports;
 pub mod sim;

@@ -3,6 +3,8 @@
 //!
 //! - `npmctl matrix -f objects.yaml --port 80 --protocol TCP`
 //! - `npmctl explain -f ... --from ns/pod --to ns/pod --port 80`
+//! - `npmctl ports -f ... --from ns/pod --to ns/pod` (every protocol and
+//!   port, in runs decided alike)
 //! - `npmctl validate -f ...`
 //! - `npmctl compile -f ... [--node N]` (the compiled tables)
 //! - `npmctl cases PATH...` (case files or directories of them)
@@ -60,6 +62,18 @@ enum Cmd {
         to: String,
         #[command(flatten)]
         port: PortArgs,
+    },
+    /// Every protocol and destination port from one pod to another, in
+    /// runs decided alike, with the rule deciding each end.
+    Ports {
+        #[command(flatten)]
+        files: Files,
+        /// Source pod, namespace/name.
+        #[arg(long)]
+        from: String,
+        /// Destination pod, namespace/name.
+        #[arg(long)]
+        to: String,
     },
     /// Report invalid policies.
     Validate {
@@ -131,6 +145,13 @@ fn run(cli: Cli) -> Result<bool, String> {
             warn_invalid(&s);
             let v = sim::explain(&s, &opts, &from, &to, protocol(&port)?, port.port).map_err(|e| e.to_string())?;
             println!("{from} -> {to} {}/{}: {v}", port.protocol, port.port);
+            Ok(true)
+        }
+        Cmd::Ports { files, from, to } => {
+            let s = load(&files)?;
+            warn_invalid(&s);
+            let r = npm_sim::ports::ports(&s, &opts, &from, &to).map_err(|e| e.to_string())?;
+            print!("{r}");
             Ok(true)
         }
         Cmd::Validate { files } => {
