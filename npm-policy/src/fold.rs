@@ -11,7 +11,14 @@
 //! that function as a few runs of ports per protocol, each with the
 //! decision [`crate::lookup::lookup`] takes there, so that one lookup of
 //! (class, protocol, port) can stand for the Admin tier, NetworkPolicy and
-//! the Baseline tier together.
+//! the Baseline tier together. (The tier compiler's
+//! [`crate::tiers::compile::fold`] is one step earlier: it folds one tier's
+//! ordered rules per peer identity into entries; this folds those entries,
+//! NetworkPolicy's and the precedence between them for the three
+//! identities of a class into one decision.)
+//!
+//! Used by `npmctl ports` and measured by `bench_tiers`; the datapath does
+//! not read it yet.
 //!
 //! Pure: no I/O. The differential test (`tests/differential.rs`) checks
 //! every folded decision against [`crate::lookup::lookup`], which it checks
