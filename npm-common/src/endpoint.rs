@@ -103,6 +103,15 @@ pub const EP_REPORT_NEW: u32 = 1 << 23;
 /// that does not keep the filter never sets it, and the tiers of its
 /// endpoints are then decided on `NPM_TIERS`.
 pub const EP_TIER_SUMMARY: u32 = 1 << 24;
+/// [`EndpointInfo::flags`]: the entries of `NPM_FOLD` (see
+/// [`crate::fold_key`]) of this endpoint's subject in the ingress
+/// direction are its current decisions: the datapath decides a new
+/// connection by them, and takes the tiers' and NetworkPolicy's lookups
+/// only for a peer class without entries. The egress flag is the ingress
+/// flag shifted left by [`DIR_EGRESS`].
+pub const EP_FOLD_INGRESS: u32 = 1 << 25;
+/// [`EndpointInfo::flags`]: like [`EP_FOLD_INGRESS`], for egress.
+pub const EP_FOLD_EGRESS: u32 = 1 << 26;
 /// Every tier flag of the ingress direction (shift left by [`DIR_EGRESS`]
 /// for egress): clear, the direction is decided as without
 /// ClusterNetworkPolicies.

@@ -142,6 +142,7 @@
 
 mod conntrack;
 mod endpoint;
+mod fold;
 mod ipcache;
 pub mod maps;
 mod packet;
@@ -152,6 +153,7 @@ mod verdict;
 
 pub use conntrack::*;
 pub use endpoint::*;
+pub use fold::*;
 pub use ipcache::*;
 pub use maps::{sizes, LAYOUT_VERSION};
 pub use packet::*;

@@ -78,6 +78,12 @@ pub const TIER_FRONT: &str = "NPM_TIER_FRONT";
 /// through a shared mapping, bits before the words that need them and
 /// after the last such word is gone.
 pub const TIER_SUMMARY: &str = "NPM_TIER_SUMMARY";
+/// The folded decision front ([`crate::fold_key`] ...): buckets of four
+/// (key, value) entries, per (subject, direction, peer class, port class)
+/// the decision of both tiers and NetworkPolicy together, for subjects
+/// with tier entries. User space writes whole words through a shared
+/// mapping.
+pub const FOLD: &str = "NPM_FOLD";
 /// per-CPU [`crate::Counter`]s of the packets allowed at a policy
 /// decision by each NetworkPolicy rule, at [`crate::rule_slot`] (the
 /// first packet of each connection: tracked packets are not re-decided).
@@ -86,7 +92,7 @@ pub const RULE_COUNT: &str = "NPM_RULE_COUNT";
 /// endpoint and direction at [`crate::endpoint_deny_slot`].
 pub const EP_DENIES: &str = "NPM_EP_DENIES";
 /// Every map, for pinning and adoption.
-pub const ALL: [&str; 20] = [
+pub const ALL: [&str; 21] = [
     EP_SLOTS,
     ENDPOINTS,
     IPCACHE,
@@ -105,6 +111,7 @@ pub const ALL: [&str; 20] = [
     TIERS,
     TIER_FRONT,
     TIER_SUMMARY,
+    FOLD,
     RULE_COUNT,
     EP_DENIES,
 ];
@@ -161,6 +168,12 @@ pub mod sizes {
     /// bits of its hashed key as its tag, so the bucket (the top bits) must
     /// be at least the other 16 for bucket and tag to name the key.
     pub const TIER_FRONT_MIN_BUCKETS: u32 = 1 << (64 - crate::tiers::TIER_FRONT_TAG_BITS);
+    /// log2 of the buckets of `NPM_FOLD`.
+    pub const FOLD_BITS: u32 = 16;
+    /// Buckets of `NPM_FOLD` (four entries of 16 bytes each: 4 MB, room
+    /// for 262,144 entries). Fixed: the datapath's shift is compiled in
+    /// ([`crate::FOLD_SHIFT`]).
+    pub const FOLD_BUCKETS: u32 = 1 << FOLD_BITS;
     /// Service keys (ClusterIP ports and node address x NodePort pairs).
     pub const SERVICES: u32 = 65_536;
     /// Ring buffer bytes for flow events (denies, and allows of new connections).
@@ -201,5 +214,8 @@ pub mod sizes {
 /// flag [`crate::EP_TIER_SUMMARY`]: the tier front's class filter, which
 /// a program of this layout reads instead of the shared summary words
 /// (still written for the programs that read those) only on endpoints
-/// whose record has the new flag.
+/// whose record has the new flag. Then (same rule) `NPM_FOLD` and the
+/// flags [`crate::EP_FOLD_INGRESS`], [`crate::EP_FOLD_EGRESS`]: the
+/// folded decisions, which an older program ignores (it decides by the
+/// tiers' and NetworkPolicy's own maps, which keep every entry).
 pub const LAYOUT_VERSION: u32 = 6;

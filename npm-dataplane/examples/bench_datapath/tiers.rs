@@ -11,13 +11,20 @@
 //! those of the Admin CNP and the Baseline CNP in the middle of their
 //! tier's order:
 //! - `admin_accept`: 10.0.0.3 (identity 310, not allowed by the NP) to
-//!   endpoint 1 TCP 80, accepted by the Admin tier (3 tier lookups);
+//!   endpoint 1 TCP 80, accepted by the Admin tier;
 //! - `admin_deny`: 10.0.0.4 (311, allowed by the NP) to endpoint 1 TCP 80,
-//!   denied by the Admin tier (3 lookups, a deny event);
+//!   denied by the Admin tier (a deny event);
 //! - `pass_policy`: 10.0.0.2 (300) to endpoint 1 TCP 80: an Admin pass,
-//!   then the NP allows it (3 tier lookups and the policy front probe);
+//!   then the NP allows it;
 //! - `baseline_tier`: 10.0.0.6 (312) to endpoint 2 TCP 80: the Admin tier does
-//!   not match (3 lookups), the Baseline tier accepts (3 more).
+//!   not match, the Baseline tier accepts.
+//!
+//! Both endpoints' ingress is folded (`NPM_FOLD`, column `fold_entries`:
+//! the entries the loader stored): each of these packets is decided by one
+//! probe of the folded decisions. The `_lookups` rows are the same packets
+//! with the fold switched off: the tiers' lookups (3 for the Admin tier, 3
+//! more for the Baseline tier) and the policy front probe, what a class the
+//! fold does not hold costs.
 //!
 //! The ranks are the compiler's (`npm_policy::tiers::compile::ranked_rules`:
 //! `priority << 20 | position among equal priorities << 5 | rule index`),
@@ -27,9 +34,9 @@
 //! column `front_words`: the words the loader stored), so a "lookup" above
 //! is front probes, not an `NPM_TIERS` LPM walk.
 //!
-//! Each path is measured with the decision cache off (the lookups: what a
-//! new (peer, port) tuple costs) and on (`_cached`: a tuple decided before
-//! under the same generation). Same method as the other rows: the median
+//! Each path is measured with the decision cache off (what a new (peer,
+//! port) tuple costs) and on (`_cached`: a tuple decided before under the
+//! same generation). Same method as the other rows: the median
 //! of [`super::RUNS`] interleaved rounds of [`super::REPEAT`] repeats.
 
 use std::collections::BTreeMap;
@@ -224,6 +231,14 @@ pub(super) fn run(pid: u32) -> Vec<String> {
             },
         ),
         ("m", BenchSwitches::default()),
+        (
+            "l",
+            BenchSwitches {
+                no_decision_cache: true,
+                no_fold: true,
+                ..BenchSwitches::default()
+            },
+        ),
     ];
     let mut links = Vec::new();
     let mut pins = Vec::new();
@@ -267,10 +282,15 @@ pub(super) fn run(pid: u32) -> Vec<String> {
         "admin_deny_cached",
         "pass_policy_cached",
         "baseline_tier_cached",
+        "admin_accept_lookups",
+        "admin_deny_lookups",
+        "pass_policy_lookups",
+        "baseline_tier_lookups",
     ];
     let mut samples: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); paths.len() + 1]; SCALES.len()];
     let mut prev = Compiled::default();
     let mut front_words = [0; SCALES.len()];
+    let mut fold_entries = [0; SCALES.len()];
     for _ in 0..RUNS {
         for (row, &n) in SCALES.iter().enumerate() {
             let next = compiled(n);
@@ -281,6 +301,7 @@ pub(super) fn run(pid: u32) -> Vec<String> {
             }
             prev = next;
             front_words[row] = setups[0].dp.tier_front_len();
+            fold_entries[row] = setups[0].dp.fold_len();
             use npm_common::Reason::{AdminAccept, AdminDeny, BaselineAccept, Policy};
             for s in &setups {
                 let (dp, a, b) = (&s.dp, s.np_if, s.open_if);
@@ -300,10 +321,10 @@ pub(super) fn run(pid: u32) -> Vec<String> {
                     }
                 }
             }
-            let [k, m] = &setups[..] else {
-                unreachable!("two setups")
+            let [k, m, l] = &setups[..] else {
+                unreachable!("three setups")
             };
-            let cases: [Case<'_>; 9] = [
+            let cases: [Case<'_>; 13] = [
                 (&k.dp, k.np_if, PROG_EMPTY, &accept),
                 (&k.dp, k.np_if, PROG_INGRESS, &accept),
                 (&k.dp, k.np_if, PROG_INGRESS, &deny),
@@ -313,6 +334,10 @@ pub(super) fn run(pid: u32) -> Vec<String> {
                 (&m.dp, m.np_if, PROG_INGRESS, &deny),
                 (&m.dp, m.np_if, PROG_INGRESS, &pass),
                 (&m.dp, m.open_if, PROG_INGRESS, &baseline),
+                (&l.dp, l.np_if, PROG_INGRESS, &accept),
+                (&l.dp, l.np_if, PROG_INGRESS, &deny),
+                (&l.dp, l.np_if, PROG_INGRESS, &pass),
+                (&l.dp, l.open_if, PROG_INGRESS, &baseline),
             ];
             for (i, ns) in measure_once(&cases).into_iter().enumerate() {
                 samples[row][i].push(ns);
@@ -322,8 +347,8 @@ pub(super) fn run(pid: u32) -> Vec<String> {
     let mut results = Vec::new();
     let entries: Vec<usize> = SCALES.iter().map(|&n| compiled(n).tiers.len()).collect();
     print!(
-        "{:>8} {:>8} {:>11} {:>11}",
-        "cnps", "entries", "front_words", "baseline_ns"
+        "{:>8} {:>8} {:>11} {:>12} {:>11}",
+        "cnps", "entries", "front_words", "fold_entries", "baseline_ns"
     );
     for p in paths {
         print!(" {:>13}", format!("{p}_ns"));
@@ -334,11 +359,12 @@ pub(super) fn run(pid: u32) -> Vec<String> {
         let row_baseline = m[0];
         let e = entries[row];
         let w = front_words[row];
-        print!("{n:>8} {e:>8} {w:>11} {row_baseline:>11}");
+        let f = fold_entries[row];
+        print!("{n:>8} {e:>8} {w:>11} {f:>12} {row_baseline:>11}");
         for (path, ns) in paths.iter().zip(&m[1..]) {
             print!(" {ns:>13}");
             results.push(format!(
-                r#"{{"path":"tier_{path}","cnps_per_tier":{n},"tier_entries":{e},"front_words":{w},"ns":{ns},"baseline_ns":{row_baseline}}}"#
+                r#"{{"path":"tier_{path}","cnps_per_tier":{n},"tier_entries":{e},"front_words":{w},"fold_entries":{f},"ns":{ns},"baseline_ns":{row_baseline}}}"#
             ));
         }
         println!();

@@ -262,6 +262,11 @@ impl EbpfDataplane {
             ..fill(maps::TIER_FRONT, self.tier_front_len(), actual.tier_front * 4)
         });
         out.push(fill(
+            maps::FOLD,
+            self.fold_len(),
+            sizes::FOLD_BUCKETS * npm_common::FOLD_WAYS as u32,
+        ));
+        out.push(fill(
             maps::TIER_SUMMARY,
             self.tiers.filter_len(),
             actual.tier_front << npm_common::TIER_SUMMARY_SLOTS_PER_BUCKET_LOG,

@@ -39,6 +39,9 @@ pub struct BenchSwitches {
     /// The datapath never probes the tier front (`NPM_TIER_FRONT`): every
     /// tier lookup walks `NPM_TIERS`.
     pub no_tier_front: bool,
+    /// The datapath never reads the folded decisions (`NPM_FOLD`): every
+    /// decision takes the tiers' and NetworkPolicy's lookups.
+    pub no_fold: bool,
 }
 
 /// The `max_entries` of the maps whose size scales with the cluster, set at
@@ -385,6 +388,8 @@ pub(crate) fn load(
     loader.override_global("NPM_BENCH_NO_POLICY_FRONT", &no_front, true);
     let no_tier_front: u8 = switches.no_tier_front.into();
     loader.override_global("NPM_BENCH_NO_TIER_FRONT", &no_tier_front, true);
+    let no_fold: u8 = switches.no_fold.into();
+    loader.override_global("NPM_BENCH_NO_FOLD", &no_fold, true);
     let mut bpf = loader.load(data).map_err(|source| EbpfError::Load {
         path: object.to_path_buf(),
         source: Box::new(source),

@@ -54,6 +54,7 @@ pub mod explain;
 mod features;
 mod fill;
 mod fit;
+mod fold;
 mod ipcache;
 mod ipcache4;
 mod links;
@@ -109,6 +110,7 @@ use cidr::CidrTable;
 use conntrack::Flows;
 use counters::Reports;
 use endpoints::EndpointTable;
+use fold::FoldTable;
 use ipcache::IpcacheTable;
 use links::Hook;
 use policy::PolicyTable;
@@ -171,6 +173,8 @@ pub struct EbpfDataplane {
     cidrs: CidrTable,
     policy: PolicyTable,
     tiers: TierTable,
+    /// `NPM_FOLD`: the folded decisions of subjects with tier entries.
+    fold: FoldTable,
     flows: Flows,
     reports: Reports,
     generation: Array<MapData, u64>,
@@ -269,6 +273,7 @@ impl EbpfDataplane {
         let cidrs = CidrTable::take(&mut bpf)?;
         let policy = PolicyTable::take(&mut bpf)?;
         let tiers = TierTable::take(&mut bpf)?;
+        let fold = FoldTable::take(&mut bpf)?;
         let flows = Flows::take(&mut bpf)?;
         let reports = Reports::take(&mut bpf)?;
         let generation = loader::take_map(&mut bpf, maps::GENERATION)?;
@@ -280,6 +285,7 @@ impl EbpfDataplane {
             cidrs,
             policy,
             tiers,
+            fold,
             flows,
             reports,
             generation,
@@ -427,6 +433,11 @@ impl EbpfDataplane {
     /// Words in the tier front (`NPM_TIER_FRONT`).
     pub fn tier_front_len(&self) -> usize {
         self.tiers.front_len()
+    }
+
+    /// Entries of the folded decisions (`NPM_FOLD`).
+    pub fn fold_len(&self) -> usize {
+        self.fold.len()
     }
 
     /// Counters summed over CPUs.

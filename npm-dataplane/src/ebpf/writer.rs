@@ -63,9 +63,15 @@ impl EbpfDataplane {
         // and groups the diff touches.
         self.policy.begin_apply(&diff.policy);
         self.tiers.begin_apply(&diff.tiers);
-        let result = self.apply_diff_maps(diff, next, interfaces);
+        self.fold.begin_apply(diff, next);
+        let result = self
+            .apply_diff_maps(diff, next, interfaces)
+            .and_then(|()| self.refold(next, interfaces));
         self.policy.end_batch(result.is_ok());
         self.tiers.end_batch(result.is_ok());
+        if result.is_err() {
+            self.fold.poison();
+        }
         if result.is_ok() {
             self.fill.applied(diff, next);
         }
@@ -78,15 +84,31 @@ impl EbpfDataplane {
     /// pinned link) that is not part of it.
     pub fn sync(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
         self.policy.begin_sync();
-        let result = self.sync_maps(compiled, interfaces);
+        self.fold.begin_sync();
+        let result = self
+            .sync_maps(compiled, interfaces)
+            .and_then(|()| self.refold(compiled, interfaces));
         self.policy.end_batch(result.is_ok());
         self.tiers.end_batch(result.is_ok());
+        if result.is_err() {
+            self.fold.poison();
+        }
         // Also after a failed sync: some maps may have changed.
         self.bump_after(result)?;
         // The maps are right; a pin that cannot be removed yet is only
         // logged and retried at the next full sync.
         if let Err(e) = self.retire_other_layouts() {
             tracing::warn!(error = %e, "retiring the pins of other map layouts");
+        }
+        Ok(())
+    }
+
+    /// The last step of a batch, once every other map holds `next`: the
+    /// folded decisions follow it (`fold.rs`), and the endpoint records
+    /// whose `EP_FOLD_*` flags that changes are written again.
+    fn refold(&mut self, next: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
+        if self.fold.finish(next) {
+            self.program_endpoints(next, interfaces, &BTreeSet::new())?;
         }
         Ok(())
     }
@@ -334,6 +356,8 @@ impl EbpfDataplane {
             info.flags |= tier_front_flags
                 .get(&info.subject)
                 .map_or(0, |f| f | npm_common::EP_TIER_SUMMARY);
+            // Its subject's folded directions whose entries are current.
+            info.flags |= self.fold.flags(info.subject);
             if old == Some(ifindex)
                 && !changed.contains(&id)
                 && self.attached_in_mode(ifindex)

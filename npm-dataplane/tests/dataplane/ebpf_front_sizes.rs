@@ -193,13 +193,19 @@ fn fronts_of_configured_sizes_decide_as_the_lpms() {
         BenchSwitches {
             no_policy_front: true,
             no_tier_front: true,
+            no_fold: true,
             ..BenchSwitches::default()
         },
     );
     let want = lpm.grid(41_000);
     assert!(decided(&want) > 60, "not trivial: {}", decided(&want));
 
-    let mut f = Fixture::new("fzs", sized(), BenchSwitches::default());
+    // The fronts decide, not the folded decisions (`ebpf_fold.rs`).
+    let no_fold = BenchSwitches {
+        no_fold: true,
+        ..BenchSwitches::default()
+    };
+    let mut f = Fixture::new("fzs", sized(), no_fold);
     // The maps have the configured sizes, in the kernel and as reported.
     assert_eq!(pinned_max_entries(&f.pins, maps::POLICY_FRONT), 1 << 10);
     assert_eq!(pinned_max_entries(&f.pins, maps::POLICY_FRONT_RULES), 1 << 10);

@@ -312,8 +312,11 @@ fn kernel_tier_keys(d: &EbpfDump) -> Vec<(u32, u16)> {
 }
 
 fn endpoints_of_one_identity_share_its_tier_entries(lpm: bool, tag: &str) {
+    // The tier front or the LPM decides, not the folded decisions
+    // (`ebpf_fold.rs`).
     let switches = BenchSwitches {
         no_tier_front: lpm,
+        no_fold: true,
         ..BenchSwitches::default()
     };
     let Setup {

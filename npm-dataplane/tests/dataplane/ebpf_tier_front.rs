@@ -68,7 +68,14 @@ struct Fixture {
     pins: PinDir,
 }
 
+/// A dataplane on `c` with `switches`, never reading the folded decisions
+/// (`NPM_FOLD`, which would decide these tiers before the tier front:
+/// `ebpf_fold.rs` tests it).
 fn fixture(tag: &str, c: &Compiled, switches: BenchSwitches) -> Fixture {
+    let switches = BenchSwitches {
+        no_fold: true,
+        ..switches
+    };
     sweep_leftovers();
     let pins = PinDir::new(tag);
     let a = Dummy::new(&format!("{tag}a"));
@@ -368,7 +375,11 @@ fn the_datapath_reads_the_class_filter_on_flagged_endpoints_only() {
     // its first sync, which flags the endpoints again.
     let Fixture { dp, a, b, pins } = f;
     drop(dp);
-    let mut dp = EbpfDataplane::open_with(pins.options(), BenchSwitches::default()).unwrap();
+    let no_fold = BenchSwitches {
+        no_fold: true,
+        ..BenchSwitches::default()
+    };
+    let mut dp = EbpfDataplane::open_with(pins.options(), no_fold).unwrap();
     kernel_words(&pins.path);
     dp.sync_full(&c, &ifaces(&[(1, a.ifindex), (2, b.ifindex)])).unwrap();
     let mut f = Fixture { dp, a, b, pins };

@@ -8,10 +8,14 @@
 //! ports at and around every edge) must get the same verdict and reason
 //! from both. This covers the shared summaries (one word per identity for
 //! both tiers, written and shrunk by the diffs) and the first-hit order of
-//! the port classes. Needs root.
+//! the port classes. A third dataplane decides by the folded decisions
+//! (`NPM_FOLD`, one probe per packet) and must agree too, through the same
+//! diffs. Needs root.
 
 use crate::ebpf_common::*;
-use npm_common::{Reason, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, IDENTITY_ANY};
+use npm_common::{
+    Reason, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, EP_FOLD_EGRESS, EP_FOLD_INGRESS, IDENTITY_ANY,
+};
 use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane};
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction::Ingress as IN, Tier, TierAction, TierEntry, TierValue};
@@ -186,6 +190,15 @@ impl Fixture {
         out
     }
 
+    /// How many endpoint directions are flagged folded (`EP_FOLD_*`).
+    fn folded(&self) -> usize {
+        let d = self.dp.dump().unwrap();
+        d.endpoints
+            .iter()
+            .map(|e| (e.flags & (EP_FOLD_INGRESS | EP_FOLD_EGRESS)).count_ones() as usize)
+            .sum()
+    }
+
     /// How many (endpoint, tier)s are on the front.
     fn on_front(&self) -> usize {
         let d = self.dp.dump().unwrap();
@@ -202,26 +215,47 @@ impl Fixture {
 #[test]
 fn the_tier_front_decides_as_the_lpm_does_on_random_rule_sets() {
     sweep_leftovers();
-    let mut front = fixture("tfm", BenchSwitches::default());
+    let mut front = fixture(
+        "tfm",
+        BenchSwitches {
+            no_fold: true,
+            ..BenchSwitches::default()
+        },
+    );
     let mut lpm = fixture(
         "tfn",
         BenchSwitches {
             no_tier_front: true,
+            no_fold: true,
             ..BenchSwitches::default()
         },
     );
+    // The folded decisions (NPM_FOLD) on the same rule sets.
+    let mut folded = fixture("tfo", BenchSwitches::default());
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut prev = base();
-    let (mut decided, mut fronted) = (0, 0);
+    let (mut decided, mut fronted, mut folds, mut want_folds) = (0, 0, 0, 0);
     for round in 0..8u16 {
         let next = random_set(&mut rng);
         front.apply(&prev, &next);
         lpm.apply(&prev, &next);
+        folded.apply(&prev, &next);
         fronted += front.on_front();
+        folds += folded.folded();
+        want_folds += next
+            .endpoints
+            .values()
+            .flat_map(|e| {
+                [IN, npm_policy::compiled::Direction::Egress]
+                    .into_iter()
+                    .filter(|d| e.tiers.has(Tier::Admin, *d) || e.tiers.has(Tier::Baseline, *d))
+            })
+            .count();
         let sport = 40_000 + round;
-        let (g_front, g_lpm) = (front.grid(sport), lpm.grid(sport));
-        for (f, l) in g_front.iter().zip(&g_lpm) {
+        let (g_front, g_lpm, g_fold) = (front.grid(sport), lpm.grid(sport), folded.grid(sport));
+        for ((f, l), o) in g_front.iter().zip(&g_lpm).zip(&g_fold) {
             assert_eq!(f, l, "round {round}: front vs LPM");
+            assert_eq!(o, l, "round {round}: folded vs LPM");
         }
         decided += g_front
             .iter()
@@ -241,8 +275,16 @@ fn the_tier_front_decides_as_the_lpm_does_on_random_rule_sets() {
         fronted > 16,
         "(endpoint, tier)s on the front over the rounds: {fronted}"
     );
+    // Every round's tiered directions were folded.
+    assert!(
+        want_folds > 8,
+        "tiered (endpoint, direction)s over the rounds: {want_folds}"
+    );
+    assert_eq!(folds, want_folds, "folded (endpoint, direction)s over the rounds");
     // Back to no tier entry: the front empties, the packets are decided as
-    // without tiers.
+    // without tiers; nothing is folded any more.
     front.apply(&prev, &base());
     assert_eq!(front.dp.tier_front_len(), 0);
+    folded.apply(&prev, &base());
+    assert_eq!((folded.dp.fold_len(), folded.folded()), (0, 0));
 }

@@ -26,6 +26,7 @@ mod ebpf_allow_events;
 mod ebpf_attach_modes;
 mod ebpf_fastpath;
 mod ebpf_fill;
+mod ebpf_fold;
 mod ebpf_front_rules;
 mod ebpf_front_sizes;
 mod ebpf_half_close;

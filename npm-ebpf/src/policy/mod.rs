@@ -1,5 +1,7 @@
 //! Steps 7 to 9 for a packet conntrack did not allow: isolation and the
-//! tier flags, then the peer's identities ([`ipcache`]), the Admin tier
+//! tier flags, then the peer's identities ([`ipcache`]), the decision
+//! folded ahead of time for the peer's class ([`fold`], when the subject's
+//! direction is folded and the class is there), else the Admin tier
 //! ([`tiers`]), the allows of the endpoint's policy ([`lpm`], or its
 //! [`front`]: keyed by the endpoint's subject, its pod identity, which
 //! every local endpoint of that identity shares) and the Baseline tier,
@@ -7,6 +9,7 @@
 //! `Policy` allow also says which rule allowed it (for
 //! [`crate::rule_counters`]).
 
+pub(crate) mod fold;
 pub(crate) mod front;
 pub(crate) mod ipcache;
 pub(crate) mod lpm;
@@ -24,6 +27,7 @@ use crate::decision_cache::{
 };
 use crate::mem::{wr32, V4_MAPPED_WORD};
 use crate::rule_counters::RULE_TAG;
+use fold::{fold_decision, NO_FOLD};
 use front::{front_enabled, front_rule, UNKNOWN_RULE};
 use ipcache::peer_identities;
 use lpm::{policy_rule, NO_RULE};
@@ -144,6 +148,12 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     let subject = ep.subject;
     let f = ep.flags;
     let ids = (identity, cidr_identity);
+    // 9a to 9d folded ahead of time, when the subject's direction is.
+    // SAFETY: lpm is the 20-byte, 4-aligned scratch key.
+    let w = unsafe { folded(lpm, f, subject, dir, ids, pr, port) };
+    if w != NO_FOLD {
+        return w;
+    }
     // The tier front's class filter slots of the peer, read once for both tiers.
     let admin = f & (EP_ADMIN_INGRESS << dir) != 0;
     let baseline = !isolated && f & (EP_BASELINE_INGRESS << dir) != 0;
@@ -198,6 +208,36 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
         };
         Reason::Policy as u32 | slot << 8
     }
+}
+
+/// [`fold_decision`] with its inputs and its answer passed through the
+/// scratch words at `lpm` (a per-CPU map value): the verifier then refines
+/// only those copies on the fold's branches and knows nothing of how the
+/// answer was found, so the fold's paths join at the return instead of
+/// each walking the lookups after it (which exceeds the verifier's
+/// instruction budget).
+///
+/// # Safety
+/// `lpm` is the 20-byte, 4-aligned scratch key.
+#[inline(always)]
+unsafe fn folded(lpm: *mut u8, f: u32, subject: u32, dir: u8, ids: (u32, u32), pr: u8, port: u16) -> u32 {
+    let s = lpm as *const u32;
+    wr32(lpm, f);
+    wr32(lpm.add(4), subject);
+    wr32(lpm.add(8), ids.0);
+    wr32(lpm.add(12), ids.1);
+    wr32(lpm.add(16), dir as u32 | (pr as u32) << 8 | (port as u32) << 16);
+    let x = core::ptr::read_volatile(s.add(4));
+    let w = fold_decision(
+        core::ptr::read_volatile(s),
+        core::ptr::read_volatile(s.add(1)),
+        (x & 1) as u8,
+        (core::ptr::read_volatile(s.add(2)), core::ptr::read_volatile(s.add(3))),
+        (x >> 8) as u8,
+        (x >> 16) as u16,
+    );
+    wr32(lpm, w);
+    core::ptr::read_volatile(s)
 }
 
 /// Whether some policy entry of the endpoint's subject (flags `ep_flags`)

@@ -1,0 +1,133 @@
+//! `NPM_FOLD`, the folded decision front: per (subject, direction, peer
+//! class, port class) the decision of the Admin tier, NetworkPolicy and the
+//! Baseline tier together (steps 9a to 9d), computed ahead of time by user
+//! space (`npm_policy::fold`) for subjects with tier entries, so a packet
+//! of such a subject is decided by one probe of one bucket instead of the
+//! tiers' and NetworkPolicy's lookups.
+//!
+//! A peer class is the pair step 8 gives the peer: its pod (or node, world,
+//! host) identity and its CIDR identity. A bucket holds four entries of
+//! two words: the key ([`fold_key`]: subject, direction, identity, port
+//! class) and the value ([`fold_value`]: the CIDR identity's code and the
+//! decision word). Port classes are those of the tier front
+//! ([`crate::tier_front_pc_exact`] ...): the datapath probes the exact
+//! port, its 64-port block, the protocol's any-port class, then the
+//! any-protocol class, and the first entry found decides. User space
+//! stores a class's any-port and any-protocol entries after all its exact
+//! and block entries and removes them first, so a class is either
+//! absent (no entry decides: the datapath takes the tiers' and
+//! NetworkPolicy's lookups) or whole.
+//!
+//! The datapath trusts the entries of a subject's direction only while the
+//! endpoint record has [`crate::EP_FOLD_INGRESS`] (or egress): user space
+//! clears it before that subject's entries may change and sets it when
+//! they are the current decisions.
+
+use crate::packet::IDENTITY_FIRST_CIDR;
+
+/// Subjects below this fit a [`fold_key`] (19 bits).
+pub const FOLD_MAX_SUBJECT: u32 = 1 << 19;
+/// Peer (pod, node, world, host) identities below this fit a [`fold_key`]
+/// (24 bits: every identity below `IDENTITY_FIRST_CIDR`).
+pub const FOLD_MAX_IDENTITY: u32 = IDENTITY_FIRST_CIDR;
+/// Words of a bucket: four (key, value) entries.
+pub const FOLD_BUCKET_WORDS: usize = 8;
+/// Entries of a bucket.
+pub const FOLD_WAYS: usize = FOLD_BUCKET_WORDS / 2;
+/// Set in every key: an all-zero key word is an empty entry.
+pub const FOLD_KEY_PRESENT: u64 = 1 << 63;
+
+/// The key word of (subject, direction `dir`, peer `identity`, port class
+/// `pc`), or `None` when a field does not fit (`subject` 0 or
+/// `>=` [`FOLD_MAX_SUBJECT`], `identity >=` [`FOLD_MAX_IDENTITY`]).
+pub const fn fold_key(subject: u32, dir: u8, identity: u32, pc: u64) -> Option<u64> {
+    if subject == 0 || subject >= FOLD_MAX_SUBJECT || identity >= FOLD_MAX_IDENTITY {
+        return None;
+    }
+    Some(fold_key_unchecked(subject, dir, identity, pc))
+}
+
+// Every port class (the tier front's, below its shared summary class)
+// fits the 18 bits below the identity.
+const _: () = assert!(crate::TIER_FRONT_PC_SHARED_SUMMARY < 1 << 18);
+
+/// [`fold_key`] without the range checks (the datapath checks them once).
+#[inline(always)]
+pub const fn fold_key_unchecked(subject: u32, dir: u8, identity: u32, pc: u64) -> u64 {
+    FOLD_KEY_PRESENT | (subject as u64) << 43 | ((dir & 1) as u64) << 42 | (identity as u64) << 18 | pc
+}
+
+/// The code of a CIDR identity in a [`fold_value`]: 0 for none
+/// (`IDENTITY_ANY`), `1 + (cidr - IDENTITY_FIRST_CIDR)` for the first 255
+/// CIDR identities, `None` beyond (such classes are not folded).
+#[inline(always)]
+pub const fn fold_cidr_code(cidr_identity: u32) -> Option<u64> {
+    if cidr_identity == 0 {
+        Some(0)
+    } else if cidr_identity >= IDENTITY_FIRST_CIDR && cidr_identity - IDENTITY_FIRST_CIDR < 255 {
+        Some((cidr_identity - IDENTITY_FIRST_CIDR + 1) as u64)
+    } else {
+        None
+    }
+}
+
+/// The value word of an entry: the CIDR identity's [`fold_cidr_code`] in
+/// bits 56..64 and the decision word in bits 0..32 (the reason in bits
+/// 0..8 and, for `Reason::Policy`, the allowing rule's
+/// [`crate::rule_slot`] above, as the datapath's policy step returns it).
+pub const fn fold_value(cidr_code: u64, decision: u32) -> u64 {
+    cidr_code << 56 | decision as u64
+}
+
+/// The [`fold_cidr_code`] of a value word.
+#[inline(always)]
+pub const fn fold_value_cidr(value: u64) -> u64 {
+    value >> 56
+}
+
+/// The bucket of (key, CIDR code) in an `NPM_FOLD` of `1 << (64 - shift)`
+/// buckets ([`crate::front_shift`]): the top bits of a multiplicative
+/// hash.
+#[inline(always)]
+pub const fn fold_bucket(key: u64, cidr_code: u64, shift: u32) -> u32 {
+    (key ^ cidr_code.wrapping_mul(0x0100_0000_01b3))
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_shr(shift) as u32
+}
+
+/// The [`crate::front_shift`] of `NPM_FOLD`'s buckets.
+pub const FOLD_SHIFT: u32 = crate::policy::front_shift(crate::maps::sizes::FOLD_BUCKETS);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tier_front_pc_exact;
+
+    #[test]
+    fn keys_keep_their_fields_apart() {
+        let k = fold_key(
+            FOLD_MAX_SUBJECT - 1,
+            1,
+            FOLD_MAX_IDENTITY - 1,
+            tier_front_pc_exact(3, 65535),
+        )
+        .unwrap();
+        assert_eq!(k >> 43 & (FOLD_MAX_SUBJECT as u64 - 1), FOLD_MAX_SUBJECT as u64 - 1);
+        assert_eq!(k >> 42 & 1, 1);
+        assert_eq!(k >> 18 & (FOLD_MAX_IDENTITY as u64 - 1), FOLD_MAX_IDENTITY as u64 - 1);
+        assert_ne!(k & FOLD_KEY_PRESENT, 0);
+        assert_eq!(k >> 62 & 1, 0, "bit 62 stays free");
+        assert_eq!(fold_key(0, 0, 5, 0), None);
+        assert_eq!(fold_key(FOLD_MAX_SUBJECT, 0, 5, 0), None);
+        assert_eq!(fold_key(300, 0, FOLD_MAX_IDENTITY, 0), None);
+        assert_ne!(fold_key(300, 0, 5, 0), fold_key(300, 1, 5, 0));
+        assert_eq!(fold_cidr_code(0), Some(0));
+        assert_eq!(fold_cidr_code(IDENTITY_FIRST_CIDR), Some(1));
+        assert_eq!(fold_cidr_code(IDENTITY_FIRST_CIDR + 254), Some(255));
+        assert_eq!(fold_cidr_code(IDENTITY_FIRST_CIDR + 255), None);
+        assert_eq!(fold_cidr_code(300), None);
+        let v = fold_value(255, 0xdead_beef);
+        assert_eq!((fold_value_cidr(v), v as u32), (255, 0xdead_beef));
+        assert!(fold_bucket(k, 7, FOLD_SHIFT) < crate::maps::sizes::FOLD_BUCKETS);
+    }
+}

@@ -1,0 +1,363 @@
+//! The folded decisions (`NPM_FOLD`), through `BPF_PROG_TEST_RUN` on the
+//! real programs: a dataplane that reads them decides every probe (each
+//! source, TCP and UDP, ports at and around every edge) as one that takes
+//! the tiers' and NetworkPolicy's lookups; the datapath really reads them
+//! (an entry changed behind the loader's back changes that verdict) and
+//! falls back to the lookups for a class without entries (all entries
+//! removed behind its back: nothing changes); the entries and the
+//! `EP_FOLD_*` flags follow diffs (a tier rule's action, a NetworkPolicy
+//! allow, a new peer pod, the tiers removed) and a restarted loader's full
+//! sync. The random rule sets of `ebpf_tier_front_mixed.rs` compare it
+//! too. Needs root.
+
+use crate::ebpf_common::tier_in as tier;
+use crate::ebpf_common::*;
+use aya::maps::{Array, Map, MapData};
+use npm_common::{
+    fold_bucket, fold_cidr_code, fold_key, fold_value, maps, tier_front_pc_exact, Reason, EP_FOLD_EGRESS,
+    EP_FOLD_INGRESS, FOLD_BUCKET_WORDS, FOLD_SHIFT, IDENTITY_ANY,
+};
+use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
+use npm_dataplane::Dataplane;
+use npm_policy::compiled::{Compiled, Direction::Ingress as IN, IpEntry, Tier, TierAction::*};
+use npm_policy::model::Protocol::{Tcp, Udp};
+
+const POD_B: u32 = TIER_POD_B;
+const POD_C: u32 = TIER_POD_C;
+const BLOCK: u32 = TIER_BLOCK;
+
+/// Both endpoints' tiers with every entry form, endpoint 1 isolated for
+/// ingress by a NetworkPolicy allowing POD_B on TCP 80 (which its Admin
+/// deny of 60..=200 overrides) and 8000..=8100.
+fn compiled() -> Compiled {
+    let mut c = tier_fixture(false);
+    allow(&mut c, 1, IN, POD_B, Some(Tcp), (80, 80), 1);
+    allow(&mut c, 1, IN, POD_B, Some(Tcp), (8000, 8100), 3);
+    for ep in [1, 2] {
+        tier(&mut c, ep, Tier::Admin, POD_B, Some(Tcp), (60, 200), Deny, 5);
+        tier(&mut c, ep, Tier::Admin, POD_B, Some(Tcp), (443, 443), Accept, 2);
+        tier(&mut c, ep, Tier::Admin, POD_B, Some(Udp), (0, u16::MAX), Deny, 7);
+        tier(&mut c, ep, Tier::Admin, BLOCK, Some(Tcp), (64, 127), Accept, 3);
+        tier(&mut c, ep, Tier::Admin, POD_C, None, (0, 0), Pass, 9);
+        tier(&mut c, ep, Tier::Admin, IDENTITY_ANY, Some(Tcp), (9000, 9000), Deny, 1);
+        tier(&mut c, ep, Tier::Admin, IDENTITY_ANY, Some(Tcp), (0, 59), Accept, 11);
+        tier(&mut c, ep, Tier::Baseline, POD_C, Some(Tcp), (8000, 8100), Deny, 4);
+        tier(&mut c, ep, Tier::Baseline, IDENTITY_ANY, None, (0, 0), Accept, 8);
+    }
+    c
+}
+
+/// Ports at and around every edge of the entries.
+const PORTS: [u16; 17] = [
+    0, 53, 59, 60, 63, 64, 80, 127, 128, 200, 201, 443, 8000, 8100, 8101, 9000, 40_001,
+];
+/// The sources: POD_B (with its CIDR identity), POD_C, an unknown address,
+/// and (once added) a new pod.
+const SOURCES: [&str; 4] = ["10.0.0.2", "10.0.0.3", "10.0.0.9", "10.0.0.7"];
+
+type Probe = (u32, &'static str, bool, u16, (i32, Option<Reason>));
+
+struct Fixture {
+    dp: EbpfDataplane,
+    a: Dummy,
+    b: Dummy,
+    pins: PinDir,
+}
+
+fn fixture(tag: &str, c: &Compiled, switches: BenchSwitches) -> Fixture {
+    let pins = PinDir::new(tag);
+    let a = Dummy::new(&format!("{tag}a"));
+    let b = Dummy::new(&format!("{tag}b"));
+    let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
+    dp.sync_full(c, &ifaces(&[(1, a.ifindex), (2, b.ifindex)])).unwrap();
+    Fixture { dp, a, b, pins }
+}
+
+/// The dataplane that never reads the folded decisions.
+fn lookups() -> BenchSwitches {
+    BenchSwitches {
+        no_fold: true,
+        ..BenchSwitches::default()
+    }
+}
+
+impl Fixture {
+    fn ifs(&self) -> std::collections::BTreeMap<u32, u32> {
+        ifaces(&[(1, self.a.ifindex), (2, self.b.ifindex)])
+    }
+
+    fn apply(&mut self, prev: &Compiled, next: &Compiled) {
+        let ifs = self.ifs();
+        self.dp.apply(&prev.diff(next), next, &ifs).unwrap();
+    }
+
+    fn run(&self, ep: u32, src: &str, sport: u16, udp: bool, port: u16) -> (i32, Option<Reason>) {
+        let (ifindex, dst) = if ep == 1 {
+            (self.a.ifindex, "10.0.0.1")
+        } else {
+            (self.b.ifindex, "10.0.0.5")
+        };
+        let l4 = if udp {
+            L4::Udp(sport, port)
+        } else {
+            L4::Tcp(sport, port, 0x02)
+        };
+        self.dp.test_run(IN, ifindex, &v4(src, dst, l4)).unwrap()
+    }
+
+    /// Every probe's (verdict, reason), each a new flow (source port
+    /// `sport`), nothing cached from before.
+    fn grid(&mut self, sport: u16) -> Vec<Probe> {
+        self.dp.bump_generation().unwrap();
+        let mut out = Vec::new();
+        for ep in [1, 2] {
+            for src in SOURCES {
+                for udp in [false, true] {
+                    for port in PORTS {
+                        out.push((ep, src, udp, port, self.run(ep, src, sport, udp, port)));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The `EP_FOLD_*` flags of endpoint `id`'s record.
+    fn fold_flags(&self, id: u32) -> u32 {
+        let d = self.dp.dump().unwrap();
+        d.endpoints.iter().find(|e| e.id == id).unwrap().flags & (EP_FOLD_INGRESS | EP_FOLD_EGRESS)
+    }
+
+    fn words(&self) -> Array<MapData, [u64; FOLD_BUCKET_WORDS]> {
+        let data = MapData::from_pin(self.pins.path.join(maps::FOLD)).expect("open pinned NPM_FOLD");
+        Array::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_FOLD")
+    }
+
+    /// The entries in the pinned map (non-zero keys).
+    fn kernel_entries(&self) -> usize {
+        self.words()
+            .iter()
+            .map(|b| b.expect("bucket").chunks(2).filter(|e| e[0] != 0).count())
+            .sum()
+    }
+}
+
+fn assert_same(got: &[Probe], want: &[Probe], what: &str) {
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g, w, "{what}: folded vs lookups");
+    }
+}
+
+#[test]
+fn the_fold_decides_as_the_lookups_and_the_datapath_reads_it() {
+    sweep_leftovers();
+    let c = compiled();
+    let mut fold = fixture("fda", &c, BenchSwitches::default());
+    let mut look = fixture("fdb", &c, lookups());
+    // Both endpoints' ingress is folded; egress has no tier entry.
+    assert_eq!(fold.fold_flags(1), EP_FOLD_INGRESS);
+    assert_eq!(fold.fold_flags(2), EP_FOLD_INGRESS);
+    assert_eq!(
+        look.fold_flags(1),
+        EP_FOLD_INGRESS,
+        "the flags do not depend on the switch"
+    );
+    let entries = fold.dp.fold_len();
+    assert!(entries > 0);
+    assert_eq!(fold.kernel_entries(), entries, "the loader's count is the kernel's");
+    let fill = fold.dp.map_fill();
+    assert_eq!(
+        fill.iter().find(|m| m.map == maps::FOLD).map(|m| m.entries),
+        Some(entries as u64)
+    );
+    let want = look.grid(40_000);
+    assert_same(&fold.grid(40_000), &want, "synced");
+    // Not trivial: every tier reason and both NetworkPolicy reasons occur.
+    for r in [
+        Reason::AdminAccept,
+        Reason::AdminDeny,
+        Reason::BaselineAccept,
+        Reason::BaselineDeny,
+        Reason::Policy,
+        Reason::PolicyDenied,
+    ] {
+        assert!(want.iter().any(|p| p.4 .1 == Some(r)), "{r:?} never decides");
+    }
+
+    // The datapath reads the entries: POD_B's TCP 443 accept (an exact
+    // port of its class, CIDR identity BLOCK) turned into a deny behind the
+    // loader's back is what decides.
+    let code = fold_cidr_code(BLOCK).unwrap();
+    let key = fold_key(256, 0, POD_B, tier_front_pc_exact(1, 443)).unwrap();
+    let bucket = fold_bucket(key, code, FOLD_SHIFT);
+    let mut words = fold.words();
+    let mut b = words.get(&bucket, 0).unwrap();
+    let way = (0..4)
+        .find(|i| b[2 * i] == key && b[2 * i + 1] >> 56 == code)
+        .expect("the entry");
+    assert_eq!(b[2 * way + 1] as u8, Reason::AdminAccept as u8);
+    b[2 * way + 1] = fold_value(code, Reason::AdminDeny as u32);
+    words.set(bucket, b, 0).unwrap();
+    fold.dp.bump_generation().unwrap();
+    assert_eq!(
+        fold.run(1, "10.0.0.2", 41_000, false, 443),
+        (VERDICT_DROP, Some(Reason::AdminDeny))
+    );
+    assert_eq!(
+        look.run(1, "10.0.0.2", 41_000, false, 443),
+        (VERDICT_ALLOW, Some(Reason::AdminAccept))
+    );
+
+    // Without entries, every class falls back to the lookups: the same
+    // decisions.
+    for i in 0..npm_common::sizes::FOLD_BUCKETS {
+        words.set(i, [0u64; FOLD_BUCKET_WORDS], 0).unwrap();
+    }
+    assert_eq!(fold.kernel_entries(), 0);
+    assert_same(&fold.grid(42_000), &want, "no entries");
+    // The next full sync folds again.
+    let ifs = fold.ifs();
+    fold.dp.sync_full(&c, &ifs).unwrap();
+    assert_eq!(fold.kernel_entries(), entries);
+    assert_eq!(fold.fold_flags(1), EP_FOLD_INGRESS);
+    assert_same(&fold.grid(43_000), &want, "synced again");
+}
+
+/// Applies `prev` -> `next` to both dataplanes and checks they decide
+/// alike; returns the grid.
+fn step(
+    prev: &mut Compiled,
+    name: &str,
+    next: Compiled,
+    fold: &mut Fixture,
+    look: &mut Fixture,
+    sport: u16,
+) -> Vec<Probe> {
+    fold.apply(prev, &next);
+    look.apply(prev, &next);
+    let want = look.grid(sport);
+    assert_same(&fold.grid(sport), &want, name);
+    *prev = next;
+    want
+}
+
+#[test]
+fn the_fold_follows_diffs_and_a_restarted_loader() {
+    sweep_leftovers();
+    let c = compiled();
+    let mut fold = fixture("fdc", &c, BenchSwitches::default());
+    let mut look = fixture("fdd", &c, lookups());
+    let mut prev = c.clone();
+
+    // A tier rule's action: POD_B's TCP 443 accept becomes a deny.
+    let mut next = prev.clone();
+    for ep in [1, 2] {
+        tier(&mut next, ep, Tier::Admin, POD_B, Some(Tcp), (443, 443), Deny, 2);
+    }
+    let g = step(&mut prev, "tier action", next, &mut fold, &mut look, 40_000);
+    assert!(g.contains(&(1, "10.0.0.2", false, 443, (VERDICT_DROP, Some(Reason::AdminDeny)))));
+    assert_eq!(fold.fold_flags(1), EP_FOLD_INGRESS);
+
+    // A NetworkPolicy allow of endpoint 1 (POD_C passes there).
+    let mut next = prev.clone();
+    allow(&mut next, 1, IN, POD_C, Some(Udp), (53, 53), 2);
+    let g = step(&mut prev, "policy allow", next, &mut fold, &mut look, 40_100);
+    assert!(g.contains(&(1, "10.0.0.3", true, 53, (VERDICT_ALLOW, Some(Reason::Policy)))));
+
+    // A new pod (a new class) and a rule naming it.
+    let entries = fold.dp.fold_len();
+    let mut next = prev.clone();
+    next.ipcache.insert(
+        "10.0.0.7".parse().unwrap(),
+        IpEntry {
+            identity: 302,
+            cidr_identity: 0,
+        },
+    );
+    tier(&mut next, 2, Tier::Admin, 302, Some(Tcp), (8000, 8000), Deny, 6);
+    let g = step(&mut prev, "new pod", next, &mut fold, &mut look, 40_200);
+    assert!(g.contains(&(2, "10.0.0.7", false, 8000, (VERDICT_DROP, Some(Reason::AdminDeny)))));
+    assert!(fold.dp.fold_len() > entries, "the new class is folded");
+    assert_eq!(fold.kernel_entries(), fold.dp.fold_len());
+
+    // The pod goes again: its class's entries go with it.
+    let mut next = prev.clone();
+    next.ipcache.remove(&"10.0.0.7".parse().unwrap());
+    step(&mut prev, "pod gone", next, &mut fold, &mut look, 40_300);
+    assert_eq!(fold.kernel_entries(), fold.dp.fold_len());
+
+    // A restarted loader: adopts the pins, decides as before until its
+    // full sync, which folds anew.
+    let ifs = fold.ifs();
+    let Fixture { dp, a, b, pins } = fold;
+    drop(dp);
+    let dp =
+        EbpfDataplane::open_with(pins.options(), BenchSwitches::default()).unwrap_or_else(|e| panic!("reopen: {e}"));
+    let mut fold = Fixture { dp, a, b, pins };
+    let want = look.grid(40_400);
+    assert_same(&fold.grid(40_400), &want, "adopted, before the sync");
+    fold.dp.sync_full(&prev, &ifs).unwrap();
+    assert_same(&fold.grid(40_500), &want, "adopted, after the sync");
+    assert_eq!(fold.kernel_entries(), fold.dp.fold_len());
+    assert_eq!(fold.fold_flags(2), EP_FOLD_INGRESS);
+
+    // No tier entry left: nothing folded, no flag.
+    let mut next = prev.clone();
+    next.tiers.clear();
+    for ep in next.endpoints.values_mut() {
+        ep.tiers = Default::default();
+    }
+    step(&mut prev, "tiers removed", next, &mut fold, &mut look, 40_600);
+    assert_eq!((fold.dp.fold_len(), fold.kernel_entries()), (0, 0));
+    assert_eq!((fold.fold_flags(1), fold.fold_flags(2)), (0, 0));
+}
+
+#[test]
+fn a_direction_that_does_not_fit_keeps_its_lookups() {
+    sweep_leftovers();
+    // Endpoint 1: 900 exact ports denied to any peer (every class gets an
+    // entry per port) and 250 peer pods: more entries than three quarters
+    // of the map. Endpoint 2: one rule, folded.
+    let mut c = tier_fixture(false);
+    for i in 0..900u16 {
+        tier(
+            &mut c,
+            1,
+            Tier::Admin,
+            IDENTITY_ANY,
+            Some(Tcp),
+            (1000 + 2 * i, 1000 + 2 * i),
+            Deny,
+            10 + u32::from(i),
+        );
+    }
+    for i in 0..250u32 {
+        c.ipcache.insert(
+            format!("10.0.{}.{}", 10 + i / 200, 10 + i % 200).parse().unwrap(),
+            IpEntry {
+                identity: 400 + i,
+                cidr_identity: 0,
+            },
+        );
+    }
+    tier(&mut c, 2, Tier::Admin, POD_B, Some(Tcp), (80, 80), Deny, 1);
+    let mut fold = fixture("fdf", &c, BenchSwitches::default());
+    let mut look = fixture("fdg", &c, lookups());
+    assert_eq!(fold.fold_flags(1), 0, "too large to fold");
+    assert_eq!(fold.fold_flags(2), EP_FOLD_INGRESS);
+    let entries = fold.dp.fold_len();
+    assert!(entries > 0 && entries < 10_000, "only endpoint 2's entries: {entries}");
+    assert_eq!(fold.kernel_entries(), entries);
+    assert_same(&fold.grid(40_000), &look.grid(40_000), "partly folded");
+    for port in [1000, 1001, 2798] {
+        assert_eq!(
+            fold.run(1, "10.0.10.10", 41_000, false, port),
+            look.run(1, "10.0.10.10", 41_000, false, port)
+        );
+    }
+    assert_eq!(
+        fold.run(1, "10.0.10.10", 41_000, false, 1000),
+        (VERDICT_DROP, Some(Reason::AdminDeny))
+    );
+}

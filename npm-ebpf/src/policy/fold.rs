@@ -1,0 +1,97 @@
+//! Steps 9a to 9d by the folded decisions `NPM_FOLD`: for a subject whose
+//! endpoint record has `EP_FOLD_<dir>`, the decision of the Admin tier,
+//! NetworkPolicy and the Baseline tier for the peer's class (its pod and
+//! CIDR identities), the protocol and the port, computed ahead of time by
+//! user space: one probe of one bucket for an exact port (at most four,
+//! most specific first), inlined array reads, no LPM walk. A class without
+//! entries (not folded: it did not fit, or is new) returns [`NO_FOLD`] and
+//! the packet takes the tiers' and NetworkPolicy's lookups.
+
+use aya_ebpf::{macros::map, maps::Array};
+use npm_common::{
+    fold_bucket, fold_cidr_code, fold_key_unchecked, fold_value_cidr, policy_front_proto, sizes,
+    tier_front_pc_any_port, tier_front_pc_block, tier_front_pc_exact, EP_FOLD_INGRESS, FOLD_BUCKET_WORDS,
+    FOLD_MAX_IDENTITY, FOLD_MAX_SUBJECT, FOLD_SHIFT, TIER_FRONT_PC_ANY_PROTO,
+};
+
+use super::BPF_F_MMAPABLE;
+
+/// `NPM_FOLD`: buckets of four (key, value) entries (see
+/// `npm_common::fold_key`), written by user space through a shared
+/// mapping with single 64-bit stores.
+#[map]
+static NPM_FOLD: Array<[u64; FOLD_BUCKET_WORDS]> = Array::with_max_entries(sizes::FOLD_BUCKETS, BPF_F_MMAPABLE);
+
+/// Test and benchmark switch: when 1, the datapath never reads `NPM_FOLD`.
+#[no_mangle]
+static NPM_BENCH_NO_FOLD: u8 = 0;
+
+/// [`fold_decision`]'s answer when no entry decides.
+pub(crate) const NO_FOLD: u32 = u32::MAX;
+
+/// The decision word (as `super::evaluate_policy` returns it) of the
+/// folded entry for a packet of an endpoint (flags `ep_flags`) of subject
+/// `subject` in direction `dir` whose peer has the identities `ids` (pod or
+/// node identity, CIDR identity), protocol `pr` and destination port
+/// `port`; [`NO_FOLD`] when the direction is not folded or the class has no
+/// entries.
+#[inline(always)]
+pub(crate) fn fold_decision(ep_flags: u32, subject: u32, dir: u8, ids: (u32, u32), pr: u8, port: u16) -> u32 {
+    // SAFETY: reading a read-only global.
+    let off = unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_FOLD) } != 0;
+    if off || ep_flags & (EP_FOLD_INGRESS << dir) == 0 {
+        return NO_FOLD;
+    }
+    let (identity, cidr_identity) = ids;
+    if subject == 0 || subject >= FOLD_MAX_SUBJECT || identity >= FOLD_MAX_IDENTITY {
+        return NO_FOLD;
+    }
+    let Some(code) = fold_cidr_code(cidr_identity) else {
+        return NO_FOLD;
+    };
+    let base = fold_key_unchecked(subject, dir, identity, 0);
+    let proto = policy_front_proto(pr);
+    if proto != 0 {
+        let w = probe(base | tier_front_pc_exact(proto, port), code);
+        if w != NO_FOLD {
+            return w;
+        }
+        let w = probe(base | tier_front_pc_block(proto, port), code);
+        if w != NO_FOLD {
+            return w;
+        }
+        let w = probe(base | tier_front_pc_any_port(proto), code);
+        if w != NO_FOLD {
+            return w;
+        }
+    }
+    probe(base | TIER_FRONT_PC_ANY_PROTO, code)
+}
+
+/// The decision word of the entry of `key` and CIDR code `code` in its
+/// bucket, [`NO_FOLD`] for none. An entry's key is read again after its
+/// value: user space writes a value before its key and clears a key before
+/// its value, so a value read between two equal reads of its key is that
+/// key's.
+#[inline(always)]
+fn probe(key: u64, code: u64) -> u32 {
+    let Some(b) = NPM_FOLD.get(fold_bucket(key, code, FOLD_SHIFT)) else {
+        return NO_FOLD;
+    };
+    let b = b.as_ptr();
+    let mut i = 0;
+    while i < FOLD_BUCKET_WORDS {
+        // SAFETY: words i and i + 1 of the bucket (8-aligned); volatile:
+        // user space stores them concurrently (whole words).
+        unsafe {
+            if core::ptr::read_volatile(b.add(i)) == key {
+                let v = core::ptr::read_volatile(b.add(i + 1));
+                if fold_value_cidr(v) == code && core::ptr::read_volatile(b.add(i)) == key {
+                    return v as u32;
+                }
+            }
+        }
+        i += 2;
+    }
+    NO_FOLD
+}
