@@ -119,6 +119,13 @@
 //!    the allowing rule (for `NPM_RULE_COUNT`) is read from the same slot
 //!    of `NPM_POLICY_FRONT_RULES`, never looked up in `NPM_POLICY`.
 //!
+//!    9a to 9d folded: when the endpoint's flags carry [`EP_FOLD_INGRESS`]
+//!    (or [`EP_FOLD_EGRESS`]), `NPM_FOLD` holds the outcome of 9a to 9d for
+//!    the peer's class (its two identities from step 8), the protocol and
+//!    the port, computed ahead of time by user space ([`fold_key`]); a hit
+//!    there is the decision, a class without entries takes 9a to 9d as
+//!    written. The order above is unchanged: the fold only precomputes it.
+//!
 //! Steps 8 and 9 (all of 9a to 9d) read only the endpoint (its record:
 //! id, subject, flags), the direction, the peer address,
 //! the protocol and the destination port. The datapath keeps their outcome

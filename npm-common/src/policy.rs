@@ -22,9 +22,9 @@ pub const POLICY_PREFIX_FULL: u32 = 96;
 /// peer identity (4), protocol (1), destination port (2). The subject of an
 /// `NPM_POLICY` key is the pod identity of the local endpoints it governs
 /// ([`crate::EndpointInfo::subject`]): one set of keys serves every local
-/// endpoint of that identity. `NPM_TIERS` uses the same layout keyed by
-/// the endpoint id ([`crate::tier_key`], read back with
-/// [`PolicyKey::endpoint`]). A rule without
+/// endpoint of that identity. `NPM_TIERS` uses the same layout, keyed by
+/// subject too, with the tier in the direction byte ([`crate::tier_key`],
+/// read back with [`PolicyKey::subject`]). A rule without
 /// ports is an entry of prefix length [`POLICY_PREFIX_ANY_PROTO`]; a rule
 /// with a protocol and no port, [`POLICY_PREFIX_ANY_PORT`]; a port range is
 /// split into aligned power-of-two blocks, each an entry of prefix length
