@@ -14,7 +14,7 @@ use npm_policy::fold::{fold, Decision, Folded, PeerClass, PORTED};
 use npm_policy::lookup::lookup;
 use npm_policy::model::{Protocol, Snapshot};
 
-use crate::sim::{pods, ExplainError};
+use crate::sim::{pod_pair, ExplainError};
 
 /// One run of the report: destination ports `ports` of `protocol` (`None`:
 /// every protocol other than TCP, UDP and SCTP, which have no ports),
@@ -56,14 +56,7 @@ pub struct PortsReport {
 /// protocol and destination port, as the datapath of the simulator's node
 /// decides them (both pods are local there).
 pub fn ports(snapshot: &Snapshot, opts: &CompileOptions, from: &str, to: &str) -> Result<PortsReport, ExplainError> {
-    let all = pods(snapshot);
-    let ip = |n: &str| {
-        all.iter()
-            .find(|(p, _)| p == n)
-            .map(|(_, ip)| *ip)
-            .ok_or_else(|| ExplainError::NoPod(n.to_string()))
-    };
-    let (src, dst) = (ip(from)?, ip(to)?);
+    let (src, dst) = pod_pair(snapshot, from, to)?;
     let c = npm_policy::compile(snapshot, opts, None);
     let endpoint = |n: &str| {
         c.endpoints

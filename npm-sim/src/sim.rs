@@ -334,6 +334,19 @@ pub enum ExplainError {
     NoPod(String),
 }
 
+/// The first addresses of the addressable pods `from` and `to`
+/// (`namespace/name`).
+pub fn pod_pair(snapshot: &Snapshot, from: &str, to: &str) -> Result<(IpAddr, IpAddr), ExplainError> {
+    let pods = pods(snapshot);
+    let ip = |n: &str| {
+        pods.iter()
+            .find(|(p, _)| p == n)
+            .map(|(_, ip)| *ip)
+            .ok_or_else(|| ExplainError::NoPod(n.to_string()))
+    };
+    Ok((ip(from)?, ip(to)?))
+}
+
 /// Explains the flow from pod `from` to pod `to` (`namespace/name`).
 pub fn explain(
     snapshot: &Snapshot,
@@ -343,14 +356,7 @@ pub fn explain(
     protocol: Protocol,
     port: u16,
 ) -> Result<Verdict, ExplainError> {
-    let pods = pods(snapshot);
-    let ip = |n: &str| {
-        pods.iter()
-            .find(|(p, _)| p == n)
-            .map(|(_, ip)| *ip)
-            .ok_or_else(|| ExplainError::NoPod(n.to_string()))
-    };
-    let (src, dst) = (ip(from)?, ip(to)?);
+    let (src, dst) = pod_pair(snapshot, from, to)?;
     Ok(evaluate(
         snapshot,
         opts,

@@ -32,8 +32,10 @@
 //! fits a key has its entries, so a packet never probes in vain before
 //! the lookups. The map's size is fixed
 //! ([`npm_common::sizes::FOLD_BUCKETS`]); a direction that would fill it
-//! beyond three quarters, or meets a full bucket, is not folded (its
-//! packets take the lookups) until its decisions change or a full sync.
+//! beyond three quarters (as estimated from its first classes, or found
+//! while storing), or meets a full bucket, is not folded (its packets take
+//! the lookups) until its decisions change or a full sync; once one did
+//! not fit, no new direction is tried in that batch.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
@@ -41,9 +43,9 @@ use std::sync::atomic::Ordering;
 use aya::maps::{Array, IterableMap, MapData};
 use aya::Ebpf;
 use npm_common::{
-    fold_bucket, fold_cidr_code, fold_key, fold_value, maps, rule_slot, sizes, tier_front_pc_any_port,
-    tier_front_pc_block, tier_front_pc_exact, Reason, EP_FOLD_INGRESS, FOLD_BUCKET_WORDS, FOLD_MAX_IDENTITY,
-    FOLD_MAX_SUBJECT, FOLD_SHIFT, FOLD_WAYS, RULE_SLOT_UNKNOWN, TIER_FRONT_BLOCK_BITS, TIER_FRONT_PC_ANY_PROTO,
+    fold_bucket, fold_cidr_code, fold_key, fold_value, maps, rule_slot, sizes, tier_front_pc_any_port, Reason,
+    EP_FOLD_INGRESS, FOLD_BUCKET_WORDS, FOLD_MAX_IDENTITY, FOLD_MAX_SUBJECT, FOLD_SHIFT, FOLD_WAYS, RULE_SLOT_UNKNOWN,
+    TIER_FRONT_PC_ANY_PROTO,
 };
 use npm_policy::compiled::{Compiled, CompiledDiff, Direction, Tier};
 use npm_policy::fold::{fold, peer_classes, Decision, Folded, PeerClass};
@@ -51,6 +53,10 @@ use npm_policy::fold::{fold, peer_classes, Decision, Folded, PeerClass};
 use super::errors::EbpfError;
 use super::loader::take_map;
 use super::shared_words::SharedWords;
+use super::tier_front::range_classes;
+
+/// Classes folded before a direction's size is estimated from them.
+const ESTIMATE_AFTER: usize = 32;
 
 /// Most entries one class may take; a class needing more is not folded.
 pub const FOLD_MAX_CLASS_ENTRIES: usize = 1024;
@@ -233,12 +239,23 @@ impl FoldTable {
             }
             let todo = if known { &added } else { &all };
             let mut whole = true;
-            for class in todo {
+            // What the first classes take predicts what all of them will:
+            // a direction that would not fit is given up early.
+            let (start, mut taken) = (self.used, 0usize);
+            for (done, class) in todo.iter().enumerate() {
+                if done == ESTIMATE_AFTER && start + taken / done * todo.len() > budget {
+                    out_of_room = true;
+                    whole = false;
+                    break;
+                }
                 let slots = match fold(next, endpoint, sd.1, *class).and_then(|f| entries(sd.0, sd.1, *class, &f)) {
                     // A class needing more entries than one may have: its
                     // packets take the lookups.
                     None => continue,
-                    Some(e) if self.used + e.len() <= budget => self.store(&e),
+                    Some(e) if self.used + e.len() <= budget => {
+                        taken += e.len();
+                        self.store(&e)
+                    }
                     Some(_) => {
                         out_of_room = true;
                         None
@@ -380,19 +397,8 @@ pub fn entries(subject: u32, dir: Direction, class: PeerClass, f: &Folded) -> Op
         let proto = i as u64 + 1;
         let widest = runs.iter().max_by_key(|r| u32::from(r.hi) - u32::from(r.lo))?.decision;
         for r in runs.iter().filter(|r| r.decision != widest) {
-            let block = 1u32 << TIER_FRONT_BLOCK_BITS;
-            let (mut p, end) = (u32::from(r.lo), u32::from(r.hi));
-            while p <= end {
-                if p % block == 0 && p + block - 1 <= end {
-                    out.push(entry(tier_front_pc_block(proto, p as u16), r.decision)?);
-                    p += block;
-                } else {
-                    out.push(entry(tier_front_pc_exact(proto, p as u16), r.decision)?);
-                    p += 1;
-                }
-                if out.len() > FOLD_MAX_CLASS_ENTRIES {
-                    return None;
-                }
+            for pc in range_classes(proto, r.lo, r.hi, FOLD_MAX_CLASS_ENTRIES - out.len())? {
+                out.push(entry(pc, r.decision)?);
             }
         }
         any_port.push(entry(tier_front_pc_any_port(proto), widest)?);

@@ -116,25 +116,33 @@ pub(crate) fn tier_front_keys(entry: &TierEntry) -> Option<Vec<u64>> {
             if (lo, hi) == (0, u16::MAX) {
                 pcs.push(tier_front_pc_any_port(code));
             } else {
-                let block = 1u32 << TIER_FRONT_BLOCK_BITS;
-                let mut p = u32::from(lo);
-                let end = u32::from(hi);
-                while p <= end {
-                    if p % block == 0 && p + block - 1 <= end {
-                        pcs.push(tier_front_pc_block(code, p as u16));
-                        p += block;
-                    } else {
-                        pcs.push(tier_front_pc_exact(code, p as u16));
-                        p += 1;
-                    }
-                    if pcs.len() > TIER_FRONT_MAX_WORDS {
-                        return None;
-                    }
-                }
+                pcs = range_classes(code, lo, hi, TIER_FRONT_MAX_WORDS)?;
             }
         }
     }
     Some(pcs.into_iter().map(key).collect())
+}
+
+/// The port classes covering ports `lo..=hi` of protocol `code` (1..=3):
+/// each aligned 64-port block inside the range, and the ports at its edges
+/// one by one, in port order. `None` when they are more than `max`.
+pub(crate) fn range_classes(code: u64, lo: u16, hi: u16, max: usize) -> Option<Vec<u64>> {
+    let block = 1u32 << TIER_FRONT_BLOCK_BITS;
+    let (mut p, end) = (u32::from(lo), u32::from(hi));
+    let mut pcs = Vec::new();
+    while p <= end {
+        if p % block == 0 && p + block - 1 <= end {
+            pcs.push(tier_front_pc_block(code, p as u16));
+            p += block;
+        } else {
+            pcs.push(tier_front_pc_exact(code, p as u16));
+            p += 1;
+        }
+        if pcs.len() > max {
+            return None;
+        }
+    }
+    Some(pcs)
 }
 
 /// The front group (subject, direction, tier) of a tier entry whose

@@ -26,22 +26,17 @@ const POD_B: u32 = TIER_POD_B;
 const POD_C: u32 = TIER_POD_C;
 const BLOCK: u32 = TIER_BLOCK;
 
-/// Both endpoints' tiers with every entry form, endpoint 1 isolated for
-/// ingress by a NetworkPolicy allowing POD_B on TCP 80 (which its Admin
-/// deny of 60..=200 overrides) and 8000..=8100.
+/// Both endpoints' tiers with every entry form ([`tier_entry_forms`], an
+/// any-peer range and an any-protocol Baseline accept), endpoint 1
+/// isolated for ingress by a NetworkPolicy allowing POD_B on TCP 80 (which
+/// its Admin deny of 60..=200 overrides) and 8000..=8100.
 fn compiled() -> Compiled {
     let mut c = tier_fixture(false);
     allow(&mut c, 1, IN, POD_B, Some(Tcp), (80, 80), 1);
     allow(&mut c, 1, IN, POD_B, Some(Tcp), (8000, 8100), 3);
     for ep in [1, 2] {
-        tier(&mut c, ep, Tier::Admin, POD_B, Some(Tcp), (60, 200), Deny, 5);
-        tier(&mut c, ep, Tier::Admin, POD_B, Some(Tcp), (443, 443), Accept, 2);
-        tier(&mut c, ep, Tier::Admin, POD_B, Some(Udp), (0, u16::MAX), Deny, 7);
-        tier(&mut c, ep, Tier::Admin, BLOCK, Some(Tcp), (64, 127), Accept, 3);
-        tier(&mut c, ep, Tier::Admin, POD_C, None, (0, 0), Pass, 9);
-        tier(&mut c, ep, Tier::Admin, IDENTITY_ANY, Some(Tcp), (9000, 9000), Deny, 1);
+        tier_entry_forms(&mut c, ep);
         tier(&mut c, ep, Tier::Admin, IDENTITY_ANY, Some(Tcp), (0, 59), Accept, 11);
-        tier(&mut c, ep, Tier::Baseline, POD_C, Some(Tcp), (8000, 8100), Deny, 4);
         tier(&mut c, ep, Tier::Baseline, IDENTITY_ANY, None, (0, 0), Accept, 8);
     }
     c
@@ -55,24 +50,6 @@ const PORTS: [u16; 17] = [
 /// and (once added) a new pod.
 const SOURCES: [&str; 4] = ["10.0.0.2", "10.0.0.3", "10.0.0.9", "10.0.0.7"];
 
-type Probe = (u32, &'static str, bool, u16, (i32, Option<Reason>));
-
-struct Fixture {
-    dp: EbpfDataplane,
-    a: Dummy,
-    b: Dummy,
-    pins: PinDir,
-}
-
-fn fixture(tag: &str, c: &Compiled, switches: BenchSwitches) -> Fixture {
-    let pins = PinDir::new(tag);
-    let a = Dummy::new(&format!("{tag}a"));
-    let b = Dummy::new(&format!("{tag}b"));
-    let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
-    dp.sync_full(c, &ifaces(&[(1, a.ifindex), (2, b.ifindex)])).unwrap();
-    Fixture { dp, a, b, pins }
-}
-
 /// The dataplane that never reads the folded decisions.
 fn lookups() -> BenchSwitches {
     BenchSwitches {
@@ -81,51 +58,25 @@ fn lookups() -> BenchSwitches {
     }
 }
 
-impl Fixture {
-    fn ifs(&self) -> std::collections::BTreeMap<u32, u32> {
-        ifaces(&[(1, self.a.ifindex), (2, self.b.ifindex)])
-    }
-
-    fn apply(&mut self, prev: &Compiled, next: &Compiled) {
-        let ifs = self.ifs();
-        self.dp.apply(&prev.diff(next), next, &ifs).unwrap();
-    }
-
-    fn run(&self, ep: u32, src: &str, sport: u16, udp: bool, port: u16) -> (i32, Option<Reason>) {
-        let (ifindex, dst) = if ep == 1 {
-            (self.a.ifindex, "10.0.0.1")
-        } else {
-            (self.b.ifindex, "10.0.0.5")
-        };
-        let l4 = if udp {
-            L4::Udp(sport, port)
-        } else {
-            L4::Tcp(sport, port, 0x02)
-        };
-        self.dp.test_run(IN, ifindex, &v4(src, dst, l4)).unwrap()
-    }
-
-    /// Every probe's (verdict, reason), each a new flow (source port
-    /// `sport`), nothing cached from before.
-    fn grid(&mut self, sport: u16) -> Vec<Probe> {
-        self.dp.bump_generation().unwrap();
-        let mut out = Vec::new();
-        for ep in [1, 2] {
-            for src in SOURCES {
-                for udp in [false, true] {
-                    for port in PORTS {
-                        out.push((ep, src, udp, port, self.run(ep, src, sport, udp, port)));
-                    }
-                }
-            }
-        }
-        out
-    }
-
+/// The fold's view of a [`TierDp`].
+trait Folds {
+    /// Every probe of [`SOURCES`] and [`PORTS`] from source port `sport`.
+    fn grid(&mut self, sport: u16) -> Vec<TierProbe>;
     /// The `EP_FOLD_*` flags of endpoint `id`'s record.
+    fn fold_flags(&self, id: u32) -> u32;
+    /// The pinned `NPM_FOLD`.
+    fn words(&self) -> Array<MapData, [u64; FOLD_BUCKET_WORDS]>;
+    /// The entries in the pinned map (non-zero keys).
+    fn kernel_entries(&self) -> usize;
+}
+
+impl Folds for TierDp {
+    fn grid(&mut self, sport: u16) -> Vec<TierProbe> {
+        self.probe_grid(&SOURCES, &PORTS, sport)
+    }
+
     fn fold_flags(&self, id: u32) -> u32 {
-        let d = self.dp.dump().unwrap();
-        d.endpoints.iter().find(|e| e.id == id).unwrap().flags & (EP_FOLD_INGRESS | EP_FOLD_EGRESS)
+        self.flags(id) & (EP_FOLD_INGRESS | EP_FOLD_EGRESS)
     }
 
     fn words(&self) -> Array<MapData, [u64; FOLD_BUCKET_WORDS]> {
@@ -133,7 +84,6 @@ impl Fixture {
         Array::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_FOLD")
     }
 
-    /// The entries in the pinned map (non-zero keys).
     fn kernel_entries(&self) -> usize {
         self.words()
             .iter()
@@ -142,7 +92,7 @@ impl Fixture {
     }
 }
 
-fn assert_same(got: &[Probe], want: &[Probe], what: &str) {
+fn assert_same(got: &[TierProbe], want: &[TierProbe], what: &str) {
     assert_eq!(got.len(), want.len());
     for (g, w) in got.iter().zip(want) {
         assert_eq!(g, w, "{what}: folded vs lookups");
@@ -153,8 +103,8 @@ fn assert_same(got: &[Probe], want: &[Probe], what: &str) {
 fn the_fold_decides_as_the_lookups_and_the_datapath_reads_it() {
     sweep_leftovers();
     let c = compiled();
-    let mut fold = fixture("fda", &c, BenchSwitches::default());
-    let mut look = fixture("fdb", &c, lookups());
+    let mut fold = TierDp::new("fda", &c, BenchSwitches::default());
+    let mut look = TierDp::new("fdb", &c, lookups());
     // Both endpoints' ingress is folded; egress has no tier entry.
     assert_eq!(fold.fold_flags(1), EP_FOLD_INGRESS);
     assert_eq!(fold.fold_flags(2), EP_FOLD_INGRESS);
@@ -201,11 +151,11 @@ fn the_fold_decides_as_the_lookups_and_the_datapath_reads_it() {
     words.set(bucket, b, 0).unwrap();
     fold.dp.bump_generation().unwrap();
     assert_eq!(
-        fold.run(1, "10.0.0.2", 41_000, false, 443),
+        fold.probe(1, "10.0.0.2", 41_000, false, 443),
         (VERDICT_DROP, Some(Reason::AdminDeny))
     );
     assert_eq!(
-        look.run(1, "10.0.0.2", 41_000, false, 443),
+        look.probe(1, "10.0.0.2", 41_000, false, 443),
         (VERDICT_ALLOW, Some(Reason::AdminAccept))
     );
 
@@ -230,10 +180,10 @@ fn step(
     prev: &mut Compiled,
     name: &str,
     next: Compiled,
-    fold: &mut Fixture,
-    look: &mut Fixture,
+    fold: &mut TierDp,
+    look: &mut TierDp,
     sport: u16,
-) -> Vec<Probe> {
+) -> Vec<TierProbe> {
     fold.apply(prev, &next);
     look.apply(prev, &next);
     let want = look.grid(sport);
@@ -246,8 +196,8 @@ fn step(
 fn the_fold_follows_diffs_and_a_restarted_loader() {
     sweep_leftovers();
     let c = compiled();
-    let mut fold = fixture("fdc", &c, BenchSwitches::default());
-    let mut look = fixture("fdd", &c, lookups());
+    let mut fold = TierDp::new("fdc", &c, BenchSwitches::default());
+    let mut look = TierDp::new("fdd", &c, lookups());
     let mut prev = c.clone();
 
     // A tier rule's action: POD_B's TCP 443 accept becomes a deny.
@@ -290,11 +240,11 @@ fn the_fold_follows_diffs_and_a_restarted_loader() {
     // A restarted loader: adopts the pins, decides as before until its
     // full sync, which folds anew.
     let ifs = fold.ifs();
-    let Fixture { dp, a, b, pins } = fold;
+    let TierDp { dp, a, b, pins } = fold;
     drop(dp);
     let dp =
         EbpfDataplane::open_with(pins.options(), BenchSwitches::default()).unwrap_or_else(|e| panic!("reopen: {e}"));
-    let mut fold = Fixture { dp, a, b, pins };
+    let mut fold = TierDp { dp, a, b, pins };
     let want = look.grid(40_400);
     assert_same(&fold.grid(40_400), &want, "adopted, before the sync");
     fold.dp.sync_full(&prev, &ifs).unwrap();
@@ -342,8 +292,8 @@ fn a_direction_that_does_not_fit_keeps_its_lookups() {
         );
     }
     tier(&mut c, 2, Tier::Admin, POD_B, Some(Tcp), (80, 80), Deny, 1);
-    let mut fold = fixture("fdf", &c, BenchSwitches::default());
-    let mut look = fixture("fdg", &c, lookups());
+    let mut fold = TierDp::new("fdf", &c, BenchSwitches::default());
+    let mut look = TierDp::new("fdg", &c, lookups());
     assert_eq!(fold.fold_flags(1), 0, "too large to fold");
     assert_eq!(fold.fold_flags(2), EP_FOLD_INGRESS);
     let entries = fold.dp.fold_len();
@@ -352,12 +302,12 @@ fn a_direction_that_does_not_fit_keeps_its_lookups() {
     assert_same(&fold.grid(40_000), &look.grid(40_000), "partly folded");
     for port in [1000, 1001, 2798] {
         assert_eq!(
-            fold.run(1, "10.0.10.10", 41_000, false, port),
-            look.run(1, "10.0.10.10", 41_000, false, port)
+            fold.probe(1, "10.0.10.10", 41_000, false, port),
+            look.probe(1, "10.0.10.10", 41_000, false, port)
         );
     }
     assert_eq!(
-        fold.run(1, "10.0.10.10", 41_000, false, 1000),
+        fold.probe(1, "10.0.10.10", 41_000, false, 1000),
         (VERDICT_DROP, Some(Reason::AdminDeny))
     );
 }

@@ -47,13 +47,7 @@ fn compiled() -> Compiled {
     allow(&mut c, 1, IN, POD_C, Some(Udp), (0, u16::MAX), 3);
     allow(&mut c, 1, IN, BLOCK, Some(Tcp), (443, 443), 4);
     for ep in [1, 2] {
-        tier(&mut c, ep, Tier::Admin, POD_B, Some(Tcp), (60, 200), Deny, 5);
-        tier(&mut c, ep, Tier::Admin, POD_B, Some(Tcp), (443, 443), Accept, 2);
-        tier(&mut c, ep, Tier::Admin, POD_B, Some(Udp), (0, u16::MAX), Deny, 7);
-        tier(&mut c, ep, Tier::Admin, BLOCK, Some(Tcp), (64, 127), Accept, 3);
-        tier(&mut c, ep, Tier::Admin, POD_C, None, (0, 0), Pass, 9);
-        tier(&mut c, ep, Tier::Admin, IDENTITY_ANY, Some(Tcp), (9000, 9000), Deny, 1);
-        tier(&mut c, ep, Tier::Baseline, POD_C, Some(Tcp), (8000, 8100), Deny, 4);
+        tier_entry_forms(&mut c, ep);
         tier(&mut c, ep, Tier::Baseline, IDENTITY_ANY, Some(Udp), (53, 53), Accept, 8);
     }
     c

@@ -28,7 +28,6 @@ use npm_policy::model::Protocol::{Tcp, Udp};
 
 const POD_B: u32 = TIER_POD_B;
 const POD_C: u32 = TIER_POD_C;
-const BLOCK: u32 = TIER_BLOCK;
 
 /// [`tier_fixture`] with endpoint 1 isolated both ways.
 fn base() -> Compiled {
@@ -43,30 +42,19 @@ fn base() -> Compiled {
 fn compiled() -> Compiled {
     let mut c = base();
     for ep in [1, 2] {
-        tier(&mut c, ep, Tier::Admin, POD_B, Some(Tcp), (60, 200), Deny, 5);
-        tier(&mut c, ep, Tier::Admin, POD_B, Some(Tcp), (443, 443), Accept, 2);
-        tier(&mut c, ep, Tier::Admin, POD_B, Some(Udp), (0, u16::MAX), Deny, 7);
-        tier(&mut c, ep, Tier::Admin, BLOCK, Some(Tcp), (64, 127), Accept, 3);
-        tier(&mut c, ep, Tier::Admin, POD_C, None, (0, 0), Pass, 9);
-        tier(&mut c, ep, Tier::Admin, IDENTITY_ANY, Some(Tcp), (9000, 9000), Deny, 1);
+        tier_entry_forms(&mut c, ep);
         tier(&mut c, ep, Tier::Admin, IDENTITY_ANY, Some(Tcp), (0, 59), Accept, 11);
-        tier(&mut c, ep, Tier::Baseline, POD_C, Some(Tcp), (8000, 8100), Deny, 4);
         tier(&mut c, ep, Tier::Baseline, IDENTITY_ANY, None, (0, 0), Accept, 8);
     }
     tier(&mut c, 2, Tier::Baseline, POD_B, Some(Tcp), (20_000, 40_000), Deny, 6);
     c
 }
 
-/// One probe of [`Fixture::grid`]: (endpoint, source, UDP, port, (verdict,
-/// reason)).
-type Probe = (u32, &'static str, bool, u16, (i32, Option<Reason>));
+/// One probe of [`TierFront::grid`].
+type Probe = TierProbe;
 
-struct Fixture {
-    dp: EbpfDataplane,
-    a: Dummy,
-    b: Dummy,
-    pins: PinDir,
-}
+/// The tier front tests' dataplane.
+type Fixture = TierDp;
 
 /// A dataplane on `c` with `switches`, never reading the folded decisions
 /// (`NPM_FOLD`, which would decide these tiers before the tier front:
@@ -77,12 +65,7 @@ fn fixture(tag: &str, c: &Compiled, switches: BenchSwitches) -> Fixture {
         ..switches
     };
     sweep_leftovers();
-    let pins = PinDir::new(tag);
-    let a = Dummy::new(&format!("{tag}a"));
-    let b = Dummy::new(&format!("{tag}b"));
-    let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
-    dp.sync_full(c, &ifaces(&[(1, a.ifindex), (2, b.ifindex)])).unwrap();
-    Fixture { dp, a, b, pins }
+    TierDp::new(tag, c, switches)
 }
 
 /// The probes: every source, both endpoints, TCP and UDP ports at and
@@ -91,57 +74,28 @@ const PORTS: [u16; 16] = [
     0, 53, 59, 60, 63, 64, 127, 128, 200, 201, 443, 8000, 8100, 9000, 20_000, 40_001,
 ];
 
-impl Fixture {
-    fn ifs(&self) -> std::collections::BTreeMap<u32, u32> {
-        ifaces(&[(1, self.a.ifindex), (2, self.b.ifindex)])
-    }
-
-    fn run(&self, ep: u32, src: &str, udp: bool, port: u16) -> (i32, Option<Reason>) {
-        self.run_from(ep, src, 40000, udp, port)
-    }
-
-    /// [`Fixture::run`] from source port `sport` (a new flow, not one
+/// The tier front tests' probes of a [`TierDp`].
+trait TierFront {
+    /// A new flow from `src`'s port 40000 to endpoint `ep`'s `port`.
+    fn run(&self, ep: u32, src: &str, udp: bool, port: u16) -> (i32, Option<Reason>);
+    /// [`TierFront::run`] from source port `sport` (a new flow, not one
     /// tracked by an earlier probe).
+    fn run_from(&self, ep: u32, src: &str, sport: u16, udp: bool, port: u16) -> (i32, Option<Reason>);
+    /// Every probe's (verdict, reason): POD_B and POD_C, [`PORTS`].
+    fn grid(&mut self, sport: u16) -> Vec<Probe>;
+}
+
+impl TierFront for TierDp {
+    fn run(&self, ep: u32, src: &str, udp: bool, port: u16) -> (i32, Option<Reason>) {
+        self.probe(ep, src, 40000, udp, port)
+    }
+
     fn run_from(&self, ep: u32, src: &str, sport: u16, udp: bool, port: u16) -> (i32, Option<Reason>) {
-        let (ifindex, dst) = if ep == 1 {
-            (self.a.ifindex, "10.0.0.1")
-        } else {
-            (self.b.ifindex, "10.0.0.5")
-        };
-        let l4 = if udp {
-            L4::Udp(sport, port)
-        } else {
-            L4::Tcp(sport, port, 0x02)
-        };
-        self.dp.test_run(IN, ifindex, &v4(src, dst, l4)).unwrap()
+        self.probe(ep, src, sport, udp, port)
     }
 
-    /// Every probe's (verdict, reason).
     fn grid(&mut self, sport: u16) -> Vec<Probe> {
-        // Nothing cached from before.
-        self.dp.bump_generation().unwrap();
-        let mut out = Vec::new();
-        for ep in [1, 2] {
-            for src in ["10.0.0.2", "10.0.0.3"] {
-                for udp in [false, true] {
-                    for port in PORTS {
-                        out.push((ep, src, udp, port, self.run_from(ep, src, sport, udp, port)));
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    fn flags(&self, id: u32) -> u32 {
-        self.dp
-            .dump()
-            .unwrap()
-            .endpoints
-            .iter()
-            .find(|e| e.id == id)
-            .unwrap()
-            .flags
+        self.probe_grid(&["10.0.0.2", "10.0.0.3"], &PORTS, sport)
     }
 }
 

@@ -16,8 +16,7 @@ use crate::ebpf_common::*;
 use npm_common::{
     Reason, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, EP_FOLD_EGRESS, EP_FOLD_INGRESS, IDENTITY_ANY,
 };
-use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane};
-use npm_dataplane::Dataplane;
+use npm_dataplane::ebpf::BenchSwitches;
 use npm_policy::compiled::{Compiled, Direction::Ingress as IN, Tier, TierAction, TierEntry, TierValue};
 use npm_policy::model::Protocol;
 
@@ -141,56 +140,27 @@ const PORTS: [u16; 17] = [
     0, 53, 59, 60, 64, 127, 128, 200, 201, 443, 1024, 1087, 8000, 8100, 9000, 20_000, 40_001,
 ];
 
-struct Fixture {
-    dp: EbpfDataplane,
-    a: Dummy,
-    b: Dummy,
-    _pins: PinDir,
+/// A [`TierDp`] on [`base`] with `switches`.
+fn fixture(tag: &str, switches: BenchSwitches) -> TierDp {
+    TierDp::new(tag, &base(), switches)
 }
 
-fn fixture(tag: &str, switches: BenchSwitches) -> Fixture {
-    let pins = PinDir::new(tag);
-    let a = Dummy::new(&format!("{tag}a"));
-    let b = Dummy::new(&format!("{tag}b"));
-    let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
-    dp.sync_full(&base(), &ifaces(&[(1, a.ifindex), (2, b.ifindex)]))
-        .unwrap();
-    Fixture { dp, a, b, _pins: pins }
-}
-
-type Probe = (u32, &'static str, bool, u16, (i32, Option<Reason>));
-
-impl Fixture {
-    fn apply(&mut self, prev: &Compiled, next: &Compiled) {
-        let ifs = ifaces(&[(1, self.a.ifindex), (2, self.b.ifindex)]);
-        self.dp.apply(&prev.diff(next), next, &ifs).unwrap();
-    }
-
-    /// Every probe's (verdict, reason), each a new flow (source port
-    /// `sport`), nothing cached from before.
-    fn grid(&mut self, sport: u16) -> Vec<Probe> {
-        self.dp.bump_generation().unwrap();
-        let mut out = Vec::new();
-        for (ep, ifindex, dst) in [(1, self.a.ifindex, "10.0.0.1"), (2, self.b.ifindex, "10.0.0.5")] {
-            // POD_B (with its CIDR identity), POD_C, an unknown address.
-            for src in ["10.0.0.2", "10.0.0.3", "10.0.0.9"] {
-                for udp in [false, true] {
-                    for port in PORTS {
-                        let l4 = if udp {
-                            L4::Udp(sport, port)
-                        } else {
-                            L4::Tcp(sport, port, 0x02)
-                        };
-                        let got = self.dp.test_run(IN, ifindex, &v4(src, dst, l4)).unwrap();
-                        out.push((ep, src, udp, port, got));
-                    }
-                }
-            }
-        }
-        out
-    }
-
+/// The rounds' view of a [`TierDp`].
+trait Rounds {
+    /// Every probe (POD_B with its CIDR identity, POD_C, an unknown
+    /// address; [`PORTS`]) from source port `sport`.
+    fn grid(&mut self, sport: u16) -> Vec<TierProbe>;
     /// How many endpoint directions are flagged folded (`EP_FOLD_*`).
+    fn folded(&self) -> usize;
+    /// How many (endpoint, tier)s are on the front.
+    fn on_front(&self) -> usize;
+}
+
+impl Rounds for TierDp {
+    fn grid(&mut self, sport: u16) -> Vec<TierProbe> {
+        self.probe_grid(&["10.0.0.2", "10.0.0.3", "10.0.0.9"], &PORTS, sport)
+    }
+
     fn folded(&self) -> usize {
         let d = self.dp.dump().unwrap();
         d.endpoints
@@ -199,7 +169,6 @@ impl Fixture {
             .sum()
     }
 
-    /// How many (endpoint, tier)s are on the front.
     fn on_front(&self) -> usize {
         let d = self.dp.dump().unwrap();
         d.endpoints

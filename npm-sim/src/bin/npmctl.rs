@@ -32,6 +32,16 @@ struct Files {
 }
 
 #[derive(clap::Args)]
+struct Pods {
+    /// Source pod, namespace/name.
+    #[arg(long)]
+    from: String,
+    /// Destination pod, namespace/name.
+    #[arg(long)]
+    to: String,
+}
+
+#[derive(clap::Args)]
 struct PortArgs {
     /// Destination port.
     #[arg(long, default_value_t = 80)]
@@ -54,12 +64,8 @@ enum Cmd {
     Explain {
         #[command(flatten)]
         files: Files,
-        /// Source pod, namespace/name.
-        #[arg(long)]
-        from: String,
-        /// Destination pod, namespace/name.
-        #[arg(long)]
-        to: String,
+        #[command(flatten)]
+        pods: Pods,
         #[command(flatten)]
         port: PortArgs,
     },
@@ -68,12 +74,8 @@ enum Cmd {
     Ports {
         #[command(flatten)]
         files: Files,
-        /// Source pod, namespace/name.
-        #[arg(long)]
-        from: String,
-        /// Destination pod, namespace/name.
-        #[arg(long)]
-        to: String,
+        #[command(flatten)]
+        pods: Pods,
     },
     /// Report invalid policies.
     Validate {
@@ -140,14 +142,21 @@ fn run(cli: Cli) -> Result<bool, String> {
             print!("{}", sim::matrix(&s, &opts, protocol(&port)?, port.port).render());
             Ok(true)
         }
-        Cmd::Explain { files, from, to, port } => {
+        Cmd::Explain {
+            files,
+            pods: Pods { from, to },
+            port,
+        } => {
             let s = load(&files)?;
             warn_invalid(&s);
             let v = sim::explain(&s, &opts, &from, &to, protocol(&port)?, port.port).map_err(|e| e.to_string())?;
             println!("{from} -> {to} {}/{}: {v}", port.protocol, port.port);
             Ok(true)
         }
-        Cmd::Ports { files, from, to } => {
+        Cmd::Ports {
+            files,
+            pods: Pods { from, to },
+        } => {
             let s = load(&files)?;
             warn_invalid(&s);
             let r = npm_sim::ports::ports(&s, &opts, &from, &to).map_err(|e| e.to_string())?;

@@ -50,12 +50,8 @@ steps:
           z/c: "1111"
 "#;
 
-/// One live cluster at a time (shared pod addresses and names).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-#[test]
-fn actions_reset_and_probes_on_an_unenforced_cluster() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+/// The live runner on nftables with the stand-in agent (and its path).
+fn start() -> (LiveRunner, std::path::PathBuf) {
     let agent = stand_in_agent();
     let opts = Options {
         engine: Engine::Nftables,
@@ -65,7 +61,16 @@ fn actions_reset_and_probes_on_an_unenforced_cluster() {
         startup_deadline: Duration::from_secs(2),
         ..Options::default()
     };
-    let mut r = LiveRunner::start(opts).expect("start the live runner");
+    (LiveRunner::start(opts).expect("start the live runner"), agent)
+}
+
+/// One live cluster at a time (shared pod addresses and names).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn actions_reset_and_probes_on_an_unenforced_cluster() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut r, agent) = start();
     let case = parse_text(CASE).expect("parse").remove(0);
 
     let (passed, report) = r.run_case(&case);
@@ -148,16 +153,7 @@ fn actions_reset_and_probes_on_an_unenforced_cluster() {
 #[test]
 fn a_reset_that_failed_half_way_does_not_fail_the_next() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let agent = stand_in_agent();
-    let opts = Options {
-        engine: Engine::Nftables,
-        agent_bin: agent.clone(),
-        deadline: Duration::from_secs(2),
-        settle: Duration::from_millis(50),
-        startup_deadline: Duration::from_secs(2),
-        ..Options::default()
-    };
-    let mut r = LiveRunner::start(opts).expect("start the live runner");
+    let (mut r, agent) = start();
     let slytherin = "network-policy-conformance-slytherin";
     r.api_server().expect("in-process API server").fail_next(
         1,

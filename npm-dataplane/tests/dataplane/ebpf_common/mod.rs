@@ -512,6 +512,109 @@ pub fn tier_in(
     );
 }
 
+/// The entry forms every tier test of both tiers starts from, for endpoint
+/// `ep`: a range over edge ports and 64-port blocks, an exact port, a whole
+/// protocol, a CIDR peer's block, an any-protocol Pass, an any-peer exact
+/// port, and a Baseline range.
+pub fn tier_entry_forms(c: &mut Compiled, ep: u32) {
+    use TierAction::*;
+    let (tcp, udp) = (Some(Protocol::Tcp), Some(Protocol::Udp));
+    tier_in(c, ep, Tier::Admin, TIER_POD_B, tcp, (60, 200), Deny, 5);
+    tier_in(c, ep, Tier::Admin, TIER_POD_B, tcp, (443, 443), Accept, 2);
+    tier_in(c, ep, Tier::Admin, TIER_POD_B, udp, (0, u16::MAX), Deny, 7);
+    tier_in(c, ep, Tier::Admin, TIER_BLOCK, tcp, (64, 127), Accept, 3);
+    tier_in(c, ep, Tier::Admin, TIER_POD_C, None, (0, 0), Pass, 9);
+    tier_in(c, ep, Tier::Admin, npm_common::IDENTITY_ANY, tcp, (9000, 9000), Deny, 1);
+    tier_in(c, ep, Tier::Baseline, TIER_POD_C, tcp, (8000, 8100), Deny, 4);
+}
+
+/// One probe of [`TierDp::probe_grid`]: (endpoint, source, UDP, port,
+/// (verdict, reason)).
+pub type TierProbe = (u32, &'static str, bool, u16, (i32, Option<npm_common::Reason>));
+
+/// The tier tests' dataplane: endpoints 1 (10.0.0.1) and 2 (10.0.0.5) of
+/// [`tier_fixture`] on veths of their own, probed on ingress.
+pub struct TierDp {
+    /// The dataplane.
+    pub dp: EbpfDataplane,
+    /// Endpoint 1's interface.
+    pub a: Dummy,
+    /// Endpoint 2's interface.
+    pub b: Dummy,
+    /// Its pins.
+    pub pins: PinDir,
+}
+
+impl TierDp {
+    /// A dataplane with `switches`, fully synced to `c`.
+    pub fn new(tag: &str, c: &Compiled, switches: npm_dataplane::ebpf::BenchSwitches) -> TierDp {
+        let pins = PinDir::new(tag);
+        let a = Dummy::new(&format!("{tag}a"));
+        let b = Dummy::new(&format!("{tag}b"));
+        let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
+        npm_dataplane::Dataplane::sync_full(&mut dp, c, &ifaces(&[(1, a.ifindex), (2, b.ifindex)])).unwrap();
+        TierDp { dp, a, b, pins }
+    }
+
+    /// The endpoints' interfaces.
+    pub fn ifs(&self) -> BTreeMap<u32, u32> {
+        ifaces(&[(1, self.a.ifindex), (2, self.b.ifindex)])
+    }
+
+    /// Applies the diff from `prev` to `next`.
+    pub fn apply(&mut self, prev: &Compiled, next: &Compiled) {
+        let ifs = self.ifs();
+        npm_dataplane::Dataplane::apply(&mut self.dp, &prev.diff(next), next, &ifs).unwrap();
+    }
+
+    /// (verdict, reason) of a new flow from `src` (source port `sport`) to
+    /// endpoint `ep`'s `port`, TCP SYN or UDP.
+    pub fn probe(&self, ep: u32, src: &str, sport: u16, udp: bool, port: u16) -> (i32, Option<npm_common::Reason>) {
+        let (ifindex, dst) = if ep == 1 {
+            (self.a.ifindex, "10.0.0.1")
+        } else {
+            (self.b.ifindex, "10.0.0.5")
+        };
+        let l4 = if udp {
+            L4::Udp(sport, port)
+        } else {
+            L4::Tcp(sport, port, 0x02)
+        };
+        self.dp
+            .test_run(Direction::Ingress, ifindex, &v4(src, dst, l4))
+            .unwrap()
+    }
+
+    /// Every (endpoint, source, TCP and UDP, port)'s probe, each a new flow
+    /// from source port `sport`, nothing cached from before.
+    pub fn probe_grid(&mut self, sources: &[&'static str], ports: &[u16], sport: u16) -> Vec<TierProbe> {
+        self.dp.bump_generation().unwrap();
+        let mut out = Vec::new();
+        for ep in [1, 2] {
+            for src in sources {
+                for udp in [false, true] {
+                    for port in ports {
+                        out.push((ep, *src, udp, *port, self.probe(ep, src, sport, udp, *port)));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Endpoint `id`'s record flags.
+    pub fn flags(&self, id: u32) -> u32 {
+        self.dp
+            .dump()
+            .unwrap()
+            .endpoints
+            .iter()
+            .find(|e| e.id == id)
+            .unwrap()
+            .flags
+    }
+}
+
 /// Interfaces map of one endpoint.
 pub fn ifaces(pairs: &[(u32, u32)]) -> BTreeMap<u32, u32> {
     pairs.iter().copied().collect()
