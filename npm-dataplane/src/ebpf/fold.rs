@@ -34,8 +34,7 @@
 //! ([`npm_common::sizes::FOLD_BUCKETS`]); a direction that would fill it
 //! beyond three quarters (as estimated from its first classes, or found
 //! while storing), or meets a full bucket, is not folded (its packets take
-//! the lookups) until its decisions change or a full sync; once one did
-//! not fit, no new direction is tried in that batch.
+//! the lookups) until its decisions change or a full sync.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
@@ -224,19 +223,11 @@ impl FoldTable {
         self.failed
             .retain(|sd| foldable.contains_key(sd) && !self.dirty.contains(sd));
         let mut current = BTreeMap::new();
-        // Once a direction found the map too full, the next new ones are
-        // not tried in this batch (they would fail the same way, after
-        // folding as much).
-        let mut out_of_room = false;
         for (&sd, &endpoint) in &foldable {
             if self.failed.contains(&sd) {
                 continue;
             }
             let known = self.stored.contains_key(&sd);
-            if !known && out_of_room {
-                self.failed.insert(sd);
-                continue;
-            }
             let todo = if known { &added } else { &all };
             let mut whole = true;
             // What the first classes take predicts what all of them will:
@@ -244,7 +235,6 @@ impl FoldTable {
             let (start, mut taken) = (self.used, 0usize);
             for (done, class) in todo.iter().enumerate() {
                 if done == ESTIMATE_AFTER && start + taken / done * todo.len() > budget {
-                    out_of_room = true;
                     whole = false;
                     break;
                 }
@@ -256,10 +246,7 @@ impl FoldTable {
                         taken += e.len();
                         self.store(&e)
                     }
-                    Some(_) => {
-                        out_of_room = true;
-                        None
-                    }
+                    Some(_) => None,
                 };
                 match slots {
                     Some(slots) => {

@@ -41,6 +41,7 @@ mod ebpf_subjects;
 mod ebpf_tier_front;
 mod ebpf_tier_front_mixed;
 mod ebpf_tiers;
+mod ebpf_verifier;
 mod ebpf_veth;
 mod map_size;
 mod nft_differential;

@@ -1,0 +1,40 @@
+//! The verifier's budget: the instructions the kernel's verifier walked to
+//! load each pod program (`verified_insns`, what the 1,000,000-instruction
+//! complexity limit counts), kept below 80% of the limit, so that a change
+//! that nears it fails here rather than on a node. On this kernel (6.18)
+//! `from_pod` takes about 503,000 and `to_pod` about 613,000 (the folded
+//! decisions added 2% and 7%: 494,000 and 572,000 without them). Needs
+//! root.
+
+use crate::ebpf_common::*;
+use aya::programs::loaded_programs;
+use npm_dataplane::ebpf::AttachMode;
+use npm_dataplane::Dataplane;
+
+/// 80% of the kernel's complexity limit (`BPF_COMPLEXITY_LIMIT_INSNS`).
+const BUDGET: u32 = 800_000;
+
+#[test]
+fn the_pod_programs_load_within_80_percent_of_the_verifier_limit() {
+    sweep_leftovers();
+    let pins = PinDir::new("vfb");
+    let a = Dummy::new("vfa");
+    let mut dp = pins.open();
+    dp.sync_full(&tier_fixture(true), &ifaces(&[(1, a.ifindex)])).unwrap();
+    let (ingress, egress) = prog_ids(&a.name, AttachMode::Tcx);
+    assert_eq!((ingress.len(), egress.len()), (1, 1), "one program on each hook");
+    for (hook, id) in [
+        ("from_pod (tcx ingress)", ingress[0]),
+        ("to_pod (tcx egress)", egress[0]),
+    ] {
+        let info = loaded_programs()
+            .filter_map(Result::ok)
+            .find(|p| p.id() == id)
+            .unwrap_or_else(|| panic!("program {id} is loaded"));
+        let insns = info
+            .verified_instruction_count()
+            .expect("the kernel reports verified_insns");
+        eprintln!("{hook}: {insns} instructions verified");
+        assert!(insns < BUDGET, "{hook}: {insns} verified instructions, budget {BUDGET}");
+    }
+}
