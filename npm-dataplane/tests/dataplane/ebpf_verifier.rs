@@ -2,8 +2,8 @@
 //! load each pod program (`verified_insns`, what the 1,000,000-instruction
 //! complexity limit counts), kept below 80% of the limit, so that a change
 //! that nears it fails here rather than on a node. On this kernel (6.18)
-//! `from_pod` takes about 503,000 and `to_pod` about 613,000 (the folded
-//! decisions added 2% and 7%: 494,000 and 572,000 without them). Needs
+//! `from_pod` takes about 494,000 and `to_pod` about 609,000 (the folded
+//! decisions added 0% and 6%: 494,000 and 572,000 without them). Needs
 //! root.
 
 use crate::ebpf_common::*;

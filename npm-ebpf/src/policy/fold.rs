@@ -29,19 +29,22 @@ static NPM_BENCH_NO_FOLD: u8 = 0;
 /// [`fold_decision`]'s answer when no entry decides.
 pub(crate) const NO_FOLD: u32 = u32::MAX;
 
-/// The decision word (as `super::evaluate_policy` returns it) of the
-/// folded entry for a packet of an endpoint (flags `ep_flags`) of subject
-/// `subject` in direction `dir` whose peer has the identities `ids` (pod or
-/// node identity, CIDR identity), protocol `pr` and destination port
-/// `port`; [`NO_FOLD`] when the direction is not folded or the class has no
-/// entries.
+/// Whether the datapath reads `NPM_FOLD` for an endpoint (flags
+/// `ep_flags`) in direction `dir`: the direction is flagged folded and
+/// [`NPM_BENCH_NO_FOLD`] is not set.
 #[inline(always)]
-pub(crate) fn fold_decision(ep_flags: u32, subject: u32, dir: u8, ids: (u32, u32), pr: u8, port: u16) -> u32 {
+pub(crate) fn fold_enabled(ep_flags: u32, dir: u8) -> bool {
     // SAFETY: reading a read-only global.
-    let off = unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_FOLD) } != 0;
-    if off || ep_flags & (EP_FOLD_INGRESS << dir) == 0 {
-        return NO_FOLD;
-    }
+    ep_flags & (EP_FOLD_INGRESS << dir) != 0 && unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_FOLD) } == 0
+}
+
+/// The decision word (as `super::evaluate_policy` returns it) of the
+/// folded entry for a packet of subject `subject` in direction `dir` (a
+/// direction [`fold_enabled`] says is folded) whose peer has the
+/// identities `ids` (pod or node identity, CIDR identity), protocol `pr`
+/// and destination port `port`; [`NO_FOLD`] when the class has no entries.
+#[inline(always)]
+pub(crate) fn fold_decision(subject: u32, dir: u8, ids: (u32, u32), pr: u8, port: u16) -> u32 {
     let (identity, cidr_identity) = ids;
     if subject == 0 || subject >= FOLD_MAX_SUBJECT || identity >= FOLD_MAX_IDENTITY {
         return NO_FOLD;

@@ -27,7 +27,7 @@ use crate::decision_cache::{
 };
 use crate::mem::{wr32, V4_MAPPED_WORD};
 use crate::rule_counters::RULE_TAG;
-use fold::{fold_decision, NO_FOLD};
+use fold::{fold_decision, fold_enabled, NO_FOLD};
 use front::{front_enabled, front_rule, UNKNOWN_RULE};
 use ipcache::peer_identities;
 use lpm::{policy_rule, NO_RULE};
@@ -149,10 +149,13 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     let f = ep.flags;
     let ids = (identity, cidr_identity);
     // 9a to 9d folded ahead of time, when the subject's direction is.
-    // SAFETY: lpm is the 20-byte, 4-aligned scratch key.
-    let w = unsafe { folded(lpm, f, subject, dir, ids, pr, port) };
-    if w != NO_FOLD {
-        return w;
+    // (An endpoint direction that is not folded pays only this test.)
+    if fold_enabled(f, dir) {
+        // SAFETY: lpm is the 20-byte, 4-aligned scratch key.
+        let w = unsafe { folded(lpm, subject, dir, ids, pr, port) };
+        if w != NO_FOLD {
+            return w;
+        }
     }
     // The tier front's class filter slots of the peer, read once for both tiers.
     let admin = f & (EP_ADMIN_INGRESS << dir) != 0;
@@ -220,19 +223,17 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
 /// # Safety
 /// `lpm` is the 20-byte, 4-aligned scratch key.
 #[inline(always)]
-unsafe fn folded(lpm: *mut u8, f: u32, subject: u32, dir: u8, ids: (u32, u32), pr: u8, port: u16) -> u32 {
+unsafe fn folded(lpm: *mut u8, subject: u32, dir: u8, ids: (u32, u32), pr: u8, port: u16) -> u32 {
     let s = lpm as *const u32;
-    wr32(lpm, f);
-    wr32(lpm.add(4), subject);
-    wr32(lpm.add(8), ids.0);
-    wr32(lpm.add(12), ids.1);
-    wr32(lpm.add(16), dir as u32 | (pr as u32) << 8 | (port as u32) << 16);
-    let x = core::ptr::read_volatile(s.add(4));
+    wr32(lpm, subject);
+    wr32(lpm.add(4), ids.0);
+    wr32(lpm.add(8), ids.1);
+    wr32(lpm.add(12), dir as u32 | (pr as u32) << 8 | (port as u32) << 16);
+    let x = core::ptr::read_volatile(s.add(3));
     let w = fold_decision(
         core::ptr::read_volatile(s),
-        core::ptr::read_volatile(s.add(1)),
         (x & 1) as u8,
-        (core::ptr::read_volatile(s.add(2)), core::ptr::read_volatile(s.add(3))),
+        (core::ptr::read_volatile(s.add(1)), core::ptr::read_volatile(s.add(2))),
         (x >> 8) as u8,
         (x >> 16) as u16,
     );
