@@ -69,6 +69,21 @@ pub(crate) fn front_fallbacks(records: impl Iterator<Item = u32>) -> (u64, u64) 
     (policy, tiers)
 }
 
+/// The [`MapFill::fallbacks`] of the folded decisions (`NPM_FOLD`): per
+/// endpoint record, each direction with tier entries (`EP_ADMIN_<dir>` or
+/// `EP_BASELINE_<dir>`) that is not flagged folded (`EP_FOLD_<dir>`).
+pub(crate) fn fold_fallbacks(records: impl Iterator<Item = u32>) -> u64 {
+    use npm_common::{DIR_EGRESS, DIR_INGRESS, EP_FOLD_INGRESS, EP_TIERS_INGRESS};
+    records
+        .map(|f| {
+            [DIR_INGRESS, DIR_EGRESS]
+                .into_iter()
+                .filter(|dir| f & (EP_TIERS_INGRESS << dir) != 0 && f & (EP_FOLD_INGRESS << dir) == 0)
+                .count() as u64
+        })
+        .sum()
+}
+
 /// How often the datapath's maps (conntrack, fragments) are counted.
 pub const DATAPATH_COUNT_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -231,12 +246,16 @@ impl EbpfDataplane {
             capacity: u64::from(capacity),
             fallbacks: None,
         };
-        let (policy_fallbacks, tier_fallbacks) = match self.fill.known {
+        let (policy_fallbacks, tier_fallbacks, fold_fallbacks) = match self.fill.known {
             true => {
                 let (p, t) = front_fallbacks(self.written.values().map(|i| i.flags));
-                (Some(p), Some(t))
+                (
+                    Some(p),
+                    Some(t),
+                    Some(fold_fallbacks(self.written.values().map(|i| i.flags))),
+                )
             }
-            false => (None, None),
+            false => (None, None, None),
         };
         let actual = &self.sizes.actual;
         let mut out = Vec::new();
@@ -261,11 +280,14 @@ impl EbpfDataplane {
             fallbacks: tier_fallbacks,
             ..fill(maps::TIER_FRONT, self.tier_front_len(), actual.tier_front * 4)
         });
-        out.push(fill(
-            maps::FOLD,
-            self.fold_len(),
-            sizes::FOLD_BUCKETS * npm_common::FOLD_WAYS as u32,
-        ));
+        out.push(MapFill {
+            fallbacks: fold_fallbacks,
+            ..fill(
+                maps::FOLD,
+                self.fold_len(),
+                sizes::FOLD_BUCKETS * npm_common::FOLD_WAYS as u32,
+            )
+        });
         out.push(fill(
             maps::TIER_SUMMARY,
             self.tiers.filter_len(),
@@ -304,11 +326,20 @@ impl EbpfDataplane {
 
 #[cfg(test)]
 mod tests {
-    use super::front_fallbacks;
+    use super::{fold_fallbacks, front_fallbacks};
     use npm_common::{
-        EP_ADMIN_FRONT_INGRESS, EP_ADMIN_INGRESS, EP_BASELINE_EGRESS, EP_FRONT_EGRESS, EP_FRONT_INGRESS,
-        EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_TIER_SUMMARY,
+        EP_ADMIN_FRONT_INGRESS, EP_ADMIN_INGRESS, EP_BASELINE_EGRESS, EP_FOLD_EGRESS, EP_FOLD_INGRESS, EP_FRONT_EGRESS,
+        EP_FRONT_INGRESS, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_TIER_SUMMARY,
     };
+
+    #[test]
+    fn fold_fallbacks_count_tiered_directions_not_folded() {
+        assert_eq!(fold_fallbacks([0u32, EP_ISOLATED_INGRESS].into_iter()), 0);
+        let f = EP_ADMIN_INGRESS | EP_BASELINE_EGRESS;
+        assert_eq!(fold_fallbacks([f].into_iter()), 2);
+        assert_eq!(fold_fallbacks([f | EP_FOLD_INGRESS].into_iter()), 1);
+        assert_eq!(fold_fallbacks([f | EP_FOLD_INGRESS | EP_FOLD_EGRESS, f].into_iter()), 2);
+    }
 
     #[test]
     fn fallbacks_count_directions_and_tiers_off_their_front() {

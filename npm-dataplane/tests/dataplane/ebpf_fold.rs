@@ -117,10 +117,8 @@ fn the_fold_decides_as_the_lookups_and_the_datapath_reads_it() {
     assert!(entries > 0);
     assert_eq!(fold.kernel_entries(), entries, "the loader's count is the kernel's");
     let fill = fold.dp.map_fill();
-    assert_eq!(
-        fill.iter().find(|m| m.map == maps::FOLD).map(|m| m.entries),
-        Some(entries as u64)
-    );
+    let of = fill.iter().find(|m| m.map == maps::FOLD).expect("NPM_FOLD's fill");
+    assert_eq!((of.entries, of.fallbacks), (entries as u64, Some(0)));
     let want = look.grid(40_000);
     assert_same(&fold.grid(40_000), &want, "synced");
     // Not trivial: every tier reason and both NetworkPolicy reasons occur.
@@ -299,6 +297,10 @@ fn a_direction_that_does_not_fit_keeps_its_lookups() {
     let entries = fold.dp.fold_len();
     assert!(entries > 0 && entries < 10_000, "only endpoint 2's entries: {entries}");
     assert_eq!(fold.kernel_entries(), entries);
+    // The metric counts the direction left to the lookups.
+    let fill = fold.dp.map_fill();
+    let of = fill.iter().find(|m| m.map == maps::FOLD).expect("NPM_FOLD's fill");
+    assert_eq!(of.fallbacks, Some(1));
     assert_same(&fold.grid(40_000), &look.grid(40_000), "partly folded");
     for port in [1000, 1001, 2798] {
         assert_eq!(
