@@ -197,11 +197,7 @@ impl FoldTable {
             .copied()
             .collect();
         for sd in gone {
-            if let Some(classes) = self.stored.remove(&sd) {
-                for slots in classes.into_values() {
-                    self.clear(&slots);
-                }
-            }
+            self.drop_direction(sd);
         }
         // Classes no address resolves to any more.
         let went: Vec<PeerClass> = self.classes.difference(&now).copied().collect();
@@ -263,11 +259,7 @@ impl FoldTable {
                 *current.entry(sd.0).or_insert(0) |= flag(sd.1);
             } else {
                 self.failed.insert(sd);
-                if let Some(classes) = self.stored.remove(&sd) {
-                    for slots in classes.into_values() {
-                        self.clear(&slots);
-                    }
-                }
+                self.drop_direction(sd);
             }
         }
         self.classes = now;
@@ -297,6 +289,15 @@ impl FoldTable {
         }
         self.used += slots.len();
         Some(slots)
+    }
+
+    /// Removes every entry of direction `sd` and forgets it.
+    fn drop_direction(&mut self, sd: Sd) {
+        if let Some(classes) = self.stored.remove(&sd) {
+            for slots in classes.into_values() {
+                self.clear(&slots);
+            }
+        }
     }
 
     /// Removes the entries at `slots` ([`clear_entries`]).

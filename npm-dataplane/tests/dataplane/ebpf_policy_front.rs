@@ -83,14 +83,7 @@ impl Fixture {
     }
 
     fn flags(&self, id: u32) -> u32 {
-        self.dp
-            .dump()
-            .unwrap()
-            .endpoints
-            .iter()
-            .find(|e| e.id == id)
-            .unwrap_or_else(|| panic!("endpoint {id} not in the dump"))
-            .flags
+        record_flags(&self.dp, id)
     }
 }
 

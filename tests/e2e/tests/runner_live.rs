@@ -64,6 +64,14 @@ fn start() -> (LiveRunner, std::path::PathBuf) {
     (LiveRunner::start(opts).expect("start the live runner"), agent)
 }
 
+/// Shuts the runner down, removes the stand-in agent, and checks that no
+/// netns of this process is left.
+fn stop(r: LiveRunner, agent: std::path::PathBuf) {
+    r.shutdown().expect("shutdown");
+    let _ = std::fs::remove_file(agent);
+    assert!(npm_e2e::cluster::own_netns().is_empty());
+}
+
 /// One live cluster at a time (shared pod addresses and names).
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -139,9 +147,7 @@ fn actions_reset_and_probes_on_an_unenforced_cluster() {
     let (passed, report) = r.run_case(&open);
     assert!(passed, "{report}");
 
-    r.shutdown().expect("shutdown");
-    let _ = std::fs::remove_file(agent);
-    assert!(npm_e2e::cluster::own_netns().is_empty());
+    stop(r, agent);
 }
 
 /// A reset that fails half-way (the API server refuses the pods of one
@@ -191,7 +197,5 @@ fn a_reset_that_failed_half_way_does_not_fail_the_next() {
     let (passed, report) = r.run_case(&open);
     assert!(passed, "{report}");
 
-    r.shutdown().expect("shutdown");
-    let _ = std::fs::remove_file(agent);
-    assert!(npm_e2e::cluster::own_netns().is_empty());
+    stop(r, agent);
 }

@@ -604,15 +604,19 @@ impl TierDp {
 
     /// Endpoint `id`'s record flags.
     pub fn flags(&self, id: u32) -> u32 {
-        self.dp
-            .dump()
-            .unwrap()
-            .endpoints
-            .iter()
-            .find(|e| e.id == id)
-            .unwrap()
-            .flags
+        record_flags(&self.dp, id)
     }
+}
+
+/// The flags of endpoint `id`'s record, as the dataplane dumps it.
+pub fn record_flags(dp: &EbpfDataplane, id: u32) -> u32 {
+    dp.dump()
+        .unwrap()
+        .endpoints
+        .iter()
+        .find(|e| e.id == id)
+        .unwrap_or_else(|| panic!("endpoint {id} not in the dump"))
+        .flags
 }
 
 /// Interfaces map of one endpoint.
