@@ -40,7 +40,8 @@ enum Cmd {
         #[arg(long)]
         no_setup: bool,
     },
-    /// cargo fmt --check and clippy -D warnings on the workspace.
+    /// rustfmt --check, clippy -D warnings (the workspace and npm-ebpf) and
+    /// cargo doc with warnings denied: the suite's first stage.
     Lint,
     /// Run the conformance catalogue (arguments go to npm-conformance).
     Conformance {
@@ -55,7 +56,7 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Build the agent's OCI image (localhost/npm-agent:<version> and :latest,
+    /// Build the agent's OCI image (`localhost/npm-agent:<version>` and :latest,
     /// and target/image/npm-agent.tar) with buildah.
     Image {
         /// Then run the image checks that `cargo xtask test` runs.
@@ -124,31 +125,29 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
+/// `rustup run nightly cargo <subcommand>` on `npm-ebpf` for its target
+/// (`--release`, `bpfel-unknown-none`, `core` built from rust-src), without
+/// the stable toolchain's variables that `cargo xtask` inherits.
+fn ebpf_cargo(subcommand: &str) -> Command {
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", "nightly", "cargo", subcommand])
+        .args(["--package", "npm-ebpf", "--release"])
+        .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"]);
+    cmd.env_remove("RUSTFLAGS");
+    cmd.env_remove("RUSTC");
+    cmd.env_remove("RUSTC_WRAPPER");
+    cmd.env_remove("CARGO");
+    cmd
+}
+
 fn build_ebpf() -> Result<()> {
     setup::check_ebpf_prerequisites()?;
-    let mut cmd = Command::new("rustup");
-    cmd.args([
-        "run",
-        "nightly",
-        "cargo",
-        "build",
-        "--package",
-        "npm-ebpf",
-        "--release",
-        "--target",
-        "bpfel-unknown-none",
-        "-Z",
-        "build-std=core",
-    ]);
+    let mut cmd = ebpf_cargo("build");
     // BTF for the object; the linker is bpf-linker (found on PATH by rustc).
     cmd.env(
         "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
         "-C debuginfo=2 -C link-arg=--btf",
     );
-    cmd.env_remove("RUSTFLAGS");
-    cmd.env_remove("RUSTC");
-    cmd.env_remove("RUSTC_WRAPPER");
-    cmd.env_remove("CARGO");
     run(&mut cmd)?;
     let obj = ebpf_object();
     if !obj.exists() {
@@ -158,18 +157,43 @@ fn build_ebpf() -> Result<()> {
     Ok(())
 }
 
+/// The first stage of the suite, each step stopping at its first failure:
+/// rustfmt, clippy with warnings denied on the workspace and on `npm-ebpf`
+/// (nightly, its BPF target), and the docs with warnings denied.
 fn lint() -> Result<()> {
-    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-    run(cargo().args([
+    let started = Instant::now();
+    let step = |name: &str, cmd: &mut Command| -> Result<()> {
+        let t = Instant::now();
+        run(cmd).with_context(|| format!("lint: {name}"))?;
+        eprintln!("xtask: lint: {name} passed in {:.0} s", t.elapsed().as_secs_f64());
+        Ok(())
+    };
+    step("rustfmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    step(
         "clippy",
-        "--workspace",
-        "--exclude",
-        "npm-ebpf",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--exclude",
+            "npm-ebpf",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    // Clippy does not link: no bpf-linker needed, only nightly with
+    // rust-src and clippy.
+    setup::check_ebpf_toolchain(&["rust-src", "clippy"])?;
+    step("clippy npm-ebpf", ebpf_cargo("clippy").args(["--", "-D", "warnings"]))?;
+    step(
+        "doc",
+        cargo()
+            .args(["doc", "--workspace", "--exclude", "npm-ebpf", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    eprintln!("xtask: lint passed in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
 }
 
 /// The whole suite, as CI runs it.

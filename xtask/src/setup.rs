@@ -104,8 +104,11 @@ fn rust_src() -> Result<()> {
     }
     let comps = output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))
         .unwrap_or_default();
-    if !comps.lines().any(|l| l.starts_with("rust-src")) {
-        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+    // rust-src builds `core` for the BPF target; clippy lints npm-ebpf.
+    for comp in ["rust-src", "clippy"] {
+        if !comps.lines().any(|l| l.starts_with(comp)) {
+            run(Command::new("rustup").args(["component", "add", comp, "--toolchain", "nightly"]))?;
+        }
     }
     Ok(())
 }
@@ -180,20 +183,31 @@ pub fn check_image_prerequisites() -> Result<()> {
 
 /// Fail early, by name, when the BPF build cannot work.
 pub fn check_ebpf_prerequisites() -> Result<()> {
+    check_ebpf_toolchain(&["rust-src"])?;
+    if !bpf_linker_ok() {
+        bail!(
+            "bpf-linker {BPF_LINKER_VERSION} is not on PATH: run `cargo xtask setup` (or `LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
+             cargo install bpf-linker --version {BPF_LINKER_VERSION} --no-default-features --features llvm-22`)"
+        );
+    }
+    Ok(())
+}
+
+/// Nightly with these components (`rust-src` to build `core` for the BPF
+/// target, `clippy` to lint `npm-ebpf`).
+pub fn check_ebpf_toolchain(components: &[&str]) -> Result<()> {
     let toolchains = output(Command::new("rustup").args(["toolchain", "list"])).unwrap_or_default();
     if !toolchains.lines().any(|l| l.starts_with("nightly")) {
         bail!("the nightly Rust toolchain is missing: run `cargo xtask setup` (or `rustup toolchain install nightly`)");
     }
     let comps = output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))
         .unwrap_or_default();
-    if !comps.lines().any(|l| l.starts_with("rust-src")) {
-        bail!("rust-src for nightly is missing: run `cargo xtask setup` (or `rustup component add rust-src --toolchain nightly`)");
-    }
-    if !bpf_linker_ok() {
-        bail!(
-            "bpf-linker {BPF_LINKER_VERSION} is not on PATH: run `cargo xtask setup` (or `LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
-             cargo install bpf-linker --version {BPF_LINKER_VERSION} --no-default-features --features llvm-22`)"
-        );
+    for comp in components {
+        if !comps.lines().any(|l| l.starts_with(comp)) {
+            bail!(
+                "{comp} for nightly is missing: run `cargo xtask setup` (or `rustup component add {comp} --toolchain nightly`)"
+            );
+        }
     }
     Ok(())
 }

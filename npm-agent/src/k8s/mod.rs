@@ -31,7 +31,7 @@
 //! - [`pods`]: the slim Pod type (only what the compiler reads; a
 //!   condition update is no change);
 //! - [`watcher`]: the kube-rs watchers feeding the cache;
-//! - [`direct_read`]: a fresh paginated LIST of all five (the
+//! - [`direct_read`](mod@direct_read): a fresh paginated LIST of all five (the
 //!   mass-deletion guard's confirmation);
 //! - [`taint`]: removing the `npm.io/agent-not-ready` taint from this
 //!   agent's Node after the first full sync.

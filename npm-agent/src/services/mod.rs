@@ -2,7 +2,7 @@
 //! the deferred egress decision (see `npm_common::service`).
 //!
 //! - watchers of `v1` Services and `v1` Nodes, each into a
-//!   [`ListStore`](crate::k8s::ListStore): a store's state is replaced only
+//!   [`ListStore`]: a store's state is replaced only
 //!   on `InitDone`, so nothing is ever computed from a partial list, and a
 //!   failed relist keeps the last complete one (incident 2);
 //! - [`keys`]: the Service keys of the two complete lists (pure);

@@ -1,5 +1,5 @@
 //! Flow events of the nftables dataplane through NFLOG: the `log` rules the
-//! endpoint and tier chains carry ([`deny_log_rule`], [`allow_log_rule`])
+//! endpoint and tier chains carry (`deny_log_rule`, `allow_log_rule`)
 //! and the reader of their messages ([`NflogReader`]), which turns each into
 //! the event type of the eBPF ring buffer ([`DenyEvent`]), so flow logs,
 //! names and metrics work the same on both dataplanes.

@@ -4,7 +4,7 @@
 //! what a CNP decides for a pod is a function of its identity key), shared
 //! by the full ([`crate::compile()`]) and the incremental compiler (which
 //! recomputes only the entries a change touches, with
-//! [`compile_tiers_scoped`]: some subjects, a tier, some peers).
+//! `compile_tiers_scoped`: some subjects, a tier, some peers).
 //!
 //! Ranks: the CNPs of a tier are ordered by (priority ascending, name
 //! ascending) and their rules of one direction by index; a rule's rank
