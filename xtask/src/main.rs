@@ -2,7 +2,8 @@
 //!
 //! - `cargo xtask setup`: install everything a fresh machine lacks (idempotent).
 //! - `cargo xtask build-ebpf`: build the BPF object with the nightly toolchain.
-//! - `cargo xtask test`: setup, build, and run the whole suite (CI runs this).
+//! - `cargo xtask lint`: rustfmt, clippy (workspace and npm-ebpf), docs.
+//! - `cargo xtask test`: setup, lint, build, and run the whole suite (CI runs this).
 //! - `cargo xtask demo`: the local demo cluster (netns pods, test API server, agent).
 //! - `cargo xtask conformance [...]`: the conformance catalogue on real netns pods
 //!   (`--nodes N --cni veth|ptp|bridge --kube-proxy none|iptables|nftables
@@ -34,7 +35,7 @@ enum Cmd {
     Setup,
     /// Build the eBPF object (target/bpfel-unknown-none/release/npm-ebpf).
     BuildEbpf,
-    /// Setup, build everything and run the whole test suite.
+    /// Setup, lint, build everything and run the whole test suite.
     Test {
         /// Skip `setup` (the machine is known to be ready).
         #[arg(long)]
@@ -202,6 +203,10 @@ fn test(no_setup: bool) -> Result<()> {
     if !no_setup {
         setup::setup()?;
     }
+    // Fast first: a formatting, clippy or doc failure stops the run in
+    // minutes, before the BPF build, the kernel tests and the conformance
+    // runs.
+    lint()?;
     build_ebpf()?;
     // Binaries the end-to-end tests start (agent, test API server, conformance runner).
     run(cargo().args(["build", "--workspace", "--exclude", "npm-ebpf", "--bins"]))?;
