@@ -23,6 +23,12 @@
 //!   is the deferral mark (`npm_common::service`); an unmarked packet
 //!   passes untouched, a marked one gets the sender's deferred egress
 //!   decision ([`service::deferred_egress`]).
+//! - `host_in`: a socket filter, run by an `xt_bpf` match in the node's
+//!   `INPUT` chain (iptables and ip6tables, on the deferral mark): the
+//!   deferred egress decision of a flow kube-proxy sent to a backend on
+//!   the node's own host network, which crosses no tc egress hook
+//!   ([`service::deferred_egress_l3`]). It answers 1 (match: the rule
+//!   drops the packet) for a deny, 0 for anything else.
 //! - `npm_empty`: returns `TC_ACT_UNSPEC` and does nothing; the baseline of
 //!   the benchmark.
 //!
@@ -34,7 +40,8 @@
 //! marks it and writes a pending conntrack entry of the pre-NAT tuple
 //! (its replies pass). The decision is taken after the DNAT against the
 //! backend: by `to_pod` of a local backend (then that endpoint's ingress,
-//! as for any packet) or by `node_exit` where it leaves the node.
+//! as for any packet), by `node_exit` where it leaves the node, or by
+//! `host_in` where it is delivered to the node itself.
 //!
 //! Both real entry points share [`decide`], which implements exactly the
 //! per-packet precedence stated once in the crate documentation of
@@ -117,8 +124,8 @@ mod verdict;
 
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
-    macros::classifier,
-    programs::TcContext,
+    macros::{classifier, socket_filter},
+    programs::{SkBuffContext, TcContext},
 };
 use npm_common::{deferred_source, DEFER_MARK_BITS, DIR_EGRESS, DIR_INGRESS, FIRST_DENY_REASON};
 
@@ -126,7 +133,7 @@ use crate::classify::classify;
 use crate::fast_v4::{fast_v4, TAKE_GENERAL};
 use crate::parse::clear_fields;
 use crate::scratch::NPM_SCRATCH;
-use crate::service::deferred_egress;
+use crate::service::{deferred_egress, deferred_egress_l3};
 use crate::verdict::{account, Seen};
 
 /// The pod's INGRESS direction (its hook: see # Programs above).
@@ -163,6 +170,33 @@ pub fn node_exit(ctx: TcContext) -> i32 {
     let mut seen = Seen { ep_id: 0, now: 0 };
     let reason = deferred_egress(&ctx, s, src, &mut seen);
     account(s, DIR_EGRESS, src, ctx.len(), reason, seen)
+}
+
+/// The deferred egress decision of Service traffic delivered to this node
+/// (see # Programs above): `xt_bpf` runs it on the packets of the `INPUT`
+/// rule, after the DNAT, with the packet at its IP header. 1 drops the
+/// packet (the rule's target), 0 lets it on; a packet without a deferral
+/// mark answers 0. The mark stays (a socket filter cannot write it; the
+/// packet is delivered here, no later program reads it).
+#[socket_filter]
+pub fn host_in(ctx: SkBuffContext) -> i64 {
+    // SAFETY: the context pointer is valid for the program's lifetime.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    let src = deferred_source(mark);
+    if src == 0 {
+        return 0;
+    }
+    let s = match NPM_SCRATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU memory used only by this CPU, for this packet.
+        Some(s) => unsafe { &mut *s },
+        None => return 1,
+    };
+    // Never a dry run (explain runs `to_pod` and `from_pod` only).
+    s.pad = 0;
+    let mut seen = Seen { ep_id: 0, now: 0 };
+    let reason = deferred_egress_l3(&ctx, s, src, &mut seen);
+    let len = ctx.len();
+    (account(s, DIR_EGRESS, src, len, reason, seen) == TC_ACT_SHOT) as i64
 }
 
 /// The dry-run signal and mark (one definition, in `npm-common`).

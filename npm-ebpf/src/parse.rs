@@ -5,7 +5,10 @@
 //! ports; [`is_icmpv6_control`] names the neighbour discovery and MLD types
 //! of step 4.
 
-use aya_ebpf::{helpers::bpf_skb_load_bytes, programs::TcContext};
+use aya_ebpf::{
+    helpers::bpf_skb_load_bytes,
+    programs::{sk_buff::SkBuff, SkBuffContext, TcContext},
+};
 use core::ffi::c_void;
 use core::mem::{offset_of, size_of};
 
@@ -111,14 +114,36 @@ pub(crate) fn be16(b0: u8, b1: u8) -> u16 {
     ((b0 as u16) << 8) | b1 as u16
 }
 
+/// A program context that holds a socket buffer: `TcContext` (the packet
+/// starts at its Ethernet header) and `SkBuffContext` (a socket filter,
+/// run by `xt_bpf`: the packet starts at its IP header).
+pub(crate) trait Skb {
+    /// The socket buffer.
+    fn sk_buff(&self) -> &SkBuff;
+}
+
+impl Skb for TcContext {
+    #[inline(always)]
+    fn sk_buff(&self) -> &SkBuff {
+        &self.skb
+    }
+}
+
+impl Skb for SkBuffContext {
+    #[inline(always)]
+    fn sk_buff(&self) -> &SkBuff {
+        &self.skb
+    }
+}
+
 /// Copies `N` bytes of the packet at `off` into `buf` (works on non-linear
 /// skbs too); fails when the packet is shorter.
 #[inline(always)]
-pub(crate) fn load<const N: usize>(ctx: &TcContext, off: usize, buf: &mut [u8; 40]) -> Result<(), ()> {
+pub(crate) fn load<const N: usize>(ctx: &impl Skb, off: usize, buf: &mut [u8; 40]) -> Result<(), ()> {
     // SAFETY: buf has room for N <= 40 bytes.
     let r = unsafe {
         bpf_skb_load_bytes(
-            ctx.skb.skb as *const c_void,
+            ctx.sk_buff().skb as *const c_void,
             off as u32,
             buf.as_mut_ptr() as *mut c_void,
             N as u32,
@@ -247,23 +272,32 @@ fn parse_fast(ctx: &TcContext, p: &mut Pkt) -> bool {
     true
 }
 
-/// Parses IPv4/IPv6 and the L4 header into `s.pkt`.
+/// Parses IPv4/IPv6 and the L4 header of the Ethernet frame in `ctx` into
+/// `s.pkt`.
 #[inline(always)]
 pub(crate) fn parse(ctx: &TcContext, s: &mut Scratch) -> Result<(), ()> {
     if parse_fast(ctx, &mut s.pkt) {
         return Ok(());
     }
-    let len = ctx.len() as usize;
+    parse_at::<ETH_HLEN>(ctx, s)
+}
+
+/// [`parse`] of a packet whose IP header starts at byte `L3` (14 behind
+/// an Ethernet header, 0 in a socket filter), by `bpf_skb_load_bytes`
+/// only (no direct packet access, which socket filters lack).
+#[inline(always)]
+pub(crate) fn parse_at<const L3: usize>(ctx: &impl Skb, s: &mut Scratch) -> Result<(), ()> {
+    let len = ctx.sk_buff().len() as usize;
     let h = &mut s.hdr;
     let p = &mut s.pkt;
-    load::<1>(ctx, ETH_HLEN, h)?;
+    load::<1>(ctx, L3, h)?;
     let version = h[0] >> 4;
     let l4off: usize;
     if version == 4 {
-        load::<20>(ctx, ETH_HLEN, h)?;
+        load::<20>(ctx, L3, h)?;
         let ihl = ((h[0] & 0x0f) as usize) * 4;
         let tot = be16(h[2], h[3]) as usize;
-        if ihl < 20 || tot < ihl || len < ETH_HLEN + tot {
+        if ihl < 20 || tot < ihl || len < L3 + tot {
             return Err(());
         }
         p.family = 4;
@@ -278,11 +312,11 @@ pub(crate) fn parse(ctx: &TcContext, s: &mut Scratch) -> Result<(), ()> {
             p.frag = FRAG_FIRST;
         }
         p.frag_id = be16(h[4], h[5]) as u32;
-        l4off = ETH_HLEN + ihl;
+        l4off = L3 + ihl;
     } else if version == 6 {
-        load::<40>(ctx, ETH_HLEN, h)?;
+        load::<40>(ctx, L3, h)?;
         let payload = be16(h[4], h[5]) as usize;
-        if len < ETH_HLEN + 40 + payload {
+        if len < L3 + 40 + payload {
             return Err(());
         }
         p.family = 6;
@@ -292,7 +326,7 @@ pub(crate) fn parse(ctx: &TcContext, s: &mut Scratch) -> Result<(), ()> {
             copy16(p.dst.as_mut_ptr(), h.as_ptr().add(24));
         }
         let mut nh = h[6];
-        let mut off = ETH_HLEN + 40;
+        let mut off = L3 + 40;
         let mut done = false;
         // One more round than headers allowed: it finds the upper layer.
         for _ in 0..=MAX_EXT_HEADERS {

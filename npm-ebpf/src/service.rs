@@ -2,7 +2,9 @@
 //! may DNAT), the deferral of an egress-isolated endpoint's decision past
 //! the DNAT ([`defer`], the mark of `npm_common::service`), and the
 //! deferred decision itself ([`deferred_egress`]), taken by `to_pod` of a
-//! local backend and by `node_exit` for a backend beyond the node.
+//! local backend, by `node_exit` for a backend beyond the node, and by
+//! `host_in` ([`deferred_egress_l3`]) for a backend on the node's own host
+//! network.
 //!
 //! The deferral runs only for a packet that steps 1 to 6 left to policy
 //! (no established flow) from an endpoint whose egress is isolated or has a
@@ -10,15 +12,20 @@
 //! tiers decide against the backend too), to a port-carrying protocol: one extra hash lookup for such a packet, none
 //! for any other.
 
-use aya_ebpf::{macros::map, maps::HashMap, programs::TcContext};
+use aya_ebpf::{
+    macros::map,
+    maps::HashMap,
+    programs::{SkBuffContext, TcContext},
+};
 use npm_common::{
-    defer_mark, proto, sizes, Reason, ServiceValue, CT_PENDING, DIR_EGRESS, EP_ISOLATED_EGRESS, EP_TIERS_INGRESS,
+    defer_mark, proto, sizes, EndpointInfo, Reason, ServiceValue, CT_PENDING, DIR_EGRESS, EP_ISOLATED_EGRESS,
+    EP_TIERS_INGRESS,
 };
 
 use crate::conntrack::{ct_create, CtPacket};
 use crate::endpoint::endpoint_slot;
 use crate::mem::{rd32, V4_MAPPED_WORD};
-use crate::parse::{clear_fields, parse, FRAG_LATER};
+use crate::parse::{clear_fields, parse, parse_at, FRAG_LATER};
 use crate::policy::{policy_step, Peer};
 use crate::scratch::Scratch;
 use crate::verdict::Seen;
@@ -90,11 +97,11 @@ pub(crate) fn defer(ctx: &TcContext, s: &mut Scratch, ifindex: u32, v4: bool, pk
 }
 
 /// The deferred egress decision of the endpoint on `src_ifindex` for the
-/// packet in `ctx`, after the DNAT: steps 7 to 9 of the endpoint's egress
-/// against the packet's destination (the backend) and port. A source
-/// endpoint gone since the deferral denies (fail closed); a non-first
-/// fragment is left to the destination's fragment records (its first
-/// fragment was decided here). Fills `s.pkt` for the deny event.
+/// Ethernet frame in `ctx`, after the DNAT: steps 7 to 9 of the endpoint's
+/// egress against the packet's destination (the backend) and port. A
+/// source endpoint gone since the deferral denies (fail closed); a
+/// non-first fragment is left to the destination's fragment records (its
+/// first fragment was decided here). Fills `s.pkt` for the deny event.
 #[inline(always)]
 pub(crate) fn deferred_egress(ctx: &TcContext, s: &mut Scratch, src_ifindex: u32, seen: &mut Seen) -> u8 {
     let ep = match endpoint_slot(src_ifindex) {
@@ -106,6 +113,30 @@ pub(crate) fn deferred_egress(ctx: &TcContext, s: &mut Scratch, src_ifindex: u32
     if parse(ctx, s).is_err() {
         return Reason::Malformed as u8;
     }
+    deferred_policy(s, ep)
+}
+
+/// [`deferred_egress`] of a packet that starts at its IP header: the one
+/// `host_in` sees at the node's `INPUT` hook, delivered to the node's own
+/// host network (a backend there crosses no tc egress hook).
+#[inline(always)]
+pub(crate) fn deferred_egress_l3(ctx: &SkBuffContext, s: &mut Scratch, src_ifindex: u32, seen: &mut Seen) -> u8 {
+    let ep = match endpoint_slot(src_ifindex) {
+        Some(ep) => ep,
+        None => return Reason::PolicyDenied as u8,
+    };
+    seen.ep_id = ep.id;
+    clear_fields(&mut s.pkt);
+    if parse_at::<0>(ctx, s).is_err() {
+        return Reason::Malformed as u8;
+    }
+    deferred_policy(s, ep)
+}
+
+/// Steps 7 to 9 of endpoint `ep`'s egress for the parsed `s.pkt` (the
+/// common tail of the deferred decisions).
+#[inline(always)]
+fn deferred_policy(s: &mut Scratch, ep: &EndpointInfo) -> u8 {
     let p = &s.pkt;
     if p.frag == FRAG_LATER {
         return Reason::Policy as u8;

@@ -61,6 +61,14 @@ pub enum EbpfError {
         /// The program name.
         program: &'static str,
     },
+    /// An iptables command of the `host_in` rules failed.
+    #[error("{cmd}: {message}")]
+    Rule {
+        /// The command.
+        cmd: String,
+        /// Its error output, or why it could not run.
+        message: String,
+    },
     /// A program operation failed.
     #[error("program {program}: {op}: {source}")]
     Program {
@@ -197,7 +205,8 @@ pub enum EbpfError {
 impl EbpfError {
     /// The step of the loader that failed: `ebpf load`, `ebpf pin
     /// directory`, `ebpf program`, `ebpf map`, `ebpf attach` or `ebpf
-    /// translate`.
+    /// translate`. (`Rule`, an `INPUT` rule of `host_in`, counts as
+    /// attaching.)
     pub fn step(&self) -> &'static str {
         match self {
             EbpfError::ObjectMissing { .. }
@@ -216,7 +225,8 @@ impl EbpfError {
             | EbpfError::Link { .. }
             | EbpfError::PinLink { .. }
             | EbpfError::Unpin { .. }
-            | EbpfError::Netlink { .. } => "ebpf attach",
+            | EbpfError::Netlink { .. }
+            | EbpfError::Rule { .. } => "ebpf attach",
             EbpfError::Translate(_) => "ebpf translate",
         }
     }

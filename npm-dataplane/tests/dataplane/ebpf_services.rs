@@ -15,8 +15,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::ebpf_common::*;
-use npm_common::{proto, Reason, DIR_EGRESS, SVC_CLUSTER_IP};
-use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, NodeExit, ServicePort, ServicesMap};
+use npm_common::{proto, Reason, DIR_EGRESS, IDENTITY_HOST, SVC_CLUSTER_IP};
+use npm_dataplane::ebpf::{
+    remove_host_in_rules, BenchSwitches, EbpfDataplane, HostIn, HostInMode, NodeExit, ServicePort, ServicesMap,
+};
 use npm_dataplane::{Counters, Dataplane};
 use npm_policy::compiled::{Compiled, Direction};
 use npm_policy::model::Protocol;
@@ -508,6 +510,112 @@ fn remote_backends_are_decided_where_the_packet_leaves_the_node() {
     exit.set_interfaces(&BTreeSet::new()).unwrap();
     assert!(!pins.path.join("exit").join(up.to_string()).exists());
     assert_eq!(tcx_prog_ids(&uplink).1, Vec::<u32>::new());
+}
+
+/// The names of the chains of iptables' `filter` table.
+fn iptables_chains(bin: &str) -> Vec<String> {
+    sh(&[bin, "-w", "5", "-S"])
+        .lines()
+        .filter_map(|l| l.strip_prefix("-N ").map(str::to_string))
+        .collect()
+}
+
+/// The `host_in` chain of this process, [`HostIn::open`]ed for `pins`;
+/// the chains of dead test processes are removed first.
+fn host_in(pins: &PinDir) -> HostIn {
+    for bin in ["iptables", "ip6tables"] {
+        for c in dead_names(iptables_chains(bin).into_iter(), "NPMSVCIN") {
+            remove_host_in_rules(&c);
+        }
+    }
+    let chain = format!("NPMSVCIN{}", std::process::id());
+    HostIn::open(None, &pins.path, &chain).expect("load host_in and write its INPUT rules")
+}
+
+/// A Service whose backend is on the node's own host network (kube-proxy
+/// DNATs the ClusterIP to a node address, as for `kubernetes.default` on
+/// k3s or kind): the packet is delivered to the node after the DNAT and
+/// crosses no tc egress hook, so `host_in`, in the `INPUT` chain, takes
+/// the deferred decision. Denied while a's egress policy allows only a
+/// pod, allowed once it allows the host on the backend's port, as a
+/// direct connection to the node address is.
+#[test]
+fn host_network_backends_are_decided_at_input() {
+    sweep_leftovers();
+    let (base, cips) = block(4);
+    let cip = Ipv4Addr::from(cips + 4);
+    let a = Pod::new("h", base, 0);
+    let b = Pod::new("hb", base, 1);
+    // The node's own address (a's gateway) with a server on the root
+    // netns: the host-network backend.
+    let node_ip = Ipv4Addr::from(base + 1);
+    let code = format!(
+        "import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('{node_ip}',9443)); s.listen(64)\nwhile True:\n  c,_=s.accept(); c.sendall(b'host'); c.close()\n"
+    );
+    let _server = Proc(
+        std::process::Command::new("python3")
+            .args(["-c", &code])
+            .spawn()
+            .expect("spawn python3 server"),
+    );
+    let _nat = NatTable::new("h", &[(cip, 443, "tcp", vec![node_ip], 9443)]);
+    wait_tcp(&a.ns.name, node_ip, 9443);
+
+    let pins = PinDir::new("svc-host");
+    let mut dp: EbpfDataplane = pins.open();
+    let pods = [(&a, true, true), (&b, false, false)];
+    let ifs = interfaces(&[&a, &b]);
+    // The agent's ipcache holds the node's own addresses as the host.
+    let with_host = |mut c: Compiled| {
+        ip(&mut c, &node_ip.to_string(), IDENTITY_HOST, 0);
+        c
+    };
+    // a may reach only pod b on 8080.
+    dp.sync_full(&with_host(compiled(&pods, &[], &[(2, Protocol::Tcp, 8080)])), &ifs)
+        .unwrap();
+    program_services(&pins, &[(cip, 443, proto::TCP)]);
+    let mut hi = host_in(&pins);
+    assert_eq!(hi.mode(), HostInMode::Decided, "the xt_bpf match is available on this kernel");
+    let rules = sh(&["iptables", "-w", "5", "-S", hi.chain()]);
+    assert!(rules.contains("--object-pinned"), "{rules}");
+    dp.poll_deny_events();
+
+    // Denied through the ClusterIP, as directly, and the deny says where.
+    let before = dp.counters().unwrap();
+    assert_eq!(probe(&a.ns.name, cip, 443, "tcp", 3), ["FAIL"; 3]);
+    let after = dp.counters().unwrap();
+    let grew = |r: Reason| egress_packets(&after, r) - egress_packets(&before, r);
+    assert!(grew(Reason::Deferred) >= 3, "deferred: {}", grew(Reason::Deferred));
+    assert!(grew(Reason::PolicyDenied) >= 3, "denied: {}", grew(Reason::PolicyDenied));
+    let denies = dp.poll_deny_events();
+    assert_eq!(probe(&a.ns.name, node_ip, 9443, "tcp", 1), ["FAIL"]);
+    assert!(
+        denies.iter().any(|e| e.direction == DIR_EGRESS
+            && e.endpoint == 1
+            && e.dst == node_ip.to_ipv6_mapped().octets()
+            && e.dport == 9443),
+        "no egress deny of a towards the node's {node_ip}:9443: {denies:?}"
+    );
+
+    // Another program flushed the chain: ensure() writes it again.
+    sh(&["iptables", "-w", "5", "-F", hi.chain()]);
+    assert!(hi.ensure().unwrap(), "the flushed chain was not noticed");
+    assert!(!hi.ensure().unwrap(), "the rules were rewritten although intact");
+    assert_eq!(probe(&a.ns.name, cip, 443, "tcp", 1), ["FAIL"]);
+
+    // a may reach the host on 9443 (the backend's port, after the DNAT):
+    // allowed through the ClusterIP, as directly.
+    let mut c = with_host(compiled(&pods, &[], &[(2, Protocol::Tcp, 8080)]));
+    allow(&mut c, 1, Direction::Egress, IDENTITY_HOST, Some(Protocol::Tcp), (9443, 9443), 7);
+    dp.sync_full(&c, &ifs).unwrap();
+    assert_eq!(probe(&a.ns.name, cip, 443, "tcp", 3), ["host"; 3]);
+    assert_eq!(probe(&a.ns.name, node_ip, 9443, "tcp", 1), ["host"]);
+
+    // Removed: the chain and the pin go.
+    let chain = hi.chain().to_string();
+    hi.remove();
+    assert!(!iptables_chains("iptables").contains(&chain));
+    assert!(!pins.path.join("host_in").exists());
 }
 
 /// The nftables dataplane decides in the forward hook, after the DNAT:
