@@ -2,7 +2,9 @@
 //!
 //! - `cargo xtask setup`: install everything a fresh machine lacks (idempotent).
 //! - `cargo xtask build-ebpf`: build the BPF object with the nightly toolchain.
-//! - `cargo xtask lint`: rustfmt, clippy (workspace and npm-ebpf), docs.
+//! - `cargo xtask lint`: rustfmt, dependency policy, clippy (workspace and
+//!   npm-ebpf), docs.
+//! - `cargo xtask deps`: the dependency policy (`xtask/deps-policy.yaml`).
 //! - `cargo xtask test`: setup, lint, build, and run the whole suite (CI runs this).
 //! - `cargo xtask demo`: the local demo cluster (netns pods, test API server, agent).
 //! - `cargo xtask conformance [...]`: the conformance catalogue on real netns pods
@@ -12,6 +14,7 @@
 //!   (`propagation` runs the three-node cluster: one multi-node run at a time).
 //! - `cargo xtask image`: the agent's OCI image (buildah, no daemon).
 
+mod deps;
 mod image;
 mod setup;
 
@@ -41,9 +44,13 @@ enum Cmd {
         #[arg(long)]
         no_setup: bool,
     },
-    /// rustfmt --check, clippy -D warnings (the workspace and npm-ebpf) and
-    /// cargo doc with warnings denied: the suite's first stage.
+    /// rustfmt --check, the dependency policy, clippy -D warnings (the
+    /// workspace and npm-ebpf) and cargo doc with warnings denied: the
+    /// suite's first stage.
     Lint,
+    /// The dependency policy (xtask/deps-policy.yaml: licences, sources,
+    /// duplicate versions) over `cargo metadata`; part of `lint`.
+    Deps,
     /// Run the conformance catalogue (arguments go to npm-conformance).
     Conformance {
         /// Arguments for npm-conformance, e.g. `--dataplane ebpf --filter ID`,
@@ -81,6 +88,7 @@ fn main() -> ExitCode {
         Cmd::BuildEbpf => build_ebpf(),
         Cmd::Test { no_setup } => test(no_setup),
         Cmd::Lint => lint(),
+        Cmd::Deps => deps::deps(),
         Cmd::Conformance { args } => conformance(&args),
         Cmd::Demo { args } => demo(&args),
         Cmd::Bench { which, args } => bench(&which, &args),
@@ -159,8 +167,9 @@ fn build_ebpf() -> Result<()> {
 }
 
 /// The first stage of the suite, each step stopping at its first failure:
-/// rustfmt, clippy with warnings denied on the workspace and on `npm-ebpf`
-/// (nightly, its BPF target), and the docs with warnings denied.
+/// rustfmt, the dependency policy, clippy with warnings denied on the
+/// workspace and on `npm-ebpf` (nightly, its BPF target), and the docs with
+/// warnings denied.
 fn lint() -> Result<()> {
     let started = Instant::now();
     let step = |name: &str, cmd: &mut Command| -> Result<()> {
@@ -170,6 +179,7 @@ fn lint() -> Result<()> {
         Ok(())
     };
     step("rustfmt", cargo().args(["fmt", "--all", "--", "--check"]))?;
+    deps::deps().context("lint: deps")?;
     step(
         "clippy",
         cargo().args([
