@@ -192,6 +192,7 @@ fn cleanup(args: CleanupArgs) -> anyhow::Result<()> {
         conflists = ?r.conflists,
         cni_binary_removed = r.cni_binary_removed,
         dns_queues = ?r.dns_queues,
+        host_in_chains = ?r.host_in_chains,
         "npm removed from this node"
     );
     Ok(())

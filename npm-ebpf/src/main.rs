@@ -176,14 +176,17 @@ pub fn node_exit(ctx: TcContext) -> i32 {
 /// (see # Programs above): `xt_bpf` runs it on the packets of the `INPUT`
 /// rule, after the DNAT, with the packet at its IP header. 1 drops the
 /// packet (the rule's target), 0 lets it on; a packet without a deferral
-/// mark answers 0. The mark stays (a socket filter cannot write it; the
+/// mark, or deferred by an endpoint these maps do not hold, answers 0. The mark stays (a socket filter cannot write it; the
 /// packet is delivered here, no later program reads it).
 #[socket_filter]
 pub fn host_in(ctx: SkBuffContext) -> i64 {
     // SAFETY: the context pointer is valid for the program's lifetime.
     let mark = unsafe { (*ctx.skb.skb).mark };
     let src = deferred_source(mark);
-    if src == 0 {
+    // A sender that is no endpoint of these maps deferred through another
+    // dataplane's maps (a second agent's pin directory, an older layout's
+    // rules): that dataplane's rule decides it.
+    if src == 0 || crate::endpoint::endpoint_slot(src).is_none() {
         return 0;
     }
     let s = match NPM_SCRATCH.get_ptr_mut(0) {

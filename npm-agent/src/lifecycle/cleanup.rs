@@ -11,6 +11,10 @@
 //!    some process still holds the link) and unpinned, then the directory
 //!    is removed with its map pins, which frees the maps. A directory that
 //!    is not on a bpf filesystem is refused, never removed.
+//!    The `INPUT` rules of `host_in` (the chain
+//!    `npm_dataplane::ebpf::host_in_chain` of each pin directory removed,
+//!    in iptables and ip6tables, and `INPUT`'s jump to it) go with it, and
+//!    every such chain whose program pin is gone.
 //! 2. nftables: the `inet` table (`--nft-table`, default `npm`) is deleted
 //!    (absent: nothing to do; no `nft` binary: no table can exist).
 //! 3. DNS learning: every `NPM-DNS-<queue>` chain of iptables' and
@@ -78,6 +82,8 @@ pub struct CleanupReport {
     pub cni_binary_removed: bool,
     /// The NFQUEUE queues of the DNS learning whose rules were removed.
     pub dns_queues: Vec<u16>,
+    /// The `host_in` `INPUT` chains removed.
+    pub host_in_chains: Vec<String>,
     /// The steps that failed.
     pub failures: Vec<String>,
 }
@@ -301,6 +307,7 @@ fn remove_cni(opts: &CleanupOptions, report: &mut CleanupReport) {
 pub fn cleanup(opts: &CleanupOptions) -> Result<CleanupReport, CleanupError> {
     let mut report = CleanupReport::default();
     remove_ebpf(opts, &mut report);
+    report.host_in_chains = npm_dataplane::ebpf::remove_stale_host_in_chains();
     remove_nft(opts, &mut report);
     remove_dns(&mut report);
     remove_cni(opts, &mut report);

@@ -3,11 +3,14 @@
 //! ([`spawn_thread`]).
 //!
 //! Order on every pass: the uplinks are re-read and `node_exit` attached
-//! to each (attach first, detach what is no longer an uplink); only once
-//! it was attached (on a node with no uplink at all, once that was read)
-//! are keys written, so a deferred packet never leaves by an interface
-//! without it (except in the interval between an uplink appearing and the
-//! next pass, at most one resync). The keys are those of the two complete
+//! to each (attach first, detach what is no longer an uplink), and the
+//! `INPUT` rules of `host_in` (the decision for backends on the node's own
+//! host network) are checked and written again if another program removed
+//! them; only once both were in place (on a node with no uplink at all,
+//! once that was read) are keys written, so a deferred packet never leaves
+//! by an interface without `node_exit` nor is delivered to the node
+//! undecided (except in the interval between an uplink appearing, or the
+//! rules being removed, and the next pass, at most one resync). The keys are those of the two complete
 //! lists; the map is read back and diffed every pass (level-triggered:
 //! whatever else wrote or removed entries is corrected).
 //!
@@ -23,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use npm_dataplane::ebpf::{EbpfError, NodeExit, ServicePort, ServicesMap, ServicesSync};
+use npm_dataplane::ebpf::{host_in_chain, EbpfError, HostIn, NodeExit, ServicePort, ServicesMap, ServicesSync};
 
 use super::{ServiceKeys, ServiceState, ServicesConfig};
 use crate::node::netlink::{Netlink, NetlinkError};
@@ -53,6 +56,15 @@ pub enum ServicesError {
         #[source]
         source: EbpfError,
     },
+    /// `host_in` could not be loaded, or its `INPUT` rules written.
+    #[error("host_in (pin dir {pin_dir}): {source}")]
+    HostIn {
+        /// The pin directory.
+        pin_dir: String,
+        /// The loader's error.
+        #[source]
+        source: EbpfError,
+    },
     /// The uplinks could not be read.
     #[error("reading the uplinks: {0}")]
     Netlink(#[from] NetlinkError),
@@ -70,11 +82,12 @@ pub enum Applied {
     },
 }
 
-/// `NPM_SERVICES`, `node_exit` and its links.
+/// `NPM_SERVICES`, `node_exit` and its links, `host_in` and its rules.
 pub struct ServicesWriter {
     cfg: ServicesConfig,
     map: ServicesMap,
     exit: NodeExit,
+    host_in: HostIn,
     nl: Netlink,
     held: Option<(BTreeMap<ServicePort, u32>, Instant)>,
     attached_once: bool,
@@ -85,6 +98,7 @@ impl std::fmt::Debug for ServicesWriter {
         f.debug_struct("ServicesWriter")
             .field("pin_dir", &self.cfg.pin_dir)
             .field("exit", &self.exit)
+            .field("host_in", &self.host_in)
             .finish_non_exhaustive()
     }
 }
@@ -101,29 +115,39 @@ fn endpoint_ifindexes(pin_dir: &Path) -> BTreeSet<u32> {
 }
 
 impl ServicesWriter {
-    /// Opens the pinned `NPM_SERVICES` and loads `node_exit` (adopting its
-    /// pinned links).
+    /// Opens the pinned `NPM_SERVICES`, loads `node_exit` (adopting its
+    /// pinned links) and `host_in` (writing its rules).
     pub fn open(cfg: ServicesConfig) -> Result<Self, ServicesError> {
         let pin_dir = cfg.pin_dir.display().to_string();
         let map = ServicesMap::open(&cfg.pin_dir).map_err(|source| ServicesError::Map {
             pin_dir: pin_dir.clone(),
             source,
         })?;
-        let exit = NodeExit::open(cfg.object.as_deref(), &cfg.pin_dir)
-            .map_err(|source| ServicesError::NodeExit { pin_dir, source })?;
+        let exit = NodeExit::open(cfg.object.as_deref(), &cfg.pin_dir).map_err(|source| ServicesError::NodeExit {
+            pin_dir: pin_dir.clone(),
+            source,
+        })?;
+        let host_in = HostIn::open(cfg.object.as_deref(), &cfg.pin_dir, &host_in_chain(&cfg.pin_dir))
+            .map_err(|source| ServicesError::HostIn { pin_dir, source })?;
         let nl = Netlink::open(None)?;
         Ok(ServicesWriter {
             cfg,
             map,
             exit,
+            host_in,
             nl,
             held: None,
             attached_once: false,
         })
     }
 
-    /// Reads the uplinks and makes `node_exit` attached to exactly them.
+    /// Reads the uplinks and makes `node_exit` attached to exactly them;
+    /// checks `host_in`'s rules (written again where they were removed).
     pub fn attach_uplinks(&mut self) -> Result<Uplinks, ServicesError> {
+        self.host_in.ensure().map_err(|source| ServicesError::HostIn {
+            pin_dir: self.cfg.pin_dir.display().to_string(),
+            source,
+        })?;
         let up = read_uplinks(&mut self.nl, &endpoint_ifindexes(&self.cfg.pin_dir))?;
         let wanted: BTreeSet<u32> = up.chosen.keys().copied().collect();
         if wanted != self.exit.attached() {
@@ -142,7 +166,13 @@ impl ServicesWriter {
         Ok(up)
     }
 
-    /// Whether `node_exit` was attached to the uplinks at least once.
+    /// What `host_in`'s rules do with a deferred packet delivered here.
+    pub fn host_in_mode(&self) -> npm_dataplane::ebpf::HostInMode {
+        self.host_in.mode()
+    }
+
+    /// Whether `node_exit` was attached to the uplinks (and `host_in`'s
+    /// rules were in place) at least once.
     pub fn attached_once(&self) -> bool {
         self.attached_once
     }

@@ -19,7 +19,9 @@
 //! exactly as `to_pod` and `node_exit` do (the node's own addresses are the
 //! host identity: denied unless the policy allows the host, e.g. by
 //! `--allow-host-egress` or an ipBlock covering the address) and answers 1
-//! (a match: the rule drops) for a deny.
+//! (a match: the rule drops) for a deny. A packet deferred by an endpoint
+//! its maps do not hold is another pin directory's (its own chain decides
+//! it): 0.
 //!
 //! Where the match cannot be installed (a kernel without `xt_bpf`, an
 //! iptables without its `bpf` extension), the chain drops every deferred
@@ -42,8 +44,23 @@ use super::loader::read_object;
 
 /// The socket filter deciding deferred flows delivered to the node.
 pub const PROG_HOST_IN: &str = "host_in";
-/// The default chain of the `INPUT` rules.
-pub const HOST_IN_CHAIN: &str = "NPM-SERVICE-INPUT";
+/// The prefix of the chains of the `INPUT` rules: one chain per pin
+/// directory ([`host_in_chain`]).
+pub const HOST_IN_CHAIN_PREFIX: &str = "NPM-SVC-IN-";
+
+/// The chain of the pin directory `pin_dir`: [`HOST_IN_CHAIN_PREFIX`] and
+/// 8 hex digits of the directory's FNV-1a hash. One chain per pin
+/// directory, so that dataplanes of two pin directories in one network
+/// namespace (a layout upgrade, tests) never rewrite each other's rule.
+pub fn host_in_chain(pin_dir: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let h = pin_dir
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0x811c_9dc5_u32, |h, &b| (h ^ b as u32).wrapping_mul(0x0100_0193));
+    format!("{HOST_IN_CHAIN_PREFIX}{h:08x}")
+}
 
 /// `<pin_dir>/host_in`: where the program is pinned for `xt_bpf`.
 pub fn host_in_pin(pin_dir: &Path) -> PathBuf {
@@ -168,6 +185,38 @@ fn chain_holds(bin: &str, chain: &str, mode: HostInMode, pin: &Path) -> bool {
     run(bin, &["-w", "5", "-C", "INPUT", "-j", chain]).is_ok() && run(bin, &args).is_ok()
 }
 
+/// Removes every chain of [`HOST_IN_CHAIN_PREFIX`] whose program pin is
+/// gone (its pin directory was removed: an older layout, a crashed test),
+/// in both families; the chains removed.
+pub fn remove_stale_host_in_chains() -> Vec<String> {
+    let mut removed = Vec::new();
+    for (bin, _) in BINS {
+        let Ok(out) = Command::new(bin).args(["-w", "5", "-S"]).output() else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        for chain in text
+            .lines()
+            .filter_map(|l| l.strip_prefix("-N "))
+            .filter(|c| c.starts_with(HOST_IN_CHAIN_PREFIX))
+        {
+            let prefix = format!("-A {chain} ");
+            let pins: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with(&prefix))
+                .filter_map(|l| l.split("--object-pinned ").nth(1)?.split(' ').next())
+                .collect();
+            if pins.iter().all(|p| !Path::new(p).exists()) {
+                remove_host_in_rules(chain);
+                if !removed.iter().any(|c| c == chain) {
+                    removed.push(chain.to_string());
+                }
+            }
+        }
+    }
+    removed
+}
+
 /// Removes `chain` and `INPUT`'s jumps to it from iptables and ip6tables;
 /// what is not there is no error.
 pub fn remove_host_in_rules(chain: &str) {
@@ -181,10 +230,15 @@ pub fn remove_host_in_rules(chain: &str) {
 impl HostIn {
     /// Loads `host_in` from `object` (`None`: the loader's search) with the
     /// maps pinned under `pin_dir`, pins it at [`host_in_pin`] (replacing an
-    /// earlier run's pin) and writes the rules of `chain` (the match, or
-    /// the drop-all fallback, see the module doc). Fails only when neither
-    /// could be written.
+    /// earlier run's pin) and writes the rules of `chain` (the agent's:
+    /// [`host_in_chain`] of `pin_dir`; the match, or the drop-all
+    /// fallback, see the module doc), after removing the stale chains of
+    /// other pin directories ([`remove_stale_host_in_chains`]). Fails only
+    /// when neither could be written.
     pub fn open(object: Option<&Path>, pin_dir: &Path, chain: &str) -> Result<Self, EbpfError> {
+        for c in remove_stale_host_in_chains() {
+            tracing::info!(chain = %c, "host_in: removed the INPUT chain of a pin directory that is gone");
+        }
         let (object, data) = read_object(object)?;
         let mut loader = EbpfLoader::new();
         for name in maps::ALL {

@@ -102,7 +102,10 @@ pub use loader::{
     check_front_buckets, front_bucket_bounds, resolve_object, EffectiveSizes, MapSizes, INSTALLED_OBJECT, MAP_SIZE_MAX,
     MAP_SIZE_MIN, OBJECT_ENV,
 };
-pub use host_in::{host_in_pin, remove_host_in_rules, HostIn, HostInMode, HOST_IN_CHAIN, PROG_HOST_IN};
+pub use host_in::{
+    host_in_chain, host_in_pin, remove_host_in_rules, remove_stale_host_in_chains, HostIn, HostInMode,
+    HOST_IN_CHAIN_PREFIX, PROG_HOST_IN,
+};
 pub use node_exit::{exit_dir, remove_node_exit_pins, NodeExit};
 pub use pins::{default_pin_dir, ensure_bpffs};
 pub use services::{ServicePort, ServicesMap, ServicesSync};

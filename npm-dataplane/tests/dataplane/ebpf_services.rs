@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use crate::ebpf_common::*;
 use npm_common::{proto, Reason, DIR_EGRESS, IDENTITY_HOST, SVC_CLUSTER_IP};
 use npm_dataplane::ebpf::{
-    remove_host_in_rules, BenchSwitches, EbpfDataplane, HostIn, HostInMode, NodeExit, ServicePort, ServicesMap,
+    host_in_chain, remove_stale_host_in_chains, BenchSwitches, EbpfDataplane, HostIn, HostInMode, NodeExit, ServicePort, ServicesMap,
 };
 use npm_dataplane::{Counters, Dataplane};
 use npm_policy::compiled::{Compiled, Direction};
@@ -520,16 +520,11 @@ fn iptables_chains(bin: &str) -> Vec<String> {
         .collect()
 }
 
-/// The `host_in` chain of this process, [`HostIn::open`]ed for `pins`;
-/// the chains of dead test processes are removed first.
+/// `host_in` [`HostIn::open`]ed for `pins` with the agent's chain name
+/// (opening removes the chains of pin directories that are gone: those of
+/// crashed runs, whose directories `sweep_leftovers` removed).
 fn host_in(pins: &PinDir) -> HostIn {
-    for bin in ["iptables", "ip6tables"] {
-        for c in dead_names(iptables_chains(bin).into_iter(), "NPMSVCIN") {
-            remove_host_in_rules(&c);
-        }
-    }
-    let chain = format!("NPMSVCIN{}", std::process::id());
-    HostIn::open(None, &pins.path, &chain).expect("load host_in and write its INPUT rules")
+    HostIn::open(None, &pins.path, &host_in_chain(&pins.path)).expect("load host_in and write its INPUT rules")
 }
 
 /// A Service whose backend is on the node's own host network (kube-proxy
@@ -610,6 +605,20 @@ fn host_network_backends_are_decided_at_input() {
     dp.sync_full(&c, &ifs).unwrap();
     assert_eq!(probe(&a.ns.name, cip, 443, "tcp", 3), ["host"; 3]);
     assert_eq!(probe(&a.ns.name, node_ip, 9443, "tcp", 1), ["host"]);
+
+    // A second pin directory's chain (another layout's dataplane), first in
+    // INPUT: its program holds no endpoint of a, so it leaves a's packets
+    // to a's chain. Once its directory is gone, its chain is stale and
+    // removed.
+    let pins2 = PinDir::new("svc-host2");
+    let dp2: EbpfDataplane = pins2.open();
+    let chain2 = host_in_chain(&pins2.path);
+    let hi2 = HostIn::open(None, &pins2.path, &chain2).expect("second host_in");
+    assert_eq!(probe(&a.ns.name, cip, 443, "tcp", 2), ["host"; 2]);
+    drop((hi2, dp2, pins2));
+    assert!(remove_stale_host_in_chains().contains(&chain2));
+    assert!(!iptables_chains("iptables").contains(&chain2));
+    assert!(iptables_chains("iptables").contains(&hi.chain().to_string()), "a live chain was removed");
 
     // Removed: the chain and the pin go.
     let chain = hi.chain().to_string();
