@@ -181,41 +181,6 @@ pub mod sizes {
 }
 
 /// Version of the map layout; part of the pin path so that an agent with an
-/// incompatible layout never adopts maps it cannot read.
-///
-/// 2: IPv4 conntrack entries moved from `NPM_CT` to `NPM_CT4`.
-/// 3: endpoints in the `NPM_EP_SLOTS` array (with [`crate::EP_PRESENT`]), the hash
-/// `NPM_ENDPOINTS` only for large ifindexes; `NPM_GENERATION`.
-/// 4: `NPM_IPCACHE4`, the direct-mapped IPv4 front of the ipcache.
-/// 5: `NPM_POLICY_FRONT` and the `EP_FRONT_*` flags; later (same
-/// layout, nothing existing changed meaning) `NPM_SERVICES`, created
-/// beside the adopted maps on the first load that has it, and the conntrack
-/// flag [`crate::CT_PENDING`], which older programs ignore; then (same
-/// rule) `NPM_TIERS` and the endpoint flags [`crate::EP_ADMIN_INGRESS`] ...
-/// [`crate::EP_BASELINE_EGRESS`] (bits no older loader set): a new map and
-/// new bits, nothing existing changed meaning. An older program that runs
-/// on these maps (a rollback) ignores the tiers: it enforces NetworkPolicy
-/// alone, as it always did. Then (same rule) `NPM_TIER_FRONT` and the flags
-/// [`crate::EP_ADMIN_FRONT_INGRESS`] ... [`crate::EP_BASELINE_FRONT_EGRESS`]. Then (same rule)
-/// `NPM_RULE_COUNT` and `NPM_EP_DENIES`, counters no older program writes.
-/// Then (same rule) `NPM_POLICY_FRONT_RULES`, the rule ids beside the
-/// policy front's words: an older program ignores it (it looked the rule
-/// up in `NPM_POLICY`); a slot it leaves 0 (unknown) or stale (an older
-/// loader moved words without it) only miscounts a rule until the next
-/// full sync rewrites every slot, never changes a verdict.
-/// 6: NetworkPolicy allows keyed by subject (the pod identity,
-/// [`crate::EndpointInfo::subject`]) instead of endpoint id: the first word
-/// of an `NPM_POLICY` key and the top bits of an `NPM_POLICY_FRONT` word
-/// changed meaning, and the endpoint record grew to 44 bytes (the subject
-/// at offset 40). `NPM_TIERS`, conntrack, fragments, counters and events
-/// keep the endpoint id; the conntrack and fragment entries of layout 5
-/// are copied on open as before, and its 40-byte endpoint records are read
-/// for the ids they carry. Then (same rule) `NPM_TIER_SUMMARY` and the
-/// flag [`crate::EP_TIER_SUMMARY`]: the tier front's class filter, which
-/// a program of this layout reads instead of the shared summary words
-/// (still written for the programs that read those) only on endpoints
-/// whose record has the new flag. Then (same rule) `NPM_FOLD` and the
-/// flags [`crate::EP_FOLD_INGRESS`], [`crate::EP_FOLD_EGRESS`]: the
-/// folded decisions, which an older program ignores (it decides by the
-/// tiers' and NetworkPolicy's own maps, which keep every entry).
+/// incompatible layout never adopts maps it cannot read. Its history, and
+/// when a change needs a new version, are in CHANGELOG.md (Layout versions).
 pub const LAYOUT_VERSION: u32 = 6;
