@@ -2,7 +2,8 @@
 //! Services and Nodes become `NPM_SERVICES` keys (ClusterIP ports and
 //! node address x NodePort), level-triggered (an entry written behind the
 //! agent's back is removed, a deleted Service's keys go), and `node_exit`
-//! is attached to this node's uplinks and never to an endpoint's interface.
+//! is attached to this node's uplinks and never to an endpoint's interface,
+//! after `host_in`'s `INPUT` rules are in place.
 //! Needs root (bpffs, tcx).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -114,6 +115,21 @@ async fn services_and_nodes_become_npm_services_and_node_exit_sits_on_the_uplink
     })
     .await;
 
+    // Keys are written only once host_in's INPUT rules are in place: the
+    // chain of this pin directory decides with its pinned program.
+    let chain = npm_dataplane::ebpf::host_in_chain(&pins.0);
+    let iptables = |args: &[&str]| {
+        let out = std::process::Command::new("iptables").args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let rules = iptables(&["-w", "5", "-S", &chain]);
+    let pin = pins.0.join("host_in");
+    assert!(
+        rules.contains(&format!("--object-pinned {}", pin.display())),
+        "{rules}"
+    );
+    assert!(iptables(&["-w", "5", "-S", "INPUT"]).contains(&format!("-j {chain}")));
+
     // node_exit is on exactly the uplinks the netlink rule picks (the
     // endpoint interfaces excluded), each with a pin under exit/.
     let mut nl = Netlink::open(None).unwrap();
@@ -159,4 +175,8 @@ async fn services_and_nodes_become_npm_services_and_node_exit_sits_on_the_uplink
         removed.into_iter().collect::<BTreeSet<u32>>(),
         up.chosen.keys().copied().collect()
     );
+    // With the pin directory gone, its host_in chain is stale and removed.
+    drop(_dp);
+    drop(pins);
+    assert!(npm_dataplane::ebpf::remove_stale_host_in_chains().contains(&chain));
 }
