@@ -690,6 +690,65 @@ fn nftables_decides_for_the_chosen_backend_too() {
     drop(servers);
 }
 
+/// [`host_network_backends_are_decided_at_input`] on the nftables
+/// dataplane, in a node namespace: a ClusterIP DNATed to the node's own
+/// address is decided as egress to the host (denied while a may reach
+/// only a pod, allowed once it may reach the host on the backend's port).
+#[test]
+fn nftables_decides_host_network_backends_too() {
+    use npm_dataplane::nft::{NftDataplane, NftOptions};
+    clear_netns_leftovers("npmsvch");
+    let pid = std::process::id();
+    let node_ip = "10.79.255.254";
+    let node = node_netns(
+        &format!("npmsvch{pid}node"),
+        &["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0"],
+        &[format!("{node_ip}/32")],
+    );
+    let mut pods = Vec::new();
+    let mut ifs = BTreeMap::new();
+    let ips: Vec<Ipv4Addr> = (1..=2).map(|i| Ipv4Addr::new(10, 79, 0, i)).collect();
+    for (i, ip) in ips.iter().enumerate() {
+        let p = Netns::new(&format!("npmsvch{pid}pod{i}"));
+        let host_if = format!("h{i}");
+        let (_, pod_mac) = wire_pod(&node.name, &p.name, &host_if);
+        ns_sh(&p.name, &["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"]);
+        route_to_pod(&node.name, &host_if, &pod_mac, &ip.to_string(), "32", Some(node_ip));
+        ifs.insert(i as u32 + 1, ns_ifindex(&node.name, &host_if));
+        pods.push(p);
+    }
+    let node_addr: Ipv4Addr = node_ip.parse().unwrap();
+    let _server = serve(&node.name, node_addr, "host", &[9443], &[]);
+    let cip = Ipv4Addr::new(10, 79, 200, 1);
+    let script = format!(
+        "table ip svc {{\n  chain pre {{\n    type nat hook prerouting priority dstnat; policy accept;\n    ip daddr {cip} tcp dport 443 dnat to {node_ip}:9443\n  }}\n}}\n"
+    );
+    let path = TempFile(format!("/tmp/npmsvch{pid}.nft"));
+    std::fs::write(&path.0, script).unwrap();
+    ns_sh(&node.name, &["nft", "-f", &path.0]);
+    wait_tcp(&pods[0].name, node_addr, 9443);
+
+    let mut dp = NftDataplane::new(NftOptions {
+        table: format!("npmsvch{pid}"),
+        netns: Some(node.name.clone()),
+    })
+    .expect("nft dataplane");
+    let at = [(ips[0], true, true), (ips[1], false, false)];
+    let with_host = |mut c: Compiled| {
+        ip(&mut c, node_ip, IDENTITY_HOST, 0);
+        c
+    };
+    dp.sync_full(&with_host(compiled_at(&at, &[], &[(2, Protocol::Tcp, 8080)])), &ifs)
+        .unwrap();
+    assert_eq!(probe(&pods[0].name, cip, 443, "tcp", 2), ["FAIL"; 2]);
+    assert_eq!(probe(&pods[0].name, node_addr, 9443, "tcp", 1), ["FAIL"]);
+    let mut c = with_host(compiled_at(&at, &[], &[(2, Protocol::Tcp, 8080)]));
+    allow(&mut c, 1, Direction::Egress, IDENTITY_HOST, Some(Protocol::Tcp), (9443, 9443), 7);
+    dp.sync_full(&c, &ifs).unwrap();
+    assert_eq!(probe(&pods[0].name, cip, 443, "tcp", 2), ["host"; 2]);
+    assert_eq!(probe(&pods[0].name, node_addr, 9443, "tcp", 1), ["host"]);
+}
+
 /// An interface deleted on drop.
 struct LinkGuard(String);
 
