@@ -6,7 +6,8 @@
 //! `discovery.k8s.io/v1` endpointslices, nodes (cluster-scoped, with `/status`),
 //! `apiextensions.k8s.io/v1` customresourcedefinitions and, once the ClusterNetworkPolicy CRD
 //! is installed (`kubectl apply -f` of a vendored CRD, or [`Options::cnp_crd`]),
-//! `policy.networking.k8s.io/v1alpha2` clusternetworkpolicies pruned and validated by the
+//! `policy.networking.k8s.io/v1alpha2` (and, when the CRD serves it, `v1beta1`)
+//! clusternetworkpolicies pruned and validated by the
 //! installed channel's schema (see [`crd`]), over the real REST protocol (plain HTTP, no auth), so kube-rs and `kubectl` work against
 //! it: discovery, create/get/list/update/patch/delete, paginated lists with consistent
 //! snapshots, label/field selectors, watches with bookmarks, compaction (410 Gone),
@@ -27,6 +28,10 @@
 //! - `POST /admin/fail?count=N&status=S[&path=PREFIX][&verb=V|&lists=true]`: answer the next
 //!   N matching requests with status S and a Status body.
 //! - `POST /admin/delay?count=N&ms=M[&path=PREFIX][&verb=V|&lists=true]`: delay them.
+//! - `POST /admin/cnp-versions?served=v1beta1[,v1alpha2]`: serve ClusterNetworkPolicies at
+//!   exactly these versions (`v1alpha2`, `v1beta1`: the same schema, only `apiVersion`
+//!   differs; empty: none), as a CRD upgrade flipping `served` does
+//!   ([`TestApiServer::set_cnp_served_versions`]).
 //! - `POST /admin/clear-faults`, `POST /admin/drop-watches`,
 //!   `POST /admin/validation?enabled=false|true`, `GET /admin/stats` ([`Stats`]).
 //!
@@ -304,6 +309,16 @@ impl TestApiServer {
     /// clusternetworkpolicies are re-pruned by the new schema.
     pub fn install_cnp_crd(&self, channel: CnpChannel) -> Result<serde_json::Value, ApiError> {
         Ok((*self.state.store().install_cnp_crd(channel)?).clone())
+    }
+
+    /// Serve ClusterNetworkPolicies at exactly the versions `served`, among
+    /// [`crd::CNP_VERSIONS`] (`v1alpha2`, `v1beta1`; none is allowed), as a CRD upgrade that
+    /// flips `spec.versions[].served` does: the installed CRD is updated (a `v1beta1` entry
+    /// added as a copy of `v1alpha2`'s when missing), its objects stay, discovery and the
+    /// CRD list the served versions, any other version answers 404, and every open watch
+    /// ends. Not found without the CRD.
+    pub fn set_cnp_served_versions(&self, served: &[&str]) -> Result<(), ApiError> {
+        self.state.set_cnp_served_versions(served)
     }
 
     /// Delete the ClusterNetworkPolicy CRD: every clusternetworkpolicy is deleted with it

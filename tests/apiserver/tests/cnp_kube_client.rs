@@ -303,3 +303,111 @@ async fn channels_prune_differently_and_invalid_objects_get_422_causes() {
     assert_eq!(names, ["n", "ssa", "u"]);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn served_versions_switch_mid_run() {
+    let (server, client) = start(Some(CnpChannel::Standard)).await;
+    let alpha = cnps(&client);
+    let beta: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("policy.networking.k8s.io", "v1beta1", "ClusterNetworkPolicy"),
+            "clusternetworkpolicies",
+        ),
+    );
+    alpha
+        .create(
+            &PostParams::default(),
+            &cnp("a", 1, json!([{"networks": ["10.0.0.0/8"]}])),
+        )
+        .await
+        .expect("create at v1alpha2");
+    assert_eq!(api_err(beta.list(&ListParams::default()).await.unwrap_err()).code, 404);
+    let watch = alpha
+        .watch(&WatchParams::default(), "0")
+        .await
+        .expect("watch at v1alpha2");
+
+    // v1beta1 served too: same objects, converted apiVersion; the open watch ends.
+    server
+        .set_cnp_served_versions(&["v1alpha2", "v1beta1"])
+        .expect("switch");
+    assert_eq!(
+        watch.collect::<Vec<_>>().await.len(),
+        1,
+        "the ADDED event, then the end"
+    );
+    let listed = beta.list(&ListParams::default()).await.expect("list at v1beta1");
+    assert_eq!(listed.items.len(), 1);
+    let raw: Value = serde_json::from_str(
+        &client
+            .request_text(
+                http::Request::get("/apis/policy.networking.k8s.io/v1beta1/clusternetworkpolicies/a")
+                    .body(Vec::new())
+                    .unwrap(),
+            )
+            .await
+            .expect("get at v1beta1"),
+    )
+    .unwrap();
+    assert_eq!(raw["apiVersion"], "policy.networking.k8s.io/v1beta1");
+    let group: Value = serde_json::from_str(
+        &client
+            .request_text(
+                http::Request::get("/apis/policy.networking.k8s.io")
+                    .body(Vec::new())
+                    .unwrap(),
+            )
+            .await
+            .expect("group discovery"),
+    )
+    .unwrap();
+    assert_eq!(group["versions"].as_array().map(Vec::len), Some(2), "{group}");
+    let crd: CustomResourceDefinition = Api::all(client.clone())
+        .get("clusternetworkpolicies.policy.networking.k8s.io")
+        .await
+        .expect("the CRD");
+    let served: Vec<(String, bool)> = crd.spec.versions.iter().map(|v| (v.name.clone(), v.served)).collect();
+    assert_eq!(served, [("v1alpha2".to_string(), true), ("v1beta1".to_string(), true)]);
+
+    // v1alpha2 no longer served: 404 there, writes through v1beta1 are stored.
+    server.set_cnp_served_versions(&["v1beta1"]).expect("switch");
+    assert_eq!(api_err(alpha.list(&ListParams::default()).await.unwrap_err()).code, 404);
+    let mut b = cnp("b", 2, json!([{"networks": ["10.0.0.0/8"]}]));
+    b.types.as_mut().unwrap().api_version = "policy.networking.k8s.io/v1beta1".into();
+    let created = beta
+        .create(&PostParams::default(), &b)
+        .await
+        .expect("create at v1beta1");
+    assert_eq!(created.types.unwrap().api_version, "policy.networking.k8s.io/v1beta1");
+    let mut names: Vec<String> = beta
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(name_of)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a", "b"]);
+    let apis = client.list_api_groups().await.unwrap();
+    let versions: Vec<&str> = apis
+        .groups
+        .iter()
+        .filter(|g| g.name == "policy.networking.k8s.io")
+        .flat_map(|g| g.versions.iter().map(|v| v.version.as_str()))
+        .collect();
+    assert_eq!(versions, ["v1beta1"]);
+
+    // None served: the CRD stays, discovery no longer lists the group.
+    server.set_cnp_served_versions(&[]).expect("switch");
+    assert_eq!(api_err(beta.list(&ListParams::default()).await.unwrap_err()).code, 404);
+    assert!(client
+        .list_api_groups()
+        .await
+        .unwrap()
+        .groups
+        .iter()
+        .all(|g| g.name != "policy.networking.k8s.io"));
+    server.shutdown().await;
+}

@@ -21,6 +21,12 @@ use serde_json::{json, Value};
 /// Name of the ClusterNetworkPolicy CRD.
 pub const CNP_CRD_NAME: &str = "clusternetworkpolicies.policy.networking.k8s.io";
 
+/// The ClusterNetworkPolicy versions the server can serve: `v1alpha2` (the vendored CRDs'
+/// only version) and `v1beta1` (announced with the same schema; a CRD lists it as a copy
+/// of `v1alpha2`, see [`crate::TestApiServer::set_cnp_served_versions`]). Conversion
+/// between them is `None`: only `apiVersion` differs.
+pub const CNP_VERSIONS: [&str; 2] = ["v1alpha2", "v1beta1"];
+
 /// The vendored standard-channel ClusterNetworkPolicy CRD (YAML, with its attribution header).
 pub const CNP_CRD_STANDARD_YAML: &str =
     include_str!("../../crds/policy.networking.k8s.io_clusternetworkpolicies.standard.yaml");
@@ -99,6 +105,8 @@ pub struct InstalledCrd {
     pub categories: Vec<String>,
     /// The `policy.networking.k8s.io/channel` annotation, when present.
     pub channel: Option<String>,
+    /// The versions served (`served: true`), among [`CNP_VERSIONS`], in the CRD's order.
+    pub served: Vec<String>,
     /// The served version's schema, prepared.
     pub schema: Schema,
     /// The served version's `additionalPrinterColumns` (the columns of `kubectl get`).
@@ -236,25 +244,29 @@ pub fn install(crd: &Value) -> Result<InstalledCrd, Vec<Cause>> {
         ));
     }
     let mut installed = None;
+    let mut served = Vec::new();
     for (i, v) in versions.iter().enumerate() {
         let field = format!("spec.versions[{i}]");
         let vname = v["name"].as_str().unwrap_or("");
-        if vname != "v1alpha2" {
+        if !CNP_VERSIONS.contains(&vname) {
             if v["served"] == json!(true) {
                 causes.push(cause(
                     "FieldValueForbidden",
-                    format!("Forbidden: npm-testapi serves ClusterNetworkPolicy only at v1alpha2, not {vname:?}"),
+                    format!(
+                        "Forbidden: npm-testapi serves ClusterNetworkPolicy only at {}, not {vname:?}",
+                        CNP_VERSIONS.join(" or ")
+                    ),
                     &format!("{field}.name"),
                 ));
             }
             continue;
         }
-        if v["served"] != json!(true) {
-            causes.push(cause(
-                "FieldValueForbidden",
-                "Forbidden: version v1alpha2 must be served".into(),
-                &format!("{field}.served"),
-            ));
+        if v["served"] == json!(true) {
+            served.push(vname.to_string());
+        }
+        if installed.is_some() {
+            // The versions share one schema (conversion `None`): the first one's is served.
+            continue;
         }
         let sfield = format!("{field}.schema.openAPIV3Schema");
         let Some(raw) = v.pointer("/schema/openAPIV3Schema") else {
@@ -307,7 +319,10 @@ pub fn install(crd: &Value) -> Result<InstalledCrd, Vec<Cause>> {
         if causes.is_empty() {
             causes.push(cause(
                 "FieldValueRequired",
-                "Required value: version v1alpha2 must be defined".into(),
+                format!(
+                    "Required value: one of the versions {} must be defined",
+                    CNP_VERSIONS.join(", ")
+                ),
                 "spec.versions",
             ));
         }
@@ -326,6 +341,7 @@ pub fn install(crd: &Value) -> Result<InstalledCrd, Vec<Cause>> {
             .pointer("/metadata/annotations/policy.networking.k8s.io~1channel")
             .and_then(Value::as_str)
             .map(str::to_string),
+        served,
         schema,
         printer_columns,
     })

@@ -62,6 +62,14 @@ pub(super) fn admin_handle(st: &AppState, method: &Method, what: &str, q: &HashM
             st.clear_faults();
             Ok(json!({"ok": true}))
         }
+        ("POST", "cnp-versions") => {
+            let served: Vec<&str> = q
+                .get("served")
+                .map(|v| v.split(',').filter(|s| !s.is_empty()).collect())
+                .unwrap_or_default();
+            st.set_cnp_served_versions(&served)?;
+            Ok(json!({"served": served}))
+        }
         ("POST", "drop-watches") => {
             st.drop_watches();
             Ok(json!({"ok": true}))

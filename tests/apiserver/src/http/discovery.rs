@@ -39,7 +39,7 @@ fn api_resources(store: &Store, group: &str, version: &str) -> Vec<Value> {
     let mut out = Vec::new();
     for k in Kind::ALL
         .into_iter()
-        .filter(|k| k.group() == group && k.version() == version && store.serves(*k))
+        .filter(|k| k.group() == group && store.serves_version(*k, version))
     {
         let mut verbs = vec!["create", "delete", "get", "list", "patch", "update", "watch"];
         if k.namespaced() || matches!(k, Kind::CustomResourceDefinition | Kind::ClusterNetworkPolicy) {
@@ -68,28 +68,39 @@ fn api_resources(store: &Store, group: &str, version: &str) -> Vec<Value> {
 }
 
 /// The named group-versions served now, in a stable order (the core group "" is served
-/// under `/api`).
-fn group_versions(store: &Store) -> Vec<(&'static str, &'static str)> {
-    let mut out: Vec<(&'static str, &'static str)> = Vec::new();
-    for k in Kind::ALL
-        .into_iter()
-        .filter(|k| !k.group().is_empty() && store.serves(*k))
-    {
-        if !out.contains(&(k.group(), k.version())) {
-            out.push((k.group(), k.version()));
+/// under `/api`; a custom resource's group at the versions its CRD serves).
+fn group_versions(store: &Store) -> Vec<(&'static str, String)> {
+    let mut out: Vec<(&'static str, String)> = Vec::new();
+    for k in Kind::ALL.into_iter().filter(|k| !k.group().is_empty()) {
+        for v in store.served_versions(k) {
+            if !out.iter().any(|(g, ov)| *g == k.group() && *ov == v) {
+                out.push((k.group(), v));
+            }
         }
     }
     out
 }
 
-/// The `APIGroup` entry of a named group (one version per group).
-fn api_group(group: &str, version: &str) -> Value {
-    let gv = format!("{group}/{version}");
+/// The `APIGroup` entry of a named group with its served versions (the first preferred).
+fn api_group(group: &str, versions: &[&str]) -> Value {
+    let entry = |v: &str| json!({"groupVersion": format!("{group}/{v}"), "version": v});
     json!({
         "name": group,
-        "versions": [{"groupVersion": gv, "version": version}],
-        "preferredVersion": {"groupVersion": gv, "version": version},
+        "versions": versions.iter().map(|v| entry(v)).collect::<Vec<_>>(),
+        "preferredVersion": versions.first().map(|v| entry(v)).unwrap_or(Value::Null),
     })
+}
+
+/// The named groups served now with their versions, in order.
+fn groups<'a>(gvs: &'a [(&'static str, String)]) -> Vec<(&'static str, Vec<&'a str>)> {
+    let mut out: Vec<(&'static str, Vec<&str>)> = Vec::new();
+    for (g, v) in gvs {
+        match out.iter_mut().find(|(og, _)| og == g) {
+            Some((_, vs)) => vs.push(v.as_str()),
+            None => out.push((g, vec![v.as_str()])),
+        }
+    }
+    out
 }
 
 /// Answer a non-resource path: discovery, OpenAPI, version and health, else 404.
@@ -97,8 +108,10 @@ pub(super) fn discovery(st: &AppState, path: &str) -> Response {
     let path = path.trim_end_matches('/');
     let store = st.store();
     let gvs = group_versions(&store);
+    let named = groups(&gvs);
     let group_of = |prefix: &str| {
-        gvs.iter()
+        named
+            .iter()
             .find(|(g, _)| path.strip_prefix(prefix).and_then(|rest| rest.strip_prefix(*g)) == Some(""))
     };
     let gv_of = |prefix: &str| {
@@ -106,11 +119,11 @@ pub(super) fn discovery(st: &AppState, path: &str) -> Response {
             path.strip_prefix(prefix)
                 .and_then(|rest| rest.strip_prefix(*g))
                 .and_then(|rest| rest.strip_prefix('/'))
-                == Some(*v)
+                == Some(v.as_str())
         })
     };
-    if let Some((g, v)) = group_of("/apis/") {
-        let mut doc = api_group(g, v);
+    if let Some((g, vs)) = group_of("/apis/") {
+        let mut doc = api_group(g, vs);
         doc["kind"] = json!("APIGroup");
         doc["apiVersion"] = json!("v1");
         return json_response(200, &doc);
@@ -143,7 +156,7 @@ pub(super) fn discovery(st: &AppState, path: &str) -> Response {
         }),
         "/apis" => json!({
             "kind": "APIGroupList", "apiVersion": "v1",
-            "groups": gvs.iter().map(|(g, v)| api_group(g, v)).collect::<Vec<_>>(),
+            "groups": named.iter().map(|(g, vs)| api_group(g, vs)).collect::<Vec<_>>(),
         }),
         "/openapi/v3" => {
             let mut paths = serde_json::Map::new();
@@ -174,7 +187,7 @@ fn openapi_v3(store: &Store, group: &str, version: &str) -> Value {
     let param = |name: &str, loc: &str| json!({"name": name, "in": loc, "schema": {"type": "string"}, "required": loc == "path"});
     for k in Kind::ALL
         .into_iter()
-        .filter(|k| k.group() == group && k.version() == version && store.serves(*k))
+        .filter(|k| k.group() == group && store.serves_version(*k, version))
     {
         let base = if group.is_empty() {
             "/api/v1".to_string()

@@ -26,6 +26,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, Method, Uri};
 use axum::response::Response;
+use futures_util::StreamExt;
 use response::err_response;
 use route::{parse_target, query_map, verb_of};
 use std::sync::Arc;
@@ -60,15 +61,45 @@ pub async fn handle(
         return err_response(&ApiError::Injected { code });
     }
     if let Some(t) = &target {
-        if !st.store().serves(t.kind) {
+        if !st.store().serves_version(t.kind, &t.version) {
             return response::not_found_path(&path);
         }
     }
-    match target {
+    // A custom resource at a version other than the stored one: conversion `None`, only
+    // `apiVersion` differs (in the request body and in every object answered).
+    let converted = target
+        .as_ref()
+        .filter(|t| t.version != t.kind.version())
+        .map(|t| (t.kind.api_version(), format!("{}/{}", t.kind.group(), t.version)));
+    let body = match &converted {
+        Some((stored, asked)) => replace_api_version(&body, asked, stored),
+        None => body,
+    };
+    let res = match target {
         None => discovery::discovery(&st, &path),
         Some(t) => match resource::resource(&st, &method, t, &q, &headers, &body).await {
             Ok(r) => r,
             Err(e) => err_response(&e),
         },
+    };
+    match converted {
+        Some((stored, asked)) => {
+            let (parts, body) = res.into_parts();
+            let chunks = body
+                .into_data_stream()
+                .map(move |chunk| chunk.map(|b| replace_api_version(&b, stored, &asked)));
+            Response::from_parts(parts, axum::body::Body::from_stream(chunks))
+        }
+        None => res,
+    }
+}
+
+/// `bytes` with every JSON string `"from"` replaced by `"to"` (an `apiVersion` value; the
+/// answers and watch lines of the server are compact JSON, one event per chunk).
+fn replace_api_version(bytes: &Bytes, from: &str, to: &str) -> Bytes {
+    let (from, to) = (format!("\"{from}\""), format!("\"{to}\""));
+    match std::str::from_utf8(bytes) {
+        Ok(text) if text.contains(&from) => Bytes::from(text.replace(&from, &to)),
+        _ => bytes.clone(),
     }
 }

@@ -1,6 +1,7 @@
 //! Routing: parsing a Kubernetes REST path into a [`Target`] (kind, namespace, name,
 //! subresource), the query string, and the verb a request counts as (for stats and faults).
 
+use crate::crd::CNP_VERSIONS;
 use crate::store::Kind;
 use axum::http::{Method, Uri};
 use std::collections::HashMap;
@@ -10,6 +11,8 @@ use std::collections::HashMap;
 pub(super) struct Target {
     /// The resource kind.
     pub(super) kind: Kind,
+    /// The version of the path (one of the kind's versions).
+    pub(super) version: String,
     /// Namespace from the path.
     pub(super) ns: Option<String>,
     /// Object name (None for a collection).
@@ -18,11 +21,16 @@ pub(super) struct Target {
     pub(super) sub: Option<String>,
 }
 
-/// The kind served at `plural` in API group `group`, version `version`.
+/// The kind served at `plural` in API group `group`, version `version` (ClusterNetworkPolicy
+/// at any of [`CNP_VERSIONS`]; which ones are served now is the installed CRD's).
 fn kind_for(group: &str, version: &str, plural: &str) -> Option<Kind> {
-    Kind::ALL
-        .into_iter()
-        .find(|k| k.group() == group && k.version() == version && k.plural() == plural)
+    Kind::ALL.into_iter().find(|k| {
+        let version_ok = match k {
+            Kind::ClusterNetworkPolicy => CNP_VERSIONS.contains(&version),
+            _ => k.version() == version,
+        };
+        k.group() == group && version_ok && k.plural() == plural
+    })
 }
 
 /// Parse a resource path; None for discovery and unknown paths. Whether the kind is served
@@ -41,6 +49,7 @@ pub(super) fn parse_target(path: &str) -> Option<Target> {
     let t = |kind, ns: Option<&str>, name: Option<&str>, sub: Option<&str>| {
         Some(Target {
             kind,
+            version: version.to_string(),
             ns: ns.map(str::to_string),
             name: name.map(str::to_string),
             sub: sub.map(str::to_string),
@@ -140,6 +149,8 @@ mod tests {
             (Kind::ClusterNetworkPolicy, None, Some("a"), Some("status"))
         );
         assert!(parse_target("/apis/policy.networking.k8s.io/v1/clusternetworkpolicies").is_none());
+        let t = parse_target("/apis/policy.networking.k8s.io/v1beta1/clusternetworkpolicies/a").unwrap();
+        assert_eq!((t.kind, t.version.as_str()), (Kind::ClusterNetworkPolicy, "v1beta1"));
         assert!(parse_target("/apis/policy.networking.k8s.io/v1alpha2").is_none());
         let t = parse_target("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/x.y").unwrap();
         assert_eq!(

@@ -81,6 +81,16 @@ impl AppState {
         self.drop_watches.send_modify(|g| *g += 1);
     }
 
+    /// Serve ClusterNetworkPolicies at exactly the versions `served` (see
+    /// [`Store::set_cnp_served_versions`]) and end every open watch, as a real server's
+    /// handler change ends the watches of a version it stops serving (a client's re-watch
+    /// or relist at that version then gets 404). Not found without the CRD.
+    pub fn set_cnp_served_versions(&self, served: &[&str]) -> Result<(), crate::ApiError> {
+        self.store().set_cnp_served_versions(served)?;
+        self.drop_watches();
+        Ok(())
+    }
+
     /// Current counters.
     pub fn stats(&self) -> Stats {
         let mut s = self.counters().clone();

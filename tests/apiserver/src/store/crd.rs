@@ -6,7 +6,7 @@
 
 use super::meta::{meta_str, now_rfc3339};
 use super::{EventType, Kind, Store};
-use crate::crd::{self, CnpChannel, InstalledCrd, CNP_CRD_NAME};
+use crate::crd::{self, CnpChannel, InstalledCrd, CNP_CRD_NAME, CNP_VERSIONS};
 use crate::error::{ApiError, Cause};
 use crate::validate::{validate_meta, Errs};
 use serde_json::Value;
@@ -46,6 +46,69 @@ impl Store {
     /// Whether `kind` is served now (custom resources only while their CRD is installed).
     pub fn serves(&self, kind: Kind) -> bool {
         kind != Kind::ClusterNetworkPolicy || self.cnp_crd.is_some()
+    }
+
+    /// Whether `kind` is served now at `version` (a custom resource at the versions its
+    /// installed CRD marks `served`; a built-in kind at its one version).
+    pub fn serves_version(&self, kind: Kind, version: &str) -> bool {
+        match kind {
+            Kind::ClusterNetworkPolicy => self
+                .cnp_crd
+                .as_ref()
+                .is_some_and(|c| c.served.iter().any(|v| v == version)),
+            _ => version == kind.version(),
+        }
+    }
+
+    /// The versions `kind` is served at now, in order (none for a custom resource whose CRD
+    /// is not installed, or that serves none).
+    pub fn served_versions(&self, kind: Kind) -> Vec<String> {
+        match kind {
+            Kind::ClusterNetworkPolicy => self.cnp_crd.as_ref().map(|c| c.served.clone()).unwrap_or_default(),
+            _ => vec![kind.version().to_string()],
+        }
+    }
+
+    /// Update the installed ClusterNetworkPolicy CRD so that it serves exactly `served`
+    /// (among [`CNP_VERSIONS`]; none is allowed): a `v1beta1` entry is added as a copy of
+    /// the `v1alpha2` one (same schema, not the storage version) when missing, and every
+    /// known version's `served` is set. The stored objects stay; an update like a CRD
+    /// upgrade's (404 at a version no longer served). Not found without a CRD.
+    pub fn set_cnp_served_versions(&mut self, served: &[&str]) -> Result<Arc<Value>, ApiError> {
+        if let Some(v) = served.iter().find(|v| !CNP_VERSIONS.contains(v)) {
+            return Err(ApiError::BadRequest {
+                message: format!("ClusterNetworkPolicy version {v:?} is not one of {CNP_VERSIONS:?}"),
+            });
+        }
+        let mut obj = (*self.get(Kind::CustomResourceDefinition, None, CNP_CRD_NAME)?).clone();
+        let versions = obj["spec"]["versions"]
+            .as_array_mut()
+            .ok_or_else(|| ApiError::BadRequest {
+                message: "the installed ClusterNetworkPolicy CRD has no spec.versions".into(),
+            })?;
+        let template = versions.iter().find(|v| v["name"] == "v1alpha2").cloned();
+        for name in CNP_VERSIONS {
+            if !versions.iter().any(|v| v["name"] == name) {
+                if let Some(mut copy) = template.clone() {
+                    copy["name"] = Value::from(name);
+                    copy["storage"] = Value::from(false);
+                    versions.push(copy);
+                }
+            }
+        }
+        for v in versions.iter_mut() {
+            let name = v["name"].as_str().unwrap_or("").to_string();
+            if CNP_VERSIONS.contains(&name.as_str()) {
+                v["served"] = Value::from(served.contains(&name.as_str()));
+            }
+        }
+        self.update(
+            Kind::CustomResourceDefinition,
+            None,
+            CNP_CRD_NAME,
+            obj,
+            super::Sub::Main,
+        )
     }
 
     /// The installed ClusterNetworkPolicy CRD, if any.
