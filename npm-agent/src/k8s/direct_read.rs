@@ -2,7 +2,9 @@
 //! resources straight from the API server (not the cache), which the
 //! mass-deletion guard needs to confirm a large removal. The
 //! ClusterNetworkPolicies follow [`ClusterPolicyMode`]: not read with
-//! `off`, a `404` is an empty list with `auto` (as for the watcher), any
+//! `off`; a `404` is decided by discovery as for the watcher (another
+//! version served: read it; confirmed absent with `auto`: an empty list;
+//! otherwise the read fails, so a held removal of CNPs stays held), any
 //! other failure fails the read. Nodes are read unless the cache they
 //! confirm does not watch them ([`direct_read_for`]).
 
@@ -15,7 +17,10 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::{Api, Client};
 
 use super::cache::{Cache, CompleteState, Watched};
-use super::cluster_policy::{classify_list_error, ClusterNetworkPolicy, ClusterPolicyMode, ListFailure};
+use super::cluster_policy::{
+    after_not_found, classify_list_error, discover, ClusterNetworkPolicy, ClusterNetworkPolicyV1beta1,
+    ClusterPolicyMode, ListFailure, NotFound, PLURAL, VERSIONS,
+};
 use super::pods::Pod;
 use super::store::strip;
 
@@ -31,6 +36,10 @@ pub enum WatchError {
         #[source]
         source: kube::Error,
     },
+    /// The ClusterNetworkPolicies answered `404` and discovery did not
+    /// confirm them absent (the reason).
+    #[error("direct list of ClusterNetworkPolicies: {0}")]
+    ClusterPoliciesUnknown(String),
     /// The whole direct read took longer than its bound.
     #[error("direct read did not finish within {0:?}")]
     TimedOut(Duration),
@@ -44,13 +53,21 @@ pub enum WatchError {
 pub const DIRECT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 async fn direct_list<K: Watched>(api: Api<K>, page_size: u32) -> Result<Vec<Arc<K>>, WatchError> {
+    direct_list_of(api, page_size, K::NAME).await
+}
+
+/// All pages of the list of `api` (`resource` names it in errors).
+async fn direct_list_of<K>(api: Api<K>, page_size: u32, resource: &'static str) -> Result<Vec<Arc<K>>, WatchError>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let mut out = Vec::new();
     let mut lp = kube::api::ListParams::default().limit(page_size);
     loop {
-        let list = api.list(&lp).await.map_err(|source| WatchError::DirectList {
-            resource: K::NAME,
-            source,
-        })?;
+        let list = api
+            .list(&lp)
+            .await
+            .map_err(|source| WatchError::DirectList { resource, source })?;
         out.extend(list.items.into_iter().map(|o| Arc::new(strip(o))));
         match list.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = lp.continue_token(&c),
@@ -64,7 +81,11 @@ pub async fn direct_read(client: &Client, page_size: u32) -> Result<CompleteStat
     direct_read_with(client, page_size, ClusterPolicyMode::Auto).await
 }
 
-/// The ClusterNetworkPolicies of a direct read under `mode`.
+/// The ClusterNetworkPolicies of a direct read under `mode`: at
+/// `v1alpha2`, and a `404` is decided by discovery as the watcher decides it
+/// ([`after_not_found`]): another version served is read instead, a
+/// confirmed absence in `auto` is the empty list, anything else fails the
+/// read ([`WatchError::ClusterPoliciesUnknown`]).
 async fn direct_cluster_policies(
     client: &Client,
     page_size: u32,
@@ -73,12 +94,32 @@ async fn direct_cluster_policies(
     if mode == ClusterPolicyMode::Off {
         return Ok(Vec::new());
     }
-    match direct_list(Api::<ClusterNetworkPolicy>::all(client.clone()), page_size).await {
-        Err(WatchError::DirectList { source, .. }) if classify_list_error(mode, &source) == ListFailure::NotServed => {
-            Ok(Vec::new())
+    let mut version = VERSIONS[0];
+    // One switch at most: discovery named the version that 404s next.
+    for _ in 0..VERSIONS.len() {
+        let read = if version == VERSIONS[1] {
+            let api = Api::<ClusterNetworkPolicyV1beta1>::all(client.clone());
+            direct_list_of(api, page_size, PLURAL)
+                .await
+                .map(|l| l.into_iter().map(|o| Arc::new(o.0.clone())).collect())
+        } else {
+            direct_list(Api::<ClusterNetworkPolicy>::all(client.clone()), page_size).await
+        };
+        match read {
+            Err(WatchError::DirectList { source, .. }) if classify_list_error(&source) == ListFailure::NotFound => {
+                match after_not_found(mode, version, discover(client).await) {
+                    NotFound::Switch(next) => version = next,
+                    NotFound::Absent(_) => return Ok(Vec::new()),
+                    NotFound::Unknown(problem) => return Err(WatchError::ClusterPoliciesUnknown(problem)),
+                }
+            }
+            other => return other,
         }
-        other => other,
     }
+    Err(WatchError::ClusterPoliciesUnknown(format!(
+        "every ClusterNetworkPolicy version discovery named answered 404 ({})",
+        VERSIONS.join(", ")
+    )))
 }
 
 /// A fresh, complete read of all four resources straight from the API

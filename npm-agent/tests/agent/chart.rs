@@ -242,12 +242,13 @@ fn rbac_is_least_privilege() {
             "/nodes: get,list,patch,watch",
             "/pods: get,list,watch",
             "/services: get,list,watch",
+            "apiextensions.k8s.io/customresourcedefinitions: get",
             "events.k8s.io/events: create,patch",
             "networking.k8s.io/networkpolicies: get,list,watch",
             "policy.networking.k8s.io/clusternetworkpolicies: get,list,watch",
         ],
-        "services read (eBPF Service egress), ClusterNetworkPolicies read; no endpointslices, secrets or write \
-         access beyond node patch and events"
+        "services read (eBPF Service egress), ClusterNetworkPolicies read, CRDs get (what a 404 on CNPs means); \
+         no endpointslices, secrets or write access beyond node patch and events"
     );
     assert!(find(&docs, "Role").is_empty());
     let binding = find(&docs, "ClusterRoleBinding")[0];

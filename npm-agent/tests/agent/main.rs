@@ -33,6 +33,7 @@ mod cnp_no_crd;
 mod cnp_relist;
 mod cnp_tiers_ebpf;
 mod cnp_tiers_nft;
+mod cnp_versions;
 mod guard_held_removals;
 mod guard_policies;
 mod health_readyz;
