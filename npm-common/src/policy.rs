@@ -298,8 +298,8 @@ mod tests {
                 let shift = front_shift(buckets);
                 assert_eq!(1u64 << (64 - shift), u64::from(buckets));
                 assert!(policy_front_bucket(w, shift) < buckets);
-                // SAFETY: shift < 64.
                 assert_eq!(
+                    // SAFETY: shift < 64.
                     unsafe { policy_front_bucket_unchecked(w, shift) },
                     policy_front_bucket(w, shift)
                 );

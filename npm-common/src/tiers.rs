@@ -547,8 +547,8 @@ mod tests {
             let shift = crate::front_shift(buckets);
             let slot = tier_summary_slot(tier_front_shared_summary_key(k), shift);
             assert!(slot < buckets << TIER_SUMMARY_SLOTS_PER_BUCKET_LOG);
-            // SAFETY: shift is in range.
             assert_eq!(
+                // SAFETY: shift is in range.
                 unsafe { tier_summary_slot_unchecked(tier_front_shared_summary_key(k), shift) },
                 slot
             );

@@ -64,16 +64,20 @@ pub(crate) static NPM_BENCH_NO_CT_CREATE: u8 = 0;
 /// (a, pa) <= (b, pb), addresses compared as big-endian numbers.
 #[inline(always)]
 unsafe fn le_addr_port(a: *const u8, pa: u16, b: *const u8, pb: u16) -> bool {
-    let mut i = 0;
-    while i < 16 {
-        let x = rd32(a.add(i)).swap_bytes();
-        let y = rd32(b.add(i)).swap_bytes();
-        if x != y {
-            return x < y;
+    // SAFETY: the caller upholds this function's contract (its doc),
+    // which every operation below relies on.
+    unsafe {
+        let mut i = 0;
+        while i < 16 {
+            let x = rd32(a.add(i)).swap_bytes();
+            let y = rd32(b.add(i)).swap_bytes();
+            if x != y {
+                return x < y;
+            }
+            i += 4;
         }
-        i += 4;
+        pa <= pb
     }
-    pa <= pb
 }
 
 /// Fills the canonical conntrack key (CtKey layout: endpoint 0, protocol

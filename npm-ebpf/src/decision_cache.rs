@@ -62,14 +62,18 @@ pub(crate) static NPM_BENCH_NO_DECISION_CACHE: u8 = 0;
 /// `peer` is a 16-byte, 4-aligned address.
 #[inline(always)]
 pub(crate) unsafe fn decision_key(ep: u32, dir: u8, pr: u8, port: u16, peer: *const u8) -> [u32; 6] {
-    [
-        ep,
-        dir as u32 | (pr as u32) << 8 | (port as u32) << 16,
-        rd32(peer),
-        rd32(peer.add(4)),
-        rd32(peer.add(8)),
-        rd32(peer.add(12)),
-    ]
+    // SAFETY: the caller upholds this function's contract (its doc),
+    // which every operation below relies on.
+    unsafe {
+        [
+            ep,
+            dir as u32 | (pr as u32) << 8 | (port as u32) << 16,
+            rd32(peer),
+            rd32(peer.add(4)),
+            rd32(peer.add(8)),
+            rd32(peer.add(12)),
+        ]
+    }
 }
 
 /// The decision-cache slot of a key.
@@ -91,17 +95,21 @@ pub(crate) const NO_DECISION: u32 = 0xff;
 /// `slot` points to this CPU's `NPM_DECISIONS` slot.
 #[inline(always)]
 pub(crate) unsafe fn decision_cache_get(slot: *const DecisionSlot, w: &[u32; 6], generation: u64) -> u32 {
-    let sl = &*slot;
-    let diff = (sl.key[0] ^ w[0])
-        | (sl.key[1] ^ w[1])
-        | (sl.key[2] ^ w[2])
-        | (sl.key[3] ^ w[3])
-        | (sl.key[4] ^ w[4])
-        | (sl.key[5] ^ w[5]);
-    if diff == 0 && sl.generation == generation {
-        sl.reason
-    } else {
-        NO_DECISION
+    // SAFETY: the caller upholds this function's contract (its doc),
+    // which every operation below relies on.
+    unsafe {
+        let sl = &*slot;
+        let diff = (sl.key[0] ^ w[0])
+            | (sl.key[1] ^ w[1])
+            | (sl.key[2] ^ w[2])
+            | (sl.key[3] ^ w[3])
+            | (sl.key[4] ^ w[4])
+            | (sl.key[5] ^ w[5]);
+        if diff == 0 && sl.generation == generation {
+            sl.reason
+        } else {
+            NO_DECISION
+        }
     }
 }
 
@@ -111,17 +119,21 @@ pub(crate) unsafe fn decision_cache_get(slot: *const DecisionSlot, w: &[u32; 6],
 /// `slot` points to this CPU's `NPM_DECISIONS` slot.
 #[inline(always)]
 pub(crate) unsafe fn decision_cache_put(slot: *mut DecisionSlot, w: &[u32; 6], generation: u64, word: u32) {
-    // A dry run (`npm-agent explain`) fills no cache.
-    if crate::dry_run() {
-        return;
+    // SAFETY: the caller upholds this function's contract (its doc),
+    // which every operation below relies on.
+    unsafe {
+        // A dry run (`npm-agent explain`) fills no cache.
+        if crate::dry_run() {
+            return;
+        }
+        let d = slot as *mut u8;
+        wr32(d, w[0]);
+        wr32(d.add(4), w[1]);
+        wr32(d.add(8), w[2]);
+        wr32(d.add(12), w[3]);
+        wr32(d.add(16), w[4]);
+        wr32(d.add(20), w[5]);
+        wr32(d.add(24), word);
+        wr64(d.add(32), generation);
     }
-    let d = slot as *mut u8;
-    wr32(d, w[0]);
-    wr32(d.add(4), w[1]);
-    wr32(d.add(8), w[2]);
-    wr32(d.add(12), w[3]);
-    wr32(d.add(16), w[4]);
-    wr32(d.add(20), w[5]);
-    wr32(d.add(24), word);
-    wr64(d.add(32), generation);
 }

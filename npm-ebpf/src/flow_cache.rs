@@ -68,8 +68,12 @@ pub(crate) fn flow_slot(w: &[u32; 5]) -> u32 {
 /// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
 #[inline(always)]
 pub(crate) unsafe fn flow_cache_hit(slot: *const FlowSlot, k: &[u32; 5], now: u64) -> bool {
-    let confirmed = (*slot).confirmed_ns;
-    flow_slot_holds(slot, k) && confirmed != 0 && now.wrapping_sub(confirmed) < FLOW_TTL_NS
+    // SAFETY: the caller upholds this function's contract (its doc),
+    // which every operation below relies on.
+    unsafe {
+        let confirmed = (*slot).confirmed_ns;
+        flow_slot_holds(slot, k) && confirmed != 0 && now.wrapping_sub(confirmed) < FLOW_TTL_NS
+    }
 }
 
 /// Whether the slot holds exactly this key.
@@ -78,8 +82,12 @@ pub(crate) unsafe fn flow_cache_hit(slot: *const FlowSlot, k: &[u32; 5], now: u6
 /// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
 #[inline(always)]
 unsafe fn flow_slot_holds(slot: *const FlowSlot, w: &[u32; 5]) -> bool {
-    let sl = &*slot;
-    ((sl.key[0] ^ w[0]) | (sl.key[1] ^ w[1]) | (sl.key[2] ^ w[2]) | (sl.key[3] ^ w[3]) | (sl.key[4] ^ w[4])) == 0
+    // SAFETY: the caller upholds this function's contract (its doc),
+    // which every operation below relies on.
+    unsafe {
+        let sl = &*slot;
+        ((sl.key[0] ^ w[0]) | (sl.key[1] ^ w[1]) | (sl.key[2] ^ w[2]) | (sl.key[3] ^ w[3]) | (sl.key[4] ^ w[4])) == 0
+    }
 }
 
 /// Empties the slot if it holds this key (a FIN or RST of the flow: its
@@ -89,8 +97,12 @@ unsafe fn flow_slot_holds(slot: *const FlowSlot, w: &[u32; 5]) -> bool {
 /// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
 #[inline(always)]
 pub(crate) unsafe fn flow_cache_forget(slot: *mut FlowSlot, k: &[u32; 5]) {
-    if flow_slot_holds(slot, k) {
-        wr64((slot as *mut u8).add(24), 0);
+    // SAFETY: the caller upholds this function's contract (its doc),
+    // which every operation below relies on.
+    unsafe {
+        if flow_slot_holds(slot, k) {
+            wr64((slot as *mut u8).add(24), 0);
+        }
     }
 }
 
@@ -100,15 +112,19 @@ pub(crate) unsafe fn flow_cache_forget(slot: *mut FlowSlot, k: &[u32; 5]) {
 /// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
 #[inline(always)]
 pub(crate) unsafe fn flow_cache_fill(slot: *mut FlowSlot, w: &[u32; 5], now: u64) {
-    // A dry run (`npm-agent explain`) fills no cache.
-    if crate::dry_run() {
-        return;
+    // SAFETY: the caller upholds this function's contract (its doc),
+    // which every operation below relies on.
+    unsafe {
+        // A dry run (`npm-agent explain`) fills no cache.
+        if crate::dry_run() {
+            return;
+        }
+        let d = slot as *mut u8;
+        wr32(d, w[0]);
+        wr32(d.add(4), w[1]);
+        wr32(d.add(8), w[2]);
+        wr32(d.add(12), w[3]);
+        wr32(d.add(16), w[4]);
+        wr64(d.add(24), now);
     }
-    let d = slot as *mut u8;
-    wr32(d, w[0]);
-    wr32(d.add(4), w[1]);
-    wr32(d.add(8), w[2]);
-    wr32(d.add(12), w[3]);
-    wr32(d.add(16), w[4]);
-    wr64(d.add(24), now);
 }

@@ -38,10 +38,10 @@ pub(crate) fn peer_identities(lpm: *mut u8, peer: Peer) -> (u32, u32) {
         lazy_v4,
         v4addr,
     } = peer;
-    // SAFETY: 16-byte, 4-aligned address (not read when lazy).
     let (v4, addr) = if lazy_v4 {
         (true, v4addr)
     } else {
+        // SAFETY: 16-byte, 4-aligned address (not read when lazy).
         unsafe { (is_v4_mapped(peer), rd32(peer.add(12))) }
     };
     // The IPv4 front first: one inlined array read of a whole word.

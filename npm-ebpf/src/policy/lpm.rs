@@ -47,15 +47,19 @@ pub(crate) fn policy_rule(lpm: *mut u8, subject: u32, dir: u8, identity: u32, pr
 /// `lpm` is 16 writable, 4-aligned bytes.
 #[inline(always)]
 pub(crate) unsafe fn write_full_key(lpm: *mut u8, owner: u32, dir: u8, identity: u32, protocol: u8, port: u16) {
-    let i = identity;
-    wr32(lpm, POLICY_PREFIX_FULL);
-    wr32(lpm.add(4), owner.to_be());
-    wr32(
-        lpm.add(8),
-        dir as u32 | ((i >> 24) & 0xff) << 8 | ((i >> 16) & 0xff) << 16 | ((i >> 8) & 0xff) << 24,
-    );
-    wr32(
-        lpm.add(12),
-        (i & 0xff) | (protocol as u32) << 8 | ((port >> 8) as u32) << 16 | ((port & 0xff) as u32) << 24,
-    );
+    // SAFETY: the caller upholds this function's contract (its doc),
+    // which every operation below relies on.
+    unsafe {
+        let i = identity;
+        wr32(lpm, POLICY_PREFIX_FULL);
+        wr32(lpm.add(4), owner.to_be());
+        wr32(
+            lpm.add(8),
+            dir as u32 | ((i >> 24) & 0xff) << 8 | ((i >> 16) & 0xff) << 16 | ((i >> 8) & 0xff) << 24,
+        );
+        wr32(
+            lpm.add(12),
+            (i & 0xff) | (protocol as u32) << 8 | ((port >> 8) as u32) << 16 | ((port & 0xff) as u32) << 24,
+        );
+    }
 }

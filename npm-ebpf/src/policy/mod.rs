@@ -105,10 +105,10 @@ pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port
     } else {
         core::ptr::null_mut()
     };
-    // SAFETY: this CPU's slot, when not null.
     let cached = if slot.is_null() {
         NO_DECISION
     } else {
+        // SAFETY: this CPU's slot, not null.
         unsafe { decision_cache_get(slot, key, generation) }
     };
     let w = if cached != NO_DECISION {
@@ -224,21 +224,25 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
 /// `lpm` is the 20-byte, 4-aligned scratch key.
 #[inline(always)]
 unsafe fn folded(lpm: *mut u8, subject: u32, dir: u8, ids: (u32, u32), pr: u8, port: u16) -> u32 {
-    let s = lpm as *const u32;
-    wr32(lpm, subject);
-    wr32(lpm.add(4), ids.0);
-    wr32(lpm.add(8), ids.1);
-    wr32(lpm.add(12), dir as u32 | (pr as u32) << 8 | (port as u32) << 16);
-    let x = core::ptr::read_volatile(s.add(3));
-    let w = fold_decision(
-        core::ptr::read_volatile(s),
-        (x & 1) as u8,
-        (core::ptr::read_volatile(s.add(1)), core::ptr::read_volatile(s.add(2))),
-        (x >> 8) as u8,
-        (x >> 16) as u16,
-    );
-    wr32(lpm, w);
-    core::ptr::read_volatile(s)
+    // SAFETY: the caller upholds this function's contract (its doc),
+    // which every operation below relies on.
+    unsafe {
+        let s = lpm as *const u32;
+        wr32(lpm, subject);
+        wr32(lpm.add(4), ids.0);
+        wr32(lpm.add(8), ids.1);
+        wr32(lpm.add(12), dir as u32 | (pr as u32) << 8 | (port as u32) << 16);
+        let x = core::ptr::read_volatile(s.add(3));
+        let w = fold_decision(
+            core::ptr::read_volatile(s),
+            (x & 1) as u8,
+            (core::ptr::read_volatile(s.add(1)), core::ptr::read_volatile(s.add(2))),
+            (x >> 8) as u8,
+            (x >> 16) as u16,
+        );
+        wr32(lpm, w);
+        core::ptr::read_volatile(s)
+    }
 }
 
 /// Whether some policy entry of the endpoint's subject (flags `ep_flags`)

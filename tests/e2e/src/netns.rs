@@ -136,7 +136,9 @@ impl NetnsHandle {
 
     /// Opens the netns the calling thread is in.
     pub fn current() -> Result<Self, NetnsError> {
-        let path = format!("/proc/self/task/{}/ns/net", unsafe { libc::gettid() });
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        let path = format!("/proc/self/task/{tid}/ns/net");
         let file = File::open(&path).map_err(|source| NetnsError::Open {
             name: path.clone(),
             source,
