@@ -76,6 +76,11 @@ impl AgentDataplane for NftDataplane {
     fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
         self.adopted().map(|a| a.endpoints.clone()).unwrap_or_default()
     }
+    /// The table's tier chains (one per endpoint, direction and tier with
+    /// entries).
+    fn adopted_tier_directions(&self) -> Option<usize> {
+        self.adopted().map(|a| a.tier_chains)
+    }
 }
 
 /// Open the dataplane of `kind`.

@@ -97,8 +97,9 @@ impl<D: AgentDataplane> Syncer<D> {
 
     /// Before the first sync of the agent's life: the guard's reference
     /// starts from what the dataplane adopted (a previous agent's pinned
-    /// state), so a restarted agent's first sync is held like any other
-    /// when it would remove most of it.
+    /// state: identities, endpoints, isolated directions, tiered
+    /// directions), so a restarted agent's first sync is held like any
+    /// other when it would remove most of it.
     pub(super) fn seed_guard(&mut self) {
         if self.guard_seeded {
             return;
@@ -132,6 +133,18 @@ impl<D: AgentDataplane> Syncer<D> {
                 "mass-deletion guard: starting from the isolated endpoint directions adopted from a previous agent"
             );
             self.guard.observe_adopted_isolation(Instant::now(), isolated);
+        }
+        // The tiered endpoint directions the dataplane holds (an Admin or
+        // Baseline tier with entries for an endpoint and direction): without
+        // them a first sync with no ClusterNetworkPolicy would remove every
+        // adopted Deny unheld (the guard has no programmed CNPs to compare
+        // with).
+        if let Some(tiered) = self.dataplane.adopted_tier_directions().filter(|t| *t > 0) {
+            tracing::info!(
+                tiered,
+                "mass-deletion guard: starting from the tiered endpoint directions adopted from a previous agent"
+            );
+            self.guard.observe_adopted_tiers(Instant::now(), tiered);
         }
     }
 }

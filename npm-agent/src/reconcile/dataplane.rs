@@ -30,6 +30,15 @@ pub trait AgentDataplane: Dataplane + Send {
     fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
         Vec::new()
     }
+    /// The tiered endpoint directions (per endpoint, each direction and
+    /// ClusterNetworkPolicy tier with entries: `guard::tiered_directions`)
+    /// the dataplane found programmed when it was opened (a previous
+    /// agent's), if it can tell. A restarted agent's first sync is guarded
+    /// against them, so a first list without the CNPs does not remove
+    /// every adopted Deny unheld.
+    fn adopted_tier_directions(&self) -> Option<usize> {
+        None
+    }
     /// The pod identity, CIDR identity and rule numbers the dataplane found
     /// programmed when it was opened (a previous agent's). A restarted
     /// agent keeps each number's meaning: an identity stays with exactly
@@ -86,6 +95,9 @@ impl AgentDataplane for Box<dyn AgentDataplane> {
     }
     fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
         (**self).adopted_endpoints()
+    }
+    fn adopted_tier_directions(&self) -> Option<usize> {
+        (**self).adopted_tier_directions()
     }
     fn adopted_numbers(&self) -> AdoptedNumbers {
         (**self).adopted_numbers()

@@ -138,6 +138,25 @@ pub fn tier_removal<'a>(
     })
 }
 
+/// The tiered endpoint directions of a compile: per endpoint, each
+/// (direction, tier) with tier entries for its subject (the endpoint's
+/// [`TierPresence`](npm_policy::compiled::TierPresence) flags; what a
+/// dataplane can report of a previous agent's state, unlike the entries,
+/// whose kernel form is not one per entry).
+pub fn tiered_directions(c: &Compiled) -> usize {
+    use npm_policy::compiled::Tier;
+    c.endpoints
+        .values()
+        .map(|e| {
+            [Tier::Admin, Tier::Baseline]
+                .into_iter()
+                .flat_map(|t| [(t, Direction::Ingress), (t, Direction::Egress)])
+                .filter(|(t, d)| e.tiers.has(*t, *d))
+                .count()
+        })
+        .sum()
+}
+
 /// The node addresses of a compile: its ipcache entries whose identity is
 /// a node identity.
 pub fn node_addresses(c: &Compiled) -> usize {
@@ -185,6 +204,7 @@ pub struct GuardReference {
     isolated: VecDeque<(Instant, usize)>,
     cluster_policies: VecDeque<(Instant, usize)>,
     tier_entries: VecDeque<(Instant, usize)>,
+    tiered: VecDeque<(Instant, usize)>,
     nodes: VecDeque<(Instant, usize)>,
     node_addresses: VecDeque<(Instant, usize)>,
     /// The Nodes (names) last programmed, in order (`None` before the
@@ -269,15 +289,17 @@ impl GuardReference {
     }
 
     /// Record the ClusterNetworkPolicies (`names`, in order) of the state
-    /// just programmed and the tier entries of what was programmed.
+    /// just programmed and the tier entries and tiered endpoint directions
+    /// ([`tiered_directions`]) of what was programmed.
     pub fn observe_tiers(&mut self, now: Instant, names: Vec<String>, programmed: &Compiled) {
-        for q in [&mut self.cluster_policies, &mut self.tier_entries] {
+        for q in [&mut self.cluster_policies, &mut self.tier_entries, &mut self.tiered] {
             if let Some(b) = q.back_mut() {
                 b.0 = b.0.max(now);
             }
         }
         push_max(&mut self.cluster_policies, now, names.len());
         push_max(&mut self.tier_entries, now, programmed.tiers.len());
+        push_max(&mut self.tiered, now, tiered_directions(programmed));
         self.programmed_cluster_policies = Some(names);
     }
 
@@ -336,8 +358,8 @@ impl GuardReference {
 
     /// `Some(description)` when the next state has more than `threshold`
     /// fewer ClusterNetworkPolicies (`next_count`), or its compile
-    /// `compiled` fewer tier entries, than the high-water counts within
-    /// `window` before `now`.
+    /// `compiled` fewer tier entries or tiered endpoint directions, than
+    /// the high-water counts within `window` before `now`.
     pub fn cumulative_tier_removal(
         &mut self,
         next_count: usize,
@@ -346,6 +368,15 @@ impl GuardReference {
         window: Duration,
         threshold: f64,
     ) -> Option<String> {
+        let tiered = tiered_directions(compiled);
+        expire(&mut self.tiered, now, window);
+        let high = self.tiered.front().map_or(0, |s| s.1);
+        let removed = high.saturating_sub(tiered);
+        if share(high, removed) > threshold {
+            return Some(format!(
+                "{removed} of up to {high} tiered endpoint directions gone within {window:?} since the last confirmation"
+            ));
+        }
         cumulative_pair(
             Count {
                 samples: &mut self.cluster_policies,
@@ -370,6 +401,13 @@ impl GuardReference {
         push_max(&mut self.isolated, now, isolated);
     }
 
+    /// Record the tiered endpoint directions ([`tiered_directions`]) of the
+    /// state adopted from a previous agent (before the first sync; no
+    /// ClusterNetworkPolicy name nor tier entry count is known then).
+    pub fn observe_adopted_tiers(&mut self, now: Instant, tiered: usize) {
+        push_max(&mut self.tiered, now, tiered);
+    }
+
     /// A direct read confirmed the state: the counts just programmed become
     /// the whole reference (the NetworkPolicy, isolation, CNP and tier
     /// counts too: [`GuardReference::observe_enforcement`] and
@@ -381,6 +419,7 @@ impl GuardReference {
         self.isolated.clear();
         self.cluster_policies.clear();
         self.tier_entries.clear();
+        self.tiered.clear();
         self.nodes.clear();
         self.node_addresses.clear();
         self.observe(now, identities, endpoints);

@@ -58,11 +58,13 @@
 //! A restarted agent has programmed nothing itself, but its dataplane may
 //! have adopted a previous agent's state (pinned maps): before its first
 //! sync the reference starts from the counts the dataplane reports
-//! ([`AgentDataplane::adopted_counts`]) and from the isolated directions
-//! of the adopted endpoint records ([`AgentDataplane::adopted_endpoints`]),
-//! so a first sync that would remove most of what the previous agent
-//! enforced (pods, or isolation, e.g. a first list with no policy) is held
-//! like any other. Its
+//! ([`AgentDataplane::adopted_counts`]), from the isolated directions
+//! of the adopted endpoint records ([`AgentDataplane::adopted_endpoints`])
+//! and from the tiered endpoint directions
+//! ([`AgentDataplane::adopted_tier_directions`]), so a first sync that
+//! would remove most of what the previous agent enforced (pods, isolation
+//! or Admin and Baseline entries, e.g. a first list with no policy or no
+//! ClusterNetworkPolicy) is held like any other. Its
 //! first compile also keeps the adopted endpoint ids of the pods whose
 //! interface still holds their record with the same addresses, and numbers
 //! every other endpoint above all adopted ids

@@ -36,6 +36,7 @@ mod cnp_tiers_nft;
 mod cnp_versions;
 mod guard_held_removals;
 mod guard_policies;
+mod guard_tiers_restart;
 mod health_readyz;
 mod http;
 mod incident1;

@@ -36,6 +36,9 @@ pub struct NftAdopted {
     /// Rules of the tier chains (Admin and Baseline, both directions, all
     /// endpoints): one per tier entry and address family.
     pub tier_rules: usize,
+    /// The tier chains: one per endpoint, direction and tier with entries
+    /// (the endpoint's tier flag).
+    pub tier_chains: usize,
 }
 
 /// `ep_<id>_<in|out>_<admin|baseline>` -> whether it is a tier chain.
@@ -106,6 +109,7 @@ pub(super) fn parse(command: &str, json: &str) -> Result<NftAdopted, NftError> {
     // a chain is isolated until a rule of it counts `not_isolated`.
     let mut eps: BTreeMap<u32, AdoptedEndpoint> = BTreeMap::new();
     let mut tier_rules = 0;
+    let mut tier_chains = 0;
     let not_isolated = |d| counter_name(d, Reason::NotIsolated);
     for item in items {
         if let Some(set) = item.get("set") {
@@ -118,6 +122,9 @@ pub(super) fn parse(command: &str, json: &str) -> Result<NftAdopted, NftError> {
             }
         } else if let Some(chain) = item.get("chain") {
             let name = chain.get("name").and_then(Value::as_str).unwrap_or_default();
+            if is_tier_chain(name) {
+                tier_chains += 1;
+            }
             if let Some((id, d)) = endpoint_chain(name) {
                 let ep = eps.entry(id).or_insert(AdoptedEndpoint {
                     ifindex: 0,
@@ -166,6 +173,7 @@ pub(super) fn parse(command: &str, json: &str) -> Result<NftAdopted, NftError> {
         identities: identities.len(),
         endpoints: eps.into_values().collect(),
         tier_rules,
+        tier_chains,
     })
 }
 
@@ -218,6 +226,7 @@ mod tests {
         assert_eq!(a.identities, 2, "non-empty pod identity sets only");
         assert_eq!(a.endpoints.len(), 2, "tier chains are not endpoints");
         assert_eq!(a.tier_rules, 3);
+        assert_eq!(a.tier_chains, 2, "ep_4_in_admin, ep_4_out_baseline");
         let e3 = &a.endpoints[0];
         assert_eq!((e3.id, e3.isolated_ingress, e3.isolated_egress), (3, true, false));
         assert_eq!(e3.ipv4, Some("10.0.0.1".parse().unwrap()));

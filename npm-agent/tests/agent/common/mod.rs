@@ -169,6 +169,12 @@ impl AgentDataplane for RecordingDataplane {
             })
             .collect()
     }
+    /// Like the nftables dataplane's (its tier chains): the tiered
+    /// directions of the recorded endpoints (what a previous agent left,
+    /// for a syncer that starts on a clone).
+    fn adopted_tier_directions(&self) -> Option<usize> {
+        Some(npm_agent::reconcile::guard::tiered_directions(&self.lock().state))
+    }
     /// Like the eBPF dataplane's: the distinct pod identities of the
     /// recorded ipcache and the recorded endpoints (what a previous agent
     /// left, for a syncer that starts on a clone).

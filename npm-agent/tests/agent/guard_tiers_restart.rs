@@ -1,0 +1,138 @@
+//! A restarted agent's mass-deletion guard starts from the tier entries it
+//! adopted (issue 35 item 2, review finding #7): its dataplane reports the
+//! tiered endpoint directions a previous agent programmed
+//! (`AgentDataplane::adopted_tier_directions`: the nftables table's tier
+//! chains; here the recording dataplane's endpoints), so a first complete
+//! list without the ClusterNetworkPolicies (however it came about) is held
+//! instead of removing every adopted Deny, and the direct read decides.
+//!
+//! Through the real test API server and compiler, with a recording
+//! dataplane and a cache fed by hand, in the style of `guard_policies.rs`:
+//! namespace `g`, 4 pods of this node (`a0`..`a3`, app=a<i>) and 3 Admin
+//! Deny CNPs `deny-<i>` (subject a<i>, from a3).
+
+use std::sync::Arc;
+
+use crate::cnp_support::cnp;
+use crate::common::*;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::runtime::watcher::Event;
+use npm_agent::k8s::{direct_read_with, Cache, ClusterNetworkPolicy, ClusterPolicyMode, CompleteState};
+use npm_agent::reconcile::Syncer;
+use npm_agent::telemetry::Metrics;
+use npm_testapi::{CnpChannel, FaultRule, Options, TestApiServer};
+
+struct Setup {
+    state: CompleteState,
+    cache: Arc<Cache>,
+    metrics: Metrics,
+    dp: RecordingDataplane,
+    syncer: Syncer<RecordingDataplane>,
+}
+
+impl Setup {
+    /// A fresh agent (cache, metrics, syncer) on the same dataplane, its
+    /// cache fed the server's namespaces and pods, no NetworkPolicy and the
+    /// ClusterNetworkPolicies `cnps`.
+    fn start(&mut self, client: &kube::Client, cnps: &[ClusterNetworkPolicy]) {
+        self.metrics = Metrics::new().unwrap();
+        self.cache = Cache::with_cluster_policies(self.metrics.clone(), ClusterPolicyMode::Auto);
+        self.syncer = test_syncer(&self.cache, self.dp.clone(), client).build();
+        self.cache.handle::<Namespace>(Event::Init);
+        for n in &self.state.namespaces {
+            self.cache.handle(Event::InitApply((**n).clone()));
+        }
+        self.cache.handle::<Namespace>(Event::InitDone);
+        self.cache.handle::<CachedPod>(Event::Init);
+        for p in &self.state.pods {
+            self.cache.handle(Event::InitApply((**p).clone()));
+        }
+        self.cache.handle::<CachedPod>(Event::InitDone);
+        self.cache.handle::<NetworkPolicy>(Event::Init);
+        self.cache.handle::<NetworkPolicy>(Event::InitDone);
+        self.cache.handle::<ClusterNetworkPolicy>(Event::Init);
+        for c in cnps {
+            self.cache.handle(Event::InitApply(c.clone()));
+        }
+        self.cache.handle::<ClusterNetworkPolicy>(Event::InitDone);
+    }
+
+    /// Tier entries in the recording dataplane.
+    fn tiers(&self) -> usize {
+        self.dp.lock().state.tiers.len()
+    }
+
+    fn deferred(&self) -> f64 {
+        npm_agent::telemetry::sample(&self.metrics.render(), "npm_destructive_actions_deferred_total").unwrap_or(0.0)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_agent_holds_a_first_sync_that_removes_the_adopted_tiers() {
+    let srv = TestApiServer::start(Options {
+        cnp_crd: Some(CnpChannel::Standard),
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let client = client_for(&srv);
+    create_namespaces(&client, &[namespace("g", &[])]).await;
+    let pods = (0..4)
+        .map(|i| {
+            let app = format!("a{i}");
+            pod(
+                "g",
+                &app,
+                "node-a",
+                Some(&format!("10.41.0.{}", i + 1)),
+                &[("app", &app)],
+            )
+        })
+        .collect();
+    create_pods(&client, pods, 4).await;
+    for i in 0..3 {
+        crate::cnp_support::create_cnp(
+            &client,
+            cnp(&format!("deny-{i}"), "Admin", 10, &format!("a{i}"), "Deny", "a3", &[]),
+        )
+        .await;
+    }
+    let state = direct_read_with(&client, 100, ClusterPolicyMode::Auto).await.unwrap();
+    assert_eq!(state.cluster_policies.len(), 3);
+    let metrics = Metrics::new().unwrap();
+    let cache = Cache::with_cluster_policies(metrics.clone(), ClusterPolicyMode::Auto);
+    let dp = RecordingDataplane::default();
+    let syncer = test_syncer(&cache, dp.clone(), &client).build();
+    let mut s = Setup {
+        state,
+        cache,
+        metrics,
+        dp,
+        syncer,
+    };
+    let cnps: Vec<ClusterNetworkPolicy> = s.state.cluster_policies.iter().map(|c| (**c).clone()).collect();
+    s.start(&client, &cnps);
+    assert!(s.syncer.sync_once().await.unwrap().full);
+    let tiers = s.tiers();
+    assert!(tiers > 0, "the Denies are programmed");
+
+    // Restart; the first complete CNP list is (wrongly) empty and the API
+    // server fails every request: held, nothing written, the Denies stay.
+    s.start(&client, &[]);
+    let calls = s.dp.lock().calls.len();
+    srv.inject(FaultRule::fail(1000, 503));
+    let err = s.syncer.sync_once().await.unwrap_err();
+    assert!(err.to_string().contains("mass deletion held"), "{err}");
+    assert!(s.deferred() >= 1.0);
+    assert_eq!(s.dp.lock().calls.len(), calls, "nothing written");
+    assert_eq!(s.tiers(), tiers);
+
+    // The API server answers: the direct read (which has the CNPs) decides.
+    srv.clear_faults();
+    s.start(&client, &[]);
+    let out = s.syncer.sync_once().await.unwrap();
+    assert!(out.guarded, "held, then confirmed or overruled by the direct read");
+    assert_eq!(s.tiers(), tiers, "the direct read kept the Denies");
+    srv.shutdown().await;
+}
