@@ -276,6 +276,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             npm_agent::services::ServicesConfig::new(dataplanes::ebpf_options(&args.dataplane_options()).pin_dir);
         services.object = args.bpf_object.clone();
         services.page_size = args.page_size;
+        services.attach = args.attach;
         running.start_services(services_client, services);
     }
     tracing::info!(addr = ?running.http_addr, "serving /metrics, /healthz, /readyz");

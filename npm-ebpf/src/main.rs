@@ -22,7 +22,12 @@
 //!   interfaces towards other nodes (never an endpoint's): its first test
 //!   is the deferral mark (`npm_common::service`); an unmarked packet
 //!   passes untouched, a marked one gets the sender's deferred egress
-//!   decision ([`service::deferred_egress`]).
+//!   decision ([`service::deferred_egress`]). `node_exit_l3` is the same
+//!   on a device without an Ethernet header (IPIP, WireGuard, GRE, TUN),
+//!   where the packet starts at its IP header (the inner one, before the
+//!   encapsulation). On a kernel without tcx both are tc `clsact` filters.
+//!   A marked packet that is not TCP, UDP or SCTP is an outer tunnel
+//!   header and is denied, never decided on.
 //! - `host_in`: a socket filter, run by an `xt_bpf` match in the node's
 //!   `INPUT` chain (iptables and ip6tables, on the deferral mark): the
 //!   deferred egress decision of a flow kube-proxy sent to a backend on
@@ -200,6 +205,30 @@ pub fn host_in(ctx: SkBuffContext) -> i64 {
     let reason = deferred_egress_l3(&ctx, s, src, &mut seen);
     let len = ctx.len();
     (account(s, DIR_EGRESS, src, len, reason, seen) == TC_ACT_SHOT) as i64
+}
+
+/// [`node_exit`] on a device without an Ethernet header (IPIP, WireGuard,
+/// GRE, TUN: tc hands it the packet at its IP header, before the
+/// encapsulation): the deferred decision against the inner packet's
+/// backend, never against an outer header.
+#[classifier]
+pub fn node_exit_l3(ctx: TcContext) -> i32 {
+    // SAFETY: the context pointer is valid for the program's lifetime.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    let src = deferred_source(mark);
+    if src == 0 {
+        return TC_ACT_UNSPEC;
+    }
+    ctx.set_mark(mark & !DEFER_MARK_BITS);
+    let s = match NPM_SCRATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU memory used only by this CPU, for this packet.
+        Some(s) => unsafe { &mut *s },
+        None => return TC_ACT_SHOT,
+    };
+    s.pad = 0;
+    let mut seen = Seen { ep_id: 0, now: 0 };
+    let reason = deferred_egress_l3(&ctx, s, src, &mut seen);
+    account(s, DIR_EGRESS, src, ctx.len(), reason, seen)
 }
 
 /// The dry-run signal and mark (one definition, in `npm-common`).

@@ -15,7 +15,7 @@
 use aya_ebpf::{
     macros::map,
     maps::HashMap,
-    programs::{SkBuffContext, TcContext},
+    programs::TcContext,
 };
 use npm_common::{
     defer_mark, proto, sizes, EndpointInfo, Reason, ServiceValue, CT_PENDING, DIR_EGRESS, EP_ISOLATED_EGRESS,
@@ -25,7 +25,7 @@ use npm_common::{
 use crate::conntrack::{ct_create, CtPacket};
 use crate::endpoint::endpoint_slot;
 use crate::mem::{rd32, V4_MAPPED_WORD};
-use crate::parse::{clear_fields, parse, parse_at, FRAG_LATER};
+use crate::parse::{clear_fields, parse, parse_at, Skb, FRAG_LATER};
 use crate::policy::{policy_step, Peer};
 use crate::scratch::Scratch;
 use crate::verdict::Seen;
@@ -118,9 +118,11 @@ pub(crate) fn deferred_egress(ctx: &TcContext, s: &mut Scratch, src_ifindex: u32
 
 /// [`deferred_egress`] of a packet that starts at its IP header: the one
 /// `host_in` sees at the node's `INPUT` hook, delivered to the node's own
-/// host network (a backend there crosses no tc egress hook).
+/// host network (a backend there crosses no tc egress hook), and the one
+/// `node_exit_l3` sees on a device without an Ethernet header (IPIP,
+/// WireGuard, GRE, TUN: the inner packet, before the encapsulation).
 #[inline(always)]
-pub(crate) fn deferred_egress_l3(ctx: &SkBuffContext, s: &mut Scratch, src_ifindex: u32, seen: &mut Seen) -> u8 {
+pub(crate) fn deferred_egress_l3(ctx: &impl Skb, s: &mut Scratch, src_ifindex: u32, seen: &mut Seen) -> u8 {
     let ep = match endpoint_slot(src_ifindex) {
         Some(ep) => ep,
         None => return Reason::PolicyDenied as u8,
@@ -141,7 +143,13 @@ fn deferred_policy(s: &mut Scratch, ep: &EndpointInfo) -> u8 {
     if p.frag == FRAG_LATER {
         return Reason::Policy as u8;
     }
-    let port = if has_ports(p.proto) { p.dport } else { 0 };
+    // Only TCP, UDP and SCTP flows are deferred: a marked packet of any
+    // other protocol is an encapsulation's outer header (IPIP, GRE, ...,
+    // whose device had no decision point) and never decided on it.
+    if !has_ports(p.proto) {
+        return Reason::PolicyDenied as u8;
+    }
+    let port = p.dport;
     let peer = Peer {
         at: p.dst.as_ptr(),
         lazy_v4: false,

@@ -164,6 +164,11 @@ fn remove_pin_dir(dir: &Path, report: &mut CleanupReport) -> Result<(), String> 
         Ok(removed) => report.filters.extend(removed),
         Err(e) => return Err(format!("{}: tc filters: {e}", dir.display())),
     }
+    // node_exit's filters (kernels without tcx), on the uplinks.
+    match npm_dataplane::ebpf::remove_node_exit_filters(dir) {
+        Ok(removed) => report.filters.extend(removed.into_iter().map(|i| (i, "node-exit"))),
+        Err(e) => return Err(format!("{}: node-exit tc filters: {e}", dir.display())),
+    }
     // The endpoint links (`links/`) and the node-exit links (`exit/`).
     let mut pins: Vec<PathBuf> = Vec::new();
     for sub in ["links", "exit"] {

@@ -8,11 +8,13 @@
 //! family: the default-route device, a routed fabric's interface
 //! (kindnet, Calico without overlay: `podCIDR via <node> dev eth0`), an
 //! overlay device (`via <vtep> dev flannel.1 onlink`, `vxlan.calico`).
-//! Never `lo`, never an interface in `exclude` (the endpoints' host-side
-//! interfaces), never a device without an Ethernet header (`wireguard`,
-//! `ipip`, `sit`, `gre`, `ip6tnl`, `tun`, `vti`, `xfrm`): the program
-//! parses Ethernet frames, so traffic leaving by those is not covered
-//! (reported by [`Uplinks::uncovered`]). A wrong choice costs an unmarked
+//! A device without an Ethernet header (`wireguard`, `ipip`, `sit`, `gre`,
+//! `ip6tnl`, `tun`, `vti`, `xfrm`: an L3 tunnel) is an uplink as soon as
+//! any unicast route leaves by it, gateway or not (WireGuard's routes have
+//! none): what leaves by a tunnel leaves the node. The dataplane puts the
+//! L3 variant `node_exit_l3` there (it decides the inner packet, before
+//! the encapsulation). Never `lo`, never an interface in `exclude` (the
+//! endpoints' host-side interfaces). A wrong choice costs an unmarked
 //! packet one load and one compare, never a verdict.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -36,21 +38,20 @@ const L3_KINDS: [&str; 10] = [
     "xfrm",
 ];
 
-/// The uplinks chosen, and the route devices left out because they carry
-/// no Ethernet header.
+/// The uplinks chosen.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Uplinks {
     /// ifindex -> interface name.
     pub chosen: BTreeMap<u32, String>,
-    /// Devices that route to other nodes without an Ethernet header.
-    pub uncovered: BTreeMap<u32, String>,
+    /// The chosen devices without an Ethernet header (L3 tunnels).
+    pub l3: BTreeSet<u32>,
 }
 
 /// The uplinks among `links` by the routes `routes` (see the module doc).
 pub fn pick_uplinks(links: &HashMap<u32, Link>, routes: &[Route], exclude: &BTreeSet<u32>) -> Uplinks {
     let mut out = Uplinks::default();
     for r in routes {
-        if !r.unicast || r.table == RT_TABLE_LOCAL || !(r.gateway || r.dst.is_none()) {
+        if !r.unicast || r.table == RT_TABLE_LOCAL {
             continue;
         }
         for oif in &r.oifs {
@@ -60,10 +61,11 @@ pub fn pick_uplinks(links: &HashMap<u32, Link>, routes: &[Route], exclude: &BTre
             }
             let l3 = matches!(&l.kind, Some(LinkKind::Other(k)) if L3_KINDS.contains(&k.as_str()));
             if l3 {
-                out.uncovered.insert(*oif, l.name.clone());
-            } else {
-                out.chosen.insert(*oif, l.name.clone());
+                out.l3.insert(*oif);
+            } else if !(r.gateway || r.dst.is_none()) {
+                continue;
             }
+            out.chosen.insert(*oif, l.name.clone());
         }
     }
     out
@@ -105,7 +107,7 @@ mod tests {
     }
 
     #[test]
-    fn gateways_and_default_routes_pick_ethernet_devices_only() {
+    fn gateways_and_default_routes_pick_ethernet_devices_and_any_route_an_l3_device() {
         let links: HashMap<u32, Link> = [
             link(1, "lo", None),
             link(2, "eth0", None),
@@ -114,6 +116,7 @@ mod tests {
             link(5, "wg0", Some(LinkKind::Other("wireguard".into()))),
             link(6, "cni0", Some(LinkKind::Bridge)),
             link(7, "veth9", Some(LinkKind::Veth)),
+            link(8, "tunl0", Some(LinkKind::Other("ipip".into()))),
         ]
         .into_iter()
         .collect();
@@ -124,6 +127,10 @@ mod tests {
             route(Some("10.244.0.5"), false, 4, 254),
             route(Some("10.244.0.0"), false, 6, 254),
             route(Some("10.245.0.0"), true, 5, 254),
+            // WireGuard's routes have no gateway: an L3 device counts all
+            // the same (Calico's IPIP routes have one).
+            route(Some("10.247.0.0"), false, 5, 1),
+            route(Some("10.248.0.0"), true, 8, 254),
             // An endpoint with a gateway route (excluded by the caller).
             route(Some("10.246.0.0"), true, 7, 254),
             // The local table never counts.
@@ -132,8 +139,13 @@ mod tests {
         let got = pick_uplinks(&links, &routes, &BTreeSet::from([7]));
         assert_eq!(
             got.chosen,
-            BTreeMap::from([(2, "eth0".to_string()), (3, "flannel.1".to_string())])
+            BTreeMap::from([
+                (2, "eth0".to_string()),
+                (3, "flannel.1".to_string()),
+                (5, "wg0".to_string()),
+                (8, "tunl0".to_string()),
+            ])
         );
-        assert_eq!(got.uncovered, BTreeMap::from([(5, "wg0".to_string())]));
+        assert_eq!(got.l3, BTreeSet::from([5, 8]));
     }
 }

@@ -6,16 +6,18 @@
 //!   on `InitDone`, so nothing is ever computed from a partial list, and a
 //!   failed relist keeps the last complete one (incident 2);
 //! - [`keys`]: the Service keys of the two complete lists (pure);
-//! - [`writer`]: one OS thread that loads `node_exit`, attaches it to the
-//!   node's uplinks ([`crate::node::uplinks`]) and keeps `NPM_SERVICES`
-//!   equal to the computed keys, level-triggered (the map is read back
-//!   and diffed on every pass), with a guard against mass removals.
+//! - [`writer`]: one OS thread that loads `node_exit` (and `node_exit_l3`
+//!   for uplinks without an Ethernet header), attaches them to the node's
+//!   uplinks ([`crate::node::uplinks`]) with tcx, or tc `clsact` where
+//!   the kernel has no tcx, writes `host_in`'s `INPUT` rules, and keeps
+//!   `NPM_SERVICES` equal to the computed keys, level-triggered (the map
+//!   is read back and diffed on every pass), with a guard against mass
+//!   removals.
 //!
-//! Nothing is written to `NPM_SERVICES` before both lists completed and
-//! `node_exit` is attached: an empty map defers nothing, so until then
-//! (and on a kernel without tcx, where `node_exit` cannot be attached)
-//! Service traffic is decided at `from_pod` against the ClusterIP, as
-//! before.
+//! Nothing is written to `NPM_SERVICES` before both lists completed,
+//! `node_exit` is attached and `host_in`'s rules are in place: an empty
+//! map defers nothing, so until then Service traffic is decided at
+//! `from_pod` against the ClusterIP.
 
 pub mod keys;
 pub mod writer;
@@ -51,6 +53,9 @@ pub struct ServicesConfig {
     /// How often the uplinks are re-read and the map re-diffed without a
     /// change (also how long a mass removal is held before it is applied).
     pub resync: Duration,
+    /// How `node_exit` is attached (`--attach`, as the pods' programs:
+    /// `auto` is tcx where the kernel has it, else tc `clsact`).
+    pub attach: npm_dataplane::ebpf::AttachMode,
 }
 
 impl ServicesConfig {
@@ -61,6 +66,7 @@ impl ServicesConfig {
             object: None,
             page_size: 500,
             resync: Duration::from_secs(10),
+            attach: npm_dataplane::ebpf::AttachMode::Auto,
         }
     }
 }

@@ -123,9 +123,11 @@ impl ServicesWriter {
             pin_dir: pin_dir.clone(),
             source,
         })?;
-        let exit = NodeExit::open(cfg.object.as_deref(), &cfg.pin_dir).map_err(|source| ServicesError::NodeExit {
-            pin_dir: pin_dir.clone(),
-            source,
+        let exit = NodeExit::open_in(cfg.object.as_deref(), &cfg.pin_dir, cfg.attach).map_err(|source| {
+            ServicesError::NodeExit {
+                pin_dir: pin_dir.clone(),
+                source,
+            }
         })?;
         let host_in = HostIn::open(cfg.object.as_deref(), &cfg.pin_dir, &host_in_chain(&cfg.pin_dir))
             .map_err(|source| ServicesError::HostIn { pin_dir, source })?;
@@ -153,8 +155,8 @@ impl ServicesWriter {
         if wanted != self.exit.attached() {
             tracing::info!(uplinks = ?up.chosen, "node_exit on the uplinks");
         }
-        if !up.uncovered.is_empty() {
-            tracing::warn!(devices = ?up.uncovered, "routes to other nodes over devices without Ethernet headers: Service traffic leaving by them is not egress-decided after the DNAT");
+        if !up.l3.is_empty() {
+            tracing::info!(devices = ?up.l3, "node_exit_l3 on the uplinks without an Ethernet header (L3 tunnels)");
         }
         self.exit
             .set_interfaces(&wanted)

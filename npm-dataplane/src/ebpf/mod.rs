@@ -95,6 +95,10 @@ pub use errors::EbpfError;
 pub use features::{check_kernel, tcx_supported, KernelFeatures, Missing, MissingFeatures};
 pub use fill::{MapFill, DATAPATH_COUNT_INTERVAL};
 pub use fit::{Fitted, Shortfall};
+pub use host_in::{
+    host_in_chain, host_in_pin, remove_host_in_rules, remove_stale_host_in_chains, HostIn, HostInMode,
+    HOST_IN_CHAIN_PREFIX, PROG_HOST_IN,
+};
 pub use links::{remove_pinned_filters, AttachMode};
 #[cfg(feature = "testing")]
 pub use loader::BenchSwitches;
@@ -102,11 +106,7 @@ pub use loader::{
     check_front_buckets, front_bucket_bounds, resolve_object, EffectiveSizes, MapSizes, INSTALLED_OBJECT, MAP_SIZE_MAX,
     MAP_SIZE_MIN, OBJECT_ENV,
 };
-pub use host_in::{
-    host_in_chain, host_in_pin, remove_host_in_rules, remove_stale_host_in_chains, HostIn, HostInMode,
-    HOST_IN_CHAIN_PREFIX, PROG_HOST_IN,
-};
-pub use node_exit::{exit_dir, remove_node_exit_pins, NodeExit};
+pub use node_exit::{exit_dir, exit_program, remove_node_exit_filters, remove_node_exit_pins, NodeExit};
 pub use pins::{default_pin_dir, ensure_bpffs};
 pub use services::{ServicePort, ServicesMap, ServicesSync};
 pub use tier_front::{tier_front_words, TIER_FRONT_MAX_WORDS};
@@ -135,6 +135,9 @@ pub const PROG_EGRESS: &str = "from_pod";
 /// other nodes: the deferred egress decision of Service traffic
 /// ([`NodeExit`]).
 pub const PROG_NODE_EXIT: &str = "node_exit";
+/// [`PROG_NODE_EXIT`] for devices without an Ethernet header (IPIP,
+/// WireGuard, GRE, TUN): the packet starts at its IP header.
+pub const PROG_NODE_EXIT_L3: &str = "node_exit_l3";
 /// Trivial program returning `TC_ACT_UNSPEC`: the benchmark baseline.
 pub const PROG_EMPTY: &str = "npm_empty";
 /// Verdict of an allowed packet (`TC_ACT_UNSPEC`, tcx `TCX_NEXT`).

@@ -17,7 +17,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use crate::ebpf_common::*;
 use npm_common::{proto, Reason, DIR_EGRESS, IDENTITY_HOST, SVC_CLUSTER_IP};
 use npm_dataplane::ebpf::{
-    host_in_chain, remove_stale_host_in_chains, BenchSwitches, EbpfDataplane, HostIn, HostInMode, NodeExit, ServicePort, ServicesMap,
+    host_in_chain, remove_stale_host_in_chains, AttachMode, BenchSwitches, EbpfDataplane, HostIn, HostInMode, NodeExit,
+    ServicePort, ServicesMap,
 };
 use npm_dataplane::{Counters, Dataplane};
 use npm_policy::compiled::{Compiled, Direction};
@@ -423,14 +424,27 @@ fn dns_through_the_cluster_ip() {
 /// allowed backend is reached.
 #[test]
 fn remote_backends_are_decided_where_the_packet_leaves_the_node() {
+    remote_case("", 2, AttachMode::Tcx);
+}
+
+/// [`remote_backends_are_decided_where_the_packet_leaves_the_node`] with
+/// `node_exit` as a tc `clsact` filter, as on kernels without tcx (5.11
+/// to 6.5): the same verdicts.
+#[test]
+fn remote_backends_are_decided_on_tc_clsact_too() {
+    remote_case("t", 5, AttachMode::Tc);
+}
+
+/// The remote-backend case; `tag` and `t` keep the variants apart.
+fn remote_case(tag: &str, t: u32, mode: AttachMode) {
     sweep_leftovers();
     let pid = std::process::id();
-    let (base, cips) = block(2);
+    let (base, cips) = block(t);
     let cip = Ipv4Addr::from(cips + 3);
-    let a = Pod::new("r", base, 0);
+    let a = Pod::new(&format!("r{tag}"), base, 0);
     // The second node: a veth from the root netns, routed.
-    let node2 = test_netns("snode2");
-    let uplink = format!("npt{pid}sup");
+    let node2 = test_netns(&format!("snode2{tag}"));
+    let uplink = format!("npt{pid}sup{tag}");
     let peer_if = format!("{uplink}x");
     sh_quiet(&["ip", "link", "del", &uplink]);
     sh(&["ip", "link", "add", &uplink, "type", "veth", "peer", "name", &peer_if]);
@@ -467,11 +481,11 @@ fn remote_backends_are_decided_where_the_packet_leaves_the_node() {
     }
     let _s1 = serve(&node2.name, r1, "r1", &[8080], &[]);
     let _s2 = serve(&node2.name, r2, "r2", &[8080], &[]);
-    let _nat = NatTable::new("r", &[(cip, 80, "tcp", vec![r1, r2], 8080)]);
+    let _nat = NatTable::new(&format!("r{tag}"), &[(cip, 80, "tcp", vec![r1, r2], 8080)]);
     wait_tcp(&a.ns.name, r1, 8080);
     wait_tcp(&a.ns.name, r2, 8080);
 
-    let pins = PinDir::new("svc-remote");
+    let pins = PinDir::new(&format!("svc-remote{tag}"));
     let mut dp: EbpfDataplane = pins.open();
     let pods = [(&a, true, true)];
     // r1 is identity(2), r2 identity(3): only r1 is allowed.
@@ -481,11 +495,24 @@ fn remote_backends_are_decided_where_the_packet_leaves_the_node() {
     )
     .unwrap();
     program_services(&pins, &[(cip, 80, proto::TCP)]);
-    let mut exit = NodeExit::open(None, &pins.path).expect("load node_exit");
+    let mut exit = NodeExit::open_in(None, &pins.path, mode).expect("load node_exit");
+    assert_eq!(exit.mode(), mode);
     let up = ifindex_of(&uplink);
     exit.set_interfaces(&BTreeSet::from([up])).expect("attach node_exit");
     assert_eq!(exit.attached(), BTreeSet::from([up]));
-    assert!(pins.path.join("exit").join(up.to_string()).exists());
+    assert_eq!(exit.program_on(up), Some("node_exit"));
+    assert_eq!(
+        pins.path.join("exit").join(up.to_string()).exists(),
+        mode == AttachMode::Tcx
+    );
+    assert_eq!(
+        exit_filter_names(up),
+        if mode == AttachMode::Tc {
+            vec!["node_exit"]
+        } else {
+            vec![]
+        }
+    );
     dp.poll_deny_events();
 
     let r = probe(&a.ns.name, cip, 80, "tcp", PROBES);
@@ -506,10 +533,166 @@ fn remote_backends_are_decided_where_the_packet_leaves_the_node() {
         "no egress deny of a towards r2: {denies:?}"
     );
 
-    // Detached: the pin goes, and the programs on the uplink with it.
+    // A restarted agent adopts the attachment (its program replaced in
+    // place) and keeps deciding.
+    drop(exit);
+    let mut exit = NodeExit::open_in(None, &pins.path, mode).expect("reopen node_exit");
+    assert_eq!(exit.attached(), BTreeSet::from([up]), "adopted");
+    let r = probe(&a.ns.name, cip, 80, "tcp", PROBES);
+    assert!(count(&r, "r1") > 0 && count(&r, "FAIL") > 0, "after adoption: {r:?}");
+
+    // Detached: the pin or filter goes, and the programs on the uplink with it.
     exit.set_interfaces(&BTreeSet::new()).unwrap();
     assert!(!pins.path.join("exit").join(up.to_string()).exists());
     assert_eq!(tcx_prog_ids(&uplink).1, Vec::<u32>::new());
+    assert_eq!(exit_filter_names(up), Vec::<String>::new());
+}
+
+/// A TUN device (no Ethernet header: the packet starts at its IP header
+/// at tc, as on IPIP, WireGuard and GRE devices) held by this test, whose
+/// reader records the (destination, TCP destination port) of every packet
+/// that leaves by it.
+struct Tun {
+    name: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(Ipv4Addr, u16)>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Tun {
+    fn new(name: &str) -> Tun {
+        use std::os::fd::AsRawFd;
+        assert!(name.len() < 16, "{name}");
+        sh_quiet(&["ip", "link", "del", name]);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/net/tun")
+            .expect("open /dev/net/tun");
+        // struct ifreq: the name, then the flags (IFF_TUN | IFF_NO_PI).
+        let mut ifr = [0u8; 40];
+        ifr[..name.len()].copy_from_slice(name.as_bytes());
+        ifr[16..18].copy_from_slice(&(0x0001u16 | 0x1000).to_ne_bytes());
+        const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+        // SAFETY: a valid fd and a 40-byte ifreq.
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), TUNSETIFF, ifr.as_mut_ptr()) };
+        assert_eq!(r, 0, "TUNSETIFF: {}", std::io::Error::last_os_error());
+        sh(&["ip", "link", "set", name, "up"]);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (st, sn) = (stop.clone(), seen.clone());
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !st.load(std::sync::atomic::Ordering::Acquire) {
+                let mut pfd = libc::pollfd {
+                    fd: f.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
+                    continue;
+                }
+                // SAFETY: reads into buf.
+                let n = unsafe { libc::read(f.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len()) };
+                if n >= 24 && buf[0] >> 4 == 4 && buf[9] == 6 {
+                    let ihl = (buf[0] & 0x0f) as usize * 4;
+                    let dst = Ipv4Addr::new(buf[16], buf[17], buf[18], buf[19]);
+                    let dport = u16::from_be_bytes([buf[ihl + 2], buf[ihl + 3]]);
+                    sn.lock().unwrap().push((dst, dport));
+                }
+            }
+        });
+        Tun {
+            name: name.to_string(),
+            stop,
+            seen,
+            reader: Some(reader),
+        }
+    }
+
+    fn seen(&self) -> Vec<(Ipv4Addr, u16)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Tun {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        sh_quiet(&["ip", "link", "del", &self.name]);
+    }
+}
+
+/// A Service whose two backends are reached over an L3 tunnel device (a
+/// TUN device here; IPIP `tunl0` and WireGuard are the same shape: no
+/// Ethernet header, routes without a gateway for WireGuard): `node_exit_l3`
+/// on the device decides the deferred egress against the inner packet's
+/// backend, never the outer header; only packets to the allowed backend
+/// leave by the tunnel. Before `node_exit_l3`, such a device was only
+/// reported and both backends were reached.
+#[test]
+fn backends_behind_an_l3_tunnel_are_decided_before_the_encapsulation() {
+    sweep_leftovers();
+    let pid = std::process::id();
+    let (base, cips) = block(6);
+    let cip = Ipv4Addr::from(cips + 6);
+    let a = Pod::new("l", base, 0);
+    let tun = Tun::new(&format!("npt{pid}tun"));
+    // Two remote "pods" routed into the tunnel (no gateway, as WireGuard's).
+    let r1 = Ipv4Addr::from(base + 5 * 4 + 1);
+    let r2 = Ipv4Addr::from(base + 5 * 4 + 2);
+    for r in [r1, r2] {
+        sh(&["ip", "route", "add", &format!("{r}/32"), "dev", &tun.name]);
+    }
+    let _nat = NatTable::new("l", &[(cip, 80, "tcp", vec![r1, r2], 8080)]);
+
+    let pins = PinDir::new("svc-l3");
+    let mut dp: EbpfDataplane = pins.open();
+    dp.sync_full(
+        &compiled(&[(&a, true, true)], &[r1, r2], &[(2, Protocol::Tcp, 8080)]),
+        &interfaces(&[&a]),
+    )
+    .unwrap();
+    program_services(&pins, &[(cip, 80, proto::TCP)]);
+    let mut exit = NodeExit::open(None, &pins.path).expect("load node_exit");
+    let t = ifindex_of(&tun.name);
+    exit.set_interfaces(&BTreeSet::from([t])).expect("attach node_exit_l3");
+    assert_eq!(exit.program_on(t), Some("node_exit_l3"));
+    dp.poll_deny_events();
+
+    // Nobody answers behind the tunnel: every probe fails; what matters is
+    // what left by it.
+    let r = probe(&a.ns.name, cip, 80, "tcp", 16);
+    assert_eq!(count(&r, "FAIL"), 16, "{r:?}");
+    let seen = tun.seen();
+    assert!(
+        seen.contains(&(r1, 8080)),
+        "no SYN to the allowed backend left by the tunnel: {seen:?}"
+    );
+    assert!(
+        !seen.iter().any(|(d, _)| *d == r2),
+        "a packet to the denied backend left by the tunnel: {seen:?}"
+    );
+    let denies = dp.poll_deny_events();
+    assert!(
+        denies
+            .iter()
+            .any(|e| e.direction == DIR_EGRESS && e.endpoint == 1 && e.dst == r2.to_ipv6_mapped().octets()),
+        "no egress deny of a towards r2: {denies:?}"
+    );
+    exit.set_interfaces(&BTreeSet::new()).unwrap();
+}
+
+/// The names of the `bpf` filters on the egress hook of `ifindex`.
+fn exit_filter_names(ifindex: u32) -> Vec<String> {
+    npm_dataplane::ebpf::tc_filters::list_filters(ifindex, aya::programs::TcAttachType::Egress)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|f| f.name)
+        .collect()
 }
 
 /// The names of the chains of iptables' `filter` table.
@@ -570,7 +753,11 @@ fn host_network_backends_are_decided_at_input() {
         .unwrap();
     program_services(&pins, &[(cip, 443, proto::TCP)]);
     let mut hi = host_in(&pins);
-    assert_eq!(hi.mode(), HostInMode::Decided, "the xt_bpf match is available on this kernel");
+    assert_eq!(
+        hi.mode(),
+        HostInMode::Decided,
+        "the xt_bpf match is available on this kernel"
+    );
     let rules = sh(&["iptables", "-w", "5", "-S", hi.chain()]);
     assert!(rules.contains("--object-pinned"), "{rules}");
     dp.poll_deny_events();
@@ -581,7 +768,11 @@ fn host_network_backends_are_decided_at_input() {
     let after = dp.counters().unwrap();
     let grew = |r: Reason| egress_packets(&after, r) - egress_packets(&before, r);
     assert!(grew(Reason::Deferred) >= 3, "deferred: {}", grew(Reason::Deferred));
-    assert!(grew(Reason::PolicyDenied) >= 3, "denied: {}", grew(Reason::PolicyDenied));
+    assert!(
+        grew(Reason::PolicyDenied) >= 3,
+        "denied: {}",
+        grew(Reason::PolicyDenied)
+    );
     let denies = dp.poll_deny_events();
     assert_eq!(probe(&a.ns.name, node_ip, 9443, "tcp", 1), ["FAIL"]);
     assert!(
@@ -601,7 +792,15 @@ fn host_network_backends_are_decided_at_input() {
     // a may reach the host on 9443 (the backend's port, after the DNAT):
     // allowed through the ClusterIP, as directly.
     let mut c = with_host(compiled(&pods, &[], &[(2, Protocol::Tcp, 8080)]));
-    allow(&mut c, 1, Direction::Egress, IDENTITY_HOST, Some(Protocol::Tcp), (9443, 9443), 7);
+    allow(
+        &mut c,
+        1,
+        Direction::Egress,
+        IDENTITY_HOST,
+        Some(Protocol::Tcp),
+        (9443, 9443),
+        7,
+    );
     dp.sync_full(&c, &ifs).unwrap();
     assert_eq!(probe(&a.ns.name, cip, 443, "tcp", 3), ["host"; 3]);
     assert_eq!(probe(&a.ns.name, node_ip, 9443, "tcp", 1), ["host"]);
@@ -618,7 +817,10 @@ fn host_network_backends_are_decided_at_input() {
     drop((hi2, dp2, pins2));
     assert!(remove_stale_host_in_chains().contains(&chain2));
     assert!(!iptables_chains("iptables").contains(&chain2));
-    assert!(iptables_chains("iptables").contains(&hi.chain().to_string()), "a live chain was removed");
+    assert!(
+        iptables_chains("iptables").contains(&hi.chain().to_string()),
+        "a live chain was removed"
+    );
 
     // Removed: the chain and the pin go.
     let chain = hi.chain().to_string();
@@ -743,7 +945,15 @@ fn nftables_decides_host_network_backends_too() {
     assert_eq!(probe(&pods[0].name, cip, 443, "tcp", 2), ["FAIL"; 2]);
     assert_eq!(probe(&pods[0].name, node_addr, 9443, "tcp", 1), ["FAIL"]);
     let mut c = with_host(compiled_at(&at, &[], &[(2, Protocol::Tcp, 8080)]));
-    allow(&mut c, 1, Direction::Egress, IDENTITY_HOST, Some(Protocol::Tcp), (9443, 9443), 7);
+    allow(
+        &mut c,
+        1,
+        Direction::Egress,
+        IDENTITY_HOST,
+        Some(Protocol::Tcp),
+        (9443, 9443),
+        7,
+    );
     dp.sync_full(&c, &ifs).unwrap();
     assert_eq!(probe(&pods[0].name, cip, 443, "tcp", 2), ["host"; 2]);
     assert_eq!(probe(&pods[0].name, node_addr, 9443, "tcp", 1), ["host"]);
