@@ -12,11 +12,7 @@
 //! tiers decide against the backend too), to a port-carrying protocol: one extra hash lookup for such a packet, none
 //! for any other.
 
-use aya_ebpf::{
-    macros::map,
-    maps::HashMap,
-    programs::TcContext,
-};
+use aya_ebpf::{macros::map, maps::HashMap, programs::TcContext};
 use npm_common::{
     defer_mark, proto, sizes, EndpointInfo, Reason, ServiceValue, CT_PENDING, DIR_EGRESS, EP_ISOLATED_EGRESS,
     EP_TIERS_INGRESS,

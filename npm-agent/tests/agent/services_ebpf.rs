@@ -124,10 +124,7 @@ async fn services_and_nodes_become_npm_services_and_node_exit_sits_on_the_uplink
     };
     let rules = iptables(&["-w", "5", "-S", &chain]);
     let pin = pins.0.join("host_in");
-    assert!(
-        rules.contains(&format!("--object-pinned {}", pin.display())),
-        "{rules}"
-    );
+    assert!(rules.contains(&format!("--object-pinned {}", pin.display())), "{rules}");
     assert!(iptables(&["-w", "5", "-S", "INPUT"]).contains(&format!("-j {chain}")));
 
     // node_exit is on exactly the uplinks the netlink rule picks (the
