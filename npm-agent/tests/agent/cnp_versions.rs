@@ -27,6 +27,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
 use npm_agent::agent::RunningAgent;
 use npm_agent::k8s::cluster_policy::CHECK_CLUSTER_POLICIES;
+use npm_agent::k8s::{direct_read_with, ClusterPolicyMode, WatchError};
 use npm_testapi::{CnpChannel, FaultRule, TestApiServer};
 use std::sync::{Arc, Mutex};
 
@@ -118,6 +119,11 @@ async fn a_version_no_longer_served_is_read_at_the_served_one_without_a_gap() {
     )
     .await;
     no_tier_entry_ever_removed(&log, tiers, "switching to v1beta1");
+    // The guard's direct read reads v1beta1 too.
+    let read = direct_read_with(&client, 100, ClusterPolicyMode::Auto)
+        .await
+        .expect("direct read");
+    assert_eq!(read.cluster_policies.len(), 2, "both Denies, read at v1beta1");
     // A relist at v1beta1 keeps them too.
     force_relist(&srv, &client, &agent).await;
     sync_with_a_new_pod(&client, &log, "c", "10.241.3.2").await;
@@ -193,6 +199,13 @@ async fn the_denies_go_only_once_discovery_confirms_the_crd_deleted() {
     unknown_404(&srv, &client, &agent, &log, tiers).await;
     sync_with_a_new_pod(&client, &log, "c", "10.243.3.2").await;
     no_tier_entry_ever_removed(&log, tiers, "404 with the CRD served");
+    // The guard's direct read fails the same way: a held removal would stay held.
+    let read = direct_read_with(&client, 100, ClusterPolicyMode::Auto).await;
+    assert!(
+        matches!(read, Err(WatchError::ClusterPoliciesUnknown(_))),
+        "{:?}",
+        read.map(|r| r.cluster_policies.len())
+    );
 
     // The CRD deleted: discovery confirms, the removal goes through the guard.
     let deferred = metric(&agent, DEFERRED);
@@ -210,6 +223,10 @@ async fn the_denies_go_only_once_discovery_confirms_the_crd_deleted() {
     })
     .await;
     assert_eq!(failing_check(&agent, CHECK_CLUSTER_POLICIES), None);
+    let read = direct_read_with(&client, 100, ClusterPolicyMode::Auto)
+        .await
+        .expect("direct read");
+    assert!(read.cluster_policies.is_empty(), "confirmed absent: none");
     drop(agent);
     srv.shutdown().await;
 }
