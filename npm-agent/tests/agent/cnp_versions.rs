@@ -16,6 +16,9 @@
 //! - the same, then the CRD is deleted: only then (discovery confirms it)
 //!   the Deny goes, through the mass-removal guard.
 //!
+//! `discover` itself answers the same from the CRD and, when the agent may
+//! not read CRDs (403), from API discovery.
+//!
 //! Each relist is forced as `cnp_relist` forces it (a write the CNP watch
 //! does not see, compacted, watches dropped: the resumed watch gets 410).
 
@@ -246,5 +249,38 @@ async fn an_agent_started_after_the_upgrade_reads_the_served_version() {
     );
     assert!(agent.health.is_ready(), "{:?}", agent.health.readiness());
     drop(agent);
+    srv.shutdown().await;
+}
+
+/// What `discover` answers, from the CRD and (when the agent may not read
+/// CRDs: 403) from API discovery: the same in each server state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_reads_the_crd_or_falls_back_to_api_discovery() {
+    use npm_agent::k8s::cluster_policy::{discover, Served};
+    let (srv, client) = server_with_pods("10.245", Some(CnpChannel::Standard)).await;
+    let crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    let both = |want: fn(&Served) -> bool, what: &'static str| {
+        let (srv, client) = (&srv, client.clone());
+        async move {
+            let from_crd = discover(&client).await.expect("discovery");
+            assert!(want(&from_crd), "{what} (CRD): {from_crd:?}");
+            srv.inject(FaultRule::fail(1, 403).path(crd_path).verb("get"));
+            let from_apis = discover(&client).await.expect("discovery");
+            assert!(want(&from_apis), "{what} (API discovery): {from_apis:?}");
+            srv.clear_faults();
+        }
+    };
+    both(|s| *s == Served::Version("v1alpha2"), "installed").await;
+    srv.set_cnp_served_versions(&["v1alpha2", "v1beta1"]).unwrap();
+    both(|s| *s == Served::Version("v1alpha2"), "both served: the first").await;
+    srv.set_cnp_served_versions(&["v1beta1"]).unwrap();
+    both(|s| *s == Served::Version("v1beta1"), "v1beta1 only").await;
+    srv.set_cnp_served_versions(&[]).unwrap();
+    both(|s| matches!(s, Served::Absent(_)), "none served").await;
+    srv.uninstall_cnp_crd().unwrap();
+    both(|s| matches!(s, Served::Absent(_)), "deleted").await;
+    // Any other failure is no answer.
+    srv.inject(FaultRule::fail(1, 500).path(crd_path).verb("get"));
+    assert!(discover(&client).await.is_err());
     srv.shutdown().await;
 }
