@@ -79,8 +79,8 @@ const WAYS: usize = 4;
 pub const TIER_FRONT_MAX_WORDS: usize = 256;
 
 /// The `NPM_TIER_FRONT` words of a tier entry with its value, as (key,
-/// word) pairs ([`tier_front_keys`], each with `value`'s action and rank;
-/// the loader stores the entry's front rank, see [`ranks`]). `None` when
+/// word) pairs (`tier_front_keys`, each with `value`'s action and rank;
+/// the loader stores the entry's front rank, see `ranks`). `None` when
 /// the keys do not fit the front or the rank does not fit a word.
 pub fn tier_front_words(entry: &TierEntry, value: &TierValue) -> Option<Vec<(u64, u64)>> {
     let flags = translate::tier_value(value).flags;

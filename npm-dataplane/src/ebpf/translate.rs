@@ -298,7 +298,7 @@ pub fn tier_value(value: &TierValue) -> KernelTierValue {
 }
 
 /// The endpoint flag of a tier in a direction ([`EP_ADMIN_INGRESS`] ...
-/// [`EP_BASELINE_EGRESS`]).
+/// [`EP_BASELINE_EGRESS`](npm_common::EP_BASELINE_EGRESS)).
 pub const fn tier_flag(tier: Tier, direction: Direction) -> u32 {
     let ingress = match tier {
         Tier::Admin => EP_ADMIN_INGRESS,
