@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::{api_err, LiveRunner};
 use crate::api::{namespace_path, pod_path, policy_path};
-use crate::runner::{remap_cidr_placeholders_v6, RunnerError};
+use crate::runner::{remap_cidr_placeholders_v6, KubeProxyMode, RunnerError};
 
 fn model_pod_ip(model: &Model, pod: &str, v6: bool) -> Option<IpAddr> {
     let (ns, name) = pod.split_once('/')?;
@@ -94,7 +94,11 @@ impl LiveRunner {
     /// topology's first namespace (the houses: gryffindor's node for
     /// `centaur-0`, the next one for `centaur-1`, so both a same-node and a
     /// cross-node path are probed on several nodes). Its address is that
-    /// node's, its servers the node's; no Service, no CNI.
+    /// node's, its servers the node's; no CNI. With a kube-proxy it gets
+    /// its per-pod Service too, whose backend is then on a node's host
+    /// network (the shape of `kubernetes.default` on k3s and kind): a
+    /// client on the same node reaches it by local delivery, one on
+    /// another node through that node's uplink.
     fn create_host_network_pod_live(&mut self, model: &Model, pod: &npm_policy::model::Pod) -> Result<(), RunnerError> {
         let topo = model.topology();
         let k = topo
@@ -113,11 +117,16 @@ impl LiveRunner {
             .create_host_network_pod(&pod.namespace, &pod.name, node, &ports)?;
         let ips = [IpAddr::V4(p.ipv4), IpAddr::V6(p.ipv6)];
         let node_name = p.node.clone().unwrap_or_else(|| cases::MODEL_NODE.to_string());
-        let obj =
-            super::cnp::host_network_pod_object(&pod.namespace, &pod.name, &pod.labels, &node_name, &ips, &pod.ports);
+        let labels = self.live_labels(&pod.labels, &pod.name);
+        let obj = super::cnp::host_network_pod_object(&pod.namespace, &pod.name, &labels, &node_name, &ips, &pod.ports);
         self.api
             .create(&format!("/api/v1/namespaces/{}/pods", pod.namespace), &obj)
             .map_err(api_err)?;
+        if self.opts.kube_proxy != KubeProxyMode::None {
+            let before = self.plumbing.generations();
+            self.create_service(&pod.namespace, &pod.name, &ports)?;
+            self.wait_service_programmed(&pod.namespace, &pod.name, &before)?;
+        }
         Ok(())
     }
 

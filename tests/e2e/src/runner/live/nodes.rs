@@ -290,7 +290,7 @@ impl LiveRunner {
     /// The per-pod Service `s-<ns>-<pod>`: dual-stack, one port per served
     /// port (the topology's) and protocol, selecting the pod by
     /// [`SERVICE_LABEL`].
-    fn create_service(&mut self, ns: &str, pod: &str, served: &[u16]) -> Result<(), RunnerError> {
+    pub(super) fn create_service(&mut self, ns: &str, pod: &str, served: &[u16]) -> Result<(), RunnerError> {
         let mut ports = Vec::new();
         for &port in served {
             for proto in ["TCP", "UDP", "SCTP"] {

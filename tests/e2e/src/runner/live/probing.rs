@@ -29,7 +29,8 @@ struct ProbeJobs {
 }
 
 impl LiveRunner {
-    /// The jobs of one case probe (one per off-diagonal cell).
+    /// The jobs of one case probe (one per off-diagonal cell; two for a
+    /// host-network destination with Services).
     fn probe_jobs(&self, probe: &cases::Probe) -> Result<ProbeJobs, RunnerError> {
         let proto = probe.protocol().map_err(|e| RunnerError::Probe(e.to_string()))?;
         let expected = probe.expected().map_err(|e| RunnerError::Probe(e.to_string()))?;
@@ -60,22 +61,32 @@ impl LiveRunner {
                     .pod(cns, cname)
                     .ok_or_else(|| RunnerError::Probe(format!("destination pod {c} does not exist")))?;
                 // A host-network pod is probed at its address (its node's,
-                // as upstream probes `status.podIP`): it has no Service.
-                let dst_ip = match self.opts.destination {
-                    _ if dst.host_network => dst.ip(self.opts.ipv6),
-                    Destination::Pod => dst.ip(self.opts.ipv6),
-                    Destination::Service => self
-                        .service_ip(cns, cname, self.opts.ipv6)
-                        .ok_or_else(|| RunnerError::Probe(format!("destination pod {c} has no Service")))?,
+                // as upstream probes `status.podIP`) and, with Services,
+                // through its Service too (a backend on a node's host
+                // network): both must give the cell's verdict.
+                let dst_ips = match self.opts.destination {
+                    Destination::Pod => vec![dst.ip(self.opts.ipv6)],
+                    Destination::Service => {
+                        let svc = self
+                            .service_ip(cns, cname, self.opts.ipv6)
+                            .ok_or_else(|| RunnerError::Probe(format!("destination pod {c} has no Service")))?;
+                        if dst.host_network {
+                            vec![dst.ip(self.opts.ipv6), svc]
+                        } else {
+                            vec![svc]
+                        }
+                    }
                 };
-                out.jobs.push(Probe {
-                    src_netns: src.netns.clone(),
-                    dst_pod: dst.receiver(),
-                    dst: SocketAddr::new(dst_ip, probe.port),
-                    proto: proto_of(proto),
-                });
-                out.want.push(out.expected.cells[ri][ci]);
-                out.cells.push((ri, ci));
+                for dst_ip in dst_ips {
+                    out.jobs.push(Probe {
+                        src_netns: src.netns.clone(),
+                        dst_pod: dst.receiver(),
+                        dst: SocketAddr::new(dst_ip, probe.port),
+                        proto: proto_of(proto),
+                    });
+                    out.want.push(out.expected.cells[ri][ci]);
+                    out.cells.push((ri, ci));
+                }
             }
         }
         Ok(out)
@@ -112,8 +123,12 @@ impl LiveRunner {
         let mut out = Vec::with_capacity(parts.len());
         for pj in parts {
             let mut observed = pj.expected.clone();
+            // A cell probed twice (a host-network pod directly and through
+            // its Service) shows a mismatch if either probe had one.
             for &(ri, ci) in &pj.cells {
-                observed.cells[ri][ci] = got[at];
+                if got[at] != pj.expected.cells[ri][ci] {
+                    observed.cells[ri][ci] = got[at];
+                }
                 at += 1;
             }
             out.push((pj.expected, observed));
