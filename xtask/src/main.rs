@@ -13,10 +13,13 @@
 //! - `cargo xtask bench datapath|compile|agent|cnp|traffic|propagation`: the benchmarks
 //!   (`propagation` runs the three-node cluster: one multi-node run at a time).
 //! - `cargo xtask image`: the agent's OCI image (buildah, no daemon).
+//! - `cargo xtask vm run --kernel debian-6.1 -- CMD`, `cargo xtask vm matrix`:
+//!   Debian's kernels under qemu (`vm.rs`).
 
 mod deps;
 mod image;
 mod setup;
+mod vm;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -79,6 +82,12 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Debian kernels under qemu: `vm run --kernel debian-6.1 -- CMD`,
+    /// `vm matrix` (see xtask/src/vm.rs).
+    Vm {
+        #[command(subcommand)]
+        cmd: vm::VmCmd,
+    },
 }
 
 fn main() -> ExitCode {
@@ -93,6 +102,7 @@ fn main() -> ExitCode {
         Cmd::Demo { args } => demo(&args),
         Cmd::Bench { which, args } => bench(&which, &args),
         Cmd::Image { check } => image::image().and_then(|tag| if check { image::check(&tag) } else { Ok(()) }),
+        Cmd::Vm { cmd } => vm::main(cmd),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -39,6 +39,18 @@ const APT_PACKAGES: &[&str] = &[
     "iperf3",
     // nsenter/unshare: the e2e nodes' private mount namespaces.
     "util-linux",
+    // `cargo xtask vm` (xtask/src/vm.rs): qemu, the initramfs (busybox,
+    // cpio), depmod/modprobe for the guest kernels' modules, and tools the
+    // guest runs from the host's root.
+    "qemu-system-x86",
+    "busybox-static",
+    "cpio",
+    "kmod",
+    "xz-utils",
+    "zstd",
+    "debian-archive-keyring",
+    "wireguard-tools",
+    "ipvsadm",
 ];
 
 /// The bpf-linker version built against Debian's LLVM 22.

@@ -1,0 +1,537 @@
+//! `cargo xtask vm`: run a command on Debian's own kernels under qemu.
+//!
+//! - `cargo xtask vm run --kernel debian-5.10|debian-6.1|debian-6.12 -- CMD…`
+//!   boots that kernel and runs `CMD` as root in the checkout (same path,
+//!   writable), printing its output and exiting with its status.
+//! - `cargo xtask vm matrix` runs the kernel checks on every row (the three
+//!   Debian kernels and the host's own) and ends with `N passed, M failed`.
+//!
+//! How a run works:
+//! - The kernel is Debian's generic flavour (`linux-image-<ver>-amd64`: the
+//!   cloud flavour has no 9p), the newest of its line: the name comes from
+//!   the dependency of the suite's `linux-image-amd64` metapackage, read
+//!   with apt from temporary lists under the cache (the mirror is the one
+//!   the host's apt sources name, read at run time). The package is
+//!   extracted with `dpkg-deb -x` into the cache, by package name, and
+//!   `depmod` indexes its modules.
+//! - No disk image: qemu's 9p shares the host's `/` read-only (the guest
+//!   puts a tmpfs overlay over it, so it can write anywhere; nothing goes
+//!   back to the host) and the checkout read-write, mounted at its own path.
+//!   The guest thus runs the host's binaries (`ip`, `nft`, the test
+//!   binaries in `target/`), with the guest kernel's modules bind-mounted at
+//!   `/lib/modules/<ver>` so that `modprobe` works.
+//! - A small initramfs (busybox, the 9p/virtio/overlay modules in
+//!   dependency order, `vm/init.sh`) mounts all that, runs the command
+//!   through `chroot`, prints `NPM-VM-EXIT <status>` and reboots, which
+//!   ends qemu (`-no-reboot`).
+//! - qemu: `-M q35` with TCG (nested KVM fails on this kind of host;
+//!   `NPM_VM_ACCEL=kvm` to try it), 2 vCPUs, `NPM_VM_MEMORY` MiB (2048).
+//!   `microvm` was tried: its kernels stall calibrating the APIC timer
+//!   under TCG (no PIT/HPET reference).
+//!
+//! The cache is `NPM_VM_CACHE` or `/var/cache/npm-vm` (outside the checkout:
+//! CI clones afresh each time).
+
+mod matrix;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+
+use crate::root;
+use crate::setup::output;
+
+/// `cargo xtask vm …`.
+#[derive(Subcommand)]
+pub enum VmCmd {
+    /// Boot a Debian kernel under qemu and run a command as root in the
+    /// checkout (same path, writable); exits with the command's status.
+    Run {
+        /// debian-5.10, debian-6.1 or debian-6.12.
+        #[arg(long)]
+        kernel: String,
+        /// The command and its arguments (after `--`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Every row (the Debian kernels and the host's): load, verifier,
+    /// attach and Service kernel tests; ends with `N passed, M failed`.
+    Matrix {
+        /// Only these rows (debian-5.10, debian-6.1, debian-6.12, host).
+        #[arg(long = "row")]
+        rows: Vec<String>,
+    },
+}
+
+/// The kernel lines: name, Debian suite, version prefix.
+pub const KERNELS: &[(&str, &str, &str)] = &[
+    ("debian-5.10", "bullseye", "5.10."),
+    ("debian-6.1", "bookworm", "6.1."),
+    ("debian-6.12", "trixie", "6.12."),
+];
+
+/// Modules the initramfs loads (with their dependencies, from
+/// `modules.dep`) unless built in.
+const BOOT_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay"];
+
+/// The marker `vm/init.sh` prints after the command.
+const EXIT_MARKER: &str = "NPM-VM-EXIT ";
+
+pub fn main(cmd: VmCmd) -> Result<()> {
+    match cmd {
+        VmCmd::Run { kernel, command } => {
+            let status = run(&kernel, &command, &[], &mut |line| println!("{line}"))?;
+            std::io::stdout().flush().ok();
+            if status != 0 {
+                std::process::exit(status);
+            }
+            Ok(())
+        }
+        VmCmd::Matrix { rows } => matrix::matrix(&rows),
+    }
+}
+
+fn cache() -> PathBuf {
+    std::env::var_os("NPM_VM_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/var/cache/npm-vm".into())
+}
+
+/// An extracted kernel package.
+pub struct Kernel {
+    /// `linux-image-…` package name.
+    pub package: String,
+    /// `uname -r` of the kernel.
+    pub release: String,
+    /// Where the package is extracted.
+    pub dir: PathBuf,
+}
+
+impl Kernel {
+    fn vmlinuz(&self) -> PathBuf {
+        self.dir.join(format!("boot/vmlinuz-{}", self.release))
+    }
+    fn modules(&self) -> PathBuf {
+        self.dir.join(format!("lib/modules/{}", self.release))
+    }
+    /// `CONFIG_…` value in the kernel's config (`y`, `m`, or None).
+    fn config(&self, key: &str) -> Option<String> {
+        let cfg = std::fs::read_to_string(self.dir.join(format!("boot/config-{}", self.release))).ok()?;
+        cfg.lines().find_map(|l| {
+            l.strip_prefix(key)
+                .and_then(|r| r.strip_prefix('='))
+                .map(str::to_string)
+        })
+    }
+}
+
+/// The host's Debian mirrors, from its apt sources: (main archive,
+/// security archive).
+fn host_mirrors() -> Result<(String, Option<String>)> {
+    let mut main = None;
+    let mut security = None;
+    let deb822 = std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources").unwrap_or_default();
+    for stanza in deb822.split("\n\n") {
+        let field = |name: &str| {
+            stanza
+                .lines()
+                .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+        };
+        let (Some(uris), Some(suites)) = (field("URIs:"), field("Suites:")) else {
+            continue;
+        };
+        let Some(uri) = uris.split_whitespace().next().map(str::to_string) else {
+            continue;
+        };
+        if suites.contains("-security") {
+            security.get_or_insert(uri);
+        } else {
+            main.get_or_insert(uri);
+        }
+    }
+    // One-line format as a fallback: `deb [opts] URI suite components`.
+    let list = std::fs::read_to_string("/etc/apt/sources.list").unwrap_or_default();
+    for l in list.lines() {
+        let words: Vec<&str> = l
+            .split_whitespace()
+            .filter(|w| !w.starts_with('[') && !w.ends_with(']'))
+            .collect();
+        if words.len() >= 3 && words[0] == "deb" {
+            if words[2].contains("-security") {
+                security.get_or_insert(words[1].to_string());
+            } else {
+                main.get_or_insert(words[1].to_string());
+            }
+        }
+    }
+    match main {
+        Some(m) => Ok((m, security)),
+        None => bail!("no Debian mirror in /etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list"),
+    }
+}
+
+/// apt with its state under `dir` (lists for `suite` only).
+fn apt(tool: &str, dir: &Path) -> Command {
+    let mut cmd = Command::new(tool);
+    let d = dir.display();
+    for o in [
+        format!("Dir::Etc::SourceList={d}/sources.list"),
+        format!("Dir::Etc::SourceParts={d}/sources.list.d"),
+        format!("Dir::Etc::Preferences={d}/preferences"),
+        format!("Dir::Etc::PreferencesParts={d}/preferences.d"),
+        format!("Dir::State={d}"),
+        format!("Dir::State::Lists={d}/lists"),
+        format!("Dir::State::status={d}/status"),
+        format!("Dir::Cache={d}"),
+        format!("Dir::Cache::Archives={d}/archives"),
+        "APT::Architecture=amd64".to_string(),
+        "APT::Sandbox::User=root".to_string(),
+        "Debug::NoLocking=1".to_string(),
+    ] {
+        cmd.args(["-o", &o]);
+    }
+    cmd.arg("-qq");
+    cmd
+}
+
+/// Resolve, download and extract the newest kernel of `name`'s line.
+pub fn kernel(name: &str) -> Result<Kernel> {
+    let Some(&(_, suite, prefix)) = KERNELS.iter().find(|k| k.0 == name) else {
+        bail!(
+            "unknown kernel {name:?}: one of {}",
+            KERNELS.iter().map(|k| k.0).collect::<Vec<_>>().join(", ")
+        );
+    };
+    let dir = cache().join("apt").join(suite);
+    for sub in ["lists/partial", "archives/partial", "sources.list.d", "preferences.d"] {
+        std::fs::create_dir_all(dir.join(sub)).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if !dir.join("status").exists() {
+        std::fs::write(dir.join("status"), "")?;
+    }
+    let (main, security) = host_mirrors()?;
+    let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
+    let mut sources = format!("deb [signed-by={keyring}] {main} {suite} main\n");
+    if let Some(sec) = security {
+        sources.push_str(&format!("deb [signed-by={keyring}] {sec} {suite}-security main\n"));
+    }
+    std::fs::write(dir.join("sources.list"), &sources)?;
+    // The lists are refreshed once a day: the newest point release is used
+    // without a network round trip on every run.
+    let stamp = dir.join("updated");
+    let fresh = std::fs::metadata(&stamp)
+        .and_then(|m| m.modified())
+        .map(|t| SystemTime::now().duration_since(t).unwrap_or_default() < Duration::from_secs(86_400))
+        .unwrap_or(false);
+    if !fresh {
+        eprintln!("xtask: vm: refreshing the {suite} package lists");
+        let st = apt("apt-get", &dir).arg("update").status().context("running apt-get")?;
+        if st.success() {
+            std::fs::write(&stamp, "")?;
+        } else if !dir
+            .join("lists")
+            .read_dir()?
+            .any(|e| e.is_ok_and(|e| e.file_type().is_ok_and(|t| t.is_file())))
+        {
+            bail!("apt-get update for {suite} failed and no lists are cached");
+        } else {
+            eprintln!("xtask: vm: apt-get update for {suite} failed: using the cached lists");
+        }
+    }
+    let show = output(apt("apt-cache", &dir).args(["show", "--no-all-versions", "linux-image-amd64"]))
+        .with_context(|| format!("apt-cache show linux-image-amd64 ({suite})"))?;
+    let package = show
+        .lines()
+        .find_map(|l| l.strip_prefix("Depends:"))
+        .and_then(|deps| {
+            deps.split([',', '|'])
+                .map(|d| d.split_whitespace().next().unwrap_or(""))
+                .find(|d| d.starts_with(&format!("linux-image-{prefix}")) && d.ends_with("-amd64"))
+        })
+        .map(str::to_string)
+        .with_context(|| format!("no linux-image-{prefix}*-amd64 dependency of linux-image-amd64 in {suite}"))?;
+    let kdir = cache().join("kernels").join(&package);
+    if !kdir.join(".complete").exists() {
+        eprintln!("xtask: vm: downloading {package} ({suite})");
+        let dl = cache().join("download");
+        let _ = std::fs::remove_dir_all(&dl);
+        std::fs::create_dir_all(&dl)?;
+        let st = apt("apt-get", &dir)
+            .args(["download", &package])
+            .current_dir(&dl)
+            .status()?;
+        if !st.success() {
+            bail!("apt-get download {package} failed");
+        }
+        let deb = std::fs::read_dir(&dl)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|e| e == "deb"))
+            .context("apt-get download left no .deb")?;
+        let _ = std::fs::remove_dir_all(&kdir);
+        std::fs::create_dir_all(&kdir)?;
+        crate::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&kdir))?;
+        let release = release_of(&kdir)?;
+        crate::run(Command::new("depmod").arg("-b").arg(&kdir).arg(&release)).context("depmod (package kmod)")?;
+        std::fs::write(kdir.join(".complete"), "")?;
+        let _ = std::fs::remove_dir_all(&dl);
+    }
+    let release = release_of(&kdir)?;
+    Ok(Kernel {
+        package,
+        release,
+        dir: kdir,
+    })
+}
+
+fn release_of(kdir: &Path) -> Result<String> {
+    std::fs::read_dir(kdir.join("lib/modules"))
+        .with_context(|| format!("{}/lib/modules", kdir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .next()
+        .context("the kernel package has no module directory")
+}
+
+/// Modules to load, dependencies first, from `modules.dep` (paths
+/// relative to the module directory).
+fn module_order(k: &Kernel, wanted: &[&str]) -> Result<Vec<String>> {
+    let dep = std::fs::read_to_string(k.modules().join("modules.dep"))
+        .with_context(|| format!("{}/modules.dep", k.modules().display()))?;
+    let entries: Vec<(String, Vec<String>)> = dep
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(m, deps)| (m.to_string(), deps.split_whitespace().map(str::to_string).collect()))
+        .collect();
+    let module_name = |path: &str| {
+        let base = path.rsplit('/').next().unwrap_or(path);
+        base.split(".ko").next().unwrap_or(base).replace('-', "_")
+    };
+    fn visit(m: &str, entries: &[(String, Vec<String>)], out: &mut Vec<String>) {
+        if out.iter().any(|o| o == m) {
+            return;
+        }
+        if let Some((_, deps)) = entries.iter().find(|e| e.0 == m) {
+            // modprobe's order: the last dependency listed loads first.
+            for d in deps.iter().rev() {
+                visit(d, entries, out);
+            }
+        }
+        out.push(m.to_string());
+    }
+    let mut out = Vec::new();
+    for w in wanted {
+        let key = format!("CONFIG_{}", w.to_uppercase());
+        let Some((path, _)) = entries.iter().find(|e| module_name(&e.0) == *w) else {
+            // Not a module: built in (or the initramfs fails loudly below).
+            eprintln!(
+                "xtask: vm: {w} is not a module of {} ({key}={:?})",
+                k.release,
+                k.config(&key)
+            );
+            continue;
+        };
+        visit(path, &entries, &mut out);
+    }
+    Ok(out)
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Build the initramfs for one run into `work`.
+fn initramfs(
+    k: &Kernel,
+    work: &Path,
+    checkout: &Path,
+    command: &[String],
+    env: &[(String, String)],
+) -> Result<PathBuf> {
+    let tree = work.join("tree");
+    let mods = tree.join("npm-vm/modules.d");
+    std::fs::create_dir_all(tree.join("bin"))?;
+    std::fs::create_dir_all(&mods)?;
+    std::fs::copy("/bin/busybox", tree.join("bin/busybox")).context("copying /bin/busybox (package busybox-static)")?;
+    let init = tree.join("init");
+    std::fs::write(&init, include_str!("vm/init.sh"))?;
+    for f in [&init, &tree.join("bin/busybox")] {
+        std::fs::set_permissions(f, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    }
+    let mut order = String::new();
+    for (i, rel) in module_order(k, BOOT_MODULES)?.iter().enumerate() {
+        let src = k.modules().join(rel);
+        let name = format!(
+            "{i:02}-{}.ko",
+            rel.rsplit('/').next().unwrap_or(rel).split(".ko").next().unwrap_or(rel)
+        );
+        let dst = mods.join(&name);
+        // busybox insmod takes plain ELF: unpack compressed modules here.
+        let unpack = |tool: &str| -> Result<()> {
+            let out = Command::new(tool)
+                .arg("-dc")
+                .arg(&src)
+                .output()
+                .with_context(|| format!("running {tool}"))?;
+            if !out.status.success() {
+                bail!("{tool} -dc {} failed", src.display());
+            }
+            std::fs::write(&dst, out.stdout)?;
+            Ok(())
+        };
+        if rel.ends_with(".ko.xz") {
+            unpack("xz")?;
+        } else if rel.ends_with(".ko.zst") {
+            unpack("zstd")?;
+        } else if rel.ends_with(".ko.gz") {
+            unpack("gzip")?;
+        } else {
+            std::fs::copy(&src, &dst)?;
+        }
+        order.push_str(&name);
+        order.push('\n');
+    }
+    std::fs::write(tree.join("npm-vm/modules"), order)?;
+    std::fs::write(
+        tree.join("npm-vm/env"),
+        format!(
+            "NPM_VM_CHECKOUT={}\nNPM_VM_KVER={}\nNPM_VM_MODULES={}\n",
+            shell_quote(&checkout.to_string_lossy()),
+            shell_quote(&k.release),
+            shell_quote(&k.modules().to_string_lossy()),
+        ),
+    )?;
+    let mut script = String::from(
+        "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb LANG=C.UTF-8\n",
+    );
+    for (key, value) in env {
+        script.push_str(&format!("export {key}={}\n", shell_quote(value)));
+    }
+    script.push_str(&format!(
+        "cd {} || exit 125\nexec",
+        shell_quote(&checkout.to_string_lossy())
+    ));
+    for a in command {
+        script.push(' ');
+        script.push_str(&shell_quote(a));
+    }
+    script.push('\n');
+    std::fs::write(tree.join("npm-vm/cmd"), script)?;
+    let cpio = work.join("initrd.cpio");
+    let out = std::fs::File::create(&cpio)?;
+    let st = Command::new("sh")
+        .args(["-c", "find . | cpio -o -H newc --quiet"])
+        .current_dir(&tree)
+        .stdout(out)
+        .status()
+        .context("running cpio (package cpio)")?;
+    if !st.success() {
+        bail!("cpio failed");
+    }
+    Ok(cpio)
+}
+
+/// The variables passed into the guest: the host's `NPM_*` and `RUST_*`,
+/// `extra`, and `NPM_VM_KERNEL`.
+fn guest_env(kernel: &str, extra: &[(String, String)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| (k.starts_with("NPM_") || k.starts_with("RUST_")) && !k.starts_with("NPM_VM_"))
+        .filter(|(k, _)| k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .collect();
+    env.extend(extra.iter().cloned());
+    env.push(("NPM_VM_KERNEL".into(), kernel.into()));
+    env
+}
+
+/// Boot `kernel` and run `command` in the checkout; each output line goes
+/// to `line`. Returns the command's exit status.
+pub fn run(
+    kernel_name: &str,
+    command: &[String],
+    extra_env: &[(String, String)],
+    line: &mut dyn FnMut(&str),
+) -> Result<i32> {
+    let k = kernel(kernel_name)?;
+    let checkout = root();
+    let work = cache().join(format!("run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let res = (|| {
+        let initrd = initramfs(&k, &work, &checkout, command, &guest_env(kernel_name, extra_env))?;
+        boot(&k, &initrd, &checkout, line)
+    })();
+    let _ = std::fs::remove_dir_all(&work);
+    res
+}
+
+fn boot(k: &Kernel, initrd: &Path, checkout: &Path, line: &mut dyn FnMut(&str)) -> Result<i32> {
+    let accel = std::env::var("NPM_VM_ACCEL").unwrap_or_else(|_| "tcg".into());
+    let memory = std::env::var("NPM_VM_MEMORY").unwrap_or_else(|_| "2048".into());
+    let timeout = std::env::var("NPM_VM_TIMEOUT").unwrap_or_else(|_| "3600".into());
+    let mut cmd = Command::new("timeout");
+    cmd.args(["-s", "KILL", &timeout, "qemu-system-x86_64"])
+        .args(["-M", "q35", "-accel", &accel, "-cpu", "max", "-smp", "2", "-m", &memory])
+        .args([
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-serial",
+            "stdio",
+            "-no-reboot",
+        ])
+        .arg("-kernel")
+        .arg(k.vmlinuz())
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-append", "console=ttyS0 quiet loglevel=1 panic=-1 reboot=t"])
+        .arg("-virtfs")
+        .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=checkout,security_model=none",
+            checkout.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    let started = Instant::now();
+    eprintln!("xtask: vm: booting {} ({}) under {accel}", k.release, k.package);
+    let mut child = cmd
+        .spawn()
+        .context("starting qemu-system-x86_64 (package qemu-system-x86)")?;
+    let mut reader = BufReader::new(child.stdout.take().expect("piped"));
+    let mut buf = Vec::new();
+    let mut status = None;
+    loop {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf)? == 0 {
+            break;
+        }
+        let text = String::from_utf8_lossy(&buf);
+        let text = text.trim_end_matches(['\n', '\r']).trim_start_matches('\r');
+        if status.is_some() {
+            // After the command: the kernel's reboot messages.
+            continue;
+        }
+        match text
+            .strip_prefix(EXIT_MARKER)
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            Some(s) => status = Some(s),
+            None => line(text),
+        }
+    }
+    let qemu = child.wait()?;
+    eprintln!(
+        "xtask: vm: {} ran for {:.1} s (qemu {qemu})",
+        k.release,
+        started.elapsed().as_secs_f64()
+    );
+    match status {
+        Some(s) => Ok(s),
+        None => bail!("the guest ended without reporting the command's status (qemu {qemu})"),
+    }
+}

@@ -1,0 +1,268 @@
+//! `cargo xtask vm matrix`: the kernel checks on each row (Debian's 5.10,
+//! 6.1 and 6.12 under qemu, and the host's kernel directly).
+//!
+//! The host builds the `npm-dataplane` kernel test binary, the agent and
+//! the BPF object; one boot per row runs a script of checks in the guest
+//! (the test binary with name filters, `NPM_EBPF_OBJECT` set), each check
+//! printing `NPM-CHECK <name> <status> <seconds>`. Rows below the kernel
+//! floor (5.10: no `bpf_ktime_get_coarse_ns`) check instead that the agent
+//! refuses to start, naming what is missing.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+use crate::{cargo, ebpf_object, root};
+
+/// One check: a name and a shell command run in the checkout.
+struct Check {
+    name: &'static str,
+    script: String,
+}
+
+/// What a row's kernel offers.
+#[derive(Clone, Copy, PartialEq)]
+enum Floor {
+    /// Below the floor: the agent must refuse.
+    Refuses,
+    /// No tcx (before 6.6): tc `clsact` filters.
+    Clsact,
+    /// tcx.
+    Tcx,
+}
+
+fn row_floor(row: &str) -> Floor {
+    match row {
+        "debian-5.10" => Floor::Refuses,
+        "debian-6.1" => Floor::Clsact,
+        _ => Floor::Tcx,
+    }
+}
+
+pub const ROWS: &[&str] = &["debian-5.10", "debian-6.1", "debian-6.12", "host"];
+
+/// The `dataplane` test binary (built now if needed).
+fn dataplane_tests() -> Result<PathBuf> {
+    let out = cargo()
+        .args([
+            "test",
+            "-p",
+            "npm-dataplane",
+            "--test",
+            "dataplane",
+            "--no-run",
+            "--message-format=json",
+        ])
+        .current_dir(root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the npm-dataplane kernel tests failed");
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "dataplane")
+        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+        .context("no dataplane test executable in cargo's output")
+}
+
+/// The checks of a row.
+fn checks(floor: Floor, tests: &str, agent: &str, kubeconfig: &str) -> Vec<Check> {
+    let t = |filters: &[&str]| format!("{tests} --test-threads 2 {}", filters.join(" "));
+    // The agent as the DaemonSet starts it (`--attach auto`), up to opening
+    // the dataplane: the kernel check, then loading the programs (the API
+    // server at the kubeconfig's address is never there, so it stops after).
+    let agent_cmd = format!(
+        "timeout 120 {agent} run --node-name vm --kubeconfig {kubeconfig} --dataplane ebpf --attach auto \
+         --pin-dir /sys/fs/bpf/npm-vm 2>&1"
+    );
+    match floor {
+        Floor::Refuses => vec![Check {
+            name: "agent refuses below the floor",
+            script: format!(
+                "out=$({agent_cmd}); rc=$?; echo \"$out\" | tail -n 5; \
+                 [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo \"$out\" | grep -q 'cannot run the npm datapath' \
+                 && echo \"$out\" | grep -q 'bpf_ktime_get_coarse_ns'"
+            ),
+        }],
+        Floor::Clsact | Floor::Tcx => {
+            let mut v = vec![
+                Check {
+                    name: "verifier (load, verified instructions)",
+                    script: t(&["ebpf_verifier::", "--nocapture"]),
+                },
+                Check {
+                    name: "attach modes",
+                    script: if floor == Floor::Tcx {
+                        t(&["ebpf_attach_modes::"])
+                    } else {
+                        // The tests that force tcx or assert it exists are
+                        // for tcx kernels.
+                        t(&[
+                            "ebpf_attach_modes::tc_detach_leaves_foreign_filters_and_the_qdisc",
+                            "ebpf_attach_modes::a_plain_reattach_would_duplicate_or_fail_where_the_replace_swaps",
+                        ])
+                    },
+                },
+                Check {
+                    name: "Service kernel tests",
+                    script: if floor == Floor::Tcx {
+                        t(&["ebpf_services::", "nft_services::"])
+                    } else {
+                        t(&[
+                            "ebpf_services::remote_backends_are_decided_on_tc_clsact_too",
+                            "nft_services::",
+                        ])
+                    },
+                },
+            ];
+            v.push(Check {
+                name: "agent opens the dataplane (--attach auto)",
+                script: format!(
+                    "out=$({agent_cmd}); echo \"$out\" | grep -E 'kernel features checked|cannot|rror' | tail -n 5; \
+                     echo \"$out\" | grep -q 'kernel features checked' && ! echo \"$out\" | grep -q 'cannot run the npm datapath'"
+                ),
+            });
+            v
+        }
+    }
+}
+
+/// The row's script: each check's output, then its marker line.
+fn script(checks: &[Check]) -> String {
+    let mut s = String::from("echo \"kernel $(uname -r)\"\n");
+    for c in checks {
+        s.push_str(&format!(
+            "echo '== {name}'\nstart=$(date +%s)\n( {cmd} ) </dev/null 2>&1\nrc=$?\necho \"NPM-CHECK {name}|$rc|$(( $(date +%s) - start ))\"\n",
+            name = c.name,
+            cmd = c.script,
+        ));
+    }
+    s
+}
+
+pub fn matrix(only: &[String]) -> Result<()> {
+    let rows: Vec<&str> = ROWS
+        .iter()
+        .copied()
+        .filter(|r| only.is_empty() || only.iter().any(|o| o == r))
+        .collect();
+    if rows.is_empty() {
+        bail!("no such row: {}", ROWS.join(", "));
+    }
+    crate::build_ebpf()?;
+    crate::run(cargo().args(["build", "-p", "npm-agent", "--bin", "npm-agent"]))?;
+    let tests = dataplane_tests()?;
+    let agent = root().join("target/debug/npm-agent");
+    let dir = root().join("target/vm-matrix");
+    std::fs::create_dir_all(&dir)?;
+    // An API server that is never there: the agent stops after its kernel
+    // check and program load.
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: none\n  cluster:\n    server: https://127.0.0.1:1\n    \
+         insecure-skip-tls-verify: true\ncontexts:\n- name: none\n  context:\n    cluster: none\n    user: none\n\
+         current-context: none\nusers:\n- name: none\n  user:\n    token: none\n",
+    )?;
+    let object = ebpf_object();
+    let mut passed = 0;
+    let mut failed = 0;
+    let mut summary = Vec::new();
+    for row in rows {
+        let floor = row_floor(row);
+        let checks = checks(
+            floor,
+            &tests.to_string_lossy(),
+            &agent.to_string_lossy(),
+            &kubeconfig.to_string_lossy(),
+        );
+        let script_path = dir.join(format!("{row}.sh"));
+        std::fs::write(&script_path, script(&checks))?;
+        eprintln!("xtask: vm matrix: row {row}");
+        let started = Instant::now();
+        let mut results: Vec<(String, i32, String)> = Vec::new();
+        let mut insns: Vec<String> = Vec::new();
+        let mut kernel = String::new();
+        let mut on_line = |l: &str| {
+            if let Some(rest) = l.strip_prefix("NPM-CHECK ") {
+                let p: Vec<&str> = rest.split('|').collect();
+                if p.len() == 3 {
+                    results.push((p[0].to_string(), p[1].parse().unwrap_or(-1), p[2].to_string()));
+                }
+            } else {
+                if l.contains("instructions verified") {
+                    insns.push(l.trim().to_string());
+                }
+                if let Some(k) = l.strip_prefix("kernel ") {
+                    kernel = k.to_string();
+                }
+                println!("  {l}");
+            }
+        };
+        let sh = vec!["sh".to_string(), script_path.to_string_lossy().into_owned()];
+        let env = [("NPM_EBPF_OBJECT".to_string(), object.to_string_lossy().into_owned())];
+        let status = if row == "host" {
+            run_host(&sh, &env, &mut on_line)
+        } else {
+            super::run(row, &sh, &env, &mut on_line)
+        };
+        let secs = started.elapsed().as_secs_f64();
+        if let Err(e) = &status {
+            println!("  {row}: {e:#}");
+        }
+        for c in &checks {
+            match results.iter().find(|r| r.0 == c.name) {
+                Some((_, 0, s)) => {
+                    passed += 1;
+                    println!("{row}: PASS {} ({s} s)", c.name);
+                }
+                Some((_, rc, s)) => {
+                    failed += 1;
+                    println!("{row}: FAIL {} (status {rc}, {s} s)", c.name);
+                }
+                None => {
+                    failed += 1;
+                    println!("{row}: FAIL {} (did not run)", c.name);
+                }
+            }
+        }
+        summary.push(format!(
+            "{row} ({kernel}): {:.0} s{}",
+            secs,
+            if insns.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", insns.join("; "))
+            }
+        ));
+    }
+    for s in &summary {
+        println!("{s}");
+    }
+    println!("{passed} passed, {failed} failed");
+    if failed > 0 {
+        bail!("{failed} matrix checks failed");
+    }
+    Ok(())
+}
+
+/// The host row: the same script, run directly.
+fn run_host(command: &[String], env: &[(String, String)], line: &mut dyn FnMut(&str)) -> Result<i32> {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(&command[0])
+        .args(&command[1..])
+        .envs(env.iter().cloned())
+        .current_dir(root())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let reader = BufReader::new(child.stdout.take().expect("piped"));
+    for l in reader.lines() {
+        line(&l?);
+    }
+    Ok(child.wait()?.code().unwrap_or(-1))
+}
