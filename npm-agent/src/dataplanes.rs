@@ -116,6 +116,16 @@ impl AgentDataplane for EbpfDataplane {
     fn adopted_endpoints(&self) -> Vec<AdoptedEndpoint> {
         EbpfDataplane::adopted_endpoints(self).to_vec()
     }
+    /// The adopted endpoint records' tier flags (per endpoint, each
+    /// direction and tier with entries).
+    fn adopted_tier_directions(&self) -> Option<usize> {
+        Some(
+            EbpfDataplane::adopted_endpoints(self)
+                .iter()
+                .map(|e| e.tiered_directions as usize)
+                .sum(),
+        )
+    }
     fn adopted_numbers(&self) -> npm_policy::adopt::AdoptedNumbers {
         EbpfDataplane::adopted_numbers(self).clone()
     }

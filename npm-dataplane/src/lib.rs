@@ -39,6 +39,11 @@ pub struct AdoptedEndpoint {
     /// Whether the record isolates the endpoint for egress
     /// (`EP_ISOLATED_EGRESS`).
     pub isolated_egress: bool,
+    /// How many of its (ClusterNetworkPolicy tier, direction) pairs have
+    /// entries (the eBPF record's `EP_ADMIN_*`/`EP_BASELINE_*` flags, 0 to
+    /// 4); 0 where the dataplane tells them otherwise (nftables counts its
+    /// tier chains).
+    pub tiered_directions: u8,
 }
 
 /// Packet and byte counts by direction and verdict reason, summed over CPUs.

@@ -27,7 +27,10 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, MapData, MapError};
 use aya::Ebpf;
-use npm_common::{maps, sizes, EndpointInfo, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_PRESENT};
+use npm_common::{
+    maps, sizes, EndpointInfo, EP_ADMIN_EGRESS, EP_ADMIN_INGRESS, EP_BASELINE_EGRESS, EP_BASELINE_INGRESS,
+    EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_PRESENT,
+};
 
 use super::errors::{is_not_found, map_err, removed, EbpfError};
 use super::loader::take_map;
@@ -153,6 +156,15 @@ pub(crate) fn adopted_records(entries: Vec<(u32, EndpointInfo)>) -> Vec<AdoptedE
             ipv6: translate::endpoint_ipv6(&info),
             isolated_ingress: info.flags & EP_ISOLATED_INGRESS != 0,
             isolated_egress: info.flags & EP_ISOLATED_EGRESS != 0,
+            tiered_directions: [
+                EP_ADMIN_INGRESS,
+                EP_ADMIN_EGRESS,
+                EP_BASELINE_INGRESS,
+                EP_BASELINE_EGRESS,
+            ]
+            .iter()
+            .filter(|&&f| info.flags & f != 0)
+            .count() as u8,
         })
         .collect()
 }

@@ -133,6 +133,7 @@ pub(super) fn parse(command: &str, json: &str) -> Result<NftAdopted, NftError> {
                     ipv6: None,
                     isolated_ingress: false,
                     isolated_egress: false,
+                    tiered_directions: 0,
                 });
                 if d == DIR_INGRESS {
                     ep.isolated_ingress = true;

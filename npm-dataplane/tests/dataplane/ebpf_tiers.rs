@@ -599,3 +599,35 @@ fn service_traffic_of_a_tiered_endpoint_is_decided_against_the_backend() {
     );
     assert_eq!(f.counter(IN, Reason::PolicyDenied), pd + 1);
 }
+
+/// A reopened dataplane (a restarted agent) reads back, per adopted
+/// endpoint record, how many (tier, direction) pairs have entries: what the
+/// agent seeds its mass-removal guard with, so that a first sync without
+/// the ClusterNetworkPolicies cannot remove the adopted Denies unheld.
+#[test]
+fn a_reopened_dataplane_reports_the_adopted_tier_directions() {
+    let mut c = tier_fixture(true);
+    tier_entry_forms(&mut c, 1);
+    tier(
+        &mut c,
+        1,
+        Direction::Egress,
+        Tier::Admin,
+        TIER_POD_B,
+        Some(Tcp),
+        (80, 80),
+        TierAction::Deny,
+        11,
+        111,
+    );
+    let t = TierDp::new("tad", &c, npm_dataplane::ebpf::BenchSwitches::default());
+    let reopened = EbpfDataplane::open(t.pins.options()).expect("reopen");
+    let mut got: Vec<(u32, u8)> = reopened
+        .adopted_endpoints()
+        .iter()
+        .map(|e| (e.id, e.tiered_directions))
+        .collect();
+    got.sort_unstable();
+    // Endpoint 1: Admin ingress and egress, Baseline ingress; endpoint 2: none.
+    assert_eq!(got, vec![(1, 3), (2, 0)]);
+}

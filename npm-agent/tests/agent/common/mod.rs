@@ -165,6 +165,7 @@ impl AgentDataplane for RecordingDataplane {
                     ipv6: ep.ipv6,
                     isolated_ingress: ep.isolated_ingress,
                     isolated_egress: ep.isolated_egress,
+                    tiered_directions: 0,
                 })
             })
             .collect()
