@@ -204,6 +204,7 @@
 
 mod adopt;
 mod chain;
+pub mod conntrack;
 pub mod nflog;
 mod ranges;
 mod render;
@@ -211,6 +212,7 @@ mod rule_counts;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
+use std::net::IpAddr;
 use std::process::{Command, Stdio};
 
 use npm_common::{DIR_EGRESS, DIR_INGRESS};
@@ -432,6 +434,12 @@ pub struct NftDataplane {
     /// The NFLOG reader of the flow events, once opened
     /// ([`NftDataplane::open_flow_events`], `nflog.rs`).
     nflog: Option<nflog::NflogReader>,
+    /// Each endpoint address's owner (pod UID) as last programmed, once the
+    /// conntrack entries of the addresses that changed owner were deleted
+    /// (`conntrack.rs`); `None` before the first sync.
+    owners: Option<BTreeMap<IpAddr, String>>,
+    /// Conntrack entries deleted for addresses that changed owner.
+    ct_flushed: u64,
 }
 
 impl NftDataplane {
@@ -450,6 +458,8 @@ impl NftDataplane {
             incremental_updates: 0,
             adopted: None,
             nflog: None,
+            owners: None,
+            ct_flushed: 0,
         };
         // A previous agent's table, read only: the first full sync is
         // guarded against it.
@@ -560,16 +570,51 @@ impl NftDataplane {
     }
 }
 
+impl NftDataplane {
+    /// After a table change to `c`: deletes the kernel conntrack entries of
+    /// the addresses that left their endpoint or changed owner since the
+    /// last call (`conntrack.rs`). On failure the previous owners are kept,
+    /// so the next table change tries them again.
+    fn flush_changed_owners(&mut self, c: &Compiled) {
+        let new = conntrack::owners(c);
+        let stale = match &self.owners {
+            Some(old) => conntrack::changed_owners(old, &new),
+            None => Vec::new(),
+        };
+        match conntrack::flush_addresses(self.opts.netns.as_deref(), &stale) {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::info!(entries = n, addresses = ?stale, "conntrack entries of addresses that changed owner deleted");
+                }
+                self.ct_flushed += n as u64;
+                self.owners = Some(new);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, addresses = ?stale, "deleting the conntrack entries of addresses that changed owner (retried at the next change)");
+            }
+        }
+    }
+
+    /// Conntrack entries deleted so far for addresses that changed owner.
+    pub fn conntrack_flushed(&self) -> u64 {
+        self.ct_flushed
+    }
+}
+
 impl Dataplane for NftDataplane {
     fn sync_full(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError> {
-        Ok(self.load(compiled, interfaces)?)
+        self.load(compiled, interfaces)?;
+        self.flush_changed_owners(compiled);
+        Ok(())
     }
 
     fn apply(&mut self, _diff: &CompiledDiff, next: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError> {
         // The rendered objects are compared, not the diff: a change of one
         // CIDR prefix reshapes other identities' sets, and interfaces may
         // change without a diff.
-        Ok(self.update(next, interfaces)?)
+        self.update(next, interfaces)?;
+        self.flush_changed_owners(next);
+        Ok(())
     }
 
     fn counters(&self) -> Result<Counters, DataplaneError> {

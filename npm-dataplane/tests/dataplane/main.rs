@@ -44,6 +44,7 @@ mod ebpf_tiers;
 mod ebpf_verifier;
 mod ebpf_veth;
 mod map_size;
+mod nft_conntrack;
 mod nft_differential;
 mod nft_flow_events;
 mod nft_golden;
