@@ -145,7 +145,7 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
             src_is_lo,
             now,
         };
-        if ct_continue(v, pkt, slot, ct4_words(&s.ct4)) {
+        if ct_continue(v, pkt, slot, ct4_words(&s.ct4), s.pad == crate::DRY_RUN_IIF) {
             let r = Reason::Tracked as u8;
             record_first_fragment(s, ep.id, dir, r);
             return r;

@@ -198,9 +198,13 @@ pub(crate) fn ct_alive(v: &CtValue, pr: u8, now: u64) -> bool {
 /// this packet says of the flow (a reply, a FIN or RST), refreshes the idle
 /// timer at most every 100 ms, puts an established flow into its flow-cache
 /// slot (when `slot` is not null) and returns true: the packet is
-/// `Tracked`. Returns false for an idled-out entry (policy decides).
+/// `Tracked`. Returns false for an idled-out entry (policy decides). A dry
+/// run (`dry`: `/explain`'s crafted packet) writes nothing: no flag (a
+/// crafted "reply" must not confirm a pending Service entry), no
+/// timestamp, no flow-cache slot; it answers as the packet would be
+/// answered.
 #[inline(always)]
-pub(crate) fn ct_continue(v: *mut CtValue, pkt: CtPacket, slot: *mut FlowSlot, key: &[u32; 5]) -> bool {
+pub(crate) fn ct_continue(v: *mut CtValue, pkt: CtPacket, slot: *mut FlowSlot, key: &[u32; 5], dry: bool) -> bool {
     // SAFETY: a map value; concurrent writers only set flag bits or the
     // timestamp, both benign races (the flags are read, OR-ed and stored
     // back: two CPUs adding bits at the same instant, such as both FINs of
@@ -224,6 +228,9 @@ pub(crate) fn ct_continue(v: *mut CtValue, pkt: CtPacket, slot: *mut FlowSlot, k
     }
     if pkt.pr == proto::TCP {
         flags |= tcp_close_flags(pkt.tcp_flags, pkt.src_is_lo);
+    }
+    if dry {
+        return true;
     }
     if flags != v.flags {
         v.flags = flags;

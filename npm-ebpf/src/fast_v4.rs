@@ -125,7 +125,7 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
         }
         store_ct4(&mut s.ct4, &key);
         if let Some(v) = NPM_CT4.get_ptr_mut(&s.ct4) {
-            if ct_continue(v, ct, slot, &key) {
+            if ct_continue(v, ct, slot, &key, s.pad == crate::DRY_RUN_IIF) {
                 return Reason::Tracked as u8;
             }
         }

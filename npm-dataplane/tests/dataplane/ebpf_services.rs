@@ -710,6 +710,87 @@ fn host_in(pins: &PinDir) -> HostIn {
     HostIn::open(None, &pins.path, &host_in_chain(&pins.path)).expect("load host_in and write its INPUT rules")
 }
 
+/// `/explain`'s dry run writes no conntrack state: a pending Service entry
+/// (a UDP query to a ClusterIP whose backend the policy denies, so no reply
+/// ever confirms it) is not confirmed by a crafted "reply" run through
+/// `to_pod`, and dry runs of a tracked flow's packet and of an unknown
+/// flow leave every entry as it was (flags and timestamps). Before, the
+/// crafted reply set `CT_SEEN_REPLY`: later packets of the flow passed
+/// `from_pod` as tracked, undecided.
+#[test]
+fn a_dry_run_confirms_no_pending_entry_and_writes_no_conntrack() {
+    use npm_dataplane::ebpf::explain;
+    use npm_policy::compiled::Direction as D;
+    sweep_leftovers();
+    let (base, cips) = block(7);
+    let cip = Ipv4Addr::from(cips + 7);
+    let a = Pod::new("d", base, 0);
+    let mut b = Pod::new("db", base, 1);
+    b.servers.push(serve(&b.ns.name, b.ip, "b", &[8080], &[8080]));
+    let _nat = NatTable::new("d", &[(cip, 80, "udp", vec![b.ip], 8080)]);
+    wait_tcp(&a.ns.name, b.ip, 8080);
+    let pins = PinDir::new("svc-dry");
+    let mut dp: EbpfDataplane = pins.open();
+    // a may reach b on TCP 8080 only: its UDP query through the ClusterIP
+    // is deferred, then denied at b's to_pod (its entry stays pending).
+    dp.sync_full(
+        &compiled(
+            &[(&a, true, true), (&b, false, false)],
+            &[],
+            &[(2, Protocol::Tcp, 8080)],
+        ),
+        &interfaces(&[&a, &b]),
+    )
+    .unwrap();
+    program_services(&pins, &[(cip, 80, proto::UDP)]);
+    let sport = 40_123;
+    ns_sh(
+        &a.ns.name,
+        &[
+            "python3",
+            "-c",
+            &format!("import socket\nu=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('{}',{sport})); u.sendto(b'q',('{cip}',80))\n", a.ip),
+        ],
+    );
+    // A tracked flow too: a TCP connection to b.
+    assert_eq!(probe(&a.ns.name, b.ip, 8080, "tcp", 1), ["b"]);
+    let pending = |dp: &EbpfDataplane| {
+        dp.ct_entries()
+            .into_iter()
+            .filter(|(k, v)| k.protocol == proto::UDP && v.flags & npm_common::CT_PENDING != 0)
+            .collect::<Vec<_>>()
+    };
+    let before = pending(&dp);
+    assert_eq!(
+        before.len(),
+        1,
+        "the deferred query's pending entry: {:?}",
+        dp.ct_entries()
+    );
+    assert_eq!(before[0].1.flags & npm_common::CT_SEEN_REPLY, 0);
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    let all_before = dp.ct_entries();
+
+    // The crafted reply: from the ClusterIP's port to a's source port.
+    let mut reply = explain::crafted_packet(IpAddr::V4(cip), IpAddr::V4(a.ip), proto::UDP, sport).unwrap();
+    let l4 = 14 + 20;
+    reply[l4..l4 + 2].copy_from_slice(&80u16.to_be_bytes());
+    let v = explain::explain_run(&pins.path, a.ifindex, D::Ingress, &reply).unwrap();
+    assert!(v.allowed, "the reply of a pending flow passes: {v:?}");
+    // A tracked packet and an unknown flow, both directions.
+    for (src, dst, port, dir, ifindex) in [
+        (b.ip, a.ip, 8080, D::Ingress, a.ifindex),
+        (a.ip, b.ip, 8080, D::Egress, a.ifindex),
+        (a.ip, b.ip, 9999, D::Egress, a.ifindex),
+        (b.ip, a.ip, 9999, D::Ingress, a.ifindex),
+    ] {
+        let pkt = explain::crafted_packet(IpAddr::V4(src), IpAddr::V4(dst), proto::TCP, port).unwrap();
+        explain::explain_run(&pins.path, ifindex, dir, &pkt).unwrap();
+    }
+    assert_eq!(pending(&dp), before, "a dry run confirmed the pending entry");
+    assert_eq!(dp.ct_entries(), all_before, "a dry run wrote conntrack state");
+}
+
 /// A Service whose backend is on the node's own host network (kube-proxy
 /// DNATs the ClusterIP to a node address, as for `kubernetes.default` on
 /// k3s or kind): the packet is delivered to the node after the DNAT and
