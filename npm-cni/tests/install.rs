@@ -408,6 +408,43 @@ fn install_waits_for_the_primary_cni_to_write_its_conflist() {
     assert_eq!(plugins(&node.conf().join("10-late.conflist"))[2]["type"], "npm-cni");
 }
 
+/// `install::chained` (what the agent checks every few seconds): true only for the conflist the
+/// runtime uses holding the entry with the same values; false once the primary rewrote it or when
+/// the values differ; the installer's error without a usable conflist; it writes nothing.
+#[test]
+fn chained_tells_whether_the_runtimes_conflist_holds_the_entry() {
+    let node = Node::new("chained");
+    let entry = |fail_open| npm_cni::install::Entry {
+        agent_socket: proto::DEFAULT_SOCKET.into(),
+        timeout_seconds: 10,
+        fail_open,
+    };
+    let err = npm_cni::install::chained(&node.conf(), &entry(false)).unwrap_err();
+    assert!(err.to_string().contains("no CNI configuration"), "{err}");
+    let path = node.write_conf("10-primary.conflist", PRIMARY);
+    assert_eq!(
+        npm_cni::install::chained(&node.conf(), &entry(false)).unwrap(),
+        (path.clone(), false)
+    );
+    ok(&node.install(&[]));
+    let before = node.snapshot();
+    assert_eq!(
+        npm_cni::install::chained(&node.conf(), &entry(false)).unwrap(),
+        (path.clone(), true)
+    );
+    assert_eq!(
+        npm_cni::install::chained(&node.conf(), &entry(true)).unwrap(),
+        (path.clone(), false)
+    );
+    assert_eq!(node.snapshot(), before, "chained writes nothing");
+    // A conflist sorting first is the one the runtime uses.
+    let first = node.write_conf("05-other.conflist", PRIMARY);
+    assert_eq!(
+        npm_cni::install::chained(&node.conf(), &entry(false)).unwrap(),
+        (first, false)
+    );
+}
+
 #[test]
 fn uninstall_cleans_every_conflist_and_succeeds_with_nothing_installed() {
     let node = Node::new("uninstall");

@@ -213,7 +213,7 @@ fn waited_for(waited: Duration) -> String {
 /// Copies the binary into `bin_dir` and chains npm-cni's entry into the conflist the runtime uses.
 pub fn install(options: &InstallOptions) -> Result<InstallReport, InstallError> {
     let started = Instant::now();
-    let (path, mut text, mut list) = loop {
+    let (path, text, list) = loop {
         match find_conflist(&options.conf_dir) {
             Ok(found) => break found,
             Err(e) if e.may_pass() && started.elapsed() < options.wait => {
@@ -238,30 +238,42 @@ pub fn install(options: &InstallOptions) -> Result<InstallReport, InstallError> 
         }
     };
 
+    let conflist_change = chain_into(&path, text, list, &options.entry)?;
+    Ok(InstallReport {
+        binary,
+        binary_change,
+        conflist: path,
+        conflist_change,
+    })
+}
+
+/// Whether the conflist the runtime uses holds npm-cni's entry with exactly the values of `entry`
+/// (what [`install`] would leave unchanged): `Ok((path, true))` if it does, `Ok((path, false))` if
+/// that conflist is usable but lacks the entry (or holds other values), an error as [`install`]
+/// reports it when there is no usable conflist. Reads the directory and one file; changes nothing.
+pub fn chained(conf_dir: &Path, entry: &Entry) -> Result<(PathBuf, bool), InstallError> {
+    let (path, text, list) = find_conflist(conf_dir)?;
+    let holds = list.with_entry(entry) == text;
+    Ok((path, holds))
+}
+
+/// Chains `entry` into `path` (read as `text`, parsed as `list`), reading the file again when it
+/// was rewritten in between; the rewrite is a temporary file renamed over it.
+fn chain_into(path: &Path, mut text: String, mut list: Conflist, entry: &Entry) -> Result<Change, InstallError> {
     for _ in 0..REWRITE_ATTEMPTS {
-        let new_text = list.with_entry(&options.entry);
+        let new_text = list.with_entry(entry);
         if new_text == text {
-            return Ok(InstallReport {
-                binary,
-                binary_change,
-                conflist: path,
-                conflist_change: Change::Unchanged,
-            });
+            return Ok(Change::Unchanged);
         }
-        if files::replace_if_unchanged(&path, text.as_bytes(), new_text.as_bytes())
-            .map_err(InstallError::io("rewrite", &path))?
+        if files::replace_if_unchanged(path, text.as_bytes(), new_text.as_bytes())
+            .map_err(InstallError::io("rewrite", path))?
         {
-            return Ok(InstallReport {
-                binary,
-                binary_change,
-                conflist: path,
-                conflist_change: Change::Updated,
-            });
+            return Ok(Change::Updated);
         }
-        text = fs::read_to_string(&path).map_err(InstallError::io("read", &path))?;
-        list = usable_conflist(&path, text.clone())?;
+        text = fs::read_to_string(path).map_err(InstallError::io("read", path))?;
+        list = usable_conflist(path, text.clone())?;
     }
-    Err(InstallError::KeptChanging { path })
+    Err(InstallError::KeptChanging { path: path.to_owned() })
 }
 
 /// Removes npm-cni's entry from every conflist of `conf_dir` that has one, then the binary.
