@@ -170,6 +170,7 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
         .events(events)
         .health(health.clone())
         .node_facts(cni_facts.clone())
+        .expect_cni_adds(cfg.cni.as_ref().is_some_and(|c| c.keep_chained.is_some()))
         .dns_names(dns_names)
         .build();
     let mut tasks = vec![events_task];
@@ -210,6 +211,10 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
         cni::handler::prune(&ctx);
         tasks.push(tokio::spawn(cni::server::bind(&c.socket, ctx.clone())?));
         tasks.push(tokio::spawn(cni::handler::maintain(ctx)));
+        if let Some(chain) = &c.keep_chained {
+            let chain = cni::chain::Chain::new(chain.clone(), health.clone(), metrics.clone());
+            tasks.push(tokio::spawn(cni::chain::keep_chained(chain)));
+        }
     }
     // The sync loop on its own OS thread (a long sync never stalls the
     // watchers or the health endpoints); aborting this task stops it.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use npm_agent::agent::AgentConfig;
-use npm_agent::cni::CniConfig;
+use npm_agent::cni::{ChainConfig, CniConfig};
 use npm_agent::dataplanes::ebpf_options;
 use npm_agent::dataplanes::{DataplaneKind, DataplaneOptions};
 use npm_agent::k8s::ClusterPolicyMode;
@@ -217,6 +217,35 @@ pub struct RunArgs {
         value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from)
     )]
     pub cni_socket: PathBuf,
+    /// The host's CNI configuration directory as this container sees it:
+    /// the agent keeps npm-cni chained in the conflist the runtime uses
+    /// (checked every `--cni-check-interval-secs`, put back with the init
+    /// container's installer when the primary CNI rewrote it) and reports it
+    /// (readiness check `cni-chained`, `npm_cni_chained`). Unset: the agent
+    /// never looks at the conflist. Needs `--cni-socket`.
+    #[arg(long, env = "NPM_CNI_CONF_DIR")]
+    pub cni_conf_dir: Option<PathBuf>,
+    /// The host's CNI plugin directory as this container sees it (npm-cni's
+    /// binary; the entry is put back only while the binary is there).
+    #[arg(long, env = "NPM_CNI_BIN_DIR", default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: PathBuf,
+    /// The npm-cni binary copied into `--cni-bin-dir` when the entry is
+    /// put back and the installed copy differs.
+    #[arg(long, env = "NPM_CNI_SOURCE", default_value = "/usr/bin/npm-cni")]
+    pub cni_source: PathBuf,
+    /// `timeoutSeconds` of the entry put back (the init container's
+    /// `--timeout-seconds`).
+    #[arg(long, env = "NPM_CNI_TIMEOUT_SECONDS", default_value_t = npm_cni::config::DEFAULT_TIMEOUT_SECONDS,
+          value_parser = clap::value_parser!(u64).range(1..=npm_cni::config::MAX_TIMEOUT_SECONDS))]
+    pub cni_timeout_seconds: u64,
+    /// `failOpen` of the entry put back (the init container's
+    /// `--fail-open`).
+    #[arg(long, env = "NPM_CNI_FAIL_OPEN")]
+    pub cni_fail_open: bool,
+    /// Seconds between two checks of `--cni-conf-dir`.
+    #[arg(long, env = "NPM_CNI_CHECK_INTERVAL_SECS", default_value_t = 2,
+          value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub cni_check_interval_secs: u64,
     /// Directory of the lock that keeps a second agent off the same pin
     /// directory (or nftables table): `agent-<pin dir>.lock`, a host path.
     #[arg(long, env = "NPM_LOCK_DIR", default_value = npm_agent::lifecycle::lock::DEFAULT_LOCK_DIR)]
@@ -449,7 +478,20 @@ impl RunArgs {
             },
             page_size: self.page_size,
             metrics_addr: Some(self.metrics_addr),
-            cni: (!self.cni_socket.as_os_str().is_empty()).then(|| CniConfig::new(self.cni_socket.clone())),
+            cni: (!self.cni_socket.as_os_str().is_empty()).then(|| CniConfig {
+                keep_chained: self.cni_conf_dir.clone().map(|conf_dir| ChainConfig {
+                    conf_dir,
+                    bin_dir: self.cni_bin_dir.clone(),
+                    source: self.cni_source.clone(),
+                    entry: npm_cni::install::Entry {
+                        agent_socket: self.cni_socket.to_string_lossy().into_owned(),
+                        timeout_seconds: self.cni_timeout_seconds,
+                        fail_open: self.cni_fail_open,
+                    },
+                    interval: Duration::from_secs(self.cni_check_interval_secs),
+                }),
+                ..CniConfig::new(self.cni_socket.clone())
+            }),
             dns: (!self.dns_server.is_empty()).then(|| npm_agent::dns::CaptureConfig {
                 servers: self.dns_server.clone(),
                 queue: self.dns_queue,

@@ -48,6 +48,7 @@
 //! [`persist::STATE_FILE_NAME`] in the socket's directory on every change;
 //! a restarted agent starts from them.
 
+pub mod chain;
 pub mod facts;
 pub mod handle;
 pub mod handler;
@@ -59,6 +60,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use chain::{ChainConfig, CHECK_CNI_CHAINED};
 pub use facts::{Attachment, NodeFacts, Programmed, ProgrammedEndpoint};
 pub use handle::FactsHandle;
 pub use server::CniServerError;
@@ -77,14 +79,20 @@ pub struct CniConfig {
     pub socket: PathBuf,
     /// Longest wait of an ADD, DEL or GC for its sync.
     pub wait_bound: Duration,
+    /// Keep npm-cni chained in the primary CNI's conflist ([`chain`];
+    /// `None`: the agent does not look at the conflist). Also makes a local
+    /// endpoint that appears with no ADD suspect (logged and counted).
+    pub keep_chained: Option<ChainConfig>,
 }
 
 impl CniConfig {
-    /// The server on `socket`, with the default wait bound.
+    /// The server on `socket`, with the default wait bound, not keeping
+    /// npm-cni chained.
     pub fn new(socket: PathBuf) -> CniConfig {
         CniConfig {
             socket,
             wait_bound: DEFAULT_WAIT_BOUND,
+            keep_chained: None,
         }
     }
 }

@@ -225,6 +225,12 @@ pub struct Syncer<D: AgentDataplane> {
     pub(super) degraded: Vec<Shortfall>,
     /// Where each successful sync publishes what it programmed (`/explain`).
     pub(super) programmed_view: crate::explain::ProgrammedView,
+    /// npm-cni is expected to be chained: a local endpoint that appears with
+    /// no CNI ADD is suspect (its pod started unenforced).
+    pub(super) expect_cni_adds: bool,
+    /// The pods (uids) of the local endpoints that had an interface at the
+    /// last sync (`None` before the first).
+    pub(super) local_endpoints: Option<std::collections::HashSet<String>>,
 }
 
 /// Builds a [`Syncer`] ([`Syncer::builder`]). The settings default to
@@ -243,6 +249,7 @@ pub struct SyncerBuilder<D: AgentDataplane> {
     events: Option<EventRecorder>,
     programmed_view: crate::explain::ProgrammedView,
     observe: Option<crate::telemetry::ObserveHub>,
+    expect_cni_adds: bool,
 }
 
 impl<D: AgentDataplane> SyncerBuilder<D> {
@@ -308,6 +315,15 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
         self
     }
 
+    /// Whether npm-cni is expected to be chained (default: no): a local
+    /// endpoint that appears after the first sync with no CNI ADD is then
+    /// logged as suspect and counted
+    /// (`npm_cni_endpoints_without_add_total`).
+    pub fn expect_cni_adds(mut self, expect: bool) -> Self {
+        self.expect_cni_adds = expect;
+        self
+    }
+
     /// The sync loop, with nothing compiled or programmed yet.
     pub fn build(self) -> Syncer<D> {
         let SyncerBuilder {
@@ -322,6 +338,7 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             events,
             programmed_view,
             observe,
+            expect_cni_adds,
         } = self;
         let resolver = resolver.unwrap_or_else(|| Box::new(InterfaceResolver::new(None)));
         let metrics = cache.metrics().clone();
@@ -365,6 +382,8 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             audit: crate::telemetry::audit::Audit::with_rate(cfg.flow_logs_per_sec),
             degraded: Vec::new(),
             programmed_view,
+            expect_cni_adds,
+            local_endpoints: None,
             cfg,
         }
     }
@@ -387,6 +406,7 @@ impl<D: AgentDataplane> Syncer<D> {
             events: None,
             programmed_view: Default::default(),
             observe: None,
+            expect_cni_adds: false,
         }
     }
 
@@ -666,6 +686,15 @@ impl<D: AgentDataplane> Syncer<D> {
             tracing::debug!(missing = ?resolved.missing, "endpoints without an interface yet; retrying");
         }
         let interfaces = resolved.interfaces;
+        if self.expect_cni_adds {
+            report_endpoints_without_add(
+                compiled,
+                &attached,
+                &interfaces,
+                &mut self.local_endpoints,
+                &self.metrics,
+            );
+        }
         // Endpoints without an interface are left out, and `report_new` is
         // set as `report_new` decides; only then is the compiled state copied.
         let filtered;
@@ -820,4 +849,39 @@ impl<D: AgentDataplane> Syncer<D> {
             None => Ok(outcome),
         }
     }
+}
+
+/// Logs and counts each local endpoint of `compiled` that got an interface
+/// (`interfaces`) since the last sync (`known`, updated) with no CNI ADD
+/// fact (`attached`), for a node where npm-cni is expected to be chained:
+/// its pod started without npm-cni holding it until enforced (npm-cni
+/// un-chained by the primary CNI, or a runtime that skipped it). Endpoints
+/// already there at the first sync are not suspect (pods older than npm, or
+/// than the agent's facts).
+fn report_endpoints_without_add(
+    compiled: &Compiled,
+    attached: &Interfaces,
+    interfaces: &Interfaces,
+    known: &mut Option<std::collections::HashSet<String>>,
+    metrics: &Metrics,
+) {
+    let current: std::collections::HashSet<String> = interfaces
+        .keys()
+        .filter_map(|id| compiled.endpoints.get(id))
+        .map(|ep| ep.pod.uid.clone())
+        .collect();
+    if let Some(known) = known.as_ref() {
+        for (id, ep) in &compiled.endpoints {
+            if interfaces.contains_key(id) && !attached.contains_key(id) && !known.contains(&ep.pod.uid) {
+                tracing::warn!(
+                    pod = %format!("{}/{}", ep.pod.namespace, ep.pod.name),
+                    uid = %ep.pod.uid,
+                    "a local endpoint appeared with no CNI ADD: its pod started before npm enforced its \
+                     policies (npm-cni not chained?)"
+                );
+                metrics.cni_endpoints_without_add.increment(1);
+            }
+        }
+    }
+    *known = Some(current);
 }

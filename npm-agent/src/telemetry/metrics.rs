@@ -101,6 +101,9 @@ pub const SERIES: &[Series] = &[
     series("npm_explain_mismatch_total", C, N, &[], "Explain requests whose kernel dry-run verdict differed from the agent's compiled verdict."),
     series("npm_observe_lost_total", C, N, &[], "Flow records dropped for `/observe` clients that read too slowly (each client's loss counts)."),
     series("npm_cni_add_wait_seconds", H, S, &[], "Seconds a CNI ADD waited until its endpoint was programmed."),
+    series("npm_cni_chained", G, None, &[], "1 while the conflist the runtime uses holds npm-cni's entry, else 0 (only with --cni-conf-dir)."),
+    series("npm_cni_rechained_total", C, N, &[], "Times npm-cni's entry was found missing from the primary CNI's conflist and put back."),
+    series("npm_cni_endpoints_without_add_total", C, N, &[], "Local endpoints that appeared with no CNI ADD while npm-cni is expected to be chained (started unenforced)."),
     series("npm_cni_requests_total", C, N, &["command", "result"], "npm-cni requests answered, by command and result (ok, retry, error)."),
     series("npm_interface_conflicts_total", C, N, &[], "Interfaces found claimed by more than one endpoint (the newcomers are refused)."),
     series("npm_held_removals", G, None, &[], "1 while a mass removal is held for a confirming direct read, else 0."),
@@ -206,6 +209,12 @@ pub struct Metrics {
     pub incremental_mismatch: Counter,
     /// `npm_cni_add_wait_seconds`: how long a CNI ADD waited until its endpoint was programmed.
     pub cni_add_wait: Histogram,
+    /// `npm_cni_chained`: 1 while the runtime's conflist holds npm-cni's entry.
+    pub cni_chained: Gauge,
+    /// `npm_cni_rechained_total`: npm-cni's entry found missing and put back.
+    pub cni_rechained: Counter,
+    /// `npm_cni_endpoints_without_add_total`: local endpoints that appeared with no CNI ADD while chaining is expected.
+    pub cni_endpoints_without_add: Counter,
     /// `npm_interface_conflicts_total`: interfaces found claimed by more than one endpoint (none of them is attached there).
     pub interface_conflicts: Counter,
     /// `npm_held_removals`: 1 while a mass removal is held for a confirming direct read, else 0.
@@ -270,6 +279,9 @@ impl Metrics {
             endpoints_pending: metrics::gauge!("npm_endpoints_pending_interface"),
             incremental_mismatch: metrics::counter!("npm_incremental_mismatch_total"),
             cni_add_wait: metrics::histogram!("npm_cni_add_wait_seconds"),
+            cni_chained: metrics::gauge!("npm_cni_chained"),
+            cni_rechained: metrics::counter!("npm_cni_rechained_total"),
+            cni_endpoints_without_add: metrics::counter!("npm_cni_endpoints_without_add_total"),
             interface_conflicts: metrics::counter!("npm_interface_conflicts_total"),
             held_removals: metrics::gauge!("npm_held_removals"),
             last_sync_success: metrics::gauge!("npm_last_sync_success_timestamp_seconds"),

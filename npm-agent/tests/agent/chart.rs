@@ -344,10 +344,13 @@ fn agent_command_line_is_run_with_every_flag() {
         "--allow-host-egress",
         "--interface-pattern=cali*",
         "--cni-socket=/run/npm/cni.sock",
+        "--cni-conf-dir=/host/etc/cni/net.d",
+        "--cni-bin-dir=/host/opt/cni/bin",
+        "--cni-timeout-seconds=10",
     ] {
         assert!(argv.iter().any(|a| a == want), "{want} in {argv:?}");
     }
-    assert_eq!(argv.len(), 2 + 15, "no other flag: {argv:?}");
+    assert_eq!(argv.len(), 2 + 18, "no other flag: {argv:?}");
     assert!(
         !argv.iter().any(|a| a == "--flow-logs-allow"),
         "off by default: {argv:?}"
@@ -356,6 +359,74 @@ fn agent_command_line_is_run_with_every_flag() {
     for want in ["--flow-logs-allow", "--rule-metrics-max=20"] {
         assert!(argv.iter().any(|a| a == want), "{want} in {argv:?}");
     }
+}
+
+/// The agent keeps npm-cni chained with the init container's entry (the
+/// same socket, timeout and failOpen: the two never rewrite each other's
+/// values) in the same host directories; without `cni.install` it does not
+/// touch the conflist.
+#[test]
+fn the_agent_keeps_npm_cni_chained_with_the_init_containers_entry() {
+    for set in [
+        &[][..],
+        &[
+            "cni.failOpen=true",
+            "cni.timeoutSeconds=7",
+            "cni.socket=/var/run/npm/c.sock",
+        ][..],
+        &["cniPreset=k3s"][..],
+    ] {
+        let docs = template(set);
+        let spec = agent_pod_spec(&docs);
+        let init = container(spec, "initContainers", "install-cni").expect("install-cni");
+        let agent = container(spec, "containers", "agent").expect("agent");
+        let (init_args, agent_args) = (argv(init), argv(agent));
+        let value = |args: &[String], flag: &str| {
+            args.iter()
+                .find_map(|a| a.strip_prefix(&format!("{flag}=")).map(String::from))
+                .unwrap_or_else(|| panic!("{flag} in {args:?}"))
+        };
+        assert_eq!(
+            value(&agent_args, "--cni-socket"),
+            value(&init_args, "--socket"),
+            "{set:?}"
+        );
+        assert_eq!(
+            value(&agent_args, "--cni-timeout-seconds"),
+            value(&init_args, "--timeout-seconds"),
+            "{set:?}"
+        );
+        assert_eq!(
+            agent_args.iter().any(|a| a == "--cni-fail-open"),
+            init_args.iter().any(|a| a == "--fail-open"),
+            "{set:?}"
+        );
+        for (agent_flag, init_flag, path) in [
+            ("--cni-conf-dir", "--conf-dir", "/host/etc/cni/net.d"),
+            ("--cni-bin-dir", "--bin-dir", "/host/opt/cni/bin"),
+        ] {
+            assert_eq!(value(&agent_args, agent_flag), path, "{set:?}");
+            assert_eq!(value(&init_args, init_flag), path, "{set:?}");
+            let (_, agent_host) = host_mount(spec, agent, path);
+            let (_, init_host) = host_mount(spec, init, path);
+            assert_eq!(agent_host, init_host, "{set:?} {path}");
+        }
+    }
+    let argv = agent_command_line(&["cni.install=false"]);
+    assert!(!argv.iter().any(|a| a.starts_with("--cni-conf-dir")), "{argv:?}");
+    let (ok, out, err) = dry_run(&["cni.failOpen=true", "cni.timeoutSeconds=7"]);
+    assert!(ok, "{err}");
+    let config: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(config["cni_chain"]["conf_dir"], "/host/etc/cni/net.d");
+    assert_eq!(config["cni_chain"]["bin_dir"], "/host/opt/cni/bin");
+    assert_eq!(config["cni_chain"]["source"], "/usr/bin/npm-cni");
+    assert_eq!(config["cni_chain"]["agent_socket"], "/run/npm/cni.sock");
+    assert_eq!(config["cni_chain"]["timeout_seconds"], 7);
+    assert_eq!(config["cni_chain"]["fail_open"], true);
+    let (ok, out, _) = dry_run(&["cni.install=false"]);
+    assert!(ok);
+    let config: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(config["cni_chain"].is_null(), "{config}");
 }
 
 /// Runs the image's binary (`target/debug/npm-agent`) with the command

@@ -25,6 +25,7 @@ pub static TC_FILTERS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(
 mod bad_input;
 mod chart;
 mod cli;
+mod cni_chained;
 mod cni_facts;
 mod cni_pod_start;
 mod cnp_guard;
