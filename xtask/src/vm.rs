@@ -24,8 +24,11 @@
 //!   dependency order, `vm/init.sh`) mounts all that, runs the command
 //!   through `chroot`, prints `NPM-VM-EXIT <status>` and reboots, which
 //!   ends qemu (`-no-reboot`).
-//! - qemu: `-M q35` with TCG (nested KVM fails on this kind of host;
-//!   `NPM_VM_ACCEL=kvm` to try it), 2 vCPUs, `NPM_VM_MEMORY` MiB (2048).
+//! - qemu: `-M q35` with single-threaded TCG (nested KVM fails on this kind
+//!   of host; `NPM_VM_ACCEL=kvm` to try it), 2 vCPUs, `NPM_VM_MEMORY` MiB
+//!   (2048). Multi-threaded TCG crashes 6.12 at boot (an `int3` oops in
+//!   `sched_clock_idle_wakeup_event`: cross-vCPU code patching), and one
+//!   host thread per guest suits a shared two-core machine.
 //!   `microvm` was tried: its kernels stall calibrating the APIC timer
 //!   under TCG (no PIT/HPET reference).
 //!
@@ -274,6 +277,10 @@ pub fn kernel(name: &str) -> Result<Kernel> {
         let _ = std::fs::remove_dir_all(&kdir);
         std::fs::create_dir_all(&kdir)?;
         crate::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&kdir))?;
+        // trixie's packages are usr-merged (usr/lib/modules).
+        if !kdir.join("lib").exists() && kdir.join("usr/lib").is_dir() {
+            std::os::unix::fs::symlink("usr/lib", kdir.join("lib"))?;
+        }
         let release = release_of(&kdir)?;
         crate::run(Command::new("depmod").arg("-b").arg(&kdir).arg(&release)).context("depmod (package kmod)")?;
         std::fs::write(kdir.join(".complete"), "")?;
@@ -468,7 +475,7 @@ pub fn run(
 }
 
 fn boot(k: &Kernel, initrd: &Path, checkout: &Path, line: &mut dyn FnMut(&str)) -> Result<i32> {
-    let accel = std::env::var("NPM_VM_ACCEL").unwrap_or_else(|_| "tcg".into());
+    let accel = std::env::var("NPM_VM_ACCEL").unwrap_or_else(|_| "tcg,thread=single".into());
     let memory = std::env::var("NPM_VM_MEMORY").unwrap_or_else(|_| "2048".into());
     let timeout = std::env::var("NPM_VM_TIMEOUT").unwrap_or_else(|_| "3600".into());
     let mut cmd = Command::new("timeout");
