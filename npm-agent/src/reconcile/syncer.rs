@@ -228,8 +228,9 @@ pub struct Syncer<D: AgentDataplane> {
     /// npm-cni is expected to be chained: a local endpoint that appears with
     /// no CNI ADD is suspect (its pod started unenforced).
     pub(super) expect_cni_adds: bool,
-    /// The pods (uids) of the local endpoints that had an interface at the
-    /// last sync (`None` before the first).
+    /// The pods (uids) of the local endpoints that had an interface, or
+    /// were there at the first sync (`None` before it): see
+    /// `report_endpoints_without_add`.
     pub(super) local_endpoints: Option<std::collections::HashSet<String>>,
 }
 
@@ -851,13 +852,15 @@ impl<D: AgentDataplane> Syncer<D> {
     }
 }
 
-/// Logs and counts each local endpoint of `compiled` that got an interface
-/// (`interfaces`) since the last sync (`known`, updated) with no CNI ADD
-/// fact (`attached`), for a node where npm-cni is expected to be chained:
-/// its pod started without npm-cni holding it until enforced (npm-cni
-/// un-chained by the primary CNI, or a runtime that skipped it). Endpoints
-/// already there at the first sync are not suspect (pods older than npm, or
-/// than the agent's facts).
+/// Logs and counts each local endpoint of `compiled` that gets an interface
+/// (`interfaces`) for the first time with no CNI ADD fact (`attached`), for
+/// a node where npm-cni is expected to be chained: its pod started without
+/// npm-cni holding it until enforced (npm-cni un-chained by the primary
+/// CNI, or a runtime that skipped it). `known` (updated) holds the pods of
+/// the endpoints that had an interface, or were there at the first sync
+/// (pods older than npm, or than the agent's facts, are not suspect), while
+/// they stay endpoints: an endpoint whose interface is briefly not found is
+/// not counted again.
 fn report_endpoints_without_add(
     compiled: &Compiled,
     attached: &Interfaces,
@@ -865,23 +868,26 @@ fn report_endpoints_without_add(
     known: &mut Option<std::collections::HashSet<String>>,
     metrics: &Metrics,
 ) {
-    let current: std::collections::HashSet<String> = interfaces
-        .keys()
-        .filter_map(|id| compiled.endpoints.get(id))
-        .map(|ep| ep.pod.uid.clone())
-        .collect();
-    if let Some(known) = known.as_ref() {
-        for (id, ep) in &compiled.endpoints {
-            if interfaces.contains_key(id) && !attached.contains_key(id) && !known.contains(&ep.pod.uid) {
-                tracing::warn!(
-                    pod = %format!("{}/{}", ep.pod.namespace, ep.pod.name),
-                    uid = %ep.pod.uid,
-                    "a local endpoint appeared with no CNI ADD: its pod started before npm enforced its \
-                     policies (npm-cni not chained?)"
-                );
-                metrics.cni_endpoints_without_add.increment(1);
-            }
+    let Some(seen) = known.as_ref() else {
+        *known = Some(compiled.endpoints.values().map(|ep| ep.pod.uid.clone()).collect());
+        return;
+    };
+    let mut next = std::collections::HashSet::with_capacity(compiled.endpoints.len());
+    for (id, ep) in &compiled.endpoints {
+        let was_seen = seen.contains(&ep.pod.uid);
+        if !interfaces.contains_key(id) && !was_seen {
+            continue;
         }
+        if !was_seen && !attached.contains_key(id) {
+            tracing::warn!(
+                pod = %format!("{}/{}", ep.pod.namespace, ep.pod.name),
+                uid = %ep.pod.uid,
+                "a local endpoint appeared with no CNI ADD: its pod started before npm enforced its \
+                 policies (npm-cni not chained?)"
+            );
+            metrics.cni_endpoints_without_add.increment(1);
+        }
+        next.insert(ep.pod.uid.clone());
     }
-    *known = Some(current);
+    *known = Some(next);
 }

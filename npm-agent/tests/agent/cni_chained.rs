@@ -18,18 +18,24 @@
 //!   (its binary is gone), and says why;
 //! - a local pod that appears with no CNI ADD is counted
 //!   (`npm_cni_endpoints_without_add_total`); pods there at the first sync
-//!   are not.
+//!   are not, even when their interface is found later.
 //!
 //! No root needed: the directories and the socket are in a temp directory
 //! named `npmchain<pid>-<case>`.
 
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
 use npm_agent::agent::RunningAgent;
 use npm_agent::cni::{ChainConfig, CniConfig, CHECK_CNI_CHAINED};
+use npm_agent::node::{Resolve, Resolved};
 use npm_cni::install::{self, Entry, InstallOptions, UninstallOptions};
+use npm_dataplane::Interfaces;
+use npm_policy::compiled::Compiled;
 
 /// The primary CNI's conflist, as Calico's install-cni writes it.
 const CALICO: &str = r#"{
@@ -304,22 +310,68 @@ async fn after_cleanup_npm_cni_is_not_chained_again() {
     agent.abort();
 }
 
+/// Gives every endpoint the ifindex `1000 + id`, except the endpoints whose
+/// address is hidden (their interface is not found yet).
+#[derive(Clone, Default)]
+struct HidingResolver(Arc<Mutex<HashSet<Ipv4Addr>>>);
+
+impl HidingResolver {
+    fn hide(&self, ip: &str, hidden: bool) {
+        let ip = ip.parse().unwrap();
+        let mut set = self.0.lock().unwrap();
+        if hidden {
+            set.insert(ip);
+        } else {
+            set.remove(&ip);
+        }
+    }
+}
+
+impl Resolve for HidingResolver {
+    fn resolve(&mut self, compiled: &Compiled) -> Resolved {
+        let hidden = self.0.lock().unwrap();
+        let (mut interfaces, mut missing) = (Interfaces::new(), Vec::new());
+        for (id, ep) in &compiled.endpoints {
+            if ep.ipv4.is_some_and(|ip| hidden.contains(&ip)) {
+                missing.push(*id);
+            } else {
+                interfaces.insert(*id, 1000 + id);
+            }
+        }
+        Resolved { interfaces, missing }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_pod_that_appears_without_a_cni_add_is_counted() {
     let node = Node::installed("noadd");
-    let (srv, client) = server(true).await;
+    let (_srv, client) = server(true).await;
     create_namespaces(&client, &[namespace("nc", &[])]).await;
-    // There before the agent: not suspect.
-    create_pods(&client, vec![pod("nc", "old", "node-a", Some("10.61.0.2"), &[])], 1).await;
+    // There before the agent: not suspect, nor when its interface is only
+    // found later.
+    create_pods(
+        &client,
+        vec![
+            pod("nc", "old", "node-a", Some("10.61.0.2"), &[]),
+            pod("nc", "late", "node-a", Some("10.61.0.4"), &[]),
+        ],
+        2,
+    )
+    .await;
     let mut cfg = agent_config(100);
     cfg.cni = Some(node.cni_config());
     let dp = RecordingDataplane::default();
-    let agent = start_agent(cfg, client.clone(), dp.clone()).await;
+    let resolver = HidingResolver::default();
+    resolver.hide("10.61.0.4", true);
+    let agent = start_agent_with(cfg, client.clone(), dp.clone(), Box::new(resolver.clone())).await;
     wait_until("agent ready", Duration::from_secs(20), || agent.is_ready()).await;
-    wait_until("old pod programmed", Duration::from_secs(10), || {
-        endpoint_with_ip(&dp.lock().state, "10.61.0.2").is_some()
-    })
-    .await;
+    let programmed = |ip: &'static str| {
+        let dp = dp.clone();
+        move || endpoint_with_ip(&dp.lock().state, ip).is_some()
+    };
+    wait_until("old pod programmed", Duration::from_secs(10), programmed("10.61.0.2")).await;
+    resolver.hide("10.61.0.4", false);
+    wait_until("late pod programmed", Duration::from_secs(10), programmed("10.61.0.4")).await;
     assert_eq!(metric(&agent, "npm_cni_endpoints_without_add_total"), 0.0);
 
     // Started with npm-cni un-chained: no ADD reached the agent.
@@ -333,5 +385,4 @@ async fn a_local_pod_that_appears_without_a_cni_add_is_counted() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(metric(&agent, "npm_cni_endpoints_without_add_total"), 1.0);
     agent.abort();
-    drop(srv);
 }
