@@ -506,3 +506,78 @@ spec: {tier: Baseline, priority: 3, subject: {namespaces: {}}, ingress: [{action
     s.upsert_cluster_policy(&objs.cluster_policies[0]).unwrap();
     assert_eq!(s.cluster_policies["a"].tier, Tier::Baseline);
 }
+
+/// A new version whose subject is not understood (an unknown selector
+/// operator here) keeps the last version whose subject was understood
+/// enforced, rules included, on the full and the incremental path, and
+/// says so in its report; a fixed version replaces it; a policy that never
+/// had an understood subject selects no pod and is reported as such.
+#[test]
+fn a_subject_not_understood_keeps_the_last_valid_version() {
+    use npm_policy::compiled::CompileOptions;
+    use npm_policy::incremental::Compiler;
+    use npm_policy::model::Snapshot;
+    let v1 = cluster_policy_from_value(&base()).unwrap();
+    let mut broken = base();
+    broken["spec"]["subject"] =
+        json!({"namespaces": {"matchExpressions": [{"key": "ns", "operator": "Typo", "values": ["x"]}]}});
+    // The broken version also turns the Deny into an Accept: not applied.
+    broken["spec"]["ingress"][0]["action"] = json!("Accept");
+    let v2 = cluster_policy_from_value(&broken).unwrap();
+    let mut fixed = base();
+    fixed["spec"]["subject"] = json!({"namespaces": {"matchLabels": {"ns": "w"}}});
+    let v3 = cluster_policy_from_value(&fixed).unwrap();
+
+    let mut s = Snapshot::default();
+    s.upsert_cluster_policy(&v1).unwrap();
+    let kept = s.cluster_policies["cnp"].clone();
+    assert_eq!(kept.subject, Subject::Namespaces(sel("ns", "x")));
+    for _ in 0..2 {
+        let err = s.upsert_cluster_policy(&v2).unwrap_err();
+        assert_eq!(s.cluster_policies["cnp"], kept, "the last valid version stays");
+        assert!(
+            err.errors
+                .iter()
+                .any(|e| e.contains("spec.subject") && e.contains("stays enforced")),
+            "{err:?}"
+        );
+        assert_eq!(s.invalid_cluster_policies.len(), 1);
+    }
+    s.upsert_cluster_policy(&v3).unwrap();
+    assert_eq!(s.cluster_policies["cnp"].subject, Subject::Namespaces(sel("ns", "w")));
+    assert!(s.invalid_cluster_policies.is_empty());
+
+    // Never understood: selects no pod, reported.
+    let mut fresh = Snapshot::default();
+    let err = fresh.upsert_cluster_policy(&v2).unwrap_err();
+    assert_eq!(
+        fresh.cluster_policies["cnp"].subject,
+        Subject::Namespaces(Selector::nothing())
+    );
+    assert!(err.errors.iter().any(|e| e.contains("selects no pod")), "{err:?}");
+
+    // The incremental compiler, over the upstream x/y/z pods, keeps the
+    // same version: its tier entries are those of v1 (namespace x's pods,
+    // the Deny from y), as a full compile of the snapshot holding v1.
+    let pods = npm_sim::cases::Model::upstream().snapshot;
+    let opts: CompileOptions = npm_sim::cases::Model::options();
+    let mut c = Compiler::new(pods.clone(), opts.clone(), None);
+    c.apply_cluster_policy(&v1).unwrap();
+    // The decisions (entry, action, rank); rule numbers are handed out
+    // anew when a version replaces another.
+    let decisions = |t: &std::collections::BTreeMap<
+        npm_policy::compiled::TierEntry,
+        npm_policy::compiled::TierValue,
+    >| { t.iter().map(|(e, v)| (e.clone(), v.action, v.rank)).collect::<Vec<_>>() };
+    let with_v1 = decisions(&c.compiled().tiers);
+    assert!(!with_v1.is_empty(), "v1 selects namespace x's pods");
+    assert!(c.apply_cluster_policy(&v2).is_err());
+    assert_eq!(c.snapshot().cluster_policies["cnp"], kept);
+    assert_eq!(decisions(&c.compiled().tiers), with_v1, "the tier entries are v1's");
+    let mut only_v1 = pods;
+    only_v1.upsert_cluster_policy(&v1).unwrap();
+    assert_eq!(
+        with_v1,
+        decisions(&npm_policy::compile(&only_v1, &opts, Some(c.compiled())).tiers)
+    );
+}

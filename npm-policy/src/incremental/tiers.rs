@@ -43,7 +43,9 @@ use crate::compiled::{Direction, Endpoint, IdentityKey, RuleRef, Tier, TierEntry
 use crate::model::{InvalidPolicy, Snapshot};
 use crate::tiers::compile::{compile_tiers_scoped, policy_peer_ids, ranked_rules, subject_selects, Scope, TierFacts};
 use crate::tiers::domains::{domain_prefixes, LearnedNames};
-use crate::tiers::{convert_cluster_policy, ClusterNetworkPolicy, ClusterPeer, ClusterPolicy, ClusterPort};
+use crate::tiers::{
+    convert_cluster_policy, with_last_valid_subject, ClusterNetworkPolicy, ClusterPeer, ClusterPolicy, ClusterPort,
+};
 
 use super::Compiler;
 
@@ -244,7 +246,8 @@ impl Compiler {
     /// recorded in the snapshot's `invalid_cluster_policies` and returned
     /// as the error.
     pub fn apply_cluster_policy(&mut self, cnp: &ClusterNetworkPolicy) -> Result<(), InvalidPolicy> {
-        let c = convert_cluster_policy(cnp);
+        let name = cnp.metadata.name.clone().unwrap_or_default();
+        let c = with_last_valid_subject(self.snapshot.cluster_policies.get(&name), convert_cluster_policy(cnp));
         let invalid = c.invalid();
         self.set_cluster_policy(c.policy.name.clone(), Some(c.policy), invalid.clone());
         match invalid {

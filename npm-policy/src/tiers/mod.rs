@@ -31,7 +31,42 @@ pub use domains::{DomainPattern, LearnedNames};
 pub use model::{ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Subject};
 pub use validate::{convert_cluster_policy, validate_cluster_policy, ClusterPolicyConversion};
 
-use crate::model::{InvalidPolicy, Snapshot};
+use crate::model::{InvalidPolicy, Selector, Snapshot};
+use validate::ClusterConsequence;
+
+/// The conversion to enforce for `c`, a ClusterNetworkPolicy whose version
+/// enforced so far is `current` (of the same name). Its subject not
+/// understood (a typo, a field of a newer API version), a policy would
+/// select no pod: an Admin Deny silently not enforced. So a version whose
+/// subject is not understood keeps `current` enforced, rules included, when
+/// `current`'s subject was understood (the last valid version stays); its
+/// report says so ([`ClusterConsequence::KeptLastValid`]). Never a wider
+/// subject than some version had: a Pass or Deny is never widened. A policy
+/// that never had an understood subject selects no pod and is reported.
+pub fn with_last_valid_subject(
+    current: Option<&ClusterPolicy>,
+    mut c: ClusterPolicyConversion,
+) -> ClusterPolicyConversion {
+    let unknown = c
+        .problems
+        .iter()
+        .any(|e| e.consequence == ClusterConsequence::SelectsNothing);
+    let nothing = Subject::Namespaces(Selector::nothing());
+    match current {
+        Some(p) if unknown && p.subject != nothing => {
+            for e in &mut c.problems {
+                if e.consequence == ClusterConsequence::SelectsNothing {
+                    e.consequence = ClusterConsequence::KeptLastValid;
+                }
+            }
+            ClusterPolicyConversion {
+                policy: p.clone(),
+                problems: c.problems,
+            }
+        }
+        _ => c,
+    }
+}
 
 impl Snapshot {
     /// Converts and adds or replaces a ClusterNetworkPolicy. One that is
@@ -39,7 +74,8 @@ impl Snapshot {
     /// closed), its report is recorded in `invalid_cluster_policies` and
     /// returned as the error.
     pub fn upsert_cluster_policy(&mut self, cnp: &ClusterNetworkPolicy) -> Result<(), InvalidPolicy> {
-        let c = convert_cluster_policy(cnp);
+        let name = cnp.metadata.name.clone().unwrap_or_default();
+        let c = with_last_valid_subject(self.cluster_policies.get(&name), convert_cluster_policy(cnp));
         let invalid = c.invalid();
         self.insert_cluster_policy(c.policy, invalid.clone());
         match invalid {

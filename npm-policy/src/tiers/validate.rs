@@ -70,8 +70,13 @@ pub enum ClusterConsequence {
     /// The policy is deny-only in the Admin tier: its Accept rules match
     /// nothing, its Pass rules are Denies.
     DenyOnly,
-    /// The policy selects no pod.
+    /// The policy selects no pod (no earlier version of it had a subject
+    /// this agent understood).
     SelectsNothing,
+    /// The subject is not understood: the last version of the policy whose
+    /// subject was stays enforced, rules included
+    /// ([`super::with_last_valid_subject`]).
+    KeptLastValid,
 }
 
 impl fmt::Display for ClusterConsequence {
@@ -92,6 +97,9 @@ impl fmt::Display for ClusterConsequence {
                 "the policy is deny-only in the Admin tier: Accept rules match nothing, Pass rules deny (fail closed)",
             ),
             ClusterConsequence::SelectsNothing => f.write_str("the policy selects no pod"),
+            ClusterConsequence::KeptLastValid => {
+                f.write_str("the last version with an understood subject stays enforced, rules included")
+            }
         }
     }
 }
