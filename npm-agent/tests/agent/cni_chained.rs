@@ -8,6 +8,7 @@
 //!   aws-node, flannel and kindnet do at start): the entry is back within a
 //!   check, the `cni-chained` readiness check fails then passes, and
 //!   `npm_cni_rechained_total` counts it;
+//! - a primary that keeps doing so: the check stays failing, naming it;
 //! - the conflist deleted: the check fails (and nothing is written) until
 //!   the primary writes it again, which is then chained;
 //! - a primary that writes a conflist that sorts first (Cilium's
@@ -225,6 +226,31 @@ async fn a_conflist_rewritten_without_npm_cni_is_chained_again() {
         holds_npm_cni(&node.conflist()) && chain_ok(&agent)
     })
     .await;
+    agent.abort();
+}
+
+/// A primary that keeps rewriting (Cilium with `cni.exclusive`): each
+/// rewrite is undone, and from the third within 5 minutes on the check
+/// stays failing, naming the cause, although the entry is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_keeps_rewriting_keeps_the_check_failing() {
+    let node = Node::installed("flap");
+    let (_srv, _client, agent) = start(&node).await;
+    for n in 1..=3 {
+        std::fs::write(node.conflist(), CALICO).unwrap();
+        wait_until("re-chained", Duration::from_secs(10), || {
+            metric(&agent, "npm_cni_rechained_total") == f64::from(n)
+        })
+        .await;
+    }
+    tokio::time::sleep(INTERVAL * 3).await;
+    assert!(holds_npm_cni(&node.conflist()));
+    assert_eq!(metric(&agent, "npm_cni_chained"), 1.0);
+    let reason = chain_failure(&agent).expect("still failing after 3 rewrites");
+    assert!(
+        reason.contains("3 times") && reason.contains("cni.exclusive"),
+        "{reason}"
+    );
     agent.abort();
 }
 
