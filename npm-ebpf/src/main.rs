@@ -157,6 +157,21 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 /// # Programs above): anything without a deferral mark passes untouched.
 #[classifier]
 pub fn node_exit(ctx: TcContext) -> i32 {
+    exit_decision::<false>(&ctx)
+}
+
+/// [`node_exit`] on a device without an Ethernet header (IPIP, WireGuard,
+/// GRE, TUN: tc hands it the packet at its IP header, before the
+/// encapsulation): the deferred decision against the inner packet's
+/// backend, never against an outer header.
+#[classifier]
+pub fn node_exit_l3(ctx: TcContext) -> i32 {
+    exit_decision::<true>(&ctx)
+}
+
+/// The body of [`node_exit`] (`L3` false) and [`node_exit_l3`].
+#[inline(always)]
+fn exit_decision<const L3: bool>(ctx: &TcContext) -> i32 {
     // SAFETY: the context pointer is valid for the program's lifetime.
     let mark = unsafe { (*ctx.skb.skb).mark };
     let src = deferred_source(mark);
@@ -173,7 +188,11 @@ pub fn node_exit(ctx: TcContext) -> i32 {
     // flag must not skip this packet's conntrack entry.
     s.pad = 0;
     let mut seen = Seen { ep_id: 0, now: 0 };
-    let reason = deferred_egress(&ctx, s, src, &mut seen);
+    let reason = if L3 {
+        deferred_egress_l3(ctx, s, src, &mut seen)
+    } else {
+        deferred_egress(ctx, s, src, &mut seen)
+    };
     account(s, DIR_EGRESS, src, ctx.len(), reason, seen)
 }
 
@@ -205,30 +224,6 @@ pub fn host_in(ctx: SkBuffContext) -> i64 {
     let reason = deferred_egress_l3(&ctx, s, src, &mut seen);
     let len = ctx.len();
     (account(s, DIR_EGRESS, src, len, reason, seen) == TC_ACT_SHOT) as i64
-}
-
-/// [`node_exit`] on a device without an Ethernet header (IPIP, WireGuard,
-/// GRE, TUN: tc hands it the packet at its IP header, before the
-/// encapsulation): the deferred decision against the inner packet's
-/// backend, never against an outer header.
-#[classifier]
-pub fn node_exit_l3(ctx: TcContext) -> i32 {
-    // SAFETY: the context pointer is valid for the program's lifetime.
-    let mark = unsafe { (*ctx.skb.skb).mark };
-    let src = deferred_source(mark);
-    if src == 0 {
-        return TC_ACT_UNSPEC;
-    }
-    ctx.set_mark(mark & !DEFER_MARK_BITS);
-    let s = match NPM_SCRATCH.get_ptr_mut(0) {
-        // SAFETY: per-CPU memory used only by this CPU, for this packet.
-        Some(s) => unsafe { &mut *s },
-        None => return TC_ACT_SHOT,
-    };
-    s.pad = 0;
-    let mut seen = Seen { ep_id: 0, now: 0 };
-    let reason = deferred_egress_l3(&ctx, s, src, &mut seen);
-    account(s, DIR_EGRESS, src, ctx.len(), reason, seen)
 }
 
 /// The dry-run signal and mark (one definition, in `npm-common`).

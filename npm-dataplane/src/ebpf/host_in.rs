@@ -36,11 +36,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use aya::programs::SocketFilter;
-use aya::{Ebpf, EbpfLoader};
-use npm_common::{maps, DEFER_MARK_MAGIC, DEFER_MARK_MAGIC_MASK};
+use aya::Ebpf;
+use npm_common::{DEFER_MARK_MAGIC, DEFER_MARK_MAGIC_MASK};
 
 use super::errors::{prog_err, EbpfError};
-use super::loader::read_object;
+use super::loader::load_beside_pins;
 
 /// The socket filter deciding deferred flows delivered to the node.
 pub const PROG_HOST_IN: &str = "host_in";
@@ -239,15 +239,7 @@ impl HostIn {
         for c in remove_stale_host_in_chains() {
             tracing::info!(chain = %c, "host_in: removed the INPUT chain of a pin directory that is gone");
         }
-        let (object, data) = read_object(object)?;
-        let mut loader = EbpfLoader::new();
-        for name in maps::ALL {
-            loader.map_pin_path(name, pin_dir.join(name));
-        }
-        let mut bpf = loader.load(&data).map_err(|source| EbpfError::Load {
-            path: object.clone(),
-            source: Box::new(source),
-        })?;
+        let mut bpf = load_beside_pins(object, pin_dir)?;
         let prog: &mut SocketFilter = bpf
             .program_mut(PROG_HOST_IN)
             .ok_or(EbpfError::ProgramMissing { program: PROG_HOST_IN })?

@@ -124,7 +124,7 @@ pub(crate) fn prog_for(dir: u8) -> &'static str {
 }
 
 /// npm's netlink options: its fixed priority and handle.
-fn nl_options() -> TcAttachOptions {
+pub(crate) fn nl_options() -> TcAttachOptions {
     TcAttachOptions::Netlink(NlOptions {
         priority: TC_PRIORITY,
         handle: tc_handle(),
@@ -133,7 +133,7 @@ fn nl_options() -> TcAttachOptions {
 }
 
 /// The errno of a netlink failure under a program error.
-fn netlink_errno(e: &ProgramError) -> Option<i32> {
+pub(crate) fn netlink_errno(e: &ProgramError) -> Option<i32> {
     match e {
         ProgramError::TcError(TcError::NetlinkError(n)) | ProgramError::NetlinkError(n) => n.raw_os_error(),
         _ => None,

@@ -340,6 +340,22 @@ pub(crate) fn read_object(explicit: Option<&Path>) -> Result<(PathBuf, Vec<u8>),
     Ok((object, data))
 }
 
+/// Loads the object `explicit` (`None`: the loader's search) with every map
+/// of `maps::ALL` adopted from `pin_dir` (pinned there by the endpoint
+/// programs' loader), for the programs that share the endpoints' maps
+/// (`node_exit`, `host_in`); no program is loaded yet.
+pub(crate) fn load_beside_pins(explicit: Option<&Path>, pin_dir: &Path) -> Result<Ebpf, EbpfError> {
+    let (object, data) = read_object(explicit)?;
+    let mut loader = EbpfLoader::new();
+    for name in maps::ALL {
+        loader.map_pin_path(name, pin_dir.join(name));
+    }
+    loader.load(&data).map_err(|source| EbpfError::Load {
+        path: object,
+        source: Box::new(source),
+    })
+}
+
 /// Loads the object `data` (read from `object`) with every map of
 /// `maps::ALL` pinned under `pin_dir` (adopted when already pinned there),
 /// the configurable maps created with `map_sizes` (the fronts with the

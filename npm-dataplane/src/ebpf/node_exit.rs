@@ -32,15 +32,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use aya::programs::links::{FdLink, Link, PinnedLink};
-use aya::programs::tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError};
+use aya::programs::tc::{self, SchedClassifierLink, TcAttachOptions, TcError};
 use aya::programs::{LinkOrder, ProgramError, TcAttachType};
-use aya::{Ebpf, EbpfLoader};
-use npm_common::maps;
+use aya::Ebpf;
 
 use super::errors::{link_err, prog_err, EbpfError};
 use super::features::tcx_supported;
-use super::links::{ifname, AttachMode};
-use super::loader::{load_retrying, prog_mut, read_object};
+use super::links::{ifname, netlink_errno, nl_options, AttachMode};
+use super::loader::{load_beside_pins, load_retrying, prog_mut};
 use super::tc_filters::{self, list_filters, tc_handle, TC_HANDLE, TC_PRIORITY};
 use super::{PROG_NODE_EXIT, PROG_NODE_EXIT_L3};
 
@@ -95,23 +94,6 @@ impl std::fmt::Debug for NodeExit {
                 &self.links.iter().map(|(i, (_, p))| (i, p)).collect::<Vec<_>>(),
             )
             .finish()
-    }
-}
-
-/// npm's netlink filter options (its fixed priority and handle).
-fn nl_options() -> TcAttachOptions {
-    TcAttachOptions::Netlink(NlOptions {
-        priority: TC_PRIORITY,
-        handle: tc_handle(),
-        classid: None,
-    })
-}
-
-/// The errno of a netlink failure under a program error.
-fn netlink_errno(e: &ProgramError) -> Option<i32> {
-    match e {
-        ProgramError::TcError(TcError::NetlinkError(n)) | ProgramError::NetlinkError(n) => n.raw_os_error(),
-        _ => None,
     }
 }
 
@@ -184,15 +166,7 @@ impl NodeExit {
             AttachMode::Auto => AttachMode::Tc,
             m => m,
         };
-        let (object, data) = read_object(object)?;
-        let mut loader = EbpfLoader::new();
-        for name in maps::ALL {
-            loader.map_pin_path(name, pin_dir.join(name));
-        }
-        let mut bpf = loader.load(&data).map_err(|source| EbpfError::Load {
-            path: object.clone(),
-            source: Box::new(source),
-        })?;
+        let mut bpf = load_beside_pins(object, pin_dir)?;
         for p in [PROG_NODE_EXIT, PROG_NODE_EXIT_L3] {
             load_retrying(prog_mut(&mut bpf, p)?).map_err(prog_err(p, "load (verifier)"))?;
         }
