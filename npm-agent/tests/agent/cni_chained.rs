@@ -21,8 +21,10 @@
 //!   (`npm_cni_endpoints_without_add_total`); pods there at the first sync
 //!   are not, even when their interface is found later.
 //!
-//! No root needed: the directories and the socket are in a temp directory
-//! named `npmchain<pid>-<case>`.
+//! No root needed (but for the last test, which runs the real chain in a
+//! netns: names `npmcnia<pid>chainadd...`, subnet 10.246.0.0/16): the
+//! directories and the socket are in a temp directory named
+//! `npmchain<pid>-<case>`.
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
@@ -30,7 +32,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::cni_chain::{Network, Sandbox, Wiring};
 use crate::common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use npm_agent::agent::RunningAgent;
 use npm_agent::cni::{ChainConfig, CniConfig, CHECK_CNI_CHAINED};
 use npm_agent::node::{Resolve, Resolved};
@@ -410,5 +415,55 @@ async fn a_local_pod_that_appears_without_a_cni_add_is_counted() {
     create_pods(&client, vec![pod("nc", "remote", "node-b", Some("10.61.1.3"), &[])], 1).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(metric(&agent, "npm_cni_endpoints_without_add_total"), 1.0);
+    agent.abort();
+}
+
+/// The negative: a pod started through npm-cni (`ptp`, then the real
+/// npm-cni binary, as a runtime runs the chain; root, netns) is not
+/// counted, while a pod of the same agent that got no ADD is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_started_through_npm_cni_is_not_counted() {
+    crate::cni_chain::clear_leftovers();
+    let node = Node::installed("withadd");
+    let net = Arc::new(Network::new("chainadd", Wiring::Ptp, "10.246.0.0/24"));
+    let (_srv, client) = server(true).await;
+    create_namespaces(&client, &[namespace("nca", &[])]).await;
+    let mut cfg = agent_config(100);
+    cfg.cni = Some(CniConfig {
+        keep_chained: node.cni_config().keep_chained,
+        ..CniConfig::new(net.socket.clone())
+    });
+    let dp = RecordingDataplane::default();
+    let agent = start_agent(cfg, client.clone(), dp.clone()).await;
+    wait_until("agent ready", Duration::from_secs(20), || agent.is_ready()).await;
+
+    let mut p = pod("nca", "p", "node-a", None, &[]);
+    p.status.as_mut().unwrap().phase = Some("Pending".into());
+    let pods = Api::<Pod>::namespaced(client.clone(), "nca");
+    let uid = pods
+        .create(&PostParams::default(), &p)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let mut sb = Sandbox::new(&net, "nca", "p", &uid);
+    let chain = tokio::task::block_in_place(|| sb.add());
+    assert!(chain.ok(), "ADD: {:?}", chain.runs);
+    let ip = sb.ip().to_string();
+    let status = serde_json::json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+    pods.patch_status("p", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    assert!(endpoint_with_ip(&dp.lock().state, &ip).is_some(), "programmed at ADD");
+
+    create_pods(&client, vec![pod("nca", "q", "node-a", Some("10.246.1.9"), &[])], 1).await;
+    wait_until("the pod without ADD counted", Duration::from_secs(10), || {
+        metric(&agent, "npm_cni_endpoints_without_add_total") == 1.0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(metric(&agent, "npm_cni_endpoints_without_add_total"), 1.0, "only q");
+    drop(sb);
     agent.abort();
 }
