@@ -533,6 +533,7 @@ async fn main() -> anyhow::Result<()> {
         },
         page_size: 500,
         metrics_addr: None,
+        debug_addr: None,
         cni: None,
         dns: None,
     };

@@ -24,6 +24,9 @@ pub struct AgentConfig {
     pub page_size: u32,
     /// Address of `/metrics`, `/healthz`, `/readyz` (`None`: no server).
     pub metrics_addr: Option<SocketAddr>,
+    /// Address of `/explain` and `/observe` (`None`: not served; see
+    /// [`crate::telemetry::server::debug_router`]).
+    pub debug_addr: Option<SocketAddr>,
     /// The npm-cni socket (`None`: no CNI server; the agent then learns
     /// pods' addresses and interfaces from the API server and routes only).
     pub cni: Option<CniConfig>,
@@ -60,6 +63,8 @@ pub struct RunningAgent {
     pub health: Arc<Health>,
     /// Bound address of the HTTP server.
     pub http_addr: Option<SocketAddr>,
+    /// The bound address of `/explain` and `/observe`, if served.
+    pub debug_addr: Option<SocketAddr>,
     /// This node's CNI facts (empty without a CNI server).
     pub cni_facts: FactsHandle,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -181,19 +186,34 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
         )));
     }
     let mut http_addr = None;
-    if let Some(addr) = cfg.metrics_addr {
-        let state = ServerState {
-            metrics: metrics.clone(),
-            cache: cache.clone(),
-            health: health.clone(),
-            programmed,
-            observe,
-        };
-        let (bound, serve) = server::bind(addr, state).await?;
-        http_addr = Some(bound);
+    let mut debug_addr = None;
+    let state = ServerState {
+        metrics: metrics.clone(),
+        cache: cache.clone(),
+        health: health.clone(),
+        programmed,
+        observe,
+    };
+    for (addr, router, bound_to, what) in [
+        (
+            cfg.metrics_addr,
+            server::router(state.clone()),
+            &mut http_addr,
+            "metrics server",
+        ),
+        (
+            cfg.debug_addr,
+            server::debug_router(state),
+            &mut debug_addr,
+            "debug server",
+        ),
+    ] {
+        let Some(addr) = addr else { continue };
+        let (bound, serve) = server::bind(addr, router).await?;
+        *bound_to = Some(bound);
         tasks.push(tokio::spawn(async move {
             if let Err(e) = serve.await {
-                tracing::error!(error = %e, "metrics server stopped");
+                tracing::error!(error = %e, "{what} stopped");
             }
         }));
     }
@@ -235,6 +255,7 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
         metrics,
         health,
         http_addr,
+        debug_addr,
         cni_facts,
         tasks,
     })

@@ -159,6 +159,11 @@ pub struct RunArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "NPM_METRICS_ADDR", default_value = "0.0.0.0:9090")]
     pub metrics_addr: SocketAddr,
+    /// Address of /explain and /observe, which name pods, policies and
+    /// flows: loopback, reached on the node or through `kubectl
+    /// port-forward` to the agent pod (RBAC on `pods/portforward`).
+    #[arg(long, env = "NPM_DEBUG_ADDR", default_value = "127.0.0.1:9091")]
+    pub debug_addr: SocketAddr,
     /// LIST page size.
     #[arg(long, env = "NPM_PAGE_SIZE", default_value_t = 500)]
     pub page_size: u32,
@@ -327,7 +332,7 @@ pub struct RunArgs {
 #[derive(Parser)]
 pub struct ExplainArgs {
     /// The agent's metrics listener, `http://HOST:PORT`.
-    #[arg(long, env = "NPM_AGENT", default_value = "http://127.0.0.1:9090")]
+    #[arg(long, env = "NPM_AGENT", default_value = "http://127.0.0.1:9091")]
     pub agent: String,
     /// The sender: `NAMESPACE/POD` or an IP address.
     #[arg(long)]
@@ -349,7 +354,7 @@ pub struct ExplainArgs {
 #[derive(Parser)]
 pub struct ObserveArgs {
     /// The agent's metrics listener, `http://HOST:PORT`.
-    #[arg(long, env = "NPM_AGENT", default_value = "http://127.0.0.1:9090")]
+    #[arg(long, env = "NPM_AGENT", default_value = "http://127.0.0.1:9091")]
     pub agent: String,
     /// Print each record as the agent's JSON (one object per line).
     #[arg(long)]
@@ -478,6 +483,7 @@ impl RunArgs {
             },
             page_size: self.page_size,
             metrics_addr: Some(self.metrics_addr),
+            debug_addr: Some(self.debug_addr),
             cni: (!self.cni_socket.as_os_str().is_empty()).then(|| CniConfig {
                 keep_chained: self.cni_conf_dir.clone().map(|conf_dir| ChainConfig {
                     conf_dir,

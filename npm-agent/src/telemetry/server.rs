@@ -155,21 +155,35 @@ async fn readyz(State(s): State<ServerState>, uri: Uri) -> (StatusCode, String) 
     })
 }
 
-/// The router of the endpoints.
+/// The router of the metrics listener: `/metrics`, `/healthz`, `/readyz`
+/// (what the kubelet and Prometheus reach on the node's address). Nothing
+/// here names a flow or answers a reachability question.
 pub fn router(state: ServerState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+/// The router of the debug listener: `/explain` and `/observe`, which name
+/// pods, policies and flows. It listens on loopback (`--debug-addr`,
+/// `127.0.0.1:9091`): reached from the node itself, or through the API
+/// server with `kubectl port-forward` to the agent pod, which needs the
+/// caller's RBAC grant of `pods/portforward` in the agent's namespace (the
+/// agent is a host-network pod: its loopback is the node's, which no other
+/// pod's network namespace reaches).
+pub fn debug_router(state: ServerState) -> Router {
+    Router::new()
         .route("/explain", get(crate::explain::handler))
         .route("/observe", get(super::observe::handler))
         .with_state(state)
 }
 
-/// Bind `addr`; returns the bound address and the serving future.
+/// Bind `addr`; returns the bound address and the future serving `router`.
 pub async fn bind(
     addr: SocketAddr,
-    state: ServerState,
+    router: Router,
 ) -> Result<(SocketAddr, impl std::future::Future<Output = std::io::Result<()>>), ServerError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -177,5 +191,5 @@ pub async fn bind(
     let local = listener
         .local_addr()
         .map_err(|source| ServerError::Bind { addr, source })?;
-    Ok((local, async move { axum::serve(listener, router(state)).await }))
+    Ok((local, async move { axum::serve(listener, router).await }))
 }

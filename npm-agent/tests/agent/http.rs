@@ -77,3 +77,47 @@ async fn health_readiness_and_metrics() {
     drop(agent);
     srv.shutdown().await;
 }
+
+/// The status of `GET path` (its status line only: `/observe` streams).
+async fn status(addr: SocketAddr, path: &str) -> u16 {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut buf))
+        .await
+        .expect("a status line")
+        .unwrap();
+    String::from_utf8_lossy(&buf[9..12]).parse().unwrap_or(0)
+}
+
+/// `/explain` and `/observe` (pod names, policy names, flows) are served
+/// on the debug listener only, never on the metrics listener that the
+/// node's address exposes to every pod: there they are 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flows_and_verdicts_are_not_on_the_metrics_listener() {
+    let (srv, client) = server(true).await;
+    let mut cfg = agent_config(100);
+    cfg.metrics_addr = Some("127.0.0.1:0".parse().unwrap());
+    cfg.debug_addr = Some("127.0.0.1:0".parse().unwrap());
+    let agent = start_agent(cfg, client.clone(), RecordingDataplane::default()).await;
+    let metrics = agent.http_addr.expect("metrics bound");
+    let debug = agent.debug_addr.expect("debug bound");
+    wait_until("ready", Duration::from_secs(30), || agent.is_ready()).await;
+    for path in ["/observe", "/explain?from=a/b&to=c/d&port=80"] {
+        assert_eq!(status(metrics, path).await, 404, "{path} on the metrics listener");
+    }
+    // /observe streams: only its status line is read.
+    assert_eq!(status(debug, "/observe").await, 200);
+    // The debug listener answers them (explain: 400 for pods it does not
+    // know, or 503 before the explain configuration is set; never 404).
+    let (code, body) = get(debug, "/explain?from=a/b&to=c/d&port=80").await;
+    assert_ne!(code, 404, "{body}");
+    for path in ["/metrics", "/readyz"] {
+        assert_eq!(get(debug, path).await.0, 404, "{path} on the debug listener");
+    }
+    assert_eq!(get(metrics, "/readyz").await.0, 200);
+    drop(agent);
+    srv.shutdown().await;
+}

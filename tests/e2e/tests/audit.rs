@@ -203,7 +203,7 @@ fn run(engine: Engine) {
         ..Options::default()
     })
     .expect("start the live runner");
-    let agent = format!("http://{}", r.metrics_addr().expect("the agent's metrics address"));
+    let agent = format!("http://{}", r.debug_addr().expect("the agent's debug address"));
     let observer = Observer::start(&agent);
     let case = format!(
         "id: audit-setup\nsteps:\n  - actions:\n      - create_policy:\n{}\n    probes: []\n",

@@ -25,7 +25,7 @@ use serde_json::Value;
 
 /// `npm-agent explain --json` from `from` to `to` on TCP `port`.
 fn explain(r: &LiveRunner, from: &str, to: &str, port: u16, json: bool) -> String {
-    let addr = r.metrics_addr().expect("the agent's metrics address");
+    let addr = r.debug_addr().expect("the agent's debug address");
     let mut cmd = Command::new(agent_bin());
     cmd.args([
         "explain",

@@ -186,7 +186,7 @@ fn run(engine: Engine) {
     let c_to_a = [probe(&r, "z/c", "x/a", 80)];
     // Until 80 connects and 81 does not.
     wait_enforced(&format!("{engine:?}"), &cfg, &allowed, &from_a);
-    let agent = format!("http://{}", r.metrics_addr().expect("the agent's metrics address"));
+    let agent = format!("http://{}", r.debug_addr().expect("the agent's debug address"));
     eprintln!("{engine:?}: enforced after {:?}", t0.elapsed());
 
     let all = Observer::start(&agent, &[]);
@@ -196,7 +196,7 @@ fn run(engine: Engine) {
     // The human form, for x/a only.
     let text = Observer::spawn(&agent, &["--pod", "x/a"]);
     // A subscriber that never reads its stream.
-    let mut idle = TcpStream::connect(r.metrics_addr().unwrap()).expect("connect");
+    let mut idle = TcpStream::connect(r.debug_addr().unwrap()).expect("connect");
     write!(idle, "GET /observe HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
 
     probe_until(&all, &from_a, &cfg, "x/a -> y/b:81 deny", |v| {

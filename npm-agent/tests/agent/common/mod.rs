@@ -241,6 +241,7 @@ pub fn agent_config(page_size: u32) -> AgentConfig {
         },
         page_size,
         metrics_addr: None,
+        debug_addr: None,
         cni: None,
         dns: None,
     }

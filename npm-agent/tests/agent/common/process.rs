@@ -58,6 +58,8 @@ pub fn spawn_agent_run_with(
     cmd.arg("--kubeconfig")
         .arg(kubeconfig)
         .args(["--metrics-addr", &metrics.to_string()])
+        // A port of its own (the default would collide between agents).
+        .args(["--debug-addr", &free_port().to_string()])
         .args(["--interface-pattern", interface_pattern])
         .args(["--log-level", "info"])
         // No npm-cni socket: the default path is the host's.

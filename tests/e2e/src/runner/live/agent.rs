@@ -20,6 +20,8 @@ pub(super) struct Agent {
     child: Child,
     log: PathBuf,
     pub(super) metrics: SocketAddr,
+    /// `/explain` and `/observe` (loopback of the agent's netns).
+    pub(super) debug: SocketAddr,
     /// A node agent's own pin directory (removed after it stopped).
     pub(super) pin_dir: Option<PathBuf>,
 }
@@ -132,6 +134,9 @@ impl LiveRunner {
             Engine::Nftables => "nftables",
             _ => "ebpf",
         };
+        // The debug listener on the agent's loopback, on a port of its own
+        // (one-node agents share the root netns with other tests).
+        let debug = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let bin_abs = std::fs::canonicalize(&bin).unwrap_or_else(|_| bin.clone());
         let mut cmd = match spec.node {
             Some(node) => node.command(&bin_abs),
@@ -149,6 +154,8 @@ impl LiveRunner {
             .arg(spec.nft_table)
             .arg("--metrics-addr")
             .arg(spec.metrics.to_string())
+            .arg("--debug-addr")
+            .arg(debug.to_string())
             .args(&self.opts.agent_args)
             .stdin(Stdio::null())
             .stdout(logf)
@@ -165,6 +172,7 @@ impl LiveRunner {
             child,
             log,
             metrics: spec.metrics,
+            debug,
             pin_dir: spec.node.map(|_| spec.pin_dir.to_path_buf()),
         })
     }

@@ -148,6 +148,12 @@ impl LiveRunner {
         self.agents.first().map(|a| a.metrics)
     }
 
+    /// The first agent's `/explain` and `/observe` address (its loopback:
+    /// reachable from the root netns for the one-node cluster's agent).
+    pub fn debug_addr(&self) -> Option<SocketAddr> {
+        self.agents.first().map(|a| a.debug)
+    }
+
     /// Every agent's metrics/health address (one per node).
     pub fn metrics_addrs(&self) -> Vec<SocketAddr> {
         self.agents.iter().map(|a| a.metrics).collect()
