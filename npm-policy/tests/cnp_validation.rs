@@ -568,7 +568,7 @@ fn a_subject_not_understood_keeps_the_last_valid_version() {
     let decisions = |t: &std::collections::BTreeMap<
         npm_policy::compiled::TierEntry,
         npm_policy::compiled::TierValue,
-    >| { t.iter().map(|(e, v)| (e.clone(), v.action, v.rank)).collect::<Vec<_>>() };
+    >| { t.iter().map(|(e, v)| (*e, v.action, v.rank)).collect::<Vec<_>>() };
     let with_v1 = decisions(&c.compiled().tiers);
     assert!(!with_v1.is_empty(), "v1 selects namespace x's pods");
     assert!(c.apply_cluster_policy(&v2).is_err());
