@@ -40,7 +40,7 @@ use aya::Ebpf;
 use npm_common::{DEFER_MARK_MAGIC, DEFER_MARK_MAGIC_MASK};
 
 use super::errors::{prog_err, EbpfError};
-use super::loader::load_beside_pins;
+use super::loader::{load_beside_pins, too_large, BenchSwitches};
 
 /// The socket filter deciding deferred flows delivered to the node.
 pub const PROG_HOST_IN: &str = "host_in";
@@ -239,13 +239,30 @@ impl HostIn {
         for c in remove_stale_host_in_chains() {
             tracing::info!(chain = %c, "host_in: removed the INPUT chain of a pin directory that is gone");
         }
-        let mut bpf = load_beside_pins(object, pin_dir)?;
+        let load = |switches| -> Result<Ebpf, EbpfError> {
+            let mut bpf = load_beside_pins(object, pin_dir, switches)?;
+            let prog: &mut SocketFilter = bpf
+                .program_mut(PROG_HOST_IN)
+                .ok_or(EbpfError::ProgramMissing { program: PROG_HOST_IN })?
+                .try_into()
+                .map_err(prog_err(PROG_HOST_IN, "not a socket filter"))?;
+            prog.load().map_err(prog_err(PROG_HOST_IN, "load (verifier)"))?;
+            Ok(bpf)
+        };
+        // As the pod programs: without the precomputed layers where the
+        // verifier refuses the full program.
+        let mut bpf = match load(BenchSwitches::default()) {
+            Err(e) if too_large(&e) => {
+                tracing::warn!(error = %e, "host_in: the verifier refused the full program; loading it without the precomputed layers");
+                load(BenchSwitches::reduced())?
+            }
+            r => r?,
+        };
         let prog: &mut SocketFilter = bpf
             .program_mut(PROG_HOST_IN)
             .ok_or(EbpfError::ProgramMissing { program: PROG_HOST_IN })?
             .try_into()
             .map_err(prog_err(PROG_HOST_IN, "not a socket filter"))?;
-        prog.load().map_err(prog_err(PROG_HOST_IN, "load (verifier)"))?;
         let pin = host_in_pin(pin_dir);
         // The rules hold the program they were written with: a new pin
         // takes effect when the chain is written again below.

@@ -20,8 +20,11 @@ pub const INSTALLED_OBJECT: &str = "/usr/lib/npm/npm-ebpf.o";
 /// Environment variable naming the object to load.
 pub const OBJECT_ENV: &str = "NPM_EBPF_OBJECT";
 
-/// Benchmark-only switches of `EbpfDataplane::open_with` (feature
-/// `testing`); the defaults are production behaviour.
+/// Switches of the datapath's precomputed layers, read-only globals the
+/// verifier prunes on: benchmark-only through `EbpfDataplane::open_with`
+/// (feature `testing`), and [`BenchSwitches::reduced`] where the kernel's
+/// verifier refuses the whole program as too large. The defaults are
+/// production behaviour.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BenchSwitches {
     /// The datapath's per-CPU flow cache is neither read nor filled, so
@@ -340,16 +343,63 @@ pub(crate) fn read_object(explicit: Option<&Path>) -> Result<(PathBuf, Vec<u8>),
     Ok((object, data))
 }
 
+impl BenchSwitches {
+    /// The datapath without its precomputed layers (the folded decisions,
+    /// the decision cache, the policy and tier fronts): every decision is
+    /// taken by the LPMs, the truth, with the same verdicts, at a higher
+    /// per-packet cost. The verifier prunes those layers' branches (the
+    /// switches are read-only globals), so the programs it must walk are a
+    /// tenth of the full ones (on 6.18: `to_pod` 62,000 instructions instead
+    /// of 600,000): what a kernel whose verifier refuses the full program as
+    /// too large (Debian 12's 6.1: 1,000,000 instructions, `E2BIG`) loads.
+    pub fn reduced() -> Self {
+        BenchSwitches {
+            no_decision_cache: true,
+            no_policy_front: true,
+            no_tier_front: true,
+            no_fold: true,
+            ..BenchSwitches::default()
+        }
+    }
+}
+
+/// Whether `e` is the verifier refusing a program as too large (`E2BIG`
+/// from `BPF_PROG_LOAD`: the 1,000,000-instruction complexity limit).
+pub(crate) fn too_large(e: &EbpfError) -> bool {
+    matches!(e, EbpfError::Program { .. }) && e.raw_os_error() == Some(libc::E2BIG)
+}
+
+/// Sets the switches' read-only globals on `loader`.
+fn set_switches(loader: &mut EbpfLoader, switches: BenchSwitches) {
+    for (name, on) in [
+        ("NPM_BENCH_NO_FLOW_CACHE", switches.no_flow_cache),
+        ("NPM_BENCH_NO_DECISION_CACHE", switches.no_decision_cache),
+        ("NPM_BENCH_NO_FAST_V4", switches.no_fast_v4),
+        ("NPM_BENCH_NO_POLICY_FRONT", switches.no_policy_front),
+        ("NPM_BENCH_NO_TIER_FRONT", switches.no_tier_front),
+        ("NPM_BENCH_NO_FOLD", switches.no_fold),
+    ] {
+        const ON: u8 = 1;
+        const OFF: u8 = 0;
+        loader.override_global(name, if on { &ON } else { &OFF }, true);
+    }
+}
+
 /// Loads the object `explicit` (`None`: the loader's search) with every map
 /// of `maps::ALL` adopted from `pin_dir` (pinned there by the endpoint
-/// programs' loader), for the programs that share the endpoints' maps
-/// (`node_exit`, `host_in`); no program is loaded yet.
-pub(crate) fn load_beside_pins(explicit: Option<&Path>, pin_dir: &Path) -> Result<Ebpf, EbpfError> {
+/// programs' loader) and `switches`, for the programs that share the
+/// endpoints' maps (`node_exit`, `host_in`); no program is loaded yet.
+pub(crate) fn load_beside_pins(
+    explicit: Option<&Path>,
+    pin_dir: &Path,
+    switches: BenchSwitches,
+) -> Result<Ebpf, EbpfError> {
     let (object, data) = read_object(explicit)?;
     let mut loader = EbpfLoader::new();
     for name in maps::ALL {
         loader.map_pin_path(name, pin_dir.join(name));
     }
+    set_switches(&mut loader, switches);
     loader.load(&data).map_err(|source| EbpfError::Load {
         path: object,
         source: Box::new(source),
@@ -394,18 +444,7 @@ pub(crate) fn load(
     loader.override_global("NPM_TIER_FRONT_SHIFT", &tier_shift, true);
     let bench: u8 = bench_no_ct_create.into();
     loader.override_global("NPM_BENCH_NO_CT_CREATE", &bench, true);
-    let no_cache: u8 = switches.no_flow_cache.into();
-    loader.override_global("NPM_BENCH_NO_FLOW_CACHE", &no_cache, true);
-    let no_decisions: u8 = switches.no_decision_cache.into();
-    loader.override_global("NPM_BENCH_NO_DECISION_CACHE", &no_decisions, true);
-    let no_fast: u8 = switches.no_fast_v4.into();
-    loader.override_global("NPM_BENCH_NO_FAST_V4", &no_fast, true);
-    let no_front: u8 = switches.no_policy_front.into();
-    loader.override_global("NPM_BENCH_NO_POLICY_FRONT", &no_front, true);
-    let no_tier_front: u8 = switches.no_tier_front.into();
-    loader.override_global("NPM_BENCH_NO_TIER_FRONT", &no_tier_front, true);
-    let no_fold: u8 = switches.no_fold.into();
-    loader.override_global("NPM_BENCH_NO_FOLD", &no_fold, true);
+    set_switches(&mut loader, switches);
     let mut bpf = loader.load(data).map_err(|source| EbpfError::Load {
         path: object.to_path_buf(),
         source: Box::new(source),

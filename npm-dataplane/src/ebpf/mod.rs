@@ -274,7 +274,17 @@ impl EbpfDataplane {
         let (object, data) = loader::read_object(opts.object.as_deref())?;
         let pin_dir = opts.pin_dir.clone();
         pins::prepare(&pin_dir)?;
-        let mut bpf = loader::load(&object, &data, &pin_dir, &map_sizes, opts.bench_no_ct_create, switches)?;
+        let load = |switches| loader::load(&object, &data, &pin_dir, &map_sizes, opts.bench_no_ct_create, switches);
+        let mut bpf = match load(switches) {
+            // The kernel's verifier refuses the whole program (older
+            // verifiers prune less): the datapath without its precomputed
+            // layers, the same verdicts from the LPMs.
+            Err(e) if switches == loader::BenchSwitches::default() && loader::too_large(&e) => {
+                tracing::warn!(error = %e, "the kernel's verifier refused the full datapath as too large: loading it without its precomputed layers (fold, decision cache, policy and tier fronts); the verdicts are the same, decided by the LPMs at a higher cost per packet");
+                load(loader::BenchSwitches::reduced())?
+            }
+            r => r?,
+        };
         let sizes = pins::effective_sizes(&bpf, &pin_dir, map_sizes)?;
         let endpoints = EndpointTable::take(&mut bpf)?;
         let ipcache = IpcacheTable::take(&mut bpf)?;

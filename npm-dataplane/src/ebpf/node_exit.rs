@@ -39,7 +39,7 @@ use aya::Ebpf;
 use super::errors::{link_err, prog_err, EbpfError};
 use super::features::tcx_supported;
 use super::links::{ifname, netlink_errno, nl_options, AttachMode};
-use super::loader::{load_beside_pins, load_retrying, prog_mut};
+use super::loader::{load_beside_pins, load_retrying, prog_mut, too_large, BenchSwitches};
 use super::tc_filters::{self, list_filters, tc_handle, TC_HANDLE, TC_PRIORITY};
 use super::{PROG_NODE_EXIT, PROG_NODE_EXIT_L3};
 
@@ -166,10 +166,22 @@ impl NodeExit {
             AttachMode::Auto => AttachMode::Tc,
             m => m,
         };
-        let mut bpf = load_beside_pins(object, pin_dir)?;
-        for p in [PROG_NODE_EXIT, PROG_NODE_EXIT_L3] {
-            load_retrying(prog_mut(&mut bpf, p)?).map_err(prog_err(p, "load (verifier)"))?;
-        }
+        let load = |switches| -> Result<Ebpf, EbpfError> {
+            let mut bpf = load_beside_pins(object, pin_dir, switches)?;
+            for p in [PROG_NODE_EXIT, PROG_NODE_EXIT_L3] {
+                load_retrying(prog_mut(&mut bpf, p)?).map_err(prog_err(p, "load (verifier)"))?;
+            }
+            Ok(bpf)
+        };
+        // As the pod programs: without the precomputed layers where the
+        // verifier refuses the full program.
+        let bpf = match load(BenchSwitches::default()) {
+            Err(e) if too_large(&e) => {
+                tracing::warn!(error = %e, "node_exit: the verifier refused the full program; loading it without the precomputed layers");
+                load(BenchSwitches::reduced())?
+            }
+            r => r?,
+        };
         let dir = exit_dir(pin_dir);
         std::fs::create_dir_all(&dir).map_err(|source| EbpfError::PinDir {
             path: dir.clone(),
