@@ -791,6 +791,26 @@ fn a_dry_run_confirms_no_pending_entry_and_writes_no_conntrack() {
     assert_eq!(dp.ct_entries(), all_before, "a dry run wrote conntrack state");
 }
 
+/// The host-backend tests' states for endpoints `at` (endpoint 1 is a):
+/// a may reach only endpoint 2 on TCP 8080 (the host denied), then also the
+/// host on TCP 9443, the backend's port; `node_ip` is the ipcache's host
+/// entry, as the agent's node addresses are.
+fn host_backend_states(at: &[(Ipv4Addr, bool, bool)], node_ip: &str) -> (Compiled, Compiled) {
+    let mut denied = compiled_at(at, &[], &[(2, Protocol::Tcp, 8080)]);
+    ip(&mut denied, node_ip, IDENTITY_HOST, 0);
+    let mut allowed = denied.clone();
+    allow(
+        &mut allowed,
+        1,
+        Direction::Egress,
+        IDENTITY_HOST,
+        Some(Protocol::Tcp),
+        (9443, 9443),
+        7,
+    );
+    (denied, allowed)
+}
+
 /// A Service whose backend is on the node's own host network (kube-proxy
 /// DNATs the ClusterIP to a node address, as for `kubernetes.default` on
 /// k3s or kind): the packet is delivered to the node after the DNAT and
@@ -822,16 +842,10 @@ fn host_network_backends_are_decided_at_input() {
 
     let pins = PinDir::new("svc-host");
     let mut dp: EbpfDataplane = pins.open();
-    let pods = [(&a, true, true), (&b, false, false)];
     let ifs = interfaces(&[&a, &b]);
-    // The agent's ipcache holds the node's own addresses as the host.
-    let with_host = |mut c: Compiled| {
-        ip(&mut c, &node_ip.to_string(), IDENTITY_HOST, 0);
-        c
-    };
+    let (denied, allowed) = host_backend_states(&[(a.ip, true, true), (b.ip, false, false)], &node_ip.to_string());
     // a may reach only pod b on 8080.
-    dp.sync_full(&with_host(compiled(&pods, &[], &[(2, Protocol::Tcp, 8080)])), &ifs)
-        .unwrap();
+    dp.sync_full(&denied, &ifs).unwrap();
     program_services(&pins, &[(cip, 443, proto::TCP)]);
     let mut hi = host_in(&pins);
     assert_eq!(
@@ -872,17 +886,7 @@ fn host_network_backends_are_decided_at_input() {
 
     // a may reach the host on 9443 (the backend's port, after the DNAT):
     // allowed through the ClusterIP, as directly.
-    let mut c = with_host(compiled(&pods, &[], &[(2, Protocol::Tcp, 8080)]));
-    allow(
-        &mut c,
-        1,
-        Direction::Egress,
-        IDENTITY_HOST,
-        Some(Protocol::Tcp),
-        (9443, 9443),
-        7,
-    );
-    dp.sync_full(&c, &ifs).unwrap();
+    dp.sync_full(&allowed, &ifs).unwrap();
     assert_eq!(probe(&a.ns.name, cip, 443, "tcp", 3), ["host"; 3]);
     assert_eq!(probe(&a.ns.name, node_ip, 9443, "tcp", 1), ["host"]);
 
@@ -1016,26 +1020,11 @@ fn nftables_decides_host_network_backends_too() {
         netns: Some(node.name.clone()),
     })
     .expect("nft dataplane");
-    let at = [(ips[0], true, true), (ips[1], false, false)];
-    let with_host = |mut c: Compiled| {
-        ip(&mut c, node_ip, IDENTITY_HOST, 0);
-        c
-    };
-    dp.sync_full(&with_host(compiled_at(&at, &[], &[(2, Protocol::Tcp, 8080)])), &ifs)
-        .unwrap();
+    let (denied, allowed) = host_backend_states(&[(ips[0], true, true), (ips[1], false, false)], node_ip);
+    dp.sync_full(&denied, &ifs).unwrap();
     assert_eq!(probe(&pods[0].name, cip, 443, "tcp", 2), ["FAIL"; 2]);
     assert_eq!(probe(&pods[0].name, node_addr, 9443, "tcp", 1), ["FAIL"]);
-    let mut c = with_host(compiled_at(&at, &[], &[(2, Protocol::Tcp, 8080)]));
-    allow(
-        &mut c,
-        1,
-        Direction::Egress,
-        IDENTITY_HOST,
-        Some(Protocol::Tcp),
-        (9443, 9443),
-        7,
-    );
-    dp.sync_full(&c, &ifs).unwrap();
+    dp.sync_full(&allowed, &ifs).unwrap();
     assert_eq!(probe(&pods[0].name, cip, 443, "tcp", 2), ["host"; 2]);
     assert_eq!(probe(&pods[0].name, node_addr, 9443, "tcp", 1), ["host"]);
 }
