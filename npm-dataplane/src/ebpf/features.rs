@@ -93,10 +93,20 @@ impl fmt::Display for Missing {
 
 /// The kernel lacks what the datapath needs: every missing feature.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("the kernel cannot run the npm datapath; missing: {}", .missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+#[error("the kernel {release} cannot run the npm datapath; missing: {}", .missing.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
 pub struct MissingFeatures {
+    /// The running kernel's release (`/proc/sys/kernel/osrelease`, as
+    /// `uname -r` prints it; `unknown` when unreadable).
+    pub release: String,
     /// What is missing.
     pub missing: Vec<Missing>,
+}
+
+/// The running kernel's release, as `uname -r` prints it.
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|r| r.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 /// What the attach probes found.
@@ -215,7 +225,10 @@ pub fn check_kernel(mode: AttachMode) -> Result<KernelFeatures, MissingFeatures>
     if missing.is_empty() {
         Ok(KernelFeatures { tcx, clsact })
     } else {
-        Err(MissingFeatures { missing })
+        Err(MissingFeatures {
+            release: kernel_release(),
+            missing,
+        })
     }
 }
 
@@ -226,6 +239,7 @@ mod tests {
     #[test]
     fn the_error_names_every_missing_feature() {
         let e = MissingFeatures {
+            release: "5.10.0-46-amd64".into(),
             missing: vec![
                 Missing::Btf,
                 Missing::MapType("ring buffer (5.8)"),
@@ -233,6 +247,7 @@ mod tests {
             ],
         };
         let text = e.to_string();
+        assert!(text.starts_with("the kernel 5.10.0-46-amd64 cannot run"), "{text}");
         assert!(text.contains("kernel BTF (/sys/kernel/btf/vmlinux"), "{text}");
         assert!(text.contains("map type ring buffer (5.8)"), "{text}");
         assert!(text.contains("neither tcx (6.6) nor the clsact qdisc"), "{text}");
