@@ -20,8 +20,6 @@ use std::sync::Arc;
 
 use crate::cnp_support::cnp;
 use crate::common::*;
-use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::watcher::Event;
 use npm_agent::k8s::{direct_read_with, Cache, ClusterNetworkPolicy, ClusterPolicyMode, CompleteState};
 use npm_agent::reconcile::{SyncError, Syncer};
@@ -45,23 +43,7 @@ impl Setup {
         self.metrics = Metrics::new().unwrap();
         self.cache = Cache::with_cluster_policies(self.metrics.clone(), ClusterPolicyMode::Auto);
         self.syncer = test_syncer(&self.cache, self.dp.clone(), client).build();
-        self.cache.handle::<Namespace>(Event::Init);
-        for n in &self.state.namespaces {
-            self.cache.handle(Event::InitApply((**n).clone()));
-        }
-        self.cache.handle::<Namespace>(Event::InitDone);
-        self.cache.handle::<CachedPod>(Event::Init);
-        for p in &self.state.pods {
-            self.cache.handle(Event::InitApply((**p).clone()));
-        }
-        self.cache.handle::<CachedPod>(Event::InitDone);
-        self.cache.handle::<NetworkPolicy>(Event::Init);
-        self.cache.handle::<NetworkPolicy>(Event::InitDone);
-        self.cache.handle::<ClusterNetworkPolicy>(Event::Init);
-        for c in cnps {
-            self.cache.handle(Event::InitApply(c.clone()));
-        }
-        self.cache.handle::<ClusterNetworkPolicy>(Event::InitDone);
+        feed(&self.cache, &self.state, cnps);
     }
 
     /// Tier entries in the recording dataplane.
@@ -114,15 +96,21 @@ async fn cluster(subnet: &str) -> (TestApiServer, kube::Client, CompleteState) {
 /// and the ClusterNetworkPolicies `cnps`.
 fn fed(state: &CompleteState, cnps: &[ClusterNetworkPolicy]) -> Arc<Cache> {
     let cache = Cache::with_cluster_policies(Metrics::new().unwrap(), ClusterPolicyMode::Auto);
+    feed(&cache, state, cnps);
+    cache
+}
+
+/// Feeds `cache` complete lists of `state`'s namespaces and pods, no
+/// NetworkPolicy and the ClusterNetworkPolicies `cnps`.
+fn feed(cache: &Cache, state: &CompleteState, cnps: &[ClusterNetworkPolicy]) {
     let mut no_policies = state.clone();
     no_policies.policies = Default::default();
-    feed_cache(&cache, &no_policies, |_| true);
+    feed_cache(cache, &no_policies, |_| true);
     cache.handle::<ClusterNetworkPolicy>(Event::Init);
     for c in cnps {
         cache.handle(Event::InitApply(c.clone()));
     }
     cache.handle::<ClusterNetworkPolicy>(Event::InitDone);
-    cache
 }
 
 struct Netns(String);
