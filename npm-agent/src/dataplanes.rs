@@ -135,6 +135,9 @@ impl AgentDataplane for EbpfDataplane {
     fn events_lost(&self) -> Option<u64> {
         EbpfDataplane::events_lost(self).ok()
     }
+    fn reduced_datapath(&self) -> Option<bool> {
+        Some(EbpfDataplane::reduced_datapath(self))
+    }
     fn fit(
         &self,
         programmed: Option<&npm_policy::compiled::Compiled>,

@@ -180,6 +180,7 @@ fn compiled(policy: usize, ipcache: usize) -> Compiled {
         IpEntry {
             identity: 300,
             cidr_identity: npm_common::IDENTITY_FIRST_CIDR,
+            owner: 0,
         },
     );
     for i in 0..ipcache.saturating_sub(1) {
@@ -190,6 +191,7 @@ fn compiled(policy: usize, ipcache: usize) -> Compiled {
             IpEntry {
                 identity: 1000 + (i as u32 % 5000),
                 cidr_identity: 0,
+                owner: 0,
             },
         );
     }

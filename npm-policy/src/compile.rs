@@ -524,6 +524,7 @@ pub(crate) fn compile_with_peers(
                 IpEntry {
                     identity: id,
                     cidr_identity: cidr_of(*ip),
+                    owner: IpEntry::pod_owner(&pod.uid),
                 },
             );
         }
@@ -544,6 +545,7 @@ pub(crate) fn compile_with_peers(
             IpEntry {
                 identity: node_id[&node.labels],
                 cidr_identity: cidr_of(*ip),
+                owner: 0,
             },
         );
     }
@@ -555,6 +557,7 @@ pub(crate) fn compile_with_peers(
             IpEntry {
                 identity: IDENTITY_HOST,
                 cidr_identity: cidr_of(*ip),
+                owner: 0,
             },
         );
     }

@@ -94,6 +94,27 @@ pub struct IpEntry {
     pub identity: u32,
     /// Identity of the longest ipBlock prefix containing the address, 0 for none.
     pub cidr_identity: u32,
+    /// Who holds the address: [`IpEntry::pod_owner`] of the owning pod's
+    /// UID, 0 for a node or host address. Identities are shared by every
+    /// pod with the same labels, so only this tells that an address changed
+    /// hands (a recycled pod IP): the dataplanes then drop the connections
+    /// the old owner had with local pods. Not written to the kernel's
+    /// ipcache.
+    #[serde(default)]
+    pub owner: u64,
+}
+
+impl IpEntry {
+    /// The [`IpEntry::owner`] of a pod's addresses: its UID hashed (FNV-1a,
+    /// 64 bits), never 0.
+    pub fn pod_owner(uid: &str) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in uid.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h.max(1)
+    }
 }
 
 /// A pod, by reference.

@@ -218,6 +218,9 @@ fn lint() -> Result<()> {
 }
 
 /// The whole suite, as CI runs it.
+/// The `cargo xtask vm matrix` row CI runs (the others run on demand).
+const CI_VM_ROW: &str = "debian-6.1";
+
 fn test(no_setup: bool) -> Result<()> {
     let started = Instant::now();
     if !no_setup {
@@ -270,6 +273,15 @@ fn test(no_setup: bool) -> Result<()> {
     // probes, use the debug binaries built above: they share no cargo
     // lock (`target/release` vs `target/debug`).
     let release = Background::start(cargo().args(image::release_build_args()), "release-build")?;
+    // The VM row: Debian 12's 6.1 kernel under qemu (TCG, one core): no
+    // tcx (tc clsact filters), a verifier that refuses the full datapath
+    // (the reduced one loads), real IPIP and WireGuard; its checks are
+    // listed in `xtask/src/vm/matrix.rs`. Beside the conformance runs, as
+    // the release build; everything it starts was built above.
+    let vm_row = Background::start(
+        Command::new(std::env::current_exe().context("the xtask binary")?).args(["vm", "matrix", "--row", CI_VM_ROW]),
+        "vm-matrix",
+    )?;
     for args in [
         &["--dataplane", "simulate"][..],
         &[
@@ -307,6 +319,15 @@ fn test(no_setup: bool) -> Result<()> {
         conformance_with(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
     }
     release.finish()?;
+    let vm_log = vm_row.finish()?;
+    // The row's verdicts and figures (checks, seconds, verified
+    // instructions) in the suite's output.
+    for l in vm_log
+        .lines()
+        .filter(|l| l.starts_with(CI_VM_ROW) || l.contains(" passed, "))
+    {
+        eprintln!("xtask: vm: {l}");
+    }
     // The shipped artefact: the OCI image, run as the chart runs it (its
     // release build already ran beside the conformance runs).
     let tag = image::image()?;
@@ -346,8 +367,9 @@ impl Background {
         Ok(Self { child, shown, log })
     }
 
-    /// Waits for it; its log is printed when it failed.
-    fn finish(mut self) -> Result<()> {
+    /// Waits for it; its log is printed when it failed, and returned when
+    /// it succeeded.
+    fn finish(mut self) -> Result<String> {
         let status = self
             .child
             .wait()
@@ -358,7 +380,7 @@ impl Background {
             bail!("{} failed with {status}", self.shown);
         }
         eprintln!("xtask: background {} done", self.shown);
-        Ok(())
+        Ok(std::fs::read_to_string(&self.log).unwrap_or_default())
     }
 }
 

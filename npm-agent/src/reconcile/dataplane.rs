@@ -58,6 +58,11 @@ pub trait AgentDataplane: Dataplane + Send {
     fn events_lost(&self) -> Option<u64> {
         None
     }
+    /// Whether the datapath runs without its precomputed layers because the
+    /// kernel's verifier refused the full programs (eBPF), if it can tell.
+    fn reduced_datapath(&self) -> Option<bool> {
+        None
+    }
     /// Degraded mode: `None` when `target` fits the dataplane's maps (when
     /// `diff`, the change from `programmed`, is given, a cheap bound on it
     /// may decide), else the largest fail-closed part of `target` that
@@ -107,6 +112,9 @@ impl AgentDataplane for Box<dyn AgentDataplane> {
     }
     fn events_lost(&self) -> Option<u64> {
         (**self).events_lost()
+    }
+    fn reduced_datapath(&self) -> Option<bool> {
+        (**self).reduced_datapath()
     }
     fn fit(
         &self,

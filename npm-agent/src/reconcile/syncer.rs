@@ -343,6 +343,9 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
         } = self;
         let resolver = resolver.unwrap_or_else(|| Box::new(InterfaceResolver::new(None)));
         let metrics = cache.metrics().clone();
+        if let Some(reduced) = dataplane.reduced_datapath() {
+            metrics.datapath_reduced(reduced);
+        }
         let readiness = health.unwrap_or_else(|| Arc::new(Health::default().with_metrics(metrics.clone())));
         let flowlog = match &observe {
             Some(hub) => FlowLog::with_writer(cfg.flow_logs_per_sec, hub.tee(Box::new(std::io::stdout()))),

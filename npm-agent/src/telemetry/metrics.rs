@@ -119,6 +119,7 @@ pub const SERIES: &[Series] = &[
     series("npm_dns_learned", G, N, &["kind"], "Names (kind=names) and addresses (kind=addresses) learned from the DNS answers of the trusted servers (--dns-server): what ClusterNetworkPolicy domainNames peers match."),
     series("npm_dns_evicted_total", C, N, &[], "Learned (name, address) pairs dropped before their TTL because the learner's bounds were reached (256 addresses a name, 10,000 names, 16,384 addresses)."),
     series("npm_dns_responses_total", C, N, &["result"], "DNS responses of the trusted servers read (result: learned = taught a new address, held until programmed; unparsable; hold_expired = released before its addresses were programmed; read = every one)."),
+    series("npm_datapath_reduced", G, None, &[], "1 when the kernel's verifier refused the full eBPF datapath as too large and the reduced one runs (every decision by the policy LPMs, no precomputed layers: the same verdicts at a higher cost per packet), else 0 (eBPF dataplane only)."),
     series("npm_map_full", G, N, &["map"], "1 while the compiled state does not fit this kernel map (eBPF dataplane) and a reduced, fail-closed state is programmed (degraded mode), else 0."),
     series("npm_packets_total", C, N, &["direction", "reason", "verdict"], "Packets classified by the datapath, by direction, reason and verdict."),
     series("npm_bytes_total", C, B, &["direction", "reason", "verdict"], "Bytes of the packets classified by the datapath, by direction, reason and verdict."),
@@ -423,6 +424,11 @@ impl Metrics {
             }
             metrics::counter!("npm_dns_evicted_total").increment(counts[4]);
         });
+    }
+
+    /// Set `npm_datapath_reduced` (see its help text).
+    pub fn datapath_reduced(&self, reduced: bool) {
+        self.with(|| metrics::gauge!("npm_datapath_reduced").set(if reduced { 1.0 } else { 0.0 }));
     }
 
     /// Set `npm_map_full{map}`: 1 while the compiled state does not fit

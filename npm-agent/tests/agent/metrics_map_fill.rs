@@ -48,6 +48,7 @@ fn map_entries_and_capacity_metrics_have_the_kernel_values() {
             IpEntry {
                 identity: 300 + i % 7,
                 cidr_identity: 0,
+                owner: 0,
             },
         );
     }

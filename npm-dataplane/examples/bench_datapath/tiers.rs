@@ -96,6 +96,7 @@ fn compiled(n: usize) -> Compiled {
             IpEntry {
                 identity,
                 cidr_identity: BLOCK,
+                owner: 0,
             },
         );
     }

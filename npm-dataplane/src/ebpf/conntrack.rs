@@ -4,11 +4,12 @@
 //! counts and reads them, purges those of endpoints that went away or were
 //! renumbered, and copies them from an older map layout.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::Ebpf;
-use npm_common::{maps, CtKey, CtKey4, CtValue, FragKey, FragValue};
+use npm_common::{maps, CtKey, CtKey4, CtValue, FragKey, FragValue, V4_MAPPED_PREFIX};
 
 use super::errors::{map_err, removed, EbpfError};
 use super::loader::take_map;
@@ -92,12 +93,55 @@ impl Flows {
         Ok(copied)
     }
 
+    /// Deletes every entry whose pair holds one of `peers` (IPv6, IPv4 in
+    /// its IPv4-mapped form): the flows of an address that changed hands.
+    /// One pass over each map, however many addresses. Returns how many
+    /// entries went.
+    pub(crate) fn purge_peers(&mut self, peers: &HashSet<[u8; 16]>) -> Result<usize, EbpfError> {
+        if peers.is_empty() {
+            return Ok(0);
+        }
+        let v4: HashSet<[u8; 4]> = peers
+            .iter()
+            .filter(|a| a[..12] == V4_MAPPED_PREFIX)
+            .map(|a| [a[12], a[13], a[14], a[15]])
+            .collect();
+        let mut n = purge_where(&mut self.ct, maps::CT, |k| {
+            peers.contains(&k.addr_lo) || peers.contains(&k.addr_hi)
+        })?;
+        n += purge_where(&mut self.ct4, maps::CT4, |k| {
+            v4.contains(&k.addr_lo) || v4.contains(&k.addr_hi)
+        })?;
+        n += purge_where(&mut self.frags, maps::FRAGS, |k| {
+            peers.contains(&k.src) || peers.contains(&k.dst)
+        })?;
+        Ok(n)
+    }
+
     /// Deletes the entries of every endpoint id `keep` rejects.
     pub(crate) fn purge(&mut self, keep: impl Fn(u32) -> bool) -> Result<(), EbpfError> {
         purge_map(&mut self.ct, maps::CT, |k| k.endpoint, &keep)?;
         purge_map(&mut self.ct4, maps::CT4, |k| k.endpoint, &keep)?;
         purge_map(&mut self.frags, maps::FRAGS, |k| k.endpoint, &keep)
     }
+}
+
+/// Deletes every entry of `map` whose key `doomed` selects; returns how
+/// many.
+fn purge_where<K: aya::Pod, V: aya::Pod>(
+    map: &mut BpfHashMap<MapData, K, V>,
+    name: &'static str,
+    doomed: impl Fn(&K) -> bool,
+) -> Result<usize, EbpfError> {
+    let keys: Vec<K> = map.keys().filter_map(Result::ok).filter(|k| doomed(k)).collect();
+    for k in &keys {
+        removed(
+            map.remove(k),
+            name,
+            format_args!("a flow of an address that changed hands"),
+        )?;
+    }
+    Ok(keys.len())
 }
 
 /// Deletes every entry of `map` whose endpoint (`endpoint_of` the key)

@@ -40,7 +40,7 @@ use aya::Ebpf;
 use npm_common::{DEFER_MARK_MAGIC, DEFER_MARK_MAGIC_MASK};
 
 use super::errors::{prog_err, EbpfError};
-use super::loader::{load_beside_pins, too_large, BenchSwitches};
+use super::loader::{load_beside_pins, load_or_reduced, BenchSwitches, Programs};
 
 /// The socket filter deciding deferred flows delivered to the node.
 pub const PROG_HOST_IN: &str = "host_in";
@@ -251,13 +251,7 @@ impl HostIn {
         };
         // As the pod programs: without the precomputed layers where the
         // verifier refuses the full program.
-        let mut bpf = match load(BenchSwitches::default()) {
-            Err(e) if too_large(&e) => {
-                tracing::warn!(error = %e, "host_in: the verifier refused the full program; loading it without the precomputed layers");
-                load(BenchSwitches::reduced())?
-            }
-            r => r?,
-        };
+        let (mut bpf, _) = load_or_reduced(Programs::HostIn, BenchSwitches::default(), load)?;
         let prog: &mut SocketFilter = bpf
             .program_mut(PROG_HOST_IN)
             .ok_or(EbpfError::ProgramMissing { program: PROG_HOST_IN })?

@@ -7,6 +7,7 @@
 //! maps out of the loaded object.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use aya::programs::{ProgramError, SchedClassifier};
 use aya::{Ebpf, EbpfLoader};
@@ -361,12 +362,70 @@ impl BenchSwitches {
             ..BenchSwitches::default()
         }
     }
+
+    /// These switches with the precomputed layers off too
+    /// ([`BenchSwitches::reduced`]): what a verifier that refuses the
+    /// programs with `self` as too large is offered next.
+    pub fn with_reduced(self) -> Self {
+        BenchSwitches {
+            no_decision_cache: true,
+            no_policy_front: true,
+            no_tier_front: true,
+            no_fold: true,
+            ..self
+        }
+    }
+
+    /// Whether every precomputed layer is off.
+    pub fn is_reduced(self) -> bool {
+        self == self.with_reduced()
+    }
 }
 
 /// Whether `e` is the verifier refusing a program as too large (`E2BIG`
 /// from `BPF_PROG_LOAD`: the 1,000,000-instruction complexity limit).
 pub(crate) fn too_large(e: &EbpfError) -> bool {
     matches!(e, EbpfError::Program { .. }) && e.raw_os_error() == Some(libc::E2BIG)
+}
+
+/// The programs loaded together, each with its own verdict from the
+/// verifier.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Programs {
+    /// `from_pod`, `to_pod` (and the empty program).
+    Pods = 1,
+    /// `node_exit`, `node_exit_l3`.
+    NodeExit = 2,
+    /// `host_in`.
+    HostIn = 4,
+}
+
+/// The [`Programs`] this kernel's verifier refused as too large, so this
+/// process does not walk a million instructions again for each open (the
+/// verifier is deterministic for a kernel and an object).
+static REFUSED: AtomicU8 = AtomicU8::new(0);
+
+/// Runs `load` with `switches`; where the kernel's verifier refuses the
+/// programs as too large (now, or earlier in this process), with the
+/// precomputed layers off as well ([`BenchSwitches::with_reduced`]: the
+/// same verdicts, decided by the LPMs). Returns what `load` gave and
+/// whether the reduced datapath was loaded.
+pub(crate) fn load_or_reduced<T>(
+    programs: Programs,
+    switches: BenchSwitches,
+    load: impl Fn(BenchSwitches) -> Result<T, EbpfError>,
+) -> Result<(T, bool), EbpfError> {
+    if switches.is_reduced() || REFUSED.load(Ordering::Relaxed) & programs as u8 != 0 {
+        return Ok((load(switches.with_reduced())?, true));
+    }
+    match load(switches) {
+        Err(e) if too_large(&e) => {
+            tracing::warn!(error = %e, programs = ?programs, "the kernel's verifier refused the full datapath as too large: loading it without its precomputed layers (fold, decision cache, policy and tier fronts); the verdicts are the same, decided by the LPMs at a higher cost per packet");
+            REFUSED.fetch_or(programs as u8, Ordering::Relaxed);
+            Ok((load(switches.with_reduced())?, true))
+        }
+        r => Ok((r?, false)),
+    }
 }
 
 /// Sets the switches' read-only globals on `loader`.

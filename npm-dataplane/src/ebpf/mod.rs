@@ -211,6 +211,15 @@ pub struct EbpfDataplane {
     fill: fill::Fill,
     /// The configured and the actual sizes of the configurable maps.
     sizes: EffectiveSizes,
+    /// The programs were loaded without their precomputed layers
+    /// ([`loader::BenchSwitches::reduced`]).
+    reduced: bool,
+    /// The owner ([`npm_policy::compiled::IpEntry::owner`]) of each pod
+    /// address written to the ipcache since open: an address that leaves
+    /// it or comes back under another owner has its flows purged
+    /// (`writer.rs`). Empty after open (the kernel's ipcache holds no
+    /// owners): a change of hands while no agent ran is not seen.
+    owners: std::collections::HashMap<std::net::IpAddr, u64>,
 }
 
 impl fmt::Debug for EbpfDataplane {
@@ -275,16 +284,10 @@ impl EbpfDataplane {
         let pin_dir = opts.pin_dir.clone();
         pins::prepare(&pin_dir)?;
         let load = |switches| loader::load(&object, &data, &pin_dir, &map_sizes, opts.bench_no_ct_create, switches);
-        let mut bpf = match load(switches) {
-            // The kernel's verifier refuses the whole program (older
-            // verifiers prune less): the datapath without its precomputed
-            // layers, the same verdicts from the LPMs.
-            Err(e) if switches == loader::BenchSwitches::default() && loader::too_large(&e) => {
-                tracing::warn!(error = %e, "the kernel's verifier refused the full datapath as too large: loading it without its precomputed layers (fold, decision cache, policy and tier fronts); the verdicts are the same, decided by the LPMs at a higher cost per packet");
-                load(loader::BenchSwitches::reduced())?
-            }
-            r => r?,
-        };
+        // Where the kernel's verifier refuses the whole program (older
+        // verifiers prune less): the datapath without its precomputed
+        // layers, the same verdicts from the LPMs.
+        let (mut bpf, reduced) = loader::load_or_reduced(loader::Programs::Pods, switches, load)?;
         let sizes = pins::effective_sizes(&bpf, &pin_dir, map_sizes)?;
         let endpoints = EndpointTable::take(&mut bpf)?;
         let ipcache = IpcacheTable::take(&mut bpf)?;
@@ -318,6 +321,8 @@ impl EbpfDataplane {
             full_synced: false,
             fill: Default::default(),
             sizes,
+            reduced,
+            owners: Default::default(),
         };
         dp.adopt_links()?;
         let tc_on_node = dp.adopt_filters()?;
@@ -407,6 +412,14 @@ impl EbpfDataplane {
     /// The pin directory.
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir
+    }
+
+    /// Whether the endpoint programs run the reduced datapath: every
+    /// decision by the LPMs, without the precomputed layers (the kernel's
+    /// verifier refused the full programs as too large, or the reduced
+    /// switches were asked for). Same verdicts, a higher cost per packet.
+    pub fn reduced_datapath(&self) -> bool {
+        self.reduced
     }
 
     /// The configured sizes of the configurable maps and the sizes they

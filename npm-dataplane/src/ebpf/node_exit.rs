@@ -39,7 +39,7 @@ use aya::Ebpf;
 use super::errors::{link_err, prog_err, EbpfError};
 use super::features::tcx_supported;
 use super::links::{ifname, netlink_errno, nl_options, AttachMode};
-use super::loader::{load_beside_pins, load_retrying, prog_mut, too_large, BenchSwitches};
+use super::loader::{load_beside_pins, load_or_reduced, load_retrying, prog_mut, BenchSwitches, Programs};
 use super::tc_filters::{self, list_filters, tc_handle, TC_HANDLE, TC_PRIORITY};
 use super::{PROG_NODE_EXIT, PROG_NODE_EXIT_L3};
 
@@ -175,13 +175,7 @@ impl NodeExit {
         };
         // As the pod programs: without the precomputed layers where the
         // verifier refuses the full program.
-        let bpf = match load(BenchSwitches::default()) {
-            Err(e) if too_large(&e) => {
-                tracing::warn!(error = %e, "node_exit: the verifier refused the full program; loading it without the precomputed layers");
-                load(BenchSwitches::reduced())?
-            }
-            r => r?,
-        };
+        let (bpf, _) = load_or_reduced(Programs::NodeExit, BenchSwitches::default(), load)?;
         let dir = exit_dir(pin_dir);
         std::fs::create_dir_all(&dir).map_err(|source| EbpfError::PinDir {
             path: dir.clone(),

@@ -15,7 +15,8 @@
 //! first and inserts again. The states that do not fit at all are trimmed
 //! before they get here (`fit.rs`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::IpAddr;
 
 use npm_common::{maps, PolicyKey};
 use npm_policy::compiled::{Compiled, CompiledDiff, Direction, Tier, TierEntry, TierValue};
@@ -64,6 +65,7 @@ impl EbpfDataplane {
         self.policy.begin_apply(&diff.policy);
         self.tiers.begin_apply(&diff.tiers);
         self.fold.begin_apply(diff, next);
+        let moved = self.moved_in_diff(diff);
         let result = self
             .apply_diff_maps(diff, next, interfaces)
             .and_then(|()| self.refold(next, interfaces));
@@ -76,7 +78,79 @@ impl EbpfDataplane {
             self.fill.applied(diff, next);
         }
         // Also after a failed apply: some maps may have changed.
-        self.bump_after(result)
+        let result = self.bump_after(result);
+        let purged = self.purge_moved(moved);
+        result.and(purged)
+    }
+
+    /// The addresses of `diff` that leave a pod or pass to another owner
+    /// (see `purge_moved`); `owners` follows the
+    /// diff.
+    fn moved_in_diff(&mut self, diff: &CompiledDiff) -> HashSet<IpAddr> {
+        let mut moved = HashSet::new();
+        for addr in &diff.ipcache.remove {
+            if self.owners.remove(addr).is_some() {
+                moved.insert(*addr);
+            }
+        }
+        for (addr, e) in &diff.ipcache.upsert {
+            let old = if e.owner == 0 {
+                self.owners.remove(addr)
+            } else {
+                self.owners.insert(*addr, e.owner)
+            };
+            if old.is_some_and(|o| o != e.owner) {
+                moved.insert(*addr);
+            }
+        }
+        moved
+    }
+
+    /// `moved_in_diff` for a full sync to `compiled`.
+    fn moved_in_sync(&mut self, compiled: &Compiled) -> HashSet<IpAddr> {
+        let moved = self
+            .owners
+            .iter()
+            .filter(|(a, o)| compiled.ipcache.get(*a).map(|e| e.owner) != Some(**o))
+            .map(|(a, _)| *a)
+            .collect();
+        self.owners = compiled
+            .ipcache
+            .iter()
+            .filter(|(_, e)| e.owner != 0)
+            .map(|(a, e)| (*a, e.owner))
+            .collect();
+        moved
+    }
+
+    /// Incident 1: a new owner never carries the old owner's connections.
+    /// The flows of every address in `moved` (it left the pod that held it,
+    /// or passed to another pod: identities are shared by label set, so
+    /// only the owner tells) are deleted, local endpoints' flows towards a
+    /// remote address included: the next packet is decided anew, against
+    /// the new owner. Called once the batch's ipcache is written. A flow
+    /// the per-CPU flow cache vouched for passes until its slot expires
+    /// (`FLOW_TTL_NS`, 250 ms).
+    fn purge_moved(&mut self, moved: HashSet<IpAddr>) -> Result<(), EbpfError> {
+        if moved.is_empty() {
+            return Ok(());
+        }
+        let peers: HashSet<[u8; 16]> = moved
+            .iter()
+            .map(|a| match a {
+                IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+                IpAddr::V6(v6) => v6.octets(),
+            })
+            .collect();
+        let n = self.flows.purge_peers(&peers)?;
+        if n > 0 {
+            tracing::info!(
+                addresses = moved.len(),
+                flows = n,
+                "flows of addresses that changed hands purged"
+            );
+        }
+        Ok(())
     }
 
     /// [`crate::Dataplane::sync_full`] with the loader's own error type:
@@ -85,6 +159,7 @@ impl EbpfDataplane {
     pub fn sync(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
         self.policy.begin_sync();
         self.fold.begin_sync();
+        let moved = self.moved_in_sync(compiled);
         let result = self
             .sync_maps(compiled, interfaces)
             .and_then(|()| self.refold(compiled, interfaces));
@@ -94,7 +169,9 @@ impl EbpfDataplane {
             self.fold.poison();
         }
         // Also after a failed sync: some maps may have changed.
-        self.bump_after(result)?;
+        let result = self.bump_after(result);
+        let purged = self.purge_moved(moved);
+        result.and(purged)?;
         // The maps are right; a pin that cannot be removed yet is only
         // logged and retried at the next full sync.
         if let Err(e) = self.retire_other_layouts() {

@@ -22,7 +22,7 @@ use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_A
 use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, Tuple};
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
-use npm_policy::compiled::Compiled;
+use npm_policy::compiled::{Compiled, IpEntry};
 
 /// A ctnetlink operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -55,12 +55,19 @@ pub enum ConntrackError {
     },
 }
 
-/// Each local endpoint address with its owner (the pod UID).
-pub fn owners(c: &Compiled) -> BTreeMap<IpAddr, String> {
-    let mut out = BTreeMap::new();
+/// Each pod address with its owner ([`IpEntry::owner`], the pod UID
+/// hashed): the pods of other nodes from the ipcache, and the local
+/// endpoints.
+pub fn owners(c: &Compiled) -> BTreeMap<IpAddr, u64> {
+    let mut out: BTreeMap<IpAddr, u64> = c
+        .ipcache
+        .iter()
+        .filter(|(_, e)| e.owner != 0)
+        .map(|(a, e)| (*a, e.owner))
+        .collect();
     for e in c.endpoints.values() {
         for a in [e.ipv4.map(IpAddr::V4), e.ipv6.map(IpAddr::V6)].into_iter().flatten() {
-            out.insert(a, e.pod.uid.clone());
+            out.insert(a, IpEntry::pod_owner(&e.pod.uid));
         }
     }
     out
@@ -68,7 +75,7 @@ pub fn owners(c: &Compiled) -> BTreeMap<IpAddr, String> {
 
 /// The addresses of `old` that `new` no longer has, or has under another
 /// owner.
-pub fn changed_owners(old: &BTreeMap<IpAddr, String>, new: &BTreeMap<IpAddr, String>) -> Vec<IpAddr> {
+pub fn changed_owners(old: &BTreeMap<IpAddr, u64>, new: &BTreeMap<IpAddr, u64>) -> Vec<IpAddr> {
     old.iter()
         .filter(|(a, uid)| new.get(*a) != Some(*uid))
         .map(|(a, _)| *a)
@@ -240,9 +247,26 @@ mod tests {
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
         let c: IpAddr = "10.0.0.3".parse().unwrap();
-        let old = BTreeMap::from([(a, "u1".to_string()), (b, "u2".to_string()), (c, "u3".to_string())]);
-        let new = BTreeMap::from([(a, "u1".to_string()), (b, "u9".to_string())]);
+        let old = BTreeMap::from([(a, 1), (b, 2), (c, 3)]);
+        let new = BTreeMap::from([(a, 1), (b, 9)]);
         assert_eq!(changed_owners(&old, &new), vec![b, c]);
         assert!(changed_owners(&new, &new).is_empty());
+    }
+
+    /// Pods of other nodes count (their ipcache owner), nodes and the host
+    /// do not (owner 0), local endpoints by their UID.
+    #[test]
+    fn owners_are_every_pod_address() {
+        let mut c = Compiled::default();
+        let entry = |owner| IpEntry {
+            identity: 300,
+            cidr_identity: 0,
+            owner,
+        };
+        let remote: IpAddr = "10.0.1.2".parse().unwrap();
+        let node: IpAddr = "192.168.0.2".parse().unwrap();
+        c.ipcache.insert(remote, entry(IpEntry::pod_owner("r")));
+        c.ipcache.insert(node, entry(0));
+        assert_eq!(owners(&c), BTreeMap::from([(remote, IpEntry::pod_owner("r"))]));
     }
 }

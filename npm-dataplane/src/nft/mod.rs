@@ -437,7 +437,7 @@ pub struct NftDataplane {
     /// Each endpoint address's owner (pod UID) as last programmed, once the
     /// conntrack entries of the addresses that changed owner were deleted
     /// (`conntrack.rs`); `None` before the first sync.
-    owners: Option<BTreeMap<IpAddr, String>>,
+    owners: Option<BTreeMap<IpAddr, u64>>,
     /// Conntrack entries deleted for addresses that changed owner.
     ct_flushed: u64,
 }

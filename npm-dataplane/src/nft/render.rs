@@ -721,6 +721,7 @@ mod tests {
                 IpEntry {
                     identity,
                     cidr_identity: 0,
+                    owner: 0,
                 },
             );
         }

@@ -15,7 +15,7 @@ use crate::ebpf_common::*;
 use aya::programs::tc::{NlOptions, TcAttachOptions, TcHandle};
 use aya::programs::{SchedClassifier, TcAttachType};
 use npm_dataplane::ebpf::tc_filters::{TC_HANDLE, TC_PRIORITY};
-use npm_dataplane::ebpf::{check_kernel, dump_pinned, pinned_link_programs, AttachMode, PROG_INGRESS};
+use npm_dataplane::ebpf::{check_kernel, dump_pinned, pinned_link_programs, AttachMode, PROG_EMPTY};
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::Compiled;
 use npm_policy::model::Protocol;
@@ -254,9 +254,13 @@ fn a_plain_reattach_would_duplicate_or_fail_where_the_replace_swaps() {
     let (_, before) = prog_ids(&veth.name, AttachMode::Tc);
 
     // Without the replace: a second loader's program (own maps, no pins).
+    // The object's empty classifier: what is attached is what this test is
+    // about, and it verifies on every kernel (the full `from_pod` is too
+    // large for some verifiers, which the loader answers with the reduced
+    // datapath; a direct load has no such fallback).
     let object = npm_dataplane::ebpf::resolve_object(None).unwrap();
     let mut bpf = aya::Ebpf::load_file(&object).expect("load object");
-    let prog: &mut SchedClassifier = bpf.program_mut(PROG_INGRESS).unwrap().try_into().unwrap();
+    let prog: &mut SchedClassifier = bpf.program_mut(PROG_EMPTY).unwrap().try_into().unwrap();
     prog.load().unwrap();
     // 1. Attaching again as a fresh attach at npm's priority and handle
     //    fails (NLM_F_EXCL): the only way on without a replace would be

@@ -221,6 +221,7 @@ fn the_fold_follows_diffs_and_a_restarted_loader() {
         IpEntry {
             identity: 302,
             cidr_identity: 0,
+            owner: 0,
         },
     );
     tier(&mut next, 2, Tier::Admin, 302, Some(Tcp), (8000, 8000), Deny, 6);
@@ -286,6 +287,7 @@ fn a_direction_that_does_not_fit_keeps_its_lookups() {
             IpEntry {
                 identity: 400 + i,
                 cidr_identity: 0,
+                owner: 0,
             },
         );
     }

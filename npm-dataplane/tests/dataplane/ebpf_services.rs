@@ -26,12 +26,12 @@ use npm_policy::model::Protocol;
 
 /// Probes per case: with two backends chosen at random, the chance that
 /// one is never chosen is 2^-23.
-const PROBES: usize = 24;
+pub(crate) const PROBES: usize = 24;
 
 /// Addresses of this process's test `t` (0..16): a /26 of 100.64.0.0/10,
 /// its first 12 /30s for pods and links, its last 16 addresses for
 /// ClusterIPs.
-fn block(t: u32) -> (u32, u32) {
+pub(crate) fn block(t: u32) -> (u32, u32) {
     let n = (std::process::id() % 4096) * 16 + t;
     let base = u32::from(Ipv4Addr::new(100, 64, 0, 0)) + n * 64;
     (base, base + 48)
@@ -40,11 +40,11 @@ fn block(t: u32) -> (u32, u32) {
 /// A pod: a netns joined to the root netns by a veth (`host_if` in the
 /// root netns, a /30 with the gateway on the host side) with a default
 /// route via the gateway, and its servers.
-struct Pod {
-    ns: Netns,
+pub(crate) struct Pod {
+    pub(crate) ns: Netns,
     host_if: String,
-    ifindex: u32,
-    ip: Ipv4Addr,
+    pub(crate) ifindex: u32,
+    pub(crate) ip: Ipv4Addr,
     servers: Vec<Proc>,
     /// Routed through the root namespace.
     _forwarding: Forwarding,
@@ -52,7 +52,7 @@ struct Pod {
 
 impl Pod {
     /// Pod `tag` (at most 3 characters) in /30 number `slot` of `base`.
-    fn new(tag: &str, base: u32, slot: u32) -> Pod {
+    pub(crate) fn new(tag: &str, base: u32, slot: u32) -> Pod {
         let pid = std::process::id();
         let ns = test_netns(&format!("s{tag}"));
         let host_if = format!("npt{pid}s{tag}");
@@ -89,7 +89,7 @@ impl Drop for Pod {
 
 /// Starts, in namespace `ns`, servers bound to `ip` that answer every TCP
 /// connection on `tcp` and every UDP datagram on `udp` with `name`.
-fn serve(ns: &str, ip: Ipv4Addr, name: &str, tcp: &[u16], udp: &[u16]) -> Proc {
+pub(crate) fn serve(ns: &str, ip: Ipv4Addr, name: &str, tcp: &[u16], udp: &[u16]) -> Proc {
     let list = |p: &[u16]| p.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",");
     let code = format!(
         "import socket,select\n\
@@ -113,7 +113,7 @@ fn serve(ns: &str, ip: Ipv4Addr, name: &str, tcp: &[u16], udp: &[u16]) -> Proc {
 /// sends a query, sends it again on the same socket (the same flow) if no
 /// answer came, then a second query, and reads both answers). One line
 /// each: the answer, or `FAIL`.
-fn probe(ns: &str, dst: Ipv4Addr, port: u16, proto: &str, n: usize) -> Vec<String> {
+pub(crate) fn probe(ns: &str, dst: Ipv4Addr, port: u16, proto: &str, n: usize) -> Vec<String> {
     let code = format!(
         "import socket\n\
          for i in range({n}):\n  try:\n\
@@ -128,7 +128,7 @@ fn probe(ns: &str, dst: Ipv4Addr, port: u16, proto: &str, n: usize) -> Vec<Strin
 }
 
 /// Waits until `ns` reaches `dst`:`port` over TCP (servers up).
-fn wait_tcp(ns: &str, dst: Ipv4Addr, port: u16) {
+pub(crate) fn wait_tcp(ns: &str, dst: Ipv4Addr, port: u16) {
     for _ in 0..50 {
         if probe(ns, dst, port, "tcp", 1)[0] != "FAIL" {
             return;
@@ -140,13 +140,13 @@ fn wait_tcp(ns: &str, dst: Ipv4Addr, port: u16) {
 
 /// A kube-proxy-style nft table in the root netns (`npmsvc<pid>x<tag>`),
 /// deleted on drop.
-struct NatTable(String);
+pub(crate) struct NatTable(String);
 
 impl NatTable {
     /// DNAT of each (ClusterIP, port, protocol, backends, target port), as
     /// kube-proxy's nftables mode: a random choice among per-backend
     /// chains.
-    fn new(tag: &str, services: &[(Ipv4Addr, u16, &str, Vec<Ipv4Addr>, u16)]) -> NatTable {
+    pub(crate) fn new(tag: &str, services: &[(Ipv4Addr, u16, &str, Vec<Ipv4Addr>, u16)]) -> NatTable {
         for t in dead_names(nft_tables().into_iter(), "npmsvc") {
             sh_quiet(&["nft", "delete", "table", "ip", &t]);
         }
@@ -194,7 +194,7 @@ fn nft_tables() -> Vec<String> {
 }
 
 /// `NPM_SERVICES` holding exactly `ports` ((ClusterIP, port, protocol)).
-fn program_services(pins: &PinDir, ports: &[(Ipv4Addr, u16, u8)]) {
+pub(crate) fn program_services(pins: &PinDir, ports: &[(Ipv4Addr, u16, u8)]) {
     let wanted: BTreeMap<ServicePort, u32> = ports
         .iter()
         .map(|&(a, port, protocol)| {
@@ -222,7 +222,11 @@ fn identity(ep: u32) -> u32 {
 /// their ipcache entries, `remote` addresses as pods of other nodes (ids
 /// after the local ones), and the egress allows of endpoint 1 to the
 /// given endpoint or remote numbers and ports.
-fn compiled(pods: &[(&Pod, bool, bool)], remote: &[Ipv4Addr], allow_from_1: &[(u32, Protocol, u16)]) -> Compiled {
+pub(crate) fn compiled(
+    pods: &[(&Pod, bool, bool)],
+    remote: &[Ipv4Addr],
+    allow_from_1: &[(u32, Protocol, u16)],
+) -> Compiled {
     let pods: Vec<(Ipv4Addr, bool, bool)> = pods.iter().map(|(p, i, e)| (p.ip, *i, *e)).collect();
     compiled_at(&pods, remote, allow_from_1)
 }
@@ -260,7 +264,7 @@ fn compiled_at(
     c
 }
 
-fn interfaces(pods: &[&Pod]) -> BTreeMap<u32, u32> {
+pub(crate) fn interfaces(pods: &[&Pod]) -> BTreeMap<u32, u32> {
     pods.iter()
         .enumerate()
         .map(|(i, p)| (i as u32 + 1, p.ifindex))
@@ -272,7 +276,7 @@ fn egress_packets(c: &Counters, r: Reason) -> u64 {
     c.by_reason.get(&(DIR_EGRESS, r as u8)).map_or(0, |&(p, _)| p)
 }
 
-fn count(results: &[String], what: &str) -> usize {
+pub(crate) fn count(results: &[String], what: &str) -> usize {
     results.iter().filter(|r| *r == what).count()
 }
 
@@ -486,7 +490,8 @@ fn remote_case(tag: &str, t: u32, mode: AttachMode) {
     wait_tcp(&a.ns.name, r2, 8080);
 
     let pins = PinDir::new(&format!("svc-remote{tag}"));
-    let mut dp: EbpfDataplane = pins.open();
+    // The pods' programs in the same mode: a kernel without tcx has only tc.
+    let mut dp: EbpfDataplane = pins.open_in(mode);
     let pods = [(&a, true, true)];
     // r1 is identity(2), r2 identity(3): only r1 is allowed.
     dp.sync_full(
@@ -687,7 +692,7 @@ fn backends_behind_an_l3_tunnel_are_decided_before_the_encapsulation() {
 }
 
 /// The names of the `bpf` filters on the egress hook of `ifindex`.
-fn exit_filter_names(ifindex: u32) -> Vec<String> {
+pub(crate) fn exit_filter_names(ifindex: u32) -> Vec<String> {
     npm_dataplane::ebpf::tc_filters::list_filters(ifindex, aya::programs::TcAttachType::Egress)
         .unwrap_or_default()
         .into_iter()
@@ -1030,7 +1035,7 @@ fn nftables_decides_host_network_backends_too() {
 }
 
 /// An interface deleted on drop.
-struct LinkGuard(String);
+pub(crate) struct LinkGuard(pub(crate) String);
 
 impl Drop for LinkGuard {
     fn drop(&mut self) {

@@ -8,7 +8,7 @@
 
 use crate::ebpf_common::*;
 use aya::programs::loaded_programs;
-use npm_dataplane::ebpf::AttachMode;
+use npm_dataplane::ebpf::{AttachMode, BenchSwitches, EbpfDataplane};
 use npm_dataplane::Dataplane;
 
 /// 80% of the kernel's complexity limit (`BPF_COMPLEXITY_LIMIT_INSNS`).
@@ -44,4 +44,16 @@ fn the_pod_programs_load_within_80_percent_of_the_verifier_limit() {
         eprintln!("{hook}: {insns} instructions verified");
         assert!(insns < BUDGET, "{hook}: {insns} verified instructions, budget {BUDGET}");
     }
+    // What the agent reports as `npm_datapath_reduced`: the verifiers of
+    // 6.6 and later (tcx) accept the full programs; Debian 12's 6.1 refuses
+    // them and gets the reduced datapath.
+    eprintln!("datapath: {}", if dp.reduced_datapath() { "reduced" } else { "full" });
+    if npm_dataplane::ebpf::tcx_supported() {
+        assert!(!dp.reduced_datapath(), "this verifier accepts the full programs");
+    }
+    drop(dp);
+    let reduced_pins = PinDir::new("vfr");
+    let dp = EbpfDataplane::open_with(reduced_pins.options_in(mode), BenchSwitches::reduced())
+        .unwrap_or_else(|e| panic!("open reduced: {e}"));
+    assert!(dp.reduced_datapath(), "asked for the reduced datapath");
 }

@@ -354,6 +354,7 @@ fn random_compiled(rng: &mut Rng, topo: &Topo) -> Compiled {
             IpEntry {
                 identity,
                 cidr_identity,
+                owner: 0,
             },
         );
     };

@@ -231,6 +231,7 @@ impl Compiler {
                                 IpEntry {
                                     identity: *id,
                                     cidr_identity: cidr,
+                                    owner: 0,
                                 },
                             );
                         }
@@ -254,6 +255,7 @@ impl Compiler {
                 continue;
             }
             let key = identity_key(pod, namespace_labels(&self.snapshot, &pod.namespace));
+            let owner = IpEntry::pod_owner(&pod.uid);
             let id = match self.identities.get(&key, &self.out.ids.identities) {
                 Some(id) => id,
                 None => {
@@ -271,6 +273,7 @@ impl Compiler {
                     IpEntry {
                         identity: id,
                         cidr_identity: cidr,
+                        owner,
                     },
                 );
             }

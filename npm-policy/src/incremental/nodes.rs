@@ -97,6 +97,7 @@ impl Compiler {
                     IpEntry {
                         identity: *id,
                         cidr_identity: cidr,
+                        owner: 0,
                     },
                 );
             }

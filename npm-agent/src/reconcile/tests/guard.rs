@@ -213,6 +213,7 @@ fn node_removals_are_held() {
                 IpEntry {
                     identity: IDENTITY_FIRST_POD,
                     cidr_identity: 0,
+                    owner: 0,
                 },
             );
         }

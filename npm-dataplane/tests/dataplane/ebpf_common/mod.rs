@@ -182,9 +182,15 @@ impl PinDir {
         }
     }
 
-    /// Opens a dataplane pinned there (tcx).
+    /// Opens a dataplane pinned there: tcx, or tc `clsact` filters on a
+    /// kernel without tcx (before 6.6), so the tests that are not about the
+    /// attach mode run on both.
     pub fn open(&self) -> EbpfDataplane {
-        self.open_in(AttachMode::Tcx)
+        self.open_in(if npm_dataplane::ebpf::tcx_supported() {
+            AttachMode::Tcx
+        } else {
+            AttachMode::Tc
+        })
     }
 
     /// Opens a dataplane pinned there, attaching in `mode`.

@@ -261,6 +261,7 @@ pub fn ip(c: &mut Compiled, addr: &str, identity: u32, cidr_identity: u32) {
         IpEntry {
             identity,
             cidr_identity,
+            owner: 0,
         },
     );
 }
