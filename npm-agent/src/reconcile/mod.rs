@@ -91,6 +91,7 @@
 //!   compiled form, incrementally).
 
 pub mod adoption;
+pub mod builder;
 pub mod compiler;
 pub mod config;
 pub mod cross_check;
@@ -101,11 +102,12 @@ pub mod report_new;
 pub mod run;
 pub mod syncer;
 
+pub use builder::SyncerBuilder;
 pub use config::{ConfigError, SyncConfig, DEFAULT_DEBOUNCE_MS, DIRECT_READ_MAX_BACKOFF, DIRECT_READ_MIN_BACKOFF};
 pub use dataplane::AgentDataplane;
 pub use guard::{mass_removal, GuardReference};
 pub use run::SyncThread;
-pub use syncer::{Readiness, SyncError, SyncOutcome, Syncer, SyncerBuilder};
+pub use syncer::{Readiness, SyncError, SyncOutcome, Syncer};
 
 #[cfg(test)]
 mod tests;

@@ -367,11 +367,12 @@ impl BenchSwitches {
     /// ([`BenchSwitches::reduced`]): what a verifier that refuses the
     /// programs with `self` as too large is offered next.
     pub fn with_reduced(self) -> Self {
+        let off = BenchSwitches::reduced();
         BenchSwitches {
-            no_decision_cache: true,
-            no_policy_front: true,
-            no_tier_front: true,
-            no_fold: true,
+            no_decision_cache: off.no_decision_cache,
+            no_policy_front: off.no_policy_front,
+            no_tier_front: off.no_tier_front,
+            no_fold: off.no_fold,
             ..self
         }
     }

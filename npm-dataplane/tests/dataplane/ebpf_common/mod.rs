@@ -157,6 +157,16 @@ pub struct PinDir {
     pub path: PathBuf,
 }
 
+/// The tests' attach mode: tcx, or tc `clsact` filters where the kernel
+/// has no tcx (before 6.6: the Debian 6.1 row of `cargo xtask vm matrix`).
+pub fn default_mode() -> AttachMode {
+    if npm_dataplane::ebpf::tcx_supported() {
+        AttachMode::Tcx
+    } else {
+        AttachMode::Tc
+    }
+}
+
 impl PinDir {
     /// `/sys/fs/bpf/npm-test-<pid>-<tag>`.
     pub fn new(tag: &str) -> PinDir {
@@ -167,9 +177,11 @@ impl PinDir {
     }
 
     /// Options pinning there, attaching with tcx (tests that run in
-    /// parallel must not let `auto` see each other's tc filters).
+    /// parallel must not let `auto` see each other's tc filters), or with tc
+    /// `clsact` filters on a kernel without tcx (before 6.6), so the tests
+    /// that are not about the attach mode run on both.
     pub fn options(&self) -> EbpfOptions {
-        self.options_in(AttachMode::Tcx)
+        self.options_in(default_mode())
     }
 
     /// Options pinning there, attaching in `mode`.
@@ -182,15 +194,9 @@ impl PinDir {
         }
     }
 
-    /// Opens a dataplane pinned there: tcx, or tc `clsact` filters on a
-    /// kernel without tcx (before 6.6), so the tests that are not about the
-    /// attach mode run on both.
+    /// Opens a dataplane pinned there, in [`default_mode`].
     pub fn open(&self) -> EbpfDataplane {
-        self.open_in(if npm_dataplane::ebpf::tcx_supported() {
-            AttachMode::Tcx
-        } else {
-            AttachMode::Tc
-        })
+        self.open_in(default_mode())
     }
 
     /// Opens a dataplane pinned there, attaching in `mode`.
