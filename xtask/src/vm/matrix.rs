@@ -93,54 +93,61 @@ fn checks(floor: Floor, full: bool, tests: &str, agent: &str, kubeconfig: &str) 
             ),
         }],
         Floor::Clsact | Floor::Tcx => {
-            let mut v = vec![
-                Check {
-                    name: "verifier (load, verified instructions)",
-                    script: t(&["ebpf_verifier::", "--nocapture"]),
+            let attach: &[&str] = match floor {
+                _ if full => &["ebpf_attach_modes::"],
+                Floor::Tcx => &[
+                    "ebpf_attach_modes::the_kernel_has_what_each_mode_needs",
+                    "ebpf_attach_modes::tc_detach_leaves_foreign_filters_and_the_qdisc",
+                ],
+                // The other tests force tcx or assert that it exists.
+                _ => &[
+                    "ebpf_attach_modes::tc_detach_leaves_foreign_filters_and_the_qdisc",
+                    "ebpf_attach_modes::a_plain_reattach_would_duplicate_or_fail_where_the_replace_swaps",
+                ],
+            };
+            let services: &[&str] = match floor {
+                _ if full => &["ebpf_services::", "nft_services::"],
+                Floor::Tcx => &[
+                    "ebpf_services::cluster_ip_is_decided_for_the_chosen_backend",
+                    "ebpf_services::remote_backends_are_decided_",
+                    "nft_services::",
+                ],
+                // Every Service test but the one that forces tcx (the
+                // others attach as the kernel allows).
+                _ => &[
+                    "ebpf_services::",
+                    "nft_services::",
+                    "--skip",
+                    "ebpf_services::remote_backends_are_decided_where_the_packet_leaves_the_node",
+                ],
+            };
+            // Real IPIP and WireGuard: modules the host kernel lacks, so
+            // the tests are ignored in the host's suite and run here.
+            let tunnels: &[&str] = if row_has_modules {
+                &["ebpf_tunnels::", "--include-ignored"]
+            } else {
+                &[]
+            };
+            // One process: a verifier that refuses the full datapath walks
+            // it once per process (minutes under TCG), then every load is
+            // the reduced one. `--nocapture` for the verified instruction
+            // counts.
+            let kernel_tests: Vec<&str> = ["ebpf_verifier::"]
+                .iter()
+                .chain(attach)
+                .chain(services)
+                .chain(tunnels)
+                .chain(&["--nocapture"])
+                .copied()
+                .collect();
+            let mut v = vec![Check {
+                name: if row_has_modules {
+                    "kernel tests: verifier, attach modes, Services, IPIP and WireGuard"
+                } else {
+                    "kernel tests: verifier, attach modes, Services"
                 },
-                Check {
-                    name: "attach modes",
-                    script: match floor {
-                        _ if full => t(&["ebpf_attach_modes::"]),
-                        Floor::Tcx => t(&[
-                            "ebpf_attach_modes::the_kernel_has_what_each_mode_needs",
-                            "ebpf_attach_modes::tc_detach_leaves_foreign_filters_and_the_qdisc",
-                        ]),
-                        // The other tests force tcx or assert that it exists.
-                        _ => t(&[
-                            "ebpf_attach_modes::tc_detach_leaves_foreign_filters_and_the_qdisc",
-                            "ebpf_attach_modes::a_plain_reattach_would_duplicate_or_fail_where_the_replace_swaps",
-                        ]),
-                    },
-                },
-                Check {
-                    name: "Service kernel tests",
-                    script: match floor {
-                        _ if full => t(&["ebpf_services::", "nft_services::"]),
-                        Floor::Tcx => t(&[
-                            "ebpf_services::cluster_ip_is_decided_for_the_chosen_backend",
-                            "ebpf_services::remote_backends_are_decided_",
-                            "nft_services::",
-                        ]),
-                        // Every Service test but the one that forces tcx
-                        // (the others attach as the kernel allows).
-                        _ => t(&[
-                            "ebpf_services::",
-                            "nft_services::",
-                            "--skip",
-                            "ebpf_services::remote_backends_are_decided_where_the_packet_leaves_the_node",
-                        ]),
-                    },
-                },
-            ];
-            // Real IPIP and WireGuard (modules the host kernel lacks: the
-            // tests are ignored in the host's suite and run here).
-            if row_has_modules {
-                v.push(Check {
-                    name: "Service egress over IPIP and WireGuard",
-                    script: t(&["ebpf_tunnels::", "--include-ignored"]),
-                });
-            }
+                script: t(&kernel_tests),
+            }];
             // Until it logs `starting` (the dataplane is open: programs
             // loaded) or exits; then stopped.
             v.push(Check {
