@@ -153,7 +153,7 @@ fn why_not_programmed(ctx: &CniContext, pod: &str, uid: &str) -> (String, bool) 
     let bound = ctx.wait_bound;
     match object {
         None => ("is not in the agent's cache yet".into(), true),
-        Some(p) if p.metadata.uid.as_deref() != Some(uid) => (
+        Some(p) if !p.has_runtime_uid(uid) => (
             format!(
                 "the agent's cache holds a pod of that name with uid {:?} (an older pod?)",
                 p.metadata.uid.as_deref().unwrap_or("")
@@ -298,7 +298,7 @@ pub fn prune(ctx: &CniContext) {
                 .tombstones()
                 .filter(|t| {
                     pods.get(&(t.namespace.clone(), t.name.clone()))
-                        .is_none_or(|p| p.metadata.uid.as_deref() != Some(t.uid.as_str()))
+                        .is_none_or(|p| !p.has_runtime_uid(&t.uid))
                 })
                 .map(|t| t.uid.clone())
                 .collect(),

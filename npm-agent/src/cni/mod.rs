@@ -22,6 +22,11 @@
 //!   of that pod. CHECK answers whether the endpoint is programmed, STATUS
 //!   whether the first full sync was applied, GC drops the attachments of a
 //!   network that the runtime no longer lists.
+//! - **Static pods**: the runtime passes the static pod's uid; the API
+//!   object is its mirror pod, with another uid and the static one in
+//!   `kubernetes.io/config.mirror`. A mirror pod whose static pod the facts
+//!   hold under the same namespace and name is compiled under the static
+//!   uid (`reconcile::compiler`), so its endpoint is the attachment's.
 //! - A background pass ([`handler::maintain`]) drops an attachment whose veth
 //!   vanished without a DEL (as a DEL), and lifts tombstones of pods that
 //!   are gone.
