@@ -238,11 +238,11 @@ async fn del(ctx: &CniContext, d: Detachment) -> Response {
     response
 }
 
+/// STATUS: see [`super::status`] for what it means.
 fn status(ctx: &CniContext) -> Response {
-    if ctx.cache.all_listed() && ctx.readiness.first_sync_done() {
-        Response::ok(None)
-    } else {
-        Response::error("the agent has not applied its first full sync yet", true)
+    match super::status::answer(ctx.readiness.first_sync_done(), &ctx.sync_marker) {
+        Ok(()) => Response::ok(None),
+        Err(why) => Response::error(why, true),
     }
 }
 
@@ -284,6 +284,12 @@ pub async fn maintain(ctx: CniContext) {
 
 /// One pass of [`maintain`].
 pub fn prune(ctx: &CniContext) {
+    if ctx.readiness.first_sync_done() {
+        // STATUS of a restarted agent reads it; written once.
+        if let Err(e) = ctx.sync_marker.record() {
+            tracing::debug!(error = %e, "sync marker not written");
+        }
+    }
     let facts = ctx.facts.current();
     let dead: HashSet<AttachmentKey> = facts
         .attachments()

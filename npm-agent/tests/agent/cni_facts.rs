@@ -13,6 +13,9 @@
 //!   hands to a new pod never owns it.
 //! - `bridge`: the endpoint is on the veth, never on the bridge.
 //! - GC drops the attachments the runtime no longer lists.
+//! - STATUS: a restarted agent that cannot list the API answers "ok" (a
+//!   full sync was applied on this node since it booted); an agent of a
+//!   node where none was answers "retry".
 //! - A static pod: the runtime passes the static pod's uid, the API holds
 //!   its mirror pod (another uid, the static one in
 //!   `kubernetes.io/config.mirror`): ADD is answered once the mirror pod's
@@ -321,4 +324,43 @@ async fn a_static_pod_is_matched_to_its_mirror_pod() {
     drop(sb);
     drop(agent);
     srv.shutdown().await;
+}
+
+/// An agent on `net` over a client whose API server may be gone, not
+/// waiting for readiness: once its socket answers.
+async fn agent_unready(client: &kube::Client, dp: &RecordingDataplane, net: &Network) -> RunningAgent {
+    let mut cfg = agent_config(100);
+    cfg.cni = Some(CniConfig::new(net.socket.clone()));
+    let agent = start_agent(cfg, client.clone(), dp.clone()).await;
+    wait_until("the CNI socket answers", Duration::from_secs(10), || {
+        proto::exchange(&net.socket, &Request::Status, Duration::from_secs(2), ConnectMode::Once).is_ok()
+    })
+    .await;
+    agent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_holds_across_a_restart_that_cannot_list() {
+    let (srv, client, net) = setup("t", Wiring::Ptp, "10.249.0.0/24").await;
+    let dp = RecordingDataplane::default();
+    let first = agent(&client, &dp, &net).await;
+    assert!(exchange(&net, &Request::Status).ok);
+    drop(first);
+    // The API server goes: the restarted agent never completes a list.
+    srv.shutdown().await;
+    let second = agent_unready(&client, &dp, &net).await;
+    let status = exchange(&net, &Request::Status);
+    assert!(status.ok, "a sync was applied on this node since it booted: {status:?}");
+    assert!(!second.is_ready(), "its readiness says it cannot list");
+    // A node where no sync was applied since it booted (no marker).
+    let fresh = Arc::new(Network::new("u", Wiring::Ptp, "10.249.1.0/24"));
+    let third = agent_unready(&client, &dp, &fresh).await;
+    let status = exchange(&fresh, &Request::Status);
+    assert!(!status.ok && status.retry, "{status:?}");
+    assert!(
+        status.error.as_deref().unwrap_or("").contains("since it booted"),
+        "{status:?}"
+    );
+    drop(third);
+    drop(second);
 }
