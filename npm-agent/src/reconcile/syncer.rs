@@ -232,6 +232,8 @@ pub struct Syncer<D: AgentDataplane> {
     /// were there at the first sync (`None` before it): see
     /// `report_endpoints_without_add`.
     pub(super) local_endpoints: Option<std::collections::HashSet<String>>,
+    /// nftables: the bridged endpoints' br_netfilter check (stats tick).
+    pub(super) bridge_nf: Option<crate::node::bridge_nf::BridgeNfCheck>,
 }
 
 /// Builds a [`Syncer`] ([`Syncer::builder`]). The settings default to
@@ -385,6 +387,10 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             programmed_view,
             expect_cni_adds,
             local_endpoints: None,
+            bridge_nf: cfg
+                .bridge_netfilter
+                .as_ref()
+                .map(|c| crate::node::bridge_nf::BridgeNfCheck::new(c.netns.clone())),
             cfg,
         }
     }
