@@ -55,6 +55,8 @@ pub struct SyncMarker {
     path: PathBuf,
     boot_id: Option<String>,
     written: AtomicBool,
+    /// A failure to write it was logged (once).
+    warned: AtomicBool,
 }
 
 /// The boot id of the running kernel, if readable.
@@ -79,6 +81,7 @@ impl SyncMarker {
             path,
             boot_id,
             written: AtomicBool::new(false),
+            warned: AtomicBool::new(false),
         }
     }
 
@@ -126,7 +129,9 @@ impl SyncMarker {
 pub fn answer(synced_now: bool, marker: &SyncMarker) -> Result<(), String> {
     if synced_now {
         if let Err(e) = marker.record() {
-            tracing::warn!(error = %e, "CNI STATUS: the sync marker is not written; a restarted agent answers STATUS only after its own first sync");
+            if !marker.warned.swap(true, Ordering::AcqRel) {
+                tracing::warn!(error = %e, "CNI STATUS: the sync marker is not written; a restarted agent answers STATUS only after its own first sync");
+            }
         }
         return Ok(());
     }

@@ -14,9 +14,9 @@
 //! - `npm_bridge_nf_unfiltered_endpoints{family}` counts those endpoints.
 //!
 //! The agent never writes the sysctls (they belong to the node's
-//! configuration, as kubeadm's preflight and the kubelet treat them). They
-//! are per network namespace (since Linux 5.3), so the check reads them
-//! in the namespace the endpoints' interfaces are in.
+//! configuration). They are per network namespace (a new namespace starts
+//! with its own copy; checked on 6.18 by this module's tests), so the check
+//! reads them in the namespace the endpoints' interfaces are in.
 
 use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
