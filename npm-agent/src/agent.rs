@@ -222,6 +222,7 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
             facts: cni_facts.clone(),
             cache: cache.clone(),
             readiness: health.clone(),
+            sync_marker: Arc::new(cni::status::SyncMarker::for_socket(&c.socket)),
             metrics: metrics.clone(),
             node_name: cfg.sync.compile.node_name.clone(),
             wait_bound: c.wait_bound,

@@ -479,6 +479,7 @@ impl RunArgs {
                 flow_logs_per_sec: self.flow_logs_per_sec,
                 flow_logs_allow: self.flow_logs_allow,
                 cluster_policies: self.cluster_network_policies,
+                bridge_netfilter: (self.dataplane == DataplaneKind::Nftables).then(Default::default),
                 ..SyncConfig::default()
             },
             page_size: self.page_size,

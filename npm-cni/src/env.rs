@@ -95,6 +95,16 @@ impl AttachmentEnv {
         })
     }
 
+    /// Whether `CNI_ARGS` names the pod's namespace and name but not its uid (`K8S_POD_UID`): a
+    /// runtime that does not pass the uid (see [`POD_UID_REQUIREMENT`]).
+    pub fn lacks_only_pod_uid(&self) -> bool {
+        let Ok(args) = parse_cni_args(self.args.as_deref().unwrap_or("")) else {
+            return false;
+        };
+        let has = |key: &str| args.get(key).is_some_and(|v| !v.is_empty());
+        has("K8S_POD_NAMESPACE") && has("K8S_POD_NAME") && !has("K8S_POD_UID")
+    }
+
     /// The pod named by `K8S_POD_NAMESPACE`, `K8S_POD_NAME` and `K8S_POD_UID` in `CNI_ARGS`.
     pub fn pod(&self) -> Result<PodRef, CniError> {
         let args = parse_cni_args(self.args.as_deref().unwrap_or(""))?;
@@ -114,13 +124,19 @@ impl AttachmentEnv {
                     ErrorCode::InvalidEnvironment,
                     format!("CNI_ARGS lacks {}", missing.join(", ")),
                 )
-                .with_details(
-                    "npm-cni needs the pod's namespace, name and uid in CNI_ARGS, as the kubelet's runtimes pass them",
-                ))
+                .with_details(POD_UID_REQUIREMENT))
             }
         }
     }
 }
+
+/// What npm-cni requires of the container runtime, in the error of an ADD or CHECK whose `CNI_ARGS`
+/// lacks the pod: the uid is what ties the sandbox to exactly one pod object (a pod recreated under
+/// the same name is another pod), so npm-cni never guesses it from the name.
+pub const POD_UID_REQUIREMENT: &str = "npm-cni needs the pod's namespace, name and uid in CNI_ARGS \
+     (K8S_POD_NAMESPACE, K8S_POD_NAME, K8S_POD_UID): the container runtime must pass them, as containerd \
+     and CRI-O do; with a runtime that does not pass K8S_POD_UID, set failOpen in npm-cni's entry (pods \
+     then start without waiting for enforcement) or remove npm-cni from the conflist";
 
 /// Parses `CNI_ARGS` (`K=V;K=V`, empty segments ignored) into a map.
 pub fn parse_cni_args(args: &str) -> Result<BTreeMap<String, String>, CniError> {
@@ -235,6 +251,23 @@ mod tests {
         let e = attachment.pod().unwrap_err();
         assert_eq!(u32::from(e.code), 4);
         assert_eq!(e.msg, "CNI_ARGS lacks K8S_POD_UID");
+        // The error names what the runtime must do.
+        let details = e.details.as_deref().unwrap();
+        assert!(
+            details.contains("container runtime must pass") && details.contains("failOpen"),
+            "{details}"
+        );
+        assert!(attachment.lacks_only_pod_uid());
+        let named = AttachmentEnv {
+            args: Some("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=a;K8S_POD_UID=u".into()),
+            ..attachment.clone()
+        };
+        assert!(!named.lacks_only_pod_uid());
+        let no_name = AttachmentEnv {
+            args: Some("K8S_POD_NAMESPACE=ns".into()),
+            ..attachment
+        };
+        assert!(!no_name.lacks_only_pod_uid(), "not a pod at all: refused as before");
         assert!(parse_cni_args("A=1;;B=").is_ok());
         assert!(parse_cni_args("A=1;junk").is_err());
     }

@@ -131,7 +131,28 @@ fn attachment(env: &AttachmentEnv, conf: &NetConf, command: &str) -> Result<(Att
     Ok((attachment, prev_result))
 }
 
+/// With `failOpen`, a runtime that names the pod but passes no `K8S_POD_UID` gets the previous
+/// result back (the pod starts unenforced until the agent finds its interface from the API's
+/// addresses, as without npm-cni); without it, the ADD or CHECK is refused, naming the requirement
+/// ([`crate::env::POD_UID_REQUIREMENT`]).
+fn uid_fail_open(env: &AttachmentEnv, conf: &NetConf, command: &str, log: &mut dyn Write) -> Option<Value> {
+    if !(conf.fail_open && env.lacks_only_pod_uid()) {
+        return None;
+    }
+    let prev_result = conf.prev_result.clone()?;
+    let _ = writeln!(
+        log,
+        "npm-cni: failOpen: {command} of container {} proceeds without the agent: CNI_ARGS lacks K8S_POD_UID \
+         (the container runtime does not pass it)",
+        env.container_id
+    );
+    Some(prev_result)
+}
+
 fn add(env: &AttachmentEnv, conf: &NetConf, log: &mut dyn Write) -> Result<Value, CniError> {
+    if let Some(prev_result) = uid_fail_open(env, conf, "ADD", log) {
+        return Ok(prev_result);
+    }
     let (attachment, prev_result) = attachment(env, conf, "ADD")?;
     let pod = format!(
         "{}/{} (uid {})",
@@ -150,6 +171,9 @@ fn add(env: &AttachmentEnv, conf: &NetConf, log: &mut dyn Write) -> Result<Value
 fn check(env: &AttachmentEnv, conf: &NetConf, log: &mut dyn Write) -> Result<(), CniError> {
     // 0.3.x has no CHECK: the spec wants an incompatible-version error for it.
     require_version(conf, version::CHECK_SINCE, "CHECK")?;
+    if uid_fail_open(env, conf, "CHECK", log).is_some() {
+        return Ok(());
+    }
     let (attachment, _) = attachment(env, conf, "CHECK")?;
     let pod = format!("{}/{}", attachment.pod.namespace, attachment.pod.name);
     match agent(conf, Request::Check(attachment), ConnectMode::RetryUntilDeadline) {
@@ -345,6 +369,45 @@ mod tests {
         let conf = r#"{"cniVersion":"0.4.0","name":"n","type":"npm-cni","agentSocket":"/nonexistent/s","timeoutSeconds":1,
             "prevResult":{"interfaces":[{"name":"eth0","sandbox":"/x"}],"ips":[{"version":"4","address":"10.0.0.2/24","interface":0}]}}"#;
         assert_eq!(run_with(&with("CHECK"), conf).stdout.unwrap()["code"], 11);
+    }
+
+    /// A runtime that passes no `K8S_POD_UID`: ADD is refused with the runtime requirement
+    /// (code 4) however the agent is doing, and with `failOpen` the pod starts (its previous result
+    /// back, the agent not asked).
+    #[test]
+    fn add_without_pod_uid_names_the_runtime_requirement_or_fails_open() {
+        let env = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_NETNS", "/var/run/netns/x"),
+            ("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p"),
+        ];
+        let conf = |fail_open: bool| {
+            format!(
+                r#"{{"cniVersion":"1.0.0","name":"n","type":"npm-cni","agentSocket":"/nonexistent/s",
+                   "timeoutSeconds":1,"failOpen":{fail_open},
+                   "prevResult":{{"cniVersion":"1.0.0","interfaces":[{{"name":"veth1"}},{{"name":"eth0","sandbox":"/x"}}],
+                                 "ips":[{{"address":"10.0.0.2/24","interface":1}}]}}}}"#
+            )
+        };
+        let out = run_with(&env, &conf(false));
+        assert_eq!(out.exit_code, 1);
+        let error = out.stdout.unwrap();
+        assert_eq!(error["code"], 4, "{error}");
+        assert_eq!(error["msg"], "CNI_ARGS lacks K8S_POD_UID", "{error}");
+        let details = error["details"].as_str().unwrap();
+        assert!(
+            details.contains("K8S_POD_UID") && details.contains("container runtime"),
+            "{details}"
+        );
+        let out = run_with(&env, &conf(true));
+        assert_eq!(out.exit_code, 0, "{:?}", out.stdout);
+        assert_eq!(out.stdout.unwrap()["ips"][0]["address"], "10.0.0.2/24");
+        let mut check = env.to_vec();
+        check[0] = ("CNI_COMMAND", "CHECK");
+        assert_eq!(run_with(&check, &conf(true)).exit_code, 0);
+        assert_eq!(run_with(&check, &conf(false)).stdout.unwrap()["code"], 4);
     }
 
     #[test]

@@ -233,6 +233,21 @@ fn bad_input_gets_cni_errors_with_spec_codes() {
     let args = pod.cni_args().replace(&format!(";K8S_POD_UID={}", pod.uid), "");
     let error = exec(npm_cni(), &pod.env_with_args("ADD", &args), &pod.npm_conf(json!({}))).cni_error(4);
     assert!(error["msg"].as_str().unwrap().contains("K8S_POD_UID"), "{error}");
+    assert!(
+        error["details"]
+            .as_str()
+            .unwrap()
+            .contains("container runtime must pass"),
+        "{error}"
+    );
+    // With failOpen the pod starts without the agent: its previous result back.
+    let run = exec(
+        npm_cni(),
+        &pod.env_with_args("ADD", &args),
+        &pod.npm_conf(json!({"failOpen": true})),
+    );
+    assert_eq!(run.code, 0, "{}", run.json());
+    assert_eq!(run.json()["ips"], pod.result["ips"]);
     // No CNI_NETNS: 4.
     let env: Vec<_> = pod.env("ADD").into_iter().filter(|(k, _)| k != "CNI_NETNS").collect();
     let error = exec(npm_cni(), &env, &pod.npm_conf(json!({}))).cni_error(4);

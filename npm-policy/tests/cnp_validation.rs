@@ -333,6 +333,39 @@ fn invalid_forms_fail_closed() {
             |p| p.egress[0].peers == vec![ClusterPeer::All],
         ),
         (
+            "domainNames peer in an Accept rule of the Baseline tier (NPEP-133: Admin tier only)",
+            |v| {
+                v["spec"]["tier"] = json!("Baseline");
+                v["spec"]["egress"][1]["to"][0] = json!({"domainNames": ["*.example.com"]});
+            },
+            "spec.egress[1].to[0].domainNames",
+            ClusterConsequence::PeerMatchesNothing("spec.egress[1].to[0]".into()),
+            |p| p.tier == Tier::Baseline && p.egress[1].action == TierAction::Accept && p.egress[1].peers.is_empty(),
+        ),
+        (
+            "Baseline domainNames peer beside a pods peer: only the domainNames peer matches nothing",
+            |v| {
+                v["spec"]["tier"] = json!("Baseline");
+                v["spec"]["egress"][1]["to"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"domainNames": ["www.example.com"]}));
+            },
+            "spec.egress[1].to[1].domainNames",
+            ClusterConsequence::PeerMatchesNothing("spec.egress[1].to[1]".into()),
+            |p| p.egress[1].peers.len() == 1 && matches!(p.egress[1].peers[0], ClusterPeer::Pods { .. }),
+        ),
+        (
+            "Baseline domainNames peer in a Deny rule",
+            |v| {
+                v["spec"]["tier"] = json!("Baseline");
+                v["spec"]["egress"][0]["to"][0] = json!({"domainNames": ["*.example.com"]});
+            },
+            "spec.egress[0].to[0].domainNames",
+            ClusterConsequence::DenyEveryPeer("spec.egress[0]".into()),
+            |p| p.egress[0].peers == vec![ClusterPeer::All],
+        ),
+        (
             "bad CIDR",
             |v| v["spec"]["egress"][0]["to"][0]["networks"][1] = json!("10.0.0.0/33"),
             "spec.egress[0].to[0].networks[1]",
@@ -430,6 +463,25 @@ fn invalid_forms_fail_closed() {
         assert_eq!(report.namespace, "");
         assert!(report.errors.iter().any(|m| m.contains(field)), "{what}: {report:?}");
     }
+}
+
+/// NPEP-133: `domainNames` stays valid in an Accept rule of the Admin
+/// tier (the table above has the Baseline tier refusing it).
+#[test]
+fn admin_accept_domain_names_are_valid() {
+    let mut v = base();
+    v["spec"]["egress"][1]["to"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"domainNames": ["*.example.com", "www.example.org"]}));
+    let c = convert_cluster_policy_value(&v).unwrap();
+    assert!(c.problems.is_empty(), "{:#?}", c.problems);
+    assert!(c.invalid().is_none());
+    assert!(
+        matches!(&c.policy.egress[1].peers[1], ClusterPeer::DomainNames(names) if names.len() == 2),
+        "{:#?}",
+        c.policy.egress[1]
+    );
 }
 
 #[test]

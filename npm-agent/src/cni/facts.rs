@@ -162,6 +162,18 @@ impl NodeFacts {
         self.tombstones.contains_key(uid)
     }
 
+    /// Whether the facts hold pod `uid` (a current attachment or a
+    /// tombstone) under exactly `namespace/name`: how a mirror pod is
+    /// matched to the static pod the runtime attached (the runtime's uid is
+    /// the static pod's, named by the mirror pod's
+    /// `kubernetes.io/config.mirror`). The name is part of the match, so an
+    /// object of another name carrying that annotation never takes the
+    /// attachment's addresses (incident 1).
+    pub fn holds(&self, uid: &str, namespace: &str, name: &str) -> bool {
+        let named = |p: &PodRef| p.namespace == namespace && p.name == name;
+        self.current(uid).is_some_and(|a| named(&a.pod)) || self.tombstones.get(uid).is_some_and(named)
+    }
+
     fn reindex(&mut self) {
         self.by_uid.clear();
         self.claimed.clear();
@@ -505,6 +517,19 @@ mod tests {
         let lifted = f.lift_tombstones(|p| p.name == "a");
         assert_eq!(lifted.len(), 1);
         assert!(!f.is_tombstoned("uid-a"));
+    }
+
+    #[test]
+    fn a_pod_is_held_under_its_uid_and_name_only() {
+        let mut f = NodeFacts::default();
+        f.add(attachment("c1", "static", "10.0.0.5"));
+        assert!(f.holds("uid-static", "ns", "static"));
+        assert!(!f.holds("uid-static", "ns", "impostor"), "another name");
+        assert!(!f.holds("uid-static", "other", "static"), "another namespace");
+        assert!(!f.holds("uid-other", "ns", "static"));
+        f.del(&("c1".into(), "eth0".into()), None);
+        assert!(f.holds("uid-static", "ns", "static"), "tombstoned");
+        assert!(!f.holds("uid-static", "ns", "impostor"));
     }
 
     #[test]

@@ -153,7 +153,7 @@ fn why_not_programmed(ctx: &CniContext, pod: &str, uid: &str) -> (String, bool) 
     let bound = ctx.wait_bound;
     match object {
         None => ("is not in the agent's cache yet".into(), true),
-        Some(p) if p.metadata.uid.as_deref() != Some(uid) => (
+        Some(p) if !p.has_runtime_uid(uid) => (
             format!(
                 "the agent's cache holds a pod of that name with uid {:?} (an older pod?)",
                 p.metadata.uid.as_deref().unwrap_or("")
@@ -238,11 +238,11 @@ async fn del(ctx: &CniContext, d: Detachment) -> Response {
     response
 }
 
+/// STATUS: see [`super::status`] for what it means.
 fn status(ctx: &CniContext) -> Response {
-    if ctx.cache.all_listed() && ctx.readiness.first_sync_done() {
-        Response::ok(None)
-    } else {
-        Response::error("the agent has not applied its first full sync yet", true)
+    match super::status::answer(ctx.readiness.first_sync_done(), &ctx.sync_marker) {
+        Ok(()) => Response::ok(None),
+        Err(why) => Response::error(why, true),
     }
 }
 
@@ -284,6 +284,12 @@ pub async fn maintain(ctx: CniContext) {
 
 /// One pass of [`maintain`].
 pub fn prune(ctx: &CniContext) {
+    if ctx.readiness.first_sync_done() {
+        // STATUS of a restarted agent reads it; written once.
+        if let Err(e) = ctx.sync_marker.record() {
+            tracing::debug!(error = %e, "sync marker not written");
+        }
+    }
     let facts = ctx.facts.current();
     let dead: HashSet<AttachmentKey> = facts
         .attachments()
@@ -298,7 +304,7 @@ pub fn prune(ctx: &CniContext) {
                 .tombstones()
                 .filter(|t| {
                     pods.get(&(t.namespace.clone(), t.name.clone()))
-                        .is_none_or(|p| p.metadata.uid.as_deref() != Some(t.uid.as_str()))
+                        .is_none_or(|p| !p.has_runtime_uid(&t.uid))
                 })
                 .map(|t| t.uid.clone())
                 .collect(),

@@ -20,8 +20,14 @@
 //!   linger with its old addresses) says; the answer follows the eviction
 //!   sync. The tombstone goes when the pod object is gone, or with a new ADD
 //!   of that pod. CHECK answers whether the endpoint is programmed, STATUS
-//!   whether the first full sync was applied, GC drops the attachments of a
+//!   whether a full sync was applied on this node since it booted, by this
+//!   agent or an earlier one ([`status`]), GC drops the attachments of a
 //!   network that the runtime no longer lists.
+//! - **Static pods**: the runtime passes the static pod's uid; the API
+//!   object is its mirror pod, with another uid and the static one in
+//!   `kubernetes.io/config.mirror`. A mirror pod whose static pod the facts
+//!   hold under the same namespace and name is compiled under the static
+//!   uid (`reconcile::compiler`), so its endpoint is the attachment's.
 //! - A background pass ([`handler::maintain`]) drops an attachment whose veth
 //!   vanished without a DEL (as a DEL), and lifts tombstones of pods that
 //!   are gone.
@@ -54,6 +60,7 @@ pub mod handle;
 pub mod handler;
 pub mod persist;
 pub mod server;
+pub mod status;
 pub mod veth;
 
 use std::path::PathBuf;
@@ -106,6 +113,9 @@ pub struct CniContext {
     pub cache: Arc<Cache>,
     /// The first-sync flag (STATUS).
     pub readiness: Arc<Health>,
+    /// "A full sync was applied on this node since it booted" (STATUS:
+    /// [`status`]).
+    pub sync_marker: Arc<status::SyncMarker>,
     /// Metrics.
     pub metrics: Metrics,
     /// This node's name.

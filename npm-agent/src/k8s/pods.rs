@@ -29,6 +29,11 @@ use serde::{Deserialize, Serialize};
 
 use super::store::Projection;
 
+/// The annotation the kubelet puts on the mirror pod of a static pod: the
+/// static pod's uid (its config hash), which is what the runtime passes
+/// npm-cni as `K8S_POD_UID`; the mirror pod's own `metadata.uid` differs.
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
 /// A Pod, slim: what the compiler reads and nothing else.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 pub struct Pod {
@@ -130,6 +135,23 @@ fn container_from_api(c: corev1::Container) -> Container {
 }
 
 impl Pod {
+    /// The uid of the static pod this is the mirror pod of
+    /// ([`MIRROR_ANNOTATION`]); `None` for any other pod.
+    pub fn mirror_of(&self) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(MIRROR_ANNOTATION)
+            .map(String::as_str)
+            .filter(|u| !u.is_empty())
+    }
+
+    /// Whether this object is the pod the runtime names `uid` in CNI_ARGS:
+    /// its own uid, or for a mirror pod its static pod's.
+    pub fn has_runtime_uid(&self, uid: &str) -> bool {
+        self.metadata.uid.as_deref() == Some(uid) || self.mirror_of() == Some(uid)
+    }
+
     /// The k8s-openapi Pod with the kept fields (what
     /// `npm_policy::convert::pod_from_api` converts). Built per conversion,
     /// which happens only when the pod changed.
@@ -179,10 +201,15 @@ impl From<corev1::Pod> for Pod {
 }
 
 /// The slim metadata: name, namespace, uid, resourceVersion, labels,
-/// creationTimestamp and deletionTimestamp (owner references, finalizers,
-/// generateName and the rest are dropped).
+/// creationTimestamp, deletionTimestamp and the [`MIRROR_ANNOTATION`]
+/// (owner references, finalizers, generateName, other annotations and the
+/// rest are dropped).
 pub fn slim_pod(p: Pod) -> Pod {
     let m = p.metadata;
+    let mirror = m
+        .annotations
+        .and_then(|mut a| a.remove(MIRROR_ANNOTATION))
+        .map(|v| [(MIRROR_ANNOTATION.to_string(), v)].into());
     Pod {
         metadata: ObjectMeta {
             name: m.name,
@@ -190,6 +217,7 @@ pub fn slim_pod(p: Pod) -> Pod {
             uid: m.uid,
             resource_version: m.resource_version,
             labels: m.labels,
+            annotations: mirror,
             creation_timestamp: m.creation_timestamp,
             deletion_timestamp: m.deletion_timestamp,
             ..ObjectMeta::default()
@@ -207,6 +235,7 @@ pub fn same_pod(a: &Pod, b: &Pod) -> bool {
         && x.namespace == y.namespace
         && x.uid == y.uid
         && x.labels == y.labels
+        && x.annotations == y.annotations
         && x.creation_timestamp == y.creation_timestamp
         && x.deletion_timestamp == y.deletion_timestamp
         && a.spec == b.spec
@@ -258,6 +287,24 @@ mod tests {
             spec.init_containers.as_ref().unwrap()[0].ports.as_ref().unwrap()[0].container_port,
             9901
         );
+    }
+
+    #[test]
+    fn the_mirror_annotation_is_kept_others_are_dropped() {
+        let mut json: serde_json::Value = serde_json::from_str(API_POD).unwrap();
+        json["metadata"]["annotations"] = serde_json::json!({
+            "kubernetes.io/config.mirror": "hash-1", "kubernetes.io/config.hash": "hash-1", "other": "x"});
+        let mirror = crate::k8s::strip(slim_pod(serde_json::from_value::<Pod>(json).unwrap()));
+        assert_eq!(
+            mirror.metadata.annotations,
+            Some([(MIRROR_ANNOTATION.to_string(), "hash-1".to_string())].into())
+        );
+        assert_eq!(mirror.mirror_of(), Some("hash-1"));
+        assert!(mirror.has_runtime_uid("hash-1") && mirror.has_runtime_uid("u1"));
+        assert!(!mirror.has_runtime_uid("u2"));
+        let plain = slim_pod(serde_json::from_str::<Pod>(API_POD).unwrap());
+        assert_eq!(plain.mirror_of(), None);
+        assert!(!same_pod(&plain, &mirror), "the annotation is part of the pod");
     }
 
     #[test]

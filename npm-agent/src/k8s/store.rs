@@ -209,18 +209,24 @@ pub fn key_of<K: Resource>(o: &K) -> ObjKey {
     )
 }
 
+/// The annotations [`strip`] keeps: `npm.io/audit`, which puts a
+/// NetworkPolicy in audit mode (`npm_policy::audit`), and
+/// `kubernetes.io/config.mirror`, the uid of a mirror pod's static pod
+/// (what the runtime passes npm-cni: [`super::pods::Pod::mirror_of`]).
+pub const KEPT_ANNOTATIONS: [&str; 2] = [npm_policy::audit::AUDIT_ANNOTATION, super::pods::MIRROR_ANNOTATION];
+
 /// Drop the fields the agent never reads (managedFields, annotations but
-/// `npm.io/audit`, which puts a NetworkPolicy in audit mode:
-/// `npm_policy::audit`) so the cache of a large cluster stays small.
+/// [`KEPT_ANNOTATIONS`]) so the cache of a large cluster stays small.
 pub fn strip<K: Resource>(mut o: K) -> K {
     let m = o.meta_mut();
     m.managed_fields = None;
-    let audit = npm_policy::audit::AUDIT_ANNOTATION;
-    m.annotations = m
-        .annotations
-        .take()
-        .and_then(|mut a| a.remove(audit))
-        .map(|v| BTreeMap::from([(audit.to_string(), v)]));
+    m.annotations = m.annotations.take().and_then(|mut a| {
+        let kept: BTreeMap<String, String> = KEPT_ANNOTATIONS
+            .iter()
+            .filter_map(|k| a.remove(*k).map(|v| (k.to_string(), v)))
+            .collect();
+        (!kept.is_empty()).then_some(kept)
+    });
     o
 }
 

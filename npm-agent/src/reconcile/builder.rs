@@ -173,6 +173,10 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             programmed_view,
             expect_cni_adds,
             local_endpoints: None,
+            bridge_nf: cfg
+                .bridge_netfilter
+                .as_ref()
+                .map(|c| crate::node::bridge_nf::BridgeNfCheck::new(c.netns.clone())),
             cfg,
         }
     }

@@ -78,6 +78,10 @@ pub struct SyncConfig {
     /// the watchers and the direct reads of the mass-removal guard follow
     /// the cache's mode.
     pub cluster_policies: ClusterPolicyMode,
+    /// At every stats tick, check that the traffic of endpoints on a bridge
+    /// port reaches the nftables table (`br_netfilter` and its sysctls:
+    /// [`crate::node::bridge_nf`]); set with the nftables dataplane.
+    pub bridge_netfilter: Option<crate::node::bridge_nf::BridgeNfConfig>,
 }
 
 impl Default for SyncConfig {
@@ -95,6 +99,7 @@ impl Default for SyncConfig {
             cross_check_interval: Duration::from_secs(300),
             node_addresses: None,
             cluster_policies: ClusterPolicyMode::Auto,
+            bridge_netfilter: None,
         }
     }
 }

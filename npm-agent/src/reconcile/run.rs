@@ -73,6 +73,9 @@ impl<D: AgentDataplane> Syncer<D> {
             }
         }
         self.metrics.map_fill(&self.dataplane.map_fill());
+        if let (Some(check), Some((prog, interfaces))) = (&mut self.bridge_nf, &self.programmed) {
+            check.report(prog, interfaces, &self.readiness, &self.metrics);
+        }
         if let Some(lost) = self.dataplane.events_lost() {
             self.metrics.ringbuf_events_lost(lost);
         }

@@ -232,6 +232,8 @@ pub struct Syncer<D: AgentDataplane> {
     /// were there at the first sync (`None` before it): see
     /// `report_endpoints_without_add`.
     pub(super) local_endpoints: Option<std::collections::HashSet<String>>,
+    /// nftables: the bridged endpoints' br_netfilter check (stats tick).
+    pub(super) bridge_nf: Option<crate::node::bridge_nf::BridgeNfCheck>,
 }
 
 impl<D: AgentDataplane> Syncer<D> {

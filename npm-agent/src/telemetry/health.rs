@@ -14,6 +14,7 @@
 //! | `map-capacity` | the last apply failed because a kernel map is full ([`npm_dataplane::DataplaneError::is_map_full`]), or the last sync programmed a reduced state because the compiled state does not fit a map (degraded mode; the reason names the map and its sizes) | [`Health::apply_failed`], [`Health::maps_degraded`] |
 //! | `cluster-network-policies` | the ClusterNetworkPolicy list fails for a reason that is not "not served" in `auto` (RBAC `403`; a `404` with `--cluster-network-policies=on`) | the CNP watcher (`k8s::watcher`), through [`Health::set_problem`] |
 //! | `cni-chained` | with `--cni-conf-dir`: the conflist the runtime uses lacks npm-cni's entry (or there is no usable one), the entry was just put back (until the next check confirms it), or the primary CNI removed it 3 times in 5 minutes | `cni::chain`, through [`Health::set_problem`] |
+//! | `bridge-netfilter` | nftables dataplane: a local endpoint is a bridge port and the bridge-nf-call sysctl of its family is 0 or absent (br_netfilter not loaded) | `node::bridge_nf`, through [`Health::set_problem`] |
 //! | any other name | a problem another part of the agent reports | [`Health::set_problem`] |
 //!
 //! **Reporting a problem from elsewhere** (e.g. "node addresses unreadable"):

@@ -105,6 +105,7 @@ pub const SERIES: &[Series] = &[
     series("npm_cni_rechained_total", C, N, &[], "Times npm-cni's entry was found missing from the primary CNI's conflist and put back."),
     series("npm_cni_endpoints_without_add_total", C, N, &[], "Local endpoints that appeared with no CNI ADD while npm-cni is expected to be chained (started unenforced)."),
     series("npm_cni_requests_total", C, N, &["command", "result"], "npm-cni requests answered, by command and result (ok, retry, error)."),
+    series("npm_bridge_nf_unfiltered_endpoints", G, N, &["family"], "nftables: local endpoints on a bridge port whose family's bridge-nf-call sysctl is off or absent (br_netfilter not loaded): their same-bridge traffic is not filtered."),
     series("npm_interface_conflicts_total", C, N, &[], "Interfaces found claimed by more than one endpoint (the newcomers are refused)."),
     series("npm_held_removals", G, None, &[], "1 while a mass removal is held for a confirming direct read, else 0."),
     series("npm_last_sync_success_timestamp_seconds", G, S, &[], "Unix time in seconds of the last sync that completed without error."),
@@ -301,6 +302,9 @@ impl Metrics {
         ] {
             m.pod_event(op, 0);
         }
+        for family in ["ipv4", "ipv6"] {
+            m.bridge_nf_unfiltered(family, 0);
+        }
         // The tier series exist from the start (0 until a CNP decides).
         m.with(|| {
             for dir in ["ingress", "egress"] {
@@ -384,6 +388,11 @@ impl Metrics {
     pub fn readiness_failure(&self, check: &str, failing: bool) {
         let check = check.to_string();
         self.with(|| metrics::gauge!("npm_readiness_failures", "check" => check).set(if failing { 1.0 } else { 0.0 }));
+    }
+
+    /// Set `npm_bridge_nf_unfiltered_endpoints{family}` (`ipv4`, `ipv6`).
+    pub fn bridge_nf_unfiltered(&self, family: &'static str, n: usize) {
+        self.with(|| metrics::gauge!("npm_bridge_nf_unfiltered_endpoints", "family" => family).set(n as f64));
     }
 
     /// Set the size of one table of the compiled state last synced

@@ -13,6 +13,15 @@
 //!   hands to a new pod never owns it.
 //! - `bridge`: the endpoint is on the veth, never on the bridge.
 //! - GC drops the attachments the runtime no longer lists.
+//! - STATUS: a restarted agent that cannot list the API answers "ok" (a
+//!   full sync was applied on this node since it booted); an agent of a
+//!   node where none was answers "retry".
+//! - A static pod: the runtime passes the static pod's uid, the API holds
+//!   its mirror pod (another uid, the static one in
+//!   `kubernetes.io/config.mirror`): ADD is answered once the mirror pod's
+//!   endpoint is programmed, the tombstone holds while the mirror object
+//!   lingers, and an object of another name carrying the same annotation
+//!   never gets the attachment's address.
 //!
 //! Names carry the process id (`npmcnia<pid>...`).
 
@@ -239,4 +248,119 @@ async fn bridge_pods_are_attached_on_their_veth_and_gc_evicts() {
     drop(sb);
     drop(agent);
     srv.shutdown().await;
+}
+
+/// The uid the kubelet gives a static pod (its config hash) and passes the
+/// runtime; the API server gives its mirror pod another.
+const STATIC_UID: &str = "6f1c0e2b3a4d5e6f7a8b9c0d1e2f3a4b";
+
+async fn mirror_pod(client: &kube::Client, name: &str, phase: &str, ip: Option<&str>) -> String {
+    let mut p = pod(NS, name, "node-a", ip, &[("app", "web")]);
+    p.metadata.annotations = Some(
+        [
+            ("kubernetes.io/config.mirror".to_string(), STATIC_UID.to_string()),
+            ("kubernetes.io/config.hash".to_string(), STATIC_UID.to_string()),
+            ("kubernetes.io/config.source".to_string(), "file".to_string()),
+        ]
+        .into(),
+    );
+    p.status.as_mut().unwrap().phase = Some(phase.into());
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &p)
+        .await
+        .unwrap_or_else(|e| panic!("create pod {name}: {e}"))
+        .metadata
+        .uid
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_pod_is_matched_to_its_mirror_pod() {
+    let (srv, client, net) = setup("s", Wiring::Ptp, "10.248.0.0/24").await;
+    let dp = RecordingDataplane::default();
+    let agent = agent(&client, &dp, &net).await;
+    let mirror_uid = mirror_pod(&client, "etcd-node-a", "Pending", None).await;
+    assert_ne!(mirror_uid, STATIC_UID);
+    // Another object carrying the same annotation (any pod author can set
+    // it), with an address of its own.
+    mirror_pod(&client, "impostor", "Running", Some("10.248.9.9")).await;
+    let mut sb = Sandbox::new(&net, NS, "etcd-node-a", STATIC_UID);
+    add(&mut sb);
+    let ip = sb.ip().to_string();
+    let veth = sb.host_interfaces()[0].clone();
+    {
+        let r = dp.lock();
+        let (id, name) = endpoint_with_ip(&r.state, &ip).expect("the static pod's endpoint programmed at ADD");
+        assert_eq!(name, "f/etcd-node-a", "the mirror pod, not the impostor");
+        assert_eq!(r.interfaces.get(&id), Some(&ifindex(None, &veth)), "on the pod's veth");
+        assert_eq!(policies_of_endpoint(&r.state, id), ["f/web".to_string()].into());
+        assert_eq!(r.state.endpoints[&id].pod.uid, STATIC_UID, "keyed by the runtime's uid");
+        let owner = r.state.ipcache[&ip.parse().unwrap()].identity;
+        assert_eq!(
+            owner, r.state.endpoints[&id].identity,
+            "the address is the static pod's"
+        );
+    }
+    let check = tokio::task::block_in_place(|| sb.check_npm_cni());
+    assert_eq!(check.code, 0, "{check:?}");
+    publish_ip(&client, "etcd-node-a", sb.ip()).await;
+
+    // DEL: evicted; the tombstone holds while the mirror object lingers
+    // with the address (past a pass of the maintenance loop).
+    let runs = tokio::task::block_in_place(|| sb.del());
+    assert!(runs.iter().all(|r| r.code == 0), "{runs:?}");
+    assert_eq!(endpoint_with_ip(&dp.lock().state, &ip), None, "evicted at DEL");
+    tokio::time::sleep(npm_agent::cni::handler::MAINTAIN_INTERVAL + Duration::from_millis(500)).await;
+    assert!(
+        agent.cni_facts.current().is_tombstoned(STATIC_UID),
+        "held while the mirror pod lingers"
+    );
+    assert_eq!(endpoint_with_ip(&dp.lock().state, &ip), None);
+    delete_pods(&client, vec![(NS.into(), "etcd-node-a".into())], 1).await;
+    wait_until("tombstone lifted", Duration::from_secs(10), || {
+        !agent.cni_facts.current().is_tombstoned(STATIC_UID)
+    })
+    .await;
+    drop(sb);
+    drop(agent);
+    srv.shutdown().await;
+}
+
+/// An agent on `net` over a client whose API server may be gone, not
+/// waiting for readiness: once its socket answers.
+async fn agent_unready(client: &kube::Client, dp: &RecordingDataplane, net: &Network) -> RunningAgent {
+    let mut cfg = agent_config(100);
+    cfg.cni = Some(CniConfig::new(net.socket.clone()));
+    let agent = start_agent(cfg, client.clone(), dp.clone()).await;
+    wait_until("the CNI socket answers", Duration::from_secs(10), || {
+        proto::exchange(&net.socket, &Request::Status, Duration::from_secs(2), ConnectMode::Once).is_ok()
+    })
+    .await;
+    agent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_holds_across_a_restart_that_cannot_list() {
+    let (srv, client, net) = setup("t", Wiring::Ptp, "10.249.0.0/24").await;
+    let dp = RecordingDataplane::default();
+    let first = agent(&client, &dp, &net).await;
+    assert!(exchange(&net, &Request::Status).ok);
+    drop(first);
+    // The API server goes: the restarted agent never completes a list.
+    srv.shutdown().await;
+    let second = agent_unready(&client, &dp, &net).await;
+    let status = exchange(&net, &Request::Status);
+    assert!(status.ok, "a sync was applied on this node since it booted: {status:?}");
+    assert!(!second.is_ready(), "its readiness says it cannot list");
+    // A node where no sync was applied since it booted (no marker).
+    let fresh = Arc::new(Network::new("u", Wiring::Ptp, "10.249.1.0/24"));
+    let third = agent_unready(&client, &dp, &fresh).await;
+    let status = exchange(&fresh, &Request::Status);
+    assert!(!status.ok && status.retry, "{status:?}");
+    assert!(
+        status.error.as_deref().unwrap_or("").contains("since it booted"),
+        "{status:?}"
+    );
+    drop(third);
+    drop(second);
 }

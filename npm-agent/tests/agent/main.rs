@@ -23,6 +23,7 @@ mod common;
 pub static TC_FILTERS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 mod bad_input;
+mod bridge_netfilter;
 mod chart;
 mod cli;
 mod cni_chained;

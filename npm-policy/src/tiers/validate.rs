@@ -18,7 +18,7 @@
 //!
 //! | what cannot be understood | what the conversion does ([`ClusterConsequence`]) |
 //! |---|---|
-//! | a peer with no field (a newer field), `domainNames` outside an Accept rule or with a name the API's pattern refuses, a bad `nodes` selector, an empty or unparsable `networks`, a bad selector | Accept: the peer matches nothing; Deny/Pass: the rule becomes Deny of every peer |
+//! | a peer with no field (a newer field), `domainNames` outside an Accept rule of the Admin tier (NPEP-133) or with a name the API's pattern refuses, a bad `nodes` selector, an empty or unparsable `networks`, a bad selector | Accept: the peer matches nothing; Deny/Pass: the rule becomes Deny of every peer |
 //! | an empty `from`/`to` | Accept: matches nothing; Deny/Pass: Deny of every peer |
 //! | a protocol entry with no field or several, `tcp`/`udp`/`sctp` without a port, a port not 1..=65535, a range without `start < end`, a bad port name | Accept: the entry is dropped (the rule matches nothing once none is left); Deny/Pass: the rule becomes Deny of all traffic of its peers |
 //! | an action other than `Accept`, `Deny`, `Pass` | the rule is a Deny |
@@ -212,9 +212,15 @@ impl Ctx {
     }
 }
 
-/// A peer of a rule whose action is `Accept` when `accept`, or `None`
-/// (errors recorded, consequence set by the caller).
-fn peer(ctx: &mut Ctx, path: &str, p: &ClusterNetworkPolicyEgressPeer, accept: bool) -> Option<ClusterPeer> {
+/// A peer of a rule whose action is `Accept` when `accept`, in a policy of
+/// tier `tier`, or `None` (errors recorded, consequence set by the caller).
+fn peer(
+    ctx: &mut Ctx,
+    path: &str,
+    p: &ClusterNetworkPolicyEgressPeer,
+    accept: bool,
+    tier: Tier,
+) -> Option<ClusterPeer> {
     let set = [
         p.namespaces.is_some(),
         p.pods.is_some(),
@@ -254,6 +260,18 @@ fn peer(ctx: &mut Ctx, path: &str, p: &ClusterNetworkPolicyEgressPeer, accept: b
             ctx.err(
                 dp,
                 "domainNames may only be used with Accept action",
+                ClusterConsequence::Reported,
+            );
+            return None;
+        }
+        // NPEP-133 (network-policy-api PR #366, May 2026): "DomainNames is
+        // only supported in the Admin tier", a CEL rule the API enforces;
+        // a Baseline policy cannot carry it (an Accept of names below every
+        // NetworkPolicy would be a second, weaker allow list).
+        if tier != Tier::Admin {
+            ctx.err(
+                dp,
+                "domainNames may only be used in the Admin tier (NPEP-133)",
                 ClusterConsequence::Reported,
             );
             return None;
@@ -466,6 +484,7 @@ fn rule(
     action: &str,
     peers: &[ClusterNetworkPolicyEgressPeer],
     protocols: Option<&Vec<ClusterNetworkPolicyProtocol>>,
+    tier: Tier,
     deny_only: bool,
 ) -> ClusterRule {
     if let Some(n) = name.filter(|n| n.chars().count() > 100) {
@@ -515,7 +534,7 @@ fn rule(
     for (i, p) in peers.iter().enumerate() {
         let pp = format!("{path}.{peer_field}[{i}]");
         let from = ctx.errors.len();
-        match peer(ctx, &pp, p, accept) {
+        match peer(ctx, &pp, p, accept, tier) {
             Some(p) => out.peers.push(p),
             None if accept => ctx.since(from, &ClusterConsequence::PeerMatchesNothing(pp)),
             None => {
@@ -692,6 +711,7 @@ pub fn convert_cluster_policy(cnp: &ClusterNetworkPolicy) -> ClusterPolicyConver
                 &r.action,
                 &peers,
                 r.protocols.as_ref(),
+                tier,
                 deny_only,
             )
         })
@@ -708,6 +728,7 @@ pub fn convert_cluster_policy(cnp: &ClusterNetworkPolicy) -> ClusterPolicyConver
                 &r.action,
                 &r.to,
                 r.protocols.as_ref(),
+                tier,
                 deny_only,
             )
         })

@@ -16,8 +16,19 @@ use crate::k8s::ObjKey;
 
 /// Convert `pod` and overlay the facts on it; also returns the addresses
 /// the overlay took from it (an attachment of another pod holds them).
+///
+/// A mirror pod (the API's copy of a static pod) whose static pod the
+/// facts hold under the mirror pod's own namespace and name
+/// ([`NodeFacts::holds`]) is compiled under the static pod's uid, the one
+/// the runtime gave npm-cni: its endpoint is then the attachment's, keyed
+/// as CNI requests wait for it. Any other object keeps its own uid.
 pub(super) fn convert_pod(pod: &Pod, facts: &NodeFacts) -> Result<(ModelPod, Vec<IpAddr>), ConvertError> {
     let mut model = pod_from_api(&pod.to_api())?;
+    if let Some(runtime_uid) = pod.mirror_of() {
+        if facts.holds(runtime_uid, &model.namespace, &model.name) {
+            model.uid = runtime_uid.to_string();
+        }
+    }
     let stripped = facts.overlay(&mut model);
     Ok((model, stripped))
 }
