@@ -953,6 +953,11 @@ fn rendered_objects_match_the_kubernetes_schema() {
             "cni.install=false",
             "pinDir=/sys/fs/bpf/npm/x",
             "serviceMonitor.enabled=true",
+            "serviceMonitor.bearerTokenFile=/var/run/secrets/kubernetes.io/serviceaccount/token",
+            "nodeRestriction.enabled=true",
+            "metrics.readers[0].kind=ServiceAccount",
+            "metrics.readers[0].name=prometheus",
+            "metrics.readers[0].namespace=monitoring",
         ][..],
     ] {
         let mut kinds = Vec::new();
@@ -967,6 +972,12 @@ fn rendered_objects_match_the_kubernetes_schema() {
                 "ClusterRoleBinding" => round_trips::<rbac::ClusterRoleBinding>(&doc),
                 "Role" => round_trips::<rbac::Role>(&doc),
                 "RoleBinding" => round_trips::<rbac::RoleBinding>(&doc),
+                "ValidatingAdmissionPolicy" => {
+                    round_trips::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy>(&doc)
+                }
+                "ValidatingAdmissionPolicyBinding" => {
+                    round_trips::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>(&doc)
+                }
                 "ServiceMonitor" => {}
                 other => panic!("unexpected kind {other}"),
             }

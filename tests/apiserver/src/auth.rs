@@ -107,6 +107,11 @@ impl Auth {
         n
     }
 
+    /// The user `token` authenticates, if registered.
+    pub fn user(&self, token: &str) -> Option<UserInfo> {
+        self.tokens.get(token).cloned()
+    }
+
     /// The answer to a `TokenReview` body.
     pub fn token_review(&self, review: &Value) -> Value {
         let token = review["spec"]["token"].as_str().unwrap_or("");

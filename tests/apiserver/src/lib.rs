@@ -38,7 +38,10 @@
 //! `POST /apis/authentication.k8s.io/v1/tokenreviews` and
 //! `/apis/authorization.k8s.io/v1/subjectaccessreviews` answer from the tokens and RBAC
 //! objects a test registers ([`TestApiServer::add_token`], [`TestApiServer::add_rbac`]; see
-//! [`auth`]); requests themselves are not authenticated.
+//! [`auth`]); requests themselves are not authenticated, except
+//! `GET .../pods/{name}/portforward` (WebSocket, `v4.channel.k8s.io`), which needs a
+//! registered bearer token granted `create` on `pods/portforward` (401, 403) and forwards
+//! to the pod's `status.podIP` (see [`http::portforward`]).
 //!
 //! Verbs for fault filters: `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
 //! `deletecollection`, `discovery`; the reviews count as verb `review`. Note that kube-rs retries 429/503/504 by itself.
@@ -193,7 +196,13 @@ impl TestApiServer {
                 })?;
         }
         let state = Arc::new(AppState::new(store, opts.bookmark_interval, addr));
-        let app = axum::Router::new().fallback(http::handle).with_state(state.clone());
+        let app = axum::Router::new()
+            .route(
+                "/api/v1/namespaces/{ns}/pods/{name}/portforward",
+                axum::routing::get(http::portforward::portforward),
+            )
+            .fallback(http::handle)
+            .with_state(state.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(async move {

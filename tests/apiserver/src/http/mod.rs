@@ -10,6 +10,7 @@
 mod admin;
 mod discovery;
 mod fault;
+pub mod portforward;
 mod resource;
 mod response;
 mod route;
