@@ -75,14 +75,14 @@ fn find_hooks<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
 }
 
 /// The agent DaemonSet's pod spec.
-fn agent_pod_spec(docs: &[Value]) -> &Value {
+pub(crate) fn agent_pod_spec(docs: &[Value]) -> &Value {
     let ds = find(docs, "DaemonSet");
     assert_eq!(ds.len(), 1, "one agent DaemonSet");
     &ds[0]["spec"]["template"]["spec"]
 }
 
 /// The container `name` of a pod spec's `containers` or `initContainers`.
-fn container<'a>(spec: &'a Value, list: &str, name: &str) -> Option<&'a Value> {
+pub(crate) fn container<'a>(spec: &'a Value, list: &str, name: &str) -> Option<&'a Value> {
     spec[list]
         .as_sequence()?
         .iter()
@@ -99,7 +99,7 @@ fn argv(c: &Value) -> Vec<String> {
 /// The command line (`command` + `args`) of the agent container that
 /// `helm template` renders with `set`: what the image's own binary must
 /// accept.
-fn agent_command_line(set: &[&str]) -> Vec<String> {
+pub(crate) fn agent_command_line(set: &[&str]) -> Vec<String> {
     let docs = template(set);
     argv(container(agent_pod_spec(&docs), "containers", "agent").expect("agent container"))
 }

@@ -24,6 +24,7 @@ pub static TC_FILTERS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(
 
 mod bad_input;
 mod chart;
+mod chart_metrics;
 mod chart_node_restriction;
 mod cli;
 mod cni_chained;
