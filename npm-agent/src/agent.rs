@@ -12,6 +12,7 @@ use crate::node::Resolve;
 use crate::reconcile::{AgentDataplane, SyncConfig, Syncer};
 use crate::telemetry::events::EventRecorder;
 use crate::telemetry::health::{Health, HealthConfig};
+use crate::telemetry::listener::Bounds;
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::server::{self, ServerError, ServerState};
 
@@ -193,23 +194,27 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
         health: health.clone(),
         programmed,
         observe,
+        auth: Arc::new(crate::telemetry::authz::MetricsAuth::new(client.clone())),
+        slots: server::Slots::default(),
     };
-    for (addr, router, bound_to, what) in [
+    for (addr, router, bounds, bound_to, what) in [
         (
             cfg.metrics_addr,
             server::router(state.clone()),
+            Bounds::METRICS,
             &mut http_addr,
             "metrics server",
         ),
         (
             cfg.debug_addr,
             server::debug_router(state),
+            Bounds::DEBUG,
             &mut debug_addr,
             "debug server",
         ),
     ] {
         let Some(addr) = addr else { continue };
-        let (bound, serve) = server::bind(addr, router).await?;
+        let (bound, serve) = server::bind(addr, router, bounds).await?;
         *bound_to = Some(bound);
         tasks.push(tokio::spawn(async move {
             if let Err(e) = serve.await {

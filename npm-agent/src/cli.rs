@@ -156,12 +156,15 @@ pub struct RunArgs {
     /// nftables table name of the nftables dataplane.
     #[arg(long, env = "NPM_NFT_TABLE", default_value = "npm")]
     pub nft_table: String,
-    /// Address of /metrics, /healthz and /readyz.
+    /// Address of /metrics, /healthz and /readyz. The /metrics series that
+    /// name pods or policies are served only to a bearer token whose user
+    /// may `get` the non-resource URL /metrics (TokenReview and
+    /// SubjectAccessReview with the agent's credentials).
     #[arg(long, env = "NPM_METRICS_ADDR", default_value = "0.0.0.0:9090")]
     pub metrics_addr: SocketAddr,
-    /// Address of /explain and /observe, which name pods, policies and
-    /// flows: loopback, reached on the node or through `kubectl
-    /// port-forward` to the agent pod (RBAC on `pods/portforward`).
+    /// Address of /explain, /observe and the whole /metrics, which name
+    /// pods, policies and flows: loopback, reached on the node or through
+    /// `kubectl port-forward` to the agent pod (RBAC on `pods/portforward`).
     #[arg(long, env = "NPM_DEBUG_ADDR", default_value = "127.0.0.1:9091")]
     pub debug_addr: SocketAddr,
     /// LIST page size.

@@ -131,6 +131,11 @@ pub async fn handler(State(s): State<ServerState>, uri: Uri) -> Response {
     let Some(cfg) = s.metrics.explain_config() else {
         return (StatusCode::SERVICE_UNAVAILABLE, ExplainError::NotConfigured.to_string()).into_response();
     };
+    // At most MAX_EXPLAIN answers at once (each may wait for a copy and
+    // runs a dry run on a blocking thread); beyond: 429.
+    let Ok(_slot) = s.slots.explain.clone().try_acquire_owned() else {
+        return crate::telemetry::server::too_many("explain", crate::telemetry::server::MAX_EXPLAIN);
+    };
     // At most the sync under way is waited for.
     let programmed = match s.programmed.current(VIEW_WAIT).await {
         Ok(p) => p,

@@ -37,7 +37,14 @@ pub struct Programmed {
     pub generation: u64,
     /// When it was copied.
     pub at: SystemTime,
+    /// When it was copied (monotonic: the copy rate limit).
+    pub copied: std::time::Instant,
 }
+
+/// The shortest time between two copies the sync loop is asked for (see
+/// [`ProgrammedView::current`]): a flood of `/explain` after every sync
+/// costs the loop at most one copy per interval.
+pub const COPY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why no programmed state could be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -118,6 +125,7 @@ impl ProgrammedView {
             options: options.clone(),
             generation: self.0.synced.load(Ordering::Acquire),
             at: SystemTime::now(),
+            copied: std::time::Instant::now(),
         });
         // The old copy is dropped after the lock is released.
         let _old = self.0.slot.write().unwrap_or_else(|e| e.into_inner()).replace(p);
@@ -147,6 +155,19 @@ impl ProgrammedView {
             if answered && !self.is_settled() {
                 return Err(ViewError::Uncertain);
             }
+            // At most one copy per COPY_INTERVAL, however many readers: a
+            // stale copy younger than that is waited out first (the wait
+            // counts in `within`).
+            if let Some(age) = self.slot().map(|p| p.copied.elapsed()) {
+                if age < COPY_INTERVAL {
+                    let next = tokio::time::Instant::now() + (COPY_INTERVAL - age);
+                    if next >= until {
+                        return Err(ViewError::Busy(within));
+                    }
+                    tokio::time::sleep_until(next).await;
+                    continue;
+                }
+            }
             let published = self.0.published.notified();
             tokio::pin!(published);
             // Registered before the loop is asked: its answer is not missed.
@@ -163,6 +184,47 @@ impl ProgrammedView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Readers after every sync, in a flood: the loop copies at most once
+    /// per COPY_INTERVAL, and every reader gets the current state.
+    #[tokio::test]
+    async fn copies_are_rate_limited() {
+        let view = ProgrammedView::default();
+        let lp = view.clone();
+        let copies = Arc::new(AtomicU64::new(0));
+        let n = copies.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                lp.wanted().await;
+                if lp.is_stale() {
+                    n.fetch_add(1, Ordering::Relaxed);
+                    lp.publish(&Compiled::default(), &Snapshot::default(), &CompileOptions::default());
+                }
+            }
+        });
+        view.synced();
+        let first = view.current(Duration::from_secs(5)).await.unwrap();
+        view.synced();
+        let readers: Vec<_> = (0..20)
+            .map(|_| {
+                let v = view.clone();
+                tokio::spawn(async move { v.current(Duration::from_secs(5)).await })
+            })
+            .collect();
+        for r in readers {
+            let p = r.await.unwrap().unwrap();
+            assert_eq!(p.generation, 2);
+            assert!(p.copied.duration_since(first.copied) >= COPY_INTERVAL);
+        }
+        assert_eq!(copies.load(Ordering::Relaxed), 2, "one copy per sync, not per reader");
+        // Within the interval, a reader that cannot wait long enough is told busy.
+        view.synced();
+        assert_eq!(
+            view.current(Duration::from_millis(10)).await.unwrap_err(),
+            ViewError::Busy(Duration::from_millis(10))
+        );
+        task.abort();
+    }
 
     #[tokio::test]
     async fn readers_get_a_copy_of_the_last_sync_made_on_demand() {

@@ -153,6 +153,36 @@ const TIER_REASONS: [Reason; 4] = [
     Reason::BaselineDeny,
 ];
 
+/// The families whose labels name pods or policies (namespace, policy or
+/// pod labels): served only with credentials that grant `get` on the
+/// non-resource URL `/metrics`, or on the loopback debug listener.
+pub const NAMED_FAMILIES: [&str; 5] = [
+    "npm_audit_would_deny_total",
+    "npm_rule_allowed_packets_total",
+    "npm_rule_allowed_bytes_total",
+    "npm_endpoint_denied_packets_total",
+    "npm_endpoint_denied_bytes_total",
+];
+
+/// `text` (a Prometheus text exposition) without the samples, `# HELP`
+/// and `# TYPE` lines of the [`NAMED_FAMILIES`].
+fn public_text(text: &str) -> String {
+    let named = |line: &str| {
+        let name = line
+            .strip_prefix("# HELP ")
+            .or_else(|| line.strip_prefix("# TYPE "))
+            .unwrap_or(line);
+        let name = name.split(['{', ' ']).next().unwrap_or("");
+        NAMED_FAMILIES.contains(&name)
+    };
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines().filter(|l| !named(l)) {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 /// Operations counted by `npm_controller_pod_event_total{operation}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PodOperation {
@@ -326,11 +356,20 @@ impl Metrics {
         Ok(m)
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The Prometheus text exposition of every metric, the named series
+    /// ([`NAMED_FAMILIES`]) included: for callers with credentials that
+    /// grant them (see [`super::authz`]) and the loopback debug listener.
     pub fn render(&self) -> String {
         let mut text = self.handle.render();
         text.push_str(&self.rules.render());
         text
+    }
+
+    /// The exposition without the families whose labels name pods or
+    /// policies ([`NAMED_FAMILIES`]): what `/metrics` answers a scrape
+    /// that carries no credentials.
+    pub fn render_public(&self) -> String {
+        public_text(&self.handle.render())
     }
 
     /// Configures `/explain` (once; a second call is ignored).
@@ -515,6 +554,26 @@ pub async fn report_dns(capture: crate::dns::Capture, metrics: Metrics) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn public_text_has_no_names() {
+        let m = Metrics::new().unwrap();
+        m.audit_would_deny("team-a", "secret-policy", "ingress");
+        m.ip_conflicts.increment(1);
+        let full = m.render();
+        assert!(full.contains("secret-policy"), "{full}");
+        assert!(full.contains("# TYPE npm_rule_allowed_packets_total counter"), "{full}");
+        let public = m.render_public();
+        for f in NAMED_FAMILIES {
+            assert!(!public.contains(f), "{f} in {public}");
+        }
+        assert!(
+            !public.contains("secret-policy") && !public.contains("team-a"),
+            "{public}"
+        );
+        assert!(public.contains("npm_ip_conflicts_total 1"), "{public}");
+        assert!(public.contains("# TYPE npm_ready gauge"), "{public}");
+    }
 
     #[test]
     fn counters_and_labels_render() {

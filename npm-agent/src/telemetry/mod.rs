@@ -3,12 +3,16 @@
 //! ([`flowlog`]), Kubernetes Events on policies it cannot fully convert
 //! ([`events`]), the shared readiness and liveness state ([`health`]), the
 //! live flow stream of `/observe` ([`observe`]) and the HTTP [`server`] of
-//! `/metrics`, `/healthz`, `/readyz`, `/explain` and `/observe`.
+//! `/metrics`, `/healthz`, `/readyz`, `/explain` and `/observe`, and the
+//! reviews of the tokens that may read the named series of `/metrics`
+//! ([`authz`]).
 
 pub mod audit;
+pub mod authz;
 pub mod events;
 pub mod flowlog;
 pub mod health;
+pub mod listener;
 pub mod metrics;
 pub mod observe;
 pub mod rule_metrics;

@@ -232,6 +232,8 @@ struct Client {
     keepalive: tokio::time::Interval,
     hub: ObserveHub,
     metrics: super::Metrics,
+    /// The stream's slot among the open streams (freed with the stream).
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Client {
@@ -267,9 +269,15 @@ pub async fn handler(State(s): State<ServerState>, uri: Uri) -> Response {
         Ok(f) => f,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("observe: {e}\n")).into_response(),
     };
+    // At most MAX_OBSERVE streams at once (the slot lives as long as the
+    // stream); beyond: 429.
+    let Ok(slot) = s.slots.observe.clone().try_acquire_owned() else {
+        return super::server::too_many("observe", super::server::MAX_OBSERVE);
+    };
     // Subscribed before the answer goes out: a client that has read the
     // headers sees every record published after that.
     let client = Client {
+        _slot: slot,
         rx: s.observe.subscribe(),
         filter,
         // The first tick is immediate: the empty line that confirms the

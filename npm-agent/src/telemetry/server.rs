@@ -1,4 +1,6 @@
-//! The agent's HTTP endpoints: `/metrics` (Prometheus text), `/explain`
+//! The agent's HTTP endpoints: `/metrics` (Prometheus text; the series
+//! naming pods and policies only for a bearer token granted `get` on the
+//! non-resource URL `/metrics`, see [`authz`](super::authz)), `/explain`
 //! (read-only, [`crate::explain`]), `/observe` (the live flow stream,
 //! read-only, [`super::observe`]), `/healthz`
 //! (the sync loop makes progress) and `/readyz` (all four lists completed,
@@ -11,12 +13,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode, Uri};
-use axum::response::IntoResponse;
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
+use super::authz::{Decision, MetricsAuth};
 use super::health::{Check, Health, CHECK_LISTS};
+use super::listener::Bounds;
 use super::metrics::Metrics;
 use crate::k8s::Cache;
 
@@ -47,13 +51,77 @@ pub struct ServerState {
     pub programmed: crate::explain::ProgrammedView,
     /// The flow-log records the sync loop publishes (`/observe`).
     pub observe: super::observe::ObserveHub,
+    /// The reviews of scrape tokens (`/metrics` on the metrics listener).
+    pub auth: Arc<MetricsAuth>,
+    /// The bounds of `/explain` and `/observe` work.
+    pub slots: Slots,
 }
 
-async fn metrics(State(s): State<ServerState>) -> impl IntoResponse {
+/// How many `/explain` answers are computed at once (each runs the
+/// classifier's dry run on a blocking thread) and how many `/observe`
+/// streams are open at once; a request beyond either gets 429.
+#[derive(Clone, Debug)]
+pub struct Slots {
+    /// `/explain` requests being answered.
+    pub explain: Arc<tokio::sync::Semaphore>,
+    /// `/observe` streams open.
+    pub observe: Arc<tokio::sync::Semaphore>,
+}
+
+/// Default bound of concurrent `/explain` answers.
+pub const MAX_EXPLAIN: usize = 2;
+/// Default bound of open `/observe` streams.
+pub const MAX_OBSERVE: usize = 8;
+
+impl Default for Slots {
+    fn default() -> Self {
+        Slots {
+            explain: Arc::new(tokio::sync::Semaphore::new(MAX_EXPLAIN)),
+            observe: Arc::new(tokio::sync::Semaphore::new(MAX_OBSERVE)),
+        }
+    }
+}
+
+/// The 429 answer of a request beyond `what`'s bound.
+pub fn too_many(what: &str, max: usize) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics.render(),
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, "1")],
+        format!("{what}: {max} requests are being answered already; retry later\n"),
     )
+        .into_response()
+}
+
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4";
+
+/// `/metrics` of the node's address: without credentials the series that
+/// name no pod or policy; with a bearer token granted `get` on `/metrics`
+/// every series; 401 for a token the API server does not authenticate, 403
+/// for one without the grant, 503 when the reviews fail.
+async fn metrics(State(s): State<ServerState>, headers: HeaderMap) -> Response {
+    match s.auth.decide(&headers).await {
+        Ok(Decision::Anonymous) => {
+            ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], s.metrics.render_public()).into_response()
+        }
+        Ok(Decision::Allowed) => ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], s.metrics.render()).into_response(),
+        Ok(Decision::Unauthenticated(why)) => {
+            (StatusCode::UNAUTHORIZED, format!("Unauthorized: {why}\n")).into_response()
+        }
+        Ok(Decision::Forbidden(why)) => (StatusCode::FORBIDDEN, format!("Forbidden: {why}\n")).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "a /metrics scrape's token could not be reviewed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the scrape's token could not be reviewed (see the agent's log)\n",
+            )
+                .into_response()
+        }
+    }
+}
+
+/// `/metrics` of the loopback debug listener: every series.
+async fn metrics_full(State(s): State<ServerState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], s.metrics.render())
 }
 
 /// Whether the query asks for the verbose form (`?verbose`,
@@ -157,7 +225,8 @@ async fn readyz(State(s): State<ServerState>, uri: Uri) -> (StatusCode, String) 
 
 /// The router of the metrics listener: `/metrics`, `/healthz`, `/readyz`
 /// (what the kubelet and Prometheus reach on the node's address). Nothing
-/// here names a flow or answers a reachability question.
+/// here names a flow or answers a reachability question, and nothing names
+/// a pod or policy without a granted token.
 pub fn router(state: ServerState) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
@@ -166,8 +235,8 @@ pub fn router(state: ServerState) -> Router {
         .with_state(state)
 }
 
-/// The router of the debug listener: `/explain` and `/observe`, which name
-/// pods, policies and flows. It listens on loopback (`--debug-addr`,
+/// The router of the debug listener: `/explain`, `/observe` and the whole
+/// `/metrics`, which name pods, policies and flows. It listens on loopback (`--debug-addr`,
 /// `127.0.0.1:9091`): reached from the node itself, or through the API
 /// server with `kubectl port-forward` to the agent pod, which needs the
 /// caller's RBAC grant of `pods/portforward` in the agent's namespace (the
@@ -177,13 +246,16 @@ pub fn debug_router(state: ServerState) -> Router {
     Router::new()
         .route("/explain", get(crate::explain::handler))
         .route("/observe", get(super::observe::handler))
+        .route("/metrics", get(metrics_full))
         .with_state(state)
 }
 
-/// Bind `addr`; returns the bound address and the future serving `router`.
+/// Bind `addr`; returns the bound address and the future serving `router`
+/// within `bounds` (see [`super::listener`]).
 pub async fn bind(
     addr: SocketAddr,
     router: Router,
+    bounds: Bounds,
 ) -> Result<(SocketAddr, impl std::future::Future<Output = std::io::Result<()>>), ServerError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -191,5 +263,5 @@ pub async fn bind(
     let local = listener
         .local_addr()
         .map_err(|source| ServerError::Bind { addr, source })?;
-    Ok((local, async move { axum::serve(listener, router).await }))
+    Ok((local, super::listener::serve(listener, router, bounds)))
 }

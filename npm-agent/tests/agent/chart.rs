@@ -22,11 +22,11 @@ fn helm() -> PathBuf {
     PathBuf::from("helm")
 }
 
-fn chart() -> PathBuf {
+pub(crate) fn chart_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/npm-agent")
 }
 
-fn run_helm(args: &[&str]) -> (bool, String, String) {
+pub(crate) fn run_helm(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(helm()).args(args).output().unwrap_or_else(|e| {
         panic!(
             "cannot run helm ({}): {e}; install it (see the project setup)",
@@ -40,8 +40,8 @@ fn run_helm(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-fn template(set: &[&str]) -> Vec<Value> {
-    let chart = chart();
+pub(crate) fn template(set: &[&str]) -> Vec<Value> {
+    let chart = chart_dir();
     let mut args = vec!["template", "rel", chart.to_str().unwrap(), "--namespace", "npm-system"];
     for s in set {
         args.push("--set");
@@ -61,7 +61,7 @@ fn is_hook(doc: &Value) -> bool {
 }
 
 /// The release's objects of `kind` (hooks left out).
-fn find<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+pub(crate) fn find<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     docs.iter()
         .filter(|d| d["kind"].as_str() == Some(kind) && !is_hook(d))
         .collect()
@@ -75,14 +75,14 @@ fn find_hooks<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
 }
 
 /// The agent DaemonSet's pod spec.
-fn agent_pod_spec(docs: &[Value]) -> &Value {
+pub(crate) fn agent_pod_spec(docs: &[Value]) -> &Value {
     let ds = find(docs, "DaemonSet");
     assert_eq!(ds.len(), 1, "one agent DaemonSet");
     &ds[0]["spec"]["template"]["spec"]
 }
 
 /// The container `name` of a pod spec's `containers` or `initContainers`.
-fn container<'a>(spec: &'a Value, list: &str, name: &str) -> Option<&'a Value> {
+pub(crate) fn container<'a>(spec: &'a Value, list: &str, name: &str) -> Option<&'a Value> {
     spec[list]
         .as_sequence()?
         .iter()
@@ -99,7 +99,7 @@ fn argv(c: &Value) -> Vec<String> {
 /// The command line (`command` + `args`) of the agent container that
 /// `helm template` renders with `set`: what the image's own binary must
 /// accept.
-fn agent_command_line(set: &[&str]) -> Vec<String> {
+pub(crate) fn agent_command_line(set: &[&str]) -> Vec<String> {
     let docs = template(set);
     argv(container(agent_pod_spec(&docs), "containers", "agent").expect("agent container"))
 }
@@ -149,7 +149,7 @@ fn host_mount<'a>(spec: &'a Value, c: &'a Value, path: &str) -> (&'a Value, Stri
 
 /// `helm lint` of the chart with `set`.
 fn lint(set: &[&str]) {
-    let chart = chart();
+    let chart = chart_dir();
     let mut args = vec!["lint", chart.to_str().unwrap()];
     for s in set {
         args.push("--set");
@@ -162,7 +162,7 @@ fn lint(set: &[&str]) {
 
 /// `helm template` with `set` fails with a message containing `want`.
 fn rejected(set: &[&str], want: &str) {
-    let chart = chart();
+    let chart = chart_dir();
     let mut args = vec!["template", "rel", chart.to_str().unwrap()];
     for s in set {
         args.push("--set");
@@ -220,8 +220,19 @@ fn helm_lint_passes() {
 #[test]
 fn rbac_is_least_privilege() {
     let docs = template(&[]);
-    let roles = find(&docs, "ClusterRole");
+    let (roles, readers): (Vec<&Value>, Vec<&Value>) = find(&docs, "ClusterRole")
+        .into_iter()
+        .partition(|r| r["metadata"]["name"] == "rel-npm-agent");
     assert_eq!(roles.len(), 1);
+    // The metrics reader grants `get` on /metrics and nothing else; it is
+    // bound only to the subjects of metrics.readers (none by default).
+    assert_eq!(readers.len(), 1);
+    assert_eq!(readers[0]["metadata"]["name"], "rel-npm-agent-metrics-reader");
+    let reader_rules = readers[0]["rules"].as_sequence().unwrap();
+    assert_eq!(reader_rules.len(), 1);
+    assert_eq!(strings(&reader_rules[0]["nonResourceURLs"]), ["/metrics"]);
+    assert_eq!(strings(&reader_rules[0]["verbs"]), ["get"]);
+    assert_eq!(find(&docs, "ClusterRoleBinding").len(), 1);
     let mut granted = Vec::new();
     for rule in roles[0]["rules"].as_sequence().unwrap() {
         assert!(rule["resourceNames"].is_null(), "{rule:?}");
@@ -243,6 +254,8 @@ fn rbac_is_least_privilege() {
             "/pods: get,list,watch",
             "/services: get,list,watch",
             "apiextensions.k8s.io/customresourcedefinitions: get",
+            "authentication.k8s.io/tokenreviews: create",
+            "authorization.k8s.io/subjectaccessreviews: create",
             "events.k8s.io/events: create,patch",
             "networking.k8s.io/networkpolicies: get,list,watch",
             "policy.networking.k8s.io/clusternetworkpolicies: get,list,watch",
@@ -904,7 +917,7 @@ fn capabilities_mode_and_service_monitor() {
 
 #[test]
 fn bad_dataplane_value_is_rejected() {
-    let chart = chart();
+    let chart = chart_dir();
     let (ok, _, err) = run_helm(&[
         "template",
         "rel",
@@ -940,6 +953,11 @@ fn rendered_objects_match_the_kubernetes_schema() {
             "cni.install=false",
             "pinDir=/sys/fs/bpf/npm/x",
             "serviceMonitor.enabled=true",
+            "serviceMonitor.bearerTokenFile=/var/run/secrets/kubernetes.io/serviceaccount/token",
+            "nodeRestriction.enabled=true",
+            "metrics.readers[0].kind=ServiceAccount",
+            "metrics.readers[0].name=prometheus",
+            "metrics.readers[0].namespace=monitoring",
         ][..],
     ] {
         let mut kinds = Vec::new();
@@ -954,6 +972,12 @@ fn rendered_objects_match_the_kubernetes_schema() {
                 "ClusterRoleBinding" => round_trips::<rbac::ClusterRoleBinding>(&doc),
                 "Role" => round_trips::<rbac::Role>(&doc),
                 "RoleBinding" => round_trips::<rbac::RoleBinding>(&doc),
+                "ValidatingAdmissionPolicy" => {
+                    round_trips::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy>(&doc)
+                }
+                "ValidatingAdmissionPolicyBinding" => {
+                    round_trips::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>(&doc)
+                }
                 "ServiceMonitor" => {}
                 other => panic!("unexpected kind {other}"),
             }
@@ -1016,7 +1040,7 @@ fn metric_names(expr: &str) -> Vec<String> {
 #[test]
 fn grafana_dashboard_queries_only_exported_metrics() {
     use npm_agent::telemetry::metrics::SERIES;
-    let path = chart().join("dashboards/npm-agent.json");
+    let path = chart_dir().join("dashboards/npm-agent.json");
     let text = std::fs::read_to_string(&path).expect("read the dashboard");
     let dash: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
     let panels = dash["panels"].as_array().expect("panels");

@@ -25,6 +25,8 @@ pub static TC_FILTERS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(
 mod bad_input;
 mod bridge_netfilter;
 mod chart;
+mod chart_metrics;
+mod chart_node_restriction;
 mod cli;
 mod cni_chained;
 mod cni_facts;
@@ -36,6 +38,7 @@ mod cnp_relist;
 mod cnp_tiers_ebpf;
 mod cnp_tiers_nft;
 mod cnp_versions;
+mod debug_portforward;
 mod guard_held_removals;
 mod guard_policies;
 mod guard_tiers_restart;

@@ -35,8 +35,16 @@
 //! - `POST /admin/clear-faults`, `POST /admin/drop-watches`,
 //!   `POST /admin/validation?enabled=false|true`, `GET /admin/stats` ([`Stats`]).
 //!
+//! `POST /apis/authentication.k8s.io/v1/tokenreviews` and
+//! `/apis/authorization.k8s.io/v1/subjectaccessreviews` answer from the tokens and RBAC
+//! objects a test registers ([`TestApiServer::add_token`], [`TestApiServer::add_rbac`]; see
+//! [`auth`]); requests themselves are not authenticated, except
+//! `GET .../pods/{name}/portforward` (WebSocket, `v4.channel.k8s.io`), which needs a
+//! registered bearer token granted `create` on `pods/portforward` (401, 403) and forwards
+//! to the pod's `status.podIP` (see [`http::portforward`]).
+//!
 //! Verbs for fault filters: `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
-//! `deletecollection`, `discovery`. Note that kube-rs retries 429/503/504 by itself.
+//! `deletecollection`, `discovery`; the reviews count as verb `review`. Note that kube-rs retries 429/503/504 by itself.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), npm_testapi::ServerError> {
@@ -49,6 +57,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod crd;
 pub mod error;
 pub mod http;
@@ -187,7 +196,13 @@ impl TestApiServer {
                 })?;
         }
         let state = Arc::new(AppState::new(store, opts.bookmark_interval, addr));
-        let app = axum::Router::new().fallback(http::handle).with_state(state.clone());
+        let app = axum::Router::new()
+            .route(
+                "/api/v1/namespaces/{ns}/pods/{name}/portforward",
+                axum::routing::get(http::portforward::portforward),
+            )
+            .fallback(http::handle)
+            .with_state(state.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
@@ -328,6 +343,17 @@ impl TestApiServer {
             .store()
             .delete(Kind::CustomResourceDefinition, None, crd::CNP_CRD_NAME, None, None)
             .map(|_| ())
+    }
+
+    /// Registers `token` as authenticating `user` (what a `TokenReview` of it answers).
+    pub fn add_token(&self, token: &str, user: auth::UserInfo) {
+        self.state.auth().add_token(token, user);
+    }
+
+    /// Loads RBAC objects (`ClusterRole`, `ClusterRoleBinding`, `Role`, `RoleBinding`;
+    /// others ignored) that `SubjectAccessReview`s are decided by; returns how many.
+    pub fn add_rbac(&self, objects: &[serde_json::Value]) -> usize {
+        self.state.auth().add_rbac(objects)
     }
 
     /// Request counters.

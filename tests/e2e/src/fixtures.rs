@@ -59,9 +59,12 @@ pub fn wait_enforced(what: &str, cfg: &ProbeConfig, allowed: &[Probe], denied: &
     }
 }
 
-/// The live agent's `/metrics` text (panics when it cannot be read).
+/// The live agent's whole `/metrics` text, the series naming pods and
+/// policies included: read on its loopback debug listener, as through
+/// `kubectl port-forward` (the node's `/metrics` serves them only to a
+/// granted token). Panics when it cannot be read.
 pub fn scrape_metrics(r: &LiveRunner) -> String {
-    let addr = r.metrics_addr().expect("the agent's metrics address");
+    let addr = r.debug_addr().expect("the agent's debug address");
     let out = std::process::Command::new("curl")
         .args(["-sf", &format!("http://{addr}/metrics")])
         .output()

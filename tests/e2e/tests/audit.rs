@@ -181,7 +181,8 @@ fn agent_log(r: &LiveRunner) -> String {
 }
 
 fn metric(r: &LiveRunner, series: &str) -> Option<f64> {
-    let addr = r.metrics_addr().expect("metrics address");
+    // The debug listener's /metrics: the named series included.
+    let addr = r.debug_addr().expect("debug address");
     let out = Command::new("curl")
         .args(["-s", &format!("http://{addr}/metrics")])
         .output()

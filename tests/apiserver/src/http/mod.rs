@@ -10,6 +10,7 @@
 mod admin;
 mod discovery;
 mod fault;
+pub mod portforward;
 mod resource;
 mod response;
 mod route;
@@ -44,6 +45,12 @@ pub async fn handle(
     tracing::debug!(%method, %uri, content_type = ?headers.get(header::CONTENT_TYPE), accept = ?headers.get(header::ACCEPT), "request");
     if let Some(admin) = path.strip_prefix("/admin/") {
         return admin::admin_handle(&st, &method, admin, &q);
+    }
+    if let Some(res) = review(&st, &method, &path, &body) {
+        let mut c = st.counters();
+        c.requests += 1;
+        *c.by_verb.entry("review".into()).or_default() += 1;
+        return res;
     }
     let target = parse_target(&path);
     let verb = verb_of(&method, target.as_ref(), &q);
@@ -92,6 +99,31 @@ pub async fn handle(
         }
         None => res,
     }
+}
+
+/// `POST` of a `TokenReview` or `SubjectAccessReview` (answered from
+/// [`crate::auth::Auth`], never stored); `None` for any other request.
+fn review(st: &AppState, method: &Method, path: &str, body: &Bytes) -> Option<Response> {
+    let tokens = path == "/apis/authentication.k8s.io/v1/tokenreviews";
+    let access = path == "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+    if *method != Method::POST || !(tokens || access) {
+        return None;
+    }
+    let v: serde_json::Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return Some(err_response(&ApiError::BadRequest {
+                message: format!("the review is not JSON: {e}"),
+            }))
+        }
+    };
+    let auth = st.auth();
+    let answer = if tokens {
+        auth.token_review(&v)
+    } else {
+        auth.access_review(&v)
+    };
+    Some(response::json_response(201, &answer))
 }
 
 /// `bytes` with every JSON string `"from"` replaced by `"to"` (an `apiVersion` value; the

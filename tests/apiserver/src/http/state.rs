@@ -48,6 +48,8 @@ pub struct AppState {
     pub bookmark_interval: Duration,
     /// Address the server listens on.
     pub addr: SocketAddr,
+    /// Tokens and RBAC objects (what `TokenReview` and `SubjectAccessReview` answer).
+    pub auth: Mutex<crate::auth::Auth>,
 }
 
 impl AppState {
@@ -62,6 +64,7 @@ impl AppState {
             drop_watches,
             bookmark_interval,
             addr,
+            auth: Mutex::new(crate::auth::Auth::default()),
         }
     }
 
@@ -69,6 +72,11 @@ impl AppState {
     /// a panic point).
     pub fn store(&self) -> MutexGuard<'_, Store> {
         lock(&self.store)
+    }
+
+    /// Lock the tokens and RBAC objects.
+    pub fn auth(&self) -> MutexGuard<'_, crate::auth::Auth> {
+        lock(&self.auth)
     }
 
     /// Lock the request counters.
