@@ -3,11 +3,12 @@
 //! seeded random compiled states (NetworkPolicy entries of
 //! [`random_policies`] plus Admin and Baseline ClusterNetworkPolicy tier
 //! entries of [`add_random_tiers`], over three pods, the node and an
-//! outside host, both families) are written by the real `EbpfDataplane`
+//! outside host, both families; every other state new, the others small
+//! changes of the one before) are written by the real `EbpfDataplane`
 //! writer into the kernel maps, the first as a full sync and the next as
 //! diffs (one more full sync halfway), and the first packets of new flows
 //! (TCP SYN, UDP, SCTP; every peer address of the endpoint's family;
-//! ports at and around the random ranges' edges) are run through the
+//! ports at and beside every edge of the round's ranges) are run through the
 //! loaded `to_pod` (ingress) and `from_pod` (egress) programs with
 //! `BPF_PROG_TEST_RUN`. Each packet's verdict and reason must be the
 //! reference's. Every tuple is run twice, from two source ports: the
@@ -37,17 +38,20 @@ use npm_policy::lookup::lookup;
 
 use crate::ebpf_common::{sweep_leftovers, v4, v6, Dummy, PinDir, L4};
 use crate::random_compiled::{
-    add_random_tiers, random_policies, Rng, NODE_IP, NODE_IP6, OUTSIDE_V4, OUTSIDE_V6, PODS,
+    add_random_tiers, mutate, random_policies, Rng, NODE_IP, NODE_IP6, OUTSIDE_V4, OUTSIDE_V6, PODS,
 };
 
 /// Random states per test.
-const ROUNDS: u64 = 16;
-/// Destination ports probed: the NetworkPolicy ports (998..=1007 and
-/// ranges from there), the tier ranges' edges (950, 1000, 1010, 1100,
-/// 20,000..=40,000), 64-port block edges (959/960, 1023/1024), and ports no
-/// range holds.
-const PORTS: [u16; 16] = [
-    1, 950, 959, 960, 998, 999, 1000, 1004, 1007, 1010, 1023, 1024, 1100, 1101, 20_000, 40_001,
+const ROUNDS: u64 = 12;
+/// Destination ports probed in every round: the tier ranges' edges and the
+/// ports beside them (949/950, 1000/1001, 1010/1011, 1100/1101,
+/// 19,999/20,000, 40,000/40,001), 64-port block edges (959/960,
+/// 1023/1024), the NetworkPolicy ports (998..=1007) and a port no range
+/// holds; [`round_ports`] adds the edges of the round's NetworkPolicy
+/// ranges.
+const PORTS: [u16; 20] = [
+    1, 949, 950, 959, 960, 998, 999, 1000, 1001, 1004, 1007, 1010, 1011, 1023, 1024, 1100, 1101, 19_999, 20_000,
+    40_001,
 ];
 /// Protocols probed: TCP (SYN), UDP, SCTP.
 const PROTOS: [u8; 3] = [6, 17, 132];
@@ -55,8 +59,8 @@ const PROTOS: [u8; 3] = [6, 17, 132];
 /// The seed: `NPM_EBPF_DIFF_SEED` (decimal or 0x hex), else drawn from the
 /// clock.
 fn seed() -> u64 {
-    match std::env::var("NPM_EBPF_DIFF_SEED") {
-        Ok(s) => {
+    match std::env::var("NPM_EBPF_DIFF_SEED").ok().filter(|s| !s.trim().is_empty()) {
+        Some(s) => {
             let s = s.trim();
             let parsed = match s.strip_prefix("0x") {
                 Some(hex) => u64::from_str_radix(hex, 16),
@@ -64,22 +68,39 @@ fn seed() -> u64 {
             };
             parsed.unwrap_or_else(|e| panic!("NPM_EBPF_DIFF_SEED={s:?}: {e}"))
         }
-        Err(_) => std::time::SystemTime::now()
+        None => std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .expect("clock")
             .as_nanos() as u64,
     }
 }
 
-/// The random state of `round` under `seed`: NetworkPolicy entries (ranges
-/// of up to 200 ports, over the policy front's 64-port limit now and then)
-/// and tier entries.
-fn state(seed: u64, round: u64) -> Compiled {
+/// The random state of `round` under `seed`, after `prev`: every other
+/// round a new state (NetworkPolicy entries with ranges of up to 200
+/// ports, over the policy front's 64-port limit now and then, and tier
+/// entries), the others a small change of `prev` ([`mutate`]: what one
+/// incremental update of the agent writes, the case where a layer the
+/// writer forgets to refresh keeps a stale decision).
+fn state(seed: u64, round: u64, prev: &Compiled) -> Compiled {
     // Never 0 (xorshift would stay there).
     let mut rng = Rng((seed ^ (round + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
+    if round % 2 == 1 {
+        return mutate(&mut rng, prev);
+    }
     let mut c = random_policies(&mut rng, &PODS, 200);
     add_random_tiers(&mut rng, &mut c);
     c
+}
+
+/// The ports of one round: [`PORTS`] and the first and last port of every
+/// NetworkPolicy range of `c` (not all ports) with the ports beside them.
+fn round_ports(c: &Compiled) -> Vec<u16> {
+    let mut ports: std::collections::BTreeSet<u16> = PORTS.into_iter().collect();
+    for e in c.policy.keys().filter(|e| e.protocol.is_some() && e.ports != (0, u16::MAX)) {
+        let (lo, hi) = e.ports;
+        ports.extend([lo.saturating_sub(1), lo, hi, hi.saturating_add(1)]);
+    }
+    ports.into_iter().collect()
 }
 
 /// A loaded dataplane with the three pods' endpoints on veths of their own.
@@ -163,7 +184,7 @@ fn differential(tag: &str, layer: &str, switches: BenchSwitches, expect: Expect)
     let (mut folded, mut policy_front, mut tier_front) = (0, 0, 0);
     let mut total = 0usize;
     for round in 0..ROUNDS {
-        let c = state(seed, round);
+        let c = state(seed, round, &prev);
         if round == 0 || round == ROUNDS / 2 {
             rig.dp.sync_full(&c, &ifs).expect("sync_full");
         } else {
@@ -171,6 +192,7 @@ fn differential(tag: &str, layer: &str, switches: BenchSwitches, expect: Expect)
         }
         let (f, p, t) = rig.layer_flags();
         (folded, policy_front, tier_front) = (folded + f, policy_front + p, tier_front + t);
+        let ports = round_ports(&c);
         let mut mismatches = Vec::new();
         for (pod, link) in PODS.iter().zip(&rig.links) {
             for (d, dir) in [Direction::Ingress, Direction::Egress].into_iter().enumerate() {
@@ -179,7 +201,7 @@ fn differential(tag: &str, layer: &str, switches: BenchSwitches, expect: Expect)
                     for peer in addrs.iter().filter(|a| a.contains(':') == family && **a != own) {
                         let peer_ip: IpAddr = peer.parse().expect("address");
                         for proto in PROTOS {
-                            for port in PORTS {
+                            for &port in &ports {
                                 let want = lookup(&c, pod.ep, dir, peer_ip, proto, port);
                                 let want = (want.allowed, want.reason);
                                 // Two new flows of the tuple: the second is
@@ -235,18 +257,18 @@ fn differential(tag: &str, layer: &str, switches: BenchSwitches, expect: Expect)
          tier front {tier_front}",
         started.elapsed()
     );
-    // Not trivial: every outcome of the precedence was exercised.
-    for r in [
-        Reason::NotIsolated,
-        Reason::Host,
-        Reason::Policy,
-        Reason::PolicyDenied,
-        Reason::AdminAccept,
-        Reason::AdminDeny,
-        Reason::BaselineAccept,
-        Reason::BaselineDeny,
+    // Not trivial: every step of the precedence decided probes (which
+    // action of a tier decides depends on the seed).
+    let count = |rs: &[Reason]| rs.iter().map(|r| seen.get(r).copied().unwrap_or(0)).sum::<usize>();
+    for (step, reasons) in [
+        ("not isolated", &[Reason::NotIsolated][..]),
+        ("host", &[Reason::Host]),
+        ("NetworkPolicy allow", &[Reason::Policy]),
+        ("NetworkPolicy deny", &[Reason::PolicyDenied]),
+        ("Admin tier", &[Reason::AdminAccept, Reason::AdminDeny]),
+        ("Baseline tier", &[Reason::BaselineAccept, Reason::BaselineDeny]),
     ] {
-        assert!(seen.get(&r).copied().unwrap_or(0) > 0, "seed {seed:#x}: no probe decided {r:?}");
+        assert!(count(reasons) > 0, "seed {seed:#x}: no probe decided by {step}");
     }
     // The layers under test were in use.
     let used = |n: u32, on: bool, what: &str| {

@@ -268,3 +268,60 @@ pub fn add_random_tiers(rng: &mut Rng, c: &mut Compiled) {
         e.report_new = rng.below(4) == 0;
     }
 }
+
+/// A small change of `c` (a state of [`random_policies`] and
+/// [`add_random_tiers`]), as one incremental update makes: 1 to 3 of
+/// removing a tier entry, changing a tier entry's action, removing a
+/// NetworkPolicy entry, adding one (any peer of [`random_policies`], TCP
+/// or UDP, one port of 998..=1007), or removing a CIDR prefix (the
+/// ipcache's CIDR identities follow). What is left stays in the compiled
+/// form's guarantees (disjoint tier ranges per protocol).
+pub fn mutate(rng: &mut Rng, c: &Compiled) -> Compiled {
+    let mut c = c.clone();
+    for _ in 0..1 + rng.below(3) {
+        match rng.below(5) {
+            0 | 1 if !c.tiers.is_empty() => {
+                let k = *c.tiers.keys().nth(rng.below(c.tiers.len() as u64) as usize).expect("entry");
+                if rng.below(2) == 0 {
+                    c.tiers.remove(&k);
+                } else if let Some(v) = c.tiers.get_mut(&k) {
+                    v.action = match v.action {
+                        TierAction::Accept => TierAction::Deny,
+                        TierAction::Deny => TierAction::Pass,
+                        TierAction::Pass => TierAction::Accept,
+                    };
+                }
+            }
+            2 if !c.policy.is_empty() => {
+                let k = *c.policy.keys().nth(rng.below(c.policy.len() as u64) as usize).expect("entry");
+                c.policy.remove(&k);
+            }
+            3 => {
+                let mut peers = vec![IDENTITY_ANY, IDENTITY_HOST, IDENTITY_WORLD, 256, 257, 258];
+                peers.extend(c.cidrs.values().copied());
+                let ep = 1 + rng.below(3) as u32;
+                if c.endpoints.contains_key(&ep) {
+                    let peer = peers[rng.below(peers.len() as u64) as usize];
+                    let dir = if rng.below(2) == 0 {
+                        Direction::Ingress
+                    } else {
+                        Direction::Egress
+                    };
+                    let proto = if rng.below(2) == 0 { Protocol::Tcp } else { Protocol::Udp };
+                    let port = 998 + rng.below(10) as u16;
+                    allow(&mut c, ep, dir, peer, Some(proto), (port, port));
+                }
+            }
+            _ if !c.cidrs.is_empty() => {
+                let k = *c.cidrs.keys().nth(rng.below(c.cidrs.len() as u64) as usize).expect("prefix");
+                c.cidrs.remove(&k);
+                let cidrs = c.cidrs.clone();
+                for (ip, e) in c.ipcache.iter_mut() {
+                    e.cidr_identity = longest(&cidrs, *ip);
+                }
+            }
+            _ => {}
+        }
+    }
+    c
+}
