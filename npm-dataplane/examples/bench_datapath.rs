@@ -316,7 +316,10 @@ fn main() {
     ROUNDS.set(args.rounds).expect("rounds set once");
     if args.layers {
         let results = layers::run(pid, args.rounds);
-        println!(r#"{{"bench":"datapath","mode":"layers","results":[{}]}}"#, results.join(","));
+        println!(
+            r#"{{"bench":"datapath","mode":"layers","results":[{}]}}"#,
+            results.join(",")
+        );
         return;
     }
     if args.tiers_only {

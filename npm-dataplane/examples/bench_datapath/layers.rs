@@ -22,6 +22,8 @@
 //!   tiers on the LPM, NetworkPolicy on the policy front;
 //! - `no_dcache_general`: decision cache off and the general parser instead
 //!   of the IPv4 fast path;
+//! - `no_dcache_rule_count`: decision cache off and the per-rule and
+//!   per-endpoint deny counters not bumped (what they cost);
 //! - `reduced`: `BenchSwitches::reduced()`, the LPMs alone (the truth).
 //!
 //! Tracked configurations (conntrack entries created; an ACK of an
@@ -76,7 +78,20 @@ fn decision_configs() -> Vec<(&'static str, BenchSwitches)> {
                 ..off
             },
         ),
-        ("no_dcache_general", BenchSwitches { no_fast_v4: true, ..off }),
+        (
+            "no_dcache_general",
+            BenchSwitches {
+                no_fast_v4: true,
+                ..off
+            },
+        ),
+        (
+            "no_dcache_rule_count",
+            BenchSwitches {
+                no_rule_count: true,
+                ..off
+            },
+        ),
         ("reduced", BenchSwitches::reduced()),
     ]
 }
@@ -152,7 +167,11 @@ struct Setup {
 
 impl Setup {
     fn ifs(&self) -> BTreeMap<u32, u32> {
-        self.links.iter().enumerate().map(|(i, (_, ix))| (i as u32 + 1, *ix)).collect()
+        self.links
+            .iter()
+            .enumerate()
+            .map(|(i, (_, ix))| (i as u32 + 1, *ix))
+            .collect()
     }
     fn ifindex(&self, ep: u32) -> u32 {
         self.links[ep as usize - 1].1
@@ -174,14 +193,7 @@ impl Setup {
     }
 }
 
-fn open(
-    pid: u32,
-    tag: &str,
-    name: &'static str,
-    no_ct: bool,
-    switches: BenchSwitches,
-    cleanup: &mut Cleanup,
-) -> Setup {
+fn open(pid: u32, tag: &str, name: &'static str, no_ct: bool, switches: BenchSwitches, cleanup: &mut Cleanup) -> Setup {
     let pin = PathBuf::from(format!("/sys/fs/bpf/npm-bench-{pid}-{tag}"));
     cleanup.pins.push(pin.clone());
     let mut links = Vec::new();
@@ -260,11 +272,8 @@ pub(super) fn run(pid: u32, rounds: usize) -> Vec<String> {
             for s in &decided {
                 for (name, ep, pkt, want) in &rows {
                     for _ in 0..2 {
-                        let got = (0..3).find_map(|_| {
-                            s.dp.test_run(Direction::Ingress, s.ifindex(*ep), pkt)
-                                .expect("check")
-                                .1
-                        });
+                        let got = (0..3)
+                            .find_map(|_| s.dp.test_run(Direction::Ingress, s.ifindex(*ep), pkt).expect("check").1);
                         assert_eq!(got, Some(*want), "{} {name} at {n} CNPs", s.name);
                     }
                 }

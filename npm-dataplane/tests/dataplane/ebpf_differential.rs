@@ -50,8 +50,7 @@ const ROUNDS: u64 = 12;
 /// holds; [`round_ports`] adds the edges of the round's NetworkPolicy
 /// ranges.
 const PORTS: [u16; 20] = [
-    1, 949, 950, 959, 960, 998, 999, 1000, 1001, 1004, 1007, 1010, 1011, 1023, 1024, 1100, 1101, 19_999, 20_000,
-    40_001,
+    1, 949, 950, 959, 960, 998, 999, 1000, 1001, 1004, 1007, 1010, 1011, 1023, 1024, 1100, 1101, 19_999, 20_000, 40_001,
 ];
 /// Protocols probed: TCP (SYN), UDP, SCTP.
 const PROTOS: [u8; 3] = [6, 17, 132];
@@ -59,7 +58,10 @@ const PROTOS: [u8; 3] = [6, 17, 132];
 /// The seed: `NPM_EBPF_DIFF_SEED` (decimal or 0x hex), else drawn from the
 /// clock.
 fn seed() -> u64 {
-    match std::env::var("NPM_EBPF_DIFF_SEED").ok().filter(|s| !s.trim().is_empty()) {
+    match std::env::var("NPM_EBPF_DIFF_SEED")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    {
         Some(s) => {
             let s = s.trim();
             let parsed = match s.strip_prefix("0x") {
@@ -96,7 +98,11 @@ fn state(seed: u64, round: u64, prev: &Compiled) -> Compiled {
 /// NetworkPolicy range of `c` (not all ports) with the ports beside them.
 fn round_ports(c: &Compiled) -> Vec<u16> {
     let mut ports: std::collections::BTreeSet<u16> = PORTS.into_iter().collect();
-    for e in c.policy.keys().filter(|e| e.protocol.is_some() && e.ports != (0, u16::MAX)) {
+    for e in c
+        .policy
+        .keys()
+        .filter(|e| e.protocol.is_some() && e.ports != (0, u16::MAX))
+    {
         let (lo, hi) = e.ports;
         ports.extend([lo.saturating_sub(1), lo, hi, hi.saturating_add(1)]);
     }
@@ -115,11 +121,7 @@ impl Rig {
         let pins = PinDir::new(tag);
         let links: Vec<Dummy> = PODS.iter().map(|p| Dummy::new(&format!("{tag}{}", p.ep))).collect();
         let dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
-        Rig {
-            dp,
-            links,
-            _pins: pins,
-        }
+        Rig { dp, links, _pins: pins }
     }
 
     fn ifs(&self) -> Interfaces {
@@ -134,7 +136,9 @@ impl Rig {
         (
             count(EP_FOLD_INGRESS | EP_FOLD_EGRESS),
             count(EP_FRONT_INGRESS | EP_FRONT_EGRESS),
-            count(EP_ADMIN_FRONT_INGRESS | EP_ADMIN_FRONT_EGRESS | EP_BASELINE_FRONT_INGRESS | EP_BASELINE_FRONT_EGRESS),
+            count(
+                EP_ADMIN_FRONT_INGRESS | EP_ADMIN_FRONT_EGRESS | EP_BASELINE_FRONT_INGRESS | EP_BASELINE_FRONT_EGRESS,
+            ),
         )
     }
 }

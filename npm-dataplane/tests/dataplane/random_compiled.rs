@@ -237,10 +237,11 @@ pub fn add_random_tiers(rng: &mut Rng, c: &mut Compiled) {
                     };
                     for _ in 0..1 + rng.below(2) {
                         let peer = peers[rng.below(peers.len() as u64) as usize];
-                        items
-                            .entry((subject, direction, tier, peer))
-                            .or_default()
-                            .push(Item { protocol, ports, value });
+                        items.entry((subject, direction, tier, peer)).or_default().push(Item {
+                            protocol,
+                            ports,
+                            value,
+                        });
                     }
                 }
                 for e in c.endpoints.values_mut().filter(|e| e.identity == subject) {
@@ -281,7 +282,11 @@ pub fn mutate(rng: &mut Rng, c: &Compiled) -> Compiled {
     for _ in 0..1 + rng.below(3) {
         match rng.below(5) {
             0 | 1 if !c.tiers.is_empty() => {
-                let k = *c.tiers.keys().nth(rng.below(c.tiers.len() as u64) as usize).expect("entry");
+                let k = *c
+                    .tiers
+                    .keys()
+                    .nth(rng.below(c.tiers.len() as u64) as usize)
+                    .expect("entry");
                 if rng.below(2) == 0 {
                     c.tiers.remove(&k);
                 } else if let Some(v) = c.tiers.get_mut(&k) {
@@ -293,7 +298,11 @@ pub fn mutate(rng: &mut Rng, c: &Compiled) -> Compiled {
                 }
             }
             2 if !c.policy.is_empty() => {
-                let k = *c.policy.keys().nth(rng.below(c.policy.len() as u64) as usize).expect("entry");
+                let k = *c
+                    .policy
+                    .keys()
+                    .nth(rng.below(c.policy.len() as u64) as usize)
+                    .expect("entry");
                 c.policy.remove(&k);
             }
             3 => {
@@ -307,13 +316,21 @@ pub fn mutate(rng: &mut Rng, c: &Compiled) -> Compiled {
                     } else {
                         Direction::Egress
                     };
-                    let proto = if rng.below(2) == 0 { Protocol::Tcp } else { Protocol::Udp };
+                    let proto = if rng.below(2) == 0 {
+                        Protocol::Tcp
+                    } else {
+                        Protocol::Udp
+                    };
                     let port = 998 + rng.below(10) as u16;
                     allow(&mut c, ep, dir, peer, Some(proto), (port, port));
                 }
             }
             _ if !c.cidrs.is_empty() => {
-                let k = *c.cidrs.keys().nth(rng.below(c.cidrs.len() as u64) as usize).expect("prefix");
+                let k = *c
+                    .cidrs
+                    .keys()
+                    .nth(rng.below(c.cidrs.len() as u64) as usize)
+                    .expect("prefix");
                 c.cidrs.remove(&k);
                 let cidrs = c.cidrs.clone();
                 for (ip, e) in c.ipcache.iter_mut() {
