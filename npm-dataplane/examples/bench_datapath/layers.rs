@@ -122,28 +122,25 @@ fn tracked_configs() -> Vec<(&'static str, BenchSwitches)> {
 /// NetworkPolicy allowing identity 300 (10.0.0.2) on TCP 80, no tier.
 /// (Flow-log reporting, `report_new`, is not measurable here: a repeat
 /// without a conntrack entry created never reports.)
-const NP_EPS: [(u32, [u8; 4], bool); 1] = [(3, [10, 0, 0, 7], false)];
+const NP_IP: [u8; 4] = [10, 0, 0, 7];
 
 /// `tiers::compiled(n)` with the NetworkPolicy-only endpoint 3.
 fn compiled(n: usize) -> Compiled {
     let mut c = super::tiers::compiled(n);
-    for (id, ip, report) in NP_EPS {
-        let mut e = c.endpoints[&1].clone();
-        e.pod.name = format!("np{id}");
-        e.pod.uid = format!("uid-np{id}");
-        e.identity = 258;
-        e.ipv4 = Some(Ipv4Addr::from(ip));
-        e.tiers = Default::default();
-        e.report_new = report;
-        c.endpoints.insert(id, e);
-        c.ipcache.insert(
-            IpAddr::V4(Ipv4Addr::from(ip)),
-            IpEntry {
-                identity: 258,
-                cidr_identity: IDENTITY_FIRST_CIDR,
-            },
-        );
-    }
+    let mut e = c.endpoints[&1].clone();
+    e.pod.name = "np3".into();
+    e.pod.uid = "uid-np3".into();
+    e.identity = 258;
+    e.ipv4 = Some(Ipv4Addr::from(NP_IP));
+    e.tiers = Default::default();
+    c.endpoints.insert(3, e);
+    c.ipcache.insert(
+        IpAddr::V4(Ipv4Addr::from(NP_IP)),
+        IpEntry {
+            identity: 258,
+            cidr_identity: IDENTITY_FIRST_CIDR,
+        },
+    );
     c.policy.insert(
         PolicyEntry {
             subject: 258,
