@@ -43,7 +43,7 @@
 //!   the conntrack hash lookup in `NPM_CT4` that the first packet of a flow
 //!   on a CPU, one packet every 250 ms after, and IPv6 flows pay.
 //!
-//! Each number is the median of 5 runs of 1,000,000 repeats. The runs are
+//! Each number is the median of 5 runs (`--rounds N`) of 1,000,000 repeats. The runs are
 //! interleaved: each of the 5 rounds applies every scale in turn and runs
 //! the baseline and every path once there, so a slow phase of a shared VM
 //! hits all scales, paths and the baseline alike. Each result carries its
@@ -52,7 +52,11 @@
 //!
 //! Then the ClusterNetworkPolicy rows (`tier_*` paths, at 1, 100 and 1,000
 //! CNPs per tier; see `bench_datapath/tiers.rs`), on their own setups.
-//! Arguments: `--no-tiers` skips them, `--tiers-only` runs only them.
+//! Arguments: `--no-tiers` skips them, `--tiers-only` runs only them,
+//! `--rounds N` takes N interleaved rounds instead of 5 (every mode), and
+//! `--layers` runs only the layer measurement (`bench_datapath/layers.rs`:
+//! the same packets with each precomputed layer switched off, interleaved;
+//! the figures of `docs/datapath-layers.md`).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -66,11 +70,57 @@ use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction, Endpoint, IpEntry, PodRef, PolicyEntry};
 use npm_policy::model::Protocol;
 
+#[path = "bench_datapath/layers.rs"]
+mod layers;
 #[path = "bench_datapath/tiers.rs"]
 mod tiers;
 
 const REPEAT: u32 = 1_000_000;
+/// Interleaved rounds unless `--rounds N` says otherwise.
 const RUNS: usize = 5;
+/// The rounds of this run.
+static ROUNDS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// The interleaved rounds of this run ([`RUNS`] or `--rounds N`).
+fn runs() -> usize {
+    ROUNDS.get().copied().unwrap_or(RUNS)
+}
+
+/// The command line.
+struct Args {
+    tiers_only: bool,
+    no_tiers: bool,
+    layers: bool,
+    rounds: usize,
+}
+
+impl Args {
+    fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+        let mut a = Args {
+            tiers_only: false,
+            no_tiers: false,
+            layers: false,
+            rounds: RUNS,
+        };
+        while let Some(arg) = it.next() {
+            match arg.as_str() {
+                "--tiers-only" => a.tiers_only = true,
+                "--no-tiers" => a.no_tiers = true,
+                "--layers" => a.layers = true,
+                "--rounds" => {
+                    let v = it.next().ok_or("--rounds needs a number")?;
+                    a.rounds = v
+                        .parse()
+                        .ok()
+                        .filter(|n| *n >= 1)
+                        .ok_or(format!("--rounds {v:?}: not a number of rounds (1 or more)"))?;
+                }
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(a)
+    }
+}
 const POLICY_SCALES: [usize; 3] = [1, 1_000, 10_000];
 const IPCACHE_SCALES: [usize; 3] = [100, 10_000, 100_000];
 
@@ -258,17 +308,28 @@ struct Setup {
 fn main() {
     sweep_leftovers();
     let pid = std::process::id();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Some(a) = args.iter().find(|a| *a != "--tiers-only" && *a != "--no-tiers") {
-        eprintln!("bench_datapath: unknown argument {a:?} (use --tiers-only or --no-tiers)");
-        std::process::exit(2);
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bench_datapath: {e} (use --tiers-only, --no-tiers, --layers, --rounds N)");
+            std::process::exit(2);
+        }
+    };
+    ROUNDS.set(args.rounds).expect("rounds set once");
+    if args.layers {
+        let results = layers::run(pid, args.rounds);
+        println!(
+            r#"{{"bench":"datapath","mode":"layers","results":[{}]}}"#,
+            results.join(",")
+        );
+        return;
     }
-    if args.iter().any(|a| a == "--tiers-only") {
+    if args.tiers_only {
         let results = tiers::run(pid);
         println!(r#"{{"bench":"datapath","results":[{}]}}"#, results.join(","));
         return;
     }
-    let with_tiers = !args.iter().any(|a| a == "--no-tiers");
+    let with_tiers = !args.no_tiers;
     // (tag, no conntrack create, switches)
     let kinds = [
         (
@@ -366,7 +427,7 @@ fn main() {
         .flat_map(|&p| IPCACHE_SCALES.iter().map(move |&n| (p, n)))
         .collect();
     let mut samples: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); paths.len() + 1]; scales.len()];
-    for _ in 0..RUNS {
+    for _ in 0..runs() {
         for (row, &(p, n)) in scales.iter().enumerate() {
             let next = compiled(p, n);
             let diff = prev.diff(&next);

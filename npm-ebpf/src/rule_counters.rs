@@ -20,6 +20,12 @@ use npm_common::{endpoint_deny_slot, Counter, Reason, EP_DENY_ENTRIES, RULE_COUN
 
 use crate::scratch::Scratch;
 
+/// Benchmark switch (measurement only): when 1, [`count_rule`] bumps no
+/// counter (it still clears the rule tag), so the datapath benchmark can
+/// measure what the counters cost per decision.
+#[no_mangle]
+static NPM_BENCH_NO_RULE_COUNT: u8 = 0;
+
 /// `NPM_RULE_COUNT`: per-CPU packets and bytes allowed per rule slot.
 #[map]
 static NPM_RULE_COUNT: PerCpuArray<Counter> = PerCpuArray::with_max_entries(RULE_COUNT_ENTRIES, 0);
@@ -35,6 +41,10 @@ pub(crate) const RULE_TAG: u32 = 0x8000_0000;
 /// Adds one packet of `len` bytes to the counter at `idx` of `map`.
 #[inline(always)]
 fn bump(map: &PerCpuArray<Counter>, idx: u32, len: u32) {
+    // SAFETY: reading a read-only global.
+    if unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_RULE_COUNT) } != 0 {
+        return;
+    }
     if let Some(c) = map.get_ptr_mut(idx) {
         // SAFETY: per-CPU slot, only this CPU writes it.
         unsafe {

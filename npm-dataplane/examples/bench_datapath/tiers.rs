@@ -51,7 +51,7 @@ use npm_policy::compiled::{
 };
 use npm_policy::model::Protocol;
 
-use super::{frame, median, veth, REPEAT, RUNS};
+use super::{frame, median, veth, REPEAT};
 
 /// CNPs in each tier per row.
 const SCALES: [usize; 3] = [1, 100, 1_000];
@@ -82,7 +82,7 @@ fn endpoint(name: &str, identity: u32, ip: Ipv4Addr, isolated_ingress: bool) -> 
 }
 
 /// The compiled form of `n` CNPs in each tier (see the module doc).
-fn compiled(n: usize) -> Compiled {
+pub(super) fn compiled(n: usize) -> Compiled {
     let mut c = Compiled::default();
     // Two identities: isolation, like every NetworkPolicy outcome, is a
     // function of the pod identity (the entries' subject).
@@ -292,7 +292,7 @@ pub(super) fn run(pid: u32) -> Vec<String> {
     let mut prev = Compiled::default();
     let mut front_words = [0; SCALES.len()];
     let mut fold_entries = [0; SCALES.len()];
-    for _ in 0..RUNS {
+    for _ in 0..super::runs() {
         for (row, &n) in SCALES.iter().enumerate() {
             let next = compiled(n);
             let diff = prev.diff(&next);

@@ -116,21 +116,26 @@ impl Reports {
     /// over CPUs (the slots `BPF_PROG_TEST_RUN` helpers compare).
     #[cfg(feature = "testing")]
     pub(crate) fn packets_by_slot(&self, dir: u8) -> Result<Vec<u64>, EbpfError> {
-        use npm_common::{COUNTER_SLOTS, REASON_SLOTS};
-        (0..REASON_SLOTS)
-            .map(|r| {
-                let idx = dir as u32 * REASON_SLOTS + r;
-                debug_assert!(idx < COUNTER_SLOTS);
-                if idx == EVENTS_LOST_SLOT {
-                    // Not a verdict: lost deny events.
-                    return Ok(0);
-                }
-                self.counters
-                    .get(&idx, 0)
-                    .map(|v| v.iter().map(|c| c.packets).sum())
-                    .map_err(map_err(maps::COUNTERS, format!("read slot {idx}")))
-            })
+        (0..npm_common::REASON_SLOTS as u8)
+            .map(|r| self.packets_in_slot(dir, r))
             .collect()
+    }
+
+    /// The packet count of reason slot `reason` of direction `dir`, summed
+    /// over CPUs (0 for the slot of lost events, not a verdict).
+    #[cfg(feature = "testing")]
+    pub(crate) fn packets_in_slot(&self, dir: u8, reason: u8) -> Result<u64, EbpfError> {
+        use npm_common::{COUNTER_SLOTS, REASON_SLOTS};
+        let idx = dir as u32 * REASON_SLOTS + reason as u32;
+        debug_assert!(idx < COUNTER_SLOTS);
+        if idx == EVENTS_LOST_SLOT {
+            // Not a verdict: lost deny events.
+            return Ok(0);
+        }
+        self.counters
+            .get(&idx, 0)
+            .map(|v| v.iter().map(|c| c.packets).sum())
+            .map_err(map_err(maps::COUNTERS, format!("read slot {idx}")))
     }
 }
 

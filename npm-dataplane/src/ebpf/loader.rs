@@ -46,6 +46,10 @@ pub struct BenchSwitches {
     /// The datapath never reads the folded decisions (`NPM_FOLD`): every
     /// decision takes the tiers' and NetworkPolicy's lookups.
     pub no_fold: bool,
+    /// The datapath bumps no per-rule or per-endpoint deny counter
+    /// (`NPM_RULE_COUNT`, `NPM_EP_DENIES`): measurement only, what the
+    /// counters cost per decision.
+    pub no_rule_count: bool,
 }
 
 /// The `max_entries` of the maps whose size scales with the cluster, set at
@@ -438,6 +442,7 @@ fn set_switches(loader: &mut EbpfLoader, switches: BenchSwitches) {
         ("NPM_BENCH_NO_POLICY_FRONT", switches.no_policy_front),
         ("NPM_BENCH_NO_TIER_FRONT", switches.no_tier_front),
         ("NPM_BENCH_NO_FOLD", switches.no_fold),
+        ("NPM_BENCH_NO_RULE_COUNT", switches.no_rule_count),
     ] {
         const ON: u8 = 1;
         const OFF: u8 = 0;

@@ -8,6 +8,7 @@
 mod ebpf_common;
 mod netns_common;
 mod nft_common;
+mod random_compiled;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -24,6 +25,7 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 mod ebpf_allow_events;
 mod ebpf_attach_modes;
+mod ebpf_differential;
 mod ebpf_fastpath;
 mod ebpf_fill;
 mod ebpf_fold;

@@ -20,21 +20,17 @@ use std::net::IpAddr;
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
-use ipnet::IpNet;
-use npm_common::{IDENTITY_ANY, IDENTITY_FIRST_CIDR, IDENTITY_HOST, IDENTITY_WORLD};
 use npm_dataplane::nft::{NftDataplane, NftOptions};
 use npm_dataplane::{Dataplane, Interfaces};
-use npm_policy::compiled::{Compiled, Direction, IpEntry};
+use npm_policy::compiled::{Compiled, Direction};
 use npm_policy::lookup::lookup;
-use npm_policy::model::Protocol;
 
 use crate::nft_common::{
-    allow, clear_leftovers, endpoint, mac, node_netns, ns_ifindex, ns_sh, route_to_pod, wire_pod, Netns, Proc, TempFile,
+    clear_leftovers, mac, node_netns, ns_ifindex, ns_sh, route_to_pod, wire_pod, Netns, Proc, TempFile,
 };
+use crate::random_compiled::{random_policies, Pod, Rng, NODE_IP, NODE_IP6, OUTSIDE_V4, OUTSIDE_V6, PODS};
 
 const NS_PREFIX: &str = "npmnftd";
-const NODE_IP: &str = "10.77.255.254";
-const NODE_IP6: &str = "fd77::ffff";
 const PORTS: [u16; 4] = [999, 1000, 1004, 1010];
 
 const CAPTURE_PY: &str = r#"
@@ -139,14 +135,10 @@ impl Topo {
         let mut pod_macs: Vec<(String, String)> = Vec::new();
         // Three pods and an outside host with addresses in and out of the ipBlocks.
         let specs: [(Option<u32>, &[&str], &[&str]); 4] = [
-            (Some(1), &["10.77.0.1"], &["fd77::1"]),
-            (Some(2), &["10.77.0.2"], &["fd77::2"]),
-            (Some(3), &["10.77.0.3"], &["fd77::3"]),
-            (
-                None,
-                &["192.0.2.1", "192.0.2.130", "198.51.100.7"],
-                &["2001:db8::1", "2001:db8:0:1::1"],
-            ),
+            (Some(PODS[0].ep), &[PODS[0].v4], &[PODS[0].v6]),
+            (Some(PODS[1].ep), &[PODS[1].v4], &[PODS[1].v6]),
+            (Some(PODS[2].ep), &[PODS[2].v4], &[PODS[2].v6]),
+            (None, &OUTSIDE_V4, &OUTSIDE_V6),
         ];
         let mut hosts = Vec::new();
         let mut ifs = Interfaces::new();
@@ -294,115 +286,21 @@ impl Topo {
     }
 }
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// The ipBlock prefixes the random policies pick from (nested, both families).
-///
-/// `::/0` covers the IPv4-mapped range `::ffff:0:0/96` in which the reference
-/// lookup (like the eBPF datapath) keeps IPv4 addresses; the compiler adds
-/// `0.0.0.0/0` as a guard so that an IPv6 ipBlock never matches an IPv4
-/// peer, as nftables (which keeps the families apart) and the API mean it.
-const PREFIXES: [&str; 12] = [
-    "::/0",
-    "10.77.0.0/16",
-    "10.77.0.0/30",
-    "10.77.0.2/32",
-    "192.0.2.0/24",
-    "192.0.2.128/25",
-    "0.0.0.0/0",
-    "fd77::/64",
-    "fd77::2/128",
-    "2001:db8::/32",
-    "2001:db8:0:1::/64",
-    "2000::/3",
-];
-
-fn longest(cidrs: &std::collections::BTreeMap<IpNet, u32>, ip: IpAddr) -> u32 {
-    cidrs
-        .iter()
-        .filter(|(n, _)| n.contains(&ip))
-        .max_by_key(|(n, _)| n.prefix_len())
-        .map(|(_, id)| *id)
-        .unwrap_or(IDENTITY_ANY)
-}
-
+/// The random state of one round over the topology's pods
+/// ([`random_policies`]).
 fn random_compiled(rng: &mut Rng, topo: &Topo) -> Compiled {
-    let mut c = Compiled::default();
-    for (k, p) in PREFIXES.iter().enumerate() {
-        if rng.below(3) != 0 {
-            c.cidrs.insert(p.parse().unwrap(), IDENTITY_FIRST_CIDR + k as u32);
-        }
-    }
-    let add_ip = |c: &mut Compiled, a: &str, identity: u32| {
-        let ip: IpAddr = a.parse().unwrap();
-        let cidr_identity = longest(&c.cidrs, ip);
-        c.ipcache.insert(
-            ip,
-            IpEntry {
-                identity,
-                cidr_identity,
-                owner: 0,
-            },
-        );
-    };
-    add_ip(&mut c, NODE_IP, IDENTITY_HOST);
-    add_ip(&mut c, NODE_IP6, IDENTITY_HOST);
-    for h in &topo.hosts {
-        let Some(ep) = h.endpoint else { continue };
-        // Pods 1 and 3 share an identity half of the time.
-        let identity = if ep == 3 && rng.below(2) == 0 { 256 } else { 255 + ep };
-        let name = format!("p{ep}");
-        let e = endpoint(
-            &name,
-            identity,
-            Some(&h.v4[0]),
-            Some(&h.v6[0]),
-            rng.below(4) != 0,
-            rng.below(2) == 0,
-        );
-        c.endpoints.insert(ep, e);
-        add_ip(&mut c, &h.v4[0], identity);
-        add_ip(&mut c, &h.v6[0], identity);
-    }
-    let mut peers = vec![IDENTITY_ANY, IDENTITY_HOST, IDENTITY_WORLD, 256, 257, 258];
-    peers.extend(c.cidrs.values().copied());
-    for ep in 1..=3u32 {
-        for dir in [Direction::Ingress, Direction::Egress] {
-            for _ in 0..rng.below(5) {
-                let peer = peers[rng.below(peers.len() as u64) as usize];
-                let proto = match rng.below(4) {
-                    0 => None,
-                    1 | 2 => Some(Protocol::Tcp),
-                    _ => Some(Protocol::Udp),
-                };
-                let lo = 998 + rng.below(10) as u16;
-                let ports = match rng.below(3) {
-                    0 => (0, u16::MAX),
-                    1 => (lo, lo),
-                    _ => (lo, lo + rng.below(8) as u16),
-                };
-                // Peer ANY without ports on ingress would make most probes pass: keep it rarer.
-                if peer == IDENTITY_ANY && proto.is_none() && rng.below(3) != 0 {
-                    continue;
-                }
-                allow(&mut c, ep, dir, peer, proto, ports);
-            }
-        }
-    }
-    c
+    let pods: Vec<Pod<'_>> = topo
+        .hosts
+        .iter()
+        .filter_map(|h| {
+            h.endpoint.map(|ep| Pod {
+                ep,
+                v4: &h.v4[0],
+                v6: &h.v6[0],
+            })
+        })
+        .collect();
+    random_policies(rng, &pods, 8)
 }
 
 /// What the reference says about a packet from `src` (host index, address)
