@@ -569,6 +569,9 @@ impl Tun {
         use std::os::fd::AsRawFd;
         assert!(name.len() < 16, "{name}");
         sh_quiet(&["ip", "link", "del", name]);
+        // A kernel with `tun` as a module (Debian's) has no /dev/net/tun
+        // until it is loaded.
+        sh_quiet(&["modprobe", "tun"]);
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
