@@ -4,6 +4,8 @@
 //! worth learning) and the version last programmed, which a held DNS
 //! response waits for.
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -28,6 +30,37 @@ struct Inner {
     programmed_cv: Condvar,
     /// A capture feeds these names.
     learning: std::sync::atomic::AtomicBool,
+    /// The last sync programmed its state (false until the first does,
+    /// and after a sync failed, was held or had incomplete lists).
+    sync_healthy: std::sync::atomic::AtomicBool,
+    /// This node's pods' addresses -> namespace, as last compiled (what a
+    /// reply's destination is attributed to).
+    namespaces: Mutex<Arc<BTreeMap<IpAddr, String>>>,
+    /// Called after each newly programmed version (the capture's reader
+    /// waits on it together with its queue).
+    programmed_waker: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+}
+
+/// Why a response that taught something is not held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoHold {
+    /// No state compiled yet (agent start).
+    NotCompiled,
+    /// The last sync failed, was held or had incomplete lists.
+    SyncUnhealthy,
+    /// As many responses as allowed are held already.
+    Cap,
+}
+
+impl NoHold {
+    /// The label of the metric.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoHold::NotCompiled => "not_held_not_compiled",
+            NoHold::SyncUnhealthy => "not_held_sync_unhealthy",
+            NoHold::Cap => "not_held_cap",
+        }
+    }
 }
 
 /// The learned names of this node as the DNS capture and the sync loop
@@ -60,7 +93,31 @@ pub fn patterns_of(snapshot: &Snapshot) -> Vec<DomainPattern> {
     out
 }
 
+/// The addresses of the pods of node `node` in `snapshot` (host-network
+/// pods excluded: their address is the node's) -> their namespace.
+pub fn pod_namespaces_of(snapshot: &Snapshot, node: &str) -> BTreeMap<IpAddr, String> {
+    (snapshot.pods.values())
+        .filter(|p| p.node_name.as_deref() == Some(node) && !p.host_network)
+        .flat_map(|p| p.ips.iter().map(|ip| (ip.to_canonical(), p.namespace.clone())))
+        .collect()
+}
+
 impl NamesHandle {
+    /// Records this node's pods' addresses -> namespace (the sync loop,
+    /// after each compile).
+    pub fn set_pod_namespaces(&self, map: BTreeMap<IpAddr, String>) {
+        let mut cur = lock(&self.inner.namespaces);
+        if **cur != map {
+            *cur = Arc::new(map);
+        }
+    }
+
+    /// The namespace of this node's pod with address `ip` (as last
+    /// compiled).
+    pub fn namespace_of(&self, ip: IpAddr) -> Option<String> {
+        lock(&self.inner.namespaces).get(&ip.to_canonical()).cloned()
+    }
+
     /// The current version.
     pub fn current(&self) -> Arc<Learned> {
         lock(&self.inner.current).clone()
@@ -123,6 +180,38 @@ impl NamesHandle {
         if version > *p {
             *p = version;
             self.inner.programmed_cv.notify_all();
+            drop(p);
+            if let Some(wake) = lock(&self.inner.programmed_waker).clone() {
+                wake();
+            }
+        }
+    }
+
+    /// Sets what is called after each newly programmed version.
+    pub fn set_programmed_waker(&self, wake: Arc<dyn Fn() + Send + Sync>) {
+        *lock(&self.inner.programmed_waker) = Some(wake);
+    }
+
+    /// Records the outcome of a sync (the sync loop calls it after each):
+    /// `healthy` when it programmed the state from complete lists.
+    pub fn sync_result(&self, healthy: bool) {
+        self.inner
+            .sync_healthy
+            .store(healthy, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a DNS response may be held for its programming now: a state
+    /// was compiled (before, every name is wanted and no sync can be
+    /// counted on soon) and the last sync programmed its state (while syncs
+    /// fail or are held, a hold would only ever expire). Otherwise the
+    /// response is let through at once.
+    pub fn may_hold(&self) -> Result<(), NoHold> {
+        if self.patterns().is_none() {
+            Err(NoHold::NotCompiled)
+        } else if !self.inner.sync_healthy.load(std::sync::atomic::Ordering::Relaxed) {
+            Err(NoHold::SyncUnhealthy)
+        } else {
+            Ok(())
         }
     }
 
@@ -173,5 +262,28 @@ mod tests {
         h.publish_programmed(1);
         assert!(t.join().unwrap());
         assert_eq!(h.programmed(), 1);
+    }
+
+    #[test]
+    fn holds_only_after_a_compile_while_syncs_succeed() {
+        let h = NamesHandle::default();
+        h.sync_result(true);
+        assert_eq!(h.may_hold(), Err(NoHold::NotCompiled));
+        h.set_patterns(vec![]);
+        assert_eq!(h.may_hold(), Ok(()));
+        h.sync_result(false);
+        assert_eq!(h.may_hold(), Err(NoHold::SyncUnhealthy));
+        let woken = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let w = woken.clone();
+        h.set_programmed_waker(Arc::new(move || {
+            w.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }));
+        h.publish_programmed(3);
+        h.publish_programmed(2);
+        assert_eq!(
+            woken.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "woken by a new version only"
+        );
     }
 }

@@ -35,6 +35,7 @@ mod cnp_relist;
 mod cnp_tiers_ebpf;
 mod cnp_tiers_nft;
 mod cnp_versions;
+mod dns_capture;
 mod guard_held_removals;
 mod guard_policies;
 mod guard_tiers_restart;
