@@ -194,6 +194,8 @@ impl Waker {
 pub struct Capture {
     cfg: CaptureConfig,
     stop: Arc<AtomicBool>,
+    /// Ends the reader (after `stop` and the rules' removal).
+    reader_stop: Arc<AtomicBool>,
     waker: Arc<Waker>,
     /// Taken while the rules are checked or changed.
     rules: Arc<Mutex<()>>,
@@ -224,6 +226,16 @@ impl Capture {
             wake();
         }
         let learner = Arc::new(Mutex::new(learner));
+        // The sync loop builds the names when it compiles (not each reply,
+        // and never while holding the learner's lock; lock order: the
+        // handle's current names, then the learner; the reader never takes
+        // the former while it holds the latter).
+        let source = learner.clone();
+        handle.set_source(Arc::new(move || {
+            // A constant-time copy under the lock; built without it.
+            let snapshot = lock(&source).snapshot();
+            snapshot.names()
+        }));
         let q_err = |op: &'static str| {
             move |e: std::io::Error| CaptureError::Queue {
                 queue: cfg.queue,
@@ -250,9 +262,11 @@ impl Capture {
         };
         let reader = ctx.clone();
         let reader_waker = waker.clone();
+        let reader_stop = Arc::new(AtomicBool::new(false));
+        let end = reader_stop.clone();
         std::thread::Builder::new()
             .name("npm-dns".into())
-            .spawn(move || reader.read(queue, &reader_waker))
+            .spawn(move || reader.read(queue, &reader_waker, &end))
             .map_err(CaptureError::Thread)?;
         let expiry = ctx.clone();
         std::thread::Builder::new()
@@ -267,11 +281,11 @@ impl Capture {
                     // re-resolved name changes no name).
                     ticks += 1;
                     if expiry.unsaved.swap(false, Ordering::Relaxed) || ticks.is_multiple_of(10) {
-                        expiry.save(&lock(&expiry.learner));
+                        expiry.save_copy();
                     }
                 }
                 if expiry.unsaved.swap(false, Ordering::Relaxed) {
-                    expiry.save(&lock(&expiry.learner));
+                    expiry.save_copy();
                 }
             })
             .map_err(CaptureError::Thread)?;
@@ -285,6 +299,7 @@ impl Capture {
         Ok(Capture {
             cfg,
             stop,
+            reader_stop,
             waker,
             rules,
             stats,
@@ -311,14 +326,14 @@ impl Capture {
 
 impl Drop for Capture {
     fn drop(&mut self) {
-        // The rules first (no new packet is queued), then the reader, which
-        // lets through what is queued and what it holds before it unbinds
-        // (the kernel drops what is still queued at unbind).
-        {
-            let _rules = lock(&self.rules);
-            self.stop.store(true, Ordering::Relaxed);
-            remove_rules(self.cfg.queue);
-        }
+        // The reader first lets through what it holds and holds nothing
+        // more (a queued packet is lost when the rules change under it),
+        // then the rules go, then the reader ends.
+        let _rules = lock(&self.rules);
+        self.stop.store(true, Ordering::Relaxed);
+        self.waker.wake();
+        remove_rules(self.cfg.queue);
+        self.reader_stop.store(true, Ordering::Relaxed);
         self.waker.wake();
     }
 }
@@ -350,14 +365,24 @@ fn poll_ms(now: Instant, until: Instant) -> i32 {
 }
 
 impl Ctx {
-    /// Publishes the learner's names (after a change): handed to the sync
-    /// loop, saved by the expiry thread within 500 ms; returns the new
-    /// version.
-    fn publish(&self, learner: &Learner) -> Option<u64> {
-        let v = self.handle.set(learner.names())?;
+    /// Publishes a change of the learner's names (the caller holds the
+    /// learner's lock): the sync loop is woken (it builds the names when it
+    /// compiles), the expiry thread saves them within 500 ms; returns the
+    /// version that holds the change.
+    fn publish(&self, _learner: &Learner) -> Option<u64> {
+        let v = self.handle.changed();
         self.unsaved.store(true, Ordering::Relaxed);
         (self.wake)();
         Some(v)
+    }
+
+    /// Writes a copy of the learner to the state file (if any), encoding
+    /// and writing it without the lock the reader takes.
+    fn save_copy(&self) {
+        if self.cfg.state_file.is_some() {
+            let copy = lock(&self.learner).clone();
+            self.save(&copy);
+        }
     }
 
     /// Writes the learner to the state file (if any); a failure is logged.
@@ -372,9 +397,9 @@ impl Ctx {
     /// The reader: waits for queued packets or a programmed version (or
     /// the deadline of the oldest held response), reads every queued
     /// packet, and issues each verdict as soon as it is due.
-    fn read(self, mut queue: NfQueue, waker: &Waker) {
+    fn read(self, mut queue: NfQueue, waker: &Waker, end: &AtomicBool) {
         let mut parked: VecDeque<Parked> = VecDeque::new();
-        while !self.stop.load(Ordering::Relaxed) {
+        while !end.load(Ordering::Relaxed) {
             let timeout = parked.front().map_or(-1, |p| poll_ms(Instant::now(), p.deadline));
             let mut fds = [
                 libc::pollfd {
@@ -398,11 +423,7 @@ impl Ctx {
             loop {
                 match queue.try_recv() {
                     Ok(packets) if packets.is_empty() => break,
-                    Ok(packets) => {
-                        for p in packets {
-                            self.on_packet(&mut queue, &mut parked, p);
-                        }
-                    }
+                    Ok(packets) => self.on_batch(&mut queue, &mut parked, packets),
                     Err(e) => {
                         tracing::warn!(error = %e, "NFQUEUE read failed");
                         break;
@@ -411,8 +432,14 @@ impl Ctx {
                 self.release(&mut queue, &mut parked);
             }
             self.release(&mut queue, &mut parked);
+            if self.stop.load(Ordering::Relaxed) {
+                // Stopping: what is held goes through, nothing more is held.
+                for p in parked.drain(..) {
+                    self.accept(&mut queue, p.id);
+                }
+            }
         }
-        // Stopped (the rules are gone): what is queued and held goes through.
+        // Ended (the rules are gone): what is still queued goes through.
         while let Ok(packets) = queue.try_recv() {
             if packets.is_empty() {
                 break;
@@ -433,51 +460,70 @@ impl Ctx {
         }
     }
 
-    /// One response: learned, then accepted at once or parked.
-    fn on_packet(&self, queue: &mut NfQueue, parked: &mut VecDeque<Parked>, p: Packet) {
-        self.stats.responses.fetch_add(1, Ordering::Relaxed);
-        let version = match udp_payload(&p.payload).map(parse_response) {
-            Some(Ok(answers)) => {
-                // The namespace of the pod the reply goes to (its bound).
-                let ns = destination(&p.payload).and_then(|ip| self.handle.namespace_of(ip));
-                let ns = ns.as_deref().unwrap_or(NO_NAMESPACE);
-                let mut l = lock(&self.learner);
-                if l.learn(Instant::now(), ns, &answers, |n| self.handle.wants(n)) {
-                    self.stats.learning.fetch_add(1, Ordering::Relaxed);
-                    self.publish(&l)
-                } else {
-                    None
+    /// The responses read at once: each learned; those that taught
+    /// nothing accepted at once; the names published once for the batch
+    /// (building them is linear in what is learned), then each response
+    /// that taught something parked for that version, or accepted at once
+    /// when nothing may be held.
+    fn on_batch(&self, queue: &mut NfQueue, parked: &mut VecDeque<Parked>, packets: Vec<Packet>) {
+        let mut learning: Vec<u32> = Vec::new();
+        let mut accept: Vec<u32> = Vec::new();
+        let version = {
+            let mut l = lock(&self.learner);
+            for p in packets {
+                self.stats.responses.fetch_add(1, Ordering::Relaxed);
+                match udp_payload(&p.payload).map(parse_response) {
+                    Some(Ok(answers)) => {
+                        // The namespace of the pod the reply goes to (its bound).
+                        let ns = destination(&p.payload).and_then(|ip| self.handle.namespace_of(ip));
+                        let ns = ns.as_deref().unwrap_or(NO_NAMESPACE);
+                        if l.learn(Instant::now(), ns, &answers, |n| self.handle.wants(n)) {
+                            self.stats.learning.fetch_add(1, Ordering::Relaxed);
+                            learning.push(p.id);
+                            continue;
+                        }
+                    }
+                    _ => {
+                        self.stats.unparsable.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                accept.push(p.id);
+            }
+            if learning.is_empty() {
+                None
+            } else {
+                self.publish(&l)
+            }
+        };
+        for id in accept {
+            self.accept(queue, id);
+        }
+        let holds = !self.cfg.hold.is_zero() && !self.stop.load(Ordering::Relaxed);
+        let Some(version) = version.filter(|_| holds) else {
+            for id in learning {
+                self.accept(queue, id);
+            }
+            return;
+        };
+        let deadline = Instant::now() + self.cfg.hold;
+        for id in learning {
+            let cap = if parked.len() >= self.cfg.max_holds {
+                Err(NoHold::Cap)
+            } else {
+                Ok(())
+            };
+            match self.handle.may_hold().and(cap) {
+                Ok(()) => {
+                    self.stats.held.fetch_add(1, Ordering::Relaxed);
+                    parked.push_back(Parked { id, version, deadline });
+                }
+                Err(why) => {
+                    self.stats.not_held(why).fetch_add(1, Ordering::Relaxed);
+                    self.accept(queue, id);
                 }
             }
-            _ => {
-                self.stats.unparsable.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-        };
-        let Some(version) = version.filter(|_| !self.cfg.hold.is_zero()) else {
-            return self.accept(queue, p.id);
-        };
-        let cap = if parked.len() >= self.cfg.max_holds {
-            Err(NoHold::Cap)
-        } else {
-            Ok(())
-        };
-        let may = self.handle.may_hold().and(cap);
-        match may {
-            Ok(()) => {
-                self.stats.held.fetch_add(1, Ordering::Relaxed);
-                parked.push_back(Parked {
-                    id: p.id,
-                    version,
-                    deadline: Instant::now() + self.cfg.hold,
-                });
-                self.stats.holding.store(parked.len() as u64, Ordering::Relaxed);
-            }
-            Err(why) => {
-                self.stats.not_held(why).fetch_add(1, Ordering::Relaxed);
-                self.accept(queue, p.id);
-            }
         }
+        self.stats.holding.store(parked.len() as u64, Ordering::Relaxed);
     }
 
     /// Lets through every held response whose version is programmed or

@@ -24,6 +24,12 @@ pub struct Learned {
 #[derive(Default)]
 struct Inner {
     current: Mutex<Arc<Learned>>,
+    /// The version of the names now: bumped by each change the source
+    /// made ([`NamesHandle::changed`]); `current` catches up when read.
+    latest: std::sync::atomic::AtomicU64,
+    /// Builds the names now (the capture's learner), when `current` is
+    /// behind `latest`.
+    source: Mutex<Option<NamesSource>>,
     /// `None` until the first sync compiled a state.
     patterns: Mutex<Option<Arc<Vec<DomainPattern>>>>,
     programmed: Mutex<u64>,
@@ -40,6 +46,9 @@ struct Inner {
     /// waits on it together with its queue).
     programmed_waker: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
+
+/// What builds the learned names on demand (see [`NamesHandle::set_source`]).
+pub type NamesSource = Arc<dyn Fn() -> LearnedNames + Send + Sync>;
 
 /// Why a response that taught something is not held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,9 +127,23 @@ impl NamesHandle {
         lock(&self.inner.namespaces).get(&ip.to_canonical()).cloned()
     }
 
-    /// The current version.
+    /// The current version: built from the source (once per change, when
+    /// read: by the sync loop, not on the path of each DNS reply) when a
+    /// change was recorded since.
     pub fn current(&self) -> Arc<Learned> {
-        lock(&self.inner.current).clone()
+        let mut cur = lock(&self.inner.current);
+        // Read before building: the names built hold at least this
+        // version's changes.
+        let latest = self.inner.latest.load(std::sync::atomic::Ordering::Acquire);
+        if latest > cur.version {
+            if let Some(source) = lock(&self.inner.source).clone() {
+                *cur = Arc::new(Learned {
+                    version: latest,
+                    names: source(),
+                });
+            }
+        }
+        cur.clone()
     }
 
     /// Replaces the names; returns the new version, `None` when they are
@@ -130,9 +153,27 @@ impl NamesHandle {
         if cur.names == names {
             return None;
         }
-        let version = cur.version + 1;
+        let version = cur
+            .version
+            .max(self.inner.latest.load(std::sync::atomic::Ordering::Acquire))
+            + 1;
+        self.inner.latest.store(version, std::sync::atomic::Ordering::Release);
         *cur = Arc::new(Learned { version, names });
         Some(version)
+    }
+
+    /// Sets what builds the names when [`NamesHandle::current`] is behind
+    /// the changes recorded with [`NamesHandle::changed`].
+    pub fn set_source(&self, source: NamesSource) {
+        *lock(&self.inner.source) = Some(source);
+    }
+
+    /// Records that the source's names changed (after the change is made;
+    /// the caller may hold the source's lock: this takes no lock); returns
+    /// the version that holds the change. `latest` is never behind
+    /// `current`'s version, so this is a new version.
+    pub fn changed(&self) -> u64 {
+        self.inner.latest.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1
     }
 
     /// Records the patterns of the state the sync loop compiled; true when
@@ -262,6 +303,31 @@ mod tests {
         h.publish_programmed(1);
         assert!(t.join().unwrap());
         assert_eq!(h.programmed(), 1);
+    }
+
+    #[test]
+    fn changes_are_built_from_the_source_when_read() {
+        let h = NamesHandle::default();
+        let names: LearnedNames = [("a.io".to_string(), ["192.0.2.1".parse().unwrap()].into())].into();
+        assert_eq!(h.set(names.clone()), Some(1));
+        let built = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (b, src) = (built.clone(), names.clone());
+        h.set_source(Arc::new(move || {
+            b.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut n = src.clone();
+            n.insert("b.io".into(), ["192.0.2.2".parse().unwrap()].into());
+            n
+        }));
+        assert_eq!(h.current().version, 1, "no change recorded: not built");
+        assert_eq!((h.changed(), h.changed()), (2, 3));
+        let cur = h.current();
+        assert_eq!((cur.version, cur.names.len()), (3, 2));
+        assert_eq!(h.current().version, 3);
+        assert_eq!(
+            built.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "built once for two changes"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use std::{fs, io};
 
+use imbl::OrdMap;
 use npm_policy::tiers::domains::normalize_name;
 use npm_policy::tiers::LearnedNames;
 use serde::{Deserialize, Serialize};
@@ -141,10 +142,24 @@ pub const NO_NAMESPACE: &str = "";
 #[derive(Clone, Debug)]
 pub struct Learner {
     limits: Limits,
-    names: BTreeMap<String, BTreeMap<IpAddr, Owners>>,
+    /// A persistent map: [`Learner::snapshot`] is a constant-time copy.
+    names: OrdMap<String, BTreeMap<IpAddr, Owners>>,
     /// Pairs owned per namespace.
     per_namespace: BTreeMap<String, usize>,
     evicted: u64,
+}
+
+/// A constant-time copy of the learned names ([`Learner::snapshot`]).
+#[derive(Clone, Debug)]
+pub struct Snapshot(OrdMap<String, BTreeMap<IpAddr, Owners>>);
+
+impl Snapshot {
+    /// The learned names as the compiler takes them.
+    pub fn names(&self) -> LearnedNames {
+        (self.0.iter())
+            .map(|(name, addrs)| (name.clone(), addrs.keys().copied().collect()))
+            .collect()
+    }
 }
 
 /// When a pair expires: with its last owner.
@@ -157,7 +172,7 @@ impl Learner {
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
-            names: BTreeMap::new(),
+            names: OrdMap::new(),
             per_namespace: BTreeMap::new(),
             evicted: 0,
         }
@@ -347,8 +362,15 @@ impl Learner {
     /// if a pair was dropped.
     pub fn expire(&mut self, now: Instant) -> bool {
         let before = self.len();
+        let due: Vec<String> = (self.names.iter())
+            .filter(|(_, addrs)| addrs.values().any(|o| o.values().any(|e| *e <= now)))
+            .map(|(n, _)| n.clone())
+            .collect();
         let per_namespace = &mut self.per_namespace;
-        self.names.retain(|_, addrs| {
+        for name in due {
+            let Some(addrs) = self.names.get_mut(&name) else {
+                continue;
+            };
             addrs.retain(|_, owners| {
                 let gone: Vec<String> = (owners.iter().filter(|(_, e)| **e <= now))
                     .map(|(ns, _)| ns.clone())
@@ -357,8 +379,10 @@ impl Learner {
                 owners.retain(|_, e| *e > now);
                 !owners.is_empty()
             });
-            !addrs.is_empty()
-        });
+            if addrs.is_empty() {
+                self.names.remove(&name);
+            }
+        }
         self.len() != before
     }
 
@@ -389,9 +413,13 @@ impl Learner {
 
     /// The learned names as the compiler takes them.
     pub fn names(&self) -> LearnedNames {
-        (self.names.iter())
-            .map(|(name, addrs)| (name.clone(), addrs.keys().copied().collect()))
-            .collect()
+        self.snapshot().names()
+    }
+
+    /// A copy of the learned names in constant time (taken under the
+    /// learner's lock; [`Snapshot::names`] then builds them without it).
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.names.clone())
     }
 
     /// (names, addresses) kept.
@@ -426,7 +454,7 @@ impl Learner {
             names: BTreeMap::new(),
             owners: BTreeMap::new(),
         };
-        for (name, addrs) in &self.names {
+        for (name, addrs) in self.names.iter() {
             for (addr, owners) in addrs {
                 let Some(ms) = expiry(owners).as_ref().and_then(unix_ms) else {
                     continue;
