@@ -18,7 +18,9 @@
 //! the p99 added over the baseline. Targets: during a restart every reply,
 //! and in steady state every non-teaching reply, p99 added <= 1 ms (nothing
 //! waits behind a held reply); a teaching reply in steady state is held for
-//! the sync: p99 <= SYNC_MS + 10 ms. Ends with one JSON line (`"bench":"dns"`).
+//! the sync that programs it, which is the sync under way when it came or
+//! the next one: p99 <= 2 x SYNC_MS + 10 ms. Ends with one JSON line
+//! (`"bench":"dns"`).
 //!
 //! Runs as root (netns, iptables). `cargo xtask bench dns [-- SECONDS SYNC_MS]`.
 
@@ -213,17 +215,19 @@ fn run_phase(secs: u32, next_new: &mut u32) -> Phase {
     receiver.join().unwrap()
 }
 
-/// Programs each new version `sync` after it appears, while `on`.
-fn sync_loop(handle: NamesHandle, sync: Duration, on: Arc<AtomicBool>, stop: Arc<AtomicBool>) {
+/// Programs each new version `sync` after the capture woke it (as the
+/// agent's sync loop: woken by a change, one sync at a time), while `on`.
+fn sync_loop(handle: NamesHandle, sync: Duration, on: Arc<AtomicBool>, woken: std::sync::mpsc::Receiver<()>) {
     std::thread::spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            let v = handle.current().version;
-            if on.load(Ordering::Relaxed) && v > handle.programmed() {
-                std::thread::sleep(sync);
-                handle.publish_programmed(v);
-            } else {
-                std::thread::sleep(Duration::from_millis(1));
+        while woken.recv().is_ok() {
+            while woken.try_recv().is_ok() {}
+            if !on.load(Ordering::Relaxed) {
+                continue;
             }
+            // The sync compiles the names of now, and programs them.
+            let v = handle.current().version;
+            std::thread::sleep(sync);
+            handle.publish_programmed(v);
         }
     });
 }
@@ -267,10 +271,14 @@ fn main() {
         state_file: Some(dir.join("names.json")),
         ..CaptureConfig::new(vec![SERVER.into()], 9)
     };
-    let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(|| {});
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = Mutex::new(tx);
+    let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+        let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(());
+    });
     let capture = Capture::start(cfg, handle.clone(), wake).expect("capture");
-    let (on, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-    sync_loop(handle.clone(), Duration::from_millis(sync_ms), on.clone(), stop.clone());
+    let on = Arc::new(AtomicBool::new(false));
+    sync_loop(handle.clone(), Duration::from_millis(sync_ms), on.clone(), rx);
     // An agent (re)start: nothing compiled, no sync.
     let mut restart = run_phase(secs, &mut next_new);
     let restart = summary("restart", &mut restart, base_p99);
@@ -297,13 +305,12 @@ fn main() {
         "not_held_not_compiled": s.not_held_not_compiled.load(Ordering::Relaxed),
         "not_held_cap": s.not_held_cap.load(Ordering::Relaxed),
     });
-    stop.store(true, Ordering::Relaxed);
     drop(capture);
     let _ = std::fs::remove_dir_all(&dir);
     let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     let met = f(&restart, "added_p99_ms") <= TARGET_ADDED_P99_MS
         && f(&steady, "other_added_p99_ms") <= TARGET_ADDED_P99_MS
-        && f(&steady, "teaching_p99_ms") <= sync_ms as f64 + TARGET_HELD_SLACK_MS
+        && f(&steady, "teaching_p99_ms") <= 2.0 * sync_ms as f64 + TARGET_HELD_SLACK_MS
         && restart["lost"] == 0
         && steady["lost"] == 0;
     println!(
@@ -313,6 +320,7 @@ fn main() {
             "rate_per_s": RATE,
             "teaching_share": 1.0 / f64::from(TEACH_EVERY),
             "seconds_per_phase": secs,
+            "profile": if cfg!(debug_assertions) { "dev" } else { "release" },
             "sync_ms": sync_ms,
             "baseline": baseline,
             "restart": restart,
@@ -320,7 +328,7 @@ fn main() {
             "capture": counts,
             "target": {
                 "added_p99_ms": TARGET_ADDED_P99_MS,
-                "teaching_p99_ms": sync_ms as f64 + TARGET_HELD_SLACK_MS,
+                "teaching_p99_ms": 2.0 * sync_ms as f64 + TARGET_HELD_SLACK_MS,
             },
             "met": met,
         })
