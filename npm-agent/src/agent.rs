@@ -184,6 +184,7 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
         tasks.push(tokio::spawn(crate::telemetry::metrics::report_dns(
             capture,
             metrics.clone(),
+            health.clone(),
         )));
     }
     let mut http_addr = None;

@@ -318,9 +318,20 @@ pub struct RunArgs {
     /// until that address is programmed (then released anyway).
     #[arg(long, env = "NPM_DNS_HOLD_MS", default_value_t = 1000)]
     pub dns_hold_ms: u64,
+    /// Most DNS responses held at once for their programming; beyond, a
+    /// response that taught a new address is let through at once.
+    #[arg(long, env = "NPM_DNS_MAX_HOLDS", default_value_t = 256)]
+    pub dns_max_holds: usize,
     /// Seconds a learned address is kept beyond its answer's TTL.
     #[arg(long, env = "NPM_DNS_GRACE_SECS", default_value_t = 30)]
     pub dns_grace_secs: u64,
+    /// The shortest time (seconds) a learned address is kept, whatever its
+    /// answer's TTL: clients and node-local caches keep using an address
+    /// well beyond a short TTL (connection pools, runtimes that cache for
+    /// their own time), and a connection to it must not be denied then.
+    /// 3600, as Cilium's `tofqdns-min-ttl`; 0 keeps each answer's TTL.
+    #[arg(long, env = "NPM_DNS_MIN_TTL_SECS", default_value_t = 3600)]
+    pub dns_min_ttl_secs: u64,
     /// Where the learned names are kept across restarts (default:
     /// `dns-names-<queue>.json` in `--lock-dir`).
     #[arg(long, env = "NPM_DNS_STATE_FILE")]
@@ -503,11 +514,11 @@ impl RunArgs {
                 ..CniConfig::new(self.cni_socket.clone())
             }),
             dns: (!self.dns_server.is_empty()).then(|| npm_agent::dns::CaptureConfig {
-                servers: self.dns_server.clone(),
-                queue: self.dns_queue,
                 hold: std::time::Duration::from_millis(self.dns_hold_ms),
+                max_holds: self.dns_max_holds,
                 limits: npm_agent::dns::learner::Limits {
                     grace: std::time::Duration::from_secs(self.dns_grace_secs),
+                    min_ttl: std::time::Duration::from_secs(self.dns_min_ttl_secs),
                     ..Default::default()
                 },
                 state_file: Some(
@@ -515,6 +526,7 @@ impl RunArgs {
                         .clone()
                         .unwrap_or_else(|| self.lock_dir.join(format!("dns-names-{}.json", self.dns_queue))),
                 ),
+                ..npm_agent::dns::CaptureConfig::new(self.dns_server.clone(), self.dns_queue)
             }),
         }
     }

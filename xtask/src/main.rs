@@ -10,7 +10,7 @@
 //! - `cargo xtask conformance [...]`: the conformance catalogue on real netns pods
 //!   (`--nodes N --cni veth|ptp|bridge --kube-proxy none|iptables|nftables
 //!   --destination pod|service`: several node netns, each with its agent).
-//! - `cargo xtask bench datapath|compile|agent|cnp|traffic|propagation`: the benchmarks
+//! - `cargo xtask bench datapath|compile|agent|cnp|traffic|dns|propagation`: the benchmarks
 //!   (`propagation` runs the three-node cluster: one multi-node run at a time).
 //! - `cargo xtask image`: the agent's OCI image (buildah, no daemon).
 //! - `cargo xtask vm run --kernel debian-6.1 -- CMD`, `cargo xtask vm matrix`:
@@ -490,6 +490,8 @@ fn bench(which: &str, args: &[String]) -> Result<()> {
             build_ebpf()?;
             ("npm-dataplane", "bench_traffic")
         }
+        // DNS reply latency through the learner (root: netns, iptables).
+        "dns" => ("npm-agent", "bench_dns"),
         // Multi-node (fixed fabric addresses): not part of `all`.
         "propagation" => return bench_propagation(args),
         "all" => {
@@ -498,7 +500,9 @@ fn bench(which: &str, args: &[String]) -> Result<()> {
             }
             return Ok(());
         }
-        other => bail!("unknown benchmark {other:?}: use datapath, compile, agent, cnp, traffic, propagation or all"),
+        other => {
+            bail!("unknown benchmark {other:?}: use datapath, compile, agent, cnp, traffic, dns, propagation or all")
+        }
     };
     run(cargo()
         .args(["run", "--release", "--package", package, "--example", example, "--"])

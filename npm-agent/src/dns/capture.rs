@@ -1,37 +1,44 @@
 //! Capturing the DNS responses of trusted servers to this node's pods
-//! ([`Capture`]): an NFQUEUE rule (iptables, table `mangle`, chain
-//! `POSTROUTING`, jumping to a chain of ours, [`chain_name`]) sends every
-//! UDP reply of a connection a pod opened to a trusted server's port 53
-//! (conntrack's original destination: the address the pod asked, a
-//! Service ClusterIP included) to a queue this module reads. Each response
-//! is parsed, its answers learned ([`Learner`]), and, when that changed
-//! the learned names, the response is held until the sync loop has
-//! programmed them (at most [`CaptureConfig::hold`]): the pod then
-//! connects to an address already allowed. Every response is accepted,
-//! never dropped: the queue is `--queue-bypass` (no reader: the kernel
-//! lets the packet through) and fail-open (a full queue too), so a
-//! stopped agent never breaks DNS; it only stops learning.
+//! ([`Capture`]): the rules of [`super::rules`] send every UDP reply of a
+//! connection a pod opened to a trusted server's port 53 to an NFQUEUE this
+//! module reads ([`super::nfqueue`]). Each response is parsed, its answers
+//! learned ([`Learner`]), and, when that changed the learned names, the
+//! response is parked until the sync loop has programmed them (at most
+//! [`CaptureConfig::hold`]): the pod then connects to an address already
+//! allowed. Every response is accepted, never dropped: the queue is
+//! `--queue-bypass` (no reader: the kernel lets the packet through) and
+//! fail-open (a full queue too), so a stopped agent never breaks DNS; it
+//! only stops learning.
+//!
+//! The node's DNS is never serialised behind a hold: the reader keeps
+//! reading while responses are parked, issues each verdict as soon as it
+//! is due (out of order: a parked response waits only for its own
+//! version, until its own deadline), holds nothing before the first
+//! compile or while syncs fail or are held ([`NamesHandle::may_hold`]),
+//! and parks at most [`CaptureConfig::max_holds`] responses at once.
 //!
 //! Only replies to queries sent to a trusted server are read: a pod cannot
 //! teach the agent an address by sending a forged answer from elsewhere
 //! (NPEP-133: "implementations that operate by snooping DNS responses on
 //! the wire MUST only trust responses originating from the canonical DNS
 //! server").
-//!
-//! Why iptables: the nftables `queue` statement needs `nft_queue`, which
-//! kernels do not all have (this project's CI kernel has none), while the
-//! `NFQUEUE` target of iptables (`xt_NFQUEUE`, also through iptables-nft)
-//! is on every Kubernetes node kube-proxy runs on.
 
+use std::collections::VecDeque;
 use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::handle::{lock, NamesHandle};
-use super::learner::{parse_response, Learner, Limits};
+use super::handle::{lock, NamesHandle, NoHold};
+use super::learner::{parse_response, Learner, Limits, NO_NAMESPACE};
+use super::nfqueue::{NfQueue, Packet};
+pub use super::rules::{chain_name, remove_rules, RulesError, CHAIN_PREFIX};
+
+/// Packets the kernel queues for the reader before fail-open lets the
+/// next ones through unread.
+const QUEUE_MAX_LEN: u32 = 4096;
 
 /// What [`Capture`] needs.
 #[derive(Clone, Debug)]
@@ -44,23 +51,40 @@ pub struct CaptureConfig {
     /// Longest time a response that taught a new address is held for its
     /// programming.
     pub hold: Duration,
+    /// Most responses held at once; beyond, a response that taught a new
+    /// address is let through at once (counted).
+    pub max_holds: usize,
+    /// How often the rules are checked (and re-installed when a firewall
+    /// reload removed them).
+    pub recheck: Duration,
     /// The learner's limits and grace.
     pub limits: Limits,
     /// Where the learned names are kept across restarts (`None`: not kept).
     pub state_file: Option<PathBuf>,
 }
 
+impl CaptureConfig {
+    /// The defaults for `servers` on `queue`: hold 1 s, 256 holds at once,
+    /// rules checked every 5 s, default limits, no state file.
+    pub fn new(servers: Vec<IpAddr>, queue: u16) -> Self {
+        Self {
+            servers,
+            queue,
+            hold: Duration::from_secs(1),
+            max_holds: 256,
+            recheck: Duration::from_secs(5),
+            limits: Limits::default(),
+            state_file: None,
+        }
+    }
+}
+
 /// Errors of the capture.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     /// An iptables command failed.
-    #[error("{cmd}: {message}")]
-    Rule {
-        /// The command line.
-        cmd: String,
-        /// Its error output, or why it could not run.
-        message: String,
-    },
+    #[error(transparent)]
+    Rule(#[from] RulesError),
     /// The queue could not be opened or bound.
     #[error("NFQUEUE {queue}: {op}: {message}")]
     Queue {
@@ -76,90 +100,6 @@ pub enum CaptureError {
     Thread(#[source] std::io::Error),
 }
 
-/// The prefix of the chains of the DNS learning (`NPM-DNS-<queue>`).
-pub const CHAIN_PREFIX: &str = "NPM-DNS-";
-
-/// The chain of queue `queue` (in `mangle` of iptables and ip6tables).
-pub fn chain_name(queue: u16) -> String {
-    format!("{CHAIN_PREFIX}{queue}")
-}
-
-fn run(bin: &str, args: &[&str]) -> Result<(), CaptureError> {
-    let cmd = format!("{bin} {}", args.join(" "));
-    let out = Command::new(bin).args(args).output().map_err(|e| CaptureError::Rule {
-        cmd: cmd.clone(),
-        message: e.to_string(),
-    })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(CaptureError::Rule {
-            cmd,
-            message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
-    }
-}
-
-/// Removes the rules of queue `queue` (the jump, then the chain), in both
-/// families; what is not there is no error.
-pub fn remove_rules(queue: u16) {
-    let chain = chain_name(queue);
-    for bin in ["iptables", "ip6tables"] {
-        while run(bin, &["-w", "5", "-t", "mangle", "-D", "POSTROUTING", "-j", &chain]).is_ok() {}
-        let _ = run(bin, &["-w", "5", "-t", "mangle", "-F", &chain]);
-        let _ = run(bin, &["-w", "5", "-t", "mangle", "-X", &chain]);
-    }
-}
-
-/// Installs the rules of `cfg` (after removing any left by an earlier run).
-fn install_rules(cfg: &CaptureConfig) -> Result<(), CaptureError> {
-    remove_rules(cfg.queue);
-    let chain = chain_name(cfg.queue);
-    let queue = cfg.queue.to_string();
-    for (bin, v6) in [("iptables", false), ("ip6tables", true)] {
-        let servers: Vec<String> = cfg
-            .servers
-            .iter()
-            .filter(|s| s.is_ipv6() == v6)
-            .map(ToString::to_string)
-            .collect();
-        if servers.is_empty() {
-            continue;
-        }
-        run(bin, &["-w", "5", "-t", "mangle", "-N", &chain])?;
-        for s in &servers {
-            run(
-                bin,
-                &[
-                    "-w",
-                    "5",
-                    "-t",
-                    "mangle",
-                    "-A",
-                    &chain,
-                    "-p",
-                    "udp",
-                    "-m",
-                    "conntrack",
-                    "--ctdir",
-                    "REPLY",
-                    "--ctorigdst",
-                    s,
-                    "--ctorigdstport",
-                    "53",
-                    "-j",
-                    "NFQUEUE",
-                    "--queue-num",
-                    &queue,
-                    "--queue-bypass",
-                ],
-            )?;
-        }
-        run(bin, &["-w", "5", "-t", "mangle", "-I", "POSTROUTING", "-j", &chain])?;
-    }
-    Ok(())
-}
-
 /// The UDP payload of an IPv4 or IPv6 packet (no IPv6 extension headers),
 /// `None` for anything else.
 pub fn udp_payload(p: &[u8]) -> Option<&[u8]> {
@@ -170,35 +110,105 @@ pub fn udp_payload(p: &[u8]) -> Option<&[u8]> {
     p.get(h.l4_offset + 8..)
 }
 
+/// The destination address of an IPv4 or IPv6 packet.
+pub fn destination(p: &[u8]) -> Option<IpAddr> {
+    match p.first()? >> 4 {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(p.get(16..20)?).ok()?)),
+        6 => Some(IpAddr::from(<[u8; 16]>::try_from(p.get(24..40)?).ok()?).to_canonical()),
+        _ => None,
+    }
+}
+
 /// What the capture counts (read by the metrics).
 #[derive(Debug, Default)]
 pub struct CaptureStats {
     /// Responses read.
-    pub responses: std::sync::atomic::AtomicU64,
+    pub responses: AtomicU64,
     /// Responses that taught a new (name, address).
-    pub learning: std::sync::atomic::AtomicU64,
+    pub learning: AtomicU64,
     /// Packets that were not a parsable DNS response.
-    pub unparsable: std::sync::atomic::AtomicU64,
+    pub unparsable: AtomicU64,
     /// Responses released before their names were programmed (the hold
     /// expired).
-    pub hold_expired: std::sync::atomic::AtomicU64,
+    pub hold_expired: AtomicU64,
+    /// Responses held (parked) until their names were programmed.
+    pub held: AtomicU64,
+    /// Held responses released because their names were programmed.
+    pub released: AtomicU64,
+    /// Learning responses let through at once: no state compiled yet.
+    pub not_held_not_compiled: AtomicU64,
+    /// Learning responses let through at once: the last sync failed, was
+    /// held or had incomplete lists.
+    pub not_held_sync_unhealthy: AtomicU64,
+    /// Learning responses let through at once: `max_holds` were held.
+    pub not_held_cap: AtomicU64,
+    /// Responses held now.
+    pub holding: AtomicU64,
+    /// Times the rules were found missing and re-installed.
+    pub rules_reasserted: AtomicU64,
+    /// Why replies cannot be read (DNS exempted from conntrack:
+    /// [`super::notrack::detect`]), checked with the rules.
+    pub notrack: Mutex<Option<String>>,
 }
 
-/// The running capture: the queue reader and the expiry of learned names.
-/// Dropping it removes the rules (the threads end with the process; with
-/// no rule they get no more packets).
+impl CaptureStats {
+    fn not_held(&self, why: NoHold) -> &AtomicU64 {
+        match why {
+            NoHold::NotCompiled => &self.not_held_not_compiled,
+            NoHold::SyncUnhealthy => &self.not_held_sync_unhealthy,
+            NoHold::Cap => &self.not_held_cap,
+        }
+    }
+}
+
+/// An eventfd that wakes the reader (a programmed version, a stop).
+struct Waker(OwnedFd);
+
+impl Waker {
+    fn new() -> std::io::Result<Waker> {
+        // SAFETY: eventfd(2) with constant flags; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by eventfd(2) and is owned by no one else.
+        Ok(Waker(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 readable bytes; a full counter (EAGAIN) already wakes.
+        unsafe { libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), 8) };
+    }
+
+    fn drain(&self) {
+        let mut buf = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into `buf`; EAGAIN when not woken.
+        unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+    }
+}
+
+/// The running capture: the queue reader, the expiry of learned names and
+/// the rules' check. Dropping it stops the reader (the responses it holds
+/// are let through) and removes the rules.
 pub struct Capture {
-    queue: u16,
+    cfg: CaptureConfig,
     stop: Arc<AtomicBool>,
+    /// Ends the reader (after `stop` and the rules' removal).
+    reader_stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+    /// Taken while the rules are checked or changed.
+    rules: Arc<Mutex<()>>,
     /// What the capture counts.
     pub stats: Arc<CaptureStats>,
     learner: Arc<Mutex<Learner>>,
 }
 
 impl Capture {
-    /// Loads the learned names kept by an earlier run, installs the rules,
-    /// binds the queue and starts reading it; `wake` wakes the sync loop
-    /// after the names changed.
+    /// Loads the learned names kept by an earlier run, binds the queue (in
+    /// the calling thread's network namespace), installs the rules and
+    /// starts reading the queue; `wake` wakes the sync loop after the names
+    /// changed.
     pub fn start(
         cfg: CaptureConfig,
         handle: NamesHandle,
@@ -216,6 +226,16 @@ impl Capture {
             wake();
         }
         let learner = Arc::new(Mutex::new(learner));
+        // The sync loop builds the names when it compiles (not each reply,
+        // and never while holding the learner's lock; lock order: the
+        // handle's current names, then the learner; the reader never takes
+        // the former while it holds the latter).
+        let source = learner.clone();
+        handle.set_source(Arc::new(move || {
+            // A constant-time copy under the lock; built without it.
+            let snapshot = lock(&source).snapshot();
+            snapshot.names()
+        }));
         let q_err = |op: &'static str| {
             move |e: std::io::Error| CaptureError::Queue {
                 queue: cfg.queue,
@@ -223,51 +243,65 @@ impl Capture {
                 message: e.to_string(),
             }
         };
-        let mut queue = nfq::Queue::open().map_err(|e| CaptureError::Queue {
-            queue: cfg.queue,
-            op: "open",
-            message: e.to_string(),
-        })?;
-        queue.bind(cfg.queue).map_err(q_err("bind"))?;
-        queue.set_fail_open(cfg.queue, true).map_err(q_err("fail-open"))?;
-        install_rules(&cfg)?;
+        let queue = NfQueue::bind(cfg.queue, QUEUE_MAX_LEN).map_err(q_err("bind"))?;
+        let waker = Arc::new(Waker::new().map_err(q_err("eventfd"))?);
+        let w = waker.clone();
+        handle.set_programmed_waker(Arc::new(move || w.wake()));
+        super::rules::install_rules(&cfg.servers, cfg.queue)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(CaptureStats::default());
+        let rules = Arc::new(Mutex::new(()));
         let ctx = Ctx {
             cfg: cfg.clone(),
             handle,
             wake,
             learner: learner.clone(),
             stats: stats.clone(),
+            stop: stop.clone(),
+            unsaved: Arc::new(AtomicBool::new(false)),
         };
         let reader = ctx.clone();
+        let reader_waker = waker.clone();
+        let reader_stop = Arc::new(AtomicBool::new(false));
+        let end = reader_stop.clone();
         std::thread::Builder::new()
             .name("npm-dns".into())
-            .spawn(move || reader.read(queue))
+            .spawn(move || reader.read(queue, &reader_waker, &end))
             .map_err(CaptureError::Thread)?;
-        let expiry = ctx;
-        let stop2 = stop.clone();
+        let expiry = ctx.clone();
         std::thread::Builder::new()
             .name("npm-dns-expiry".into())
             .spawn(move || {
                 let mut ticks = 0u32;
-                while !stop2.load(Ordering::Relaxed) {
+                while !expiry.stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(500));
                     expiry.expire();
-                    // Refreshed expiries (a re-resolved name changes no
-                    // name, so nothing saved it) reach the state file every
-                    // 5 s.
+                    // What the reader learned (saved here, off the path of
+                    // the replies), and every 5 s refreshed expiries (a
+                    // re-resolved name changes no name).
                     ticks += 1;
-                    if ticks.is_multiple_of(10) {
-                        expiry.save(&lock(&expiry.learner));
+                    if expiry.unsaved.swap(false, Ordering::Relaxed) || ticks.is_multiple_of(10) {
+                        expiry.save_copy();
                     }
+                }
+                if expiry.unsaved.swap(false, Ordering::Relaxed) {
+                    expiry.save_copy();
                 }
             })
             .map_err(CaptureError::Thread)?;
+        let checker = ctx;
+        let checker_rules = rules.clone();
+        std::thread::Builder::new()
+            .name("npm-dns-rules".into())
+            .spawn(move || checker.recheck_rules(&checker_rules))
+            .map_err(CaptureError::Thread)?;
         tracing::info!(queue = cfg.queue, servers = ?cfg.servers, "learning DNS answers for domainNames peers");
         Ok(Capture {
-            queue: cfg.queue,
+            cfg,
             stop,
+            reader_stop,
+            waker,
+            rules,
             stats,
             learner,
         })
@@ -278,6 +312,12 @@ impl Capture {
         lock(&self.learner).len()
     }
 
+    /// Why DNS replies cannot be read on this node (`None`: nothing found),
+    /// as last checked.
+    pub fn notrack(&self) -> Option<String> {
+        lock(&self.stats.notrack).clone()
+    }
+
     /// (name, address) pairs the learner's bounds evicted so far.
     pub fn evicted(&self) -> u64 {
         lock(&self.learner).evicted()
@@ -286,9 +326,24 @@ impl Capture {
 
 impl Drop for Capture {
     fn drop(&mut self) {
+        // The reader first lets through what it holds and holds nothing
+        // more (a queued packet is lost when the rules change under it),
+        // then the rules go, then the reader ends.
+        let _rules = lock(&self.rules);
         self.stop.store(true, Ordering::Relaxed);
-        remove_rules(self.queue);
+        self.waker.wake();
+        remove_rules(self.cfg.queue);
+        self.reader_stop.store(true, Ordering::Relaxed);
+        self.waker.wake();
     }
+}
+
+/// A response held until version `version` of the names is programmed or
+/// `deadline` passed.
+struct Parked {
+    id: u32,
+    version: u64,
+    deadline: Instant,
 }
 
 #[derive(Clone)]
@@ -298,16 +353,36 @@ struct Ctx {
     wake: Arc<dyn Fn() + Send + Sync>,
     learner: Arc<Mutex<Learner>>,
     stats: Arc<CaptureStats>,
+    stop: Arc<AtomicBool>,
+    /// The learner changed since it was last saved.
+    unsaved: Arc<AtomicBool>,
+}
+
+/// Milliseconds from `now` to `until`, rounded up (for poll(2)).
+fn poll_ms(now: Instant, until: Instant) -> i32 {
+    let d = until.saturating_duration_since(now);
+    i32::try_from(d.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
 }
 
 impl Ctx {
-    /// Publishes the learner's names (after a change): persisted, handed to
-    /// the sync loop; returns the new version.
-    fn publish(&self, learner: &Learner) -> Option<u64> {
-        let v = self.handle.set(learner.names())?;
-        self.save(learner);
+    /// Publishes a change of the learner's names (the caller holds the
+    /// learner's lock): the sync loop is woken (it builds the names when it
+    /// compiles), the expiry thread saves them within 500 ms; returns the
+    /// version that holds the change.
+    fn publish(&self, _learner: &Learner) -> Option<u64> {
+        let v = self.handle.changed();
+        self.unsaved.store(true, Ordering::Relaxed);
         (self.wake)();
         Some(v)
+    }
+
+    /// Writes a copy of the learner to the state file (if any), encoding
+    /// and writing it without the lock the reader takes.
+    fn save_copy(&self) {
+        if self.cfg.state_file.is_some() {
+            let copy = lock(&self.learner).clone();
+            self.save(&copy);
+        }
     }
 
     /// Writes the learner to the state file (if any); a failure is logged.
@@ -319,43 +394,207 @@ impl Ctx {
         }
     }
 
-    /// The reader: each response learned, held while its new names are
-    /// programmed, then accepted.
-    fn read(self, mut queue: nfq::Queue) {
-        loop {
-            let mut msg = match queue.recv() {
-                Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(error = %e, "NFQUEUE read failed");
-                    std::thread::sleep(Duration::from_millis(100));
-                    continue;
-                }
-            };
-            self.stats.responses.fetch_add(1, Ordering::Relaxed);
-            let answers = udp_payload(msg.get_payload()).map(parse_response);
-            let version = match answers {
-                Some(Ok(answers)) => {
-                    let mut l = lock(&self.learner);
-                    if l.learn(Instant::now(), &answers, |n| self.handle.wants(n)) {
-                        self.stats.learning.fetch_add(1, Ordering::Relaxed);
-                        self.publish(&l)
-                    } else {
-                        None
+    /// The reader: waits for queued packets or a programmed version (or
+    /// the deadline of the oldest held response), reads every queued
+    /// packet, and issues each verdict as soon as it is due.
+    fn read(self, mut queue: NfQueue, waker: &Waker, end: &AtomicBool) {
+        let mut parked: VecDeque<Parked> = VecDeque::new();
+        while !end.load(Ordering::Relaxed) {
+            let timeout = parked.front().map_or(-1, |p| poll_ms(Instant::now(), p.deadline));
+            let mut fds = [
+                libc::pollfd {
+                    fd: queue.raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: waker.0.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+            if rc < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                tracing::warn!(error = %std::io::Error::last_os_error(), "NFQUEUE poll failed");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            waker.drain();
+            loop {
+                match queue.try_recv() {
+                    Ok(packets) if packets.is_empty() => break,
+                    Ok(packets) => self.on_batch(&mut queue, &mut parked, packets),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "NFQUEUE read failed");
+                        break;
                     }
                 }
-                _ => {
-                    self.stats.unparsable.fetch_add(1, Ordering::Relaxed);
-                    None
-                }
-            };
-            if let Some(v) = version {
-                if !self.handle.wait_programmed(v, self.cfg.hold) {
-                    self.stats.hold_expired.fetch_add(1, Ordering::Relaxed);
+                self.release(&mut queue, &mut parked);
+            }
+            self.release(&mut queue, &mut parked);
+            if self.stop.load(Ordering::Relaxed) {
+                // Stopping: what is held goes through, nothing more is held.
+                for p in parked.drain(..) {
+                    self.accept(&mut queue, p.id);
                 }
             }
-            msg.set_verdict(nfq::Verdict::Accept);
-            if let Err(e) = queue.verdict(msg) {
-                tracing::warn!(error = %e, "NFQUEUE verdict failed");
+        }
+        // Ended (the rules are gone): what is still queued goes through.
+        while let Ok(packets) = queue.try_recv() {
+            if packets.is_empty() {
+                break;
+            }
+            for p in packets {
+                self.accept(&mut queue, p.id);
+            }
+        }
+        for p in parked {
+            self.accept(&mut queue, p.id);
+        }
+        self.stats.holding.store(0, Ordering::Relaxed);
+    }
+
+    fn accept(&self, queue: &mut NfQueue, id: u32) {
+        if let Err(e) = queue.accept(id) {
+            tracing::warn!(error = %e, id, "NFQUEUE verdict failed");
+        }
+    }
+
+    /// The responses read at once: each learned; those that taught
+    /// nothing accepted at once; the names published once for the batch
+    /// (building them is linear in what is learned), then each response
+    /// that taught something parked for that version, or accepted at once
+    /// when nothing may be held.
+    fn on_batch(&self, queue: &mut NfQueue, parked: &mut VecDeque<Parked>, packets: Vec<Packet>) {
+        let mut learning: Vec<u32> = Vec::new();
+        let mut accept: Vec<u32> = Vec::new();
+        let version = {
+            let mut l = lock(&self.learner);
+            for p in packets {
+                self.stats.responses.fetch_add(1, Ordering::Relaxed);
+                match udp_payload(&p.payload).map(parse_response) {
+                    Some(Ok(answers)) => {
+                        // The namespace of the pod the reply goes to (its bound).
+                        let ns = destination(&p.payload).and_then(|ip| self.handle.namespace_of(ip));
+                        let ns = ns.as_deref().unwrap_or(NO_NAMESPACE);
+                        if l.learn(Instant::now(), ns, &answers, |n| self.handle.wants(n)) {
+                            self.stats.learning.fetch_add(1, Ordering::Relaxed);
+                            learning.push(p.id);
+                            continue;
+                        }
+                    }
+                    _ => {
+                        self.stats.unparsable.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                accept.push(p.id);
+            }
+            if learning.is_empty() {
+                None
+            } else {
+                self.publish(&l)
+            }
+        };
+        for id in accept {
+            self.accept(queue, id);
+        }
+        let holds = !self.cfg.hold.is_zero() && !self.stop.load(Ordering::Relaxed);
+        let Some(version) = version.filter(|_| holds) else {
+            for id in learning {
+                self.accept(queue, id);
+            }
+            return;
+        };
+        let deadline = Instant::now() + self.cfg.hold;
+        for id in learning {
+            let cap = if parked.len() >= self.cfg.max_holds {
+                Err(NoHold::Cap)
+            } else {
+                Ok(())
+            };
+            match self.handle.may_hold().and(cap) {
+                Ok(()) => {
+                    self.stats.held.fetch_add(1, Ordering::Relaxed);
+                    parked.push_back(Parked { id, version, deadline });
+                }
+                Err(why) => {
+                    self.stats.not_held(why).fetch_add(1, Ordering::Relaxed);
+                    self.accept(queue, id);
+                }
+            }
+        }
+        self.stats.holding.store(parked.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Lets through every held response whose version is programmed or
+    /// whose deadline passed (versions and deadlines grow in arrival
+    /// order, so those are at the front).
+    fn release(&self, queue: &mut NfQueue, parked: &mut VecDeque<Parked>) {
+        if parked.is_empty() {
+            return;
+        }
+        let (programmed, now) = (self.handle.programmed(), Instant::now());
+        while let Some(p) = parked.front() {
+            if p.version <= programmed {
+                self.stats.released.fetch_add(1, Ordering::Relaxed);
+            } else if p.deadline <= now {
+                self.stats.hold_expired.fetch_add(1, Ordering::Relaxed);
+            } else {
+                break;
+            }
+            let id = p.id;
+            parked.pop_front();
+            self.accept(queue, id);
+        }
+        self.stats.holding.store(parked.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Records what [`super::notrack::detect`] finds (logged when it
+    /// changes).
+    fn check_notrack(&self) {
+        let found = super::notrack::detect(&self.cfg.servers);
+        let mut cur = lock(&self.stats.notrack);
+        if *cur != found {
+            match &found {
+                Some(why) => tracing::warn!(
+                    "{why}: see README, \"NodeLocal DNSCache\" (run node-cache with -setupiptables=false, pods \
+                     on its link-local address, --dns-server set to it)"
+                ),
+                None => tracing::info!("no NOTRACK rule exempts DNS from conntrack any more; DNS answers are learned"),
+            }
+            *cur = found;
+        }
+    }
+
+    /// Every `recheck`, checks the rules; re-installs them when any is
+    /// missing (a firewall reload), logged and counted. Also looks for DNS
+    /// exempted from conntrack.
+    fn recheck_rules(self, rules: &Mutex<()>) {
+        let step = Duration::from_millis(100);
+        let mut next = Instant::now() + self.cfg.recheck;
+        self.check_notrack();
+        while !self.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(step);
+            if Instant::now() < next {
+                continue;
+            }
+            next = Instant::now() + self.cfg.recheck;
+            self.check_notrack();
+            let _held = lock(rules);
+            if self.stop.load(Ordering::Relaxed) || super::rules::rules_present(&self.cfg.servers, self.cfg.queue) {
+                continue;
+            }
+            self.stats.rules_reasserted.fetch_add(1, Ordering::Relaxed);
+            match super::rules::install_rules(&self.cfg.servers, self.cfg.queue) {
+                Ok(()) => tracing::warn!(
+                    queue = self.cfg.queue,
+                    "the DNS learning's NFQUEUE rules were removed (a firewall reload?); re-installed"
+                ),
+                Err(e) => tracing::error!(
+                    error = %e,
+                    queue = self.cfg.queue,
+                    "the DNS learning's NFQUEUE rules were removed and cannot be re-installed; nothing is learned"
+                ),
             }
         }
     }
@@ -391,6 +630,11 @@ mod tests {
         v6.resize(40, 0);
         v6.extend([0, 53, 0x9c, 0x40, 0, 12, 0, 0, 9]);
         assert_eq!(udp_payload(&v6), Some(&[9u8][..]));
+        v4[16..20].copy_from_slice(&[10, 1, 2, 3]);
+        assert_eq!(destination(&v4), Some(IpAddr::from([10, 1, 2, 3])));
+        v6[39] = 7;
+        assert_eq!(destination(&v6), "::7".parse().ok());
+        assert_eq!(destination(&[0x45, 0]), None);
         assert_eq!(udp_payload(&[0x45, 0]), None);
         assert_eq!(udp_payload(&[]), None);
     }

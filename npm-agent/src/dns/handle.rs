@@ -4,6 +4,8 @@
 //! worth learning) and the version last programmed, which a held DNS
 //! response waits for.
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -22,12 +24,52 @@ pub struct Learned {
 #[derive(Default)]
 struct Inner {
     current: Mutex<Arc<Learned>>,
+    /// The version of the names now: bumped by each change the source
+    /// made ([`NamesHandle::changed`]); `current` catches up when read.
+    latest: std::sync::atomic::AtomicU64,
+    /// Builds the names now (the capture's learner), when `current` is
+    /// behind `latest`.
+    source: Mutex<Option<NamesSource>>,
     /// `None` until the first sync compiled a state.
     patterns: Mutex<Option<Arc<Vec<DomainPattern>>>>,
     programmed: Mutex<u64>,
     programmed_cv: Condvar,
     /// A capture feeds these names.
     learning: std::sync::atomic::AtomicBool,
+    /// The last sync programmed its state (false until the first does,
+    /// and after a sync failed, was held or had incomplete lists).
+    sync_healthy: std::sync::atomic::AtomicBool,
+    /// This node's pods' addresses -> namespace, as last compiled (what a
+    /// reply's destination is attributed to).
+    namespaces: Mutex<Arc<BTreeMap<IpAddr, String>>>,
+    /// Called after each newly programmed version (the capture's reader
+    /// waits on it together with its queue).
+    programmed_waker: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+}
+
+/// What builds the learned names on demand (see [`NamesHandle::set_source`]).
+pub type NamesSource = Arc<dyn Fn() -> LearnedNames + Send + Sync>;
+
+/// Why a response that taught something is not held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoHold {
+    /// No state compiled yet (agent start).
+    NotCompiled,
+    /// The last sync failed, was held or had incomplete lists.
+    SyncUnhealthy,
+    /// As many responses as allowed are held already.
+    Cap,
+}
+
+impl NoHold {
+    /// The label of the metric.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoHold::NotCompiled => "not_held_not_compiled",
+            NoHold::SyncUnhealthy => "not_held_sync_unhealthy",
+            NoHold::Cap => "not_held_cap",
+        }
+    }
 }
 
 /// The learned names of this node as the DNS capture and the sync loop
@@ -60,10 +102,48 @@ pub fn patterns_of(snapshot: &Snapshot) -> Vec<DomainPattern> {
     out
 }
 
+/// The addresses of the pods of node `node` in `snapshot` (host-network
+/// pods excluded: their address is the node's) -> their namespace.
+pub fn pod_namespaces_of(snapshot: &Snapshot, node: &str) -> BTreeMap<IpAddr, String> {
+    (snapshot.pods.values())
+        .filter(|p| p.node_name.as_deref() == Some(node) && !p.host_network)
+        .flat_map(|p| p.ips.iter().map(|ip| (ip.to_canonical(), p.namespace.clone())))
+        .collect()
+}
+
 impl NamesHandle {
-    /// The current version.
+    /// Records this node's pods' addresses -> namespace (the sync loop,
+    /// after each compile).
+    pub fn set_pod_namespaces(&self, map: BTreeMap<IpAddr, String>) {
+        let mut cur = lock(&self.inner.namespaces);
+        if **cur != map {
+            *cur = Arc::new(map);
+        }
+    }
+
+    /// The namespace of this node's pod with address `ip` (as last
+    /// compiled).
+    pub fn namespace_of(&self, ip: IpAddr) -> Option<String> {
+        lock(&self.inner.namespaces).get(&ip.to_canonical()).cloned()
+    }
+
+    /// The current version: built from the source (once per change, when
+    /// read: by the sync loop, not on the path of each DNS reply) when a
+    /// change was recorded since.
     pub fn current(&self) -> Arc<Learned> {
-        lock(&self.inner.current).clone()
+        let mut cur = lock(&self.inner.current);
+        // Read before building: the names built hold at least this
+        // version's changes.
+        let latest = self.inner.latest.load(std::sync::atomic::Ordering::Acquire);
+        if latest > cur.version {
+            if let Some(source) = lock(&self.inner.source).clone() {
+                *cur = Arc::new(Learned {
+                    version: latest,
+                    names: source(),
+                });
+            }
+        }
+        cur.clone()
     }
 
     /// Replaces the names; returns the new version, `None` when they are
@@ -73,9 +153,27 @@ impl NamesHandle {
         if cur.names == names {
             return None;
         }
-        let version = cur.version + 1;
+        let version = cur
+            .version
+            .max(self.inner.latest.load(std::sync::atomic::Ordering::Acquire))
+            + 1;
+        self.inner.latest.store(version, std::sync::atomic::Ordering::Release);
         *cur = Arc::new(Learned { version, names });
         Some(version)
+    }
+
+    /// Sets what builds the names when [`NamesHandle::current`] is behind
+    /// the changes recorded with [`NamesHandle::changed`].
+    pub fn set_source(&self, source: NamesSource) {
+        *lock(&self.inner.source) = Some(source);
+    }
+
+    /// Records that the source's names changed (after the change is made;
+    /// the caller may hold the source's lock: this takes no lock); returns
+    /// the version that holds the change. `latest` is never behind
+    /// `current`'s version, so this is a new version.
+    pub fn changed(&self) -> u64 {
+        self.inner.latest.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1
     }
 
     /// Records the patterns of the state the sync loop compiled; true when
@@ -123,6 +221,38 @@ impl NamesHandle {
         if version > *p {
             *p = version;
             self.inner.programmed_cv.notify_all();
+            drop(p);
+            if let Some(wake) = lock(&self.inner.programmed_waker).clone() {
+                wake();
+            }
+        }
+    }
+
+    /// Sets what is called after each newly programmed version.
+    pub fn set_programmed_waker(&self, wake: Arc<dyn Fn() + Send + Sync>) {
+        *lock(&self.inner.programmed_waker) = Some(wake);
+    }
+
+    /// Records the outcome of a sync (the sync loop calls it after each):
+    /// `healthy` when it programmed the state from complete lists.
+    pub fn sync_result(&self, healthy: bool) {
+        self.inner
+            .sync_healthy
+            .store(healthy, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a DNS response may be held for its programming now: a state
+    /// was compiled (before, every name is wanted and no sync can be
+    /// counted on soon) and the last sync programmed its state (while syncs
+    /// fail or are held, a hold would only ever expire). Otherwise the
+    /// response is let through at once.
+    pub fn may_hold(&self) -> Result<(), NoHold> {
+        if self.patterns().is_none() {
+            Err(NoHold::NotCompiled)
+        } else if !self.inner.sync_healthy.load(std::sync::atomic::Ordering::Relaxed) {
+            Err(NoHold::SyncUnhealthy)
+        } else {
+            Ok(())
         }
     }
 
@@ -173,5 +303,53 @@ mod tests {
         h.publish_programmed(1);
         assert!(t.join().unwrap());
         assert_eq!(h.programmed(), 1);
+    }
+
+    #[test]
+    fn changes_are_built_from_the_source_when_read() {
+        let h = NamesHandle::default();
+        let names: LearnedNames = [("a.io".to_string(), ["192.0.2.1".parse().unwrap()].into())].into();
+        assert_eq!(h.set(names.clone()), Some(1));
+        let built = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (b, src) = (built.clone(), names.clone());
+        h.set_source(Arc::new(move || {
+            b.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut n = src.clone();
+            n.insert("b.io".into(), ["192.0.2.2".parse().unwrap()].into());
+            n
+        }));
+        assert_eq!(h.current().version, 1, "no change recorded: not built");
+        assert_eq!((h.changed(), h.changed()), (2, 3));
+        let cur = h.current();
+        assert_eq!((cur.version, cur.names.len()), (3, 2));
+        assert_eq!(h.current().version, 3);
+        assert_eq!(
+            built.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "built once for two changes"
+        );
+    }
+
+    #[test]
+    fn holds_only_after_a_compile_while_syncs_succeed() {
+        let h = NamesHandle::default();
+        h.sync_result(true);
+        assert_eq!(h.may_hold(), Err(NoHold::NotCompiled));
+        h.set_patterns(vec![]);
+        assert_eq!(h.may_hold(), Ok(()));
+        h.sync_result(false);
+        assert_eq!(h.may_hold(), Err(NoHold::SyncUnhealthy));
+        let woken = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let w = woken.clone();
+        h.set_programmed_waker(Arc::new(move || {
+            w.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }));
+        h.publish_programmed(3);
+        h.publish_programmed(2);
+        assert_eq!(
+            woken.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "woken by a new version only"
+        );
     }
 }

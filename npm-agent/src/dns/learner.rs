@@ -1,23 +1,21 @@
-//! The answers of one DNS response ([`parse_response`]) and the names
-//! learned from them ([`Learner`]): each address kept for its TTL and a
-//! grace, bounded per name and in total, saved across agent restarts.
+//! The names learned from DNS answers ([`Learner`]; the answers of one
+//! response: [`super::answers`]): each address kept for its TTL (at least
+//! the minimum TTL) and a grace, bounded per name, per namespace and in
+//! total, saved across agent restarts.
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use std::{fs, io};
 
+use imbl::OrdMap;
 use npm_policy::tiers::domains::normalize_name;
 use npm_policy::tiers::LearnedNames;
 use serde::{Deserialize, Serialize};
-use simple_dns::rdata::RData;
-use simple_dns::{Packet, PacketFlag, CLASS, RCODE};
 
-/// The longest CNAME chain (in CNAME records) followed back from an
-/// address record to an alias.
-const MAX_CHAIN: usize = 16;
+pub use super::answers::{parse_response, Answer};
 
 /// The version of the saved file format.
 const FILE_VERSION: u32 = 1;
@@ -70,97 +68,6 @@ pub enum DnsError {
     },
 }
 
-/// One address a response gave a name.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Answer {
-    /// The name (lowercase, without a trailing dot): the address record's
-    /// owner or an alias reaching it through the response's CNAME records.
-    pub name: String,
-    /// The address (IPv4-mapped IPv6 as IPv4).
-    pub addr: IpAddr,
-    /// Seconds the answer may be kept: the minimum TTL along the chain.
-    pub ttl: u32,
-}
-
-/// The answers of the DNS response `payload`: every A/AAAA record (class
-/// IN) of the answer section for its owner and for every name reaching the
-/// owner through a chain of at most 16 CNAME records of the same answer
-/// section (the NPEP: "if the upstream resolver used CNAME chasing and
-/// returns the resulting chain in a single response, the implementor can
-/// use it"), with the minimum TTL along the chain. Sorted, one per (name,
-/// address) with the largest TTL. A response whose RCODE is not NoError has
-/// no answers; a query or unparsable data is an error.
-pub fn parse_response(payload: &[u8]) -> Result<Vec<Answer>, DnsError> {
-    let packet = Packet::parse(payload).map_err(|source| DnsError::Parse {
-        len: payload.len(),
-        source,
-    })?;
-    if !packet.has_flags(PacketFlag::RESPONSE) {
-        return Err(DnsError::NotResponse { id: packet.id() });
-    }
-    if packet.rcode() != RCODE::NoError {
-        return Ok(Vec::new());
-    }
-    let mut addrs: Vec<(String, IpAddr, u32)> = Vec::new();
-    let mut cnames: Vec<(String, String, u32)> = Vec::new();
-    for rr in packet.answers.iter().filter(|rr| rr.class == CLASS::IN) {
-        let owner = normalize_name(&rr.name.to_string());
-        match &rr.rdata {
-            RData::A(a) => addrs.push((owner, IpAddr::V4(Ipv4Addr::from(a.address)), rr.ttl)),
-            RData::AAAA(a) => addrs.push((owner, IpAddr::V6(Ipv6Addr::from(a.address)).to_canonical(), rr.ttl)),
-            RData::CNAME(c) => cnames.push((owner, normalize_name(&c.0.to_string()), rr.ttl)),
-            _ => {}
-        }
-    }
-    let mut aliases_of: BTreeMap<&str, BTreeMap<&str, u32>> = BTreeMap::new();
-    let mut best: BTreeMap<(String, IpAddr), u32> = BTreeMap::new();
-    for (owner, addr, ttl) in &addrs {
-        if owner.is_empty() {
-            continue;
-        }
-        let aliases = aliases_of
-            .entry(owner.as_str())
-            .or_insert_with(|| chain_aliases(owner, &cnames));
-        let own = std::iter::once((owner.as_str(), *ttl));
-        for (name, ttl) in own.chain(aliases.iter().map(|(n, t)| (*n, (*t).min(*ttl)))) {
-            let slot = best.entry((name.to_owned(), *addr)).or_insert(ttl);
-            *slot = (*slot).max(ttl);
-        }
-    }
-    Ok(best
-        .into_iter()
-        .map(|((name, addr), ttl)| Answer { name, addr, ttl })
-        .collect())
-}
-
-/// The names reaching `owner` through at most [`MAX_CHAIN`] of `cnames`
-/// (alias, target, TTL), each with the largest minimum CNAME TTL over its
-/// chains (a hop-bounded widest path: loops only ever lower the minimum).
-fn chain_aliases<'a>(owner: &str, cnames: &'a [(String, String, u32)]) -> BTreeMap<&'a str, u32> {
-    let mut best: BTreeMap<&'a str, u32> = BTreeMap::new();
-    let mut frontier: BTreeMap<&str, u32> = BTreeMap::from([(owner, u32::MAX)]);
-    for _ in 0..MAX_CHAIN {
-        let mut next: BTreeMap<&'a str, u32> = BTreeMap::new();
-        for (alias, target, ttl) in cnames {
-            let Some(reach) = frontier.get(target.as_str()) else {
-                continue;
-            };
-            let ttl = (*reach).min(*ttl);
-            if alias.is_empty() || alias == owner || best.get(alias.as_str()).is_some_and(|b| *b >= ttl) {
-                continue;
-            }
-            best.insert(alias, ttl);
-            let slot = next.entry(alias).or_insert(ttl);
-            *slot = (*slot).max(ttl);
-        }
-        if next.is_empty() {
-            break;
-        }
-        frontier = next;
-    }
-    best
-}
-
 /// Bounds of the [`Learner`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -177,6 +84,16 @@ pub struct Limits {
     /// How long an address is kept beyond its TTL (the NPEP's optional
     /// "grace period beyond the TTL"). Default 30 s.
     pub grace: Duration,
+    /// Pairs one namespace's pods may have learned (a pair several
+    /// namespaces learned counts for each); beyond it that namespace's
+    /// soonest-expiring pairs are evicted, so that one namespace resolving
+    /// many names cannot push out everyone else's. Default 4,096: a quarter
+    /// of `max_addrs`.
+    pub max_addrs_per_namespace: usize,
+    /// The shortest TTL an answer is kept for (a shorter one is raised to
+    /// it; the grace comes on top). Default 0 here; the agent's default
+    /// (`--dns-min-ttl-secs`) is 3,600 s.
+    pub min_ttl: Duration,
 }
 
 impl Default for Limits {
@@ -185,7 +102,9 @@ impl Default for Limits {
             max_addrs_per_name: 256,
             max_names: 10_000,
             max_addrs: 16_384,
+            max_addrs_per_namespace: 4_096,
             grace: Duration::from_secs(30),
+            min_ttl: Duration::ZERO,
         }
     }
 }
@@ -199,19 +118,53 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Dns
     }
 }
 
-/// The saved form of a [`Learner`]: name -> address -> expiry (Unix ms).
+/// The saved form of a [`Learner`]: name -> address -> expiry (Unix ms),
+/// and the same per namespace that learned it (`owners`; absent in files
+/// of earlier agents: their pairs are then owned by no namespace).
 #[derive(Serialize, Deserialize)]
 struct Saved {
     version: u32,
     names: BTreeMap<String, BTreeMap<String, u64>>,
+    #[serde(default)]
+    owners: BTreeMap<String, BTreeMap<String, BTreeMap<String, u64>>>,
 }
 
-/// The learned names: name -> address -> when it expires.
+/// The namespaces that learned one (name, address) pair, each with its own
+/// expiry; the pair expires with the last of them.
+type Owners = BTreeMap<String, Instant>;
+
+/// The namespace of pairs loaded from a file that named none (and of
+/// replies to addresses that are no pod of this node).
+pub const NO_NAMESPACE: &str = "";
+
+/// The learned names: name -> address -> the namespaces that learned it,
+/// each until when.
 #[derive(Clone, Debug)]
 pub struct Learner {
     limits: Limits,
-    names: BTreeMap<String, BTreeMap<IpAddr, Instant>>,
+    /// A persistent map: [`Learner::snapshot`] is a constant-time copy.
+    names: OrdMap<String, BTreeMap<IpAddr, Owners>>,
+    /// Pairs owned per namespace.
+    per_namespace: BTreeMap<String, usize>,
     evicted: u64,
+}
+
+/// A constant-time copy of the learned names ([`Learner::snapshot`]).
+#[derive(Clone, Debug)]
+pub struct Snapshot(OrdMap<String, BTreeMap<IpAddr, Owners>>);
+
+impl Snapshot {
+    /// The learned names as the compiler takes them.
+    pub fn names(&self) -> LearnedNames {
+        (self.0.iter())
+            .map(|(name, addrs)| (name.clone(), addrs.keys().copied().collect()))
+            .collect()
+    }
+}
+
+/// When a pair expires: with its last owner.
+fn expiry(owners: &Owners) -> Option<Instant> {
+    owners.values().max().copied()
 }
 
 impl Learner {
@@ -219,57 +172,131 @@ impl Learner {
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
-            names: BTreeMap::new(),
+            names: OrdMap::new(),
+            per_namespace: BTreeMap::new(),
             evicted: 0,
         }
     }
 
-    /// Keeps each of `answers` whose name `wanted` accepts until `now` +
-    /// TTL + grace (a known pair keeps the later expiry), then evicts beyond
-    /// the [`Limits`]. True when the set of (name, address) pairs changed;
-    /// a refresh that only extends expiries is no change.
-    pub fn learn(&mut self, now: Instant, answers: &[Answer], wanted: impl Fn(&str) -> bool) -> bool {
+    /// Keeps each of `answers` whose name `wanted` accepts, for namespace
+    /// `namespace` (the namespace of the pod the response went to), until
+    /// `now` + max(TTL, minimum TTL) + grace (a known pair keeps the later
+    /// expiry), then evicts beyond the [`Limits`]: first the namespace's
+    /// own soonest-expiring pairs beyond its bound (a pair another
+    /// namespace learned too stays for that one), then per name and in
+    /// total. True when the set of (name, address) pairs changed; a
+    /// refresh that only extends expiries is no change.
+    pub fn learn(&mut self, now: Instant, namespace: &str, answers: &[Answer], wanted: impl Fn(&str) -> bool) -> bool {
         let mut added: BTreeSet<(String, IpAddr)> = BTreeSet::new();
         for answer in answers {
             let name = normalize_name(&answer.name);
             if name.is_empty() || !wanted(&name) {
                 continue;
             }
-            let Some(expiry) = Duration::from_secs(u64::from(answer.ttl))
+            let Some(expiry) = (Duration::from_secs(u64::from(answer.ttl)).max(self.limits.min_ttl))
                 .checked_add(self.limits.grace)
                 .and_then(|d| now.checked_add(d))
             else {
                 continue;
             };
             let addr = answer.addr.to_canonical();
-            if self.insert(&name, addr, expiry) {
+            if self.insert(&name, addr, namespace, expiry) {
                 added.insert((name, addr));
             }
         }
+        let mut evicted = self.enforce_namespace(namespace);
         let touched: BTreeSet<String> = added.iter().map(|(n, _)| n.clone()).collect();
+        evicted.extend(self.enforce(touched.iter()));
         let mut changed = false;
-        for pair in self.enforce(touched.iter()) {
+        for pair in evicted {
             changed |= !added.remove(&pair);
         }
         changed || !added.is_empty()
     }
 
-    /// Records `addr` for `name` until `expiry` (or later if already
-    /// known); true if the pair is new.
-    fn insert(&mut self, name: &str, addr: IpAddr, expiry: Instant) -> bool {
+    /// Records `addr` for `name`, learned by `namespace`, until `expiry`
+    /// (or later if that namespace learned it already); true if the pair is
+    /// new.
+    fn insert(&mut self, name: &str, addr: IpAddr, namespace: &str, expiry: Instant) -> bool {
         let addrs = self.names.entry(name.to_owned()).or_default();
-        match addrs.entry(addr) {
-            Entry::Vacant(v) => {
-                v.insert(expiry);
-                true
-            }
-            Entry::Occupied(mut o) => {
-                if *o.get() < expiry {
-                    o.insert(expiry);
-                }
-                false
+        let (new_pair, owners) = match addrs.entry(addr) {
+            Entry::Vacant(v) => (true, v.insert(Owners::new())),
+            Entry::Occupied(o) => (false, o.into_mut()),
+        };
+        match owners.get_mut(namespace) {
+            Some(e) => *e = (*e).max(expiry),
+            None => {
+                owners.insert(namespace.to_owned(), expiry);
+                *self.per_namespace.entry(namespace.to_owned()).or_default() += 1;
             }
         }
+        new_pair
+    }
+
+    /// Forgets that `namespaces` own a pair (`owners`, being dropped).
+    fn disown<'a>(per_namespace: &mut BTreeMap<String, usize>, namespaces: impl Iterator<Item = &'a String>) {
+        for ns in namespaces {
+            if let Some(n) = per_namespace.get_mut(ns) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    per_namespace.remove(ns);
+                }
+            }
+        }
+    }
+
+    /// Drops the pair (`name`, `addr`) whoever owns it; true if it was there.
+    fn remove_pair(&mut self, name: &str, addr: IpAddr) -> bool {
+        let Some(addrs) = self.names.get_mut(name) else {
+            return false;
+        };
+        let Some(owners) = addrs.remove(&addr) else {
+            return false;
+        };
+        Self::disown(&mut self.per_namespace, owners.keys());
+        if addrs.is_empty() {
+            self.names.remove(name);
+        }
+        true
+    }
+
+    /// Evicts `namespace`'s soonest-expiring pairs beyond
+    /// [`Limits::max_addrs_per_namespace`]: each loses that owner, and is
+    /// dropped when it has no other; the dropped pairs.
+    fn enforce_namespace(&mut self, namespace: &str) -> Vec<(String, IpAddr)> {
+        let owned = self.per_namespace.get(namespace).copied().unwrap_or(0);
+        let excess = owned.saturating_sub(self.limits.max_addrs_per_namespace);
+        if excess == 0 {
+            return Vec::new();
+        }
+        let mut own: Vec<(Instant, String, IpAddr)> = (self.names.iter())
+            .flat_map(|(n, addrs)| {
+                addrs
+                    .iter()
+                    .filter_map(move |(a, o)| Some((*o.get(namespace)?, n.clone(), *a)))
+            })
+            .collect();
+        own.sort_unstable();
+        let mut dropped = Vec::new();
+        for (_, name, addr) in own.into_iter().take(excess) {
+            let Some(addrs) = self.names.get_mut(&name) else {
+                continue;
+            };
+            let Some(owners) = addrs.get_mut(&addr) else {
+                continue;
+            };
+            owners.remove(namespace);
+            Self::disown(&mut self.per_namespace, std::iter::once(&namespace.to_owned()));
+            if owners.is_empty() {
+                addrs.remove(&addr);
+                if addrs.is_empty() {
+                    self.names.remove(&name);
+                }
+                dropped.push((name, addr));
+            }
+        }
+        self.evicted += dropped.len() as u64;
+        dropped
     }
 
     /// Evicts beyond the limits (per name for `touched`, then in total);
@@ -277,47 +304,47 @@ impl Learner {
     fn enforce<'a>(&mut self, touched: impl Iterator<Item = &'a String>) -> Vec<(String, IpAddr)> {
         let mut evicted = Vec::new();
         for name in touched {
-            let Some(addrs) = self.names.get_mut(name) else {
+            let Some(addrs) = self.names.get(name) else {
                 continue;
             };
             let excess = addrs.len().saturating_sub(self.limits.max_addrs_per_name);
             if excess > 0 {
-                let mut by_expiry: Vec<(Instant, IpAddr)> = addrs.iter().map(|(a, e)| (*e, *a)).collect();
+                let mut by_expiry: Vec<(Option<Instant>, IpAddr)> =
+                    addrs.iter().map(|(a, o)| (expiry(o), *a)).collect();
                 by_expiry.sort_unstable();
                 for (_, addr) in by_expiry.into_iter().take(excess) {
-                    addrs.remove(&addr);
+                    self.remove_pair(name, addr);
                     evicted.push((name.clone(), addr));
                 }
-            }
-            if addrs.is_empty() {
-                self.names.remove(name);
             }
         }
         let excess = self.names.len().saturating_sub(self.limits.max_names);
         if excess > 0 {
             let mut by_latest: Vec<(Option<Instant>, String)> = (self.names.iter())
-                .map(|(n, addrs)| (addrs.values().max().copied(), n.clone()))
+                .map(|(n, addrs)| (addrs.values().filter_map(expiry).max(), n.clone()))
                 .collect();
             by_latest.sort_unstable();
             for (_, name) in by_latest.into_iter().take(excess) {
-                let addrs = self.names.remove(&name).unwrap_or_default();
-                evicted.extend(addrs.into_keys().map(|a| (name.clone(), a)));
+                let addrs: Vec<IpAddr> = self
+                    .names
+                    .get(&name)
+                    .map(|a| a.keys().copied().collect())
+                    .unwrap_or_default();
+                for addr in addrs {
+                    self.remove_pair(&name, addr);
+                    evicted.push((name.clone(), addr));
+                }
             }
         }
         let total: usize = self.names.values().map(BTreeMap::len).sum();
         let excess = total.saturating_sub(self.limits.max_addrs);
         if excess > 0 {
-            let mut by_expiry: Vec<(Instant, String, IpAddr)> = (self.names.iter())
-                .flat_map(|(n, addrs)| addrs.iter().map(move |(a, e)| (*e, n.clone(), *a)))
+            let mut by_expiry: Vec<(Option<Instant>, String, IpAddr)> = (self.names.iter())
+                .flat_map(|(n, addrs)| addrs.iter().map(move |(a, o)| (expiry(o), n.clone(), *a)))
                 .collect();
             by_expiry.sort_unstable();
             for (_, name, addr) in by_expiry.into_iter().take(excess) {
-                if let Some(addrs) = self.names.get_mut(&name) {
-                    addrs.remove(&addr);
-                    if addrs.is_empty() {
-                        self.names.remove(&name);
-                    }
-                }
+                self.remove_pair(&name, addr);
                 evicted.push((name, addr));
             }
         }
@@ -330,39 +357,79 @@ impl Learner {
         self.evicted
     }
 
-    /// Drops the addresses expiring at or before `now` (and the names left
-    /// without any); true if anything was dropped.
+    /// Drops what expires at or before `now`: each namespace's claim on a
+    /// pair, the pairs left without any, the names left without any; true
+    /// if a pair was dropped.
     pub fn expire(&mut self, now: Instant) -> bool {
         let before = self.len();
-        self.names.retain(|_, addrs| {
-            addrs.retain(|_, expiry| *expiry > now);
-            !addrs.is_empty()
-        });
+        let due: Vec<String> = (self.names.iter())
+            .filter(|(_, addrs)| addrs.values().any(|o| o.values().any(|e| *e <= now)))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let per_namespace = &mut self.per_namespace;
+        for name in due {
+            let Some(addrs) = self.names.get_mut(&name) else {
+                continue;
+            };
+            addrs.retain(|_, owners| {
+                let gone: Vec<String> = (owners.iter().filter(|(_, e)| **e <= now))
+                    .map(|(ns, _)| ns.clone())
+                    .collect();
+                Self::disown(per_namespace, gone.iter());
+                owners.retain(|_, e| *e > now);
+                !owners.is_empty()
+            });
+            if addrs.is_empty() {
+                self.names.remove(&name);
+            }
+        }
         self.len() != before
     }
 
     /// Drops the names `wanted` no longer accepts; true if any was dropped.
     pub fn retain(&mut self, wanted: impl Fn(&str) -> bool) -> bool {
-        let before = self.names.len();
-        self.names.retain(|name, _| wanted(name));
-        self.names.len() != before
+        let unwanted: Vec<String> = self.names.keys().filter(|n| !wanted(n)).cloned().collect();
+        for name in &unwanted {
+            let addrs: Vec<IpAddr> = self
+                .names
+                .get(name)
+                .map(|a| a.keys().copied().collect())
+                .unwrap_or_default();
+            for addr in addrs {
+                self.remove_pair(name, addr);
+            }
+        }
+        !unwanted.is_empty()
     }
 
     /// When the next address expires (`None` when empty).
     pub fn next_expiry(&self) -> Option<Instant> {
-        self.names.values().flat_map(|addrs| addrs.values()).min().copied()
+        self.names
+            .values()
+            .flat_map(|addrs| addrs.values())
+            .filter_map(expiry)
+            .min()
     }
 
     /// The learned names as the compiler takes them.
     pub fn names(&self) -> LearnedNames {
-        (self.names.iter())
-            .map(|(name, addrs)| (name.clone(), addrs.keys().copied().collect()))
-            .collect()
+        self.snapshot().names()
+    }
+
+    /// A copy of the learned names in constant time (taken under the
+    /// learner's lock; [`Snapshot::names`] then builds them without it).
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.names.clone())
     }
 
     /// (names, addresses) kept.
     pub fn len(&self) -> (usize, usize) {
         (self.names.len(), self.names.values().map(BTreeMap::len).sum())
+    }
+
+    /// The pairs namespace `namespace` learned (and still holds).
+    pub fn owned_by(&self, namespace: &str) -> usize {
+        self.per_namespace.get(namespace).copied().unwrap_or(0)
     }
 
     /// Whether nothing is learned.
@@ -372,26 +439,37 @@ impl Learner {
 
     /// Writes the unexpired names to `path` (atomically: `path` + ".tmp",
     /// then a rename) as JSON `{"version":1,"names":{name:{addr:
-    /// expiry_unix_ms}}}`, `wall` being the wall-clock time of `now`.
+    /// expiry_unix_ms}},"owners":{namespace:{name:{addr:expiry_unix_ms}}}}`,
+    /// `wall` being the wall-clock time of `now`.
     pub fn save(&self, path: &Path, now: Instant, wall: SystemTime) -> Result<(), DnsError> {
         let unix_ms = |expiry: &Instant| {
+            if *expiry <= now {
+                return None;
+            }
             let at = wall.checked_add(expiry.checked_duration_since(now)?)?;
             u64::try_from(at.duration_since(UNIX_EPOCH).ok()?.as_millis()).ok()
         };
-        let names = (self.names.iter())
-            .map(|(name, addrs)| {
-                let addrs = (addrs.iter().filter(|(_, e)| **e > now))
-                    .filter_map(|(a, e)| Some((a.to_string(), unix_ms(e)?)))
-                    .collect::<BTreeMap<_, _>>();
-                (name.clone(), addrs)
-            })
-            .filter(|(_, addrs)| !addrs.is_empty())
-            .collect();
-        let json = serde_json::to_vec(&Saved {
+        let mut saved = Saved {
             version: FILE_VERSION,
-            names,
-        })
-        .map_err(|e| io_err("encoding", path)(e.into()))?;
+            names: BTreeMap::new(),
+            owners: BTreeMap::new(),
+        };
+        for (name, addrs) in self.names.iter() {
+            for (addr, owners) in addrs {
+                let Some(ms) = expiry(owners).as_ref().and_then(unix_ms) else {
+                    continue;
+                };
+                let a = addr.to_string();
+                saved.names.entry(name.clone()).or_default().insert(a.clone(), ms);
+                for (ns, e) in owners {
+                    if let Some(ms) = unix_ms(e) {
+                        let by_name = saved.owners.entry(ns.clone()).or_default();
+                        by_name.entry(name.clone()).or_default().insert(a.clone(), ms);
+                    }
+                }
+            }
+        }
+        let json = serde_json::to_vec(&saved).map_err(|e| io_err("encoding", path)(e.into()))?;
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
@@ -401,8 +479,10 @@ impl Learner {
 
     /// Reads what [`Learner::save`] wrote, `wall` being the wall-clock time
     /// of `now`, dropping expired entries and those whose name is empty or
-    /// address does not parse, then evicting beyond `limits`. A missing
-    /// file is an empty learner; an unreadable or corrupt one an error.
+    /// address does not parse, then evicting beyond `limits`. A file
+    /// without owners (an earlier agent's) gives pairs of no namespace. A
+    /// missing file is an empty learner; an unreadable or corrupt one an
+    /// error.
     pub fn load(path: &Path, now: Instant, wall: SystemTime, limits: Limits) -> Result<Self, DnsError> {
         let mut learner = Self::new(limits);
         let bytes = match fs::read(path) {
@@ -420,23 +500,34 @@ impl Learner {
                 version: saved.version,
             });
         }
-        for (name, addrs) in saved.names {
-            let name = normalize_name(&name);
-            if name.is_empty() {
-                continue;
-            }
-            for (addr, ms) in addrs {
-                let Ok(addr) = addr.parse::<IpAddr>() else {
+        let owners = if saved.owners.is_empty() {
+            BTreeMap::from([(NO_NAMESPACE.to_owned(), saved.names)])
+        } else {
+            saved.owners
+        };
+        for (ns, names) in owners {
+            for (name, addrs) in names {
+                let name = normalize_name(&name);
+                if name.is_empty() {
                     continue;
-                };
-                let left = UNIX_EPOCH
-                    .checked_add(Duration::from_millis(ms))
-                    .and_then(|at| at.duration_since(wall).ok())
-                    .filter(|left| !left.is_zero());
-                if let Some(expiry) = left.and_then(|left| now.checked_add(left)) {
-                    learner.insert(&name, addr.to_canonical(), expiry);
+                }
+                for (addr, ms) in addrs {
+                    let Ok(addr) = addr.parse::<IpAddr>() else {
+                        continue;
+                    };
+                    let left = UNIX_EPOCH
+                        .checked_add(Duration::from_millis(ms))
+                        .and_then(|at| at.duration_since(wall).ok())
+                        .filter(|left| !left.is_zero());
+                    if let Some(expiry) = left.and_then(|left| now.checked_add(left)) {
+                        learner.insert(&name, addr.to_canonical(), &ns, expiry);
+                    }
                 }
             }
+        }
+        let namespaces: Vec<String> = learner.per_namespace.keys().cloned().collect();
+        for ns in namespaces {
+            learner.enforce_namespace(&ns);
         }
         let names: Vec<String> = learner.names.keys().cloned().collect();
         learner.enforce(names.iter());
@@ -447,26 +538,6 @@ impl Learner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use simple_dns::rdata::CNAME;
-    use simple_dns::{Name, ResourceRecord};
-
-    fn rr<'a>(name: &'a str, ttl: u32, rdata: RData<'a>) -> ResourceRecord<'a> {
-        ResourceRecord::new(Name::new_unchecked(name), CLASS::IN, ttl, rdata)
-    }
-
-    fn a(name: &str, ttl: u32, ip: [u8; 4]) -> ResourceRecord<'_> {
-        rr(name, ttl, RData::A(Ipv4Addr::from(ip).into()))
-    }
-
-    fn cname<'a>(name: &'a str, ttl: u32, target: &'a str) -> ResourceRecord<'a> {
-        rr(name, ttl, RData::CNAME(CNAME(Name::new_unchecked(target))))
-    }
-
-    fn reply(answers: Vec<ResourceRecord<'_>>) -> Vec<u8> {
-        let mut packet = Packet::new_reply(7);
-        packet.answers = answers;
-        packet.build_bytes_vec().expect("reply builds")
-    }
 
     fn answer(name: &str, addr: &str, ttl: u32) -> Answer {
         let addr = addr.parse().expect("test address");
@@ -482,77 +553,8 @@ mod tests {
             max_addrs_per_name: per_name,
             max_names: names,
             max_addrs: 16_384,
-            grace: Duration::from_secs(30),
+            ..Limits::default()
         }
-    }
-
-    #[test]
-    fn responses_give_their_answers() {
-        let v6: Ipv6Addr = "2001:db8::1".parse().expect("v6");
-        let mapped: Ipv6Addr = "::ffff:192.0.2.9".parse().expect("mapped");
-        // (what, the answer section, the answers as (name, address, TTL)).
-        type Row = (
-            &'static str,
-            Vec<ResourceRecord<'static>>,
-            &'static [(&'static str, &'static str, u32)],
-        );
-        let table: Vec<Row> = vec![
-            (
-                "A and AAAA answers, names lowercased, IPv4-mapped read as IPv4",
-                vec![
-                    a("WWW.Example.COM", 60, [192, 0, 2, 1]),
-                    rr("www.example.com", 120, RData::AAAA(v6.into())),
-                    rr("Other.Example.com", 30, RData::AAAA(mapped.into())),
-                ],
-                &[
-                    ("other.example.com", "192.0.2.9", 30),
-                    ("www.example.com", "192.0.2.1", 60),
-                    ("www.example.com", "2001:db8::1", 120),
-                ],
-            ),
-            (
-                "a CNAME chain gives every name, with the chain's smallest TTL",
-                vec![
-                    cname("www.example.com", 300, "cdn.example.net"),
-                    cname("cdn.example.net", 50, "edge.example.net"),
-                    a("edge.example.net", 120, [192, 0, 2, 7]),
-                ],
-                &[
-                    ("cdn.example.net", "192.0.2.7", 50),
-                    ("edge.example.net", "192.0.2.7", 120),
-                    ("www.example.com", "192.0.2.7", 50),
-                ],
-            ),
-            (
-                "a CNAME loop terminates",
-                vec![
-                    cname("a.example.com", 60, "b.example.com"),
-                    cname("b.example.com", 60, "a.example.com"),
-                    a("b.example.com", 10, [192, 0, 2, 1]),
-                ],
-                &[("a.example.com", "192.0.2.1", 10), ("b.example.com", "192.0.2.1", 10)],
-            ),
-        ];
-        for (what, records, want) in table {
-            let answers = parse_response(&reply(records)).expect("parses");
-            let want: Vec<Answer> = want.iter().map(|(n, a, t)| answer(n, a, *t)).collect();
-            assert_eq!(answers, want, "{what}");
-        }
-    }
-
-    #[test]
-    fn query_is_an_error_and_nxdomain_has_no_answers() {
-        let query = Packet::new_query(1).build_bytes_vec().expect("query builds");
-        assert!(matches!(parse_response(&query), Err(DnsError::NotResponse { id: 1 })));
-        assert!(matches!(
-            parse_response(&[1, 2, 3]),
-            Err(DnsError::Parse { len: 3, .. })
-        ));
-        let mut nx = Packet::new_reply(2);
-        *nx.rcode_mut() = RCODE::NameError;
-        nx.answers.push(a("x.example.com", 60, [192, 0, 2, 1]));
-        let nx = nx.build_bytes_vec().expect("nxdomain builds");
-        assert_eq!(parse_response(&nx).expect("parses"), vec![]);
     }
 
     #[test]
@@ -561,14 +563,29 @@ mod tests {
         let s = Duration::from_secs;
         let mut l = Learner::new(Limits::default());
         let wanted = |n: &str| n.ends_with(".example.com");
-        assert!(l.learn(t0, &[answer("x.example.com", "192.0.2.1", 60)], wanted));
-        assert!(!l.learn(t0, &[answer("x.other.org", "192.0.2.2", 60)], wanted));
+        assert!(l.learn(t0, NO_NAMESPACE, &[answer("x.example.com", "192.0.2.1", 60)], wanted));
+        assert!(!l.learn(t0, NO_NAMESPACE, &[answer("x.other.org", "192.0.2.2", 60)], wanted));
         assert_eq!(l.next_expiry(), Some(t0 + s(90)));
-        assert!(!l.learn(t0 + s(10), &[answer("x.example.com", "192.0.2.1", 60)], wanted));
+        assert!(!l.learn(
+            t0 + s(10),
+            NO_NAMESPACE,
+            &[answer("x.example.com", "192.0.2.1", 60)],
+            wanted
+        ));
         assert_eq!(l.next_expiry(), Some(t0 + s(100)));
-        assert!(!l.learn(t0 + s(10), &[answer("x.example.com", "192.0.2.1", 1)], wanted));
+        assert!(!l.learn(
+            t0 + s(10),
+            NO_NAMESPACE,
+            &[answer("x.example.com", "192.0.2.1", 1)],
+            wanted
+        ));
         assert_eq!(l.next_expiry(), Some(t0 + s(100)));
-        assert!(l.learn(t0, &[answer("x.example.com", "::ffff:192.0.2.3", 10)], wanted));
+        assert!(l.learn(
+            t0,
+            NO_NAMESPACE,
+            &[answer("x.example.com", "::ffff:192.0.2.3", 10)],
+            wanted
+        ));
         assert_eq!(l.len(), (1, 2));
         assert!(l.expire(t0 + s(40)));
         assert!(!l.expire(t0 + s(99)));
@@ -580,20 +597,43 @@ mod tests {
     }
 
     #[test]
+    fn the_minimum_ttl_raises_short_ttls() {
+        let (t0, s) = (Instant::now(), Duration::from_secs);
+        let mut l = Learner::new(Limits {
+            min_ttl: s(3600),
+            grace: s(30),
+            ..Limits::default()
+        });
+        let answers = [answer("a.io", "192.0.2.1", 5), answer("b.io", "192.0.2.2", 7200)];
+        assert!(l.learn(t0, NO_NAMESPACE, &answers, |_| true));
+        assert!(
+            !l.expire(t0 + s(3629)),
+            "a 5 s answer is kept for the minimum TTL and the grace"
+        );
+        assert!(l.expire(t0 + s(3630)));
+        assert_eq!(
+            l.names().keys().collect::<Vec<_>>(),
+            ["b.io"],
+            "a longer TTL is kept as it is"
+        );
+        assert_eq!(l.next_expiry(), Some(t0 + s(7230)));
+    }
+
+    #[test]
     fn limits_evict_the_soonest_expiring() {
         let t0 = Instant::now();
         let mut l = Learner::new(limits(2, 2));
         let all = |_: &str| true;
         let n = [answer("n.io", "192.0.2.1", 20), answer("n.io", "192.0.2.2", 30)];
-        assert!(l.learn(t0, &n, all));
+        assert!(l.learn(t0, NO_NAMESPACE, &n, all));
         // A new address expiring before the others evicts itself: no change.
-        assert!(!l.learn(t0, &[answer("n.io", "192.0.2.3", 5)], all));
-        assert!(l.learn(t0, &[answer("n.io", "192.0.2.4", 40)], all));
+        assert!(!l.learn(t0, NO_NAMESPACE, &[answer("n.io", "192.0.2.3", 5)], all));
+        assert!(l.learn(t0, NO_NAMESPACE, &[answer("n.io", "192.0.2.4", 40)], all));
         assert_eq!(l.evicted(), 2);
         let addrs: BTreeSet<IpAddr> = ["192.0.2.2".parse().expect("ip"), "192.0.2.4".parse().expect("ip")].into();
         assert_eq!(l.names().get("n.io"), Some(&addrs));
-        assert!(l.learn(t0, &[answer("m.io", "192.0.2.9", 100)], all));
-        assert!(l.learn(t0, &[answer("k.io", "192.0.2.8", 50)], all));
+        assert!(l.learn(t0, NO_NAMESPACE, &[answer("m.io", "192.0.2.9", 100)], all));
+        assert!(l.learn(t0, NO_NAMESPACE, &[answer("k.io", "192.0.2.8", 50)], all));
         assert_eq!(l.names().keys().collect::<Vec<_>>(), ["k.io", "m.io"]);
         assert_eq!(l.evicted(), 4);
         assert_eq!(l.len(), (2, 2));
@@ -613,9 +653,9 @@ mod tests {
             answer("b.io", "192.0.2.3", 30),
             answer("c.io", "192.0.2.4", 5),
         ];
-        assert!(l.learn(t0, &answers, all));
+        assert!(l.learn(t0, NO_NAMESPACE, &answers, all));
         assert_eq!(l.len(), (2, 3), "c.io (soonest) evicted");
-        assert!(l.learn(t0, &[answer("d.io", "192.0.2.5", 100)], all));
+        assert!(l.learn(t0, NO_NAMESPACE, &[answer("d.io", "192.0.2.5", 100)], all));
         let left: Vec<(String, usize)> = l.names().into_iter().map(|(n, a)| (n, a.len())).collect();
         assert_eq!(
             left,
@@ -629,11 +669,70 @@ mod tests {
     }
 
     #[test]
+    fn one_namespace_cannot_evict_the_others_names() {
+        let (t0, s) = (Instant::now(), Duration::from_secs);
+        let mut l = Learner::new(Limits {
+            max_addrs: 10,
+            max_addrs_per_namespace: 4,
+            ..Limits::default()
+        });
+        let all = |_: &str| true;
+        // Two namespaces learn short-lived names; one floods with 50
+        // longer-lived ones (the soonest-expiring would be the others').
+        assert!(l.learn(
+            t0,
+            "a",
+            &[answer("a.io", "192.0.2.1", 10), answer("shared.io", "192.0.2.9", 10)],
+            all
+        ));
+        assert!(l.learn(t0, "b", &[answer("b.io", "192.0.2.2", 10)], all));
+        for i in 0..50u8 {
+            let name = format!("f{i}.io");
+            let addr = format!("198.51.100.{i}");
+            l.learn(t0 + s(u64::from(i)), "flood", &[answer(&name, &addr, 600)], all);
+        }
+        // The flood also resolved the shared name: its claim is evicted
+        // first among its own (soonest), the pair stays for "a".
+        l.learn(t0 + s(60), "flood", &[answer("shared.io", "192.0.2.9", 1)], all);
+        let names = l.names();
+        for kept in ["a.io", "b.io", "shared.io"] {
+            assert!(
+                names.contains_key(kept),
+                "{kept} evicted by another namespace: {names:?}"
+            );
+        }
+        assert_eq!(l.owned_by("flood"), 4, "the flood keeps its bound");
+        assert_eq!((l.owned_by("a"), l.owned_by("b")), (2, 1));
+        assert!(
+            names.contains_key("f49.io") && !names.contains_key("f0.io"),
+            "its own soonest go"
+        );
+        assert_eq!(l.len(), (7, 7));
+        // Saved and loaded: the owners (and so the bounds) are kept.
+        let dir = temp_dir("owners");
+        let path = dir.join("names.json");
+        let wall = UNIX_EPOCH + s(1_700_000_000);
+        l.save(&path, t0, wall).expect("saves");
+        let back = Learner::load(&path, t0, wall, l.limits).expect("loads");
+        assert_eq!(back.names(), l.names());
+        assert_eq!((back.owned_by("flood"), back.owned_by("a")), (4, 2));
+        // Expiry drops each namespace's claim: "a" and "b" (10 s) go,
+        // the flood's (600 s) stay.
+        let mut back = back;
+        assert!(back.expire(t0 + s(41)));
+        assert_eq!(
+            (back.owned_by("a"), back.owned_by("b"), back.owned_by("flood")),
+            (0, 0, 4)
+        );
+        fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
     fn retain_drops_unwanted_names() {
         let t0 = Instant::now();
         let mut l = Learner::new(Limits::default());
         let answers = [answer("a.io", "192.0.2.1", 60), answer("b.io", "192.0.2.2", 60)];
-        assert!(l.learn(t0, &answers, |_| true));
+        assert!(l.learn(t0, NO_NAMESPACE, &answers, |_| true));
         assert!(!l.retain(|_| true));
         assert!(l.retain(|n| n == "a.io"));
         assert_eq!(l.names().keys().collect::<Vec<_>>(), ["a.io"]);
@@ -653,7 +752,7 @@ mod tests {
         let wall = UNIX_EPOCH + s(1_700_000_000);
         let mut l = Learner::new(limits(256, 100));
         let answers = [answer("a.io", "192.0.2.1", 60), answer("b.io", "2001:db8::2", 300)];
-        assert!(l.learn(t0, &answers, |_| true));
+        assert!(l.learn(t0, NO_NAMESPACE, &answers, |_| true));
         l.save(&path, t0, wall).expect("saves");
         assert!(!dir.join("names.json.tmp").exists());
         let same = Learner::load(&path, t0, wall, Limits::default()).expect("loads");

@@ -383,6 +383,12 @@ impl<D: AgentDataplane> Syncer<D> {
         self.incremental.set_domain_names(&self.names.names);
         let patterns = crate::dns::handle::patterns_of(self.incremental.snapshot());
         let some = !patterns.is_empty();
+        if self.dns_names.learning() {
+            // Each learned answer counts against its pod's namespace.
+            let node = &self.cfg.compile.node_name;
+            let map = crate::dns::handle::pod_namespaces_of(self.incremental.snapshot(), node);
+            self.dns_names.set_pod_namespaces(map);
+        }
         if self.dns_names.set_patterns(patterns) && some && !self.dns_names.learning() {
             tracing::warn!(
                 "ClusterNetworkPolicy domainNames peers match nothing: this agent learns no DNS answers \

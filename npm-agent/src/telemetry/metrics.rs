@@ -118,8 +118,11 @@ pub const SERIES: &[Series] = &[
     series("npm_map_capacity", G, N, &["map"], "Maximum entries of each pinned kernel map (eBPF dataplane), by map name."),
     series("npm_front_fallbacks", G, N, &["map"], "Local endpoint directions (NPM_TIER_FRONT: directions and ClusterNetworkPolicy tiers) whose entries do not all fit this front and are decided on the LPM behind it (same verdicts, slower; raise --map-size-policy-front / --map-size-tier-front); NPM_FOLD: directions with ClusterNetworkPolicy tier entries that are not folded (too large for the map) and are decided by the tiers' lookups (same verdicts, slower)."),
     series("npm_dns_learned", G, N, &["kind"], "Names (kind=names) and addresses (kind=addresses) learned from the DNS answers of the trusted servers (--dns-server): what ClusterNetworkPolicy domainNames peers match."),
-    series("npm_dns_evicted_total", C, N, &[], "Learned (name, address) pairs dropped before their TTL because the learner's bounds were reached (256 addresses a name, 10,000 names, 16,384 addresses)."),
-    series("npm_dns_responses_total", C, N, &["result"], "DNS responses of the trusted servers read (result: learned = taught a new address, held until programmed; unparsable; hold_expired = released before its addresses were programmed; read = every one)."),
+    series("npm_dns_evicted_total", C, N, &[], "Learned (name, address) pairs dropped before their TTL because the learner's bounds were reached (4,096 pairs a namespace, 256 addresses a name, 10,000 names, 16,384 addresses)."),
+    series("npm_dns_responses_total", C, N, &["result"], "DNS responses of the trusted servers read (result: read = every one; learned = taught a new address; unparsable; held = parked until its addresses were programmed; released = a held one let through once programmed; hold_expired = a held one let through before; not_held_not_compiled, not_held_sync_unhealthy, not_held_cap = a learning one let through at once: no state compiled yet, the last sync failed or was held, --dns-max-holds reached)."),
+    series("npm_dns_notrack", G, N, &[], "1 while raw-table NOTRACK rules exempt DNS from conntrack (NodeLocal DNSCache): no DNS answer is learned and domainNames peers deny (readiness check dns-learning)."),
+    series("npm_dns_holding", G, N, &[], "DNS responses held now until their addresses are programmed (at most --dns-max-holds)."),
+    series("npm_dns_rules_reasserted_total", C, N, &[], "Times the DNS learning's NFQUEUE iptables rules were found missing (a firewall reload) and re-installed."),
     series("npm_datapath_reduced", G, None, &[], "1 when the kernel's verifier refused the full eBPF datapath as too large and the reduced one runs (every decision by the policy LPMs, no precomputed layers: the same verdicts at a higher cost per packet), else 0 (eBPF dataplane only)."),
     series("npm_map_full", G, N, &["map"], "1 while the compiled state does not fit this kernel map (eBPF dataplane) and a reduced, fail-closed state is programmed (degraded mode), else 0."),
     series("npm_packets_total", C, N, &["direction", "reason", "verdict"], "Packets classified by the datapath, by direction, reason and verdict."),
@@ -457,20 +460,19 @@ impl Metrics {
     }
 
     /// The DNS learning: `npm_dns_learned{kind}` set to (names, addresses),
-    /// `npm_dns_responses_total{result}` moved by the responses read,
-    /// learning, unparsable and released on an expired hold since the last
-    /// call (`counts[0..4]`), `npm_dns_evicted_total` by `counts[4]`.
-    pub fn dns_learning(&self, (names, addrs): (usize, usize), counts: [u64; 5]) {
+    /// `npm_dns_holding` to `d.holding`, and the counters moved by what
+    /// `d` counted since the last call.
+    pub fn dns_learning(&self, (names, addrs): (usize, usize), d: &DnsCounts) {
         self.with(|| {
             metrics::gauge!("npm_dns_learned", "kind" => "names").set(names as f64);
             metrics::gauge!("npm_dns_learned", "kind" => "addresses").set(addrs as f64);
-            for (result, n) in ["read", "learned", "unparsable", "hold_expired"]
-                .into_iter()
-                .zip(counts)
-            {
+            metrics::gauge!("npm_dns_holding").set(d.holding as f64);
+            metrics::gauge!("npm_dns_notrack").set(if d.notrack { 1.0 } else { 0.0 });
+            for (result, n) in DNS_RESULTS.into_iter().zip(d.responses) {
                 metrics::counter!("npm_dns_responses_total", "result" => result).increment(n);
             }
-            metrics::counter!("npm_dns_evicted_total").increment(counts[4]);
+            metrics::counter!("npm_dns_evicted_total").increment(d.evicted);
+            metrics::counter!("npm_dns_rules_reasserted_total").increment(d.rules_reasserted);
         });
     }
 
@@ -529,24 +531,93 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// The readiness check of the DNS learning.
+pub const CHECK_DNS_LEARNING: &str = "dns-learning";
+
+/// The `result` labels of `npm_dns_responses_total`, in the order of
+/// [`DnsCounts::responses`].
+pub const DNS_RESULTS: [&str; 9] = [
+    "read",
+    "learned",
+    "unparsable",
+    "hold_expired",
+    "held",
+    "released",
+    "not_held_not_compiled",
+    "not_held_sync_unhealthy",
+    "not_held_cap",
+];
+
+/// What the DNS capture counted (since the last report, for counters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DnsCounts {
+    /// `npm_dns_responses_total` by [`DNS_RESULTS`].
+    pub responses: [u64; 9],
+    /// `npm_dns_evicted_total`.
+    pub evicted: u64,
+    /// `npm_dns_rules_reasserted_total`.
+    pub rules_reasserted: u64,
+    /// `npm_dns_holding` (a gauge: the value now).
+    pub holding: u64,
+    /// `npm_dns_notrack` (a gauge: now).
+    pub notrack: bool,
+}
+
+impl DnsCounts {
+    /// The totals of `capture` now.
+    fn of(capture: &crate::dns::Capture) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &capture.stats;
+        Self {
+            responses: [
+                &s.responses,
+                &s.learning,
+                &s.unparsable,
+                &s.hold_expired,
+                &s.held,
+                &s.released,
+                &s.not_held_not_compiled,
+                &s.not_held_sync_unhealthy,
+                &s.not_held_cap,
+            ]
+            .map(|c| c.load(Relaxed)),
+            evicted: capture.evicted(),
+            rules_reasserted: s.rules_reasserted.load(Relaxed),
+            holding: s.holding.load(Relaxed),
+            notrack: capture.notrack().is_some(),
+        }
+    }
+
+    /// What moved from `last` to `self` (`holding` as it is now).
+    fn since(&self, last: &Self) -> Self {
+        Self {
+            responses: std::array::from_fn(|i| self.responses[i].saturating_sub(last.responses[i])),
+            evicted: self.evicted.saturating_sub(last.evicted),
+            rules_reasserted: self.rules_reasserted.saturating_sub(last.rules_reasserted),
+            holding: self.holding,
+            notrack: self.notrack,
+        }
+    }
+}
+
 /// Every 5 s, reports what the DNS capture learned and read
-/// (`npm_dns_learned{kind}`, `npm_dns_responses_total{result}`); owns the
-/// capture, which stops (its rules removed) when this task is aborted.
-pub async fn report_dns(capture: crate::dns::Capture, metrics: Metrics) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let mut last = [0u64; 5];
+/// (`npm_dns_learned{kind}`, `npm_dns_responses_total{result}`,
+/// `npm_dns_holding`, `npm_dns_rules_reasserted_total`, `npm_dns_notrack`)
+/// and the readiness check `dns-learning` (failing while DNS is exempted
+/// from conntrack); owns the capture, which stops (its rules removed) when
+/// this task is aborted.
+pub async fn report_dns(
+    capture: crate::dns::Capture,
+    metrics: Metrics,
+    health: std::sync::Arc<crate::telemetry::health::Health>,
+) {
+    let mut last = DnsCounts::default();
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
     loop {
         tick.tick().await;
-        let s = &capture.stats;
-        let now = [
-            s.responses.load(Relaxed),
-            s.learning.load(Relaxed),
-            s.unparsable.load(Relaxed),
-            s.hold_expired.load(Relaxed),
-            capture.evicted(),
-        ];
-        metrics.dns_learning(capture.learned(), std::array::from_fn(|i| now[i] - last[i]));
+        let now = DnsCounts::of(&capture);
+        metrics.dns_learning(capture.learned(), &now.since(&last));
+        health.set_problem(CHECK_DNS_LEARNING, capture.notrack());
         last = now;
     }
 }
@@ -677,7 +748,13 @@ mod tests {
         m.readiness_failure("lists", true);
         m.compiled_entries("ipcache", 1);
         m.map_full("NPM_POLICY", false);
-        m.dns_learning((1, 2), [3, 1, 0, 0, 0]);
+        m.dns_learning(
+            (1, 2),
+            &DnsCounts {
+                responses: [3, 1, 0, 0, 0, 0, 0, 0, 0],
+                ..DnsCounts::default()
+            },
+        );
         m.map_fill(&[MapFill {
             map: "NPM_POLICY_FRONT",
             entries: 0,

@@ -1099,3 +1099,41 @@ fn grafana_dashboard_queries_only_exported_metrics() {
     assert_eq!(shipped, dash, "the ConfigMap carries the dashboard file");
     lint(&["grafanaDashboard.enabled=true"]);
 }
+
+/// With `dns.servers`, the agent gets the DNS flags and the host's
+/// `/run/xtables.lock` (so that its `iptables -w` and kube-proxy's
+/// `iptables-restore` take turns); without, neither.
+#[test]
+fn dns_learning_mounts_the_host_xtables_lock() {
+    let set = ["dns.servers={10.96.0.10}", "dns.minTtlSecs=600", "dns.maxHolds=64"];
+    let argv = agent_command_line(&set);
+    for want in [
+        "--dns-server=10.96.0.10",
+        "--dns-queue=20049",
+        "--dns-hold-ms=1000",
+        "--dns-grace-secs=30",
+        "--dns-min-ttl-secs=600",
+        "--dns-max-holds=64",
+    ] {
+        assert!(argv.iter().any(|a| a == want), "{want} in {argv:?}");
+    }
+    let docs = template(&set);
+    let spec = agent_pod_spec(&docs);
+    let agent = container(spec, "containers", "agent").expect("the agent container");
+    let (_, host) = host_mount(spec, agent, "/run/xtables.lock");
+    assert_eq!(host, "/run/xtables.lock");
+    let vol = (spec["volumes"].as_sequence().unwrap().iter())
+        .find(|v| v["hostPath"]["path"].as_str() == Some("/run/xtables.lock"))
+        .unwrap();
+    assert_eq!(
+        vol["hostPath"]["type"], "FileOrCreate",
+        "a missing lock file is created, not a directory"
+    );
+    let (ok, _, err) = dry_run(&set);
+    assert!(ok, "{err}");
+    let docs = template(&[]);
+    let spec = agent_pod_spec(&docs);
+    let agent = container(spec, "containers", "agent").expect("the agent container");
+    let mounts = agent["volumeMounts"].as_sequence().unwrap();
+    assert!(!mounts.iter().any(|m| m["mountPath"] == "/run/xtables.lock"));
+}

@@ -39,6 +39,7 @@ mod cnp_tiers_ebpf;
 mod cnp_tiers_nft;
 mod cnp_versions;
 mod debug_portforward;
+mod dns_capture;
 mod guard_held_removals;
 mod guard_policies;
 mod guard_tiers_restart;
