@@ -355,6 +355,8 @@ impl Metrics {
             labels.extend(option_env!("NPM_GIT_COMMIT").map(|c| metrics::Label::new("git_commit", c)));
             labels.extend(option_env!("NPM_RUSTC_VERSION").map(|c| metrics::Label::new("rustc", c)));
             metrics::gauge!("npm_build_info", labels).set(1.0);
+            // 0 until an eBPF dataplane reports the reduced datapath.
+            metrics::gauge!("npm_datapath_reduced").set(0.0);
         });
         Ok(m)
     }
