@@ -39,7 +39,7 @@ fn untracks_dns(line: &str, servers: &[IpAddr]) -> bool {
 }
 
 /// The rules of `ruleset` (`iptables-save -t raw` output) that exempt DNS
-/// from conntrack (see [`untracks_dns`]).
+/// from conntrack (see `untracks_dns`).
 pub fn untracked_dns_rules<'a>(ruleset: &'a str, servers: &[IpAddr]) -> Vec<&'a str> {
     ruleset.lines().filter(|l| untracks_dns(l, servers)).collect()
 }
