@@ -185,11 +185,9 @@ impl ProgrammedView {
 mod tests {
     use super::*;
 
-    /// Readers after every sync, in a flood: the loop copies at most once
-    /// per COPY_INTERVAL, and every reader gets the current state.
-    #[tokio::test]
-    async fn copies_are_rate_limited() {
-        let view = ProgrammedView::default();
+    /// A sync loop that copies the state whenever a reader wants it and it
+    /// is stale, counting its copies.
+    fn copying_loop(view: &ProgrammedView) -> (tokio::task::JoinHandle<()>, Arc<AtomicU64>) {
         let lp = view.clone();
         let copies = Arc::new(AtomicU64::new(0));
         let n = copies.clone();
@@ -202,6 +200,15 @@ mod tests {
                 }
             }
         });
+        (task, copies)
+    }
+
+    /// Readers after every sync, in a flood: the loop copies at most once
+    /// per COPY_INTERVAL, and every reader gets the current state.
+    #[tokio::test]
+    async fn copies_are_rate_limited() {
+        let view = ProgrammedView::default();
+        let (task, copies) = copying_loop(&view);
         view.synced();
         let first = view.current(Duration::from_secs(5)).await.unwrap();
         view.synced();
@@ -235,18 +242,7 @@ mod tests {
         // Nobody copies: the reader times out.
         assert_eq!(view.current(wait).await.unwrap_err(), ViewError::Busy(wait));
         // A loop that copies when asked.
-        let lp = view.clone();
-        let copies = Arc::new(AtomicU64::new(0));
-        let n = copies.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                lp.wanted().await;
-                if lp.is_stale() {
-                    n.fetch_add(1, Ordering::Relaxed);
-                    lp.publish(&Compiled::default(), &Snapshot::default(), &CompileOptions::default());
-                }
-            }
-        });
+        let (task, copies) = copying_loop(&view);
         let a = view.current(Duration::from_secs(5)).await.unwrap();
         let b = view.current(Duration::from_secs(5)).await.unwrap();
         assert_eq!((a.generation, copies.load(Ordering::Relaxed)), (1, 1));

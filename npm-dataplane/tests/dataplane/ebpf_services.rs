@@ -447,22 +447,13 @@ fn remote_case(tag: &str, t: u32, mode: AttachMode) {
     let cip = Ipv4Addr::from(cips + 3);
     let a = Pod::new(&format!("r{tag}"), base, 0);
     // The second node: a veth from the root netns, routed.
-    let node2 = test_netns(&format!("snode2{tag}"));
-    let uplink = format!("npt{pid}sup{tag}");
-    let peer_if = format!("{uplink}x");
-    sh_quiet(&["ip", "link", "del", &uplink]);
-    sh(&["ip", "link", "add", &uplink, "type", "veth", "peer", "name", &peer_if]);
-    sh(&["ip", "link", "set", &peer_if, "netns", &node2.name]);
-    let _uplink_guard = LinkGuard(uplink.clone());
-    let here = Ipv4Addr::from(base + 4 * 4 + 1);
-    let there = Ipv4Addr::from(base + 4 * 4 + 2);
-    sh(&["ip", "addr", "add", &format!("{here}/30"), "dev", &uplink]);
-    sh(&["ip", "link", "set", &uplink, "up"]);
-    ns_sh(
-        &node2.name,
-        &["ip", "addr", "add", &format!("{there}/30"), "dev", &peer_if],
-    );
-    ns_sh(&node2.name, &["ip", "link", "set", &peer_if, "up"]);
+    let SecondNode {
+        node2,
+        uplink,
+        here,
+        there,
+        _uplink_guard,
+    } = SecondNode::new(&format!("snode2{tag}"), &format!("npt{pid}sup{tag}"), base);
     ns_sh(
         &node2.name,
         &["ip", "route", "add", "default", "via", &here.to_string()],
@@ -1035,6 +1026,47 @@ fn nftables_decides_host_network_backends_too() {
     dp.sync_full(&allowed, &ifs).unwrap();
     assert_eq!(probe(&pods[0].name, cip, 443, "tcp", 2), ["host"; 2]);
     assert_eq!(probe(&pods[0].name, node_addr, 9443, "tcp", 1), ["host"]);
+}
+
+/// A second node: network namespace `node2` joined to the root netns (this
+/// node) by a routed veth, `uplink` on this side with `here`, its peer in
+/// `node2` with `there` (the /30 number 4 of `base`).
+pub(crate) struct SecondNode {
+    pub(crate) node2: Netns,
+    pub(crate) uplink: String,
+    pub(crate) here: Ipv4Addr,
+    pub(crate) there: Ipv4Addr,
+    pub(crate) _uplink_guard: LinkGuard,
+}
+
+impl SecondNode {
+    /// The node `ns_tag` (its netns) with uplink `uplink` (at most 14
+    /// characters: its peer takes one more).
+    pub(crate) fn new(ns_tag: &str, uplink: &str, base: u32) -> SecondNode {
+        let node2 = test_netns(ns_tag);
+        let peer_if = format!("{uplink}x");
+        sh_quiet(&["ip", "link", "del", uplink]);
+        sh(&["ip", "link", "add", uplink, "type", "veth", "peer", "name", &peer_if]);
+        sh(&["ip", "link", "set", &peer_if, "netns", &node2.name]);
+        let guard = LinkGuard(uplink.to_string());
+        let here = Ipv4Addr::from(base + 4 * 4 + 1);
+        let there = Ipv4Addr::from(base + 4 * 4 + 2);
+        sh(&["ip", "addr", "add", &format!("{here}/30"), "dev", uplink]);
+        sh(&["ip", "link", "set", uplink, "up"]);
+        ns_sh(
+            &node2.name,
+            &["ip", "addr", "add", &format!("{there}/30"), "dev", &peer_if],
+        );
+        ns_sh(&node2.name, &["ip", "link", "set", &peer_if, "up"]);
+        ns_sh(&node2.name, &["ip", "link", "set", "lo", "up"]);
+        SecondNode {
+            node2,
+            uplink: uplink.to_string(),
+            here,
+            there,
+            _uplink_guard: guard,
+        }
+    }
 }
 
 /// An interface deleted on drop.

@@ -16,7 +16,8 @@ use std::net::Ipv4Addr;
 
 use crate::ebpf_common::*;
 use crate::ebpf_services::{
-    block, compiled, count, interfaces, probe, program_services, serve, wait_tcp, LinkGuard, NatTable, Pod, PROBES,
+    block, compiled, count, interfaces, probe, program_services, serve, wait_tcp, LinkGuard, NatTable, Pod, SecondNode,
+    PROBES,
 };
 use npm_common::{proto, DIR_EGRESS};
 use npm_dataplane::ebpf::{EbpfDataplane, NodeExit};
@@ -93,23 +94,13 @@ fn tunnel_case(kind: Kind, tag: &str, t: u32) {
     let a = Pod::new(&format!("u{tag}"), base, 0);
 
     // The underlay: a routed veth to the second node's namespace.
-    let node2 = test_netns(&format!("unode2{tag}"));
-    let uplink = format!("npt{pid}uu{tag}");
-    let peer_if = format!("{uplink}x");
-    sh_quiet(&["ip", "link", "del", &uplink]);
-    sh(&["ip", "link", "add", &uplink, "type", "veth", "peer", "name", &peer_if]);
-    sh(&["ip", "link", "set", &peer_if, "netns", &node2.name]);
-    let _uplink_guard = LinkGuard(uplink.clone());
-    let here = Ipv4Addr::from(base + 4 * 4 + 1);
-    let there = Ipv4Addr::from(base + 4 * 4 + 2);
-    sh(&["ip", "addr", "add", &format!("{here}/30"), "dev", &uplink]);
-    sh(&["ip", "link", "set", &uplink, "up"]);
-    ns_sh(
-        &node2.name,
-        &["ip", "addr", "add", &format!("{there}/30"), "dev", &peer_if],
-    );
-    ns_sh(&node2.name, &["ip", "link", "set", &peer_if, "up"]);
-    ns_sh(&node2.name, &["ip", "link", "set", "lo", "up"]);
+    let SecondNode {
+        node2,
+        uplink,
+        here,
+        there,
+        _uplink_guard,
+    } = SecondNode::new(&format!("unode2{tag}"), &format!("npt{pid}uu{tag}"), base);
 
     // The tunnel: `tdev` here, `t0` on node 2.
     let tdev = format!("npt{pid}ut{tag}");
