@@ -259,6 +259,7 @@ impl Capture {
             stats: stats.clone(),
             stop: stop.clone(),
             unsaved: Arc::new(AtomicBool::new(false)),
+            saving: Arc::new(Mutex::new(())),
         };
         let reader = ctx.clone();
         let reader_waker = waker.clone();
@@ -356,6 +357,10 @@ struct Ctx {
     stop: Arc<AtomicBool>,
     /// The learner changed since it was last saved.
     unsaved: Arc<AtomicBool>,
+    /// Held while a copy is taken and written: the reader and the expiry
+    /// thread both save, through one temporary file, and a later save
+    /// always writes a later copy.
+    saving: Arc<Mutex<()>>,
 }
 
 /// Milliseconds from `now` to `until`, rounded up (for poll(2)).
@@ -380,6 +385,7 @@ impl Ctx {
     /// and writing it without the lock the reader takes.
     fn save_copy(&self) {
         if self.cfg.state_file.is_some() {
+            let _saving = lock(&self.saving);
             let copy = lock(&self.learner).clone();
             self.save(&copy);
         }
@@ -529,11 +535,23 @@ impl Ctx {
     /// Lets through every held response whose version is programmed or
     /// whose deadline passed (versions and deadlines grow in arrival
     /// order, so those are at the front).
+    ///
+    /// A client never gets an answer that a restarted agent would have
+    /// forgotten: before the first of them goes, what was learned is
+    /// written to the state file if it changed since the last save (a
+    /// crash right after the answer must not deny, for the client's whole
+    /// cache lifetime, what the client was just told).
     fn release(&self, queue: &mut NfQueue, parked: &mut VecDeque<Parked>) {
         if parked.is_empty() {
             return;
         }
         let (programmed, now) = (self.handle.programmed(), Instant::now());
+        let due = parked
+            .front()
+            .is_some_and(|p| p.version <= programmed || p.deadline <= now);
+        if due && self.unsaved.swap(false, Ordering::Relaxed) {
+            self.save_copy();
+        }
         while let Some(p) = parked.front() {
             if p.version <= programmed {
                 self.stats.released.fetch_add(1, Ordering::Relaxed);
