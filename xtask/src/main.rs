@@ -221,6 +221,30 @@ fn lint() -> Result<()> {
 /// The `cargo xtask vm matrix` row CI runs (the others run on demand).
 const CI_VM_ROW: &str = "debian-6.1";
 
+/// A copy of this xtask binary that later builds cannot replace.
+///
+/// `cargo test --workspace` relinks `target/debug/xtask` with the
+/// workspace's unified features, which unlinks the file this process was
+/// started from: `current_exe()` then names `xtask (deleted)`. The running
+/// image stays readable through `/proc/self/exe`, so it is copied out
+/// before a background stage runs it.
+fn pinned_self() -> Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = root().join("target/tmp");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Copies left by earlier runs (one per run, named by its pid).
+    for old in std::fs::read_dir(&dir)?.flatten() {
+        if old.file_name().to_string_lossy().starts_with("xtask-self-") {
+            let _ = std::fs::remove_file(old.path());
+        }
+    }
+    let dest = dir.join(format!("xtask-self-{}", std::process::id()));
+    std::fs::copy("/proc/self/exe", &dest).with_context(|| format!("copying /proc/self/exe to {}", dest.display()))?;
+    std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("making {} executable", dest.display()))?;
+    Ok(dest)
+}
+
 fn test(no_setup: bool) -> Result<()> {
     let started = Instant::now();
     if !no_setup {
@@ -279,7 +303,7 @@ fn test(no_setup: bool) -> Result<()> {
     // listed in `xtask/src/vm/matrix.rs`. Beside the conformance runs, as
     // the release build; everything it starts was built above.
     let vm_row = Background::start(
-        Command::new(std::env::current_exe().context("the xtask binary")?).args(["vm", "matrix", "--row", CI_VM_ROW]),
+        Command::new(pinned_self()?).args(["vm", "matrix", "--row", CI_VM_ROW]),
         "vm-matrix",
     )?;
     for args in [
