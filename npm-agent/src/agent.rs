@@ -68,6 +68,8 @@ pub struct RunningAgent {
     pub debug_addr: Option<SocketAddr>,
     /// This node's CNI facts (empty without a CNI server).
     pub cni_facts: FactsHandle,
+    /// The bounds of `/explain` and `/observe` (tests hold slots).
+    pub slots: server::Slots,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -189,6 +191,7 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
     }
     let mut http_addr = None;
     let mut debug_addr = None;
+    let slots = server::Slots::default();
     let state = ServerState {
         metrics: metrics.clone(),
         cache: cache.clone(),
@@ -196,7 +199,7 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
         programmed,
         observe,
         auth: Arc::new(crate::telemetry::authz::MetricsAuth::new(client.clone())),
-        slots: server::Slots::default(),
+        slots: slots.clone(),
     };
     for (addr, router, bounds, bound_to, what) in [
         (
@@ -264,6 +267,7 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
         http_addr,
         debug_addr,
         cni_facts,
+        slots,
         tasks,
     })
 }

@@ -1,7 +1,8 @@
 //! The chart's `/metrics` settings: the listener's address (`metrics.address`,
 //! `$(HOST_IP)` the node's primary address from the downward API), who reads
 //! the named series (`metrics.readers` bound to the metrics-reader
-//! ClusterRole) and the ServiceMonitor's token (`serviceMonitor.bearerTokenFile`).
+//! ClusterRole) and the ServiceMonitor's token (`serviceMonitor.bearerTokenFile` or
+//! `serviceMonitor.authorization.secret`).
 
 use crate::chart::{agent_command_line, agent_pod_spec, container, find, template};
 
@@ -40,4 +41,29 @@ fn metrics_listener_address_and_readers() {
     assert_eq!(binding["subjects"][0]["namespace"], "monitoring");
     let docs = template(&["serviceMonitor.enabled=true"]);
     assert!(find(&docs, "ServiceMonitor")[0]["spec"]["endpoints"][0]["bearerTokenFile"].is_null());
+}
+
+/// `serviceMonitor.authorization.secret`: the Secret form newer
+/// prometheus-operator versions prefer; it replaces `bearerTokenFile`.
+#[test]
+fn service_monitor_authorization_from_a_secret() {
+    let docs = template(&[
+        "serviceMonitor.enabled=true",
+        "serviceMonitor.bearerTokenFile=/var/run/secrets/kubernetes.io/serviceaccount/token",
+        "serviceMonitor.authorization.secret.name=prometheus-npm-token",
+    ]);
+    let endpoint = &find(&docs, "ServiceMonitor")[0]["spec"]["endpoints"][0];
+    assert_eq!(endpoint["authorization"]["type"], "Bearer", "{endpoint:?}");
+    assert_eq!(endpoint["authorization"]["credentials"]["name"], "prometheus-npm-token");
+    assert_eq!(endpoint["authorization"]["credentials"]["key"], "token");
+    assert!(endpoint["bearerTokenFile"].is_null(), "one token source: {endpoint:?}");
+    let docs = template(&[
+        "serviceMonitor.enabled=true",
+        "serviceMonitor.authorization.secret.name=t",
+        "serviceMonitor.authorization.secret.key=sa-token",
+    ]);
+    let endpoint = &find(&docs, "ServiceMonitor")[0]["spec"]["endpoints"][0];
+    assert_eq!(endpoint["authorization"]["credentials"]["key"], "sa-token");
+    let docs = template(&["serviceMonitor.enabled=true"]);
+    assert!(find(&docs, "ServiceMonitor")[0]["spec"]["endpoints"][0]["authorization"].is_null());
 }

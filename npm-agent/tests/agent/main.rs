@@ -70,4 +70,5 @@ mod restart_numbers;
 mod restart_numbers_nft;
 mod services_ebpf;
 mod sigterm;
+mod surface_from_pod;
 mod sync_thread;

@@ -23,10 +23,12 @@
 //!
 //! The seed is printed; `NPM_EBPF_DIFF_SEED=<seed>` runs another (decimal
 //! or 0x hex), `NPM_EBPF_DIFF_SEED=random` draws one from the clock;
-//! without it the fixed `DEFAULT_SEED` (CI). Known finding, not fixed yet:
-//! seed `0x18eee0acf773fe54` makes the LPM-only datapath answer `AdminDeny`
-//! where the lookup answers `PolicyDenied` (an IPv6 peer, TCP 20000, round
-//! 9; both drop). Needs root.
+//! without it the fixed `DEFAULT_SEED` (CI). Seed `0x18eee0acf773fe54`
+//! once showed the LPM-only datapath answering `AdminDeny` where the lookup
+//! answered `PolicyDenied`: the generator had changed the action of one
+//! entry of a rule and not of its others, a state no compiler makes (ranks
+//! are unique per tier and direction, so one rank is one action); it now
+//! changes a rule's action in all its entries. Needs root.
 
 use std::net::IpAddr;
 use std::time::Instant;

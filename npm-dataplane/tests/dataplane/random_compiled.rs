@@ -273,7 +273,7 @@ pub fn add_random_tiers(rng: &mut Rng, c: &mut Compiled) {
 
 /// A small change of `c` (a state of [`random_policies`] and
 /// [`add_random_tiers`]), as one incremental update makes: 1 to 3 of
-/// removing a tier entry, changing a tier entry's action, removing a
+/// removing a tier entry, changing a tier rule's action (in all its entries), removing a
 /// NetworkPolicy entry, adding one (any peer of [`random_policies`], TCP
 /// or UDP, one port of 998..=1007), or removing a CIDR prefix (the
 /// ipcache's CIDR identities follow). What is left stays in the compiled
@@ -290,12 +290,23 @@ pub fn mutate(rng: &mut Rng, c: &Compiled) -> Compiled {
                     .expect("entry");
                 if rng.below(2) == 0 {
                     c.tiers.remove(&k);
-                } else if let Some(v) = c.tiers.get_mut(&k) {
-                    v.action = match v.action {
+                } else if let Some(&v) = c.tiers.get(&k) {
+                    // A rule changes its action in all its entries: ranks
+                    // are unique per tier and direction
+                    // (`tiers::compile::ranked_rules`), so two entries of
+                    // one rank with different actions are a state no
+                    // compiler makes (the datapath and the lookup may
+                    // break that tie differently).
+                    let action = match v.action {
                         TierAction::Accept => TierAction::Deny,
                         TierAction::Deny => TierAction::Pass,
                         TierAction::Pass => TierAction::Accept,
                     };
+                    for (e, w) in c.tiers.iter_mut() {
+                        if e.tier == k.tier && e.direction == k.direction && w.rank == v.rank {
+                            w.action = action;
+                        }
+                    }
                 }
             }
             2 if !c.policy.is_empty() => {
