@@ -201,7 +201,7 @@ impl From<corev1::Pod> for Pod {
 }
 
 /// The slim metadata: name, namespace, uid, resourceVersion, labels,
-/// creationTimestamp, deletionTimestamp and the [`MIRROR_ANNOTATION`]
+/// creationTimestamp, deletionTimestamp, deletionGracePeriodSeconds and the [`MIRROR_ANNOTATION`]
 /// (owner references, finalizers, generateName, other annotations and the
 /// rest are dropped).
 pub fn slim_pod(p: Pod) -> Pod {
@@ -220,6 +220,7 @@ pub fn slim_pod(p: Pod) -> Pod {
             annotations: mirror,
             creation_timestamp: m.creation_timestamp,
             deletion_timestamp: m.deletion_timestamp,
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
             ..ObjectMeta::default()
         },
         spec: p.spec,
@@ -238,6 +239,7 @@ pub fn same_pod(a: &Pod, b: &Pod) -> bool {
         && x.annotations == y.annotations
         && x.creation_timestamp == y.creation_timestamp
         && x.deletion_timestamp == y.deletion_timestamp
+        && x.deletion_grace_period_seconds == y.deletion_grace_period_seconds
         && a.spec == b.spec
         && a.status == b.status
 }

@@ -173,6 +173,7 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             programmed_view,
             expect_cni_adds,
             local_endpoints: None,
+            deletion_clock: super::expiry::DeletionClock::new(cfg.deleting_claim_slack),
             bridge_nf: cfg
                 .bridge_netfilter
                 .as_ref()

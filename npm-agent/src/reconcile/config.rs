@@ -82,6 +82,9 @@ pub struct SyncConfig {
     /// port reaches the nftables table (`br_netfilter` and its sysctls:
     /// [`crate::node::bridge_nf`]); set with the nftables dataplane.
     pub bridge_netfilter: Option<crate::node::bridge_nf::BridgeNfConfig>,
+    /// How long past its grace period a deleting pod of another node keeps
+    /// claiming its address ([`super::expiry`]).
+    pub deleting_claim_slack: Duration,
 }
 
 impl Default for SyncConfig {
@@ -100,6 +103,7 @@ impl Default for SyncConfig {
             node_addresses: None,
             cluster_policies: ClusterPolicyMode::Auto,
             bridge_netfilter: None,
+            deleting_claim_slack: super::expiry::DEFAULT_SLACK,
         }
     }
 }

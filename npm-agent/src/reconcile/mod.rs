@@ -96,6 +96,7 @@ pub mod compiler;
 pub mod config;
 pub mod cross_check;
 pub mod dataplane;
+pub mod expiry;
 pub mod guard;
 pub mod hold;
 pub mod report_new;

@@ -167,6 +167,11 @@ impl<D: AgentDataplane> Syncer<D> {
                     // Degraded mode needs no retry: the fit is of the whole
                     // target; the next change is fitted from scratch.
                     retry_at = (o.pending_interfaces > 0).then(|| retry_instant(Duration::from_secs(1)));
+                    // A deleting pod's claim expires: sync then.
+                    if let Some(at) = o.next_expiry {
+                        let at = tokio::time::Instant::from_std(at);
+                        retry_at = Some(retry_at.map_or(at, |r| r.min(at)));
+                    }
                 }
                 Err(e) => {
                     let wait = match &e {

@@ -167,6 +167,9 @@ pub struct SyncOutcome {
     /// The maps the target did not fit: a reduced, fail-closed state was
     /// programmed instead (degraded mode; empty: the whole state).
     pub map_full: Vec<Shortfall>,
+    /// When the next deleting pod's claim expires ([`super::expiry`]): the
+    /// loop syncs again then, with or without a change.
+    pub next_expiry: Option<Instant>,
 }
 
 /// The sync loop's state: what was compiled and programmed last.
@@ -234,6 +237,9 @@ pub struct Syncer<D: AgentDataplane> {
     pub(super) local_endpoints: Option<std::collections::HashSet<String>>,
     /// nftables: the bridged endpoints' br_netfilter check (stats tick).
     pub(super) bridge_nf: Option<crate::node::bridge_nf::BridgeNfCheck>,
+    /// When each deleting pod of another node was first seen (its claim
+    /// on its address expires after its grace period).
+    pub(super) deletion_clock: super::expiry::DeletionClock,
 }
 
 impl<D: AgentDataplane> Syncer<D> {
@@ -446,10 +452,19 @@ impl<D: AgentDataplane> Syncer<D> {
         self.update_node_addresses()?;
         let mut outcome = SyncOutcome::default();
         let t0 = Instant::now();
-        let Some(state) = self.cache.complete() else {
+        let Some(mut state) = self.cache.complete() else {
             outcome.not_listed = true;
             return Ok(outcome);
         };
+        // Deleting pods of other nodes past their grace period claim no
+        // address (a stage of the complete state, before anything compiles
+        // it; a held sync's old objects are added after it).
+        let expiry = self
+            .deletion_clock
+            .apply(&state.pods, &self.cfg.compile.node_name, Instant::now());
+        state.pods = expiry.pods;
+        outcome.next_expiry = expiry.next;
+        self.metrics.deleting_claims_expired.set(expiry.expired as f64);
         // The CNI facts are part of the state this sync compiles.
         self.facts = self.node_facts.current();
         // So are the names learned from DNS answers.

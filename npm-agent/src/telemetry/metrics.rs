@@ -97,6 +97,7 @@ pub const SERIES: &[Series] = &[
     series("npm_ready", G, None, &[], "1 when the first sync was applied and every readiness check passes, else 0."),
     series("npm_readiness_failures", G, None, &["check"], "1 while the readiness check fails, else 0."),
     series("npm_endpoints_pending_interface", G, N, &[], "Local endpoints whose host interface is not found yet (not enforced)."),
+    series("npm_deleting_claims_expired", G, N, &[], "Deleting pods of other nodes past their grace period whose addresses no longer carry their identity."),
     series("npm_incremental_mismatch_total", C, N, &[], "Incremental compiles that differed from the full-compile cross-check."),
     series("npm_explain_mismatch_total", C, N, &[], "Explain requests whose kernel dry-run verdict differed from the agent's compiled verdict."),
     series("npm_observe_lost_total", C, N, &[], "Flow records dropped for `/observe` clients that read too slowly (each client's loss counts)."),
@@ -240,6 +241,9 @@ pub struct Metrics {
     pub ready: Gauge,
     /// `npm_endpoints_pending_interface`: local endpoints whose interface is not found yet.
     pub endpoints_pending: Gauge,
+    /// `npm_deleting_claims_expired`: deleting pods of other nodes whose
+    /// claims expired ([`crate::reconcile::expiry`]).
+    pub deleting_claims_expired: Gauge,
     /// `npm_incremental_mismatch_total`: incremental compiles that differed from the full-compile cross-check.
     pub incremental_mismatch: Counter,
     /// `npm_cni_add_wait_seconds`: how long a CNI ADD waited until its endpoint was programmed.
@@ -312,6 +316,7 @@ impl Metrics {
             deny_events_suppressed: metrics::counter!("npm_deny_events_suppressed_total"),
             ready: metrics::gauge!("npm_ready"),
             endpoints_pending: metrics::gauge!("npm_endpoints_pending_interface"),
+            deleting_claims_expired: metrics::gauge!("npm_deleting_claims_expired"),
             incremental_mismatch: metrics::counter!("npm_incremental_mismatch_total"),
             cni_add_wait: metrics::histogram!("npm_cni_add_wait_seconds"),
             cni_chained: metrics::gauge!("npm_cni_chained"),

@@ -38,6 +38,7 @@ mod cnp_relist;
 mod cnp_tiers_ebpf;
 mod cnp_tiers_nft;
 mod cnp_versions;
+mod cross_node_reuse;
 mod debug_portforward;
 mod dns_capture;
 mod guard_held_removals;
