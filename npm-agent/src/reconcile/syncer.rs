@@ -302,6 +302,12 @@ impl<D: AgentDataplane> Syncer<D> {
             }
         }
         self.metrics.invalid_cluster_policies.set(invalid_cluster.len() as f64);
+        if invalid_cluster != self.known_invalid_cluster {
+            self.readiness.set_problem(
+                crate::telemetry::health::CHECK_CLUSTER_POLICY_SUBJECTS,
+                never_valid_subjects(&invalid_cluster),
+            );
+        }
         self.known_invalid_cluster = invalid_cluster;
         for (ip, pods) in conflicts.difference(&self.known_conflicts) {
             self.metrics.ip_conflicts.increment(1);
@@ -375,7 +381,11 @@ impl<D: AgentDataplane> Syncer<D> {
                 }
                 (None, None) => None,
             };
-            self.incremental = compiler::Incremental::new(state, &self.facts, &self.cfg.compile, prev);
+            // ClusterNetworkPolicies whose subject is not understood keep
+            // their last valid versions across the rebuild.
+            let last_valid = self.incremental.last_valid();
+            self.incremental =
+                compiler::Incremental::new_keeping(state, &self.facts, &self.cfg.compile, prev, last_valid);
             // Until something is programmed (the first sync, its retries,
             // its direct read), every rebuild starts from the adopted ids.
             if self.programmed.is_none() {
@@ -737,4 +747,24 @@ fn report_endpoints_without_add(
         next.insert(ep.pod.uid.clone());
     }
     *known = Some(next);
+}
+
+/// The readiness problem of the ClusterNetworkPolicies of `invalid` (name,
+/// errors) that never had a subject this agent understands: each selects
+/// no pod (`ClusterConsequence::SelectsNothing`); `None` when there are
+/// none. A policy whose last valid subject stays enforced is not one.
+fn never_valid_subjects(invalid: &BTreeMap<String, Vec<String>>) -> Option<String> {
+    let nothing = npm_policy::tiers::validate::ClusterConsequence::SelectsNothing.to_string();
+    let names: Vec<&str> = invalid
+        .iter()
+        .filter(|(_, errors)| errors.iter().any(|e| e.contains(&nothing)))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "ClusterNetworkPolicy {} never had a subject this agent understands: it selects no pod \
+             (its Denies are enforced nowhere; fix its subject)",
+            names.join(", ")
+        )
+    })
 }

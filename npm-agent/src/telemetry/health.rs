@@ -60,6 +60,10 @@ pub const CHECK_APPLY_FAILURES: &str = "apply-failures";
 pub const CHECK_MAP_CAPACITY: &str = "map-capacity";
 /// Name of the liveness check of the sync loop.
 pub const CHECK_SYNC_LOOP: &str = "sync-loop";
+/// Name of the check that fails while a ClusterNetworkPolicy has never had
+/// a subject this agent understands (it selects no pod: an Admin Deny with
+/// a typo in its subject is not enforced anywhere).
+pub const CHECK_CLUSTER_POLICY_SUBJECTS: &str = "cluster-policy-subjects";
 
 /// A source of the current time (injected so that tests drive the time).
 pub trait Clock: Send + Sync + fmt::Debug {

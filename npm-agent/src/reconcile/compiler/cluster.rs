@@ -17,8 +17,9 @@
 use std::collections::BTreeMap;
 
 use npm_policy::incremental::Compiler;
-use npm_policy::model::{InvalidPolicy, Snapshot};
+use npm_policy::model::{InvalidPolicy, Selector, Snapshot};
 use npm_policy::tiers::validate::cluster_policy_from_value;
+use npm_policy::tiers::{ClusterPolicy, Subject};
 
 use crate::k8s::ClusterNetworkPolicy;
 
@@ -52,9 +53,58 @@ fn decode(cnp: &ClusterNetworkPolicy, unparsed: &mut Unparsed) -> Option<npm_pol
     }
 }
 
+/// The last version of each ClusterNetworkPolicy whose subject this agent
+/// understood, with the uid of its object: what a version whose subject is
+/// not understood keeps enforced (`npm_policy::tiers::with_last_valid_subject`).
+/// The incremental compiler has it as the policy's current version; a
+/// snapshot built from scratch (a rebuild, the cross-check's full compile)
+/// has no current version, so it is seeded from here: without it a rebuild
+/// would turn the kept version into a policy that selects no pod (its
+/// Admin Denies enforced nowhere). A policy deleted, or recreated under its
+/// name (another uid), has no last valid version.
+#[derive(Clone, Debug, Default)]
+pub struct LastValid(BTreeMap<String, (Option<String>, ClusterPolicy)>);
+
+impl LastValid {
+    /// Record the version of `name` in `snapshot` when its subject is
+    /// understood; forget `name` when `object` is gone.
+    pub(super) fn record(&mut self, snapshot: &Snapshot, name: &str, object: Option<&ClusterNetworkPolicy>) {
+        let Some(object) = object else {
+            self.0.remove(name);
+            return;
+        };
+        let uid = object.metadata.uid.clone();
+        match snapshot.cluster_policies.get(name) {
+            Some(p) if p.subject != Subject::Namespaces(Selector::nothing()) => {
+                self.0.insert(name.to_string(), (uid, p.clone()));
+            }
+            // Not understood now: the entry of the same object stays.
+            _ => {
+                if self.0.get(name).is_some_and(|(u, _)| *u != uid) {
+                    self.0.remove(name);
+                }
+            }
+        }
+    }
+
+    /// The last valid version of `cnp`'s object, if any.
+    fn of(&self, cnp: &ClusterNetworkPolicy) -> Option<&ClusterPolicy> {
+        self.0
+            .get(cnp.name())
+            .filter(|(uid, _)| *uid == cnp.metadata.uid)
+            .map(|(_, p)| p)
+    }
+}
+
 /// Convert `cnp` into `snapshot` (replacing the policy of that name), or
-/// record it in `unparsed` when it cannot be decoded.
-pub(super) fn upsert(snapshot: &mut Snapshot, unparsed: &mut Unparsed, cnp: &ClusterNetworkPolicy) {
+/// record it in `unparsed` when it cannot be decoded. A snapshot without a
+/// version of it yet starts from its last valid version, if any.
+pub(super) fn upsert(snapshot: &mut Snapshot, unparsed: &mut Unparsed, cnp: &ClusterNetworkPolicy, last: &LastValid) {
+    if !snapshot.cluster_policies.contains_key(cnp.name()) {
+        if let Some(p) = last.of(cnp) {
+            snapshot.insert_cluster_policy(p.clone(), None);
+        }
+    }
     match decode(cnp, unparsed) {
         // Invalid ones are recorded in `invalid_cluster_policies`.
         Some(api) => {

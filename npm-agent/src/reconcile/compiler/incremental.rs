@@ -17,7 +17,7 @@ use npm_policy::incremental::Compiler;
 use npm_policy::model::Snapshot;
 use npm_policy::tiers::LearnedNames;
 
-use super::cluster::{self, Unparsed};
+use super::cluster::{self, LastValid, Unparsed};
 use super::objects::{diff_objects, key_ref};
 use super::overlay::{convert_pod, Stripped};
 use super::{compile, snapshot, snapshot_with_overlay, Changes, Mismatch};
@@ -66,6 +66,9 @@ pub struct Incremental {
     stripped: Stripped,
     /// The ClusterNetworkPolicies of the state that cannot be decoded.
     unparsed: Unparsed,
+    /// The last version of each ClusterNetworkPolicy whose subject was
+    /// understood (kept across rebuilds: [`Incremental::new_keeping`]).
+    last_valid: LastValid,
 }
 
 fn ewma(old: Duration, new: Duration) -> Duration {
@@ -86,7 +89,23 @@ impl Incremental {
         opts: &CompileOptions,
         prev: Option<&Compiled>,
     ) -> Incremental {
-        let (snapshot, stripped, unparsed) = snapshot_with_overlay(state, facts);
+        Incremental::new_keeping(state, facts, opts, prev, LastValid::default())
+    }
+
+    /// [`Incremental::new`] where each ClusterNetworkPolicy whose subject
+    /// is not understood keeps its version of `last_valid` (the last
+    /// valid versions of the compiler this one replaces).
+    pub fn new_keeping(
+        state: &CompleteState,
+        facts: &Arc<NodeFacts>,
+        opts: &CompileOptions,
+        prev: Option<&Compiled>,
+        mut last_valid: LastValid,
+    ) -> Incremental {
+        let (snapshot, stripped, unparsed) = snapshot_with_overlay(state, facts, &last_valid);
+        for cnp in &state.cluster_policies {
+            last_valid.record(&snapshot, cnp.name(), Some(cnp));
+        }
         let t = Instant::now();
         let compiler = Compiler::new(snapshot, opts.clone(), prev);
         Incremental {
@@ -103,7 +122,14 @@ impl Incremental {
             facts: facts.clone(),
             stripped,
             unparsed,
+            last_valid,
         }
+    }
+
+    /// The last valid version of each ClusterNetworkPolicy (what a rebuild
+    /// keeps: [`Incremental::new_keeping`]).
+    pub fn last_valid(&self) -> LastValid {
+        self.last_valid.clone()
     }
 
     /// Compiles `learned` as the names `domainNames` peers match (nothing
@@ -224,6 +250,11 @@ impl Incremental {
         }
         ops.extend(np_gone.into_iter().map(|k| Op::Policy(k, None)));
         ops.extend(np_up.into_iter().map(|np| Op::Policy(key_of(np.as_ref()), Some(np))));
+        let cnp_names: Vec<String> = cnp_gone
+            .iter()
+            .map(|(_, name)| name.clone())
+            .chain(cnp_up.iter().map(|p| p.name().to_string()))
+            .collect();
         ops.extend(cnp_gone.into_iter().map(|(_, name)| Op::ClusterPolicy(name, None)));
         ops.extend(
             cnp_up
@@ -288,7 +319,9 @@ impl Incremental {
                         let _ = snapshot.upsert_policy(&np);
                     }
                     Op::Policy((ns, name), None) => snapshot.remove_policy(&ns, &name),
-                    Op::ClusterPolicy(_, Some(p)) => cluster::upsert(&mut snapshot, &mut self.unparsed, &p),
+                    Op::ClusterPolicy(_, Some(p)) => {
+                        cluster::upsert(&mut snapshot, &mut self.unparsed, &p, &self.last_valid)
+                    }
                     Op::ClusterPolicy(name, None) => cluster::remove(&mut snapshot, &mut self.unparsed, &name),
                     Op::Node(_, Some(n)) => snapshot.upsert_node(n),
                     Op::Node(name, None) => {
@@ -300,6 +333,13 @@ impl Incremental {
             self.rebuild_cost = ewma(self.rebuild_cost, t.elapsed());
         }
         self.last_incremental = incremental;
+        for name in cnp_names {
+            let object = self
+                .cluster_policies
+                .get(&(String::new(), name.clone()))
+                .map(|o| o.as_ref());
+            self.last_valid.record(self.compiler.snapshot(), &name, object);
+        }
         tracing::debug!(
             diff_convert_ms = t_convert.as_secs_f64() * 1e3,
             compile_ms = t.elapsed().as_secs_f64() * 1e3,
@@ -352,7 +392,8 @@ impl Incremental {
         let current = self.compiled().clone();
         let facts = self.facts.clone();
         let learned = self.snapshot().domain_names.clone();
-        *self = Incremental::new(state, &facts, &opts, Some(&current));
+        let last_valid = self.last_valid.clone();
+        *self = Incremental::new_keeping(state, &facts, &opts, Some(&current), last_valid);
         self.set_domain_names(&learned);
         Some(m)
     }
@@ -368,8 +409,9 @@ impl Incremental {
         let opts = self.opts.clone();
         let current = self.compiled().clone();
         let learned = self.snapshot().domain_names.clone();
+        let last_valid = self.last_valid.clone();
         move || {
-            let mut s = snapshot(&state, &facts);
+            let mut s = snapshot(&state, &facts, &last_valid);
             s.domain_names = learned;
             let full = compile(&s, &opts, Some(&current));
             let diff = current.diff(&full);

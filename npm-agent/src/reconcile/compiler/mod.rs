@@ -38,19 +38,21 @@ use npm_policy::model::Snapshot;
 
 use crate::cni::NodeFacts;
 use crate::k8s::CompleteState;
+pub use cluster::LastValid;
 use cluster::Unparsed;
 use overlay::Stripped;
 
 /// Build the snapshot of a complete state with this node's CNI `facts`
 /// overlaid on its pods. Objects that cannot be converted are logged
 /// (naming the object and the field) and left out.
-pub fn snapshot(state: &CompleteState, facts: &NodeFacts) -> Snapshot {
-    snapshot_with_overlay(state, facts).0
+/// ClusterNetworkPolicies start from their `last` valid versions.
+pub fn snapshot(state: &CompleteState, facts: &NodeFacts, last: &LastValid) -> Snapshot {
+    snapshot_with_overlay(state, facts, last).0
 }
 
 /// [`snapshot`], the pods the overlay took addresses from and the
 /// ClusterNetworkPolicies that could not be decoded.
-fn snapshot_with_overlay(state: &CompleteState, facts: &NodeFacts) -> (Snapshot, Stripped, Unparsed) {
+fn snapshot_with_overlay(state: &CompleteState, facts: &NodeFacts, last: &LastValid) -> (Snapshot, Stripped, Unparsed) {
     let mut s = Snapshot::default();
     let mut stripped = Stripped::default();
     let mut unparsed = Unparsed::new();
@@ -77,7 +79,7 @@ fn snapshot_with_overlay(state: &CompleteState, facts: &NodeFacts) -> (Snapshot,
         let _ = s.upsert_policy(np);
     }
     for cnp in &state.cluster_policies {
-        cluster::upsert(&mut s, &mut unparsed, cnp);
+        cluster::upsert(&mut s, &mut unparsed, cnp, last);
     }
     for n in &state.nodes {
         match node_from_api(n) {

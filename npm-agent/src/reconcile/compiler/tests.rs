@@ -11,7 +11,7 @@ use kube::api::ObjectMeta;
 use npm_policy::compiled::CompileOptions;
 
 use super::incremental::Incremental;
-use super::{compile, snapshot, Changes};
+use super::{compile, snapshot, Changes, LastValid};
 use crate::cni::{Attachment, NodeFacts};
 use crate::k8s::pods::{Container, Pod, PodSpec, PodStatus};
 use crate::k8s::CompleteState;
@@ -170,10 +170,17 @@ fn incremental_updates_match_full_compile() {
         assert_eq!(inc.is_incremental(), !force_rebuild, "step {i}");
         assert_eq!(
             inc.conflicts(),
-            npm_policy::ownership::conflicts(&snapshot(&state, &NodeFacts::default()), &opts().node_ips),
+            npm_policy::ownership::conflicts(
+                &snapshot(&state, &NodeFacts::default(), &LastValid::default()),
+                &opts().node_ips
+            ),
             "step {i}: conflicts kept up to date"
         );
-        let reference = compile(&snapshot(&state, &NodeFacts::default()), &opts(), Some(inc.compiled()));
+        let reference = compile(
+            &snapshot(&state, &NodeFacts::default(), &LastValid::default()),
+            &opts(),
+            Some(inc.compiled()),
+        );
         assert!(
             inc.compiled().diff(&reference).is_empty(),
             "step {i}: incremental == full"
@@ -290,7 +297,11 @@ fn facts_changes_are_compiled_incrementally() {
         inc.rebuild_cost = Duration::from_secs(3600);
         let changes = inc.update(&state, &facts);
         assert!(i == 2 || changes.pods >= 1, "step {i}: {changes:?}");
-        let reference = compile(&snapshot(&state, &facts), &opts(), Some(inc.compiled()));
+        let reference = compile(
+            &snapshot(&state, &facts, &LastValid::default()),
+            &opts(),
+            Some(inc.compiled()),
+        );
         assert!(
             inc.compiled().diff(&reference).is_empty(),
             "step {i}: incremental == full"
@@ -383,7 +394,11 @@ fn cluster_policy_steps_match_full_compile() {
         let changes = inc.update(&state, &no_facts());
         assert!(changes.total() >= 1, "step {i}");
         assert_eq!(inc.is_incremental(), !force_rebuild, "step {i}");
-        let reference = compile(&snapshot(&state, &NodeFacts::default()), &opts(), Some(inc.compiled()));
+        let reference = compile(
+            &snapshot(&state, &NodeFacts::default(), &LastValid::default()),
+            &opts(),
+            Some(inc.compiled()),
+        );
         let diff = inc.compiled().diff(&reference);
         assert!(diff.is_empty(), "step {i}: incremental == full: {diff:?}");
         let tiers = inc.compiled().tiers.len();
@@ -486,7 +501,11 @@ fn node_steps_match_full_compile() {
         };
         let changes = inc.update(&state, &no_facts());
         assert!(changes.total() >= 1, "step {i}");
-        let reference = compile(&snapshot(&state, &NodeFacts::default()), &opts(), Some(inc.compiled()));
+        let reference = compile(
+            &snapshot(&state, &NodeFacts::default(), &LastValid::default()),
+            &opts(),
+            Some(inc.compiled()),
+        );
         let diff = inc.compiled().diff(&reference);
         assert!(diff.is_empty(), "step {i}: incremental == full: {diff:?}");
         assert_eq!(inc.node_names().count(), state.nodes.len(), "step {i}");
