@@ -120,6 +120,25 @@ fn ipvs_and_node_local_dns_addresses_are_not_node_addresses() {
     assert_eq!(a.state().generation, g0 + 1, "one change: the node's address");
 }
 
+/// A `dummy` interface (recognised by its link kind, whatever its name)
+/// holds no node address. Needs the `dummy` module, which the development
+/// host lacks: ignored there, run under a Debian kernel with
+/// `cargo xtask vm run --kernel debian-6.1 -- <agent test binary>
+/// --include-ignored node_addresses::a_dummy`.
+#[test]
+#[ignore = "needs the dummy module (run in a VM)"]
+fn a_dummy_interface_holds_no_node_address() {
+    let ns = Netns::new("d", 237);
+    ns.ip(&["link", "add", "svc0", "type", "dummy"]);
+    ns.ip(&["link", "set", "svc0", "up"]);
+    ns.ip(&["addr", "add", "10.96.5.5/32", "dev", "svc0"]);
+    let a = NodeAddresses::watch(Some(&ns.0));
+    assert_eq!(a.current().as_deref(), Some(&ips(&["10.237.0.1"])), "first read");
+    ns.ip(&["addr", "add", "10.96.5.6/32", "dev", "svc0"]);
+    ns.ip(&["addr", "add", "10.237.0.2/24", "dev", "x0"]);
+    wait_for(&a, &ips(&["10.237.0.1", "10.237.0.2"]), "node address added");
+}
+
 #[test]
 fn unreadable_node_addresses_program_nothing_and_say_why() {
     let a = NodeAddresses::watch(Some("/nonexistent/npm-netns"));
