@@ -26,8 +26,9 @@
 use core::mem::{align_of, offset_of, size_of};
 
 /// `NPM_SERVICES` key: an address (IPv4 as IPv4-mapped) and port that
-/// kube-proxy may DNAT: a ClusterIP (every address of `clusterIPs`) with
-/// a service port, or a node address with a NodePort.
+/// kube-proxy may DNAT: a ClusterIP (every address of `clusterIPs`), an
+/// `externalIPs` address or a LoadBalancer ingress IP with a service port,
+/// or a node address with a NodePort.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct ServiceKey {
@@ -53,6 +54,13 @@ const _: () = assert!(offset_of!(ServiceKey, pad) == 19);
 pub const SVC_CLUSTER_IP: u32 = 1 << 0;
 /// [`ServiceValue::flags`]: the key is a node address and a NodePort.
 pub const SVC_NODE_PORT: u32 = 1 << 1;
+/// [`ServiceValue::flags`]: the key is an address of `spec.externalIPs`
+/// and a service port.
+pub const SVC_EXTERNAL_IP: u32 = 1 << 2;
+/// [`ServiceValue::flags`]: the key is a LoadBalancer ingress IP
+/// (`status.loadBalancer.ingress[].ip`, not `ipMode: Proxy`) and a
+/// service port.
+pub const SVC_LOAD_BALANCER: u32 = 1 << 3;
 
 /// `NPM_SERVICES` value.
 #[repr(C)]

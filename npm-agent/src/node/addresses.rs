@@ -1,7 +1,8 @@
 //! This node's own addresses: identity HOST in the compiled policy.
 //!
 //! They are read through netlink (an `RTM_GETADDR` dump: every global-scope
-//! address of every interface) and kept current: a thread subscribed to the
+//! address of every interface but the interfaces that hold Service
+//! addresses, see [`service_address_link`]) and kept current: a thread subscribed to the
 //! IPv4 and IPv6 address groups reads them again after every change (and
 //! after lost notifications), and publishes a new set when it differs.
 //! When they cannot be read, the last good set stays in force and
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::netlink::{self, Netlink, NetlinkError};
+use super::netlink::{self, LinkKind, Netlink, NetlinkError};
 
 /// `RTNLGRP_IPV4_IFADDR`.
 const GROUP_IPV4_IFADDR: u32 = 5;
@@ -25,11 +26,74 @@ const GROUP_IPV6_IFADDR: u32 = 9;
 /// failed read and to see whether its handles are gone).
 const TICK: Duration = Duration::from_millis(500);
 
+/// Interfaces that hold Service addresses by name, whatever their kind:
+/// kube-proxy's IPVS mode puts every ClusterIP (and externalIP,
+/// LoadBalancer IP) on `kube-ipvs0`, kube-router's service proxy on
+/// `kube-dummy-if`, and NodeLocal DNSCache its listen addresses (169.254.20.10
+/// and, beside kube-proxy in iptables mode, the cluster DNS ClusterIP) on
+/// `nodelocaldns` (its default `-interfacename`).
+pub const SERVICE_ADDRESS_LINKS: [&str; 3] = ["kube-ipvs0", "kube-dummy-if", "nodelocaldns"];
+
+/// Why the addresses of interface `name` of kind `kind` are not this
+/// node's own (`None`: they are): a name of [`SERVICE_ADDRESS_LINKS`], or
+/// a `dummy` interface (`IFLA_INFO_KIND`), where the Service proxies and
+/// node-local caches above keep their virtual addresses. Traffic to such
+/// an address is a Service's (DNATed or answered by a proxy), not the
+/// node's: taking it as HOST would decide it as egress to the node, and
+/// every Service change would recompile everything.
+pub fn service_address_link(name: &str, kind: Option<&LinkKind>) -> Option<&'static str> {
+    if let Some(known) = SERVICE_ADDRESS_LINKS.iter().find(|n| **n == name) {
+        return Some(known);
+    }
+    match kind {
+        Some(LinkKind::Other(k)) if k == "dummy" => Some("a dummy interface"),
+        _ => None,
+    }
+}
+
+/// The node's addresses of one read and the global addresses left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AddressRead {
+    /// This node's addresses, sorted, without duplicates.
+    pub addresses: Vec<IpAddr>,
+    /// Addresses left out (on an interface of [`service_address_link`]),
+    /// with the interface's name, sorted.
+    pub left_out: Vec<(IpAddr, String)>,
+}
+
 /// Read this node's addresses once: every global-scope address of every
-/// interface, sorted, without duplicates.
+/// interface but those of [`service_address_link`], sorted, without
+/// duplicates.
 pub fn read_addresses(nl: &mut Netlink) -> Result<Vec<IpAddr>, NetlinkError> {
-    let set: BTreeSet<IpAddr> = nl.addresses()?.into_iter().filter(|a| a.global).map(|a| a.ip).collect();
-    Ok(set.into_iter().collect())
+    Ok(read_node_addresses(nl)?.addresses)
+}
+
+/// [`read_addresses`], with the addresses left out.
+pub fn read_node_addresses(nl: &mut Netlink) -> Result<AddressRead, NetlinkError> {
+    // Addresses first: every link that holds one of them exists before
+    // its address, so the link dump after knows it (a link deleted in
+    // between takes its addresses along; the notification rereads).
+    let all = nl.addresses()?;
+    let links = nl.links()?;
+    let mut kept = BTreeSet::new();
+    let mut left_out = BTreeSet::new();
+    for a in all.into_iter().filter(|a| a.global) {
+        let skip = links
+            .get(&a.index)
+            .filter(|l| service_address_link(&l.name, l.kind.as_ref()).is_some());
+        match skip {
+            Some(l) => {
+                left_out.insert((a.ip, l.name.clone()));
+            }
+            None => {
+                kept.insert(a.ip);
+            }
+        }
+    }
+    Ok(AddressRead {
+        addresses: kept.into_iter().collect(),
+        left_out: left_out.into_iter().collect(),
+    })
 }
 
 /// What the watcher publishes.
@@ -136,19 +200,23 @@ impl Watcher {
     /// Read the addresses; publish them when they changed, or the problem.
     fn reread(&mut self) {
         let result = match &mut self.nl {
-            Some(nl) => read_addresses(nl),
+            Some(nl) => read_node_addresses(nl),
             None => Netlink::open(self.netns.as_deref()).and_then(|mut nl| {
-                let r = read_addresses(&mut nl);
+                let r = read_node_addresses(&mut nl);
                 self.nl = Some(nl);
                 r
             }),
         };
         match result {
-            Ok(addresses) => {
+            Ok(AddressRead { addresses, left_out }) => {
                 self.tx.send_if_modified(|s| {
                     let mut changed = s.problem.take().is_some();
                     if s.addresses.as_deref() != Some(&addresses) {
-                        tracing::info!(node_ips = ?addresses, "node addresses");
+                        tracing::info!(
+                            node_ips = ?addresses,
+                            service_addresses_left_out = left_out.len(),
+                            "node addresses"
+                        );
                         s.addresses = Some(Arc::new(addresses));
                         s.generation += 1;
                         changed = true;
@@ -216,5 +284,36 @@ impl Watcher {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_address_links_are_recognised_by_name_and_kind() {
+        let dummy = LinkKind::Other("dummy".into());
+        let bridge = LinkKind::Bridge;
+        // kube-proxy's IPVS interface and NodeLocal DNSCache's, whatever
+        // their kind (a dummy on a real node).
+        assert_eq!(service_address_link("kube-ipvs0", Some(&dummy)), Some("kube-ipvs0"));
+        assert_eq!(service_address_link("kube-ipvs0", Some(&bridge)), Some("kube-ipvs0"));
+        assert_eq!(service_address_link("nodelocaldns", Some(&dummy)), Some("nodelocaldns"));
+        assert_eq!(service_address_link("kube-dummy-if", None), Some("kube-dummy-if"));
+        // Any dummy interface.
+        assert_eq!(service_address_link("svc0", Some(&dummy)), Some("a dummy interface"));
+        // The node's own interfaces.
+        assert_eq!(service_address_link("eth0", None), None);
+        assert_eq!(service_address_link("cni0", Some(&bridge)), None);
+        assert_eq!(service_address_link("veth1", Some(&LinkKind::Veth)), None);
+        assert_eq!(
+            service_address_link("vxlan.calico", Some(&LinkKind::Other("vxlan".into()))),
+            None
+        );
+        assert_eq!(
+            service_address_link("kube-ipvs", Some(&LinkKind::Other("ifb".into()))),
+            None
+        );
     }
 }

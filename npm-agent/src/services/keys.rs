@@ -1,16 +1,21 @@
 //! The Service keys of `NPM_SERVICES` computed from complete lists of
-//! Services and Nodes (pure: no I/O): every ClusterIP (`spec.clusterIPs`,
-//! else `spec.clusterIP`) with every service port, and every node address
-//! (`status.addresses` of type `InternalIP` or `ExternalIP`) with every
-//! NodePort. A headless Service (`None`) and an `ExternalName` Service
-//! have no ClusterIP; a port whose protocol is not TCP, UDP or SCTP is
+//! Services and Nodes (pure: no I/O): every address kube-proxy DNATs for
+//! a pod's traffic with every service port: the ClusterIPs
+//! (`spec.clusterIPs`, else `spec.clusterIP`), `spec.externalIPs` and the
+//! LoadBalancer ingress IPs (`status.loadBalancer.ingress[].ip`, but not
+//! those of `ipMode: Proxy`, which kube-proxy leaves to the load balancer);
+//! and every node address (`status.addresses` of type `InternalIP` or
+//! `ExternalIP`) with every NodePort. A headless Service (`None`) and an
+//! `ExternalName` Service have no ClusterIP, and kube-proxy serves none of
+//! their addresses; a port whose protocol is not TCP, UDP or SCTP is
 //! skipped; an address that does not parse is skipped (and counted).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use k8s_openapi::api::core::v1::ServiceSpec;
 use k8s_openapi::api::core::v1::{Node, Service};
-use npm_common::{proto, SVC_CLUSTER_IP, SVC_NODE_PORT};
+use npm_common::{proto, SVC_CLUSTER_IP, SVC_EXTERNAL_IP, SVC_LOAD_BALANCER, SVC_NODE_PORT};
 use npm_dataplane::ebpf::ServicePort;
 
 /// The computed keys and what was skipped.
@@ -50,6 +55,38 @@ fn node_addresses(node: &Node, skipped: &mut Vec<String>) -> Vec<IpAddr> {
         match a.address.parse::<IpAddr>() {
             Ok(ip) => out.push(canonical(ip)),
             Err(_) => skipped.push(format!("node {name}: address {:?}", a.address)),
+        }
+    }
+    out
+}
+
+/// The addresses other than ClusterIPs that kube-proxy DNATs to the
+/// Service's backends, each with its `SVC_*` flag: `spec.externalIPs`
+/// and the LoadBalancer ingress IPs (not `ipMode: Proxy`; an ingress with
+/// only a hostname has none).
+fn external_addresses(svc: &Service, spec: &ServiceSpec, id: &str, skipped: &mut Vec<String>) -> Vec<(IpAddr, u32)> {
+    let mut out = Vec::new();
+    for e in spec.external_ips.iter().flatten() {
+        match e.parse::<IpAddr>() {
+            Ok(ip) => out.push((canonical(ip), SVC_EXTERNAL_IP)),
+            Err(_) => skipped.push(format!("service {id}: externalIP {e:?}")),
+        }
+    }
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    for i in ingress.into_iter().flatten() {
+        let Some(a) = i.ip.as_deref().filter(|a| !a.is_empty()) else {
+            continue;
+        };
+        if i.ip_mode.as_deref() == Some("Proxy") {
+            continue;
+        }
+        match a.parse::<IpAddr>() {
+            Ok(ip) => out.push((canonical(ip), SVC_LOAD_BALANCER)),
+            Err(_) => skipped.push(format!("service {id}: loadBalancer ingress IP {a:?}")),
         }
     }
     out
@@ -101,6 +138,12 @@ pub fn service_keys<'a>(
                 Err(_) => out.skipped.push(format!("service {id}: clusterIP {c:?}")),
             }
         }
+        // kube-proxy serves nothing of a Service without a ClusterIP.
+        let external = if cluster_ips.is_empty() {
+            Vec::new()
+        } else {
+            external_addresses(svc, spec, &id, &mut out.skipped)
+        };
         for p in spec.ports.iter().flatten() {
             let Some(pr) = protocol(p.protocol.as_deref()) else {
                 out.skipped.push(format!("service {id}: protocol {:?}", p.protocol));
@@ -117,6 +160,14 @@ pub fn service_keys<'a>(
                     protocol: pr,
                 };
                 *out.keys.entry(k).or_default() |= SVC_CLUSTER_IP;
+            }
+            for (ip, flag) in &external {
+                let k = ServicePort {
+                    addr: *ip,
+                    port,
+                    protocol: pr,
+                };
+                *out.keys.entry(k).or_default() |= flag;
             }
             if let Some(np) = p.node_port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n != 0) {
                 for ip in &node_ips {
@@ -203,6 +254,55 @@ mod tests {
         .collect();
         assert_eq!(got.keys, want);
         assert!(got.skipped.is_empty(), "{:?}", got.skipped);
+    }
+
+    /// externalIPs and LoadBalancer ingress IPs are keys with every
+    /// service port, as kube-proxy DNATs them; not an `ipMode: Proxy`
+    /// ingress, nor a hostname-only one, nor those of a headless Service.
+    #[test]
+    fn external_and_load_balancer_ips_are_keys() {
+        let mut lb = svc(
+            "lb",
+            serde_json::json!({"type": "LoadBalancer", "clusterIP": "10.96.2.2",
+                "externalIPs": ["198.51.100.7", "2001:db8::7"],
+                "ports": [{"port": 443, "nodePort": 30443}, {"port": 53, "protocol": "UDP", "nodePort": 30053}]}),
+        );
+        lb.status = Some(
+            serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": [
+                {"ip": "203.0.113.5", "ipMode": "VIP"},
+                {"ip": "203.0.113.6"},
+                {"ip": "203.0.113.9", "ipMode": "Proxy"},
+                {"hostname": "lb.example"},
+            ]}}))
+            .unwrap(),
+        );
+        let mut headless = svc(
+            "h",
+            serde_json::json!({"clusterIP": "None", "externalIPs": ["198.51.100.8"], "ports": [{"port": 80}]}),
+        );
+        headless.status = lb.status.clone();
+        let got = service_keys([&lb, &headless], []);
+        let mut want: BTreeMap<ServicePort, u32> = BTreeMap::new();
+        for (port, pr) in [(443, proto::TCP), (53, proto::UDP)] {
+            want.insert(key("10.96.2.2", port, pr), SVC_CLUSTER_IP);
+            want.insert(key("198.51.100.7", port, pr), SVC_EXTERNAL_IP);
+            want.insert(key("2001:db8::7", port, pr), SVC_EXTERNAL_IP);
+            want.insert(key("203.0.113.5", port, pr), SVC_LOAD_BALANCER);
+            want.insert(key("203.0.113.6", port, pr), SVC_LOAD_BALANCER);
+        }
+        assert_eq!(got.keys, want);
+        assert!(got.skipped.is_empty(), "{:?}", got.skipped);
+
+        let bad = svc(
+            "bad",
+            serde_json::json!({"clusterIP": "10.96.2.3", "externalIPs": ["nope"], "ports": [{"port": 80}]}),
+        );
+        let got = service_keys([&bad], []);
+        assert_eq!(got.keys.len(), 1);
+        assert_eq!(
+            got.skipped,
+            vec!["service default/bad: externalIP \"nope\"".to_string()]
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The agent's Services side against the test API server and the kernel:
 //! Services and Nodes become `NPM_SERVICES` keys (ClusterIP ports and
-//! node address x NodePort), level-triggered (an entry written behind the
+//! externalIPs and LoadBalancer ingress IPs with the service ports, node
+//! address x NodePort), level-triggered (an entry written behind the
 //! agent's back is removed, a deleted Service's keys go), and `node_exit`
 //! is attached to this node's uplinks and never to an endpoint's interface,
 //! after `host_in`'s `INPUT` rules are in place.
@@ -18,7 +19,7 @@ use npm_agent::node::netlink::Netlink;
 use npm_agent::node::uplinks::read_uplinks;
 use npm_agent::services::ServicesConfig;
 use npm_agent::telemetry::metrics::Metrics;
-use npm_common::{proto, SVC_CLUSTER_IP, SVC_NODE_PORT};
+use npm_common::{proto, SVC_CLUSTER_IP, SVC_EXTERNAL_IP, SVC_LOAD_BALANCER, SVC_NODE_PORT};
 use npm_dataplane::ebpf::{AttachMode, EbpfDataplane, EbpfOptions, ServicePort, ServicesMap};
 
 /// A pin directory of this test, removed on drop.
@@ -80,8 +81,33 @@ async fn services_and_nodes_become_npm_services_and_node_exit_sits_on_the_uplink
                  "ports": [{"port": 80, "targetPort": 8080, "nodePort": 30080, "protocol": "TCP"}]}
     }))
     .unwrap();
+    // A LoadBalancer with an externalIP: kube-proxy DNATs both, and the
+    // load balancer's IP, but not the one in `ipMode: Proxy`.
+    let edge: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "edge", "namespace": "kube-system"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "10.96.2.2", "externalIPs": ["198.51.100.7"],
+                 "ports": [{"port": 443, "targetPort": 8443, "nodePort": 30443, "protocol": "TCP"}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.5", "ipMode": "VIP"},
+                                                {"ip": "203.0.113.9", "ipMode": "Proxy"}]}}
+    }))
+    .unwrap();
     services.create(&PostParams::default(), &dns).await.unwrap();
     services.create(&PostParams::default(), &web).await.unwrap();
+    let created = services.create(&PostParams::default(), &edge).await.unwrap();
+    if created
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .is_none()
+    {
+        let mut with_status = created.clone();
+        with_status.status = edge.status.clone();
+        services
+            .replace_status("edge", &PostParams::default(), &with_status)
+            .await
+            .expect("service status");
+    }
     let nodes: Api<Node> = Api::all(client.clone());
     let node: Node = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "node-a"},
@@ -109,6 +135,10 @@ async fn services_and_nodes_become_npm_services_and_node_exit_sits_on_the_uplink
         (key("10.96.0.10", 53, proto::TCP), SVC_CLUSTER_IP),
         (key("10.96.1.1", 80, proto::TCP), SVC_CLUSTER_IP),
         (key("192.0.2.77", 30080, proto::TCP), SVC_NODE_PORT),
+        (key("10.96.2.2", 443, proto::TCP), SVC_CLUSTER_IP),
+        (key("198.51.100.7", 443, proto::TCP), SVC_EXTERNAL_IP),
+        (key("203.0.113.5", 443, proto::TCP), SVC_LOAD_BALANCER),
+        (key("192.0.2.77", 30443, proto::TCP), SVC_NODE_PORT),
     ]);
     wait_until("NPM_SERVICES holds the keys", Duration::from_secs(20), || {
         entries(&pins) == want

@@ -1079,3 +1079,6 @@ impl Drop for LinkGuard {
         sh_quiet(&["ip", "link", "del", &self.0]);
     }
 }
+
+/// LoadBalancer IPs and externalIPs (a module of its own: this file is long).
+mod external;

@@ -10,7 +10,9 @@
 //! Topology: a node namespace routes between pods `client` (10.78.0.1),
 //! `b1` (10.78.0.2) and `b2` (10.78.0.3) on their own veths; ClusterIP
 //! 10.96.0.10:80 is DNATed to `b1:8080` or `b2:8080`. Each backend answers
-//! its name, so the client sees which one it reached.
+//! its name, so the client sees which one it reached. A LoadBalancer IP
+//! (203.0.113.5) and an externalIP (198.51.100.7) of the same Service are
+//! DNATed alike, as kube-proxy does for a pod's connections to them.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -28,6 +30,8 @@ use crate::nft_common::{
 const NS_PREFIX: &str = "npmnftv";
 const NODE_IP: &str = "10.78.255.254";
 const CLUSTER_IP: &str = "10.96.0.10";
+const LB_IP: &str = "203.0.113.5";
+const EXTERNAL_IP: &str = "198.51.100.7";
 const PODS: [(&str, &str); 3] = [("client", "10.78.0.1"), ("b1", "10.78.0.2"), ("b2", "10.78.0.3")];
 const ATTEMPTS: usize = 24;
 
@@ -64,13 +68,15 @@ struct Topo {
     ifs: Interfaces,
 }
 
-fn setup() -> Topo {
+/// The topology of test `tag` (a letter: its names apart from the other
+/// test's, which runs in parallel).
+fn setup(tag: &str) -> Topo {
     clear_leftovers(NS_PREFIX);
     let pid = std::process::id();
-    let script = TempFile(format!("/tmp/npm_nft_services_{pid}.py"));
+    let script = TempFile(format!("/tmp/npm_nft_services_{pid}{tag}.py"));
     std::fs::write(&script.0, PY).unwrap();
     let node = node_netns(
-        &format!("{NS_PREFIX}{pid}node"),
+        &format!("{NS_PREFIX}{pid}{tag}node"),
         &["net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0"],
         &[format!("{NODE_IP}/32")],
     );
@@ -78,7 +84,7 @@ fn setup() -> Topo {
     let mut pods = Vec::new();
     let mut ifs = Interfaces::new();
     for (i, (name, addr)) in PODS.iter().enumerate() {
-        let ns = Netns::new(&format!("{NS_PREFIX}{pid}{name}"));
+        let ns = Netns::new(&format!("{NS_PREFIX}{pid}{tag}{name}"));
         let host_if = format!("s{i}");
         let (_, pod_mac) = wire_pod(&n, &ns.name, &host_if);
         ns_sh(&ns.name, &["ip", "addr", "add", &format!("{addr}/32"), "dev", "eth0"]);
@@ -90,7 +96,7 @@ fn setup() -> Topo {
     // prerouting (dstnat), a random backend per new connection.
     let kp = format!(
         "table ip kp {{\n chain pre {{\n  type nat hook prerouting priority dstnat; policy accept;\n  \
-         ip daddr {CLUSTER_IP} tcp dport 80 dnat to numgen random mod 2 map {{ 0 : {} . 8080, 1 : {} . 8080 }}\n }}\n}}\n",
+         ip daddr {{ {CLUSTER_IP}, {LB_IP}, {EXTERNAL_IP} }} tcp dport 80 dnat to numgen random mod 2 map {{ 0 : {} . 8080, 1 : {} . 8080 }}\n }}\n}}\n",
         PODS[1].1, PODS[2].1
     );
     let mut nft = Command::new("ip")
@@ -136,6 +142,11 @@ fn setup() -> Topo {
 /// `ATTEMPTS` connections from the client to the ClusterIP: how many
 /// reached b1, b2, and how many were denied.
 fn connect_all(topo: &Topo) -> (usize, usize, usize) {
+    connect_to(topo, CLUSTER_IP)
+}
+
+/// `ATTEMPTS` connections from the client to `dst`:80.
+fn connect_to(topo: &Topo, dst: &str) -> (usize, usize, usize) {
     let out = Command::new("ip")
         .args([
             "netns",
@@ -144,7 +155,7 @@ fn connect_all(topo: &Topo) -> (usize, usize, usize) {
             "python3",
             &topo.script.0,
             "connect",
-            CLUSTER_IP,
+            dst,
         ])
         .arg(ATTEMPTS.to_string())
         .output()
@@ -171,7 +182,7 @@ fn base() -> Compiled {
 
 #[test]
 fn cluster_ip_connections_reach_only_the_allowed_backend() {
-    let topo = setup();
+    let topo = setup("c");
     let mut dp = NftDataplane::new(NftOptions {
         table: format!("npm_s{}", std::process::id()),
         netns: Some(topo.node.name.clone()),
@@ -237,5 +248,39 @@ fn cluster_ip_connections_reach_only_the_allowed_backend() {
         b1 == 0 && b2 == 0 && denied == ATTEMPTS,
         "port 80 rules: b1 {b1}, b2 {b2}, denied {denied}"
     );
+    dp.remove().unwrap();
+}
+
+/// A LoadBalancer IP and an externalIP are DNATed by kube-proxy before the
+/// filter hooks: the "internet but not the cluster" egress rule (ipBlock
+/// `0.0.0.0/0` except the pods' `10.78.0.0/16`) reaches no backend through
+/// them, the allowed backend (b1 by pod) is reached, b2 is not.
+#[test]
+fn load_balancer_and_external_ips_are_decided_for_the_chosen_backend() {
+    let topo = setup("x");
+    let mut dp = NftDataplane::new(NftOptions {
+        table: format!("npm_sx{}", std::process::id()),
+        netns: Some(topo.node.name.clone()),
+    })
+    .unwrap();
+    let world = npm_common::IDENTITY_FIRST_CIDR + 1;
+    let pods = npm_common::IDENTITY_FIRST_CIDR + 2;
+    let mut c = base();
+    c.cidrs.insert("0.0.0.0/0".parse().unwrap(), world);
+    c.cidrs.insert("10.78.0.0/16".parse().unwrap(), pods);
+    for (_, addr) in PODS {
+        c.ipcache.get_mut(&addr.parse().unwrap()).unwrap().cidr_identity = pods;
+    }
+    c.endpoints.get_mut(&1).unwrap().isolated_egress = true;
+    allow(&mut c, 1, Direction::Egress, world, None, (0, 65535));
+    allow(&mut c, 1, Direction::Egress, 257, Some(Protocol::Tcp), (8080, 8080));
+    dp.sync_full(&c, &topo.ifs).unwrap();
+    for dst in [CLUSTER_IP, LB_IP, EXTERNAL_IP] {
+        let (b1, b2, denied) = connect_to(&topo, dst);
+        assert!(
+            b1 > 0 && b2 == 0 && denied > 0,
+            "{dst}: the world but not the pods, and b1: b1 {b1}, b2 {b2}, denied {denied}"
+        );
+    }
     dp.remove().unwrap();
 }
