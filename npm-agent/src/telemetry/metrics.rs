@@ -340,6 +340,12 @@ impl Metrics {
         for family in ["ipv4", "ipv6"] {
             m.bridge_nf_unfiltered(family, 0);
         }
+        m.with(|| {
+            for result in ["ok", "gone", "error"] {
+                metrics::counter!("npm_pod_condition_writes_total", "result" => result).increment(0);
+            }
+        });
+        m.pod_condition_pending(0);
         // The tier series exist from the start (0 until a CNP decides).
         m.with(|| {
             for dir in ["ingress", "egress"] {
