@@ -483,3 +483,48 @@ async fn pod_condition_writes_stay_within_the_rate_limit() {
     drop(agent);
     srv.shutdown().await;
 }
+
+/// A NetworkPolicy that is not fully understood (an ipBlock `/33`; the test
+/// API server's validation off, as an API server of another version might
+/// accept it) is reported on the pods it selects only: an enforced one gets
+/// `npm.io/PolicyDegraded=True` (`PolicyInvalid`), a new one
+/// `PolicyEnforced=False` (`PolicyInvalid`); both clear once it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_policy_is_reported_on_the_pods_it_selects() {
+    let (srv, client) = server(false).await;
+    create_namespaces(&client, &[namespace("pc", &[])]).await;
+    create_pods(
+        &client,
+        vec![
+            pod("pc", "x", "node-a", Some("10.74.0.2"), &[("app", "b")]),
+            pod("pc", "y", "node-a", Some("10.74.0.3"), &[("app", "c")]),
+        ],
+        2,
+    )
+    .await;
+    let agent = start_agent(config(), client.clone(), RecordingDataplane::default()).await;
+    wait_condition(&client, "x", ENFORCED, "True", "Enforced").await;
+    wait_condition(&client, "y", ENFORCED, "True", "Enforced").await;
+    let half_bad = serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "half-bad", "namespace": "pc"},
+        "spec": {"podSelector": {"matchLabels": {"app": "b"}},
+                 "ingress": [{"from": [{"ipBlock": {"cidr": "10.74.3.0/33"}}]}]}
+    });
+    create_policy(&client, "pc", half_bad).await.unwrap();
+    wait_condition(&client, "x", DEGRADED, "True", "PolicyInvalid").await;
+    create_pods(
+        &client,
+        vec![pod("pc", "z", "node-a", Some("10.74.0.4"), &[("app", "b")])],
+        1,
+    )
+    .await;
+    wait_condition(&client, "z", ENFORCED, "False", "PolicyInvalid").await;
+    assert_eq!(condition(&client, "pc", "y", DEGRADED).await, None, "y is not selected");
+    delete_policy(&client, "pc", "half-bad").await;
+    wait_condition(&client, "z", ENFORCED, "True", "Enforced").await;
+    wait_condition(&client, "x", DEGRADED, "False", "Enforced").await;
+    assert_eq!(condition(&client, "pc", "y", DEGRADED).await, None);
+    drop(agent);
+    srv.shutdown().await;
+}
