@@ -528,3 +528,44 @@ async fn an_invalid_policy_is_reported_on_the_pods_it_selects() {
     drop(agent);
     srv.shutdown().await;
 }
+
+/// Patches that fail (here a 403, as a missing grant or the admission
+/// policy would answer) are retried with a growing wait, not at the rate
+/// limit; once they pass, every pod is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_patches_back_off() {
+    let (srv, client) = server(true).await;
+    create_namespaces(&client, &[namespace("pc", &[])]).await;
+    let pods = (0..10)
+        .map(|i| {
+            pod(
+                "pc",
+                &format!("f{i}"),
+                "node-a",
+                Some(&format!("10.75.0.{}", i + 2)),
+                &[("app", "f")],
+            )
+        })
+        .collect();
+    create_pods(&client, pods, 4).await;
+    srv.inject(
+        FaultRule::fail(100_000, 403)
+            .path("/api/v1/namespaces/pc/pods/")
+            .verb("patch"),
+    );
+    let agent = start_agent(config(), client.clone(), RecordingDataplane::default()).await;
+    let writes = || srv.stats().writes.get("pods/status").copied().unwrap_or(0);
+    wait_until("a first refused patch", Duration::from_secs(20), || writes() > 0).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // 0.5 + 1 + 2 s of waits: at most 4 attempts in these 3 s (the limit
+    // alone, 10 + 50/s, would allow 160).
+    let refused = writes();
+    assert!(refused <= 5, "{refused} refused patches in 3 s");
+    assert!(metric(&agent, "npm_pod_condition_writes_total{result=\"error\"}") >= 1.0);
+    srv.clear_faults();
+    for i in 0..10 {
+        wait_condition(&client, &format!("f{i}"), ENFORCED, "True", "Enforced").await;
+    }
+    drop(agent);
+    srv.shutdown().await;
+}

@@ -1,7 +1,8 @@
 //! The task that writes the local pods' npm conditions: a queue of the
 //! pods whose conditions differ from what they carry, drained at most
 //! `qps` patches a second (bursts of `burst`: a token bucket), each pod
-//! patched for its latest reason only.
+//! patched for its latest reason only. After a failed request the writer
+//! waits (500 ms, doubling up to 60 s, reset by a success).
 //!
 //! What a pod carries is read once (a `GET` of `pods/{name}`, not a write:
 //! after an agent restart a pod already `True` is never written again nor
@@ -23,6 +24,11 @@ use tokio::time::Instant;
 
 use super::{conditions_for, patch, Current, Desired};
 use crate::telemetry::metrics::Metrics;
+
+/// The first wait after a failed request of the writer.
+const MIN_ERROR_BACKOFF: Duration = Duration::from_millis(500);
+/// The longest wait after failed requests.
+const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(60);
 
 /// The writer's rate limit.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -144,6 +150,10 @@ async fn run(mut rx: watch::Receiver<Arc<Desired>>, client: kube::Client, cfg: P
     let mut bucket = TokenBucket::new(cfg);
     let mut q = Queue::default();
     let mut desired = Arc::new(Desired::new());
+    // After a failed request, the wait before the next one (doubling up to
+    // `MAX_ERROR_BACKOFF`; a success resets it): a refused grant or an
+    // unavailable API server is not hammered at `qps`.
+    let mut backoff = MIN_ERROR_BACKOFF;
     loop {
         if rx.has_changed().unwrap_or(false) {
             desired = rx.borrow_and_update().clone();
@@ -177,7 +187,8 @@ async fn run(mut rx: watch::Receiver<Arc<Desired>>, client: kube::Client, cfg: P
                 Err(e) => {
                     tracing::debug!(pod = %format!("{}/{}", state.namespace, state.name), error = %e, "reading the pod's conditions failed; retrying");
                     q.pending.push_back(uid);
-                    bucket.take().await;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_ERROR_BACKOFF);
                     continue;
                 }
             },
@@ -213,6 +224,7 @@ async fn run(mut rx: watch::Receiver<Arc<Desired>>, client: kube::Client, cfg: P
             .await
         {
             Ok(pod) => {
+                backoff = MIN_ERROR_BACKOFF;
                 metrics.pod_condition_write("ok");
                 let c = Current::of(pod.status.and_then(|s| s.conditions).as_deref().unwrap_or(&[]));
                 q.known.insert(uid, Some(c));
@@ -227,6 +239,8 @@ async fn run(mut rx: watch::Receiver<Arc<Desired>>, client: kube::Client, cfg: P
                 tracing::warn!(pod = %format!("{}/{}", state.namespace, state.name), error = %e, "writing the pod's npm.io/PolicyEnforced condition failed; retrying");
                 q.known.insert(uid.clone(), None);
                 q.pending.push_back(uid);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_ERROR_BACKOFF);
             }
         }
     }
