@@ -536,6 +536,7 @@ async fn main() -> anyhow::Result<()> {
         debug_addr: None,
         cni: None,
         dns: None,
+        pod_conditions: None,
     };
     let started = Instant::now();
     let running = agent::start(cfg, client.clone(), dp, Box::new(resolver), Metrics::new()?).await?;

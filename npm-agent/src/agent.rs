@@ -35,6 +35,9 @@ pub struct AgentConfig {
     /// `domainNames` peers (`None`: no learning; such peers match
     /// nothing).
     pub dns: Option<crate::dns::CaptureConfig>,
+    /// Write the local pods' `npm.io/PolicyEnforced` conditions at this
+    /// rate (`None`: not written; see [`crate::k8s::pod_conditions`]).
+    pub pod_conditions: Option<crate::k8s::pod_conditions::PodConditionsConfig>,
 }
 
 /// Why an agent could not start.
@@ -179,9 +182,17 @@ pub async fn start_with_health<D: AgentDataplane + 'static>(
         .health(health.clone())
         .node_facts(cni_facts.clone())
         .expect_cni_adds(cfg.cni.as_ref().is_some_and(|c| c.keep_chained.is_some()))
-        .dns_names(dns_names)
-        .build();
+        .dns_names(dns_names);
     let mut tasks = vec![events_task];
+    let syncer = match cfg.pod_conditions {
+        Some(c) => {
+            let (writer, task) = crate::k8s::pod_conditions::spawn(client.clone(), c, metrics.clone());
+            tasks.push(task);
+            syncer.pod_conditions(writer)
+        }
+        None => syncer,
+    }
+    .build();
     if let Some(capture) = capture {
         tasks.push(tokio::spawn(crate::telemetry::metrics::report_dns(
             capture,

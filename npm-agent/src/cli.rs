@@ -265,6 +265,14 @@ pub struct RunArgs {
     /// /readyz fails while this many applies in a row have failed.
     #[arg(long, env = "NPM_MAX_APPLY_FAILURES", default_value_t = npm_agent::telemetry::health::DEFAULT_MAX_APPLY_FAILURES)]
     pub max_apply_failures: u32,
+    /// Patches a second, at most, of local pods' `npm.io/PolicyEnforced` /
+    /// `npm.io/PolicyDegraded` conditions (`pods/status`; written only when
+    /// a condition's status or reason changes). 0 writes no condition.
+    #[arg(long, env = "NPM_POD_CONDITION_QPS", default_value_t = 5.0)]
+    pub pod_condition_qps: f64,
+    /// Patches at once after a quiet time (the token bucket's size).
+    #[arg(long, env = "NPM_POD_CONDITION_BURST", default_value_t = 20)]
+    pub pod_condition_burst: u32,
     /// Entries of the eBPF map `NPM_POLICY` (NetworkPolicy allow keys; a
     /// port range takes one key per aligned block). Sizes apply when a map
     /// is created: a map already pinned on the node keeps its size (and its
@@ -528,6 +536,12 @@ impl RunArgs {
                 ),
                 ..npm_agent::dns::CaptureConfig::new(self.dns_server.clone(), self.dns_queue)
             }),
+            pod_conditions: (self.pod_condition_qps > 0.0).then_some(
+                npm_agent::k8s::pod_conditions::PodConditionsConfig {
+                    qps: self.pod_condition_qps,
+                    burst: self.pod_condition_burst,
+                },
+            ),
         }
     }
 }

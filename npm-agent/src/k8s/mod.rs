@@ -41,6 +41,7 @@ pub mod cluster_policy;
 pub mod direct_read;
 pub mod nodes;
 pub mod objects;
+pub mod pod_conditions;
 pub mod pods;
 pub mod store;
 pub mod taint;

@@ -36,6 +36,7 @@ pub struct SyncerBuilder<D: AgentDataplane> {
     programmed_view: crate::explain::ProgrammedView,
     observe: Option<crate::telemetry::ObserveHub>,
     expect_cni_adds: bool,
+    pod_conditions: Option<crate::k8s::pod_conditions::PodConditions>,
 }
 
 impl<D: AgentDataplane> SyncerBuilder<D> {
@@ -110,6 +111,14 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
         self
     }
 
+    /// Where each sync attempt's decision of the local pods'
+    /// `npm.io/PolicyEnforced` conditions goes (default: none, no
+    /// condition is written).
+    pub fn pod_conditions(mut self, writer: crate::k8s::pod_conditions::PodConditions) -> Self {
+        self.pod_conditions = Some(writer);
+        self
+    }
+
     /// The sync loop, with nothing compiled or programmed yet.
     pub fn build(self) -> Syncer<D> {
         let SyncerBuilder {
@@ -125,6 +134,7 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             programmed_view,
             observe,
             expect_cni_adds,
+            pod_conditions,
         } = self;
         let resolver = resolver.unwrap_or_else(|| Box::new(InterfaceResolver::new(None)));
         let metrics = cache.metrics().clone();
@@ -174,6 +184,7 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             expect_cni_adds,
             local_endpoints: None,
             deletion_clock: super::expiry::DeletionClock::new(cfg.deleting_claim_slack),
+            pod_conditions,
             bridge_nf: cfg
                 .bridge_netfilter
                 .as_ref()
@@ -201,6 +212,7 @@ impl<D: AgentDataplane> Syncer<D> {
             programmed_view: Default::default(),
             observe: None,
             expect_cni_adds: false,
+            pod_conditions: None,
         }
     }
 }

@@ -85,6 +85,8 @@
 //!   (endpoint ids, the guard's first reference);
 //! - [`cross_check`]: the background full compile that checks the
 //!   incremental one;
+//! - [`enforced`]: each local pod's `npm.io/PolicyEnforced` reason after
+//!   a sync attempt (written by `k8s::pod_conditions`);
 //! - [`report_new`]: which endpoints report their allowed new connections
 //!   (`--flow-logs-allow`, audit mode), set on the state to program;
 //! - [`compiler`]: the calls into `npm-policy` (API objects -> snapshot ->
@@ -96,6 +98,7 @@ pub mod compiler;
 pub mod config;
 pub mod cross_check;
 pub mod dataplane;
+pub mod enforced;
 pub mod expiry;
 pub mod guard;
 pub mod hold;

@@ -130,6 +130,8 @@ impl<D: AgentDataplane> Syncer<D> {
             tokio::time::sleep(wait).await;
             let since = cache.take_first_unprogrammed();
             let result = self.sync_once().await;
+            // The local pods' npm.io/PolicyEnforced conditions.
+            self.publish_pod_conditions(&result);
             // A held DNS response waits for a sync: only while they succeed.
             self.dns_names.sync_result(matches!(&result, Ok(o) if !o.not_listed));
             match &result {

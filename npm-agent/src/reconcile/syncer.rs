@@ -235,6 +235,9 @@ pub struct Syncer<D: AgentDataplane> {
     /// were there at the first sync (`None` before it): see
     /// `report_endpoints_without_add`.
     pub(super) local_endpoints: Option<std::collections::HashSet<String>>,
+    /// Where the local pods' `npm.io/PolicyEnforced` reasons go after each
+    /// sync attempt (`None`: not written; see [`super::enforced`]).
+    pub(super) pod_conditions: Option<crate::k8s::pod_conditions::PodConditions>,
     /// nftables: the bridged endpoints' br_netfilter check (stats tick).
     pub(super) bridge_nf: Option<crate::node::bridge_nf::BridgeNfCheck>,
     /// When each deleting pod of another node was first seen (its claim

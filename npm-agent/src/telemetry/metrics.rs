@@ -125,6 +125,8 @@ pub const SERIES: &[Series] = &[
     series("npm_dns_holding", G, N, &[], "DNS responses held now until their addresses are programmed (at most --dns-max-holds)."),
     series("npm_dns_rules_reasserted_total", C, N, &[], "Times the DNS learning's NFQUEUE iptables rules were found missing (a firewall reload) and re-installed."),
     series("npm_datapath_reduced", G, None, &[], "1 when the kernel's verifier refused the full eBPF datapath as too large and the reduced one runs (every decision by the policy LPMs, no precomputed layers: the same verdicts at a higher cost per packet), else 0 (eBPF dataplane only)."),
+    series("npm_pod_condition_writes_total", C, N, &["result"], "Patches of local pods' npm.io/PolicyEnforced and npm.io/PolicyDegraded conditions (pods/status), by result (ok; gone: the pod was deleted or replaced; error: retried)."),
+    series("npm_pod_condition_pending", G, N, &[], "Local pods whose npm conditions wait for a patch (the writer's rate limit: --pod-condition-qps, --pod-condition-burst)."),
     series("npm_map_full", G, N, &["map"], "1 while the compiled state does not fit this kernel map (eBPF dataplane) and a reduced, fail-closed state is programmed (degraded mode), else 0."),
     series("npm_packets_total", C, N, &["direction", "reason", "verdict"], "Packets classified by the datapath, by direction, reason and verdict."),
     series("npm_bytes_total", C, B, &["direction", "reason", "verdict"], "Bytes of the packets classified by the datapath, by direction, reason and verdict."),
@@ -343,6 +345,12 @@ impl Metrics {
         for family in ["ipv4", "ipv6"] {
             m.bridge_nf_unfiltered(family, 0);
         }
+        m.with(|| {
+            for result in ["ok", "gone", "error"] {
+                metrics::counter!("npm_pod_condition_writes_total", "result" => result).increment(0);
+            }
+        });
+        m.pod_condition_pending(0);
         // The tier series exist from the start (0 until a CNP decides).
         m.with(|| {
             for dir in ["ingress", "egress"] {
@@ -486,6 +494,16 @@ impl Metrics {
     /// Set `npm_datapath_reduced` (see its help text).
     pub fn datapath_reduced(&self, reduced: bool) {
         self.with(|| metrics::gauge!("npm_datapath_reduced").set(if reduced { 1.0 } else { 0.0 }));
+    }
+
+    /// Count one patch of a pod's npm conditions (`npm_pod_condition_writes_total{result}`).
+    pub fn pod_condition_write(&self, result: &'static str) {
+        self.with(|| metrics::counter!("npm_pod_condition_writes_total", "result" => result).increment(1));
+    }
+
+    /// Set `npm_pod_condition_pending`.
+    pub fn pod_condition_pending(&self, n: usize) {
+        self.with(|| metrics::gauge!("npm_pod_condition_pending").set(n as f64));
     }
 
     /// Set `npm_map_full{map}`: 1 while the compiled state does not fit

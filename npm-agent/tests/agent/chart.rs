@@ -251,6 +251,7 @@ fn rbac_is_least_privilege() {
             "/events: create,patch",
             "/namespaces: get,list,watch",
             "/nodes: get,list,patch,watch",
+            "/pods/status: patch",
             "/pods: get,list,watch",
             "/services: get,list,watch",
             "apiextensions.k8s.io/customresourcedefinitions: get",
@@ -261,7 +262,7 @@ fn rbac_is_least_privilege() {
             "policy.networking.k8s.io/clusternetworkpolicies: get,list,watch",
         ],
         "services read (eBPF Service egress), ClusterNetworkPolicies read, CRDs get (what a 404 on CNPs means); \
-         no endpointslices, secrets or write access beyond node patch and events"
+         no endpointslices, secrets or write access beyond node patch, events and pods/status patch (issue 43)"
     );
     assert!(find(&docs, "Role").is_empty());
     let binding = find(&docs, "ClusterRoleBinding")[0];
@@ -351,6 +352,8 @@ fn agent_command_line_is_run_with_every_flag() {
         "--mass-delete-window-secs=600",
         "--flow-logs-per-sec=10",
         "--rule-metrics-max=1000",
+        "--pod-condition-qps=5",
+        "--pod-condition-burst=20",
         "--cluster-network-policies=auto",
         "--log-level=info",
         "--log-format=json",
@@ -363,7 +366,7 @@ fn agent_command_line_is_run_with_every_flag() {
     ] {
         assert!(argv.iter().any(|a| a == want), "{want} in {argv:?}");
     }
-    assert_eq!(argv.len(), 2 + 18, "no other flag: {argv:?}");
+    assert_eq!(argv.len(), 2 + 20, "no other flag: {argv:?}");
     assert!(
         !argv.iter().any(|a| a == "--flow-logs-allow"),
         "off by default: {argv:?}"

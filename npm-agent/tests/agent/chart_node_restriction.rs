@@ -207,6 +207,131 @@ fn the_agent_changes_only_its_own_node_and_reports_only_from_it() {
     }
 }
 
+fn pod(node: &str, conditions: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "app"},
+           "spec": {"nodeName": node},
+           "status": {"phase": "Running", "podIPs": [{"ip": "10.0.0.5"}], "conditions": conditions}})
+}
+
+/// Issue 43: the agent patches `pods/status` (the `npm.io/PolicyEnforced`
+/// and `npm.io/PolicyDegraded` conditions) of its own node's pods only,
+/// and changes nothing else of their status.
+#[test]
+fn the_agent_writes_only_npm_conditions_of_its_own_nodes_pods() {
+    let vap = policy();
+    let mut req = request(AGENT, Some("node-a"), "pods", "UPDATE");
+    req["subResource"] = json!("status");
+    let ready = json!({"type": "Ready", "status": "False"});
+    let enforced = json!({"type": "npm.io/PolicyEnforced", "status": "True", "reason": "Enforced"});
+    let not_yet = json!({"type": "npm.io/PolicyEnforced", "status": "False", "reason": "NoInterface"});
+    let before = pod("node-a", json!([ready.clone(), not_yet.clone()]));
+    let cases: &[(&str, &Value, Value, Value, Option<bool>)] = &[
+        (
+            "own node's pod, npm condition set",
+            &req,
+            pod("node-a", json!([ready.clone(), enforced.clone()])),
+            before.clone(),
+            Some(true),
+        ),
+        (
+            "own node's pod, first npm condition",
+            &req,
+            pod("node-a", json!([ready.clone(), not_yet.clone()])),
+            pod("node-a", json!([ready.clone()])),
+            Some(true),
+        ),
+        (
+            "another node's pod",
+            &req,
+            pod("node-b", json!([ready.clone(), enforced.clone()])),
+            pod("node-b", json!([ready.clone(), not_yet.clone()])),
+            Some(false),
+        ),
+        (
+            "own node's pod, the kubelet's Ready condition changed",
+            &req,
+            pod("node-a", json!([{"type": "Ready", "status": "True"}, not_yet.clone()])),
+            before.clone(),
+            Some(false),
+        ),
+        (
+            "own node's pod, its phase changed",
+            &req,
+            {
+                let mut p = before.clone();
+                p["status"]["phase"] = json!("Failed");
+                p
+            },
+            before.clone(),
+            Some(false),
+        ),
+        (
+            "own node's pod, its addresses changed",
+            &req,
+            {
+                let mut p = before.clone();
+                p["status"]["podIPs"] = json!([{"ip": "10.0.0.6"}]);
+                p
+            },
+            before.clone(),
+            Some(false),
+        ),
+        (
+            "a token without the node claim",
+            &{
+                let mut r = request(AGENT, None, "pods", "UPDATE");
+                r["subResource"] = json!("status");
+                r
+            },
+            pod("node-a", json!([ready.clone(), enforced.clone()])),
+            before.clone(),
+            Some(false),
+        ),
+    ];
+    for (what, req, obj, old, want) in cases {
+        assert_eq!(decide(&vap, req, obj, old), *want, "pods/status: {what}");
+    }
+    let rules = vap["spec"]["matchConstraints"]["resourceRules"].as_array().unwrap();
+    assert!(
+        rules.iter().any(|r| r["resources"][0] == "pods/status"),
+        "pods/status writes are matched: {rules:?}"
+    );
+}
+
+/// The chart grants `pods/status` patch only with `podConditions.enabled`,
+/// and passes the rate limit to the agent.
+#[test]
+fn pod_conditions_grant_and_flags() {
+    let render = |set: &[&str]| -> Vec<Value> {
+        template(set)
+            .into_iter()
+            .map(|d| serde_json::to_value(d).unwrap())
+            .collect()
+    };
+    let of_kind =
+        |docs: &[Value], kind: &str| -> Vec<Value> { docs.iter().filter(|d| d["kind"] == kind).cloned().collect() };
+    let grants = |docs: &[Value]| {
+        of_kind(docs, "ClusterRole").iter().any(|r| {
+            r["rules"].as_array().is_some_and(|rules| {
+                rules
+                    .iter()
+                    .any(|x| x["resources"][0] == "pods/status" && x["verbs"][0] == "patch")
+            })
+        })
+    };
+    let on = render(&[]);
+    assert!(grants(&on));
+    let args = serde_json::to_string(&of_kind(&on, "DaemonSet")).unwrap();
+    assert!(
+        args.contains("--pod-condition-qps=5") && args.contains("--pod-condition-burst=20"),
+        "{args}"
+    );
+    let off = render(&["podConditions.enabled=false"]);
+    assert!(!grants(&off));
+    let args = serde_json::to_string(&of_kind(&off, "DaemonSet")).unwrap();
+    assert!(args.contains("--pod-condition-qps=0"), "{args}");
+}
+
 #[test]
 fn rendered_by_the_clusters_version() {
     let count = |extra: &[&str]| {

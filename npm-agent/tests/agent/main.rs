@@ -64,6 +64,7 @@ mod node_taint;
 mod nodes_identity;
 mod outage;
 mod partial_cache;
+mod pod_conditions;
 mod prometheus_scrape;
 mod restart_ids;
 mod restart_kill9;

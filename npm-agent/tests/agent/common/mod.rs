@@ -244,6 +244,7 @@ pub fn agent_config(page_size: u32) -> AgentConfig {
         debug_addr: None,
         cni: None,
         dns: None,
+        pod_conditions: None,
     }
 }
 

@@ -58,6 +58,16 @@ pub async fn handle(
         let mut c = st.counters();
         c.requests += 1;
         *c.by_verb.entry(verb.to_string()).or_default() += 1;
+        if let (Some(t), true) = (
+            &target,
+            matches!(verb, "create" | "update" | "patch" | "delete" | "deletecollection"),
+        ) {
+            let resource = match &t.sub {
+                Some(sub) => format!("{}/{sub}", t.kind.plural()),
+                None => t.kind.plural().to_string(),
+            };
+            *c.writes.entry(resource).or_default() += 1;
+        }
     }
     if let Some(FaultAction::Delay(d)) = st.take_fault(&path, verb, true) {
         st.counters().injected_delays += 1;

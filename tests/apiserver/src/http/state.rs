@@ -17,6 +17,10 @@ pub struct Stats {
     pub requests: u64,
     /// Requests by verb.
     pub by_verb: BTreeMap<String, u64>,
+    /// Write requests (create, update, patch, delete, deletecollection) by
+    /// resource: the plural, with `/<subresource>` when there is one
+    /// (`pods/status`), namespaced or not.
+    pub writes: BTreeMap<String, u64>,
     /// Requests answered with an injected failure.
     pub injected_failures: u64,
     /// Requests delayed by an injected delay.
