@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use npm_policy::compiled::CompileOptions;
+use npm_policy::numbers::NumberLimits;
 
 use crate::k8s::ClusterPolicyMode;
 use crate::node::NodeAddresses;
@@ -82,6 +83,10 @@ pub struct SyncConfig {
     /// port reaches the nftables table (`br_netfilter` and its sysctls:
     /// [`crate::node::bridge_nf`]); set with the nftables dataplane.
     pub bridge_netfilter: Option<crate::node::bridge_nf::BridgeNfConfig>,
+    /// The range of each kind of number the compiler hands out (the
+    /// datapath's by default; smaller in tests): a sync that needs a
+    /// number past its range is refused ([`super::SyncError::NumbersExhausted`]).
+    pub numbers: NumberLimits,
 }
 
 impl Default for SyncConfig {
@@ -100,6 +105,7 @@ impl Default for SyncConfig {
             node_addresses: None,
             cluster_policies: ClusterPolicyMode::Auto,
             bridge_netfilter: None,
+            numbers: NumberLimits::default(),
         }
     }
 }

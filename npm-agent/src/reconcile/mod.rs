@@ -98,6 +98,7 @@ pub mod cross_check;
 pub mod dataplane;
 pub mod guard;
 pub mod hold;
+pub mod numbers;
 pub mod report_new;
 pub mod run;
 pub mod syncer;
