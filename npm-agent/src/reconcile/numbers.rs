@@ -36,11 +36,19 @@ pub(super) fn unprogrammed_floor(attempted: Option<&IdTables>, cfg: &SyncConfig)
 }
 
 /// Refuses `compiled` when one of its numbers is past its range (and
-/// reports it); clears the report otherwise.
+/// reports it); clears a report otherwise.
 pub(super) fn check(compiled: &Compiled, health: &Health, metrics: &Metrics) -> Result<(), SyncError> {
     match compiled.ids.exhausted() {
         None => {
-            health.set_problem(CHECK_NUMBER_SPACE, None);
+            // The check is listed from the first refusal on (a cleared
+            // one passes).
+            let failing = health
+                .readiness()
+                .iter()
+                .any(|c| c.name == CHECK_NUMBER_SPACE && !c.ok());
+            if failing {
+                health.set_problem(CHECK_NUMBER_SPACE, None);
+            }
             Ok(())
         }
         Some(e) => {
