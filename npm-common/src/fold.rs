@@ -57,21 +57,8 @@ pub const fn fold_key_unchecked(subject: u32, dir: u8, identity: u32, pc: u64) -
     FOLD_KEY_PRESENT | (subject as u64) << 43 | ((dir & 1) as u64) << 42 | (identity as u64) << 18 | pc
 }
 
-/// The code of a CIDR identity in a [`fold_value`]: 0 for none
-/// (`IDENTITY_ANY`), `1 + (cidr - IDENTITY_FIRST_CIDR)` for the first 255
-/// CIDR identities, `None` beyond (such classes are not folded).
-#[inline(always)]
-pub const fn fold_cidr_code(cidr_identity: u32) -> Option<u64> {
-    if cidr_identity == 0 {
-        Some(0)
-    } else if cidr_identity >= IDENTITY_FIRST_CIDR && cidr_identity - IDENTITY_FIRST_CIDR < 255 {
-        Some((cidr_identity - IDENTITY_FIRST_CIDR + 1) as u64)
-    } else {
-        None
-    }
-}
-
-/// The value word of an entry: the CIDR identity's [`fold_cidr_code`] in
+/// The value word of an entry: the CIDR identity's [`crate::cidr_code`]
+/// (classes whose CIDR identity has none are not folded) in
 /// bits 56..64 and the decision word in bits 0..32 (the reason in bits
 /// 0..8 and, for `Reason::Policy`, the allowing rule's
 /// [`crate::rule_slot`] above, as the datapath's policy step returns it).
@@ -79,7 +66,7 @@ pub const fn fold_value(cidr_code: u64, decision: u32) -> u64 {
     cidr_code << 56 | decision as u64
 }
 
-/// The [`fold_cidr_code`] of a value word.
+/// The [`crate::cidr_code`] of a value word.
 #[inline(always)]
 pub const fn fold_value_cidr(value: u64) -> u64 {
     value >> 56
@@ -121,11 +108,14 @@ mod tests {
         assert_eq!(fold_key(FOLD_MAX_SUBJECT, 0, 5, 0), None);
         assert_eq!(fold_key(300, 0, FOLD_MAX_IDENTITY, 0), None);
         assert_ne!(fold_key(300, 0, 5, 0), fold_key(300, 1, 5, 0));
-        assert_eq!(fold_cidr_code(0), Some(0));
-        assert_eq!(fold_cidr_code(IDENTITY_FIRST_CIDR), Some(1));
-        assert_eq!(fold_cidr_code(IDENTITY_FIRST_CIDR + 254), Some(255));
-        assert_eq!(fold_cidr_code(IDENTITY_FIRST_CIDR + 255), None);
-        assert_eq!(fold_cidr_code(300), None);
+        assert_eq!(crate::cidr_code(0), Some(0));
+        assert_eq!(crate::cidr_code(IDENTITY_FIRST_CIDR), Some(1));
+        assert_eq!(crate::cidr_code(IDENTITY_FIRST_CIDR + 254), Some(255));
+        assert_eq!(crate::cidr_code(IDENTITY_FIRST_CIDR + 255), None);
+        assert_eq!(crate::cidr_code(300), None);
+        for c in [0, IDENTITY_FIRST_CIDR, IDENTITY_FIRST_CIDR + 254] {
+            assert_eq!(crate::cidr_of_code(crate::cidr_code(c).unwrap()), c);
+        }
         let v = fold_value(255, 0xdead_beef);
         assert_eq!((fold_value_cidr(v), v as u32), (255, 0xdead_beef));
         assert!(fold_bucket(k, 7, FOLD_SHIFT) < crate::maps::sizes::FOLD_BUCKETS);

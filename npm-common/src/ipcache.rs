@@ -5,7 +5,7 @@
 use core::mem::{align_of, offset_of, size_of};
 
 use crate::maps::sizes;
-use crate::packet::{IDENTITY_ANY, IDENTITY_FIRST_CIDR};
+use crate::packet::{cidr_code, cidr_of_code, IDENTITY_ANY, IDENTITY_FIRST_CIDR};
 
 /// Bytes 0..12 of an IPv4-mapped address (`::ffff:0:0/96`).
 pub const V4_MAPPED_PREFIX: [u8; 12] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
@@ -63,7 +63,7 @@ pub const fn ipcache4_slot(addr: u32) -> u32 {
 /// The `NPM_IPCACHE4` word of an IPv4 address and its [`IpInfo`]: bits
 /// 0..32 the address (as in [`ipcache4_slot`]), 32..56 the pod identity
 /// (never 0, so an all-zero word is an empty slot), 56..64 the CIDR
-/// identity as `1 + (cidr_identity - IDENTITY_FIRST_CIDR)`, 0 for none.
+/// identity's [`cidr_code`], 0 for none.
 /// `None` when the entry does not fit: identity 0 or `>= 2^24`, or a CIDR
 /// identity beyond the first 255 (such addresses live in `NPM_IPCACHE`
 /// only).
@@ -71,28 +71,19 @@ pub const fn ipcache4_word(addr: u32, info: IpInfo) -> Option<u64> {
     if info.identity == 0 || info.identity >= IDENTITY_FIRST_CIDR {
         return None;
     }
-    let cidr = if info.cidr_identity == IDENTITY_ANY {
-        0
-    } else if info.cidr_identity >= IDENTITY_FIRST_CIDR && info.cidr_identity - IDENTITY_FIRST_CIDR < 255 {
-        info.cidr_identity - IDENTITY_FIRST_CIDR + 1
-    } else {
+    let Some(cidr) = cidr_code(info.cidr_identity) else {
         return None;
     };
-    Some(addr as u64 | (info.identity as u64) << 32 | (cidr as u64) << 56)
+    Some(addr as u64 | (info.identity as u64) << 32 | cidr << 56)
 }
 
 /// The address and [`IpInfo`] of a non-zero `NPM_IPCACHE4` word.
 pub const fn ipcache4_unpack(word: u64) -> (u32, IpInfo) {
-    let cidr = (word >> 56) as u32;
     (
         word as u32,
         IpInfo {
             identity: ((word >> 32) & 0xff_ffff) as u32,
-            cidr_identity: if cidr == 0 {
-                IDENTITY_ANY
-            } else {
-                IDENTITY_FIRST_CIDR + cidr - 1
-            },
+            cidr_identity: cidr_of_code(word >> 56),
         },
     )
 }

@@ -19,6 +19,33 @@ pub const IDENTITY_FIRST_POD: u32 = 256;
 /// First identity handed out to ipBlock prefixes; pod identities stay below.
 pub const IDENTITY_FIRST_CIDR: u32 = 1 << 24;
 
+/// The 8-bit code of a CIDR identity in the compact words (`NPM_IPCACHE4`,
+/// `NPM_FOLD`): 0 for none ([`IDENTITY_ANY`]), `1 + (cidr -
+/// IDENTITY_FIRST_CIDR)` for the first 255 CIDR identities, `None` beyond
+/// (and for a number that is no CIDR identity).
+#[inline(always)]
+pub const fn cidr_code(cidr_identity: u32) -> Option<u64> {
+    if cidr_identity == IDENTITY_ANY {
+        Some(0)
+    } else if cidr_identity >= IDENTITY_FIRST_CIDR && cidr_identity - IDENTITY_FIRST_CIDR < 255 {
+        Some((cidr_identity - IDENTITY_FIRST_CIDR + 1) as u64)
+    } else {
+        None
+    }
+}
+
+/// The CIDR identity of a [`cidr_code`] (`code` below 256).
+#[inline(always)]
+pub const fn cidr_of_code(code: u64) -> u32 {
+    if code == 0 {
+        IDENTITY_ANY
+    } else {
+        IDENTITY_FIRST_CIDR + (code as u32 & 0xff) - 1
+    }
+}
+
+const _: () = assert!(matches!(cidr_code(cidr_of_code(255)), Some(255)) && cidr_of_code(1) == IDENTITY_FIRST_CIDR);
+
 /// Protocol numbers the datapath parses.
 pub mod proto {
     /// Wildcard in a policy key (rule without ports).

@@ -25,6 +25,7 @@ use ipnet::IpNet;
 use npm_common::{IDENTITY_FIRST_CIDR, IDENTITY_FIRST_POD};
 
 use crate::compiled::{Compiled, IdTables};
+use crate::numbers::NumberKind;
 
 /// The numbers found in a previous agent's kernel state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -109,24 +110,26 @@ pub fn seed(fresh: &Compiled, adopted: &AdoptedNumbers) -> Compiled {
         .filter_map(|net| adopted.cidrs.get(net).map(|id| (*net, *id)))
         .filter(|(_, id)| *id >= IDENTITY_FIRST_CIDR)
         .collect();
-    let next_identity = adopted
-        .max_identity()
-        .map_or(IDENTITY_FIRST_POD, |m| m.saturating_add(1))
-        .max(adopted.max_subject.saturating_add(1))
-        .max(IDENTITY_FIRST_POD);
-    let next_cidr = adopted
-        .max_cidr()
-        .map_or(IDENTITY_FIRST_CIDR, |m| m.saturating_add(1))
-        .max(IDENTITY_FIRST_CIDR);
+    let mut ids = IdTables {
+        identities,
+        node_identities,
+        ..IdTables::default()
+    };
+    // Every counter above every adopted number (a policy subject is a pod
+    // identity too).
+    if let Some(m) = adopted.max_identity() {
+        ids.raise_floor(NumberKind::Identity, m.saturating_add(1));
+    }
+    ids.raise_floor(NumberKind::Identity, adopted.max_subject.saturating_add(1));
+    if let Some(m) = adopted.max_cidr() {
+        ids.raise_floor(NumberKind::Cidr, m.saturating_add(1));
+    }
+    ids.raise_floor(NumberKind::Rule, adopted.max_rule.saturating_add(1));
+    for kind in [NumberKind::Identity, NumberKind::Cidr] {
+        ids.raise_floor(kind, kind.first());
+    }
     Compiled {
-        ids: IdTables {
-            identities,
-            node_identities,
-            next_identity,
-            next_cidr,
-            next_rule: adopted.max_rule.saturating_add(1),
-            ..IdTables::default()
-        },
+        ids,
         cidrs,
         ..Compiled::default()
     }

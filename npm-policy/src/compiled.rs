@@ -13,6 +13,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Labels, Protocol};
+use crate::numbers::{NumberLimits, NumbersExhausted};
 pub use crate::policy_map::PolicyMap;
 
 /// Direction as seen from the endpoint (pod).
@@ -352,6 +353,7 @@ pub struct Compiled {
 
 /// Allocation tables of a compile; [`crate::compile()`] reuses those of the
 /// previous compile, so ids stay stable while what they stand for exists.
+/// New numbers and floors go through [`crate::numbers`] only.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdTables {
     /// Pod identity -> what it stands for.
@@ -373,6 +375,22 @@ pub struct IdTables {
     pub next_rule: u32,
     /// Next CIDR identity to hand out (from `IDENTITY_FIRST_CIDR`).
     pub next_cidr: u32,
+    /// The range of each kind of number (kept from compile to compile
+    /// like the counters; see [`crate::numbers`]).
+    #[serde(default, skip_serializing_if = "NumberLimits::is_default")]
+    pub limits: NumberLimits,
+    /// Set when a number this compile needed was past its range (see
+    /// [`IdTables::exhausted`]): the compile must not be programmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exhausted: Option<NumbersExhausted>,
+    /// How many provisional numbers (past a used-up range) this compile
+    /// and the ones it follows handed out, from `u32::MAX` down.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub provisional: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Changes to one map: entries to write, keys to delete.

@@ -3,8 +3,9 @@
 //! [`crate::ownership`].
 //!
 //! Allocation rules (all ids are stable across recompiles through the
-//! previous [`Compiled`]; counters in [`IdTables`] only grow, so an id is
-//! never handed to something else later):
+//! previous [`Compiled`]; every new number comes from [`crate::numbers`],
+//! whose counters only grow, so an id is never handed to something else
+//! later, and whose ranges keep pod identities below the CIDR ones):
 //! - pods with equal [`IdentityKey`] share one pod identity (from
 //!   `IDENTITY_FIRST_POD`);
 //! - every distinct ipBlock prefix has one CIDR identity (from
@@ -16,8 +17,8 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
+use crate::numbers::NumberKind;
 use ipnet::IpNet;
-use npm_common::{IDENTITY_FIRST_CIDR, IDENTITY_FIRST_POD};
 
 use crate::compiled::{Compiled, IdTables, IdentityKey, RuleRef};
 use crate::model::{Labels, Pod, PodPhase, Snapshot};
@@ -135,13 +136,10 @@ impl<'p> Allocator<'p> {
     pub(crate) fn new(prev: Option<&'p Compiled>) -> Self {
         let d = IdTables::default();
         let pt = prev.map_or(&d, |c| &c.ids);
-        let tables = IdTables {
-            next_endpoint: pt.next_endpoint.max(1),
-            next_identity: pt.next_identity.max(IDENTITY_FIRST_POD),
-            next_rule: pt.next_rule.max(1),
-            next_cidr: pt.next_cidr.max(IDENTITY_FIRST_CIDR),
-            ..IdTables::default()
-        };
+        // The previous compile's counters are the floors (never reused),
+        // its limits the ranges, and its provisional numbers (a used-up
+        // range) stay marked.
+        let tables = pt.floors();
         Allocator {
             tables,
             identity_by_key: Default::default(),
@@ -167,11 +165,7 @@ impl<'p> Allocator<'p> {
             Entry::Vacant(e) => {
                 let id = match self.prev_identity_by_key.get(e.key()) {
                     Some(id) => *id,
-                    None => {
-                        let id = self.tables.next_identity;
-                        self.tables.next_identity += 1;
-                        id
-                    }
+                    None => self.tables.next_or_provisional(NumberKind::Identity),
                 };
                 *e.insert(id)
             }
@@ -190,11 +184,7 @@ impl<'p> Allocator<'p> {
         }
         let id = match self.prev_endpoints.and_then(|m| m.get(uid)) {
             Some(id) => *id,
-            None => {
-                let id = self.tables.next_endpoint;
-                self.tables.next_endpoint += 1;
-                id
-            }
+            None => self.tables.next_or_provisional(NumberKind::Endpoint),
         };
         self.tables.endpoints.insert(uid.to_string(), id);
         id
@@ -207,11 +197,7 @@ impl<'p> Allocator<'p> {
         }
         let id = match self.prev_rule_by_ref.get(rule) {
             Some(id) => *id,
-            None => {
-                let id = self.tables.next_rule;
-                self.tables.next_rule += 1;
-                id
-            }
+            None => self.tables.next_or_provisional(NumberKind::Rule),
         };
         self.tables.rules.insert(id, rule.clone());
         self.rule_by_ref.insert(rule.clone(), id);
@@ -224,11 +210,7 @@ impl<'p> Allocator<'p> {
     pub(crate) fn node_identity(&mut self, labels: &Labels, nodes: Vec<String>) -> u32 {
         let id = match self.prev_node_by_labels.get(labels) {
             Some(id) => *id,
-            None => {
-                let id = self.tables.next_identity;
-                self.tables.next_identity += 1;
-                id
-            }
+            None => self.tables.next_or_provisional(NumberKind::Identity),
         };
         self.tables.node_identities.insert(
             id,
@@ -244,11 +226,7 @@ impl<'p> Allocator<'p> {
     pub(crate) fn cidr(&mut self, net: &IpNet) -> u32 {
         match self.prev_cidrs.and_then(|m| m.get(net)) {
             Some(id) => *id,
-            None => {
-                let id = self.tables.next_cidr;
-                self.tables.next_cidr += 1;
-                id
-            }
+            None => self.tables.next_or_provisional(NumberKind::Cidr),
         }
     }
 }

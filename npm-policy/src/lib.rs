@@ -28,6 +28,7 @@ pub mod incremental;
 pub mod lookup;
 pub mod model;
 pub mod nodes;
+pub mod numbers;
 pub mod ownership;
 mod peers;
 pub mod policy_map;

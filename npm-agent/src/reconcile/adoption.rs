@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use npm_dataplane::AdoptedEndpoint;
 use npm_policy::adopt;
+use npm_policy::numbers::NumberKind;
 
 use super::compiler;
 use super::dataplane::AgentDataplane;
@@ -85,13 +86,13 @@ impl<D: AgentDataplane> Syncer<D> {
             "identity numbers of the adopted state kept for exactly the addresses that carried them"
         );
         // The counters of a failed attempt stay floors (never reused).
-        let attempted = self.attempted_ids.clone().unwrap_or_default();
         let ids = &mut floor.ids;
         ids.endpoints = keep;
-        ids.next_endpoint = max.map_or(1, |m| m + 1).max(attempted.next_endpoint);
-        ids.next_identity = ids.next_identity.max(attempted.next_identity);
-        ids.next_rule = ids.next_rule.max(attempted.next_rule);
-        ids.next_cidr = ids.next_cidr.max(attempted.next_cidr);
+        ids.limits = self.cfg.numbers;
+        ids.raise_floor(NumberKind::Endpoint, max.map_or(1, |m| m + 1));
+        if let Some(attempted) = &self.attempted_ids {
+            ids.raise_to(attempted);
+        }
         self.incremental = compiler::Incremental::new(state, &self.facts, &self.cfg.compile, Some(&floor));
     }
 

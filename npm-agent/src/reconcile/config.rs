@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use npm_policy::compiled::CompileOptions;
+use npm_policy::numbers::NumberLimits;
 
 use crate::k8s::ClusterPolicyMode;
 use crate::node::NodeAddresses;
@@ -85,6 +86,10 @@ pub struct SyncConfig {
     /// How long past its grace period a deleting pod of another node keeps
     /// claiming its address ([`super::expiry`]).
     pub deleting_claim_slack: Duration,
+    /// The range of each kind of number the compiler hands out (the
+    /// datapath's by default; smaller in tests): a sync that needs a
+    /// number past its range is refused ([`super::SyncError::NumbersExhausted`]).
+    pub numbers: NumberLimits,
 }
 
 impl Default for SyncConfig {
@@ -104,6 +109,7 @@ impl Default for SyncConfig {
             cluster_policies: ClusterPolicyMode::Auto,
             bridge_netfilter: None,
             deleting_claim_slack: super::expiry::DEFAULT_SLACK,
+            numbers: NumberLimits::default(),
         }
     }
 }

@@ -63,7 +63,9 @@ pub fn decide(
         Err(SyncError::DirectRead { .. } | SyncError::DirectReadDeferred { .. } | SyncError::NoDirectReader { .. }) => {
             Some(Reason::RemovalHeld)
         }
-        Err(SyncError::Dataplane { .. } | SyncError::NodeAddressesUnknown { .. }) => Some(Reason::AgentNotSynced),
+        Err(
+            SyncError::Dataplane { .. } | SyncError::NodeAddressesUnknown { .. } | SyncError::NumbersExhausted { .. },
+        ) => Some(Reason::AgentNotSynced),
     };
     let map_full = matches!(result, Ok(o) if !o.map_full.is_empty());
     let mut desired = Desired::new();

@@ -102,6 +102,7 @@ pub mod enforced;
 pub mod expiry;
 pub mod guard;
 pub mod hold;
+pub mod numbers;
 pub mod report_new;
 pub mod run;
 pub mod syncer;

@@ -154,8 +154,9 @@ impl<D: AgentDataplane> Syncer<D> {
                     | SyncError::DirectReadDeferred { what, .. }
                     | SyncError::NoDirectReader { what },
                 ) => health.removal_held(what),
-                // Reported as the `node-addresses` readiness check.
-                Err(SyncError::NodeAddressesUnknown { .. }) => {}
+                // Reported as the `node-addresses` and `number-space`
+                // readiness checks.
+                Err(SyncError::NodeAddressesUnknown { .. } | SyncError::NumbersExhausted { .. }) => {}
             }
             match result {
                 Ok(o) => {

@@ -30,6 +30,7 @@ use npm_dataplane::ebpf::{Fitted, Shortfall};
 use npm_dataplane::{AdoptedEndpoint, DataplaneError, Interfaces};
 use npm_policy::adopt::AdoptedNumbers;
 use npm_policy::compiled::{Compiled, IdTables, MapDiff};
+use npm_policy::numbers::NumbersExhausted;
 
 use super::compiler;
 use super::config::SyncConfig;
@@ -85,21 +86,20 @@ pub enum SyncError {
         /// Why they could not be read.
         problem: String,
     },
+    /// The compiled state needs a number past its range (see
+    /// [`super::numbers`]): nothing is programmed.
+    #[error("sync refused, the last good state stays programmed: {source}")]
+    NumbersExhausted {
+        /// Which range is used up.
+        #[source]
+        source: NumbersExhausted,
+    },
     /// A mass deletion was held and no client is available to confirm it.
     #[error("mass deletion held ({what}): no API client to confirm it with a direct read")]
     NoDirectReader {
         /// What would have been removed.
         what: String,
     },
-}
-
-/// Raise the never-reuse counters of `programmed` to those of `attempted`
-/// (a failed apply may have written ids handed out by `attempted`).
-fn raise_counters(programmed: &mut IdTables, attempted: &IdTables) {
-    programmed.next_endpoint = programmed.next_endpoint.max(attempted.next_endpoint);
-    programmed.next_identity = programmed.next_identity.max(attempted.next_identity);
-    programmed.next_rule = programmed.next_rule.max(attempted.next_rule);
-    programmed.next_cidr = programmed.next_cidr.max(attempted.next_cidr);
 }
 
 /// Makes `programmed` equal `target` by changing only the entries that
@@ -111,19 +111,21 @@ fn update_ids(programmed: &mut IdTables, target: &IdTables) {
         node_identities,
         endpoints,
         rules,
-        next_endpoint,
-        next_identity,
-        next_rule,
-        next_cidr,
+        next_endpoint: _,
+        next_identity: _,
+        next_rule: _,
+        next_cidr: _,
+        limits,
+        exhausted,
+        provisional: _,
     } = target;
+    debug_assert!(exhausted.is_none(), "a compile past a number range is never programmed");
     MapDiff::between(&programmed.identities, identities).apply_to(&mut programmed.identities);
     MapDiff::between(&programmed.node_identities, node_identities).apply_to(&mut programmed.node_identities);
     MapDiff::between(&programmed.endpoints, endpoints).apply_to(&mut programmed.endpoints);
     MapDiff::between(&programmed.rules, rules).apply_to(&mut programmed.rules);
-    programmed.next_endpoint = *next_endpoint;
-    programmed.next_identity = *next_identity;
-    programmed.next_rule = *next_rule;
-    programmed.next_cidr = *next_cidr;
+    programmed.counters_from(target);
+    programmed.limits = *limits;
 }
 
 /// The dataplane's fit of `target` (see [`AgentDataplane::fit`]); an error
@@ -367,28 +369,18 @@ impl<D: AgentDataplane> Syncer<D> {
             // The ids of what is programmed are kept (a pod that is still
             // there keeps its endpoint id, and so its conntrack entries).
             let floor;
-            let prev = match (&self.programmed, &self.attempted_ids) {
-                (Some((c, _)), _) => Some(c),
-                (None, Some(ids)) => {
-                    floor = Compiled {
-                        ids: IdTables {
-                            next_endpoint: ids.next_endpoint,
-                            next_identity: ids.next_identity,
-                            next_rule: ids.next_rule,
-                            next_cidr: ids.next_cidr,
-                            ..IdTables::default()
-                        },
-                        ..Compiled::default()
-                    };
-                    Some(&floor)
+            let prev = match &self.programmed {
+                Some((c, _)) => c,
+                None => {
+                    floor = super::numbers::unprogrammed_floor(self.attempted_ids.as_ref(), &self.cfg);
+                    &floor
                 }
-                (None, None) => None,
             };
             // ClusterNetworkPolicies whose subject is not understood keep
             // their last valid versions across the rebuild.
             let last_valid = self.incremental.last_valid();
             self.incremental =
-                compiler::Incremental::new_keeping(state, &self.facts, &self.cfg.compile, prev, last_valid);
+                compiler::Incremental::new_keeping(state, &self.facts, &self.cfg.compile, Some(prev), last_valid);
             // Until something is programmed (the first sync, its retries,
             // its direct read), every rebuild starts from the adopted ids.
             if self.programmed.is_none() {
@@ -460,6 +452,17 @@ impl<D: AgentDataplane> Syncer<D> {
         Ok(())
     }
 
+    /// Refuses the compiled state when a number it needs is past its range
+    /// (see [`super::numbers`]); the next sync rebuilds from what is
+    /// programmed.
+    fn check_numbers(&mut self) -> Result<(), SyncError> {
+        let r = super::numbers::check(self.incremental.compiled(), &self.readiness, &self.metrics);
+        if r.is_err() {
+            self.rebuild_pending = true;
+        }
+        r
+    }
+
     /// One sync attempt: snapshot, compile, guard, apply.
     pub async fn sync_once(&mut self) -> Result<SyncOutcome, SyncError> {
         self.update_node_addresses()?;
@@ -492,6 +495,7 @@ impl<D: AgentDataplane> Syncer<D> {
         // programmed (`/explain` is told so).
         self.programmed_view.syncing();
         self.compile_state(&state, rebuild);
+        self.check_numbers()?;
         let t_compile = started.elapsed();
         let mut confirmed = false;
         // A held removal: reported once the rest of the sync is programmed.
@@ -513,6 +517,7 @@ impl<D: AgentDataplane> Syncer<D> {
                     // keep their endpoint ids (and tracked flows).
                     let merged = hold::held_state(last, &state);
                     self.compile_state(&merged, true);
+                    self.check_numbers()?;
                     if let Some(still) = self.held(Instant::now()) {
                         tracing::warn!(%still, "the held state itself would remove too much; programming nothing");
                         return Err(e);
@@ -599,7 +604,7 @@ impl<D: AgentDataplane> Syncer<D> {
                         self.need_full = true;
                         // The kernel may already hold ids handed out by the
                         // target: they must never be handed out again.
-                        raise_counters(&mut prog.ids, &target.ids);
+                        prog.ids.raise_to(&target.ids);
                         self.metrics.error("dataplane");
                         return Err(SyncError::Dataplane { op: "apply", source });
                     }
@@ -632,9 +637,9 @@ impl<D: AgentDataplane> Syncer<D> {
                     // The kernel may already hold ids handed out by the
                     // target: they must never be handed out again.
                     match &mut self.programmed {
-                        Some((prog, _)) => raise_counters(&mut prog.ids, &target.ids),
+                        Some((prog, _)) => prog.ids.raise_to(&target.ids),
                         None => match &mut self.attempted_ids {
-                            Some(ids) => raise_counters(ids, &target.ids),
+                            Some(ids) => ids.raise_to(&target.ids),
                             None => self.attempted_ids = Some(target.ids.clone()),
                         },
                     }

@@ -42,7 +42,7 @@ use std::sync::atomic::Ordering;
 use aya::maps::{Array, IterableMap, MapData};
 use aya::Ebpf;
 use npm_common::{
-    fold_bucket, fold_cidr_code, fold_key, fold_value, maps, rule_slot, sizes, tier_front_pc_any_port, Reason,
+    cidr_code, fold_bucket, fold_key, fold_value, maps, rule_slot, sizes, tier_front_pc_any_port, Reason,
     EP_FOLD_INGRESS, FOLD_BUCKET_WORDS, FOLD_MAX_IDENTITY, FOLD_MAX_SUBJECT, FOLD_SHIFT, FOLD_WAYS, RULE_SLOT_UNKNOWN,
     TIER_FRONT_PC_ANY_PROTO,
 };
@@ -318,7 +318,7 @@ fn clear_entries(words: &[std::sync::atomic::AtomicU64], slots: &[usize]) {
 
 /// Whether entries of `class` fit a key and a value.
 fn fits(class: PeerClass) -> bool {
-    class.identity < FOLD_MAX_IDENTITY && fold_cidr_code(class.cidr_identity).is_some()
+    class.identity < FOLD_MAX_IDENTITY && cidr_code(class.cidr_identity).is_some()
 }
 
 /// The folded (subject, direction)s of `compiled`, each with one of its
@@ -369,7 +369,7 @@ fn decision_word(d: Decision) -> u32 {
 /// entry with [`Folded::other`]. `None` when a field does not fit or the
 /// class needs more than [`FOLD_MAX_CLASS_ENTRIES`].
 pub fn entries(subject: u32, dir: Direction, class: PeerClass, f: &Folded) -> Option<Vec<(u64, u64, u32)>> {
-    let code = fold_cidr_code(class.cidr_identity)?;
+    let code = cidr_code(class.cidr_identity)?;
     let d = dir.as_u8();
     let entry = |pc: u64, decision: Decision| -> Option<(u64, u64, u32)> {
         let key = fold_key(subject, d, class.identity, pc)?;

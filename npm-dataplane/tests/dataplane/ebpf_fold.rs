@@ -14,8 +14,8 @@ use crate::ebpf_common::tier_in as tier;
 use crate::ebpf_common::*;
 use aya::maps::{Array, Map, MapData};
 use npm_common::{
-    fold_bucket, fold_cidr_code, fold_key, fold_value, maps, tier_front_pc_exact, Reason, EP_FOLD_EGRESS,
-    EP_FOLD_INGRESS, FOLD_BUCKET_WORDS, FOLD_SHIFT, IDENTITY_ANY,
+    cidr_code, fold_bucket, fold_key, fold_value, maps, tier_front_pc_exact, Reason, EP_FOLD_EGRESS, EP_FOLD_INGRESS,
+    FOLD_BUCKET_WORDS, FOLD_SHIFT, IDENTITY_ANY,
 };
 use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
 use npm_dataplane::Dataplane;
@@ -136,7 +136,7 @@ fn the_fold_decides_as_the_lookups_and_the_datapath_reads_it() {
     // The datapath reads the entries: POD_B's TCP 443 accept (an exact
     // port of its class, CIDR identity BLOCK) turned into a deny behind the
     // loader's back is what decides.
-    let code = fold_cidr_code(BLOCK).unwrap();
+    let code = cidr_code(BLOCK).unwrap();
     let key = fold_key(256, 0, POD_B, tier_front_pc_exact(1, 443)).unwrap();
     let bucket = fold_bucket(key, code, FOLD_SHIFT);
     let mut words = fold.words();

@@ -9,9 +9,9 @@
 
 use aya_ebpf::{macros::map, maps::Array};
 use npm_common::{
-    fold_bucket, fold_cidr_code, fold_key_unchecked, fold_value_cidr, policy_front_proto, sizes,
-    tier_front_pc_any_port, tier_front_pc_block, tier_front_pc_exact, EP_FOLD_INGRESS, FOLD_BUCKET_WORDS,
-    FOLD_MAX_IDENTITY, FOLD_MAX_SUBJECT, FOLD_SHIFT, TIER_FRONT_PC_ANY_PROTO,
+    cidr_code, fold_bucket, fold_key_unchecked, fold_value_cidr, policy_front_proto, sizes, tier_front_pc_any_port,
+    tier_front_pc_block, tier_front_pc_exact, EP_FOLD_INGRESS, FOLD_BUCKET_WORDS, FOLD_MAX_IDENTITY, FOLD_MAX_SUBJECT,
+    FOLD_SHIFT, TIER_FRONT_PC_ANY_PROTO,
 };
 
 use super::BPF_F_MMAPABLE;
@@ -49,7 +49,7 @@ pub(crate) fn fold_decision(subject: u32, dir: u8, ids: (u32, u32), pr: u8, port
     if subject == 0 || subject >= FOLD_MAX_SUBJECT || identity >= FOLD_MAX_IDENTITY {
         return NO_FOLD;
     }
-    let Some(code) = fold_cidr_code(cidr_identity) else {
+    let Some(code) = cidr_code(cidr_identity) else {
         return NO_FOLD;
     };
     let base = fold_key_unchecked(subject, dir, identity, 0);

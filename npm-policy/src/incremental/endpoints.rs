@@ -17,6 +17,7 @@ use crate::compile::{
 };
 use crate::compiled::{Direction, IdentityKey, PolicyEntry, PolicyMap, RuleRef};
 use crate::model::Policy;
+use crate::numbers::NumberKind;
 use crate::ownership::PodKey;
 use crate::peers::PeerSet;
 use crate::policy_map::peer_range;
@@ -169,8 +170,7 @@ impl Compiler {
                 match ids.endpoints.get(uid) {
                     Some(ep) => *ep,
                     None => {
-                        let ep = ids.next_endpoint;
-                        ids.next_endpoint += 1;
+                        let ep = ids.next_or_provisional(NumberKind::Endpoint);
                         ids.endpoints.insert(uid.to_string(), ep);
                         ep
                     }

@@ -64,6 +64,7 @@ use crate::compile::{cidr_prefixes, policy_selects_key};
 use crate::compiled::{CompileOptions, Compiled, IpEntry};
 use crate::identity::{identity_key, namespace_labels, pod_addresses, PrefixTable};
 use crate::model::{Namespace, Peer, Pod, Policy, Snapshot};
+use crate::numbers::NumberKind;
 use crate::ownership::{Claims, PodKey};
 
 use addresses::Addresses;
@@ -259,8 +260,7 @@ impl Compiler {
             let id = match self.identities.get(&key, &self.out.ids.identities) {
                 Some(id) => id,
                 None => {
-                    let id = self.out.ids.next_identity;
-                    self.out.ids.next_identity += 1;
+                    let id = self.out.ids.next_or_provisional(NumberKind::Identity);
                     self.add_identity(id, key);
                     id
                 }
@@ -430,11 +430,7 @@ impl Compiler {
             for net in prefixes {
                 let id = match self.out.cidrs.get(&net) {
                     Some(id) => *id,
-                    None => {
-                        let id = self.out.ids.next_cidr;
-                        self.out.ids.next_cidr += 1;
-                        id
-                    }
+                    None => self.out.ids.next_or_provisional(NumberKind::Cidr),
                 };
                 cidrs.insert(net, id);
             }

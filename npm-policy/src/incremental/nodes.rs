@@ -12,6 +12,7 @@ use npm_common::IDENTITY_ANY;
 use crate::compiled::{Compiled, IpEntry, NodeIdentity};
 use crate::model::{Labels, Node};
 use crate::nodes::NodeTable;
+use crate::numbers::NumberKind;
 
 use super::Compiler;
 
@@ -58,16 +59,14 @@ impl Compiler {
             .iter()
             .map(|(id, n)| (&n.labels, *id))
             .collect();
-        let mut next = self.out.ids.next_identity;
+        // The counters, apart from the tables borrowed above.
+        let mut numbers = self.out.ids.floors();
         let mut ids: BTreeMap<u32, NodeIdentity> = BTreeMap::new();
         let mut id_of: HashMap<&Labels, u32> = HashMap::new();
         for (labels, names) in &table.groups {
             let id = match old_by_labels.get(labels) {
                 Some(id) => *id,
-                None => {
-                    next += 1;
-                    next - 1
-                }
+                None => numbers.next_or_provisional(NumberKind::Identity),
             };
             ids.insert(
                 id,
@@ -102,7 +101,7 @@ impl Compiler {
                 );
             }
         }
-        self.out.ids.next_identity = next;
+        self.out.ids.raise_to(&numbers);
         self.out.ids.node_identities = ids;
         self.node_entries = entries;
         self.tier_changes.nodes = true;

@@ -12,6 +12,7 @@ use npm_common::IDENTITY_ANY;
 use crate::compile::named_port_numbers;
 use crate::compiled::{Compiled, Direction, IdTables, IdentityKey, RuleRef};
 use crate::model::{Peer, Policy, PortSpec, Rule, Snapshot};
+use crate::numbers::NumberKind;
 use crate::peers::{self, IdentityGroups, PeerSet};
 
 /// A rule: `(namespace, policy name, direction, index)`.
@@ -154,8 +155,7 @@ impl Rules {
         if let Some(id) = self.by_ref.get(&r) {
             return *id;
         }
-        let id = ids.next_rule;
-        ids.next_rule += 1;
+        let id = ids.next_or_provisional(NumberKind::Rule);
         ids.rules.insert(id, r.clone());
         self.by_ref.insert(r, id);
         id

@@ -36,8 +36,9 @@ use crate::compile::{contains_net, ALL_PORTS};
 use crate::compiled::{Direction, Endpoint, IdentityKey, RuleRef, Tier, TierEntry, TierPresence, TierValue};
 use crate::model::{Labels, Protocol, Snapshot};
 
-/// The largest rank a rule can have (the datapath packs it in 30 bits).
-pub const MAX_RANK: u32 = (1 << 30) - 1;
+/// The largest rank a rule can have: the last below the datapath's bound
+/// ([`npm_common::TIER_MAX_RANK`], the one owner of the rank's width).
+pub const MAX_RANK: u32 = npm_common::TIER_MAX_RANK - 1;
 
 /// One rule of a tier in evaluation order.
 #[derive(Clone, Copy, Debug)]

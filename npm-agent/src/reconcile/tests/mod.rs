@@ -4,6 +4,7 @@
 
 mod config;
 mod guard;
+mod numbers;
 mod syncer;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
