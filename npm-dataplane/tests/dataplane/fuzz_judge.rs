@@ -91,6 +91,9 @@ pub enum Want {
     TrackedOr(bool, Reason),
     /// Allowed as `Related` (idled out: the error's own verdict), or this.
     RelatedOr(bool, Reason),
+    /// Allowed with this reason (a first fragment's record that may have
+    /// been evicted), or dropped as `Fragment`.
+    FragmentOr(Reason),
     /// Dropped, for any reason; or allowed when the endpoint is not
     /// isolated in this direction (the fail-closed rule of unreadable
     /// packets).
@@ -107,6 +110,7 @@ impl Want {
             Want::Exact(a, r) => allowed == a && reason == Some(r),
             Want::TrackedOr(a, r) => (allowed && reason == Some(Reason::Tracked)) || (allowed == a && reason == Some(r)),
             Want::RelatedOr(a, r) => (allowed && reason == Some(Reason::Related)) || (allowed == a && reason == Some(r)),
+            Want::FragmentOr(r) => (allowed && reason == Some(r)) || (!allowed && reason == Some(Reason::Fragment)),
             Want::Unreadable { unisolated } => !allowed || unisolated,
         }
     }
@@ -131,14 +135,15 @@ fn ct_key(ep: u32, f: &Flow) -> CtKey {
 type FragKey = (u32, Direction, u32, u8, [u8; 16], [u8; 16]);
 
 /// An entry younger than this must still answer (the shortest conntrack
-/// timeout is 10 s).
+/// timeout is 10 s; the LRU maps evict only after thousands of newer
+/// entries, more than the fuzzer makes in this time).
 const SURE: Duration = Duration::from_secs(5);
 
 /// The state the datapath must hold, as the accepted verdicts made it.
 #[derive(Default)]
 pub struct Model {
     ct: HashMap<CtKey, Instant>,
-    frags: HashMap<FragKey, Reason>,
+    frags: HashMap<FragKey, (Reason, Instant)>,
 }
 
 /// The reasons with which steps 7 to 9 allow (and create a conntrack
@@ -265,7 +270,8 @@ impl Model {
                     return Want::Exact(false, Reason::Spoofed);
                 }
                 match self.frags.get(&(ep, dir, *id, *proto, *src, *dst)) {
-                    Some(r) => Want::Exact(true, *r),
+                    Some((r, t)) if t.elapsed() < SURE => Want::Exact(true, *r),
+                    Some((r, _)) => Want::FragmentOr(*r),
                     None => Want::Exact(false, Reason::Fragment),
                 }
             }
@@ -324,7 +330,8 @@ impl Model {
                 self.ct.insert(ct_key(ep, flow), Instant::now());
             }
             if let (Some((id, proto)), true) = (first_fragment, reason != Reason::Icmpv6Control) {
-                self.frags.insert((ep, dir, *id, *proto, flow.src, flow.dst), reason);
+                self.frags
+                    .insert((ep, dir, *id, *proto, flow.src, flow.dst), (reason, Instant::now()));
             }
         }
     }
