@@ -70,6 +70,8 @@ pub struct Outcome {
     pub known: u64,
     /// Frames per verdict reason.
     pub reasons: std::collections::BTreeMap<String, u64>,
+    /// Later fragments allowed (on their first fragment's record).
+    pub later_allowed: u64,
     /// Frames per generator kind.
     pub kinds: std::collections::BTreeMap<&'static str, u64>,
     /// Wall time.
@@ -114,10 +116,11 @@ fn state(seed: u64, round: u64, prev: &Compiled) -> Compiled {
 /// Destination ports: the edges of the tier ranges and NetworkPolicy
 /// ports, and the edges of the round's ranges.
 fn round_ports(c: &Compiled) -> Vec<u16> {
-    let mut ports: std::collections::BTreeSet<u16> =
-        [1, 949, 950, 960, 998, 999, 1000, 1001, 1004, 1007, 1010, 1011, 1100, 1101, 19_999, 20_000, 40_001]
-            .into_iter()
-            .collect();
+    let mut ports: std::collections::BTreeSet<u16> = [
+        1, 949, 950, 960, 998, 999, 1000, 1001, 1004, 1007, 1010, 1011, 1100, 1101, 19_999, 20_000, 40_001,
+    ]
+    .into_iter()
+    .collect();
     for e in c.policy.keys().filter(|e| e.protocol.is_some()) {
         let (lo, hi) = e.ports;
         ports.extend([lo.saturating_sub(1), lo, hi, hi.saturating_add(1)]);
@@ -146,8 +149,8 @@ pub fn run(cfg: &Config) -> Outcome {
         .iter()
         .map(|p| Dummy::new(&format!("{}{}", cfg.tag, p.ep)))
         .collect();
-    let mut dp = EbpfDataplane::open_with(pins.options_in(cfg.mode), cfg.switches)
-        .unwrap_or_else(|e| panic!("open: {e}"));
+    let mut dp =
+        EbpfDataplane::open_with(pins.options_in(cfg.mode), cfg.switches).unwrap_or_else(|e| panic!("open: {e}"));
     let ifs: Interfaces = PODS.iter().zip(&links).map(|(p, l)| (p.ep, l.ifindex)).collect();
     let addrs = addresses();
     let mut model = Model::default();
@@ -159,6 +162,9 @@ pub fn run(cfg: &Config) -> Outcome {
             || (cfg.stop_at_first && !o.findings.is_empty())
     };
     let mut round = 0u64;
+    // NPM_FUZZ_TRACE=1: every frame, its shape and verdict (to trace a
+    // finding back to the frames that made its state).
+    let trace = std::env::var_os("NPM_FUZZ_TRACE").is_some();
     while !done(&out) {
         let c = state(cfg.seed, round, &prev);
         if round == 0 || round % 16 == 8 {
@@ -175,10 +181,7 @@ pub fn run(cfg: &Config) -> Outcome {
             }
             let k = rng.below(PODS.len() as u64) as usize;
             let pod = PODS[k];
-            let own = (
-                mapped(pod.v4.parse().expect("v4")),
-                mapped(pod.v6.parse().expect("v6")),
-            );
+            let own = (mapped(pod.v4.parse().expect("v4")), mapped(pod.v6.parse().expect("v6")));
             let scope = Scope {
                 pod,
                 addrs: &addrs,
@@ -197,11 +200,19 @@ pub fn run(cfg: &Config) -> Outcome {
                 };
                 out.packets += 1;
                 *out.kinds.entry(p.what).or_default() += 1;
-                *out
-                    .reasons
+                *out.reasons
                     .entry(reason.map(|r| format!("{r:?}")).unwrap_or_else(|| "none".into()))
                     .or_default() += 1;
                 let allowed = verdict == VERDICT_ALLOW;
+                if trace {
+                    eprintln!(
+                        "trace round {round} case {n} packet {i} ep {} {:?} {}: {:?} -> {allowed} {reason:?}",
+                        pod.ep, p.dir, p.what, p.shape
+                    );
+                }
+                if allowed && matches!(p.shape, Shape::Later { .. }) {
+                    out.later_allowed += 1;
+                }
                 if !want.permits(allowed, reason) {
                     if want == Want::Exact(false, Reason::PolicyDenied) && !allowed && reason == Some(Reason::AdminDeny)
                     {
@@ -218,9 +229,6 @@ pub fn run(cfg: &Config) -> Outcome {
                             p.shape,
                             hex(&p.bytes),
                         ));
-                        if let Shape::Malformed(_) = p.shape {
-                            // Unreadable: nothing to record.
-                        }
                     }
                 }
                 // The model follows the kernel (after a finding too).
@@ -238,11 +246,33 @@ pub fn run(cfg: &Config) -> Outcome {
 fn run_and_assert(cfg: Config) {
     let o = run(&cfg);
     eprintln!(
-        "ebpf_fuzz {}: reasons {:?}; kinds {:?}",
-        cfg.tag, o.reasons, o.kinds
+        "ebpf_fuzz {}: reasons {:?}; kinds {:?}; later fragments allowed {}",
+        cfg.tag, o.reasons, o.kinds, o.later_allowed
     );
     println!("{}", o.json(&cfg));
     assert!(o.packets > 0, "no frame ran");
+    // Not trivial: every rule of the specification decided frames.
+    let seen = |r: &str| o.reasons.get(r).copied().unwrap_or(0);
+    for r in [
+        "Malformed",
+        "Fragment",
+        "Tracked",
+        "Related",
+        "Spoofed",
+        "Icmpv6Control",
+        "Host",
+        "Policy",
+        "PolicyDenied",
+        "NotIsolated",
+    ] {
+        assert!(seen(r) > 0, "seed {:#x}: no frame decided as {r}", cfg.seed);
+    }
+    let tiers = ["AdminAccept", "AdminDeny", "BaselineAccept", "BaselineDeny"];
+    assert!(
+        tiers.iter().map(|r| seen(r)).sum::<u64>() > 0,
+        "no frame decided by a tier"
+    );
+    assert!(o.later_allowed > 0, "no later fragment passed on its record");
     assert!(
         o.findings.is_empty(),
         "{} verdicts outside docs/packet-spec.md (rerun: cargo xtask fuzz --seed {:#x}):\n{}",
@@ -257,7 +287,7 @@ fn run_and_assert(cfg: Config) {
 fn ebpf_fuzz_tcx() {
     run_and_assert(Config {
         seed: 0xf022,
-        cases: Some(3_000),
+        cases: Some(4_000),
         duration: None,
         mode: crate::ebpf_common::default_mode(),
         switches: BenchSwitches::default(),
@@ -273,7 +303,7 @@ fn ebpf_fuzz_tc() {
     let _serial = crate::serial();
     run_and_assert(Config {
         seed: 0xf023,
-        cases: Some(1_500),
+        cases: Some(2_000),
         duration: None,
         mode: AttachMode::Tc,
         switches: BenchSwitches {

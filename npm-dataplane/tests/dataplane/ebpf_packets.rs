@@ -505,8 +505,20 @@ fn ipv4_table_on(f: Fixture) {
             deny_r(Reason::Malformed),
         ),
         ("tiny first fragment", IN, a, tiny_first, deny_r(Reason::Malformed)),
-        ("later of tiny first fragment", IN, a, tiny_later, deny_r(Reason::Fragment)),
-        ("ipv4 header under the ipv6 ethertype", IN, a, v4_as_v6, deny_r(Reason::Malformed)),
+        (
+            "later of tiny first fragment",
+            IN,
+            a,
+            tiny_later,
+            deny_r(Reason::Fragment),
+        ),
+        (
+            "ipv4 header under the ipv6 ethertype",
+            IN,
+            a,
+            v4_as_v6,
+            deny_r(Reason::Malformed),
+        ),
     ];
     check(&f, &rows);
 }

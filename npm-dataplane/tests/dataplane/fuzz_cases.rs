@@ -12,8 +12,8 @@ use npm_policy::compiled::Direction;
 
 use crate::fuzz_judge::{is_echo, quoted_flow, Flow, Shape};
 use crate::fuzz_packets::{
-    echo_rest, ext, frag6, icmp, malform, mapped, random_chunks, random_exts, random_options, random_tcp_flags,
-    sctp, tcp, udp, Frame, ICMP, ICMPV6, MALFORMS, SCTP, TCP, UDP,
+    echo_rest, ext, frag6, icmp, malform, mapped, random_chunks, random_exts, random_options, random_tcp_flags, sctp,
+    tcp, udp, Frame, ICMP, ICMPV6, MALFORMS, SCTP, TCP, UDP,
 };
 use crate::random_compiled::{Pod, Rng};
 
@@ -174,7 +174,11 @@ fn l4_of(rng: &mut Rng, b: &Base, decorate: bool) -> Vec<u8> {
             };
             udp(b.sport, b.dport, len, &payload)
         }
-        SCTP => sctp(b.sport, b.dport, &if decorate { random_chunks(rng) } else { Vec::new() }),
+        SCTP => sctp(
+            b.sport,
+            b.dport,
+            &if decorate { random_chunks(rng) } else { Vec::new() },
+        ),
         ICMP | ICMPV6 => {
             let rest = if is_echo(b.proto, b.icmp_type) {
                 echo_rest(b.sport)
@@ -315,9 +319,19 @@ fn conversation(rng: &mut Rng, s: &Scope<'_>, dir: Direction) -> Vec<Packet> {
                     sport: 0,
                     dport: 0,
                     tcp_flags: 0,
-                    icmp_type: if b.v4 { pick(rng, &[3, 11, 12]) } else { pick(rng, &[1, 2, 3, 4]) },
+                    icmp_type: if b.v4 {
+                        pick(rng, &[3, 11, 12])
+                    } else {
+                        pick(rng, &[1, 2, 3, 4])
+                    },
                 };
-                let mut f = Frame::new(e.v4, e.src, e.dst, e.proto, icmp(e.icmp_type, 4, [0, 0, 5, 0xdc], &quote[..cut]));
+                let mut f = Frame::new(
+                    e.v4,
+                    e.src,
+                    e.dst,
+                    e.proto,
+                    icmp(e.icmp_type, 4, [0, 0, 5, 0xdc], &quote[..cut]),
+                );
                 if rng.below(5) == 0 {
                     f.pad = rng.below(30) as usize;
                 }
@@ -382,7 +396,11 @@ fn fragments(rng: &mut Rng, s: &Scope<'_>, dir: Direction) -> Vec<Packet> {
         }),
     }
     for k in 0..1 + rng.below(3) {
-        let off = if rng.below(3) == 0 { 1 } else { 1 + rng.below(200) as u16 };
+        let off = if rng.below(3) == 0 {
+            1
+        } else {
+            1 + rng.below(200) as u16
+        };
         let more = k < 2 && rng.below(2) == 0;
         let mut lid = id;
         let mut lproto = frag_proto;

@@ -86,11 +86,9 @@ pub enum Shape {
 pub enum Want {
     /// Exactly this (allowed, reason).
     Exact(bool, Reason),
-    /// Allowed as `Tracked` (the model's entry may have idled out), or
-    /// this.
-    TrackedOr(bool, Reason),
-    /// Allowed as `Related` (idled out: the error's own verdict), or this.
-    RelatedOr(bool, Reason),
+    /// Any of these (allowed, reason): an entry of the model that may have
+    /// idled out answers (`Tracked`, `Related`) or the next rule does.
+    AnyOf([Option<(bool, Reason)>; 3]),
     /// Allowed with this reason (a first fragment's record that may have
     /// been evicted), or dropped as `Fragment`.
     FragmentOr(Reason),
@@ -108,10 +106,15 @@ impl Want {
     pub fn permits(&self, allowed: bool, reason: Option<Reason>) -> bool {
         match *self {
             Want::Exact(a, r) => allowed == a && reason == Some(r),
-            Want::TrackedOr(a, r) => (allowed && reason == Some(Reason::Tracked)) || (allowed == a && reason == Some(r)),
-            Want::RelatedOr(a, r) => (allowed && reason == Some(Reason::Related)) || (allowed == a && reason == Some(r)),
+            Want::AnyOf(options) => options
+                .iter()
+                .flatten()
+                .any(|(a, r)| allowed == *a && reason == Some(*r)),
             Want::FragmentOr(r) => (allowed && reason == Some(r)) || (!allowed && reason == Some(Reason::Fragment)),
-            Want::Unreadable { unisolated } => !allowed || unisolated,
+            // Fail closed, and as the datapath states it: `Malformed`.
+            // (The weakest form of the rule, allowed only where unisolated,
+            // is `!allowed || unisolated`.)
+            Want::Unreadable { .. } => !allowed && reason == Some(Reason::Malformed),
         }
     }
 }
@@ -292,26 +295,27 @@ impl Model {
                 let peer = unmapped(if dir == Direction::Ingress { flow.src } else { flow.dst });
                 let r = lookup(c, ep, dir, peer, flow.proto, flow.policy_port());
                 let reference = (r.allowed, r.reason);
-                // Step 6: a related error, then the packet's own entry.
-                let mut want = None;
+                // Step 6: a related error, then the packet's own entry. An
+                // entry that may have idled out adds its answer to what the
+                // next rule says.
+                let mut maybe_related = None;
                 if let (Some(q), Some(t)) = (quoted, icmp_type) {
                     if first_fragment.is_none() && is_error(flow.proto, *t) && flow.dst == q.src {
                         match self.entry(ep, q) {
                             Some(true) => return Want::Exact(true, Reason::Related),
-                            Some(false) => want = Some(Want::RelatedOr(reference.0, reference.1)),
+                            Some(false) => maybe_related = Some((true, Reason::Related)),
                             None => {}
                         }
                     }
                 }
                 let opening = flow.proto == TCP && tcp_flags & 0x12 == 0x02;
-                if !opening {
-                    match self.entry(ep, flow) {
-                        Some(true) => return Want::Exact(true, Reason::Tracked),
-                        Some(false) => return Want::TrackedOr(reference.0, reference.1),
-                        None => {}
-                    }
+                let tracked = if opening { None } else { self.entry(ep, flow) };
+                match tracked {
+                    Some(true) => Want::AnyOf([maybe_related, Some((true, Reason::Tracked)), None]),
+                    Some(false) => Want::AnyOf([maybe_related, Some((true, Reason::Tracked)), Some(reference)]),
+                    None if maybe_related.is_some() => Want::AnyOf([maybe_related, Some(reference), None]),
+                    None => Want::Exact(reference.0, reference.1),
                 }
-                want.unwrap_or(Want::Exact(reference.0, reference.1))
             }
         }
     }
