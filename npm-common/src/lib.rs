@@ -58,7 +58,10 @@
 //!    or, for a large ifindex, no `NPM_ENDPOINTS` entry): allow
 //!    ([`Reason::NoEndpoint`]), the program is only attached to interfaces of
 //!    programmed endpoints;
-//! 3. a truncated or malformed header: drop ([`Reason::Malformed`]);
+//! 3. a truncated or malformed header: drop ([`Reason::Malformed`]); what
+//!    is readable (the version the ethertype's, every header within the
+//!    datagram's length field, not the frame's padding) is stated in
+//!    `docs/packet-spec.md`;
 //! 4. egress (leaving the pod) with a source address that is not the
 //!    endpoint's own: drop ([`Reason::Spoofed`]); ICMPv6 neighbour discovery
 //!    and MLD are exempt and allowed ([`Reason::Icmpv6Control`]);

@@ -58,7 +58,9 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
         let tot = (((w16 & 0xff) << 8) | ((w16 >> 8) & 0xff)) as usize;
         // Bytes 20..23: no fragment (MF clear, offset 0), then the protocol.
         let w20 = rd32(pk.add(20));
-        if w20 & 0xff3f != 0 || tot < 20 || (ctx.len() as usize) < ETH_HLEN + tot {
+        // A datagram shorter than 40 bytes may end inside its L4 header:
+        // the general path checks it.
+        if w20 & 0xff3f != 0 || tot < 40 || (ctx.len() as usize) < ETH_HLEN + tot {
             return TAKE_GENERAL;
         }
         let pr = (w20 >> 24) as u8;

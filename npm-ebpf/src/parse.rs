@@ -201,7 +201,9 @@ fn parse_fast(ctx: &TcContext, p: &mut Pkt) -> bool {
             let tot = be16(*pk.add(16), *pk.add(17)) as usize;
             let fo = be16(*pk.add(20), *pk.add(21));
             let pr = *pk.add(23);
-            if fo & 0x3fff != 0 || tot < 20 || len < ETH_HLEN + tot {
+            // A datagram shorter than 40 bytes may end inside its L4
+            // header: the general path checks it.
+            if fo & 0x3fff != 0 || tot < 40 || len < ETH_HLEN + tot {
                 return false;
             }
             if !(pr == proto::TCP || pr == proto::UDP || pr == proto::SCTP || pr == proto::ICMP) {
@@ -218,7 +220,7 @@ fn parse_fast(ctx: &TcContext, p: &mut Pkt) -> bool {
             }
             let payload = be16(*pk.add(18), *pk.add(19)) as usize;
             let pr = *pk.add(20);
-            if len < ETH_HLEN + 40 + payload {
+            if payload < 20 || len < ETH_HLEN + 40 + payload {
                 return false;
             }
             if !(pr == proto::TCP || pr == proto::UDP || pr == proto::SCTP || pr == proto::ICMPV6) {
@@ -279,7 +281,15 @@ pub(crate) fn parse(ctx: &TcContext, s: &mut Scratch) -> Result<(), ()> {
     if parse_fast(ctx, &mut s.pkt) {
         return Ok(());
     }
-    parse_at::<ETH_HLEN>(ctx, s)
+    parse_at::<ETH_HLEN>(ctx, s)?;
+    // The header's version must be the ethertype's (the receiver's stack
+    // drops the other, so its "flow" is no flow: malformed, not decided).
+    load::<2>(ctx, 12, &mut s.hdr)?;
+    let want = if s.pkt.family == 4 { ETH_P_IP } else { ETH_P_IPV6 };
+    if be16(s.hdr[0], s.hdr[1]) != want {
+        return Err(());
+    }
+    Ok(())
 }
 
 /// [`parse`] of a packet whose IP header starts at byte `L3` (14 behind
@@ -293,6 +303,9 @@ pub(crate) fn parse_at<const L3: usize>(ctx: &impl Skb, s: &mut Scratch) -> Resu
     load::<1>(ctx, L3, h)?;
     let version = h[0] >> 4;
     let l4off: usize;
+    // The end of the datagram (its length field, not the frame: Ethernet
+    // padding is not the packet's): every header must lie before it.
+    let end: usize;
     if version == 4 {
         load::<20>(ctx, L3, h)?;
         let ihl = ((h[0] & 0x0f) as usize) * 4;
@@ -300,6 +313,7 @@ pub(crate) fn parse_at<const L3: usize>(ctx: &impl Skb, s: &mut Scratch) -> Resu
         if ihl < 20 || tot < ihl || len < L3 + tot {
             return Err(());
         }
+        end = L3 + tot;
         p.family = 4;
         p.proto = h[9];
         p.frag_proto = h[9];
@@ -319,6 +333,7 @@ pub(crate) fn parse_at<const L3: usize>(ctx: &impl Skb, s: &mut Scratch) -> Resu
         if len < L3 + 40 + payload {
             return Err(());
         }
+        end = L3 + 40 + payload;
         p.family = 6;
         // SAFETY: 4-aligned 16-byte fields and header offsets 8 and 24.
         unsafe {
@@ -366,7 +381,7 @@ pub(crate) fn parse_at<const L3: usize>(ctx: &impl Skb, s: &mut Scratch) -> Resu
                 }
             }
         }
-        if !done {
+        if !done || off > end {
             return Err(());
         }
         p.proto = nh;
@@ -376,6 +391,16 @@ pub(crate) fn parse_at<const L3: usize>(ctx: &impl Skb, s: &mut Scratch) -> Resu
     }
     if p.frag == FRAG_LATER {
         return Ok(());
+    }
+    // The fixed L4 header the decision reads, within the datagram.
+    let need = match p.proto {
+        proto::TCP => 20,
+        proto::SCTP => 12,
+        proto::UDP | proto::ICMP | proto::ICMPV6 => 8,
+        _ => 0,
+    };
+    if l4off + need > end {
+        return Err(());
     }
     match p.proto {
         proto::TCP => {

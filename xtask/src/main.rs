@@ -12,11 +12,15 @@
 //!   --destination pod|service`: several node netns, each with its agent).
 //! - `cargo xtask bench datapath|compile|agent|cnp|traffic|dns|propagation`: the benchmarks
 //!   (`propagation` runs the three-node cluster: one multi-node run at a time).
+//! - `cargo xtask fuzz [--seed N] [--cases N | --duration SECS] [--attach tcx|tc]`:
+//!   the packet fuzzer (random and malformed frames through the real eBPF
+//!   programs, judged by `docs/packet-spec.md`; ends with one JSON line).
 //! - `cargo xtask image`: the agent's OCI image (buildah, no daemon).
 //! - `cargo xtask vm run --kernel debian-6.1 -- CMD`, `cargo xtask vm matrix`:
 //!   Debian's kernels under qemu (`vm.rs`).
 
 mod deps;
+mod fuzz;
 mod image;
 mod setup;
 mod vm;
@@ -82,6 +86,10 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The packet fuzzer: random and malformed frames through the real eBPF
+    /// programs (BPF_PROG_TEST_RUN) against random compiled states, judged
+    /// by docs/packet-spec.md; ends with one JSON line. Needs root.
+    Fuzz(fuzz::FuzzArgs),
     /// Debian kernels under qemu: `vm run --kernel debian-6.1 -- CMD`,
     /// `vm matrix` (see xtask/src/vm.rs).
     Vm {
@@ -102,6 +110,7 @@ fn main() -> ExitCode {
         Cmd::Demo { args } => demo(&args),
         Cmd::Bench { which, args } => bench(&which, &args),
         Cmd::Image { check } => image::image().and_then(|tag| if check { image::check(&tag) } else { Ok(()) }),
+        Cmd::Fuzz(a) => fuzz::fuzz(&a),
         Cmd::Vm { cmd } => vm::main(cmd),
     };
     match res {
@@ -140,7 +149,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
@@ -159,7 +168,7 @@ fn ebpf_cargo(subcommand: &str) -> Command {
     cmd
 }
 
-fn build_ebpf() -> Result<()> {
+pub(crate) fn build_ebpf() -> Result<()> {
     setup::check_ebpf_prerequisites()?;
     let mut cmd = ebpf_cargo("build");
     // BTF for the object; the linker is bpf-linker (found on PATH by rustc).

@@ -170,6 +170,37 @@ fn ipv4_table_on(f: Fixture) {
     bad_doff[14 + 20 + 12] = 4 << 4; // a TCP data offset of 4 words
     let mut cut = v4("10.0.0.2", "10.0.0.1", L4::Tcp(40403, 80, 0x02));
     cut.truncate(14 + 20 + 8);
+    // Packet fuzzer findings (docs/packet-spec.md, "readable"): an IP
+    // length that ends inside the TCP header, the rest of the header in
+    // the frame's padding (the fast path read it from there).
+    let mut l4_in_padding = v4("10.0.0.2", "10.0.0.1", L4::Tcp(40405, 80, 0x02));
+    l4_in_padding[16..18].copy_from_slice(&30u16.to_be_bytes());
+    l4_in_padding.resize(60, 0);
+    // A tiny first fragment: 8 bytes of TCP in the datagram (ports, no
+    // flags), then its later fragment (passed on the tiny one's record).
+    let mut tiny_first = ipv4_raw(
+        "10.0.0.2".parse().unwrap(),
+        "10.0.0.1".parse().unwrap(),
+        6,
+        503,
+        0x2000,
+        &[],
+        &L4::Tcp(40406, 80, 0x02).bytes(),
+    );
+    tiny_first[16..18].copy_from_slice(&28u16.to_be_bytes());
+    tiny_first.resize(60, 0);
+    let tiny_later = ipv4_raw(
+        "10.0.0.2".parse().unwrap(),
+        "10.0.0.1".parse().unwrap(),
+        6,
+        503,
+        1,
+        &[],
+        &[0x63; 16],
+    );
+    // An IPv4 header under the IPv6 ethertype (parsed by its version).
+    let mut v4_as_v6 = v4("10.0.0.2", "10.0.0.1", L4::Tcp(40407, 80, 0x02));
+    v4_as_v6[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
     let rows = vec![
         (
             "tcp allowed",
@@ -466,6 +497,28 @@ fn ipv4_table_on(f: Fixture) {
             denied_later,
             deny_r(Reason::Fragment),
         ),
+        (
+            "tcp header past the ip length, in the padding",
+            IN,
+            a,
+            l4_in_padding,
+            deny_r(Reason::Malformed),
+        ),
+        ("tiny first fragment", IN, a, tiny_first, deny_r(Reason::Malformed)),
+        (
+            "later of tiny first fragment",
+            IN,
+            a,
+            tiny_later,
+            deny_r(Reason::Fragment),
+        ),
+        (
+            "ipv4 header under the ipv6 ethertype",
+            IN,
+            a,
+            v4_as_v6,
+            deny_r(Reason::Malformed),
+        ),
     ];
     check(&f, &rows);
 }
@@ -726,6 +779,40 @@ fn ipv6_table() {
             a,
             v6_ext("fd00::2", "fd00::1", &[Ext::Fragment(100, false, 79)], L4::Tcp(1, 2, 3)),
             deny_r(Reason::Fragment),
+        ),
+        // Packet fuzzer findings (docs/packet-spec.md, "readable").
+        (
+            "tcp header past the payload length, in the padding",
+            IN,
+            a,
+            {
+                let mut p = v6("fd00::2", "fd00::1", L4::Tcp(41040, 80, 0x02));
+                p[18..20].copy_from_slice(&10u16.to_be_bytes());
+                p
+            },
+            deny_r(Reason::Malformed),
+        ),
+        (
+            "ext header past the payload, no next header (any-protocol peer)",
+            IN,
+            a,
+            {
+                let mut p = v6_ext("fd00::3", "fd00::1", &[Ext::DestOpts], L4::Raw(59, vec![]));
+                p[14 + 40 + 1] = 200;
+                p
+            },
+            deny_r(Reason::Malformed),
+        ),
+        (
+            "ipv6 header under the ipv4 ethertype",
+            IN,
+            a,
+            {
+                let mut p = v6("fd00::2", "fd00::1", L4::Tcp(41041, 80, 0x02));
+                p[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+                p
+            },
+            deny_r(Reason::Malformed),
         ),
     ];
     check(&f, &rows);

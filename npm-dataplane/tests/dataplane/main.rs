@@ -6,6 +6,9 @@
 //! prefix><pid>...`) and sweeps only leftovers whose process is gone.
 
 mod ebpf_common;
+mod fuzz_cases;
+mod fuzz_judge;
+mod fuzz_packets;
 mod netns_common;
 mod nft_common;
 mod random_compiled;
@@ -31,6 +34,7 @@ mod ebpf_fill;
 mod ebpf_fold;
 mod ebpf_front_rules;
 mod ebpf_front_sizes;
+mod ebpf_fuzz;
 mod ebpf_half_close;
 mod ebpf_icmp_errors;
 mod ebpf_inspect;
