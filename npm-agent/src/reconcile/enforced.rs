@@ -118,31 +118,8 @@ impl<D: AgentDataplane> Syncer<D> {
 mod tests {
     use super::*;
     use npm_dataplane::ebpf::Shortfall;
-    use npm_policy::compiled::{Endpoint, PodRef};
 
-    fn compiled() -> Compiled {
-        let mut c = Compiled::default();
-        for id in [1, 2] {
-            c.endpoints.insert(
-                id,
-                Endpoint {
-                    pod: PodRef {
-                        namespace: "ns".into(),
-                        name: format!("p{id}"),
-                        uid: format!("u{id}"),
-                    },
-                    identity: 256,
-                    ipv4: None,
-                    ipv6: None,
-                    isolated_ingress: false,
-                    isolated_egress: false,
-                    tiers: Default::default(),
-                    report_new: false,
-                },
-            );
-        }
-        c
-    }
+    use crate::reconcile::tests::two_endpoints as compiled;
 
     fn reasons(d: &Desired) -> Vec<(&str, Reason)> {
         d.iter().map(|(u, s)| (u.as_str(), s.reason)).collect()

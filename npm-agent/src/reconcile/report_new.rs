@@ -54,31 +54,8 @@ pub fn apply_report_new(cfg: &SyncConfig, snapshot: &Snapshot, audit: &Audit, co
 #[cfg(test)]
 mod tests {
     use super::*;
-    use npm_policy::compiled::PodRef;
 
-    fn compiled() -> Compiled {
-        let mut c = Compiled::default();
-        for id in [1, 2] {
-            c.endpoints.insert(
-                id,
-                Endpoint {
-                    pod: PodRef {
-                        namespace: "ns".into(),
-                        name: format!("p{id}"),
-                        uid: format!("u{id}"),
-                    },
-                    identity: 256,
-                    ipv4: None,
-                    ipv6: None,
-                    isolated_ingress: false,
-                    isolated_egress: false,
-                    tiers: Default::default(),
-                    report_new: false,
-                },
-            );
-        }
-        c
-    }
+    use crate::reconcile::tests::two_endpoints as compiled;
 
     #[test]
     fn flow_logs_allow_flags_every_endpoint_and_only_then() {

@@ -43,9 +43,7 @@ use npm_policy::compiled::{Compiled, Direction};
 use npm_policy::lookup::lookup;
 
 use crate::ebpf_common::{sweep_leftovers, v4, v6, Dummy, PinDir, L4};
-use crate::random_compiled::{
-    add_random_tiers, mutate, random_policies, Rng, NODE_IP, NODE_IP6, OUTSIDE_V4, OUTSIDE_V6, PODS,
-};
+use crate::random_compiled::{random_state, NODE_IP, NODE_IP6, OUTSIDE_V4, OUTSIDE_V6, PODS};
 
 /// Random states per test.
 const ROUNDS: u64 = 12;
@@ -88,23 +86,6 @@ fn seed() -> u64 {
 /// (`NPM_EBPF_DIFF_SEED=random` draws one from the clock, for longer
 /// searches by hand).
 const DEFAULT_SEED: u64 = 0x5eed;
-
-/// The random state of `round` under `seed`, after `prev`: every other
-/// round a new state (NetworkPolicy entries with ranges of up to 200
-/// ports, over the policy front's 64-port limit now and then, and tier
-/// entries), the others a small change of `prev` ([`mutate`]: what one
-/// incremental update of the agent writes, the case where a layer the
-/// writer forgets to refresh keeps a stale decision).
-fn state(seed: u64, round: u64, prev: &Compiled) -> Compiled {
-    // Never 0 (xorshift would stay there).
-    let mut rng = Rng((seed ^ (round + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
-    if round % 2 == 1 {
-        return mutate(&mut rng, prev);
-    }
-    let mut c = random_policies(&mut rng, &PODS, 200);
-    add_random_tiers(&mut rng, &mut c);
-    c
-}
 
 /// The ports of one round: [`PORTS`] and the first and last port of every
 /// NetworkPolicy range of `c` (not all ports) with the ports beside them.
@@ -200,7 +181,7 @@ fn differential(tag: &str, layer: &str, switches: BenchSwitches, expect: Expect)
     let (mut folded, mut policy_front, mut tier_front) = (0, 0, 0);
     let mut total = 0usize;
     for round in 0..ROUNDS {
-        let c = state(seed, round, &prev);
+        let c = random_state(seed, round, &prev);
         if round == 0 || round == ROUNDS / 2 {
             rig.dp.sync_full(&c, &ifs).expect("sync_full");
         } else {

@@ -27,9 +27,7 @@ use crate::ebpf_common::{sweep_leftovers, Dummy, PinDir};
 use crate::fuzz_cases::{case, Scope};
 use crate::fuzz_judge::{Model, Shape, Want};
 use crate::fuzz_packets::mapped;
-use crate::random_compiled::{
-    add_random_tiers, mutate, random_policies, Rng, NODE_IP, NODE_IP6, OUTSIDE_V4, OUTSIDE_V6, PODS,
-};
+use crate::random_compiled::{random_state, Rng, NODE_IP, NODE_IP6, OUTSIDE_V4, OUTSIDE_V6, PODS};
 
 /// Cases per random state.
 const CASES_PER_ROUND: u64 = 150;
@@ -101,18 +99,6 @@ impl Outcome {
     }
 }
 
-/// The random state of `round` under `seed`, after `prev` (as
-/// `ebpf_differential` draws them).
-fn state(seed: u64, round: u64, prev: &Compiled) -> Compiled {
-    let mut rng = Rng((seed ^ (round + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
-    if round % 2 == 1 {
-        return mutate(&mut rng, prev);
-    }
-    let mut c = random_policies(&mut rng, &PODS, 200);
-    add_random_tiers(&mut rng, &mut c);
-    c
-}
-
 /// Destination ports: the edges of the tier ranges and NetworkPolicy
 /// ports, and the edges of the round's ranges.
 fn round_ports(c: &Compiled) -> Vec<u16> {
@@ -166,7 +152,7 @@ pub fn run(cfg: &Config) -> Outcome {
     // finding back to the frames that made its state).
     let trace = std::env::var_os("NPM_FUZZ_TRACE").is_some();
     while !done(&out) {
-        let c = state(cfg.seed, round, &prev);
+        let c = random_state(cfg.seed, round, &prev);
         if round == 0 || round % 16 == 8 {
             dp.sync_full(&c, &ifs).expect("sync_full");
         } else {

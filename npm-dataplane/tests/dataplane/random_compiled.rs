@@ -354,3 +354,19 @@ pub fn mutate(rng: &mut Rng, c: &Compiled) -> Compiled {
     }
     c
 }
+
+/// The random state of `round` under `seed`, after `prev`: every other
+/// round a new one ([`random_policies`] and [`add_random_tiers`] over
+/// [`PODS`]), the others a small change of `prev` ([`mutate`]: what one
+/// incremental update of the agent writes, the case where a layer the
+/// writer forgets to refresh keeps a stale decision).
+pub fn random_state(seed: u64, round: u64, prev: &Compiled) -> Compiled {
+    // Never 0 (xorshift would stay there).
+    let mut rng = Rng((seed ^ (round + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
+    if round % 2 == 1 {
+        return mutate(&mut rng, prev);
+    }
+    let mut c = random_policies(&mut rng, &PODS, 200);
+    add_random_tiers(&mut rng, &mut c);
+    c
+}

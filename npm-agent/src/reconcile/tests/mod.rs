@@ -168,3 +168,30 @@ fn node_a<D: AgentDataplane>(cache: &Arc<Cache>, dp: D) -> SyncerBuilder<D> {
         .config(node_a_config())
         .resolver(Box::new(AllFound))
 }
+
+/// A compiled state of two endpoints, 1 and 2 (pods `ns/p1` and `ns/p2`,
+/// uids `u1` and `u2`, identity 256, no addresses, not isolated).
+pub(crate) fn two_endpoints() -> Compiled {
+    use npm_policy::compiled::{Endpoint, PodRef};
+    let mut c = Compiled::default();
+    for id in [1, 2] {
+        c.endpoints.insert(
+            id,
+            Endpoint {
+                pod: PodRef {
+                    namespace: "ns".into(),
+                    name: format!("p{id}"),
+                    uid: format!("u{id}"),
+                },
+                identity: 256,
+                ipv4: None,
+                ipv6: None,
+                isolated_ingress: false,
+                isolated_egress: false,
+                tiers: Default::default(),
+                report_new: false,
+            },
+        );
+    }
+    c
+}
