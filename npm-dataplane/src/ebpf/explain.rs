@@ -10,10 +10,11 @@
 //! `npm_common::DRY_RUN_IIF` for why). The classifier then creates no
 //! conntrack entry, fills neither per-CPU cache, counts nothing and sends
 //! no deny event; it returns its reason in the skb mark, which
-//! `BPF_PROG_TEST_RUN` copies back (`ctx_out`). What remains: a packet of
-//! an existing tracked flow (UDP, SCTP; a TCP SYN never looks conntrack up)
-//! refreshes that entry's idle time as its own packets do, and the
-//! per-CPU clock cache may be refreshed. A program without dry-run support
+//! `BPF_PROG_TEST_RUN` copies back (`ctx_out`). A packet of an existing
+//! tracked flow writes nothing to its entry either (no flag, no idle time:
+//! a crafted "reply" never confirms a pending Service entry). What
+//! remains: the per-CPU clock cache may be refreshed (scratch). A program
+//! without dry-run support
 //! (an agent from before it) does not set the mark: that is reported as
 //! [`ExplainError::NoDryRun`], and such a run did count and track.
 
