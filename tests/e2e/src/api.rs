@@ -163,6 +163,14 @@ impl Api {
         self.call("PUT", path, Some(obj))
     }
 
+    /// PATCH with a JSON merge patch (as the kubelet writes a pod's
+    /// status: fields others own, such as the agent's pod conditions, and
+    /// the resourceVersion are left alone, so no conflict).
+    pub fn merge_patch(&self, path: &str, patch: &Value) -> Result<Value, ApiError> {
+        self.request_raw("PATCH", path, "application/merge-patch+json", Some(patch))
+            .map(|(_, v)| v)
+    }
+
     /// DELETE; a 404 counts as done.
     pub fn delete(&self, path: &str) -> Result<(), ApiError> {
         match self.call("DELETE", path, None) {

@@ -339,15 +339,14 @@ fn measure(r: &mut LiveRunner, cli: &Cli, engine: Engine, total: usize) -> Resul
         // Vary the phase against the agents' debounce and resyncs.
         std::thread::sleep(Duration::from_millis(150 + (i as u64 * 37) % 250));
         let path = pod_path("y", &name);
-        let mut cur = r.api().get(&path).map_err(|e| format!("get y/{name}: {e}"))?;
-        cur["status"] = json!({
+        let status = json!({"status": {
             "phase": "Running",
             "podIP": v4.to_string(),
             "podIPs": [{"ip": v4.to_string()}, {"ip": v6.to_string()}],
-        });
+        }});
         let t0 = Instant::now();
         r.api()
-            .replace(&format!("{path}/status"), &cur)
+            .merge_patch(&format!("{path}/status"), &status)
             .map_err(|e| format!("status of y/{name}: {e}"))?;
         let (took, n) = wait_for(&probe, &addrs, true, t0, gap)?;
         polls += n;

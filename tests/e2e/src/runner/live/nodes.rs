@@ -233,14 +233,13 @@ impl LiveRunner {
                     let _ = self.api.delete(&pod_path(ns, name));
                     return Err(e.into());
                 }
-                let mut cur = self.api.get(&pod_path(ns, name)).map_err(api_err)?;
-                cur["status"] = json!({
+                let status = json!({"status": {
                     "phase": "Running",
                     "podIP": v4.to_string(),
                     "podIPs": [{"ip": v4.to_string()}, {"ip": v6.to_string()}],
-                });
+                }});
                 self.api
-                    .replace(&format!("{}/status", pod_path(ns, name)), &cur)
+                    .merge_patch(&format!("{}/status", pod_path(ns, name)), &status)
                     .map_err(api_err)?;
             }
         }
