@@ -256,6 +256,14 @@ impl Compiler {
         }
     }
 
+    /// Keeps an earlier converted version of a ClusterNetworkPolicy in
+    /// place of a version that cannot be used, with the report of the
+    /// version that could not (recorded in the snapshot's
+    /// `invalid_cluster_policies`, so that the pods it selects are told).
+    pub fn keep_cluster_policy(&mut self, policy: ClusterPolicy, invalid: Option<InvalidPolicy>) {
+        self.set_cluster_policy(policy.name.clone(), Some(policy), invalid);
+    }
+
     /// Removes a ClusterNetworkPolicy.
     pub fn remove_cluster_policy(&mut self, name: &str) {
         self.set_cluster_policy(name.to_string(), None, None);

@@ -10,15 +10,21 @@
 //!   its report is the snapshot's `invalid_cluster_policies`;
 //! - an object that cannot be decoded at all (its JSON does not have the
 //!   API's shape: no API server that validates against the CRD schema sends
-//!   one) cannot say whom it selects: it is left out of the snapshot and
-//!   reported the same way ([`Unparsed`]), and every other policy is
-//!   enforced.
+//!   one, but a schema served without validation, or a field this agent's
+//!   decoder is stricter about, can) cannot say whom it selects: the last
+//!   version of the same object (uid) whose subject was understood
+//!   ([`LastValid`]) stays enforced, rules included, as for a subject that
+//!   is not understood; an object that never had one is left out of the
+//!   snapshot. Both are reported the same way ([`Unparsed`]; the second
+//!   with the consequence that fails readiness, `cluster-policy-subjects`),
+//!   and every other policy is enforced. A partial view is not the truth:
+//!   an update the agent cannot read never removes the Denies it had.
 
 use std::collections::BTreeMap;
 
 use npm_policy::incremental::Compiler;
 use npm_policy::model::{InvalidPolicy, Selector, Snapshot};
-use npm_policy::tiers::validate::cluster_policy_from_value;
+use npm_policy::tiers::validate::{cluster_policy_from_value, ClusterConsequence};
 use npm_policy::tiers::{ClusterPolicy, Subject};
 
 use crate::k8s::ClusterNetworkPolicy;
@@ -28,8 +34,13 @@ use crate::k8s::ClusterNetworkPolicy;
 pub type Unparsed = BTreeMap<String, InvalidPolicy>;
 
 /// npm-policy's API object of `cnp`, or (recorded in `unparsed`) the
-/// report of an object that cannot be decoded.
-fn decode(cnp: &ClusterNetworkPolicy, unparsed: &mut Unparsed) -> Option<npm_policy::tiers::ClusterNetworkPolicy> {
+/// report of an object that cannot be decoded; `kept` says whether a
+/// previous version of the object stays enforced instead.
+fn decode(
+    cnp: &ClusterNetworkPolicy,
+    unparsed: &mut Unparsed,
+    kept: bool,
+) -> Option<npm_policy::tiers::ClusterNetworkPolicy> {
     let name = cnp.name().to_string();
     match cluster_policy_from_value(&cnp.to_api_json()) {
         Ok(api) => {
@@ -38,18 +49,25 @@ fn decode(cnp: &ClusterNetworkPolicy, unparsed: &mut Unparsed) -> Option<npm_pol
         }
         Err(e) => {
             tracing::debug!(policy = %name, error = %e, "ClusterNetworkPolicy cannot be decoded");
-            unparsed.insert(
-                name.clone(),
-                InvalidPolicy {
-                    namespace: String::new(),
-                    name,
-                    errors: vec![format!(
-                        "{e} (the object cannot be decoded: it is not enforced, the other policies are)"
-                    )],
-                },
-            );
+            let consequence = if kept {
+                ClusterConsequence::KeptLastValid
+            } else {
+                ClusterConsequence::SelectsNothing
+            };
+            unparsed.insert(name.clone(), unparsed_report(&name, &e.to_string(), consequence));
             None
         }
+    }
+}
+
+/// The report of the undecodable object `name`.
+fn unparsed_report(name: &str, error: &str, consequence: ClusterConsequence) -> InvalidPolicy {
+    InvalidPolicy {
+        namespace: String::new(),
+        name: name.to_string(),
+        errors: vec![format!(
+            "{error} (the object cannot be decoded: {consequence}; the other policies are enforced)"
+        )],
     }
 }
 
@@ -98,31 +116,41 @@ impl LastValid {
 
 /// Convert `cnp` into `snapshot` (replacing the policy of that name), or
 /// record it in `unparsed` when it cannot be decoded. A snapshot without a
-/// version of it yet starts from its last valid version, if any.
+/// version of it yet starts from its last valid version, if any; an
+/// undecodable one keeps that version (reported on the pods it selects),
+/// or is left out when there is none.
 pub(super) fn upsert(snapshot: &mut Snapshot, unparsed: &mut Unparsed, cnp: &ClusterNetworkPolicy, last: &LastValid) {
     if !snapshot.cluster_policies.contains_key(cnp.name()) {
         if let Some(p) = last.of(cnp) {
             snapshot.insert_cluster_policy(p.clone(), None);
         }
     }
-    match decode(cnp, unparsed) {
+    let kept = last.of(cnp);
+    match decode(cnp, unparsed, kept.is_some()) {
         // Invalid ones are recorded in `invalid_cluster_policies`.
         Some(api) => {
             let _ = snapshot.upsert_cluster_policy(&api);
         }
-        None => {
-            snapshot.remove_cluster_policy(cnp.name());
-        }
+        None => match kept {
+            Some(p) => snapshot.insert_cluster_policy(p.clone(), unparsed.get(cnp.name()).cloned()),
+            None => {
+                snapshot.remove_cluster_policy(cnp.name());
+            }
+        },
     }
 }
 
 /// [`upsert`] into the incremental compiler.
-pub(super) fn apply(compiler: &mut Compiler, unparsed: &mut Unparsed, cnp: &ClusterNetworkPolicy) {
-    match decode(cnp, unparsed) {
+pub(super) fn apply(compiler: &mut Compiler, unparsed: &mut Unparsed, cnp: &ClusterNetworkPolicy, last: &LastValid) {
+    let kept = last.of(cnp);
+    match decode(cnp, unparsed, kept.is_some()) {
         Some(api) => {
             let _ = compiler.apply_cluster_policy(&api);
         }
-        None => compiler.remove_cluster_policy(cnp.name()),
+        None => match kept {
+            Some(p) => compiler.keep_cluster_policy(p.clone(), unparsed.get(cnp.name()).cloned()),
+            None => compiler.remove_cluster_policy(cnp.name()),
+        },
     }
 }
 

@@ -293,7 +293,7 @@ impl Incremental {
                         let _ = c.apply_policy(&np);
                     }
                     Op::Policy((ns, name), None) => c.remove_policy(&ns, &name),
-                    Op::ClusterPolicy(_, Some(p)) => cluster::apply(c, &mut self.unparsed, &p),
+                    Op::ClusterPolicy(_, Some(p)) => cluster::apply(c, &mut self.unparsed, &p, &self.last_valid),
                     Op::ClusterPolicy(name, None) => cluster::remove_compiled(c, &mut self.unparsed, &name),
                     Op::Node(_, Some(n)) => c.upsert_node(n),
                     Op::Node(name, None) => c.remove_node(&name),

@@ -19,7 +19,8 @@
 //! complete states are diffed, whatever happened between them.
 //!
 //! - [`cluster`]: ClusterNetworkPolicies into the snapshot (decoded and
-//!   converted one by one, the undecodable ones reported);
+//!   converted one by one; an undecodable one keeps its last decoded
+//!   version, and is reported);
 //! - [`objects`]: the ordered walk that diffs two complete states;
 //! - [`overlay`]: this node's CNI facts on the converted pods (and which
 //!   pods a change of the facts touches);

@@ -418,6 +418,86 @@ fn cluster_policy_steps_match_full_compile() {
     assert!(inc.snapshot().cluster_policies.is_empty());
 }
 
+/// An update of a ClusterNetworkPolicy that cannot be decoded keeps the
+/// last decoded version of the same object enforced (its Denies included)
+/// and reports it on the pods it selects, incrementally and in a full
+/// compile alike; an undecodable object that never had a decoded version
+/// (or a recreated one: another uid) selects no pod and says so, the
+/// consequence that fails readiness. Before the fix, the garbled update
+/// removed every tier entry of `deny-y`.
+#[test]
+fn an_undecodable_update_keeps_the_last_decoded_version() {
+    let mut state = CompleteState {
+        namespaces: vec![ns("a", 1, "x"), ns("b", 2, "y")].into(),
+        pods: vec![
+            pod("a", "w", 3, "10.4.0.1", "web", "node-a"),
+            pod("b", "d", 4, "10.4.0.2", "db", "node-a"),
+        ]
+        .into(),
+        ..Default::default()
+    };
+    state
+        .cluster_policies
+        .insert(admin_deny("deny-y", 5, "Deny", "web", "y"));
+    let garbled = serde_json::json!({"tier": "Admin", "priority": "high"});
+    let nothing = npm_policy::tiers::validate::ClusterConsequence::SelectsNothing.to_string();
+    let kept = npm_policy::tiers::validate::ClusterConsequence::KeptLastValid.to_string();
+    for force_rebuild in [false, true] {
+        let mut state = state.clone();
+        let mut inc = Incremental::new(&state, &no_facts(), &opts(), None);
+        // The verdicts (entry, action, rank); the rule's number for its
+        // counter may be drawn again.
+        let verdicts = |inc: &Incremental| -> Vec<_> {
+            inc.compiled()
+                .tiers
+                .iter()
+                .map(|(e, v)| (e.clone(), v.action, v.rank))
+                .collect()
+        };
+        let valid_tiers = verdicts(&inc);
+        assert!(!valid_tiers.is_empty(), "deny-y has tier entries");
+        (inc.per_change, inc.rebuild_cost) = if force_rebuild {
+            (Duration::from_secs(3600), Duration::ZERO)
+        } else {
+            (Duration::ZERO, Duration::from_secs(3600))
+        };
+        // The same object (uid), updated to a spec that cannot be decoded.
+        state.cluster_policies.insert(cnp("deny-y", 6, garbled.clone()));
+        inc.update(&state, &no_facts());
+        assert_eq!(inc.is_incremental(), !force_rebuild);
+        assert_eq!(verdicts(&inc), valid_tiers, "rebuild {force_rebuild}: the Denies stay");
+        let invalid = inc.invalid_cluster_policies();
+        let errors = invalid.get("deny-y").expect("reported");
+        assert!(errors.iter().any(|e| e.contains(&kept)), "{errors:?}");
+        assert!(
+            inc.snapshot()
+                .invalid_cluster_policies
+                .iter()
+                .any(|p| p.name == "deny-y"),
+            "the pods it selects are told (PolicyInvalid)"
+        );
+        let reference = compile(
+            &snapshot(&state, &NodeFacts::default(), &inc.last_valid()),
+            &opts(),
+            Some(inc.compiled()),
+        );
+        assert!(inc.compiled().diff(&reference).is_empty(), "incremental == full");
+        assert_eq!(inc.cross_check(&state), None);
+        // Recreated under the same name (another uid), still undecodable:
+        // nothing of the old object is kept.
+        let mut recreated = (*cnp("deny-y", 7, garbled.clone())).clone();
+        recreated.metadata.uid = Some("uid-deny-y-2".into());
+        state.cluster_policies.insert(Arc::new(recreated));
+        inc.update(&state, &no_facts());
+        assert!(
+            inc.compiled().tiers.is_empty(),
+            "rebuild {force_rebuild}: a new object keeps nothing"
+        );
+        let errors = inc.invalid_cluster_policies().remove("deny-y").expect("reported");
+        assert!(errors.iter().any(|e| e.contains(&nothing)), "{errors:?}");
+    }
+}
+
 fn api_node(name: &str, rv: u64, zone: &str, ips: &[&str]) -> Arc<k8s_openapi::api::core::v1::Node> {
     use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeStatus};
     Arc::new(Node {
