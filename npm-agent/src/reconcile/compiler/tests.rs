@@ -451,7 +451,7 @@ fn an_undecodable_update_keeps_the_last_decoded_version() {
             inc.compiled()
                 .tiers
                 .iter()
-                .map(|(e, v)| (e.clone(), v.action, v.rank))
+                .map(|(e, v)| (*e, v.action, v.rank))
                 .collect()
         };
         let valid_tiers = verdicts(&inc);
