@@ -162,17 +162,22 @@ mod tests {
         addr
     }
 
+    /// `max_connections` at once, `max_per_peer` from one source, the
+    /// head within `header_timeout`, no connection timeout.
+    fn bounds(max_connections: usize, max_per_peer: usize, header_timeout: Duration) -> Bounds {
+        Bounds {
+            max_connections,
+            max_per_peer,
+            header_timeout,
+            connection_timeout: None,
+        }
+    }
+
     /// More connections than the bounds: the excess is closed unanswered,
     /// other sources are still served, a freed slot serves again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn connections_beyond_the_bounds_are_refused() {
-        let bounds = Bounds {
-            max_connections: 6,
-            max_per_peer: 3,
-            header_timeout: Duration::from_secs(120),
-            connection_timeout: None,
-        };
-        let addr = start(bounds).await;
+        let addr = start(bounds(6, 3, Duration::from_secs(120))).await;
         let mut held = Vec::new();
         for _ in 0..3 {
             held.push(connect([127, 0, 0, 1], addr).await);
@@ -202,13 +207,7 @@ mod tests {
     /// timeout (its slot freed); one request per connection.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn idle_and_finished_connections_are_closed() {
-        let bounds = Bounds {
-            max_connections: 1,
-            max_per_peer: 1,
-            header_timeout: Duration::from_millis(300),
-            connection_timeout: None,
-        };
-        let addr = start(bounds).await;
+        let addr = start(bounds(1, 1, Duration::from_millis(300))).await;
         let mut idle = connect([127, 0, 0, 1], addr).await;
         let mut buf = [0u8; 64];
         let n = tokio::time::timeout(Duration::from_secs(30), idle.read(&mut buf))
