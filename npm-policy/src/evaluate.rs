@@ -290,7 +290,7 @@ fn direction_verdict(
                 Direction::Egress => &p.egress,
             };
             for (i, r) in rules.iter().enumerate() {
-                if rule_matches(snapshot, p, r, pod, dir, end, protocol, port) {
+                if rule_matches(snapshot, p, r, dir, pod, end, (protocol, port)) {
                     return v(
                         true,
                         EndReason::Rule {
@@ -338,19 +338,15 @@ fn peer_matches(snapshot: &Snapshot, policy: &Policy, peer: &Peer, peer_ip: IpAd
 }
 
 /// Does rule `rule` of `policy` (for `pod` in `dir`) match the other end
-/// `end` on `protocol`/`port`?
-// Eight arguments: the rule with its policy (its namespace resolves the
-// peers), the end deciding and the flow; no type holds a subset of them.
-#[allow(clippy::too_many_arguments)]
+/// `end` on (`protocol`, `port`)?
 fn rule_matches(
     snapshot: &Snapshot,
     policy: &Policy,
     rule: &Rule,
-    pod: &Pod,
     dir: Direction,
+    pod: &Pod,
     end: End<'_>,
-    protocol: u8,
-    port: u16,
+    (protocol, port): (u8, u16),
 ) -> bool {
     let (peer_ip, peer_pod) = (end.ip, end.pod);
     // §3: "Traffic matches a rule only if it matches **both** lists." and

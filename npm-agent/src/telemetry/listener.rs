@@ -173,6 +173,19 @@ mod tests {
         }
     }
 
+    /// `/healthz` from 127.0.0.1 until it is served (the server frees a
+    /// closed connection's slot when it sees the close), at most 100 tries.
+    async fn served_again(addr: SocketAddr) -> Option<u16> {
+        for _ in 0..100 {
+            let served = healthz(connect([127, 0, 0, 1], addr).await).await;
+            if served.is_some() {
+                return served;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
     /// More connections than the bounds: the excess is closed unanswered,
     /// other sources are still served, a freed slot serves again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,14 +205,7 @@ mod tests {
         assert_eq!(healthz(connect([127, 0, 0, 4], addr).await).await, None, "total bound");
         // Freed slots serve again (the server sees the close and frees them).
         held.clear();
-        let mut served = None;
-        for _ in 0..100 {
-            served = healthz(connect([127, 0, 0, 1], addr).await).await;
-            if served.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let served = served_again(addr).await;
         assert_eq!(served, Some(200));
     }
 
@@ -215,14 +221,7 @@ mod tests {
             .expect("the idle connection is closed by the server");
         assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
         drop(idle);
-        let mut served = None;
-        for _ in 0..100 {
-            served = healthz(connect([127, 0, 0, 1], addr).await).await;
-            if served.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let served = served_again(addr).await;
         assert_eq!(served, Some(200), "the slot was freed");
         // No keep-alive: after one answer the server closes (read_to_end in
         // healthz returned), so a second request needs a new connection.
