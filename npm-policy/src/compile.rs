@@ -645,6 +645,8 @@ pub(crate) fn compile_with_peers(
 /// Emits the entries of subject `subject` (identity key `key`): the union
 /// of the rules of every policy selecting its pods, and the host egress
 /// entry. Returns its isolation (ingress, egress).
+// Eight arguments: the subject, the full compile's tables and allocator it
+// borrows separately (a struct of them would borrow the compile whole).
 #[allow(clippy::too_many_arguments)]
 fn emit_subject<'a>(
     out: &mut BTreeMap<PolicyEntry, u32>,
