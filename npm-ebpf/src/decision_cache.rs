@@ -122,18 +122,10 @@ pub(crate) unsafe fn decision_cache_put(slot: *mut DecisionSlot, w: &[u32; 6], g
     // SAFETY: the caller upholds this function's contract (its doc),
     // which every operation below relies on.
     unsafe {
-        // A dry run (`npm-agent explain`) fills no cache.
-        if crate::dry_run() {
-            return;
-        }
         let d = slot as *mut u8;
-        wr32(d, w[0]);
-        wr32(d.add(4), w[1]);
-        wr32(d.add(8), w[2]);
-        wr32(d.add(12), w[3]);
-        wr32(d.add(16), w[4]);
-        wr32(d.add(20), w[5]);
-        wr32(d.add(24), word);
-        wr64(d.add(32), generation);
+        if crate::flow_cache::store_key(d, w) {
+            wr32(d.add(24), word);
+            wr64(d.add(32), generation);
+        }
     }
 }

@@ -147,16 +147,17 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
         v4addr: if dir == DIR_INGRESS { saddr } else { daddr },
     };
     let reason = policy_step(lpm, ep, dir, pr, dport, peer);
+    // What an event reads from scratch (written only when one is sent).
+    let h = Hdr4 {
+        saddr,
+        daddr,
+        pr,
+        tcp_flags,
+        sport,
+        dport,
+    };
     if reason >= FIRST_DENY_REASON {
         // The deny event reads the packet from scratch.
-        let h = Hdr4 {
-            saddr,
-            daddr,
-            pr,
-            tcp_flags,
-            sport,
-            dport,
-        };
         fill_pkt_v4(&mut s.pkt, h);
         return reason;
     }
@@ -164,14 +165,6 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
     // The allow event of a new connection (only for a flagged endpoint:
     // an unflagged one pays the flag test), read from scratch.
     if ct_create(s, true, ct, dir, reason, 0) && ep.flags & EP_REPORT_NEW != 0 {
-        let h = Hdr4 {
-            saddr,
-            daddr,
-            pr,
-            tcp_flags,
-            sport,
-            dport,
-        };
         fill_pkt_v4(&mut s.pkt, h);
         report_new(s, dir, ifindex, ep.id, reason, now);
     }

@@ -50,6 +50,7 @@ use crate::compile::policy_selects;
 use crate::compiled::{CompileOptions, Direction};
 use crate::evaluate::{evaluate_direction_with_peer, EndVerdict};
 use crate::model::{Operator, Pod, Policy, Requirement, Selector, Snapshot};
+use crate::tiers::evaluate::End;
 
 /// The annotation that puts a NetworkPolicy in audit mode (`"true"`).
 pub const AUDIT_ANNOTATION: &str = "npm.io/audit";
@@ -229,6 +230,9 @@ impl AuditView {
     /// `port` (the destination port) that `enforced` (the snapshot this
     /// view was built from) allows. `None`: not would-deny (allowed by
     /// both, denied by the enforced state already, or the pod is unknown).
+    // Eight arguments with `self`: the two snapshots' context, the pod's
+    // end and the flow, as a datapath allow event reports it; no type holds
+    // them.
     #[allow(clippy::too_many_arguments)]
     pub fn would_deny(
         &self,
@@ -248,21 +252,18 @@ impl AuditView {
         if policies.is_empty() {
             return None;
         }
-        let peer = |s| self.peer_pod(s, opts, peer_ip);
-        let before =
-            evaluate_direction_with_peer(enforced, opts, p, direction, peer_ip, peer(enforced), protocol, port);
+        let peer = |s| End::new(peer_ip, self.peer_pod(s, opts, peer_ip));
+        let before = evaluate_direction_with_peer(enforced, opts, p, direction, peer(enforced), protocol, port);
         if !before.allowed {
             return None;
         }
         let merged_pod = self.merged.pods.get(pod)?;
-        let peer_pod = peer(&self.merged);
         let after = evaluate_direction_with_peer(
             &self.merged,
             opts,
             merged_pod,
             direction,
-            peer_ip,
-            peer_pod,
+            peer(&self.merged),
             protocol,
             port,
         );

@@ -209,6 +209,9 @@ pub(crate) fn emit_named_egress_to(
 
 /// Emits the entries of one rule for one subject (the pod identity
 /// `subject`, of key `key`).
+// Eight arguments: the fields of a [`RuleTarget`] and the tables, for the
+// four callers that have them at hand; [`emit_rule_towards`] takes the
+// target.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn emit_rule(
     out: &mut BTreeMap<PolicyEntry, u32>,
@@ -330,23 +333,16 @@ pub(crate) fn emit_rule_towards(
     identities: &BTreeMap<u32, IdentityKey>,
     only: Option<&[u32]>,
 ) {
-    let RuleTarget {
-        subject,
-        key,
-        dir,
-        rule,
-        peers,
-        rule_id,
-    } = *target;
+    let (key, dir, rule, peers) = (target.key, target.dir, target.rule, target.peers);
     let mut put = |peer: u32, protocol, ports: (u16, u16)| {
         let e = PolicyEntry {
-            subject,
+            subject: target.subject,
             direction: dir,
             peer,
             protocol,
             ports,
         };
-        out.put_min(e, rule_id);
+        out.put_min(e, target.rule_id);
     };
     let (targets, pod_targets) = peers_in(peers, only);
     let all_peers = || targets.iter().copied();
@@ -649,6 +645,8 @@ pub(crate) fn compile_with_peers(
 /// Emits the entries of subject `subject` (identity key `key`): the union
 /// of the rules of every policy selecting its pods, and the host egress
 /// entry. Returns its isolation (ingress, egress).
+// Eight arguments: the subject, the full compile's tables and allocator it
+// borrows separately (a struct of them would borrow the compile whole).
 #[allow(clippy::too_many_arguments)]
 fn emit_subject<'a>(
     out: &mut BTreeMap<PolicyEntry, u32>,

@@ -263,6 +263,23 @@ pub struct TierEntry {
     pub ports: (u16, u16),
 }
 
+impl TierEntry {
+    /// The lowest entry of subject `subject`, direction `direction`, tier
+    /// `tier` and peer `peer` (`protocol: None`, ports `(0, 0)`): the
+    /// entries of one subject are contiguous, ordered by direction, tier,
+    /// then peer, so a range from it walks that peer's entries.
+    pub fn first(subject: u32, direction: Direction, tier: Tier, peer: u32) -> TierEntry {
+        TierEntry {
+            subject,
+            direction,
+            tier,
+            peer,
+            protocol: None,
+            ports: (0, 0),
+        }
+    }
+}
+
 /// The decision of a [`TierEntry`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct TierValue {
@@ -597,13 +614,7 @@ mod tests {
     /// the new one, over many overlapping pairs of maps.
     #[test]
     fn map_diff_between_and_apply_to() {
-        let mut seed = 7u64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rnd = npm_testkit::rng::xorshift(7);
         for _ in 0..200 {
             let n = (rnd() % 40) as usize;
             let old: BTreeMap<u32, u32> = (0..n).map(|_| ((rnd() % 50) as u32, (rnd() % 3) as u32)).collect();

@@ -10,7 +10,7 @@ use crate::compiled::{CompileOptions, Direction, Tier, TierAction};
 use crate::identity::namespace_labels;
 use crate::model::{Peer, Pod, Policy, PortSpec, Rule, Snapshot};
 use crate::ownership::ip_owners;
-use crate::tiers::evaluate::{applies, tier_match_node, TierMatch};
+use crate::tiers::evaluate::{applies, tier_match, End, TierMatch};
 
 /// One new connection: `src` opens it to `dst`:`dst_port`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +78,21 @@ pub struct Verdict {
     pub ingress: EndVerdict,
 }
 
+impl EndVerdict {
+    /// The verdict of an end that is not a pod (or a hostNetwork pod): it
+    /// imposes nothing.
+    fn not_a_pod(direction: Direction) -> Self {
+        EndVerdict {
+            direction,
+            pod: None,
+            selected_by: vec![],
+            allowed: true,
+            reason: EndReason::NotAPod,
+            tiers: vec![],
+        }
+    }
+}
+
 impl fmt::Display for EndVerdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let who = self.pod.as_deref().unwrap_or("(not a pod)");
@@ -128,19 +143,11 @@ pub fn evaluate(snapshot: &Snapshot, opts: &CompileOptions, flow: &Flow) -> Verd
             opts,
             pod,
             dir,
-            peer,
-            owners.get(&peer).copied(),
+            End::new(peer, owners.get(&peer).copied()),
             flow.protocol,
             flow.dst_port,
         ),
-        None => EndVerdict {
-            direction: dir,
-            pod: None,
-            selected_by: vec![],
-            allowed: true,
-            reason: EndReason::NotAPod,
-            tiers: vec![],
-        },
+        None => EndVerdict::not_a_pod(dir),
     };
     let egress = end(flow.src, Direction::Egress, flow.dst);
     let ingress = end(flow.dst, Direction::Ingress, flow.src);
@@ -162,50 +169,43 @@ pub fn evaluate_direction(
     protocol: u8,
     port: u16,
 ) -> EndVerdict {
-    let peer_pod = pod_at(snapshot, opts, peer_ip);
-    direction_verdict(snapshot, opts, pod, direction, peer_ip, peer_pod, protocol, port)
+    let peer = End::new(peer_ip, pod_at(snapshot, opts, peer_ip));
+    direction_verdict(snapshot, opts, pod, direction, peer, protocol, port)
 }
 
-/// [`evaluate_direction`] with the peer's pod already known (`peer_pod`:
-/// the owner of `peer_ip` by [`pod_at`], `None` for no pod): saves the pass
+/// [`evaluate_direction`] with the peer's pod already known (`peer.pod`:
+/// the owner of `peer.ip` by [`pod_at`], `None` for no pod): saves the pass
 /// over every pod that finding it takes, for callers deciding many flows
-/// of one snapshot (audit mode, `crate::audit`).
-#[allow(clippy::too_many_arguments)]
+/// of one snapshot (audit mode, `crate::audit`). `peer.node` is looked up
+/// when it is `None`.
 pub fn evaluate_direction_with_peer(
     snapshot: &Snapshot,
     opts: &CompileOptions,
     pod: &Pod,
     direction: Direction,
-    peer_ip: IpAddr,
-    peer_pod: Option<&Pod>,
+    peer: End<'_>,
     protocol: u8,
     port: u16,
 ) -> EndVerdict {
-    direction_verdict(snapshot, opts, pod, direction, peer_ip, peer_pod, protocol, port)
+    direction_verdict(snapshot, opts, pod, direction, peer, protocol, port)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Decides one end: `pod` in `dir` with the other end `peer` (its node
+/// looked up here when no pod owns its address and it names none).
 fn direction_verdict(
     snapshot: &Snapshot,
     opts: &CompileOptions,
     pod: &Pod,
     dir: Direction,
-    peer_ip: IpAddr,
-    peer_pod: Option<&Pod>,
+    peer: End<'_>,
     protocol: u8,
     port: u16,
 ) -> EndVerdict {
+    let (peer_ip, peer_pod) = (peer.ip, peer.pod);
     let name = format!("{}/{}", pod.namespace, pod.name);
     // Spec §4: hostNetwork pods are ignored (our choice): no restriction.
     if pod.host_network {
-        return EndVerdict {
-            direction: dir,
-            pod: None,
-            selected_by: vec![],
-            allowed: true,
-            reason: EndReason::NotAPod,
-            tiers: vec![],
-        };
+        return EndVerdict::not_a_pod(dir);
     }
     // §1: "isolated for ingress when at least one policy selects it and has
     // `Ingress` in its effective `policyTypes`" (same for Egress).
@@ -240,9 +240,28 @@ fn direction_verdict(
     let peer_is_node = opts.node_ips.contains(&peer_ip);
     // The node the other end belongs to, when no pod owns it (for a
     // ClusterNetworkPolicy `nodes` peer; `crate::nodes`).
-    let peer_node = match peer_pod {
-        Some(_) => None,
-        None => crate::nodes::node_labels_at(snapshot, opts, peer_ip),
+    let end = End {
+        node: match peer_pod {
+            Some(_) => None,
+            None => peer
+                .node
+                .or_else(|| crate::nodes::node_labels_at(snapshot, opts, peer_ip)),
+        },
+        ..peer
+    };
+    // A tier's first matching rule: `Some(the verdict)` when it decides
+    // (Accept, Deny); a Pass (recorded in `tiers`) or no match moves on.
+    let decides = |tier: Tier, tiers: &mut Vec<TierMatch>| {
+        let m = tier_match(snapshot, tier, pod, dir, end, protocol, port)?;
+        tiers.push(m.clone());
+        match m.action {
+            TierAction::Accept => Some((true, EndReason::Tier(m))),
+            TierAction::Deny => Some((false, EndReason::Tier(m))),
+            // "Pass: Skips all further ClusterNetworkPolicy rules in the
+            // current tier [...] and passes evaluation to the next tier"
+            // (in the Baseline tier: on to the default).
+            TierAction::Pass => None,
+        }
     };
     // §7: "always allow ingress from the local node" (before every tier:
     // npm's documented choice, so that kubelet probes always work).
@@ -253,25 +272,8 @@ fn direction_verdict(
     // NetworkPolicy tier, Baseline tier". "If Admin tier has made a final
     // decision (Accept or Deny) on a connection, then no further evaluation
     // is done."
-    if let Some(m) = tier_match_node(
-        snapshot,
-        Tier::Admin,
-        pod,
-        dir,
-        peer_ip,
-        peer_pod,
-        peer_node,
-        protocol,
-        port,
-    ) {
-        tiers.push(m.clone());
-        match m.action {
-            TierAction::Accept => return v(true, EndReason::Tier(m), &tiers),
-            TierAction::Deny => return v(false, EndReason::Tier(m), &tiers),
-            // "Pass: Skips all further ClusterNetworkPolicy rules in the
-            // current tier [...] and passes evaluation to the next tier."
-            TierAction::Pass => {}
-        }
+    if let Some((allowed, reason)) = decides(Tier::Admin, &mut tiers) {
+        return v(allowed, reason, &tiers);
     }
     // "v1.NetworkPolicy always makes a final decision for selected pods.
     // Further evaluation only happens for Pods not selected by a
@@ -288,7 +290,7 @@ fn direction_verdict(
                 Direction::Egress => &p.egress,
             };
             for (i, r) in rules.iter().enumerate() {
-                if rule_matches(snapshot, p, r, dir, pod, peer_ip, peer_pod, protocol, port) {
+                if rule_matches(snapshot, p, r, dir, pod, end, (protocol, port)) {
                     return v(
                         true,
                         EndReason::Rule {
@@ -305,24 +307,8 @@ fn direction_verdict(
     // "Baseline tier is a cluster-wide policy that can be overridden by the
     // v1.NetworkPolicy. If Baseline tier has made a final decision (Accept
     // or Deny) on a connection, then no further evaluation is done."
-    if let Some(m) = tier_match_node(
-        snapshot,
-        Tier::Baseline,
-        pod,
-        dir,
-        peer_ip,
-        peer_pod,
-        peer_node,
-        protocol,
-        port,
-    ) {
-        tiers.push(m.clone());
-        match m.action {
-            TierAction::Accept => return v(true, EndReason::Tier(m), &tiers),
-            TierAction::Deny => return v(false, EndReason::Tier(m), &tiers),
-            // Pass in the Baseline tier: on to the next step, the default.
-            TierAction::Pass => {}
-        }
+    if let Some((allowed, reason)) = decides(Tier::Baseline, &mut tiers) {
+        return v(allowed, reason, &tiers);
     }
     // "If a given connection wasn't allowed or denied by any of the tiers,
     // the default kubernetes policy is applied, which says that all pods
@@ -351,18 +337,18 @@ fn peer_matches(snapshot: &Snapshot, policy: &Policy, peer: &Peer, peer_ip: IpAd
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Does rule `rule` of `policy` (for `pod` in `dir`) match the other end
+/// `end` on (`protocol`, `port`)?
 fn rule_matches(
     snapshot: &Snapshot,
     policy: &Policy,
     rule: &Rule,
     dir: Direction,
     pod: &Pod,
-    peer_ip: IpAddr,
-    peer_pod: Option<&Pod>,
-    protocol: u8,
-    port: u16,
+    end: End<'_>,
+    (protocol, port): (u8, u16),
 ) -> bool {
+    let (peer_ip, peer_pod) = (end.ip, end.pod);
     // §3: "Traffic matches a rule only if it matches **both** lists." and
     // "An empty or missing `from`/`to` matches all peers".
     let peer_ok = |p: &Peer| peer_matches(snapshot, policy, p, peer_ip, peer_pod);

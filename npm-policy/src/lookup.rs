@@ -71,28 +71,18 @@ pub fn find_entry(
         .map(|(e, r)| (e, *r))
 }
 
-/// The tier entry of `compiled` matching (`subject`, `direction`,
-/// `tier`, `peer` identity, `protocol`, `port`): the most specific one (the
+/// The tier entry of `compiled` matching `peer`'s subject, direction, tier
+/// and peer identity (its protocol and ports are not read; see
+/// [`TierEntry::first`]), `protocol` and `port`: the most specific one (the
 /// entry of the packet's protocol whose range holds `port`, else the
 /// `protocol: None` entry), as the datapath's LPM lookup finds it.
-#[allow(clippy::too_many_arguments)]
 pub fn find_tier_entry(
     compiled: &Compiled,
-    subject: u32,
-    direction: Direction,
-    tier: Tier,
-    peer: u32,
+    peer: TierEntry,
     protocol: u8,
     port: u16,
 ) -> Option<(&TierEntry, TierValue)> {
-    let lo = TierEntry {
-        subject,
-        direction,
-        tier,
-        peer,
-        protocol: None,
-        ports: (0, 0),
-    };
+    let lo = TierEntry::first(peer.subject, peer.direction, peer.tier, peer.peer);
     let hi = TierEntry {
         protocol: Some(Protocol::Sctp),
         ports: (u16::MAX, u16::MAX),
@@ -123,7 +113,10 @@ pub fn tier_decision(
     port: u16,
 ) -> Option<TierValue> {
     ids.iter()
-        .filter_map(|id| find_tier_entry(compiled, subject, direction, tier, *id, protocol, port).map(|(_, v)| v))
+        .filter_map(|id| {
+            let peer = TierEntry::first(subject, direction, tier, *id);
+            find_tier_entry(compiled, peer, protocol, port).map(|(_, v)| v)
+        })
         .min_by_key(|v| v.rank)
 }
 
@@ -224,19 +217,8 @@ pub(crate) fn decide(
     let ids = [res.peer_identity, res.cidr_identity, IDENTITY_ANY];
     if admin {
         res.admin = tier_decision(compiled, ep.identity, direction, Tier::Admin, ids, protocol, port);
-        match res.admin {
-            Some(v) if v.action == TierAction::Accept => {
-                res.reason = Reason::AdminAccept;
-                res.rule = Some(v.rule);
-                return res;
-            }
-            Some(v) if v.action == TierAction::Deny => {
-                res.allowed = false;
-                res.reason = Reason::AdminDeny;
-                res.rule = Some(v.rule);
-                return res;
-            }
-            _ => {}
+        if tier_decides(&mut res, Tier::Admin, Reason::AdminAccept, Reason::AdminDeny) {
+            return res;
         }
     }
     if isolated {
@@ -253,21 +235,27 @@ pub(crate) fn decide(
     }
     if baseline {
         res.baseline = tier_decision(compiled, ep.identity, direction, Tier::Baseline, ids, protocol, port);
-        match res.baseline {
-            Some(v) if v.action == TierAction::Accept => {
-                res.reason = Reason::BaselineAccept;
-                res.rule = Some(v.rule);
-                return res;
-            }
-            Some(v) if v.action == TierAction::Deny => {
-                res.allowed = false;
-                res.reason = Reason::BaselineDeny;
-                res.rule = Some(v.rule);
-                return res;
-            }
-            _ => {}
+        if tier_decides(&mut res, Tier::Baseline, Reason::BaselineAccept, Reason::BaselineDeny) {
+            return res;
         }
     }
     res.reason = Reason::NotIsolated;
     res
+}
+
+/// Records the decision of `tier` (`res.admin` or `res.baseline`) in
+/// `res` (Accept: allowed for `accept`; Deny: denied for `deny`; with the
+/// rule); `false` when the tier does not decide (Pass, or no entry).
+fn tier_decides(res: &mut LookupResult, tier: Tier, accept: Reason, deny: Reason) -> bool {
+    let v = match tier {
+        Tier::Admin => res.admin,
+        Tier::Baseline => res.baseline,
+    };
+    let Some(v) = v.filter(|v| v.action != TierAction::Pass) else {
+        return false;
+    };
+    res.allowed = v.action == TierAction::Accept;
+    res.reason = if res.allowed { accept } else { deny };
+    res.rule = Some(v.rule);
+    true
 }

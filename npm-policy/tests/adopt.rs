@@ -7,38 +7,13 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use npm_policy::adopt::{addresses_by_identity, seed, AdoptedNumbers};
-use npm_policy::compiled::{CompileOptions, Compiled};
-use npm_policy::model::{Pod, PodPhase, Snapshot};
+use npm_policy::compiled::Compiled;
+use npm_policy::model::Snapshot;
+use npm_testkit::policy::{app_snapshot, opts};
 
-fn pod(name: &str, ip: &str, app: &str) -> Pod {
-    Pod {
-        uid: format!("uid-{name}"),
-        namespace: "x".into(),
-        name: name.into(),
-        labels: [("app".to_string(), app.to_string())].into(),
-        ips: vec![ip.parse().unwrap()],
-        node_name: Some("other".into()),
-        phase: PodPhase::Running,
-        deleting: false,
-        host_network: false,
-        ports: vec![],
-        created: 1,
-    }
-}
-
+/// Pods of namespace `x` on node `other`: (name, address, app label).
 fn snapshot(pods: &[(&str, &str, &str)]) -> Snapshot {
-    let mut s = Snapshot::default();
-    for (name, ip, app) in pods {
-        s.pods.insert(("x".into(), name.to_string()), pod(name, ip, app));
-    }
-    s
-}
-
-fn opts() -> CompileOptions {
-    CompileOptions {
-        node_name: "node".into(),
-        ..CompileOptions::default()
-    }
+    app_snapshot("x", "other", pods)
 }
 
 /// The identity of address `ip` in `c`.

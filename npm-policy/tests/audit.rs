@@ -53,19 +53,7 @@ fn base() -> Snapshot {
         });
     }
     for (ns, name, app, ip) in PODS {
-        s.upsert_pod(Pod {
-            uid: format!("uid-{name}"),
-            namespace: ns.to_string(),
-            name: name.to_string(),
-            labels: [("app".to_string(), app.to_string())].into(),
-            ips: vec![ip.parse().unwrap()],
-            node_name: Some("node".into()),
-            phase: PodPhase::Running,
-            deleting: false,
-            host_network: false,
-            ports: vec![],
-            created: 1,
-        });
+        s.upsert_pod(npm_testkit::policy::pod(ns, name, ip, app, "node"));
     }
     s
 }

@@ -705,10 +705,7 @@ fn check_folds(seed: u64, c: &Compiled, table: &PrefixTable, peers: &[IpAddr]) -
 
 #[test]
 fn compiled_lookup_agrees_with_evaluator() {
-    let base: u64 = std::env::var("NPM_DIFF_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x6e706d);
+    let base: u64 = npm_testkit::rng::seed("NPM_DIFF_SEED", Some(0x6e706d));
     let count: u64 = std::env::var("NPM_DIFF_COUNT")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -8,40 +8,15 @@ use std::collections::BTreeSet;
 
 use npm_common::{IDENTITY_FIRST_CIDR, IDENTITY_FIRST_POD};
 use npm_policy::adopt::{seed, AdoptedNumbers};
-use npm_policy::compiled::{CompileOptions, Compiled, IdTables};
+use npm_policy::compiled::{Compiled, IdTables};
 use npm_policy::incremental::Compiler;
-use npm_policy::model::{Pod, PodPhase, Snapshot};
+use npm_policy::model::Snapshot;
 use npm_policy::numbers::{NumberKind, NumberLimits, NumbersExhausted};
+use npm_testkit::policy::{app_snapshot, opts, pod};
 
-fn pod(name: &str, ip: &str, app: &str) -> Pod {
-    Pod {
-        uid: format!("uid-{name}"),
-        namespace: "x".into(),
-        name: name.into(),
-        labels: [("app".to_string(), app.to_string())].into(),
-        ips: vec![ip.parse().unwrap()],
-        node_name: Some("node".into()),
-        phase: PodPhase::Running,
-        deleting: false,
-        host_network: false,
-        ports: vec![],
-        created: 1,
-    }
-}
-
+/// Pods of namespace `x` on node `node`: (name, address, app label).
 fn snapshot(pods: &[(&str, &str, &str)]) -> Snapshot {
-    let mut s = Snapshot::default();
-    for (name, ip, app) in pods {
-        s.pods.insert(("x".into(), name.to_string()), pod(name, ip, app));
-    }
-    s
-}
-
-fn opts() -> CompileOptions {
-    CompileOptions {
-        node_name: "node".into(),
-        ..CompileOptions::default()
-    }
+    app_snapshot("x", "node", pods)
 }
 
 /// A `prev` with no numbers and room for `n` pod identities.
@@ -107,7 +82,7 @@ fn the_incremental_compiler_marks_the_same_exhaustion() {
     let two = snapshot(&[("a", "10.0.0.1", "a"), ("b", "10.0.0.3", "b")]);
     let mut inc = Compiler::new(two.clone(), opts(), Some(&room_for(2)));
     assert_eq!(inc.compiled().ids.exhausted(), None);
-    inc.upsert_pod(pod("c", "10.0.0.4", "c"));
+    inc.upsert_pod(pod("x", "c", "10.0.0.4", "c", "node"));
     assert_eq!(
         inc.compiled().ids.exhausted(),
         identity_exhausted(IDENTITY_FIRST_POD + 2).as_ref()
@@ -116,7 +91,7 @@ fn the_incremental_compiler_marks_the_same_exhaustion() {
     assert_eq!(ids.len(), 3, "the provisional number is distinct");
     // A new pod of a known label set needs no new number.
     let mut inc = Compiler::new(two, opts(), Some(&room_for(2)));
-    inc.upsert_pod(pod("a2", "10.0.0.2", "a"));
+    inc.upsert_pod(pod("x", "a2", "10.0.0.2", "a", "node"));
     assert_eq!(inc.compiled().ids.exhausted(), None);
 }
 

@@ -104,6 +104,16 @@ fn chain_aliases<'a>(owner: &str, cnames: &'a [(String, String, u32)]) -> BTreeM
     best
 }
 
+/// An answer for a test: `name` at `addr` (parsed) for `ttl` seconds.
+#[cfg(test)]
+pub(crate) fn answer(name: &str, addr: &str, ttl: u32) -> Answer {
+    Answer {
+        name: name.to_owned(),
+        addr: addr.parse().expect("test address"),
+        ttl,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,15 +136,6 @@ mod tests {
         let mut packet = Packet::new_reply(7);
         packet.answers = answers;
         packet.build_bytes_vec().expect("reply builds")
-    }
-
-    fn answer(name: &str, addr: &str, ttl: u32) -> Answer {
-        let addr = addr.parse().expect("test address");
-        Answer {
-            name: name.to_owned(),
-            addr,
-            ttl,
-        }
     }
 
     #[test]

@@ -538,15 +538,7 @@ impl Learner {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn answer(name: &str, addr: &str, ttl: u32) -> Answer {
-        let addr = addr.parse().expect("test address");
-        Answer {
-            name: name.to_owned(),
-            addr,
-            ttl,
-        }
-    }
+    use crate::dns::answers::answer;
 
     fn limits(per_name: usize, names: usize) -> Limits {
         Limits {

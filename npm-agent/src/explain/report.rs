@@ -259,32 +259,19 @@ pub fn explain(cfg: &ExplainConfig, programmed: &Programmed, q: &ExplainQuery) -
     if src.is_ipv6() != dst.is_ipv6() {
         return Err(ExplainError::Family(src, dst));
     }
-    let proto = protocol.number();
-    let reference = evaluate(
-        snapshot,
-        opts,
-        &Flow {
-            src,
-            dst,
-            protocol: proto,
-            dst_port: q.port,
-        },
-    );
+    let flow = Flow {
+        src,
+        dst,
+        protocol: protocol.number(),
+        dst_port: q.port,
+    };
+    let reference = evaluate(snapshot, opts, &flow);
     let mut directions = Vec::new();
-    for (dir, me, peer, end) in [
-        (Direction::Egress, src, dst, &reference.egress),
-        (Direction::Ingress, dst, src, &reference.ingress),
+    for (dir, end) in [
+        (Direction::Egress, &reference.egress),
+        (Direction::Ingress, &reference.ingress),
     ] {
-        directions.push(direction(
-            cfg,
-            snapshot,
-            compiled,
-            dir,
-            me,
-            peer,
-            end,
-            (src, dst, proto, q.port),
-        ));
+        directions.push(direction(cfg, snapshot, compiled, dir, end, &flow));
     }
     let policies = directions.iter().flat_map(|d| d.policies.clone()).collect();
     let kernels: Vec<&KernelReport> = directions.iter().filter_map(|d| d.kernel.as_ref()).collect();
@@ -307,18 +294,20 @@ pub fn explain(cfg: &ExplainConfig, programmed: &Programmed, q: &ExplainQuery) -
 }
 
 /// One direction: the compiled lookup for a local endpoint (else the
-/// reference evaluator's verdict, marked not local) and the kernel run.
-#[allow(clippy::too_many_arguments)]
+/// reference evaluator's verdict, marked not local) and the kernel run;
+/// this end is the source for egress, the destination for ingress.
 fn direction(
     cfg: &ExplainConfig,
     snapshot: &Snapshot,
     compiled: &Compiled,
     dir: Direction,
-    me: IpAddr,
-    peer: IpAddr,
     end: &EndVerdict,
-    flow: (IpAddr, IpAddr, u8, u16),
+    flow: &Flow,
 ) -> DirectionReport {
+    let (me, peer) = match dir {
+        Direction::Egress => (flow.src, flow.dst),
+        Direction::Ingress => (flow.dst, flow.src),
+    };
     let pod = end.pod.clone();
     let node = pod.as_ref().and_then(|p| {
         let (ns, name) = p.split_once('/')?;
@@ -358,7 +347,7 @@ fn direction(
         }
         return r;
     };
-    let res = npm_policy::lookup::lookup(compiled, ep, dir, peer, flow.2, flow.3);
+    let res = npm_policy::lookup::lookup(compiled, ep, dir, peer, flow.protocol, flow.dst_port);
     r.verdict = verdict(res.allowed);
     r.reason = Some(reason_name(res.reason));
     r.policies = named(compiled, dir, res.admin, res.rule);
@@ -372,7 +361,7 @@ fn direction(
         let Some((ifindex, _)) = found else {
             return Ok(None);
         };
-        let packet = npm_dataplane::ebpf::explain::crafted_packet(flow.0, flow.1, flow.2, flow.3)?;
+        let packet = npm_dataplane::ebpf::explain::crafted_packet(flow.src, flow.dst, flow.protocol, flow.dst_port)?;
         npm_dataplane::ebpf::explain::explain_run(pin_dir, ifindex, dir, &packet).map(|k| Some((ifindex, k)))
     });
     match run {

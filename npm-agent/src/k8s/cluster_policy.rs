@@ -99,29 +99,38 @@ impl ClusterNetworkPolicy {
     }
 }
 
-impl Resource for ClusterNetworkPolicy {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
+/// `impl Resource` for a cluster-scoped ClusterNetworkPolicy type read at
+/// `version`, whose metadata is at `self.$meta` (the two versions share
+/// the schema).
+macro_rules! cluster_policy_resource {
+    ($ty:ty, $version:expr, $($meta:tt).+) => {
+        impl Resource for $ty {
+            type DynamicType = ();
+            type Scope = ClusterResourceScope;
 
-    fn kind(_: &()) -> Cow<'_, str> {
-        KIND.into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        GROUP.into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        VERSION.into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        PLURAL.into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
+            fn kind(_: &()) -> Cow<'_, str> {
+                KIND.into()
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                GROUP.into()
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                $version.into()
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                PLURAL.into()
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.$($meta).+
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.$($meta).+
+            }
+        }
+    };
 }
+
+cluster_policy_resource!(ClusterNetworkPolicy, VERSION, metadata);
 
 /// A [`ClusterNetworkPolicy`] read at `policy.networking.k8s.io/v1beta1`
 /// (the same schema; what the watcher and the direct read use when
@@ -130,29 +139,7 @@ impl Resource for ClusterNetworkPolicy {
 #[serde(transparent)]
 pub struct ClusterNetworkPolicyV1beta1(pub ClusterNetworkPolicy);
 
-impl Resource for ClusterNetworkPolicyV1beta1 {
-    type DynamicType = ();
-    type Scope = ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        KIND.into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        GROUP.into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        VERSIONS[1].into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        PLURAL.into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.0.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.0.metadata
-    }
-}
+cluster_policy_resource!(ClusterNetworkPolicyV1beta1, VERSIONS[1], 0.metadata);
 
 /// Whether the agent watches ClusterNetworkPolicies, and what a `404` on
 /// their list means (`--cluster-network-policies`; see the module doc).

@@ -321,13 +321,8 @@ mod tests {
     #[test]
     fn the_diff_of_shared_copies_equals_a_plain_diff() {
         use std::collections::BTreeMap;
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rnd = npm_testkit::rng::xorshift(0x9e37_79b9_7f4a_7c15);
+        let mut next = move |n: u64| rnd() % n;
         let mut plain: BTreeMap<ObjKey, Arc<ConfigMap>> = BTreeMap::new();
         let mut objects = Objects::new();
         for i in 0..3000 {

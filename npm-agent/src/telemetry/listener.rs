@@ -162,17 +162,35 @@ mod tests {
         addr
     }
 
+    /// `max_connections` at once, `max_per_peer` from one source, the
+    /// head within `header_timeout`, no connection timeout.
+    fn bounds(max_connections: usize, max_per_peer: usize, header_timeout: Duration) -> Bounds {
+        Bounds {
+            max_connections,
+            max_per_peer,
+            header_timeout,
+            connection_timeout: None,
+        }
+    }
+
+    /// `/healthz` from 127.0.0.1 until it is served (the server frees a
+    /// closed connection's slot when it sees the close), at most 100 tries.
+    async fn served_again(addr: SocketAddr) -> Option<u16> {
+        for _ in 0..100 {
+            let served = healthz(connect([127, 0, 0, 1], addr).await).await;
+            if served.is_some() {
+                return served;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
     /// More connections than the bounds: the excess is closed unanswered,
     /// other sources are still served, a freed slot serves again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn connections_beyond_the_bounds_are_refused() {
-        let bounds = Bounds {
-            max_connections: 6,
-            max_per_peer: 3,
-            header_timeout: Duration::from_secs(120),
-            connection_timeout: None,
-        };
-        let addr = start(bounds).await;
+        let addr = start(bounds(6, 3, Duration::from_secs(120))).await;
         let mut held = Vec::new();
         for _ in 0..3 {
             held.push(connect([127, 0, 0, 1], addr).await);
@@ -187,14 +205,7 @@ mod tests {
         assert_eq!(healthz(connect([127, 0, 0, 4], addr).await).await, None, "total bound");
         // Freed slots serve again (the server sees the close and frees them).
         held.clear();
-        let mut served = None;
-        for _ in 0..100 {
-            served = healthz(connect([127, 0, 0, 1], addr).await).await;
-            if served.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let served = served_again(addr).await;
         assert_eq!(served, Some(200));
     }
 
@@ -202,13 +213,7 @@ mod tests {
     /// timeout (its slot freed); one request per connection.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn idle_and_finished_connections_are_closed() {
-        let bounds = Bounds {
-            max_connections: 1,
-            max_per_peer: 1,
-            header_timeout: Duration::from_millis(300),
-            connection_timeout: None,
-        };
-        let addr = start(bounds).await;
+        let addr = start(bounds(1, 1, Duration::from_millis(300))).await;
         let mut idle = connect([127, 0, 0, 1], addr).await;
         let mut buf = [0u8; 64];
         let n = tokio::time::timeout(Duration::from_secs(30), idle.read(&mut buf))
@@ -216,14 +221,7 @@ mod tests {
             .expect("the idle connection is closed by the server");
         assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
         drop(idle);
-        let mut served = None;
-        for _ in 0..100 {
-            served = healthz(connect([127, 0, 0, 1], addr).await).await;
-            if served.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let served = served_again(addr).await;
         assert_eq!(served, Some(200), "the slot was freed");
         // No keep-alive: after one answer the server closes (read_to_end in
         // healthz returned), so a second request needs a new connection.

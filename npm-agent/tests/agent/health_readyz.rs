@@ -8,7 +8,6 @@
 //! a live agent (the watchdog's stall case is unit-tested with an injected
 //! clock in `telemetry::health`).
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,24 +18,6 @@ use npm_agent::telemetry::{HealthConfig, Metrics};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
 use npm_policy::compiled::{Compiled, CompiledDiff};
 use npm_testapi::FaultRule;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.unwrap();
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
-}
-
 /// How the flaky dataplane fails its writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Failure {
@@ -102,20 +83,6 @@ async fn agent_with(client: &kube::Client, dp: impl AgentDataplane + 'static, he
     )
     .await
     .expect("start agent")
-}
-
-/// Wait until `/readyz?verbose` answers `code` with a body containing `want`.
-async fn wait_readyz(addr: SocketAddr, code: u16, want: &str, timeout: Duration) -> String {
-    let mut last = (0, String::new());
-    let start = std::time::Instant::now();
-    while start.elapsed() < timeout {
-        last = get(addr, "/readyz?verbose").await;
-        if last.0 == code && last.1.contains(want) {
-            return last.1;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for /readyz?verbose {code} with {want:?}; last: {last:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,27 +9,6 @@ use crate::common::*;
 use npm_testapi::FaultRule;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    get_with(addr, path, "").await
-}
-
-/// GET `path` with the extra header lines `headers` (each ending in CRLF).
-async fn get_with(addr: SocketAddr, path: &str, headers: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.unwrap();
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_and_metrics() {
     let (srv, client) = server(true).await;

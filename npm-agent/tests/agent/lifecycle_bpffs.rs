@@ -10,6 +10,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use npm_testkit::netns::sh;
+
 /// The tmpfs mount point; unmounted (with everything on it) and removed on drop.
 struct Scratch(PathBuf);
 
@@ -20,15 +22,6 @@ impl Drop for Scratch {
         }
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().expect("run");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// The filesystem types mounted at `path`, bottom first.

@@ -10,7 +10,7 @@
 //! (bpffs, veths) and helm.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -26,7 +26,6 @@ use npm_agent::telemetry::{HealthConfig, Metrics};
 use npm_common::{maps, EP_ISOLATED_INGRESS};
 use npm_dataplane::ebpf::{dump_pinned, AttachMode, EbpfDataplane, EbpfOptions, MapSizes};
 use npm_policy::compiled::Compiled;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const PREFIX: &str = "npmhf";
 
@@ -84,23 +83,6 @@ impl Resolve for ByAddress {
         Resolved { interfaces, missing }
     }
 }
-
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.unwrap();
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
-}
-
 /// Policy `app/<name>`: pods `app=<target>` admit pods `role=client` on `ports`.
 fn policy(name: &str, target: &str, ports: impl Iterator<Item = u16>) -> serde_json::Value {
     let ports: Vec<_> = ports.map(|p| serde_json::json!({"port": p})).collect();
@@ -128,19 +110,6 @@ fn kernel_state(pins: &Path, ifindex: u32) -> (Option<(u32, u32)>, BTreeMap<u32,
     }
     (ep, keys)
 }
-
-async fn wait_readyz(addr: SocketAddr, code: u16, want: &str) -> String {
-    let mut last = (0, String::new());
-    for _ in 0..600 {
-        last = get(addr, "/readyz?verbose").await;
-        if last.0 == code && last.1.contains(want) {
-            return last.1;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for /readyz?verbose {code} with {want:?}; last: {last:?}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_policy_map_degrades_fail_closed_reports_and_recovers() {
     clear_stale_dirs("/sys/fs/bpf", PREFIX);
@@ -212,6 +181,7 @@ async fn a_full_policy_map_degrades_fail_closed_reports_and_recovers() {
         addr,
         503,
         "[-]map-capacity failed: map NPM_POLICY is full: 71 entries needed, 64 fit",
+        Duration::from_secs(30),
     )
     .await;
     assert!(body.contains("[+]first-sync ok"), "{body}");
@@ -244,7 +214,7 @@ async fn a_full_policy_map_degrades_fail_closed_reports_and_recovers() {
     create_policy(&client, "app", policy("pb2", "b", 1000..1030))
         .await
         .unwrap();
-    wait_readyz(addr, 200, "[+]map-capacity ok").await;
+    wait_readyz(addr, 200, "[+]map-capacity ok", Duration::from_secs(30)).await;
     assert_eq!(get(addr, "/readyz").await, (200, "ready\n".to_string()));
     assert_eq!(metric(&agent, &full), 0.0);
     let (_, keys) = kernel_state(&k.pins, if_b);

@@ -7,8 +7,6 @@
 //! helper that runs code inside a namespace (setns), and the removal of what
 //! a crashed run left.
 
-use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -24,6 +22,8 @@ use crate::netns_common::{
     clear_netns_leftovers, dead_names, dir_names, endpoint, ip, node_netns, ns_ifindex, ns_sh, route_to_pod, wire_pod,
     Netns, Proc,
 };
+/// The kit's thread helpers: run code inside a namespace (setns).
+pub use npm_testkit::netns::{enter_netns, in_netns_scoped as in_netns};
 
 /// Prefix of every namespace of the benchmark: `npmbt<pid>-<row>-<role>`.
 pub const NS_PREFIX: &str = "npmbt";
@@ -106,29 +106,6 @@ pub struct Topo {
     pub server: Netns,
     /// The node's namespace (the dataplane lives here).
     pub node: Netns,
-}
-
-/// Runs `f` on a new thread that has entered the namespace `name`: its
-/// sockets belong to that namespace.
-pub fn in_netns<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            enter_netns(name);
-            f()
-        })
-        .join()
-        .unwrap_or_else(|_| panic!("thread in netns {name} panicked"))
-    })
-}
-
-/// Moves the calling thread into the namespace `name`.
-pub fn enter_netns(name: &str) {
-    let path = format!("/run/netns/{name}");
-    let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-    // SAFETY: setns on a valid, open namespace fd; it only changes the
-    // calling thread's network namespace.
-    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert!(rc == 0, "setns {path}: {}", std::io::Error::last_os_error());
 }
 
 /// Removes what killed or crashed runs left: the processes still running in

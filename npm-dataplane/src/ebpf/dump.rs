@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use aya::maps::lpm_trie::LpmTrie;
+use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
 use aya::programs::links::{FdLink, PinnedLink};
 use ipnet::IpNet;
@@ -224,14 +224,7 @@ fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool
         .iter()
         .filter_map(Result::ok)
         .map(|(k, v)| {
-            let key = PolicyKey {
-                prefix_len: k.prefix_len(),
-                data: k.data(),
-            };
-            let (protocol, ports) = match translate::policy_key_ports(&key) {
-                Some((p, lo, hi)) => (Some(p), (lo, hi)),
-                None => (None, (0, u16::MAX)),
-            };
+            let (key, protocol, ports) = key_ports(&k);
             DumpPolicy {
                 subject: key.subject(),
                 direction: dir_name(key.direction()),
@@ -257,14 +250,7 @@ fn dump_maps(pin_dir: &Path, m: &MapsRef<'_>, attached: impl Fn(u32, u8) -> bool
         .into_iter()
         .flat_map(|t| t.iter().filter_map(Result::ok))
         .map(|(k, v)| {
-            let key = PolicyKey {
-                prefix_len: k.prefix_len(),
-                data: k.data(),
-            };
-            let (protocol, ports) = match translate::policy_key_ports(&key) {
-                Some((p, lo, hi)) => (Some(p), (lo, hi)),
-                None => (None, (0, u16::MAX)),
-            };
+            let (key, protocol, ports) = key_ports(&k);
             let d = key.direction();
             DumpTier {
                 subject: key.subject(),
@@ -398,4 +384,17 @@ pub fn dump_pinned(pin_dir: &Path) -> Result<EbpfDump, EbpfError> {
         },
         |ifindex, d| links.contains_key(&(ifindex, dir_name(d))) && ifname(ifindex).is_ok(),
     )
+}
+
+/// The policy key of an LPM key of `NPM_POLICY` or `NPM_TIERS`, with its
+/// protocol and port range (`None` and every port for a protocol-less key).
+fn key_ports(k: &Key<[u8; POLICY_KEY_LEN]>) -> (PolicyKey, Option<u8>, (u16, u16)) {
+    let key = PolicyKey {
+        prefix_len: k.prefix_len(),
+        data: k.data(),
+    };
+    match translate::policy_key_ports(&key) {
+        Some((p, lo, hi)) => (key, Some(p), (lo, hi)),
+        None => (key, None, (0, u16::MAX)),
+    }
 }

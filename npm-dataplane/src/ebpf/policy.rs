@@ -134,21 +134,7 @@ impl PolicyTable {
 
     /// Removes every LPM key not in `want`.
     pub(crate) fn sweep_keys(&mut self, want: &BTreeMap<PolicyKey, u32>) -> Result<(), EbpfError> {
-        let stale: Vec<Key<[u8; POLICY_KEY_LEN]>> = self
-            .lpm
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| {
-                !want.contains_key(&PolicyKey {
-                    prefix_len: k.prefix_len(),
-                    data: k.data(),
-                })
-            })
-            .collect();
-        for k in stale {
-            removed(self.lpm.remove(&k), maps::POLICY, "stale policy key")?;
-        }
-        Ok(())
+        sweep_lpm(&mut self.lpm, want, maps::POLICY, "stale policy key")
     }
 
     /// Records the entry groups an apply's policy changes touch: outside
@@ -191,4 +177,28 @@ impl PolicyTable {
     pub(crate) fn lpm(&self) -> &LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue> {
         &self.lpm
     }
+}
+
+/// Removes every key of `lpm` (the policy-key LPM trie `map`: `NPM_POLICY`
+/// or `NPM_TIERS`) that is not in `want`; `what` names a key in an error.
+pub(crate) fn sweep_lpm<V: aya::Pod, W>(
+    lpm: &mut LpmTrie<MapData, [u8; POLICY_KEY_LEN], V>,
+    want: &BTreeMap<PolicyKey, W>,
+    map: &'static str,
+    what: &'static str,
+) -> Result<(), EbpfError> {
+    let stale: Vec<Key<[u8; POLICY_KEY_LEN]>> = lpm
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| {
+            !want.contains_key(&PolicyKey {
+                prefix_len: k.prefix_len(),
+                data: k.data(),
+            })
+        })
+        .collect();
+    for k in stale {
+        removed(lpm.remove(&k), map, what)?;
+    }
+    Ok(())
 }

@@ -54,12 +54,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use aya::maps::{Array, IterableMap, MapData};
 use npm_common::{
-    front_shift, maps, policy_front_proto, tier_flags, tier_front_is_summary, tier_front_key, tier_front_key_of,
-    tier_front_pc_any_port, tier_front_pc_block, tier_front_pc_exact, tier_front_pc_of, tier_front_shared_bit,
-    tier_front_shared_summary_key, tier_front_slot, tier_front_summary_bit, tier_front_summary_key, tier_front_word,
-    tier_summary_bits, tier_summary_slot, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, TIER_ACTION_MASK,
-    TIER_FRONT_BLOCK_BITS, TIER_FRONT_MAX_IDENTITY, TIER_FRONT_MAX_SUBJECT, TIER_FRONT_PC_ANY_PROTO,
-    TIER_FRONT_SUM_ACTION, TIER_RANK_SHIFT,
+    front_shift, maps, tier_flags, tier_front_is_summary, tier_front_key, tier_front_key_of, tier_front_pc_any_port,
+    tier_front_pc_block, tier_front_pc_exact, tier_front_pc_of, tier_front_shared_bit, tier_front_shared_summary_key,
+    tier_front_slot, tier_front_summary_bit, tier_front_summary_key, tier_front_word, tier_summary_bits,
+    tier_summary_slot, EP_ADMIN_FRONT_INGRESS, EP_BASELINE_FRONT_INGRESS, TIER_ACTION_MASK, TIER_FRONT_BLOCK_BITS,
+    TIER_FRONT_MAX_IDENTITY, TIER_FRONT_MAX_SUBJECT, TIER_FRONT_PC_ANY_PROTO, TIER_FRONT_SUM_ACTION, TIER_RANK_SHIFT,
 };
 use npm_policy::compiled::{Compiled, Tier, TierEntry, TierValue};
 
@@ -104,22 +103,11 @@ pub(crate) fn tier_front_keys(entry: &TierEntry) -> Option<Vec<u64>> {
     }
     let (dir, tier, peer) = (entry.direction.as_u8(), translate::tier_bit(entry.tier), entry.peer);
     let key = |pc| tier_front_key(ep, dir, tier, peer, pc);
-    let mut pcs = Vec::new();
-    match entry.protocol {
-        None => pcs.push(TIER_FRONT_PC_ANY_PROTO),
-        Some(protocol) => {
-            let code = policy_front_proto(protocol.number());
-            let (lo, hi) = entry.ports;
-            if code == 0 || lo > hi {
-                return None;
-            }
-            if (lo, hi) == (0, u16::MAX) {
-                pcs.push(tier_front_pc_any_port(code));
-            } else {
-                pcs = range_classes(code, lo, hi, TIER_FRONT_MAX_WORDS)?;
-            }
-        }
-    }
+    let pcs = match translate::front_ports(entry.protocol, entry.ports)? {
+        translate::FrontPorts::AnyProtocol => vec![TIER_FRONT_PC_ANY_PROTO],
+        translate::FrontPorts::AnyPort(code) => vec![tier_front_pc_any_port(code)],
+        translate::FrontPorts::Range(code, lo, hi) => range_classes(code, lo, hi, TIER_FRONT_MAX_WORDS)?,
+    };
     Some(pcs.into_iter().map(key).collect())
 }
 

@@ -488,21 +488,7 @@ impl TierTable {
 
     /// Removes every key not in `want`.
     pub(crate) fn sweep_keys(&mut self, want: &BTreeMap<PolicyKey, KernelTierValue>) -> Result<(), EbpfError> {
-        let stale: Vec<Key<[u8; POLICY_KEY_LEN]>> = self
-            .lpm
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| {
-                !want.contains_key(&PolicyKey {
-                    prefix_len: k.prefix_len(),
-                    data: k.data(),
-                })
-            })
-            .collect();
-        for k in stale {
-            removed(self.lpm.remove(&k), maps::TIERS, "stale tier key")?;
-        }
-        Ok(())
+        super::policy::sweep_lpm(&mut self.lpm, want, maps::TIERS, "stale tier key")
     }
 
     /// The LPM trie, for reads.

@@ -24,6 +24,7 @@ use npm_common::{
 use npm_policy::compiled::{
     Direction, Endpoint, IpEntry, PolicyEntry, Tier, TierAction, TierEntry, TierPresence, TierValue,
 };
+use npm_policy::model::Protocol;
 
 /// Errors of the translation.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -185,24 +186,43 @@ pub fn front_word_iter(entry: &PolicyEntry) -> Option<impl Iterator<Item = u64>>
     let (dir, peer) = (entry.direction.as_u8(), entry.peer);
     // (protocol code, exact, first port, last port); wildcards are one
     // word with port 0.
-    let (code, exact, lo, hi) = match entry.protocol {
-        None => (0, false, 0, 0),
-        Some(protocol) => {
-            let code = policy_front_proto(protocol.number());
-            let (lo, hi) = entry.ports;
-            if code == 0 || lo > hi {
-                return None;
-            }
-            if (lo, hi) == (0, u16::MAX) {
-                (code, false, 0, 0)
-            } else if u32::from(hi - lo) + 1 > FRONT_MAX_RANGE {
-                return None;
-            } else {
-                (code, true, lo, hi)
-            }
-        }
+    let (code, exact, lo, hi) = match front_ports(entry.protocol, entry.ports)? {
+        FrontPorts::AnyProtocol => (0, false, 0, 0),
+        FrontPorts::AnyPort(code) => (code, false, 0, 0),
+        FrontPorts::Range(_, lo, hi) if u32::from(hi - lo) + 1 > FRONT_MAX_RANGE => return None,
+        FrontPorts::Range(code, lo, hi) => (code, true, lo, hi),
     };
     Some((lo..=hi).map(move |port| policy_front_word(subject, dir, peer, code, exact, port)))
+}
+
+/// What an entry's protocol and ports are to the fronts (`NPM_POLICY_FRONT`,
+/// `NPM_TIER_FRONT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FrontPorts {
+    /// Every protocol.
+    AnyProtocol,
+    /// Every port of the protocol of front code `.0`.
+    AnyPort(u64),
+    /// Ports `.1..=.2` of the protocol of front code `.0`.
+    Range(u64, u16, u16),
+}
+
+/// The front's view of `protocol` and `ports` (an entry's); `None` when
+/// the fronts cannot hold it: a protocol other than TCP, UDP and SCTP, or
+/// an empty range.
+pub(crate) fn front_ports(protocol: Option<Protocol>, (lo, hi): (u16, u16)) -> Option<FrontPorts> {
+    let Some(protocol) = protocol else {
+        return Some(FrontPorts::AnyProtocol);
+    };
+    let code = policy_front_proto(protocol.number());
+    if code == 0 || lo > hi {
+        return None;
+    }
+    Some(if (lo, hi) == (0, u16::MAX) {
+        FrontPorts::AnyPort(code)
+    } else {
+        FrontPorts::Range(code, lo, hi)
+    })
 }
 
 /// Whether the entry allows every port of its protocol, or every protocol

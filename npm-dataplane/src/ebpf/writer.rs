@@ -520,13 +520,7 @@ mod tests {
     /// `translate::subject_tier_flags` (and 0 to one without entries).
     #[test]
     fn entry_tier_flags_match_a_pass_over_the_entries() {
-        let mut seed = 11u64;
-        let mut rnd = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rnd = npm_testkit::rng::xorshift(11);
         for _ in 0..200 {
             let mut tiers = BTreeMap::new();
             for _ in 0..rnd() % 30 {

@@ -499,30 +499,16 @@ pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap, bridge_
     let base = |s: &mut String, name: &str, hook: &str, priority: &str, direction: Direction| {
         let _ = writeln!(s, "\tchain {name} {{");
         let _ = writeln!(s, "\t\ttype filter hook {hook} priority {priority}; policy accept;");
-        if direction == Direction::Egress {
-            let _ = writeln!(s, "\t\tiif vmap @{}", dispatch_map(Direction::Egress));
-            let _ = writeln!(
-                s,
-                "\t\tmeta iifkind \"bridge\" ip saddr vmap @{}",
-                bridged_map(Direction::Egress, Family::V4)
-            );
-            let _ = writeln!(
-                s,
-                "\t\tmeta iifkind \"bridge\" ip6 saddr vmap @{}",
-                bridged_map(Direction::Egress, Family::V6)
-            );
-        } else {
-            let _ = writeln!(s, "\t\toif vmap @{}", dispatch_map(Direction::Ingress));
-            let _ = writeln!(
-                s,
-                "\t\tmeta oifkind \"bridge\" ip daddr vmap @{}",
-                bridged_map(Direction::Ingress, Family::V4)
-            );
-            let _ = writeln!(
-                s,
-                "\t\tmeta oifkind \"bridge\" ip6 daddr vmap @{}",
-                bridged_map(Direction::Ingress, Family::V6)
-            );
+        // The pod is the source of its egress (the input interface), the
+        // destination of its ingress (the output interface).
+        let (dev, addr) = match direction {
+            Direction::Egress => ("iif", "saddr"),
+            Direction::Ingress => ("oif", "daddr"),
+        };
+        let _ = writeln!(s, "\t\t{dev} vmap @{}", dispatch_map(direction));
+        for (family, ip) in [(Family::V4, "ip"), (Family::V6, "ip6")] {
+            let map = bridged_map(direction, family);
+            let _ = writeln!(s, "\t\tmeta {dev}kind \"bridge\" {ip} {addr} vmap @{map}");
         }
         let _ = writeln!(s, "\t}}");
     };

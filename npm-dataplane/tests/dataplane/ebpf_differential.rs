@@ -59,27 +59,10 @@ const PORTS: [u16; 20] = [
 /// Protocols probed: TCP (SYN), UDP, SCTP.
 const PROTOS: [u8; 3] = [6, 17, 132];
 
-/// The seed: `NPM_EBPF_DIFF_SEED` (decimal or 0x hex), else drawn from the
-/// clock.
+/// The seed: `NPM_EBPF_DIFF_SEED` (decimal or 0x hex; `random`: drawn
+/// from the clock), else [`DEFAULT_SEED`].
 fn seed() -> u64 {
-    match std::env::var("NPM_EBPF_DIFF_SEED")
-        .ok()
-        .filter(|s| !s.trim().is_empty())
-    {
-        Some(s) if s.trim() == "random" => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_nanos() as u64,
-        Some(s) => {
-            let s = s.trim();
-            let parsed = match s.strip_prefix("0x") {
-                Some(hex) => u64::from_str_radix(hex, 16),
-                None => s.parse(),
-            };
-            parsed.unwrap_or_else(|e| panic!("NPM_EBPF_DIFF_SEED={s:?}: {e}"))
-        }
-        None => DEFAULT_SEED,
-    }
+    npm_testkit::rng::seed("NPM_EBPF_DIFF_SEED", Some(DEFAULT_SEED))
 }
 
 /// The seed without `NPM_EBPF_DIFF_SEED`: CI's runs are reproducible

@@ -308,20 +308,8 @@ fn ebpf_fuzz_tc() {
 #[ignore = "long runs: cargo xtask fuzz"]
 fn fuzz_on_demand() {
     let env = |k: &str| std::env::var(k).ok().filter(|s| !s.trim().is_empty());
-    let num = |s: String| -> u64 {
-        let s = s.trim().to_string();
-        match s.strip_prefix("0x") {
-            Some(h) => u64::from_str_radix(h, 16),
-            None => s.parse(),
-        }
-        .unwrap_or_else(|e| panic!("{s:?}: {e}"))
-    };
-    let seed = env("NPM_FUZZ_SEED").map(num).unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_nanos() as u64
-    });
+    let num = |s: String| -> u64 { npm_testkit::rng::parse_seed(&s).unwrap_or_else(|e| panic!("{s:?}: {e}")) };
+    let seed = npm_testkit::rng::seed("NPM_FUZZ_SEED", None);
     let cases = env("NPM_FUZZ_CASES").map(num);
     let duration = env("NPM_FUZZ_DURATION").map(|s| Duration::from_secs(num(s)));
     let mode = match env("NPM_FUZZ_ATTACH").as_deref() {

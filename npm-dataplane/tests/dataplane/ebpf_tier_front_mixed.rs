@@ -19,6 +19,7 @@ use npm_common::{
 use npm_dataplane::ebpf::BenchSwitches;
 use npm_policy::compiled::{Compiled, Direction::Ingress as IN, Tier, TierAction, TierEntry, TierValue};
 use npm_policy::model::Protocol;
+use npm_testkit::rng::Xorshift as Rng;
 
 const POD_B: u32 = TIER_POD_B;
 const POD_C: u32 = TIER_POD_C;
@@ -31,21 +32,6 @@ fn base() -> Compiled {
     let mut c = tier_fixture(false);
     allow(&mut c, 1, IN, POD_B, Some(Protocol::Tcp), (80, 80), 1);
     c
-}
-
-/// A small deterministic generator (xorshift64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// Disjoint port ranges an entry of one protocol may take: exact ports, a

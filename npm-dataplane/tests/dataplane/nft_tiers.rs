@@ -649,11 +649,7 @@ type Probe = (Option<usize>, &'static str, String, u16, Direction, String);
 /// checks the rank-ordered rendering is the datapath's decision.
 #[test]
 fn random_tiers_match_the_reference_lookup() {
-    let seed = std::env::var("NPM_TIER_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_7135u64);
-    eprintln!("NPM_TIER_SEED={seed}");
+    let seed = npm_testkit::rng::seed("NPM_TIER_SEED", Some(0x5eed_7135));
     let mut rng = Rng(seed);
     let topo = Topo::new("diff");
     let mut dp = topo.dataplane("diff");

@@ -39,6 +39,7 @@ use npm_dataplane::nft::{NftDataplane, NftOptions};
 use npm_dataplane::{Dataplane, Interfaces};
 use npm_policy::compiled::{Compiled, Direction, PolicyEntry};
 use npm_policy::model::Protocol;
+use npm_testkit::netns::in_netns_scoped;
 
 /// Prefix of this test's namespaces: `npmvx<pid><tag><role>`.
 const NS_PREFIX: &str = "npmvx";
@@ -375,24 +376,6 @@ fn compiled(a: bool) -> Compiled {
     c
 }
 
-/// Runs `f` on a thread inside the namespace `name` (the eBPF dataplane
-/// attaches to the interfaces of the calling thread's namespace).
-fn in_netns<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let path = format!("/run/netns/{name}");
-            let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-            // SAFETY: setns on a valid, open namespace fd; it only changes
-            // the calling thread's network namespace.
-            let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
-            assert!(rc == 0, "setns {path}: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .unwrap_or_else(|_| panic!("thread in netns {name} panicked"))
-    })
-}
-
 /// The assertions, once the fabric's dataplanes are programmed.
 fn check_pmtu(f: &Fabric, what: &str) {
     // The dataplanes are in the path: R denies a port no rule allows, S
@@ -459,7 +442,7 @@ fn ebpf_pmtu_across_vxlan() {
     let pins_b = PinDir::new("vxpmtu-b");
     let open = |pins: &PinDir, ns: &str, c: &Compiled, ifs: &Interfaces| {
         let opts = pins.options();
-        in_netns(ns, move || {
+        in_netns_scoped(ns, move || {
             let mut dp = EbpfDataplane::open(opts).unwrap_or_else(|e| panic!("open in {ns}: {e}"));
             dp.sync_full(c, ifs).unwrap_or_else(|e| panic!("sync in {ns}: {e}"));
             dp

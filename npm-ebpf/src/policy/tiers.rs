@@ -347,6 +347,8 @@ fn front_enabled(ep: u32, ep_flags: u32, dir_tier: u8) -> bool {
 /// not decide). On the front, `sums` are the identities' filter slots
 /// ([`tier_summaries`], read with this tier consulted).
 #[inline(always)]
+// Eight scalar arguments kept in registers: a struct passed to this
+// per-packet step would go through the BPF stack the verifier bounds.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tier_action(
     lpm: *mut u8,

@@ -95,27 +95,13 @@ fn tier_ranks(snapshot: &Snapshot, tier: Tier) -> HashMap<String, Vec<u32>> {
     out
 }
 
-/// The lowest [`TierEntry`] of subject `subject`, direction `direction`,
-/// tier `tier` and peer `peer` (the entries of one subject are
-/// contiguous, ordered by direction, tier, then peer).
-fn first_key(subject: u32, direction: Direction, tier: Tier, peer: u32) -> TierEntry {
-    TierEntry {
-        subject,
-        direction,
-        tier,
-        peer,
-        protocol: None,
-        ports: (0, 0),
-    }
-}
-
 /// Subject `subject`'s tier presence from the entries.
 pub(super) fn presence_of(tiers: &BTreeMap<TierEntry, TierValue>, subject: u32) -> TierPresence {
     let mut p = TierPresence::default();
     for direction in [Direction::Ingress, Direction::Egress] {
         for tier in [Tier::Admin, Tier::Baseline] {
             let has = tiers
-                .range(first_key(subject, direction, tier, 0)..)
+                .range(TierEntry::first(subject, direction, tier, 0)..)
                 .next()
                 .is_some_and(|(e, _)| e.subject == subject && e.direction == direction && e.tier == tier);
             if has {
@@ -138,7 +124,7 @@ fn remove_scoped(tiers: &mut BTreeMap<TierEntry, TierValue>, subject: u32, scope
             match &scope.peers {
                 None => keys.extend(
                     tiers
-                        .range(first_key(subject, direction, tier, 0)..)
+                        .range(TierEntry::first(subject, direction, tier, 0)..)
                         .take_while(|(e, _)| same(e))
                         .map(|(e, _)| *e),
                 ),
@@ -146,7 +132,7 @@ fn remove_scoped(tiers: &mut BTreeMap<TierEntry, TierValue>, subject: u32, scope
                     for peer in peers {
                         keys.extend(
                             tiers
-                                .range(first_key(subject, direction, tier, *peer)..)
+                                .range(TierEntry::first(subject, direction, tier, *peer)..)
                                 .take_while(|(e, _)| same(e) && e.peer == *peer)
                                 .map(|(e, _)| *e),
                         );
@@ -360,7 +346,7 @@ impl Compiler {
         let mut by_rule: HashMap<u32, Option<u32>> = HashMap::new();
         let rules = &self.out.ids.rules;
         for id in &subjects {
-            let lo = first_key(*id, Direction::Ingress, Tier::Admin, 0);
+            let lo = TierEntry::first(*id, Direction::Ingress, Tier::Admin, 0);
             for (e, v) in self.out.tiers.range_mut(lo..) {
                 if e.subject != *id {
                     break;

@@ -304,16 +304,6 @@ fn resolve_with<'p>(rule: &'p ClusterRule, mut ids_of: impl FnMut(&'p ClusterPee
     }
 }
 
-fn resolve<'p>(
-    rule: &'p ClusterRule,
-    groups: &Groups<'_>,
-    cidrs: &BTreeMap<IpNet, u32>,
-    nodes: &TierFacts<'_>,
-    memo: &mut HashMap<&'p ClusterPeer, Vec<u32>>,
-) -> Peers {
-    resolve_with(rule, |peer| peer_ids(peer, groups, cidrs, nodes, memo))
-}
-
 /// One contribution of a rule to one (subject, direction, tier, peer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Item {
@@ -387,20 +377,19 @@ pub fn fold(items: &[Item]) -> Vec<(Option<Protocol>, (u16, u16), TierValue)> {
     out
 }
 
-/// Adds the items of `rule` (value `value`, peers `peers`) for the
-/// subject of identity key `key` to `acc` (only those of the peers in
-/// `only`, if given).
-#[allow(clippy::too_many_arguments)]
+/// Adds the items of the ranked rule `ranked` (value `value`, peers
+/// `peers`) for the subject of identity key `key` to `acc` (only those of
+/// the peers in `only`, if given).
 fn emit(
     acc: &mut HashMap<u32, Vec<Item>>,
     key: &IdentityKey,
-    dir: Direction,
-    rule: &ClusterRule,
+    ranked: &RankedRule<'_>,
     peers: &Peers,
     identities: &BTreeMap<u32, IdentityKey>,
     value: TierValue,
     only: Option<&BTreeSet<u32>>,
 ) {
+    let (dir, rule) = (ranked.direction, ranked.rule);
     // Rules come in rank order: an item covered by an earlier item of the
     // same peer (protocol-less, or the same protocol with a range holding
     // this one) can never be the lowest rank of a packet; it is left out.
@@ -521,7 +510,7 @@ pub(crate) fn policy_peer_ids(
     let mut memo = HashMap::new();
     let mut out = BTreeSet::new();
     for r in policy.ingress.iter().chain(&policy.egress) {
-        out.extend(resolve(r, &groups, cidrs, nodes, &mut memo).ids());
+        out.extend(resolve_with(r, |peer| peer_ids(peer, &groups, cidrs, nodes, &mut memo)).ids());
     }
     Some(out)
 }
@@ -588,13 +577,10 @@ pub(crate) fn compile_tiers_scoped(
                                     resolve_with(r.rule, |peer| peer_ids_among(peer, o, identities, &cidr_of, nodes));
                                 #[cfg(debug_assertions)]
                                 {
-                                    let mut full = resolve(
-                                        r.rule,
-                                        &crate::tiers::compile::groups(identities),
-                                        cidrs,
-                                        nodes,
-                                        &mut HashMap::new(),
-                                    );
+                                    let all = crate::tiers::compile::groups(identities);
+                                    let mut memo = HashMap::new();
+                                    let mut full =
+                                        resolve_with(r.rule, |peer| peer_ids(peer, &all, cidrs, nodes, &mut memo));
                                     full.pods.retain(|id| o.contains(id));
                                     full.other.retain(|id| o.contains(id));
                                     debug_assert_eq!((&p.pods, &p.other, p.all), (&full.pods, &full.other, full.all));
@@ -602,7 +588,8 @@ pub(crate) fn compile_tiers_scoped(
                                 p
                             }
                             _ => {
-                                let mut p = resolve(r.rule, &groups, cidrs, nodes, &mut memo);
+                                let mut p =
+                                    resolve_with(r.rule, |peer| peer_ids(peer, &groups, cidrs, nodes, &mut memo));
                                 if let Some(o) = only {
                                     p.pods.retain(|id| o.contains(id));
                                     p.other.retain(|id| o.contains(id));
@@ -630,7 +617,7 @@ pub(crate) fn compile_tiers_scoped(
                     .or_default();
                 for i in eps {
                     if done.insert(*i) {
-                        emit(&mut acc[*i], locals[*i].1, dir, r.rule, &peers, identities, value, only);
+                        emit(&mut acc[*i], locals[*i].1, &r, &peers, identities, value, only);
                     }
                 }
             }

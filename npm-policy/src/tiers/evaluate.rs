@@ -78,10 +78,22 @@ pub fn applies(snapshot: &Snapshot, pod: &Pod, direction: Direction) -> bool {
 /// when no pod owns it, the labels of the node it belongs to (if any; see
 /// [`crate::nodes::node_labels_at`]).
 #[derive(Clone, Copy, Debug)]
-struct End<'a> {
-    ip: IpAddr,
-    pod: Option<&'a Pod>,
-    node: Option<&'a Labels>,
+pub struct End<'a> {
+    /// The address.
+    pub ip: IpAddr,
+    /// The pod owning it (by [`crate::evaluate::pod_at`]), `None` for no
+    /// pod.
+    pub pod: Option<&'a Pod>,
+    /// The labels of the node it belongs to, for `nodes` peers; only read
+    /// when `pod` is `None` (a pod address is never a node).
+    pub node: Option<&'a Labels>,
+}
+
+impl<'a> End<'a> {
+    /// The end at `ip`, owned by `pod`, of no known node.
+    pub fn new(ip: IpAddr, pod: Option<&'a Pod>) -> Self {
+        End { ip, pod, node: None }
+    }
 }
 
 /// Does `peer` match the other end?
@@ -127,7 +139,6 @@ fn peer_matches(snapshot: &Snapshot, peer: &ClusterPeer, end: End<'_>) -> bool {
 /// Does `rule` match the flow? "If any element matches the source of
 /// incoming traffic [the destination of outgoing traffic] then the
 /// specified action is applied"; the protocols narrow it.
-#[allow(clippy::too_many_arguments)]
 fn rule_matches(
     snapshot: &Snapshot,
     rule: &ClusterRule,
@@ -189,42 +200,21 @@ fn rule_matches(
 }
 
 /// The first matching rule of `tier` for `pod` in `dir` with the other end
-/// `peer_ip` (`peer_pod`), or `None` when no rule of the tier matches. The
-/// other end is taken as no node (a `nodes` peer never matches it); see
-/// [`tier_match_node`].
-#[allow(clippy::too_many_arguments)]
+/// `end`, or `None` when no rule of the tier matches. `end.node` (from
+/// [`crate::nodes::node_labels_at`]) is what `nodes` peers match, only
+/// when no pod owns the address.
 pub fn tier_match(
     snapshot: &Snapshot,
     tier: Tier,
     pod: &Pod,
     dir: Direction,
-    peer_ip: IpAddr,
-    peer_pod: Option<&Pod>,
-    protocol: u8,
-    port: u16,
-) -> Option<TierMatch> {
-    tier_match_node(snapshot, tier, pod, dir, peer_ip, peer_pod, None, protocol, port)
-}
-
-/// [`tier_match`] with the labels of the node the other end belongs to
-/// (`peer_node`, only used when `peer_pod` is `None`; from
-/// [`crate::nodes::node_labels_at`]), for `nodes` peers.
-#[allow(clippy::too_many_arguments)]
-pub fn tier_match_node(
-    snapshot: &Snapshot,
-    tier: Tier,
-    pod: &Pod,
-    dir: Direction,
-    peer_ip: IpAddr,
-    peer_pod: Option<&Pod>,
-    peer_node: Option<&Labels>,
+    end: End<'_>,
     protocol: u8,
     port: u16,
 ) -> Option<TierMatch> {
     let end = End {
-        ip: peer_ip,
-        pod: peer_pod,
-        node: if peer_pod.is_some() { None } else { peer_node },
+        node: if end.pod.is_some() { None } else { end.node },
+        ..end
     };
     // "Priority is a value from 0 to 1000 indicating the precedence of the
     // policy within its tier. Policies with lower priority values have

@@ -475,6 +475,8 @@ pub fn parse_tier(s: &str) -> Option<Tier> {
 }
 
 /// One rule (see the module doc for what fails closed how).
+// Nine arguments: the ingress and egress rules are two API types whose
+// fields the two callers pass one by one into this one conversion.
 #[allow(clippy::too_many_arguments)]
 fn rule(
     ctx: &mut Ctx,

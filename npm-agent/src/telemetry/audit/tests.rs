@@ -6,7 +6,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use npm_common::{IpKey, Reason};
-use npm_policy::model::{Namespace, Pod, PodPhase};
+use npm_policy::model::{Namespace, Pod};
 use serde_json::json;
 
 use super::*;
@@ -29,19 +29,11 @@ fn np(name: &str, audit: Option<&str>, app: &str, allow_from: Option<&str>) -> A
     Arc::new(crate::k8s::strip(obj))
 }
 
+/// Pod `ns1/<name>` on `node` (the kit's, created at 0).
 fn pod(name: &str, app: &str, ip: &str) -> Pod {
     Pod {
-        uid: format!("uid-{name}"),
-        namespace: "ns1".into(),
-        name: name.into(),
-        labels: [("app".to_string(), app.to_string())].into(),
-        ips: vec![ip.parse().unwrap()],
-        node_name: Some("node".into()),
-        phase: PodPhase::Running,
-        deleting: false,
-        host_network: false,
-        ports: Vec::new(),
         created: 0,
+        ..npm_testkit::policy::pod("ns1", name, ip, app, "node")
     }
 }
 

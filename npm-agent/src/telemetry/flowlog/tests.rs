@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use npm_policy::compiled::CompileOptions;
-use npm_policy::model::{IpBlock, Namespace, Peer as ModelPeer, Pod, PodPhase, Policy, Rule, Selector, Snapshot};
+use npm_policy::model::{IpBlock, Namespace, Peer as ModelPeer, Pod, Policy, Rule, Selector, Snapshot};
 
 use super::*;
 
@@ -84,19 +84,11 @@ fn event(endpoint: u32, direction: u8, src: [u8; 4], dst: [u8; 4]) -> DenyEvent 
     e
 }
 
+/// The kit's pod, created at 0.
 fn pod(ns: &str, name: &str, node: &str, ip: &str, app: &str) -> Pod {
     Pod {
-        uid: format!("uid-{name}"),
-        namespace: ns.into(),
-        name: name.into(),
-        labels: [("app".to_string(), app.to_string())].into(),
-        ips: vec![ip.parse().unwrap()],
-        node_name: Some(node.into()),
-        phase: PodPhase::Running,
-        deleting: false,
-        host_network: false,
-        ports: Vec::new(),
         created: 0,
+        ..npm_testkit::policy::pod(ns, name, ip, app, node)
     }
 }
 

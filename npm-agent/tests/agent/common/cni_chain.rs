@@ -347,6 +347,3 @@ impl Drop for Sandbox {
         let _ = Command::new("ip").args(["netns", "delete", &self.netns]).output();
     }
 }
-
-/// IPv4 forwarding of the root namespace (shared with the other helpers).
-pub use crate::common::netns::Forwarding;

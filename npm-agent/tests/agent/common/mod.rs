@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodIP, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use npm_agent::agent::{self, AgentConfig, RunningAgent};
 /// The agent's slim cached Pod (what `Cache` and `CompleteState` hold).
 pub use npm_agent::k8s::pods::Pod as CachedPod;
@@ -26,6 +26,9 @@ use npm_agent::telemetry::{sample, Metrics};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
 use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, MapDiff, RuleRef};
 use npm_testapi::{Options, TestApiServer};
+/// The object builders (namespaces, pods) and HTTP helpers of the kit.
+pub use npm_testkit::http::{get, get_with, wait_readyz};
+pub use npm_testkit::k8s::{namespace, pod};
 
 /// One write to the recording dataplane.
 #[derive(Clone, Debug)]
@@ -274,51 +277,6 @@ pub async fn start_agent_with(
     agent::start(cfg, client, dp, resolver, Metrics::new().expect("metrics"))
         .await
         .expect("start agent")
-}
-
-/// A namespace with labels.
-pub fn namespace(name: &str, labels: &[(&str, &str)]) -> Namespace {
-    Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
-
-/// A Running pod on `node` with `ip` (None: no IP yet) and labels.
-pub fn pod(ns: &str, name: &str, node: &str, ip: Option<&str>, labels: &[(&str, &str)]) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(ns.into()),
-            labels: Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(node.into()),
-            containers: vec![Container {
-                name: "c".into(),
-                image: Some("agnhost".into()),
-                ports: Some(vec![ContainerPort {
-                    name: Some("http".into()),
-                    container_port: 80,
-                    protocol: Some("TCP".into()),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        status: Some(PodStatus {
-            phase: Some("Running".into()),
-            pod_ip: ip.map(String::from),
-            pod_ips: ip.map(|i| vec![PodIP { ip: i.into() }]),
-            ..Default::default()
-        }),
-    }
 }
 
 /// A test API server holding namespace `k` and two Running pods of

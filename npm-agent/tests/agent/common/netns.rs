@@ -3,52 +3,21 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Run a command; panic with its stderr when it fails.
-pub fn sh(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().expect("run command");
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Delete network namespaces named `<prefix><pid>...` whose process is gone.
-pub fn clear_stale_netns(prefix: &str) {
-    let out = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns list");
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let name = line.split_whitespace().next().unwrap_or("");
-        let Some(rest) = name.strip_prefix(prefix) else {
-            continue;
-        };
-        let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        if !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = Command::new("ip").args(["netns", "delete", name]).output();
-        }
-    }
-}
-
-/// Run `f` on a thread that has entered network namespace `ns`.
-pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-        // SAFETY: setns on this thread only, with a valid namespace fd.
-        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
-        f()
-    })
-}
+/// The kit's commands, namespace threads, sweeps and forwarding guard
+/// (`clear_stale_netns` is its `clear_netns_leftovers`).
+// The benchmarks include this file too (`examples/bench_support`) and use
+// only some of them.
+#[allow(unused_imports)]
+pub use npm_testkit::netns::{
+    clear_netns_leftovers as clear_stale_netns, clear_stale_dirs, clear_stale_links, in_netns, pid_gone,
+    remove_links_and_netns, sh, Forwarding,
+};
 
 /// A TCP server in `ns` answering "ok" on `addr` until `stop`.
 pub fn serve(ns: &str, addr: SocketAddr, stop: Arc<AtomicBool>) {
@@ -100,27 +69,6 @@ pub async fn expect_probe(ns: &str, addr: SocketAddr, want: bool, what: &str) {
     }
 }
 
-/// Is `name` (`<prefix><pid>...`) left by a process that is gone?
-pub fn pid_gone(name: &str, prefix: &str) -> bool {
-    let pid: String = name
-        .strip_prefix(prefix)
-        .unwrap_or("")
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Delete interfaces named `<prefix><pid>...` whose process is gone.
-pub fn clear_stale_links(prefix: &str) {
-    for entry in std::fs::read_dir("/sys/class/net").into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(prefix) && pid_gone(&name, prefix) {
-            let _ = Command::new("ip").args(["link", "delete", &name]).output();
-        }
-    }
-}
-
 /// Delete the `inet` and `bridge` nft tables named `<prefix><pid>...`
 /// whose process is gone (a crashed run's nftables agent).
 pub fn clear_stale_nft_tables(prefix: &str) {
@@ -134,17 +82,6 @@ pub fn clear_stale_nft_tables(prefix: &str) {
                     let _ = Command::new("nft").args(["delete", "table", family, name]).output();
                 }
             }
-        }
-    }
-}
-
-/// Remove the entries of `dir` (directories with their contents) named
-/// `<prefix><pid>...` whose process is gone.
-pub fn clear_stale_dirs(dir: impl AsRef<std::path::Path>, prefix: &str) {
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(prefix) && pid_gone(&name, prefix) {
-            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }
@@ -181,51 +118,6 @@ pub fn add_routed_pod(ns: &str, host: &str, subnet: &str, net: usize) {
         "via",
         &format!("{subnet}.{net}.1"),
     ]);
-}
-
-/// Delete the interfaces `links` and the namespaces `namespaces`, ignoring
-/// failures (for Drop guards).
-pub fn remove_links_and_netns(links: &[String], namespaces: &[String]) {
-    for v in links {
-        let _ = Command::new("ip").args(["link", "delete", v]).output();
-    }
-    for ns in namespaces {
-        let _ = Command::new("ip").args(["netns", "delete", ns]).output();
-    }
-}
-
-const FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
-
-/// How many [`Forwarding`]s live, and the value before the first.
-static FORWARDING: std::sync::Mutex<(usize, String)> = std::sync::Mutex::new((0, String::new()));
-
-/// IPv4 forwarding of the root namespace on while it lives. Shared by all
-/// the tests of the process (they run in parallel in one binary): the value
-/// before the first is restored after the last, never while another test
-/// still needs forwarding.
-pub struct Forwarding(());
-
-impl Forwarding {
-    /// Switch forwarding on.
-    pub fn on() -> Forwarding {
-        let mut f = FORWARDING.lock().unwrap_or_else(|e| e.into_inner());
-        if f.0 == 0 {
-            f.1 = std::fs::read_to_string(FORWARD).unwrap_or_else(|_| "0\n".into());
-            std::fs::write(FORWARD, "1\n").expect("enable forwarding");
-        }
-        f.0 += 1;
-        Forwarding(())
-    }
-}
-
-impl Drop for Forwarding {
-    fn drop(&mut self) {
-        let mut f = FORWARDING.lock().unwrap_or_else(|e| e.into_inner());
-        f.0 -= 1;
-        if f.0 == 0 {
-            let _ = std::fs::write(FORWARD, &f.1);
-        }
-    }
 }
 
 /// Pod namespaces routed from the root namespace (see [`add_routed_pod`]),

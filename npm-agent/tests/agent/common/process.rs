@@ -1,12 +1,12 @@
 //! The agent binary as a child process: spawning `npm-agent run` with the
 //! eBPF dataplane, and HTTP requests to its metrics/health server.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+
+pub use npm_testkit::http::http_get;
 
 /// A free local TCP address (port chosen by the kernel).
 pub fn free_port() -> SocketAddr {
@@ -80,19 +80,6 @@ pub fn spawn_agent_run_with(
         });
     }
     cmd.spawn().expect("spawn npm-agent run")
-}
-
-/// HTTP GET `path` on `addr`: (status code, body); `None` when the server
-/// does not answer.
-pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("").to_string();
-    Some((code, body))
 }
 
 /// Runs `npm-agent inspect --json --pin-dir <pin_dir>` with `envs` set and

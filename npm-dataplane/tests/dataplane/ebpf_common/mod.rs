@@ -469,6 +469,7 @@ pub fn tier_fixture(egress_isolated: bool) -> Compiled {
 /// Adds the tier entry (endpoint `ep`, `direction`, `tier`, `peer`,
 /// `protocol`, `ports`) -> (`action`, `rank`, `rule`) and sets the
 /// endpoint's presence flag for that tier and direction.
+// The table tests call it with one positional row per entry.
 #[allow(clippy::too_many_arguments)]
 pub fn tier_entry(
     c: &mut Compiled,
@@ -499,6 +500,7 @@ pub fn tier_entry(
 }
 
 /// [`tier_entry`] for ingress, with rule id `100 + rank`.
+// The table tests call it with one positional row per entry.
 #[allow(clippy::too_many_arguments)]
 pub fn tier_in(
     c: &mut Compiled,

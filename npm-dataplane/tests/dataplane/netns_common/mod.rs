@@ -5,103 +5,14 @@
 #![allow(dead_code)]
 
 use std::net::IpAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::Child;
 
 use npm_policy::compiled::{Compiled, Endpoint, IpEntry, PodRef};
-
-/// Runs a command, panicking with its output on failure.
-pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Runs a command, ignoring failure.
-pub fn sh_quiet(args: &[&str]) {
-    let _ = Command::new(args[0]).args(&args[1..]).output();
-}
-
-/// Runs a command in a namespace, panicking if it fails.
-pub fn ns_sh(ns: &str, args: &[&str]) -> String {
-    let mut full = vec!["ip", "netns", "exec", ns];
-    full.extend_from_slice(args);
-    sh(&full)
-}
-
-fn pid_alive(pid: u32) -> bool {
-    PathBuf::from(format!("/proc/{pid}")).exists()
-}
-
-/// Names `<prefix><pid>...` whose pid is dead: leftovers of a crashed run.
-pub fn dead_names(names: impl Iterator<Item = String>, prefix: &str) -> Vec<String> {
-    names
-        .filter(|n| n.starts_with(prefix))
-        .filter(|n| {
-            let digits: String = n[prefix.len()..].chars().take_while(|c| c.is_ascii_digit()).collect();
-            digits.parse::<u32>().map(|p| !pid_alive(p)).unwrap_or(false)
-        })
-        .collect()
-}
-
-/// Names of the entries of a directory (empty if it cannot be read).
-pub fn dir_names(dir: &str) -> Vec<String> {
-    match std::fs::read_dir(dir) {
-        Ok(rd) => rd
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect(),
-        Err(_) => Vec::new(),
-    }
-}
-
-/// Deletes namespaces named `<prefix><pid>...` whose owning test process is
-/// gone (left over by a crashed run).
-pub fn clear_netns_leftovers(prefix: &str) {
-    for n in dead_names(dir_names("/run/netns").into_iter(), prefix) {
-        sh_quiet(&["ip", "netns", "del", &n]);
-    }
-}
-
-/// A network namespace deleted on drop (also on panic).
-pub struct Netns {
-    /// Its name under /run/netns.
-    pub name: String,
-}
-
-impl Netns {
-    /// Creates `name` (deleting a stale one of the same name first) with
-    /// its loopback up.
-    pub fn new(name: &str) -> Netns {
-        sh_quiet(&["ip", "netns", "del", name]);
-        sh(&["ip", "netns", "add", name]);
-        sh(&["ip", "-n", name, "link", "set", "lo", "up"]);
-        Netns { name: name.to_string() }
-    }
-
-    /// Runs a command inside the namespace.
-    pub fn exec(&self, args: &[&str]) -> std::process::Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(args)
-            .output()
-            .unwrap()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        sh_quiet(&["ip", "netns", "del", &self.name]);
-    }
-}
+/// The kit's commands, namespaces, sweeps and forwarding guard.
+// The traffic benchmark includes this file too (`examples/bench_traffic`)
+// and uses only some of them.
+#[allow(unused_imports)]
+pub use npm_testkit::netns::{clear_netns_leftovers, dead_names, dir_names, ns_sh, sh, sh_quiet, Forwarding, Netns};
 
 /// A "node" namespace `name`: the sysctls `sysctls` (`key=value`) set and
 /// the addresses `lo_addrs` (with prefix length) on its loopback.
@@ -264,40 +175,4 @@ pub fn ip(c: &mut Compiled, addr: &str, identity: u32, cidr_identity: u32) {
             owner: 0,
         },
     );
-}
-
-const FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
-
-/// How many [`Forwarding`]s live in this process, and the value before the
-/// first.
-static FORWARDING: std::sync::Mutex<(usize, String)> = std::sync::Mutex::new((0, String::new()));
-
-/// IPv4 forwarding of the root namespace on while it lives, for fixtures
-/// whose pods are routed through the root namespace (a Kubernetes node
-/// always forwards; a fresh machine may not). Shared by the tests of the
-/// process, which run in parallel: the value found before the first is
-/// restored after the last, never while another test still needs it.
-pub struct Forwarding(());
-
-impl Forwarding {
-    /// Switches forwarding on.
-    pub fn on() -> Forwarding {
-        let mut f = FORWARDING.lock().unwrap_or_else(|e| e.into_inner());
-        if f.0 == 0 {
-            f.1 = std::fs::read_to_string(FORWARD).unwrap_or_else(|_| "0\n".into());
-            std::fs::write(FORWARD, "1\n").expect("enable IPv4 forwarding");
-        }
-        f.0 += 1;
-        Forwarding(())
-    }
-}
-
-impl Drop for Forwarding {
-    fn drop(&mut self) {
-        let mut f = FORWARDING.lock().unwrap_or_else(|e| e.into_inner());
-        f.0 -= 1;
-        if f.0 == 0 {
-            let _ = std::fs::write(FORWARD, &f.1);
-        }
-    }
 }

@@ -137,6 +137,7 @@ pub fn listing_blocks(normalised: &str) -> Vec<String> {
 /// Adds a ClusterNetworkPolicy tier entry (rule id `1000 * (1 + 2 * tier
 /// + direction) + rank`: one rule per tier, direction and rank) and
 /// marks the endpoint's [`TierPresence`](npm_policy::compiled::TierPresence).
+// The table tests call it with one positional row per entry.
 #[allow(clippy::too_many_arguments)]
 pub fn tier(
     c: &mut Compiled,
