@@ -117,7 +117,7 @@ pub const SERIES: &[Series] = &[
     series("npm_compiled_entries", G, N, &["table"], "Entries of the compiled state last synced, by table (ipcache, cidrs, endpoints, policy, tiers)."),
     series("npm_map_entries", G, N, &["map"], "Entries in each pinned kernel map (eBPF dataplane), by map name."),
     series("npm_map_capacity", G, N, &["map"], "Maximum entries of each pinned kernel map (eBPF dataplane), by map name."),
-    series("npm_front_fallbacks", G, N, &["map"], "Local endpoint directions (NPM_TIER_FRONT: directions and ClusterNetworkPolicy tiers) whose entries do not all fit this front and are decided on the LPM behind it (same verdicts, slower; raise --map-size-policy-front / --map-size-tier-front); NPM_FOLD: directions with ClusterNetworkPolicy tier entries that are not folded (too large for the map) and are decided by the tiers' lookups (same verdicts, slower)."),
+    series("npm_fold_fallbacks", G, N, &[], "Local endpoint directions with ClusterNetworkPolicy tier entries that are not folded into NPM_FOLD (too large for the map) and are decided by the lookups of NPM_TIERS and NPM_POLICY (same verdicts, slower)."),
     series("npm_dns_learned", G, N, &["kind"], "Names (kind=names) and addresses (kind=addresses) learned from the DNS answers of the trusted servers (--dns-server): what ClusterNetworkPolicy domainNames peers match."),
     series("npm_dns_evicted_total", C, N, &[], "Learned (name, address) pairs dropped before their TTL because the learner's bounds were reached (4,096 pairs a namespace, 256 addresses a name, 10,000 names, 16,384 addresses)."),
     series("npm_dns_responses_total", C, N, &["result"], "DNS responses of the trusted servers read (result: read = every one; learned = taught a new address; unparsable; held = parked until its addresses were programmed; released = a held one let through once programmed; hold_expired = a held one let through before; not_held_not_compiled, not_held_sync_unhealthy, not_held_cap = a learning one let through at once: no state compiled yet, the last sync failed or was held, --dns-max-holds reached)."),
@@ -468,7 +468,7 @@ impl Metrics {
                 metrics::gauge!("npm_map_entries", "map" => f.map).set(f.entries as f64);
                 metrics::gauge!("npm_map_capacity", "map" => f.map).set(f.capacity as f64);
                 if let Some(n) = f.fallbacks {
-                    metrics::gauge!("npm_front_fallbacks", "map" => f.map).set(n as f64);
+                    metrics::gauge!("npm_fold_fallbacks").set(n as f64);
                 }
             }
         });
@@ -742,7 +742,7 @@ mod tests {
                 fallbacks: None,
             },
             MapFill {
-                map: "NPM_TIER_FRONT",
+                map: "NPM_FOLD",
                 entries: 9,
                 capacity: 1 << 18,
                 fallbacks: Some(2),
@@ -752,8 +752,7 @@ mod tests {
         let text = m.render();
         assert_eq!(sample(&text, "npm_map_entries{map=\"NPM_POLICY\"}"), Some(3.0));
         assert_eq!(sample(&text, "npm_map_capacity{map=\"NPM_POLICY\"}"), Some(1048576.0));
-        assert_eq!(sample(&text, "npm_front_fallbacks{map=\"NPM_TIER_FRONT\"}"), Some(2.0));
-        assert_eq!(sample(&text, "npm_front_fallbacks{map=\"NPM_POLICY\"}"), None);
+        assert_eq!(sample(&text, "npm_fold_fallbacks"), Some(2.0));
         assert_eq!(sample(&text, "npm_ringbuf_events_lost_total"), Some(12.0));
         // Two registries do not share values.
         let other = Metrics::new().unwrap();

@@ -13,9 +13,8 @@
 //! the new bytes. For the same endpoint (new flags, addresses or subject)
 //! a mix only combines that endpoint's own old and new settings: a new
 //! subject (a relabelled pod) read with the old subject's policy flags, or
-//! the reverse, only skips lookups or trusts a front of words that are all
-//! the read subject's allows, so it allows at most what that subject
-//! allows (both subjects' entries exist while the record is rewritten:
+//! the reverse, only skips lookups that cannot hit for the read subject,
+//! so it allows at most what that subject allows (both subjects' entries exist while the record is rewritten:
 //! upserts before, removals after). When a slot changes
 //! owner (endpoint X's interface index now belongs to endpoint Y), the
 //! loader goes through two drop-all records first ([`EndpointTable::replace`]):
@@ -219,6 +218,25 @@ impl Record for RecordV5 {
         }
     }
 }
+
+/// The `EP_*` flags of a record written by map layouts 3 to 6, in this
+/// layout's bits: bits 0 to 10 (isolation, addresses, the
+/// `EP_NO_*_PEER_*` flags, presence) are unchanged; the tier flags moved
+/// from bits 15 to 18 to [`EP_ADMIN_INGRESS`] ..= [`EP_BASELINE_EGRESS`]
+/// when layout 7 dropped the front flags; the others (fronts, class
+/// filter, fold, report) are dropped: nothing adopted reads them.
+pub(crate) fn flags_before_layout_7(flags: u32) -> u32 {
+    const KEPT: u32 = (1 << 11) - 1;
+    const OLD_TIERS_SHIFT: u32 = 15;
+    let tiers = (flags >> OLD_TIERS_SHIFT) & 0xf;
+    flags & KEPT | tiers * EP_ADMIN_INGRESS
+}
+const _: () = assert!(
+    EP_ADMIN_EGRESS == EP_ADMIN_INGRESS << 1
+        && EP_BASELINE_INGRESS == EP_ADMIN_INGRESS << 2
+        && EP_BASELINE_EGRESS == EP_ADMIN_INGRESS << 3
+        && EP_PRESENT == 1 << 10
+);
 
 /// Every endpoint of the two maps, by ifindex: the present slots of the
 /// array, then the hash entries (records of type `R`, read as

@@ -559,7 +559,7 @@ fn service_traffic_of_a_tiered_endpoint_is_decided_against_the_backend() {
         0,
         50,
     );
-    let mut f = fixture("ts", &c);
+    let f = fixture("ts", &c);
     let cip: std::net::Ipv4Addr = "10.96.0.10".parse().unwrap();
     let wanted: std::collections::BTreeMap<ServicePort, u32> = [(
         ServicePort {
@@ -572,7 +572,6 @@ fn service_traffic_of_a_tiered_endpoint_is_decided_against_the_backend() {
     .into_iter()
     .collect();
     ServicesMap::open(&f.pins.path).unwrap().sync(&wanted).unwrap();
-    f.dp.bump_generation().unwrap();
     let before = f.counter(EG, Reason::Deferred);
     assert_eq!(
         f.syn(EG, f.b.ifindex, "10.0.0.5", "10.96.0.10", 40000, 80).0,
