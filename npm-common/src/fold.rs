@@ -126,13 +126,7 @@ mod tests {
 
     #[test]
     fn keys_keep_their_fields_apart() {
-        let k = fold_key(
-            FOLD_MAX_SUBJECT - 1,
-            1,
-            FOLD_MAX_IDENTITY - 1,
-            fold_pc_exact(3, 65535),
-        )
-        .unwrap();
+        let k = fold_key(FOLD_MAX_SUBJECT - 1, 1, FOLD_MAX_IDENTITY - 1, fold_pc_exact(3, 65535)).unwrap();
         assert_eq!(k >> 43 & (FOLD_MAX_SUBJECT as u64 - 1), FOLD_MAX_SUBJECT as u64 - 1);
         assert_eq!(k >> 42 & 1, 1);
         assert_eq!(k >> 18 & (FOLD_MAX_IDENTITY as u64 - 1), FOLD_MAX_IDENTITY as u64 - 1);

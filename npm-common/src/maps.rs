@@ -60,22 +60,8 @@ pub const RULE_COUNT: &str = "NPM_RULE_COUNT";
 pub const EP_DENIES: &str = "NPM_EP_DENIES";
 /// Every map, for pinning and adoption.
 pub const ALL: [&str; 16] = [
-    EP_SLOTS,
-    ENDPOINTS,
-    IPCACHE,
-    IPCACHE4,
-    CIDRS,
-    POLICY,
-    CT,
-    CT4,
-    FRAGS,
-    COUNTERS,
-    EVENTS,
-    SERVICES,
-    TIERS,
-    FOLD,
-    RULE_COUNT,
-    EP_DENIES,
+    EP_SLOTS, ENDPOINTS, IPCACHE, IPCACHE4, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS, SERVICES, TIERS, FOLD,
+    RULE_COUNT, EP_DENIES,
 ];
 
 /// Map sizes (max entries).

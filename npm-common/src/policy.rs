@@ -3,7 +3,6 @@
 
 use core::mem::{offset_of, size_of};
 
-
 /// Length of [`PolicyKey::data`] in bytes.
 pub const POLICY_KEY_LEN: usize = 12;
 /// Prefix length matching subject, direction and peer: any protocol, any port.

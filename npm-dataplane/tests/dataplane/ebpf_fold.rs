@@ -14,7 +14,7 @@ use crate::ebpf_common::tier_in as tier;
 use crate::ebpf_common::*;
 use aya::maps::{Array, Map, MapData};
 use npm_common::{
-    cidr_code, fold_bucket, fold_key, fold_value, maps, fold_pc_exact, Reason, EP_FOLD_EGRESS, EP_FOLD_INGRESS,
+    cidr_code, fold_bucket, fold_key, fold_pc_exact, fold_value, maps, Reason, EP_FOLD_EGRESS, EP_FOLD_INGRESS,
     FOLD_BUCKET_WORDS, FOLD_SHIFT, IDENTITY_ANY,
 };
 use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};

@@ -414,7 +414,11 @@ fn upgrade_from(old: u32) {
     if std::env::var(CHILD_ENV).is_ok() {
         return;
     }
-    assert_eq!(npm_common::LAYOUT_VERSION, 7, "this test makes the maps of layouts 5 and 6");
+    assert_eq!(
+        npm_common::LAYOUT_VERSION,
+        7,
+        "this test makes the maps of layouts 5 and 6"
+    );
     // The layout-5/6 flag bits: isolated ingress 0, IPv4 2, present 10,
     // the policy front (ingress) 11, the Admin tier (ingress) 15, the
     // Baseline tier (egress) 18.
@@ -511,7 +515,16 @@ fn upgrade_from(old: u32) {
     let adopted: Vec<_> = new
         .adopted_endpoints()
         .iter()
-        .map(|a| (a.id, a.ifindex, a.ipv4, a.isolated_ingress, a.isolated_egress, a.tiered_directions))
+        .map(|a| {
+            (
+                a.id,
+                a.ifindex,
+                a.ipv4,
+                a.isolated_ingress,
+                a.isolated_egress,
+                a.tiered_directions,
+            )
+        })
         .collect();
     // Layout 6's tier bits are its two tiered directions; its front bit
     // (bit 11, this layout's Admin ingress flag) is none.
@@ -540,7 +553,10 @@ fn upgrade_from(old: u32) {
     let syn = v4("10.9.5.2", "10.9.5.1", L4::Tcp(40001, TCP_PORT, 0x02));
     assert_eq!(
         new.test_run(Ingress, veth.ifindex, &syn).unwrap(),
-        (npm_dataplane::ebpf::VERDICT_DROP, Some(npm_common::Reason::PolicyDenied)),
+        (
+            npm_dataplane::ebpf::VERDICT_DROP,
+            Some(npm_common::Reason::PolicyDenied)
+        ),
         "a new flow the policy does not allow is denied"
     );
     assert!(!old_dir.exists(), "layout {old}'s pins are retired after the full sync");

@@ -84,8 +84,8 @@ fn run(tag: &str, general: bool) {
     // Let packets of the readiness probes still in flight settle.
     std::thread::sleep(Duration::from_millis(200));
 
-    // Three new connections (the second and third are decided by the
-    // decision cache: same peer, same port) with tracked traffic.
+    // Three new connections (same peer, same port, each decided anew)
+    // with tracked traffic.
     let before = dp.counters().unwrap();
     for _ in 0..3 {
         connection(&net, 4);

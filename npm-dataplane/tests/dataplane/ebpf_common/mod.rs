@@ -801,4 +801,3 @@ pub fn policy_for(pod_ip: Ipv4Addr, peer_ip: Ipv4Addr, allow_ports: &[(Protocol,
     }
     c
 }
-
