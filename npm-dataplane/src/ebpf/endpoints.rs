@@ -229,7 +229,7 @@ pub(crate) fn flags_before_layout_7(flags: u32) -> u32 {
     const KEPT: u32 = (1 << 11) - 1;
     const OLD_TIERS_SHIFT: u32 = 15;
     let tiers = (flags >> OLD_TIERS_SHIFT) & 0xf;
-    flags & KEPT | tiers * EP_ADMIN_INGRESS
+    (flags & KEPT) | (tiers * EP_ADMIN_INGRESS)
 }
 const _: () = assert!(
     EP_ADMIN_EGRESS == EP_ADMIN_INGRESS << 1
@@ -328,4 +328,32 @@ fn read_all_slots<R: Record>(slots: &Array<MapData, R>) -> Result<Vec<(u32, R)>,
         }
     }
     Ok(keys.into_iter().zip(values).take(done).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use npm_common::{EP_FOLD_INGRESS, EP_HAS_V4, EP_NO_ANY_PEER_EGRESS, EP_REPORT_NEW};
+
+    /// A layout-6 record's flags read at layout 7's bits: the unchanged
+    /// low bits stay, the tier flags move down from bits 15..=18, and the
+    /// front, class filter, report and fold bits are dropped (its front
+    /// flag, bit 11, is layout 7's Admin ingress flag: it must not become
+    /// one).
+    #[test]
+    fn layout_6_flags_are_read_at_their_own_bits() {
+        let low = EP_PRESENT | EP_HAS_V4 | EP_ISOLATED_INGRESS | EP_NO_ANY_PEER_EGRESS;
+        let (front, admin_in, baseline_out, report, summary, fold_in) =
+            (1 << 11, 1 << 15, 1 << 18, 1 << 23, 1 << 24, 1 << 25);
+        assert_eq!(flags_before_layout_7(low | front), low);
+        assert_eq!(
+            flags_before_layout_7(low | admin_in | baseline_out | report | summary | fold_in),
+            low | EP_ADMIN_INGRESS | EP_BASELINE_EGRESS
+        );
+        assert_eq!(
+            flags_before_layout_7(1 << 16 | 1 << 17),
+            EP_ADMIN_EGRESS | EP_BASELINE_INGRESS
+        );
+        assert_eq!(flags_before_layout_7(u32::MAX) & (EP_REPORT_NEW | EP_FOLD_INGRESS), 0);
+    }
 }
