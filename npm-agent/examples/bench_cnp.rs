@@ -17,15 +17,14 @@
 //! their own, so each has tier entries of its own on the 5 local endpoints
 //! of its subject (`team=t0`) whatever the 1,000 others say. Each change is
 //! timed from just before its API write to the return of the dataplane
-//! call that wrote its `NPM_TIERS` keys and `NPM_TIER_FRONT` words (the
+//! call that wrote its `NPM_TIERS` keys (and the folded decisions: the
 //! `bpf(2)` updates and the shared-mapping stores done): created: an entry
 //! of its rule written; priority changed: each of its entries holds a new
 //! rank; deleted: none of its entries is left.
 //!
 //! At the end the pinned maps are read back through `bpf(2)`: the set of
 //! (endpoint, direction, tier, peer, action, rank, rule) in `NPM_TIERS`
-//! must equal the last compiled state's, and every `NPM_TIER_FRONT` word of
-//! the compiled entries that fit the front must be in its bucket. Ends with
+//! must equal the last compiled state's. Ends with
 //! one JSON line (p50/p99/max per kind and overall, counts).
 //!
 //! Runs as root. Names carry the process id (veths `ncb<pid>x<n>` /
@@ -34,26 +33,19 @@
 //!
 //! `cargo xtask bench cnp [-- CNPS CHANGES RATE_PER_S]` (defaults 1000 150
 //! 10), or `cargo run --release -p npm-agent --example bench_cnp`.
-//! `--tier-front-buckets N` (a power of two) loads the dataplane with a tier
-//! front of N buckets (`npm-agent run --map-size-tier-front`; default
-//! 65,536).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aya::maps::{Array, Map, MapData};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodIP, PodSpec, PodStatus};
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use npm_agent::agent::{self, AgentConfig};
 use npm_agent::reconcile::{AgentDataplane, SyncConfig};
 use npm_agent::telemetry::Metrics;
-use npm_common::{
-    front_shift, maps, tier_front_shared_summary_key, tier_front_slot, tier_summary_bits, tier_summary_slot, DenyEvent,
-    TIER_FRONT_TAG_MASK,
-};
-use npm_dataplane::ebpf::{dump_pinned, tier_front_words, EbpfDataplane, EbpfOptions, MapSizes};
+use npm_common::DenyEvent;
+use npm_dataplane::ebpf::{dump_pinned, EbpfDataplane, EbpfOptions, MapSizes};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
 use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, Direction, RuleRef, Tier, TierAction, TierEntry};
 use npm_policy::tiers::ClusterNetworkPolicy as ApiCnp;
@@ -352,10 +344,9 @@ fn stats(v: &mut [f64]) -> serde_json::Value {
            "max_ms": r(v.last().copied().unwrap_or(f64::NAN))})
 }
 
-/// Checks the pinned `NPM_TIERS` and `NPM_TIER_FRONT` (with its class
-/// filter `NPM_TIER_SUMMARY`) against `last`.
-/// Returns (tier entries verified, front words found, front words absent).
-fn verify_pinned(pin_dir: &std::path::Path, last: &Compiled) -> anyhow::Result<(usize, usize, usize)> {
+/// Checks the pinned `NPM_TIERS` against `last`; returns the tier entries
+/// verified.
+fn verify_pinned(pin_dir: &std::path::Path, last: &Compiled) -> anyhow::Result<usize> {
     let dump = dump_pinned(pin_dir)?;
     let dir = |d: Direction| match d {
         Direction::Ingress => "ingress",
@@ -396,56 +387,13 @@ fn verify_pinned(pin_dir: &std::path::Path, last: &Compiled) -> anyhow::Result<(
         want.difference(&have).count(),
         have.difference(&want).count()
     );
-    let path = pin_dir.join(maps::TIER_FRONT);
-    let data = MapData::from_pin(&path)?;
-    // The front's buckets as the kernel has them (what the program hashes to).
-    let buckets = data.info()?.max_entries();
-    let shift = front_shift(buckets);
-    let front: Array<MapData, [u64; 4]> = Array::try_from(Map::Array(data))?;
-    // The class filter beside it: every stored word's bits in its slot.
-    let filter: Array<MapData, u64> =
-        Array::try_from(Map::Array(MapData::from_pin(pin_dir.join(maps::TIER_SUMMARY))?))?;
-    let mut unfiltered = 0;
-    // A word whose bucket is full is legitimately absent (its endpoint's
-    // tier stays on NPM_TIERS): counted, not an error. The loader stores
-    // its own dense ranks, not the compiler's, so a word is found by its
-    // key's tag (`tier_front_words` only gives the keys that fit the front).
-    let (mut words, mut absent) = (0, 0);
-    for (e, v) in &last.tiers {
-        // Rank 0: the keys of the entry, whatever its compiler rank.
-        let v0 = npm_policy::compiled::TierValue { rank: 0, ..*v };
-        for (key, _) in tier_front_words(e, &v0).unwrap_or_default() {
-            let (bucket, tag) = tier_front_slot(key, shift);
-            let stored = |b: &[u64; 4]| b.iter().any(|w| *w != 0 && w & TIER_FRONT_TAG_MASK == tag);
-            if bucket >= buckets || !stored(&front.get(&bucket, 0)?) {
-                absent += 1;
-            } else {
-                words += 1;
-                let slot = tier_summary_slot(tier_front_shared_summary_key(key), shift);
-                let bits = tier_summary_bits(key);
-                if filter.get(&slot, 0)? & bits != bits {
-                    unfiltered += 1;
-                }
-            }
-        }
-    }
-    anyhow::ensure!(
-        unfiltered == 0,
-        "{unfiltered} stored NPM_TIER_FRONT words lack their bits in NPM_TIER_SUMMARY"
-    );
-    Ok((want.len(), words, absent))
+    Ok(want.len())
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    let mut argv: Vec<String> = std::env::args().skip(1).collect();
-    let mut map_sizes = MapSizes::default();
-    if let Some(i) = argv.iter().position(|a| a == "--tier-front-buckets") {
-        let n = argv.get(i + 1).and_then(|v| v.parse().ok());
-        map_sizes.tier_front = n.ok_or_else(|| anyhow::anyhow!("--tier-front-buckets needs a number"))?;
-        argv.drain(i..=i + 1);
-    }
-    map_sizes.validate()?;
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let map_sizes = MapSizes::default();
     let args: Vec<usize> = argv.iter().filter_map(|a| a.parse().ok()).collect();
     let cnps = args.first().copied().unwrap_or(1_000);
     let changes = args.get(1).copied().unwrap_or(150);
@@ -633,12 +581,12 @@ async fn main() -> anyhow::Result<()> {
     let last = last.ok_or_else(|| anyhow::anyhow!("nothing was programmed"))?;
     // Let the aborted sync loop's last call return before reading back.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (tier_keys, front_words, front_absent) = verify_pinned(&kernel.pin_dir, &last)?;
-    eprintln!("verified in the pinned maps: {tier_keys} tier entries, {front_words} front words ({front_absent} not stored: full buckets)");
+    let tier_keys = verify_pinned(&kernel.pin_dir, &last)?;
+    eprintln!("verified in the pinned maps: {tier_keys} tier entries");
     let mut all: Vec<f64> = by_kind.values().flatten().copied().collect();
     let mut out = json!({
         "bench": "cnp", "dataplane": "ebpf", "pods": PODS, "local_endpoints": NAMESPACES, "cnps": cnps,
-        "tier_entries": last.tiers.len(), "tier_front_buckets": map_sizes.tier_front, "front_words": front_words, "front_words_not_stored": front_absent, "changes": changes, "rate_per_s": rate,
+        "tier_entries": last.tiers.len(), "changes": changes, "rate_per_s": rate,
         "first_enforcement_s": (first_enforcement_s * 1000.0).round() / 1000.0,
     });
     let overall = stats(&mut all);

@@ -14,9 +14,8 @@ use npm_agent::dataplanes::{DataplaneKind, DataplaneOptions};
 use npm_agent::k8s::ClusterPolicyMode;
 use npm_agent::reconcile::SyncConfig;
 use npm_agent::telemetry::HealthConfig;
-use npm_common::maps;
 use npm_dataplane::ebpf::AttachMode;
-use npm_dataplane::ebpf::{check_front_buckets, front_bucket_bounds, MapSizes, MAP_SIZE_MAX, MAP_SIZE_MIN};
+use npm_dataplane::ebpf::{MapSizes, MAP_SIZE_MAX, MAP_SIZE_MIN};
 use npm_policy::compiled::CompileOptions;
 
 #[derive(Parser)]
@@ -295,21 +294,6 @@ pub struct RunArgs {
     /// the oldest flow is evicted when full).
     #[arg(long, env = "NPM_MAP_SIZE_CONNTRACK", default_value_t = npm_common::sizes::CT, value_parser = map_size())]
     pub map_size_conntrack: u32,
-    /// Buckets of the policy front `NPM_POLICY_FRONT` (and of its rule ids,
-    /// `NPM_POLICY_FRONT_RULES`): 4 NetworkPolicy words each (32 + 16
-    /// bytes), probed per packet instead of the `NPM_POLICY` LPM for an
-    /// endpoint direction whose words all fit. A power of two, 64 to
-    /// 16777216. A pinned front keeps its size (the program is loaded with
-    /// the pinned size) until the pins are removed.
-    #[arg(long, env = "NPM_MAP_SIZE_POLICY_FRONT", default_value_t = npm_common::sizes::POLICY_FRONT_BUCKETS, value_parser = front_buckets(maps::POLICY_FRONT))]
-    pub map_size_policy_front: u32,
-    /// Buckets of the tier front `NPM_TIER_FRONT`: 4 ClusterNetworkPolicy
-    /// tier words each (32 bytes), probed per packet instead of the
-    /// `NPM_TIERS` LPM for an endpoint direction and tier whose words all
-    /// fit. A power of two, 65536 to 16777216. A pinned front keeps its
-    /// size until the pins are removed.
-    #[arg(long, env = "NPM_MAP_SIZE_TIER_FRONT", default_value_t = npm_common::sizes::TIER_FRONT_BUCKETS, value_parser = front_buckets(maps::TIER_FRONT))]
-    pub map_size_tier_front: u32,
     /// Trusted DNS servers (comma-separated addresses the pods send their
     /// queries to: the cluster DNS Service's ClusterIPs). With any, the
     /// agent learns their UDP answers to this node's pods (an NFQUEUE
@@ -421,19 +405,6 @@ fn map_size() -> clap::builder::RangedI64ValueParser<u32> {
     clap::value_parser!(u32).range(i64::from(MAP_SIZE_MIN)..=i64::from(MAP_SIZE_MAX))
 }
 
-/// The parser of a `--map-size-*-front` value: a power of two within the
-/// front's bounds (`front_bucket_bounds`; the error names the bounds).
-fn front_buckets(map: &'static str) -> impl clap::builder::TypedValueParser<Value = u32> {
-    move |v: &str| -> Result<u32, String> {
-        let (min, max) = front_bucket_bounds(map);
-        let n: u32 = v
-            .parse()
-            .map_err(|e| format!("{v:?} is not a number of buckets: {e}"))?;
-        check_front_buckets(map, n).map_err(|_| format!("{n} is not a power of two from {min} to {max}"))?;
-        Ok(n)
-    }
-}
-
 impl RunArgs {
     /// The eBPF map sizes of the `--map-size-*` flags.
     pub fn map_sizes(&self) -> MapSizes {
@@ -443,8 +414,6 @@ impl RunArgs {
             ipcache: self.map_size_ipcache,
             cidrs: self.map_size_cidrs,
             conntrack: self.map_size_conntrack,
-            policy_front: self.map_size_policy_front,
-            tier_front: self.map_size_tier_front,
         }
     }
 
@@ -562,39 +531,12 @@ mod tests {
     }
 
     #[test]
-    fn front_sizes_are_flags_of_powers_of_two() {
-        let d = run_args(&[]).map_sizes();
-        assert_eq!(d, MapSizes::default());
-        assert_eq!(
-            (d.policy_front, d.tier_front),
-            (
-                npm_common::sizes::POLICY_FRONT_BUCKETS,
-                npm_common::sizes::TIER_FRONT_BUCKETS
-            )
-        );
-        let s = run_args(&["--map-size-policy-front", "1024", "--map-size-tier-front=262144"]).map_sizes();
-        assert_eq!((s.policy_front, s.tier_front), (1024, 262_144));
-        assert_eq!(
-            s.policy,
-            npm_common::sizes::POLICY,
-            "the other sizes keep their defaults"
-        );
-        s.validate().expect("valid");
-        // Not a power of two, below or above the bounds: refused, naming
-        // the flag and the bounds.
-        for (flag, v, bounds) in [
-            ("--map-size-policy-front", "1000", "from 64 to 16777216"),
-            ("--map-size-policy-front", "32", "from 64 to 16777216"),
-            ("--map-size-tier-front", "32768", "from 65536 to 16777216"),
-            ("--map-size-tier-front", "33554432", "from 65536 to 16777216"),
-            ("--map-size-tier-front", "lots", "not a number"),
-        ] {
-            let argv = ["npm-agent", "run", "--node-name", "n1", flag, v];
-            let err = match Cli::try_parse_from(argv) {
-                Err(e) => e.to_string(),
-                Ok(_) => panic!("{flag} {v} accepted"),
-            };
-            assert!(err.contains(flag) && err.contains(bounds), "{flag} {v}: {err}");
+    fn front_size_flags_are_gone() {
+        assert_eq!(run_args(&[]).map_sizes(), MapSizes::default());
+        // Layout 7 has no fronts: their flags are refused, not ignored.
+        for flag in ["--map-size-policy-front", "--map-size-tier-front"] {
+            let argv = ["npm-agent", "run", "--node-name", "n1", flag, "1024"];
+            assert!(Cli::try_parse_from(argv).is_err(), "{flag} accepted");
         }
     }
 

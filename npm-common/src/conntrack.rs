@@ -149,9 +149,16 @@ pub struct CtValue {
     /// Verdict reason that opened the connection.
     pub reason: u8,
     /// Reserved, zero.
-    pub pad: [u8; 5],
+    pub pad: u8,
+    /// The decision epoch of the endpoint that opened the connection,
+    /// reserved with layout 7 so that connection semantics can compare it
+    /// with the endpoint's current one without another layout change
+    /// (issue #45). Written 0 today, and read by nobody; the entries a
+    /// layout-6 program wrote have 0 here (their reserved bytes).
+    pub epoch: u32,
 }
-// The datapath writes a new value as two 64-bit and two 32-bit words.
+// The datapath writes a new value as two 64-bit and two 32-bit words
+// (the second one is the epoch).
 const _: () = assert!(size_of::<CtValue>() == 24);
 const _: () = assert!(align_of::<CtValue>() == 8);
 const _: () = assert!(offset_of!(CtValue, last_seen_ns) == 0);
@@ -160,6 +167,7 @@ const _: () = assert!(offset_of!(CtValue, origin_direction) == 16);
 const _: () = assert!(offset_of!(CtValue, flags) == 17);
 const _: () = assert!(offset_of!(CtValue, reason) == 18);
 const _: () = assert!(offset_of!(CtValue, pad) == 19);
+const _: () = assert!(offset_of!(CtValue, epoch) == 20);
 
 /// Idle timeout of a TCP connection that has not seen a reply (ns).
 pub const CT_TIMEOUT_TCP_SYN_NS: u64 = 60 * 1_000_000_000;

@@ -16,8 +16,7 @@ pub const EP_HAS_V6: u32 = 1 << 3;
 /// [`EndpointInfo::flags`]: no `NPM_POLICY` entry of this endpoint's
 /// subject ([`EndpointInfo::subject`]) for ingress has the peer
 /// [`IDENTITY_ANY`], so step 9 skips that lookup (it could not hit). Like
-/// every policy flag (`EP_NO_*_PEER_*`, `EP_FRONT_*`) it describes the
-/// subject's entries, so every endpoint of one subject carries the same
+/// every policy flag (`EP_NO_*_PEER_*`) it describes the subject's entries, so every endpoint of one subject carries the same
 /// ones. The `EP_NO_*_PEER_*` flags only let the datapath skip
 /// lookups that cannot match: when clear (e.g. an endpoint written by an
 /// older loader) every lookup is made. The egress flag of each pair is the
@@ -41,52 +40,20 @@ pub const EP_NO_POD_PEER_EGRESS: u32 = 1 << 9;
 /// [`EndpointInfo::flags`]: the record holds an endpoint. Array slots always
 /// exist; a slot without this flag (all zeroes) is no endpoint.
 pub const EP_PRESENT: u32 = 1 << 10;
-/// [`EndpointInfo::flags`]: every `NPM_POLICY` entry of this endpoint's
-/// subject for ingress is also in `NPM_POLICY_FRONT` (as the words of
-/// [`crate::policy_front_word`]), so step 9 probes the front instead of walking
-/// the LPM trie, and a miss there is a miss. The loader sets it only once
-/// all the words are written and clears it before a word it cannot place
-/// would be needed; words are removed from the front before their entries
-/// leave `NPM_POLICY`. The egress flag is the ingress flag shifted left by
-/// [`DIR_EGRESS`].
-pub const EP_FRONT_INGRESS: u32 = 1 << 11;
-/// [`EndpointInfo::flags`]: like [`EP_FRONT_INGRESS`], for egress.
-pub const EP_FRONT_EGRESS: u32 = 1 << 12;
-/// [`EndpointInfo::flags`]: with [`EP_FRONT_INGRESS`], no ingress entry of
-/// the endpoint's subject is a wildcard (any port, or any protocol), so step 9 only
-/// probes exact ports.
-pub const EP_FRONT_EXACT_INGRESS: u32 = 1 << 13;
-/// [`EndpointInfo::flags`]: like [`EP_FRONT_EXACT_INGRESS`], for egress.
-pub const EP_FRONT_EXACT_EGRESS: u32 = 1 << 14;
 /// [`EndpointInfo::flags`]: the Admin ClusterNetworkPolicy tier has
 /// `NPM_TIERS` entries ([`crate::TIER_ADMIN`]) for this endpoint's ingress,
 /// so step 9 looks them up before NetworkPolicy. Clear: the tier is skipped
 /// (no lookup). The egress flag is the ingress flag shifted left by
 /// [`DIR_EGRESS`].
-pub const EP_ADMIN_INGRESS: u32 = 1 << 15;
+pub const EP_ADMIN_INGRESS: u32 = 1 << 11;
 /// [`EndpointInfo::flags`]: like [`EP_ADMIN_INGRESS`], for egress.
-pub const EP_ADMIN_EGRESS: u32 = 1 << 16;
+pub const EP_ADMIN_EGRESS: u32 = 1 << 12;
 /// [`EndpointInfo::flags`]: the Baseline ClusterNetworkPolicy tier has
 /// `NPM_TIERS` entries ([`crate::TIER_BASELINE`]) for this endpoint's
 /// ingress, so step 9 looks them up when no NetworkPolicy isolates it.
-pub const EP_BASELINE_INGRESS: u32 = 1 << 17;
+pub const EP_BASELINE_INGRESS: u32 = 1 << 13;
 /// [`EndpointInfo::flags`]: like [`EP_BASELINE_INGRESS`], for egress.
-pub const EP_BASELINE_EGRESS: u32 = 1 << 18;
-/// [`EndpointInfo::flags`]: every Admin-tier `NPM_TIERS` entry of this
-/// endpoint for ingress is also in `NPM_TIER_FRONT` (as the words of
-/// [`crate::tier_front_word`], with their current values), so the datapath
-/// probes the front instead of walking the LPM trie, and a miss there is a
-/// miss. The loader sets it only once all the words are written and clears
-/// it before a word it cannot place would be needed. The egress flag is
-/// the ingress flag shifted left by [`DIR_EGRESS`].
-pub const EP_ADMIN_FRONT_INGRESS: u32 = 1 << 19;
-/// [`EndpointInfo::flags`]: like [`EP_ADMIN_FRONT_INGRESS`], for egress.
-pub const EP_ADMIN_FRONT_EGRESS: u32 = 1 << 20;
-/// [`EndpointInfo::flags`]: like [`EP_ADMIN_FRONT_INGRESS`], for the
-/// Baseline tier.
-pub const EP_BASELINE_FRONT_INGRESS: u32 = 1 << 21;
-/// [`EndpointInfo::flags`]: like [`EP_BASELINE_FRONT_INGRESS`], for egress.
-pub const EP_BASELINE_FRONT_EGRESS: u32 = 1 << 22;
+pub const EP_BASELINE_EGRESS: u32 = 1 << 14;
 /// [`EndpointInfo::flags`]: report the new connections this endpoint's
 /// policy allows (both directions): the packet that creates a new tracked
 /// flow (the conntrack entry of steps 7 to 9) also sends an allow event to
@@ -94,24 +61,16 @@ pub const EP_BASELINE_FRONT_EGRESS: u32 = 1 << 22;
 /// below [`crate::FIRST_DENY_REASON`]), rate-limited per CPU and tick.
 /// Never changes a verdict; tracked packets never send one; a dry run
 /// (`npm-agent explain`) sends none.
-pub const EP_REPORT_NEW: u32 = 1 << 23;
-/// [`EndpointInfo::flags`]: the loader keeps `NPM_TIER_SUMMARY` (the
-/// direct-mapped class filter of the tier front, see
-/// [`crate::tier_summary_slot`]) covering every tier front word of this
-/// endpoint's subject. The datapath trusts the tier front
-/// ([`EP_ADMIN_FRONT_INGRESS`] ...) only with this flag as well; a loader
-/// that does not keep the filter never sets it, and the tiers of its
-/// endpoints are then decided on `NPM_TIERS`.
-pub const EP_TIER_SUMMARY: u32 = 1 << 24;
+pub const EP_REPORT_NEW: u32 = 1 << 15;
 /// [`EndpointInfo::flags`]: the entries of `NPM_FOLD` (see
 /// [`crate::fold_key`]) of this endpoint's subject in the ingress
 /// direction are its current decisions: the datapath decides a new
 /// connection by them, and takes the tiers' and NetworkPolicy's lookups
 /// only for a peer class without entries. The egress flag is the ingress
 /// flag shifted left by [`DIR_EGRESS`].
-pub const EP_FOLD_INGRESS: u32 = 1 << 25;
+pub const EP_FOLD_INGRESS: u32 = 1 << 16;
 /// [`EndpointInfo::flags`]: like [`EP_FOLD_INGRESS`], for egress.
-pub const EP_FOLD_EGRESS: u32 = 1 << 26;
+pub const EP_FOLD_EGRESS: u32 = 1 << 17;
 /// Every tier flag of the ingress direction (shift left by [`DIR_EGRESS`]
 /// for egress): clear, the direction is decided as without
 /// ClusterNetworkPolicies.
@@ -119,10 +78,7 @@ pub const EP_TIERS_INGRESS: u32 = EP_ADMIN_INGRESS | EP_BASELINE_INGRESS;
 // The datapath finds a direction's flag by shifting the ingress flag.
 const _: () = assert!(EP_ADMIN_EGRESS == EP_ADMIN_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_BASELINE_EGRESS == EP_BASELINE_INGRESS << DIR_EGRESS);
-const _: () = assert!(EP_FRONT_EGRESS == EP_FRONT_INGRESS << DIR_EGRESS);
-const _: () = assert!(EP_ADMIN_FRONT_EGRESS == EP_ADMIN_FRONT_INGRESS << DIR_EGRESS);
-const _: () = assert!(EP_BASELINE_FRONT_EGRESS == EP_BASELINE_FRONT_INGRESS << DIR_EGRESS);
-const _: () = assert!(EP_FRONT_EXACT_EGRESS == EP_FRONT_EXACT_INGRESS << DIR_EGRESS);
+const _: () = assert!(EP_FOLD_EGRESS == EP_FOLD_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_NO_ANY_PEER_EGRESS == EP_NO_ANY_PEER_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_NO_CIDR_PEER_EGRESS == EP_NO_CIDR_PEER_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_NO_POD_PEER_EGRESS == EP_NO_POD_PEER_INGRESS << DIR_EGRESS);
@@ -144,7 +100,7 @@ pub const fn ep_no_peer_flag(identity: u32) -> u32 {
 /// Two numbers name it: [`EndpointInfo::id`], its own (conntrack,
 /// fragments, deny counters, events, the ClusterNetworkPolicy tiers), and
 /// [`EndpointInfo::subject`], the pod identity whose NetworkPolicy allows
-/// govern it (`NPM_POLICY`, `NPM_POLICY_FRONT`): what NetworkPolicy allows
+/// govern it (`NPM_POLICY`): what NetworkPolicy allows
 /// a pod is a function of its identity only, so every local endpoint of
 /// one identity shares one set of entries.
 #[repr(C)]
@@ -162,9 +118,8 @@ pub struct EndpointInfo {
     pub ipv6: [u8; 16],
     /// The policy subject: the pod identity (`>=`
     /// [`crate::IDENTITY_FIRST_POD`]) whose `NPM_POLICY` keys
-    /// ([`crate::PolicyKey::subject`]) and `NPM_POLICY_FRONT` words
-    /// ([`crate::policy_front_word`]) hold this endpoint's NetworkPolicy
-    /// allows. The policy flags (`EP_NO_*_PEER_*`, `EP_FRONT_*`) describe
+    /// ([`crate::PolicyKey::subject`]) hold this endpoint's NetworkPolicy
+    /// allows. The policy flags (`EP_NO_*_PEER_*`) describe
     /// the subject's entries. 0 only in a record that makes no policy
     /// lookup (no endpoint, or a drop-all record). Appended after the
     /// addresses so that they stay 4-aligned (layout 6).

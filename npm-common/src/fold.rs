@@ -9,8 +9,7 @@
 //! host) identity and its CIDR identity. A bucket holds four entries of
 //! two words: the key ([`fold_key`]: subject, direction, identity, port
 //! class) and the value ([`fold_value`]: the CIDR identity's code and the
-//! decision word). Port classes are those of the tier front
-//! ([`crate::tier_front_pc_exact`] ...): the datapath probes the exact
+//! decision word). Port classes ([`fold_pc_exact`] ...): the datapath probes the exact
 //! port, its 64-port block, the protocol's any-port class, then the
 //! any-protocol class, and the first entry found decides. User space
 //! stores a class's any-port and any-protocol entries after all its exact
@@ -47,9 +46,44 @@ pub const fn fold_key(subject: u32, dir: u8, identity: u32, pc: u64) -> Option<u
     Some(fold_key_unchecked(subject, dir, identity, pc))
 }
 
-// Every port class (the tier front's, below its shared summary class)
-// fits the 18 bits below the identity.
-const _: () = assert!(crate::TIER_FRONT_PC_SHARED_SUMMARY < 1 << 18);
+/// log2 of the ports of a block class ([`fold_pc_block`]): an aligned
+/// block of 64 ports inside one range is one entry.
+pub const FOLD_BLOCK_BITS: u32 = 6;
+/// First port class of the exact ports.
+const PC_EXACT: u64 = 4;
+/// First port class of the 64-port blocks.
+const PC_BLOCK: u64 = PC_EXACT + 3 * 65_536;
+// Every port class fits the 18 bits below the identity.
+const _: () = assert!(PC_BLOCK + 3 * (65_536 >> FOLD_BLOCK_BITS) <= 1 << 18);
+
+/// The protocol code of an IP protocol number in a port class: 1 TCP,
+/// 2 UDP, 3 SCTP, 0 for any other (only the any-protocol class matches
+/// those).
+pub const fn proto_code(protocol: u8) -> u64 {
+    match protocol {
+        crate::proto::TCP => 1,
+        crate::proto::UDP => 2,
+        crate::proto::SCTP => 3,
+        _ => 0,
+    }
+}
+
+/// Port class of "any protocol".
+pub const FOLD_PC_ANY_PROTO: u64 = 0;
+/// Port class of "any port of protocol `code`" (`code` 1..=3, see
+/// [`proto_code`]).
+pub const fn fold_pc_any_port(code: u64) -> u64 {
+    code
+}
+/// Port class of destination port `port` of protocol `code` (1..=3).
+pub const fn fold_pc_exact(code: u64, port: u16) -> u64 {
+    PC_EXACT + ((code - 1) << 16) + port as u64
+}
+/// Port class of the aligned 64-port block holding `port` of protocol
+/// `code` (1..=3).
+pub const fn fold_pc_block(code: u64, port: u16) -> u64 {
+    PC_BLOCK + ((code - 1) << (16 - FOLD_BLOCK_BITS)) + (port >> FOLD_BLOCK_BITS) as u64
+}
 
 /// [`fold_key`] without the range checks (the datapath checks them once).
 #[inline(always)]
@@ -73,7 +107,7 @@ pub const fn fold_value_cidr(value: u64) -> u64 {
 }
 
 /// The bucket of (key, CIDR code) in an `NPM_FOLD` of `1 << (64 - shift)`
-/// buckets ([`crate::front_shift`]): the top bits of a multiplicative
+/// buckets ([`FOLD_SHIFT`]): the top bits of a multiplicative
 /// hash.
 #[inline(always)]
 pub const fn fold_bucket(key: u64, cidr_code: u64, shift: u32) -> u32 {
@@ -82,23 +116,17 @@ pub const fn fold_bucket(key: u64, cidr_code: u64, shift: u32) -> u32 {
         .wrapping_shr(shift) as u32
 }
 
-/// The [`crate::front_shift`] of `NPM_FOLD`'s buckets.
-pub const FOLD_SHIFT: u32 = crate::policy::front_shift(crate::maps::sizes::FOLD_BUCKETS);
+/// The right shift of the 64-bit hash that leaves the bucket of
+/// `NPM_FOLD`: 64 - log2 of its buckets.
+pub const FOLD_SHIFT: u32 = 64 - crate::maps::sizes::FOLD_BUCKETS.trailing_zeros();
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tier_front_pc_exact;
 
     #[test]
     fn keys_keep_their_fields_apart() {
-        let k = fold_key(
-            FOLD_MAX_SUBJECT - 1,
-            1,
-            FOLD_MAX_IDENTITY - 1,
-            tier_front_pc_exact(3, 65535),
-        )
-        .unwrap();
+        let k = fold_key(FOLD_MAX_SUBJECT - 1, 1, FOLD_MAX_IDENTITY - 1, fold_pc_exact(3, 65535)).unwrap();
         assert_eq!(k >> 43 & (FOLD_MAX_SUBJECT as u64 - 1), FOLD_MAX_SUBJECT as u64 - 1);
         assert_eq!(k >> 42 & 1, 1);
         assert_eq!(k >> 18 & (FOLD_MAX_IDENTITY as u64 - 1), FOLD_MAX_IDENTITY as u64 - 1);
@@ -119,5 +147,10 @@ mod tests {
         let v = fold_value(255, 0xdead_beef);
         assert_eq!((fold_value_cidr(v), v as u32), (255, 0xdead_beef));
         assert!(fold_bucket(k, 7, FOLD_SHIFT) < crate::maps::sizes::FOLD_BUCKETS);
+        // Port classes never collide.
+        assert!(fold_pc_any_port(3) < fold_pc_exact(1, 0));
+        assert!(fold_pc_exact(3, u16::MAX) < fold_pc_block(1, 0));
+        assert_eq!(fold_pc_block(1, 63), fold_pc_block(1, 0));
+        assert_ne!(fold_pc_block(1, 64), fold_pc_block(1, 0));
     }
 }

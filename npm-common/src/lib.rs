@@ -17,7 +17,8 @@
 //! | `packet`    | directions ([`DIR_INGRESS`], [`DIR_EGRESS`]), [`proto`] numbers, reserved identities (`IDENTITY_*`) |
 //! | `endpoint`  | [`EndpointInfo`] (`NPM_EP_SLOTS`, `NPM_ENDPOINTS`) and its `EP_*` flags |
 //! | `ipcache`   | [`IpKey`], [`IpInfo`] (`NPM_IPCACHE`) and the `NPM_IPCACHE4` words |
-//! | `policy`    | [`PolicyKey`], [`PolicyValue`] (`NPM_POLICY`) and the `NPM_POLICY_FRONT` words |
+//! | `policy`    | [`PolicyKey`], [`PolicyValue`] (`NPM_POLICY`) and the rule counters' slots |
+//! | `fold`      | [`fold_key`], [`fold_value`] (`NPM_FOLD`): the folded decisions |
 //! | `tiers`     | [`tier_key`], [`TierValue`] (`NPM_TIERS`): the ClusterNetworkPolicy tiers |
 //! | `conntrack` | [`CtKey`], [`CtKey4`], [`CtValue`] (`NPM_CT`, `NPM_CT4`), [`FragKey`], [`FragValue`] (`NPM_FRAGS`) |
 //! | `verdict`   | [`Reason`], [`Counter`] (`NPM_COUNTERS`), [`DenyEvent`] (`NPM_EVENTS`) |
@@ -32,15 +33,13 @@
 //! | `NPM_IPCACHE4` | array (mmapable)     | [`ipcache4_slot`] of an IPv4 address | [`ipcache4_word`] (`u64`) |
 //! | `NPM_CIDRS`    | LPM trie             | prefix of [`IpKey::addr`]   | CIDR identity (`u32`) |
 //! | `NPM_POLICY`   | LPM trie             | [`PolicyKey`]               | [`PolicyValue`] |
-//! | `NPM_POLICY_FRONT` | array (mmapable) of 4-word buckets | [`policy_front_bucket`] of a word | [`policy_front_word`]s (`[u64; 4]`) |
-//! | `NPM_POLICY_FRONT_RULES` | array (mmapable) | the bucket of `NPM_POLICY_FRONT` | [`policy_front_rule`] of each slot's rule (`[u32; 4]`) |
 //! | `NPM_TIERS`    | LPM trie             | [`PolicyKey`] with the tier in the direction byte ([`tier_key`]) | [`TierValue`] |
+//! | `NPM_FOLD`     | array (mmapable) of 4-entry buckets | [`fold_bucket`] of a key | ([`fold_key`], [`fold_value`]) pairs (`[u64; 8]`) |
 //! | `NPM_CT`       | LRU hash             | [`CtKey`]                   | [`CtValue`]    |
 //! | `NPM_CT4`      | LRU hash             | [`CtKey4`]                  | [`CtValue`]    |
 //! | `NPM_FRAGS`    | LRU hash             | [`FragKey`]                 | [`FragValue`]  |
 //! | `NPM_COUNTERS` | per-CPU array        | [`counter_index`]           | [`Counter`]    |
 //! | `NPM_EVENTS`   | ring buffer          | -                           | [`DenyEvent`]  |
-//! | `NPM_GENERATION` | array (1)          | 0                           | policy generation (`u64`) |
 //!
 //! IPv4 addresses are stored IPv4-mapped (`::ffff:a.b.c.d`) everywhere, so
 //! one map serves both families; an IPv4 prefix of length `n` is stored with
@@ -113,14 +112,7 @@
 //!    identity, then its CIDR identity, then [`IDENTITY_ANY`]; any hit
 //!    allows ([`Reason::Policy`]), no hit drops ([`Reason::PolicyDenied`]).
 //!    A lookup that cannot hit, as the endpoint's `EP_NO_*_PEER_*` flags
-//!    (which describe its subject's entries) tell, is skipped. When the
-//!    endpoint's flags carry [`EP_FRONT_INGRESS`] (or [`EP_FRONT_EGRESS`])
-//!    the direction's policy is complete in `NPM_POLICY_FRONT`, a hash table
-//!    of exact words the datapath probes with inlined array reads: each
-//!    lookup is then up to three probes (the exact port, any port of the
-//!    protocol, any protocol) instead of the LPM walk, with the same answer;
-//!    the allowing rule (for `NPM_RULE_COUNT`) is read from the same slot
-//!    of `NPM_POLICY_FRONT_RULES`, never looked up in `NPM_POLICY`.
+//!    (which describe its subject's entries) tell, is skipped.
 //!
 //!    9a to 9d folded: when the endpoint's flags carry [`EP_FOLD_INGRESS`]
 //!    (or [`EP_FOLD_EGRESS`]), `NPM_FOLD` holds the outcome of 9a to 9d for
@@ -128,15 +120,8 @@
 //!    the port, computed ahead of time by user space ([`fold_key`]); a hit
 //!    there is the decision, a class without entries takes 9a to 9d as
 //!    written. The order above is unchanged: the fold only precomputes it.
-//!
-//! Steps 8 and 9 (all of 9a to 9d) read only the endpoint (its record:
-//! id, subject, flags), the direction, the peer address,
-//! the protocol and the destination port. The datapath keeps their outcome
-//! per CPU in a decision cache (`NPM_DECISIONS`, not pinned) tagged with
-//! `NPM_GENERATION`, which the loader bumps after every batch of map writes:
-//! a cached decision answers only while the maps are as they were at the
-//! last batch boundary before it was made (during a batch, with the state
-//! before the batch).
+//!    The LPM tries (`NPM_TIERS`, `NPM_POLICY`) are the truth; the fold is
+//!    the one precomputed form of it, and nothing else caches a decision.
 //!
 //! Steps 7 to 9 that allow a packet (a tier's accept too) also create a
 //! conntrack entry, so its replies are allowed by step 6 in both hooks of

@@ -35,24 +35,6 @@ pub const FRAGS: &str = "NPM_FRAGS";
 pub const COUNTERS: &str = "NPM_COUNTERS";
 /// ring buffer of [`crate::DenyEvent`]s.
 pub const EVENTS: &str = "NPM_EVENTS";
-/// The policy generation (array of one `u64`): the loader bumps it
-/// after every batch of map writes; the datapath's decision cache only
-/// answers for decisions made under the current generation.
-pub const GENERATION: &str = "NPM_GENERATION";
-/// The policy front: the `NPM_POLICY` entries of subjects whose
-/// policy in a direction fits it (see [`crate::EP_FRONT_INGRESS`]), as
-/// [`crate::policy_front_word`]s in 4-word buckets
-/// ([`crate::policy_front_bucket`]), read by the datapath with inlined
-/// array accesses. User space writes single 64-bit words through a
-/// shared mapping, so the datapath never sees half of a word.
-pub const POLICY_FRONT: &str = "NPM_POLICY_FRONT";
-/// The rule ids of the policy front: slot `i` of bucket `b` holds
-/// [`crate::policy_front_rule`] of the rule that allows the word in slot
-/// `i` of bucket `b` of `NPM_POLICY_FRONT` (0: unknown), so a front hit
-/// tells its rule (for `NPM_RULE_COUNT`) without an `NPM_POLICY` lookup.
-/// Written by user space through a shared mapping with single 32-bit
-/// stores, before the word (and cleared after it).
-pub const POLICY_FRONT_RULES: &str = "NPM_POLICY_FRONT_RULES";
 /// [`crate::ServiceKey`] -> [`crate::ServiceValue`]: the ClusterIP and
 /// NodePort addresses and ports kube-proxy may DNAT; an isolated
 /// endpoint's egress to one is decided after the DNAT (see
@@ -62,26 +44,11 @@ pub const SERVICES: &str = "NPM_SERVICES";
 /// [`crate::tier_key`]) -> [`crate::TierValue`]: the ClusterNetworkPolicy
 /// Admin and Baseline tiers.
 pub const TIERS: &str = "NPM_TIERS";
-/// The tier front: the `NPM_TIERS` entries of endpoints whose tier in a
-/// direction fits it (see [`crate::EP_ADMIN_FRONT_INGRESS`]), as
-/// [`crate::tier_front_word`]s (tag and value in one word) in 4-word
-/// buckets ([`crate::tier_front_slot`]), read by the datapath with inlined
-/// array accesses. User space writes single 64-bit words through a
-/// shared mapping.
-pub const TIER_FRONT: &str = "NPM_TIER_FRONT";
-/// The tier front's class filter: one `u64` per word the front can hold
-/// ([`crate::tier_summary_slot`]), direct-mapped without tags, each slot
-/// the OR of the [`crate::tier_summary_bits`] of the front words of every
-/// (subject, direction, identity) that lands there. The datapath reads a
-/// peer identity's slot with one inlined array access and probes only the
-/// classes (and exact ports) it names. User space writes whole words
-/// through a shared mapping, bits before the words that need them and
-/// after the last such word is gone.
-pub const TIER_SUMMARY: &str = "NPM_TIER_SUMMARY";
-/// The folded decision front ([`crate::fold_key`] ...): buckets of four
+/// The folded decisions ([`crate::fold_key`] ...): buckets of four
 /// (key, value) entries, per (subject, direction, peer class, port class)
 /// the decision of both tiers and NetworkPolicy together, for subjects
-/// with tier entries. User space writes whole words through a shared
+/// with tier entries: the one precomputed form of `NPM_POLICY` and
+/// `NPM_TIERS`. User space writes whole words through a shared
 /// mapping.
 pub const FOLD: &str = "NPM_FOLD";
 /// per-CPU [`crate::Counter`]s of the packets allowed at a policy
@@ -92,28 +59,9 @@ pub const RULE_COUNT: &str = "NPM_RULE_COUNT";
 /// endpoint and direction at [`crate::endpoint_deny_slot`].
 pub const EP_DENIES: &str = "NPM_EP_DENIES";
 /// Every map, for pinning and adoption.
-pub const ALL: [&str; 21] = [
-    EP_SLOTS,
-    ENDPOINTS,
-    IPCACHE,
-    IPCACHE4,
-    CIDRS,
-    POLICY,
-    POLICY_FRONT,
-    POLICY_FRONT_RULES,
-    CT,
-    CT4,
-    FRAGS,
-    COUNTERS,
-    EVENTS,
-    GENERATION,
-    SERVICES,
-    TIERS,
-    TIER_FRONT,
-    TIER_SUMMARY,
-    FOLD,
-    RULE_COUNT,
-    EP_DENIES,
+pub const ALL: [&str; 16] = [
+    EP_SLOTS, ENDPOINTS, IPCACHE, IPCACHE4, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS, SERVICES, TIERS, FOLD,
+    RULE_COUNT, EP_DENIES,
 ];
 
 /// Map sizes (max entries).
@@ -133,19 +81,6 @@ pub mod sizes {
     pub const CIDRS: u32 = 65_536;
     /// Policy LPM entries (port ranges expand to prefixes).
     pub const POLICY: u32 = 1_048_576;
-    /// log2 of the default buckets of `NPM_POLICY_FRONT`.
-    pub const POLICY_FRONT_BITS: u32 = 16;
-    /// Default buckets of `NPM_POLICY_FRONT` and `NPM_POLICY_FRONT_RULES`
-    /// (4 words, 32 + 16 bytes each: 3 MB, room for 262,144 words). The
-    /// number is set at load time (a power of two,
-    /// [`POLICY_FRONT_MIN_BUCKETS`]..=[`FRONT_MAX_BUCKETS`]); the datapath
-    /// takes its bucket shift from a load-time constant
-    /// ([`crate::front_shift`]).
-    pub const POLICY_FRONT_BUCKETS: u32 = 1 << POLICY_FRONT_BITS;
-    /// The fewest buckets a policy front may have.
-    pub const POLICY_FRONT_MIN_BUCKETS: u32 = 64;
-    /// The most buckets a front may have (2^24: 512 MiB of words).
-    pub const FRONT_MAX_BUCKETS: u32 = 1 << 24;
     /// Tracked connections (each of `NPM_CT` and `NPM_CT4`).
     pub const CT: u32 = 262_144;
     /// Fragment records.
@@ -153,21 +88,6 @@ pub mod sizes {
     /// ClusterNetworkPolicy tier LPM entries (both tiers; port ranges
     /// expand to prefixes).
     pub const TIERS: u32 = 262_144;
-    /// log2 of the default buckets of `NPM_TIER_FRONT`.
-    pub const TIER_FRONT_BITS: u32 = 16;
-    /// Default buckets of `NPM_TIER_FRONT` (4 words, 32 bytes each: 2 MB,
-    /// room for 262,144 words). The number is set at load time (a power of
-    /// two, [`TIER_FRONT_MIN_BUCKETS`]..=[`FRONT_MAX_BUCKETS`]).
-    pub const TIER_FRONT_BUCKETS: u32 = 1 << TIER_FRONT_BITS;
-    /// Default slots of `NPM_TIER_SUMMARY` (8 bytes each: 2 MB): one per
-    /// word of the default tier front. The number is set at load time, always
-    /// the tier front's buckets times `1 <<`
-    /// [`crate::TIER_SUMMARY_SLOTS_PER_BUCKET_LOG`].
-    pub const TIER_SUMMARY_SLOTS: u32 = TIER_FRONT_BUCKETS << crate::tiers::TIER_SUMMARY_SLOTS_PER_BUCKET_LOG;
-    /// The fewest buckets a tier front may have: a word holds the low 48
-    /// bits of its hashed key as its tag, so the bucket (the top bits) must
-    /// be at least the other 16 for bucket and tag to name the key.
-    pub const TIER_FRONT_MIN_BUCKETS: u32 = 1 << (64 - crate::tiers::TIER_FRONT_TAG_BITS);
     /// log2 of the buckets of `NPM_FOLD`.
     pub const FOLD_BITS: u32 = 16;
     /// Buckets of `NPM_FOLD` (four entries of 16 bytes each: 4 MB, room
@@ -183,4 +103,4 @@ pub mod sizes {
 /// Version of the map layout; part of the pin path so that an agent with an
 /// incompatible layout never adopts maps it cannot read. Its history, and
 /// when a change needs a new version, are in CHANGELOG.md (Layout versions).
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;

@@ -1,11 +1,7 @@
 //! `NPM_POLICY` (the LPM trie of allows: [`PolicyKey`] -> [`PolicyValue`])
-//! and its front `NPM_POLICY_FRONT` (exact words: [`policy_front_word`] in
-//! the buckets of [`policy_front_bucket`]).
+//! and the per-rule counters of the allows it decides.
 
 use core::mem::{offset_of, size_of};
-
-use crate::maps::sizes;
-use crate::packet::{proto, DIR_INGRESS, IDENTITY_ANY, IDENTITY_FIRST_POD};
 
 /// Length of [`PolicyKey::data`] in bytes.
 pub const POLICY_KEY_LEN: usize = 12;
@@ -121,99 +117,6 @@ pub struct PolicyValue {
 }
 const _: () = assert!(size_of::<PolicyValue>() == 8);
 
-/// Subjects (pod identities) below this fit a [`policy_front_word`] (19
-/// bits). The entries of a subject at or above it are not put in the
-/// front: its endpoints' directions with entries never carry
-/// [`crate::EP_FRONT_INGRESS`] / [`crate::EP_FRONT_EGRESS`] and keep the
-/// LPM (`NPM_POLICY`), which holds every entry.
-pub const POLICY_FRONT_MAX_SUBJECT: u32 = 1 << 19;
-/// Peer identities below this fit a [`policy_front_word`] (25 bits: every
-/// pod identity and the first 2^24 CIDR identities).
-pub const POLICY_FRONT_MAX_IDENTITY: u32 = 1 << 25;
-
-/// The `NPM_POLICY_FRONT` protocol code of an IP protocol number: 1 TCP,
-/// 2 UDP, 3 SCTP, 0 for any other (only "any protocol" words match those).
-pub const fn policy_front_proto(protocol: u8) -> u64 {
-    match protocol {
-        proto::TCP => 1,
-        proto::UDP => 2,
-        proto::SCTP => 3,
-        _ => 0,
-    }
-}
-
-/// One `NPM_POLICY_FRONT` word: an allow of subject `subject` (a pod
-/// identity, [`crate::EndpointInfo::subject`]) in direction `dir` for peer
-/// `identity` and
-/// - `code` 0: any protocol, any port (`exact` false, `port` 0);
-/// - `code` 1..=3 ([`policy_front_proto`]) with `exact` false: any port of
-///   that protocol (`port` 0);
-/// - `code` 1..=3 with `exact` true: that destination port.
-///
-/// Bits 0..16 the port, 16 exact, 17..19 the protocol code, 19..44 the
-/// identity, 44 the direction, 45..64 the subject. Subjects are pod
-/// identities (`>=` [`crate::IDENTITY_FIRST_POD`], never 0), so no word is
-/// 0 (an empty slot). The caller checks the ranges
-/// ([`POLICY_FRONT_MAX_SUBJECT`], [`POLICY_FRONT_MAX_IDENTITY`]).
-pub const fn policy_front_word(subject: u32, dir: u8, identity: u32, code: u64, exact: bool, port: u16) -> u64 {
-    port as u64
-        | (exact as u64) << 16
-        | code << 17
-        | (identity as u64) << 19
-        | ((dir & 1) as u64) << 44
-        | (subject as u64) << 45
-}
-// The datapath reads a bucket as four `u64` words, 0 being an empty slot:
-// the smallest word of the first subject (the first pod identity; any
-// subject above 0) is not 0.
-const _: () = assert!(policy_front_word(IDENTITY_FIRST_POD, DIR_INGRESS, IDENTITY_ANY, 0, false, 0) != 0);
-
-/// The right shift of a front's 64-bit hash that leaves its bucket, for a
-/// front of `buckets` buckets (a power of two, at least 2): 64 - log2 of
-/// the buckets. The datapath reads it from a load-time constant set from
-/// the front's size as loaded (`NPM_POLICY_FRONT_SHIFT`,
-/// `NPM_TIER_FRONT_SHIFT`).
-pub const fn front_shift(buckets: u32) -> u32 {
-    64 - buckets.trailing_zeros()
-}
-
-/// The shift of the default policy front ([`sizes::POLICY_FRONT_BUCKETS`]).
-pub const POLICY_FRONT_SHIFT: u32 = front_shift(sizes::POLICY_FRONT_BUCKETS);
-
-/// The bucket of a [`policy_front_word`] in an `NPM_POLICY_FRONT` whose
-/// [`front_shift`] is `shift`: the top bits of a multiplicative hash of the
-/// whole word. A word is only ever stored in its own bucket (4 slots); a
-/// word that finds its bucket full is not stored, and its subject's
-/// direction keeps the LPM.
-#[inline(always)]
-pub const fn policy_front_bucket(word: u64, shift: u32) -> u32 {
-    (word.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> shift) as u32
-}
-
-/// [`policy_front_bucket`] without the masking of the shift (one
-/// instruction less per probe in the datapath, where the shift is a
-/// load-time constant LLVM cannot see).
-///
-/// # Safety
-///
-/// `shift` is below 64 (a [`front_shift`] of at least 2 buckets).
-#[inline(always)]
-pub const unsafe fn policy_front_bucket_unchecked(word: u64, shift: u32) -> u32 {
-    // SAFETY: the caller's.
-    unsafe { word.wrapping_mul(0x9e37_79b9_7f4a_7c15).unchecked_shr(shift) as u32 }
-}
-
-/// The `NPM_POLICY_FRONT_RULES` value of rule id `rule`: `rule + 1`, so
-/// that 0 ([`POLICY_FRONT_RULE_UNKNOWN`], what a new map holds) is no rule
-/// id (rule `u32::MAX` wraps to it: counted as unknown).
-pub const fn policy_front_rule(rule: u32) -> u32 {
-    rule.wrapping_add(1)
-}
-/// An `NPM_POLICY_FRONT_RULES` slot whose rule is not known (empty, or
-/// its word's rule not written yet): the allow counts at
-/// [`RULE_SLOT_UNKNOWN`].
-pub const POLICY_FRONT_RULE_UNKNOWN: u32 = 0;
-
 // SAFETY: repr(C), only integers, no padding (asserted above), any bit
 // pattern is valid.
 #[cfg(feature = "user")]
@@ -225,10 +128,9 @@ unsafe impl aya::Pod for PolicyValue {}
 /// two live rules share a slot only when their ids are this far apart;
 /// user space attributes a slot to the one live rule it belongs to.
 pub const RULE_SLOTS: u32 = 8192;
-/// The slot of an allow whose rule the datapath could not tell (a policy
-/// front word whose `NPM_POLICY_FRONT_RULES` slot was unknown or changed
-/// while it was read: a race with the loader, or adopted pins before the
-/// first full sync).
+/// The slot of an allow whose rule the datapath could not tell (a folded
+/// decision whose rule user space could not name, or a `Policy` allow
+/// whose rule tag is missing).
 pub const RULE_SLOT_UNKNOWN: u32 = RULE_SLOTS;
 /// Entries of `NPM_RULE_COUNT`: the rule slots and [`RULE_SLOT_UNKNOWN`].
 pub const RULE_COUNT_ENTRIES: u32 = RULE_SLOTS + 1;
@@ -258,7 +160,7 @@ const _: () = assert!(endpoint_deny_slot(u32::MAX, 1) < EP_DENY_ENTRIES);
 mod tests {
     extern crate std;
     use super::*;
-    use crate::packet::DIR_EGRESS;
+    use crate::packet::{proto, DIR_EGRESS, DIR_INGRESS};
 
     #[test]
     fn policy_key_prefix_zeroes_tail() {
@@ -272,41 +174,5 @@ mod tests {
         let k = PolicyKey::with_prefix(88, 7, DIR_INGRESS, 1, proto::UDP, 0x12ff);
         assert_eq!(k.protocol(), proto::UDP);
         assert_eq!(k.port(), 0x1200);
-    }
-
-    #[test]
-    fn policy_front_buckets_follow_the_front_size() {
-        let words = [
-            policy_front_word(1, DIR_INGRESS, IDENTITY_ANY, 0, false, 0),
-            policy_front_word(7, DIR_EGRESS, 300, 1, true, 80),
-            policy_front_word(
-                POLICY_FRONT_MAX_SUBJECT - 1,
-                1,
-                POLICY_FRONT_MAX_IDENTITY - 1,
-                3,
-                true,
-                65_535,
-            ),
-        ];
-        assert_eq!(POLICY_FRONT_SHIFT, 48);
-        for w in words {
-            // The default is today's layout: the top 16 bits of the hash.
-            let h = w.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            assert_eq!(policy_front_bucket(w, POLICY_FRONT_SHIFT), (h >> 48) as u32);
-            let mut buckets = sizes::POLICY_FRONT_MIN_BUCKETS;
-            while buckets <= sizes::FRONT_MAX_BUCKETS {
-                let shift = front_shift(buckets);
-                assert_eq!(1u64 << (64 - shift), u64::from(buckets));
-                assert!(policy_front_bucket(w, shift) < buckets);
-                assert_eq!(
-                    // SAFETY: shift < 64.
-                    unsafe { policy_front_bucket_unchecked(w, shift) },
-                    policy_front_bucket(w, shift)
-                );
-                // A front twice as large splits each bucket in two.
-                assert_eq!(policy_front_bucket(w, shift - 1) >> 1, policy_front_bucket(w, shift));
-                buckets <<= 1;
-            }
-        }
     }
 }

@@ -10,16 +10,13 @@
 //!   cost of a test run of a classifier.
 //! - `policy`: a TCP SYN from a known pod (ipcache hit) to an isolated
 //!   endpoint, allowed by an entry of the pod's identity, decided by the
-//!   lookups: the object is loaded with the benchmark switches
+//!   lookups: the object is loaded with the benchmark switch
 //!   `NPM_BENCH_NO_CT_CREATE` (no conntrack entry is created, so every
-//!   repeat is a new connection) and `no_decision_cache`: parse, endpoint
-//!   slot, IPv4 ipcache front, policy lookup, counters. The endpoint's
-//!   ingress policy is complete in the policy front (`NPM_POLICY_FRONT`):
-//!   the lookup is one bucket probe, and the allowing rule (for
-//!   `NPM_RULE_COUNT`) one read of the same slot of
-//!   `NPM_POLICY_FRONT_RULES` (no LPM lookup). A SYN skips the conntrack lookup (a new
-//!   connection is decided by policy). Not included: the conntrack insert a
-//!   real new connection does once.
+//!   repeat is a new connection): parse, endpoint slot, IPv4 ipcache
+//!   front, the `NPM_POLICY` LPM lookup (its value names the allowing
+//!   rule, for `NPM_RULE_COUNT`), counters. A SYN skips the conntrack
+//!   lookup (a new connection is decided by policy). Not included: the
+//!   conntrack insert a real new connection does once.
 //! - `deny`: a TCP SYN to a port no entry allows, from a pod that also has a
 //!   CIDR identity, decided by the lookups: ipcache front hit, one policy
 //!   lookup that misses (the endpoint has no CIDR-peer and no any-peer
@@ -27,12 +24,6 @@
 //!   no entry is a wildcard, so the exact-port probe is the only one),
 //!   counters, a deny event (once the ring buffer is full, nobody drains it
 //!   during the run, the event output fails fast).
-//! - `policy_lpm`, `deny_lpm` (extra): the same with the policy front
-//!   switched off (`no_policy_front`): the LPM walk of `NPM_POLICY` that
-//!   endpoint directions whose policy does not fit the front take.
-//! - `policy_cached`, `deny_cached` (extra): the same packets with the
-//!   decision cache on: a new connection from a peer to an endpoint port
-//!   decided before under the same policy generation (any source port).
 //! - `tracked`: a data packet (ACK) of an established connection on a
 //!   normally loaded object: one run of the SYN created its conntrack entry
 //!   and one run of the SYN-ACK on the egress program marked it replied, so
@@ -55,8 +46,8 @@
 //! Arguments: `--no-tiers` skips them, `--tiers-only` runs only them,
 //! `--rounds N` takes N interleaved rounds instead of 5 (every mode), and
 //! `--layers` runs only the layer measurement (`bench_datapath/layers.rs`:
-//! the same packets with each precomputed layer switched off, interleaved;
-//! the figures of `docs/datapath-layers.md`).
+//! the same packets with the fold and the other switchable parts off,
+//! interleaved; the figures of `docs/datapath-layers.md`).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -332,24 +323,7 @@ fn main() {
     let with_tiers = !args.no_tiers;
     // (tag, no conntrack create, switches)
     let kinds = [
-        (
-            "p",
-            true,
-            BenchSwitches {
-                no_decision_cache: true,
-                ..BenchSwitches::default()
-            },
-        ),
-        ("q", true, BenchSwitches::default()),
-        (
-            "l",
-            true,
-            BenchSwitches {
-                no_decision_cache: true,
-                no_policy_front: true,
-                ..BenchSwitches::default()
-            },
-        ),
+        ("p", true, BenchSwitches::default()),
         ("t", false, BenchSwitches::default()),
         (
             "c",
@@ -404,16 +378,7 @@ fn main() {
     let mut prev = Compiled::default();
     let mut results = Vec::new();
     let mut baselines = Vec::new();
-    let paths = [
-        "policy",
-        "deny",
-        "policy_cached",
-        "deny_cached",
-        "tracked",
-        "tracked_ct",
-        "policy_lpm",
-        "deny_lpm",
-    ];
+    let paths = ["policy", "deny", "tracked", "tracked_ct"];
     print!("{:>8} {:>8} {:>11}", "policy", "ipcache", "baseline_ns");
     for p in paths {
         print!(" {:>13}", format!("{p}_ns"));
@@ -437,19 +402,13 @@ fn main() {
             }
             prev = next;
 
-            let [sp, sq, sl, st, sc] = &setups[..] else {
-                unreachable!("five setups")
+            let [sp, st, sc] = &setups[..] else {
+                unreachable!("three setups")
             };
-            for s in [sp, sq, sl] {
-                // Twice: the second run of each is the decision cache's hit
-                // on the cached setup.
-                for _ in 0..2 {
-                    let check = s.dp.test_run(Direction::Ingress, s.ifindex, &allowed).expect("check");
-                    assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Policy)));
-                    let check = s.dp.test_run(Direction::Ingress, s.ifindex, &denied).expect("check");
-                    assert_eq!(check.1, Some(npm_common::Reason::PolicyDenied));
-                }
-            }
+            let check = sp.dp.test_run(Direction::Ingress, sp.ifindex, &allowed).expect("check");
+            assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Policy)));
+            let check = sp.dp.test_run(Direction::Ingress, sp.ifindex, &denied).expect("check");
+            assert_eq!(check.1, Some(npm_common::Reason::PolicyDenied));
             // Establish the connection on both tracked setups: SYN in,
             // SYN-ACK out; then its ACKs are tracked.
             for s in [st, sc] {
@@ -460,16 +419,12 @@ fn main() {
                 let check = s.dp.test_run(Direction::Ingress, s.ifindex, &ack).expect("check");
                 assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Tracked)));
             }
-            let cases: [Case<'_>; 9] = [
+            let cases: [Case<'_>; 5] = [
                 (sp, PROG_EMPTY, &allowed),
                 (sp, PROG_INGRESS, &allowed),
                 (sp, PROG_INGRESS, &denied),
-                (sq, PROG_INGRESS, &allowed),
-                (sq, PROG_INGRESS, &denied),
                 (st, PROG_INGRESS, &ack),
                 (sc, PROG_INGRESS, &ack),
-                (sl, PROG_INGRESS, &allowed),
-                (sl, PROG_INGRESS, &denied),
             ];
             for (i, ns) in measure_once(&cases).into_iter().enumerate() {
                 samples[row][i].push(ns);

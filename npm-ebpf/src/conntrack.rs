@@ -271,7 +271,7 @@ pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reaso
         flags |= tcp_close_flags(pkt.tcp_flags, pkt.src_is_lo);
     }
     // SAFETY: CtValue layout: last_seen 0, created 8, origin_direction,
-    // flags, reason, pad 16..24.
+    // flags, reason, pad 16..20, epoch 20..24 (0: reserved for issue #45).
     unsafe {
         let v = core::ptr::addr_of_mut!(s.ctv) as *mut u8;
         wr64(v, pkt.now);

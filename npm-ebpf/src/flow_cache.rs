@@ -115,30 +115,16 @@ pub(crate) unsafe fn flow_cache_fill(slot: *mut FlowSlot, w: &[u32; 5], now: u64
     // SAFETY: the caller upholds this function's contract (its doc),
     // which every operation below relies on.
     unsafe {
-        let d = slot as *mut u8;
-        if store_key(d, w) {
-            wr64(d.add(24), now);
+        // A dry run (`npm-agent explain`) fills no cache.
+        if crate::dry_run() {
+            return;
         }
+        let d = slot as *mut u8;
+        wr32(d, w[0]);
+        wr32(d.add(4), w[1]);
+        wr32(d.add(8), w[2]);
+        wr32(d.add(12), w[3]);
+        wr32(d.add(16), w[4]);
+        wr64(d.add(24), now);
     }
-}
-
-/// Stores the key words `w` at the start of the cache slot `d` (`d`,
-/// `d + 4`, ...) and says so; on a dry run (`npm-agent explain`, which
-/// fills no cache) stores nothing and returns `false`.
-///
-/// # Safety
-/// `d` points to a cache slot of this CPU whose first `4 * N` bytes are
-/// its key, 4-aligned.
-#[inline(always)]
-pub(crate) unsafe fn store_key<const N: usize>(d: *mut u8, w: &[u32; N]) -> bool {
-    if crate::dry_run() {
-        return false;
-    }
-    let mut i = 0;
-    while i < N {
-        // SAFETY: `i < N`: within the slot's key (the function's contract).
-        unsafe { wr32(d.add(4 * i), w[i]) };
-        i += 1;
-    }
-    true
 }

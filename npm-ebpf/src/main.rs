@@ -72,10 +72,9 @@
 //! | [`flow_cache`] | step 6's per-CPU cache | `NPM_FLOWCACHE` |
 //! | [`policy`] | steps 7 to 9 | |
 //! | [`policy::ipcache`] | the peer's identities | `NPM_IPCACHE4`, `NPM_IPCACHE`, `NPM_CIDRS` |
-//! | [`policy::lpm`] | step 9 on the trie | `NPM_POLICY` |
-//! | [`policy::front`] | step 9 on the front | `NPM_POLICY_FRONT` |
-//! | [`policy::tiers`] | steps 9a and 9c: the ClusterNetworkPolicy tiers | `NPM_TIERS`, `NPM_TIER_FRONT`, `NPM_TIER_SUMMARY` |
-//! | [`decision_cache`] | steps 8-9's per-CPU cache | `NPM_DECISIONS`, `NPM_GENERATION` |
+//! | [`policy::fold`] | steps 9a to 9d folded ahead of time | `NPM_FOLD` |
+//! | [`policy::lpm`] | step 9b on the trie | `NPM_POLICY` |
+//! | [`policy::tiers`] | steps 9a and 9c: the ClusterNetworkPolicy tiers | `NPM_TIERS` |
 //! | [`verdict`] | counters and deny events | `NPM_COUNTERS`, `NPM_EVENTS` |
 //! | [`scratch`] | per-CPU scratch and the clock cache | `NPM_SCRATCH` |
 //! | [`mem`] | 32-bit word access to scratch and map memory | |
@@ -95,13 +94,12 @@
 //!   address in the hash `NPM_IPCACHE`;
 //! - the flow cache ([`flow_cache`]): established IPv4 flows confirmed by a
 //!   conntrack hit in the last 250 ms skip the conntrack lookup;
-//! - the policy front ([`policy::front`]): for an endpoint direction whose
-//!   policy is complete there (`EP_FRONT_<dir>`), step 9 probes it instead
-//!   of walking the `NPM_POLICY` trie;
-//! - the decision cache ([`decision_cache`]): the outcome of steps 8-9 per
-//!   (endpoint, direction, protocol, port, peer address), valid only under
-//!   the `NPM_GENERATION` it was decided in. The loader bumps the generation
-//!   after every batch of map writes, so it is exact at batch boundaries.
+//! - the fold ([`policy::fold`]): for a subject's direction whose decisions
+//!   user space folded (`EP_FOLD_<dir>`), steps 9a to 9d are one probe of
+//!   `NPM_FOLD` per port class instead of the tiers' and NetworkPolicy's
+//!   trie walks. It is the one precomputed form of the decision; anything
+//!   it does not hold is decided on the tries (`NPM_TIERS`, `NPM_POLICY`),
+//!   the truth.
 //!
 //! Everything per packet is `#[inline(always)]` and closure-free: a closure
 //! or an outlined function compiles to a BPF-to-BPF call.
@@ -113,7 +111,6 @@
 
 mod classify;
 mod conntrack;
-mod decision_cache;
 mod endpoint;
 mod fast_v4;
 mod flow_cache;
@@ -232,8 +229,7 @@ pub(crate) use npm_common::{DRY_RUN_IIF, DRY_RUN_MARK};
 /// Whether this CPU's packet is a dry run (its scratch `pad` holds the
 /// packet's `ingress_ifindex`, written first thing by [`decide`] and
 /// cleared by [`node_exit`]). Read only on paths that write state (the
-/// flow and decision caches); [`decide`] and `ct_create` test `s.pad`
-/// directly.
+/// flow cache); [`decide`] and `ct_create` test `s.pad` directly.
 #[inline(always)]
 pub(crate) fn dry_run() -> bool {
     match NPM_SCRATCH.get_ptr(0) {

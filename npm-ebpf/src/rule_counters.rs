@@ -5,7 +5,7 @@
 //!
 //! A tracked packet (a conntrack or flow-cache hit) is never re-decided,
 //! so it adds nothing here: `NPM_RULE_COUNT` counts the packet that a
-//! policy lookup (or the decision cache) allowed, which is the first packet
+//! policy lookup (or the fold) allowed, which is the first packet
 //! of each new connection (and each packet of a protocol conntrack does not
 //! track). Tracked packets cost no lookup for this: [`count_rule`] compares
 //! the reason and returns.

@@ -221,7 +221,7 @@ fn main() {
 /// What the ahead-of-time fold ([`npm_policy::fold`]) of this cluster
 /// costs: every direction of a local subject that has tier entries or is
 /// isolated, for every peer class, folded; the runs and the words an
-/// encoding with the tier front's port classes would store, in all and
+/// encoding with `NPM_FOLD`'s port classes would store, in all and
 /// with the classes of identities a subject's entries do not name sharing
 /// one table per CIDR identity (they fold alike). Ends with one JSON line.
 fn fold_size(c: &npm_policy::compiled::Compiled) {

@@ -17,8 +17,9 @@
 //! NetworkPolicy's and the precedence between them for the three
 //! identities of a class into one decision.)
 //!
-//! Used by `npmctl ports` and measured by `bench_tiers`; the datapath does
-//! not read it yet.
+//! Used by `npmctl ports`, measured by `bench_tiers`, and stored by the
+//! eBPF loader as `NPM_FOLD`, the one precomputed form of the datapath's
+//! decision (`npm-dataplane/src/ebpf/fold.rs`).
 //!
 //! Pure: no I/O. The differential test (`tests/differential.rs`) checks
 //! every folded decision against [`crate::lookup::lookup`], which it checks
@@ -137,7 +138,7 @@ impl Folded {
         self.ported.iter().map(Vec::len).sum()
     }
 
-    /// Words of an encoding with the tier front's port classes: one word
+    /// Words of an encoding with `NPM_FOLD`'s port classes: one word
     /// for every protocol ([`Folded::other`]), per protocol one any-port
     /// word for its widest run's decision unless that is `other`'s, and
     /// the other runs' ports as aligned 64-port blocks inside a run and

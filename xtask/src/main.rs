@@ -514,7 +514,7 @@ fn bench(which: &str, args: &[String]) -> Result<()> {
             build_ebpf()?;
             ("npm-agent", "bench_agent")
         }
-        // 1,000 CNPs: API write -> NPM_TIERS / NPM_TIER_FRONT (not in `all`).
+        // 1,000 CNPs: API write -> NPM_TIERS and NPM_FOLD (not in `all`).
         "cnp" => {
             build_ebpf()?;
             ("npm-agent", "bench_cnp")

@@ -1,5 +1,6 @@
-//! `--layers`: what each precomputed layer of the datapath gains, measured
-//! by loading the same object with the layers switched off one at a time
+//! `--layers`: what the precomputed form of the datapath (the fold) and
+//! its other switchable parts gain or cost, measured by loading the same
+//! object with them switched off one at a time
 //! (`BenchSwitches`) and running the same packets on every configuration,
 //! interleaved: each of `--rounds N` rounds (default [`super::RUNS`])
 //! applies every CNP scale (1, 100, 1,000 ClusterNetworkPolicies per tier,
@@ -10,21 +11,13 @@
 //!
 //! Configurations (decision rows: no conntrack entry is created, so every
 //! repeat is the first packet of a new connection):
-//! - `full`: production; the repeats of one tuple are decision-cache hits
-//!   after the first;
-//! - `no_dcache`: decision cache off (a new tuple): the fold for the
-//!   tiered endpoints, the policy front for the others;
-//! - `no_dcache_fold`: and the fold off: the tier front and the policy
-//!   front;
-//! - `no_dcache_pfront`: decision cache and policy front off: NetworkPolicy
-//!   on the LPM, the tiers folded;
-//! - `no_dcache_fold_tfront`: decision cache, fold and tier front off: the
-//!   tiers on the LPM, NetworkPolicy on the policy front;
-//! - `no_dcache_general`: decision cache off and the general parser instead
-//!   of the IPv4 fast path;
-//! - `no_dcache_rule_count`: decision cache off and the per-rule and
-//!   per-endpoint deny counters not bumped (what they cost);
-//! - `reduced`: `BenchSwitches::reduced()`, the LPMs alone (the truth).
+//! - `full`: production: the fold for the tiered endpoints, the LPM
+//!   (`NPM_POLICY`) for NetworkPolicy alone;
+//! - `general`: the general parser instead of the IPv4 fast path;
+//! - `no_rule_count`: the per-rule and per-endpoint deny counters not
+//!   bumped (what they cost);
+//! - `reduced`: `BenchSwitches::reduced()`, the LPMs alone (the truth: the
+//!   fold off).
 //!
 //! Tracked configurations (conntrack entries created; an ACK of an
 //! established connection): `full`, `no_flow_cache` (the conntrack lookup),
@@ -55,41 +48,20 @@ const SCALES: [usize; 3] = [1, 100, 1_000];
 
 /// Decision configurations: (name, switches).
 fn decision_configs() -> Vec<(&'static str, BenchSwitches)> {
-    let off = BenchSwitches {
-        no_decision_cache: true,
-        ..BenchSwitches::default()
-    };
     vec![
         ("full", BenchSwitches::default()),
-        ("no_dcache", off),
-        ("no_dcache_fold", BenchSwitches { no_fold: true, ..off }),
         (
-            "no_dcache_pfront",
-            BenchSwitches {
-                no_policy_front: true,
-                ..off
-            },
-        ),
-        (
-            "no_dcache_fold_tfront",
-            BenchSwitches {
-                no_fold: true,
-                no_tier_front: true,
-                ..off
-            },
-        ),
-        (
-            "no_dcache_general",
+            "general",
             BenchSwitches {
                 no_fast_v4: true,
-                ..off
+                ..BenchSwitches::default()
             },
         ),
         (
-            "no_dcache_rule_count",
+            "no_rule_count",
             BenchSwitches {
                 no_rule_count: true,
-                ..off
+                ..BenchSwitches::default()
             },
         ),
         ("reduced", BenchSwitches::reduced()),
@@ -266,14 +238,12 @@ pub(super) fn run(pid: u32, rounds: usize) -> Vec<String> {
             }
             prev = next;
             // Each row's packet is decided as the reference says, on every
-            // configuration (twice: the second is the decision cache's hit).
+            // configuration.
             for s in &decided {
                 for (name, ep, pkt, want) in &rows {
-                    for _ in 0..2 {
-                        let got = (0..3)
-                            .find_map(|_| s.dp.test_run(Direction::Ingress, s.ifindex(*ep), pkt).expect("check").1);
-                        assert_eq!(got, Some(*want), "{} {name} at {n} CNPs", s.name);
-                    }
+                    let got =
+                        (0..3).find_map(|_| s.dp.test_run(Direction::Ingress, s.ifindex(*ep), pkt).expect("check").1);
+                    assert_eq!(got, Some(*want), "{} {name} at {n} CNPs", s.name);
                 }
             }
             for s in &tracked {

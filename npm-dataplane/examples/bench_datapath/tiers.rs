@@ -22,22 +22,16 @@
 //! Both endpoints' ingress is folded (`NPM_FOLD`, column `fold_entries`:
 //! the entries the loader stored): each of these packets is decided by one
 //! probe of the folded decisions. The `_lookups` rows are the same packets
-//! with the fold switched off: the tiers' lookups (3 for the Admin tier, 3
-//! more for the Baseline tier) and the policy front probe, what a class the
-//! fold does not hold costs.
+//! with the fold switched off: the tiers' lookups on the `NPM_TIERS` LPM
+//! (3 for the Admin tier, 3 more for the Baseline tier) and the
+//! `NPM_POLICY` lookups, what a class the fold does not hold costs.
 //!
 //! The ranks are the compiler's (`npm_policy::tiers::compile::ranked_rules`:
 //! `priority << 20 | position among equal priorities << 5 | rule index`),
-//! CNP `i` of a tier having priority `i + 1` (1..=1000), so the loader's
-//! renumbering into the tier front's 14-bit ranks is what is measured.
-//! Every tier of both endpoints then fits the tier front (`NPM_TIER_FRONT`,
-//! column `front_words`: the words the loader stored), so a "lookup" above
-//! is front probes, not an `NPM_TIERS` LPM walk.
+//! CNP `i` of a tier having priority `i + 1` (1..=1000).
 //!
-//! Each path is measured with the decision cache off (what a new (peer,
-//! port) tuple costs) and on (`_cached`: a tuple decided before under the
-//! same generation). Same method as the other rows: the median
-//! of [`super::RUNS`] interleaved rounds of [`super::REPEAT`] repeats.
+//! Same method as the other rows: the median of [`super::RUNS`]
+//! interleaved rounds of [`super::REPEAT`] repeats.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -224,18 +218,10 @@ fn measure_once(cases: &[Case<'_>]) -> Vec<u64> {
 /// Runs the tier rows; returns their JSON results.
 pub(super) fn run(pid: u32) -> Vec<String> {
     let kinds = [
-        (
-            "k",
-            BenchSwitches {
-                no_decision_cache: true,
-                ..BenchSwitches::default()
-            },
-        ),
-        ("m", BenchSwitches::default()),
+        ("k", BenchSwitches::default()),
         (
             "l",
             BenchSwitches {
-                no_decision_cache: true,
                 no_fold: true,
                 ..BenchSwitches::default()
             },
@@ -279,10 +265,6 @@ pub(super) fn run(pid: u32) -> Vec<String> {
         "admin_deny",
         "pass_policy",
         "baseline_tier",
-        "admin_accept_cached",
-        "admin_deny_cached",
-        "pass_policy_cached",
-        "baseline_tier_cached",
         "admin_accept_lookups",
         "admin_deny_lookups",
         "pass_policy_lookups",
@@ -290,7 +272,6 @@ pub(super) fn run(pid: u32) -> Vec<String> {
     ];
     let mut samples: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); paths.len() + 1]; SCALES.len()];
     let mut prev = Compiled::default();
-    let mut front_words = [0; SCALES.len()];
     let mut fold_entries = [0; SCALES.len()];
     for _ in 0..super::runs() {
         for (row, &n) in SCALES.iter().enumerate() {
@@ -301,40 +282,32 @@ pub(super) fn run(pid: u32) -> Vec<String> {
                 s.dp.apply(&diff, &next, &ifs).expect("apply");
             }
             prev = next;
-            front_words[row] = setups[0].dp.tier_front_len();
             fold_entries[row] = setups[0].dp.fold_len();
             use npm_common::Reason::{AdminAccept, AdminDeny, BaselineAccept, Policy};
             for s in &setups {
                 let (dp, a, b) = (&s.dp, s.np_if, s.open_if);
-                // Twice: the second is the decision cache's hit.
-                for _ in 0..2 {
-                    for (ifindex, pkt, want) in [
-                        (a, &accept, AdminAccept),
-                        (a, &deny, AdminDeny),
-                        (a, &pass, Policy),
-                        (b, &baseline, BaselineAccept),
-                    ] {
-                        // A reason of None is a run whose counters another
-                        // packet moved too (the fresh veths' own IPv6
-                        // traffic): run it again.
-                        let got = (0..3).find_map(|_| dp.test_run(Direction::Ingress, ifindex, pkt).expect("check").1);
-                        assert_eq!(got, Some(want), "{n} CNPs per tier");
-                    }
+                for (ifindex, pkt, want) in [
+                    (a, &accept, AdminAccept),
+                    (a, &deny, AdminDeny),
+                    (a, &pass, Policy),
+                    (b, &baseline, BaselineAccept),
+                ] {
+                    // A reason of None is a run whose counters another
+                    // packet moved too (the fresh veths' own IPv6
+                    // traffic): run it again.
+                    let got = (0..3).find_map(|_| dp.test_run(Direction::Ingress, ifindex, pkt).expect("check").1);
+                    assert_eq!(got, Some(want), "{n} CNPs per tier");
                 }
             }
-            let [k, m, l] = &setups[..] else {
-                unreachable!("three setups")
+            let [k, l] = &setups[..] else {
+                unreachable!("two setups")
             };
-            let cases: [Case<'_>; 13] = [
+            let cases: [Case<'_>; 9] = [
                 (&k.dp, k.np_if, PROG_EMPTY, &accept),
                 (&k.dp, k.np_if, PROG_INGRESS, &accept),
                 (&k.dp, k.np_if, PROG_INGRESS, &deny),
                 (&k.dp, k.np_if, PROG_INGRESS, &pass),
                 (&k.dp, k.open_if, PROG_INGRESS, &baseline),
-                (&m.dp, m.np_if, PROG_INGRESS, &accept),
-                (&m.dp, m.np_if, PROG_INGRESS, &deny),
-                (&m.dp, m.np_if, PROG_INGRESS, &pass),
-                (&m.dp, m.open_if, PROG_INGRESS, &baseline),
                 (&l.dp, l.np_if, PROG_INGRESS, &accept),
                 (&l.dp, l.np_if, PROG_INGRESS, &deny),
                 (&l.dp, l.np_if, PROG_INGRESS, &pass),
@@ -348,8 +321,8 @@ pub(super) fn run(pid: u32) -> Vec<String> {
     let mut results = Vec::new();
     let entries: Vec<usize> = SCALES.iter().map(|&n| compiled(n).tiers.len()).collect();
     print!(
-        "{:>8} {:>8} {:>11} {:>12} {:>11}",
-        "cnps", "entries", "front_words", "fold_entries", "baseline_ns"
+        "{:>8} {:>8} {:>12} {:>11}",
+        "cnps", "entries", "fold_entries", "baseline_ns"
     );
     for p in paths {
         print!(" {:>13}", format!("{p}_ns"));
@@ -359,13 +332,12 @@ pub(super) fn run(pid: u32) -> Vec<String> {
         let m: Vec<u64> = samples[row].iter().map(|v| median(v)).collect();
         let row_baseline = m[0];
         let e = entries[row];
-        let w = front_words[row];
         let f = fold_entries[row];
-        print!("{n:>8} {e:>8} {w:>11} {f:>12} {row_baseline:>11}");
+        print!("{n:>8} {e:>8} {f:>12} {row_baseline:>11}");
         for (path, ns) in paths.iter().zip(&m[1..]) {
             print!(" {ns:>13}");
             results.push(format!(
-                r#"{{"path":"tier_{path}","cnps_per_tier":{n},"tier_entries":{e},"front_words":{w},"fold_entries":{f},"ns":{ns},"baseline_ns":{row_baseline}}}"#
+                r#"{{"path":"tier_{path}","cnps_per_tier":{n},"tier_entries":{e},"fold_entries":{f},"ns":{ns},"baseline_ns":{row_baseline}}}"#
             ));
         }
         println!();

@@ -13,9 +13,8 @@
 //! the new bytes. For the same endpoint (new flags, addresses or subject)
 //! a mix only combines that endpoint's own old and new settings: a new
 //! subject (a relabelled pod) read with the old subject's policy flags, or
-//! the reverse, only skips lookups or trusts a front of words that are all
-//! the read subject's allows, so it allows at most what that subject
-//! allows (both subjects' entries exist while the record is rewritten:
+//! the reverse, only skips lookups that cannot hit for the read subject,
+//! so it allows at most what that subject allows (both subjects' entries exist while the record is rewritten:
 //! upserts before, removals after). When a slot changes
 //! owner (endpoint X's interface index now belongs to endpoint Y), the
 //! loader goes through two drop-all records first ([`EndpointTable::replace`]):
@@ -220,6 +219,25 @@ impl Record for RecordV5 {
     }
 }
 
+/// The `EP_*` flags of a record written by map layouts 3 to 6, in this
+/// layout's bits: bits 0 to 10 (isolation, addresses, the
+/// `EP_NO_*_PEER_*` flags, presence) are unchanged; the tier flags moved
+/// from bits 15 to 18 to [`EP_ADMIN_INGRESS`] ..= [`EP_BASELINE_EGRESS`]
+/// when layout 7 dropped the front flags; the others (fronts, class
+/// filter, fold, report) are dropped: nothing adopted reads them.
+pub(crate) fn flags_before_layout_7(flags: u32) -> u32 {
+    const KEPT: u32 = (1 << 11) - 1;
+    const OLD_TIERS_SHIFT: u32 = 15;
+    let tiers = (flags >> OLD_TIERS_SHIFT) & 0xf;
+    (flags & KEPT) | (tiers * EP_ADMIN_INGRESS)
+}
+const _: () = assert!(
+    EP_ADMIN_EGRESS == EP_ADMIN_INGRESS << 1
+        && EP_BASELINE_INGRESS == EP_ADMIN_INGRESS << 2
+        && EP_BASELINE_EGRESS == EP_ADMIN_INGRESS << 3
+        && EP_PRESENT == 1 << 10
+);
+
 /// Every endpoint of the two maps, by ifindex: the present slots of the
 /// array, then the hash entries (records of type `R`, read as
 /// [`EndpointInfo`]s).
@@ -310,4 +328,32 @@ fn read_all_slots<R: Record>(slots: &Array<MapData, R>) -> Result<Vec<(u32, R)>,
         }
     }
     Ok(keys.into_iter().zip(values).take(done).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use npm_common::{EP_FOLD_INGRESS, EP_HAS_V4, EP_NO_ANY_PEER_EGRESS, EP_REPORT_NEW};
+
+    /// A layout-6 record's flags read at layout 7's bits: the unchanged
+    /// low bits stay, the tier flags move down from bits 15..=18, and the
+    /// front, class filter, report and fold bits are dropped (its front
+    /// flag, bit 11, is layout 7's Admin ingress flag: it must not become
+    /// one).
+    #[test]
+    fn layout_6_flags_are_read_at_their_own_bits() {
+        let low = EP_PRESENT | EP_HAS_V4 | EP_ISOLATED_INGRESS | EP_NO_ANY_PEER_EGRESS;
+        let (front, admin_in, baseline_out, report, summary, fold_in) =
+            (1 << 11, 1 << 15, 1 << 18, 1 << 23, 1 << 24, 1 << 25);
+        assert_eq!(flags_before_layout_7(low | front), low);
+        assert_eq!(
+            flags_before_layout_7(low | admin_in | baseline_out | report | summary | fold_in),
+            low | EP_ADMIN_INGRESS | EP_BASELINE_EGRESS
+        );
+        assert_eq!(
+            flags_before_layout_7(1 << 16 | 1 << 17),
+            EP_ADMIN_EGRESS | EP_BASELINE_INGRESS
+        );
+        assert_eq!(flags_before_layout_7(u32::MAX) & (EP_REPORT_NEW | EP_FOLD_INGRESS), 0);
+    }
 }

@@ -166,23 +166,8 @@ pub enum EbpfError {
         /// The largest size accepted.
         max: u32,
     },
-    /// A configured front size is not a power of two within its bounds
-    /// (`--map-size-policy-front`, `--map-size-tier-front`).
-    #[error("map {map}: {buckets} buckets: must be a power of two, at least {min} and at most {max}")]
-    FrontSize {
-        /// Map name.
-        map: &'static str,
-        /// The configured buckets.
-        buckets: u32,
-        /// The fewest buckets accepted.
-        min: u32,
-        /// The most buckets accepted.
-        max: u32,
-    },
-    /// A pinned front has a size this loader cannot hash to (not a power
-    /// of two within the bounds), or not the size the program was loaded
-    /// for.
-    #[error("map {map} pinned at {path}: {buckets} buckets, not a front size this agent can use; remove the pins (`npm-agent cleanup`)")]
+    /// A pinned `NPM_FOLD` has not the size the program hashes to.
+    #[error("map {map} pinned at {path}: {buckets} buckets, not the size this agent hashes to; remove the pins (`npm-agent cleanup`)")]
     PinnedFrontSize {
         /// Map name.
         map: &'static str,
@@ -213,7 +198,6 @@ impl EbpfError {
             | EbpfError::ReadObject { .. }
             | EbpfError::Load { .. }
             | EbpfError::MapSize { .. }
-            | EbpfError::FrontSize { .. }
             | EbpfError::PinnedFrontSize { .. } => "ebpf load",
             EbpfError::PinDir { .. } => "ebpf pin directory",
             EbpfError::ProgramMissing { .. } | EbpfError::Program { .. } => "ebpf program",
@@ -298,8 +282,7 @@ impl From<EbpfError> for DataplaneError {
             | EbpfError::ReadObject { .. }
             | EbpfError::ProgramMissing { .. }
             | EbpfError::MapMissing { .. }
-            | EbpfError::MapSize { .. }
-            | EbpfError::FrontSize { .. } => DataplaneError::Object { source: e },
+            | EbpfError::MapSize { .. } => DataplaneError::Object { source: e },
             e => DataplaneError::KernelRefused {
                 op: e.step(),
                 source: e,

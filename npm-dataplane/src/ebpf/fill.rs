@@ -16,7 +16,7 @@
 //!   block, so keys are counted per such group ([`Fill::applied`] recounts
 //!   only the groups a diff touches);
 //! - `NPM_TIERS` likewise, per (endpoint, direction, tier, peer, protocol);
-//! - `NPM_IPCACHE4`, `NPM_POLICY_FRONT` and `NPM_TIER_FRONT` are counted by the loader's own
+//! - `NPM_IPCACHE4` and `NPM_FOLD` are counted by the loader's own
 //!   mappings (user-space memory reads, no syscall).
 //!
 //! Until the first full sync the counts are not known (adopted pins may
@@ -38,36 +38,6 @@ use npm_common::{maps, sizes, PolicyKey};
 use npm_policy::compiled::{Compiled, CompiledDiff, MapDiff, PolicyEntry, TierEntry};
 
 use super::{tiers, translate, EbpfDataplane};
-
-/// The [`MapFill::fallbacks`] of the policy front and of the tier front,
-/// from the endpoint records last written (their `flags`): an isolated
-/// direction without `EP_FRONT_<dir>`, and a direction's tier with entries
-/// (`EP_ADMIN_<dir>`, `EP_BASELINE_<dir>`) without its front flag (or
-/// without `EP_TIER_SUMMARY`), each count one.
-pub(crate) fn front_fallbacks(records: impl Iterator<Item = u32>) -> (u64, u64) {
-    use npm_common::{
-        DIR_EGRESS, DIR_INGRESS, EP_ADMIN_FRONT_INGRESS, EP_ADMIN_INGRESS, EP_BASELINE_FRONT_INGRESS,
-        EP_BASELINE_INGRESS, EP_FRONT_INGRESS, EP_ISOLATED_INGRESS, EP_TIER_SUMMARY,
-    };
-    let (mut policy, mut tiers) = (0, 0);
-    for f in records {
-        for dir in [DIR_INGRESS, DIR_EGRESS] {
-            let on = |flag: u32| f & (flag << dir) != 0;
-            if on(EP_ISOLATED_INGRESS) && !on(EP_FRONT_INGRESS) {
-                policy += 1;
-            }
-            for (tier, front) in [
-                (EP_ADMIN_INGRESS, EP_ADMIN_FRONT_INGRESS),
-                (EP_BASELINE_INGRESS, EP_BASELINE_FRONT_INGRESS),
-            ] {
-                if on(tier) && !(on(front) && f & EP_TIER_SUMMARY != 0) {
-                    tiers += 1;
-                }
-            }
-        }
-    }
-    (policy, tiers)
-}
 
 /// The [`MapFill::fallbacks`] of the folded decisions (`NPM_FOLD`): per
 /// endpoint record, each direction with tier entries (`EP_ADMIN_<dir>` or
@@ -92,17 +62,16 @@ pub const DATAPATH_COUNT_INTERVAL: Duration = Duration::from_secs(30);
 pub struct MapFill {
     /// The pinned map name (`NPM_POLICY`...).
     pub map: &'static str,
-    /// Entries (slots in use for the direct-mapped arrays, words for the
-    /// policy front).
+    /// Entries (slots in use for the direct-mapped arrays, entries for
+    /// `NPM_FOLD`).
     pub entries: u64,
     /// The most entries the map can hold.
     pub capacity: u64,
-    /// For the fronts (`NPM_POLICY_FRONT`, `NPM_TIER_FRONT`), once the
-    /// first full sync is done: the local endpoint directions (for the tier
-    /// front, directions and tiers) whose entries do not all fit the front
-    /// and are decided on the LPM behind it (same verdicts, slower: a
-    /// larger `--map-size-*-front` brings them onto the front). `None` for
-    /// the other maps.
+    /// For `NPM_FOLD`, once the first full sync is done: the local
+    /// endpoint directions with tier entries that are not folded (too
+    /// large for the map) and are decided by the lookups on `NPM_TIERS`
+    /// and `NPM_POLICY` (same verdicts, slower). `None` for the other
+    /// maps.
     pub fallbacks: Option<u64>,
 }
 
@@ -246,17 +215,10 @@ impl EbpfDataplane {
             capacity: u64::from(capacity),
             fallbacks: None,
         };
-        let (policy_fallbacks, tier_fallbacks, fold_fallbacks) = match self.fill.known {
-            true => {
-                let (p, t) = front_fallbacks(self.written.values().map(|i| i.flags));
-                (
-                    Some(p),
-                    Some(t),
-                    Some(fold_fallbacks(self.written.values().map(|i| i.flags))),
-                )
-            }
-            false => (None, None, None),
-        };
+        let fold_fallbacks = self
+            .fill
+            .known
+            .then(|| fold_fallbacks(self.written.values().map(|i| i.flags)));
         let actual = &self.sizes.actual;
         let mut out = Vec::new();
         if self.fill.known {
@@ -273,14 +235,6 @@ impl EbpfDataplane {
         }
         out.push(fill(maps::IPCACHE4, self.ipcache4_occupied(), sizes::IPCACHE4_SLOTS));
         out.push(MapFill {
-            fallbacks: policy_fallbacks,
-            ..fill(maps::POLICY_FRONT, self.policy_front_len(), actual.policy_front * 4)
-        });
-        out.push(MapFill {
-            fallbacks: tier_fallbacks,
-            ..fill(maps::TIER_FRONT, self.tier_front_len(), actual.tier_front * 4)
-        });
-        out.push(MapFill {
             fallbacks: fold_fallbacks,
             ..fill(
                 maps::FOLD,
@@ -288,11 +242,6 @@ impl EbpfDataplane {
                 sizes::FOLD_BUCKETS * npm_common::FOLD_WAYS as u32,
             )
         });
-        out.push(fill(
-            maps::TIER_SUMMARY,
-            self.tiers.filter_len(),
-            actual.tier_front << npm_common::TIER_SUMMARY_SLOTS_PER_BUCKET_LOG,
-        ));
         let [ct, ct4, frags] = self.datapath_counts();
         out.extend([
             fill(maps::CT, ct, actual.conntrack),
@@ -326,11 +275,8 @@ impl EbpfDataplane {
 
 #[cfg(test)]
 mod tests {
-    use super::{fold_fallbacks, front_fallbacks};
-    use npm_common::{
-        EP_ADMIN_FRONT_INGRESS, EP_ADMIN_INGRESS, EP_BASELINE_EGRESS, EP_FOLD_EGRESS, EP_FOLD_INGRESS, EP_FRONT_EGRESS,
-        EP_FRONT_INGRESS, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_TIER_SUMMARY,
-    };
+    use super::fold_fallbacks;
+    use npm_common::{EP_ADMIN_INGRESS, EP_BASELINE_EGRESS, EP_FOLD_EGRESS, EP_FOLD_INGRESS, EP_ISOLATED_INGRESS};
 
     #[test]
     fn fold_fallbacks_count_tiered_directions_not_folded() {
@@ -339,26 +285,5 @@ mod tests {
         assert_eq!(fold_fallbacks([f].into_iter()), 2);
         assert_eq!(fold_fallbacks([f | EP_FOLD_INGRESS].into_iter()), 1);
         assert_eq!(fold_fallbacks([f | EP_FOLD_INGRESS | EP_FOLD_EGRESS, f].into_iter()), 2);
-    }
-
-    #[test]
-    fn fallbacks_count_directions_and_tiers_off_their_front() {
-        // Nothing isolated, no tier: nothing to fall back.
-        assert_eq!(front_fallbacks([0u32].into_iter()), (0, 0));
-        // Isolated both ways, only ingress on the front; an Admin tier on
-        // the front, a Baseline egress tier off it.
-        let f = EP_ISOLATED_INGRESS
-            | EP_ISOLATED_EGRESS
-            | EP_FRONT_INGRESS
-            | EP_ADMIN_INGRESS
-            | EP_ADMIN_FRONT_INGRESS
-            | EP_TIER_SUMMARY
-            | EP_BASELINE_EGRESS;
-        assert_eq!(front_fallbacks([f].into_iter()), (1, 1));
-        // A tier front flag without the filter flag is not trusted.
-        assert_eq!(front_fallbacks([f & !EP_TIER_SUMMARY].into_iter()), (1, 2));
-        // Per endpoint record.
-        let g = EP_ISOLATED_EGRESS | EP_FRONT_EGRESS;
-        assert_eq!(front_fallbacks([f, f, g].into_iter()), (2, 2));
     }
 }

@@ -42,9 +42,9 @@ use std::sync::atomic::Ordering;
 use aya::maps::{Array, IterableMap, MapData};
 use aya::Ebpf;
 use npm_common::{
-    cidr_code, fold_bucket, fold_key, fold_value, maps, rule_slot, sizes, tier_front_pc_any_port, Reason,
-    EP_FOLD_INGRESS, FOLD_BUCKET_WORDS, FOLD_MAX_IDENTITY, FOLD_MAX_SUBJECT, FOLD_SHIFT, FOLD_WAYS, RULE_SLOT_UNKNOWN,
-    TIER_FRONT_PC_ANY_PROTO,
+    cidr_code, fold_bucket, fold_key, fold_pc_any_port, fold_pc_block, fold_pc_exact, fold_value, maps, rule_slot,
+    sizes, Reason, EP_FOLD_INGRESS, FOLD_BLOCK_BITS, FOLD_BUCKET_WORDS, FOLD_MAX_IDENTITY, FOLD_MAX_SUBJECT,
+    FOLD_PC_ANY_PROTO, FOLD_SHIFT, FOLD_WAYS, RULE_SLOT_UNKNOWN,
 };
 use npm_policy::compiled::{Compiled, CompiledDiff, Direction, Tier};
 use npm_policy::fold::{fold, peer_classes, Decision, Folded, PeerClass};
@@ -52,13 +52,34 @@ use npm_policy::fold::{fold, peer_classes, Decision, Folded, PeerClass};
 use super::errors::EbpfError;
 use super::loader::take_map;
 use super::shared_words::SharedWords;
-use super::tier_front::range_classes;
 
 /// Classes folded before a direction's size is estimated from them.
 const ESTIMATE_AFTER: usize = 32;
 
 /// Most entries one class may take; a class needing more is not folded.
 pub const FOLD_MAX_CLASS_ENTRIES: usize = 1024;
+
+/// The port classes covering ports `lo..=hi` of protocol `code` (1..=3):
+/// each aligned 64-port block inside the range, and the ports at its edges
+/// one by one, in port order. `None` when they are more than `max`.
+fn range_classes(code: u64, lo: u16, hi: u16, max: usize) -> Option<Vec<u64>> {
+    let block = 1u32 << FOLD_BLOCK_BITS;
+    let (mut p, end) = (u32::from(lo), u32::from(hi));
+    let mut pcs = Vec::new();
+    while p <= end {
+        if p % block == 0 && p + block - 1 <= end {
+            pcs.push(fold_pc_block(code, p as u16));
+            p += block;
+        } else {
+            pcs.push(fold_pc_exact(code, p as u16));
+            p += 1;
+        }
+        if pcs.len() > max {
+            return None;
+        }
+    }
+    Some(pcs)
+}
 
 /// A (subject, direction) of the folded decisions.
 type Sd = (u32, Direction);
@@ -389,9 +410,9 @@ pub fn entries(subject: u32, dir: Direction, class: PeerClass, f: &Folded) -> Op
                 out.push(entry(pc, r.decision)?);
             }
         }
-        any_port.push(entry(tier_front_pc_any_port(proto), widest)?);
+        any_port.push(entry(fold_pc_any_port(proto), widest)?);
     }
     out.extend(any_port);
-    out.push(entry(TIER_FRONT_PC_ANY_PROTO, f.other)?);
+    out.push(entry(FOLD_PC_ANY_PROTO, f.other)?);
     Some(out)
 }

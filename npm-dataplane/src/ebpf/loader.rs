@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use aya::programs::{ProgramError, SchedClassifier};
 use aya::{Ebpf, EbpfLoader};
-use npm_common::{front_shift, maps, sizes};
+use npm_common::{maps, sizes};
 
 use super::errors::{map_err, prog_err, EbpfError};
 use super::{PROG_EGRESS, PROG_EMPTY, PROG_INGRESS};
@@ -31,18 +31,9 @@ pub struct BenchSwitches {
     /// The datapath's per-CPU flow cache is neither read nor filled, so
     /// packets of established flows always take the conntrack lookup.
     pub no_flow_cache: bool,
-    /// The datapath's per-CPU decision cache is not used, so packets
-    /// decided by policy always take the ipcache and policy lookups.
-    pub no_decision_cache: bool,
     /// Every packet takes the datapath's general path, never its IPv4 fast
     /// path: the packet tables run both ways and must agree.
     pub no_fast_v4: bool,
-    /// The datapath never probes the policy front (`NPM_POLICY_FRONT`):
-    /// every policy lookup walks the LPM.
-    pub no_policy_front: bool,
-    /// The datapath never probes the tier front (`NPM_TIER_FRONT`): every
-    /// tier lookup walks `NPM_TIERS`.
-    pub no_tier_front: bool,
     /// The datapath never reads the folded decisions (`NPM_FOLD`): every
     /// decision takes the tiers' and NetworkPolicy's lookups.
     pub no_fold: bool,
@@ -55,13 +46,10 @@ pub struct BenchSwitches {
 /// The `max_entries` of the maps whose size scales with the cluster, set at
 /// load time (`npm-agent run --map-size-*`). A map created by this load
 /// gets the configured size; a map adopted from its pin keeps the size it
-/// was created with (see [`EffectiveSizes`]). The two fronts are hash
-/// tables of 4-word buckets: their number of buckets is a power of two,
-/// and the program is loaded with the bucket shift of the size the front
-/// really has (`NPM_POLICY_FRONT_SHIFT`, `NPM_TIER_FRONT_SHIFT`: a pinned
-/// front's own size, read before the load). The other arrays the datapath
-/// indexes directly (`NPM_EP_SLOTS` by ifindex, `NPM_IPCACHE4` by hash bits
-/// compiled into the program) are not configurable.
+/// was created with (see [`EffectiveSizes`]). The arrays the datapath
+/// indexes directly (`NPM_EP_SLOTS` by ifindex, `NPM_IPCACHE4` and
+/// `NPM_FOLD` by hash bits compiled into the program) are not
+/// configurable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct MapSizes {
     /// `NPM_POLICY`: NetworkPolicy LPM keys.
@@ -74,13 +62,6 @@ pub struct MapSizes {
     pub cidrs: u32,
     /// `NPM_CT` and `NPM_CT4` (each): tracked connections (LRU).
     pub conntrack: u32,
-    /// `NPM_POLICY_FRONT` and `NPM_POLICY_FRONT_RULES`: buckets of four
-    /// policy words (a power of two, [`sizes::POLICY_FRONT_MIN_BUCKETS`]
-    /// ..= [`sizes::FRONT_MAX_BUCKETS`]).
-    pub policy_front: u32,
-    /// `NPM_TIER_FRONT`: buckets of four tier words (a power of two,
-    /// [`sizes::TIER_FRONT_MIN_BUCKETS`] ..= [`sizes::FRONT_MAX_BUCKETS`]).
-    pub tier_front: u32,
 }
 
 impl Default for MapSizes {
@@ -91,8 +72,6 @@ impl Default for MapSizes {
             ipcache: sizes::IPCACHE,
             cidrs: sizes::CIDRS,
             conntrack: sizes::CT,
-            policy_front: sizes::POLICY_FRONT_BUCKETS,
-            tier_front: sizes::TIER_FRONT_BUCKETS,
         }
     }
 }
@@ -117,18 +96,8 @@ impl MapSizes {
         ]
     }
 
-    /// (map name, configured buckets) of the two fronts (the policy
-    /// front's rules array has the policy front's size).
-    pub fn fronts(&self) -> [(&'static str, u32); 2] {
-        [
-            (maps::POLICY_FRONT, self.policy_front),
-            (maps::TIER_FRONT, self.tier_front),
-        ]
-    }
-
-    /// Checks every size against [`MAP_SIZE_MIN`]..=[`MAP_SIZE_MAX`], and
-    /// each front's buckets ([`check_front_buckets`]); the error names the
-    /// map, the value and the bounds.
+    /// Checks every size against [`MAP_SIZE_MIN`]..=[`MAP_SIZE_MAX`]; the
+    /// error names the map, the value and the bounds.
     pub fn validate(&self) -> Result<(), EbpfError> {
         for (map, size) in self.by_map() {
             if !(MAP_SIZE_MIN..=MAP_SIZE_MAX).contains(&size) {
@@ -140,116 +109,8 @@ impl MapSizes {
                 });
             }
         }
-        for (map, buckets) in self.fronts() {
-            check_front_buckets(map, buckets)?;
-        }
         Ok(())
     }
-}
-
-/// The bounds of the buckets of front `map` (`NPM_POLICY_FRONT` or
-/// `NPM_TIER_FRONT`): (fewest, most).
-pub fn front_bucket_bounds(map: &str) -> (u32, u32) {
-    let min = if map == maps::TIER_FRONT {
-        sizes::TIER_FRONT_MIN_BUCKETS
-    } else {
-        sizes::POLICY_FRONT_MIN_BUCKETS
-    };
-    (min, sizes::FRONT_MAX_BUCKETS)
-}
-
-/// Checks that `buckets` is a power of two within [`front_bucket_bounds`]
-/// of the front `map` (`EbpfError::FrontSize` naming the map and the
-/// bounds).
-pub fn check_front_buckets(map: &'static str, buckets: u32) -> Result<(), EbpfError> {
-    let (min, max) = front_bucket_bounds(map);
-    if buckets.is_power_of_two() && (min..=max).contains(&buckets) {
-        Ok(())
-    } else {
-        Err(EbpfError::FrontSize { map, buckets, min, max })
-    }
-}
-
-/// The buckets the two fronts have for a load under `pin_dir` with
-/// `configured` sizes: a pinned front's own size (adopted: the program
-/// must hash to the buckets its words are in), else the configured one.
-/// The policy front's rules array follows the policy front: a pinned one
-/// of another size (it only holds rule ids for counting) is unpinned, to be
-/// created anew with the front's size. A pinned front whose size is not a
-/// power of two within the bounds is an error (no npm version creates
-/// one; removing the pins, `npm-agent cleanup`, clears it).
-fn front_sizes(pin_dir: &Path, configured: &MapSizes) -> Result<(u32, u32), EbpfError> {
-    let pinned = |name: &'static str| -> Result<Option<u32>, EbpfError> {
-        let path = pin_dir.join(name);
-        if !path.exists() {
-            return Ok(None);
-        }
-        let data =
-            aya::maps::MapData::from_pin(&path).map_err(map_err(name, format!("open pin {}", path.display())))?;
-        Ok(Some(data.info().map_err(map_err(name, "read map info"))?.max_entries()))
-    };
-    let mut out = [0; 2];
-    for (slot, (map, wanted)) in out.iter_mut().zip(configured.fronts()) {
-        *slot = match pinned(map)? {
-            Some(have) => {
-                check_front_buckets(map, have).map_err(|_| EbpfError::PinnedFrontSize {
-                    map,
-                    buckets: have,
-                    path: pin_dir.join(map),
-                })?;
-                have
-            }
-            None => wanted,
-        };
-    }
-    let policy_front = out[0];
-    if let Some(rules) = pinned(maps::POLICY_FRONT_RULES)? {
-        if rules != policy_front {
-            let path = pin_dir.join(maps::POLICY_FRONT_RULES);
-            tracing::warn!(
-                map = maps::POLICY_FRONT_RULES,
-                pinned_size = rules,
-                front_size = policy_front,
-                "the pinned rule ids of the policy front do not match its size: created anew (allows are counted as of unknown rule until the next full sync)"
-            );
-            std::fs::remove_file(&path).map_err(|source| EbpfError::PinDir {
-                path,
-                op: "unpin a policy front rules map of another size",
-                source,
-            })?;
-        }
-    }
-    let tier_front = out[1];
-    // The class filter beside an adopted front is adopted with it, at the
-    // size the front gives; one of another size (a pin tampered with) is
-    // refused like a front of a bad size, rather than created anew: the
-    // program still attached reads the pinned one until the new program
-    // replaces it, so a fresh filter would leave that program a stale one.
-    if let Some(slots) = pinned(maps::TIER_SUMMARY)? {
-        if Some(slots) != tier_summary_slots(tier_front) {
-            return Err(EbpfError::PinnedFrontSize {
-                map: maps::TIER_SUMMARY,
-                buckets: slots,
-                path: pin_dir.join(maps::TIER_SUMMARY),
-            });
-        }
-    }
-    Ok((policy_front, tier_front))
-}
-
-/// The slots of the tier front's class filter `NPM_TIER_SUMMARY` beside a
-/// tier front of `buckets` buckets (`None` past `u32`).
-pub(crate) fn tier_summary_slots(buckets: u32) -> Option<u32> {
-    buckets.checked_mul(1 << npm_common::TIER_SUMMARY_SLOTS_PER_BUCKET_LOG)
-}
-
-/// The `max_entries` of an array map of the loaded object.
-fn array_entries(bpf: &Ebpf, name: &'static str) -> Result<u32, EbpfError> {
-    let map = bpf.map(name).ok_or(EbpfError::MapMissing { map: name })?;
-    let aya::maps::Map::Array(data) = map else {
-        return Err(EbpfError::MapMissing { map: name });
-    };
-    Ok(data.info().map_err(map_err(name, "read map info"))?.max_entries())
 }
 
 /// The `max_entries` the kernel reports for the configurable maps after
@@ -267,10 +128,10 @@ impl EffectiveSizes {
     /// The maps whose pinned size differs from the configured one:
     /// (map, actual, configured).
     pub fn pending(&self) -> Vec<(&'static str, u32, u32)> {
-        let actual = self.actual.by_map().into_iter().chain(self.actual.fronts());
-        let configured = self.configured.by_map().into_iter().chain(self.configured.fronts());
-        actual
-            .zip(configured)
+        self.actual
+            .by_map()
+            .into_iter()
+            .zip(self.configured.by_map())
             .filter(|((_, a), (_, c))| a != c)
             .map(|((m, a), (_, c))| (m, a, c))
             .collect()
@@ -296,8 +157,6 @@ pub(crate) fn actual_sizes(bpf: &Ebpf) -> Result<MapSizes, EbpfError> {
         ipcache: get(maps::IPCACHE)?,
         cidrs: get(maps::CIDRS)?,
         conntrack: ct.min(ct4),
-        policy_front: array_entries(bpf, maps::POLICY_FRONT)?,
-        tier_front: array_entries(bpf, maps::TIER_FRONT)?,
     })
 }
 
@@ -349,39 +208,31 @@ pub(crate) fn read_object(explicit: Option<&Path>) -> Result<(PathBuf, Vec<u8>),
 }
 
 impl BenchSwitches {
-    /// The datapath without its precomputed layers (the folded decisions,
-    /// the decision cache, the policy and tier fronts): every decision is
-    /// taken by the LPMs, the truth, with the same verdicts, at a higher
-    /// per-packet cost. The verifier prunes those layers' branches (the
-    /// switches are read-only globals), so the programs it must walk are a
-    /// tenth of the full ones (on 6.18: `to_pod` 62,000 instructions instead
-    /// of 600,000): what a kernel whose verifier refuses the full program as
-    /// too large (Debian 12's 6.1: 1,000,000 instructions, `E2BIG`) loads.
+    /// The datapath without its precomputed form (the folded decisions):
+    /// every decision is taken by the LPMs, the truth, with the same
+    /// verdicts, at a higher per-packet cost. The verifier prunes the
+    /// fold's branches (the switch is a read-only global), so the programs
+    /// it must walk are smaller: what a kernel whose verifier refuses the
+    /// full program as too large (`E2BIG`) loads.
     pub fn reduced() -> Self {
         BenchSwitches {
-            no_decision_cache: true,
-            no_policy_front: true,
-            no_tier_front: true,
             no_fold: true,
             ..BenchSwitches::default()
         }
     }
 
-    /// These switches with the precomputed layers off too
+    /// These switches with the precomputed form off too
     /// ([`BenchSwitches::reduced`]): what a verifier that refuses the
     /// programs with `self` as too large is offered next.
     pub fn with_reduced(self) -> Self {
         let off = BenchSwitches::reduced();
         BenchSwitches {
-            no_decision_cache: off.no_decision_cache,
-            no_policy_front: off.no_policy_front,
-            no_tier_front: off.no_tier_front,
             no_fold: off.no_fold,
             ..self
         }
     }
 
-    /// Whether every precomputed layer is off.
+    /// Whether the precomputed form is off.
     pub fn is_reduced(self) -> bool {
         self == self.with_reduced()
     }
@@ -412,7 +263,7 @@ static REFUSED: AtomicU8 = AtomicU8::new(0);
 
 /// Runs `load` with `switches`; where the kernel's verifier refuses the
 /// programs as too large (now, or earlier in this process), with the
-/// precomputed layers off as well ([`BenchSwitches::with_reduced`]: the
+/// precomputed form off as well ([`BenchSwitches::with_reduced`]: the
 /// same verdicts, decided by the LPMs). Returns what `load` gave and
 /// whether the reduced datapath was loaded.
 pub(crate) fn load_or_reduced<T>(
@@ -425,7 +276,7 @@ pub(crate) fn load_or_reduced<T>(
     }
     match load(switches) {
         Err(e) if too_large(&e) => {
-            tracing::warn!(error = %e, programs = ?programs, "the kernel's verifier refused the full datapath as too large: loading it without its precomputed layers (fold, decision cache, policy and tier fronts); the verdicts are the same, decided by the LPMs at a higher cost per packet");
+            tracing::warn!(error = %e, programs = ?programs, "the kernel's verifier refused the full datapath as too large: loading it without its precomputed form (the fold); the verdicts are the same, decided by the LPMs at a higher cost per packet");
             REFUSED.fetch_or(programs as u8, Ordering::Relaxed);
             Ok((load(switches.with_reduced())?, true))
         }
@@ -437,10 +288,7 @@ pub(crate) fn load_or_reduced<T>(
 fn set_switches(loader: &mut EbpfLoader, switches: BenchSwitches) {
     for (name, on) in [
         ("NPM_BENCH_NO_FLOW_CACHE", switches.no_flow_cache),
-        ("NPM_BENCH_NO_DECISION_CACHE", switches.no_decision_cache),
         ("NPM_BENCH_NO_FAST_V4", switches.no_fast_v4),
-        ("NPM_BENCH_NO_POLICY_FRONT", switches.no_policy_front),
-        ("NPM_BENCH_NO_TIER_FRONT", switches.no_tier_front),
         ("NPM_BENCH_NO_FOLD", switches.no_fold),
         ("NPM_BENCH_NO_RULE_COUNT", switches.no_rule_count),
     ] {
@@ -473,10 +321,8 @@ pub(crate) fn load_beside_pins(
 
 /// Loads the object `data` (read from `object`) with every map of
 /// `maps::ALL` pinned under `pin_dir` (adopted when already pinned there),
-/// the configurable maps created with `map_sizes` (the fronts with the
-/// size they will have: [`front_sizes`], and the program's bucket shifts
-/// from it), the benchmark globals set, and every program through the
-/// verifier.
+/// the configurable maps created with `map_sizes`, the benchmark globals
+/// set, and every program through the verifier.
 pub(crate) fn load(
     object: &Path,
     data: &[u8],
@@ -493,20 +339,6 @@ pub(crate) fn load(
     for (name, size) in map_sizes.by_map() {
         loader.map_max_entries(name, size);
     }
-    let (policy_front, tier_front) = front_sizes(pin_dir, map_sizes)?;
-    loader.map_max_entries(maps::POLICY_FRONT, policy_front);
-    loader.map_max_entries(maps::POLICY_FRONT_RULES, policy_front);
-    loader.map_max_entries(maps::TIER_FRONT, tier_front);
-    let summary_slots = tier_summary_slots(tier_front).ok_or(EbpfError::PinnedFrontSize {
-        map: maps::TIER_FRONT,
-        buckets: tier_front,
-        path: pin_dir.join(maps::TIER_FRONT),
-    })?;
-    loader.map_max_entries(maps::TIER_SUMMARY, summary_slots);
-    let policy_shift = front_shift(policy_front);
-    loader.override_global("NPM_POLICY_FRONT_SHIFT", &policy_shift, true);
-    let tier_shift = front_shift(tier_front);
-    loader.override_global("NPM_TIER_FRONT_SHIFT", &tier_shift, true);
     let bench: u8 = bench_no_ct_create.into();
     loader.override_global("NPM_BENCH_NO_CT_CREATE", &bench, true);
     set_switches(&mut loader, switches);
@@ -514,23 +346,6 @@ pub(crate) fn load(
         path: object.to_path_buf(),
         source: Box::new(source),
     })?;
-    // The maps the programs will read are the sizes their shifts were
-    // computed from (a pin replaced meanwhile would not be).
-    for (name, buckets) in [
-        (maps::POLICY_FRONT, policy_front),
-        (maps::POLICY_FRONT_RULES, policy_front),
-        (maps::TIER_FRONT, tier_front),
-        (maps::TIER_SUMMARY, summary_slots),
-    ] {
-        let have = array_entries(&bpf, name)?;
-        if have != buckets {
-            return Err(EbpfError::PinnedFrontSize {
-                map: name,
-                buckets: have,
-                path: pin_dir.join(name),
-            });
-        }
-    }
     for name in [PROG_INGRESS, PROG_EGRESS, PROG_EMPTY] {
         let prog = prog_mut(&mut bpf, name)?;
         load_retrying(prog).map_err(prog_err(name, "load (verifier)"))?;

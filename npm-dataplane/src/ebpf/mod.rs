@@ -35,8 +35,8 @@
 //! | `features.rs` | the kernel feature check ([`check_kernel`]) and the tcx probe |
 //! | `fill.rs` | how full each map is ([`MapFill`]), counted from what the writer wrote |
 //! | `fit.rs` | degraded mode: the largest fail-closed part of a compiled state that fits the maps ([`Fitted`]) |
-//! | `writer.rs` | apply and full sync in the documented order, the sweep, the generation bump, flow purges |
-//! | `endpoints.rs`, `ipcache.rs` (+ `ipcache4.rs`), `cidr.rs`, `policy.rs` (+ `policy_front.rs`), `tiers.rs` (+ `tier_front.rs`), `conntrack.rs`, `counters.rs` | one map table each: its keys, writes, removals and sweep |
+//! | `writer.rs` | apply and full sync in the documented order, the sweep, flow purges |
+//! | `endpoints.rs`, `ipcache.rs` (+ `ipcache4.rs`), `cidr.rs`, `policy.rs` (+ `policy_flags.rs`), `tiers.rs`, `fold.rs`, `conntrack.rs`, `counters.rs` | one map table each: its keys, writes, removals and sweep |
 //! | `translate.rs` | compiled entries -> map keys and values (no kernel access) |
 //! | `dump.rs` | reading the maps back (`inspect`) |
 //! | `errors.rs` | [`EbpfError`] and its conversion into [`crate::DataplaneError`] |
@@ -64,13 +64,11 @@ mod node_exit;
 mod pins;
 mod policy;
 mod policy_flags;
-mod policy_front;
 mod services;
 mod shared_words;
 pub mod tc_filters;
 #[cfg(feature = "testing")]
 mod testing;
-mod tier_front;
 mod tiers;
 pub mod translate;
 mod writer;
@@ -80,10 +78,9 @@ use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::Ebpf;
-use npm_common::{maps, CtKey, CtValue, DenyEvent, IpInfo, IpKey};
-use npm_common::{EP_FRONT_EGRESS, EP_FRONT_EXACT_EGRESS, EP_FRONT_EXACT_INGRESS, EP_FRONT_INGRESS};
+use npm_common::{CtKey, CtValue, DenyEvent, IpInfo, IpKey};
 use npm_policy::compiled::{Compiled, CompiledDiff};
 
 use crate::{AdoptedEndpoint, Counters, Dataplane, DataplaneError, Interfaces};
@@ -102,14 +99,10 @@ pub use host_in::{
 pub use links::{remove_pinned_filters, AttachMode};
 #[cfg(feature = "testing")]
 pub use loader::BenchSwitches;
-pub use loader::{
-    check_front_buckets, front_bucket_bounds, resolve_object, EffectiveSizes, MapSizes, INSTALLED_OBJECT, MAP_SIZE_MAX,
-    MAP_SIZE_MIN, OBJECT_ENV,
-};
+pub use loader::{resolve_object, EffectiveSizes, MapSizes, INSTALLED_OBJECT, MAP_SIZE_MAX, MAP_SIZE_MIN, OBJECT_ENV};
 pub use node_exit::{exit_dir, exit_program, remove_node_exit_filters, remove_node_exit_pins, NodeExit};
 pub use pins::{default_pin_dir, ensure_bpffs};
 pub use services::{ServicePort, ServicesMap, ServicesSync};
-pub use tier_front::{tier_front_words, TIER_FRONT_MAX_WORDS};
 
 use cidr::CidrTable;
 use conntrack::Flows;
@@ -120,10 +113,6 @@ use ipcache::IpcacheTable;
 use links::Hook;
 use policy::PolicyTable;
 use tiers::TierTable;
-
-/// Every `EP_FRONT_*` flag: an endpoint without policy entries (nothing to
-/// look up; its `EP_NO_*_PEER_*` flags skip every lookup anyway).
-const FRONT_ALL: u32 = EP_FRONT_INGRESS | EP_FRONT_EGRESS | EP_FRONT_EXACT_INGRESS | EP_FRONT_EXACT_EGRESS;
 
 /// Program attached on the egress hook of the host-side veth (packets
 /// entering the pod).
@@ -185,7 +174,6 @@ pub struct EbpfDataplane {
     fold: FoldTable,
     flows: Flows,
     reports: Reports,
-    generation: Array<MapData, u64>,
     /// (ifindex, pod direction) -> the attached hook (a tcx link pinned
     /// under `links/`, or npm's tc filter).
     links: BTreeMap<(u32, u8), Hook>,
@@ -211,7 +199,7 @@ pub struct EbpfDataplane {
     fill: fill::Fill,
     /// The configured and the actual sizes of the configurable maps.
     sizes: EffectiveSizes,
-    /// The programs were loaded without their precomputed layers
+    /// The programs were loaded without their precomputed form
     /// ([`loader::BenchSwitches::reduced`]).
     reduced: bool,
     /// The owner ([`npm_policy::compiled::IpEntry::owner`]) of each pod
@@ -286,7 +274,7 @@ impl EbpfDataplane {
         let load = |switches| loader::load(&object, &data, &pin_dir, &map_sizes, opts.bench_no_ct_create, switches);
         // Where the kernel's verifier refuses the whole program (older
         // verifiers prune less): the datapath without its precomputed
-        // layers, the same verdicts from the LPMs.
+        // form, the same verdicts from the LPMs.
         let (mut bpf, reduced) = loader::load_or_reduced(loader::Programs::Pods, switches, load)?;
         let sizes = pins::effective_sizes(&bpf, &pin_dir, map_sizes)?;
         let endpoints = EndpointTable::take(&mut bpf)?;
@@ -297,7 +285,6 @@ impl EbpfDataplane {
         let fold = FoldTable::take(&mut bpf)?;
         let flows = Flows::take(&mut bpf)?;
         let reports = Reports::take(&mut bpf)?;
-        let generation = loader::take_map(&mut bpf, maps::GENERATION)?;
         let mut dp = EbpfDataplane {
             bpf,
             pin_dir,
@@ -309,7 +296,6 @@ impl EbpfDataplane {
             fold,
             flows,
             reports,
-            generation,
             links: BTreeMap::new(),
             doubled: BTreeSet::new(),
             mode: opts.attach,
@@ -454,16 +440,6 @@ impl EbpfDataplane {
     /// Slots of `NPM_IPCACHE4` in use.
     pub fn ipcache4_occupied(&self) -> usize {
         self.ipcache.v4().occupied()
-    }
-
-    /// Words in the policy front (`NPM_POLICY_FRONT`).
-    pub fn policy_front_len(&self) -> usize {
-        self.policy.front_len()
-    }
-
-    /// Words in the tier front (`NPM_TIER_FRONT`).
-    pub fn tier_front_len(&self) -> usize {
-        self.tiers.front_len()
     }
 
     /// Entries of the folded decisions (`NPM_FOLD`).

@@ -13,7 +13,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError};
 use npm_common::{maps, EndpointInfo, IpInfo, IpKey, DIR_EGRESS, DIR_INGRESS, LAYOUT_VERSION};
 
 use super::conntrack::Flows;
-use super::endpoints::{adopted_records, read_entries, RecordV5};
+use super::endpoints::{adopted_records, flags_before_layout_7, read_entries, RecordV5};
 use super::errors::{map_err, EbpfError};
 use super::links::{delete_filter, dir_name, ifname};
 use super::loader::{actual_sizes, EffectiveSizes, MapSizes};
@@ -201,8 +201,9 @@ pub(crate) fn migrate_flows(pin_dir: &Path, flows: &mut Flows) -> Result<Option<
     Ok((copied > 0).then_some(src))
 }
 
-/// [`adopted_state`] of the maps pinned in another layout's directory.
-/// Layouts 6 and later store this layout's record; layouts 3 to 5 the
+/// [`adopted_state`] of the maps pinned in another layout's directory
+/// (an older one: its flags are read with [`flags_before_layout_7`]).
+/// Layout 6 stores this layout's 44-byte record; layouts 3 to 5 the
 /// 40-byte record without the subject ([`RecordV5`]), read when the pinned
 /// maps' value size is not this layout's (an older layout than 3, or a
 /// record of another size, fails to open as typed maps).
@@ -221,6 +222,16 @@ pub(crate) fn adopted_state_at(dir: &Path) -> Result<AdoptedState, EbpfError> {
             read_entries(&slots, &overflow)?
         }
     };
+    let older = layout_of(dir).is_some_and(|v| v < 7);
+    let entries = entries
+        .into_iter()
+        .map(|(ifindex, mut info)| {
+            if older {
+                info.flags = flags_before_layout_7(info.flags);
+            }
+            (ifindex, info)
+        })
+        .collect();
     adopted_state(&ipcache, adopted_records(entries))
 }
 

@@ -1,13 +1,9 @@
 //! The policy maps: `NPM_POLICY`, the LPM trie of allow entries keyed by
 //! [`PolicyKey`] (subject, direction, peer identity, protocol, port block;
 //! see [`translate::policy_keys`]; the subject is the pod identity of the
-//! endpoints the entry governs) -> rule id, which always holds every
-//! entry, and its front `NPM_POLICY_FRONT` with the rule ids beside it
-//! (`NPM_POLICY_FRONT_RULES`, [`PolicyFront`]). The front is
-//! a subset of what the LPM allows at every moment: its words are stored
-//! after their entry's LPM keys and removed before them.
+//! endpoints the entry governs) -> rule id.
 //!
-//! The subjects' policy flags (`EP_NO_*_PEER_*`, `EP_FRONT_*`, written
+//! The subjects' policy flags (`EP_NO_*_PEER_*`, written
 //! into every endpoint record of the subject) are kept between applies and
 //! recounted for the entry groups a diff touches (`policy_flags.rs`).
 
@@ -22,35 +18,25 @@ use npm_policy::compiled::{Compiled, MapDiff, PolicyEntry};
 use super::errors::{map_err, removed, EbpfError};
 use super::loader::take_map;
 use super::policy_flags::PolicyFlags;
-use super::policy_front::PolicyFront;
 use super::translate;
 
-/// `NPM_POLICY` and its front, written together.
+/// `NPM_POLICY` and its subjects' flags.
 pub(crate) struct PolicyTable {
     lpm: LpmTrie<MapData, [u8; POLICY_KEY_LEN], PolicyValue>,
-    front: PolicyFront,
     /// The subjects' policy flags, kept between applies.
     flags: PolicyFlags,
 }
 
 impl PolicyTable {
-    /// Takes both maps out of the loaded object (mapping the front).
+    /// Takes the map out of the loaded object.
     pub(crate) fn take(bpf: &mut Ebpf) -> Result<Self, EbpfError> {
-        let lpm = take_map(bpf, maps::POLICY)?;
-        let front = PolicyFront::new(
-            take_map(bpf, maps::POLICY_FRONT)?,
-            take_map(bpf, maps::POLICY_FRONT_RULES)?,
-        )?;
         Ok(PolicyTable {
-            lpm,
-            front,
+            lpm: take_map(bpf, maps::POLICY)?,
             flags: PolicyFlags::default(),
         })
     }
 
-    /// Writes `entry` with rule id `rule`: its LPM keys, then its front
-    /// words with `rule` (a word whose bucket is full is simply left out:
-    /// the subject's direction then stays on the LPM).
+    /// Writes `entry` with rule id `rule`: its LPM keys.
     pub(crate) fn upsert(&mut self, entry: &PolicyEntry, rule: u32) -> Result<(), EbpfError> {
         let value = translate::policy_value(rule);
         for k in translate::policy_keys(entry)? {
@@ -58,16 +44,11 @@ impl PolicyTable {
                 .insert(&Key::new(k.prefix_len, k.data), value, 0)
                 .map_err(map_err(maps::POLICY, format!("insert {entry:?}")))?;
         }
-        for w in translate::front_words(entry).unwrap_or_default() {
-            self.front.insert(w, rule);
-        }
         Ok(())
     }
 
     /// Removes the keys of `entry` that no entry of `next` still produces
-    /// (two entries of one peer and protocol may share an aligned block):
-    /// its front words first, then its LPM keys. A word another entry still
-    /// produces stays, with that entry's rule.
+    /// (two entries of one peer and protocol may share an aligned block).
     pub(crate) fn remove(&mut self, entry: &PolicyEntry, next: &Compiled) -> Result<(), EbpfError> {
         let lo = PolicyEntry {
             ports: (0, 0),
@@ -78,22 +59,9 @@ impl PolicyTable {
             ..*entry
         };
         let mut still: BTreeSet<PolicyKey> = BTreeSet::new();
-        let mut still_words: BTreeMap<u64, u32> = BTreeMap::new();
-        for (other, rule) in next.policy.range(lo..=hi) {
+        for (other, _) in next.policy.range(lo..=hi) {
             if other.ports.0 <= other.ports.1 || other.protocol.is_none() {
                 still.extend(translate::policy_keys(other)?);
-                for w in translate::front_words(other).unwrap_or_default() {
-                    still_words.insert(w, *rule);
-                }
-            }
-        }
-        for w in translate::front_words(entry).unwrap_or_default() {
-            match still_words.get(&w) {
-                Some(rule) if self.front.contains(w) => {
-                    self.front.insert(w, *rule);
-                }
-                Some(_) => {}
-                None => self.front.remove(w),
             }
         }
         for k in translate::policy_keys(entry)? {
@@ -108,12 +76,6 @@ impl PolicyTable {
         Ok(())
     }
 
-    /// Removes the front words not in `want` (word -> rule; first in a
-    /// full sync: the front never allows what the LPM does not).
-    pub(crate) fn sweep_front(&mut self, want: &BTreeMap<u64, u32>) {
-        self.front.sweep(want);
-    }
-
     /// Writes the LPM keys of `want` (key -> rule id).
     pub(crate) fn insert_keys(&mut self, want: &BTreeMap<PolicyKey, u32>) -> Result<(), EbpfError> {
         for (k, rule) in want {
@@ -122,14 +84,6 @@ impl PolicyTable {
                 .map_err(map_err(maps::POLICY, format!("insert {k:?}")))?;
         }
         Ok(())
-    }
-
-    /// Stores the front words of `want` (word -> rule; after their LPM
-    /// keys), each with its rule (rewritten in place for a stored word).
-    pub(crate) fn insert_words(&mut self, want: &BTreeMap<u64, u32>) {
-        for (w, rule) in want {
-            self.front.insert(*w, *rule);
-        }
     }
 
     /// Removes every LPM key not in `want`.
@@ -159,18 +113,10 @@ impl PolicyTable {
     /// The policy flags of every subject of `next` that has policy entries
     /// (subject -> flags, for each endpoint of that subject; see
     /// `policy_flags.rs`): a subject missing has no entry, its endpoints'
-    /// flags are [`translate::EP_NO_PEER_ALL`] |
-    /// [`FRONT_ALL`](super::FRONT_ALL). Called after the batch's upserts.
+    /// flags are [`translate::EP_NO_PEER_ALL`]. Called after the batch's
+    /// upserts.
     pub(crate) fn subject_flags(&mut self, next: &Compiled) -> &BTreeMap<u32, u32> {
-        let front = &self.front;
-        self.flags.compute(next, |e| {
-            translate::front_word_iter(e).is_some_and(|mut w| w.all(|w| front.contains(w)))
-        })
-    }
-
-    /// Words in the front.
-    pub(crate) fn front_len(&self) -> usize {
-        self.front.len()
+        self.flags.compute(next)
     }
 
     /// The LPM trie, for reads.

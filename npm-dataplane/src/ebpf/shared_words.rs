@@ -1,12 +1,11 @@
 //! A shared read-write mapping of a `BPF_F_MMAPABLE` array as 64-bit words
-//! ([`SharedWords`]) or 32-bit words ([`SharedWords32`]), which user space
-//! stores with single atomic writes while the datapath reads them
-//! (`ipcache4.rs`, `policy_front.rs`, `tier_front.rs`).
+//! ([`SharedWords`]), which user space stores with single atomic writes
+//! while the datapath reads them (`ipcache4.rs`, `fold.rs`).
 
 use std::marker::PhantomData;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::AtomicU64;
 
 use super::errors::EbpfError;
 
@@ -14,7 +13,6 @@ use super::errors::EbpfError;
 /// words of this width).
 pub(crate) trait SharedWord: Sized {}
 impl SharedWord for AtomicU64 {}
-impl SharedWord for AtomicU32 {}
 
 /// `len` words of type `A` of a mapped BPF array, unmapped on drop.
 pub(crate) struct Shared<A: SharedWord> {
@@ -25,8 +23,6 @@ pub(crate) struct Shared<A: SharedWord> {
 
 /// 64-bit words of a mapped array.
 pub(crate) type SharedWords = Shared<AtomicU64>;
-/// 32-bit words of a mapped array.
-pub(crate) type SharedWords32 = Shared<AtomicU32>;
 
 // SAFETY: the mapping is shared memory owned by this value; every access
 // goes through atomics.

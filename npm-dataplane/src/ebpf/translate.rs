@@ -2,8 +2,7 @@
 //! `npm-common`: addresses to [`IpKey`]s (IPv4-mapped), prefixes to LPM keys
 //! (IPv4 prefix `n` stored as `96 + n`), policy entries to LPM
 //! [`PolicyKey`]s keyed by their subject (port ranges split into aligned
-//! power-of-two blocks) and policy front words, tier
-//! entries to `NPM_TIERS` keys and values, and endpoints to
+//! power-of-two blocks), tier entries to `NPM_TIERS` keys and values, and endpoints to
 //! [`EndpointInfo`]s. No kernel access here.
 
 use std::collections::BTreeMap;
@@ -14,9 +13,8 @@ use npm_common::{
     ep_no_peer_flag, EndpointInfo, IpInfo, IpKey, PolicyKey, PolicyValue, EP_HAS_V4, EP_HAS_V6, EP_ISOLATED_EGRESS,
     EP_ISOLATED_INGRESS, EP_NO_ANY_PEER_EGRESS, EP_NO_ANY_PEER_INGRESS, EP_NO_CIDR_PEER_EGRESS,
     EP_NO_CIDR_PEER_INGRESS, EP_NO_POD_PEER_EGRESS, EP_NO_POD_PEER_INGRESS, EP_PRESENT, EP_REPORT_NEW,
-    POLICY_FRONT_MAX_IDENTITY, POLICY_FRONT_MAX_SUBJECT, POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTO,
+    POLICY_PREFIX_ANY_PORT, POLICY_PREFIX_ANY_PROTO,
 };
-use npm_common::{policy_front_proto, policy_front_word};
 use npm_common::{
     tier_flags, tier_key, TierValue as KernelTierValue, EP_ADMIN_INGRESS, EP_BASELINE_INGRESS, TIER_ACCEPT, TIER_ADMIN,
     TIER_BASELINE, TIER_DENY, TIER_PASS,
@@ -24,7 +22,6 @@ use npm_common::{
 use npm_policy::compiled::{
     Direction, Endpoint, IpEntry, PolicyEntry, Tier, TierAction, TierEntry, TierPresence, TierValue,
 };
-use npm_policy::model::Protocol;
 
 /// Errors of the translation.
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -157,78 +154,6 @@ pub fn policy_keys(entry: &PolicyEntry) -> Result<Vec<PolicyKey>, TranslateError
         .into_iter()
         .map(|(start, bits)| PolicyKey::with_prefix(POLICY_PREFIX_ANY_PORT + bits, subject, dir, peer, proto, start))
         .collect())
-}
-
-/// Longest port range (ports) whose entry the policy front holds port by
-/// port; an entry with a longer range (but not all ports) keeps its
-/// subject's direction on the LPM.
-pub const FRONT_MAX_RANGE: u32 = 64;
-
-/// The `NPM_POLICY_FRONT` words of a policy entry ([`policy_front_word`]):
-/// one per port of its range, one "any port" word for the whole range, one
-/// "any protocol" word for an entry without protocol. `None` when the entry
-/// does not fit the front: an endpoint id or peer identity beyond the
-/// word's fields, or a port range longer than [`FRONT_MAX_RANGE`] (and not
-/// all ports), or an empty one. A subject at or beyond the word's field
-/// ([`POLICY_FRONT_MAX_SUBJECT`]) has no words: its entries are never held
-/// by the front, so its directions keep the LPM (`policy_flags.rs` never
-/// gives them `EP_FRONT_*`).
-pub fn front_words(entry: &PolicyEntry) -> Option<Vec<u64>> {
-    front_word_iter(entry).map(Iterator::collect)
-}
-
-/// [`front_words`] without allocating.
-pub fn front_word_iter(entry: &PolicyEntry) -> Option<impl Iterator<Item = u64>> {
-    let subject = entry.subject;
-    if subject == 0 || subject >= POLICY_FRONT_MAX_SUBJECT || entry.peer >= POLICY_FRONT_MAX_IDENTITY {
-        return None;
-    }
-    let (dir, peer) = (entry.direction.as_u8(), entry.peer);
-    // (protocol code, exact, first port, last port); wildcards are one
-    // word with port 0.
-    let (code, exact, lo, hi) = match front_ports(entry.protocol, entry.ports)? {
-        FrontPorts::AnyProtocol => (0, false, 0, 0),
-        FrontPorts::AnyPort(code) => (code, false, 0, 0),
-        FrontPorts::Range(_, lo, hi) if u32::from(hi - lo) + 1 > FRONT_MAX_RANGE => return None,
-        FrontPorts::Range(code, lo, hi) => (code, true, lo, hi),
-    };
-    Some((lo..=hi).map(move |port| policy_front_word(subject, dir, peer, code, exact, port)))
-}
-
-/// What an entry's protocol and ports are to the fronts (`NPM_POLICY_FRONT`,
-/// `NPM_TIER_FRONT`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum FrontPorts {
-    /// Every protocol.
-    AnyProtocol,
-    /// Every port of the protocol of front code `.0`.
-    AnyPort(u64),
-    /// Ports `.1..=.2` of the protocol of front code `.0`.
-    Range(u64, u16, u16),
-}
-
-/// The front's view of `protocol` and `ports` (an entry's); `None` when
-/// the fronts cannot hold it: a protocol other than TCP, UDP and SCTP, or
-/// an empty range.
-pub(crate) fn front_ports(protocol: Option<Protocol>, (lo, hi): (u16, u16)) -> Option<FrontPorts> {
-    let Some(protocol) = protocol else {
-        return Some(FrontPorts::AnyProtocol);
-    };
-    let code = policy_front_proto(protocol.number());
-    if code == 0 || lo > hi {
-        return None;
-    }
-    Some(if (lo, hi) == (0, u16::MAX) {
-        FrontPorts::AnyPort(code)
-    } else {
-        FrontPorts::Range(code, lo, hi)
-    })
-}
-
-/// Whether the entry allows every port of its protocol, or every protocol
-/// (the datapath then also probes the front's wildcard words).
-pub fn is_wildcard(entry: &PolicyEntry) -> bool {
-    entry.protocol.is_none() || entry.ports == (0, u16::MAX)
 }
 
 /// Every `EP_NO_*_PEER_*` flag.
@@ -411,56 +336,6 @@ mod tests {
             peer: 300,
             protocol,
             ports: (lo, hi),
-        }
-    }
-
-    #[test]
-    fn front_words_of_each_entry_form() {
-        use npm_common::{proto, DIR_EGRESS, IDENTITY_FIRST_CIDR};
-        let w = |code, exact, port| policy_front_word(7, DIR_EGRESS, 300, code, exact, port);
-        let tcp = policy_front_proto(proto::TCP);
-        assert_eq!(front_words(&entry(None, 0, 0)), Some(vec![w(0, false, 0)]));
-        assert_eq!(
-            front_words(&entry(Some(Protocol::Tcp), 0, u16::MAX)),
-            Some(vec![w(tcp, false, 0)])
-        );
-        assert_eq!(
-            front_words(&entry(Some(Protocol::Tcp), 443, 443)),
-            Some(vec![w(tcp, true, 443)])
-        );
-        let range = front_words(&entry(Some(Protocol::Sctp), 1000, 1063)).unwrap();
-        assert_eq!(range.len(), 64);
-        assert_eq!(range[63], w(policy_front_proto(proto::SCTP), true, 1063));
-        // Too long a range, an empty one, ids beyond the word's fields.
-        assert_eq!(front_words(&entry(Some(Protocol::Udp), 1000, 1064)), None);
-        assert_eq!(front_words(&entry(Some(Protocol::Udp), 5, 4)), None);
-        let big_subject = PolicyEntry {
-            subject: POLICY_FRONT_MAX_SUBJECT,
-            ..entry(None, 0, 0)
-        };
-        assert_eq!(front_words(&big_subject), None);
-        let last_subject = PolicyEntry {
-            subject: POLICY_FRONT_MAX_SUBJECT - 1,
-            ..entry(None, 0, 0)
-        };
-        assert!(front_words(&last_subject).is_some());
-        let cidr_peer = PolicyEntry {
-            peer: IDENTITY_FIRST_CIDR + 5,
-            ..entry(None, 0, 0)
-        };
-        assert!(front_words(&cidr_peer).is_some());
-        let big_peer = PolicyEntry {
-            peer: POLICY_FRONT_MAX_IDENTITY,
-            ..entry(None, 0, 0)
-        };
-        assert_eq!(front_words(&big_peer), None);
-        // Distinct forms give distinct, non-zero words.
-        let all = [w(0, false, 0), w(tcp, false, 0), w(tcp, true, 0), w(tcp, true, 443)];
-        for (i, a) in all.iter().enumerate() {
-            assert_ne!(*a, 0);
-            for b in &all[i + 1..] {
-                assert_ne!(a, b);
-            }
         }
     }
 

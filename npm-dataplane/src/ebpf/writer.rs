@@ -1,8 +1,8 @@
 //! Writing the compiled policy into the maps, in the order documented on
 //! [`npm_policy::compiled::CompiledDiff`] (invariant 4 of ARCHITECTURE.md):
 //! upserts (policy and tier entries, ipcache and CIDRs, endpoints), then
-//! removals in the same order, then a bump of `NPM_GENERATION` so no cached decision outlives the
-//! batch. [`EbpfDataplane::apply_diff`] applies a diff;
+//! removals in the same order, then the folded decisions of the
+//! directions the batch changed. [`EbpfDataplane::apply_diff`] applies a diff;
 //! [`EbpfDataplane::sync`] writes everything and sweeps what is not part of
 //! it (mark and sweep against adopted pins), after purging the flows of
 //! endpoint ids that now name another pod.
@@ -21,8 +21,8 @@ use std::net::IpAddr;
 use npm_common::{maps, PolicyKey};
 use npm_policy::compiled::{Compiled, CompiledDiff, Direction, Tier, TierEntry, TierValue};
 
-use super::errors::{map_err, EbpfError};
-use super::{fit, tier_front, tiers, translate, EbpfDataplane, FRONT_ALL};
+use super::errors::EbpfError;
+use super::{fit, tiers, translate, EbpfDataplane};
 use crate::{AdoptedEndpoint, Interfaces};
 
 /// The tier flags of subject `id` derived from its entries in `tiers`
@@ -60,25 +60,20 @@ impl EbpfDataplane {
         next: &Compiled,
         interfaces: &Interfaces,
     ) -> Result<(), EbpfError> {
-        // The policy and tier front flags are computed for the endpoints
-        // and groups the diff touches.
+        // The policy flags are computed for the groups the diff touches.
         self.policy.begin_apply(&diff.policy);
-        self.tiers.begin_apply(&diff.tiers);
         self.fold.begin_apply(diff, next);
         let moved = self.moved_in_diff(diff);
         let result = self
             .apply_diff_maps(diff, next, interfaces)
             .and_then(|()| self.refold(next, interfaces));
         self.policy.end_batch(result.is_ok());
-        self.tiers.end_batch(result.is_ok());
         if result.is_err() {
             self.fold.poison();
         }
         if result.is_ok() {
             self.fill.applied(diff, next);
         }
-        // Also after a failed apply: some maps may have changed.
-        let result = self.bump_after(result);
         let purged = self.purge_moved(moved);
         result.and(purged)
     }
@@ -164,12 +159,9 @@ impl EbpfDataplane {
             .sync_maps(compiled, interfaces)
             .and_then(|()| self.refold(compiled, interfaces));
         self.policy.end_batch(result.is_ok());
-        self.tiers.end_batch(result.is_ok());
         if result.is_err() {
             self.fold.poison();
         }
-        // Also after a failed sync: some maps may have changed.
-        let result = self.bump_after(result);
         let purged = self.purge_moved(moved);
         result.and(purged)?;
         // The maps are right; a pin that cannot be removed yet is only
@@ -188,31 +180,6 @@ impl EbpfDataplane {
             self.program_endpoints(next, interfaces, &BTreeSet::new())?;
         }
         Ok(())
-    }
-
-    /// Bumps `NPM_GENERATION`: every decision the datapath cached before
-    /// stops answering, so the next packets are decided from the maps as
-    /// they are now. Called after every batch of map writes.
-    pub fn bump_generation(&mut self) -> Result<u64, EbpfError> {
-        let now = self.generation.get(&0, 0).map_err(map_err(maps::GENERATION, "read"))?;
-        let next = now.wrapping_add(1).max(1);
-        self.generation
-            .set(0, next, 0)
-            .map_err(map_err(maps::GENERATION, "bump"))?;
-        Ok(next)
-    }
-
-    /// Bumps the generation after a batch of writes; the batch's own error,
-    /// if any, wins over a failed bump (which is logged).
-    fn bump_after(&mut self, result: Result<(), EbpfError>) -> Result<(), EbpfError> {
-        match (self.bump_generation(), result) {
-            (Ok(_), r) => r,
-            (Err(bump), Err(e)) => {
-                tracing::error!(error = %bump, "bumping the policy generation after a failed write");
-                Err(e)
-            }
-            (Err(bump), Ok(())) => Err(bump),
-        }
     }
 
     fn apply_diff_maps(
@@ -264,9 +231,6 @@ impl EbpfDataplane {
             }
         }
         self.cidrs.remove(&diff.cidrs.remove, &next.cidrs)?;
-        if self.tiers.refront(diff.tiers.upsert.iter().map(|(e, v)| (e, v))) {
-            self.program_endpoints(next, interfaces, &BTreeSet::new())?;
-        }
         let mut removed = BTreeSet::new();
         for id in &diff.endpoints.remove {
             self.written.remove(id);
@@ -298,16 +262,6 @@ impl EbpfDataplane {
         // The IPv4 front first: a slot may only hold its address's current
         // entry (the writes below then fill the free slots).
         self.ipcache.sweep_front(&compiled.ipcache);
-        // The policy front likewise: words no entry wants go first, the
-        // wanted ones (word -> rule: the last entry's, as for an LPM key
-        // two entries produce) are stored after the LPM keys below.
-        let want_words: BTreeMap<u64, u32> = compiled
-            .policy
-            .iter()
-            .filter_map(|(e, rule)| Some(translate::front_words(e)?.into_iter().map(move |w| (w, *rule))))
-            .flatten()
-            .collect();
-        self.policy.sweep_front(&want_words);
         // Mark: write everything.
         let mut want_policy: BTreeMap<PolicyKey, u32> = BTreeMap::new();
         for (entry, rule) in &compiled.policy {
@@ -328,13 +282,8 @@ impl EbpfDataplane {
             self.policy.sweep_keys(&want_policy)?;
             self.policy.insert_keys(&want_policy)?;
         }
-        self.policy.insert_words(&want_words);
         let want_tiers = tiers::want_keys(compiled)?;
         self.tiers.insert_keys(&want_tiers)?;
-        // The tier front after its LPM keys; its stale words go with the
-        // sweep (a value is replaced in place, one store).
-        let want_tier_words = tier_front::want_words(compiled);
-        self.tiers.insert_words(&want_tier_words);
         for (addr, e) in &compiled.ipcache {
             match self.ipcache.upsert(*addr, translate::ip_info(e)) {
                 Err(e) if e.full_map() == Some(maps::IPCACHE) => {
@@ -362,12 +311,7 @@ impl EbpfDataplane {
 
         // Sweep.
         self.policy.sweep_keys(&want_policy)?;
-        self.tiers.sweep_words(&want_tier_words);
         self.tiers.sweep_keys(&want_tiers)?;
-        // Words that found their bucket full of stale ones go in now; the
-        // endpoints whose front flags that completes are rewritten.
-        self.tiers.insert_words(&want_tier_words);
-        self.program_endpoints(compiled, interfaces, &BTreeSet::new())?;
         self.ipcache.sweep(&compiled.ipcache)?;
         self.cidrs.sweep(&compiled.cidrs)?;
         let want_if: BTreeSet<u32> = self.programmed.values().copied().collect();
@@ -395,8 +339,8 @@ impl EbpfDataplane {
     /// Writes the endpoints of `next` that have an interface and need it
     /// (new, changed in `changed`, moved to another interface, or whose
     /// record differs from the one last written: its subject, or its
-    /// `EP_NO_*_PEER_*`, `EP_FRONT_*`, tier or tier front flags changed with the
-    /// policy), attaching the programs. The subject is the endpoint's pod
+    /// `EP_NO_*_PEER_*`, tier or fold flags changed with the policy),
+    /// attaching the programs. The subject is the endpoint's pod
     /// identity and the policy flags are its subject's (`policy_flags.rs`):
     /// when a subject's entries change, every endpoint of that subject is
     /// rewritten here. The tier flags are those of
@@ -409,7 +353,6 @@ impl EbpfDataplane {
         changed: &BTreeSet<u32>,
     ) -> Result<(), EbpfError> {
         let policy_flags = self.policy.subject_flags(next).clone();
-        let tier_front_flags = self.tiers.front_flags(next);
         for (&id, ep) in &next.endpoints {
             let Some(&ifindex) = interfaces.get(&id) else {
                 // No interface known (yet, or any more): nothing may stay
@@ -426,13 +369,8 @@ impl EbpfDataplane {
             info.flags |= policy_flags
                 .get(&info.subject)
                 .copied()
-                .unwrap_or(translate::EP_NO_PEER_ALL | FRONT_ALL);
+                .unwrap_or(translate::EP_NO_PEER_ALL);
             info.flags |= entry_tier_flags(&next.tiers, info.subject);
-            // A tier on the front is trusted with the class filter this
-            // loader keeps (EP_TIER_SUMMARY).
-            info.flags |= tier_front_flags
-                .get(&info.subject)
-                .map_or(0, |f| f | npm_common::EP_TIER_SUMMARY);
             // Its subject's folded directions whose entries are current.
             info.flags |= self.fold.flags(info.subject);
             if old == Some(ifindex)

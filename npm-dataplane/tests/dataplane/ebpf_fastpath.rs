@@ -299,30 +299,6 @@ fn endpoints_beyond_the_slot_array_use_the_overflow_map() {
 }
 
 #[test]
-fn decision_cache_answers_only_under_its_generation() {
-    pin_to_one_cpu();
-    // The LPM decides (the test drops its entries behind the loader's
-    // back; `ebpf_policy_front.rs` does the same to the front).
-    let mut f = fixture_with(
-        "dg",
-        BenchSwitches {
-            no_policy_front: true,
-            ..BenchSwitches::default()
-        },
-    );
-    let syn = |sport| v4("10.0.0.2", "10.0.0.1", L4::Tcp(sport, 80, 0x02));
-    assert_eq!(run(&f, IN, &syn(43001)), (VERDICT_ALLOW, Some(Reason::Policy)));
-    // The rule disappears without the loader knowing: the decision made
-    // under this generation still answers, for any source port (proof that
-    // the cache decides, and that its key leaves the source port out).
-    drop_policy_entries(&f.pins.path);
-    assert_eq!(run(&f, IN, &syn(43002)), (VERDICT_ALLOW, Some(Reason::Policy)));
-    // A new generation: decided from the maps as they are.
-    f.dp.bump_generation().unwrap();
-    assert_eq!(run(&f, IN, &syn(43003)), (VERDICT_DROP, Some(Reason::PolicyDenied)));
-}
-
-#[test]
 fn decisions_follow_every_loader_write_at_once() {
     pin_to_one_cpu();
     let mut f = fixture("dw");
@@ -490,7 +466,6 @@ fn the_datapath_reads_the_ipcache4_slot_first() {
     let mut arr: aya::maps::Array<MapData, u64> =
         aya::maps::Array::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_IPCACHE4");
     arr.set(slot, word("10.0.0.2", POD_B + 7, 0), 0).unwrap();
-    f.dp.bump_generation().unwrap();
     let syn = v4("10.0.0.2", "10.0.0.1", L4::Tcp(47001, 80, 0x02));
     assert_eq!(run(&f, IN, &syn), (VERDICT_DROP, Some(Reason::PolicyDenied)));
     // A full sync puts back the entry the hash holds.

@@ -7,14 +7,14 @@
 //! removed behind its back: nothing changes); the entries and the
 //! `EP_FOLD_*` flags follow diffs (a tier rule's action, a NetworkPolicy
 //! allow, a new peer pod, the tiers removed) and a restarted loader's full
-//! sync. The random rule sets of `ebpf_tier_front_mixed.rs` compare it
-//! too. Needs root.
+//! sync. The random rule sets of `ebpf_differential.rs` compare it with
+//! the reference lookup too. Needs root.
 
 use crate::ebpf_common::tier_in as tier;
 use crate::ebpf_common::*;
 use aya::maps::{Array, Map, MapData};
 use npm_common::{
-    cidr_code, fold_bucket, fold_key, fold_value, maps, tier_front_pc_exact, Reason, EP_FOLD_EGRESS, EP_FOLD_INGRESS,
+    cidr_code, fold_bucket, fold_key, fold_pc_exact, fold_value, maps, Reason, EP_FOLD_EGRESS, EP_FOLD_INGRESS,
     FOLD_BUCKET_WORDS, FOLD_SHIFT, IDENTITY_ANY,
 };
 use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
@@ -137,7 +137,7 @@ fn the_fold_decides_as_the_lookups_and_the_datapath_reads_it() {
     // port of its class, CIDR identity BLOCK) turned into a deny behind the
     // loader's back is what decides.
     let code = cidr_code(BLOCK).unwrap();
-    let key = fold_key(256, 0, POD_B, tier_front_pc_exact(1, 443)).unwrap();
+    let key = fold_key(256, 0, POD_B, fold_pc_exact(1, 443)).unwrap();
     let bucket = fold_bucket(key, code, FOLD_SHIFT);
     let mut words = fold.words();
     let mut b = words.get(&bucket, 0).unwrap();
@@ -147,7 +147,6 @@ fn the_fold_decides_as_the_lookups_and_the_datapath_reads_it() {
     assert_eq!(b[2 * way + 1] as u8, Reason::AdminAccept as u8);
     b[2 * way + 1] = fold_value(code, Reason::AdminDeny as u32);
     words.set(bucket, b, 0).unwrap();
-    fold.dp.bump_generation().unwrap();
     assert_eq!(
         fold.probe(1, "10.0.0.2", 41_000, false, 443),
         (VERDICT_DROP, Some(Reason::AdminDeny))

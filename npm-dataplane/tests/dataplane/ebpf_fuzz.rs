@@ -282,7 +282,7 @@ fn ebpf_fuzz_tcx() {
     });
 }
 
-/// CI: a bounded run on tc attach, the fronts without the fold and the
+/// CI: a bounded run on tc attach, the LPMs without the fold and the
 /// general parser.
 #[test]
 fn ebpf_fuzz_tc() {

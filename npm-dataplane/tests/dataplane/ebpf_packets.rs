@@ -62,15 +62,13 @@ fn fixture(tag: &str) -> Fixture {
     fixture_with(tag, BenchSwitches::default())
 }
 
-/// A fixture whose datapath never takes its IPv4 fast path nor probes the
-/// policy front (every policy lookup walks the LPM): the tables run on
-/// both paths and must give every row the same verdict.
+/// A fixture whose datapath never takes its IPv4 fast path: the tables run
+/// on both paths and must give every row the same verdict.
 fn general_fixture(tag: &str) -> Fixture {
     fixture_with(
         tag,
         BenchSwitches {
             no_fast_v4: true,
-            no_policy_front: true,
             ..BenchSwitches::default()
         },
     )

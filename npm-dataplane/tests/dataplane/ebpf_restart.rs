@@ -388,41 +388,92 @@ fn pin_new_map(path: &std::path::Path, map_type: u32, key: usize, value: usize, 
 /// object has the 44-byte record).
 #[test]
 fn an_upgrade_from_layout_5_keeps_the_flows_of_its_records() {
+    upgrade_from(5);
+}
+
+/// An upgrade of a running node from layout 6 (the last layout with the
+/// policy and tier fronts and the decision cache): the same record size,
+/// but other flag bits (the tier flags at bits 15 to 18, the front flags
+/// at 11 to 14). The conntrack is copied (the value's reserved bytes are
+/// layout 7's decision epoch, 0), the records' isolation and tier flags are
+/// read at their layout-6 bits (a front flag is no tier), and after the
+/// first full sync nothing opens: the copied flow is tracked, a new flow
+/// the policy does not allow is denied.
+#[test]
+fn an_upgrade_from_layout_6_keeps_its_flows_and_opens_nothing() {
+    upgrade_from(6);
+}
+
+/// The upgrade to this layout from pins of layout `old` (5 or 6) made
+/// with that layout's shapes and flag bits.
+fn upgrade_from(old: u32) {
     use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData};
-    use npm_common::{
-        maps, CtKey, CtKey4, CtValue, FragKey, FragValue, IpInfo, IpKey, EP_HAS_V4, EP_ISOLATED_INGRESS, EP_PRESENT,
-    };
+    use npm_common::{maps, CtKey, CtKey4, CtValue, FragKey, FragValue, IpInfo, IpKey};
+    use npm_policy::compiled::Direction::Ingress;
     use std::mem::size_of;
     if std::env::var(CHILD_ENV).is_ok() {
         return;
     }
-    assert_eq!(npm_common::LAYOUT_VERSION, 6, "this test makes layout 5's maps");
+    assert_eq!(
+        npm_common::LAYOUT_VERSION,
+        7,
+        "this test makes the maps of layouts 5 and 6"
+    );
+    // The layout-5/6 flag bits: isolated ingress 0, IPv4 2, present 10,
+    // the policy front (ingress) 11, the Admin tier (ingress) 15, the
+    // Baseline tier (egress) 18.
+    const OLD_ISOLATED_INGRESS: u32 = 1 << 0;
+    const OLD_HAS_V4: u32 = 1 << 2;
+    const OLD_PRESENT: u32 = 1 << 10;
+    const OLD_FRONT_INGRESS: u32 = 1 << 11;
+    const OLD_ADMIN_INGRESS: u32 = 1 << 15;
+    const OLD_BASELINE_EGRESS: u32 = 1 << 18;
     sweep_leftovers();
-    let root = PinDir::new("l5");
-    let veth = Dummy::new("l5a");
-    let old_dir = root.path.join("v5");
-    let new_dir = root.path.join("v6");
+    let tag = format!("l{old}");
+    let root = PinDir::new(&tag);
+    let veth = Dummy::new(&format!("{tag}a"));
+    let old_dir = root.path.join(format!("v{old}"));
+    let new_dir = root.path.join(format!("v{}", npm_common::LAYOUT_VERSION));
     std::fs::create_dir_all(&old_dir).unwrap();
     const HASH: u32 = 1;
     const ARRAY: u32 = 2;
     const LRU_HASH: u32 = 9;
+    let record_len = if old == 5 { 40 } else { 44 };
     let pin = |name: &str, t, k, v, n| pin_new_map(&old_dir.join(name), t, k, v, n);
-    pin(maps::EP_SLOTS, ARRAY, 4, 40, npm_common::sizes::ENDPOINT_SLOTS);
-    pin(maps::ENDPOINTS, HASH, 4, 40, 64);
+    pin(maps::EP_SLOTS, ARRAY, 4, record_len, npm_common::sizes::ENDPOINT_SLOTS);
+    pin(maps::ENDPOINTS, HASH, 4, record_len, 64);
     pin(maps::IPCACHE, HASH, size_of::<IpKey>(), size_of::<IpInfo>(), 64);
     pin(maps::CT, LRU_HASH, size_of::<CtKey>(), size_of::<CtValue>(), 64);
     pin(maps::CT4, LRU_HASH, size_of::<CtKey4>(), size_of::<CtValue>(), 64);
     pin(maps::FRAGS, LRU_HASH, size_of::<FragKey>(), size_of::<FragValue>(), 64);
     let open_old = |name: &str| Map::from_map_data(MapData::from_pin(old_dir.join(name)).unwrap()).unwrap();
-    // Endpoint 7 (10.9.5.1 on the veth) as layout 5 wrote it: id, flags,
-    // IPv4-mapped address, IPv6 address; and one of its flows.
+    // Endpoint 7 (10.9.5.1 on the veth) as the old layout wrote it: id,
+    // flags, IPv4-mapped address, IPv6 address (and, from layout 6, the
+    // subject); and one of its flows, the value as the old datapath wrote
+    // it (its reserved bytes 0).
     let pod = Ipv4Addr::new(10, 9, 5, 1);
-    let mut record = [0u8; 40];
+    let flags = OLD_PRESENT
+        | OLD_HAS_V4
+        | OLD_ISOLATED_INGRESS
+        | OLD_FRONT_INGRESS
+        | if old == 6 {
+            OLD_ADMIN_INGRESS | OLD_BASELINE_EGRESS
+        } else {
+            0
+        };
+    let mut record = [0u8; 44];
     record[..4].copy_from_slice(&7u32.to_ne_bytes());
-    record[4..8].copy_from_slice(&(EP_PRESENT | EP_HAS_V4 | EP_ISOLATED_INGRESS).to_ne_bytes());
+    record[4..8].copy_from_slice(&flags.to_ne_bytes());
     record[8..24].copy_from_slice(&IpKey::v4(pod.octets()).addr);
-    let mut slots: Array<MapData, [u8; 40]> = Array::try_from(open_old(maps::EP_SLOTS)).unwrap();
-    slots.set(veth.ifindex, record, 0).unwrap();
+    record[40..44].copy_from_slice(&256u32.to_ne_bytes());
+    if old == 5 {
+        let mut slots: Array<MapData, [u8; 40]> = Array::try_from(open_old(maps::EP_SLOTS)).unwrap();
+        let short: [u8; 40] = record[..40].try_into().unwrap();
+        slots.set(veth.ifindex, short, 0).unwrap();
+    } else {
+        let mut slots: Array<MapData, [u8; 44]> = Array::try_from(open_old(maps::EP_SLOTS)).unwrap();
+        slots.set(veth.ifindex, record, 0).unwrap();
+    }
     let mut ct4: BpfHashMap<MapData, CtKey4, CtValue> = BpfHashMap::try_from(open_old(maps::CT4)).unwrap();
     let key = CtKey4 {
         endpoint: 7,
@@ -433,8 +484,24 @@ fn an_upgrade_from_layout_5_keeps_the_flows_of_its_records() {
         port_hi: 40000,
         ..CtKey4::default()
     };
-    ct4.insert(key, CtValue::default(), 0).unwrap();
-    drop((slots, ct4));
+    // Established (a reply seen), opened by the peer (addr_hi) towards
+    // the pod, recently.
+    let now = {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid timespec we own.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    let value = CtValue {
+        last_seen_ns: now,
+        created_ns: now,
+        origin_direction: npm_common::DIR_INGRESS,
+        flags: npm_common::CT_SEEN_REPLY,
+        reason: npm_common::Reason::Policy as u8,
+        ..CtValue::default()
+    };
+    ct4.insert(key, value, 0).unwrap();
+    drop(ct4);
 
     let mut new = EbpfDataplane::open(EbpfOptions {
         object: None,
@@ -443,23 +510,54 @@ fn an_upgrade_from_layout_5_keeps_the_flows_of_its_records() {
         attach: AttachMode::Tcx,
     })
     .expect("open");
-    assert_eq!(new.ct_len(), 1, "conntrack copied from layout 5");
+    assert_eq!(new.ct_len(), 1, "conntrack copied from layout {old}");
+    assert_eq!(new.ct_entries()[0].1.epoch, 0, "the copied value's epoch");
     let adopted: Vec<_> = new
         .adopted_endpoints()
         .iter()
-        .map(|a| (a.id, a.ifindex, a.ipv4, a.isolated_ingress))
+        .map(|a| {
+            (
+                a.id,
+                a.ifindex,
+                a.ipv4,
+                a.isolated_ingress,
+                a.isolated_egress,
+                a.tiered_directions,
+            )
+        })
         .collect();
+    // Layout 6's tier bits are its two tiered directions; its front bit
+    // (bit 11, this layout's Admin ingress flag) is none.
+    let tiered = if old == 6 { 2 } else { 0 };
     assert_eq!(
         adopted,
-        vec![(7, veth.ifindex, Some(pod), true)],
-        "layout 5's records read"
+        vec![(7, veth.ifindex, Some(pod), true, false, tiered)],
+        "layout {old}'s records read at its own bits"
     );
-    // The agent keeps id 7 for the pod the record describes: its flow stays.
+    // The agent keeps id 7 for the pod the record describes: its flow stays
+    // and is still tracked, while a new flow the policy does not allow is
+    // denied (ingress-isolated, no rule).
     let mut c = npm_policy::compiled::Compiled::default();
     c.endpoints
         .insert(7, endpoint("pod", 256, Some("10.9.5.1"), None, true, false));
     ip(&mut c, "10.9.5.1", 256, 0);
+    ip(&mut c, "10.9.5.2", 300, 0);
     new.sync_full(&c, &ifaces(&[(7, veth.ifindex)])).unwrap();
     assert_eq!(new.ct_len(), 1, "the flow of the endpoint its record describes is kept");
-    assert!(!old_dir.exists(), "layout 5's pins are retired after the full sync");
+    let ack = v4("10.9.5.2", "10.9.5.1", L4::Tcp(40000, TCP_PORT, 0x10));
+    assert_eq!(
+        new.test_run(Ingress, veth.ifindex, &ack).unwrap(),
+        (VERDICT_ALLOW, Some(npm_common::Reason::Tracked)),
+        "the copied flow is tracked"
+    );
+    let syn = v4("10.9.5.2", "10.9.5.1", L4::Tcp(40001, TCP_PORT, 0x02));
+    assert_eq!(
+        new.test_run(Ingress, veth.ifindex, &syn).unwrap(),
+        (
+            npm_dataplane::ebpf::VERDICT_DROP,
+            Some(npm_common::Reason::PolicyDenied)
+        ),
+        "a new flow the policy does not allow is denied"
+    );
+    assert!(!old_dir.exists(), "layout {old}'s pins are retired after the full sync");
 }

@@ -1,13 +1,12 @@
 //! Per-rule and per-endpoint counters of the eBPF datapath (issue 16):
 //! real TCP connections and UDP flows across a veth into a pod netns. The
 //! packet that a policy decision allows (the first of each new connection,
-//! decided by a lookup or by the decision cache) moves its rule's slot of
+//! decided by a lookup) moves its rule's slot of
 //! `NPM_RULE_COUNT` by exactly the packets and bytes it moves the `policy`
 //! reason counter; the other rule's slot does not move; tracked packets
 //! move neither; packets NetworkPolicy denies move the endpoint's slot of
 //! `NPM_EP_DENIES` like the `policy-denied` reason counter. Both the IPv4
-//! fast path with the policy front and the general path on the LPM. Needs
-//! root.
+//! fast path and the general path. Needs root.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -64,7 +63,6 @@ fn run(tag: &str, general: bool) {
     let switches = BenchSwitches {
         no_fast_v4: general,
         no_flow_cache: general,
-        no_policy_front: general,
         ..BenchSwitches::default()
     };
     let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
@@ -86,8 +84,8 @@ fn run(tag: &str, general: bool) {
     // Let packets of the readiness probes still in flight settle.
     std::thread::sleep(Duration::from_millis(200));
 
-    // Three new connections (the second and third are decided by the
-    // decision cache: same peer, same port) with tracked traffic.
+    // Three new connections (same peer, same port, each decided anew)
+    // with tracked traffic.
     let before = dp.counters().unwrap();
     for _ in 0..3 {
         connection(&net, 4);
@@ -155,11 +153,11 @@ fn run(tag: &str, general: bool) {
 }
 
 #[test]
-fn rule_and_endpoint_counters_fast_path_front() {
+fn rule_and_endpoint_counters_fast_path() {
     run("rk", false);
 }
 
 #[test]
-fn rule_and_endpoint_counters_general_path_lpm() {
+fn rule_and_endpoint_counters_general_path() {
     run("rkg", true);
 }

@@ -1,17 +1,17 @@
 //! NetworkPolicy allows are keyed by subject (the pod identity), not by
 //! endpoint: two pods of one identity, each in its own network namespace
-//! behind its own veth, are governed by one set of `NPM_POLICY` keys (and
-//! front words), counted in the kernel; relabelling one pod (a new
+//! behind its own veth, are governed by one set of `NPM_POLICY` keys,
+//! counted in the kernel; relabelling one pod (a new
 //! identity) moves it to the new subject's entries and leaves the other's
 //! record and verdicts alone; a change of a subject's entries rewrites
 //! every endpoint record of the subject. Real TCP connections and UDP flows
-//! from the root netns decide, on the policy front and, with the front
-//! switched off, on the LPM trie. Needs root.
+//! from the root netns decide, on the LPM trie (and, for the tiers, on the
+//! folded decisions and with the fold switched off). Needs root.
 
 use std::time::Duration;
 
 use crate::ebpf_common::*;
-use npm_common::{EP_FRONT_INGRESS, EP_NO_ANY_PEER_INGRESS, IDENTITY_ANY, POLICY_PREFIX_FULL};
+use npm_common::{EP_NO_ANY_PEER_INGRESS, IDENTITY_ANY, POLICY_PREFIX_FULL};
 use npm_dataplane::ebpf::{dump_pinned, BenchSwitches, EbpfDataplane, EbpfDump};
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction, Tier, TierAction};
@@ -31,13 +31,8 @@ const PEER: u32 = 300;
 const UDP_PORT: u16 = 5353;
 
 #[test]
-fn endpoints_of_one_identity_share_its_entries_front() {
-    endpoints_of_one_identity_share_its_entries(false, "sf");
-}
-
-#[test]
 fn endpoints_of_one_identity_share_its_entries_lpm() {
-    endpoints_of_one_identity_share_its_entries(true, "sl");
+    endpoints_of_one_identity_share_its_entries("sl");
 }
 
 /// Pods a (endpoint 1) and b (endpoint 2), both ingress- and
@@ -130,14 +125,6 @@ fn kernel_keys(d: &EbpfDump) -> Vec<(u32, u16)> {
     keys
 }
 
-/// The subjects of the pinned `NPM_POLICY_FRONT`'s words
-/// (`npm_common::policy_front_word`: bits 45..64), sorted.
-fn kernel_front_subjects(pins: &PinDir) -> Vec<u32> {
-    let mut s: Vec<u32> = kernel_front(&pins.path).iter().map(|w| (w >> 45) as u32).collect();
-    s.sort();
-    s
-}
-
 /// The record of endpoint `id` in the dump.
 fn record(d: &EbpfDump, id: u32) -> (u32, u32) {
     let e = d
@@ -162,11 +149,8 @@ fn echoes(net: &PodNet) -> bool {
     net.udp_exchange(UDP_PORT, short).is_ok()
 }
 
-fn endpoints_of_one_identity_share_its_entries(lpm: bool, tag: &str) {
-    let switches = BenchSwitches {
-        no_policy_front: lpm,
-        ..BenchSwitches::default()
-    };
+fn endpoints_of_one_identity_share_its_entries(tag: &str) {
+    let switches = BenchSwitches::default();
     let Setup {
         pins,
         a,
@@ -181,11 +165,9 @@ fn endpoints_of_one_identity_share_its_entries(lpm: bool, tag: &str) {
     // Read through the pins: the kernel's maps, not the loader's counts.
     let d = dump_pinned(&pins.path).unwrap();
     assert_eq!(kernel_keys(&d), vec![(OLD, OLD_PORT)], "one key for both endpoints");
-    assert_eq!(kernel_front_subjects(&pins), vec![OLD], "one front word for both");
     let (a_subject, a_flags) = record(&d, 1);
     assert_eq!(a_subject, OLD);
     assert_eq!(record(&d, 2), (OLD, a_flags), "b carries a's subject and flags");
-    assert_ne!(a_flags & EP_FRONT_INGRESS, 0, "the subject's ingress is on the front");
     for net in [&a, &b] {
         assert!(connects(net, OLD_PORT), "{}: the shared rule allows", net.pod_ip);
         assert!(!connects(net, NEW_PORT), "{}: no rule for {NEW_PORT}", net.pod_ip);
@@ -236,7 +218,6 @@ fn endpoints_of_one_identity_share_its_entries(lpm: bool, tag: &str) {
     assert_eq!(kernel_keys(&d), vec![(OLD, OLD_PORT), (NEW, NEW_PORT)]);
     assert_eq!(record(&d, 1), (OLD, a_flags), "a's record untouched");
     assert_eq!(record(&d, 2).0, NEW, "b's record names its new subject");
-    assert_eq!(kernel_front_subjects(&pins), vec![OLD, NEW]);
     assert!(connects(&a, OLD_PORT), "a keeps its rule");
     assert!(!connects(&a, NEW_PORT), "a does not get b's new rule");
     assert!(connects(&b, NEW_PORT), "b gets its new identity's rule");
@@ -250,7 +231,6 @@ fn endpoints_of_one_identity_share_its_entries(lpm: bool, tag: &str) {
         .unwrap();
     let d = dump_pinned(&pins.path).unwrap();
     assert_eq!(kernel_keys(&d), vec![(NEW, NEW_PORT)]);
-    assert_eq!(kernel_front_subjects(&pins), vec![NEW]);
     assert!(connects(&b, NEW_PORT));
     assert!(!connects(&b, OLD_PORT));
 
@@ -270,7 +250,7 @@ fn endpoints_of_one_identity_share_its_entries(lpm: bool, tag: &str) {
 }
 
 #[test]
-fn endpoints_of_one_identity_share_its_tier_entries_front() {
+fn endpoints_of_one_identity_share_its_tier_entries_fold() {
     endpoints_of_one_identity_share_its_tier_entries(false, "tf");
 }
 
@@ -312,11 +292,9 @@ fn kernel_tier_keys(d: &EbpfDump) -> Vec<(u32, u16)> {
 }
 
 fn endpoints_of_one_identity_share_its_tier_entries(lpm: bool, tag: &str) {
-    // The tier front or the LPM decides, not the folded decisions
-    // (`ebpf_fold.rs`).
+    // The folded decisions or, with the fold off, the LPM decides.
     let switches = BenchSwitches {
-        no_tier_front: lpm,
-        no_fold: true,
+        no_fold: lpm,
         ..BenchSwitches::default()
     };
     let Setup {

@@ -142,7 +142,7 @@ fn admin_deny_overrides_a_networkpolicy_allow_silently() {
     let _ = f.dp.poll_deny_events();
     let before = f.counter(IN, Reason::AdminDeny);
     assert_eq!(f.to_a("10.0.0.2", 40000, 80), (VERDICT_DROP, Some(Reason::AdminDeny)));
-    // Again: decided from the decision cache, same answer.
+    // Again: decided anew, same answer.
     assert_eq!(f.to_a("10.0.0.2", 40000, 80), (VERDICT_DROP, Some(Reason::AdminDeny)));
     assert_eq!(f.counter(IN, Reason::AdminDeny), before + 2);
     let events = f.dp.poll_deny_events();
@@ -325,7 +325,7 @@ fn the_lowest_rank_across_the_peers_identities_decides() {
     assert_eq!(world(8080), (VERDICT_ALLOW, Some(Reason::Policy)));
 
     // Swap the ingress ranks with a diff: the Accept of POD_B now comes
-    // first (the decision cache does not outlive the batch).
+    // first (nothing decided before the batch outlives it).
     let mut next = c.clone();
     let subject = c.endpoints[&1].identity;
     for (e, v) in next.tiers.iter_mut() {
@@ -559,7 +559,7 @@ fn service_traffic_of_a_tiered_endpoint_is_decided_against_the_backend() {
         0,
         50,
     );
-    let mut f = fixture("ts", &c);
+    let f = fixture("ts", &c);
     let cip: std::net::Ipv4Addr = "10.96.0.10".parse().unwrap();
     let wanted: std::collections::BTreeMap<ServicePort, u32> = [(
         ServicePort {
@@ -572,7 +572,6 @@ fn service_traffic_of_a_tiered_endpoint_is_decided_against_the_backend() {
     .into_iter()
     .collect();
     ServicesMap::open(&f.pins.path).unwrap().sync(&wanted).unwrap();
-    f.dp.bump_generation().unwrap();
     let before = f.counter(EG, Reason::Deferred);
     assert_eq!(
         f.syn(EG, f.b.ifindex, "10.0.0.5", "10.96.0.10", 40000, 80).0,

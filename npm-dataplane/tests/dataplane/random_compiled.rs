@@ -179,8 +179,8 @@ pub fn random_policies(rng: &mut Rng, pods: &[Pod<'_>], span: u64) -> Compiled {
 
 /// Port ranges a random tier rule may take besides all ports and exact
 /// ports: a range over the edge of a 64-port block (960 = 15 * 64), one
-/// inside a block, one over two blocks with edges, and one too long for
-/// the tier front (its tier then stays on `NPM_TIERS`).
+/// inside a block, one over two blocks with edges, and one long one (many
+/// fold classes).
 const TIER_RANGES: [(u16, u16); 4] = [(950, 1000), (1000, 1010), (1010, 1100), (20_000, 40_000)];
 
 /// Adds random ClusterNetworkPolicy tier entries to `c` (a state of

@@ -5,13 +5,14 @@
 //! user space: one probe of one bucket for an exact port (at most four,
 //! most specific first), inlined array reads, no LPM walk. A class without
 //! entries (not folded: it did not fit, or is new) returns [`NO_FOLD`] and
-//! the packet takes the tiers' and NetworkPolicy's lookups.
+//! the packet takes the tiers' and NetworkPolicy's lookups on the LPM
+//! tries, the truth the fold is computed from.
 
 use aya_ebpf::{macros::map, maps::Array};
 use npm_common::{
-    cidr_code, fold_bucket, fold_key_unchecked, fold_value_cidr, policy_front_proto, sizes, tier_front_pc_any_port,
-    tier_front_pc_block, tier_front_pc_exact, EP_FOLD_INGRESS, FOLD_BUCKET_WORDS, FOLD_MAX_IDENTITY, FOLD_MAX_SUBJECT,
-    FOLD_SHIFT, TIER_FRONT_PC_ANY_PROTO,
+    cidr_code, fold_bucket, fold_key_unchecked, fold_pc_any_port, fold_pc_block, fold_pc_exact, fold_value_cidr,
+    proto_code, sizes, EP_FOLD_INGRESS, FOLD_BUCKET_WORDS, FOLD_MAX_IDENTITY, FOLD_MAX_SUBJECT, FOLD_PC_ANY_PROTO,
+    FOLD_SHIFT,
 };
 
 use super::BPF_F_MMAPABLE;
@@ -53,22 +54,22 @@ pub(crate) fn fold_decision(subject: u32, dir: u8, ids: (u32, u32), pr: u8, port
         return NO_FOLD;
     };
     let base = fold_key_unchecked(subject, dir, identity, 0);
-    let proto = policy_front_proto(pr);
+    let proto = proto_code(pr);
     if proto != 0 {
-        let w = probe(base | tier_front_pc_exact(proto, port), code);
+        let w = probe(base | fold_pc_exact(proto, port), code);
         if w != NO_FOLD {
             return w;
         }
-        let w = probe(base | tier_front_pc_block(proto, port), code);
+        let w = probe(base | fold_pc_block(proto, port), code);
         if w != NO_FOLD {
             return w;
         }
-        let w = probe(base | tier_front_pc_any_port(proto), code);
+        let w = probe(base | fold_pc_any_port(proto), code);
         if w != NO_FOLD {
             return w;
         }
     }
-    probe(base | TIER_FRONT_PC_ANY_PROTO, code)
+    probe(base | FOLD_PC_ANY_PROTO, code)
 }
 
 /// The decision word of the entry of `key` and CIDR code `code` in its

@@ -41,7 +41,7 @@ pub(crate) fn policy_rule(lpm: *mut u8, subject: u32, dir: u8, identity: u32, pr
 /// direction byte `dir`, identity, protocol and port in network order) as
 /// four 32-bit words at `lpm`: the key of `NPM_POLICY` (`owner` the
 /// subject) and, with the tier in `dir`, of `NPM_TIERS` (`owner` the
-/// endpoint id).
+/// subject too).
 ///
 /// # Safety
 /// `lpm` is 16 writable, 4-aligned bytes.

@@ -1,37 +1,29 @@
 //! Steps 7 to 9 for a packet conntrack did not allow: isolation and the
 //! tier flags, then the peer's identities ([`ipcache`]), the decision
 //! folded ahead of time for the peer's class ([`fold`], when the subject's
-//! direction is folded and the class is there), else the Admin tier
-//! ([`tiers`]), the allows of the endpoint's policy ([`lpm`], or its
-//! [`front`]: keyed by the endpoint's subject, its pod identity, which
-//! every local endpoint of that identity shares) and the Baseline tier,
-//! through the decision cache. A
-//! `Policy` allow also says which rule allowed it (for
-//! [`crate::rule_counters`]).
+//! direction is folded and the class is there), else the truth: the Admin
+//! tier ([`tiers`]), the allows of the endpoint's policy ([`lpm`], keyed
+//! by the endpoint's subject, its pod identity, which every local
+//! endpoint of that identity shares) and the Baseline tier. A `Policy`
+//! allow also says which rule allowed it (for [`crate::rule_counters`]).
 
 pub(crate) mod fold;
-pub(crate) mod front;
 pub(crate) mod ipcache;
 pub(crate) mod lpm;
 pub(crate) mod tiers;
 
 use npm_common::{
     ep_no_peer_flag, rule_slot, EndpointInfo, Reason, DIR_INGRESS, EP_ADMIN_INGRESS, EP_BASELINE_INGRESS,
-    EP_FRONT_EXACT_INGRESS, EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_TIERS_INGRESS, IDENTITY_ANY, IDENTITY_HOST,
-    RULE_SLOT_UNKNOWN, TIER_ACCEPT, TIER_ADMIN, TIER_BASELINE, TIER_DENY,
+    EP_ISOLATED_EGRESS, EP_ISOLATED_INGRESS, EP_TIERS_INGRESS, IDENTITY_ANY, IDENTITY_HOST, TIER_ACCEPT, TIER_ADMIN,
+    TIER_BASELINE, TIER_DENY,
 };
 
-use crate::decision_cache::{
-    decision_cache_get, decision_cache_put, decision_key, decision_slot, DecisionSlot, NO_DECISION,
-    NPM_BENCH_NO_DECISION_CACHE, NPM_DECISIONS, NPM_GENERATION,
-};
-use crate::mem::{wr32, V4_MAPPED_WORD};
+use crate::mem::wr32;
 use crate::rule_counters::RULE_TAG;
 use fold::{fold_decision, fold_enabled, NO_FOLD};
-use front::{front_enabled, front_rule, UNKNOWN_RULE};
 use ipcache::peer_identities;
 use lpm::{policy_rule, NO_RULE};
-use tiers::{tier_action, tier_summaries};
+use tiers::tier_action;
 
 /// `BPF_F_MMAPABLE`: user space maps the array and stores whole words.
 pub(crate) const BPF_F_MMAPABLE: u32 = 1 << 10;
@@ -51,15 +43,14 @@ pub(crate) struct Peer {
 }
 
 /// Steps 7 to 9 for a packet conntrack did not allow: `NotIsolated`, or
-/// the decision of the peer's identities, the tiers and the policy lookups
-/// (through the decision cache). `port` is the destination port (0 for
-/// protocols without ports). An endpoint direction with no tier flag and
+/// the decision of the peer's identities, the tiers and the policy
+/// lookups. `port` is the destination port (0 for protocols without
+/// ports). An endpoint direction with no tier flag and
 /// not isolated returns at step 7, as without ClusterNetworkPolicies.
 /// On `Policy`, the first word at `lpm` is `RULE_TAG` | the allowing
 /// rule's slot (`npm_common::rule_slot`), for [`crate::rule_counters`].
 #[inline(always)]
 pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, peer: Peer) -> u8 {
-    let Peer { at, lazy_v4, v4addr } = peer;
     // 7. not isolated and no tier.
     let isolated = if dir == DIR_INGRESS {
         ep.flags & EP_ISOLATED_INGRESS != 0
@@ -69,58 +60,7 @@ pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port
     if !isolated && ep.flags & (EP_TIERS_INGRESS << dir) == 0 {
         return Reason::NotIsolated as u8;
     }
-    // Steps 8 and 9 (with the tiers) depend on the endpoint, the direction, the peer
-    // address, the protocol and the port only: the decision cache answers
-    // for a tuple decided before under the same generation. The key is the
-    // endpoint id, not the subject: the flags are the endpoint record's,
-    // and the record (subject included) changes only in a batch of writes,
-    // after which the generation is bumped.
-    // SAFETY: reading a read-only global.
-    let use_cache = unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_DECISION_CACHE) } == 0;
-    let generation = match NPM_GENERATION.get(0) {
-        Some(g) if use_cache => *g,
-        _ => 0,
-    };
-    let key = if lazy_v4 {
-        [
-            ep.id,
-            dir as u32 | (pr as u32) << 8 | (port as u32) << 16,
-            0,
-            0,
-            V4_MAPPED_WORD,
-            v4addr,
-        ]
-    } else {
-        // SAFETY: 16-byte, 4-aligned peer address.
-        unsafe { decision_key(ep.id, dir, pr, port, at) }
-    };
-    let key = &key;
-    // A null slot: no cache (raw pointers and a sentinel rather than
-    // Options: LLVM may otherwise read an undefined payload register, which
-    // the verifier rejects).
-    let slot: *mut DecisionSlot = if generation != 0 {
-        NPM_DECISIONS
-            .get_ptr_mut(decision_slot(key))
-            .unwrap_or(core::ptr::null_mut())
-    } else {
-        core::ptr::null_mut()
-    };
-    let cached = if slot.is_null() {
-        NO_DECISION
-    } else {
-        // SAFETY: this CPU's slot, not null.
-        unsafe { decision_cache_get(slot, key, generation) }
-    };
-    let w = if cached != NO_DECISION {
-        cached
-    } else {
-        let w = evaluate_policy(lpm, ep, dir, pr, port, peer, isolated);
-        if !slot.is_null() {
-            // SAFETY: this CPU's slot.
-            unsafe { decision_cache_put(slot, key, generation, w) };
-        }
-        w
-    };
+    let w = evaluate_policy(lpm, ep, dir, pr, port, peer, isolated);
     let r = w as u8;
     if r == Reason::Policy as u8 {
         // SAFETY: lpm is 20 writable, 4-aligned bytes (the key is dead now).
@@ -157,13 +97,9 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
             return w;
         }
     }
-    // The tier front's class filter slots of the peer, read once for both tiers.
-    let admin = f & (EP_ADMIN_INGRESS << dir) != 0;
-    let baseline = !isolated && f & (EP_BASELINE_INGRESS << dir) != 0;
-    let sums = tier_summaries(subject, f, dir, ids, admin, baseline);
     // 9a. Admin tier: accept and deny are final, pass goes on.
-    if admin {
-        let a = tier_action(lpm, subject, f, dir | TIER_ADMIN, ids, pr, port, sums);
+    if f & (EP_ADMIN_INGRESS << dir) != 0 {
+        let a = tier_action(lpm, subject, dir | TIER_ADMIN, ids, pr, port);
         if a == TIER_ACCEPT {
             return Reason::AdminAccept as u32;
         }
@@ -173,8 +109,8 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     }
     if !isolated {
         // 9c. Baseline tier, then 9d.
-        if baseline {
-            let a = tier_action(lpm, subject, f, dir | TIER_BASELINE, ids, pr, port, sums);
+        if f & (EP_BASELINE_INGRESS << dir) != 0 {
+            let a = tier_action(lpm, subject, dir | TIER_BASELINE, ids, pr, port);
             if a == TIER_ACCEPT {
                 return Reason::BaselineAccept as u32;
             }
@@ -184,32 +120,22 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
         }
         return Reason::NotIsolated as u32;
     }
-    // 9b. policy (final when isolated).
-    // The front when the direction's policy is complete there, else the LPM.
-    let front = front_enabled(f, dir);
-    let exact_only = f & (EP_FRONT_EXACT_INGRESS << dir) != 0;
-    let at = Rules { lpm, front, exact_only };
-    // A lookup the endpoint's EP_NO_*_PEER_* flags rule out is skipped: it
-    // could not hit.
+    // 9b. policy (final when isolated). A lookup the endpoint's
+    // EP_NO_*_PEER_* flags rule out is skipped: it could not hit.
     let mut rule = NO_RULE;
     if may_match(f, dir, identity) {
-        rule = lookup(at, subject, dir, identity, pr, port);
+        rule = policy_rule(lpm, subject, dir, identity, pr, port);
     }
     if rule == NO_RULE && cidr_identity != IDENTITY_ANY && may_match(f, dir, cidr_identity) {
-        rule = lookup(at, subject, dir, cidr_identity, pr, port);
+        rule = policy_rule(lpm, subject, dir, cidr_identity, pr, port);
     }
     if rule == NO_RULE && may_match(f, dir, IDENTITY_ANY) {
-        rule = lookup(at, subject, dir, IDENTITY_ANY, pr, port);
+        rule = policy_rule(lpm, subject, dir, IDENTITY_ANY, pr, port);
     }
     if rule == NO_RULE {
         Reason::PolicyDenied as u32
     } else {
-        let slot = if rule == UNKNOWN_RULE {
-            RULE_SLOT_UNKNOWN
-        } else {
-            rule_slot(rule)
-        };
-        Reason::Policy as u32 | slot << 8
+        Reason::Policy as u32 | rule_slot(rule) << 8
     }
 }
 
@@ -250,31 +176,4 @@ unsafe fn folded(lpm: *mut u8, subject: u32, dir: u8, ids: (u32, u32), pr: u8, p
 #[inline(always)]
 fn may_match(ep_flags: u32, dir: u8, identity: u32) -> bool {
     ep_flags & (ep_no_peer_flag(identity) << dir) == 0
-}
-
-/// Where step 9 looks up one packet's allows: in the policy front when
-/// `front` (only exact ports when `exact_only`), else in the LPM through
-/// the 20-byte scratch key `lpm`.
-#[derive(Clone, Copy)]
-struct Rules {
-    lpm: *mut u8,
-    front: bool,
-    exact_only: bool,
-}
-
-/// One identity's lookup of step 9 under `subject` (the endpoint's pod
-/// identity), where `at` says: the allowing rule's
-/// id, [`UNKNOWN_RULE`], or [`NO_RULE`] (no allow). (A plain function, not
-/// a closure: LLVM compiles a closure into a BPF-to-BPF call.)
-///
-/// A front hit reads its rule from the same slot of
-/// `NPM_POLICY_FRONT_RULES` (an inlined array read, [`front_rule`]): no
-/// `NPM_POLICY` lookup.
-#[inline(always)]
-fn lookup(at: Rules, subject: u32, dir: u8, identity: u32, pr: u8, port: u16) -> u32 {
-    if at.front {
-        front_rule(subject, dir, identity, pr, port, at.exact_only)
-    } else {
-        policy_rule(at.lpm, subject, dir, identity, pr, port)
-    }
 }

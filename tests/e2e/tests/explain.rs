@@ -248,25 +248,18 @@ mod bpf {
 }
 
 /// Clears (or restores) `EP_ISOLATED_INGRESS` in the kernel's endpoint
-/// record of `ifindex` behind the agent's back and bumps `NPM_GENERATION`
-/// so no cached decision answers for the old record; returns the flags it
-/// found.
+/// record of `ifindex` behind the agent's back (the datapath caches no
+/// decision: the next new flow reads it); returns the flags it found.
 fn tamper_ingress_isolation(pin_dir: &std::path::Path, ifindex: u32, isolated: bool) -> u32 {
     let slots = bpf::find(pin_dir, "NPM_EP_SLOTS").expect("NPM_EP_SLOTS pinned");
     let fd = bpf::open(&slots);
-    // `EndpointInfo`: id, flags, ipv4, ipv6 (40 bytes).
-    let mut rec = [0u8; 40];
+    // `EndpointInfo`: id, flags, ipv4, ipv6, subject (44 bytes).
+    let mut rec = [0u8; 44];
     bpf::lookup(&fd, &ifindex.to_ne_bytes(), &mut rec);
     let flags = u32::from_ne_bytes(rec[4..8].try_into().unwrap());
     let new = if isolated { flags | 1 } else { flags & !1 };
     rec[4..8].copy_from_slice(&new.to_ne_bytes());
     bpf::update(&fd, &ifindex.to_ne_bytes(), &mut rec);
-    let generation = bpf::find(pin_dir, "NPM_GENERATION").expect("NPM_GENERATION pinned");
-    let gfd = bpf::open(&generation);
-    let mut g = [0u8; 8];
-    bpf::lookup(&gfd, &0u32.to_ne_bytes(), &mut g);
-    let mut next = (u64::from_ne_bytes(g) + 1).to_ne_bytes();
-    bpf::update(&gfd, &0u32.to_ne_bytes(), &mut next);
     flags
 }
 

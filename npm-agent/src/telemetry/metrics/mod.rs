@@ -323,7 +323,7 @@ impl Metrics {
                 metrics::gauge!("npm_map_entries", "map" => f.map).set(f.entries as f64);
                 metrics::gauge!("npm_map_capacity", "map" => f.map).set(f.capacity as f64);
                 if let Some(n) = f.fallbacks {
-                    metrics::gauge!("npm_front_fallbacks", "map" => f.map).set(n as f64);
+                    metrics::gauge!("npm_fold_fallbacks").set(n as f64);
                 }
             }
         });

@@ -95,7 +95,7 @@ fn counters_and_labels_render() {
             fallbacks: None,
         },
         MapFill {
-            map: "NPM_TIER_FRONT",
+            map: "NPM_FOLD",
             entries: 9,
             capacity: 1 << 18,
             fallbacks: Some(2),
@@ -105,8 +105,7 @@ fn counters_and_labels_render() {
     let text = m.render();
     assert_eq!(sample(&text, "npm_map_entries{map=\"NPM_POLICY\"}"), Some(3.0));
     assert_eq!(sample(&text, "npm_map_capacity{map=\"NPM_POLICY\"}"), Some(1048576.0));
-    assert_eq!(sample(&text, "npm_front_fallbacks{map=\"NPM_TIER_FRONT\"}"), Some(2.0));
-    assert_eq!(sample(&text, "npm_front_fallbacks{map=\"NPM_POLICY\"}"), None);
+    assert_eq!(sample(&text, "npm_fold_fallbacks"), Some(2.0));
     assert_eq!(sample(&text, "npm_ringbuf_events_lost_total"), Some(12.0));
     // Two registries do not share values.
     let other = Metrics::new().unwrap();

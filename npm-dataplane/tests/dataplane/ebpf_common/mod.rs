@@ -600,9 +600,8 @@ impl TierDp {
     }
 
     /// Every (endpoint, source, TCP and UDP, port)'s probe, each a new flow
-    /// from source port `sport`, nothing cached from before.
+    /// from source port `sport`.
     pub fn probe_grid(&mut self, sources: &[&'static str], ports: &[u16], sport: u16) -> Vec<TierProbe> {
-        self.dp.bump_generation().unwrap();
         let mut out = Vec::new();
         for ep in [1, 2] {
             for src in sources {
@@ -803,38 +802,4 @@ pub fn policy_for(pod_ip: Ipv4Addr, peer_ip: Ipv4Addr, allow_ports: &[(Protocol,
         allow(&mut c, 1, Direction::Ingress, 300, Some(*p), (*port, *port), i as u32);
     }
     c
-}
-
-/// The words stored in the pinned `NPM_POLICY_FRONT` (read through the
-/// pin, not the loader's count).
-pub fn kernel_front(pin_dir: &std::path::Path) -> Vec<u64> {
-    use aya::maps::{Array, Map, MapData};
-    let data = MapData::from_pin(pin_dir.join(npm_common::maps::POLICY_FRONT)).expect("open pinned NPM_POLICY_FRONT");
-    let front: Array<MapData, [u64; 4]> =
-        Array::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_POLICY_FRONT");
-    front
-        .iter()
-        .flat_map(|b| b.expect("bucket"))
-        .filter(|w| *w != 0)
-        .collect()
-}
-
-/// How many words the pinned `NPM_POLICY_FRONT` holds.
-pub fn kernel_front_words(pin_dir: &std::path::Path) -> usize {
-    kernel_front(pin_dir).len()
-}
-
-/// Deletes every `NPM_POLICY` (LPM) entry through the pinned map, behind
-/// the loader's back (no generation bump, the policy front untouched).
-pub fn drop_policy_entries(pin_dir: &std::path::Path) {
-    use aya::maps::lpm_trie::{Key, LpmTrie};
-    use aya::maps::{Map, MapData};
-    let data = MapData::from_pin(pin_dir.join(npm_common::maps::POLICY)).expect("open pinned NPM_POLICY");
-    let mut trie: LpmTrie<MapData, [u8; npm_common::POLICY_KEY_LEN], npm_common::PolicyValue> =
-        LpmTrie::try_from(Map::from_map_data(data).expect("map")).expect("typed NPM_POLICY");
-    let keys: Vec<Key<[u8; npm_common::POLICY_KEY_LEN]>> = trie.keys().map(|k| k.expect("key")).collect();
-    assert!(!keys.is_empty(), "no policy entry to drop");
-    for k in keys {
-        trie.remove(&k).expect("remove policy entry");
-    }
 }
