@@ -3,7 +3,9 @@
 //!
 //! The image is `scratch` plus exactly what the agent runs:
 //! - `/usr/bin/npm-agent` (release build) and, when the workspace has it,
-//!   `/usr/bin/npm-cni`;
+//!   `/usr/bin/npm-cni`; `/usr/bin/kubectl-npm`, the kubectl plugin (also
+//!   left as `target/image/kubectl-npm`, the file to put on an operator's
+//!   `PATH`);
 //! - the BPF object at `/usr/lib/npm/npm-ebpf.o`;
 //! - the tools the agent forks: `nft` (the nftables dataplane's
 //!   `nft -f -` transactions and `nft -j list` reads), and `iptables` and
@@ -104,10 +106,28 @@ fn workspace_key(toml: &str, key: &str) -> Option<String> {
     })
 }
 
-/// The cargo arguments of the image's release build: `npm-agent` and
-/// `npm-cni` (when the crate exists), optimised.
+/// Where the kubectl plugin is left for operators (`kubectl npm` once it
+/// is on `PATH`).
+pub fn plugin_path() -> PathBuf {
+    root().join("target/image/kubectl-npm")
+}
+
+/// The cargo arguments of the image's release build: `npm-agent`, the
+/// kubectl plugin `kubectl-npm` and `npm-cni` (when the crate exists),
+/// optimised.
 pub fn release_build_args() -> Vec<&'static str> {
-    let mut args = vec!["build", "--release", "-p", "npm-agent", "--bin", "npm-agent"];
+    let mut args = vec![
+        "build",
+        "--release",
+        "-p",
+        "npm-agent",
+        "--bin",
+        "npm-agent",
+        "-p",
+        "kubectl-npm",
+        "--bin",
+        "kubectl-npm",
+    ];
     if root().join("npm-cni/Cargo.toml").exists() {
         args.extend(["-p", "npm-cni", "--bin", "npm-cni"]);
     }
@@ -131,8 +151,12 @@ pub fn image() -> Result<String> {
     let release = root().join("target/release");
     let mut files: Vec<(PathBuf, PathBuf)> = vec![
         (release.join("npm-agent"), "/usr/bin/npm-agent".into()),
+        (release.join("kubectl-npm"), "/usr/bin/kubectl-npm".into()),
         (ebpf_object(), "/usr/lib/npm/npm-ebpf.o".into()),
     ];
+    std::fs::create_dir_all(root().join("target/image"))?;
+    std::fs::copy(release.join("kubectl-npm"), plugin_path())
+        .with_context(|| format!("copying the kubectl plugin to {}", plugin_path().display()))?;
     if has_cni {
         files.push((release.join("npm-cni"), "/usr/bin/npm-cni".into()));
     }
@@ -252,6 +276,10 @@ pub fn image() -> Result<String> {
         archive.display(),
         size as f64 / (1024.0 * 1024.0)
     );
+    eprintln!(
+        "xtask: the kubectl plugin: {} (put it on PATH: `kubectl npm`)",
+        plugin_path().display()
+    );
     Ok(tag)
 }
 
@@ -328,6 +356,14 @@ fn check_version(tag: &str, version: &str) -> Result<()> {
     let want = format!("npm-agent {version}");
     if out.trim() != want {
         bail!("`--version` printed {:?}, expected {want:?}", out.trim());
+    }
+    // The kubectl plugin runs in the image too (its libraries resolve).
+    let mut args = PODMAN_RUN.to_vec();
+    args.extend(["--entrypoint", "/usr/bin/kubectl-npm", tag, "--version"]);
+    let out = podman(&args)?;
+    let want = format!("kubectl-npm {version}");
+    if out.trim() != want {
+        bail!("`kubectl-npm --version` printed {:?}, expected {want:?}", out.trim());
     }
     Ok(())
 }

@@ -1,11 +1,13 @@
 //! The `npm-agent explain` command: asks an agent's `/explain` over plain
-//! HTTP/1.1 (the metrics listener) and prints the report, the mismatch
-//! first.
+//! HTTP/1.1 (the debug listener) and prints the report, the mismatch
+//! first. The requests work over any stream ([`get_on`], [`fetch_on`]):
+//! `kubectl npm` sends them through the API server's `pods/portforward`.
 
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use super::observe_client::{read_head, Body};
 use super::{DirectionReport, ExplainQuery, ExplainReport};
 
 /// Errors of the explain client.
@@ -45,7 +47,7 @@ pub enum ClientError {
 }
 
 /// Percent-encodes a query value.
-pub(crate) fn encode(s: &str) -> String {
+pub fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
@@ -64,6 +66,48 @@ pub(crate) fn agent_addr(agent: &str) -> Result<String, ClientError> {
         .ok_or_else(|| ClientError::Url(agent.into()))
 }
 
+/// An agent's answer to one `GET`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The status code (0 when the status line is unreadable).
+    pub code: u16,
+    /// The status line.
+    pub status: String,
+    /// The body (a chunked one decoded).
+    pub body: String,
+}
+
+/// Sends `GET path` over `stream`, any connection to an agent's listener (a
+/// TCP connection, or a stream port-forwarded through the API server as
+/// `kubectl npm` opens it), and reads the answer to its end (`Connection:
+/// close`). `addr` names the agent in errors and the `Host` header.
+pub fn get_on<S: Read + Write>(mut stream: S, addr: &str, path: &str) -> Result<Answer, ClientError> {
+    let io = |source| ClientError::Io {
+        addr: addr.to_string(),
+        source,
+    };
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(io)?;
+    stream.flush().map_err(io)?;
+    let mut r = BufReader::new(stream);
+    let (status, chunked) = read_head(&mut r).map_err(io)?;
+    let mut raw = Vec::new();
+    Body::new(r, chunked).read_to_end(&mut raw).map_err(io)?;
+    let code = status
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok(Answer {
+        code,
+        status,
+        body: String::from_utf8_lossy(&raw).into_owned(),
+    })
+}
+
 /// Asks the agent at `agent` (`http://HOST:PORT`) to explain `q`; returns
 /// the report and its raw JSON.
 pub fn fetch(agent: &str, q: &ExplainQuery) -> Result<(ExplainReport, String), ClientError> {
@@ -72,30 +116,31 @@ pub fn fetch(agent: &str, q: &ExplainQuery) -> Result<(ExplainReport, String), C
         addr: addr.clone(),
         source,
     };
-    let mut path = format!("/explain?from={}&to={}&port={}", encode(&q.from), encode(&q.to), q.port);
-    if let Some(p) = &q.protocol {
-        path.push_str(&format!("&protocol={}", encode(p)));
-    }
-    let mut s = TcpStream::connect(&addr).map_err(io)?;
+    let s = TcpStream::connect(&addr).map_err(io)?;
     s.set_read_timeout(Some(Duration::from_secs(30))).map_err(io)?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").map_err(io)?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).map_err(io)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.lines().next().unwrap_or("").to_string();
-    if status.split_whitespace().nth(1) != Some("200") {
+    fetch_on(s, &addr, q)
+}
+
+/// Asks the agent at the other end of `stream` to explain `q` (see
+/// [`get_on`]); returns the report and its raw JSON.
+pub fn fetch_on<S: Read + Write>(
+    stream: S,
+    addr: &str,
+    q: &ExplainQuery,
+) -> Result<(ExplainReport, String), ClientError> {
+    let a = get_on(stream, addr, &q.path())?;
+    if a.code != 200 {
         return Err(ClientError::Status {
-            addr,
-            status,
-            body: body.trim().into(),
+            addr: addr.into(),
+            status: a.status,
+            body: a.body.trim().into(),
         });
     }
-    let report = serde_json::from_str(body).map_err(|source| ClientError::Decode {
-        addr: addr.clone(),
+    let report = serde_json::from_str(&a.body).map_err(|source| ClientError::Decode {
+        addr: addr.into(),
         source,
     })?;
-    Ok((report, body.to_string()))
+    Ok((report, a.body))
 }
 
 fn direction_lines(d: &DirectionReport) -> String {

@@ -117,6 +117,24 @@ pub struct ExplainQuery {
     pub protocol: Option<String>,
 }
 
+impl ExplainQuery {
+    /// The request path of this query (`/explain?from=…&to=…&port=…`,
+    /// percent-encoded), as [`parse_query`] reads it back.
+    pub fn path(&self) -> String {
+        let enc = client::encode;
+        let mut path = format!(
+            "/explain?from={}&to={}&port={}",
+            enc(&self.from),
+            enc(&self.to),
+            self.port
+        );
+        if let Some(p) = &self.protocol {
+            path.push_str(&format!("&protocol={}", enc(p)));
+        }
+        path
+    }
+}
+
 /// How long `/explain` waits for the sync loop's copy of what it programmed.
 pub const VIEW_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
@@ -227,5 +245,7 @@ mod tests {
         assert!(parse_query("from=a&to=b&port=70000").unwrap_err().contains("70000"));
         assert!(parse_query("from=a&to=b&port=1&x=1").unwrap_err().contains("unknown"));
         assert!(parse_query("from=%zz&to=b&port=1").unwrap_err().contains("percent"));
+        let back = parse_query(q.path().split_once('?').unwrap().1).unwrap();
+        assert_eq!(back, q);
     }
 }

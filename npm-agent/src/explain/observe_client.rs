@@ -160,9 +160,43 @@ pub fn render_line(v: &Value) -> String {
 }
 
 /// A response body: raw (close-delimited) or chunked.
-enum Body<R> {
+pub(crate) enum Body<R> {
     Raw(R),
     Chunked { r: R, left: usize, done: bool },
+}
+
+impl<R> Body<R> {
+    /// The body read from `r`, chunked or to the end of the connection.
+    pub(crate) fn new(r: R, chunked: bool) -> Self {
+        if chunked {
+            Body::Chunked {
+                r,
+                left: 0,
+                done: false,
+            }
+        } else {
+            Body::Raw(r)
+        }
+    }
+}
+
+/// Reads an answer's status line and headers from `r`: the status line and
+/// whether the body is chunked.
+pub(crate) fn read_head<R: BufRead>(r: &mut R) -> std::io::Result<(String, bool)> {
+    let mut status = String::new();
+    r.read_line(&mut status)?;
+    let mut chunked = false;
+    loop {
+        let mut h = String::new();
+        if r.read_line(&mut h)? == 0 || h.trim().is_empty() {
+            break;
+        }
+        let (k, v) = h.split_once(':').unwrap_or((&h, ""));
+        if k.trim().eq_ignore_ascii_case("transfer-encoding") && v.to_ascii_lowercase().contains("chunked") {
+            chunked = true;
+        }
+    }
+    Ok((status.trim().to_string(), chunked))
 }
 
 impl<R: BufRead> Read for Body<R> {
@@ -216,16 +250,38 @@ pub fn follow(
         ClientError::Url(u) => ObserveError::Url(u),
         other => ObserveError::Url(other.to_string()),
     })?;
+    let s = TcpStream::connect(&addr).map_err(|source| ObserveError::Connect {
+        addr: addr.clone(),
+        source,
+    })?;
+    // An agent silent for three keepalive periods is lost.
+    s.set_read_timeout(Some(KEEPALIVE * 3))
+        .map_err(|source| ObserveError::Io {
+            addr: addr.clone(),
+            source,
+        })?;
+    follow_on(s, &addr, q, json, out, notes)
+}
+
+/// [`follow`] over `stream`, any connection to an agent's debug listener
+/// (a TCP connection, or a stream port-forwarded through the API server as
+/// `kubectl npm observe` opens it); `addr` names the agent in notes and
+/// errors. A read that times out (`WouldBlock`, `TimedOut`: the caller's
+/// read timeout) is [`ObserveError::Silent`].
+pub fn follow_on<S: Read + Write>(
+    mut s: S,
+    addr: &str,
+    q: &ObserveQuery,
+    json: bool,
+    out: &mut dyn Write,
+    notes: &mut dyn Write,
+) -> Result<(), ObserveError> {
+    let addr = addr.to_string();
     let io = |source| ObserveError::Io {
         addr: addr.clone(),
         source,
     };
-    let mut s = TcpStream::connect(&addr).map_err(|source| ObserveError::Connect {
-        addr: addr.clone(),
-        source,
-    })?;
     let silence = KEEPALIVE * 3;
-    s.set_read_timeout(Some(silence)).map_err(io)?;
     let path = q.path();
     // `Connection: close`: the stream lasts until the connection ends, and
     // an error answer ends with it.
@@ -233,32 +289,11 @@ pub fn follow(
         s,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/x-ndjson\r\nConnection: close\r\n\r\n"
     )
+    .and_then(|()| s.flush())
     .map_err(io)?;
     let mut r = BufReader::new(s);
-    let mut status = String::new();
-    r.read_line(&mut status).map_err(io)?;
-    let status = status.trim().to_string();
-    let mut chunked = false;
-    loop {
-        let mut h = String::new();
-        if r.read_line(&mut h).map_err(io)? == 0 || h.trim().is_empty() {
-            break;
-        }
-        let (k, v) = h.split_once(':').unwrap_or((&h, ""));
-        if k.trim().eq_ignore_ascii_case("transfer-encoding") && v.to_ascii_lowercase().contains("chunked") {
-            chunked = true;
-        }
-    }
-    let body = if chunked {
-        Body::Chunked {
-            r,
-            left: 0,
-            done: false,
-        }
-    } else {
-        Body::Raw(r)
-    };
-    let mut lines = BufReader::new(body);
+    let (status, chunked) = read_head(&mut r).map_err(io)?;
+    let mut lines = BufReader::new(Body::new(r, chunked));
     if status.split_whitespace().nth(1) != Some("200") {
         let mut text = String::new();
         // The error body is short; a read error leaves it empty.

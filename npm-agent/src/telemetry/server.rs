@@ -236,7 +236,9 @@ pub fn router(state: ServerState) -> Router {
 }
 
 /// The router of the debug listener: `/explain`, `/observe` and the whole
-/// `/metrics`, which name pods, policies and flows. It listens on loopback (`--debug-addr`,
+/// `/metrics`, which name pods, policies and flows, and `/readyz` (the
+/// same checks as the metrics listener's, so that `kubectl npm status`
+/// reads why an agent is not ready through the same port-forward). It listens on loopback (`--debug-addr`,
 /// `127.0.0.1:9091`): reached from the node itself, or through the API
 /// server with `kubectl port-forward` to the agent pod, which needs the
 /// caller's RBAC grant of `pods/portforward` in the agent's namespace (the
@@ -247,6 +249,7 @@ pub fn debug_router(state: ServerState) -> Router {
         .route("/explain", get(crate::explain::handler))
         .route("/observe", get(super::observe::handler))
         .route("/metrics", get(metrics_full))
+        .route("/readyz", get(readyz))
         .with_state(state)
 }
 

@@ -100,9 +100,14 @@ async fn flows_and_verdicts_are_not_on_the_metrics_listener() {
     assert_ne!(code, 404, "{body}");
     // The health endpoints stay where the kubelet probes; the debug
     // listener has every series of /metrics (see
-    // metrics_names_need_a_granted_token).
-    assert_eq!(get(debug, "/readyz").await.0, 404, "/readyz on the debug listener");
+    // metrics_names_need_a_granted_token) and answers /readyz too, with
+    // its checks (what `kubectl npm status` reads through a port-forward),
+    // but not /healthz.
     assert_eq!(get(metrics, "/readyz").await.0, 200);
+    let (code, body) = get(debug, "/readyz?verbose").await;
+    assert_eq!(code, 200, "/readyz on the debug listener: {body}");
+    assert!(body.contains("readyz check passed"), "{body}");
+    assert_eq!(get(debug, "/healthz").await.0, 404, "/healthz on the debug listener");
     drop(agent);
     srv.shutdown().await;
 }
