@@ -40,8 +40,8 @@
 
 pub mod cache;
 pub mod cluster_policy;
-pub mod fault_injection;
 pub mod direct_read;
+pub mod fault_injection;
 pub mod nodes;
 pub mod objects;
 pub mod pod_conditions;

@@ -47,7 +47,10 @@ fn main() -> ExitCode {
     let engine = match Engine::parse(&cli.dataplane) {
         Some(e @ (Engine::Ebpf | Engine::Nftables)) => e,
         _ => {
-            eprintln!("npm-chaos: --dataplane must be ebpf or nftables, not {:?}", cli.dataplane);
+            eprintln!(
+                "npm-chaos: --dataplane must be ebpf or nftables, not {:?}",
+                cli.dataplane
+            );
             return ExitCode::from(2);
         }
     };

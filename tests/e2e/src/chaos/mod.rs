@@ -152,6 +152,8 @@ enum Pending {
     ClearFaults(u64, usize),
     /// End a disturbance at this tick.
     EndDisturbance(u64, usize),
+    /// End a fault's disturbance at this tick.
+    EndFault(u64, usize),
     /// Start node `k`'s agent again at this tick.
     Respawn(u64, u8),
 }
@@ -177,10 +179,10 @@ struct Soak {
     cfg: ProbeConfig,
     steps: usize,
     /// Drawn steps not applied yet: a pod made by the CNI chain waits
-    /// while an API fault runs or an agent is down (npm-cni's ADD needs
-    /// the node's agent to have seen the pod; a kubelet would retry), the
-    /// steps after it wait behind it. Deferral is decided on ticks, so a
-    /// seed still replays the same steps.
+    /// while an API fault runs, an agent is down or not ready (npm-cni's
+    /// ADD needs the node's agent to have seen the pod; a kubelet would
+    /// retry); no step is drawn meanwhile. A seed replays the same steps
+    /// as long as the agents' readiness falls on the same ticks.
     deferred: std::collections::VecDeque<Step>,
 }
 
@@ -189,10 +191,7 @@ struct Soak {
 pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosError> {
     let mut agent_env = vec![];
     if opts.inject {
-        agent_env.push((
-            "NPM_TEST_SKIP_DELETE".to_string(),
-            "networkpolicies".to_string(),
-        ));
+        agent_env.push(("NPM_TEST_SKIP_DELETE".to_string(), "networkpolicies".to_string()));
     }
     let runner = LiveRunner::start(Options {
         engine: opts.engine,
@@ -231,7 +230,11 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
         steps: 0,
         deferred: Default::default(),
     };
-    let dataplane = if opts.engine == Engine::Nftables { "nftables" } else { "ebpf" };
+    let dataplane = if opts.engine == Engine::Nftables {
+        "nftables"
+    } else {
+        "ebpf"
+    };
     let _ = writeln!(
         out,
         "chaos: {dataplane}, seed {}, {} s, {} nodes{}",
@@ -247,7 +250,7 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
     while soak.t0.elapsed() < end {
         let tick_start = soak.t0.elapsed();
         soak.run_pending(out)?;
-        if soak.rng.random_bool(0.5) {
+        if soak.deferred.is_empty() && soak.rng.random_bool(0.5) {
             let step = schedule::next_step(&mut soak.rng, &soak.runner.model().snapshot, &mut soak.world, NODES);
             soak.deferred.push_back(step);
         }
@@ -314,10 +317,12 @@ impl Soak {
     fn run_pending(&mut self, out: &mut dyn Write) -> Result<(), ChaosError> {
         let now = self.tick;
         let due: Vec<Pending> = {
-            let (due, rest): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut self.pending)
-                .into_iter()
-                .partition(|p| match p {
-                    Pending::ClearFaults(t, _) | Pending::EndDisturbance(t, _) | Pending::Respawn(t, _) => *t <= now,
+            let (due, rest): (Vec<Pending>, Vec<Pending>) =
+                std::mem::take(&mut self.pending).into_iter().partition(|p| match p {
+                    Pending::ClearFaults(t, _)
+                    | Pending::EndDisturbance(t, _)
+                    | Pending::EndFault(t, _)
+                    | Pending::Respawn(t, _) => *t <= now,
                 });
             self.pending = rest;
             due
@@ -330,11 +335,17 @@ impl Soak {
                     }
                     let t = self.now();
                     self.settle_from.push(t);
-                    self.pending.push(Pending::EndDisturbance(self.tick + FAULT_TAIL_TICKS, h));
+                    self.pending.push(Pending::EndFault(self.tick + FAULT_TAIL_TICKS, h));
                 }
                 Pending::EndDisturbance(_, h) => {
                     self.oracle.end(h, self.now());
-                    self.world.fault_running = false;
+                }
+                Pending::EndFault(_, h) => {
+                    self.oracle.end(h, self.now());
+                    self.world.fault_running = self
+                        .pending
+                        .iter()
+                        .any(|p| matches!(p, Pending::EndFault(..) | Pending::ClearFaults(..)));
                 }
                 Pending::Respawn(_, k) => {
                     self.restarts += 1;
@@ -359,37 +370,23 @@ impl Soak {
                 front,
                 Step::Model(npm_sim::cases::Action::CreatePod(_)) | Step::Reuse { .. }
             );
-            if cni_pod && (self.world.fault_running || self.world.agent_down) {
+            if cni_pod && (self.world.fault_running || self.world.agent_down || !self.agents_ready()) {
                 return Ok(());
             }
             let step = self.deferred.pop_front().expect("front");
-            if cni_pod {
-                self.wait_agents_ready(&step.describe())?;
-            }
             self.step(step, out)?;
         }
         Ok(())
     }
 
-    /// Blocks until every agent answers `/readyz` 200 (90 s at most).
-    fn wait_agents_ready(&mut self, what: &str) -> Result<(), ChaosError> {
-        let end = Instant::now() + Duration::from_secs(90);
-        loop {
-            let ready = (1..=NODES).all(|k| {
-                self.runner
-                    .node_metrics_addr(k)
-                    .and_then(monitor::poll)
-                    .is_some_and(|h| h.ready)
-            });
-            if ready {
-                return Ok(());
-            }
-            if Instant::now() >= end {
-                return Err(self.step_err(what, "the agents were not ready within 90 s".into()));
-            }
-            self.poll_agents();
-            std::thread::sleep(Duration::from_millis(250));
-        }
+    /// Whether every agent answers `/readyz` 200.
+    fn agents_ready(&self) -> bool {
+        (1..=NODES).all(|k| {
+            self.runner
+                .node_metrics_addr(k)
+                .and_then(monitor::poll)
+                .is_some_and(|h| h.ready)
+        })
     }
 
     fn step(&mut self, step: Step, out: &mut dyn Write) -> Result<(), ChaosError> {
@@ -401,7 +398,9 @@ impl Soak {
         match step {
             Step::Model(action) => {
                 let freed = match &action {
-                    npm_sim::cases::Action::DeletePod(p) => schedule::addresses_of(&self.runner.model().snapshot, &p.pod),
+                    npm_sim::cases::Action::DeletePod(p) => {
+                        schedule::addresses_of(&self.runner.model().snapshot, &p.pod)
+                    }
                     _ => None,
                 };
                 self.runner.apply(&action).map_err(|e| err(self, &e))?;

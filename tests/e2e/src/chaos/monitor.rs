@@ -35,7 +35,10 @@ fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     s.read_to_end(&mut raw).ok()?;
     let text = String::from_utf8_lossy(&raw).to_string();
     let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Some((status, body))
 }
 

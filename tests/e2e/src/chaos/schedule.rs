@@ -82,7 +82,9 @@ impl Step {
     pub fn describe(&self) -> String {
         match self {
             Step::Model(a) => describe_action(a),
-            Step::Reuse { pod, v4, node, labels, .. } => {
+            Step::Reuse {
+                pod, v4, node, labels, ..
+            } => {
                 format!("reuse {v4} as {pod} on node-{node} {labels:?}")
             }
             Step::DeleteReuse(p) => format!("delete reuse pod {p}"),
@@ -274,24 +276,32 @@ pub fn baseline() -> Vec<Step> {
         for (pod, role) in [("a", "web"), ("b", "db"), ("c", "client")] {
             steps.push(Step::Model(Action::SetPodLabels(PodLabels {
                 pod: format!("{ns}/{pod}"),
-                labels: [("pod".to_string(), pod.to_string()), ("role".to_string(), role.to_string())].into(),
+                labels: [
+                    ("pod".to_string(), pod.to_string()),
+                    ("role".to_string(), role.to_string()),
+                ]
+                .into(),
             })));
         }
         steps.push(Step::Model(Action::SetNamespaceLabels(NamespaceLabels {
             namespace: ns.to_string(),
-            labels: [("ns".to_string(), ns.to_string()), ("tier".to_string(), tier.to_string())].into(),
+            labels: [
+                ("ns".to_string(), ns.to_string()),
+                ("tier".to_string(), tier.to_string()),
+            ]
+            .into(),
         })));
     }
     steps.extend(["x", "y"].iter().map(|ns| {
-            let obj = json!({
-                "apiVersion": "networking.k8s.io/v1",
-                "kind": "NetworkPolicy",
-                "metadata": {"namespace": ns, "name": "default-deny"},
-                "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
-            });
-            Step::Model(Action::CreatePolicy(Box::new(
-                serde_json::from_value(obj).expect("a NetworkPolicy"),
-            )))
+        let obj = json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"namespace": ns, "name": "default-deny"},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+        });
+        Step::Model(Action::CreatePolicy(Box::new(
+            serde_json::from_value(obj).expect("a NetworkPolicy"),
+        )))
     }));
     steps
 }
@@ -370,7 +380,11 @@ pub fn next_step(rng: &mut StdRng, model: &Snapshot, world: &mut World, nodes: u
             }
             43..=54 => {
                 let ns = pick(rng, &NAMESPACES);
-                return Step::Model(Action::CreatePolicy(Box::new(random_policy(rng, ns, &format!("np{n}")))));
+                return Step::Model(Action::CreatePolicy(Box::new(random_policy(
+                    rng,
+                    ns,
+                    &format!("np{n}"),
+                ))));
             }
             55..=63 if !policies.is_empty() => {
                 let (ns, name) = pick(rng, &policies).clone();
