@@ -15,6 +15,9 @@
 //! - `cargo xtask fuzz [--seed N] [--cases N | --duration SECS] [--attach tcx|tc]`:
 //!   the packet fuzzer (random and malformed frames through the real eBPF
 //!   programs, judged by `docs/packet-spec.md`; ends with one JSON line).
+//! - `cargo xtask chaos --dataplane ebpf|nftables [--duration SECS] [--seed N] [--inject]`:
+//!   the chaos soak on the two-node cluster (seeded changes and faults,
+//!   continuous probes, an oracle; ends with one JSON line, `"bench":"chaos"`).
 //! - `cargo xtask image`: the agent's OCI image (buildah, no daemon).
 //! - `cargo xtask vm run --kernel debian-6.1 -- CMD`, `cargo xtask vm matrix`:
 //!   Debian's kernels under qemu (`vm.rs`).
@@ -65,6 +68,15 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The chaos soak: a seeded schedule of changes and faults on the
+    /// two-node cluster, continuous probes judged by an oracle; ends with
+    /// one JSON line (arguments go to npm-chaos: `--dataplane ebpf|nftables
+    /// --duration SECS --seed N --inject`).
+    Chaos {
+        /// Arguments for npm-chaos.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// The local demo: test API server, 3x3 netns cluster and the agent.
     Demo {
         /// Arguments for the demo, e.g. `--dataplane nftables`.
@@ -107,6 +119,7 @@ fn main() -> ExitCode {
         Cmd::Lint => lint(),
         Cmd::Deps => deps::deps(),
         Cmd::Conformance { args } => conformance(&args),
+        Cmd::Chaos { args } => chaos(&args),
         Cmd::Demo { args } => demo(&args),
         Cmd::Bench { which, args } => bench(&which, &args),
         Cmd::Image { check } => image::image().and_then(|tag| if check { image::check(&tag) } else { Ok(()) }),
@@ -444,6 +457,22 @@ fn conformance(args: &[String]) -> Result<()> {
         "npm-conformance",
     ]))?;
     conformance_with(args)
+}
+
+/// The chaos soak (`npm-chaos`) on freshly built binaries.
+fn chaos(args: &[String]) -> Result<()> {
+    if !ebpf_object().exists() {
+        build_ebpf()?;
+    }
+    run(cargo().args(["build", "--bin", "npm-agent", "--bin", "npm-cni", "--bin", "npm-chaos"]))?;
+    let mut cmd = Command::new(root().join("target/debug/npm-chaos"));
+    cmd.arg("--agent-bin")
+        .arg(root().join("target/debug/npm-agent"))
+        .arg("--npm-cni-bin")
+        .arg(root().join("target/debug/npm-cni"))
+        .args(args)
+        .env("NPM_EBPF_OBJECT", ebpf_object());
+    run(&mut cmd)
 }
 
 /// The conformance runner on built binaries; `args` may name another

@@ -218,6 +218,14 @@ impl Cache {
             Event::Delete(_) => "delete",
         };
         self.metrics.watch_event(K::NAME, name);
+        if name == "delete" && super::fault_injection::skip_delete(K::NAME) {
+            tracing::warn!(
+                resource = K::NAME,
+                "fault injection ({}): dropping a watch delete",
+                super::fault_injection::SKIP_DELETE_ENV
+            );
+            return StoreUpdate::Unchanged;
+        }
         let update = lock(K::store(self)).handle(event, |o, n| K::count_change(&self.metrics, o, n));
         if name == "init-done" {
             tracing::info!(resource = K::NAME, "full list completed");

@@ -33,12 +33,15 @@
 //! - [`watcher`]: the kube-rs watchers feeding the cache;
 //! - [`direct_read`](mod@direct_read): a fresh paginated LIST of all five (the
 //!   mass-deletion guard's confirmation);
+//! - [`fault_injection`]: the test-only switch that drops watch deletes
+//!   (proves the chaos oracle can fail);
 //! - [`taint`]: removing the `npm.io/agent-not-ready` taint from this
 //!   agent's Node after the first full sync.
 
 pub mod cache;
 pub mod cluster_policy;
 pub mod direct_read;
+pub mod fault_injection;
 pub mod nodes;
 pub mod objects;
 pub mod pod_conditions;

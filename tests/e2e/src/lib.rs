@@ -8,12 +8,15 @@
 //! - [`nodes`]: several nodes (netns, private mount namespaces, a routed
 //!   fabric); [`cni`]: pods wired by the reference CNI plugins and npm-cni
 //!   as a container runtime wires them.
+//! - [`chaos`]: the chaos soak (a seeded schedule of changes and faults,
+//!   continuous probes, an oracle over the states passed through).
 //! - [`kube_proxy`]: a node's Service DNAT as kube-proxy programs it (iptables
 //!   and nftables modes); [`endpointslices`]: the EndpointSlice controller.
 //! - [`nodeport_fixture`]: helpers of the NodePort suite (source echo).
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod chaos;
 pub mod cluster;
 pub mod cni;
 pub mod demo;

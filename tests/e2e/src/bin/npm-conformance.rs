@@ -122,6 +122,7 @@ fn main() -> ExitCode {
         filter: cli.filter,
         agent_bin: cli.agent_bin,
         agent_args: cli.agent_args,
+        agent_env: vec![],
         ipv6: cli.ipv6,
         probe_timeout: Duration::from_millis(cli.probe_timeout_ms),
         deadline: Duration::from_secs(cli.deadline_secs),

@@ -207,6 +207,9 @@ pub struct Options {
     pub agent_bin: PathBuf,
     /// Extra arguments for `npm-agent run`.
     pub agent_args: Vec<String>,
+    /// Extra environment variables of the agents (the chaos soak's fault
+    /// injection: `NPM_TEST_SKIP_DELETE`).
+    pub agent_env: Vec<(String, String)>,
     /// Probe IPv6 addresses instead of IPv4.
     pub ipv6: bool,
     /// Timeout of one probe attempt.
@@ -252,6 +255,7 @@ impl Default for Options {
             filter: None,
             agent_bin: PathBuf::from("target/debug/npm-agent"),
             agent_args: vec![],
+            agent_env: vec![],
             ipv6: false,
             probe_timeout: Duration::from_secs(1),
             deadline: Duration::from_secs(10),

@@ -157,6 +157,7 @@ impl LiveRunner {
             .arg("--debug-addr")
             .arg(debug.to_string())
             .args(&self.opts.agent_args)
+            .envs(self.opts.agent_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(logf)
             .stderr(logf2);

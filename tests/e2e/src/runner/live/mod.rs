@@ -8,6 +8,7 @@ mod cluster;
 mod cnp;
 mod nodes;
 mod probing;
+mod restart;
 mod services;
 
 use std::collections::BTreeMap;

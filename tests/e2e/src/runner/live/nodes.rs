@@ -28,7 +28,7 @@ use crate::runner::{CniMode, Destination, KubeProxyMode, Options, RunnerError};
 pub const SERVICE_LABEL: &str = "npm-e2e/pod";
 
 /// The agents' metrics port on their node address.
-const NODE_METRICS_PORT: u16 = 9090;
+pub(super) const NODE_METRICS_PORT: u16 = 9090;
 
 /// The labels of a Node object: a kubelet's `kubernetes.io/hostname` and
 /// `kubernetes.io/os: linux` (the upstream node-peer tests select nodes by

@@ -1,0 +1,92 @@
+//! `npm-chaos`: the chaos soak (see `npm_e2e::chaos`) on the two-node
+//! netns cluster with the real agents.
+//!
+//! ```text
+//! npm-chaos --dataplane ebpf|nftables [--duration SECS] [--seed N]
+//!           [--inject] [--agent-bin PATH] [--npm-cni-bin PATH]
+//! ```
+//! Prints the schedule as it runs, each violation and liveness failure
+//! (seed, probe, legal states, disturbances, the replay command) and, last,
+//! one JSON line (`"bench":"chaos"`). Exits non-zero on a violation or a
+//! liveness failure (with `--inject`: when there is no violation).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use npm_e2e::chaos::{self, oracle::Bounds, ChaosOptions};
+use npm_e2e::runner::Engine;
+
+/// Runs the chaos soak.
+#[derive(Debug, Parser)]
+#[command(name = "npm-chaos")]
+struct Cli {
+    /// ebpf or nftables.
+    #[arg(long, default_value = "ebpf")]
+    dataplane: String,
+    /// Seconds of schedule.
+    #[arg(long, default_value_t = 120)]
+    duration: u64,
+    /// The seed (default: drawn from the clock and printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Fault injection: the agents drop every NetworkPolicy watch delete;
+    /// the oracle must report violations.
+    #[arg(long)]
+    inject: bool,
+    /// The agent binary.
+    #[arg(long, default_value = "target/debug/npm-agent")]
+    agent_bin: PathBuf,
+    /// The npm-cni binary.
+    #[arg(long, default_value = "target/debug/npm-cni")]
+    npm_cni_bin: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let engine = match Engine::parse(&cli.dataplane) {
+        Some(e @ (Engine::Ebpf | Engine::Nftables)) => e,
+        _ => {
+            eprintln!(
+                "npm-chaos: --dataplane must be ebpf or nftables, not {:?}",
+                cli.dataplane
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let seed = cli.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let opts = ChaosOptions {
+        engine,
+        duration: cli.duration,
+        seed,
+        agent_bin: cli.agent_bin,
+        npm_cni_bin: cli.npm_cni_bin,
+        inject: cli.inject,
+        bounds: Bounds::default(),
+    };
+    let mut out = std::io::stdout();
+    match chaos::run(&opts, &mut out) {
+        Ok(r) => {
+            println!("{}", r.json_line());
+            let failed = if cli.inject {
+                r.violations == 0
+            } else {
+                r.violations > 0 || r.liveness_failures > 0
+            };
+            if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("npm-chaos: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

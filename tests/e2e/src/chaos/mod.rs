@@ -1,0 +1,697 @@
+//! The chaos soak (`cargo xtask chaos`, `npm-chaos`): a seeded random
+//! schedule of changes and faults on the two-node netns cluster (pods wired
+//! by the reference `ptp` plugin chained with npm-cni, one real agent per
+//! node), continuous TCP and UDP probes between pods, and an oracle that
+//! judges every probe against the states the cluster passed through.
+//!
+//! - [`schedule`]: the seeded steps (pods created, deleted, relabelled;
+//!   addresses of deleted pods reused (on their node, by the CNI chain);
+//!   NetworkPolicies created, updated, deleted, one written invalid;
+//!   namespaces relabelled; an agent killed with SIGKILL and started again;
+//!   API faults: 410 Gone on a relist, dropped watches, an outage of lists
+//!   and watches, 404 on the ClusterNetworkPolicy resource, slow answers).
+//! - [`oracle`]: states, legal kept states, violations and liveness
+//!   failures (bounds in [`oracle::Bounds`]).
+//! - [`monitor`]: the agents' readiness and held removals, settle times.
+//!
+//! One tick a second: perhaps a step (one in two ticks), the agents
+//! polled, then a round of [`PROBES_PER_ROUND`] probes (half of them on
+//! pairs whose verdict the latest changes flipped), 500 ms timeout each
+//! and one retry of a failed one: at most 16 connection attempts a second,
+//! four probe threads (mostly waiting). The run ends with one
+//! JSON line (`"bench":"chaos"`).
+
+pub mod monitor;
+pub mod oracle;
+pub mod schedule;
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use crate::probe::{probe_all, Probe, ProbeConfig, Proto};
+use crate::runner::{CniMode, Engine, LiveRunner, Options, RunnerError};
+use oracle::{Bounds, Oracle, ProbeProto, ProbeRecord, Verdict};
+use schedule::{Fault, Step, World};
+
+/// Probes per round (one round a tick).
+pub const PROBES_PER_ROUND: usize = 8;
+/// Nodes of the soak's cluster.
+pub const NODES: u8 = 2;
+/// How long (ticks) an API fault counts as a disturbance after it ended:
+/// the agents' watchers back off and relist in that time.
+const FAULT_TAIL_TICKS: u64 = 10;
+
+/// Errors of the soak.
+#[derive(Debug, thiserror::Error)]
+pub enum ChaosError {
+    /// The cluster, the API or a step failed.
+    #[error("{0}")]
+    Runner(#[from] RunnerError),
+    /// A step of the schedule could not be applied.
+    #[error("step {index} ({what}): {message}")]
+    Step {
+        /// Step number.
+        index: usize,
+        /// The step.
+        what: String,
+        /// The error.
+        message: String,
+    },
+}
+
+/// Options of a soak.
+#[derive(Clone, Debug)]
+pub struct ChaosOptions {
+    /// `Engine::Ebpf` or `Engine::Nftables`.
+    pub engine: Engine,
+    /// Seconds of schedule (the setup comes before).
+    pub duration: u64,
+    /// The seed.
+    pub seed: u64,
+    /// The agent binary.
+    pub agent_bin: PathBuf,
+    /// The npm-cni binary.
+    pub npm_cni_bin: PathBuf,
+    /// Fault injection: agents drop every NetworkPolicy watch delete
+    /// (`NPM_TEST_SKIP_DELETE=networkpolicies`); the oracle must report it.
+    pub inject: bool,
+    /// The oracle's bounds.
+    pub bounds: Bounds,
+}
+
+/// The figures of a soak.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// Dataplane name.
+    pub dataplane: String,
+    /// The seed.
+    pub seed: u64,
+    /// Seconds of schedule.
+    pub duration: u64,
+    /// Steps applied.
+    pub steps: usize,
+    /// States (steps that changed what the API server holds, plus the first).
+    pub states: usize,
+    /// Probes run.
+    pub probes: usize,
+    /// Probes that connected.
+    pub connected: usize,
+    /// Violations.
+    pub violations: usize,
+    /// Liveness failures.
+    pub liveness_failures: usize,
+    /// Settle times (s): from a fault's end or an agent's restart to every
+    /// agent ready with nothing held.
+    pub settle: Vec<f64>,
+    /// The reports of the violations and liveness failures (the first 20).
+    pub findings: Vec<String>,
+    /// Whether the fault injection was on.
+    pub inject: bool,
+}
+
+impl Report {
+    /// The result line.
+    pub fn json_line(&self) -> String {
+        json!({
+            "bench": "chaos",
+            "dataplane": self.dataplane,
+            "seed": self.seed,
+            "duration_s": self.duration,
+            "inject": self.inject,
+            "steps": self.steps,
+            "states": self.states,
+            "probes": self.probes,
+            "connected": self.connected,
+            "violations": self.violations,
+            "liveness_failures": self.liveness_failures,
+            "settle_events": self.settle.len(),
+            "settle_p50_s": round3(monitor::percentile(&self.settle, 50.0)),
+            "settle_p99_s": round3(monitor::percentile(&self.settle, 99.0)),
+            "probes_per_round": PROBES_PER_ROUND,
+            "probes_per_s": round3(self.probes as f64 / self.duration.max(1) as f64),
+        })
+        .to_string()
+    }
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// A pending end of something the schedule started, at a tick (ticks,
+/// not seconds, so that a seed replays the same steps however long a tick
+/// took).
+enum Pending {
+    /// Clear the API faults at this tick; the disturbance handle.
+    ClearFaults(u64, usize),
+    /// End a disturbance at this tick.
+    EndDisturbance(u64, usize),
+    /// End a fault's disturbance at this tick.
+    EndFault(u64, usize),
+    /// Start node `k`'s agent again at this tick.
+    Respawn(u64, u8),
+}
+
+struct Soak {
+    runner: LiveRunner,
+    oracle: Oracle,
+    world: World,
+    /// The schedule's generator (steps only).
+    rng: StdRng,
+    /// The probes' generator (pairs), apart so the steps replay.
+    probe_rng: StdRng,
+    tick: u64,
+    t0: Instant,
+    pending: Vec<Pending>,
+    /// Open "node-k unsettled" disturbances, by node.
+    unsettled: Vec<Option<usize>>,
+    /// Times after which the next all-settled poll is a settle time.
+    settle_from: Vec<f64>,
+    settle: Vec<f64>,
+    restarts: u32,
+    probes: Vec<ProbeRecord>,
+    cfg: ProbeConfig,
+    steps: usize,
+    /// Drawn steps not applied yet: a pod made by the CNI chain waits
+    /// while an API fault runs, an agent is down or not ready (npm-cni's
+    /// ADD needs the node's agent to have seen the pod; a kubelet would
+    /// retry); no step is drawn meanwhile. A seed replays the same steps
+    /// as long as the agents' readiness falls on the same ticks.
+    deferred: std::collections::VecDeque<Step>,
+}
+
+/// Runs a soak, printing progress and each finding to `out`; returns the
+/// figures (the caller prints [`Report::json_line`]).
+pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosError> {
+    let mut agent_env = vec![];
+    if opts.inject {
+        agent_env.push(("NPM_TEST_SKIP_DELETE".to_string(), "networkpolicies".to_string()));
+    }
+    let runner = LiveRunner::start(Options {
+        engine: opts.engine,
+        agent_bin: opts.agent_bin.clone(),
+        npm_cni_bin: opts.npm_cni_bin.clone(),
+        nodes: NODES as usize,
+        cni: CniMode::Ptp,
+        agent_env,
+        startup_deadline: Duration::from_secs(60),
+        ..Options::default()
+    })?;
+    let cfg = ProbeConfig {
+        timeout: Duration::from_millis(500),
+        threads: 4,
+        sctp_log: runner.cluster().sctp_log(),
+    };
+    let mut oracle = Oracle::new(opts.bounds, npm_sim::cases::Model::options());
+    let world = World::default();
+    let snap = schedule::oracle_snapshot(&runner.model().snapshot, &world);
+    oracle.push_state(0.0, "start", snap);
+    let mut soak = Soak {
+        runner,
+        oracle,
+        world,
+        rng: StdRng::seed_from_u64(opts.seed),
+        probe_rng: StdRng::seed_from_u64(opts.seed ^ 0x9e37_79b9_7f4a_7c15),
+        tick: 0,
+        t0: Instant::now(),
+        pending: Vec::new(),
+        unsettled: vec![None; NODES as usize],
+        settle_from: Vec::new(),
+        settle: Vec::new(),
+        restarts: 0,
+        probes: Vec::new(),
+        cfg,
+        steps: 0,
+        deferred: Default::default(),
+    };
+    let dataplane = if opts.engine == Engine::Nftables {
+        "nftables"
+    } else {
+        "ebpf"
+    };
+    let _ = writeln!(
+        out,
+        "chaos: {dataplane}, seed {}, {} s, {} nodes{}",
+        opts.seed,
+        opts.duration,
+        NODES,
+        if opts.inject { ", fault injection on" } else { "" }
+    );
+    for step in schedule::baseline() {
+        soak.step(step, out)?;
+    }
+    let end = Duration::from_secs(opts.duration);
+    while soak.t0.elapsed() < end {
+        let tick_start = soak.t0.elapsed();
+        soak.run_pending(out)?;
+        if soak.deferred.is_empty() && soak.rng.random_bool(0.5) {
+            let step = schedule::next_step(&mut soak.rng, &soak.runner.model().snapshot, &mut soak.world, NODES);
+            soak.deferred.push_back(step);
+        }
+        soak.apply_ready_steps(out)?;
+        soak.poll_agents();
+        soak.probe_round();
+        soak.tick += 1;
+        if soak.tick.is_multiple_of(60) {
+            let _ = writeln!(
+                out,
+                "chaos: {:.0}s, {} steps, {} probes",
+                soak.now(),
+                soak.steps,
+                soak.probes.len()
+            );
+        }
+        let next = tick_start + Duration::from_secs(1);
+        if let Some(wait) = next.checked_sub(soak.t0.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    // Let pending restarts and fault ends happen, then judge.
+    while !soak.pending.is_empty() || !soak.deferred.is_empty() {
+        soak.tick += 1;
+        soak.run_pending(out)?;
+        soak.apply_ready_steps(out)?;
+        soak.poll_agents();
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+    let report = soak.judge(opts, dataplane, out);
+    let logs = soak.runner.agent_logs();
+    let workdir = soak.runner.workdir().to_path_buf();
+    soak.runner.shutdown()?;
+    if report.violations == 0 && report.liveness_failures == 0 {
+        let _ = std::fs::remove_dir_all(&workdir);
+    } else {
+        for l in logs {
+            let _ = writeln!(out, "agent log: {}", l.display());
+        }
+    }
+    Ok(report)
+}
+
+impl Soak {
+    fn now(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64()
+    }
+
+    fn step_err(&self, what: &str, message: String) -> ChaosError {
+        ChaosError::Step {
+            index: self.steps,
+            what: what.to_string(),
+            message,
+        }
+    }
+
+    /// Records the state the API server holds now.
+    fn push_state(&mut self, what: &str) {
+        let snap = schedule::oracle_snapshot(&self.runner.model().snapshot, &self.world);
+        let t = self.now();
+        self.oracle.push_state(t, what, snap);
+    }
+
+    fn run_pending(&mut self, out: &mut dyn Write) -> Result<(), ChaosError> {
+        let now = self.tick;
+        let due: Vec<Pending> = {
+            let (due, rest): (Vec<Pending>, Vec<Pending>) =
+                std::mem::take(&mut self.pending).into_iter().partition(|p| match p {
+                    Pending::ClearFaults(t, _)
+                    | Pending::EndDisturbance(t, _)
+                    | Pending::EndFault(t, _)
+                    | Pending::Respawn(t, _) => *t <= now,
+                });
+            self.pending = rest;
+            due
+        };
+        for p in due {
+            match p {
+                Pending::ClearFaults(_, h) => {
+                    if let Some(s) = self.runner.api_server() {
+                        s.clear_faults();
+                    }
+                    let t = self.now();
+                    self.settle_from.push(t);
+                    self.pending.push(Pending::EndFault(self.tick + FAULT_TAIL_TICKS, h));
+                }
+                Pending::EndDisturbance(_, h) => {
+                    self.oracle.end(h, self.now());
+                }
+                Pending::EndFault(_, h) => {
+                    self.oracle.end(h, self.now());
+                    self.world.fault_running = self
+                        .pending
+                        .iter()
+                        .any(|p| matches!(p, Pending::EndFault(..) | Pending::ClearFaults(..)));
+                }
+                Pending::Respawn(_, k) => {
+                    self.restarts += 1;
+                    let n = self.restarts;
+                    self.runner
+                        .respawn_node_agent(k, n)
+                        .map_err(|e| self.step_err("restart agent", e.to_string()))?;
+                    let t = self.now();
+                    self.settle_from.push(t);
+                    self.world.agent_down = false;
+                    let _ = writeln!(out, "chaos: {t:.1}s restarted the agent of node-{k}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the deferred steps from the front while they may run.
+    fn apply_ready_steps(&mut self, out: &mut dyn Write) -> Result<(), ChaosError> {
+        while let Some(front) = self.deferred.front() {
+            let cni_pod = matches!(
+                front,
+                Step::Model(npm_sim::cases::Action::CreatePod(_)) | Step::Reuse { .. }
+            );
+            if cni_pod && (self.world.fault_running || self.world.agent_down || !self.agents_ready()) {
+                return Ok(());
+            }
+            let step = self.deferred.pop_front().expect("front");
+            self.step(step, out)?;
+        }
+        Ok(())
+    }
+
+    /// Whether every agent answers `/readyz` 200.
+    fn agents_ready(&self) -> bool {
+        (1..=NODES).all(|k| {
+            self.runner
+                .node_metrics_addr(k)
+                .and_then(monitor::poll)
+                .is_some_and(|h| h.ready)
+        })
+    }
+
+    fn step(&mut self, step: Step, out: &mut dyn Write) -> Result<(), ChaosError> {
+        let what = step.describe();
+        self.steps += 1;
+        let t = self.now();
+        let _ = writeln!(out, "chaos: {t:.1}s step {}: {what}", self.steps);
+        let err = |s: &Self, e: &dyn std::fmt::Display| s.step_err(&what, e.to_string());
+        match step {
+            Step::Model(action) => {
+                let freed = match &action {
+                    npm_sim::cases::Action::DeletePod(p) => {
+                        schedule::addresses_of(&self.runner.model().snapshot, &p.pod)
+                    }
+                    _ => None,
+                };
+                self.runner.apply(&action).map_err(|e| err(self, &e))?;
+                self.world.freed.extend(freed);
+                self.push_state(&what);
+            }
+            Step::Reuse {
+                pod,
+                labels,
+                v4,
+                v6,
+                node,
+            } => {
+                let created = 1_000_000 + self.steps as i64;
+                let rp = schedule::ReusePod {
+                    labels,
+                    v4,
+                    v6,
+                    node,
+                    created,
+                };
+                self.runner
+                    .create_unmodelled_pod_wired(&schedule::reuse_pod(&pod, &rp), v4, v6)
+                    .map_err(|e| err(self, &e))?;
+                self.world.freed.retain(|(_, a, _)| *a != v4);
+                self.world.reuse.insert(pod.clone(), rp);
+                self.push_state(&what);
+            }
+            Step::DeleteReuse(pod) => {
+                let (ns, name) = pod.split_once('/').unwrap_or(("", ""));
+                self.runner.delete_unmodelled_pod(ns, name).map_err(|e| err(self, &e))?;
+                if let Some(p) = self.world.reuse.remove(&pod) {
+                    self.world.freed.push((ns.to_string(), p.v4, p.v6));
+                }
+                self.push_state(&what);
+            }
+            Step::Invalid(np) => {
+                let v = serde_json::to_value(&*np).map_err(|e| err(self, &e))?;
+                let server = self.runner.api_server().ok_or_else(|| err(self, &"no API server"))?;
+                server.set_validation(false);
+                let r = self.runner.api().apply_policy(&v, false);
+                server.set_validation(true);
+                r.map_err(|e| err(self, &e))?;
+                let key = (
+                    np.metadata.namespace.clone().unwrap_or_default(),
+                    np.metadata.name.clone().unwrap_or_default(),
+                );
+                self.world.invalid.insert(key, *np);
+                self.push_state(&what);
+            }
+            Step::DeleteInvalid(ns, name) => {
+                self.runner
+                    .api()
+                    .delete(&crate::api::policy_path(&ns, &name))
+                    .map_err(|e| err(self, &e))?;
+                self.world.invalid.remove(&(ns, name));
+                self.push_state(&what);
+            }
+            Step::KillAgent { node, down_secs } => {
+                self.runner.kill_node_agent(node).map_err(|e| err(self, &e))?;
+                self.world.agent_down = true;
+                self.pending.push(Pending::Respawn(self.tick + down_secs, node));
+                // The node's unsettled disturbance (polls) covers the rest.
+                let h = self.oracle.begin(&format!("node-{node} agent killed"), t);
+                self.pending.push(Pending::EndDisturbance(self.tick + down_secs, h));
+            }
+            Step::Fault(f) => self.fault(f, &what)?,
+        }
+        Ok(())
+    }
+
+    fn fault(&mut self, f: Fault, what: &str) -> Result<(), ChaosError> {
+        use npm_testapi::FaultRule;
+        let server = self
+            .runner
+            .api_server()
+            .ok_or_else(|| self.step_err(what, "no API server".into()))?;
+        let t = self.now();
+        let h = self.oracle.begin(what, t);
+        self.world.fault_running = true;
+        match f {
+            Fault::GoneMidList => {
+                server.compact();
+                server.inject(FaultRule::fail(1, 410).path("/api/v1/pods").verb("list"));
+                server.drop_watches();
+                self.pending.push(Pending::ClearFaults(self.tick + 1, h));
+            }
+            Fault::DroppedWatches => {
+                server.drop_watches();
+                self.pending.push(Pending::ClearFaults(self.tick, h));
+            }
+            Fault::Outage(secs) => {
+                server.inject(FaultRule::fail(u32::MAX, 503).verb("list"));
+                server.inject(FaultRule::fail(u32::MAX, 503).verb("watch"));
+                server.drop_watches();
+                self.pending.push(Pending::ClearFaults(self.tick + secs, h));
+            }
+            Fault::CnpNotFound(secs) => {
+                server.inject(FaultRule::fail(u32::MAX, 404).path("/apis/policy.networking.k8s.io"));
+                server.drop_watches();
+                self.pending.push(Pending::ClearFaults(self.tick + secs, h));
+            }
+            Fault::Slow => {
+                server.inject(FaultRule::delay(20, Duration::from_millis(1500)).verb("list"));
+                server.inject(FaultRule::delay(20, Duration::from_millis(1500)).verb("watch"));
+                self.pending.push(Pending::ClearFaults(self.tick + 15, h));
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls every agent; opens or closes its unsettled disturbance, and
+    /// records settle times.
+    fn poll_agents(&mut self) {
+        let mut all = true;
+        for k in 1..=NODES {
+            let Some(addr) = self.runner.node_metrics_addr(k) else {
+                continue;
+            };
+            let settled = monitor::poll(addr).is_some_and(|h| h.settled());
+            let t = self.now();
+            let slot = &mut self.unsettled[(k - 1) as usize];
+            match (settled, *slot) {
+                (false, None) => *slot = Some(self.oracle.begin(&format!("node-{k} unsettled"), t)),
+                (true, Some(h)) => {
+                    self.oracle.end(h, t);
+                    *slot = None;
+                }
+                _ => {}
+            }
+            all &= settled;
+        }
+        if all && !self.world.agent_down {
+            let t = self.now();
+            for from in std::mem::take(&mut self.settle_from) {
+                self.settle.push(t - from);
+            }
+        }
+    }
+
+    /// The live pods: (`ns/name`, netns, IPv4).
+    fn live_pods(&self) -> Vec<(String, String, IpAddr)> {
+        let mut v = Vec::new();
+        for p in self.runner.cluster().pods() {
+            let key = format!("{}/{}", p.namespace, p.name);
+            let known = self
+                .runner
+                .model()
+                .snapshot
+                .pods
+                .contains_key(&(p.namespace.clone(), p.name.clone()))
+                || self.world.reuse.contains_key(&key);
+            if known {
+                v.push((key, p.netns.clone(), IpAddr::V4(p.ipv4)));
+            }
+        }
+        v
+    }
+
+    /// One round: half on pairs the latest states judge differently, half
+    /// at random; TCP or UDP, port 80 or 81.
+    fn probe_round(&mut self) {
+        let pods = self.live_pods();
+        if pods.len() < 2 {
+            return;
+        }
+        let n_states = self.oracle.states().len();
+        let mut chosen: Vec<(usize, usize, ProbeProto, u16)> = Vec::new();
+        let mut tries = 0;
+        while chosen.len() < PROBES_PER_ROUND && tries < 200 {
+            tries += 1;
+            let a = self.probe_rng.random_range(0..pods.len());
+            let b = self.probe_rng.random_range(0..pods.len());
+            if a == b {
+                continue;
+            }
+            let proto = if self.probe_rng.random_bool(0.5) {
+                ProbeProto::Tcp
+            } else {
+                ProbeProto::Udp
+            };
+            let port = if self.probe_rng.random_bool(0.75) { 80 } else { 81 };
+            let want_flipped = chosen.len() < PROBES_PER_ROUND / 2 && tries < 150;
+            if want_flipped && n_states >= 2 {
+                let rec = self.record(0, &pods[a], &pods[b], proto, port, 0.0, 0.0, false);
+                let lo = n_states.saturating_sub(4);
+                let first = self.oracle.allows(lo, &rec);
+                if (lo + 1..n_states).all(|i| self.oracle.allows(i, &rec) == first) {
+                    continue;
+                }
+            }
+            chosen.push((a, b, proto, port));
+        }
+        let probes: Vec<Probe> = chosen
+            .iter()
+            .map(|&(a, b, proto, port)| Probe {
+                src_netns: pods[a].1.clone(),
+                dst_pod: pods[b].0.clone(),
+                dst: SocketAddr::new(pods[b].2, port),
+                proto: match proto {
+                    ProbeProto::Tcp => Proto::Tcp,
+                    ProbeProto::Udp => Proto::Udp,
+                },
+            })
+            .collect();
+        let start = self.now();
+        let mut results = probe_all(&probes, &self.cfg);
+        // A failed probe is tried once more (a lost SYN or datagram is not
+        // a verdict); its window covers both attempts.
+        let failed: Vec<usize> = (0..probes.len()).filter(|&i| !results[i]).collect();
+        if !failed.is_empty() {
+            let again: Vec<Probe> = failed.iter().map(|&i| probes[i].clone()).collect();
+            for (&i, ok) in failed.iter().zip(probe_all(&again, &self.cfg)) {
+                results[i] = ok;
+            }
+        }
+        let end = self.now();
+        for (&(a, b, proto, port), ok) in chosen.iter().zip(results) {
+            let id = self.probes.len() as u64 + 1;
+            let rec = self.record(id, &pods[a], &pods[b], proto, port, start, end, ok);
+            self.probes.push(rec);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        id: u64,
+        src: &(String, String, IpAddr),
+        dst: &(String, String, IpAddr),
+        proto: ProbeProto,
+        port: u16,
+        start: f64,
+        end: f64,
+        ok: bool,
+    ) -> ProbeRecord {
+        ProbeRecord {
+            id,
+            src: src.0.clone(),
+            dst: dst.0.clone(),
+            src_ip: src.2,
+            dst_ip: dst.2,
+            proto,
+            port,
+            start,
+            end,
+            ok,
+        }
+    }
+
+    fn judge(&self, opts: &ChaosOptions, dataplane: &str, out: &mut dyn Write) -> Report {
+        let mut r = Report {
+            dataplane: dataplane.to_string(),
+            seed: opts.seed,
+            duration: opts.duration,
+            steps: self.steps,
+            states: self.oracle.states().len(),
+            probes: self.probes.len(),
+            connected: self.probes.iter().filter(|p| p.ok).count(),
+            settle: self.settle.clone(),
+            inject: opts.inject,
+            ..Report::default()
+        };
+        let replay = format!(
+            "replay: cargo xtask chaos --dataplane {dataplane} --seed {} --duration {}{}",
+            opts.seed,
+            opts.duration,
+            if opts.inject { " --inject" } else { "" }
+        );
+        for p in &self.probes {
+            let (kind, states) = match self.oracle.judge(p) {
+                Verdict::Fine => continue,
+                Verdict::Violation(s) => {
+                    r.violations += 1;
+                    ("VIOLATION", s)
+                }
+                Verdict::LivenessFailure(s) => {
+                    r.liveness_failures += 1;
+                    ("LIVENESS FAILURE", s)
+                }
+            };
+            let text = format!(
+                "chaos: {kind} (seed {}): {}  {replay}\n",
+                opts.seed,
+                self.oracle.explain(p, &states)
+            );
+            let _ = out.write_all(text.as_bytes());
+            if r.findings.len() < 20 {
+                r.findings.push(text);
+            }
+        }
+        r
+    }
+}

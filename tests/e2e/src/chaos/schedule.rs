@@ -1,0 +1,479 @@
+//! The seeded schedule of the soak: which step comes next (drawn from the
+//! seeded generator and the cluster as the schedule left it, so a seed
+//! replays the same steps), the objects it writes (pods, labels,
+//! NetworkPolicies, an invalid one) and the snapshot the oracle judges by.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use npm_policy::model::{Pod, PodPhase, Snapshot};
+use npm_sim::cases::{model_container_ports, Action, NamespaceLabels, ObjectName, PodLabels, PodName};
+use rand::rngs::StdRng;
+use rand::Rng;
+use serde_json::{json, Value};
+
+/// The namespaces of the soak (the upstream model's).
+pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];
+const ROLES: [&str; 3] = ["web", "db", "client"];
+const TIERS: [&str; 2] = ["front", "back"];
+/// Pods below which none is deleted.
+const MIN_PODS: usize = 6;
+/// Pods above which none is created.
+const MAX_PODS: usize = 14;
+/// Highest pod index the model may hand out in a namespace.
+const MAX_POD_INDEX: u32 = 200;
+
+/// One step of the schedule.
+#[derive(Clone, Debug)]
+pub enum Step {
+    /// A modelled action (pods, labels, NetworkPolicies), through the runner.
+    Model(Action),
+    /// A pod the model does not know at a freed address, on the node of
+    /// the address's namespace, wired by the CNI chain.
+    Reuse {
+        /// `ns/name`.
+        pod: String,
+        /// Labels.
+        labels: BTreeMap<String, String>,
+        /// Addresses.
+        v4: Ipv4Addr,
+        /// IPv6 address.
+        v6: Ipv6Addr,
+        /// Node (1-based).
+        node: u8,
+    },
+    /// Delete a reuse pod.
+    DeleteReuse(String),
+    /// A NetworkPolicy npm-policy cannot fully convert, written with the
+    /// API server's validation off (an API server of another version).
+    Invalid(Box<NetworkPolicy>),
+    /// Delete the invalid policy.
+    DeleteInvalid(String, String),
+    /// `kill -9` node `k`'s agent; started again after `down_secs`.
+    KillAgent {
+        /// Node.
+        node: u8,
+        /// Seconds until the restart.
+        down_secs: u64,
+    },
+    /// An API server fault.
+    Fault(Fault),
+}
+
+/// The API server faults of the schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The watches dropped, the history compacted and the next pod list
+    /// answered 410 Gone: the agents relist.
+    GoneMidList,
+    /// Every watch dropped.
+    DroppedWatches,
+    /// Lists and watches answer 503 for `secs` (writes go on).
+    Outage(u64),
+    /// The ClusterNetworkPolicy resource answers 404 for `secs`.
+    CnpNotFound(u64),
+    /// The next 20 lists and watches take 1.5 s.
+    Slow,
+}
+
+impl Step {
+    /// A one-line description.
+    pub fn describe(&self) -> String {
+        match self {
+            Step::Model(a) => describe_action(a),
+            Step::Reuse {
+                pod, v4, node, labels, ..
+            } => {
+                format!("reuse {v4} as {pod} on node-{node} {labels:?}")
+            }
+            Step::DeleteReuse(p) => format!("delete reuse pod {p}"),
+            Step::Invalid(np) => format!(
+                "invalid policy {}/{}",
+                np.metadata.namespace.as_deref().unwrap_or(""),
+                np.metadata.name.as_deref().unwrap_or("")
+            ),
+            Step::DeleteInvalid(ns, n) => format!("delete invalid policy {ns}/{n}"),
+            Step::KillAgent { node, down_secs } => format!("kill -9 agent of node-{node} for {down_secs}s"),
+            Step::Fault(f) => format!("fault {f:?}"),
+        }
+    }
+}
+
+fn describe_action(a: &Action) -> String {
+    match a {
+        Action::CreatePolicy(np) | Action::UpdatePolicy(np) => format!(
+            "{} {}/{} {}",
+            a.name(),
+            np.metadata.namespace.as_deref().unwrap_or(""),
+            np.metadata.name.as_deref().unwrap_or(""),
+            serde_json::to_string(&np.spec).unwrap_or_default()
+        ),
+        Action::DeletePolicy(o) => format!("delete_policy {}/{}", o.namespace, o.name),
+        Action::SetPodLabels(p) | Action::CreatePod(p) => format!("{} {} {:?}", a.name(), p.pod, p.labels),
+        Action::DeletePod(p) => format!("delete_pod {}", p.pod),
+        Action::SetNamespaceLabels(n) => format!("set_namespace_labels {} {:?}", n.namespace, n.labels),
+        other => other.name().to_string(),
+    }
+}
+
+/// A pod of the soak that the model does not know (at a reused address).
+#[derive(Clone, Debug)]
+pub struct ReusePod {
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// IPv4.
+    pub v4: Ipv4Addr,
+    /// IPv6.
+    pub v6: Ipv6Addr,
+    /// Node (1-based).
+    pub node: u8,
+    /// Its creation order (newer than every model pod).
+    pub created: i64,
+}
+
+/// What the schedule knows beyond the runner's model: reuse pods, freed
+/// addresses, the invalid policy, counters.
+#[derive(Debug, Default)]
+pub struct World {
+    /// Reuse pods by `ns/name`.
+    pub reuse: BTreeMap<String, ReusePod>,
+    /// Addresses of deleted pods nobody holds now (namespace, v4, v6).
+    pub freed: Vec<(String, Ipv4Addr, Ipv6Addr)>,
+    /// The invalid policies in the API server.
+    pub invalid: BTreeMap<(String, String), NetworkPolicy>,
+    /// Pods created per namespace (the model's next index).
+    pub created: BTreeMap<String, u32>,
+    /// Counter of names.
+    pub next: u32,
+    /// An API fault is running.
+    pub fault_running: bool,
+    /// An agent is down.
+    pub agent_down: bool,
+}
+
+/// The Pod of a reuse pod `ns/name`.
+pub fn reuse_pod(key: &str, p: &ReusePod) -> Pod {
+    let (ns, name) = key.split_once('/').unwrap_or(("", ""));
+    Pod {
+        uid: format!("reuse-{ns}-{name}-{}", p.created),
+        namespace: ns.to_string(),
+        name: name.to_string(),
+        labels: p.labels.clone(),
+        ips: vec![IpAddr::V4(p.v4), IpAddr::V6(p.v6)],
+        node_name: Some(format!("node-{}", p.node)),
+        phase: PodPhase::Running,
+        deleting: false,
+        host_network: false,
+        ports: model_container_ports(),
+        created: p.created,
+    }
+}
+
+/// The snapshot the oracle judges by: the model's, the reuse pods and the
+/// invalid policies (converted as the agent converts them: what cannot be
+/// understood dropped, the pods selected still isolated).
+pub fn oracle_snapshot(model: &Snapshot, world: &World) -> Snapshot {
+    let mut s = model.clone();
+    for (key, p) in &world.reuse {
+        s.upsert_pod(reuse_pod(key, p));
+    }
+    for np in world.invalid.values() {
+        // Err: recorded as invalid, kept without what it cannot convert.
+        let _ = s.upsert_policy(np);
+    }
+    s
+}
+
+fn pick<'a, T>(rng: &mut StdRng, v: &'a [T]) -> &'a T {
+    &v[rng.random_range(0..v.len())]
+}
+
+fn pod_labels(rng: &mut StdRng, name: &str) -> BTreeMap<String, String> {
+    [
+        ("pod".to_string(), name.to_string()),
+        ("role".to_string(), pick(rng, &ROLES).to_string()),
+    ]
+    .into()
+}
+
+/// A random peer: pods by role, namespaces by tier or name, both, or an
+/// ipBlock around the pod subnets.
+fn peer(rng: &mut StdRng) -> Value {
+    match rng.random_range(0..5) {
+        0 => json!({"podSelector": {"matchLabels": {"role": pick(rng, &ROLES)}}}),
+        1 => json!({"namespaceSelector": {"matchLabels": {"tier": pick(rng, &TIERS)}}}),
+        2 => json!({
+            "namespaceSelector": {"matchLabels": {"ns": pick(rng, &NAMESPACES)}},
+            "podSelector": {"matchLabels": {"role": pick(rng, &ROLES)}},
+        }),
+        3 => json!({"namespaceSelector": {"matchLabels": {"ns": pick(rng, &NAMESPACES)}}}),
+        _ => {
+            let n = rng.random_range(1..=3);
+            json!({"ipBlock": {"cidr": format!("198.18.{n}.0/24"), "except": [format!("198.18.{n}.1/32")]}})
+        }
+    }
+}
+
+fn ports(rng: &mut StdRng) -> Value {
+    match rng.random_range(0..4) {
+        0 => json!([{"protocol": "TCP", "port": 80}]),
+        1 => json!([{"protocol": "UDP", "port": 80}]),
+        2 => json!([{"protocol": "TCP", "port": 81}, {"protocol": "UDP", "port": 80}]),
+        _ => Value::Null,
+    }
+}
+
+fn rule(rng: &mut StdRng, key: &str) -> Value {
+    let peers: Vec<Value> = (0..rng.random_range(1..=2)).map(|_| peer(rng)).collect();
+    let mut r = json!({ key: peers });
+    let p = ports(rng);
+    if !p.is_null() {
+        r["ports"] = p;
+    }
+    r
+}
+
+/// A random valid NetworkPolicy `ns/name`: a pod selector by role (or
+/// all), Ingress, Egress or both, 0 to 2 rules each (0: deny that way).
+pub fn random_policy(rng: &mut StdRng, ns: &str, name: &str) -> NetworkPolicy {
+    let selector = if rng.random_bool(0.3) {
+        json!({})
+    } else {
+        json!({"matchLabels": {"role": pick(rng, &ROLES)}})
+    };
+    let types: Vec<&str> = match rng.random_range(0..4) {
+        0 | 1 => vec!["Ingress"],
+        2 => vec!["Egress"],
+        _ => vec!["Ingress", "Egress"],
+    };
+    let mut spec = json!({"podSelector": selector, "policyTypes": types});
+    if types.contains(&"Ingress") {
+        let rules: Vec<Value> = (0..rng.random_range(0..=2)).map(|_| rule(rng, "from")).collect();
+        spec["ingress"] = json!(rules);
+    }
+    if types.contains(&"Egress") {
+        let rules: Vec<Value> = (0..rng.random_range(0..=2)).map(|_| rule(rng, "to")).collect();
+        spec["egress"] = json!(rules);
+    }
+    let obj = json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"namespace": ns, "name": name},
+        "spec": spec,
+    });
+    serde_json::from_value(obj).expect("a NetworkPolicy")
+}
+
+/// The schedule's first steps: the upstream pods get roles (`a` web, `b`
+/// db, `c` client) and the namespaces tiers (`x`, `z` front, `y` back), so
+/// the random selectors select; then ingress default-deny in namespaces
+/// `x` and `y` (most clusters start so), on which the random policies
+/// allow.
+pub fn baseline() -> Vec<Step> {
+    let mut steps = Vec::new();
+    for (ns, tier) in [("x", "front"), ("y", "back"), ("z", "front")] {
+        for (pod, role) in [("a", "web"), ("b", "db"), ("c", "client")] {
+            steps.push(Step::Model(Action::SetPodLabels(PodLabels {
+                pod: format!("{ns}/{pod}"),
+                labels: [
+                    ("pod".to_string(), pod.to_string()),
+                    ("role".to_string(), role.to_string()),
+                ]
+                .into(),
+            })));
+        }
+        steps.push(Step::Model(Action::SetNamespaceLabels(NamespaceLabels {
+            namespace: ns.to_string(),
+            labels: [
+                ("ns".to_string(), ns.to_string()),
+                ("tier".to_string(), tier.to_string()),
+            ]
+            .into(),
+        })));
+    }
+    steps.extend(["x", "y"].iter().map(|ns| {
+        let obj = json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"namespace": ns, "name": "default-deny"},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+        });
+        Step::Model(Action::CreatePolicy(Box::new(
+            serde_json::from_value(obj).expect("a NetworkPolicy"),
+        )))
+    }));
+    steps
+}
+
+/// A NetworkPolicy that is not fully understood: an ipBlock with a /33
+/// beside a valid peer, isolating the pods of `role`.
+pub fn invalid_policy(rng: &mut StdRng, ns: &str, name: &str) -> NetworkPolicy {
+    let obj = json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"namespace": ns, "name": name},
+        "spec": {
+            "podSelector": {"matchLabels": {"role": pick(rng, &ROLES)}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"ipBlock": {"cidr": "198.18.0.0/33"}}, peer(rng)]}],
+        },
+    });
+    serde_json::from_value(obj).expect("a NetworkPolicy")
+}
+
+/// Draws the next step from the seeded generator and the current cluster
+/// (`model`: the runner's snapshot). `nodes` is the node count.
+pub fn next_step(rng: &mut StdRng, model: &Snapshot, world: &mut World, nodes: u8) -> Step {
+    let pods: Vec<String> = model.pods.keys().map(|(n, p)| format!("{n}/{p}")).collect();
+    let total = pods.len() + world.reuse.len();
+    let policies: Vec<(String, String)> = model.policies.keys().cloned().collect();
+    loop {
+        let roll = rng.random_range(0..100);
+        world.next += 1;
+        let n = world.next;
+        match roll {
+            0..=9 if total < MAX_PODS => {
+                let ns = pick(rng, &NAMESPACES).to_string();
+                let c = world.created.entry(ns.clone()).or_insert(3);
+                if *c >= MAX_POD_INDEX {
+                    continue;
+                }
+                *c += 1;
+                let name = format!("p{n}");
+                return Step::Model(Action::CreatePod(PodLabels {
+                    pod: format!("{ns}/{name}"),
+                    labels: pod_labels(rng, &name),
+                }));
+            }
+            10..=17 if total > MIN_PODS && !pods.is_empty() => {
+                return Step::Model(Action::DeletePod(PodName {
+                    pod: pick(rng, &pods).clone(),
+                }))
+            }
+            18..=29 if !pods.is_empty() => {
+                let pod = pick(rng, &pods).clone();
+                let name = pod.split_once('/').map(|(_, p)| p).unwrap_or("").to_string();
+                return Step::Model(Action::SetPodLabels(PodLabels {
+                    pod,
+                    labels: pod_labels(rng, &name),
+                }));
+            }
+            30..=37 if !world.freed.is_empty() && total < MAX_PODS => {
+                let i = rng.random_range(0..world.freed.len());
+                let (ns, v4, v6) = world.freed[i].clone();
+                let name = format!("r{n}");
+                // The address's own node: the CNI chain wires pods only
+                // there (cross-node reuse is not scheduled yet).
+                let node = crate::nodes::Nodes::owner_of(nodes, v4.octets()[2]);
+                return Step::Reuse {
+                    pod: format!("{ns}/{name}"),
+                    labels: pod_labels(rng, &name),
+                    v4,
+                    v6,
+                    node,
+                };
+            }
+            38..=42 if !world.reuse.is_empty() => {
+                let keys: Vec<String> = world.reuse.keys().cloned().collect();
+                return Step::DeleteReuse(pick(rng, &keys).clone());
+            }
+            43..=54 => {
+                let ns = pick(rng, &NAMESPACES);
+                return Step::Model(Action::CreatePolicy(Box::new(random_policy(
+                    rng,
+                    ns,
+                    &format!("np{n}"),
+                ))));
+            }
+            55..=63 if !policies.is_empty() => {
+                let (ns, name) = pick(rng, &policies).clone();
+                return Step::Model(Action::UpdatePolicy(Box::new(random_policy(rng, &ns, &name))));
+            }
+            64..=75 if !policies.is_empty() => {
+                let (ns, name) = pick(rng, &policies).clone();
+                return Step::Model(Action::DeletePolicy(ObjectName { namespace: ns, name }));
+            }
+            76..=78 => {
+                if let Some((ns, name)) = world.invalid.keys().next().cloned() {
+                    return Step::DeleteInvalid(ns, name);
+                }
+                let ns = pick(rng, &NAMESPACES);
+                return Step::Invalid(Box::new(invalid_policy(rng, ns, &format!("bad{n}"))));
+            }
+            79..=85 => {
+                let ns = pick(rng, &NAMESPACES).to_string();
+                let labels: BTreeMap<String, String> = [
+                    ("ns".to_string(), ns.clone()),
+                    ("tier".to_string(), pick(rng, &TIERS).to_string()),
+                ]
+                .into();
+                return Step::Model(Action::SetNamespaceLabels(NamespaceLabels { namespace: ns, labels }));
+            }
+            86..=89 if !world.agent_down => {
+                return Step::KillAgent {
+                    node: rng.random_range(1..=nodes.max(1)),
+                    down_secs: rng.random_range(1..=5),
+                }
+            }
+            90..=99 if !world.fault_running => {
+                let f = match rng.random_range(0..9) {
+                    0 | 1 => Fault::GoneMidList,
+                    2 | 3 => Fault::DroppedWatches,
+                    4 | 5 => Fault::Outage(rng.random_range(3..=10)),
+                    6 | 7 => Fault::CnpNotFound(rng.random_range(3..=10)),
+                    _ => Fault::Slow,
+                };
+                return Step::Fault(f);
+            }
+            _ => continue,
+        }
+    }
+}
+
+/// The freed address of a deleted pod of `snapshot` (`ns/name`), if any.
+pub fn addresses_of(snapshot: &Snapshot, pod: &str) -> Option<(String, Ipv4Addr, Ipv6Addr)> {
+    let (ns, name) = pod.split_once('/')?;
+    let p = snapshot.pods.get(&(ns.to_string(), name.to_string()))?;
+    let v4 = p.ips.iter().find_map(|i| match i {
+        IpAddr::V4(a) => Some(*a),
+        _ => None,
+    })?;
+    let v6 = p.ips.iter().find_map(|i| match i {
+        IpAddr::V6(a) => Some(*a),
+        _ => None,
+    })?;
+    Some((ns.to_string(), v4, v6))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn a_seed_replays_the_same_steps() {
+        let model = npm_sim::cases::Model::upstream();
+        let run = |seed| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut w = World::default();
+            (0..50)
+                .map(|_| next_step(&mut rng, &model.snapshot, &mut w, 2).describe())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn the_invalid_policy_isolates_in_the_oracle_snapshot() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let model = npm_sim::cases::Model::upstream();
+        let mut w = World::default();
+        let np = invalid_policy(&mut rng, "x", "bad");
+        w.invalid.insert(("x".into(), "bad".into()), np);
+        let s = oracle_snapshot(&model.snapshot, &w);
+        assert_eq!(s.invalid_policies.len(), 1);
+        assert!(s.policies.contains_key(&("x".to_string(), "bad".to_string())));
+    }
+}

@@ -1,0 +1,72 @@
+//! The chaos soak at CI size (`npm_e2e::chaos`; `cargo xtask chaos` runs it
+//! long): a short seeded schedule of changes and faults on the two-node
+//! cluster with the real agents, judged by the oracle.
+//!
+//! - `chaos_clean_seed_ebpf`: 60 s of seed 102: no violation, no liveness
+//!   failure, and the probes saw both verdicts (the oracle judged
+//!   something).
+//! - `chaos_injected_fault_nftables`: the agents drop every NetworkPolicy
+//!   watch delete (`NPM_TEST_SKIP_DELETE=networkpolicies`): a deleted
+//!   policy keeps allowing what the remaining ones isolate, and the oracle
+//!   must report violations.
+//!
+//! About 2.5 minutes together (each: ~20 s of setup, 60 s of schedule, up
+//! to 25 s for the last faults to end). Needs root, the agent and npm-cni
+//! (`cargo build --bin npm-agent --bin npm-cni`) and, for eBPF, the BPF
+//! object (`NPM_EBPF_OBJECT`).
+
+use std::path::PathBuf;
+
+use npm_e2e::chaos::{self, oracle::Bounds, ChaosOptions};
+use npm_e2e::fixtures::agent_bin;
+use npm_e2e::runner::Engine;
+
+/// One multi-node cluster at a time in this process.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn npm_cni_bin() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/npm-cni");
+    assert!(p.exists(), "{} missing: cargo build --bin npm-cni", p.display());
+    p
+}
+
+fn soak(engine: Engine, seed: u64, duration: u64, inject: bool) -> (chaos::Report, String) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let opts = ChaosOptions {
+        engine,
+        duration,
+        seed,
+        agent_bin: agent_bin(),
+        npm_cni_bin: npm_cni_bin(),
+        inject,
+        bounds: Bounds::default(),
+    };
+    let mut out = Vec::new();
+    let report = chaos::run(&opts, &mut out).expect("the soak runs");
+    let out = String::from_utf8_lossy(&out).to_string();
+    eprintln!("{out}{}", report.json_line());
+    (report, out)
+}
+
+#[test]
+fn chaos_clean_seed_ebpf() {
+    let (r, out) = soak(Engine::Ebpf, 102, 60, false);
+    assert!(r.probes >= 200, "too few probes: {}", r.probes);
+    assert!(
+        r.connected > 0 && r.connected < r.probes,
+        "the probes saw one verdict only"
+    );
+    assert!(r.states > 10, "too few states: {}", r.states);
+    assert_eq!(r.violations, 0, "violations:\n{out}");
+    assert_eq!(r.liveness_failures, 0, "liveness failures:\n{out}");
+}
+
+#[test]
+fn chaos_injected_fault_nftables() {
+    let (r, out) = soak(Engine::Nftables, 102, 60, true);
+    assert!(
+        r.violations > 0,
+        "the agents dropped NetworkPolicy deletes, the oracle saw no violation:\n{out}"
+    );
+    assert!(out.contains("VIOLATION (seed 102)") && out.contains("replay: cargo xtask chaos"));
+}
