@@ -8,7 +8,11 @@
 //! - `chaos_injected_fault_nftables`: the agents drop every NetworkPolicy
 //!   watch delete (`NPM_TEST_SKIP_DELETE=networkpolicies`): a deleted
 //!   policy keeps allowing what the remaining ones isolate, and the oracle
-//!   must report violations.
+//!   must report violations. The run adds, whatever the seed draws, an
+//!   ingress default-deny and an allow-all-ingress policy in `x` at tick 5
+//!   and the allow's deletion at tick 15 (`schedule::injected_step`), and
+//!   draws no relisting fault, so the violation does not hang on one short
+//!   window of the random schedule.
 //!
 //! About 2.5 minutes together (each: ~20 s of setup, 60 s of schedule, up
 //! to 25 s for the last faults to end). Needs root, the agent and npm-cni

@@ -209,7 +209,10 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
         sctp_log: runner.cluster().sctp_log(),
     };
     let mut oracle = Oracle::new(opts.bounds, npm_sim::cases::Model::options());
-    let world = World::default();
+    let world = World {
+        injected: opts.inject,
+        ..World::default()
+    };
     let snap = schedule::oracle_snapshot(&runner.model().snapshot, &world);
     oracle.push_state(0.0, "start", snap);
     let mut soak = Soak {
@@ -250,6 +253,11 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
     while soak.t0.elapsed() < end {
         let tick_start = soak.t0.elapsed();
         soak.run_pending(out)?;
+        if opts.inject {
+            for step in schedule::injected_step(soak.tick).into_iter().rev() {
+                soak.deferred.push_front(step);
+            }
+        }
         if soak.deferred.is_empty() && soak.rng.random_bool(0.5) {
             let step = schedule::next_step(&mut soak.rng, &soak.runner.model().snapshot, &mut soak.world, NODES);
             soak.deferred.push_back(step);

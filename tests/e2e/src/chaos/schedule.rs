@@ -150,6 +150,11 @@ pub struct World {
     pub fault_running: bool,
     /// An agent is down.
     pub agent_down: bool,
+    /// The fault-injected run: no agent kill and no API fault is drawn
+    /// (each relists, which brings the dropped deletes back), and the
+    /// policies of [`injected_step`] are never drawn for an update or a
+    /// deletion, so the injected fault is what the oracle must see.
+    pub injected: bool,
 }
 
 /// The Pod of a reuse pod `ns/name`.
@@ -306,6 +311,45 @@ pub fn baseline() -> Vec<Step> {
     steps
 }
 
+/// The name prefix of the fault-injected run's own policies.
+const INJECTED_PREFIX: &str = "inject-";
+
+/// The steps the fault-injected run adds at fixed ticks, whatever the
+/// seed draws: at tick 5 an ingress default-deny of namespace `x` and a
+/// policy allowing every ingress there, at tick 15 the deletion of the
+/// allow. With the agents dropping NetworkPolicy deletes, the allow
+/// outlives its object, and the probes of the pairs that deletion flipped
+/// connect where no legal state allows it: the run's violations do not
+/// depend on what the seed happens to schedule (it draws no update or
+/// deletion of these two, and no relisting fault: see [`World::injected`]).
+pub fn injected_step(tick: u64) -> Vec<Step> {
+    let policy = |name: &str, spec: Value| {
+        let obj = json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"namespace": "x", "name": format!("{INJECTED_PREFIX}{name}")},
+            "spec": spec,
+        });
+        Step::Model(Action::CreatePolicy(Box::new(
+            serde_json::from_value(obj).expect("a NetworkPolicy"),
+        )))
+    };
+    match tick {
+        5 => vec![
+            policy("deny", json!({"podSelector": {}, "policyTypes": ["Ingress"]})),
+            policy(
+                "allow",
+                json!({"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{}]}),
+            ),
+        ],
+        15 => vec![Step::Model(Action::DeletePolicy(ObjectName {
+            namespace: "x".to_string(),
+            name: format!("{INJECTED_PREFIX}allow"),
+        }))],
+        _ => vec![],
+    }
+}
+
 /// A NetworkPolicy that is not fully understood: an ipBlock with a /33
 /// beside a valid peer, isolating the pods of `role`.
 pub fn invalid_policy(rng: &mut StdRng, ns: &str, name: &str) -> NetworkPolicy {
@@ -327,7 +371,12 @@ pub fn invalid_policy(rng: &mut StdRng, ns: &str, name: &str) -> NetworkPolicy {
 pub fn next_step(rng: &mut StdRng, model: &Snapshot, world: &mut World, nodes: u8) -> Step {
     let pods: Vec<String> = model.pods.keys().map(|(n, p)| format!("{n}/{p}")).collect();
     let total = pods.len() + world.reuse.len();
-    let policies: Vec<(String, String)> = model.policies.keys().cloned().collect();
+    let policies: Vec<(String, String)> = model
+        .policies
+        .keys()
+        .filter(|(_, name)| !(world.injected && name.starts_with(INJECTED_PREFIX)))
+        .cloned()
+        .collect();
     loop {
         let roll = rng.random_range(0..100);
         world.next += 1;
@@ -410,6 +459,7 @@ pub fn next_step(rng: &mut StdRng, model: &Snapshot, world: &mut World, nodes: u
                 .into();
                 return Step::Model(Action::SetNamespaceLabels(NamespaceLabels { namespace: ns, labels }));
             }
+            86..=99 if world.injected => continue,
             86..=89 if !world.agent_down => {
                 return Step::KillAgent {
                     node: rng.random_range(1..=nodes.max(1)),
