@@ -59,12 +59,7 @@ pub fn merge(reports: &BTreeMap<String, ExplainReport>, from: Option<&str>, to: 
     let ingress = direction(of(to), "ingress")?.clone();
     let base = of(to);
     let directions = vec![egress, ingress];
-    let kernels: Vec<&KernelReport> = directions.iter().filter_map(|d| d.kernel.as_ref()).collect();
-    let kernel = kernels
-        .iter()
-        .find(|k| k.verdict == "deny")
-        .or(kernels.first())
-        .map(|k| (*k).clone());
+    let kernel = KernelReport::of_flow(&directions);
     Some(ExplainReport {
         verdict: if directions.iter().all(|d| d.verdict == "allow") {
             "allow"

@@ -39,8 +39,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodIP, PodSpec, PodStatus};
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
 use npm_agent::agent::{self, AgentConfig};
 use npm_agent::reconcile::{AgentDataplane, SyncConfig};
 use npm_agent::telemetry::Metrics;
@@ -226,59 +226,30 @@ fn namespace(n: usize) -> Namespace {
     .expect("namespace JSON")
 }
 
-fn pod(ns: &str, name: &str, labels: BTreeMap<String, String>, ip: &str, local: bool, port: i32) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(ns.into()),
-            labels: Some(labels),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(if local { "node-a" } else { "node-b" }.into()),
-            containers: vec![Container {
-                name: "c".into(),
-                image: Some("agnhost".into()),
-                ports: Some(vec![ContainerPort {
-                    name: Some("http".into()),
-                    container_port: port,
-                    protocol: Some("TCP".into()),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        status: Some(PodStatus {
-            phase: Some("Running".into()),
-            pod_ip: Some(ip.into()),
-            pod_ips: Some(vec![PodIP { ip: ip.into() }]),
-            ..Default::default()
-        }),
-    }
-}
-
 /// Pod `i` of the population: namespace `ns-<i % 100>`; pods 0..100 are
 /// on this node.
 fn population_pod(i: usize) -> Pod {
     let j = i / NAMESPACES;
-    let labels = [
-        ("app".to_string(), format!("app{}", (i / NAMESPACES) % 5)),
-        (
-            "tier".to_string(),
-            if j.is_multiple_of(2) { "front" } else { "back" }.to_string(),
-        ),
-    ]
-    .into();
+    let app = format!("app{}", (i / NAMESPACES) % 5);
+    let tier = if j.is_multiple_of(2) { "front" } else { "back" };
     let ip = format!("10.{}.{}.{}", i / 65536 + 1, i / 256 % 256, i % 256);
-    pod(
+    let node = if i < NAMESPACES { "node-a" } else { "node-b" };
+    let mut pod = npm_testkit::k8s::pod(
         &format!("ns-{}", i % NAMESPACES),
         &format!("pod-{j}"),
-        labels,
-        &ip,
-        i < NAMESPACES,
-        8080 + (j % 3) as i32,
-    )
+        node,
+        Some(&ip),
+        &[("app", &app), ("tier", tier)],
+    );
+    // The named port `http` on one of three numbers.
+    if let Some(port) = (pod.spec.as_mut())
+        .and_then(|s| s.containers.first_mut())
+        .and_then(|c| c.ports.as_mut())
+        .and_then(|p| p.first_mut())
+    {
+        port.container_port = 8080 + (j % 3) as i32;
+    }
+    pod
 }
 
 /// CNP `p` of the 1,000 (the `bench_tiers` shape).
@@ -421,7 +392,7 @@ async fn main() -> anyhow::Result<()> {
     ns_api.create(&PostParams::default(), &peers).await?;
     let t = Instant::now();
     let mut all_pods: Vec<Pod> = (0..PODS).map(population_pod).collect();
-    all_pods.push(pod("churn-peers", "peer", BTreeMap::new(), "10.200.0.1", false, 80));
+    all_pods.push(npm_testkit::k8s::pod("churn-peers", "peer", "node-b", Some("10.200.0.1"), &[]));
     futures::stream::iter(all_pods)
         .map(|p| {
             let api: Api<Pod> = Api::namespaced(client.clone(), p.metadata.namespace.as_deref().unwrap_or_default());

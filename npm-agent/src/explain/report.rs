@@ -51,6 +51,19 @@ pub struct KernelReport {
     pub ifindex: u32,
 }
 
+impl KernelReport {
+    /// The kernel verdict that stands for a flow's `directions`: the first
+    /// deny, else the first verdict.
+    pub fn of_flow(directions: &[DirectionReport]) -> Option<KernelReport> {
+        let kernels: Vec<&KernelReport> = directions.iter().filter_map(|d| d.kernel.as_ref()).collect();
+        kernels
+            .iter()
+            .find(|k| k.verdict == "deny")
+            .or(kernels.first())
+            .map(|k| (*k).clone())
+    }
+}
+
 /// One direction of the flow.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirectionReport {
@@ -274,12 +287,7 @@ pub fn explain(cfg: &ExplainConfig, programmed: &Programmed, q: &ExplainQuery) -
         directions.push(direction(cfg, snapshot, compiled, dir, end, &flow));
     }
     let policies = directions.iter().flat_map(|d| d.policies.clone()).collect();
-    let kernels: Vec<&KernelReport> = directions.iter().filter_map(|d| d.kernel.as_ref()).collect();
-    let kernel = kernels
-        .iter()
-        .find(|k| k.verdict == "deny")
-        .or(kernels.first())
-        .map(|k| (*k).clone());
+    let kernel = KernelReport::of_flow(&directions);
     Ok(ExplainReport {
         verdict: verdict(directions.iter().all(|d| d.verdict == "allow")),
         from: src,

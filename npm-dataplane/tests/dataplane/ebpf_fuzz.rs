@@ -176,7 +176,13 @@ pub fn run(cfg: &Config) -> Outcome {
             let packets = case(&mut rng, &scope);
             out.cases += 1;
             for (i, p) in packets.iter().enumerate() {
-                let want = model.judge(&c, pod.ep, own, p.dir, &p.shape);
+                // The kernel stamps its entries during the run: the model
+                // records the instant before it and judges after it, so
+                // that a descheduled fuzzer (a loaded host) only ever makes
+                // the model's entries look older than the kernel's, never
+                // younger (which would make it sure of an entry the
+                // kernel has idled out).
+                let before = Instant::now();
                 let (verdict, reason) = match dp.test_run(p.dir, links[k].ifindex, &p.bytes) {
                     Ok(r) => r,
                     Err(_) => {
@@ -184,6 +190,7 @@ pub fn run(cfg: &Config) -> Outcome {
                         continue;
                     }
                 };
+                let want = model.judge(&c, pod.ep, own, p.dir, &p.shape);
                 out.packets += 1;
                 *out.kinds.entry(p.what).or_default() += 1;
                 *out.reasons
@@ -218,7 +225,7 @@ pub fn run(cfg: &Config) -> Outcome {
                     }
                 }
                 // The model follows the kernel (after a finding too).
-                model.record(pod.ep, p.dir, &p.shape, allowed, reason);
+                model.record(before, pod.ep, p.dir, &p.shape, allowed, reason);
             }
         }
         prev = c;

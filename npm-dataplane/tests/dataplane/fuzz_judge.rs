@@ -320,8 +320,18 @@ impl Model {
         }
     }
 
-    /// Feeds the verdict the judge accepted into the model.
-    pub fn record(&mut self, ep: u32, dir: Direction, shape: &Shape, allowed: bool, reason: Option<Reason>) {
+    /// Feeds the verdict the judge accepted into the model, `at` being an
+    /// instant no later than the kernel's run of the packet (the model's
+    /// entries are then never younger than the kernel's).
+    pub fn record(
+        &mut self,
+        at: Instant,
+        ep: u32,
+        dir: Direction,
+        shape: &Shape,
+        allowed: bool,
+        reason: Option<Reason>,
+    ) {
         let (Some(reason), true) = (reason, allowed) else {
             return;
         };
@@ -331,11 +341,11 @@ impl Model {
         {
             if creates_entry(reason) || reason == Reason::Tracked {
                 // A new entry, or a refreshed one.
-                self.ct.insert(ct_key(ep, flow), Instant::now());
+                self.ct.insert(ct_key(ep, flow), at);
             }
             if let (Some((id, proto)), true) = (first_fragment, reason != Reason::Icmpv6Control) {
                 self.frags
-                    .insert((ep, dir, *id, *proto, flow.src, flow.dst), (reason, Instant::now()));
+                    .insert((ep, dir, *id, *proto, flow.src, flow.dst), (reason, at));
             }
         }
     }

@@ -72,13 +72,10 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let engine = match Engine::parse(&cli.dataplane) {
-        Some(e @ (Engine::Ebpf | Engine::Nftables)) => e,
-        _ => {
-            eprintln!(
-                "npm-demo: --dataplane must be ebpf or nftables, not {:?}",
-                cli.dataplane
-            );
+    let engine = match Engine::parse_live("npm-demo", &cli.dataplane) {
+        Ok(e) => e,
+        Err(message) => {
+            eprintln!("{message}");
             return ExitCode::from(2);
         }
     };

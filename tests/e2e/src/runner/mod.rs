@@ -123,6 +123,15 @@ impl Engine {
             _ => None,
         }
     }
+
+    /// Parses a real agent's dataplane (`ebpf` or `nftables`) for the
+    /// program `prog`; otherwise the message it exits with.
+    pub fn parse_live(prog: &str, s: &str) -> Result<Engine, String> {
+        match Engine::parse(s) {
+            Some(e @ (Engine::Ebpf | Engine::Nftables)) => Ok(e),
+            _ => Err(format!("{prog}: --dataplane must be ebpf or nftables, not {s:?}")),
+        }
+    }
 }
 
 /// How pods are wired (`--cni`).
