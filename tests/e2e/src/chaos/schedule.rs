@@ -8,7 +8,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use npm_policy::model::{Pod, PodPhase, Snapshot};
-use npm_sim::cases::{model_container_ports, Action, NamespaceLabels, ObjectName, PodLabels, PodName};
+use npm_sim::cases::{
+    model_container_ports, Action, ClusterObjectName, ClusterPolicyObject, NamespaceLabels, ObjectName, PodLabels,
+    PodName,
+};
 use rand::rngs::StdRng;
 use rand::Rng;
 use serde_json::{json, Value};
@@ -113,6 +116,13 @@ fn describe_action(a: &Action) -> String {
         Action::SetPodLabels(p) | Action::CreatePod(p) => format!("{} {} {:?}", a.name(), p.pod, p.labels),
         Action::DeletePod(p) => format!("delete_pod {}", p.pod),
         Action::SetNamespaceLabels(n) => format!("set_namespace_labels {} {:?}", n.namespace, n.labels),
+        Action::CreateClusterNetworkPolicy(o) | Action::UpdateClusterNetworkPolicy(o) => format!(
+            "{} {} {}",
+            a.name(),
+            o.name(),
+            serde_json::to_string(o.0.get("spec").unwrap_or(&serde_yaml::Value::Null)).unwrap_or_default()
+        ),
+        Action::DeleteClusterNetworkPolicy(o) => format!("delete_cluster_network_policy {}", o.name),
         other => other.name().to_string(),
     }
 }
@@ -268,6 +278,86 @@ pub fn random_policy(rng: &mut StdRng, ns: &str, name: &str) -> NetworkPolicy {
         "spec": spec,
     });
     serde_json::from_value(obj).expect("a NetworkPolicy")
+}
+
+/// ClusterNetworkPolicies above which none is created.
+const MAX_CNPS: usize = 4;
+
+/// A random ClusterNetworkPolicy peer: namespaces by tier or name, pods by
+/// role in a namespace, or (egress) a network around the pod subnets.
+fn cnp_peer(rng: &mut StdRng, egress: bool) -> Value {
+    match rng.random_range(0..if egress { 4 } else { 3 }) {
+        0 => json!({"namespaces": {"matchLabels": {"tier": pick(rng, &TIERS)}}}),
+        1 => json!({"namespaces": {"matchLabels": {"ns": pick(rng, &NAMESPACES)}}}),
+        2 => json!({"pods": {
+            "namespaceSelector": {"matchLabels": {"ns": pick(rng, &NAMESPACES)}},
+            "podSelector": {"matchLabels": {"role": pick(rng, &ROLES)}},
+        }}),
+        _ => json!({"networks": [format!("198.18.{}.0/24", rng.random_range(1..=3))]}),
+    }
+}
+
+/// A random ClusterNetworkPolicy `name` (`policy.networking.k8s.io/
+/// v1alpha2`): Admin (Accept, Deny, Pass) or Baseline (Accept, Deny) at
+/// `priority`, a subject by namespace tier or by pods of a role, one or two
+/// rules in one or both directions, some on a port.
+pub fn random_cluster_policy(rng: &mut StdRng, name: &str, priority: u32) -> ClusterPolicyObject {
+    let admin = rng.random_bool(0.6);
+    let subject = if rng.random_bool(0.5) {
+        json!({"namespaces": {"matchLabels": {"tier": pick(rng, &TIERS)}}})
+    } else {
+        json!({"pods": {
+            "namespaceSelector": {},
+            "podSelector": {"matchLabels": {"role": pick(rng, &ROLES)}},
+        }})
+    };
+    let actions: &[&str] = if admin { &["Accept", "Deny", "Pass"] } else { &["Accept", "Deny"] };
+    let mut spec = json!({
+        "tier": if admin { "Admin" } else { "Baseline" },
+        "priority": priority,
+        "subject": subject,
+    });
+    let (ingress, egress) = match rng.random_range(0..3) {
+        0 => (true, false),
+        1 => (false, true),
+        _ => (true, true),
+    };
+    for (on, key, peers_key, egress) in [(ingress, "ingress", "from", false), (egress, "egress", "to", true)] {
+        if !on {
+            continue;
+        }
+        let rules: Vec<Value> = (0..rng.random_range(1..=2))
+            .map(|i| {
+                let mut r = json!({
+                    "name": format!("{key}-{i}"),
+                    "action": pick(rng, actions),
+                    peers_key: [cnp_peer(rng, egress)],
+                });
+                match rng.random_range(0..3) {
+                    0 => r["protocols"] = json!([{"tcp": {"destinationPort": {"number": 80}}}]),
+                    1 => r["protocols"] = json!([{"udp": {"destinationPort": {"number": 80}}}]),
+                    _ => {}
+                }
+                r
+            })
+            .collect();
+        spec[key] = json!(rules);
+    }
+    let obj = json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha2",
+        "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    ClusterPolicyObject(serde_yaml::to_value(obj).expect("a ClusterNetworkPolicy as YAML"))
+}
+
+/// A priority of `tier`'s range that no ClusterNetworkPolicy of `model`
+/// uses (two overlapping policies of one priority have no defined order).
+fn free_priority(rng: &mut StdRng, model: &Snapshot) -> Option<u32> {
+    let used: Vec<u32> = model.cluster_policies.values().map(|p| p.priority).collect();
+    let free: Vec<u32> = (0..20).filter(|p| !used.contains(p)).collect();
+    (!free.is_empty()).then(|| *pick(rng, &free))
 }
 
 /// The schedule's first steps: the upstream pods get roles (`a` web, `b`
@@ -427,6 +517,30 @@ pub fn next_step(rng: &mut StdRng, model: &Snapshot, world: &mut World, nodes: u
                 let keys: Vec<String> = world.reuse.keys().cloned().collect();
                 return Step::DeleteReuse(pick(rng, &keys).clone());
             }
+            43..=75 if rng.random_range(0..4) == 0 => {
+                // One policy change in four is a ClusterNetworkPolicy's.
+                let cnps: Vec<String> = model.cluster_policies.keys().cloned().collect();
+                match rng.random_range(0..3) {
+                    0 if cnps.len() < MAX_CNPS => {
+                        if let Some(priority) = free_priority(rng, model) {
+                            let cnp = random_cluster_policy(rng, &format!("cnp{n}"), priority);
+                            return Step::Model(Action::CreateClusterNetworkPolicy(Box::new(cnp)));
+                        }
+                    }
+                    1 if !cnps.is_empty() => {
+                        let name = pick(rng, &cnps).clone();
+                        let priority = model.cluster_policies[&name].priority;
+                        let cnp = random_cluster_policy(rng, &name, priority);
+                        return Step::Model(Action::UpdateClusterNetworkPolicy(Box::new(cnp)));
+                    }
+                    2 if !cnps.is_empty() => {
+                        let name = pick(rng, &cnps).clone();
+                        return Step::Model(Action::DeleteClusterNetworkPolicy(ClusterObjectName { name }));
+                    }
+                    _ => {}
+                }
+                continue;
+            }
             43..=54 => {
                 let ns = pick(rng, &NAMESPACES);
                 return Step::Model(Action::CreatePolicy(Box::new(random_policy(
@@ -513,6 +627,37 @@ mod tests {
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn the_schedule_changes_cluster_policies_the_model_accepts() {
+        // Every drawn step that is a modelled action applies to the model
+        // (a ClusterNetworkPolicy the conversion refuses would fail a live
+        // soak), and ClusterNetworkPolicies are created, updated and
+        // deleted, with distinct priorities.
+        let mut model = npm_sim::cases::Model::upstream();
+        let mut rng = StdRng::seed_from_u64(11);
+        let mut w = World::default();
+        let mut seen = BTreeMap::<&str, usize>::new();
+        for _ in 0..600 {
+            if let Step::Model(a) = next_step(&mut rng, &model.snapshot, &mut w, 2) {
+                *seen.entry(a.name()).or_default() += 1;
+                model.apply(&a).unwrap_or_else(|e| panic!("{}: {e}", a.name()));
+            }
+            let mut priorities: Vec<u32> = model.snapshot.cluster_policies.values().map(|p| p.priority).collect();
+            let n = priorities.len();
+            priorities.sort_unstable();
+            priorities.dedup();
+            assert_eq!(priorities.len(), n, "two ClusterNetworkPolicies share a priority");
+            assert!(n <= MAX_CNPS);
+        }
+        for name in [
+            "create_cluster_network_policy",
+            "update_cluster_network_policy",
+            "delete_cluster_network_policy",
+        ] {
+            assert!(seen.get(name).copied().unwrap_or(0) > 0, "no {name} in 600 steps: {seen:?}");
+        }
     }
 
     #[test]
