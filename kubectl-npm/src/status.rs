@@ -1,8 +1,9 @@
 //! `kubectl npm status`: per node, whether the agent is ready and why not
 //! (its `/readyz?verbose` checks), and what its `/metrics` says: held
 //! removals, CNI chaining, kernel map fill and full maps, the reduced
-//! datapath, the version; the configured dataplane and attach mode (the
-//! agent pod's arguments) and the node's kernel (its Node object).
+//! datapath, the attach mode in use, the version; the configured dataplane
+//! and attach mode (the agent pod's arguments) and the node's kernel (its
+//! Node object).
 //! `kubectl npm status NS/POD`: the pod's `npm.io/PolicyEnforced` and
 //! `npm.io/PolicyDegraded` conditions, written by its node's agent.
 
@@ -106,9 +107,11 @@ pub struct AgentStatus {
     /// The configured dataplane (`--dataplane` of the pod; default `ebpf`).
     pub dataplane: String,
     /// The configured attach mode (`--attach`; default `auto`: tcx where
-    /// the kernel has it, else tc). The mode `auto` resolved to is not
-    /// exported by the agent.
+    /// the kernel has it, else tc).
     pub attach: String,
+    /// The attach mode the programs run in (`npm_attach_mode{mode}`: what
+    /// `auto` chose; eBPF only).
+    pub attach_in_use: Option<String>,
     /// The node's kernel (`status.nodeInfo.kernelVersion` of its Node).
     pub kernel: Option<String>,
     /// A mass removal is held for a confirming read (`npm_held_removals`).
@@ -138,6 +141,10 @@ pub fn from_metrics(st: &mut AgentStatus, text: &str) {
     st.held_removals = gauge(&samples, "npm_held_removals");
     st.cni_chained = gauge(&samples, "npm_cni_chained");
     st.datapath_reduced = gauge(&samples, "npm_datapath_reduced");
+    st.attach_in_use = samples
+        .iter()
+        .find(|s| s.name == "npm_attach_mode" && s.value != 0.0)
+        .and_then(|s| s.labels.get("mode").cloned());
     let of = |name: &str, map: &str| {
         samples
             .iter()
@@ -241,8 +248,9 @@ pub fn render(all: &[AgentStatus]) -> String {
         if let Some(r) = &st.pod_not_ready {
             s.push_str(&format!("  pod not Ready (API server): {r}\n"));
         }
+        let in_use = st.attach_in_use.as_deref().map(|m| format!(", {m} in use")).unwrap_or_default();
         s.push_str(&format!(
-            "  version {}, dataplane {}, attach {} (configured), kernel {}\n",
+            "  version {}, dataplane {}, attach {} (configured{in_use}), kernel {}\n",
             st.version.as_deref().unwrap_or("unknown"),
             st.dataplane,
             st.attach,
@@ -363,6 +371,7 @@ mod tests {
             npm_build_info{version=\"0.1.0\",git_commit=\"abc\"} 1\n\
             npm_held_removals 1\n\
             npm_cni_chained 0\n\
+            npm_attach_mode{mode=\"tc\"} 1\n\
             npm_map_entries{map=\"NPM_POLICY\"} 50\n\
             npm_map_capacity{map=\"NPM_POLICY\"} 100\n\
             npm_map_full{map=\"NPM_POLICY\"} 1\n\
@@ -386,6 +395,10 @@ mod tests {
         assert_eq!(x.labels["a"], "q\"uote,d");
         assert_eq!(x.labels["b"], "2");
         st.ready = Some(true);
-        assert!(render(&[st]).contains("held removals yes, CNI chained no"));
+        assert_eq!(st.attach_in_use.as_deref(), Some("tc"));
+        st.attach = "auto".into();
+        let text = render(&[st]);
+        assert!(text.contains("held removals yes, CNI chained no"), "{text}");
+        assert!(text.contains("attach auto (configured, tc in use)"), "{text}");
     }
 }

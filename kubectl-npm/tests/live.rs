@@ -244,6 +244,13 @@ fn run(engine: Engine) {
     assert!(live["version"].is_string(), "{all}");
     if engine == Engine::Ebpf {
         assert!(live["maps"].as_array().is_some_and(|m| !m.is_empty()), "{all}");
+        // What the agent attached in, as it reports it (`auto` resolved).
+        assert!(
+            live["attach_in_use"] == "tcx" || live["attach_in_use"] == "tc",
+            "{all}"
+        );
+    } else {
+        assert!(live["attach_in_use"].is_null(), "{all}");
     }
     assert_eq!(live["dataplane"], format!("{engine:?}").to_lowercase(), "{all}");
     let gone = of("node-gone");

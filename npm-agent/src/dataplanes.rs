@@ -138,6 +138,12 @@ impl AgentDataplane for EbpfDataplane {
     fn reduced_datapath(&self) -> Option<bool> {
         Some(EbpfDataplane::reduced_datapath(self))
     }
+    fn attach_mode(&self) -> Option<&'static str> {
+        Some(match EbpfDataplane::attach_mode(self) {
+            npm_dataplane::ebpf::AttachMode::Tc => "tc",
+            _ => "tcx",
+        })
+    }
     fn fit(
         &self,
         programmed: Option<&npm_policy::compiled::Compiled>,

@@ -141,6 +141,9 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
         if let Some(reduced) = dataplane.reduced_datapath() {
             metrics.datapath_reduced(reduced);
         }
+        if let Some(mode) = dataplane.attach_mode() {
+            metrics.attach_mode(mode);
+        }
         let readiness = health.unwrap_or_else(|| Arc::new(Health::default().with_metrics(metrics.clone())));
         let flowlog = match &observe {
             Some(hub) => FlowLog::with_writer(cfg.flow_logs_per_sec, hub.tee(Box::new(std::io::stdout()))),

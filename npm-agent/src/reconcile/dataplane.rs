@@ -63,6 +63,11 @@ pub trait AgentDataplane: Dataplane + Send {
     fn reduced_datapath(&self) -> Option<bool> {
         None
     }
+    /// The attach mode the datapath's programs run in (eBPF: `tcx` or
+    /// `tc`, what `--attach auto` chose), if the dataplane has one.
+    fn attach_mode(&self) -> Option<&'static str> {
+        None
+    }
     /// Degraded mode: `None` when `target` fits the dataplane's maps (when
     /// `diff`, the change from `programmed`, is given, a cheap bound on it
     /// may decide), else the largest fail-closed part of `target` that
@@ -115,6 +120,9 @@ impl AgentDataplane for Box<dyn AgentDataplane> {
     }
     fn reduced_datapath(&self) -> Option<bool> {
         (**self).reduced_datapath()
+    }
+    fn attach_mode(&self) -> Option<&'static str> {
+        (**self).attach_mode()
     }
     fn fit(
         &self,

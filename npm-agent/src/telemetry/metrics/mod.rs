@@ -346,6 +346,11 @@ impl Metrics {
         });
     }
 
+    /// Set `npm_attach_mode{mode}` (see its help text).
+    pub fn attach_mode(&self, mode: &'static str) {
+        self.with(|| metrics::gauge!("npm_attach_mode", "mode" => mode).set(1.0));
+    }
+
     /// Set `npm_datapath_reduced` (see its help text).
     pub fn datapath_reduced(&self, reduced: bool) {
         self.with(|| metrics::gauge!("npm_datapath_reduced").set(if reduced { 1.0 } else { 0.0 }));

@@ -97,6 +97,7 @@ pub const SERIES: &[Series] = &[
     series("npm_dns_notrack", G, N, &[], "1 while raw-table NOTRACK rules exempt DNS from conntrack (NodeLocal DNSCache): no DNS answer is learned and domainNames peers deny (readiness check dns-learning)."),
     series("npm_dns_holding", G, N, &[], "DNS responses held now until their addresses are programmed (at most --dns-max-holds)."),
     series("npm_dns_rules_reasserted_total", C, N, &[], "Times the DNS learning's NFQUEUE iptables rules were found missing (a firewall reload) and re-installed."),
+    series("npm_attach_mode", G, None, &["mode"], "1 for the attach mode the eBPF datapath's programs run in on this node: tcx or tc (what --attach auto chose: tcx links where the kernel has them and no tc filters of npm are in place, else tc clsact filters); absent with nftables."),
     series("npm_datapath_reduced", G, None, &[], "1 when the kernel's verifier refused the full eBPF datapath as too large and the reduced one runs (every decision by the policy LPMs, no precomputed layers: the same verdicts at a higher cost per packet), else 0 (eBPF dataplane only)."),
     series("npm_pod_condition_writes_total", C, N, &["result"], "Patches of local pods' npm.io/PolicyEnforced and npm.io/PolicyDegraded conditions (pods/status), by result (ok; gone: the pod was deleted or replaced; error: retried)."),
     series("npm_pod_condition_pending", G, N, &[], "Local pods whose npm conditions wait for a patch (the writer's rate limit: --pod-condition-qps, --pod-condition-burst)."),
