@@ -123,6 +123,7 @@ fn every_series_is_described_and_listed() {
     m.cni_request("add", "ok");
     m.error("watch");
     m.readiness_failure("lists", true);
+    m.attach_mode("tcx");
     m.compiled_entries("ipcache", 1);
     m.map_full("NPM_POLICY", false);
     m.dns_learning(
