@@ -7,12 +7,15 @@
 //!   of the node that decides it, with the kernel's dry-run verdict;
 //! - [`observe`]: the live flow records of the selected pods' nodes;
 //! - [`status`]: per node, the agent's readiness and what its metrics say;
-//!   per pod, its `npm.io/PolicyEnforced` condition.
+//!   per pod, its `npm.io/PolicyEnforced` condition;
+//! - [`analyze`]: `lint`, `exposure` and `preview`, `npmctl`'s analyses on
+//!   the live state (read from the API server; no agent is asked).
 //!
 //! The agents and pods are found by [`cluster`], the port-forward is
 //! [`forward`], errors ([`error`]) name the missing permission or the agent
 //! that is missing or not ready.
 
+mod analyze;
 mod cluster;
 mod error;
 mod forward;
@@ -106,6 +109,32 @@ enum Cmd {
         /// NAMESPACE/POD.
         pod: Option<String>,
     },
+    /// Findings about the cluster's policies (as `npmctl lint`): shadowed,
+    /// overlapping or dead ClusterNetworkPolicy rules, Pass rules without
+    /// effect, policies and peers selecting nothing, undefined named
+    /// ports. Exits 1 when a finding is an error. Needs `list` on
+    /// namespaces, pods, networkpolicies, clusternetworkpolicies, nodes.
+    Lint,
+    /// Per namespace and direction, the pods no policy isolates and the
+    /// rules opening pods to addresses outside the cluster (as `npmctl
+    /// exposure`).
+    Exposure {
+        /// The cluster's pod CIDRs (repeatable; default: the /16 or /64 of
+        /// each pod address).
+        #[arg(long = "cluster-cidr")]
+        cluster_cidrs: Vec<ipnet::IpNet>,
+    },
+    /// Replays recorded flows (`kubectl npm observe -o json` lines; allowed
+    /// flows need the agents' --flow-logs-allow) on the live state and on
+    /// it with the files applied; lists the flows whose verdict changes.
+    Preview {
+        /// Objects to apply on top of the live state (repeatable).
+        #[arg(long = "apply", short = 'f', required = true)]
+        apply: Vec<PathBuf>,
+        /// The flow records, one JSON object a line (`-`: stdin).
+        #[arg(long)]
+        flows: PathBuf,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion {
         /// The shell.
@@ -162,6 +191,15 @@ async fn run(cli: Cli) -> Result<(), NpmError> {
             let all = status::status(&cluster).await?;
             print(&all, cli.output, || status::render(&all))
         }
+        Cmd::Lint => {
+            if analyze::lint(&cluster, cli.output).await? {
+                Ok(())
+            } else {
+                Err(NpmError::Findings)
+            }
+        }
+        Cmd::Exposure { cluster_cidrs } => analyze::exposure(&cluster, &cluster_cidrs, cli.output).await,
+        Cmd::Preview { apply, flows } => analyze::preview(&cluster, &apply, &flows, cli.output).await,
         Cmd::Completion { .. } => Ok(()),
     }
 }
