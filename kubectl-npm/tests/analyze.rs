@@ -178,8 +178,8 @@ fn exposure_and_preview_on_the_live_state() {
     assert_eq!(change["port"], "TCP/443");
     assert_eq!(
         change["before"]["ingress"],
-        "allowed networkpolicy/x/https-anywhere ingress[0]"
+        "allowed (networkpolicy/x/https-anywhere ingress[0])"
     );
-    assert_eq!(change["after"]["ingress"], "DENIED isolated and no rule allows");
+    assert_eq!(change["after"]["ingress"], "DENIED (isolated and no rule allows)");
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -526,7 +526,7 @@ fn preview_lists_the_flows_a_change_denies_by_pair() {
     let c = &p.closed[0].flows[0];
     assert_eq!(c.port, "TCP/80");
     assert!(c.before.allowed && !c.after.allowed);
-    assert_eq!(c.after.ingress, "DENIED isolated and no rule allows");
+    assert_eq!(c.after.ingress, "DENIED (isolated and no rule allows)");
     // Reverse: applying the current state's objects again changes nothing,
     // and the change read the other way opens the flow.
     assert!(preview(&new, &new, &sim_options(), &flows).closed.is_empty());

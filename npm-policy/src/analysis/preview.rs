@@ -92,7 +92,7 @@ pub struct Side {
 
 fn end_text(v: &EndVerdict) -> String {
     format!(
-        "{} {}",
+        "{} ({})",
         if v.allowed { "allowed" } else { "DENIED" },
         reason_text(&v.reason, v.direction)
     )
@@ -245,12 +245,15 @@ impl std::fmt::Display for Preview {
                 writeln!(f, "{title} {} -> {}", p.from, p.to)?;
                 for c in &p.flows {
                     writeln!(f, "  {} ({} records)", c.port, c.records)?;
-                    writeln!(
-                        f,
-                        "    before: egress {}; ingress {}",
-                        c.before.egress, c.before.ingress
-                    )?;
-                    writeln!(f, "    after:  egress {}; ingress {}", c.after.egress, c.after.ingress)?;
+                    // The ends whose decision changed (both in the JSON).
+                    for (end, before, after) in [
+                        ("egress", &c.before.egress, &c.after.egress),
+                        ("ingress", &c.before.ingress, &c.after.ingress),
+                    ] {
+                        if before != after {
+                            writeln!(f, "    {end}: {before} -> {after}")?;
+                        }
+                    }
                 }
             }
         }
