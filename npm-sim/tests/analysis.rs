@@ -84,6 +84,9 @@ fn the_demo_objects_lint_clean() {
     }
 }
 
+/// A table row: what, the extra objects, the (severity, object) wanted.
+type Row<'a> = (&'a str, String, Vec<(Severity, &'a str)>);
+
 #[test]
 fn shadowed_rules() {
     let deny_then_accept = cnp(
@@ -108,7 +111,7 @@ fn shadowed_rules() {
         + "---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: all, namespace: x}\nspec: {podSelector: {}}\n";
     let baseline_partly = cnp("base", "Baseline", 10, "x", &from_ns("deny-y", "Deny", "y", None))
         + "---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: a-only, namespace: x}\nspec: {podSelector: {matchLabels: {pod: a}}}\n";
-    let table: Vec<(&str, String, Vec<(Severity, &str)>)> = vec![
+    let table: Vec<Row<'_>> = vec![
         (
             "an earlier Deny covers the Accept",
             deny_then_accept,

@@ -151,6 +151,11 @@ struct RuleStats {
 
 type RuleKey = (String, Direction, usize);
 
+/// Two equal-priority CNPs of one tier matching one flow: the pairs of
+/// their first matching rules, whether some pair's actions differ, an
+/// example flow.
+type Overlap = (BTreeSet<(String, String)>, bool, String);
+
 /// The findings about `snapshot`, sorted by severity, kind and object.
 pub fn lint(snapshot: &Snapshot, opts: &CompileOptions) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -316,7 +321,7 @@ fn cluster_static(snapshot: &Snapshot, out: &mut Vec<Finding>, static_rules: &mu
                 for (j, peer) in rule.peers.iter().enumerate() {
                     let live = match peer {
                         ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } => {
-                            pods.iter().any(|q| pod_matches(peer, *q))
+                            pods.iter().any(|q| pod_matches(peer, q))
                         }
                         ClusterPeer::Nodes(sel) => snapshot.nodes.values().any(|n| sel.matches(&n.labels)),
                         _ => true,
@@ -345,7 +350,7 @@ fn cluster_static(snapshot: &Snapshot, out: &mut Vec<Finding>, static_rules: &mu
                                     matches!(
                                         pe,
                                         ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } | ClusterPeer::All
-                                    ) && pod_matches(pe, *q)
+                                    ) && pod_matches(pe, q)
                                 })
                             }),
                             pname,
@@ -420,8 +425,7 @@ fn cluster_dynamic(
         }
     }
     // (policy a, policy b, direction) -> (actions seen, example).
-    let mut overlaps: BTreeMap<(String, String, Direction), (BTreeSet<(String, String)>, bool, String)> =
-        BTreeMap::new();
+    let mut overlaps: BTreeMap<(String, String, Direction), Overlap> = BTreeMap::new();
     for pod in live_pods(snapshot).filter(|p| !p.host_network) {
         for dir in [Direction::Ingress, Direction::Egress] {
             let isolating: Option<String> = snapshot
