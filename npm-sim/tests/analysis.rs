@@ -604,3 +604,120 @@ fn npmctl_runs_the_three_commands() {
     assert!(out.contains("NEWLY DENIED z/c -> x/b"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Every CNP case of the catalogue, step by step (its policies applied
+/// cumulatively, on its topology): the reference evaluator never decides
+/// a probe by a rule lint reports as shadowed or matching nothing, and
+/// every rule it decides a probe by is not reported so. Ties lint's walk
+/// of the tiers to `evaluate` on the conformance topology.
+#[test]
+fn shadowed_rules_never_decide_on_the_cnp_catalogue() {
+    use npm_policy::analysis::universe::Universe;
+    use npm_policy::compiled::Direction;
+    use npm_policy::evaluate::{evaluate_direction_with_peer, EndReason};
+    use npm_policy::tiers::evaluate::End;
+    use std::collections::BTreeSet;
+
+    let dir = root().join("tests/conformance");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("cnp-"))
+        .collect();
+    files.sort();
+    let (mut steps, mut shadowed_total, mut decided_total) = (0, 0, 0);
+    for f in files {
+        for case in parse_case_file(&std::fs::read_to_string(&f).unwrap()).unwrap() {
+            let mut model = Model::new(case.topology());
+            for step in &case.steps {
+                for a in &step.actions {
+                    model.apply(a).unwrap();
+                }
+                steps += 1;
+                let s = &model.snapshot;
+                let opts = model.compile_options();
+                // `clusternetworkpolicy/NAME DIR[i]` of the rules lint says
+                // never decide.
+                let findings = lint(s, &opts);
+                // The rule of a finding's object: its first two words.
+                let rule_of = |o: &str| o.split(' ').take(2).collect::<Vec<_>>().join(" ");
+                let never: BTreeSet<String> = findings
+                    .iter()
+                    .filter(|f| f.kind == "shadowed-rule" || f.kind == "rule-matches-nothing")
+                    .map(|f| rule_of(&f.object))
+                    .collect();
+                // Rules with a finding saying why they match nothing.
+                let dead: BTreeSet<String> = findings
+                    .iter()
+                    .filter(|f| f.kind == "peer-matches-nothing" || f.kind == "named-port-undefined")
+                    .map(|f| rule_of(&f.object))
+                    .collect();
+                let no_subject: BTreeSet<String> = findings
+                    .iter()
+                    .filter(|f| f.kind == "selects-no-pod")
+                    .map(|f| f.object.clone())
+                    .collect();
+                shadowed_total += never.len();
+                let u = Universe::new(s, &[]);
+                let mut decided = BTreeSet::new();
+                for pod in npm_policy::analysis::universe::live_pods(s) {
+                    for end in &u.ends {
+                        if end.pod().is_some_and(|p| std::ptr::eq(p, pod)) {
+                            continue;
+                        }
+                        let tend = End {
+                            ip: end.ip,
+                            pod: end.pod(),
+                            node: end.node_labels(),
+                        };
+                        for run in &u.ports {
+                            for dir in [Direction::Ingress, Direction::Egress] {
+                                let v = evaluate_direction_with_peer(s, &opts, pod, dir, tend, run.protocol, run.start);
+                                // Every tier match consulted (Pass included).
+                                let mut ms = v.tiers.clone();
+                                if let EndReason::Tier(m) = &v.reason {
+                                    ms.push(m.clone());
+                                }
+                                for m in ms {
+                                    decided.insert(format!(
+                                        "clusternetworkpolicy/{} {}[{}]",
+                                        m.policy,
+                                        dir.name(),
+                                        m.index
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }
+                decided_total += decided.len();
+                let both: Vec<&String> = never.intersection(&decided).collect();
+                assert!(
+                    both.is_empty(),
+                    "{} step {steps}: lint says never decides, evaluate decided by: {both:?}",
+                    case.id
+                );
+                // And every rule lint does not report decides some probe.
+                for c in s.cluster_policies.values() {
+                    for dir in [Direction::Ingress, Direction::Egress] {
+                        for i in 0..c.rules(dir).len() {
+                            let name = format!("clusternetworkpolicy/{} {}[{i}]", c.name, dir.name());
+                            let explained = never.contains(&name)
+                                || no_subject.contains(&format!("clusternetworkpolicy/{}", c.name))
+                                || dead.contains(&name);
+                            assert!(
+                                explained || decided.contains(&name),
+                                "{} step {steps}: {name} neither reported nor deciding: {findings:#?}",
+                                case.id
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        steps > 20 && shadowed_total > 0 && decided_total > 20,
+        "{steps} {shadowed_total} {decided_total}"
+    );
+}
