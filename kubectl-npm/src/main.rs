@@ -40,7 +40,7 @@ use output::{print, Output};
     name = "kubectl-npm",
     bin_name = "kubectl npm",
     version,
-    about = "npm's kubectl plugin: why a flow is allowed or denied, live flows, agent status",
+    about = "npm's kubectl plugin: why a flow is allowed or denied, live flows, agent status, policy analysis",
     long_about = "npm's kubectl plugin. It reaches the npm agents through the API server with your \
 kubeconfig: `create` on `pods/portforward` in the agents' namespace (to reach each agent's loopback \
 debug listener), `list` on `pods` there, and `get` on the pods you name."
