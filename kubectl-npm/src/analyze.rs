@@ -74,8 +74,14 @@ fn read(path: &Path) -> Result<String, NpmError> {
     std::fs::read_to_string(path).map_err(|e| NpmError::Usage(format!("{}: {e}", path.display())))
 }
 
-/// `kubectl npm preview --apply FILE... --flows FILE`.
-pub async fn preview(cluster: &Cluster, apply: &[PathBuf], flows: &Path, output: Output) -> Result<(), NpmError> {
+/// `kubectl npm preview [--apply FILE]... [--delete OBJECT]... --flows FILE`.
+pub async fn preview(
+    cluster: &Cluster,
+    apply: &[PathBuf],
+    delete: &[String],
+    flows: &Path,
+    output: Output,
+) -> Result<(), NpmError> {
     let current = live_snapshot(cluster).await?;
     let mut inputs = Vec::new();
     for f in apply {
@@ -83,6 +89,9 @@ pub async fn preview(cluster: &Cluster, apply: &[PathBuf], flows: &Path, output:
     }
     let mut new = current.clone();
     npm_sim::sim::apply_yaml(&mut new, &inputs).map_err(|e| NpmError::Usage(e.to_string()))?;
+    for d in delete {
+        npm_sim::analysis::delete_object(&mut new, d).map_err(NpmError::Usage)?;
+    }
     let records = npm_sim::analysis::parse_flow_records(&read(flows)?)
         .map_err(|e| NpmError::Usage(format!("{}: {e}", flows.display())))?;
     if records.allowed == 0 {

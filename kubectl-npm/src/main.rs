@@ -129,8 +129,12 @@ enum Cmd {
     /// it with the files applied; lists the flows whose verdict changes.
     Preview {
         /// Objects to apply on top of the live state (repeatable).
-        #[arg(long = "apply", short = 'f', required = true)]
+        #[arg(long = "apply", short = 'f', required_unless_present = "delete")]
         apply: Vec<PathBuf>,
+        /// Objects to remove: networkpolicy/NAMESPACE/NAME or
+        /// clusternetworkpolicy/NAME (repeatable).
+        #[arg(long = "delete")]
+        delete: Vec<String>,
         /// The flow records, one JSON object a line (`-`: stdin).
         #[arg(long)]
         flows: PathBuf,
@@ -199,7 +203,7 @@ async fn run(cli: Cli) -> Result<(), NpmError> {
             }
         }
         Cmd::Exposure { cluster_cidrs } => analyze::exposure(&cluster, &cluster_cidrs, cli.output).await,
-        Cmd::Preview { apply, flows } => analyze::preview(&cluster, &apply, &flows, cli.output).await,
+        Cmd::Preview { apply, delete, flows } => analyze::preview(&cluster, &apply, &delete, &flows, cli.output).await,
         Cmd::Completion { .. } => Ok(()),
     }
 }

@@ -183,4 +183,3 @@ fn exposure_and_preview_on_the_live_state() {
     assert_eq!(change["after"]["ingress"], "DENIED (isolated and no rule allows)");
     std::fs::remove_dir_all(&d).unwrap();
 }
-

@@ -33,6 +33,33 @@ pub struct FlowRecords {
     pub allowed: usize,
 }
 
+/// Removes the object `spec` names from `snapshot` (`preview --delete`):
+/// `networkpolicy/NAMESPACE/NAME` or `clusternetworkpolicy/NAME` (`np/`,
+/// `cnp/` for short). An object that is not there is an error: a typo
+/// never previews as "nothing changes".
+pub fn delete_object(snapshot: &mut npm_policy::model::Snapshot, spec: &str) -> Result<(), String> {
+    let parts: Vec<&str> = spec.split('/').collect();
+    match parts.as_slice() {
+        [kind, ns, name] if matches!(kind.to_ascii_lowercase().as_str(), "networkpolicy" | "np") => {
+            let key = (ns.to_string(), name.to_string());
+            if snapshot.policies.remove(&key).is_none() {
+                return Err(format!("--delete {spec}: no networkpolicy {ns}/{name} in the state"));
+            }
+            snapshot
+                .invalid_policies
+                .retain(|p| p.namespace != *ns || p.name != *name);
+            Ok(())
+        }
+        [kind, name] if matches!(kind.to_ascii_lowercase().as_str(), "clusternetworkpolicy" | "cnp") => snapshot
+            .remove_cluster_policy(name)
+            .map(|_| ())
+            .ok_or_else(|| format!("--delete {spec}: no clusternetworkpolicy {name} in the state")),
+        _ => Err(format!(
+            "--delete {spec:?}: want networkpolicy/NAMESPACE/NAME or clusternetworkpolicy/NAME"
+        )),
+    }
+}
+
 /// A protocol name (`TCP`, `ICMP`, ...) or number of a record.
 fn protocol(s: &str) -> Option<u8> {
     match s {
@@ -151,6 +178,25 @@ mod tests {
                 ("y/b".into(), "8.8.8.8".into(), 17, 53, 1, Some(false)),
             ]
         );
+    }
+
+    #[test]
+    fn delete_names_an_object_that_is_there() {
+        let mut s = crate::sim::load_snapshot(&[(
+            "t".into(),
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: x}\nspec: {podSelector: {}}\n"
+                .into(),
+        )])
+        .unwrap();
+        assert!(delete_object(&mut s, "networkpolicy/x/q")
+            .unwrap_err()
+            .contains("no networkpolicy x/q"));
+        assert!(delete_object(&mut s, "pod/x/a")
+            .unwrap_err()
+            .contains("want networkpolicy"));
+        assert!(delete_object(&mut s, "cnp/none").is_err());
+        delete_object(&mut s, "np/x/p").unwrap();
+        assert!(s.policies.is_empty());
     }
 
     #[test]

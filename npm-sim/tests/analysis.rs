@@ -602,6 +602,32 @@ fn npmctl_runs_the_three_commands() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("NEWLY DENIED z/c -> x/b"), "{out}");
+    // --delete: without allow-y-to-a, y/b -> x/a (recorded allowed) closes.
+    let (code, out, err) = npmctl(&[
+        "preview",
+        "-f",
+        "examples/cluster.yaml",
+        "-f",
+        "examples/01-default-deny-ingress-x.yaml",
+        "--delete",
+        "networkpolicy/x/allow-y-to-a",
+        "--flows",
+        flows.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("1 newly denied, 0 newly allowed"), "{out}");
+    assert!(out.contains("NEWLY DENIED y/b -> x/a"), "{out}");
+    let (code, _, err) = npmctl(&[
+        "preview",
+        "-f",
+        "examples/cluster.yaml",
+        "--delete",
+        "networkpolicy/x/nope",
+        "--flows",
+        flows.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no networkpolicy x/nope"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -10,7 +10,7 @@
 //! - `npmctl cases PATH...` (case files or directories of them)
 //! - `npmctl lint -f ... [-o json]` (shadowed, overlapping and dead rules)
 //! - `npmctl exposure -f ... [--cluster-cidr CIDR]... [-o json]`
-//! - `npmctl preview -f current.yaml --apply new.yaml --flows FILE [-o json]`
+//! - `npmctl preview -f current.yaml --apply new.yaml [--delete np/NS/NAME] --flows FILE [-o json]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -99,8 +99,12 @@ enum Cmd {
         #[command(flatten)]
         files: Files,
         /// Objects to apply on top (same kind, namespace and name replace).
-        #[arg(long = "apply", required = true)]
+        #[arg(long = "apply", required_unless_present = "delete")]
         apply: Vec<PathBuf>,
+        /// Objects to remove: networkpolicy/NAMESPACE/NAME or
+        /// clusternetworkpolicy/NAME (repeatable).
+        #[arg(long = "delete")]
+        delete: Vec<String>,
         /// The flow records, one JSON object a line (`-`: stdin).
         #[arg(long)]
         flows: PathBuf,
@@ -236,13 +240,17 @@ fn run(cli: Cli) -> Result<bool, String> {
         Cmd::Preview {
             files,
             apply,
+            delete,
             flows,
             output,
         } => {
             let current = load(&files)?;
             let mut all = files.files.clone();
             all.extend(apply);
-            let new = load_paths(&all)?;
+            let mut new = load_paths(&all)?;
+            for d in &delete {
+                npm_sim::analysis::delete_object(&mut new, d)?;
+            }
             warn_invalid(&new);
             let text = if flows.as_os_str() == "-" {
                 std::io::read_to_string(std::io::stdin()).map_err(|e| format!("stdin: {e}"))?
