@@ -394,6 +394,38 @@ fn tier_policies<'a>(snapshot: &'a Snapshot, tier: Tier, pod: &Pod) -> Vec<&'a C
     v
 }
 
+/// The pods and ends the walk needs: one pod per (namespace, labels,
+/// container ports), the subject side's whole input; and the probe ends
+/// in classes decided alike as peers: pods by (namespace, labels,
+/// container ports, the policy CIDRs holding the address), at most two
+/// members each (one besides a subject of the class), every other end
+/// alone. Keeps the walk quadratic in classes, not in pods.
+fn classes<'a>(snapshot: &'a Snapshot, universe: &'a Universe<'a>) -> (Vec<&'a Pod>, Vec<Vec<&'a ProbeEnd<'a>>>) {
+    type PodClass<'a> = (&'a str, &'a crate::model::Labels, &'a [crate::model::ContainerPort]);
+    let key = |p: &'a Pod| -> PodClass<'a> { (p.namespace.as_str(), &p.labels, p.ports.as_slice()) };
+    let mut subjects: BTreeMap<PodClass<'a>, &'a Pod> = BTreeMap::new();
+    for p in live_pods(snapshot).filter(|p| !p.host_network) {
+        subjects.entry(key(p)).or_insert(p);
+    }
+    let cidrs = super::universe::policy_cidrs(snapshot);
+    let mut pods: BTreeMap<(PodClass<'a>, bool, Vec<&ipnet::IpNet>), Vec<&'a ProbeEnd<'a>>> = BTreeMap::new();
+    let mut ends = Vec::new();
+    for e in &universe.ends {
+        match e.pod() {
+            Some(p) => {
+                let holding: Vec<&ipnet::IpNet> = cidrs.iter().filter(|c| c.contains(&e.ip)).collect();
+                let members = pods.entry((key(p), e.ip.is_ipv4(), holding)).or_default();
+                if members.len() < 2 {
+                    members.push(e);
+                }
+            }
+            None => ends.push(vec![e]),
+        }
+    }
+    ends.extend(pods.into_values());
+    (subjects.into_values().collect(), ends)
+}
+
 fn rule_key(o: &Ordered<'_>, dir: Direction) -> RuleKey {
     (o.policy.name.clone(), dir, o.index)
 }
@@ -426,7 +458,8 @@ fn cluster_dynamic(
     }
     // (policy a, policy b, direction) -> (actions seen, example).
     let mut overlaps: BTreeMap<(String, String, Direction), Overlap> = BTreeMap::new();
-    for pod in live_pods(snapshot).filter(|p| !p.host_network) {
+    let (subjects, end_classes) = classes(snapshot, &universe);
+    for pod in subjects {
         for dir in [Direction::Ingress, Direction::Egress] {
             let isolating: Option<String> = snapshot
                 .policies
@@ -457,10 +490,12 @@ fn cluster_dynamic(
             if tiers.iter().all(|(_, r)| r.is_empty()) {
                 continue;
             }
-            for end in &universe.ends {
-                if end.pod().is_some_and(|p| std::ptr::eq(p, pod)) {
+            for class in &end_classes {
+                // A member other than the pod itself (its own traffic is
+                // no flow): any decides as every member does.
+                let Some(end) = class.iter().find(|e| !e.pod().is_some_and(|p| std::ptr::eq(p, pod))) else {
                     continue;
-                }
+                };
                 let tend = End {
                     ip: end.ip,
                     pod: end.pod(),
