@@ -112,6 +112,9 @@ pub enum NpmError {
     /// A bad argument.
     #[error("{0}")]
     Usage(String),
+    /// `lint` found errors (printed already).
+    #[error("the policies have errors (see the findings)")]
+    Findings,
     /// Writing the output failed.
     #[error("writing the output: {0}")]
     Output(String),

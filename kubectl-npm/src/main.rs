@@ -7,12 +7,15 @@
 //!   of the node that decides it, with the kernel's dry-run verdict;
 //! - [`observe`]: the live flow records of the selected pods' nodes;
 //! - [`status`]: per node, the agent's readiness and what its metrics say;
-//!   per pod, its `npm.io/PolicyEnforced` condition.
+//!   per pod, its `npm.io/PolicyEnforced` condition;
+//! - [`analyze`]: `lint`, `exposure` and `preview`, `npmctl`'s analyses on
+//!   the live state (read from the API server; no agent is asked).
 //!
 //! The agents and pods are found by [`cluster`], the port-forward is
 //! [`forward`], errors ([`error`]) name the missing permission or the agent
 //! that is missing or not ready.
 
+mod analyze;
 mod cluster;
 mod error;
 mod forward;
@@ -37,7 +40,7 @@ use output::{print, Output};
     name = "kubectl-npm",
     bin_name = "kubectl npm",
     version,
-    about = "npm's kubectl plugin: why a flow is allowed or denied, live flows, agent status",
+    about = "npm's kubectl plugin: why a flow is allowed or denied, live flows, agent status, policy analysis",
     long_about = "npm's kubectl plugin. It reaches the npm agents through the API server with your \
 kubeconfig: `create` on `pods/portforward` in the agents' namespace (to reach each agent's loopback \
 debug listener), `list` on `pods` there, and `get` on the pods you name."
@@ -106,6 +109,36 @@ enum Cmd {
         /// NAMESPACE/POD.
         pod: Option<String>,
     },
+    /// Findings about the cluster's policies (as `npmctl lint`): shadowed,
+    /// overlapping or dead ClusterNetworkPolicy rules, Pass rules without
+    /// effect, policies and peers selecting nothing, undefined named
+    /// ports. Exits 1 when a finding is an error. Needs `list` on
+    /// namespaces, pods, networkpolicies, clusternetworkpolicies, nodes.
+    Lint,
+    /// Per namespace and direction, the pods no policy isolates and the
+    /// rules opening pods to addresses outside the cluster (as `npmctl
+    /// exposure`).
+    Exposure {
+        /// The cluster's pod CIDRs (repeatable; default: the /16 or /64 of
+        /// each pod address).
+        #[arg(long = "cluster-cidr")]
+        cluster_cidrs: Vec<ipnet::IpNet>,
+    },
+    /// Replays recorded flows (`kubectl npm observe -o json` lines; allowed
+    /// flows need the agents' --flow-logs-allow) on the live state and on
+    /// it with the files applied; lists the flows whose verdict changes.
+    Preview {
+        /// Objects to apply on top of the live state (repeatable).
+        #[arg(long = "apply", short = 'f', required_unless_present = "delete")]
+        apply: Vec<PathBuf>,
+        /// Objects to remove: networkpolicy/NAMESPACE/NAME or
+        /// clusternetworkpolicy/NAME (repeatable).
+        #[arg(long = "delete")]
+        delete: Vec<String>,
+        /// The flow records, one JSON object a line (`-`: stdin).
+        #[arg(long)]
+        flows: PathBuf,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion {
         /// The shell.
@@ -162,6 +195,15 @@ async fn run(cli: Cli) -> Result<(), NpmError> {
             let all = status::status(&cluster).await?;
             print(&all, cli.output, || status::render(&all))
         }
+        Cmd::Lint => {
+            if analyze::lint(&cluster, cli.output).await? {
+                Ok(())
+            } else {
+                Err(NpmError::Findings)
+            }
+        }
+        Cmd::Exposure { cluster_cidrs } => analyze::exposure(&cluster, &cluster_cidrs, cli.output).await,
+        Cmd::Preview { apply, delete, flows } => analyze::preview(&cluster, &apply, &delete, &flows, cli.output).await,
         Cmd::Completion { .. } => Ok(()),
     }
 }

@@ -317,7 +317,13 @@ fn direction_verdict(
 }
 
 /// Does `peer` (one NetworkPolicyPeer of `policy`) select the peer?
-fn peer_matches(snapshot: &Snapshot, policy: &Policy, peer: &Peer, peer_ip: IpAddr, peer_pod: Option<&Pod>) -> bool {
+pub(crate) fn peer_matches(
+    snapshot: &Snapshot,
+    policy: &Policy,
+    peer: &Peer,
+    peer_ip: IpAddr,
+    peer_pod: Option<&Pod>,
+) -> bool {
     let ns_labels = |p: &Pod| namespace_labels(snapshot, &p.namespace).cloned().unwrap_or_default();
     match peer {
         // "matching pods in the **policy's own namespace**"

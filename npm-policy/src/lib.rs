@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 pub mod adopt;
+pub mod analysis;
 pub mod audit;
 pub mod compile;
 pub mod compiled;

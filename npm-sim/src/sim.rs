@@ -11,7 +11,7 @@ use npm_policy::evaluate::{evaluate, Flow, Verdict};
 use npm_policy::identity::{is_addressable, pod_addresses};
 use npm_policy::model::{PodPhase, Protocol, Snapshot};
 use npm_policy::tiers::api::KIND;
-use npm_policy::tiers::validate::{convert_cluster_policy_yaml, ClusterParseError};
+use npm_policy::tiers::validate::{convert_cluster_policy_yaml, ClusterParseError, ClusterPolicyConversion};
 
 /// Errors of the simulator.
 #[derive(Debug, thiserror::Error)]
@@ -91,15 +91,9 @@ fn split_cluster_policies(text: &str) -> Result<(Vec<serde_yaml::Value>, String)
 /// The node the simulator compiles for.
 pub const SIM_NODE: &str = "npm-node";
 
-/// Builds a snapshot from named YAML texts (`(name, text)`) of Namespace,
-/// Pod, NetworkPolicy and ClusterNetworkPolicy objects (the latter
-/// converted by npm-policy; one not fully understood is kept as converted,
-/// failing closed, and reported in `invalid_cluster_policies`). Pods without
-/// `status.podIP(s)` get a synthetic address in `10.244.0.0/16` and, when
-/// without a phase, phase Running; pods without `spec.nodeName` run on
-/// [`SIM_NODE`]. Namespaces referenced by pods or policies but not defined
-/// are created with just their metadata label.
-pub fn load_snapshot(inputs: &[(String, String)]) -> Result<Snapshot, SimError> {
+/// The objects of named YAML texts and their ClusterNetworkPolicies,
+/// converted.
+fn parse_inputs(inputs: &[(String, String)]) -> Result<(Objects, Vec<ClusterPolicyConversion>), SimError> {
     let mut objs = Objects::default();
     let mut cnps = Vec::new();
     for (name, text) in inputs {
@@ -123,6 +117,19 @@ pub fn load_snapshot(inputs: &[(String, String)]) -> Result<Snapshot, SimError> 
             cnps.push(conv);
         }
     }
+    Ok((objs, cnps))
+}
+
+/// Builds a snapshot from named YAML texts (`(name, text)`) of Namespace,
+/// Pod, NetworkPolicy and ClusterNetworkPolicy objects (the latter
+/// converted by npm-policy; one not fully understood is kept as converted,
+/// failing closed, and reported in `invalid_cluster_policies`). Pods without
+/// `status.podIP(s)` get a synthetic address in `10.244.0.0/16` and, when
+/// without a phase, phase Running; pods without `spec.nodeName` run on
+/// [`SIM_NODE`]. Namespaces referenced by pods or policies but not defined
+/// are created with just their metadata label.
+pub fn load_snapshot(inputs: &[(String, String)]) -> Result<Snapshot, SimError> {
+    let (objs, cnps) = parse_inputs(inputs)?;
     let mut snap = Snapshot::from_objects(&objs.namespaces, &objs.pods, &objs.policies)?;
     for conv in cnps {
         let invalid = conv.invalid();
@@ -172,6 +179,30 @@ pub fn load_snapshot(inputs: &[(String, String)]) -> Result<Snapshot, SimError> 
         }
     }
     Ok(snap)
+}
+
+/// Applies named YAML texts to `snapshot` as `kubectl apply` would: each
+/// Namespace, Pod, NetworkPolicy and ClusterNetworkPolicy replaces the one
+/// of its kind, namespace and name (pods as given: no address is made up,
+/// so a pod without `status.podIPs` is no endpoint). For `preview` on a
+/// live cluster's state.
+pub fn apply_yaml(snapshot: &mut Snapshot, inputs: &[(String, String)]) -> Result<(), SimError> {
+    let (objs, cnps) = parse_inputs(inputs)?;
+    for ns in &objs.namespaces {
+        snapshot.upsert_namespace(npm_policy::convert::namespace_from_api(ns)?);
+    }
+    for p in &objs.pods {
+        snapshot.upsert_pod(npm_policy::convert::pod_from_api(p)?);
+    }
+    for np in &objs.policies {
+        // An invalid policy is recorded in `invalid_policies`.
+        let _ = snapshot.upsert_policy(np);
+    }
+    for conv in cnps {
+        let invalid = conv.invalid();
+        snapshot.insert_cluster_policy(conv.policy, invalid);
+    }
+    Ok(())
 }
 
 /// Compile options of the simulator.

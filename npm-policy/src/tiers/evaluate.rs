@@ -97,7 +97,7 @@ impl<'a> End<'a> {
 }
 
 /// Does `peer` match the other end?
-fn peer_matches(snapshot: &Snapshot, peer: &ClusterPeer, end: End<'_>) -> bool {
+pub(crate) fn peer_matches(snapshot: &Snapshot, peer: &ClusterPeer, end: End<'_>) -> bool {
     let (peer_ip, peer_pod) = (end.ip, end.pod);
     let empty = Labels::new();
     let ns = |p: &Pod| namespace_labels(snapshot, &p.namespace).unwrap_or(&empty).clone();
@@ -139,7 +139,7 @@ fn peer_matches(snapshot: &Snapshot, peer: &ClusterPeer, end: End<'_>) -> bool {
 /// Does `rule` match the flow? "If any element matches the source of
 /// incoming traffic [the destination of outgoing traffic] then the
 /// specified action is applied"; the protocols narrow it.
-fn rule_matches(
+pub(crate) fn rule_matches(
     snapshot: &Snapshot,
     rule: &ClusterRule,
     dir: Direction,

@@ -8,6 +8,9 @@
 //! - `npmctl validate -f ...`
 //! - `npmctl compile -f ... [--node N]` (the compiled tables)
 //! - `npmctl cases PATH...` (case files or directories of them)
+//! - `npmctl lint -f ... [-o json]` (shadowed, overlapping and dead rules)
+//! - `npmctl exposure -f ... [--cluster-cidr CIDR]... [-o json]`
+//! - `npmctl preview -f current.yaml --apply new.yaml [--delete np/NS/NAME] --flows FILE [-o json]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -51,8 +54,64 @@ struct PortArgs {
     protocol: String,
 }
 
+/// Output format of the analyses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    /// Human lines.
+    Text,
+    /// One JSON document.
+    Json,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// Findings about the policies: shadowed, overlapping or dead
+    /// ClusterNetworkPolicy rules, Pass rules without effect, policies and
+    /// peers selecting nothing, undefined named ports. Exits 1 when a
+    /// finding is an error.
+    Lint {
+        #[command(flatten)]
+        files: Files,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Per namespace and direction: the pods no policy isolates, and the
+    /// rules opening pods to (or towards) addresses outside the cluster.
+    Exposure {
+        #[command(flatten)]
+        files: Files,
+        /// The cluster's pod CIDRs (repeatable; default: the /16 or /64 of
+        /// each pod address). Addresses outside them, of no pod and no
+        /// node, are outside the cluster.
+        #[arg(long = "cluster-cidr")]
+        cluster_cidrs: Vec<ipnet::IpNet>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Replays recorded flows (the agent's flow-log JSON lines, as
+    /// `kubectl npm observe -o json` prints them; allowed flows only with
+    /// the agent's `--flow-logs-allow`) on the state of `-f` and on that
+    /// state with `--apply` applied; lists the flows whose verdict changes.
+    Preview {
+        /// The current state.
+        #[command(flatten)]
+        files: Files,
+        /// Objects to apply on top (same kind, namespace and name replace).
+        #[arg(long = "apply", required_unless_present = "delete")]
+        apply: Vec<PathBuf>,
+        /// Objects to remove: networkpolicy/NAMESPACE/NAME or
+        /// clusternetworkpolicy/NAME (repeatable).
+        #[arg(long = "delete")]
+        delete: Vec<String>,
+        /// The flow records, one JSON object a line (`-`: stdin).
+        #[arg(long)]
+        flows: PathBuf,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value = "text")]
+        output: Output,
+    },
     /// Reachability matrix over all pods.
     Matrix {
         #[command(flatten)]
@@ -102,8 +161,12 @@ enum Cmd {
 }
 
 fn load(files: &Files) -> Result<npm_policy::model::Snapshot, String> {
+    load_paths(&files.files)
+}
+
+fn load_paths(files: &[PathBuf]) -> Result<npm_policy::model::Snapshot, String> {
     let mut inputs = Vec::new();
-    for f in &files.files {
+    for f in files {
         let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
         inputs.push((f.display().to_string(), text));
     }
@@ -133,9 +196,85 @@ fn protocol(p: &PortArgs) -> Result<Protocol, String> {
         .ok_or_else(|| format!("unsupported protocol {:?}: want TCP, UDP or SCTP", p.protocol))
 }
 
+fn json<T: serde::Serialize>(v: &T) -> Result<String, String> {
+    serde_json::to_string_pretty(v)
+        .map(|s| s + "\n")
+        .map_err(|e| e.to_string())
+}
+
 fn run(cli: Cli) -> Result<bool, String> {
     let opts = sim::sim_options();
     match cli.cmd {
+        Cmd::Lint { files, output } => {
+            let s = load(&files)?;
+            let findings = npm_policy::analysis::lint::lint(&s, &opts);
+            let errors = findings
+                .iter()
+                .filter(|f| f.severity == npm_policy::analysis::lint::Severity::Error)
+                .count();
+            match output {
+                Output::Json => print!("{}", json(&findings)?),
+                Output::Text => {
+                    for f in &findings {
+                        println!("{f}");
+                    }
+                    println!("{} findings ({errors} errors)", findings.len());
+                }
+            }
+            Ok(errors == 0)
+        }
+        Cmd::Exposure {
+            files,
+            cluster_cidrs,
+            output,
+        } => {
+            let s = load(&files)?;
+            warn_invalid(&s);
+            let e = npm_policy::analysis::exposure::exposure(&s, &opts, &cluster_cidrs);
+            match output {
+                Output::Json => print!("{}", json(&e)?),
+                Output::Text => print!("{e}"),
+            }
+            Ok(true)
+        }
+        Cmd::Preview {
+            files,
+            apply,
+            delete,
+            flows,
+            output,
+        } => {
+            let current = load(&files)?;
+            let mut all = files.files.clone();
+            all.extend(apply);
+            let mut new = load_paths(&all)?;
+            for d in &delete {
+                npm_sim::analysis::delete_object(&mut new, d)?;
+            }
+            warn_invalid(&new);
+            let text = if flows.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).map_err(|e| format!("stdin: {e}"))?
+            } else {
+                std::fs::read_to_string(&flows).map_err(|e| format!("{}: {e}", flows.display()))?
+            };
+            let records =
+                npm_sim::analysis::parse_flow_records(&text).map_err(|e| format!("{}: {e}", flows.display()))?;
+            if records.allowed == 0 {
+                eprintln!(
+                    "warning: no allowed flow recorded (the agent logs allowed flows only with --flow-logs-allow): \
+                     a change that would deny traffic cannot show"
+                );
+            }
+            if records.lost > 0 {
+                eprintln!("warning: the stream lost {} records", records.lost);
+            }
+            let p = npm_policy::analysis::preview::preview(&current, &new, &opts, &records.flows);
+            match output {
+                Output::Json => print!("{}", json(&p)?),
+                Output::Text => print!("{p}"),
+            }
+            Ok(true)
+        }
         Cmd::Matrix { files, port } => {
             let s = load(&files)?;
             warn_invalid(&s);
