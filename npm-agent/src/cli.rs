@@ -12,6 +12,7 @@ use npm_agent::cni::{ChainConfig, CniConfig};
 use npm_agent::dataplanes::ebpf_options;
 use npm_agent::dataplanes::{DataplaneKind, DataplaneOptions};
 use npm_agent::k8s::ClusterPolicyMode;
+use npm_agent::reconcile::established::Established;
 use npm_agent::reconcile::SyncConfig;
 use npm_agent::telemetry::HealthConfig;
 use npm_dataplane::ebpf::AttachMode;
@@ -213,6 +214,14 @@ pub struct RunArgs {
     /// never an empty list: the agent stays unready, naming it.
     #[arg(long, env = "NPM_CLUSTER_NETWORK_POLICIES", value_enum, default_value_t = ClusterPolicyMode::Auto)]
     pub cluster_network_policies: ClusterPolicyMode,
+    /// Connection semantics on a policy change: `keep` lets a tracked
+    /// connection flow until it ends (new connections meet the new
+    /// policy); `enforce` cuts, after the sync that programmed the
+    /// change, the tracked connections the new policy denies (counted in
+    /// `npm_connections_cut_total`, logged). The Namespace annotation
+    /// `npm.io/established: keep|enforce` overrides it for its pods.
+    #[arg(long, env = "NPM_ESTABLISHED", value_enum, default_value_t = Established::Keep)]
+    pub established: Established,
     /// Unix socket npm-cni talks to (its state file,
     /// `cni-attachments.json`, is kept in the same directory); an empty
     /// value disables it.
@@ -470,6 +479,7 @@ impl RunArgs {
                 flow_logs_per_sec: self.flow_logs_per_sec,
                 flow_logs_allow: self.flow_logs_allow,
                 cluster_policies: self.cluster_network_policies,
+                established: self.established,
                 bridge_netfilter: (self.dataplane == DataplaneKind::Nftables).then(Default::default),
                 ..SyncConfig::default()
             },

@@ -66,9 +66,12 @@ pub struct DataplaneOptions {
 }
 
 impl AgentDataplane for NftDataplane {
-    /// The NFLOG events of the table's `log` rules (`npm_dataplane::nft::nflog`).
+    /// The connections cut under `enforce` since the last call, then the
+    /// NFLOG events of the table's `log` rules (`npm_dataplane::nft::nflog`).
     fn poll_deny_events(&mut self) -> Vec<DenyEvent> {
-        self.poll_flow_events()
+        let mut events = self.take_cut_events();
+        events.extend(self.poll_flow_events());
+        events
     }
     fn adopted_counts(&self) -> Option<(usize, usize)> {
         self.adopted().map(|a| (a.identities, a.endpoints.len()))

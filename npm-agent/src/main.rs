@@ -119,6 +119,7 @@ fn dry_run(log_level: &str, log_format: LogFormat, args: &RunArgs) -> anyhow::Re
         "flow_logs_per_sec": args.flow_logs_per_sec,
         "flow_logs_allow": args.flow_logs_allow,
         "cluster_network_policies": args.cluster_network_policies.name(),
+        "established": args.established.to_string(),
         "cni_socket": args.cni_socket,
         "cni_chain": args.agent_config(Vec::new()).cni.and_then(|c| c.keep_chained).map(|c| serde_json::json!({
             "conf_dir": c.conf_dir,

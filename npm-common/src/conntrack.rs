@@ -133,6 +133,18 @@ pub const CT_RST: u8 = 1 << 5;
 /// [`CT_TIMEOUT_PENDING_NS`]. The first reply confirms it (the backend
 /// answered, so the deferred decision allowed the flow).
 pub const CT_PENDING: u8 = 1 << 6;
+/// [`CtValue::flags`]: the connection was *cut*: decided again after its
+/// endpoint's policy changed (connection semantics `enforce`, issue #45)
+/// and denied. Every later packet of its 5-tuple, in either direction, is
+/// dropped (`Reason::CutFlow`) until the entry idles out (each dropped
+/// packet refreshes it, so a side that keeps trying keeps it cut) or a
+/// TCP SYN opens a new connection on the tuple (decided by policy). The
+/// entry stays rather than going: without it, the first packet of the
+/// other side (whose own policy may allow it) would open the connection
+/// again as a new one in its direction, and the cut side's packets would
+/// pass as its replies. Added with layout 7 (same rule: a bit no older
+/// program sets; an older one reads the entry as tracked, `keep`).
+pub const CT_CUT: u8 = 1 << 7;
 
 /// Conntrack value.
 #[repr(C)]
@@ -150,11 +162,17 @@ pub struct CtValue {
     pub reason: u8,
     /// Reserved, zero.
     pub pad: u8,
-    /// The decision epoch of the endpoint that opened the connection,
-    /// reserved with layout 7 so that connection semantics can compare it
-    /// with the endpoint's current one without another layout change
-    /// (issue #45). Written 0 today, and read by nobody; the entries a
-    /// layout-6 program wrote have 0 here (their reserved bytes).
+    /// The decision epoch of the tracking endpoint (its `NPM_EP_EPOCH`
+    /// slot, [`crate::ep_epoch_slot`]) when the connection was last
+    /// decided: read before the policy lookup that created the entry (or
+    /// decided it again). A tracked packet that finds the endpoint's epoch
+    /// moved is decided again once by the current policy (connection
+    /// semantics `enforce`, issue #45): allowed, the entry takes the
+    /// current epoch; denied, the packet is dropped
+    /// ([`crate::Reason::ConnectionCut`]) and the entry marked [`CT_CUT`]. A pending
+    /// Service entry ([`CT_PENDING`]) is never decided again (its tuple is
+    /// the pre-DNAT one). The entries a layout-6 program wrote have 0 here
+    /// (their reserved bytes), as does every epoch a loader never moved.
     pub epoch: u32,
 }
 // The datapath writes a new value as two 64-bit and two 32-bit words

@@ -83,6 +83,16 @@ const _: () = assert!(EP_NO_ANY_PEER_EGRESS == EP_NO_ANY_PEER_INGRESS << DIR_EGR
 const _: () = assert!(EP_NO_CIDR_PEER_EGRESS == EP_NO_CIDR_PEER_INGRESS << DIR_EGRESS);
 const _: () = assert!(EP_NO_POD_PEER_EGRESS == EP_NO_POD_PEER_INGRESS << DIR_EGRESS);
 
+/// The `NPM_EP_EPOCH` slot of the endpoint on host-side interface
+/// `ifindex`: the ifindex modulo [`crate::sizes::ENDPOINT_SLOTS`] (a power
+/// of two). Two endpoints whose ifindexes share a slot share an epoch: a
+/// move for either decides both endpoints' flows again once, never fewer.
+#[inline(always)]
+pub const fn ep_epoch_slot(ifindex: u32) -> u32 {
+    ifindex & (crate::sizes::ENDPOINT_SLOTS - 1)
+}
+const _: () = assert!(crate::sizes::ENDPOINT_SLOTS.is_power_of_two());
+
 /// The `EP_NO_*_PEER_INGRESS` flag whose (direction-shifted) bit tells that
 /// no policy entry of an endpoint's subject can match `identity` as its peer.
 pub const fn ep_no_peer_flag(identity: u32) -> u32 {

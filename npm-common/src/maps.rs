@@ -58,10 +58,18 @@ pub const RULE_COUNT: &str = "NPM_RULE_COUNT";
 /// per-CPU [`crate::Counter`]s of the packets NetworkPolicy denied, by
 /// endpoint and direction at [`crate::endpoint_deny_slot`].
 pub const EP_DENIES: &str = "NPM_EP_DENIES";
+/// The decision epoch of each local endpoint (`u32`), an array indexed by
+/// [`crate::ep_epoch_slot`] of the endpoint's host-side ifindex: a tracked
+/// packet whose conntrack entry's [`crate::CtValue::epoch`] differs is
+/// decided again once (connection semantics `enforce`, issue #45). The
+/// loader moves an endpoint's epoch after a sync that changed what its
+/// policy decides; under `keep` it never moves. Added with layout 7 (same
+/// rule: an older program ignores it and keeps its flows).
+pub const EP_EPOCH: &str = "NPM_EP_EPOCH";
 /// Every map, for pinning and adoption.
-pub const ALL: [&str; 16] = [
+pub const ALL: [&str; 17] = [
     EP_SLOTS, ENDPOINTS, IPCACHE, IPCACHE4, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS, SERVICES, TIERS, FOLD,
-    RULE_COUNT, EP_DENIES,
+    RULE_COUNT, EP_DENIES, EP_EPOCH,
 ];
 
 /// Map sizes (max entries).

@@ -54,6 +54,16 @@ pub enum Reason {
     /// Dropped: a Baseline-tier ClusterNetworkPolicy rule with action
     /// `Deny` decided it (no Admin rule and no isolating NetworkPolicy did).
     BaselineDeny = 21,
+    /// Dropped: a packet of a tracked connection whose endpoint's policy
+    /// changed since the connection was decided (connection semantics
+    /// `enforce`: the decision epoch moved), decided again by the current
+    /// policy and denied: the connection is cut (one such packet per
+    /// connection; its conntrack entry is marked `CT_CUT`).
+    ConnectionCut = 22,
+    /// Dropped: a later packet of a connection cut by
+    /// [`Reason::ConnectionCut`], in either direction, until its entry
+    /// idles out or a TCP SYN opens a new connection on its 5-tuple.
+    CutFlow = 23,
 }
 
 /// Number of reason slots per direction in `NPM_COUNTERS`.
@@ -80,7 +90,7 @@ pub const DRY_RUN_MARK: u32 = 0x4e50_4d00;
 
 impl Reason {
     /// Every reason, for counters and metrics.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 19] = [
         Reason::Policy,
         Reason::NotIsolated,
         Reason::Tracked,
@@ -98,6 +108,8 @@ impl Reason {
         Reason::Fragment,
         Reason::AdminDeny,
         Reason::BaselineDeny,
+        Reason::ConnectionCut,
+        Reason::CutFlow,
     ];
 
     /// True when the reason drops the packet.
@@ -138,6 +150,8 @@ impl Reason {
             19 => Reason::Fragment,
             20 => Reason::AdminDeny,
             21 => Reason::BaselineDeny,
+            22 => Reason::ConnectionCut,
+            23 => Reason::CutFlow,
             _ => return None,
         })
     }
@@ -162,6 +176,8 @@ impl Reason {
             Reason::BaselineAccept => "baseline-accept",
             Reason::AdminDeny => "admin-deny",
             Reason::BaselineDeny => "baseline-deny",
+            Reason::ConnectionCut => "connection-cut",
+            Reason::CutFlow => "cut-flow",
         }
     }
 }

@@ -34,6 +34,13 @@
 //!   the conntrack hash lookup in `NPM_CT4` that the first packet of a flow
 //!   on a CPU, one packet every 250 ms after, and IPv6 flows pay.
 //!
+//! - `tracked_enforce`, `tracked_ct_enforce`: `tracked` and `tracked_ct`
+//!   with the endpoint under connection semantics `enforce` (issue #45):
+//!   each round's apply moves its decision epoch, the connection is then
+//!   established anew, so the ACK is tracked under the current epoch (what
+//!   every tracked packet costs while nothing changed; `keep` pays the same
+//!   epoch read, the bar is `tracked` <= empty + 20 ns).
+//!
 //! Each number is the median of 5 runs (`--rounds N`) of 1,000,000 repeats. The runs are
 //! interleaved: each of the 5 rounds applies every scale in turn and runs
 //! the baseline and every path once there, so a slow phase of a shared VM
@@ -333,6 +340,16 @@ fn main() {
                 ..BenchSwitches::default()
             },
         ),
+        // The same two under connection semantics `enforce`.
+        ("e", false, BenchSwitches::default()),
+        (
+            "f",
+            false,
+            BenchSwitches {
+                no_flow_cache: true,
+                ..BenchSwitches::default()
+            },
+        ),
     ];
     let links: Vec<String> = kinds.iter().map(|(t, _, _)| format!("npb{pid}{t}")).collect();
     let pins: Vec<PathBuf> = kinds
@@ -360,6 +377,9 @@ fn main() {
             .unwrap_or_else(|e| panic!("open: {e}")),
         })
         .collect();
+    for s in &mut setups[3..] {
+        s.dp.set_established_enforce([1].into_iter().collect());
+    }
 
     let peer = Ipv4Addr::new(10, 0, 0, 2);
     let me = Ipv4Addr::new(10, 0, 0, 1);
@@ -378,7 +398,14 @@ fn main() {
     let mut prev = Compiled::default();
     let mut results = Vec::new();
     let mut baselines = Vec::new();
-    let paths = ["policy", "deny", "tracked", "tracked_ct"];
+    let paths = [
+        "policy",
+        "deny",
+        "tracked",
+        "tracked_ct",
+        "tracked_enforce",
+        "tracked_ct_enforce",
+    ];
     print!("{:>8} {:>8} {:>11}", "policy", "ipcache", "baseline_ns");
     for p in paths {
         print!(" {:>13}", format!("{p}_ns"));
@@ -402,8 +429,8 @@ fn main() {
             }
             prev = next;
 
-            let [sp, st, sc] = &setups[..] else {
-                unreachable!("three setups")
+            let [sp, st, sc, se, sf] = &setups[..] else {
+                unreachable!("five setups")
             };
             let check = sp.dp.test_run(Direction::Ingress, sp.ifindex, &allowed).expect("check");
             assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Policy)));
@@ -411,7 +438,7 @@ fn main() {
             assert_eq!(check.1, Some(npm_common::Reason::PolicyDenied));
             // Establish the connection on both tracked setups: SYN in,
             // SYN-ACK out; then its ACKs are tracked.
-            for s in [st, sc] {
+            for s in [st, sc, se, sf] {
                 let check = s.dp.test_run(Direction::Ingress, s.ifindex, &allowed).expect("check");
                 assert_eq!(check.0, VERDICT_ALLOW);
                 let check = s.dp.test_run(Direction::Egress, s.ifindex, &syn_ack).expect("check");
@@ -419,12 +446,14 @@ fn main() {
                 let check = s.dp.test_run(Direction::Ingress, s.ifindex, &ack).expect("check");
                 assert_eq!(check, (VERDICT_ALLOW, Some(npm_common::Reason::Tracked)));
             }
-            let cases: [Case<'_>; 5] = [
+            let cases: [Case<'_>; 7] = [
                 (sp, PROG_EMPTY, &allowed),
                 (sp, PROG_INGRESS, &allowed),
                 (sp, PROG_INGRESS, &denied),
                 (st, PROG_INGRESS, &ack),
                 (sc, PROG_INGRESS, &ack),
+                (se, PROG_INGRESS, &ack),
+                (sf, PROG_INGRESS, &ack),
             ];
             for (i, ns) in measure_once(&cases).into_iter().enumerate() {
                 samples[row][i].push(ns);

@@ -212,4 +212,15 @@ pub trait Dataplane {
     fn apply(&mut self, diff: &CompiledDiff, next: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError>;
     /// Counters of allowed and denied packets.
     fn counters(&self) -> Result<Counters, DataplaneError>;
+    /// Connection semantics (issue #45): the endpoint ids whose established
+    /// connections follow policy changes (`enforce`); every other endpoint
+    /// keeps its tracked connections until they end (`keep`). Takes effect
+    /// from the next [`Dataplane::apply`] or [`Dataplane::sync_full`]: once
+    /// that call has programmed a change, a tracked connection of an
+    /// `enforce` endpoint that the new policy denies stops passing (eBPF:
+    /// its next packet is decided again and dropped, its conntrack entry
+    /// removed; nftables: its kernel conntrack entry is deleted through
+    /// ctnetlink). The default ignores it (a dataplane without connection
+    /// tracking of its own).
+    fn set_established_enforce(&mut self, _endpoints: std::collections::BTreeSet<u32>) {}
 }

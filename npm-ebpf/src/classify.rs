@@ -6,8 +6,11 @@ use npm_common::{
     proto, sizes, Reason, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_HAS_V6, EP_REPORT_NEW, FIRST_DENY_REASON,
 };
 
-use crate::conntrack::{ct4_words, ct_continue, ct_create, fill_ct_key, fill_ct_key4, CtPacket, NPM_CT, NPM_CT4};
-use crate::endpoint::{endpoint_slot, NPM_ENDPOINTS};
+use crate::conntrack::{
+    ct4_words, ct_continue, ct_create, ct_original, ct_redecided, fill_ct_key, fill_ct_key4, CtPacket, CT_CUT_HIT,
+    CT_STALE, CT_TRACKED, NPM_CT, NPM_CT4,
+};
+use crate::endpoint::{endpoint_epoch, endpoint_slot, NPM_ENDPOINTS};
 use crate::flow_cache::{
     flow_cache_forget, flow_cache_hit, flow_slot, FlowSlot, NPM_BENCH_NO_FLOW_CACHE, NPM_FLOWCACHE,
 };
@@ -58,6 +61,8 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
         }
     };
     seen.ep_id = ep.id;
+    // The endpoint's decision epoch, read before any policy lookup.
+    let epoch = endpoint_epoch(ifindex);
     // 3. headers.
     if !known || parse(ctx, s).is_err() {
         return Reason::Malformed as u8;
@@ -125,7 +130,7 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
                 unsafe {
                     if closing {
                         flow_cache_forget(sl, k);
-                    } else if flow_cache_hit(sl, k, now) {
+                    } else if flow_cache_hit(sl, k, now, epoch) {
                         return Reason::Tracked as u8;
                     } else {
                         slot = sl;
@@ -138,6 +143,8 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
         let lo = fill_ct_key(&mut s.ct, ep.id, p);
         (lo, NPM_CT.get_ptr_mut(&s.ct))
     };
+    // A tracked flow decided under an older epoch: decided again below.
+    let mut stale = core::ptr::null_mut();
     if let Some(v) = hit {
         let pkt = CtPacket {
             pr: p.proto,
@@ -145,36 +152,57 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
             src_is_lo,
             now,
         };
-        if ct_continue(v, pkt, slot, ct4_words(&s.ct4), s.pad == crate::DRY_RUN_IIF) {
-            let r = Reason::Tracked as u8;
-            record_first_fragment(s, ep.id, dir, r);
-            return r;
+        match ct_continue(v, pkt, slot, ct4_words(&s.ct4), s.pad == crate::DRY_RUN_IIF, epoch) {
+            CT_TRACKED => {
+                let r = Reason::Tracked as u8;
+                record_first_fragment(s, ep.id, dir, r);
+                return r;
+            }
+            CT_STALE => stale = v,
+            CT_CUT_HIT => return Reason::CutFlow as u8,
+            _ => {}
         }
     }
     let peer = if dir == DIR_INGRESS { src } else { dst };
-    let port = match p.proto {
-        proto::TCP | proto::UDP | proto::SCTP => p.dport,
-        _ => 0,
-    };
+    let ported = matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP);
+    let port = if ported { p.dport } else { 0 };
     let peer = Peer {
         at: peer,
         lazy_v4: false,
         v4addr: 0,
     };
-    // A new flow to a Service: egress is decided after the DNAT (counted
-    // here as `Reason::Deferred`).
-    if dir == DIR_EGRESS && deferred(ep.flags, ifindex, p.proto, dst, port) {
-        let pkt = CtPacket {
-            pr: p.proto,
-            tcp_flags: p.tcp_flags,
-            src_is_lo,
-            now,
-        };
-        let r = defer(ctx, s, ifindex, v4, pkt);
-        record_first_fragment(s, ep.id, dir, r);
+    // The decision's direction and port: this packet's, or the original
+    // packet's of a stale flow.
+    let (ddir, dport_d) = if stale.is_null() {
+        // A new flow to a Service: egress is decided after the DNAT
+        // (counted here as `Reason::Deferred`).
+        if dir == DIR_EGRESS && deferred(ep.flags, ifindex, p.proto, dst, port) {
+            let pkt = CtPacket {
+                pr: p.proto,
+                tcp_flags: p.tcp_flags,
+                src_is_lo,
+                now,
+            };
+            let r = defer(ctx, s, ifindex, v4, pkt);
+            record_first_fragment(s, ep.id, dir, r);
+            return r;
+        }
+        (dir, port)
+    } else {
+        let (odir, oport) = ct_original(stale, src_is_lo, p.sport, p.dport);
+        (odir, if ported { oport } else { 0 })
+    };
+    let reason = policy_step(s.lpm.as_mut_ptr() as *mut u8, ep, ddir, p.proto, dport_d, peer);
+    if !stale.is_null() {
+        let r = ct_redecided(s, stale, reason, epoch);
+        if r >= FIRST_DENY_REASON {
+            // The cut's event: the direction that now denies.
+            seen.dir = ddir;
+        } else {
+            record_first_fragment(s, ep.id, dir, r);
+        }
         return r;
     }
-    let reason = policy_step(s.lpm.as_mut_ptr() as *mut u8, ep, dir, p.proto, port, peer);
     if reason >= FIRST_DENY_REASON {
         return reason;
     }
@@ -188,7 +216,7 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
     };
     // The allow event of a new connection (only for a flagged endpoint:
     // an unflagged one pays the flag test).
-    if ct_create(s, v4, pkt, dir, reason, 0) && ep.flags & EP_REPORT_NEW != 0 {
+    if ct_create(s, v4, pkt, dir, reason, 0, epoch) && ep.flags & EP_REPORT_NEW != 0 {
         report_new(s, dir, ifindex, ep.id, reason, now);
     }
     record_first_fragment(s, ep.id, dir, reason);

@@ -14,9 +14,21 @@
 //! (`CT_RST`): a half-closed flow (one FIN) keeps the established timeout,
 //! the short closing one starts with the second FIN or a RST
 //! (`npm_common::ct_timeout_ns`).
-//! Established flows are not re-evaluated when policy changes: they keep
-//! flowing until they end or idle out; policy changes only affect new
-//! connections (the loader purges the entries of removed endpoints).
+//! An established flow is decided again only when its endpoint's
+//! decision epoch (`NPM_EP_EPOCH`, [`crate::endpoint::endpoint_epoch`])
+//! differs from the one its entry recorded ([`CtValue::epoch`]): the
+//! loader moves it after a sync that changed what an `enforce` endpoint's
+//! policy decides (connection semantics, issue #45). [`ct_continue`] then
+//! answers [`CT_STALE`], the caller decides the connection's original
+//! packet again by the normal policy step ([`ct_original`]), and
+//! [`ct_redecided`] keeps the entry under the current epoch or marks it
+//! cut (`CT_CUT`: the packet is dropped, `Reason::ConnectionCut`, and so
+//! is every later packet of the tuple, `Reason::CutFlow`, in either
+//! direction, until the entry idles out or a TCP SYN opens a new
+//! connection). Under `keep` the epoch
+//! never moves: flows keep flowing until they end or idle out, and policy
+//! changes only affect new connections (the loader purges the entries of
+//! removed endpoints, and of addresses that changed owner, in both modes).
 //!
 //! ICMP/ICMPv6 echo requests and replies use the echo identifier as both
 //! ports in the conntrack key. An ICMP error whose quoted header belongs to
@@ -35,8 +47,8 @@
 
 use aya_ebpf::{macros::map, maps::LruHashMap};
 use npm_common::{
-    ct_timeout_ns, proto, sizes, CtKey, CtKey4, CtValue, CT_CLOSING, CT_FIN_HI, CT_FIN_LO, CT_ORIG_LO_TO_HI,
-    CT_PENDING, CT_RST, CT_SEEN_REPLY,
+    ct_timeout_ns, proto, sizes, CtKey, CtKey4, CtValue, CT_CLOSING, CT_CUT, CT_FIN_HI, CT_FIN_LO, CT_ORIG_LO_TO_HI,
+    CT_PENDING, CT_RST, CT_SEEN_REPLY, FIRST_DENY_REASON,
 };
 
 use crate::flow_cache::{flow_cache_fill, FlowSlot};
@@ -194,19 +206,42 @@ pub(crate) fn ct_alive(v: &CtValue, pr: u8, now: u64) -> bool {
     now.wrapping_sub(v.last_seen_ns) <= ct_timeout_ns(pr, v.flags)
 }
 
+/// [`ct_continue`]: no live entry for this packet (policy decides).
+pub(crate) const CT_MISS: u8 = 0;
+/// [`ct_continue`]: the packet is `Tracked`.
+pub(crate) const CT_TRACKED: u8 = 1;
+/// [`ct_continue`]: a live entry decided under an older epoch of its
+/// endpoint: the connection is decided again ([`ct_original`],
+/// [`ct_redecided`]) before the packet passes.
+pub(crate) const CT_STALE: u8 = 2;
+/// [`ct_continue`]: a live entry of a cut connection (`CT_CUT`): the
+/// packet is dropped (`Reason::CutFlow`).
+pub(crate) const CT_CUT_HIT: u8 = 3;
+
 /// Step 6 on a conntrack hit: unless the entry idled out, records what
 /// this packet says of the flow (a reply, a FIN or RST), refreshes the idle
-/// timer at most every 100 ms, puts an established flow into its flow-cache
-/// slot (when `slot` is not null) and returns true: the packet is
-/// `Tracked`. Returns false for an idled-out entry (policy decides). A dry
-/// run (`dry`: `/explain`'s crafted packet) writes nothing: no flag (a
+/// timer at most every 100 ms and answers [`CT_TRACKED`] (or
+/// [`CT_CUT_HIT`] for a cut connection, whose timer it refreshes too), putting an
+/// established flow into its flow-cache slot (when `slot` is not null)
+/// under `epoch`; or [`CT_STALE`] (same writes, no flow-cache slot) when
+/// the entry was decided under another epoch than the endpoint's current
+/// `epoch` and is not a pending Service entry. Answers [`CT_MISS`] for an
+/// idled-out entry (policy decides). A dry run
+/// (`dry`: `/explain`'s crafted packet) writes nothing: no flag (a
 /// crafted "reply" must not confirm a pending Service entry), no
 /// timestamp, no flow-cache slot; it answers as the packet would be
 /// answered.
 #[inline(always)]
-pub(crate) fn ct_continue(v: *mut CtValue, pkt: CtPacket, slot: *mut FlowSlot, key: &[u32; 5], dry: bool) -> bool {
-    // SAFETY: a map value; concurrent writers only set flag bits or the
-    // timestamp, both benign races (the flags are read, OR-ed and stored
+pub(crate) fn ct_continue(
+    v: *mut CtValue,
+    pkt: CtPacket,
+    slot: *mut FlowSlot,
+    key: &[u32; 5],
+    dry: bool,
+    epoch: u32,
+) -> u8 {
+    // SAFETY: a map value; concurrent writers only set flag bits, the
+    // timestamp or the epoch, all benign races (the flags are read, OR-ed and stored
     // back: two CPUs adding bits at the same instant, such as both FINs of
     // a simultaneous close, may lose one; the BPF target has no atomic
     // OR. A lost FIN bit leaves the entry half-closed, with the
@@ -214,14 +249,24 @@ pub(crate) fn ct_continue(v: *mut CtValue, pkt: CtPacket, slot: *mut FlowSlot, k
     // policy regardless).
     let v = unsafe { &mut *v };
     if !ct_alive(v, pkt.pr, pkt.now) {
-        return false;
+        return CT_MISS;
     }
     let idle = pkt.now.wrapping_sub(v.last_seen_ns);
+    // A cut connection: dropped, either way; each packet keeps it cut.
+    if v.flags & CT_CUT != 0 {
+        if !dry && idle > 100_000_000 {
+            v.last_seen_ns = pkt.now;
+        }
+        return CT_CUT_HIT;
+    }
     let orig_lo = v.flags & CT_ORIG_LO_TO_HI != 0;
     // An unconfirmed pending entry answers only for replies.
     if v.flags & (CT_PENDING | CT_SEEN_REPLY) == CT_PENDING && orig_lo == pkt.src_is_lo {
-        return false;
+        return CT_MISS;
     }
+    // Decided under another epoch: decided again (a pending Service
+    // entry never is: its tuple is the pre-DNAT one).
+    let stale = v.epoch != epoch && v.flags & CT_PENDING == 0;
     let mut flags = v.flags;
     if orig_lo != pkt.src_is_lo {
         flags |= CT_SEEN_REPLY;
@@ -230,7 +275,7 @@ pub(crate) fn ct_continue(v: *mut CtValue, pkt: CtPacket, slot: *mut FlowSlot, k
         flags |= tcp_close_flags(pkt.tcp_flags, pkt.src_is_lo);
     }
     if dry {
-        return true;
+        return if stale { CT_STALE } else { CT_TRACKED };
     }
     if flags != v.flags {
         v.flags = flags;
@@ -240,24 +285,65 @@ pub(crate) fn ct_continue(v: *mut CtValue, pkt: CtPacket, slot: *mut FlowSlot, k
     if idle > 100_000_000 {
         v.last_seen_ns = pkt.now;
     }
+    if stale {
+        return CT_STALE;
+    }
     // An established flow (replies seen, not closing) goes into the flow
     // cache: its next packets on this CPU skip the conntrack lookup.
     if !slot.is_null() && flags & (CT_SEEN_REPLY | CT_CLOSING) == CT_SEEN_REPLY {
         // SAFETY: this CPU's slot, found by the caller.
-        unsafe { flow_cache_fill(slot, key, pkt.now) };
+        unsafe { flow_cache_fill(slot, key, pkt.now, epoch) };
     }
-    true
+    CT_TRACKED
+}
+
+/// What the connection of a [`CT_STALE`] entry `v` is decided again as:
+/// its original packet, in the direction that opened it (returned first)
+/// to the destination port of that packet (returned second: this packet's
+/// `dport` when it travels the original way, else its `sport`). The peer
+/// is the same address either way: the side that is not the endpoint.
+#[inline(always)]
+pub(crate) fn ct_original(v: *const CtValue, src_is_lo: bool, sport: u16, dport: u16) -> (u8, u16) {
+    // SAFETY: a map value, read only.
+    let v = unsafe { &*v };
+    let orig = (v.flags & CT_ORIG_LO_TO_HI != 0) == src_is_lo;
+    (v.origin_direction, if orig { dport } else { sport })
+}
+
+/// The end of a [`CT_STALE`] packet's new decision `reason` (the entry `v`,
+/// in `NPM_CT4` at `s.ct4` when `v4`, else in `NPM_CT` at `s.ct`):
+/// allowed, the entry takes `epoch` and the packet is `Tracked`; denied,
+/// the entry is marked `CT_CUT` and the packet dropped as
+/// `Reason::ConnectionCut` (its later packets, either way, are dropped as
+/// `Reason::CutFlow`: see `npm_common::CT_CUT` for why the entry stays).
+/// A dry run writes nothing and answers the same.
+#[inline(always)]
+pub(crate) fn ct_redecided(s: &Scratch, v: *mut CtValue, reason: u8, epoch: u32) -> u8 {
+    let dry = s.pad == crate::DRY_RUN_IIF;
+    if reason < FIRST_DENY_REASON {
+        if !dry {
+            // SAFETY: a map value; a 4-aligned word.
+            unsafe { wr32(core::ptr::addr_of_mut!((*v).epoch) as *mut u8, epoch) };
+        }
+        return npm_common::Reason::Tracked as u8;
+    }
+    if !dry {
+        // SAFETY: a map value; a benign race as for every flag bit.
+        unsafe { (*v).flags |= CT_CUT };
+    }
+    npm_common::Reason::ConnectionCut as u8
 }
 
 /// Creates the conntrack entry of a new connection allowed by steps 7 to 9
 /// (in `NPM_CT4` from `s.ct4` when `v4`, else in `NPM_CT` from `s.ct`)
-/// with the extra flags `extra` (`CT_PENDING` for a deferred flow, else 0);
+/// with the extra flags `extra` (`CT_PENDING` for a deferred flow, else 0)
+/// and the endpoint's decision `epoch` (read before the policy lookup);
 /// a fresh entry replaces an older one of the same key. Returns whether the
 /// entry was written (false for a dry run or the benchmark switch): the
 /// hook of the allow event of a new connection (`crate::verdict::report_new`,
 /// called by the caller only for an `EP_REPORT_NEW` endpoint).
 #[inline(always)]
-pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reason: u8, extra: u8) -> bool {
+pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reason: u8, extra: u8, epoch: u32) -> bool {
     // SAFETY: reading a read-only global.
     if unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_CT_CREATE) } != 0 {
         return false;
@@ -271,13 +357,13 @@ pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reaso
         flags |= tcp_close_flags(pkt.tcp_flags, pkt.src_is_lo);
     }
     // SAFETY: CtValue layout: last_seen 0, created 8, origin_direction,
-    // flags, reason, pad 16..20, epoch 20..24 (0: reserved for issue #45).
+    // flags, reason, pad 16..20, epoch 20..24.
     unsafe {
         let v = core::ptr::addr_of_mut!(s.ctv) as *mut u8;
         wr64(v, pkt.now);
         wr64(v.add(8), pkt.now);
         wr32(v.add(16), dir as u32 | (flags as u32) << 8 | (reason as u32) << 16);
-        wr32(v.add(20), 0);
+        wr32(v.add(20), epoch);
     }
     let _ = if v4 {
         NPM_CT4.insert(&s.ct4, &s.ctv, 0)

@@ -4,8 +4,11 @@
 use aya_ebpf::programs::TcContext;
 use npm_common::{proto, sizes, Reason, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_REPORT_NEW, FIRST_DENY_REASON};
 
-use crate::conntrack::{ct4_key, ct_continue, ct_create, store_ct4, CtPacket, NPM_CT4};
-use crate::endpoint::endpoint_slot;
+use crate::conntrack::{
+    ct4_key, ct_continue, ct_create, ct_original, ct_redecided, store_ct4, CtPacket, CT_CUT_HIT, CT_STALE, CT_TRACKED,
+    NPM_CT4,
+};
+use crate::endpoint::{endpoint_epoch, endpoint_slot};
 use crate::flow_cache::{flow_cache_hit, flow_slot, FlowSlot, NPM_BENCH_NO_FLOW_CACHE, NPM_FLOWCACHE};
 use crate::mem::{rd32, wr32, V4_MAPPED_WORD};
 use crate::parse::{Pkt, ETH_HLEN, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN};
@@ -102,6 +105,8 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
         }
     }
     seen.ep_id = ep.id;
+    // The endpoint's decision epoch, read before any policy lookup.
+    let epoch = endpoint_epoch(ifindex);
     // 6. conntrack, with the `NPM_CT4` key in registers.
     let now = coarse_now(&mut s.clk);
     seen.now = now;
@@ -113,13 +118,15 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
         now,
     };
     let opening = pr == proto::TCP && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    // A tracked flow decided under an older epoch: decided again below.
+    let mut stale = core::ptr::null_mut();
     if !opening {
         let mut slot: *mut FlowSlot = core::ptr::null_mut();
         // SAFETY: reading a read-only global.
         if unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_FLOW_CACHE) } == 0 {
             if let Some(sl) = NPM_FLOWCACHE.get_ptr_mut(flow_slot(&key)) {
                 // SAFETY: this CPU's slot.
-                if unsafe { flow_cache_hit(sl, &key, now) } {
+                if unsafe { flow_cache_hit(sl, &key, now, epoch) } {
                     return Reason::Tracked as u8;
                 }
                 slot = sl;
@@ -127,17 +134,39 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
         }
         store_ct4(&mut s.ct4, &key);
         if let Some(v) = NPM_CT4.get_ptr_mut(&s.ct4) {
-            if ct_continue(v, ct, slot, &key, s.pad == crate::DRY_RUN_IIF) {
-                return Reason::Tracked as u8;
+            match ct_continue(v, ct, slot, &key, s.pad == crate::DRY_RUN_IIF, epoch) {
+                CT_TRACKED => return Reason::Tracked as u8,
+                CT_STALE => stale = v,
+                CT_CUT_HIT => {
+                    // The deny event reads the packet from scratch.
+                    let h = Hdr4 {
+                        saddr,
+                        daddr,
+                        pr,
+                        tcp_flags,
+                        sport,
+                        dport,
+                    };
+                    fill_pkt_v4(&mut s.pkt, h);
+                    return Reason::CutFlow as u8;
+                }
+                _ => {}
             }
         }
     }
-    // A new flow to a Service: egress is decided after the DNAT (counted
-    // here as `Reason::Deferred`).
-    if dir == DIR_EGRESS && deferred_v4(ep.flags, ifindex, pr, daddr, dport) {
-        store_ct4(&mut s.ct4, &key);
-        return defer(ctx, s, ifindex, true, ct);
-    }
+    // The decision's direction and port: this packet's, or the original
+    // packet's of a stale flow.
+    let (ddir, dport_d) = if stale.is_null() {
+        // A new flow to a Service: egress is decided after the DNAT
+        // (counted here as `Reason::Deferred`).
+        if dir == DIR_EGRESS && deferred_v4(ep.flags, ifindex, pr, daddr, dport) {
+            store_ct4(&mut s.ct4, &key);
+            return defer(ctx, s, ifindex, true, ct);
+        }
+        (dir, dport)
+    } else {
+        ct_original(stale, src_is_lo, sport, dport)
+    };
     // Steps 7 to 9 with the peer in a register.
     let lpm = s.lpm.as_mut_ptr() as *mut u8;
     let peer = Peer {
@@ -146,7 +175,7 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
         lazy_v4: true,
         v4addr: if dir == DIR_INGRESS { saddr } else { daddr },
     };
-    let reason = policy_step(lpm, ep, dir, pr, dport, peer);
+    let reason = policy_step(lpm, ep, ddir, pr, dport_d, peer);
     // What an event reads from scratch (written only when one is sent).
     let h = Hdr4 {
         saddr,
@@ -156,6 +185,15 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
         sport,
         dport,
     };
+    if !stale.is_null() {
+        let r = ct_redecided(s, stale, reason, epoch);
+        if r >= FIRST_DENY_REASON {
+            // The cut's event: the direction that now denies.
+            fill_pkt_v4(&mut s.pkt, h);
+            seen.dir = ddir;
+        }
+        return r;
+    }
     if reason >= FIRST_DENY_REASON {
         // The deny event reads the packet from scratch.
         fill_pkt_v4(&mut s.pkt, h);
@@ -164,7 +202,7 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
     store_ct4(&mut s.ct4, &key);
     // The allow event of a new connection (only for a flagged endpoint:
     // an unflagged one pays the flag test), read from scratch.
-    if ct_create(s, true, ct, dir, reason, 0) && ep.flags & EP_REPORT_NEW != 0 {
+    if ct_create(s, true, ct, dir, reason, 0, epoch) && ep.flags & EP_REPORT_NEW != 0 {
         fill_pkt_v4(&mut s.pkt, h);
         report_new(s, dir, ifindex, ep.id, reason, now);
     }

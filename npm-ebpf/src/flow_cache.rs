@@ -23,17 +23,20 @@ const FLOW_SLOTS: u32 = 4096;
 const FLOW_TTL_NS: u64 = 250_000_000;
 
 /// One [`NPM_FLOWCACHE`] slot: the `CtKey4` of an established flow (words,
-/// see [`crate::conntrack::ct4_key`]) and when the conntrack lookup last confirmed it.
+/// see [`crate::conntrack::ct4_key`]), the decision epoch of its entry and
+/// when the conntrack lookup last confirmed it.
 #[repr(C)]
 pub(crate) struct FlowSlot {
     key: [u32; 5],
-    pad: u32,
+    /// The endpoint's decision epoch the entry carried at the confirmation.
+    epoch: u32,
     /// Coarse clock at the confirmation; 0: empty slot.
     confirmed_ns: u64,
 }
 // [`flow_cache_fill`] and [`flow_cache_forget`] write the slot as words.
 const _: () = assert!(size_of::<FlowSlot>() == 32);
 const _: () = assert!(offset_of!(FlowSlot, key) == 0);
+const _: () = assert!(offset_of!(FlowSlot, epoch) == 20);
 const _: () = assert!(offset_of!(FlowSlot, confirmed_ns) == 24);
 
 /// Benchmark-only switch like [`crate::conntrack::NPM_BENCH_NO_CT_CREATE`]: when 1, the flow
@@ -51,8 +54,11 @@ pub(crate) fn flow_slot(w: &[u32; 5]) -> u32 {
     ((a ^ b) >> 16) & (FLOW_SLOTS - 1)
 }
 
-/// Step 6's fast path: the slot holds exactly this flow's key and was
-/// confirmed by a conntrack hit less than [`FLOW_TTL_NS`] ago.
+/// Step 6's fast path: the slot holds exactly this flow's key, was
+/// confirmed by a conntrack hit less than [`FLOW_TTL_NS`] ago, under the
+/// endpoint's current decision `epoch` (a moved epoch sends the packet to
+/// the conntrack lookup, which decides the flow again: no slot vouches for
+/// a flow past its endpoint's policy change).
 ///
 /// What the cache may change: a flow whose conntrack entry disappears (LRU
 /// eviction, or the loader's purge of a removed endpoint) keeps passing on
@@ -67,12 +73,15 @@ pub(crate) fn flow_slot(w: &[u32; 5]) -> u32 {
 /// # Safety
 /// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
 #[inline(always)]
-pub(crate) unsafe fn flow_cache_hit(slot: *const FlowSlot, k: &[u32; 5], now: u64) -> bool {
+pub(crate) unsafe fn flow_cache_hit(slot: *const FlowSlot, k: &[u32; 5], now: u64, epoch: u32) -> bool {
     // SAFETY: the caller upholds this function's contract (its doc),
     // which every operation below relies on.
     unsafe {
         let confirmed = (*slot).confirmed_ns;
-        flow_slot_holds(slot, k) && confirmed != 0 && now.wrapping_sub(confirmed) < FLOW_TTL_NS
+        flow_slot_holds(slot, k)
+            && (*slot).epoch == epoch
+            && confirmed != 0
+            && now.wrapping_sub(confirmed) < FLOW_TTL_NS
     }
 }
 
@@ -106,12 +115,13 @@ pub(crate) unsafe fn flow_cache_forget(slot: *mut FlowSlot, k: &[u32; 5]) {
     }
 }
 
-/// Stores an established flow's key in its flow-cache slot.
+/// Stores an established flow's key in its flow-cache slot, confirmed
+/// under `epoch`.
 ///
 /// # Safety
 /// `slot` points to this CPU's `NPM_FLOWCACHE` slot.
 #[inline(always)]
-pub(crate) unsafe fn flow_cache_fill(slot: *mut FlowSlot, w: &[u32; 5], now: u64) {
+pub(crate) unsafe fn flow_cache_fill(slot: *mut FlowSlot, w: &[u32; 5], now: u64, epoch: u32) {
     // SAFETY: the caller upholds this function's contract (its doc),
     // which every operation below relies on.
     unsafe {
@@ -125,6 +135,7 @@ pub(crate) unsafe fn flow_cache_fill(slot: *mut FlowSlot, w: &[u32; 5], now: u64
         wr32(d.add(8), w[2]);
         wr32(d.add(12), w[3]);
         wr32(d.add(16), w[4]);
+        wr32(d.add(20), epoch);
         wr64(d.add(24), now);
     }
 }

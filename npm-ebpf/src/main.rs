@@ -184,7 +184,7 @@ fn exit_decision<const L3: bool>(ctx: &TcContext) -> i32 {
     // Never a dry run (explain runs `to_pod` and `from_pod` only): a stale
     // flag must not skip this packet's conntrack entry.
     s.pad = 0;
-    let mut seen = Seen { ep_id: 0, now: 0 };
+    let mut seen = Seen::new();
     let reason = if L3 {
         deferred_egress_l3(ctx, s, src, &mut seen)
     } else {
@@ -217,7 +217,7 @@ pub fn host_in(ctx: SkBuffContext) -> i64 {
     };
     // Never a dry run (explain runs `to_pod` and `from_pod` only).
     s.pad = 0;
-    let mut seen = Seen { ep_id: 0, now: 0 };
+    let mut seen = Seen::new();
     let reason = deferred_egress_l3(&ctx, s, src, &mut seen);
     let len = ctx.len();
     (account(s, DIR_EGRESS, src, len, reason, seen) == TC_ACT_SHOT) as i64
@@ -271,7 +271,7 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
         let src = deferred_source(mark);
         if src != 0 {
             ctx.set_mark(mark & !DEFER_MARK_BITS);
-            let mut seen = Seen { ep_id: 0, now: 0 };
+            let mut seen = Seen::new();
             let reason = deferred_egress(ctx, s, src, &mut seen);
             if reason >= FIRST_DENY_REASON {
                 return account(s, DIR_EGRESS, src, len, reason, seen);
@@ -284,7 +284,7 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
             deferred = true;
         }
     }
-    let mut seen = Seen { ep_id: 0, now: 0 };
+    let mut seen = Seen::new();
     let mut reason = if deferred {
         TAKE_GENERAL
     } else {
@@ -292,7 +292,7 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
     };
     if reason == TAKE_GENERAL {
         clear_fields(&mut s.pkt);
-        seen = Seen { ep_id: 0, now: 0 };
+        seen = Seen::new();
         reason = classify(ctx, dir, ifindex, s, &mut seen);
     }
     // A dry run counts nothing and sends no event: its reason goes back

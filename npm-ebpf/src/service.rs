@@ -88,7 +88,9 @@ pub(crate) fn defer(ctx: &TcContext, s: &mut Scratch, ifindex: u32, v4: bool, pk
     // SAFETY: the context pointer is valid for the program's lifetime.
     let mark = unsafe { (*ctx.skb.skb).mark };
     ctx.set_mark(defer_mark(mark, ifindex));
-    ct_create(s, v4, pkt, DIR_EGRESS, Reason::Deferred as u8, CT_PENDING);
+    // Epoch 0: a pending entry is never decided again (its tuple is the
+    // pre-DNAT one).
+    ct_create(s, v4, pkt, DIR_EGRESS, Reason::Deferred as u8, CT_PENDING, 0);
     Reason::Deferred as u8
 }
 

@@ -48,6 +48,26 @@ pub(crate) struct Seen {
     pub(crate) ep_id: u32,
     /// The conntrack step's clock reading (0 when it did not get that far).
     pub(crate) now: u64,
+    /// The direction whose decision the event reports when it is not the
+    /// hook's ([`NO_DIR`]: the hook's): a connection cut on a reply
+    /// packet reports the direction that opened the connection, whose new
+    /// decision denied it.
+    pub(crate) dir: u8,
+}
+
+/// [`Seen::dir`]: the event reports the hook's direction.
+pub(crate) const NO_DIR: u8 = 0xff;
+
+impl Seen {
+    /// Nothing seen yet.
+    #[inline(always)]
+    pub(crate) const fn new() -> Seen {
+        Seen {
+            ep_id: 0,
+            now: 0,
+            dir: NO_DIR,
+        }
+    }
 }
 
 /// Accounts for the verdict of a packet of `len` bytes: counts it in
@@ -56,7 +76,11 @@ pub(crate) struct Seen {
 /// [`EVENTS_PER_TICK`] in this tick. Returns the TC action.
 #[inline(always)]
 pub(crate) fn account(s: &mut Scratch, dir: u8, ifindex: u32, len: u32, reason: u8, seen: Seen) -> i32 {
-    let Seen { ep_id, now } = seen;
+    let Seen {
+        ep_id,
+        now,
+        dir: ev_dir,
+    } = seen;
     if let Some(c) = NPM_COUNTERS.get_ptr_mut(counter_index(dir, reason)) {
         // SAFETY: per-CPU slot, only this CPU writes it.
         unsafe {
@@ -85,7 +109,8 @@ pub(crate) fn account(s: &mut Scratch, dir: u8, ifindex: u32, len: u32, reason: 
     s.clk.ev_count += 1;
     // The conntrack step's clock reading, when it got that far.
     let ts = if now != 0 { now } else { coarse_now(&mut s.clk) };
-    send_event(s, dir, ifindex, ep_id, reason, ts);
+    let ev_dir = if ev_dir == NO_DIR { dir } else { ev_dir };
+    send_event(s, ev_dir, ifindex, ep_id, reason, ts);
     TC_ACT_SHOT
 }
 

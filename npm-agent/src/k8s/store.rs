@@ -210,10 +210,16 @@ pub fn key_of<K: Resource>(o: &K) -> ObjKey {
 }
 
 /// The annotations [`strip`] keeps: `npm.io/audit`, which puts a
-/// NetworkPolicy in audit mode (`npm_policy::audit`), and
+/// NetworkPolicy in audit mode (`npm_policy::audit`),
 /// `kubernetes.io/config.mirror`, the uid of a mirror pod's static pod
-/// (what the runtime passes npm-cni: [`super::pods::Pod::mirror_of`]).
-pub const KEPT_ANNOTATIONS: [&str; 2] = [npm_policy::audit::AUDIT_ANNOTATION, super::pods::MIRROR_ANNOTATION];
+/// (what the runtime passes npm-cni: [`super::pods::Pod::mirror_of`]), and
+/// `npm.io/established`, a Namespace's connection semantics
+/// ([`crate::reconcile::established`]).
+pub const KEPT_ANNOTATIONS: [&str; 3] = [
+    npm_policy::audit::AUDIT_ANNOTATION,
+    super::pods::MIRROR_ANNOTATION,
+    crate::reconcile::established::ESTABLISHED_ANNOTATION,
+];
 
 /// Drop the fields the agent never reads (managedFields, annotations but
 /// [`KEPT_ANNOTATIONS`]) so the cache of a large cluster stays small.

@@ -182,6 +182,7 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             known_conflicts: BTreeSet::new(),
             flowlog,
             audit: crate::telemetry::audit::Audit::with_rate(cfg.flow_logs_per_sec),
+            established: super::established::EstablishedModes::new(cfg.established),
             degraded: Vec::new(),
             programmed_view,
             expect_cni_adds,

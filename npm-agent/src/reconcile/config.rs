@@ -90,6 +90,9 @@ pub struct SyncConfig {
     /// datapath's by default; smaller in tests): a sync that needs a
     /// number past its range is refused ([`super::SyncError::NumbersExhausted`]).
     pub numbers: NumberLimits,
+    /// Connection semantics by default (`--established`), overridden per
+    /// namespace by `npm.io/established` ([`super::established`]).
+    pub established: super::established::Established,
 }
 
 impl Default for SyncConfig {
@@ -110,6 +113,7 @@ impl Default for SyncConfig {
             bridge_netfilter: None,
             deleting_claim_slack: super::expiry::DEFAULT_SLACK,
             numbers: NumberLimits::default(),
+            established: super::established::Established::Keep,
         }
     }
 }

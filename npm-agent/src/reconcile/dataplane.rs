@@ -94,6 +94,9 @@ impl Dataplane for Box<dyn AgentDataplane> {
     fn counters(&self) -> Result<Counters, DataplaneError> {
         (**self).counters()
     }
+    fn set_established_enforce(&mut self, endpoints: std::collections::BTreeSet<u32>) {
+        (**self).set_established_enforce(endpoints)
+    }
 }
 
 impl AgentDataplane for Box<dyn AgentDataplane> {

@@ -87,6 +87,8 @@
 //!   incremental one;
 //! - [`enforced`]: each local pod's `npm.io/PolicyEnforced` reason after
 //!   a sync attempt (written by `k8s::pod_conditions`);
+//! - [`established`]: connection semantics (`keep`/`enforce`, issue #45):
+//!   which endpoints' established connections follow policy changes;
 //! - [`report_new`]: which endpoints report their allowed new connections
 //!   (`--flow-logs-allow`, audit mode), set on the state to program;
 //! - [`compiler`]: the calls into `npm-policy` (API objects -> snapshot ->
@@ -99,6 +101,7 @@ pub mod config;
 pub mod cross_check;
 pub mod dataplane;
 pub mod enforced;
+pub mod established;
 pub mod expiry;
 pub mod guard;
 pub mod hold;

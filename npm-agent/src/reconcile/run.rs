@@ -85,6 +85,22 @@ impl<D: AgentDataplane> Syncer<D> {
         let denies = events.iter().filter(|e| !e.is_allow()).count();
         self.metrics.deny_events.increment(denies as u64);
         let programmed = self.programmed.as_ref().map(|p| &p.0);
+        // Connection semantics `enforce`: each cut connection, by the
+        // namespace of the pod whose direction denied it.
+        for e in events
+            .iter()
+            .filter(|e| e.reason == npm_common::Reason::ConnectionCut as u8)
+        {
+            let ns = programmed
+                .and_then(|p| p.endpoints.get(&e.endpoint))
+                .map_or("_unknown", |ep| ep.pod.namespace.as_str());
+            let dir = if e.direction == npm_common::DIR_EGRESS {
+                "egress"
+            } else {
+                "ingress"
+            };
+            self.metrics.connection_cut(ns, dir);
+        }
         let names = crate::telemetry::flowlog::Names::new(programmed, self.incremental.snapshot());
         let suppressed = self.flowlog.log_all(&events, &names, Instant::now());
         // Audit mode: the allow events the audited policies would deny.

@@ -226,6 +226,9 @@ pub struct Syncer<D: AgentDataplane> {
     pub(super) flowlog: FlowLog,
     /// Audit mode: the audited policies of the state last compiled.
     pub(super) audit: crate::telemetry::audit::Audit,
+    /// Connection semantics: `--established` and the namespaces'
+    /// `npm.io/established` (`established.rs`).
+    pub(super) established: super::established::EstablishedModes,
     /// The maps the last programmed state did not fit (degraded mode).
     pub(super) degraded: Vec<Shortfall>,
     /// Where each successful sync publishes what it programmed (`/explain`).
@@ -579,6 +582,10 @@ impl<D: AgentDataplane> Syncer<D> {
         let t_target = started.elapsed();
         let mut t_diff = t_target;
 
+        // Connection semantics: which endpoints' established connections
+        // the change about to be programmed may cut.
+        let enforce = self.established.enforce_set(&state.namespaces, target);
+        self.dataplane.set_established_enforce(enforce);
         let degraded = !self.degraded.is_empty();
         let mut map_full = Vec::new();
         match &mut self.programmed {

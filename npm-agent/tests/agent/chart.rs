@@ -355,6 +355,7 @@ fn agent_command_line_is_run_with_every_flag() {
         "--pod-condition-qps=5",
         "--pod-condition-burst=20",
         "--cluster-network-policies=auto",
+        "--established=keep",
         "--log-level=info",
         "--log-format=json",
         "--allow-host-egress",
@@ -366,13 +367,13 @@ fn agent_command_line_is_run_with_every_flag() {
     ] {
         assert!(argv.iter().any(|a| a == want), "{want} in {argv:?}");
     }
-    assert_eq!(argv.len(), 2 + 20, "no other flag: {argv:?}");
+    assert_eq!(argv.len(), 2 + 21, "no other flag: {argv:?}");
     assert!(
         !argv.iter().any(|a| a == "--flow-logs-allow"),
         "off by default: {argv:?}"
     );
-    let argv = agent_command_line(&["flowLogsAllow=true", "ruleMetricsMax=20"]);
-    for want in ["--flow-logs-allow", "--rule-metrics-max=20"] {
+    let argv = agent_command_line(&["flowLogsAllow=true", "ruleMetricsMax=20", "established=enforce"]);
+    for want in ["--flow-logs-allow", "--rule-metrics-max=20", "--established=enforce"] {
         assert!(argv.iter().any(|a| a == want), "{want} in {argv:?}");
     }
 }
@@ -513,6 +514,9 @@ fn the_binary_rejects_a_bad_rendered_value() {
     let (ok, _, err) = dry_run(&["clusterNetworkPolicies=maybe"]);
     assert!(!ok);
     assert!(err.contains("--cluster-network-policies"), "{err}");
+    let (ok, _, err) = dry_run(&["established=sometimes"]);
+    assert!(!ok);
+    assert!(err.contains("--established"), "{err}");
 }
 
 #[test]

@@ -49,6 +49,7 @@ mod conntrack;
 mod counters;
 mod dump;
 mod endpoints;
+mod epochs;
 mod errors;
 pub mod explain;
 mod features;
@@ -174,6 +175,9 @@ pub struct EbpfDataplane {
     fold: FoldTable,
     flows: Flows,
     reports: Reports,
+    /// `NPM_EP_EPOCH` and the endpoints under connection semantics
+    /// `enforce` (`epochs.rs`).
+    epochs: epochs::Epochs,
     /// (ifindex, pod direction) -> the attached hook (a tcx link pinned
     /// under `links/`, or npm's tc filter).
     links: BTreeMap<(u32, u8), Hook>,
@@ -285,6 +289,7 @@ impl EbpfDataplane {
         let fold = FoldTable::take(&mut bpf)?;
         let flows = Flows::take(&mut bpf)?;
         let reports = Reports::take(&mut bpf)?;
+        let epochs = epochs::Epochs::take(&mut bpf)?;
         let mut dp = EbpfDataplane {
             bpf,
             pin_dir,
@@ -296,6 +301,7 @@ impl EbpfDataplane {
             fold,
             flows,
             reports,
+            epochs,
             links: BTreeMap::new(),
             doubled: BTreeSet::new(),
             mode: opts.attach,
@@ -400,6 +406,21 @@ impl EbpfDataplane {
         &self.pin_dir
     }
 
+    /// The endpoints whose established connections follow policy changes
+    /// (connection semantics `enforce`), from the next apply or full sync
+    /// on: after a batch that may change what such an endpoint's policy
+    /// decides, its decision epoch moves (`NPM_EP_EPOCH`) and each of its
+    /// tracked flows is decided again on its next packet. The others keep
+    /// their flows (`keep`).
+    pub fn set_established_enforce(&mut self, endpoints: BTreeSet<u32>) {
+        self.epochs.enforce = endpoints;
+    }
+
+    /// The decision epoch of the endpoint on `ifindex` (`NPM_EP_EPOCH`).
+    pub fn endpoint_epoch(&self, ifindex: u32) -> Result<u32, EbpfError> {
+        self.epochs.get(ifindex)
+    }
+
     /// Whether the endpoint programs run the reduced datapath: every
     /// decision by the LPMs, without the precomputed layers (the kernel's
     /// verifier refused the full programs as too large, or the reduced
@@ -480,5 +501,9 @@ impl Dataplane for EbpfDataplane {
 
     fn counters(&self) -> Result<Counters, DataplaneError> {
         self.read_counters().map_err(Into::into)
+    }
+
+    fn set_established_enforce(&mut self, endpoints: BTreeSet<u32>) {
+        EbpfDataplane::set_established_enforce(self, endpoints)
     }
 }

@@ -22,7 +22,7 @@ use npm_common::{maps, PolicyKey};
 use npm_policy::compiled::{Compiled, CompiledDiff, Direction, Tier, TierEntry, TierValue};
 
 use super::errors::EbpfError;
-use super::{fit, tiers, translate, EbpfDataplane};
+use super::{epochs, fit, tiers, translate, EbpfDataplane};
 use crate::{AdoptedEndpoint, Interfaces};
 
 /// The tier flags of subject `id` derived from its entries in `tiers`
@@ -64,6 +64,7 @@ impl EbpfDataplane {
         self.policy.begin_apply(&diff.policy);
         self.fold.begin_apply(diff, next);
         let moved = self.moved_in_diff(diff);
+        let touched = epochs::decisions_touched(diff, next, &self.epochs.enforce);
         let result = self
             .apply_diff_maps(diff, next, interfaces)
             .and_then(|()| self.refold(next, interfaces));
@@ -75,7 +76,29 @@ impl EbpfDataplane {
             self.fill.applied(diff, next);
         }
         let purged = self.purge_moved(moved);
-        result.and(purged)
+        result.and(purged)?;
+        self.advance_epochs(&touched)
+    }
+
+    /// Connection semantics `enforce`: once a batch is written, the
+    /// decision epoch of each endpoint of `touched` moves, so that each of
+    /// its tracked flows is decided again, once, by the policy just
+    /// written (`epochs.rs`). Only after a successful batch: a failed one
+    /// is followed by a full sync, which moves them all.
+    fn advance_epochs(&mut self, touched: &BTreeSet<u32>) -> Result<(), EbpfError> {
+        if touched.is_empty() {
+            return Ok(());
+        }
+        let ifindexes: Vec<u32> = touched
+            .iter()
+            .filter_map(|id| self.programmed.get(id).copied())
+            .collect();
+        let n = self.epochs.advance(ifindexes)?;
+        tracing::debug!(
+            endpoints = n,
+            "decision epochs moved: their tracked flows are decided again"
+        );
+        Ok(())
     }
 
     /// The addresses of `diff` that leave a pod or pass to another owner
@@ -164,6 +187,15 @@ impl EbpfDataplane {
         }
         let purged = self.purge_moved(moved);
         result.and(purged)?;
+        // Anything may have changed (a restart, a failed batch before):
+        // every `enforce` endpoint's flows are decided again once.
+        let all: BTreeSet<u32> = compiled
+            .endpoints
+            .keys()
+            .filter(|id| self.epochs.enforce.contains(id))
+            .copied()
+            .collect();
+        self.advance_epochs(&all)?;
         // The maps are right; a pin that cannot be removed yet is only
         // logged and retried at the next full sync.
         if let Err(e) = self.retire_other_layouts() {

@@ -9,20 +9,27 @@
 //! changed owner ([`changed_owners`]), so the next packet of such a flow is
 //! new and meets the new owner's policy.
 //!
+//! Connection semantics `enforce` (issue #45, [`cut_denied`]): after a
+//! table change, every entry of a connection that an `enforce` endpoint's
+//! new policy denies ([`denied`]: `npm_policy::lookup` on the state just
+//! loaded, on the addresses and port the ruleset decides on) is marked
+//! cut ([`CT_MARK_CUT`]), and the table drops its packets both ways.
+//!
 //! The entries are found by a dump of the table (both families) and
 //! deleted one by one by their original tuple, echoed as the kernel
 //! dumped it (every protocol's tuple, ICMP's id included, as it was).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
-use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, Tuple};
+use netlink_packet_netfilter::conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Tuple};
 use netlink_packet_netfilter::{NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
-use npm_policy::compiled::{Compiled, IpEntry};
+use npm_common::Reason;
+use npm_policy::compiled::{Compiled, Direction, IpEntry};
 
 /// A ctnetlink operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -158,66 +165,97 @@ fn exchange(
     }
 }
 
-/// Deletes, in the caller's network namespace, every conntrack entry whose
-/// tuples name one of `addrs`. Returns how many were deleted (an entry
-/// gone meanwhile is not an error).
-fn flush_here(addrs: &[IpAddr]) -> Result<usize, ConntrackError> {
+/// The conntrack mark bit of a connection cut under `enforce`
+/// ([`cut_denied`]): the table's base chains drop every packet of an entry
+/// that carries it, both ways, before any endpoint chain.
+pub const CT_MARK_CUT: u32 = 0x0000_0040;
+
+/// What [`act_on_picked`] does with an entry it picked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Act {
+    /// Delete it.
+    Delete,
+    /// Set these bits of its mark (an update of the entry).
+    Mark(u32),
+}
+
+/// Dumps, in the caller's network namespace, every conntrack entry (both
+/// families) and deletes or marks (`act`) those for which `pick` (given the
+/// original and the reply tuple and the entry's mark) returns something;
+/// returns what it returned for each entry acted on (an entry gone
+/// meanwhile is not an error, and not returned).
+fn act_on_picked<T>(
+    act: Act,
+    mut pick: impl FnMut(&[Tuple], &[Tuple], u32) -> Option<T>,
+) -> Result<Vec<T>, ConntrackError> {
     let err = |op| move |source| ConntrackError::Socket { op, source };
     let mut s = Socket::new(NETLINK_NETFILTER).map_err(err("create"))?;
     s.bind_auto().map_err(err("bind"))?;
     s.connect(&netlink_sys::SocketAddr::new(0, 0)).map_err(err("connect"))?;
     let _ = s.set_rx_buf_sz(4 << 20);
-    let wanted: Vec<IpAddr> = addrs.iter().map(|a| a.to_canonical()).collect();
-    let mut deleted = 0;
+    let mut done = Vec::new();
     for family in [NetfilterProtoFamily::IPv4, NetfilterProtoFamily::IPv6] {
-        let mut victims: Vec<Vec<Tuple>> = Vec::new();
+        let mut victims: Vec<(Vec<Tuple>, u32, T)> = Vec::new();
         let dump = request(family, ConntrackMessage::Get(Vec::new()), NLM_F_REQUEST | NLM_F_DUMP);
         exchange(&mut s, "dump", &dump, |c| {
             let ConntrackMessage::New(attrs) = c else { return };
-            let mut orig = None;
-            let mut hit = false;
+            let (mut orig, mut reply, mut mark) = (None, None, 0);
             for a in attrs {
                 match a {
-                    ConntrackAttribute::CtaTupleOrig(t) => {
-                        hit |= tuple_addrs(&t).any(|x| wanted.contains(&x));
-                        orig = Some(t);
-                    }
-                    ConntrackAttribute::CtaTupleReply(t) => {
-                        hit |= tuple_addrs(&t).any(|x| wanted.contains(&x));
-                    }
+                    ConntrackAttribute::CtaTupleOrig(t) => orig = Some(t),
+                    ConntrackAttribute::CtaTupleReply(t) => reply = Some(t),
+                    ConntrackAttribute::CtaMark(m) => mark = m,
                     _ => {}
                 }
             }
-            if let (true, Some(t)) = (hit, orig) {
-                victims.push(t);
+            let Some(o) = orig else { return };
+            let r = reply.unwrap_or_default();
+            if let Some(v) = pick(&o, &r, mark) {
+                victims.push((o, mark, v));
             }
         })?;
-        for t in victims {
-            let del = request(
-                family,
-                ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(t)]),
-                NLM_F_REQUEST | NLM_F_ACK,
-            );
-            match exchange(&mut s, "delete", &del, |_| {}) {
-                Ok(()) => deleted += 1,
+        for (t, mark, v) in victims {
+            let (op, msg) = match act {
+                Act::Delete => (
+                    "delete",
+                    ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(t)]),
+                ),
+                Act::Mark(bits) => (
+                    "mark",
+                    ConntrackMessage::New(vec![
+                        ConntrackAttribute::CtaTupleOrig(t),
+                        ConntrackAttribute::CtaMark(mark | bits),
+                    ]),
+                ),
+            };
+            let req = request(family, msg, NLM_F_REQUEST | NLM_F_ACK);
+            match exchange(&mut s, op, &req, |_| {}) {
+                Ok(()) => done.push(v),
                 // ENOENT: gone meanwhile (expired, or deleted with its twin).
                 Err(ConntrackError::Refused { code, .. }) if code == -libc::ENOENT => {}
                 Err(e) => return Err(e),
             }
         }
     }
-    Ok(deleted)
+    Ok(done)
 }
 
-/// Deletes every conntrack entry whose original or reply tuple names one of
-/// `addrs`, in `netns` (a name under `/run/netns`) or the caller's network
-/// namespace. Returns how many were deleted.
-pub fn flush_addresses(netns: Option<&str>, addrs: &[IpAddr]) -> Result<usize, ConntrackError> {
-    if addrs.is_empty() {
-        return Ok(0);
-    }
+/// Deletes, in the caller's network namespace, every conntrack entry whose
+/// tuples name one of `addrs`. Returns how many were deleted.
+fn flush_here(addrs: &[IpAddr]) -> Result<usize, ConntrackError> {
+    let wanted: Vec<IpAddr> = addrs.iter().map(|a| a.to_canonical()).collect();
+    let hit = |t: &[Tuple]| tuple_addrs(t).any(|x| wanted.contains(&x));
+    Ok(act_on_picked(Act::Delete, |o, r, _| (hit(o) || hit(r)).then_some(()))?.len())
+}
+
+/// Runs `f` in `netns` (a name under `/run/netns`, on a thread of its own)
+/// or, without one, in the caller's network namespace.
+fn in_netns<T: Send>(
+    netns: Option<&str>,
+    f: impl FnOnce() -> Result<T, ConntrackError> + Send,
+) -> Result<T, ConntrackError> {
     let Some(ns) = netns else {
-        return flush_here(addrs);
+        return f();
     };
     let ns_err = |source| ConntrackError::Netns {
         netns: ns.to_string(),
@@ -231,10 +269,164 @@ pub fn flush_addresses(netns: Option<&str>, addrs: &[IpAddr]) -> Result<usize, C
             if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                 return Err(ns_err(io::Error::last_os_error()));
             }
-            flush_here(addrs)
+            f()
         })
         .join()
         .unwrap_or_else(|_| Err(ns_err(io::Error::other("namespace thread panicked"))))
+    })
+}
+
+/// Deletes every conntrack entry whose original or reply tuple names one of
+/// `addrs`, in `netns` (a name under `/run/netns`) or the caller's network
+/// namespace. Returns how many were deleted.
+pub fn flush_addresses(netns: Option<&str>, addrs: &[IpAddr]) -> Result<usize, ConntrackError> {
+    if addrs.is_empty() {
+        return Ok(0);
+    }
+    in_netns(netns, || flush_here(addrs))
+}
+
+/// What connection semantics read of a conntrack entry: the protocol, the
+/// original tuple's source (the opener, before any SNAT) and the reply
+/// tuple (after kube-proxy's DNAT and masquerade: its source is the
+/// destination the opener reached, its destination the source that
+/// destination saw, its source port the destination port).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flow {
+    /// Protocol number.
+    pub protocol: u8,
+    /// The original tuple's source address.
+    pub orig_src: IpAddr,
+    /// The original tuple's source port (0 without ports).
+    pub orig_sport: u16,
+    /// The reply tuple's source address (the destination reached).
+    pub reply_src: IpAddr,
+    /// The reply tuple's destination address (the source it saw).
+    pub reply_dst: IpAddr,
+    /// The reply tuple's source port (the destination port reached; 0
+    /// without ports).
+    pub reply_sport: u16,
+}
+
+impl Flow {
+    /// The flow of an entry's original and reply tuples, when both name
+    /// their addresses.
+    pub fn of(orig: &[Tuple], reply: &[Tuple]) -> Option<Flow> {
+        let (osrc, _, proto, osport, _) = tuple_parts(orig)?;
+        let (rsrc, rdst, _, rsport, _) = tuple_parts(reply)?;
+        Some(Flow {
+            protocol: proto,
+            orig_src: osrc,
+            orig_sport: osport,
+            reply_src: rsrc,
+            reply_dst: rdst,
+            reply_sport: rsport,
+        })
+    }
+}
+
+/// (source, destination, protocol, source port, destination port) of a
+/// tuple; ports 0 when it has none.
+fn tuple_parts(t: &[Tuple]) -> Option<(IpAddr, IpAddr, u8, u16, u16)> {
+    let (mut src, mut dst, mut proto, mut sport, mut dport) = (None, None, None, 0, 0);
+    for part in t {
+        match part {
+            Tuple::Ip(ips) => {
+                for ip in ips {
+                    match ip {
+                        IPTuple::SourceAddress(a) => src = Some(a.to_canonical()),
+                        IPTuple::DestinationAddress(a) => dst = Some(a.to_canonical()),
+                        _ => {}
+                    }
+                }
+            }
+            Tuple::Proto(ps) => {
+                for p in ps {
+                    match p {
+                        ProtoTuple::Protocol(pr) => proto = Some(u8::from(*pr)),
+                        ProtoTuple::SourcePort(x) => sport = *x,
+                        ProtoTuple::DestinationPort(x) => dport = *x,
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some((src?, dst?, proto?, sport, dport))
+}
+
+/// A tracked connection the current policy denies for an `enforce`
+/// endpoint, whose conntrack entry is (to be) deleted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cut {
+    /// The endpoint whose direction now denies.
+    pub endpoint: u32,
+    /// That direction.
+    pub direction: Direction,
+    /// The policy's reason (a deny reason).
+    pub reason: Reason,
+    /// The connection.
+    pub flow: Flow,
+}
+
+/// The cut of `flow` under `c`, when one of the `enforce` endpoints of
+/// `by_addr` (address -> endpoint id) opened it and its egress now denies
+/// it, or received it and its ingress now denies it: the decision the
+/// ruleset takes for a new connection, on the addresses it decides on
+/// (egress: the destination after the DNAT; ingress: the source the pod
+/// sees, after a masquerade), by [`npm_policy::lookup`] on `c`.
+pub fn denied(c: &Compiled, by_addr: &BTreeMap<IpAddr, u32>, flow: &Flow) -> Option<Cut> {
+    let port = match flow.protocol {
+        6 | 17 | 132 => flow.reply_sport,
+        _ => 0,
+    };
+    let check = |ep: u32, direction: Direction, peer: IpAddr| {
+        let r = npm_policy::lookup::lookup(c, ep, direction, peer, flow.protocol, port);
+        (!r.allowed).then_some(Cut {
+            endpoint: ep,
+            direction,
+            reason: r.reason,
+            flow: *flow,
+        })
+    };
+    let egress = by_addr
+        .get(&flow.orig_src)
+        .and_then(|&ep| check(ep, Direction::Egress, flow.reply_src));
+    egress.or_else(|| {
+        by_addr
+            .get(&flow.reply_src)
+            .and_then(|&ep| check(ep, Direction::Ingress, flow.reply_dst))
+    })
+}
+
+/// Connection semantics `enforce` on nftables: marks ([`CT_MARK_CUT`]), in
+/// `netns` or the caller's network namespace, the conntrack entry of every
+/// connection of an endpoint of `enforce` that `c` (the state just loaded)
+/// denies ([`denied`]) and that is not cut yet: the table's base chains
+/// drop its packets, both ways, until the entry times out. (Deleting the
+/// entry would not do: the kernel picks a TCP connection up from any
+/// segment, `nf_conntrack_tcp_loose`, so the first segment of the other
+/// side, whose own policy may allow it, would open it again as a new
+/// connection in its direction, and the cut side would pass as its
+/// replies.) Returns the cuts.
+pub fn cut_denied(netns: Option<&str>, c: &Compiled, enforce: &BTreeSet<u32>) -> Result<Vec<Cut>, ConntrackError> {
+    let mut by_addr = BTreeMap::new();
+    for (id, e) in c.endpoints.iter().filter(|(id, _)| enforce.contains(id)) {
+        for a in [e.ipv4.map(IpAddr::V4), e.ipv6.map(IpAddr::V6)].into_iter().flatten() {
+            by_addr.insert(a, *id);
+        }
+    }
+    if by_addr.is_empty() {
+        return Ok(Vec::new());
+    }
+    in_netns(netns, || {
+        act_on_picked(Act::Mark(CT_MARK_CUT), |o, r, mark| {
+            if mark & CT_MARK_CUT != 0 {
+                return None;
+            }
+            Flow::of(o, r).and_then(|f| denied(c, &by_addr, &f))
+        })
     })
 }
 
@@ -251,6 +443,82 @@ mod tests {
         let new = BTreeMap::from([(a, 1), (b, 9)]);
         assert_eq!(changed_owners(&old, &new), vec![b, c]);
         assert!(changed_owners(&new, &new).is_empty());
+    }
+
+    /// `denied`: the egress of the opener and the ingress of the
+    /// receiver, on the addresses after the NAT (the reply tuple), each
+    /// only for an `enforce` endpoint and only when the policy denies.
+    #[test]
+    fn denied_decides_the_connection_as_the_ruleset_would() {
+        use npm_policy::compiled::{Endpoint, PodRef, PolicyEntry, TierPresence};
+        use npm_policy::model::Protocol;
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let mut c = Compiled::default();
+        for (id, addr, identity) in [(1u32, a, 256u32), (2, b, 300)] {
+            c.endpoints.insert(
+                id,
+                Endpoint {
+                    pod: PodRef {
+                        namespace: "n".into(),
+                        name: format!("p{id}"),
+                        uid: format!("u{id}"),
+                    },
+                    identity,
+                    ipv4: match addr {
+                        IpAddr::V4(v) => Some(v),
+                        _ => None,
+                    },
+                    ipv6: None,
+                    isolated_ingress: id == 1,
+                    isolated_egress: false,
+                    tiers: TierPresence::default(),
+                    report_new: false,
+                },
+            );
+            c.ipcache.insert(
+                addr,
+                IpEntry {
+                    identity,
+                    cidr_identity: 0,
+                    owner: 0,
+                },
+            );
+        }
+        let flow = Flow {
+            protocol: 17,
+            orig_src: b,
+            orig_sport: 40000,
+            reply_src: a,
+            reply_dst: b,
+            reply_sport: 5000,
+        };
+        let enforce_1 = BTreeMap::from([(a, 1)]);
+        let cut = denied(&c, &enforce_1, &flow).expect("no allow: the ingress of 1 denies");
+        assert_eq!(
+            (cut.endpoint, cut.direction, cut.reason),
+            (1, Direction::Ingress, Reason::PolicyDenied)
+        );
+        // The opener (2) is not isolated: under enforce alone it cuts nothing.
+        assert_eq!(denied(&c, &BTreeMap::from([(b, 2)]), &flow), None);
+        // An allow of UDP 5000 from 300: nothing to cut.
+        c.policy.insert(
+            PolicyEntry {
+                subject: 256,
+                direction: Direction::Ingress,
+                peer: 300,
+                protocol: Some(Protocol::Udp),
+                ports: (5000, 5000),
+            },
+            1,
+        );
+        assert_eq!(denied(&c, &enforce_1, &flow), None);
+        // Another port of the same peer is still denied.
+        let other = Flow {
+            reply_sport: 5001,
+            ..flow
+        };
+        assert!(denied(&c, &enforce_1, &other).is_some());
     }
 
     /// Pods of other nodes count (their ipcache owner), nodes and the host

@@ -210,13 +210,13 @@ mod ranges;
 mod render;
 mod rule_counts;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
 
 use npm_common::{DIR_EGRESS, DIR_INGRESS};
-use npm_policy::compiled::{Compiled, CompiledDiff};
+use npm_policy::compiled::{Compiled, CompiledDiff, Direction};
 
 pub use adopt::NftAdopted;
 pub use chain::tier_chain_name;
@@ -440,6 +440,12 @@ pub struct NftDataplane {
     owners: Option<BTreeMap<IpAddr, u64>>,
     /// Conntrack entries deleted for addresses that changed owner.
     ct_flushed: u64,
+    /// The endpoints under connection semantics `enforce`
+    /// ([`Dataplane::set_established_enforce`]).
+    enforce: BTreeSet<u32>,
+    /// The connections cut since the last [`NftDataplane::take_cut_events`],
+    /// as flow events (`Reason::ConnectionCut`).
+    cut_events: Vec<npm_common::DenyEvent>,
 }
 
 impl NftDataplane {
@@ -460,6 +466,8 @@ impl NftDataplane {
             nflog: None,
             owners: None,
             ct_flushed: 0,
+            enforce: BTreeSet::new(),
+            cut_events: Vec::new(),
         };
         // A previous agent's table, read only: the first full sync is
         // guarded against it.
@@ -599,12 +607,87 @@ impl NftDataplane {
     pub fn conntrack_flushed(&self) -> u64 {
         self.ct_flushed
     }
+
+    /// Connection semantics `enforce`, after a table change to `c`: the
+    /// kernel conntrack entries of the `enforce` endpoints' connections
+    /// that `c` denies are deleted (`conntrack::cut_denied`), each becoming
+    /// a flow event (`Reason::ConnectionCut`). A failure is logged: the
+    /// next table change tries again.
+    fn cut_denied(&mut self, c: &Compiled, interfaces: &Interfaces) {
+        if self.enforce.is_empty() {
+            return;
+        }
+        match conntrack::cut_denied(self.opts.netns.as_deref(), c, &self.enforce) {
+            Ok(cuts) => {
+                if !cuts.is_empty() {
+                    tracing::info!(
+                        connections = cuts.len(),
+                        "established connections the new policy denies cut"
+                    );
+                }
+                let now = monotonic_ns();
+                for cut in cuts {
+                    self.cut_events.push(cut_event(&cut, interfaces, now));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cutting the established connections the new policy denies (retried at the next change)");
+            }
+        }
+    }
+
+    /// The connections cut since the last call, as flow events (reason
+    /// `Reason::ConnectionCut`, direction the one that now denies, the
+    /// 5-tuple of the original packet as the endpoint saw it).
+    pub fn take_cut_events(&mut self) -> Vec<npm_common::DenyEvent> {
+        std::mem::take(&mut self.cut_events)
+    }
+}
+
+/// `CLOCK_MONOTONIC` in ns (the clock of the datapath's events).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The flow event of a cut: the original packet (egress: the endpoint to
+/// the destination it reached; ingress: the source the pod saw to the
+/// endpoint).
+fn cut_event(cut: &conntrack::Cut, interfaces: &Interfaces, ts_ns: u64) -> npm_common::DenyEvent {
+    let f = &cut.flow;
+    let (src, dst, sport) = match cut.direction {
+        Direction::Egress => (f.orig_src, f.reply_src, f.orig_sport),
+        Direction::Ingress => (f.reply_dst, f.reply_src, f.orig_sport),
+    };
+    let mapped = |a: IpAddr| match a {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    };
+    npm_common::DenyEvent {
+        ts_ns,
+        endpoint: cut.endpoint,
+        ifindex: interfaces.get(&cut.endpoint).copied().unwrap_or(0),
+        direction: match cut.direction {
+            Direction::Ingress => DIR_INGRESS,
+            Direction::Egress => DIR_EGRESS,
+        },
+        reason: npm_common::Reason::ConnectionCut as u8,
+        protocol: f.protocol,
+        family: if src.is_ipv4() { 4 } else { 6 },
+        sport,
+        dport: f.reply_sport,
+        src: mapped(src),
+        dst: mapped(dst),
+    }
 }
 
 impl Dataplane for NftDataplane {
     fn sync_full(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError> {
         self.load(compiled, interfaces)?;
         self.flush_changed_owners(compiled);
+        self.cut_denied(compiled, interfaces);
         Ok(())
     }
 
@@ -614,6 +697,7 @@ impl Dataplane for NftDataplane {
         // change without a diff.
         self.update(next, interfaces)?;
         self.flush_changed_owners(next);
+        self.cut_denied(next, interfaces);
         Ok(())
     }
 
@@ -627,6 +711,10 @@ impl Dataplane for NftDataplane {
         }
         let rules = self.rule_counts()?;
         Ok(Counters { by_reason, rules })
+    }
+
+    fn set_established_enforce(&mut self, endpoints: BTreeSet<u32>) {
+        self.enforce = endpoints;
     }
 }
 

@@ -505,6 +505,10 @@ pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap, bridge_
             Direction::Egress => ("iif", "saddr"),
             Direction::Ingress => ("oif", "daddr"),
         };
+        // A connection cut under `enforce` (`conntrack.rs`): dropped, both
+        // ways, whatever its state.
+        let cut = super::conntrack::CT_MARK_CUT;
+        let _ = writeln!(s, "\t\tct mark & 0x{cut:08x} == 0x{cut:08x} drop");
         let _ = writeln!(s, "\t\t{dev} vmap @{}", dispatch_map(direction));
         for (family, ip) in [(Family::V4, "ip"), (Family::V6, "ip6")] {
             let map = bridged_map(direction, family);

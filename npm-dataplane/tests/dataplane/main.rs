@@ -29,6 +29,7 @@ pub fn serial() -> MutexGuard<'static, ()> {
 mod ebpf_allow_events;
 mod ebpf_attach_modes;
 mod ebpf_differential;
+mod ebpf_established;
 mod ebpf_fastpath;
 mod ebpf_fill;
 mod ebpf_fold;
@@ -49,6 +50,7 @@ mod ebpf_veth;
 mod map_size;
 mod nft_conntrack;
 mod nft_differential;
+mod nft_established;
 mod nft_flow_events;
 mod nft_golden;
 mod nft_rule_counters;

@@ -3,6 +3,7 @@
 //! `node-a`, and [`node_a`], the syncer builder the tests start from.
 
 mod config;
+mod established;
 mod guard;
 mod numbers;
 mod syncer;

@@ -290,6 +290,17 @@ impl Metrics {
         });
     }
 
+    /// Count one established connection cut under connection semantics
+    /// `enforce` (`npm_connections_cut_total`): `namespace` of the pod
+    /// whose `direction` now denies it.
+    pub fn connection_cut(&self, namespace: &str, direction: &'static str) {
+        let namespace = namespace.to_string();
+        self.with(|| {
+            metrics::counter!("npm_connections_cut_total", "namespace" => namespace, "direction" => direction)
+                .increment(1)
+        });
+    }
+
     /// Count an error of a kind (`watch`, `dataplane`, `direct-read`, `interface`, ...).
     pub fn error(&self, kind: &'static str) {
         self.with(|| metrics::counter!("npm_errors_total", "kind" => kind).increment(1));

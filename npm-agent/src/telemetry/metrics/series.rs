@@ -105,6 +105,7 @@ pub const SERIES: &[Series] = &[
     series("npm_packets_total", C, N, &["direction", "reason", "verdict"], "Packets classified by the datapath, by direction, reason and verdict."),
     series("npm_bytes_total", C, B, &["direction", "reason", "verdict"], "Bytes of the packets classified by the datapath, by direction, reason and verdict."),
     series("npm_tier_packets_total", C, N, &["direction", "tier", "action"], "New connections decided by a ClusterNetworkPolicy tier (admin, baseline), by direction and action (accept, deny); the datapath counters of the reasons admin-accept, admin-deny, baseline-accept and baseline-deny."),
+    series("npm_connections_cut_total", C, N, &["namespace", "direction"], "Established connections cut after a policy change under connection semantics enforce (--established, annotation npm.io/established on the Namespace): the new policy of the pod's direction denies them, their conntrack entry is removed and their next packet dropped; by the pod's namespace and that direction. One per connection (eBPF: from its deny event, which the datapath's event budget may drop under a flood; nftables: one per conntrack entry deleted)."),
     series("npm_audit_would_deny_total", C, N, &["namespace", "policy", "direction"], "New connections the datapath allowed that an audited NetworkPolicy (annotation npm.io/audit set to true: evaluated, not enforced) would deny, by policy namespace, policy name and direction of the pod; one per reported allow event and audited policy."),
     series("npm_rule_allowed_packets_total", C, N, &["namespace", "policy", "rule", "direction"], "Packets a NetworkPolicy rule allowed at the policy decision: the first packet of each new connection (its later packets are tracked, not re-decided: reason tracked of npm_packets_total), by policy namespace, policy name, rule index and direction; _other: beyond --rule-metrics-max or not attributable."),
     series("npm_rule_allowed_bytes_total", C, B, &["namespace", "policy", "rule", "direction"], "Bytes of the packets counted by npm_rule_allowed_packets_total."),
@@ -136,7 +137,8 @@ pub(super) const TIER_REASONS: [Reason; 4] = [
 /// The families whose labels name pods or policies (namespace, policy or
 /// pod labels): served only with credentials that grant `get` on the
 /// non-resource URL `/metrics`, or on the loopback debug listener.
-pub const NAMED_FAMILIES: [&str; 5] = [
+pub const NAMED_FAMILIES: [&str; 6] = [
+    "npm_connections_cut_total",
     "npm_audit_would_deny_total",
     "npm_rule_allowed_packets_total",
     "npm_rule_allowed_bytes_total",

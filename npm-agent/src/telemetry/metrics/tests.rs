@@ -8,16 +8,21 @@ use super::*;
 fn public_text_has_no_names() {
     let m = Metrics::new().unwrap();
     m.audit_would_deny("team-a", "secret-policy", "ingress");
+    m.connection_cut("team-b", "egress");
     m.ip_conflicts.increment(1);
     let full = m.render();
     assert!(full.contains("secret-policy"), "{full}");
+    assert!(
+        full.contains("npm_connections_cut_total{namespace=\"team-b\""),
+        "{full}"
+    );
     assert!(full.contains("# TYPE npm_rule_allowed_packets_total counter"), "{full}");
     let public = m.render_public();
     for f in NAMED_FAMILIES {
         assert!(!public.contains(f), "{f} in {public}");
     }
     assert!(
-        !public.contains("secret-policy") && !public.contains("team-a"),
+        !public.contains("secret-policy") && !public.contains("team-a") && !public.contains("team-b"),
         "{public}"
     );
     assert!(public.contains("npm_ip_conflicts_total 1"), "{public}");
@@ -120,6 +125,7 @@ fn every_series_is_described_and_listed() {
     let m = Metrics::new().unwrap();
     m.watch_event("pods", "apply");
     m.audit_would_deny("ns", "audited", "ingress");
+    m.connection_cut("ns", "ingress");
     m.cni_request("add", "ok");
     m.error("watch");
     m.readiness_failure("lists", true);
