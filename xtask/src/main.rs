@@ -597,12 +597,15 @@ fn bench_enforcement(args: &[String]) -> Result<()> {
     ]))?;
     let release = root().join("target/release");
     let mut cmd = Command::new(release.join("npm-bench-enforcement"));
-    if !args.iter().any(|a| a == "--agent-bin" || a.starts_with("--agent-bin=")) {
+    if !args
+        .iter()
+        .any(|a| *a == "--agent-bin" || a.starts_with("--agent-bin="))
+    {
         cmd.arg("--agent-bin").arg(release.join("npm-agent"));
     }
     if !args
         .iter()
-        .any(|a| a == "--npm-cni-bin" || a.starts_with("--npm-cni-bin="))
+        .any(|a| *a == "--npm-cni-bin" || a.starts_with("--npm-cni-bin="))
     {
         cmd.arg("--npm-cni-bin").arg(release.join("npm-cni"));
     }
