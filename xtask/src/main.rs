@@ -10,8 +10,9 @@
 //! - `cargo xtask conformance [...]`: the conformance catalogue on real netns pods
 //!   (`--nodes N --cni veth|ptp|bridge --kube-proxy none|iptables|nftables
 //!   --destination pod|service`: several node netns, each with its agent).
-//! - `cargo xtask bench datapath|compile|agent|cnp|traffic|dns|propagation`: the benchmarks
-//!   (`propagation` runs the three-node cluster: one multi-node run at a time).
+//! - `cargo xtask bench datapath|compile|agent|cnp|traffic|dns|propagation|enforcement`: the
+//!   benchmarks (`propagation` runs the three-node cluster: one multi-node run at a time;
+//!   `enforcement -- --dataplane ebpf|nftables`: latency seen by probes between netns pods).
 //! - `cargo xtask fuzz [--seed N] [--cases N | --duration SECS] [--attach tcx|tc]`:
 //!   the packet fuzzer (random and malformed frames through the real eBPF
 //!   programs, judged by `docs/packet-spec.md`; ends with one JSON line).
@@ -90,7 +91,8 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
-    /// Benchmarks: datapath, compile, agent, traffic, propagation or all.
+    /// Benchmarks: datapath, compile, agent, cnp, traffic, dns, propagation,
+    /// enforcement or all.
     Bench {
         /// Which benchmark.
         which: String,
@@ -556,6 +558,8 @@ fn bench(which: &str, args: &[String]) -> Result<()> {
         "dns" => ("npm-agent", "bench_dns"),
         // Multi-node (fixed fabric addresses): not part of `all`.
         "propagation" => return bench_propagation(args),
+        // Probes between netns pods on one node (not in `all`).
+        "enforcement" => return bench_enforcement(args),
         "all" => {
             for w in ["compile", "datapath", "agent", "traffic"] {
                 bench(w, args)?;
@@ -563,13 +567,49 @@ fn bench(which: &str, args: &[String]) -> Result<()> {
             return Ok(());
         }
         other => {
-            bail!("unknown benchmark {other:?}: use datapath, compile, agent, cnp, traffic, dns, propagation or all")
+            bail!("unknown benchmark {other:?}: use datapath, compile, agent, cnp, traffic, dns, propagation, enforcement or all")
         }
     };
     run(cargo()
         .args(["run", "--release", "--package", package, "--example", example, "--"])
         .args(args)
         .env("NPM_EBPF_OBJECT", ebpf_object()))
+}
+
+/// `bench enforcement`: policy and pod enforcement latency seen by probes
+/// between netns pods, and npm-cni's hold of CNI ADD
+/// (`npm-bench-enforcement`; release builds of the agent, npm-cni and the
+/// harness, whose in-process API server feeds the agent).
+fn bench_enforcement(args: &[String]) -> Result<()> {
+    let args: Vec<&String> = args.iter().skip_while(|a| *a == "--").collect();
+    if !ebpf_object().exists() {
+        build_ebpf()?;
+    }
+    run(cargo().args([
+        "build",
+        "--release",
+        "--bin",
+        "npm-agent",
+        "--bin",
+        "npm-cni",
+        "--bin",
+        "npm-bench-enforcement",
+    ]))?;
+    let release = root().join("target/release");
+    let mut cmd = Command::new(release.join("npm-bench-enforcement"));
+    if !args
+        .iter()
+        .any(|a| *a == "--agent-bin" || a.starts_with("--agent-bin="))
+    {
+        cmd.arg("--agent-bin").arg(release.join("npm-agent"));
+    }
+    if !args
+        .iter()
+        .any(|a| *a == "--npm-cni-bin" || a.starts_with("--npm-cni-bin="))
+    {
+        cmd.arg("--npm-cni-bin").arg(release.join("npm-cni"));
+    }
+    run(cmd.args(&args).env("NPM_EBPF_OBJECT", ebpf_object()))
 }
 
 /// `bench propagation`: a new remote pod address, API write to node 1's

@@ -10,6 +10,8 @@
 //!   as a container runtime wires them.
 //! - [`chaos`]: the chaos soak (a seeded schedule of changes and faults,
 //!   continuous probes, an oracle over the states passed through).
+//! - [`enforcement`]: the enforcement bench (policy and pod latency as
+//!   probes see it, npm-cni's hold of CNI ADD).
 //! - [`kube_proxy`]: a node's Service DNAT as kube-proxy programs it (iptables
 //!   and nftables modes); [`endpointslices`]: the EndpointSlice controller.
 //! - [`nodeport_fixture`]: helpers of the NodePort suite (source echo).
@@ -21,6 +23,7 @@ pub mod cluster;
 pub mod cni;
 pub mod demo;
 pub mod endpointslices;
+pub mod enforcement;
 pub mod fixtures;
 pub mod kube_proxy;
 pub mod netns;

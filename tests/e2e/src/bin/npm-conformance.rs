@@ -135,6 +135,7 @@ fn main() -> ExitCode {
         kube_proxy,
         destination,
         fabric,
+        preload: Default::default(),
     };
     let mut out = std::io::stdout();
     match runner::run(&opts, &mut out) {

@@ -145,6 +145,10 @@ pub struct Attachment {
     /// The network configuration this pod is wired with (the node's; with
     /// `bridge`, narrowed to the pod's namespace subnet and its bridge).
     pub conflist: Value,
+    /// Wall time of each plugin's ADD of the last [`Attachment::add`], by
+    /// plugin type, in chain order (what the runtime waited for each: the
+    /// enforcement bench reads npm-cni's hold here).
+    pub add_timings: Vec<(String, std::time::Duration)>,
 }
 
 /// The conflist of `node`: `wiring` with host-local ranges on the subnets
@@ -312,6 +316,7 @@ impl Attachment {
             ips: vec![v4.to_string(), v6.to_string()],
             result: Value::Null,
             conflist: narrowed(&runtime.conflist, v4.octets()[2]),
+            add_timings: Vec::new(),
         }
     }
 
@@ -376,11 +381,14 @@ impl Attachment {
     /// A failed chain is undone with DEL, as a runtime does.
     pub fn add(&mut self) -> Result<&Value, CniError> {
         let mut prev: Option<Value> = None;
+        self.add_timings.clear();
         for plugin in self.plugins() {
             let ty = plugin["type"].as_str().unwrap_or("").to_string();
+            let t0 = std::time::Instant::now();
             let (code, stdout, stderr) =
                 self.runtime
                     .run_plugin(&plugin, &self.env("ADD"), &self.stdin(&plugin, prev.as_ref()))?;
+            self.add_timings.push((ty.clone(), t0.elapsed()));
             if code != 0 {
                 self.result = prev.unwrap_or(Value::Null);
                 let _ = self.del();

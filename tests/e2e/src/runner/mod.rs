@@ -38,7 +38,7 @@ use crate::api::ApiError;
 use crate::cluster::ClusterError;
 
 pub use cases::{case_files, load_cases, parse_text, remap_cidr_placeholders_v6, v6_prefix_for_v4, LoadedCase};
-pub use live::LiveRunner;
+pub use live::{preload_ip, preload_pod, preload_policy, LiveRunner, Preload, WiredTimes, PRELOAD_NAMESPACES};
 
 /// Errors of the runner.
 #[derive(Debug, thiserror::Error)]
@@ -245,6 +245,9 @@ pub struct Options {
     pub destination: Destination,
     /// The fabric between nodes.
     pub fabric: FabricMode,
+    /// Objects written into the API server before the agents start (the
+    /// enforcement bench's 100,000 pods; multi-node runs only).
+    pub preload: Preload,
 }
 
 impl Options {
@@ -277,6 +280,7 @@ impl Default for Options {
             kube_proxy: KubeProxyMode::None,
             destination: Destination::Pod,
             fabric: FabricMode::Routed,
+            preload: Preload::default(),
         }
     }
 }

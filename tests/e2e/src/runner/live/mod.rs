@@ -10,6 +10,7 @@ mod nodes;
 mod probing;
 mod restart;
 mod services;
+mod timed;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -23,6 +24,7 @@ use crate::api::{Api, ApiError};
 use crate::cluster::Cluster;
 
 use agent::Agent;
+pub use timed::{preload_ip, preload_pod, preload_policy, Preload, WiredTimes, PRELOAD_NAMESPACES};
 
 /// The live runner: API server, netns cluster, agent.
 pub struct LiveRunner {

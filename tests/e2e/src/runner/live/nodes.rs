@@ -85,6 +85,9 @@ impl LiveRunner {
         for ns in pristine.snapshot.namespaces.values() {
             r.create_namespace_obj(&ns.name, &ns.labels)?;
         }
+        if let Some(server) = &r.server {
+            r.opts.preload.apply(server)?;
+        }
         r.start_node_agents(&kubeconfig)?;
         r.start_services()?;
         for pod in pristine.snapshot.pods.values() {
