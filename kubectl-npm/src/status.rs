@@ -248,7 +248,11 @@ pub fn render(all: &[AgentStatus]) -> String {
         if let Some(r) = &st.pod_not_ready {
             s.push_str(&format!("  pod not Ready (API server): {r}\n"));
         }
-        let in_use = st.attach_in_use.as_deref().map(|m| format!(", {m} in use")).unwrap_or_default();
+        let in_use = st
+            .attach_in_use
+            .as_deref()
+            .map(|m| format!(", {m} in use"))
+            .unwrap_or_default();
         s.push_str(&format!(
             "  version {}, dataplane {}, attach {} (configured{in_use}), kernel {}\n",
             st.version.as_deref().unwrap_or("unknown"),

@@ -245,10 +245,7 @@ fn run(engine: Engine) {
     if engine == Engine::Ebpf {
         assert!(live["maps"].as_array().is_some_and(|m| !m.is_empty()), "{all}");
         // What the agent attached in, as it reports it (`auto` resolved).
-        assert!(
-            live["attach_in_use"] == "tcx" || live["attach_in_use"] == "tc",
-            "{all}"
-        );
+        assert!(live["attach_in_use"] == "tcx" || live["attach_in_use"] == "tc", "{all}");
     } else {
         assert!(live["attach_in_use"].is_null(), "{all}");
     }

@@ -392,7 +392,13 @@ async fn main() -> anyhow::Result<()> {
     ns_api.create(&PostParams::default(), &peers).await?;
     let t = Instant::now();
     let mut all_pods: Vec<Pod> = (0..PODS).map(population_pod).collect();
-    all_pods.push(npm_testkit::k8s::pod("churn-peers", "peer", "node-b", Some("10.200.0.1"), &[]));
+    all_pods.push(npm_testkit::k8s::pod(
+        "churn-peers",
+        "peer",
+        "node-b",
+        Some("10.200.0.1"),
+        &[],
+    ));
     futures::stream::iter(all_pods)
         .map(|p| {
             let api: Api<Pod> = Api::namespaced(client.clone(), p.metadata.namespace.as_deref().unwrap_or_default());

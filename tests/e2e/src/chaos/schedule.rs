@@ -311,7 +311,11 @@ pub fn random_cluster_policy(rng: &mut StdRng, name: &str, priority: u32) -> Clu
             "podSelector": {"matchLabels": {"role": pick(rng, &ROLES)}},
         }})
     };
-    let actions: &[&str] = if admin { &["Accept", "Deny", "Pass"] } else { &["Accept", "Deny"] };
+    let actions: &[&str] = if admin {
+        &["Accept", "Deny", "Pass"]
+    } else {
+        &["Accept", "Deny"]
+    };
     let mut spec = json!({
         "tier": if admin { "Admin" } else { "Baseline" },
         "priority": priority,
@@ -656,7 +660,10 @@ mod tests {
             "update_cluster_network_policy",
             "delete_cluster_network_policy",
         ] {
-            assert!(seen.get(name).copied().unwrap_or(0) > 0, "no {name} in 600 steps: {seen:?}");
+            assert!(
+                seen.get(name).copied().unwrap_or(0) > 0,
+                "no {name} in 600 steps: {seen:?}"
+            );
         }
     }
 
