@@ -488,7 +488,8 @@ fn check_version(tag: &str, version: &str) -> Result<()> {
 /// qemu-user with the image as their root (`qemu-aarch64-static -L`, so
 /// the loader and every library come from the image: this machine has no
 /// arm64 libraries outside the Debian arm64 root): the agent's and the
-/// plugin's `--version`, and each tool of [`TOOLS`]. Also checks the
+/// plugin's `--version`, and the image's loader resolving every library
+/// of each tool of [`TOOLS`] and each xtables extension. Also checks the
 /// agent is an AArch64 executable and the index lists both architectures.
 fn check_arm64(version: &str) -> Result<()> {
     let tag = format!("{REPOSITORY}:{version}-arm64");
@@ -527,8 +528,23 @@ fn check_arm64(version: &str) -> Result<()> {
                 bail!("arm64 `{name} --version` printed {out:?}, expected {want:?}");
             }
         }
-        for (name, path, args) in TOOLS {
-            qemu(path, args).with_context(|| format!("arm64 {name} in the image"))?;
+        // nft and iptables open a netfilter netlink socket before anything
+        // else, which qemu-user does not emulate ("Protocol not
+        // supported"): the image's own loader lists what each needs
+        // instead, failing (127) on a library the image lacks.
+        let loader = "/lib/ld-linux-aarch64.so.1";
+        let mut listed: Vec<String> = TOOLS.iter().map(|(_, path, _)| path.to_string()).collect();
+        listed.extend(
+            XTABLES_DIRS
+                .iter()
+                .filter(|d| d.contains("aarch64"))
+                .flat_map(|d| XTABLES_EXTENSIONS.iter().map(move |e| format!("{d}/{e}"))),
+        );
+        for path in &listed {
+            let out = qemu(loader, &["--list", path]).with_context(|| format!("arm64 {path} in the image"))?;
+            if out.contains("not found") || !out.contains("libc.so.6") {
+                bail!("arm64 {path}: the image's loader listed {out:?}");
+            }
         }
         Ok(())
     })();
