@@ -112,13 +112,10 @@ pub fn plugin_path() -> PathBuf {
     root().join("target/image/kubectl-npm")
 }
 
-/// The cargo arguments of the image's release build: `npm-agent`, the
-/// kubectl plugin `kubectl-npm` and `npm-cni` (when the crate exists),
-/// optimised.
-pub fn release_build_args() -> Vec<&'static str> {
+/// The packages and binaries of the image's release build: `npm-agent`,
+/// the kubectl plugin `kubectl-npm` and `npm-cni` (when the crate exists).
+pub fn release_packages() -> Vec<&'static str> {
     let mut args = vec![
-        "build",
-        "--release",
         "-p",
         "npm-agent",
         "--bin",
@@ -134,67 +131,194 @@ pub fn release_build_args() -> Vec<&'static str> {
     args
 }
 
-/// Build the release binaries and the image; returns the versioned tag.
-pub fn image() -> Result<String> {
+/// The cargo arguments of the image's amd64 release build
+/// ([`release_packages`], optimised, the stable toolchain).
+pub fn release_build_args() -> Vec<&'static str> {
+    let mut args = vec!["build", "--release"];
+    args.extend(release_packages());
+    args
+}
+
+/// An architecture of the image.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Arch {
+    /// This machine's: stable toolchain, the host's tools and `ldd`.
+    Amd64,
+    /// Cross-built (`crate::arm64`): the Debian arm64 root's tools, its
+    /// libraries resolved from `readelf` NEEDED entries.
+    Arm64,
+}
+
+impl Arch {
+    /// The OCI architecture name.
+    pub fn oci(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+}
+
+/// The manifest list (OCI index) over both architectures in the local
+/// containers storage (`podman manifest push --all` it to a registry).
+pub const INDEX_REPOSITORY: &str = "localhost/npm-agent-multiarch";
+
+/// Build the release binaries and the images of both architectures
+/// (`arm64` false: amd64 alone), and the index over them; returns the
+/// versioned tag of the amd64 image (`localhost/npm-agent:<version>`, this
+/// machine's, the one the checks run in podman).
+pub fn image(arm64: bool) -> Result<String> {
     crate::setup::check_image_prerequisites()?;
     crate::build_ebpf()?;
-    let has_cni = root().join("npm-cni/Cargo.toml").exists();
     // A no-op when `cargo xtask test` already ran it beside the conformance
     // runs (`release_build_args`).
     run(cargo().args(release_build_args()))?;
+    std::fs::create_dir_all(root().join("target/image"))?;
+    std::fs::copy(root().join("target/release/kubectl-npm"), plugin_path())
+        .with_context(|| format!("copying the kubectl plugin to {}", plugin_path().display()))?;
 
     let version = version()?;
-    let staging = root().join("target/image/rootfs");
+    let tag = format!("{REPOSITORY}:{version}");
+    let arm_tag = format!("{REPOSITORY}:{version}-arm64");
+    commit(&stage(Arch::Amd64, Path::new("/"))?, Arch::Amd64, &tag)?;
+    run(Command::new("buildah").args([
+        "tag",
+        &tag,
+        &format!("{REPOSITORY}:latest"),
+        &format!("{REPOSITORY}:{version}-amd64"),
+    ]))?;
+    let archive = archive_path();
+    let _ = std::fs::remove_file(&archive);
+    if !arm64 {
+        run(Command::new("buildah")
+            .args(["push", &tag])
+            .arg(format!("oci-archive:{}:{tag}", archive.display())))?;
+        eprintln!(
+            "xtask: image {tag} (and :latest; amd64 only), OCI archive {} ({:.1} MiB)",
+            archive.display(),
+            std::fs::metadata(&archive)?.len() as f64 / (1024.0 * 1024.0)
+        );
+        return Ok(tag);
+    }
+    crate::arm64::build()?;
+    let sysroot = crate::arm64::debian_root()?;
+    commit(&stage(Arch::Arm64, &sysroot)?, Arch::Arm64, &arm_tag)?;
+
+    // The OCI index over both, in the local storage and as the archive.
+    let index = format!("{INDEX_REPOSITORY}:{version}");
+    let _ = Command::new("buildah").args(["manifest", "rm", &index]).output();
+    run(Command::new("buildah").args(["manifest", "create", &index]))?;
+    for (t, arch) in [(&tag, Arch::Amd64), (&arm_tag, Arch::Arm64)] {
+        run(Command::new("buildah").args([
+            "manifest",
+            "add",
+            "--os",
+            "linux",
+            "--arch",
+            arch.oci(),
+            &index,
+            &format!("containers-storage:{t}"),
+        ]))?;
+    }
+    run(Command::new("buildah")
+        .args(["manifest", "push", "--all", &index])
+        .arg(format!("oci-archive:{}:{tag}", archive.display())))?;
+    let size = std::fs::metadata(&archive)?.len();
+    eprintln!(
+        "xtask: image {tag} (and :latest, :{version}-amd64), {arm_tag}, the index {index} over both; \
+         OCI archive (the index) {} ({:.1} MiB)",
+        archive.display(),
+        size as f64 / (1024.0 * 1024.0)
+    );
+    eprintln!(
+        "xtask: the kubectl plugin: {} (put it on PATH: `kubectl npm`)",
+        plugin_path().display()
+    );
+    Ok(tag)
+}
+
+/// The files of `arch`'s image in `target/image/rootfs-<arch>`: `sysroot`
+/// is where its tools and libraries come from (`/` for amd64, the Debian
+/// arm64 root for arm64).
+fn stage(arch: Arch, sysroot: &Path) -> Result<PathBuf> {
+    let has_cni = root().join("npm-cni/Cargo.toml").exists();
+    let staging = root().join(format!("target/image/rootfs-{}", arch.oci()));
     if staging.exists() {
         std::fs::remove_dir_all(&staging).with_context(|| format!("removing {}", staging.display()))?;
     }
-    let release = root().join("target/release");
+    let release = match arch {
+        Arch::Amd64 => root().join("target/release"),
+        Arch::Arm64 => crate::arm64::release_dir(),
+    };
+    // (file on this machine, path in the image)
     let mut files: Vec<(PathBuf, PathBuf)> = vec![
         (release.join("npm-agent"), "/usr/bin/npm-agent".into()),
         (release.join("kubectl-npm"), "/usr/bin/kubectl-npm".into()),
         (ebpf_object(), "/usr/lib/npm/npm-ebpf.o".into()),
     ];
-    std::fs::create_dir_all(root().join("target/image"))?;
-    std::fs::copy(release.join("kubectl-npm"), plugin_path())
-        .with_context(|| format!("copying the kubectl plugin to {}", plugin_path().display()))?;
     if has_cni {
         files.push((release.join("npm-cni"), "/usr/bin/npm-cni".into()));
     }
+    // In the sysroot: (path there, path in the image).
+    let in_sysroot = |p: &Path| -> Result<PathBuf> {
+        Ok(match arch {
+            Arch::Amd64 => p.to_path_buf(),
+            Arch::Arm64 => {
+                let real = crate::arm64::resolve_in(sysroot, p)?;
+                sysroot.join(real.strip_prefix("/").expect("absolute"))
+            }
+        })
+    };
     for (name, default, _) in TOOLS {
-        let found = which(name).unwrap_or_else(|| PathBuf::from(default));
-        if !found.exists() {
-            bail!("{name} is not installed (expected at {default}): run `cargo xtask setup`");
+        let path = match arch {
+            Arch::Amd64 => which(name).unwrap_or_else(|| PathBuf::from(default)),
+            Arch::Arm64 => PathBuf::from(default),
+        };
+        let src = in_sysroot(&path).with_context(|| format!("{name} for {}", arch.oci()))?;
+        if !src.exists() {
+            bail!(
+                "{name} is not installed (expected at {}): run `cargo xtask setup`",
+                src.display()
+            );
         }
-        files.push((found.clone(), found));
+        files.push((src, path));
     }
     for f in ETC_FILES {
+        // Text files: the build machine's serve both architectures.
         if Path::new(f).exists() {
             files.push((f.into(), f.into()));
         }
     }
     let xtables = XTABLES_DIRS
         .iter()
+        .filter(|d| match arch {
+            Arch::Amd64 => !d.contains("aarch64"),
+            Arch::Arm64 => !d.contains("x86_64"),
+        })
         .map(Path::new)
-        .find(|d| d.join(XTABLES_EXTENSIONS[0]).exists())
+        .find(|d| in_sysroot(&d.join(XTABLES_EXTENSIONS[0])).is_ok_and(|p| p.exists()))
         .context("no xtables extensions directory (iptables' libxt_*.so): run `cargo xtask setup`")?;
     for e in XTABLES_EXTENSIONS {
         let p = xtables.join(e);
-        if !p.exists() {
-            bail!("{} is missing: run `cargo xtask setup`", p.display());
-        }
-        files.push((p.clone(), p));
+        let src = in_sysroot(&p).with_context(|| format!("{} is missing: run `cargo xtask setup`", p.display()))?;
+        files.push((src, p));
     }
     // Shared libraries of every executable, and the dynamic loader.
     let mut libs = BTreeSet::new();
     for (src, _) in &files {
         if is_elf(src) && !src.ends_with("npm-ebpf.o") {
-            libs.extend(shared_libraries(src)?);
+            match arch {
+                Arch::Amd64 => {
+                    for lib in shared_libraries(src)? {
+                        let dest = loader_path(&lib);
+                        libs.insert((lib, dest));
+                    }
+                }
+                Arch::Arm64 => libs.extend(crate::arm64::shared_libraries(src, sysroot)?),
+            }
         }
     }
-    for lib in libs {
-        let dest = loader_path(&lib);
-        files.push((lib, dest));
-    }
+    files.extend(libs);
     for (src, dest) in &files {
         let target = staging.join(dest.strip_prefix("/").unwrap_or(dest));
         std::fs::create_dir_all(target.parent().expect("absolute path"))?;
@@ -216,7 +340,12 @@ pub fn image() -> Result<String> {
     }
     std::fs::create_dir_all(staging.join("tmp"))?;
     std::fs::create_dir_all(staging.join("run/npm"))?;
+    Ok(staging)
+}
 
+/// Commit `staging` as the image `tag` for `arch`.
+fn commit(staging: &Path, arch: Arch, tag: &str) -> Result<()> {
+    let version = version()?;
     let revision = crate::setup::output(Command::new("git").args(["-C"]).arg(root()).args(["rev-parse", "HEAD"]))
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|| "unknown".into());
@@ -232,6 +361,10 @@ pub fn image() -> Result<String> {
             .arg("/"))?;
         run(Command::new("buildah").args([
             "config",
+            "--os",
+            "linux",
+            "--arch",
+            arch.oci(),
             "--entrypoint",
             r#"["/usr/bin/npm-agent"]"#,
             "--cmd",
@@ -254,33 +387,13 @@ pub fn image() -> Result<String> {
             "org.opencontainers.image.description=npm: Kubernetes NetworkPolicy node agent (eBPF and nftables dataplanes)",
             &ctr,
         ]))?;
-        let tag = format!("{REPOSITORY}:{version}");
-        run(Command::new("buildah").args(["commit", "--rm", "--format", "oci", &ctr, &tag]))?;
-        run(Command::new("buildah").args(["tag", &tag, &format!("{REPOSITORY}:latest")]))?;
+        run(Command::new("buildah").args(["commit", "--rm", "--format", "oci", &ctr, tag]))?;
         Ok(())
     })();
     if result.is_err() {
         let _ = Command::new("buildah").args(["rm", &ctr]).output();
     }
-    result?;
-
-    let tag = format!("{REPOSITORY}:{version}");
-    let archive = archive_path();
-    let _ = std::fs::remove_file(&archive);
-    run(Command::new("buildah")
-        .args(["push", &tag])
-        .arg(format!("oci-archive:{}:{tag}", archive.display())))?;
-    let size = std::fs::metadata(&archive)?.len();
-    eprintln!(
-        "xtask: image {tag} (and :latest), OCI archive {} ({:.1} MiB)",
-        archive.display(),
-        size as f64 / (1024.0 * 1024.0)
-    );
-    eprintln!(
-        "xtask: the kubectl plugin: {} (put it on PATH: `kubectl npm`)",
-        plugin_path().display()
-    );
-    Ok(tag)
+    result
 }
 
 /// podman's options on this machine: crun rejects the hybrid cgroup layout,
@@ -305,7 +418,7 @@ const CONTAINER_PREFIX: &str = "npm-agent-xtask-";
 /// netns cluster with exactly the chart's capabilities and the DNS
 /// learning on (the conformance smoke cases, `default-deny*`, pass with
 /// it). Prints `image: N passed, M failed`.
-pub fn check(tag: &str) -> Result<()> {
+pub fn check(tag: &str, arm64: bool) -> Result<()> {
     remove_leftover_containers();
     let version = version()?;
     let mut passed = 0;
@@ -321,6 +434,9 @@ pub fn check(tag: &str) -> Result<()> {
         }
     };
     record("version", check_version(tag, &version));
+    if arm64 {
+        record("arm64", check_arm64(&version));
+    }
     record("tools", check_tools(tag));
     record("chart-arguments", check_chart_arguments(tag));
     record("conformance-smoke", check_conformance_smoke(tag));
@@ -364,6 +480,90 @@ fn check_version(tag: &str, version: &str) -> Result<()> {
     let want = format!("kubectl-npm {version}");
     if out.trim() != want {
         bail!("`kubectl-npm --version` printed {:?}, expected {want:?}", out.trim());
+    }
+    Ok(())
+}
+
+/// The arm64 image, mounted (`buildah mount`), its executables run under
+/// qemu-user with the image as their root (`qemu-aarch64-static -L`, so
+/// the loader and every library come from the image: this machine has no
+/// arm64 libraries outside the Debian arm64 root): the agent's and the
+/// plugin's `--version`, and the image's loader resolving every library
+/// of each tool of [`TOOLS`] and each xtables extension. Also checks the
+/// agent is an AArch64 executable and the index lists both architectures.
+fn check_arm64(version: &str) -> Result<()> {
+    let tag = format!("{REPOSITORY}:{version}-arm64");
+    let ctr = buildah_out(&["from", "--pull=never", "--arch", "arm64", &tag])?;
+    let res = (|| -> Result<()> {
+        let mnt = PathBuf::from(buildah_out(&["mount", &ctr])?);
+        let header = crate::setup::output(Command::new("readelf").arg("-h").arg(mnt.join("usr/bin/npm-agent")))
+            .context("readelf -h on the arm64 agent")?;
+        if !header.lines().any(|l| l.contains("Machine:") && l.contains("AArch64")) {
+            bail!("the arm64 image's agent is not an AArch64 executable");
+        }
+        let qemu = |exe: &str, args: &[&str]| -> Result<String> {
+            let out = Command::new("qemu-aarch64-static")
+                .arg("-L")
+                .arg(&mnt)
+                .arg(mnt.join(exe.trim_start_matches('/')))
+                .args(args)
+                .output()
+                .context("cannot start qemu-aarch64-static (package qemu-user-static)")?;
+            if !out.status.success() {
+                bail!(
+                    "{exe} {args:?} under qemu-aarch64 failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        };
+        for (exe, name) in [
+            ("/usr/bin/npm-agent", "npm-agent"),
+            ("/usr/bin/kubectl-npm", "kubectl-npm"),
+        ] {
+            let out = qemu(exe, &["--version"])?;
+            let want = format!("{name} {version}");
+            if out != want {
+                bail!("arm64 `{name} --version` printed {out:?}, expected {want:?}");
+            }
+        }
+        // nft and iptables open a netfilter netlink socket before anything
+        // else, which qemu-user does not emulate ("Protocol not
+        // supported"): the image's own loader lists what each needs
+        // instead, failing (127) on a library the image lacks.
+        let loader = "/lib/ld-linux-aarch64.so.1";
+        let mut listed: Vec<String> = TOOLS.iter().map(|(_, path, _)| path.to_string()).collect();
+        listed.extend(
+            XTABLES_DIRS
+                .iter()
+                .filter(|d| d.contains("aarch64"))
+                .flat_map(|d| XTABLES_EXTENSIONS.iter().map(move |e| format!("{d}/{e}"))),
+        );
+        for path in &listed {
+            let out = qemu(loader, &["--list", path]).with_context(|| format!("arm64 {path} in the image"))?;
+            if out.contains("not found") || !out.contains("libc.so.6") {
+                bail!("arm64 {path}: the image's loader listed {out:?}");
+            }
+        }
+        Ok(())
+    })();
+    let _ = Command::new("buildah").args(["umount", &ctr]).output();
+    let _ = Command::new("buildah").args(["rm", &ctr]).output();
+    res?;
+    let index = buildah_out(&["manifest", "inspect", &format!("{INDEX_REPOSITORY}:{version}")])?;
+    let index: serde_json::Value = serde_json::from_str(&index).context("the index's JSON")?;
+    let mut arches: Vec<&str> = index["manifests"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter_map(|m| m["platform"]["architecture"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    arches.sort_unstable();
+    if arches != ["amd64", "arm64"] {
+        bail!("the index lists {arches:?}, expected amd64 and arm64");
     }
     Ok(())
 }

@@ -2,6 +2,8 @@
 //!
 //! - `cargo xtask setup`: install everything a fresh machine lacks (idempotent).
 //! - `cargo xtask build-ebpf`: build the BPF object with the nightly toolchain.
+//! - `cargo xtask build --arch amd64|arm64`: the release binaries of the
+//!   image (arm64: cross-built, `arm64.rs`).
 //! - `cargo xtask lint`: rustfmt, dependency policy, clippy (workspace and
 //!   npm-ebpf), docs.
 //! - `cargo xtask deps`: the dependency policy (`xtask/deps-policy.yaml`).
@@ -19,10 +21,12 @@
 //! - `cargo xtask chaos --dataplane ebpf|nftables [--duration SECS] [--seed N] [--inject]`:
 //!   the chaos soak on the two-node cluster (seeded changes and faults,
 //!   continuous probes, an oracle; ends with one JSON line, `"bench":"chaos"`).
-//! - `cargo xtask image`: the agent's OCI image (buildah, no daemon).
+//! - `cargo xtask image`: the agent's OCI images, amd64 and arm64, and the
+//!   OCI index over both (buildah, no daemon).
 //! - `cargo xtask vm run --kernel debian-6.1 -- CMD`, `cargo xtask vm matrix`:
 //!   Debian's kernels under qemu (`vm.rs`).
 
+mod arm64;
 mod deps;
 mod fuzz;
 mod image;
@@ -49,6 +53,15 @@ enum Cmd {
     Setup,
     /// Build the eBPF object (target/bpfel-unknown-none/release/npm-ebpf).
     BuildEbpf,
+    /// Release build of npm-agent, npm-cni and kubectl-npm for an
+    /// architecture: `amd64` (stable, target/release) or `arm64` (nightly
+    /// with `-Z build-std`, Debian's aarch64 cross gcc,
+    /// target/aarch64-unknown-linux-gnu/release).
+    Build {
+        /// amd64 or arm64.
+        #[arg(long, default_value = "amd64")]
+        arch: String,
+    },
     /// Setup, lint, build everything and run the whole test suite.
     Test {
         /// Skip `setup` (the machine is known to be ready).
@@ -84,12 +97,19 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Build the agent's OCI image (`localhost/npm-agent:<version>` and :latest,
-    /// and target/image/npm-agent.tar) with buildah.
+    /// Build the agent's OCI images with buildah: amd64
+    /// (`localhost/npm-agent:<version>` and :latest), arm64
+    /// (`:<version>-arm64`), the index over both
+    /// (`localhost/npm-agent-multiarch:<version>`), and
+    /// target/image/npm-agent.tar (the index, as an OCI archive).
     Image {
-        /// Then run the image checks that `cargo xtask test` runs.
+        /// Then run the image checks that `cargo xtask test` runs (and the
+        /// arm64 one).
         #[arg(long)]
         check: bool,
+        /// The amd64 image alone (no cross build, no index).
+        #[arg(long)]
+        amd64_only: bool,
     },
     /// Benchmarks: datapath, compile, agent, cnp, traffic, dns, propagation,
     /// enforcement or all.
@@ -117,6 +137,11 @@ fn main() -> ExitCode {
     let res = match cli.cmd {
         Cmd::Setup => setup::setup(),
         Cmd::BuildEbpf => build_ebpf(),
+        Cmd::Build { arch } => match arch.as_str() {
+            "amd64" | "x86_64" => run(cargo().args(image::release_build_args())),
+            "arm64" | "aarch64" => arm64::build(),
+            other => Err(anyhow::anyhow!("unknown architecture {other:?}: amd64 or arm64")),
+        },
         Cmd::Test { no_setup } => test(no_setup),
         Cmd::Lint => lint(),
         Cmd::Deps => deps::deps(),
@@ -124,7 +149,9 @@ fn main() -> ExitCode {
         Cmd::Chaos { args } => chaos(&args),
         Cmd::Demo { args } => demo(&args),
         Cmd::Bench { which, args } => bench(&which, &args),
-        Cmd::Image { check } => image::image().and_then(|tag| if check { image::check(&tag) } else { Ok(()) }),
+        Cmd::Image { check, amd64_only } => {
+            image::image(!amd64_only).and_then(|tag| if check { image::check(&tag, !amd64_only) } else { Ok(()) })
+        }
         Cmd::Fuzz(a) => fuzz::fuzz(&a),
         Cmd::Vm { cmd } => vm::main(cmd),
     };
@@ -378,8 +405,11 @@ fn test(no_setup: bool) -> Result<()> {
     }
     // The shipped artefact: the OCI image, run as the chart runs it (its
     // release build already ran beside the conformance runs).
-    let tag = image::image()?;
-    image::check(&tag)?;
+    // amd64 alone: the arm64 cross build (nightly `-Z build-std`, std and
+    // every dependency from source) does not fit the suite's budget on two
+    // cores; `cargo xtask image` builds both.
+    let tag = image::image(false)?;
+    image::check(&tag, false)?;
     eprintln!("xtask: whole suite passed in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
 }

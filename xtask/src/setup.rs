@@ -51,6 +51,17 @@ const APT_PACKAGES: &[&str] = &[
     "debian-archive-keyring",
     "wireguard-tools",
     "ipvsadm",
+    // arm64 (xtask/src/arm64.rs): the cross linker and glibc for
+    // `cargo xtask build --arch arm64`, readelf for the arm64 image's
+    // libraries, qemu-user (the arm64 image check, the arm64 root's second
+    // stage through binfmt_misc), debootstrap (the arm64 root), and
+    // qemu-system-aarch64 (the `debian-arm64` row of `cargo xtask vm matrix`).
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "binutils",
+    "qemu-user-static",
+    "debootstrap",
+    "qemu-system-arm",
 ];
 
 /// The bpf-linker version built against Debian's LLVM 22.

@@ -32,6 +32,15 @@
 //!   `microvm` was tried: its kernels stall calibrating the APIC timer
 //!   under TCG (no PIT/HPET reference).
 //!
+//! arm64 (`--kernel debian-arm64`): Debian 13's `linux-image-arm64` kernel
+//! under `qemu-system-aarch64 -M virt -cpu cortex-a72`, TCG, console
+//! `ttyAMA0`; its `vmlinuz` (an EFI zboot image qemu 7.2 cannot boot) is
+//! unpacked to `Image` once. The guest's root is the cached Debian arm64
+//! root (`crate::arm64::debian_root`) instead of the host's, shared the same
+//! way, with the kernel's modules as a third 9p share; busybox comes from
+//! that root. The command must be an arm64 program or a script (the
+//! checkout's `target/aarch64-unknown-linux-gnu/release/...`).
+//!
 //! The cache is `NPM_VM_CACHE` or `/var/cache/npm-vm` (outside the checkout:
 //! CI clones afresh each time).
 
@@ -54,7 +63,7 @@ pub enum VmCmd {
     /// Boot a Debian kernel under qemu and run a command as root in the
     /// checkout (same path, writable); exits with the command's status.
     Run {
-        /// debian-5.10, debian-6.1 or debian-6.12.
+        /// debian-5.10, debian-6.1, debian-6.12 or debian-arm64.
         #[arg(long)]
         kernel: String,
         /// The command and its arguments (after `--`).
@@ -64,17 +73,21 @@ pub enum VmCmd {
     /// Every row (the Debian kernels and the host's): load, verifier,
     /// attach and Service kernel tests; ends with `N passed, M failed`.
     Matrix {
-        /// Only these rows (debian-5.10, debian-6.1, debian-6.12, host).
+        /// Only these rows (debian-5.10, debian-6.1, debian-6.12, host,
+        /// debian-arm64).
         #[arg(long = "row")]
         rows: Vec<String>,
     },
 }
 
-/// The kernel lines: name, Debian suite, version prefix.
-pub const KERNELS: &[(&str, &str, &str)] = &[
-    ("debian-5.10", "bullseye", "5.10."),
-    ("debian-6.1", "bookworm", "6.1."),
-    ("debian-6.12", "trixie", "6.12."),
+/// The kernel lines: name, Debian suite, version prefix, Debian
+/// architecture. `debian-arm64` boots under `qemu-system-aarch64` in the
+/// Debian arm64 root (`crate::arm64::debian_root`) instead of the host's.
+pub const KERNELS: &[(&str, &str, &str, &str)] = &[
+    ("debian-5.10", "bullseye", "5.10.", "amd64"),
+    ("debian-6.1", "bookworm", "6.1.", "amd64"),
+    ("debian-6.12", "trixie", "6.12.", "amd64"),
+    ("debian-arm64", "trixie", "6.12.", "arm64"),
 ];
 
 /// Modules the initramfs loads (with their dependencies, from
@@ -98,7 +111,7 @@ pub fn main(cmd: VmCmd) -> Result<()> {
     }
 }
 
-fn cache() -> PathBuf {
+pub(crate) fn cache() -> PathBuf {
     std::env::var_os("NPM_VM_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| "/var/cache/npm-vm".into())
@@ -112,11 +125,61 @@ pub struct Kernel {
     pub release: String,
     /// Where the package is extracted.
     pub dir: PathBuf,
+    /// Debian architecture (`amd64`, `arm64`).
+    pub arch: &'static str,
 }
 
 impl Kernel {
     fn vmlinuz(&self) -> PathBuf {
         self.dir.join(format!("boot/vmlinuz-{}", self.release))
+    }
+    /// The file qemu's `-kernel` takes. Debian's arm64 `vmlinuz` since
+    /// 6.x is an EFI zboot image (a PE stub around a compressed `Image`),
+    /// which qemu 7.2 cannot boot directly: its payload is unpacked once
+    /// beside it (`Image`).
+    fn boot_image(&self) -> Result<PathBuf> {
+        let vmlinuz = self.vmlinuz();
+        let data = std::fs::read(&vmlinuz).with_context(|| format!("reading {}", vmlinuz.display()))?;
+        if self.arch == "amd64" || data.get(4..8) != Some(b"zimg") {
+            return Ok(vmlinuz);
+        }
+        let image = self.dir.join("boot/Image");
+        if image.exists() {
+            return Ok(image);
+        }
+        let word = |at: usize| -> Result<usize> {
+            let b = data.get(at..at + 4).context("a truncated zboot header")?;
+            Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        };
+        let (offset, size) = (word(8)?, word(12)?);
+        let payload = data
+            .get(offset..offset + size)
+            .context("the zboot payload lies outside the file")?;
+        let method = String::from_utf8_lossy(data.get(24..32).unwrap_or_default())
+            .trim_end_matches('\0')
+            .to_string();
+        let tool = match method.as_str() {
+            "gzip" => "gzip",
+            "zstd" => "zstd",
+            "xzkern" | "xz" => "xz",
+            other => bail!("{}: zboot compression {other:?} is not handled", vmlinuz.display()),
+        };
+        let mut child = Command::new(tool)
+            .arg("-dc")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running {tool}"))?;
+        let mut stdin = child.stdin.take().expect("piped");
+        let payload = payload.to_vec();
+        let writer = std::thread::spawn(move || stdin.write_all(&payload));
+        let out = child.wait_with_output()?;
+        let _ = writer.join();
+        if out.stdout.is_empty() {
+            bail!("unpacking the zboot payload of {} ({tool}) failed", vmlinuz.display());
+        }
+        std::fs::write(&image, out.stdout)?;
+        Ok(image)
     }
     fn modules(&self) -> PathBuf {
         self.dir.join(format!("lib/modules/{}", self.release))
@@ -134,7 +197,7 @@ impl Kernel {
 
 /// The host's Debian mirrors, from its apt sources: (main archive,
 /// security archive).
-fn host_mirrors() -> Result<(String, Option<String>)> {
+pub(crate) fn host_mirrors() -> Result<(String, Option<String>)> {
     let mut main = None;
     let mut security = None;
     let deb822 = std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources").unwrap_or_default();
@@ -178,7 +241,7 @@ fn host_mirrors() -> Result<(String, Option<String>)> {
 }
 
 /// apt with its state under `dir` (lists for `suite` only).
-fn apt(tool: &str, dir: &Path) -> Command {
+fn apt(tool: &str, dir: &Path, arch: &str) -> Command {
     let mut cmd = Command::new(tool);
     let d = dir.display();
     for o in [
@@ -191,7 +254,7 @@ fn apt(tool: &str, dir: &Path) -> Command {
         format!("Dir::State::status={d}/status"),
         format!("Dir::Cache={d}"),
         format!("Dir::Cache::Archives={d}/archives"),
-        "APT::Architecture=amd64".to_string(),
+        format!("APT::Architecture={arch}"),
         "APT::Sandbox::User=root".to_string(),
         "Debug::NoLocking=1".to_string(),
     ] {
@@ -203,13 +266,16 @@ fn apt(tool: &str, dir: &Path) -> Command {
 
 /// Resolve, download and extract the newest kernel of `name`'s line.
 pub fn kernel(name: &str) -> Result<Kernel> {
-    let Some(&(_, suite, prefix)) = KERNELS.iter().find(|k| k.0 == name) else {
+    let Some(&(_, suite, prefix, arch)) = KERNELS.iter().find(|k| k.0 == name) else {
         bail!(
             "unknown kernel {name:?}: one of {}",
             KERNELS.iter().map(|k| k.0).collect::<Vec<_>>().join(", ")
         );
     };
-    let dir = cache().join("apt").join(suite);
+    let dir = match arch {
+        "amd64" => cache().join("apt").join(suite),
+        _ => cache().join("apt").join(format!("{suite}-{arch}")),
+    };
     for sub in ["lists/partial", "archives/partial", "sources.list.d", "preferences.d"] {
         std::fs::create_dir_all(dir.join(sub)).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -232,7 +298,10 @@ pub fn kernel(name: &str) -> Result<Kernel> {
         .unwrap_or(false);
     if !fresh {
         eprintln!("xtask: vm: refreshing the {suite} package lists");
-        let st = apt("apt-get", &dir).arg("update").status().context("running apt-get")?;
+        let st = apt("apt-get", &dir, arch)
+            .arg("update")
+            .status()
+            .context("running apt-get")?;
         if st.success() {
             std::fs::write(&stamp, "")?;
         } else if !dir
@@ -245,25 +314,26 @@ pub fn kernel(name: &str) -> Result<Kernel> {
             eprintln!("xtask: vm: apt-get update for {suite} failed: using the cached lists");
         }
     }
-    let show = output(apt("apt-cache", &dir).args(["show", "--no-all-versions", "linux-image-amd64"]))
-        .with_context(|| format!("apt-cache show linux-image-amd64 ({suite})"))?;
+    let meta = format!("linux-image-{arch}");
+    let show = output(apt("apt-cache", &dir, arch).args(["show", "--no-all-versions", &meta]))
+        .with_context(|| format!("apt-cache show {meta} ({suite})"))?;
     let package = show
         .lines()
         .find_map(|l| l.strip_prefix("Depends:"))
         .and_then(|deps| {
             deps.split([',', '|'])
                 .map(|d| d.split_whitespace().next().unwrap_or(""))
-                .find(|d| d.starts_with(&format!("linux-image-{prefix}")) && d.ends_with("-amd64"))
+                .find(|d| d.starts_with(&format!("linux-image-{prefix}")) && d.ends_with(&format!("-{arch}")))
         })
         .map(str::to_string)
-        .with_context(|| format!("no linux-image-{prefix}*-amd64 dependency of linux-image-amd64 in {suite}"))?;
+        .with_context(|| format!("no linux-image-{prefix}*-{arch} dependency of {meta} in {suite}"))?;
     let kdir = cache().join("kernels").join(&package);
     if !kdir.join(".complete").exists() {
         eprintln!("xtask: vm: downloading {package} ({suite})");
         let dl = cache().join("download");
         let _ = std::fs::remove_dir_all(&dl);
         std::fs::create_dir_all(&dl)?;
-        let st = apt("apt-get", &dir)
+        let st = apt("apt-get", &dir, arch)
             .args(["download", &package])
             .current_dir(&dl)
             .status()?;
@@ -291,6 +361,7 @@ pub fn kernel(name: &str) -> Result<Kernel> {
         package,
         release,
         dir: kdir,
+        arch,
     })
 }
 
@@ -362,7 +433,15 @@ fn initramfs(
     let mods = tree.join("npm-vm/modules.d");
     std::fs::create_dir_all(tree.join("bin"))?;
     std::fs::create_dir_all(&mods)?;
-    std::fs::copy("/bin/busybox", tree.join("bin/busybox")).context("copying /bin/busybox (package busybox-static)")?;
+    let busybox = match k.arch {
+        "amd64" => PathBuf::from("/bin/busybox"),
+        _ => {
+            let root = guest_root(k)?;
+            root.join(crate::arm64::resolve_in(&root, Path::new("/bin/busybox"))?.strip_prefix("/")?)
+        }
+    };
+    std::fs::copy(&busybox, tree.join("bin/busybox"))
+        .with_context(|| format!("copying {} (package busybox-static)", busybox.display()))?;
     let init = tree.join("init");
     std::fs::write(&init, include_str!("vm/init.sh"))?;
     for f in [&init, &tree.join("bin/busybox")] {
@@ -405,10 +484,11 @@ fn initramfs(
     std::fs::write(
         tree.join("npm-vm/env"),
         format!(
-            "NPM_VM_CHECKOUT={}\nNPM_VM_KVER={}\nNPM_VM_MODULES={}\n",
+            "NPM_VM_CHECKOUT={}\nNPM_VM_KVER={}\nNPM_VM_MODULES={}\nNPM_VM_MODULES_9P={}\n",
             shell_quote(&checkout.to_string_lossy()),
             shell_quote(&k.release),
             shell_quote(&k.modules().to_string_lossy()),
+            if k.arch == "amd64" { "" } else { "1" },
         ),
     )?;
     let mut script = String::from(
@@ -474,13 +554,30 @@ pub fn run(
     res
 }
 
+/// The root the guest runs in (shared read-only over 9p): the host's for
+/// amd64, the Debian arm64 root for arm64.
+fn guest_root(k: &Kernel) -> Result<PathBuf> {
+    match k.arch {
+        "amd64" => Ok(PathBuf::from("/")),
+        _ => crate::arm64::debian_root(),
+    }
+}
+
 fn boot(k: &Kernel, initrd: &Path, checkout: &Path, line: &mut dyn FnMut(&str)) -> Result<i32> {
     let accel = std::env::var("NPM_VM_ACCEL").unwrap_or_else(|_| "tcg,thread=single".into());
     let memory = std::env::var("NPM_VM_MEMORY").unwrap_or_else(|_| "2048".into());
     let timeout = std::env::var("NPM_VM_TIMEOUT").unwrap_or_else(|_| "3600".into());
+    let guest_root = guest_root(k)?;
+    let (qemu, machine, console): (&str, &[&str], &str) = match k.arch {
+        "amd64" => ("qemu-system-x86_64", &["-M", "q35", "-cpu", "max"], "ttyS0"),
+        // `virt` with a Cortex-A72: `-cpu max` adds pointer authentication
+        // and SVE, whose emulation slows TCG down for nothing npm uses.
+        _ => ("qemu-system-aarch64", &["-M", "virt", "-cpu", "cortex-a72"], "ttyAMA0"),
+    };
     let mut cmd = Command::new("timeout");
-    cmd.args(["-s", "KILL", &timeout, "qemu-system-x86_64"])
-        .args(["-M", "q35", "-accel", &accel, "-cpu", "max", "-smp", "2", "-m", &memory])
+    cmd.args(["-s", "KILL", &timeout, qemu])
+        .args(machine)
+        .args(["-accel", &accel, "-smp", "2", "-m", &memory])
         .args([
             "-nodefaults",
             "-no-user-config",
@@ -491,24 +588,41 @@ fn boot(k: &Kernel, initrd: &Path, checkout: &Path, line: &mut dyn FnMut(&str)) 
             "-no-reboot",
         ])
         .arg("-kernel")
-        .arg(k.vmlinuz())
+        .arg(k.boot_image()?)
         .arg("-initrd")
         .arg(initrd)
-        .args(["-append", "console=ttyS0 quiet loglevel=1 panic=-1 reboot=t"])
+        .args([
+            "-append",
+            &format!("console={console} quiet loglevel=1 panic=-1 reboot=t"),
+        ])
         .arg("-virtfs")
-        .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
+        .arg(format!(
+            "local,path={},mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+            guest_root.display()
+        ))
         .arg("-virtfs")
         .arg(format!(
             "local,path={},mount_tag=checkout,security_model=none",
             checkout.display()
         ))
+        .args(if k.arch == "amd64" {
+            Vec::new()
+        } else {
+            vec![
+                "-virtfs".to_string(),
+                format!(
+                    "local,path={},mount_tag=modules,security_model=none,readonly=on",
+                    k.modules().display()
+                ),
+            ]
+        })
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
     let started = Instant::now();
     eprintln!("xtask: vm: booting {} ({}) under {accel}", k.release, k.package);
     let mut child = cmd
         .spawn()
-        .context("starting qemu-system-x86_64 (package qemu-system-x86)")?;
+        .with_context(|| format!("starting {qemu} (package qemu-system-x86 or qemu-system-arm)"))?;
     let mut reader = BufReader::new(child.stdout.take().expect("piped"));
     let mut buf = Vec::new();
     let mut status = None;

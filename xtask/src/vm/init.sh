@@ -46,9 +46,16 @@ mkdir -p "$R$NPM_VM_CHECKOUT"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 checkout "$R$NPM_VM_CHECKOUT" ||
     fail "mounting the checkout (9p) failed"
 # The guest kernel's modules (extracted in the host's cache) where modprobe looks.
+# (A guest in another root than the host's, the arm64 one, gets them as
+# their own 9p share.)
 mkdir -p "$R/lib/modules/$NPM_VM_KVER"
-mount --bind "$R$NPM_VM_MODULES" "$R/lib/modules/$NPM_VM_KVER" ||
-    fail "bind-mounting the modules failed"
+if [ -n "$NPM_VM_MODULES_9P" ]; then
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro modules "$R/lib/modules/$NPM_VM_KVER" ||
+        fail "mounting the modules (9p) failed"
+else
+    mount --bind "$R$NPM_VM_MODULES" "$R/lib/modules/$NPM_VM_KVER" ||
+        fail "bind-mounting the modules failed"
+fi
 # The kernel's module requests (`ip link add … type dummy`) run in the
 # initramfs's root: hand them to the host root's modprobe.
 printf '#!/bin/sh\nexec chroot /newroot /sbin/modprobe "$@"\n' >/npm-vm/modprobe

@@ -1,5 +1,7 @@
 //! `cargo xtask vm matrix`: the kernel checks on each row (Debian's 5.10,
-//! 6.1 and 6.12 under qemu, and the host's kernel directly).
+//! 6.1 and 6.12 under qemu, the host's kernel directly, and Debian's arm64
+//! 6.12 under `qemu-system-aarch64` with cross-built binaries:
+//! `debian-arm64`, see [`checks_arm64`]).
 //!
 //! The host builds the `npm-dataplane` kernel test binary, the agent and
 //! the BPF object; one boot per row runs a script of checks in the guest
@@ -42,7 +44,48 @@ fn row_floor(row: &str) -> Floor {
     }
 }
 
-pub const ROWS: &[&str] = &["debian-5.10", "debian-6.1", "debian-6.12", "host"];
+pub const ROWS: &[&str] = &["debian-5.10", "debian-6.1", "debian-6.12", "host", "debian-arm64"];
+
+/// The arm64 row's binaries (cross-built, `crate::arm64`), as paths.
+struct Arm64Bins {
+    tests: String,
+    agent: String,
+    cni: String,
+    conformance: String,
+}
+
+/// The checks of the `debian-arm64` row (Debian 13's arm64 6.12 under
+/// `qemu-system-aarch64`, TCG, in the Debian arm64 root): the verifier
+/// tests (instruction counts) and the tcx attach and Service kernel tests
+/// of the 6.12 row, the agent opening its dataplane, then the conformance
+/// runner's `default-deny*` cases on eBPF: one node with pod addresses, and
+/// two nodes through ClusterIPs (kube-proxy in nftables mode).
+fn checks_arm64(bins: &Arm64Bins, kubeconfig: &str) -> Vec<Check> {
+    let mut v = checks(Floor::Tcx, false, &bins.tests, &bins.agent, kubeconfig);
+    // The IPIP and WireGuard tests need `wg` (not in the arm64 root).
+    v[0] = Check {
+        name: "kernel tests: verifier, attach modes, Services",
+        script: format!(
+            "{} --test-threads 2 ebpf_verifier:: ebpf_attach_modes::the_kernel_has_what_each_mode_needs              ebpf_attach_modes::tc_detach_leaves_foreign_filters_and_the_qdisc              ebpf_services::cluster_ip_is_decided_for_the_chosen_backend ebpf_services::remote_backends_are_decided_              --nocapture",
+            bins.tests
+        ),
+    };
+    let conformance = |extra: &str| {
+        format!(
+            "{} --dataplane ebpf --filter default-deny --agent-bin {} --npm-cni-bin {} --cases tests/conformance {extra}",
+            bins.conformance, bins.agent, bins.cni
+        )
+    };
+    v.push(Check {
+        name: "conformance default-deny, eBPF, one node",
+        script: conformance(""),
+    });
+    v.push(Check {
+        name: "conformance default-deny, eBPF, two nodes through Services",
+        script: conformance("--nodes 2 --cni veth --kube-proxy nftables --destination service"),
+    });
+    v
+}
 
 /// The `dataplane` test binary (built now if needed).
 fn dataplane_tests() -> Result<PathBuf> {
@@ -188,8 +231,24 @@ pub fn matrix(only: &[String]) -> Result<()> {
         bail!("no such row: {}", ROWS.join(", "));
     }
     crate::build_ebpf()?;
-    crate::run(cargo().args(["build", "-p", "npm-agent", "--bin", "npm-agent"]))?;
-    let tests = dataplane_tests()?;
+    let amd64 = rows.iter().any(|r| *r != "debian-arm64");
+    let arm64 = if rows.contains(&"debian-arm64") {
+        let tests = crate::arm64::build_vm_row()?;
+        let release = crate::arm64::release_dir();
+        let s = |p: PathBuf| p.to_string_lossy().into_owned();
+        Some(Arm64Bins {
+            tests: s(tests),
+            agent: s(release.join("npm-agent")),
+            cni: s(release.join("npm-cni")),
+            conformance: s(release.join("npm-conformance")),
+        })
+    } else {
+        None
+    };
+    if amd64 {
+        crate::run(cargo().args(["build", "-p", "npm-agent", "--bin", "npm-agent"]))?;
+    }
+    let tests = if amd64 { dataplane_tests()? } else { PathBuf::new() };
     let agent = root().join("target/debug/npm-agent");
     let dir = root().join("target/vm-matrix");
     std::fs::create_dir_all(&dir)?;
@@ -210,13 +269,16 @@ pub fn matrix(only: &[String]) -> Result<()> {
         let floor = row_floor(row);
         // The host runs every attach and Service test; the guests (TCG,
         // minutes per program load) a subset.
-        let checks = checks(
-            floor,
-            row == "host",
-            &tests.to_string_lossy(),
-            &agent.to_string_lossy(),
-            &kubeconfig.to_string_lossy(),
-        );
+        let checks = match &arm64 {
+            Some(bins) if row == "debian-arm64" => checks_arm64(bins, &kubeconfig.to_string_lossy()),
+            _ => checks(
+                floor,
+                row == "host",
+                &tests.to_string_lossy(),
+                &agent.to_string_lossy(),
+                &kubeconfig.to_string_lossy(),
+            ),
+        };
         let script_path = dir.join(format!("{row}.sh"));
         std::fs::write(&script_path, script(&checks))?;
         eprintln!("xtask: vm matrix: row {row}");
