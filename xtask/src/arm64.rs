@@ -89,28 +89,7 @@ pub fn build() -> Result<()> {
 pub fn build_vm_row() -> Result<PathBuf> {
     build()?;
     run(cross_cargo("build").args(["-p", "npm-e2e", "--bin", "npm-conformance"]))?;
-    let out = cross_cargo("test")
-        .args([
-            "-p",
-            "npm-dataplane",
-            "--test",
-            "dataplane",
-            "--no-run",
-            "--message-format=json",
-        ])
-        .current_dir(root())
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("cargo test --no-run (arm64)")?;
-    if !out.status.success() {
-        bail!("building the arm64 npm-dataplane kernel tests failed");
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "dataplane")
-        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-        .context("no arm64 dataplane test executable in cargo's output")
+    crate::vm::matrix::dataplane_test_binary(cross_cargo("test"), "arm64 ")
 }
 
 /// The Debian suite of the arm64 root (its glibc, 2.36, is the one the

@@ -44,7 +44,7 @@
 //! The cache is `NPM_VM_CACHE` or `/var/cache/npm-vm` (outside the checkout:
 //! CI clones afresh each time).
 
-mod matrix;
+pub(crate) mod matrix;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

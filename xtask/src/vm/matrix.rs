@@ -89,9 +89,17 @@ fn checks_arm64(bins: &Arm64Bins, kubeconfig: &str) -> Vec<Check> {
 
 /// The `dataplane` test binary (built now if needed).
 fn dataplane_tests() -> Result<PathBuf> {
-    let out = cargo()
+    let mut cmd = cargo();
+    cmd.arg("test");
+    dataplane_test_binary(cmd, "")
+}
+
+/// Builds the `dataplane` test binary with `cmd` (a `cargo test` for the
+/// wanted target, `label` naming it in errors: `""` or `"arm64 "`) and
+/// returns its path, from cargo's JSON messages.
+pub(crate) fn dataplane_test_binary(mut cmd: Command, label: &str) -> Result<PathBuf> {
+    let out = cmd
         .args([
-            "test",
             "-p",
             "npm-dataplane",
             "--test",
@@ -102,16 +110,16 @@ fn dataplane_tests() -> Result<PathBuf> {
         .current_dir(root())
         .stderr(std::process::Stdio::inherit())
         .output()
-        .context("cargo test --no-run")?;
+        .with_context(|| format!("cargo test --no-run ({label}dataplane)"))?;
     if !out.status.success() {
-        bail!("building the npm-dataplane kernel tests failed");
+        bail!("building the {label}npm-dataplane kernel tests failed");
     }
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "dataplane")
         .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-        .context("no dataplane test executable in cargo's output")
+        .with_context(|| format!("no {label}dataplane test executable in cargo's output"))
 }
 
 /// The checks of a row.
