@@ -5,57 +5,15 @@
 //! address that left its endpoint or got a new pod UID; the flow's next
 //! packet then meets the new owner's policy. Needs root.
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use crate::ebpf_common::*;
+use crate::nft_common::SocketFlow;
 use npm_dataplane::nft::{NftDataplane, NftOptions};
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction};
 use npm_policy::model::Protocol;
-
-/// A UDP client in `ns` with one socket to `dst`:`port`: each
-/// [`UdpFlow::ask`] sends a datagram on the same socket (the same flow)
-/// and answers whether a reply came.
-struct UdpFlow {
-    child: std::process::Child,
-    out: BufReader<std::process::ChildStdout>,
-}
-
-impl UdpFlow {
-    fn new(ns: &str, dst: Ipv4Addr, port: u16) -> UdpFlow {
-        let code = format!(
-            "import socket,sys\n\
-             s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.6); s.connect(('{dst}',{port}))\n\
-             for line in sys.stdin:\n\
-             \x20 try:\n    s.send(b'q'); s.recv(64); print('ok', flush=True)\n\
-             \x20 except Exception:\n    print('FAIL', flush=True)\n"
-        );
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", ns, "python3", "-c", &code])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn python3 client");
-        let out = BufReader::new(child.stdout.take().unwrap());
-        UdpFlow { child, out }
-    }
-
-    fn ask(&mut self) -> bool {
-        writeln!(self.child.stdin.as_mut().unwrap()).unwrap();
-        let mut line = String::new();
-        self.out.read_line(&mut line).unwrap();
-        line.trim() == "ok"
-    }
-}
-
-impl Drop for UdpFlow {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Pod 0 (10.81.0.1, endpoint 1) answers UDP 5000 and admits pod 1
 /// (10.81.0.2, endpoint 2) while its first owner holds the address; a new
@@ -113,7 +71,7 @@ fn a_flow_to_an_address_that_changed_owner_meets_the_new_owners_policy() {
     .expect("nft dataplane");
     let first = state("old", 256, true);
     dp.sync_full(&first, &ifs).unwrap();
-    let mut flow = UdpFlow::new(&pods[1].name, ips[0], 5000);
+    let mut flow = SocketFlow::new(&pods[1].name, false, ips[0], 5000);
     let mut up = false;
     for _ in 0..20 {
         if flow.ask() {
@@ -132,5 +90,5 @@ fn a_flow_to_an_address_that_changed_owner_meets_the_new_owners_policy() {
     assert!(!flow.ask(), "the old owner's flow passed to the new owner");
     assert!(!flow.ask());
     // A fresh flow is denied too (the policy, not only the flush).
-    assert!(!UdpFlow::new(&pods[1].name, ips[0], 5000).ask());
+    assert!(!SocketFlow::new(&pods[1].name, false, ips[0], 5000).ask());
 }

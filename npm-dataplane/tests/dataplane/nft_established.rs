@@ -10,66 +10,16 @@
 //! Needs root.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Write};
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use crate::ebpf_common::*;
+use crate::nft_common::SocketFlow;
 use npm_common::{Reason, DIR_INGRESS};
 use npm_dataplane::nft::{NftDataplane, NftOptions};
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction};
 use npm_policy::model::Protocol;
-
-/// A client in `ns` with one socket (UDP, or a TCP connection) to
-/// `dst`:`port`: each [`Flow::ask`] sends on the same socket (the same
-/// flow) and answers whether a reply came within 0.6 s.
-struct Flow {
-    child: std::process::Child,
-    out: BufReader<std::process::ChildStdout>,
-}
-
-impl Flow {
-    fn new(ns: &str, tcp: bool, dst: Ipv4Addr, port: u16) -> Flow {
-        let kind = if tcp { "SOCK_STREAM" } else { "SOCK_DGRAM" };
-        let code = format!(
-            "import socket,sys\n\
-             s=socket.socket(socket.AF_INET, socket.{kind}); s.settimeout(0.6)\n\
-             try:\n  s.connect(('{dst}',{port}))\nexcept Exception:\n  pass\n\
-             for line in sys.stdin:\n\
-             \x20 try:\n    s.send(b'q'); s.recv(64); print('ok', flush=True)\n\
-             \x20 except Exception:\n    print('FAIL', flush=True)\n"
-        );
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", ns, "python3", "-c", &code])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn python3 client");
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Flow { child, out }
-    }
-
-    fn ask(&mut self) -> bool {
-        writeln!(self.child.stdin.as_mut().unwrap()).unwrap();
-        let mut line = String::new();
-        self.out.read_line(&mut line).unwrap();
-        line.trim() == "ok"
-    }
-
-    /// Asks until a reply came (the first packets may meet a table still
-    /// settling), at most 20 times.
-    fn establish(&mut self) -> bool {
-        (0..20).any(|_| self.ask())
-    }
-}
-
-impl Drop for Flow {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Pod 0 admits pod 1 (identity 300) on UDP 5000 and TCP 5001 when
 /// `admit`; the same pods (owners) either way.
@@ -133,12 +83,12 @@ fn after_deny(tag: &str, enforce: bool) -> (bool, bool, Vec<(u8, u8)>) {
     dp.set_established_enforce(if enforce { BTreeSet::from([1]) } else { BTreeSet::new() });
     let first = state(true);
     dp.sync_full(&first, &ifs).unwrap();
-    let mut udp = Flow::new(&pods[1].name, false, ips[0], 5000);
+    let mut udp = SocketFlow::new(&pods[1].name, false, ips[0], 5000);
     assert!(udp.establish(), "the UDP server never answered");
     // The server may start after the TCP client's connect: retry.
     let mut tcp = (0..20)
         .map(|_| {
-            let mut f = Flow::new(&pods[1].name, true, ips[0], 5001);
+            let mut f = SocketFlow::new(&pods[1].name, true, ips[0], 5001);
             f.ask().then_some(f)
         })
         .find_map(|f| f)
@@ -159,7 +109,7 @@ fn after_deny(tag: &str, enforce: bool) -> (bool, bool, Vec<(u8, u8)>) {
         .map(|e| (e.direction, e.protocol))
         .collect();
     // A new connection is denied either way (the policy, not a cut).
-    assert!(!Flow::new(&pods[1].name, false, ips[0], 5000).ask());
+    assert!(!SocketFlow::new(&pods[1].name, false, ips[0], 5000).ask());
     (u, t, cuts)
 }
 

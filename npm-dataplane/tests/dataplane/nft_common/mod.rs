@@ -7,6 +7,10 @@ pub use crate::netns_common::*;
 
 pub mod tier_topo;
 
+use std::io::{BufRead, BufReader, Write};
+use std::net::Ipv4Addr;
+use std::process::{Child, ChildStdout, Command, Stdio};
+
 use npm_policy::compiled::{Compiled, Direction, PolicyEntry};
 use npm_policy::model::Protocol;
 
@@ -169,5 +173,55 @@ pub fn tier(
     );
     if let Some(ep) = c.endpoints.get_mut(&endpoint) {
         ep.tiers.set(tier, direction);
+    }
+}
+
+/// A client in `ns` with one socket (UDP, or a TCP connection) to
+/// `dst`:`port`: each [`SocketFlow::ask`] sends on the same socket (the same
+/// flow) and answers whether a reply came within 0.6 s.
+pub struct SocketFlow {
+    child: Child,
+    out: BufReader<ChildStdout>,
+}
+
+impl SocketFlow {
+    pub fn new(ns: &str, tcp: bool, dst: Ipv4Addr, port: u16) -> SocketFlow {
+        let kind = if tcp { "SOCK_STREAM" } else { "SOCK_DGRAM" };
+        let code = format!(
+            "import socket,sys\n\
+             s=socket.socket(socket.AF_INET, socket.{kind}); s.settimeout(0.6)\n\
+             try:\n  s.connect(('{dst}',{port}))\nexcept Exception:\n  pass\n\
+             for line in sys.stdin:\n\
+             \x20 try:\n    s.send(b'q'); s.recv(64); print('ok', flush=True)\n\
+             \x20 except Exception:\n    print('FAIL', flush=True)\n"
+        );
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", ns, "python3", "-c", &code])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn python3 client");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        SocketFlow { child, out }
+    }
+
+    pub fn ask(&mut self) -> bool {
+        writeln!(self.child.stdin.as_mut().unwrap()).unwrap();
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        line.trim() == "ok"
+    }
+
+    /// Asks until a reply came (the first packets may meet a table still
+    /// settling), at most 20 times.
+    pub fn establish(&mut self) -> bool {
+        (0..20).any(|_| self.ask())
+    }
+}
+
+impl Drop for SocketFlow {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
