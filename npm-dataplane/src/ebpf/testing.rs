@@ -86,6 +86,42 @@ impl EbpfDataplane {
         Ok((res.return_value as i32, reason))
     }
 
+    /// [`EbpfDataplane::test_run`] that reports every counter slot the run
+    /// moved, in both directions: [`TracedRun::reason`] is the reason of
+    /// the single slot of `dir` that moved by one (as `test_run`), and
+    /// [`TracedRun::moved`] lists each moved slot as (direction, reason
+    /// slot, packets added), so that a caller can tell a run that counted
+    /// nothing, or twice, from one it could attribute. 128 counter reads a
+    /// run: for the fuzzer, not for bulk tests.
+    pub fn test_run_traced(&self, dir: Direction, ifindex: u32, packet: &[u8]) -> Result<TracedRun, EbpfError> {
+        let read = || -> Result<Vec<Vec<u64>>, EbpfError> {
+            [Direction::Ingress, Direction::Egress]
+                .iter()
+                .map(|d| self.reports.packets_by_slot(d.as_u8()))
+                .collect()
+        };
+        let before = read()?;
+        let res = self.run(prog_for(dir.as_u8()), ifindex, packet, 1)?;
+        let after = read()?;
+        let mut moved = Vec::new();
+        for (d, (b, a)) in [Direction::Ingress, Direction::Egress].iter().zip(before.iter().zip(&after)) {
+            for slot in 0..REASON_SLOTS as usize {
+                if a[slot] != b[slot] {
+                    moved.push((*d, slot as u8, a[slot].wrapping_sub(b[slot])));
+                }
+            }
+        }
+        let reason = match moved.as_slice() {
+            [(d, slot, 1)] if *d == dir => Reason::from_u8(*slot),
+            _ => None,
+        };
+        Ok(TracedRun {
+            verdict: res.return_value as i32,
+            reason,
+            moved,
+        })
+    }
+
     /// [`EbpfDataplane::test_run`] when the caller knows the reason it
     /// expects: returns the verdict and whether the counter slot of
     /// `expected` moved by exactly one (two counter reads instead of the
@@ -124,5 +160,28 @@ impl EbpfDataplane {
         repeat: u32,
     ) -> Result<Duration, EbpfError> {
         Ok(self.run(program, ifindex, packet, repeat)?.duration)
+    }
+}
+
+/// The outcome of [`EbpfDataplane::test_run_traced`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TracedRun {
+    /// The program's return value.
+    pub verdict: i32,
+    /// The reason, when exactly one slot moved, by one, in the run's
+    /// direction.
+    pub reason: Option<Reason>,
+    /// Every slot that moved: (direction, reason slot, packets added).
+    pub moved: Vec<(Direction, u8, u64)>,
+}
+
+impl TracedRun {
+    /// The reasons of the slots of `dir` that moved (whatever by).
+    pub fn reasons_in(&self, dir: Direction) -> Vec<Reason> {
+        self.moved
+            .iter()
+            .filter(|(d, _, _)| *d == dir)
+            .filter_map(|(_, slot, _)| Reason::from_u8(*slot))
+            .collect()
     }
 }
