@@ -139,14 +139,7 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
                 CT_STALE => stale = v,
                 CT_CUT_HIT => {
                     // The deny event reads the packet from scratch.
-                    let h = Hdr4 {
-                        saddr,
-                        daddr,
-                        pr,
-                        tcp_flags,
-                        sport,
-                        dport,
-                    };
+                    let h = Hdr4::new(saddr, daddr, pr, tcp_flags, sport, dport);
                     fill_pkt_v4(&mut s.pkt, h);
                     return Reason::CutFlow as u8;
                 }
@@ -177,14 +170,7 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
     };
     let reason = policy_step(lpm, ep, ddir, pr, dport_d, peer);
     // What an event reads from scratch (written only when one is sent).
-    let h = Hdr4 {
-        saddr,
-        daddr,
-        pr,
-        tcp_flags,
-        sport,
-        dport,
-    };
+    let h = Hdr4::new(saddr, daddr, pr, tcp_flags, sport, dport);
     if !stale.is_null() {
         let r = ct_redecided(s, stale, reason, epoch);
         if r >= FIRST_DENY_REASON {
@@ -220,6 +206,20 @@ struct Hdr4 {
     tcp_flags: u8,
     sport: u16,
     dport: u16,
+}
+
+impl Hdr4 {
+    #[inline(always)]
+    const fn new(saddr: u32, daddr: u32, pr: u8, tcp_flags: u8, sport: u16, dport: u16) -> Hdr4 {
+        Hdr4 {
+            saddr,
+            daddr,
+            pr,
+            tcp_flags,
+            sport,
+            dport,
+        }
+    }
 }
 
 /// Fills the parsed packet of an IPv4 packet [`fast_v4`] decided (for its

@@ -112,28 +112,49 @@ pub fn enforcement_removal(
     })
 }
 
-/// Which share of the ClusterNetworkPolicies last programmed
-/// (`programmed`, names in order) the next state (`next`, names in order)
-/// no longer has, and by which share the tier entries of `new` fell below
-/// those of `old`; `Some(description)` when either exceeds `threshold`.
-pub fn tier_removal<'a>(
+/// The named objects whose removal is checked by name: the
+/// ClusterNetworkPolicies (with their tier entries) and the Nodes (with
+/// their addresses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Named {
+    /// ClusterNetworkPolicies, counted with the tier entries they compile to.
+    ClusterPolicies,
+    /// Nodes, counted with the node addresses of the compile.
+    Nodes,
+}
+
+impl Named {
+    /// What the names are, what the derived count counts, and that count
+    /// in a compile.
+    fn what(self, c: &Compiled) -> (&'static str, &'static str, usize) {
+        match self {
+            Named::ClusterPolicies => ("ClusterNetworkPolicies", "tier entries", c.tiers.len()),
+            Named::Nodes => ("Nodes", "node addresses", node_addresses(c)),
+        }
+    }
+}
+
+/// Which share of the `kind` objects last programmed (`programmed`, names
+/// in order) the next state (`next`, names in order) no longer has, and by
+/// which share their derived count (tier entries, node addresses) of `new`
+/// fell below that of `old`; `Some(description)` when either exceeds
+/// `threshold`.
+pub fn named_removal<'a>(
+    kind: Named,
     programmed: &'a [String],
     next: impl Iterator<Item = &'a str>,
     old: &Compiled,
     new: &Compiled,
     threshold: f64,
 ) -> Option<String> {
-    let removed_cnps = missing_from(programmed.iter().map(String::as_str), next);
-    let removed_entries = old.tiers.len().saturating_sub(new.tiers.len());
-    let (sc, se) = (
-        share(programmed.len(), removed_cnps),
-        share(old.tiers.len(), removed_entries),
-    );
-    (sc > threshold || se > threshold).then(|| {
+    let ((names, counted, old), (_, _, new)) = (kind.what(old), kind.what(new));
+    let removed = missing_from(programmed.iter().map(String::as_str), next);
+    let removed_count = old.saturating_sub(new);
+    let (sn, sc) = (share(programmed.len(), removed), share(old, removed_count));
+    (sn > threshold || sc > threshold).then(|| {
         format!(
-            "{removed_cnps}/{} ClusterNetworkPolicies and {removed_entries}/{} tier entries would be removed",
-            programmed.len(),
-            old.tiers.len()
+            "{removed}/{} {names} and {removed_count}/{old} {counted} would be removed",
+            programmed.len()
         )
     })
 }
@@ -164,29 +185,6 @@ pub fn node_addresses(c: &Compiled) -> usize {
         .values()
         .filter(|e| c.ids.node_identities.contains_key(&e.identity))
         .count()
-}
-
-/// Which share of the Nodes last programmed (`programmed`, names in
-/// order) the next state (`next`, names in order) no longer has, and by
-/// which share the node addresses of `new` fell below those of `old`;
-/// `Some(description)` when either exceeds `threshold`.
-pub fn node_removal<'a>(
-    programmed: &'a [String],
-    next: impl Iterator<Item = &'a str>,
-    old: &Compiled,
-    new: &Compiled,
-    threshold: f64,
-) -> Option<String> {
-    let removed_nodes = missing_from(programmed.iter().map(String::as_str), next);
-    let (oa, na) = (node_addresses(old), node_addresses(new));
-    let removed_addresses = oa.saturating_sub(na);
-    let (sn, sa) = (share(programmed.len(), removed_nodes), share(oa, removed_addresses));
-    (sn > threshold || sa > threshold).then(|| {
-        format!(
-            "{removed_nodes}/{} Nodes and {removed_addresses}/{oa} node addresses would be removed",
-            programmed.len()
-        )
-    })
 }
 
 /// The reference of the cumulative mass-deletion check: the highest pod
@@ -225,6 +223,11 @@ fn push_max(q: &mut VecDeque<(Instant, usize)>, now: Instant, v: usize) {
     q.push_back((now, v));
 }
 
+/// The bound of a cumulative check: the instant of the check, the window
+/// before it whose high-water counts are the reference, and the share of
+/// them that may go.
+pub type Bound = (Instant, Duration, f64);
+
 /// One count of a cumulative check: its high-water samples, the count the
 /// next state would have, and what it counts (for the message).
 struct Count<'a> {
@@ -233,10 +236,16 @@ struct Count<'a> {
     what: &'static str,
 }
 
+impl<'a> Count<'a> {
+    fn of(samples: &'a mut VecDeque<(Instant, usize)>, next: usize, what: &'static str) -> Self {
+        Count { samples, next, what }
+    }
+}
+
 /// `Some(description)` when either count is more than `threshold` below
 /// its high-water within `window` before `now` (samples older than the
 /// window are expired first).
-fn cumulative_pair(a: Count<'_>, b: Count<'_>, now: Instant, window: Duration, threshold: f64) -> Option<String> {
+fn cumulative_pair(a: Count<'_>, b: Count<'_>, (now, window, threshold): Bound) -> Option<String> {
     expire(a.samples, now, window);
     expire(b.samples, now, window);
     let ha = a.samples.front().map_or(0, |s| s.1);
@@ -328,25 +337,13 @@ impl GuardReference {
         &mut self,
         next_count: usize,
         compiled: &Compiled,
-        now: Instant,
-        window: Duration,
-        threshold: f64,
+        (now, window, threshold): Bound,
     ) -> Option<String> {
         let addresses = node_addresses(compiled);
         cumulative_pair(
-            Count {
-                samples: &mut self.nodes,
-                next: next_count,
-                what: "Nodes",
-            },
-            Count {
-                samples: &mut self.node_addresses,
-                next: addresses,
-                what: "node addresses",
-            },
-            now,
-            window,
-            threshold,
+            Count::of(&mut self.nodes, next_count, "Nodes"),
+            Count::of(&mut self.node_addresses, addresses, "node addresses"),
+            (now, window, threshold),
         )
     }
 
@@ -364,9 +361,7 @@ impl GuardReference {
         &mut self,
         next_count: usize,
         compiled: &Compiled,
-        now: Instant,
-        window: Duration,
-        threshold: f64,
+        (now, window, threshold): Bound,
     ) -> Option<String> {
         let tiered = tiered_directions(compiled);
         expire(&mut self.tiered, now, window);
@@ -378,19 +373,9 @@ impl GuardReference {
             ));
         }
         cumulative_pair(
-            Count {
-                samples: &mut self.cluster_policies,
-                next: next_count,
-                what: "ClusterNetworkPolicies",
-            },
-            Count {
-                samples: &mut self.tier_entries,
-                next: compiled.tiers.len(),
-                what: "tier entries",
-            },
-            now,
-            window,
-            threshold,
+            Count::of(&mut self.cluster_policies, next_count, "ClusterNetworkPolicies"),
+            Count::of(&mut self.tier_entries, compiled.tiers.len(), "tier entries"),
+            (now, window, threshold),
         )
     }
 
@@ -439,25 +424,13 @@ impl GuardReference {
         &mut self,
         next: &Snapshot,
         compiled: &Compiled,
-        now: Instant,
-        window: Duration,
-        threshold: f64,
+        (now, window, threshold): Bound,
     ) -> Option<String> {
         let isolated = isolated_directions(compiled).count();
         cumulative_pair(
-            Count {
-                samples: &mut self.policies,
-                next: next.policies.len(),
-                what: "NetworkPolicies",
-            },
-            Count {
-                samples: &mut self.isolated,
-                next: isolated,
-                what: "isolated endpoint directions",
-            },
-            now,
-            window,
-            threshold,
+            Count::of(&mut self.policies, next.policies.len(), "NetworkPolicies"),
+            Count::of(&mut self.isolated, isolated, "isolated endpoint directions"),
+            (now, window, threshold),
         )
     }
 
@@ -475,28 +448,12 @@ impl GuardReference {
 
     /// `Some(description)` when `next` has more than `threshold` fewer pod
     /// identities or endpoints than the high-water counts.
-    pub fn cumulative_removal(
-        &mut self,
-        next: &Compiled,
-        now: Instant,
-        window: Duration,
-        threshold: f64,
-    ) -> Option<String> {
+    pub fn cumulative_removal(&mut self, next: &Compiled, (now, window, threshold): Bound) -> Option<String> {
         let identities = pod_identities(next).count();
         cumulative_pair(
-            Count {
-                samples: &mut self.identities,
-                next: identities,
-                what: "identities",
-            },
-            Count {
-                samples: &mut self.endpoints,
-                next: next.endpoints.len(),
-                what: "endpoints",
-            },
-            now,
-            window,
-            threshold,
+            Count::of(&mut self.identities, identities, "identities"),
+            Count::of(&mut self.endpoints, next.endpoints.len(), "endpoints"),
+            (now, window, threshold),
         )
     }
 }
@@ -519,32 +476,33 @@ impl<D: AgentDataplane> Syncer<D> {
             }
             if let Some(cnps) = self.guard.programmed_cluster_policies() {
                 let names = self.incremental.cluster_policy_names();
-                if let Some(what) = tier_removal(cnps, names, prog, next, threshold) {
+                if let Some(what) = named_removal(Named::ClusterPolicies, cnps, names, prog, next, threshold) {
                     return Some(what);
                 }
             }
             if let Some(nodes) = self.guard.programmed_nodes() {
                 let names = self.incremental.node_names();
-                if let Some(what) = node_removal(nodes, names, prog, next, threshold) {
+                if let Some(what) = named_removal(Named::Nodes, nodes, names, prog, next, threshold) {
                     return Some(what);
                 }
             }
         }
-        if let Some(what) = self.guard.cumulative_removal(next, now, window, threshold) {
+        if let Some(what) = self.guard.cumulative_removal(next, (now, window, threshold)) {
             return Some(what);
         }
         if let Some(what) = self
             .guard
-            .cumulative_enforcement_removal(snapshot, next, now, window, threshold)
+            .cumulative_enforcement_removal(snapshot, next, (now, window, threshold))
         {
             return Some(what);
         }
         let cnps = self.incremental.cluster_policy_names().count();
-        if let Some(what) = self.guard.cumulative_tier_removal(cnps, next, now, window, threshold) {
+        if let Some(what) = self.guard.cumulative_tier_removal(cnps, next, (now, window, threshold)) {
             return Some(what);
         }
         let nodes = self.incremental.node_names().count();
-        self.guard.cumulative_node_removal(nodes, next, now, window, threshold)
+        self.guard
+            .cumulative_node_removal(nodes, next, (now, window, threshold))
     }
 
     /// A sync is held (it would remove `what`): confirm it with a direct

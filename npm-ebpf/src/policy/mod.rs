@@ -69,6 +69,19 @@ pub(crate) fn policy_step(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port
     r
 }
 
+/// The decision of a tier's action `a`: `accept` or `deny` (final), or
+/// `None` (Pass, or no rule matched: the next step decides).
+#[inline(always)]
+fn tier_final(a: u32, accept: Reason, deny: Reason) -> Option<u32> {
+    if a == TIER_ACCEPT {
+        Some(accept as u32)
+    } else if a == TIER_DENY {
+        Some(deny as u32)
+    } else {
+        None
+    }
+}
+
 /// Steps 8 and 9 for an endpoint direction that is isolated (`isolated`)
 /// or has a tier flag: the peer's identities (ipcache, else the CIDR trie),
 /// then 9a the Admin tier, 9b the policy lookups when isolated, 9c the
@@ -100,22 +113,16 @@ fn evaluate_policy(lpm: *mut u8, ep: &EndpointInfo, dir: u8, pr: u8, port: u16, 
     // 9a. Admin tier: accept and deny are final, pass goes on.
     if f & (EP_ADMIN_INGRESS << dir) != 0 {
         let a = tier_action(lpm, subject, dir | TIER_ADMIN, ids, pr, port);
-        if a == TIER_ACCEPT {
-            return Reason::AdminAccept as u32;
-        }
-        if a == TIER_DENY {
-            return Reason::AdminDeny as u32;
+        if let Some(r) = tier_final(a, Reason::AdminAccept, Reason::AdminDeny) {
+            return r;
         }
     }
     if !isolated {
         // 9c. Baseline tier, then 9d.
         if f & (EP_BASELINE_INGRESS << dir) != 0 {
             let a = tier_action(lpm, subject, dir | TIER_BASELINE, ids, pr, port);
-            if a == TIER_ACCEPT {
-                return Reason::BaselineAccept as u32;
-            }
-            if a == TIER_DENY {
-                return Reason::BaselineDeny as u32;
+            if let Some(r) = tier_final(a, Reason::BaselineAccept, Reason::BaselineDeny) {
+                return r;
             }
         }
         return Reason::NotIsolated as u32;

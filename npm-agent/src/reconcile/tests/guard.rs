@@ -17,17 +17,17 @@ fn cumulative_reference_window_and_reset() {
     let t0 = Instant::now();
     let at = |s: u64| t0 + Duration::from_secs(s);
     let mut g = GuardReference::default();
-    assert_eq!(g.cumulative_removal(&with_identities(0), t0, window, 0.5), None);
+    assert_eq!(g.cumulative_removal(&with_identities(0), (t0, window, 0.5)), None);
     for (s, n) in [(0, 100), (10, 90), (20, 80), (30, 70), (40, 60), (50, 50)] {
         assert_eq!(
-            g.cumulative_removal(&with_identities(n), at(s), window, 0.5),
+            g.cumulative_removal(&with_identities(n), (at(s), window, 0.5)),
             None,
             "{n}"
         );
         g.observe(at(s), n, 0);
     }
     assert_eq!(g.high_water(at(55), window), (100, 0));
-    let what = g.cumulative_removal(&with_identities(40), at(55), window, 0.5);
+    let what = g.cumulative_removal(&with_identities(40), (at(55), window, 0.5));
     assert!(
         what.as_deref()
             .is_some_and(|w| w.contains("60 of up to 100 identities")),
@@ -39,7 +39,7 @@ fn cumulative_reference_window_and_reset() {
     up.observe(at(1), 30, 2);
     assert_eq!(up.high_water(at(2), window), (30, 4));
     assert!(up
-        .cumulative_removal(&with_identities(14), at(2), window, 0.5)
+        .cumulative_removal(&with_identities(14), (at(2), window, 0.5))
         .is_some());
     // A count stays the reference for a window after it stopped being
     // programmed: the 100 was programmed until 10 s (when 90 replaced
@@ -48,15 +48,15 @@ fn cumulative_reference_window_and_reset() {
     assert_eq!(g.high_water(at(61), window), (100, 0));
     assert_eq!(g.high_water(at(71), window), (90, 0));
     assert!(g
-        .cumulative_removal(&with_identities(40), at(71), window, 0.5)
+        .cumulative_removal(&with_identities(40), (at(71), window, 0.5))
         .is_some());
     assert_eq!(g.high_water(at(200), window), (50, 0), "the newest sample always stays");
-    assert_eq!(g.cumulative_removal(&with_identities(40), at(200), window, 0.5), None);
+    assert_eq!(g.cumulative_removal(&with_identities(40), (at(200), window, 0.5)), None);
     // A confirmation resets the reference to what was programmed.
     g.observe(at(201), 100, 0);
     g.reset(at(202), 40, 0);
     assert_eq!(g.high_water(at(203), window), (40, 0));
-    assert_eq!(g.cumulative_removal(&with_identities(30), at(203), window, 0.5), None);
+    assert_eq!(g.cumulative_removal(&with_identities(30), (at(203), window, 0.5)), None);
 }
 
 /// The one-step check counts the programmed identities and endpoints
@@ -85,11 +85,11 @@ fn high_water_survives_a_quiet_period_longer_than_the_window() {
     let mut g = GuardReference::default();
     g.observe(at(0), 100, 0);
     // 11 minutes without a sync (a stalled watch), then 60: 40% removed.
-    assert_eq!(g.cumulative_removal(&with_identities(60), at(660), window, 0.5), None);
+    assert_eq!(g.cumulative_removal(&with_identities(60), (at(660), window, 0.5)), None);
     g.observe(at(660), 60, 0);
     // 5 s later 35: 65% below the 100 that was programmed until 660 s.
     assert_eq!(g.high_water(at(665), window), (100, 0));
-    let what = g.cumulative_removal(&with_identities(35), at(665), window, 0.5);
+    let what = g.cumulative_removal(&with_identities(35), (at(665), window, 0.5));
     assert!(
         what.as_deref()
             .is_some_and(|w| w.contains("65 of up to 100 identities")),
@@ -128,23 +128,26 @@ fn with_tier_entries(n: u32) -> npm_policy::compiled::Compiled {
 /// cumulatively.
 #[test]
 fn losing_most_cluster_policies_or_tier_entries_is_held() {
-    use crate::reconcile::guard::tier_removal;
+    use crate::reconcile::guard::{named_removal, Named};
     let names: Vec<String> = (0..4).map(|i| format!("cnp{i}")).collect();
     let (full, few) = (with_tier_entries(10), with_tier_entries(4));
     let all = || names.iter().map(String::as_str);
-    assert_eq!(tier_removal(&names, all(), &full, &full, 0.5), None);
     assert_eq!(
-        tier_removal(&names, all().skip(2), &full, &full, 0.5),
+        named_removal(Named::ClusterPolicies, &names, all(), &full, &full, 0.5),
+        None
+    );
+    assert_eq!(
+        named_removal(Named::ClusterPolicies, &names, all().skip(2), &full, &full, 0.5),
         None,
         "2 of 4: not most"
     );
-    let what = tier_removal(&names, all().skip(3), &full, &full, 0.5);
+    let what = named_removal(Named::ClusterPolicies, &names, all().skip(3), &full, &full, 0.5);
     assert!(
         what.as_deref()
             .is_some_and(|w| w.starts_with("3/4 ClusterNetworkPolicies")),
         "{what:?}"
     );
-    let what = tier_removal(&names, all(), &full, &few, 0.5);
+    let what = named_removal(Named::ClusterPolicies, &names, all(), &full, &few, 0.5);
     assert!(
         what.as_deref().is_some_and(|w| w.contains("6/10 tier entries")),
         "{what:?}"
@@ -157,7 +160,10 @@ fn losing_most_cluster_policies_or_tier_entries_is_held() {
         k.peer += 100;
         reshaped.tiers.insert(k, v);
     }
-    assert_eq!(tier_removal(&names, all(), &full, &reshaped, 0.5), None);
+    assert_eq!(
+        named_removal(Named::ClusterPolicies, &names, all(), &full, &reshaped, 0.5),
+        None
+    );
 
     // Cumulative: small steps add up against the high-water counts.
     let window = Duration::from_secs(60);
@@ -168,16 +174,16 @@ fn losing_most_cluster_policies_or_tier_entries_is_held() {
     g.observe_tiers(t0 + Duration::from_secs(1), names[..3].to_vec(), &with_tier_entries(7));
     let at = t0 + Duration::from_secs(2);
     assert_eq!(
-        g.cumulative_tier_removal(2, &with_tier_entries(7), at, window, 0.5),
+        g.cumulative_tier_removal(2, &with_tier_entries(7), (at, window, 0.5)),
         None
     );
-    let what = g.cumulative_tier_removal(1, &with_tier_entries(7), at, window, 0.5);
+    let what = g.cumulative_tier_removal(1, &with_tier_entries(7), (at, window, 0.5));
     assert!(
         what.as_deref()
             .is_some_and(|w| w.contains("3 of up to 4 ClusterNetworkPolicies")),
         "{what:?}"
     );
-    let what = g.cumulative_tier_removal(4, &with_tier_entries(3), at, window, 0.5);
+    let what = g.cumulative_tier_removal(4, &with_tier_entries(3), (at, window, 0.5));
     assert!(
         what.as_deref()
             .is_some_and(|w| w.contains("7 of up to 10 tier entries")),
@@ -187,7 +193,7 @@ fn losing_most_cluster_policies_or_tier_entries_is_held() {
     g.reset(at, 0, 0);
     g.observe_tiers(at, vec!["cnp0".into()], &with_tier_entries(3));
     assert_eq!(
-        g.cumulative_tier_removal(1, &with_tier_entries(3), at, window, 0.5),
+        g.cumulative_tier_removal(1, &with_tier_entries(3), (at, window, 0.5)),
         None
     );
 }
@@ -196,7 +202,7 @@ fn losing_most_cluster_policies_or_tier_entries_is_held() {
 /// cumulatively.
 #[test]
 fn node_removals_are_held() {
-    use crate::reconcile::guard::{node_addresses, node_removal};
+    use crate::reconcile::guard::{named_removal, node_addresses, Named};
     use npm_policy::compiled::{Compiled, IpEntry, NodeIdentity};
     let with_nodes = |n: u8| {
         let mut c = Compiled::default();
@@ -224,22 +230,31 @@ fn node_removals_are_held() {
     assert_eq!(node_addresses(&old), 10);
     let all = names(10);
     let some = names(4);
-    assert!(node_removal(&all, some.iter().map(String::as_str), &old, &new, 0.5)
-        .is_some_and(|w| w.starts_with("6/10 Nodes and 6/10 node addresses")));
+    assert!(
+        named_removal(Named::Nodes, &all, some.iter().map(String::as_str), &old, &new, 0.5)
+            .is_some_and(|w| w.starts_with("6/10 Nodes and 6/10 node addresses"))
+    );
     let most = names(6);
     assert_eq!(
-        node_removal(&all, most.iter().map(String::as_str), &old, &with_nodes(6), 0.5),
+        named_removal(
+            Named::Nodes,
+            &all,
+            most.iter().map(String::as_str),
+            &old,
+            &with_nodes(6),
+            0.5
+        ),
         None
     );
     // Addresses lost while the Node objects stay are held too.
-    assert!(node_removal(&all, all.iter().map(String::as_str), &old, &new, 0.5).is_some());
+    assert!(named_removal(Named::Nodes, &all, all.iter().map(String::as_str), &old, &new, 0.5).is_some());
     // Cumulatively: small steps add up against the high-water count.
     let (window, t0) = (Duration::from_secs(60), Instant::now());
     let mut g = GuardReference::default();
     for (s, n) in [(0u64, 10u8), (10, 8), (20, 6)] {
         let at = t0 + Duration::from_secs(s);
         assert_eq!(
-            g.cumulative_node_removal(n as usize, &with_nodes(n), at, window, 0.5),
+            g.cumulative_node_removal(n as usize, &with_nodes(n), (at, window, 0.5)),
             None
         );
         g.observe_nodes(at, names(n), &with_nodes(n));
@@ -247,9 +262,9 @@ fn node_removals_are_held() {
     assert_eq!(g.programmed_nodes().map(<[String]>::len), Some(6));
     let at = t0 + Duration::from_secs(30);
     assert!(g
-        .cumulative_node_removal(4, &with_nodes(4), at, window, 0.5)
+        .cumulative_node_removal(4, &with_nodes(4), (at, window, 0.5))
         .is_some_and(|w| w.starts_with("6 of up to 10 Nodes")));
     g.reset(at, 0, 0);
     g.observe_nodes(at, names(4), &with_nodes(4));
-    assert_eq!(g.cumulative_node_removal(4, &with_nodes(4), at, window, 0.5), None);
+    assert_eq!(g.cumulative_node_removal(4, &with_nodes(4), (at, window, 0.5)), None);
 }
