@@ -149,7 +149,7 @@ async fn watch<K: Kind>(api: Api<K>, page_size: u32, state: Arc<ServiceState>, m
 /// holds the writer thread's stop guard).
 pub fn spawn(client: Client, cfg: ServicesConfig, metrics: Metrics) -> Vec<tokio::task::JoinHandle<()>> {
     let state = Arc::new(ServiceState::default());
-    let guard = writer::spawn_thread(cfg.clone(), state.clone());
+    let guard = writer::spawn_thread(cfg.clone(), state.clone(), metrics.clone());
     vec![
         tokio::spawn(watch(
             Api::<Service>::all(client.clone()),

@@ -31,6 +31,7 @@ use npm_dataplane::ebpf::{host_in_chain, EbpfError, HostIn, NodeExit, ServicePor
 use super::{ServiceKeys, ServiceState, ServicesConfig};
 use crate::node::netlink::{Netlink, NetlinkError};
 use crate::node::uplinks::{read_uplinks, Uplinks};
+use crate::telemetry::metrics::Metrics;
 
 /// Maps with fewer keys are never guarded.
 pub const GUARD_MIN: usize = 16;
@@ -241,19 +242,19 @@ const TICK: Duration = Duration::from_millis(200);
 /// it (retried every resync), attaches the uplinks every resync, and
 /// applies the keys of `state` whenever they changed, every resync, and
 /// while a mass removal is held.
-pub fn spawn_thread(cfg: ServicesConfig, state: Arc<ServiceState>) -> StopGuard {
+pub fn spawn_thread(cfg: ServicesConfig, state: Arc<ServiceState>, metrics: Metrics) -> StopGuard {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let spawned = std::thread::Builder::new()
         .name("npm-services".into())
-        .spawn(move || run(cfg, state, &flag));
+        .spawn(move || run(cfg, state, &metrics, &flag));
     if let Err(e) = spawned {
         tracing::error!(error = %e, "starting the Services thread: Service traffic stays decided before the DNAT");
     }
     StopGuard(stop)
 }
 
-fn run(cfg: ServicesConfig, state: Arc<ServiceState>, stop: &AtomicBool) {
+fn run(cfg: ServicesConfig, state: Arc<ServiceState>, metrics: &Metrics, stop: &AtomicBool) {
     let mut writer: Option<ServicesWriter> = None;
     let mut last_open: Option<Instant> = None;
     let mut last_resync: Option<Instant> = None;
@@ -275,6 +276,7 @@ fn run(cfg: ServicesConfig, state: Arc<ServiceState>, stop: &AtomicBool) {
                 if let Err(e) = w.attach_uplinks() {
                     tracing::error!(error = %e, "attaching node_exit to the uplinks");
                 }
+                metrics.host_in_mode(w.host_in_mode() == npm_dataplane::ebpf::HostInMode::DropAll);
             }
             let gen = state.generation();
             if w.attached_once() && (gen != last_gen || resync) {

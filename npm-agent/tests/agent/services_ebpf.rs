@@ -128,7 +128,7 @@ async fn services_and_nodes_become_npm_services_and_node_exit_sits_on_the_uplink
     let mut cfg = ServicesConfig::new(pins.0.clone());
     cfg.resync = Duration::from_millis(500);
     let metrics = Metrics::new().unwrap();
-    let tasks = npm_agent::services::spawn(client.clone(), cfg, metrics);
+    let tasks = npm_agent::services::spawn(client.clone(), cfg, metrics.clone());
 
     let want = BTreeMap::from([
         (key("10.96.0.10", 53, proto::UDP), SVC_CLUSTER_IP),
@@ -156,6 +156,12 @@ async fn services_and_nodes_become_npm_services_and_node_exit_sits_on_the_uplink
     let pin = pins.0.join("host_in");
     assert!(rules.contains(&format!("--object-pinned {}", pin.display())), "{rules}");
     assert!(iptables(&["-w", "5", "-S", "INPUT"]).contains(&format!("-j {chain}")));
+    // ... and the metric says so (set at the resync that attached).
+    wait_until("npm_host_in_mode says decided", Duration::from_secs(5), || {
+        let text = metrics.render();
+        text.contains("npm_host_in_mode{mode=\"decided\"} 1") && text.contains("npm_host_in_mode{mode=\"drop-all\"} 0")
+    })
+    .await;
 
     // node_exit is on exactly the uplinks the netlink rule picks (the
     // endpoint interfaces excluded), each with a pin under exit/.

@@ -362,6 +362,16 @@ impl Metrics {
         self.with(|| metrics::gauge!("npm_attach_mode", "mode" => mode).set(1.0));
     }
 
+    /// Set `npm_host_in_mode{mode}` (see its help text): `mode` 1, the
+    /// other 0.
+    pub fn host_in_mode(&self, drop_all: bool) {
+        self.with(|| {
+            let (on, off) = if drop_all { ("drop-all", "decided") } else { ("decided", "drop-all") };
+            metrics::gauge!("npm_host_in_mode", "mode" => on).set(1.0);
+            metrics::gauge!("npm_host_in_mode", "mode" => off).set(0.0);
+        });
+    }
+
     /// Set `npm_datapath_reduced` (see its help text).
     pub fn datapath_reduced(&self, reduced: bool) {
         self.with(|| metrics::gauge!("npm_datapath_reduced").set(if reduced { 1.0 } else { 0.0 }));

@@ -130,6 +130,7 @@ fn every_series_is_described_and_listed() {
     m.error("watch");
     m.readiness_failure("lists", true);
     m.attach_mode("tcx");
+    m.host_in_mode(false);
     m.compiled_entries("ipcache", 1);
     m.map_full("NPM_POLICY", false);
     m.dns_learning(
