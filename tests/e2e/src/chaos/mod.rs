@@ -316,10 +316,23 @@ impl Soak {
     }
 
     /// Records the state the API server holds now.
+    /// A JSON merge patch of pod `ns/name`'s status (as a kubelet writes it).
+    fn patch_pod_status(&self, pod: &str, status: &serde_json::Value) -> Result<(), String> {
+        let (ns, name) = pod.split_once('/').ok_or_else(|| format!("pod {pod:?}: not ns/name"))?;
+        let path = format!("{}/status", crate::api::pod_path(ns, name));
+        self.runner
+            .api()
+            .merge_patch(&path, status)
+            .map(|_| ())
+            .map_err(|e| format!("status of {pod}: {e}"))
+    }
+
     fn push_state(&mut self, what: &str) {
-        let snap = schedule::oracle_snapshot(&self.runner.model().snapshot, &self.world);
+        let model = &self.runner.model().snapshot;
+        let snap = schedule::oracle_snapshot(model, &self.world);
+        let local_only = schedule::lost_pods(model, &self.world);
         let t = self.now();
-        self.oracle.push_state(t, what, snap);
+        self.oracle.push_state_with(t, what, snap, local_only);
     }
 
     fn run_pending(&mut self, out: &mut dyn Write) -> Result<(), ChaosError> {
@@ -412,6 +425,9 @@ impl Soak {
                     _ => None,
                 };
                 self.runner.apply(&action).map_err(|e| err(self, &e))?;
+                if let npm_sim::cases::Action::DeletePod(p) = &action {
+                    self.world.lost.remove(&p.pod);
+                }
                 self.world.freed.extend(freed);
                 self.push_state(&what);
             }
@@ -435,6 +451,30 @@ impl Soak {
                     .map_err(|e| err(self, &e))?;
                 self.world.freed.retain(|(_, a, _)| *a != v4);
                 self.world.reuse.insert(pod.clone(), rp);
+                self.push_state(&what);
+            }
+            Step::LoseIp(pod) => {
+                let status = serde_json::json!({"status": {"podIP": null, "podIPs": []}});
+                self.patch_pod_status(&pod, &status).map_err(|e| err(self, &e))?;
+                self.world.lost.insert(pod);
+                self.push_state(&what);
+            }
+            Step::RestoreIp(pod) => {
+                let (ns, name) = pod.split_once('/').unwrap_or(("", ""));
+                let ips: Vec<String> = self
+                    .runner
+                    .model()
+                    .snapshot
+                    .pods
+                    .get(&(ns.to_string(), name.to_string()))
+                    .map(|p| p.ips.iter().map(|ip| ip.to_string()).collect())
+                    .unwrap_or_default();
+                let status = serde_json::json!({"status": {
+                    "podIP": ips.first(),
+                    "podIPs": ips.iter().map(|ip| serde_json::json!({"ip": ip})).collect::<Vec<_>>(),
+                }});
+                self.patch_pod_status(&pod, &status).map_err(|e| err(self, &e))?;
+                self.world.lost.remove(&pod);
                 self.push_state(&what);
             }
             Step::DeleteReuse(pod) => {

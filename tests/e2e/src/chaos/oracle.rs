@@ -25,12 +25,13 @@
 //! Probes open new connections only; established connections across a
 //! change are not judged here.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use npm_policy::compiled::CompileOptions;
 use npm_policy::evaluate::{evaluate, pod_at, Flow};
-use npm_policy::model::Snapshot;
+use npm_policy::model::{Pod, Snapshot};
 
 /// The bounds the oracle judges with (seconds).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -61,6 +62,37 @@ pub struct State {
     pub what: String,
     /// What the API server held.
     pub snapshot: Snapshot,
+    /// Pods whose status lost their addresses, with the addresses their
+    /// sandboxes keep: the agent of a pod's own node holds it at them (by
+    /// npm-cni's facts), every other node sees the addresses unowned.
+    pub local_only: Vec<Pod>,
+}
+
+impl State {
+    /// The node of pod `ns/name` in this state, if it is there.
+    fn node_of(&self, pod: &str) -> Option<&str> {
+        let (ns, name) = pod.split_once('/')?;
+        let key = (ns.to_string(), name.to_string());
+        self.snapshot.pods.get(&key)?.node_name.as_deref()
+    }
+
+    /// The state as the agent of `node` holds it: the snapshot, with the
+    /// pods of [`State::local_only`] on that node at their addresses.
+    fn view(&self, node: Option<&str>) -> Cow<'_, Snapshot> {
+        let mine: Vec<&Pod> = self
+            .local_only
+            .iter()
+            .filter(|p| node.is_some() && p.node_name.as_deref() == node)
+            .collect();
+        if mine.is_empty() {
+            return Cow::Borrowed(&self.snapshot);
+        }
+        let mut s = self.snapshot.clone();
+        for p in mine {
+            s.upsert_pod(p.clone());
+        }
+        Cow::Owned(s)
+    }
 }
 
 /// A time the agents may legitimately lag or keep an older state.
@@ -155,10 +187,17 @@ impl Oracle {
 
     /// Records a new state from `since` on (times must not go back).
     pub fn push_state(&mut self, since: f64, what: &str, snapshot: Snapshot) {
+        self.push_state_with(since, what, snapshot, Vec::new());
+    }
+
+    /// [`Oracle::push_state`] with pods that lost their addresses
+    /// ([`State::local_only`]).
+    pub fn push_state_with(&mut self, since: f64, what: &str, snapshot: Snapshot, local_only: Vec<Pod>) {
         self.states.push(State {
             since,
             what: what.to_string(),
             snapshot,
+            local_only,
         });
     }
 
@@ -226,7 +265,9 @@ impl Oracle {
             .collect()
     }
 
-    /// Whether state `i` allows the probe's flow (reference evaluator).
+    /// Whether state `i` allows the probe's flow (reference evaluator):
+    /// the sender's egress as the sender's node sees the state, and the
+    /// receiver's ingress as the receiver's node sees it ([`State::view`]).
     pub fn allows(&self, i: usize, p: &ProbeRecord) -> bool {
         let flow = Flow {
             src: p.src_ip,
@@ -234,7 +275,12 @@ impl Oracle {
             protocol: p.proto.number(),
             dst_port: p.port,
         };
-        evaluate(&self.states[i].snapshot, &self.opts, &flow).allowed
+        let st = &self.states[i];
+        if st.local_only.is_empty() {
+            return evaluate(&st.snapshot, &self.opts, &flow).allowed;
+        }
+        let egress = evaluate(&st.view(st.node_of(&p.src)), &self.opts, &flow).egress.allowed;
+        egress && evaluate(&st.view(st.node_of(&p.dst)), &self.opts, &flow).ingress.allowed
     }
 
     fn both_pods(&self, i: usize, p: &ProbeRecord) -> bool {
@@ -370,6 +416,37 @@ mod tests {
             o.judge(&probe(&m, "y/a", "x/a", 46.0, true)),
             Verdict::Violation(vec![1])
         );
+    }
+
+    /// A pod whose status lost its addresses keeps them on its own node
+    /// (npm-cni's facts) and nowhere else: its flows are judged per end.
+    #[test]
+    fn a_pod_that_lost_its_address_is_held_only_by_its_own_node() {
+        let mut m = Model::upstream();
+        let np: NetworkPolicy = serde_yaml::from_str(
+            "metadata: {namespace: x, name: from-y}\nspec: {podSelector: {}, policyTypes: [Ingress], \
+             ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}]}]}",
+        )
+        .expect("policy");
+        m.apply(&Action::CreatePolicy(Box::new(np))).expect("applied");
+        let mut snap = m.snapshot.clone();
+        for (pod, node) in [("y", "a", "node-2"), ("x", "a", "node-2"), ("x", "b", "node-1")]
+            .map(|(ns, n, node)| ((ns.to_string(), n.to_string()), node))
+        {
+            snap.pods.get_mut(&pod).expect("pod").node_name = Some(node.into());
+        }
+        let key = ("y".to_string(), "a".to_string());
+        let lost = snap.pods[&key].clone();
+        snap.pods.get_mut(&key).expect("y/a").ips.clear();
+        let mut o = Oracle::new(Bounds::default(), Model::options());
+        o.push_state_with(0.0, "y/a lost its addresses", snap.clone(), vec![lost]);
+        // The same node holds y/a at its address: from namespace y.
+        assert!(o.allows(0, &probe(&m, "y/a", "x/a", 1.0, true)));
+        // Another node sees the address unowned: not from namespace y.
+        assert!(!o.allows(0, &probe(&m, "y/a", "x/b", 1.0, true)));
+        // The API's state alone would deny both.
+        o.push_state(2.0, "the API's view only", snap);
+        assert!(!o.allows(1, &probe(&m, "y/a", "x/a", 3.0, true)));
     }
 
     #[test]

@@ -24,6 +24,8 @@ const TIERS: [&str; 2] = ["front", "back"];
 const MIN_PODS: usize = 6;
 /// Pods above which none is created.
 const MAX_PODS: usize = 14;
+/// Pods whose status lost their addresses, at most at once.
+const MAX_LOST: usize = 2;
 /// Highest pod index the model may hand out in a namespace.
 const MAX_POD_INDEX: u32 = 200;
 
@@ -48,6 +50,12 @@ pub enum Step {
     },
     /// Delete a reuse pod.
     DeleteReuse(String),
+    /// A Running pod's status loses its addresses (`podIP`, `podIPs`
+    /// emptied by a status patch): its sandbox, interface and address stay,
+    /// as when a kubelet publishes a status without them.
+    LoseIp(String),
+    /// The addresses of a pod that lost them are published again.
+    RestoreIp(String),
     /// A NetworkPolicy npm-policy cannot fully convert, written with the
     /// API server's validation off (an API server of another version).
     Invalid(Box<NetworkPolicy>),
@@ -91,6 +99,8 @@ impl Step {
                 format!("reuse {v4} as {pod} on node-{node} {labels:?}")
             }
             Step::DeleteReuse(p) => format!("delete reuse pod {p}"),
+            Step::LoseIp(p) => format!("pod {p} loses its addresses (status)"),
+            Step::RestoreIp(p) => format!("pod {p} gets its addresses back (status)"),
             Step::Invalid(np) => format!(
                 "invalid policy {}/{}",
                 np.metadata.namespace.as_deref().unwrap_or(""),
@@ -154,6 +164,8 @@ pub struct World {
     pub invalid: BTreeMap<(String, String), NetworkPolicy>,
     /// Pods created per namespace (the model's next index).
     pub created: BTreeMap<String, u32>,
+    /// Model pods whose status lost their addresses (`ns/name`).
+    pub lost: std::collections::BTreeSet<String>,
     /// Counter of names.
     pub next: u32,
     /// An API fault is running.
@@ -190,6 +202,13 @@ pub fn reuse_pod(key: &str, p: &ReusePod) -> Pod {
 /// understood dropped, the pods selected still isolated).
 pub fn oracle_snapshot(model: &Snapshot, world: &World) -> Snapshot {
     let mut s = model.clone();
+    for key in &world.lost {
+        if let Some((ns, name)) = key.split_once('/') {
+            if let Some(p) = s.pods.get_mut(&(ns.to_string(), name.to_string())) {
+                p.ips.clear();
+            }
+        }
+    }
     for (key, p) in &world.reuse {
         s.upsert_pod(reuse_pod(key, p));
     }
@@ -198,6 +217,18 @@ pub fn oracle_snapshot(model: &Snapshot, world: &World) -> Snapshot {
         let _ = s.upsert_policy(np);
     }
     s
+}
+
+/// The model pods of `world.lost` with the addresses their sandboxes
+/// keep: each node's agent holds its own such pods by npm-cni's facts
+/// (the oracle's per-node view).
+pub fn lost_pods(model: &Snapshot, world: &World) -> Vec<Pod> {
+    world
+        .lost
+        .iter()
+        .filter_map(|key| key.split_once('/'))
+        .filter_map(|(ns, name)| model.pods.get(&(ns.to_string(), name.to_string())).cloned())
+        .collect()
 }
 
 fn pick<'a, T>(rng: &mut StdRng, v: &'a [T]) -> &'a T {
@@ -494,7 +525,18 @@ pub fn next_step(rng: &mut StdRng, model: &Snapshot, world: &mut World, nodes: u
                     pod: pick(rng, &pods).clone(),
                 }))
             }
-            18..=29 if !pods.is_empty() => {
+            26..=27 if world.lost.len() < MAX_LOST => {
+                let candidates: Vec<&String> = pods.iter().filter(|p| !world.lost.contains(*p)).collect();
+                if candidates.is_empty() {
+                    continue;
+                }
+                return Step::LoseIp(pick(rng, &candidates).to_string());
+            }
+            28..=29 if !world.lost.is_empty() => {
+                let lost: Vec<&String> = world.lost.iter().collect();
+                return Step::RestoreIp(pick(rng, &lost).to_string());
+            }
+            18..=25 if !pods.is_empty() => {
                 let pod = pick(rng, &pods).clone();
                 let name = pod.split_once('/').map(|(_, p)| p).unwrap_or("").to_string();
                 return Step::Model(Action::SetPodLabels(PodLabels {
@@ -665,6 +707,46 @@ mod tests {
                 "no {name} in 600 steps: {seen:?}"
             );
         }
+    }
+
+    #[test]
+    fn pods_lose_and_regain_their_addresses_in_the_oracle_snapshot() {
+        // As the runner applies them: LoseIp adds to `lost`, RestoreIp and
+        // a deletion remove; the oracle's snapshot has no address for a
+        // lost pod, and its per-node view keeps the addresses.
+        let mut model = npm_sim::cases::Model::upstream();
+        let mut rng = StdRng::seed_from_u64(5);
+        let mut w = World::default();
+        let (mut lose, mut restore) = (0, 0);
+        for _ in 0..600 {
+            match next_step(&mut rng, &model.snapshot, &mut w, 2) {
+                Step::LoseIp(p) => {
+                    assert!(model.ip(&p).is_some(), "{p} is a model pod");
+                    assert!(w.lost.insert(p), "a lost pod loses its addresses again");
+                    lose += 1;
+                }
+                Step::RestoreIp(p) => {
+                    assert!(w.lost.remove(&p), "{p} had not lost its addresses");
+                    restore += 1;
+                }
+                Step::Model(a) => {
+                    if let Action::DeletePod(p) = &a {
+                        w.lost.remove(&p.pod);
+                    }
+                    model.apply(&a).unwrap_or_else(|e| panic!("{}: {e}", a.name()));
+                }
+                _ => {}
+            }
+            assert!(w.lost.len() <= MAX_LOST);
+            let s = oracle_snapshot(&model.snapshot, &w);
+            let kept = lost_pods(&model.snapshot, &w);
+            assert_eq!(kept.len(), w.lost.len());
+            for p in &kept {
+                assert!(!p.ips.is_empty());
+                assert!(s.pods[&(p.namespace.clone(), p.name.clone())].ips.is_empty());
+            }
+        }
+        assert!(lose > 0 && restore > 0, "lose {lose}, restore {restore} in 600 steps");
     }
 
     #[test]
