@@ -99,13 +99,13 @@ pub use host_in::{
 };
 pub use links::{remove_pinned_filters, AttachMode};
 #[cfg(feature = "testing")]
-pub use testing::TracedRun;
-#[cfg(feature = "testing")]
 pub use loader::BenchSwitches;
 pub use loader::{resolve_object, EffectiveSizes, MapSizes, INSTALLED_OBJECT, MAP_SIZE_MAX, MAP_SIZE_MIN, OBJECT_ENV};
 pub use node_exit::{exit_dir, exit_program, remove_node_exit_filters, remove_node_exit_pins, NodeExit};
 pub use pins::{default_pin_dir, ensure_bpffs};
 pub use services::{ServicePort, ServicesMap, ServicesSync};
+#[cfg(feature = "testing")]
+pub use testing::TracedRun;
 
 use cidr::CidrTable;
 use conntrack::Flows;

@@ -104,7 +104,10 @@ impl EbpfDataplane {
         let res = self.run(prog_for(dir.as_u8()), ifindex, packet, 1)?;
         let after = read()?;
         let mut moved = Vec::new();
-        for (d, (b, a)) in [Direction::Ingress, Direction::Egress].iter().zip(before.iter().zip(&after)) {
+        for (d, (b, a)) in [Direction::Ingress, Direction::Egress]
+            .iter()
+            .zip(before.iter().zip(&after))
+        {
             for slot in 0..REASON_SLOTS as usize {
                 if a[slot] != b[slot] {
                     moved.push((*d, slot as u8, a[slot].wrapping_sub(b[slot])));

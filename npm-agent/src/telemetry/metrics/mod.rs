@@ -366,7 +366,11 @@ impl Metrics {
     /// other 0.
     pub fn host_in_mode(&self, drop_all: bool) {
         self.with(|| {
-            let (on, off) = if drop_all { ("drop-all", "decided") } else { ("decided", "drop-all") };
+            let (on, off) = if drop_all {
+                ("drop-all", "decided")
+            } else {
+                ("decided", "drop-all")
+            };
             metrics::gauge!("npm_host_in_mode", "mode" => on).set(1.0);
             metrics::gauge!("npm_host_in_mode", "mode" => off).set(0.0);
         });

@@ -280,7 +280,10 @@ impl Oracle {
             return evaluate(&st.snapshot, &self.opts, &flow).allowed;
         }
         let egress = evaluate(&st.view(st.node_of(&p.src)), &self.opts, &flow).egress.allowed;
-        egress && evaluate(&st.view(st.node_of(&p.dst)), &self.opts, &flow).ingress.allowed
+        egress
+            && evaluate(&st.view(st.node_of(&p.dst)), &self.opts, &flow)
+                .ingress
+                .allowed
     }
 
     fn both_pods(&self, i: usize, p: &ProbeRecord) -> bool {

@@ -525,7 +525,7 @@ pub fn next_step(rng: &mut StdRng, model: &Snapshot, world: &mut World, nodes: u
                     pod: pick(rng, &pods).clone(),
                 }))
             }
-            26..=27 if world.lost.len() < MAX_LOST => {
+            24..=27 if world.lost.len() < MAX_LOST => {
                 let candidates: Vec<&String> = pods.iter().filter(|p| !world.lost.contains(*p)).collect();
                 if candidates.is_empty() {
                     continue;
@@ -536,7 +536,7 @@ pub fn next_step(rng: &mut StdRng, model: &Snapshot, world: &mut World, nodes: u
                 let lost: Vec<&String> = world.lost.iter().collect();
                 return Step::RestoreIp(pick(rng, &lost).to_string());
             }
-            18..=25 if !pods.is_empty() => {
+            18..=23 if !pods.is_empty() => {
                 let pod = pick(rng, &pods).clone();
                 let name = pod.split_once('/').map(|(_, p)| p).unwrap_or("").to_string();
                 return Step::Model(Action::SetPodLabels(PodLabels {
