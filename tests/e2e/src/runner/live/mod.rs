@@ -157,6 +157,13 @@ impl LiveRunner {
         self.agents.first().map(|a| a.debug)
     }
 
+    /// Every agent's `/explain` and `/observe` address, one per node in
+    /// node order (each on the loopback of its node's netns: enter it, as
+    /// a kubelet's port-forward enters the pod's, to connect).
+    pub fn debug_addrs(&self) -> Vec<SocketAddr> {
+        self.agents.iter().map(|a| a.debug).collect()
+    }
+
     /// Every agent's metrics/health address (one per node).
     pub fn metrics_addrs(&self) -> Vec<SocketAddr> {
         self.agents.iter().map(|a| a.metrics).collect()
