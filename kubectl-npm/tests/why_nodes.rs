@@ -11,23 +11,19 @@
 //!
 //! Each agent's debug listener is on its node netns' loopback; the agent
 //! pods' port-forward reaches it as a kubelet does, by entering the
-//! node's netns (a relay thread here, since the test API server connects
-//! to a host-network pod's address on this machine).
+//! node's netns (`npm_e2e::plugin`: a relay thread, since the test API
+//! server connects to a host-network pod's address on this machine).
 //!
 //! Needs root, the agent binary (`cargo build --bin npm-agent`, or
 //! `NPM_AGENT_BIN`) and, for eBPF, the BPF object (`NPM_EBPF_OBJECT`).
 
-use std::io::Write;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use npm_e2e::fixtures::{agent_bin, probe_config, tcp_probe, wait_enforced};
-use npm_e2e::netns::NetnsHandle;
 use npm_e2e::probe::probe_all;
 use npm_e2e::runner::{parse_text, Engine, LiveRunner, Options};
-use npm_testapi::{auth::UserInfo, Kind};
 use serde_json::{json, Value};
 
 /// The policies of the matrix: two NetworkPolicies (x/a's ingress from
@@ -147,94 +143,6 @@ const MATRIX: [Row; 8] = [
     ("y/a", "x/c", 80, true, Decider::NotIsolated),
 ];
 
-/// A listener on this machine's loopback whose connections are relayed
-/// to `target` inside the netns `netns` (as a kubelet's port-forward
-/// enters the pod's netns); returns its port.
-fn relay(netns: &str, target: SocketAddr) -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a relay");
-    let port = l.local_addr().expect("the relay's address").port();
-    let netns = netns.to_string();
-    std::thread::spawn(move || {
-        for client in l.incoming() {
-            let Ok(client) = client else { break };
-            let netns = netns.clone();
-            std::thread::spawn(move || {
-                // This thread only: the connection is made in the node.
-                let entered = NetnsHandle::open(&netns).and_then(|h| h.enter());
-                let Ok(agent) = entered
-                    .map_err(|_| ())
-                    .and_then(|()| TcpStream::connect(target).map_err(|_| ()))
-                else {
-                    return;
-                };
-                let (Ok(mut to_agent), Ok(mut from_client)) = (agent.try_clone(), client.try_clone()) else {
-                    return;
-                };
-                let up = std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut from_client, &mut to_agent);
-                    let _ = to_agent.shutdown(Shutdown::Write);
-                });
-                let (mut agent, mut client) = (agent, client);
-                let _ = std::io::copy(&mut agent, &mut client);
-                let _ = client.shutdown(Shutdown::Write);
-                let _ = up.join();
-            });
-        }
-    });
-    port
-}
-
-/// Registers an agent pod per node (its debug port a relay into the
-/// node), the RBAC of group `sre` and user alice; returns her kubeconfig.
-fn register(r: &LiveRunner, engine: Engine, dir: &Path) -> std::path::PathBuf {
-    let srv = r.api_server().expect("the in-process API server");
-    let _ = srv.create_object(Kind::Namespace, None, json!({"metadata": {"name": "kube-system"}}));
-    let dataplane = if engine == Engine::Nftables { "nftables" } else { "ebpf" };
-    let nodes = r.cluster().nodes().expect("the nodes");
-    let debug = r.debug_addrs();
-    assert_eq!(debug.len(), nodes.nodes().len(), "an agent per node");
-    for (node, addr) in nodes.nodes().iter().zip(debug) {
-        let port = relay(&node.netns, addr);
-        srv.create_object(
-            Kind::Pod,
-            Some("kube-system"),
-            json!({"metadata": {"name": format!("npm-agent-{}", node.name), "namespace": "kube-system",
-                                "labels": {"app.kubernetes.io/name": "npm-agent"}},
-                   "spec": {"nodeName": node.name, "hostNetwork": true,
-                            "containers": [{"name": "agent", "image": "localhost/npm-agent:latest",
-                                            "args": ["run", format!("--dataplane={dataplane}"),
-                                                     format!("--debug-addr=127.0.0.1:{port}")]}]},
-                   "status": {"podIP": "127.0.0.1", "phase": "Running",
-                              "conditions": [{"type": "Ready", "status": "True"}]}}),
-        )
-        .expect("create an agent pod");
-    }
-    srv.add_rbac(&[
-        json!({"kind": "Role", "metadata": {"name": "npm-debug", "namespace": "kube-system"},
-               "rules": [{"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create"]}]}),
-        json!({"kind": "RoleBinding", "metadata": {"name": "npm-debug", "namespace": "kube-system"},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "npm-debug"},
-               "subjects": [{"kind": "Group", "name": "sre"}]}),
-    ]);
-    srv.add_token(
-        "alice-token",
-        UserInfo {
-            username: "alice".into(),
-            groups: vec!["sre".into()],
-            ..Default::default()
-        },
-    );
-    let path = dir.join("alice-nodes.kubeconfig");
-    let mut f = std::fs::File::create(&path).expect("a kubeconfig");
-    write!(
-        f,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {}\ncontexts:\n- name: t\n  context:\n    cluster: t\n    user: alice\ncurrent-context: t\nusers:\n- name: alice\n  user:\n    token: alice-token\n",
-        srv.url()
-    )
-    .expect("write the kubeconfig");
-    path
-}
-
 fn direction<'a>(v: &'a Value, name: &str) -> &'a Value {
     v["directions"]
         .as_array()
@@ -278,8 +186,7 @@ fn run(engine: Engine) {
     let denied: Vec<_> = probes.iter().filter(|p| !p.1).map(|p| p.0.clone()).collect();
     // Every pair gets its verdict on the wire before the agents are asked.
     wait_enforced(&format!("{engine:?} matrix"), &cfg, &allowed, &denied);
-    let dir = r.workdir().to_path_buf();
-    let alice = register(&r, engine, &dir);
+    let alice = npm_e2e::plugin::register(&r, &r.workdir().join("admin.kubeconfig")).expect("register the agents");
     let node_of = |pod: &str| {
         let (ns, name) = pod.split_once('/').unwrap();
         r.cluster()

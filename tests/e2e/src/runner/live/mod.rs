@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 
 use npm_sim::cases::Model;
 
-use super::{Options, RunnerError};
+use super::{Engine, Options, RunnerError};
 use crate::api::{Api, ApiError};
 use crate::cluster::Cluster;
 
@@ -155,6 +155,11 @@ impl LiveRunner {
     /// reachable from the root netns for the one-node cluster's agent).
     pub fn debug_addr(&self) -> Option<SocketAddr> {
         self.agents.first().map(|a| a.debug)
+    }
+
+    /// The dataplane the agents run.
+    pub fn engine(&self) -> Engine {
+        self.opts.engine
     }
 
     /// Every agent's `/explain` and `/observe` address, one per node in
