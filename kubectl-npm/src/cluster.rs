@@ -118,6 +118,10 @@ pub struct Cluster {
     pub agent_selector: String,
     /// A debug port overriding the agents' own (`--debug-port`).
     pub debug_port: Option<u16>,
+    /// How long an agent's connection may stay silent before it is given
+    /// up (`--idle-timeout`; the agents' `/observe` sends a keepalive
+    /// every 10 s).
+    pub idle_timeout: std::time::Duration,
 }
 
 impl Cluster {

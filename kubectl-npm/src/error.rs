@@ -112,6 +112,15 @@ pub enum NpmError {
     /// A bad argument.
     #[error("{0}")]
     Usage(String),
+    /// `observe`: every followed stream ended, these with an error
+    /// (each printed when it ended).
+    #[error("the flow streams of {failed} of {streams} nodes failed (see above)")]
+    Streams {
+        /// Streams that ended with an error.
+        failed: usize,
+        /// Streams followed.
+        streams: usize,
+    },
     /// `lint` found errors (printed already).
     #[error("the policies have errors (see the findings)")]
     Findings,

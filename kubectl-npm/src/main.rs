@@ -26,6 +26,7 @@ mod why;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use npm_agent::explain::observe_client::ObserveQuery;
@@ -65,6 +66,10 @@ struct Cli {
     /// --debug-addr argument, else 9091).
     #[arg(long, global = true)]
     debug_port: Option<u16>,
+    /// Seconds an agent's connection may stay silent before it is given
+    /// up (the agents' flow stream sends a keepalive every 10 s).
+    #[arg(long, global = true, value_name = "SECONDS", default_value = "30", value_parser = seconds)]
+    idle_timeout: Duration,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -101,6 +106,11 @@ enum Cmd {
         /// allow, deny or would-deny.
         #[arg(long)]
         verdict: Option<String>,
+        /// Seconds a record may wait for the other nodes' records to be
+        /// printed in time order; a record arriving later than that after
+        /// an earlier-stamped one is printed out of order.
+        #[arg(long, value_name = "SECONDS", default_value = "1", value_parser = seconds)]
+        sort_window: Duration,
     },
     /// Per node: is the agent ready, and why not; held removals, CNI
     /// chaining, map fill, dataplane, attach mode and kernel. With a pod
@@ -146,6 +156,15 @@ enum Cmd {
     },
 }
 
+/// A `--…-timeout`/`--…-window` value: seconds, fractions allowed.
+fn seconds(s: &str) -> Result<Duration, String> {
+    s.parse::<f64>()
+        .ok()
+        .and_then(|f| Duration::try_from_secs_f64(f).ok())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{s:?}: want a positive number of seconds"))
+}
+
 async fn run(cli: Cli) -> Result<(), NpmError> {
     if let Cmd::Completion { shell } = cli.cmd {
         let mut cmd = Cli::command();
@@ -158,6 +177,7 @@ async fn run(cli: Cli) -> Result<(), NpmError> {
         agent_namespace: cli.agent_namespace,
         agent_selector: cli.agent_selector,
         debug_port: cli.debug_port,
+        idle_timeout: cli.idle_timeout,
     };
     match cli.cmd {
         Cmd::Why {
@@ -179,13 +199,14 @@ async fn run(cli: Cli) -> Result<(), NpmError> {
             namespace,
             pod,
             verdict,
+            sort_window,
         } => {
             let q = ObserveQuery {
                 namespace,
                 pod,
                 verdict,
             };
-            observe::observe(&cluster, q, cli.output).await
+            observe::observe(&cluster, q, cli.output, sort_window).await
         }
         Cmd::Status { pod: Some(pod) } => {
             let st = status::pod_status(&cluster, &pod).await?;

@@ -14,7 +14,8 @@
 //! - `status NS/POD` shows the pod's `npm.io/PolicyEnforced` condition;
 //!   `status` the agent ready with its map fill; an agent pod whose debug
 //!   port answers nothing is reported by name;
-//! - `observe --pod y/b` prints the denied probe's record with its node.
+//! - `observe --pod y/b` prints the denied probe's record with its node
+//!   and the agent's time.
 //!
 //! Needs root, the agent binary (`cargo build --bin npm-agent`, or
 //! `NPM_AGENT_BIN`) and, for eBPF, the BPF object (`NPM_EBPF_OBJECT`).
@@ -291,6 +292,13 @@ fn run(engine: Engine) {
     assert_eq!(record["node"], NODE, "{record}");
     assert_eq!(record["verdict"], "deny", "{record}");
     assert_eq!(record["pod"]["name"], "b", "{record}");
+    // The agent's time of the packet, RFC 3339 (what `observe` merges by).
+    assert!(
+        record["time"]
+            .as_str()
+            .is_some_and(|t| t.parse::<k8s_openapi::jiff::Timestamp>().is_ok()),
+        "{record}"
+    );
     r.shutdown().expect("shutdown");
 }
 

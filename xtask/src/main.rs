@@ -551,7 +551,18 @@ fn agent_flags(args: &[String]) -> Vec<String> {
 fn demo(args: &[String]) -> Result<()> {
     setup::setup()?;
     build_ebpf()?;
-    run(cargo().args(["build", "--bin", "npm-agent", "--bin", "npm-cni", "--bin", "npm-demo"]))?;
+    // kubectl-npm: the demo's kubeconfig works with `kubectl npm`.
+    run(cargo().args([
+        "build",
+        "--bin",
+        "npm-agent",
+        "--bin",
+        "npm-cni",
+        "--bin",
+        "npm-demo",
+        "--bin",
+        "kubectl-npm",
+    ]))?;
     let mut cmd = Command::new(root().join("target/debug/npm-demo"));
     cmd.arg("--agent-bin")
         .arg(root().join("target/debug/npm-agent"))

@@ -155,14 +155,17 @@ fn direction_lines(d: &DirectionReport) -> String {
         .policies
         .iter()
         .map(|p| {
-            let who = match &p.namespace {
-                Some(ns) => format!("{}/{}", ns, p.name),
-                None => format!("{} {}", p.tier.as_deref().unwrap_or("?"), p.name),
+            let who = match (&p.namespace, p.priority) {
+                (Some(ns), _) => format!("{}/{}", ns, p.name),
+                (None, Some(prio)) => format!("{} {} (priority {prio})", p.tier.as_deref().unwrap_or("?"), p.name),
+                (None, None) => format!("{} {}", p.tier.as_deref().unwrap_or("?"), p.name),
             };
-            match &p.rule {
-                Some(r) => format!("{} {who} {r} ({})", p.kind, p.effect),
-                None => format!("{} {who} ({})", p.kind, p.effect),
-            }
+            let rule = match (&p.rule, &p.rule_name) {
+                (Some(r), Some(n)) => format!(" {r} {n:?}"),
+                (Some(r), None) => format!(" {r}"),
+                _ => String::new(),
+            };
+            format!("{} {who}{rule} ({})", p.kind, p.effect)
         })
         .collect();
     s.push_str(&format!(

@@ -36,6 +36,12 @@ pub struct PolicyRef {
     pub effect: String,
     /// The tier of a ClusterNetworkPolicy (`Admin`, `Baseline`).
     pub tier: Option<String>,
+    /// A ClusterNetworkPolicy's priority in its tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
+    /// The `name` of a ClusterNetworkPolicy rule, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_name: Option<String>,
 }
 
 /// The kernel's verdict of one hook.
@@ -157,18 +163,31 @@ fn resolve(snapshot: &Snapshot, arg: &'static str, value: &str, v6: Option<bool>
 }
 
 /// The named rules of a compiled lookup result.
-fn named(compiled: &Compiled, dir: Direction, admin: Option<TierValue>, rule: Option<u32>) -> Vec<PolicyRef> {
+/// A ClusterNetworkPolicy's priority and rule names come from the
+/// `snapshot` the state was compiled from.
+fn named(
+    compiled: &Compiled,
+    snapshot: &Snapshot,
+    dir: Direction,
+    admin: Option<TierValue>,
+    rule: Option<u32>,
+) -> Vec<PolicyRef> {
     let mut out = Vec::new();
     let tier_ref = |v: TierValue| match compiled.ids.rules.get(&v.rule) {
-        Some(RuleRef::Cluster { tier, name, index, .. }) => Some(PolicyRef {
-            kind: "ClusterNetworkPolicy".into(),
-            namespace: None,
-            name: name.clone(),
-            rule: Some(format!("{}[{index}]", dir.name())),
-            direction: dir.name().into(),
-            effect: format!("{:?}", v.action),
-            tier: Some(tier.name().into()),
-        }),
+        Some(RuleRef::Cluster { tier, name, index, .. }) => {
+            let policy = snapshot.cluster_policies.get(name);
+            Some(PolicyRef {
+                kind: "ClusterNetworkPolicy".into(),
+                namespace: None,
+                name: name.clone(),
+                rule: Some(format!("{}[{index}]", dir.name())),
+                direction: dir.name().into(),
+                effect: format!("{:?}", v.action),
+                tier: Some(tier.name().into()),
+                priority: policy.map(|p| p.priority),
+                rule_name: policy.and_then(|p| p.rules(dir).get(*index)?.name.clone()),
+            })
+        }
         _ => None,
     };
     // An Admin Pass that moved the decision on is part of it.
@@ -189,6 +208,8 @@ fn named(compiled: &Compiled, dir: Direction, admin: Option<TierValue>, rule: Op
             direction: dir.name().into(),
             effect: "allow".into(),
             tier: None,
+            priority: None,
+            rule_name: None,
         }),
         Some(RuleRef::HostEgress) => out.push(PolicyRef {
             kind: "Setting".into(),
@@ -198,6 +219,8 @@ fn named(compiled: &Compiled, dir: Direction, admin: Option<TierValue>, rule: Op
             direction: dir.name().into(),
             effect: "allow".into(),
             tier: None,
+            priority: None,
+            rule_name: None,
         }),
         Some(RuleRef::Cluster { .. }) => {
             let v = compiled.tiers.values().find(|v| v.rule == rule).copied();
@@ -222,6 +245,8 @@ fn isolating(end: &EndVerdict) -> Vec<PolicyRef> {
                 direction: end.direction.name().into(),
                 effect: "isolates".into(),
                 tier: None,
+                priority: None,
+                rule_name: None,
             }
         })
         .collect()
@@ -358,7 +383,7 @@ fn direction(
     let res = npm_policy::lookup::lookup(compiled, ep, dir, peer, flow.protocol, flow.dst_port);
     r.verdict = verdict(res.allowed);
     r.reason = Some(reason_name(res.reason));
-    r.policies = named(compiled, dir, res.admin, res.rule);
+    r.policies = named(compiled, snapshot, dir, res.admin, res.rule);
     if res.reason == Reason::PolicyDenied {
         r.policies.extend(isolating(end));
     }

@@ -109,6 +109,26 @@ fn protocol(p: u8) -> String {
     }
 }
 
+fn clock_ns(clock: libc::clockid_t) -> i128 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec out-pointer.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+}
+
+/// The wall-clock time, RFC 3339 in UTC, of the `CLOCK_MONOTONIC` time
+/// `ts_ns` of an event (both dataplanes stamp events with it: eBPF's
+/// `bpf_ktime_get_ns`, the NFLOG reader when it reads the packet); an
+/// event without a time or from the future is stamped now.
+pub fn wall_time(ts_ns: u64) -> String {
+    let (real, mono) = (clock_ns(libc::CLOCK_REALTIME), clock_ns(libc::CLOCK_MONOTONIC));
+    let ago = mono - i128::from(ts_ns);
+    let at = if ts_ns == 0 || ago < 0 { real } else { real - ago };
+    k8s_openapi::jiff::Timestamp::from_nanosecond(at)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
 /// The record's verdict of an event: `allow` or `deny`.
 pub fn verdict(e: &DenyEvent) -> &'static str {
     if e.is_allow() {
@@ -204,6 +224,11 @@ pub fn tier_of(reason: Option<Reason>) -> Option<&'static str> {
 /// One flow log line (serialized as JSON).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FlowRecord {
+    /// When the datapath saw the packet: the event's kernel timestamp
+    /// (`CLOCK_MONOTONIC`) as wall-clock time, RFC 3339 in UTC
+    /// (`2026-12-07T15:04:05.123456789Z`), so the records of several nodes
+    /// merge in time order (`kubectl npm observe`).
+    pub time: String,
     /// `deny` (a dropped packet) or `allow` (the first packet of an allowed
     /// new connection).
     pub verdict: &'static str,
@@ -364,6 +389,7 @@ impl<'a> Names<'a> {
         let cluster_policy = tier.and_then(|_| self.cluster_rule(e, dir, peer_ip));
         let hostport = |ip: IpAddr, port: u16| std::net::SocketAddr::new(ip, port).to_string();
         FlowRecord {
+            time: wall_time(e.ts_ns),
             verdict: verdict(e),
             reason: reason.map(Reason::name).unwrap_or("unknown"),
             direction: direction(e),

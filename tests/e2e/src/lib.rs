@@ -29,6 +29,7 @@ pub mod kube_proxy;
 pub mod netns;
 pub mod nodeport_fixture;
 pub mod nodes;
+pub mod plugin;
 pub mod poller;
 pub mod probe;
 pub mod runner;

@@ -6,10 +6,13 @@
 //!   behind (netns, veths, pins, nft table, scratch dir, kubeconfig).
 //! - watch mode on the nftables dataplane: example 02 is applied through the
 //!   demo's kubeconfig's API server while the demo runs; the demo prints the
-//!   changed matrix; SIGINT tears everything down and exits 0.
+//!   changed matrix; SIGINT tears everything down and exits 0. Before
+//!   that, `kubectl npm why` and `status` with the demo's kubeconfig give
+//!   the agent's verdicts of example 01 and its readiness.
 //!
 //! Prerequisites (CI builds them first): `target/debug/npm-agent` (or
-//! `NPM_AGENT_BIN`) and, for eBPF, the object named by `NPM_EBPF_OBJECT`.
+//! `NPM_AGENT_BIN`), `target/debug/kubectl-npm` (or `KUBECTL_NPM_BIN`) and,
+//! for eBPF, the object named by `NPM_EBPF_OBJECT`.
 //! When they are missing the tests FAIL with a message saying what to build.
 
 use std::io::{BufRead, BufReader};
@@ -37,6 +40,20 @@ fn agent_bin() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target"));
     target.join("debug/npm-agent")
+}
+
+/// The kubectl plugin (`KUBECTL_NPM_BIN`, else the workspace's debug
+/// build; a clear panic when it was not built).
+fn kubectl_npm_bin() -> PathBuf {
+    let p = std::env::var_os("KUBECTL_NPM_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| agent_bin().with_file_name("kubectl-npm"));
+    assert!(
+        p.is_file(),
+        "prerequisite missing: {} (cargo build -p kubectl-npm, or set KUBECTL_NPM_BIN)",
+        p.display()
+    );
+    p
 }
 
 fn require_prerequisites(ebpf: bool) {
@@ -320,6 +337,32 @@ fn watch_on_nftables_shows_a_live_change_and_sigint_tears_down() {
     let out = d.wait_for(AFTER_MARKER, Duration::from_secs(400));
     assert_matrix(&out, BEFORE_MARKER, 0, &|_, _| true);
     assert_matrix(&out, AFTER_MARKER, 0, &expected_after_01);
+
+    // kubectl npm with the demo's kubeconfig: the agent's verdicts of
+    // example 01 (x/a open to y on TCP 80, x/b closed) and its status.
+    let kubectl_npm = |args: &[&str]| {
+        let out = Command::new(kubectl_npm_bin())
+            .arg("--kubeconfig")
+            .arg(state.0.join("kubeconfig"))
+            .args(args)
+            .output()
+            .expect("run kubectl-npm");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "kubectl npm {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str::<serde_json::Value>(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    };
+    let open = kubectl_npm(&["why", "y/a", "x/a", "--port", "80", "-o", "json"]);
+    assert_eq!(open["verdict"], "allow", "{open}");
+    assert!(open.to_string().contains("allow-y-to-a"), "{open}");
+    let shut = kubectl_npm(&["why", "y/a", "x/b", "--port", "80", "-o", "json"]);
+    assert_eq!(shut["verdict"], "deny", "{shut}");
+    assert!(shut.to_string().contains("default-deny-ingress"), "{shut}");
+    let status = kubectl_npm(&["status", "-o", "json"]);
+    assert_eq!(status[0]["ready"], true, "{status}");
 
     // Apply example 02 through the API server the printed kubeconfig names.
     let kubeconfig = std::fs::read_to_string(state.0.join("kubeconfig")).expect("the demo's kubeconfig");

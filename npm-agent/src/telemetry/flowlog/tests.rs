@@ -303,3 +303,30 @@ fn a_tier_deny_names_the_tier_and_the_cluster_policy() {
         "{line}"
     );
 }
+
+/// A record's time is the event's monotonic kernel time on the wall
+/// clock: an event 5 s old is stamped about 5 s before now, an event
+/// without a time is stamped now; the text is RFC 3339 in UTC.
+#[test]
+fn records_carry_the_events_wall_clock_time() {
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    let mono = u64::try_from(clock_ns(libc::CLOCK_MONOTONIC)).unwrap();
+    let before = Timestamp::now();
+    let old: Timestamp = wall_time(mono - 5_000_000_000).parse().unwrap();
+    let fresh: Timestamp = wall_time(0).parse().unwrap();
+    let after = Timestamp::now();
+    let age = before.duration_since(old);
+    assert!(
+        age >= SignedDuration::from_secs(4) && after.duration_since(old) <= SignedDuration::from_secs(6),
+        "{old} vs {before}"
+    );
+    assert!(fresh >= before && fresh <= after, "{fresh}");
+    assert!(wall_time(0).ends_with('Z'), "{}", wall_time(0));
+    let e = event(1, npm_common::DIR_INGRESS, [10, 0, 0, 1], [10, 0, 0, 2]);
+    let snapshot = Snapshot::default();
+    let v = serde_json::to_value(Names::new(None, &snapshot).record(&e)).unwrap();
+    assert!(
+        v["time"].as_str().is_some_and(|t| t.parse::<Timestamp>().is_ok()),
+        "{v}"
+    );
+}

@@ -282,9 +282,11 @@ pub fn run(opts: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, DemoE
         path: opts.state_dir.clone(),
         source,
     })?;
-    std::fs::copy(runner.kubeconfig_path(), &kubeconfig).map_err(|source| DemoError::Io {
+    // The kubeconfig of a user granted `pods/portforward` to the agent
+    // pods registered as the chart's: `kubectl npm` works as in a cluster.
+    crate::plugin::register(&runner, &kubeconfig).map_err(|message| DemoError::Io {
         path: kubeconfig.clone(),
-        source,
+        source: std::io::Error::other(message),
     })?;
     let server = std::fs::read_to_string(&kubeconfig)
         .ok()
@@ -314,6 +316,14 @@ pub fn run(opts: &DemoOptions, out: &mut dyn Write) -> Result<DemoOutcome, DemoE
     writeln_flush(
         out,
         &format!("  kubectl --kubeconfig {} get networkpolicies -A", shown(&kubeconfig)),
+    );
+    writeln_flush(
+        out,
+        &format!(
+            "  kubectl --kubeconfig {} npm why y/a x/b --port {}    # kubectl-npm on PATH; also: npm status, npm observe",
+            shown(&kubeconfig),
+            opts.port
+        ),
     );
     writeln_flush(out, "");
 

@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 
 use npm_sim::cases::Model;
 
-use super::{Options, RunnerError};
+use super::{Engine, Options, RunnerError};
 use crate::api::{Api, ApiError};
 use crate::cluster::Cluster;
 
@@ -155,6 +155,18 @@ impl LiveRunner {
     /// reachable from the root netns for the one-node cluster's agent).
     pub fn debug_addr(&self) -> Option<SocketAddr> {
         self.agents.first().map(|a| a.debug)
+    }
+
+    /// The dataplane the agents run.
+    pub fn engine(&self) -> Engine {
+        self.opts.engine
+    }
+
+    /// Every agent's `/explain` and `/observe` address, one per node in
+    /// node order (each on the loopback of its node's netns: enter it, as
+    /// a kubelet's port-forward enters the pod's, to connect).
+    pub fn debug_addrs(&self) -> Vec<SocketAddr> {
+        self.agents.iter().map(|a| a.debug).collect()
     }
 
     /// Every agent's metrics/health address (one per node).
