@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use npm_agent::explain::client::fetch_on;
-use npm_agent::explain::{DirectionReport, ExplainQuery, ExplainReport, KernelReport};
+use npm_agent::explain::{DirectionReport, ExplainQuery, ExplainReport};
 
 use crate::cluster::Cluster;
 use crate::error::NpmError;
@@ -58,24 +58,12 @@ pub fn merge(reports: &BTreeMap<String, ExplainReport>, from: Option<&str>, to: 
     let egress = direction(of(from), "egress")?.clone();
     let ingress = direction(of(to), "ingress")?.clone();
     let base = of(to);
-    let directions = vec![egress, ingress];
-    let kernel = KernelReport::of_flow(&directions);
-    Some(ExplainReport {
-        verdict: if directions.iter().all(|d| d.verdict == "allow") {
-            "allow"
-        } else {
-            "deny"
-        }
-        .into(),
-        from: base.from,
-        to: base.to,
-        protocol: base.protocol.clone(),
-        port: base.port,
-        policies: directions.iter().flat_map(|d| d.policies.clone()).collect(),
-        kernel,
-        mismatch: directions.iter().find_map(|d| d.mismatch.clone()),
-        directions,
-    })
+    Some(ExplainReport::of_directions(
+        (base.from, base.to),
+        base.protocol.clone(),
+        base.port,
+        vec![egress, ingress],
+    ))
 }
 
 #[cfg(test)]
@@ -94,7 +82,7 @@ mod tests {
             reason: None,
             text: format!("{direction} on {node}"),
             policies: Vec::new(),
-            kernel: local.then(|| KernelReport {
+            kernel: local.then(|| npm_agent::explain::KernelReport {
                 verdict: verdict.into(),
                 reason: "Policy".into(),
                 program_id: 1,
@@ -106,17 +94,8 @@ mod tests {
     }
 
     fn report(egress: DirectionReport, ingress: DirectionReport) -> ExplainReport {
-        ExplainReport {
-            verdict: "allow".into(),
-            from: "10.0.0.1".parse().unwrap(),
-            to: "10.0.0.2".parse().unwrap(),
-            protocol: "TCP".into(),
-            port: 80,
-            policies: Vec::new(),
-            kernel: None,
-            mismatch: None,
-            directions: vec![egress, ingress],
-        }
+        let ends = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        ExplainReport::of_directions(ends, "TCP".into(), 80, vec![egress, ingress])
     }
 
     /// Each direction comes from the node that decides it: the sender's

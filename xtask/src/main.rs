@@ -473,21 +473,23 @@ impl Drop for Background {
     }
 }
 
+/// `cargo build --bin B` of each of `bins` (the dev profile).
+fn build_bins(bins: &[&str]) -> Result<()> {
+    let mut c = cargo();
+    c.arg("build");
+    for b in bins {
+        c.args(["--bin", b]);
+    }
+    run(&mut c)
+}
+
 fn conformance(args: &[String]) -> Result<()> {
     let simulate = args.windows(2).any(|w| w[0] == "--dataplane" && w[1] == "simulate");
     if !simulate && !ebpf_object().exists() {
         build_ebpf()?;
     }
     // npm-cni: the CNI chain of `--cni ptp|bridge` calls it on each node.
-    run(cargo().args([
-        "build",
-        "--bin",
-        "npm-agent",
-        "--bin",
-        "npm-cni",
-        "--bin",
-        "npm-conformance",
-    ]))?;
+    build_bins(&["npm-agent", "npm-cni", "npm-conformance"])?;
     conformance_with(args)
 }
 
@@ -496,7 +498,7 @@ fn chaos(args: &[String]) -> Result<()> {
     if !ebpf_object().exists() {
         build_ebpf()?;
     }
-    run(cargo().args(["build", "--bin", "npm-agent", "--bin", "npm-cni", "--bin", "npm-chaos"]))?;
+    build_bins(&["npm-agent", "npm-cni", "npm-chaos"])?;
     let mut cmd = Command::new(root().join("target/debug/npm-chaos"));
     cmd.arg("--agent-bin")
         .arg(root().join("target/debug/npm-agent"))
@@ -552,17 +554,7 @@ fn demo(args: &[String]) -> Result<()> {
     setup::setup()?;
     build_ebpf()?;
     // kubectl-npm: the demo's kubeconfig works with `kubectl npm`.
-    run(cargo().args([
-        "build",
-        "--bin",
-        "npm-agent",
-        "--bin",
-        "npm-cni",
-        "--bin",
-        "npm-demo",
-        "--bin",
-        "kubectl-npm",
-    ]))?;
+    build_bins(&["npm-agent", "npm-cni", "npm-demo", "kubectl-npm"])?;
     let mut cmd = Command::new(root().join("target/debug/npm-demo"));
     cmd.arg("--agent-bin")
         .arg(root().join("target/debug/npm-agent"))
@@ -659,7 +651,7 @@ fn bench_propagation(args: &[String]) -> Result<()> {
     if !ebpf_object().exists() {
         build_ebpf()?;
     }
-    run(cargo().args(["build", "--bin", "npm-agent", "--bin", "npm-bench-propagation"]))?;
+    build_bins(&["npm-agent", "npm-bench-propagation"])?;
     let mut cmd = Command::new(root().join("target/debug/npm-bench-propagation"));
     if !args.iter().any(|a| a == "--agent-bin" || a.starts_with("--agent-bin=")) {
         cmd.arg("--agent-bin").arg(root().join("target/debug/npm-agent"));

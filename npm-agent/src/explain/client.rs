@@ -250,17 +250,9 @@ mod tests {
             kernel_error: None,
             mismatch: None,
         };
-        let report = ExplainReport {
-            verdict: "allow".into(),
-            from: "10.0.0.1".parse().unwrap(),
-            to: "10.0.0.2".parse().unwrap(),
-            protocol: "TCP".into(),
-            port: 80,
-            policies: Vec::new(),
-            kernel: None,
-            mismatch: None,
-            directions: vec![dir("egress", false), dir("ingress", true)],
-        };
+        let ends = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let report =
+            ExplainReport::of_directions(ends, "TCP".into(), 80, vec![dir("egress", false), dir("ingress", true)]);
         let text = render(&report);
         assert_eq!(text.matches("    endpoint 7, subject 300\n").count(), 1, "{text}");
         let ingress = text.split_once("ingress of y/b").expect("the ingress lines").1;

@@ -130,6 +130,31 @@ pub struct ExplainReport {
     pub directions: Vec<DirectionReport>,
 }
 
+impl ExplainReport {
+    /// The report of a flow from its two directions (sender's egress,
+    /// receiver's ingress): `allow` when both allow, their policies, the
+    /// kernel's verdict over them ([`KernelReport::of_flow`]) and the first
+    /// mismatch.
+    pub fn of_directions(
+        (from, to): (IpAddr, IpAddr),
+        protocol: String,
+        port: u16,
+        directions: Vec<DirectionReport>,
+    ) -> ExplainReport {
+        ExplainReport {
+            verdict: verdict(directions.iter().all(|d| d.verdict == "allow")),
+            from,
+            to,
+            protocol,
+            port,
+            policies: directions.iter().flat_map(|d| d.policies.clone()).collect(),
+            kernel: KernelReport::of_flow(&directions),
+            mismatch: directions.iter().find_map(|d| d.mismatch.clone()),
+            directions,
+        }
+    }
+}
+
 fn verdict(allowed: bool) -> String {
     if allowed { "allow" } else { "deny" }.into()
 }
@@ -311,19 +336,8 @@ pub fn explain(cfg: &ExplainConfig, programmed: &Programmed, q: &ExplainQuery) -
     ] {
         directions.push(direction(cfg, snapshot, compiled, dir, end, &flow));
     }
-    let policies = directions.iter().flat_map(|d| d.policies.clone()).collect();
-    let kernel = KernelReport::of_flow(&directions);
-    Ok(ExplainReport {
-        verdict: verdict(directions.iter().all(|d| d.verdict == "allow")),
-        from: src,
-        to: dst,
-        protocol: format!("{protocol:?}").to_ascii_uppercase(),
-        port: q.port,
-        policies,
-        kernel,
-        mismatch: directions.iter().find_map(|d| d.mismatch.clone()),
-        directions,
-    })
+    let protocol = format!("{protocol:?}").to_ascii_uppercase();
+    Ok(ExplainReport::of_directions((src, dst), protocol, q.port, directions))
 }
 
 /// One direction: the compiled lookup for a local endpoint (else the
