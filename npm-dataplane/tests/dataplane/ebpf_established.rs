@@ -368,3 +368,38 @@ fn icmp_errors_of_allowed_or_kept_flows_stay_related() {
     assert_eq!(k.run(IN, err), RELATED);
     assert!(k.cuts().is_empty());
 }
+
+/// A switch to `enforce` alone (the Namespace annotation, nothing else
+/// changed: the sync loop applies an empty diff) judges the endpoint's
+/// kept flows by the policy in force: the flows that a denying change left
+/// tracked under `keep` are cut at their next packet. Without the switch
+/// moving the epoch (before: only a change that touched the endpoint's
+/// decisions did), both passed as tracked.
+#[test]
+fn a_switch_to_enforce_alone_judges_the_kept_flows() {
+    for (tag, via) in [("esw", Via::Diff), ("eswf", Via::FullSync)] {
+        let mut f = Fixture::new(tag, false);
+        f.change(state(false, false), Via::Diff);
+        assert_eq!(f.run(EG, udp_out()), TRACKED, "{via:?}: keep");
+        f.dp.set_established_enforce(BTreeSet::from([1]));
+        f.change(state(false, false), via);
+        assert_eq!(f.run(EG, udp_out()), CUT, "{via:?}");
+        assert_eq!(f.run(IN, tcp_in(0x10)), CUT, "{via:?}");
+        assert_eq!(f.cuts(), vec![(DIR_EGRESS, 17), (DIR_INGRESS, 6)], "{via:?}");
+    }
+}
+
+/// An endpoint that leaves `enforce` keeps its flows through a denying
+/// change, and has them judged again when it comes back (by an empty
+/// apply): leaving forgets that it was judged.
+#[test]
+fn leaving_enforce_and_coming_back_judges_the_kept_flows() {
+    let mut f = Fixture::new("esb", true);
+    f.dp.set_established_enforce(BTreeSet::new());
+    f.change(state(true, false), Via::Diff);
+    f.change(state(false, false), Via::Diff);
+    assert_eq!(f.run(EG, udp_out()), TRACKED, "keep: the flow outlives the deny");
+    f.dp.set_established_enforce(BTreeSet::from([1]));
+    f.change(state(false, false), Via::Diff);
+    assert_eq!(f.run(EG, udp_out()), CUT);
+}

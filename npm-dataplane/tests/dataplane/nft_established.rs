@@ -112,8 +112,11 @@ fn send_port_unreachable(ns: &str, client: Ipv4Addr, server: Ipv4Addr) {
 /// `enforce` or not, establishes both flows (the TCP connection only
 /// `with_tcp`: its retransmissions are dropped, and counted, at their own
 /// pace), programs `state(false)` by a diff, and returns what happened
-/// next ([`Outcome`]).
-fn after_deny(tag: &str, enforce: bool, with_tcp: bool) -> Outcome {
+/// next ([`Outcome`]). With `switch` (and `enforce` false), endpoint 1
+/// is then switched to `enforce` alone, by an apply of an empty diff (what
+/// the sync loop does for an annotation change), once both flows were
+/// seen to outlive the deny.
+fn after_deny(tag: &str, enforce: bool, with_tcp: bool, switch: bool) -> Outcome {
     clear_netns_leftovers(tag);
     let pid = std::process::id();
     let node = node_netns(
@@ -174,6 +177,15 @@ fn after_deny(tag: &str, enforce: bool, with_tcp: bool) -> Outcome {
 
     let second = state(false);
     dp.apply(&first.diff(&second), &second, &ifs).unwrap();
+    let enforce = enforce || switch;
+    if switch {
+        assert!(udp.ask(), "keep: the UDP flow outlives the deny");
+        if let Some(tcp) = &mut tcp {
+            assert!(tcp.ask(), "keep: the TCP connection outlives the deny");
+        }
+        dp.set_established_enforce(BTreeSet::from([1]));
+        dp.apply(&second.diff(&second), &second, &ifs).unwrap();
+    }
     // Each asked twice: a cut stays cut whichever side sends next (the
     // kernel would pick a deleted TCP entry up again from the server's
     // next segment, in the server's direction: the entry is marked instead).
@@ -208,7 +220,7 @@ fn after_deny(tag: &str, enforce: bool, with_tcp: bool) -> Outcome {
 /// `keep`: both established flows outlive the deny.
 #[test]
 fn keep_lets_established_flows_outlive_a_deny() {
-    let o = after_deny("npmestk", false, true);
+    let o = after_deny("npmestk", false, true, false);
     assert!(o.udp, "the UDP flow was cut under keep");
     assert!(o.tcp, "the TCP connection was cut under keep");
     assert!(o.cuts.is_empty());
@@ -220,7 +232,7 @@ fn keep_lets_established_flows_outlive_a_deny() {
 /// code before issue #45, which is what `keep` still does) both answered.
 #[test]
 fn enforce_cuts_established_flows_the_new_policy_denies() {
-    let mut o = after_deny("npmeste", true, true);
+    let mut o = after_deny("npmeste", true, true, false);
     assert!(!o.udp, "the UDP flow outlived the deny under enforce");
     assert!(!o.tcp, "the TCP connection outlived the deny under enforce");
     o.cuts.sort();
@@ -236,9 +248,21 @@ fn enforce_cuts_established_flows_the_new_policy_denies() {
 /// so its mark; had it passed as `related`: 0).
 #[test]
 fn enforce_counts_every_dropped_packet_of_a_cut_flow() {
-    let o = after_deny("npmestc", true, false);
+    let o = after_deny("npmestc", true, false, false);
     assert!(!o.udp, "the UDP flow outlived the deny under enforce");
     assert_eq!(o.cuts, vec![(DIR_INGRESS, 17)]);
     assert_eq!(o.counted_per_datagram, 1, "one datagram, one counted drop");
     assert_eq!(o.counted_for_icmp_error, 1, "the related ICMP error passed");
+}
+
+/// A switch to `enforce` alone (an apply of an empty diff, as the sync
+/// loop makes for the annotation) cuts the flows that a denying change
+/// left under `keep`: the conntrack pass runs at every apply.
+#[test]
+fn a_switch_to_enforce_alone_cuts_the_kept_flows() {
+    let mut o = after_deny("npmests", false, true, true);
+    assert!(!o.udp, "the UDP flow outlived the switch to enforce");
+    assert!(!o.tcp, "the TCP connection outlived the switch to enforce");
+    o.cuts.sort();
+    assert_eq!(o.cuts, vec![(DIR_INGRESS, 6), (DIR_INGRESS, 17)]);
 }
