@@ -391,7 +391,7 @@ fn a_switch_to_enforce_alone_judges_the_kept_flows() {
 
 /// An endpoint that leaves `enforce` keeps its flows through a denying
 /// change, and has them judged again when it comes back (by an empty
-/// apply): leaving forgets that it was judged.
+/// apply). Fails without the switch moving the epoch.
 #[test]
 fn leaving_enforce_and_coming_back_judges_the_kept_flows() {
     let mut f = Fixture::new("esb", true);
