@@ -219,8 +219,11 @@ pub trait Dataplane {
     /// that call has programmed a change, a tracked connection of an
     /// `enforce` endpoint that the new policy denies stops passing (eBPF:
     /// its next packet is decided again and dropped, its conntrack entry
-    /// removed; nftables: its kernel conntrack entry is deleted through
-    /// ctnetlink). The default ignores it (a dataplane without connection
-    /// tracking of its own).
+    /// marked cut; nftables: its kernel conntrack entry is marked cut
+    /// through ctnetlink). An endpoint that enters the set has its tracked
+    /// connections judged by the policy in force at that next call, even
+    /// an [`Dataplane::apply`] of an empty diff (which the sync loop makes
+    /// for an annotation change alone). The default ignores it (a
+    /// dataplane without connection tracking of its own).
     fn set_established_enforce(&mut self, _endpoints: std::collections::BTreeSet<u32>) {}
 }

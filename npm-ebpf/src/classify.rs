@@ -3,7 +3,7 @@
 
 use aya_ebpf::programs::TcContext;
 use npm_common::{
-    proto, sizes, Reason, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_HAS_V6, EP_REPORT_NEW, FIRST_DENY_REASON,
+    proto, sizes, CtValue, Reason, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_HAS_V6, EP_REPORT_NEW, FIRST_DENY_REASON,
 };
 
 use crate::conntrack::{
@@ -15,8 +15,8 @@ use crate::flow_cache::{
     flow_cache_forget, flow_cache_hit, flow_slot, FlowSlot, NPM_BENCH_NO_FLOW_CACHE, NPM_FLOWCACHE,
 };
 use crate::fragments::{later_fragment, record_first_fragment};
-use crate::icmp_error::{is_icmp_error, related};
-use crate::mem::{eq16, is_v4_mapped};
+use crate::icmp_error::{is_icmp_error, related, REL_CUT, REL_PASS, REL_STALE};
+use crate::mem::{eq16, is_v4_mapped, rd32, wr32};
 use crate::parse::{
     be16, is_icmpv6_control, load, parse, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, FRAG_LATER, FRAG_NONE, TCP_ACK, TCP_FIN,
     TCP_RST, TCP_SYN,
@@ -92,12 +92,30 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
         return later_fragment(s, ep.id, dir);
     }
     // 6. conntrack: an ICMP error of a tracked flow passes as that flow
-    // does; the error itself is then looked up (and decided) as any packet.
+    // does (dropped when the flow was cut; decided again below, as the
+    // flow's own next packet would be, when the flow was decided under an
+    // older epoch); otherwise the error itself is looked up (and decided)
+    // as any packet.
     let now = coarse_now(&mut s.clk);
     seen.now = now;
-    if is_icmp_error(p) && related(ctx, s, ep.id, now) {
-        return Reason::Related as u8;
+    // A tracked flow decided under an older epoch: decided again below.
+    let mut stale: *mut CtValue = core::ptr::null_mut();
+    let mut quoted_lo = false;
+    if is_icmp_error(p) {
+        let (rel, v, lo) = related(ctx, s, ep.id, now, epoch);
+        if rel == REL_PASS {
+            return Reason::Related as u8;
+        }
+        if rel == REL_CUT {
+            return Reason::CutFlow as u8;
+        }
+        if rel == REL_STALE {
+            stale = v;
+            quoted_lo = lo;
+        }
     }
+    // The ICMP error of a stale flow: the flow it quotes is decided again.
+    let error_of_stale = !stale.is_null();
     let p = &s.pkt;
     // Flows whose two addresses are IPv4-mapped live in NPM_CT4 (20-byte
     // key), all others in NPM_CT (44 bytes).
@@ -114,7 +132,9 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
     // an older entry of the same 5-tuple, so no lookup (an allowed SYN then
     // writes a fresh entry over any old one).
     let opening = p.proto == proto::TCP && p.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
-    let (src_is_lo, hit) = if opening {
+    let (src_is_lo, hit) = if error_of_stale {
+        (quoted_lo, None)
+    } else if opening {
         let lo = if v4 {
             fill_ct_key4(&mut s.ct4, ep.id, p)
         } else {
@@ -143,8 +163,6 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
         let lo = fill_ct_key(&mut s.ct, ep.id, p);
         (lo, NPM_CT.get_ptr_mut(&s.ct))
     };
-    // A tracked flow decided under an older epoch: decided again below.
-    let mut stale = core::ptr::null_mut();
     if let Some(v) = hit {
         let pkt = CtPacket {
             pr: p.proto,
@@ -163,9 +181,22 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
             _ => {}
         }
     }
-    let peer = if dir == DIR_INGRESS { src } else { dst };
-    let ported = matches!(p.proto, proto::TCP | proto::UDP | proto::SCTP);
-    let port = if ported { p.dport } else { 0 };
+    // What is decided: this packet, or the flow an ICMP error of a stale
+    // flow quotes (its peer: the quoted destination at ingress, where the
+    // error comes to the pod, the quoted source at egress).
+    let q = &s.quoted;
+    let (peer, pr, sport, dport) = if error_of_stale {
+        let at = if dir == DIR_INGRESS {
+            q.dst.as_ptr()
+        } else {
+            q.src.as_ptr()
+        };
+        (at, q.proto, q.ct_sport, q.ct_dport)
+    } else {
+        (if dir == DIR_INGRESS { src } else { dst }, p.proto, p.sport, p.dport)
+    };
+    let ported = matches!(pr, proto::TCP | proto::UDP | proto::SCTP);
+    let port = if ported { dport } else { 0 };
     let peer = Peer {
         at: peer,
         lazy_v4: false,
@@ -189,15 +220,31 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
         }
         (dir, port)
     } else {
-        let (odir, oport) = ct_original(stale, src_is_lo, p.sport, p.dport);
+        let (odir, oport) = ct_original(stale, src_is_lo, sport, dport);
         (odir, if ported { oport } else { 0 })
     };
-    let reason = policy_step(s.lpm.as_mut_ptr() as *mut u8, ep, ddir, p.proto, dport_d, peer);
+    let reason = policy_step(s.lpm.as_mut_ptr() as *mut u8, ep, ddir, pr, dport_d, peer);
     if !stale.is_null() {
         let r = ct_redecided(s, stale, reason, epoch);
         if r >= FIRST_DENY_REASON {
-            // The cut's event: the direction that now denies.
+            // The cut's event: the direction that now denies, and the
+            // connection (the quoted header) rather than its ICMP error.
             seen.dir = ddir;
+            if error_of_stale {
+                // SAFETY: two 4-aligned 52-byte `Pkt`s of the scratch.
+                unsafe {
+                    let d = core::ptr::addr_of_mut!(s.pkt) as *mut u8;
+                    let q = core::ptr::addr_of!(s.quoted) as *const u8;
+                    let mut i = 0;
+                    while i < core::mem::size_of::<crate::parse::Pkt>() {
+                        wr32(d.add(i), rd32(q.add(i)));
+                        i += 4;
+                    }
+                }
+            }
+        } else if error_of_stale {
+            // The flow goes on: its error passes as related.
+            return Reason::Related as u8;
         } else {
             record_first_fragment(s, ep.id, dir, r);
         }

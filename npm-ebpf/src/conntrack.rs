@@ -32,7 +32,10 @@
 //!
 //! ICMP/ICMPv6 echo requests and replies use the echo identifier as both
 //! ports in the conntrack key. An ICMP error whose quoted header belongs to
-//! an entry passes as related ([`crate::icmp_error`], with [`ct_alive`]);
+//! an entry passes as related ([`crate::icmp_error`], with [`ct_alive`]),
+//! unless the entry is cut (dropped, `Reason::CutFlow`) or stale (the
+//! quoted connection is decided again first, [`ct_original`],
+//! [`ct_redecided`]);
 //! other ICMP messages use ports 0 and are decided by policy (only "any
 //! protocol" entries match them, with port 0).
 //!

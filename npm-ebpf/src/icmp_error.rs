@@ -9,12 +9,21 @@
 //! This is what makes path-MTU discovery (Fragmentation Needed, Packet Too
 //! Big) and traceroute work for isolated pods.
 //!
+//! Connection semantics `enforce` (issue #45): the error of a cut flow
+//! (`CT_CUT`) is dropped as that flow's packets are (`Reason::CutFlow`,
+//! [`REL_CUT`]); the error of a flow decided under an older epoch of its
+//! endpoint ([`REL_STALE`]) first has that flow decided again, as the
+//! flow's own next packet would (by the caller, `crate::classify`): the
+//! error is then dropped as the cut (`Reason::ConnectionCut`) when the
+//! current policy denies the flow, and passes as `Related` when it allows
+//! it.
+//!
 //! Anything else (a fragmented error, a quoted header of another family,
 //! a quoted IPv4 non-first fragment, fewer than 8 quoted L4 bytes, quoted
 //! IPv6 extension headers, no entry) is decided as any other ICMP packet.
 
 use aya_ebpf::programs::TcContext;
-use npm_common::proto;
+use npm_common::{proto, CtValue, CT_CUT, CT_PENDING};
 
 use crate::conntrack::{ct_alive, fill_ct_key, fill_ct_key4, NPM_CT, NPM_CT4};
 use crate::mem::{copy16, eq16, is_v4_mapped};
@@ -103,15 +112,34 @@ fn parse_quoted(ctx: &TcContext, s: &mut Scratch) -> Result<(), ()> {
     Ok(())
 }
 
-/// Step 6 for an ICMP error ([`is_icmp_error`]) at endpoint `ep`: true when
-/// its quoted header belongs to a conntrack entry of `ep` that has not idled
-/// out at `now`, and the error goes to the quoted packet's source. Fills
-/// `s.quoted` and one of the conntrack keys (`s.ct4` or `s.ct`), which the
-/// caller refills for the error's own lookup.
+/// [`related`]: no live entry of the quoted flow (or the error does not
+/// go to the quoted packet's source): the error is decided as any other
+/// ICMP packet.
+pub(crate) const REL_NONE: u8 = 0;
+/// [`related`]: the quoted flow is tracked: the error passes (`Related`).
+pub(crate) const REL_PASS: u8 = 1;
+/// [`related`]: the quoted flow was cut (`CT_CUT`): the error is dropped
+/// (`Reason::CutFlow`).
+pub(crate) const REL_CUT: u8 = 2;
+/// [`related`]: the quoted flow's entry was decided under an older epoch
+/// of the endpoint: the flow is decided again (its entry is returned).
+pub(crate) const REL_STALE: u8 = 3;
+
+/// Step 6 for an ICMP error ([`is_icmp_error`]) at endpoint `ep` whose
+/// decision epoch is `epoch`: [`REL_NONE`] unless its quoted header
+/// belongs to a conntrack entry of `ep` that has not idled out at `now`
+/// and the error goes to the quoted packet's source; else how that entry
+/// stands: [`REL_CUT`], [`REL_STALE`] (decided under another epoch, as
+/// `crate::conntrack::ct_continue` judges it: a pending Service entry
+/// never is) or [`REL_PASS`]. Also returns the entry and whether the
+/// quoted packet's source is the key's `lo` side. Fills `s.quoted` and one
+/// of the conntrack keys (`s.ct4` or `s.ct`), which the caller refills for
+/// the error's own lookup. Writes nothing in the entry.
 #[inline(always)]
-pub(crate) fn related(ctx: &TcContext, s: &mut Scratch, ep: u32, now: u64) -> bool {
+pub(crate) fn related(ctx: &TcContext, s: &mut Scratch, ep: u32, now: u64, epoch: u32) -> (u8, *mut CtValue, bool) {
+    let none = (REL_NONE, core::ptr::null_mut(), false);
     if parse_quoted(ctx, s).is_err() {
-        return false;
+        return none;
     }
     let q = &s.quoted;
     let (qs, qd) = (q.src.as_ptr(), q.dst.as_ptr());
@@ -123,21 +151,29 @@ pub(crate) fn related(ctx: &TcContext, s: &mut Scratch, ep: u32, now: u64) -> bo
         )
     };
     if !to_sender {
-        return false;
+        return none;
     }
     // The same canonical keys as the quoted packet's own lookup.
-    // SAFETY: the values are only read.
-    let hit = unsafe {
-        if v4 {
-            fill_ct_key4(&mut s.ct4, ep, q);
-            NPM_CT4.get(&s.ct4)
-        } else {
-            fill_ct_key(&mut s.ct, ep, q);
-            NPM_CT.get(&s.ct)
-        }
+    let (lo, hit) = if v4 {
+        let lo = fill_ct_key4(&mut s.ct4, ep, q);
+        (lo, NPM_CT4.get_ptr_mut(&s.ct4))
+    } else {
+        let lo = fill_ct_key(&mut s.ct, ep, q);
+        (lo, NPM_CT.get_ptr_mut(&s.ct))
     };
-    match hit {
-        Some(v) => ct_alive(v, q.proto, now),
-        None => false,
+    let Some(v) = hit else {
+        return none;
+    };
+    // SAFETY: a map value, only read here.
+    let e = unsafe { &*v };
+    if !ct_alive(e, q.proto, now) {
+        return none;
     }
+    if e.flags & CT_CUT != 0 {
+        return (REL_CUT, v, lo);
+    }
+    if e.epoch != epoch && e.flags & CT_PENDING == 0 {
+        return (REL_STALE, v, lo);
+    }
+    (REL_PASS, v, lo)
 }

@@ -15,6 +15,11 @@
 //! (fail closed: the stricter semantics) and reported once per value.
 //! [`enforce_set`] is what the sync loop hands the dataplane
 //! (`Dataplane::set_established_enforce`) before each apply or full sync.
+//! A switch to `enforce` alone (the annotation, nothing else changed)
+//! takes effect at that sync: the loop applies the (empty) diff when an
+//! endpoint entered the set ([`EstablishedModes::entered_enforce`]), and
+//! the dataplane judges that endpoint's tracked connections by the policy
+//! in force.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -95,13 +100,15 @@ pub fn enforce_set(default: Established, modes: &BTreeMap<String, Established>, 
         .collect()
 }
 
-/// The sync loop's view: the default and the invalid values reported so
-/// far (each reported once).
+/// The sync loop's view: the default, the invalid values reported so
+/// far (each reported once) and the `enforce` set of the last sync that
+/// programmed the dataplane.
 #[derive(Debug, Default)]
 pub struct EstablishedModes {
     /// `--established`.
     pub default: Established,
     reported: BTreeSet<String>,
+    programmed: BTreeSet<u32>,
 }
 
 impl EstablishedModes {
@@ -110,7 +117,21 @@ impl EstablishedModes {
         EstablishedModes {
             default,
             reported: BTreeSet::new(),
+            programmed: BTreeSet::new(),
         }
+    }
+
+    /// Whether `enforce` has an endpoint that the last programmed sync's
+    /// set did not (an annotation or flag switched to `enforce`): its
+    /// tracked connections must be judged now, so the sync calls the
+    /// dataplane even when nothing else changed.
+    pub fn entered_enforce(&self, enforce: &BTreeSet<u32>) -> bool {
+        !enforce.is_subset(&self.programmed)
+    }
+
+    /// Records the `enforce` set of a sync that programmed the dataplane.
+    pub fn programmed(&mut self, enforce: BTreeSet<u32>) {
+        self.programmed = enforce;
     }
 
     /// [`enforce_set`] for the namespaces of the complete state, reporting

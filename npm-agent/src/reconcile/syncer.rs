@@ -585,7 +585,11 @@ impl<D: AgentDataplane> Syncer<D> {
         // Connection semantics: which endpoints' established connections
         // the change about to be programmed may cut.
         let enforce = self.established.enforce_set(&state.namespaces, target);
-        self.dataplane.set_established_enforce(enforce);
+        // An endpoint that entered `enforce` (an annotation switched, alone)
+        // has its tracked connections judged now: the dataplane is called
+        // even when nothing else changed.
+        let entered_enforce = self.established.entered_enforce(&enforce);
+        self.dataplane.set_established_enforce(enforce.clone());
         let degraded = !self.degraded.is_empty();
         let mut map_full = Vec::new();
         match &mut self.programmed {
@@ -605,7 +609,7 @@ impl<D: AgentDataplane> Syncer<D> {
                     None => target,
                 };
                 t_diff = started.elapsed();
-                if !diff.is_empty() || *prog_ifaces != interfaces {
+                if !diff.is_empty() || *prog_ifaces != interfaces || entered_enforce {
                     outcome.changes = diff.len();
                     if let Err(source) = self.dataplane.apply(&diff, target, &interfaces) {
                         self.need_full = true;
@@ -681,6 +685,7 @@ impl<D: AgentDataplane> Syncer<D> {
             "sync phases"
         );
         self.need_full = false;
+        self.established.programmed(enforce);
         for (map, n) in [
             ("ipcache", target.ipcache.len()),
             ("cidrs", target.cidrs.len()),

@@ -3,7 +3,10 @@
 //! every `enforce` endpoint whose decisions the batch may have changed,
 //! once the batch is written ([`decisions_touched`]); the datapath then
 //! decides each of that endpoint's tracked flows again on its next packet
-//! (`npm-ebpf/src/conntrack.rs`), once. Under `keep` no epoch moves, and
+//! (`npm-ebpf/src/conntrack.rs`), once. An endpoint that enters `enforce`
+//! (an annotation or flag change, nothing else) has its epoch moved by the
+//! next batch, even an empty one ([`Epochs::newly_enforced`]): its flows,
+//! kept until then, are judged by the policy in force. Under `keep` no epoch moves, and
 //! the tracked path is as before: one inlined array read per packet.
 
 use std::collections::BTreeSet;
@@ -22,6 +25,9 @@ pub(crate) struct Epochs {
     map: Array<MapData, u32>,
     /// Endpoint ids under `enforce` ([`crate::Dataplane::set_established_enforce`]).
     pub(crate) enforce: BTreeSet<u32>,
+    /// The `enforce` set of the last batch that moved the epochs: an
+    /// endpoint of `enforce` not in it entered `enforce` since.
+    judged: BTreeSet<u32>,
 }
 
 impl Epochs {
@@ -30,7 +36,30 @@ impl Epochs {
         Ok(Epochs {
             map: take_map(bpf, maps::EP_EPOCH)?,
             enforce: BTreeSet::new(),
+            judged: BTreeSet::new(),
         })
+    }
+
+    /// Sets the `enforce` set; an endpoint that leaves it is no longer
+    /// judged (its flows are kept from then on: coming back, it is judged
+    /// again).
+    pub(crate) fn set_enforce(&mut self, endpoints: BTreeSet<u32>) {
+        self.judged.retain(|id| endpoints.contains(id));
+        self.enforce = endpoints;
+    }
+
+    /// The endpoints that entered `enforce` since the last batch that
+    /// moved the epochs ([`Epochs::judged_all`]): their tracked flows were
+    /// kept so far, so the next batch has them decided again, whatever it
+    /// changes.
+    pub(crate) fn newly_enforced(&self) -> BTreeSet<u32> {
+        self.enforce.difference(&self.judged).copied().collect()
+    }
+
+    /// Records that a batch moved the epochs of every endpoint that
+    /// needed it under the current `enforce` set.
+    pub(crate) fn judged_all(&mut self) {
+        self.judged = self.enforce.clone();
     }
 
     /// Moves the epoch of the endpoints on `ifindexes` (each slot once).

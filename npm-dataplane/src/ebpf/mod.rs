@@ -412,10 +412,12 @@ impl EbpfDataplane {
     /// (connection semantics `enforce`), from the next apply or full sync
     /// on: after a batch that may change what such an endpoint's policy
     /// decides, its decision epoch moves (`NPM_EP_EPOCH`) and each of its
-    /// tracked flows is decided again on its next packet. The others keep
-    /// their flows (`keep`).
+    /// tracked flows is decided again on its next packet; an endpoint that
+    /// enters the set has its epoch moved by the next apply or full sync
+    /// whatever it changes (even an empty diff). The others keep their
+    /// flows (`keep`).
     pub fn set_established_enforce(&mut self, endpoints: BTreeSet<u32>) {
-        self.epochs.enforce = endpoints;
+        self.epochs.set_enforce(endpoints);
     }
 
     /// The decision epoch of the endpoint on `ifindex` (`NPM_EP_EPOCH`).

@@ -64,7 +64,10 @@ impl EbpfDataplane {
         self.policy.begin_apply(&diff.policy);
         self.fold.begin_apply(diff, next);
         let moved = self.moved_in_diff(diff);
-        let touched = epochs::decisions_touched(diff, next, &self.epochs.enforce);
+        let mut touched = epochs::decisions_touched(diff, next, &self.epochs.enforce);
+        // An endpoint that entered `enforce` (an annotation change alone):
+        // its kept flows are judged by the policy in force.
+        touched.extend(self.epochs.newly_enforced());
         let result = self
             .apply_diff_maps(diff, next, interfaces)
             .and_then(|()| self.refold(next, interfaces));
@@ -77,7 +80,9 @@ impl EbpfDataplane {
         }
         let purged = self.purge_moved(moved);
         result.and(purged)?;
-        self.advance_epochs(&touched)
+        self.advance_epochs(&touched)?;
+        self.epochs.judged_all();
+        Ok(())
     }
 
     /// Connection semantics `enforce`: once a batch is written, the
@@ -196,6 +201,7 @@ impl EbpfDataplane {
             .copied()
             .collect();
         self.advance_epochs(&all)?;
+        self.epochs.judged_all();
         // The maps are right; a pin that cannot be removed yet is only
         // logged and retried at the next full sync.
         if let Err(e) = self.retire_other_layouts() {

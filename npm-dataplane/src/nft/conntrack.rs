@@ -167,7 +167,10 @@ fn exchange(
 
 /// The conntrack mark bit of a connection cut under `enforce`
 /// ([`cut_denied`]): the table's base chains drop every packet of an entry
-/// that carries it, both ways, before any endpoint chain.
+/// that carries it, both ways, before any endpoint chain, counting each
+/// (`cut-flow`); an ICMP error related to the entry carries its mark and
+/// is dropped too. The only conntrack mark bit npm uses: it is set by an
+/// update that keeps the other bits, and tested masked.
 pub const CT_MARK_CUT: u32 = 0x0000_0040;
 
 /// What [`act_on_picked`] does with an entry it picked.

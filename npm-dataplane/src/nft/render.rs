@@ -47,6 +47,7 @@ pub(crate) const fn counted_reasons(direction: u8) -> &'static [Reason] {
             Reason::Icmpv6Control,
             Reason::PolicyDenied,
             Reason::Malformed,
+            Reason::CutFlow,
         ]
     } else {
         &[
@@ -57,6 +58,7 @@ pub(crate) const fn counted_reasons(direction: u8) -> &'static [Reason] {
             Reason::PolicyDenied,
             Reason::Spoofed,
             Reason::Malformed,
+            Reason::CutFlow,
         ]
     }
 }
@@ -506,9 +508,15 @@ pub(crate) fn full_script(m: &Model, table: &str, counters: &CounterMap, bridge_
             Direction::Ingress => ("oif", "daddr"),
         };
         // A connection cut under `enforce` (`conntrack.rs`): dropped, both
-        // ways, whatever its state.
+        // ways, whatever its state (an ICMP error related to it too: the
+        // kernel gives it the connection's entry, and so its mark), each
+        // packet counted as `cut-flow` of the hook's direction.
         let cut = super::conntrack::CT_MARK_CUT;
-        let _ = writeln!(s, "\t\tct mark & 0x{cut:08x} == 0x{cut:08x} drop");
+        let _ = writeln!(
+            s,
+            "\t\tct mark & 0x{cut:08x} == 0x{cut:08x} counter name \"{}\" drop",
+            counter_name(direction.as_u8(), Reason::CutFlow)
+        );
         let _ = writeln!(s, "\t\t{dev} vmap @{}", dispatch_map(direction));
         for (family, ip) in [(Family::V4, "ip"), (Family::V6, "ip6")] {
             let map = bridged_map(direction, family);

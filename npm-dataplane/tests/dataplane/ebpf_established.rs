@@ -32,16 +32,19 @@ const PEER: u32 = 300;
 fn state(allowed: bool, extra: bool) -> Compiled {
     let mut c = Compiled::default();
     c.endpoints
-        .insert(1, endpoint("a", 256, Some("10.0.0.1"), None, true, true));
+        .insert(1, endpoint("a", 256, Some("10.0.0.1"), Some("fd00::1"), true, true));
     ip(&mut c, "10.0.0.1", 256, 0);
-    c.ipcache.insert(
-        "10.0.0.2".parse().unwrap(),
-        IpEntry {
-            identity: PEER,
-            cidr_identity: 0,
-            owner: IpEntry::pod_owner("peer"),
-        },
-    );
+    ip(&mut c, "fd00::1", 256, 0);
+    for peer in ["10.0.0.2", "fd00::2"] {
+        c.ipcache.insert(
+            peer.parse().unwrap(),
+            IpEntry {
+                identity: PEER,
+                cidr_identity: 0,
+                owner: IpEntry::pod_owner("peer"),
+            },
+        );
+    }
     if allowed {
         allow(&mut c, 1, EG, PEER, Some(Udp), (5000, 5000), 1);
         allow(&mut c, 1, IN, PEER, Some(Tcp), (80, 80), 2);
@@ -117,6 +120,17 @@ impl Fixture {
     }
 }
 
+/// The packets dropped as parts of cut connections, both directions.
+fn cut_flow_drops(dp: &EbpfDataplane) -> u64 {
+    dp.counters()
+        .unwrap()
+        .by_reason
+        .iter()
+        .filter(|((_, r), _)| *r == Reason::CutFlow as u8)
+        .map(|(_, (packets, _))| packets)
+        .sum()
+}
+
 fn udp_out() -> Vec<u8> {
     v4("10.0.0.1", "10.0.0.2", L4::Udp(40000, 5000))
 }
@@ -162,13 +176,16 @@ fn enforce_cuts_tracked_flows_the_new_policy_denies() {
         assert_eq!(f.run(EG, udp_out()), CUT, "{via:?}");
         assert_eq!(f.run(IN, tcp_in(0x10)), CUT, "{via:?}");
         assert_eq!(f.cuts(), vec![(DIR_EGRESS, 17), (DIR_INGRESS, 6)], "{via:?}");
-        // Every later packet of both, whichever side sends it.
+        // Every later packet of both, whichever side sends it, each
+        // counted (`cut-flow`).
+        let counted = cut_flow_drops(&f.dp);
         for _ in 0..2 {
             assert_eq!(f.run(EG, udp_out()), CUT_FLOW, "{via:?}");
             assert_eq!(f.run(IN, udp_back()), CUT_FLOW, "{via:?}");
             assert_eq!(f.run(IN, tcp_in(0x10)), CUT_FLOW, "{via:?}");
             assert_eq!(f.run(EG, tcp_back(0x10)), CUT_FLOW, "{via:?}");
         }
+        assert_eq!(cut_flow_drops(&f.dp) - counted, 8, "{via:?}");
         assert!(f.cuts().is_empty(), "{via:?}: a cut is reported once");
         // A new connection on the same tuple is decided by the policy.
         assert_eq!(f.run(IN, tcp_in(0x02)), DENY, "{via:?}");
@@ -245,4 +262,144 @@ fn only_enforce_endpoints_are_cut() {
     f.change(state(false, true), Via::Diff);
     assert_eq!(f.run(EG, udp_out()), CUT);
     assert_eq!(f.run(IN, tcp_in(0x10)), CUT);
+}
+
+/// An ICMP error from `src` to `dst` (IPv4 type 3 code 4, Fragmentation
+/// Needed, or ICMPv6 type 2, Packet Too Big, by the family of `quoted`)
+/// quoting the IP header and the first 8 L4 bytes of the frame `quoted`.
+fn icmp_error(src: &str, dst: &str, quoted: &[u8]) -> Vec<u8> {
+    let v4_frame = quoted[14] >> 4 == 4;
+    let t = if v4_frame { 3 } else { 2 };
+    let code = if v4_frame { 4 } else { 0 };
+    let mut b = vec![t, code, 0, 0, 0, 0, 0x05, 0x78];
+    let ihl = if v4_frame {
+        ((quoted[14] & 0x0f) as usize) * 4
+    } else {
+        40
+    };
+    b.extend(&quoted[14..14 + ihl + 8]);
+    if v4_frame {
+        v4(src, dst, L4::Raw(1, b))
+    } else {
+        v6(src, dst, L4::Raw(58, b))
+    }
+}
+
+fn udp6_out() -> Vec<u8> {
+    v6("fd00::1", "fd00::2", L4::Udp(40000, 5000))
+}
+fn udp6_back() -> Vec<u8> {
+    v6("fd00::2", "fd00::1", L4::Udp(5000, 40000))
+}
+
+const RELATED: (i32, Option<Reason>) = (VERDICT_ALLOW, Some(Reason::Related));
+
+/// `enforce`: an ICMP error (IPv4 and IPv6) quoting a tracked flow the
+/// new policy denies does not pass as related: the first one, arriving
+/// before any packet of the flow, has the flow decided again and is
+/// dropped as its cut (one cut event); later ones, and the errors of a
+/// flow an ordinary packet cut, are dropped as `cut-flow`. Before this,
+/// both passed as `Related` (run against the object without the fix:
+/// `RELATED` where `CUT` and `CUT_FLOW` are expected).
+#[test]
+fn enforce_drops_the_icmp_errors_of_a_cut_flow() {
+    for (tag, via) in [("esi", Via::Diff), ("esif", Via::FullSync)] {
+        let mut f = Fixture::new(tag, true);
+        assert_eq!(f.run(EG, udp6_out()), (VERDICT_ALLOW, Some(Reason::Policy)));
+        assert_eq!(f.run(IN, udp6_back()), TRACKED);
+        let router = "192.168.50.1";
+        let router6 = "2001:db8::1";
+        // Before the change, the errors of both flows pass as related.
+        assert_eq!(f.run(IN, icmp_error(router, "10.0.0.1", &udp_out())), RELATED);
+        assert_eq!(f.run(IN, icmp_error(router6, "fd00::1", &udp6_out())), RELATED);
+        assert_eq!(f.run(IN, icmp_error(router, "10.0.0.1", &tcp_back(0x10))), RELATED);
+        f.change(state(false, false), via);
+        // The UDP flows: the error comes first and cuts them.
+        assert_eq!(f.run(IN, icmp_error(router, "10.0.0.1", &udp_out())), CUT, "{via:?}");
+        assert_eq!(f.run(IN, icmp_error(router6, "fd00::1", &udp6_out())), CUT, "{via:?}");
+        // The cut events name the connections, not their errors.
+        assert_eq!(f.cuts(), vec![(DIR_EGRESS, 17), (DIR_EGRESS, 17)], "{via:?}");
+        for _ in 0..2 {
+            assert_eq!(
+                f.run(IN, icmp_error(router, "10.0.0.1", &udp_out())),
+                CUT_FLOW,
+                "{via:?}"
+            );
+            assert_eq!(
+                f.run(IN, icmp_error(router6, "fd00::1", &udp6_out())),
+                CUT_FLOW,
+                "{via:?}"
+            );
+        }
+        assert_eq!(f.run(EG, udp_out()), CUT_FLOW, "{via:?}");
+        assert_eq!(f.run(EG, udp6_out()), CUT_FLOW, "{via:?}");
+        // The TCP connection: cut by its own packet, then its error.
+        assert_eq!(f.run(IN, tcp_in(0x10)), CUT, "{via:?}");
+        assert_eq!(
+            f.run(IN, icmp_error(router, "10.0.0.1", &tcp_back(0x10))),
+            CUT_FLOW,
+            "{via:?}"
+        );
+        // An error the pod sends about a cut flow's packet: dropped too.
+        assert_eq!(
+            f.run(EG, icmp_error("10.0.0.1", "10.0.0.2", &tcp_in(0x10))),
+            CUT_FLOW,
+            "{via:?}"
+        );
+        assert_eq!(f.cuts(), vec![(DIR_INGRESS, 6)], "{via:?}");
+    }
+}
+
+/// `enforce`, a change that still allows the flows: an ICMP error quoting
+/// one passes as related, and has the flow decided again on the way (its
+/// next packet is tracked under the new epoch, nothing is cut); under
+/// `keep` a denying change leaves the errors related.
+#[test]
+fn icmp_errors_of_allowed_or_kept_flows_stay_related() {
+    let mut f = Fixture::new("esia", true);
+    f.change(state(true, true), Via::Diff);
+    let err = icmp_error("192.168.50.1", "10.0.0.1", &udp_out());
+    assert_eq!(f.run(IN, err.clone()), RELATED);
+    assert_eq!(f.run(IN, err.clone()), RELATED);
+    assert_eq!(f.run(EG, udp_out()), TRACKED);
+    assert!(f.cuts().is_empty());
+    let mut k = Fixture::new("esik", false);
+    k.change(state(false, false), Via::Diff);
+    assert_eq!(k.run(IN, err), RELATED);
+    assert!(k.cuts().is_empty());
+}
+
+/// A switch to `enforce` alone (the Namespace annotation, nothing else
+/// changed: the sync loop applies an empty diff) judges the endpoint's
+/// kept flows by the policy in force: the flows that a denying change left
+/// tracked under `keep` are cut at their next packet. Without the switch
+/// moving the epoch (before: only a change that touched the endpoint's
+/// decisions did), both passed as tracked.
+#[test]
+fn a_switch_to_enforce_alone_judges_the_kept_flows() {
+    for (tag, via) in [("esw", Via::Diff), ("eswf", Via::FullSync)] {
+        let mut f = Fixture::new(tag, false);
+        f.change(state(false, false), Via::Diff);
+        assert_eq!(f.run(EG, udp_out()), TRACKED, "{via:?}: keep");
+        f.dp.set_established_enforce(BTreeSet::from([1]));
+        f.change(state(false, false), via);
+        assert_eq!(f.run(EG, udp_out()), CUT, "{via:?}");
+        assert_eq!(f.run(IN, tcp_in(0x10)), CUT, "{via:?}");
+        assert_eq!(f.cuts(), vec![(DIR_EGRESS, 17), (DIR_INGRESS, 6)], "{via:?}");
+    }
+}
+
+/// An endpoint that leaves `enforce` keeps its flows through a denying
+/// change, and has them judged again when it comes back (by an empty
+/// apply). Fails without the switch moving the epoch.
+#[test]
+fn leaving_enforce_and_coming_back_judges_the_kept_flows() {
+    let mut f = Fixture::new("esb", true);
+    f.dp.set_established_enforce(BTreeSet::new());
+    f.change(state(true, false), Via::Diff);
+    f.change(state(false, false), Via::Diff);
+    assert_eq!(f.run(EG, udp_out()), TRACKED, "keep: the flow outlives the deny");
+    f.dp.set_established_enforce(BTreeSet::from([1]));
+    f.change(state(false, false), Via::Diff);
+    assert_eq!(f.run(EG, udp_out()), CUT);
 }

@@ -17,12 +17,13 @@ use super::{endpoint_id, listed_cache, node_a, Mem};
 use crate::reconcile::established::{Established, ESTABLISHED_ANNOTATION};
 use crate::reconcile::AgentDataplane;
 
-/// [`Mem`] that records each `enforce` set it is handed and reports the
-/// events queued in `events`.
+/// [`Mem`] that records each `enforce` set it is handed and the sizes of
+/// the diffs it applies, and reports the events queued in `events`.
 #[derive(Clone, Default)]
 struct Recording {
     mem: Mem,
     sets: Arc<Mutex<Vec<BTreeSet<u32>>>>,
+    applies: Arc<Mutex<Vec<usize>>>,
     events: Arc<Mutex<Vec<DenyEvent>>>,
 }
 
@@ -31,6 +32,7 @@ impl Dataplane for Recording {
         self.mem.sync_full(c, i)
     }
     fn apply(&mut self, d: &CompiledDiff, n: &Compiled, i: &Interfaces) -> Result<(), DataplaneError> {
+        self.applies.lock().unwrap().push(d.len());
         self.mem.apply(d, n, i)
     }
     fn counters(&self) -> Result<Counters, DataplaneError> {
@@ -121,4 +123,37 @@ async fn cut_events_are_counted_by_namespace_and_direction() {
         line.ends_with(" 2"),
         "one per ConnectionCut event, not per CutFlow: {line}"
     );
+}
+
+/// A switch of the annotation to `enforce`, nothing else changed: the
+/// sync hands the new set and applies (an empty diff), so that the
+/// dataplane judges the pod's kept connections now (the dataplane tests
+/// `a_switch_to_enforce_alone_judges_the_kept_flows` show the cut). A
+/// later sync with nothing new applies nothing; a switch back to `keep`
+/// needs no apply, a switch to `enforce` again does. Before, the empty
+/// diff was never applied: the switch waited for the next policy change.
+#[tokio::test]
+async fn a_switch_to_enforce_alone_is_applied() {
+    let cache = listed_cache(&[("p", "10.2.0.1")]);
+    let dp = Recording::default();
+    let mut syncer = node_a(&cache, dp.clone()).build();
+    syncer.sync_once().await.unwrap();
+    let id = endpoint_id(&dp.mem.0.lock().unwrap(), "p").expect("endpoint p");
+    syncer.sync_once().await.unwrap();
+    let applied = |dp: &Recording| std::mem::take(&mut *dp.applies.lock().unwrap());
+    let _ = applied(&dp);
+
+    cache.handle(Event::Apply(namespace_a("10", Some("enforce"))));
+    syncer.sync_once().await.unwrap();
+    assert_eq!(dp.sets.lock().unwrap().last(), Some(&BTreeSet::from([id])));
+    assert_eq!(applied(&dp), vec![0], "the switch alone is applied, an empty diff");
+    syncer.sync_once().await.unwrap();
+    assert_eq!(applied(&dp), Vec::<usize>::new(), "nothing new, nothing applied");
+
+    cache.handle(Event::Apply(namespace_a("11", Some("keep"))));
+    syncer.sync_once().await.unwrap();
+    assert_eq!(applied(&dp), Vec::<usize>::new(), "leaving enforce cuts nothing");
+    cache.handle(Event::Apply(namespace_a("12", Some("enforce"))));
+    syncer.sync_once().await.unwrap();
+    assert_eq!(applied(&dp), vec![0], "coming back is judged again");
 }
