@@ -208,7 +208,8 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
         threads: 4,
         sctp_log: runner.cluster().sctp_log(),
     };
-    let mut oracle = Oracle::new(opts.bounds, npm_sim::cases::Model::options());
+    let mut oracle = Oracle::new(opts.bounds, npm_sim::cases::Model::options())
+        .with_placement(Box::new(|ip| schedule::node_of_address(NODES, ip)));
     let world = World {
         injected: opts.inject,
         ..World::default()
@@ -330,7 +331,7 @@ impl Soak {
     fn push_state(&mut self, what: &str) {
         let model = &self.runner.model().snapshot;
         let snap = schedule::oracle_snapshot(model, &self.world);
-        let local_only = schedule::lost_pods(model, &self.world);
+        let local_only = schedule::lost_pods(model, &self.world, NODES);
         let t = self.now();
         self.oracle.push_state_with(t, what, snap, local_only);
     }

@@ -63,26 +63,21 @@ pub struct State {
     /// What the API server held.
     pub snapshot: Snapshot,
     /// Pods whose status lost their addresses, with the addresses their
-    /// sandboxes keep: the agent of a pod's own node holds it at them (by
-    /// npm-cni's facts), every other node sees the addresses unowned.
-    pub local_only: Vec<Pod>,
+    /// sandboxes keep, and their node: the agent of a pod's own node holds
+    /// it at them (by npm-cni's facts), every other node sees the
+    /// addresses unowned.
+    pub local_only: Vec<(u8, Pod)>,
 }
 
 impl State {
-    /// The node of pod `ns/name` in this state, if it is there.
-    fn node_of(&self, pod: &str) -> Option<&str> {
-        let (ns, name) = pod.split_once('/')?;
-        let key = (ns.to_string(), name.to_string());
-        self.snapshot.pods.get(&key)?.node_name.as_deref()
-    }
-
     /// The state as the agent of `node` holds it: the snapshot, with the
     /// pods of [`State::local_only`] on that node at their addresses.
-    fn view(&self, node: Option<&str>) -> Cow<'_, Snapshot> {
+    fn view(&self, node: Option<u8>) -> Cow<'_, Snapshot> {
         let mine: Vec<&Pod> = self
             .local_only
             .iter()
-            .filter(|p| node.is_some() && p.node_name.as_deref() == node)
+            .filter(|(n, _)| node == Some(*n))
+            .map(|(_, p)| p)
             .collect();
         if mine.is_empty() {
             return Cow::Borrowed(&self.snapshot);
@@ -160,13 +155,27 @@ pub enum Verdict {
     LivenessFailure(Vec<usize>),
 }
 
+/// The node (1-based) of the pod at an address, as the cluster places it.
+pub type Placement = Box<dyn Fn(IpAddr) -> Option<u8> + Send + Sync>;
+
 /// States, disturbances and the judging.
-#[derive(Debug)]
 pub struct Oracle {
     states: Vec<State>,
     disturbances: Vec<Disturbance>,
     bounds: Bounds,
     opts: CompileOptions,
+    /// Which node holds an address's pod (for [`State::local_only`]).
+    placement: Option<Placement>,
+}
+
+impl std::fmt::Debug for Oracle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Oracle")
+            .field("states", &self.states.len())
+            .field("disturbances", &self.disturbances)
+            .field("bounds", &self.bounds)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Oracle {
@@ -177,7 +186,15 @@ impl Oracle {
             disturbances: Vec::new(),
             bounds,
             opts,
+            placement: None,
         }
+    }
+
+    /// The oracle with `placement`: which node holds the pod at an
+    /// address (needed to judge states with [`State::local_only`] pods).
+    pub fn with_placement(mut self, placement: Placement) -> Self {
+        self.placement = Some(placement);
+        self
     }
 
     /// The bounds.
@@ -192,7 +209,7 @@ impl Oracle {
 
     /// [`Oracle::push_state`] with pods that lost their addresses
     /// ([`State::local_only`]).
-    pub fn push_state_with(&mut self, since: f64, what: &str, snapshot: Snapshot, local_only: Vec<Pod>) {
+    pub fn push_state_with(&mut self, since: f64, what: &str, snapshot: Snapshot, local_only: Vec<(u8, Pod)>) {
         self.states.push(State {
             since,
             what: what.to_string(),
@@ -279,11 +296,9 @@ impl Oracle {
         if st.local_only.is_empty() {
             return evaluate(&st.snapshot, &self.opts, &flow).allowed;
         }
-        let egress = evaluate(&st.view(st.node_of(&p.src)), &self.opts, &flow).egress.allowed;
-        egress
-            && evaluate(&st.view(st.node_of(&p.dst)), &self.opts, &flow)
-                .ingress
-                .allowed
+        let node = |ip| self.placement.as_ref().and_then(|f| f(ip));
+        let egress = evaluate(&st.view(node(p.src_ip)), &self.opts, &flow).egress.allowed;
+        egress && evaluate(&st.view(node(p.dst_ip)), &self.opts, &flow).ingress.allowed
     }
 
     fn both_pods(&self, i: usize, p: &ProbeRecord) -> bool {
@@ -433,16 +448,14 @@ mod tests {
         .expect("policy");
         m.apply(&Action::CreatePolicy(Box::new(np))).expect("applied");
         let mut snap = m.snapshot.clone();
-        for (pod, node) in [("y", "a", "node-2"), ("x", "a", "node-2"), ("x", "b", "node-1")]
-            .map(|(ns, n, node)| ((ns.to_string(), n.to_string()), node))
-        {
-            snap.pods.get_mut(&pod).expect("pod").node_name = Some(node.into());
-        }
+        // y/a and x/a on node 2, every other pod on node 1.
+        let on_2: Vec<IpAddr> = ["y/a", "x/a"].iter().map(|p| m.ip(p).unwrap()).collect();
+        let place: Placement = Box::new(move |ip| Some(if on_2.contains(&ip) { 2 } else { 1 }));
         let key = ("y".to_string(), "a".to_string());
         let lost = snap.pods[&key].clone();
         snap.pods.get_mut(&key).expect("y/a").ips.clear();
-        let mut o = Oracle::new(Bounds::default(), Model::options());
-        o.push_state_with(0.0, "y/a lost its addresses", snap.clone(), vec![lost]);
+        let mut o = Oracle::new(Bounds::default(), Model::options()).with_placement(place);
+        o.push_state_with(0.0, "y/a lost its addresses", snap.clone(), vec![(2, lost)]);
         // The same node holds y/a at its address: from namespace y.
         assert!(o.allows(0, &probe(&m, "y/a", "x/a", 1.0, true)));
         // Another node sees the address unowned: not from namespace y.

@@ -222,13 +222,25 @@ pub fn oracle_snapshot(model: &Snapshot, world: &World) -> Snapshot {
 /// The model pods of `world.lost` with the addresses their sandboxes
 /// keep: each node's agent holds its own such pods by npm-cni's facts
 /// (the oracle's per-node view).
-pub fn lost_pods(model: &Snapshot, world: &World) -> Vec<Pod> {
+pub fn lost_pods(model: &Snapshot, world: &World, nodes: u8) -> Vec<(u8, Pod)> {
     world
         .lost
         .iter()
         .filter_map(|key| key.split_once('/'))
         .filter_map(|(ns, name)| model.pods.get(&(ns.to_string(), name.to_string())).cloned())
+        .filter_map(|p| Some((p.ips.iter().find_map(|ip| node_of_address(nodes, *ip))?, p)))
         .collect()
+}
+
+/// The node (1-based) of the pod at `ip`: the owner of the namespace
+/// subnet the address is in (the third octet of `198.18.<n>.x`, the
+/// seventh group of `fd00:198:18::<n>:x`), as the cluster wires pods.
+pub fn node_of_address(nodes: u8, ip: IpAddr) -> Option<u8> {
+    let n = match ip {
+        IpAddr::V4(a) => a.octets()[2],
+        IpAddr::V6(a) => u8::try_from(a.segments()[6]).ok()?,
+    };
+    Some(crate::nodes::Nodes::owner_of(nodes, n))
 }
 
 fn pick<'a, T>(rng: &mut StdRng, v: &'a [T]) -> &'a T {
@@ -739,9 +751,9 @@ mod tests {
             }
             assert!(w.lost.len() <= MAX_LOST);
             let s = oracle_snapshot(&model.snapshot, &w);
-            let kept = lost_pods(&model.snapshot, &w);
+            let kept = lost_pods(&model.snapshot, &w, 2);
             assert_eq!(kept.len(), w.lost.len());
-            for p in &kept {
+            for (_, p) in &kept {
                 assert!(!p.ips.is_empty());
                 assert!(s.pods[&(p.namespace.clone(), p.name.clone())].ips.is_empty());
             }
