@@ -284,7 +284,8 @@ impl Oracle {
 
     /// Whether state `i` allows the probe's flow (reference evaluator):
     /// the sender's egress as the sender's node sees the state, and the
-    /// receiver's ingress as the receiver's node sees it ([`State::view`]).
+    /// receiver's ingress as the receiver's node sees it (its view: the
+    /// pods of [`State::local_only`] on that node at their addresses).
     pub fn allows(&self, i: usize, p: &ProbeRecord) -> bool {
         let flow = Flow {
             src: p.src_ip,
