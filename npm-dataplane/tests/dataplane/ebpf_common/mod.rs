@@ -130,6 +130,15 @@ impl Dummy {
         assert!(peer.len() < 16, "interface name {peer} too long");
         sh_quiet(&["ip", "link", "del", &name]);
         sh(&["ip", "link", "add", &name, "type", "veth", "peer", "name", &peer]);
+        // No IPv6 on either end: with it, the kernel sends its own ICMPv6
+        // control packets (router solicitations, MLD reports) through the
+        // up end even without a carrier, and they run the attached
+        // `to_pod`, moving counters under a test run (the fuzzer saw them
+        // as frames counted twice).
+        for n in [&name, &peer] {
+            std::fs::write(format!("/proc/sys/net/ipv6/conf/{n}/disable_ipv6"), "1")
+                .unwrap_or_else(|e| panic!("disable IPv6 on {n}: {e}"));
+        }
         sh(&["ip", "link", "set", &name, "up"]);
         let ifindex = ifindex_of(&name);
         Dummy { name, ifindex }
