@@ -16,7 +16,7 @@
 //!   goes into both images.
 //! - the amd64 binaries stay on the stable toolchain of `rust-toolchain.toml`.
 //!
-//! The Debian arm64 root (`<vm cache>/arm64/root`, Debian 12, built once by
+//! The Debian arm64 root (`<vm cache>/arm64/root-<hash of its packages>`, Debian 12, built once by
 //! `debootstrap --foreign` and completed by running its second stage under
 //! `qemu-aarch64-static` through binfmt_misc) provides the arm64 `nft`,
 //! `iptables` and their libraries for the arm64 image, the sysroot its
@@ -99,8 +99,11 @@ pub const ROOT_SUITE: &str = "bookworm";
 /// Packages of the arm64 root beyond debootstrap's `minbase`: the tools
 /// the image ships (`nftables`, `iptables`), and what the VM row's guest
 /// runs (ip, modprobe, busybox for its initramfs, ping, python3 for a
-/// Service test, ps).
+/// Service test, ps, and the CA bundle the agent's API client loads even
+/// for a server it skips verifying: without one it stops at "building the
+/// API client").
 pub const ROOT_PACKAGES: &[&str] = &[
+    "ca-certificates",
     "nftables",
     "iptables",
     "iproute2",
@@ -111,13 +114,32 @@ pub const ROOT_PACKAGES: &[&str] = &[
     "procps",
 ];
 
+/// The cache key of the arm64 root: its suite and packages.
+fn root_key() -> String {
+    format!("{ROOT_SUITE} {}\n", ROOT_PACKAGES.join(","))
+}
+
+/// The directory name of the root of key `key` (`root-` and a 64-bit FNV-1a
+/// hash of it): a root with other packages is another directory, so a
+/// stale root is never used, and checkouts of different package lists
+/// (branches, the CI's) do not rebuild each other's.
+fn root_dir_name(key: &str) -> String {
+    let h = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("root-{h:016x}")
+}
+
 /// The Debian arm64 root, built on first use and cached (outside the
-/// checkout, beside the VM kernels); rebuilt when [`ROOT_PACKAGES`] changes.
+/// checkout, beside the VM kernels) under a name derived from
+/// [`ROOT_SUITE`] and [`ROOT_PACKAGES`] ([`root_dir_name`]): changing the
+/// list builds a new root.
 pub fn debian_root() -> Result<PathBuf> {
     let dir = crate::vm::cache().join("arm64");
-    let root = dir.join("root");
+    let want = root_key();
+    let name = root_dir_name(&want);
+    let root = dir.join(&name);
     let stamp = root.join(".npm-root");
-    let want = format!("{ROOT_SUITE} {}\n", ROOT_PACKAGES.join(","));
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
         return Ok(root);
     }
@@ -128,7 +150,7 @@ pub fn debian_root() -> Result<PathBuf> {
     }
     binfmt()?;
     let (mirror, _) = crate::vm::host_mirrors()?;
-    let partial = dir.join("root.partial");
+    let partial = dir.join(format!("{name}.partial"));
     std::fs::create_dir_all(&dir)?;
     // Reused when a first stage completed (the download is most of it).
     if !partial.join("debootstrap/debootstrap").exists() || partial.join("debootstrap/npm-failed").exists() {
@@ -330,6 +352,23 @@ mod tests {
             Some("/lib/ld-linux-aarch64.so.1")
         );
         assert_eq!(parse_interpreter("no interpreter here"), None);
+    }
+
+    #[test]
+    fn the_root_is_keyed_by_its_packages() {
+        let key = root_key();
+        assert!(key.contains("ca-certificates"), "the agent needs a CA bundle: {key}");
+        let name = root_dir_name(&key);
+        assert_eq!(name, root_dir_name(&key));
+        assert_eq!(name.len(), "root-".len() + 16);
+        // The list before ca-certificates joined it names another root.
+        let without: Vec<&str> = ROOT_PACKAGES
+            .iter()
+            .copied()
+            .filter(|p| *p != "ca-certificates")
+            .collect();
+        assert_ne!(name, root_dir_name(&format!("{ROOT_SUITE} {}\n", without.join(","))));
+        assert_ne!(name, root_dir_name(&key.replace(ROOT_SUITE, "trixie")));
     }
 
     #[test]

@@ -298,12 +298,13 @@ impl FoldTable {
         let mut slots = Vec::with_capacity(entries.len());
         for &(key, value, bucket) in entries {
             let base = bucket as usize * FOLD_WAYS;
-            let Some(i) = (base..base + FOLD_WAYS).find(|i| words[i * 2].load(Ordering::Acquire) == 0) else {
+            let Some(i) = free_way(words, base, value) else {
                 clear_entries(words, &slots);
                 return None;
             };
             // The value before its key: a reader that sees the key sees
-            // its value.
+            // its value on x86; on arm64 it may see the slot's previous
+            // value, which the datapath rejects ([`free_way`]).
             words[i * 2 + 1].store(value, Ordering::Release);
             words[i * 2].store(key, Ordering::Release);
             slots.push(i);
@@ -328,13 +329,35 @@ impl FoldTable {
     }
 }
 
-/// Removes the entries at `slots` of `words`, the last stored first, each
-/// key before its value.
+/// Removes the entries at `slots` of `words`, the last stored first: the
+/// key only, the value word stays (what [`free_way`] reads of the slot's
+/// previous occupant).
 fn clear_entries(words: &[std::sync::atomic::AtomicU64], slots: &[usize]) {
     for &i in slots.iter().rev() {
         words[i * 2].store(0, Ordering::Release);
-        words[i * 2 + 1].store(0, Ordering::Release);
     }
+}
+
+/// The entry index of a free way (key word 0) of the bucket whose first
+/// entry is `base` for an entry of value word `value`, `None` when all
+/// four are taken. A datapath that reads the new key may read the slot's
+/// previous value with it (arm64 may perform the value's load first); it
+/// takes the pair only when the value carries the key's check (bits
+/// 32..64, `npm_common::fold_check`). A free way whose remaining value
+/// word has another check (or is this very value) is therefore preferred:
+/// a stale read of it is rejected (or harmless). Another way is taken only
+/// when none is: its previous value then has this check, which happens
+/// when it held the same key (a direction folded anew: its endpoints'
+/// records do not carry its flag meanwhile) or a key of this bucket and
+/// CIDR code whose 23-bit tag collides.
+fn free_way(words: &[std::sync::atomic::AtomicU64], base: usize, value: u64) -> Option<usize> {
+    let free = |i: &usize| words[i * 2].load(Ordering::Acquire) == 0;
+    let safe = |i: &usize| {
+        let old = words[i * 2 + 1].load(Ordering::Relaxed);
+        old >> 32 != value >> 32 || old == value
+    };
+    let ways = base..base + FOLD_WAYS;
+    ways.clone().filter(free).find(safe).or_else(|| ways.clone().find(free))
 }
 
 /// Whether entries of `class` fit a key and a value.
@@ -396,7 +419,7 @@ pub fn entries(subject: u32, dir: Direction, class: PeerClass, f: &Folded) -> Op
         let key = fold_key(subject, d, class.identity, pc)?;
         Some((
             key,
-            fold_value(code, decision_word(decision)),
+            fold_value(key, code, decision_word(decision)),
             fold_bucket(key, code, FOLD_SHIFT),
         ))
     };
@@ -415,4 +438,39 @@ pub fn entries(subject: u32, dir: Direction, class: PeerClass, f: &Folded) -> Op
     out.extend(any_port);
     out.push(entry(FOLD_PC_ANY_PROTO, f.other)?);
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn a_free_way_whose_stale_value_the_datapath_would_take_is_avoided() {
+        let code = 2;
+        let key = fold_key(300, 0, 5000, fold_pc_exact(1, 443)).unwrap();
+        let value = fold_value(key, code, Reason::AdminDeny as u32);
+        // Bucket 1 (entries 4..8): way 0 taken, way 1 free with the same
+        // key's older decision left in it, way 2 free with another check.
+        let words: Vec<AtomicU64> = (0..2 * FOLD_BUCKET_WORDS).map(|_| AtomicU64::new(0)).collect();
+        let w = |e: usize, k: u64, v: u64| {
+            words[e * 2].store(k, Ordering::Relaxed);
+            words[e * 2 + 1].store(v, Ordering::Relaxed);
+        };
+        let older = fold_value(key, code, Reason::AdminAccept as u32);
+        w(4, key ^ 1, 5);
+        w(5, 0, older);
+        w(6, 0, fold_value(key, code + 1, Reason::AdminAccept as u32));
+        w(7, 9, 9);
+        assert_eq!(free_way(&words, 4, value), Some(6));
+        // The very value left in a way is as good.
+        w(5, 0, value);
+        assert_eq!(free_way(&words, 4, value), Some(5));
+        // Only a way whose stale value has this check: taken all the same.
+        w(5, 0, older);
+        w(6, 8, 8);
+        assert_eq!(free_way(&words, 4, value), Some(5));
+        w(5, 7, 7);
+        assert_eq!(free_way(&words, 4, value), None);
+    }
 }

@@ -4,7 +4,9 @@
 //! the tiers' and NetworkPolicy's lookups; the datapath really reads them
 //! (an entry changed behind the loader's back changes that verdict) and
 //! falls back to the lookups for a class without entries (all entries
-//! removed behind its back: nothing changes); the entries and the
+//! removed behind its back: nothing changes); a key read with its slot's
+//! previous value (another key's, or a cleared word: what arm64 may read
+//! while user space stores the entry) is not taken; the entries and the
 //! `EP_FOLD_*` flags follow diffs (a tier rule's action, a NetworkPolicy
 //! allow, a new peer pod, the tiers removed) and a restarted loader's full
 //! sync. The random rule sets of `ebpf_differential.rs` compare it with
@@ -145,7 +147,7 @@ fn the_fold_decides_as_the_lookups_and_the_datapath_reads_it() {
         .find(|i| b[2 * i] == key && b[2 * i + 1] >> 56 == code)
         .expect("the entry");
     assert_eq!(b[2 * way + 1] as u8, Reason::AdminAccept as u8);
-    b[2 * way + 1] = fold_value(code, Reason::AdminDeny as u32);
+    b[2 * way + 1] = fold_value(key, code, Reason::AdminDeny as u32);
     words.set(bucket, b, 0).unwrap();
     assert_eq!(
         fold.probe(1, "10.0.0.2", 41_000, false, 443),
@@ -169,6 +171,93 @@ fn the_fold_decides_as_the_lookups_and_the_datapath_reads_it() {
     assert_eq!(fold.kernel_entries(), entries);
     assert_eq!(fold.fold_flags(1), EP_FOLD_INGRESS);
     assert_same(&fold.grid(43_000), &want, "synced again");
+}
+
+/// The (subject, direction, identity) fields of a key word.
+fn key_class(k: u64) -> (u64, u64, u64) {
+    (k >> 43 & 0x7_ffff, k >> 42 & 1, k >> 18 & 0xff_ffff)
+}
+
+/// Writes `key` with value word `value` into a free way of its bucket of
+/// CIDR code `code`, behind the loader's back.
+fn write_entry(words: &mut Array<MapData, [u64; FOLD_BUCKET_WORDS]>, key: u64, code: u64, value: u64) {
+    let bucket = fold_bucket(key, code, FOLD_SHIFT);
+    let mut b = words.get(&bucket, 0).unwrap();
+    let way = (0..4).find(|w| b[2 * w] == 0).expect("a free way");
+    b[2 * way + 1] = value;
+    b[2 * way] = key;
+    words.set(bucket, b, 0).unwrap();
+}
+
+#[test]
+fn a_key_read_with_its_slots_previous_value_is_not_taken() {
+    sweep_leftovers();
+    let c = compiled();
+    let fold = TierDp::new("fdh", &c, BenchSwitches::default());
+    let look = TierDp::new("fdi", &c, lookups());
+    // Endpoint 1's ingress classes of POD_B (CIDR identity BLOCK) and
+    // POD_C (none: code 0) lose their entries behind the loader's back:
+    // the lookups decide them, as while a new class is being stored.
+    let mut words = fold.words();
+    let buckets: Vec<(u32, [u64; FOLD_BUCKET_WORDS])> = words
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (i as u32, b.expect("bucket")))
+        .collect();
+    let mut removed = 0;
+    for (i, mut b) in buckets {
+        let mut changed = false;
+        for w in 0..4 {
+            let (subject, dir, id) = key_class(b[2 * w]);
+            if b[2 * w] != 0 && subject == 256 && dir == 0 && (id == u64::from(POD_B) || id == u64::from(POD_C)) {
+                b[2 * w] = 0;
+                changed = true;
+                removed += 1;
+            }
+        }
+        if changed {
+            words.set(i, b, 0).unwrap();
+        }
+    }
+    assert!(removed >= 4, "{removed}");
+    let want_b = look.probe(1, "10.0.0.2", 41_000, false, 443);
+    assert_eq!(want_b, (VERDICT_ALLOW, Some(Reason::AdminAccept)));
+    assert_eq!(fold.probe(1, "10.0.0.2", 41_000, false, 443), want_b, "class absent");
+
+    // The first entry of POD_B's class, its exact TCP 443 key, is written
+    // in a way whose value word holds the previous occupant's value:
+    // another class's entry of the same CIDR code and bucket line, a deny.
+    // A datapath that pairs them denies; the key is not taken, so the
+    // class is still absent.
+    let code = cidr_code(BLOCK).unwrap();
+    let key = fold_key(256, 0, POD_B, fold_pc_exact(1, 443)).unwrap();
+    let other = fold_key(256, 0, 999, fold_pc_exact(1, 443)).unwrap();
+    write_entry(&mut words, key, code, fold_value(other, code, Reason::AdminDeny as u32));
+    assert_eq!(
+        fold.probe(1, "10.0.0.2", 41_100, false, 443),
+        want_b,
+        "a key taken with another key's value"
+    );
+    // POD_C's (code 0) exact TCP 443 key with a cleared value word.
+    let key_c = fold_key(256, 0, POD_C, fold_pc_exact(1, 443)).unwrap();
+    write_entry(&mut words, key_c, 0, 0);
+    let want_c = look.probe(1, "10.0.0.3", 41_200, false, 443);
+    assert_eq!(
+        fold.probe(1, "10.0.0.3", 41_200, false, 443),
+        want_c,
+        "a key taken with a cleared value"
+    );
+
+    // With its own value the entry decides (the datapath read it).
+    let bucket = fold_bucket(key, code, FOLD_SHIFT);
+    let mut b = words.get(&bucket, 0).unwrap();
+    let way = (0..4).find(|w| b[2 * w] == key).expect("the entry");
+    b[2 * way + 1] = fold_value(key, code, Reason::AdminDeny as u32);
+    words.set(bucket, b, 0).unwrap();
+    assert_eq!(
+        fold.probe(1, "10.0.0.2", 41_300, false, 443),
+        (VERDICT_DROP, Some(Reason::AdminDeny))
+    );
 }
 
 /// Applies `prev` -> `next` to both dataplanes and checks they decide

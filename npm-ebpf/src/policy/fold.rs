@@ -10,9 +10,8 @@
 
 use aya_ebpf::{macros::map, maps::Array};
 use npm_common::{
-    cidr_code, fold_bucket, fold_key_unchecked, fold_pc_any_port, fold_pc_block, fold_pc_exact, fold_value_cidr,
-    proto_code, sizes, EP_FOLD_INGRESS, FOLD_BUCKET_WORDS, FOLD_MAX_IDENTITY, FOLD_MAX_SUBJECT, FOLD_PC_ANY_PROTO,
-    FOLD_SHIFT,
+    cidr_code, fold_check, fold_hash, fold_key_unchecked, fold_pc_any_port, fold_pc_block, fold_pc_exact, proto_code,
+    sizes, EP_FOLD_INGRESS, FOLD_BUCKET_WORDS, FOLD_MAX_IDENTITY, FOLD_MAX_SUBJECT, FOLD_PC_ANY_PROTO, FOLD_SHIFT,
 };
 
 use super::BPF_F_MMAPABLE;
@@ -73,15 +72,22 @@ pub(crate) fn fold_decision(subject: u32, dir: u8, ids: (u32, u32), pr: u8, port
 }
 
 /// The decision word of the entry of `key` and CIDR code `code` in its
-/// bucket, [`NO_FOLD`] for none. An entry's key is read again after its
-/// value: user space writes a value before its key and clears a key before
-/// its value, so a value read between two equal reads of its key is that
-/// key's.
+/// bucket, [`NO_FOLD`] for none. User space writes a value before its key
+/// and clears a key only (the value stays). A slot's value is taken only
+/// when it carries the key's check ([`fold_check`]: the CIDR code and a
+/// tag of the key), so a key read with its slot's previous value (another
+/// key's: arm64 may perform the value's load before the key's, x86 does
+/// not) is not taken: the entry counts as not yet written, which a class
+/// being stored already is (its wider entries are stored after it). The
+/// key is read again after the value (x86's order: a key cleared and
+/// rewritten between the two reads is not paired with the value).
 #[inline(always)]
 fn probe(key: u64, code: u64) -> u32 {
-    let Some(b) = NPM_FOLD.get(fold_bucket(key, code, FOLD_SHIFT)) else {
+    let hash = fold_hash(key, code);
+    let Some(b) = NPM_FOLD.get((hash >> FOLD_SHIFT) as u32) else {
         return NO_FOLD;
     };
+    let check = fold_check(hash, code, FOLD_SHIFT);
     let b = b.as_ptr();
     let mut i = 0;
     while i < FOLD_BUCKET_WORDS {
@@ -90,7 +96,7 @@ fn probe(key: u64, code: u64) -> u32 {
         unsafe {
             if core::ptr::read_volatile(b.add(i)) == key {
                 let v = core::ptr::read_volatile(b.add(i + 1));
-                if fold_value_cidr(v) == code && core::ptr::read_volatile(b.add(i)) == key {
+                if v >> 32 == check && core::ptr::read_volatile(b.add(i)) == key {
                     return v as u32;
                 }
             }

@@ -113,8 +113,9 @@ pub struct NodeRuntime {
     pub node: String,
     /// The node's netns.
     pub netns: String,
-    /// `/proc/<holder>/ns/mnt`.
-    pub mount_ns: Option<PathBuf>,
+    /// The pid of the node's mount-namespace holder
+    /// ([`crate::nodes::enter_mount_args`]).
+    pub mount_holder: Option<u32>,
     /// `CNI_PATH` (host path, also valid inside the node).
     pub cni_path: PathBuf,
     /// The node's `/var/lib/cni` as the host sees it.
@@ -213,7 +214,7 @@ pub fn node_runtime(node: &Node, conflist: Value, npm_cni: &Path) -> Result<Node
     Ok(NodeRuntime {
         node: node.name.clone(),
         netns: node.netns.clone(),
-        mount_ns: node.holder_pid().map(|p| PathBuf::from(format!("/proc/{p}/ns/mnt"))),
+        mount_holder: node.holder_pid(),
         cni_path: bin,
         var_lib_cni: node.var_lib_cni(),
         conflist,
@@ -244,8 +245,8 @@ impl NodeRuntime {
             .unwrap_or_default();
         let bin = self.cni_path.join(&ty);
         let mut cmd = std::process::Command::new("nsenter");
-        if let Some(m) = &self.mount_ns {
-            cmd.arg(format!("--mount={}", m.display()));
+        if let Some(pid) = self.mount_holder {
+            cmd.args(crate::nodes::enter_mount_args(pid));
         }
         cmd.arg(format!("--net=/run/netns/{}", self.netns))
             .arg("--")

@@ -155,7 +155,7 @@ impl Node {
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut cmd = Command::new("nsenter");
         if let Some(pid) = self.holder_pid() {
-            cmd.arg(format!("--mount=/proc/{pid}/ns/mnt"));
+            cmd.args(enter_mount_args(pid));
         }
         cmd.arg(format!("--net=/run/netns/{}", self.netns))
             .arg("--")
@@ -167,6 +167,23 @@ impl Node {
     pub fn addresses(&self) -> [IpAddr; 2] {
         [IpAddr::V4(self.ipv4), IpAddr::V6(self.ipv6)]
     }
+}
+
+/// `nsenter`'s arguments entering the mount namespace of the node holder
+/// `holder`: the namespace, and the holder's root directory as the root.
+/// Entering a mount namespace moves the root to the namespace's own root
+/// mount; when the runner itself runs chrooted (the `cargo xtask vm`
+/// guests: the Debian or host root is a `chroot` inside the initramfs),
+/// that root is the initramfs and the program's path (the checkout) does not
+/// exist there. The holder's root (`/proc/<holder>/root`) is the same tree
+/// the runner sees, so paths resolve alike; without a chroot it is the
+/// namespace's `/` and nothing changes. (The working directory is that
+/// root, as without `--root`.)
+pub fn enter_mount_args(holder: u32) -> [String; 2] {
+    [
+        format!("--mount=/proc/{holder}/ns/mnt"),
+        format!("--root=/proc/{holder}/root"),
+    ]
 }
 
 /// The nodes and their fabric. Dropping it removes them.
