@@ -46,7 +46,7 @@ use npm_common::DenyEvent;
 use npm_dataplane::ebpf::{dump_pinned, EbpfDataplane, EbpfOptions};
 use npm_dataplane::{Counters, Dataplane, DataplaneError, Interfaces};
 use npm_policy::compiled::{CompileOptions, Compiled, CompiledDiff, PolicyEntry, RuleRef};
-use npm_testapi::{Options, TestApiServer};
+use npm_testapi::{FaultRule, Kind, Options, TestApiServer};
 
 use bench_support::{percentile, setup_kernel, PoolResolver};
 
@@ -144,13 +144,48 @@ impl AgentDataplane for TimedEbpf {
     }
 }
 
-fn rss_mb() -> f64 {
+/// A `/proc/self/status` field in kB (`VmRSS`, `VmHWM`), as MB.
+fn status_mb(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// The process's resident set now.
+fn rss_mb() -> f64 {
+    status_mb("VmRSS")
+}
+
+/// The process's peak resident set since the last [`reset_peak`].
+fn peak_mb() -> f64 {
+    status_mb("VmHWM")
+}
+
+/// Reset the peak resident set (`VmHWM`) to the current one
+/// (`/proc/PID/clear_refs`, value 5).
+fn reset_peak() -> anyhow::Result<()> {
+    std::fs::write("/proc/self/clear_refs", "5")?;
+    Ok(())
+}
+
+/// The 1-minute load average (the machine's load during the run).
+fn load1() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A sample of the agent's metrics (0 when absent).
+fn metric(metrics: &Metrics, series: &str) -> f64 {
+    metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
 }
 
@@ -264,6 +299,9 @@ async fn main() -> anyhow::Result<()> {
     let locals = pods.div_ceil(100);
     let (kernel, ifindexes) = setup_kernel(locals, LINK_PREFIX, PIN_PREFIX)?;
     let probe: Arc<Mutex<Probe>> = Arc::default();
+    // The API server's memory (same process) is taken before the agent
+    // starts and subtracted; the peak is counted from here.
+    reset_peak()?;
     let rss_before = rss_mb();
     let dp = TimedEbpf {
         inner: EbpfDataplane::open(EbpfOptions {
@@ -309,6 +347,8 @@ async fn main() -> anyhow::Result<()> {
     };
     let first_enforcement_s = (first - started).as_secs_f64();
     eprintln!("first full enforcement after {first_enforcement_s:.2}s");
+    // The initial list and first full sync (no old state held).
+    let first_peak = peak_mb() - rss_before;
 
     // 100 changes per second: alternately a new pod and a new policy.
     let changes = seconds * 100;
@@ -346,6 +386,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let rss = rss_mb() - rss_before;
+    let churn_peak = peak_mb() - rss_before;
     let (mut lat, missing) = {
         let p = probe.lock().unwrap();
         (p.latencies_ms.clone(), p.pending_ips.len() + p.pending_policies.len())
@@ -358,6 +399,48 @@ async fn main() -> anyhow::Result<()> {
     };
     pod_ms.sort_by(|a, b| a.total_cmp(b));
     policy_ms.sort_by(|a, b| a.total_cmp(b));
+
+    // A forced full relist of every watched kind, the agent holding its last
+    // complete state until each list is complete: the watches are closed
+    // and their reconnection held back while a new pod is written and the
+    // event log compacted past it, so every watch resumes from a compacted
+    // revision, gets 410 Gone and lists again. Done when the pods' list
+    // completed again and the new pod's address is in the kernel; the peak
+    // resident set is counted from a reset at its start.
+    let init_done = r#"npm_watch_events_total{resource="pods",event="init-done"}"#;
+    let lists_before = metric(&running.metrics, init_done);
+    reset_peak()?;
+    srv.inject(FaultRule::delay(16, Duration::from_secs(1)).verb("watch"));
+    srv.drop_watches();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let marker_ip: IpAddr = ip_of(pods + changes).parse()?;
+    let marker = pod("bench0", pods + changes, &marker_ip.to_string(), false);
+    probe.lock().unwrap().pending_ips.insert(marker_ip, Instant::now());
+    srv.create_object(Kind::Pod, Some("bench0"), serde_json::to_value(&marker)?)?;
+    srv.compact();
+    let relist_start = Instant::now();
+    loop {
+        let relisted = metric(&running.metrics, init_done) > lists_before;
+        if relisted && !probe.lock().unwrap().pending_ips.contains_key(&marker_ip) {
+            break;
+        }
+        anyhow::ensure!(
+            relist_start.elapsed() < Duration::from_secs(600),
+            "no relist (pods listed again: {relisted}) or the new pod not programmed after 600 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let relist_s = relist_start.elapsed().as_secs_f64();
+    srv.clear_faults();
+    // The sync that programmed the new pod returns the freed memory to the
+    // kernel after its apply: a second for it to finish.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let relist_peak = peak_mb() - rss_before;
+    let after_relist = rss_mb() - rss_before;
+    churn_ips.push(marker_ip);
+    eprintln!(
+        "relist done in {relist_s:.2}s: steady {rss:.0} MB before, {after_relist:.0} MB after, peak {relist_peak:.0} MB"
+    );
     running.abort();
 
     // Read the pinned maps back: every change must be in the kernel.
@@ -409,6 +492,17 @@ async fn main() -> anyhow::Result<()> {
             "p50_ms": (percentile(&lat, 0.5) * 10.0).round() / 10.0,
             "p99_ms": (percentile(&lat, 0.99) * 10.0).round() / 10.0,
             "rss_mb": rss.round(),
+            // Steady: after the churn; peaks: the first list and sync, the
+            // churn, the forced full relist (the old state held).
+            "steady_rss_mb": rss.round(),
+            "first_peak_mb": first_peak.round(),
+            "churn_peak_mb": churn_peak.round(),
+            "relist_peak_mb": relist_peak.round(),
+            "after_relist_rss_mb": after_relist.round(),
+            "relist_s": (relist_s * 100.0).round() / 100.0,
+            "kib_per_pod": (rss * 1024.0 / pods as f64 * 100.0).round() / 100.0,
+            "peak_kib_per_pod": (first_peak.max(churn_peak).max(relist_peak) * 1024.0 / pods as f64 * 100.0).round() / 100.0,
+            "load1": load1(),
             "dataplane": "ebpf", "local_endpoints": locals,
             "policy_keys": dump.policy.len(), "subjects": subjects.len(),
             "pod_p50_ms": (percentile(&pod_ms, 0.5) * 10.0).round() / 10.0,

@@ -262,6 +262,16 @@ impl Cache {
             && lock(&self.nodes).is_listed()
     }
 
+    /// The number of full lists completed by the five stores together
+    /// (it grows with each relist).
+    pub fn lists_completed(&self) -> u64 {
+        lock(&self.pods).lists_completed()
+            + lock(&self.namespaces).lists_completed()
+            + lock(&self.policies).lists_completed()
+            + lock(&self.cluster_policies).lists_completed()
+            + lock(&self.nodes).lists_completed()
+    }
+
     /// The complete state of all five resources, `None` until all five
     /// have completed a full list.
     pub fn complete(&self) -> Option<CompleteState> {

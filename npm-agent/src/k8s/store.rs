@@ -111,9 +111,19 @@ impl<K: Resource + Clone> ListStore<K> {
             }
             Event::InitApply(obj) => {
                 let obj = self.slim(obj);
+                let key = key_of(&obj);
+                // A relisted object equal to the stored one is buffered as
+                // the stored pointer right away (the new copy is dropped
+                // here, not at `InitDone`): a relist then holds one copy of
+                // the unchanged objects, not two (issue 48). The buffer is
+                // still only trusted on `InitDone`.
+                let kept = self
+                    .projection
+                    .zip(self.complete.as_ref())
+                    .and_then(|(p, complete)| complete.get(&key).filter(|o| (p.same)(o, &obj)).cloned());
                 self.pending
                     .get_or_insert_with(BTreeMap::new)
-                    .insert(key_of(&obj), Arc::new(obj));
+                    .insert(key, kept.unwrap_or_else(|| Arc::new(obj)));
                 StoreUpdate::Buffered
             }
             Event::InitDone => {
@@ -123,7 +133,7 @@ impl<K: Resource + Clone> ListStore<K> {
                     // Relisted objects equal to the stored ones keep the
                     // stored pointers (nothing to convert again).
                     for (k, n) in new.iter_mut() {
-                        if let Some(o) = old.get(k).filter(|o| (p.same)(o, n)) {
+                        if let Some(o) = old.get(k).filter(|o| !Arc::ptr_eq(o, n) && (p.same)(o, n)) {
                             *n = o.clone();
                         }
                     }

@@ -142,3 +142,52 @@ fn cluster_policies_follow_the_complete_list_rule() {
         ClusterPolicyMode::Off
     );
 }
+
+/// A relist holds one copy of the pods it finds unchanged, not two: each
+/// relisted pod equal to the stored one is buffered as the stored pointer
+/// when it arrives (issue 48), a changed one as its new copy; the complete
+/// state stays the last one until `InitDone`.
+#[test]
+fn relist_buffers_unchanged_objects_as_the_stored_pointers() {
+    let cache = Cache::new(Metrics::new().unwrap());
+    cache.handle::<Pod>(Event::Init);
+    cache.handle(Event::InitApply(pod("a", "1", Some("10.0.0.1"))));
+    cache.handle(Event::InitApply(pod("b", "1", Some("10.0.0.2"))));
+    cache.handle::<Pod>(Event::InitDone);
+    let stored = |name: &str| {
+        cache
+            .pods
+            .lock()
+            .unwrap()
+            .complete()
+            .unwrap()
+            .get(&("ns".into(), name.into()))
+            .unwrap()
+            .clone()
+    };
+    let (a, b) = (stored("a"), stored("b"));
+    // Only the store (and the two clones just taken) hold them.
+    let (a_refs, b_refs) = (std::sync::Arc::strong_count(&a), std::sync::Arc::strong_count(&b));
+    cache.handle::<Pod>(Event::Init);
+    // `a` unchanged (a new resourceVersion only), `b` with a new address.
+    cache.handle(Event::InitApply(pod("a", "2", Some("10.0.0.1"))));
+    cache.handle(Event::InitApply(pod("b", "2", Some("10.0.0.3"))));
+    assert_eq!(
+        std::sync::Arc::strong_count(&a),
+        a_refs + 1,
+        "the relist buffers the stored `a`, not a second copy"
+    );
+    assert_eq!(
+        std::sync::Arc::strong_count(&b),
+        b_refs,
+        "a changed `b` is its new copy"
+    );
+    assert!(
+        std::sync::Arc::ptr_eq(&stored("b"), &b),
+        "the last complete state stays until InitDone"
+    );
+    cache.handle::<Pod>(Event::InitDone);
+    assert!(std::sync::Arc::ptr_eq(&stored("a"), &a));
+    let new_b = stored("b");
+    assert_eq!(new_b.status.as_ref().unwrap().pod_ip.as_deref(), Some("10.0.0.3"));
+}

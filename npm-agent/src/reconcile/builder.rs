@@ -167,6 +167,7 @@ impl<D: AgentDataplane> SyncerBuilder<D> {
             last_cross_check: Instant::now(),
             cross_check: None,
             rebuild_pending: false,
+            trimmed_lists: 0,
             programmed: None,
             guard: GuardReference::default(),
             guard_seeded: false,

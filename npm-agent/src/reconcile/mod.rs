@@ -105,6 +105,7 @@ pub mod established;
 pub mod expiry;
 pub mod guard;
 pub mod hold;
+pub mod memory;
 pub mod numbers;
 pub mod report_new;
 pub mod run;

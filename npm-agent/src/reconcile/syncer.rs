@@ -208,6 +208,9 @@ pub struct Syncer<D: AgentDataplane> {
     /// The identity, CIDR and rule numbers the dataplane adopted (read once).
     pub(super) adopted_numbers: Option<AdoptedNumbers>,
     pub(super) need_full: bool,
+    /// The cache's count of completed lists at the last return of freed
+    /// memory ([`super::memory`]).
+    pub(super) trimmed_lists: u64,
     /// The id counters of a failed first apply (nothing programmed yet):
     /// the kernel may hold the ids it handed out, so the rebuild starts
     /// above them.
@@ -722,6 +725,11 @@ impl<D: AgentDataplane> Syncer<D> {
         }
         // `/explain` copies this state when it asks (`publish_programmed`).
         self.programmed_view.synced();
+        // A list completed since the last sync: the relist's buffer and
+        // the state it replaced are freed now; give their pages back.
+        if super::memory::after_new_lists(&mut self.trimmed_lists, self.cache.lists_completed()) {
+            super::memory::release_free();
+        }
         match held_err {
             Some(e) => Err(e),
             None => Ok(outcome),
