@@ -634,7 +634,7 @@ impl Soak {
             let port = if self.probe_rng.random_bool(0.75) { 80 } else { 81 };
             let want_flipped = chosen.len() < PROBES_PER_ROUND / 2 && tries < 150;
             if want_flipped && n_states >= 2 {
-                let rec = self.record(0, &pods[a], &pods[b], proto, port, 0.0, 0.0, false);
+                let rec = probe_record(0, &pods[a], &pods[b], proto, port);
                 let lo = n_states.saturating_sub(4);
                 let first = self.oracle.allows(lo, &rec);
                 if (lo + 1..n_states).all(|i| self.oracle.allows(i, &rec) == first) {
@@ -669,34 +669,13 @@ impl Soak {
         let end = self.now();
         for (&(a, b, proto, port), ok) in chosen.iter().zip(results) {
             let id = self.probes.len() as u64 + 1;
-            let rec = self.record(id, &pods[a], &pods[b], proto, port, start, end, ok);
+            let rec = ProbeRecord {
+                start,
+                end,
+                ok,
+                ..probe_record(id, &pods[a], &pods[b], proto, port)
+            };
             self.probes.push(rec);
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn record(
-        &self,
-        id: u64,
-        src: &(String, String, IpAddr),
-        dst: &(String, String, IpAddr),
-        proto: ProbeProto,
-        port: u16,
-        start: f64,
-        end: f64,
-        ok: bool,
-    ) -> ProbeRecord {
-        ProbeRecord {
-            id,
-            src: src.0.clone(),
-            dst: dst.0.clone(),
-            src_ip: src.2,
-            dst_ip: dst.2,
-            proto,
-            port,
-            start,
-            end,
-            ok,
         }
     }
 
@@ -742,5 +721,28 @@ impl Soak {
             }
         }
         r
+    }
+}
+
+/// The record of probe `id` from pod `src` to `dst` ((`ns/name`, netns,
+/// address)), not yet run: no time, not connected.
+fn probe_record(
+    id: u64,
+    src: &(String, String, IpAddr),
+    dst: &(String, String, IpAddr),
+    proto: ProbeProto,
+    port: u16,
+) -> ProbeRecord {
+    ProbeRecord {
+        id,
+        src: src.0.clone(),
+        dst: dst.0.clone(),
+        src_ip: src.2,
+        dst_ip: dst.2,
+        proto,
+        port,
+        start: 0.0,
+        end: 0.0,
+        ok: false,
     }
 }
