@@ -1,4 +1,4 @@
-//! Giving freed memory back to the kernel after a full list (issue 48).
+//! Giving freed memory back to the kernel after a full list.
 //!
 //! A (re)list holds the new objects beside the last complete state until
 //! its `InitDone`, and the first sync after it diffs the two; both are
