@@ -134,7 +134,7 @@ pub const CT_RST: u8 = 1 << 5;
 /// answered, so the deferred decision allowed the flow).
 pub const CT_PENDING: u8 = 1 << 6;
 /// [`CtValue::flags`]: the connection was *cut*: decided again after its
-/// endpoint's policy changed (connection semantics `enforce`, issue #45)
+/// endpoint's policy changed (connection semantics `enforce`)
 /// and denied. Every later packet of its 5-tuple, in either direction, is
 /// dropped (`Reason::CutFlow`) until the entry idles out (each dropped
 /// packet refreshes it, so a side that keeps trying keeps it cut) or a
@@ -167,7 +167,7 @@ pub struct CtValue {
     /// decided: read before the policy lookup that created the entry (or
     /// decided it again). A tracked packet that finds the endpoint's epoch
     /// moved is decided again once by the current policy (connection
-    /// semantics `enforce`, issue #45): allowed, the entry takes the
+    /// semantics `enforce`): allowed, the entry takes the
     /// current epoch; denied, the packet is dropped
     /// ([`crate::Reason::ConnectionCut`]) and the entry marked [`CT_CUT`]. A pending
     /// Service entry ([`CT_PENDING`]) is never decided again (its tuple is

@@ -61,7 +61,7 @@ pub const EP_DENIES: &str = "NPM_EP_DENIES";
 /// The decision epoch of each local endpoint (`u32`), an array indexed by
 /// [`crate::ep_epoch_slot`] of the endpoint's host-side ifindex: a tracked
 /// packet whose conntrack entry's [`crate::CtValue::epoch`] differs is
-/// decided again once (connection semantics `enforce`, issue #45). The
+/// decided again once (connection semantics `enforce`). The
 /// loader moves an endpoint's epoch after a sync that changed what its
 /// policy decides; under `keep` it never moves. Added with layout 7 (same
 /// rule: an older program ignores it and keeps its flows).

@@ -35,7 +35,7 @@
 //!   on a CPU, one packet every 250 ms after, and IPv6 flows pay.
 //!
 //! - `tracked_enforce`, `tracked_ct_enforce`: `tracked` and `tracked_ct`
-//!   with the endpoint under connection semantics `enforce` (issue #45):
+//!   with the endpoint under connection semantics `enforce`:
 //!   each round's apply moves its decision epoch, the connection is then
 //!   established anew, so the ACK is tracked under the current epoch (what
 //!   every tracked packet costs while nothing changed; `keep` pays the same

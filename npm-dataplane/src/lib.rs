@@ -212,7 +212,7 @@ pub trait Dataplane {
     fn apply(&mut self, diff: &CompiledDiff, next: &Compiled, interfaces: &Interfaces) -> Result<(), DataplaneError>;
     /// Counters of allowed and denied packets.
     fn counters(&self) -> Result<Counters, DataplaneError>;
-    /// Connection semantics (issue #45): the endpoint ids whose established
+    /// Connection semantics: the endpoint ids whose established
     /// connections follow policy changes (`enforce`); every other endpoint
     /// keeps its tracked connections until they end (`keep`). Takes effect
     /// from the next [`Dataplane::apply`] or [`Dataplane::sync_full`]: once

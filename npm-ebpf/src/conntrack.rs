@@ -18,7 +18,7 @@
 //! decision epoch (`NPM_EP_EPOCH`, [`crate::endpoint::endpoint_epoch`])
 //! differs from the one its entry recorded ([`CtValue::epoch`]): the
 //! loader moves it after a sync that changed what an `enforce` endpoint's
-//! policy decides (connection semantics, issue #45). [`ct_continue`] then
+//! policy decides (connection semantics). [`ct_continue`] then
 //! answers [`CT_STALE`], the caller decides the connection's original
 //! packet again by the normal policy step ([`ct_original`]), and
 //! [`ct_redecided`] keeps the entry under the current epoch or marks it

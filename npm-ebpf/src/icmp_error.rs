@@ -9,7 +9,7 @@
 //! This is what makes path-MTU discovery (Fragmentation Needed, Packet Too
 //! Big) and traceroute work for isolated pods.
 //!
-//! Connection semantics `enforce` (issue #45): the error of a cut flow
+//! Connection semantics `enforce`: the error of a cut flow
 //! (`CT_CUT`) is dropped as that flow's packets are (`Reason::CutFlow`,
 //! [`REL_CUT`]); the error of a flow decided under an older epoch of its
 //! endpoint ([`REL_STALE`]) first has that flow decided again, as the

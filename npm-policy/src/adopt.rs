@@ -1,6 +1,5 @@
 //! The numbers a restarted agent adopts from the state a previous agent
-//! left in the kernel (issue 12 §2, "restarts keep every number's
-//! meaning"): which pod identities and CIDR identities keep their number,
+//! left in the kernel: which pod identities and CIDR identities keep their number,
 //! and the floors every new number is handed out above. Pure: the
 //! dataplane reads [`AdoptedNumbers`] from its maps, [`seed`] turns them
 //! and a first compile into the `prev` of the real compile

@@ -1,4 +1,4 @@
-//! Other nodes' addresses (issue 11, "Other nodes"): which Node an address
+//! Other nodes' addresses: which Node an address
 //! belongs to and the node identities, the one rule both compilers and the
 //! reference evaluator use.
 //!

@@ -85,7 +85,7 @@ pub fn ip_owners<'a>(snapshot: &'a Snapshot, node_ips: &[IpAddr]) -> HashMap<IpA
 /// The claimants of an address are a sorted `Vec` (almost always of one
 /// pod), not a `BTreeSet`: a set's first node holds room for 11 keys
 /// (about 540 bytes for one), a `Vec` of one key 48 bytes, which is
-/// about half a KiB per pod of the cluster (issue 48).
+/// about half a KiB per pod of the cluster.
 #[derive(Clone, Debug, Default)]
 pub struct Claims {
     node_ips: Vec<IpAddr>,

@@ -1,4 +1,4 @@
-//! Audit mode (issue 16, `npm_policy::audit`): a NetworkPolicy annotated
+//! Audit mode: a NetworkPolicy annotated
 //! `npm.io/audit: "true"` is never enforced, and what it would deny is
 //! exactly what the reference evaluator denies once it is enforced.
 //!

@@ -1,4 +1,4 @@
-//! Invalid input fails closed (issue 12 §4): for every invalid form the
+//! Invalid input fails closed: for every invalid form the
 //! test API server's validator knows (`tests/apiserver/src/validate.rs`),
 //! a policy with one good rule and one bad part keeps isolating the pods
 //! it selects in its policyTypes; only the part that cannot be understood

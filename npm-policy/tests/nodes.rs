@@ -1,4 +1,4 @@
-//! Other nodes (issue 11 "Other nodes", issue 14 `nodes` peer), table by
+//! Other nodes, table by
 //! table: Node conversion, node identities in the ipcache (shared by equal
 //! labels, this node's addresses host, a pod address wins), NetworkPolicy
 //! selecting node addresses by ipBlock only, the ClusterNetworkPolicy

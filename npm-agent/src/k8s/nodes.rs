@@ -1,4 +1,4 @@
-//! The Nodes the agent watches (issue 11, "Other nodes"): other nodes'
+//! The Nodes the agent watches: other nodes'
 //! addresses become node identities in the compiler
 //! (`npm_policy::nodes`), not world. The store keeps a slim projection of
 //! each Node ([`NODE_PROJECTION`]): its name, uid, resourceVersion, labels

@@ -4,7 +4,7 @@
 //! share its structure: a copy is a pointer, an update copies only the
 //! path to the changed key, and the [`Objects::diff`] of two copies visits
 //! only the subtrees they do not share. So the per-sync work of the object
-//! diff follows the change, not the cluster (issue 15).
+//! diff follows the change, not the cluster.
 //!
 //! The diff stays level-triggered: it compares two complete states, never
 //! a list of events. After a relist the new state shares no structure with

@@ -1,4 +1,4 @@
-//! The Pods the agent watches, as a slim type of their own (issue 15): the
+//! The Pods the agent watches, as a slim type of their own: the
 //! watcher deserializes each Pod straight into [`Pod`], which has only the
 //! fields the compiler reads, so a cluster of 100,000 pods costs the agent
 //! a few hundred bytes per pod instead of k8s-openapi's full `Pod` (about

@@ -115,7 +115,7 @@ impl<K: Resource + Clone> ListStore<K> {
                 // A relisted object equal to the stored one is buffered as
                 // the stored pointer right away (the new copy is dropped
                 // here, not at `InitDone`): a relist then holds one copy of
-                // the unchanged objects, not two (issue 48). The buffer is
+                // the unchanged objects, not two. The buffer is
                 // still only trusted on `InitDone`.
                 let kept = self
                     .projection

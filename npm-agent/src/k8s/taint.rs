@@ -1,5 +1,5 @@
 //! The `npm.io/agent-not-ready:NoSchedule` taint of this agent's Node
-//! (issue 12 §5): a node registered with it (kubelet
+//!: a node registered with it (kubelet
 //! `--register-with-taints=npm.io/agent-not-ready=:NoSchedule`) gets no
 //! pods scheduled until its agent enforces policy; the agent removes it
 //! once its first full sync is applied ([`Health::first_sync_done`]).

@@ -145,7 +145,7 @@ fn cluster_policies_follow_the_complete_list_rule() {
 
 /// A relist holds one copy of the pods it finds unchanged, not two: each
 /// relisted pod equal to the stored one is buffered as the stored pointer
-/// when it arrives (issue 48), a changed one as its new copy; the complete
+/// when it arrives, a changed one as its new copy; the complete
 /// state stays the last one until `InitDone`.
 #[test]
 fn relist_buffers_unchanged_objects_as_the_stored_pointers() {

@@ -37,7 +37,7 @@ impl<D: AgentDataplane> Syncer<D> {
     ///   all adopted ones. The first sync writes the new ipcache before it
     ///   sweeps the old policy keys; so every address carries either its old
     ///   number (with the old allowances) or its new one, never a number
-    ///   that stood for other addresses (issue 12 §2).
+    ///   that stood for other addresses.
     pub(super) fn seed_endpoint_ids(&mut self, state: &CompleteState) {
         let dataplane = &self.dataplane;
         let adopted = self

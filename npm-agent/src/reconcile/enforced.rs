@@ -1,4 +1,4 @@
-//! Where the pod condition `npm.io/PolicyEnforced` is decided (issue 43):
+//! Where the pod condition `npm.io/PolicyEnforced` is decided:
 //! after each sync attempt, the reason of every local pod of the state last
 //! compiled ([`decide`]), handed to the writer
 //! (`crate::k8s::pod_conditions`), which turns reasons into conditions and

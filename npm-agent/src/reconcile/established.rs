@@ -1,4 +1,4 @@
-//! Connection semantics (issue #45): whether a local pod's established
+//! Connection semantics: whether a local pod's established
 //! connections follow policy changes. `keep`: a tracked connection keeps
 //! flowing until it ends or idles out, whatever the policy becomes (new
 //! connections meet the new policy). `enforce`: after the sync that

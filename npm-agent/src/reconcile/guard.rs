@@ -6,7 +6,7 @@
 //!
 //! What is measured: the pod identities and the endpoints (losing pods
 //! deletes their addresses and state), and, because losing policies opens
-//! pods as surely as losing pods (issue 12 §3), the NetworkPolicies of the
+//! pods as surely as losing pods, the NetworkPolicies of the
 //! snapshot and the isolated endpoint directions (an endpoint isolated for
 //! ingress and egress counts twice), and, because a lost Deny opens traffic
 //! too, the ClusterNetworkPolicies of the state (by name) and the tier

@@ -1,4 +1,4 @@
-//! What a held sync programs (issue 12 §3): the mass-deletion guard holds
+//! What a held sync programs: the mass-deletion guard holds
 //! the *removals*, not the sync. While a removal is held (its direct read
 //! waits out its backoff, failed, or no client can make one), the state
 //! programmed is the complete current state plus the objects of the state

@@ -87,7 +87,7 @@
 //!   incremental one;
 //! - [`enforced`]: each local pod's `npm.io/PolicyEnforced` reason after
 //!   a sync attempt (written by `k8s::pod_conditions`);
-//! - [`established`]: connection semantics (`keep`/`enforce`, issue #45):
+//! - [`established`]: connection semantics (`keep`/`enforce`):
 //!   which endpoints' established connections follow policy changes;
 //! - [`report_new`]: which endpoints report their allowed new connections
 //!   (`--flow-logs-allow`, audit mode), set on the state to program;

@@ -16,7 +16,7 @@
 //! Conditions, OR-ed, in [`wants_report_new`]:
 //! - `--flow-logs-allow` ([`SyncConfig::flow_logs_allow`]): every local
 //!   endpoint;
-//! - audit mode (issue 16): an audited policy (`npm.io/audit: "true"`)
+//! - audit mode: an audited policy (`npm.io/audit: "true"`)
 //!   selects the endpoint's pod in either direction
 //!   ([`Audit::reports`]; the snapshot holds audited policies only in
 //!   their enforced form, so the audited ones come from [`Audit`]).

@@ -1,4 +1,4 @@
-//! Audit mode in the agent (issue 16): the datapath's allow events of the
+//! Audit mode in the agent: the datapath's allow events of the
 //! endpoints an audited NetworkPolicy (`npm.io/audit: "true"`) selects are
 //! decided again against the audited policies, and those they would deny
 //! become flow-log lines with `"verdict":"would-deny"` and the count

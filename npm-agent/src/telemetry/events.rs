@@ -1,5 +1,5 @@
 //! Kubernetes Events on the NetworkPolicies the agent cannot fully convert
-//! (issue 12 §4): such a policy is enforced as far as it is understood
+//!: such a policy is enforced as far as it is understood
 //! (`npm_policy::validate`), and the operator learns about it from a
 //! `Warning` Event with reason [`REASON_PARTIALLY_INVALID`] on the policy,
 //! whose message names each field path, its value and what was dropped.

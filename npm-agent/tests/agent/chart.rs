@@ -262,7 +262,7 @@ fn rbac_is_least_privilege() {
             "policy.networking.k8s.io/clusternetworkpolicies: get,list,watch",
         ],
         "services read (eBPF Service egress), ClusterNetworkPolicies read, CRDs get (what a 404 on CNPs means); \
-         no endpointslices, secrets or write access beyond node patch, events and pods/status patch (issue 43)"
+         no endpointslices, secrets or write access beyond node patch, events and pods/status patch"
     );
     assert!(find(&docs, "Role").is_empty());
     let binding = find(&docs, "ClusterRoleBinding")[0];

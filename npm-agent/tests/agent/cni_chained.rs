@@ -1,4 +1,4 @@
-//! The agent keeps npm-cni chained (issue 35 item 1): a running agent
+//! The agent keeps npm-cni chained: a running agent
 //! (test API server, recording dataplane) with `--cni-conf-dir` on a private
 //! temp directory, the conflist chained as the chart's init container
 //! leaves it (`npm_cni::install::install`), and the primary CNI simulated

@@ -1,4 +1,4 @@
-//! Pod start with npm-cni (issue 12 §1), on real components: the test API
+//! Pod start with npm-cni, on real components: the test API
 //! server, the agent with its CNI socket and a real dataplane (eBPF on the
 //! pods' host-side veths, or an nftables table of the root namespace), and
 //! pods wired by the real `ptp` plugin chained with the real `npm-cni`

@@ -1,5 +1,5 @@
 //! A `404` on the ClusterNetworkPolicy list is never "none" by itself
-//! (issue 35 item 2): an agent over a recording dataplane (no root: the
+//!: an agent over a recording dataplane (no root: the
 //! compiled tier entries of every write are counted by [`TierWatch`])
 //! enforces an Admin Deny (b from a), then the API server
 //!

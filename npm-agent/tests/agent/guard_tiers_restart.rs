@@ -1,5 +1,5 @@
 //! A restarted agent's mass-deletion guard starts from the tier entries it
-//! adopted (issue 35 item 2, review finding #7): its dataplane reports the
+//! adopted: its dataplane reports the
 //! tiered endpoint directions a previous agent programmed
 //! (`AgentDataplane::adopted_tier_directions`: the nftables table's tier
 //! chains; here the recording dataplane's endpoints), so a first complete

@@ -1,4 +1,4 @@
-//! `/readyz` and `/healthz` tell the truth (issue 12 §5), on a running agent
+//! `/readyz` and `/healthz` tell the truth, on a running agent
 //! (real test API server, real compiler, a recording dataplane that can be
 //! made to fail): not ready before the first full sync, with each check's
 //! reason in `/readyz?verbose`; ready after it (plain `200 ready`); not

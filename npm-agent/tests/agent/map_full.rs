@@ -1,4 +1,4 @@
-//! Degraded mode on a running agent (issue 15): real test API server, real
+//! Degraded mode on a running agent: real test API server, real
 //! compiler and sync loop, a real eBPF dataplane whose `NPM_POLICY` holds
 //! 64 keys (pins `/sys/fs/bpf/npmhf<pid>`, two veths). A NetworkPolicy
 //! that needs more keys than fit does not stop the node: the rest is

@@ -1,4 +1,4 @@
-//! Bridged pods (issue 11, table row 2), end to end with the real
+//! Bridged pods, end to end with the real
 //! `npm-agent` binary on the eBPF dataplane: three pods `a`, `b`, `c` wired
 //! by the real reference `bridge` plugin (host-local IPAM) to one bridge in
 //! the root namespace, as flannel's `cni0`, kubenet and the reference

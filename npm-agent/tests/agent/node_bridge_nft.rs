@@ -1,4 +1,4 @@
-//! Bridged pods on the nftables dataplane (issue 11, table row 3), end to
+//! Bridged pods on the nftables dataplane, end to
 //! end with the real `npm-agent` binary and real nftables: pods `a`, `b`,
 //! `c` wired by the real reference `bridge` plugin (host-local IPAM) to one
 //! bridge in the root namespace (br_netfilter on, as on Kubernetes nodes),

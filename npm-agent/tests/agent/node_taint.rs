@@ -1,4 +1,4 @@
-//! The `npm.io/agent-not-ready:NoSchedule` taint (issue 12 §5), with the
+//! The `npm.io/agent-not-ready:NoSchedule` taint, with the
 //! real `npm-agent run` binary (nftables dataplane) against the test API
 //! server: Node `node-a` is registered with our taint and another
 //! controller's taint; the agent's first full sync is held by failing every

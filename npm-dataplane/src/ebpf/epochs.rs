@@ -1,5 +1,5 @@
 //! `NPM_EP_EPOCH`: each local endpoint's decision epoch (connection
-//! semantics, issue #45). Under `enforce` the writer moves the epoch of
+//! semantics). Under `enforce` the writer moves the epoch of
 //! every `enforce` endpoint whose decisions the batch may have changed,
 //! once the batch is written ([`decisions_touched`]); the datapath then
 //! decides each of that endpoint's tracked flows again on its next packet

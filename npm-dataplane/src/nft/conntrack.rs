@@ -9,7 +9,7 @@
 //! changed owner ([`changed_owners`]), so the next packet of such a flow is
 //! new and meets the new owner's policy.
 //!
-//! Connection semantics `enforce` (issue #45, [`cut_denied`]): after a
+//! Connection semantics `enforce`: after a
 //! table change, every entry of a connection that an `enforce` endpoint's
 //! new policy denies ([`denied`]: `npm_policy::lookup` on the state just
 //! loaded, on the addresses and port the ruleset decides on) is marked

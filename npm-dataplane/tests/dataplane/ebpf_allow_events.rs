@@ -1,4 +1,4 @@
-//! Allow events of new connections (issue 16): an endpoint whose compiled
+//! Allow events of new connections: an endpoint whose compiled
 //! record has `report_new` (`EP_REPORT_NEW`) sends one allow event to
 //! `NPM_EVENTS` for the packet that opens each new tracked flow, none for
 //! its tracked packets; an unflagged endpoint sends none; an explain dry

@@ -1,4 +1,4 @@
-//! Connection semantics (issue #45) on eBPF: endpoint 1 (`10.0.0.1`,
+//! Connection semantics on eBPF: endpoint 1 (`10.0.0.1`,
 //! isolated both ways) has a tracked UDP flow to the pod `10.0.0.2` (its
 //! egress) and a tracked TCP connection from it (its ingress). Then a
 //! policy change denies both (the allow entries go, the peer stays the

@@ -1,4 +1,4 @@
-//! TCP half-close (issue 11): a flow keeps the established timeout until
+//! TCP half-close: a flow keeps the established timeout until
 //! both sides sent a FIN (or a RST was seen); only then the short closing
 //! timeout. Conntrack state transitions through `BPF_PROG_TEST_RUN` (the
 //! entry's age set through the pinned map), and real traffic: a client that

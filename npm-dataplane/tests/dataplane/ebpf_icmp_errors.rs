@@ -1,4 +1,4 @@
-//! ICMP errors of tracked flows (issue 11): an ICMP error (IPv4 types 3, 11,
+//! ICMP errors of tracked flows: an ICMP error (IPv4 types 3, 11,
 //! 12; ICMPv6 types 1 to 4) whose quoted header belongs to a tracked flow of
 //! the endpoint passes as that flow does (`Related`); any other ICMP error
 //! is decided by policy. Packet tables through `BPF_PROG_TEST_RUN`, and real

@@ -1,4 +1,4 @@
-//! Per-rule and per-endpoint counters of the eBPF datapath (issue 16):
+//! Per-rule and per-endpoint counters of the eBPF datapath:
 //! real TCP connections and UDP flows across a veth into a pod netns. The
 //! packet that a policy decision allows (the first of each new connection,
 //! decided by a lookup) moves its rule's slot of

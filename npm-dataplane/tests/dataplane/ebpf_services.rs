@@ -1,4 +1,4 @@
-//! Services through the kernel's real NAT (issue 11): traffic a pod sends
+//! Services through the kernel's real NAT: traffic a pod sends
 //! to a ClusterIP is decided, at the sender's egress, as NetworkPolicy
 //! decides it for the backend kube-proxy chose; replies pass, also to an
 //! ingress-isolated client.

@@ -1,4 +1,4 @@
-//! Connection semantics (issue #45) on nftables, with real kernel
+//! Connection semantics on nftables, with real kernel
 //! conntrack entries: pod 1 (10.82.0.2) keeps a UDP flow and a TCP
 //! connection open to pod 0 (10.82.0.1, ingress-isolated, admitting pod 1
 //! on UDP 5000 and TCP 5001). Then a policy change removes both allows

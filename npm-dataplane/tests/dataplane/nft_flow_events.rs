@@ -1,4 +1,4 @@
-//! Flow events of the nftables dataplane (issue 16), read through NFLOG
+//! Flow events of the nftables dataplane, read through NFLOG
 //! (`npm_dataplane::nft::nflog`): real TCP connections between pod
 //! namespaces through a node namespace that holds the table. A denied
 //! connection gives deny events with the endpoint, direction, reason and

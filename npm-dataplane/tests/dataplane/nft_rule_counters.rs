@@ -1,4 +1,4 @@
-//! Per-rule and per-endpoint counters of the nftables dataplane (issue 16),
+//! Per-rule and per-endpoint counters of the nftables dataplane,
 //! read back from the kernel: real TCP and UDP probes between pod
 //! namespaces through the node's table. Each new connection allowed by a
 //! rule moves that rule's counters (the anonymous `counter` of every nft

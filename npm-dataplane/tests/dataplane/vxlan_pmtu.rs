@@ -1,4 +1,4 @@
-//! Path-MTU discovery across a VXLAN fabric with real traffic (issue 11),
+//! Path-MTU discovery across a VXLAN fabric with real traffic,
 //! on both dataplanes, IPv4 (Fragmentation Needed) and IPv6 (Packet Too
 //! Big).
 //!

@@ -1,4 +1,4 @@
-//! Per-rule and per-endpoint counters on a live agent (issue 16), single
+//! Per-rule and per-endpoint counters on a live agent, single
 //! node, x/y/z pods: a policy isolates `y/b` for ingress and allows `x/a`
 //! on TCP 80 (its ingress rule 0). After real probes, the agent's
 //! `/metrics` must show `npm_rule_allowed_packets_total` of that rule by

@@ -1,4 +1,4 @@
-//! The pod condition `npm.io/PolicyEnforced` (issue 43): whether the
+//! The pod condition `npm.io/PolicyEnforced`: whether the
 //! NetworkPolicies and ClusterNetworkPolicies selecting a pod, as of the
 //! state the agent last compiled, are in the kernel for that pod on its
 //! node.
