@@ -213,6 +213,22 @@ pub fn run(cfg: &Config) -> Outcome {
                 if allowed && matches!(p.shape, Shape::Later { .. }) {
                     out.later_allowed += 1;
                 }
+                // One finding's line: the frame, the specification and
+                // what the datapath did (reason, slots moved, shape).
+                let finding = |reason: Option<Reason>| {
+                    format!(
+                        "seed {:#x} round {round} case {n} packet {i} ({}), endpoint {} {:?}: \
+                         spec {want:?}, datapath {} {reason:?} (slots moved {:?}); shape {:?}; frame {}",
+                        cfg.seed,
+                        p.what,
+                        pod.ep,
+                        p.dir,
+                        if allowed { "allow" } else { "drop" },
+                        run.moved,
+                        p.shape,
+                        hex(&p.bytes),
+                    )
+                };
                 if reason.is_none() {
                     // The counters did not name one reason: the verdict is
                     // judged by the reasons whose slots moved, and the run
@@ -221,35 +237,14 @@ pub fn run(cfg: &Config) -> Outcome {
                     if let Some(r) = moved.iter().find(|r| want.permits(allowed, Some(**r))) {
                         reason = Some(*r);
                     }
-                    out.counting.push(format!(
-                        "seed {:#x} round {round} case {n} packet {i} ({}), endpoint {} {:?}: \
-                         spec {want:?}, datapath {}, slots moved {:?}; frame {}",
-                        cfg.seed,
-                        p.what,
-                        pod.ep,
-                        p.dir,
-                        if allowed { "allow" } else { "drop" },
-                        run.moved,
-                        hex(&p.bytes),
-                    ));
+                    out.counting.push(finding(None));
                 }
                 if !want.permits(allowed, reason) {
                     if want == Want::Exact(false, Reason::PolicyDenied) && !allowed && reason == Some(Reason::AdminDeny)
                     {
                         out.known += 1;
                     } else {
-                        out.findings.push(format!(
-                            "seed {:#x} round {round} case {n} packet {i} ({}), endpoint {} {:?}: \
-                             spec {want:?}, datapath {} {reason:?} (slots moved {:?}); shape {:?}; frame {}",
-                            cfg.seed,
-                            p.what,
-                            pod.ep,
-                            p.dir,
-                            if allowed { "allow" } else { "drop" },
-                            run.moved,
-                            p.shape,
-                            hex(&p.bytes),
-                        ));
+                        out.findings.push(finding(reason));
                     }
                 }
                 // The model follows the kernel (after a finding too).
