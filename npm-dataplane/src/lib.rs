@@ -56,6 +56,21 @@ pub struct Counters {
     pub rules: RuleCounts,
 }
 
+impl Counters {
+    /// The packets counted in direction `dir` for `reason` (0 if none).
+    pub fn packets(&self, dir: u8, reason: npm_common::Reason) -> u64 {
+        self.by_reason.get(&(dir, reason as u8)).map_or(0, |c| c.0)
+    }
+
+    /// The packets counted for `reason`, both directions.
+    pub fn packets_both_ways(&self, reason: npm_common::Reason) -> u64 {
+        [npm_common::DIR_INGRESS, npm_common::DIR_EGRESS]
+            .iter()
+            .map(|d| self.packets(*d, reason))
+            .sum()
+    }
+}
+
 /// The kernel's per-rule and per-endpoint counters: running totals of
 /// individual kernel counters ([`KernelCount::source`]), which the reader
 /// turns into increments (a total lower than the last reading restarted

@@ -122,13 +122,7 @@ impl Fixture {
 
 /// The packets dropped as parts of cut connections, both directions.
 fn cut_flow_drops(dp: &EbpfDataplane) -> u64 {
-    dp.counters()
-        .unwrap()
-        .by_reason
-        .iter()
-        .filter(|((_, r), _)| *r == Reason::CutFlow as u8)
-        .map(|(_, (packets, _))| packets)
-        .sum()
+    dp.counters().unwrap().packets_both_ways(Reason::CutFlow)
 }
 
 fn udp_out() -> Vec<u8> {

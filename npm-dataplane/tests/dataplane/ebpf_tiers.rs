@@ -77,7 +77,7 @@ impl Fixture {
 
     fn counter(&self, dir: Direction, reason: Reason) -> u64 {
         let c = self.dp.read_counters().unwrap();
-        c.by_reason.get(&(dir.as_u8(), reason as u8)).map(|v| v.0).unwrap_or(0)
+        c.packets(dir.as_u8(), reason)
     }
 }
 

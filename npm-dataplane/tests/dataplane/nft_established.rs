@@ -58,13 +58,7 @@ struct Outcome {
 /// The packets the table dropped as parts of cut connections, both
 /// directions.
 fn cut_flow_drops(dp: &NftDataplane) -> u64 {
-    dp.counters()
-        .unwrap()
-        .by_reason
-        .iter()
-        .filter(|((_, r), _)| *r == Reason::CutFlow as u8)
-        .map(|(_, (packets, _))| packets)
-        .sum()
+    dp.counters().unwrap().packets_both_ways(Reason::CutFlow)
 }
 
 /// The `cut-flow` drops counted since `before`; when `expect` any, waits

@@ -263,7 +263,7 @@ pub fn base() -> Compiled {
 }
 
 pub fn count(c: &Counters, dir: u8, reason: Reason) -> u64 {
-    c.by_reason.get(&(dir, reason as u8)).map(|v| v.0).unwrap_or(0)
+    c.packets(dir, reason)
 }
 
 /// Counter deltas of the reasons the tests look at.
