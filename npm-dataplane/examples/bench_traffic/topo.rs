@@ -310,7 +310,6 @@ impl Topo {
             Plane::Nft(dp) => dp.counters(),
         }
         .unwrap_or_else(|e| panic!("counters: {e}"));
-        let key = (npm_common::DIR_INGRESS, npm_common::Reason::Policy as u8);
-        Some(counters.by_reason.get(&key).map(|c| c.0).unwrap_or(0))
+        Some(counters.packets(npm_common::DIR_INGRESS, npm_common::Reason::Policy))
     }
 }

@@ -355,8 +355,8 @@ fn deny_events_are_budgeted_per_cpu_and_tick_while_every_drop_is_counted() {
         .iter()
         .all(|e| e.reason == Reason::PolicyDenied as u8 && e.dport == 81));
     let after = f.dp.counters().unwrap();
-    let key = (npm_common::DIR_INGRESS, Reason::PolicyDenied as u8);
-    let drops = after.by_reason.get(&key).map_or(0, |c| c.0) - before.by_reason.get(&key).map_or(0, |c| c.0);
+    let denied = |c: &npm_dataplane::Counters| c.packets(npm_common::DIR_INGRESS, Reason::PolicyDenied);
+    let drops = denied(&after) - denied(&before);
     assert_eq!(drops, N as u64, "every dropped packet is counted");
 }
 

@@ -371,10 +371,7 @@ fn pmtu_net(tag: &str) -> PmtuNet {
 /// Counted `Related` packets in the pod's ingress direction.
 fn related_in(dp: &EbpfDataplane) -> u64 {
     let c = dp.counters().unwrap();
-    c.by_reason
-        .get(&(npm_common::DIR_INGRESS, Reason::Related as u8))
-        .map(|v| v.0)
-        .unwrap_or(0)
+    c.packets(npm_common::DIR_INGRESS, Reason::Related)
 }
 
 /// `ping -M do -s 1472` (no ping binary here): echo requests of 1500

@@ -273,7 +273,7 @@ pub(crate) fn interfaces(pods: &[&Pod]) -> BTreeMap<u32, u32> {
 
 /// Packets counted on the egress direction with reason `r`.
 fn egress_packets(c: &Counters, r: Reason) -> u64 {
-    c.by_reason.get(&(DIR_EGRESS, r as u8)).map_or(0, |&(p, _)| p)
+    c.packets(DIR_EGRESS, r)
 }
 
 pub(crate) fn count(results: &[String], what: &str) -> usize {

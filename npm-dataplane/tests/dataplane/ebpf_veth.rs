@@ -93,7 +93,7 @@ fn veth_traffic_follows_policy_updates(mode: AttachMode, tag: &str) {
     assert_eq!(echo("one\n").unwrap(), "one\n");
 
     let counters = dp.counters().unwrap();
-    let get = |d: u8, r: Reason| counters.by_reason.get(&(d, r as u8)).map(|c| c.0).unwrap_or(0);
+    let get = |d: u8, r: Reason| counters.packets(d, r);
     assert!(get(npm_common::DIR_INGRESS, Reason::Policy) >= 3, "{counters:?}");
     assert!(get(npm_common::DIR_EGRESS, Reason::Tracked) >= 3, "{counters:?}");
 

@@ -454,11 +454,7 @@ fn ebpf_pmtu_across_vxlan() {
     check_pmtu(&f, "ebpf");
     // The errors passed S's ingress as related to its flows.
     let after = dp_a.counters().unwrap();
-    let related = |c: &npm_dataplane::Counters| {
-        c.by_reason
-            .get(&(npm_common::DIR_INGRESS, npm_common::Reason::Related as u8))
-            .map_or(0, |&(p, _)| p)
-    };
+    let related = |c: &npm_dataplane::Counters| c.packets(npm_common::DIR_INGRESS, npm_common::Reason::Related);
     assert!(related(&after) > related(&before), "no ICMP error counted as related");
     drop((dp_a, dp_b));
 }
