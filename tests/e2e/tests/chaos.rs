@@ -61,6 +61,11 @@ fn chaos_clean_seed_ebpf() {
         "the probes saw one verdict only"
     );
     assert!(r.states > 10, "too few states: {}", r.states);
+    let (via, via_ok) = r.via_service;
+    assert!(
+        via >= 20 && via_ok > 0 && via_ok < via,
+        "too few probes through ClusterIPs, or one verdict only: {via} probes, {via_ok} connected"
+    );
     assert_eq!(r.violations, 0, "violations:\n{out}");
     assert_eq!(r.liveness_failures, 0, "liveness failures:\n{out}");
 }

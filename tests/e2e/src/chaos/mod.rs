@@ -1,8 +1,10 @@
 //! The chaos soak (`cargo xtask chaos`, `npm-chaos`): a seeded random
 //! schedule of changes and faults on the two-node netns cluster (pods wired
 //! by the reference `ptp` plugin chained with npm-cni, one real agent per
-//! node), continuous TCP and UDP probes between pods, and an oracle that
-//! judges every probe against the states the cluster passed through.
+//! node, and each node's kube-proxy emulation programming one Service per
+//! model pod), continuous TCP and UDP probes between pods, to their
+//! addresses and through their ClusterIPs, and an oracle that judges every
+//! probe against the states the cluster passed through.
 //!
 //! - [`schedule`]: the seeded steps (pods created, deleted, relabelled;
 //!   addresses of deleted pods reused (on their node, by the CNI chain);
@@ -35,7 +37,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use crate::probe::{probe_all, Probe, ProbeConfig, Proto};
-use crate::runner::{CniMode, Engine, LiveRunner, Options, RunnerError};
+use crate::runner::{CniMode, Engine, KubeProxyMode, LiveRunner, Options, RunnerError};
 use oracle::{Bounds, Oracle, ProbeProto, ProbeRecord, Verdict};
 use schedule::{Fault, Step, World};
 
@@ -102,6 +104,8 @@ pub struct Report {
     pub probes: usize,
     /// Probes that connected.
     pub connected: usize,
+    /// Probes through a ClusterIP, and how many of them connected.
+    pub via_service: (usize, usize),
     /// Violations.
     pub violations: usize,
     /// Liveness failures.
@@ -128,6 +132,8 @@ impl Report {
             "states": self.states,
             "probes": self.probes,
             "connected": self.connected,
+            "via_cluster_ip": self.via_service.0,
+            "via_cluster_ip_connected": self.via_service.1,
             "violations": self.violations,
             "liveness_failures": self.liveness_failures,
             "settle_events": self.settle.len(),
@@ -199,6 +205,14 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
         npm_cni_bin: opts.npm_cni_bin.clone(),
         nodes: NODES as usize,
         cni: CniMode::Ptp,
+        // Every model pod gets its own Service, programmed by the
+        // kube-proxy emulation of each node in the mode CI's conformance
+        // row of the dataplane uses: some probes go to ClusterIPs.
+        kube_proxy: if opts.engine == Engine::Nftables {
+            KubeProxyMode::Iptables
+        } else {
+            KubeProxyMode::Nftables
+        },
         agent_env,
         startup_deadline: Duration::from_secs(60),
         ..Options::default()
@@ -591,33 +605,46 @@ impl Soak {
     }
 
     /// The live pods: (`ns/name`, netns, IPv4).
-    fn live_pods(&self) -> Vec<(String, String, IpAddr)> {
+    /// The probed pods: (`ns/name`, netns, address, its Service's
+    /// ClusterIP: model pods only, while their address is published).
+    fn live_pods(&self) -> Vec<LivePod> {
         let mut v = Vec::new();
         for p in self.runner.cluster().pods() {
             let key = format!("{}/{}", p.namespace, p.name);
-            let known = self
+            let model = self
                 .runner
                 .model()
                 .snapshot
                 .pods
-                .contains_key(&(p.namespace.clone(), p.name.clone()))
-                || self.world.reuse.contains_key(&key);
-            if known {
-                v.push((key, p.netns.clone(), IpAddr::V4(p.ipv4)));
+                .contains_key(&(p.namespace.clone(), p.name.clone()));
+            if model || self.world.reuse.contains_key(&key) {
+                let service = if model && !self.world.lost.contains(&key) {
+                    self.runner.service_ip(&p.namespace, &p.name, false)
+                } else {
+                    None
+                };
+                v.push(LivePod {
+                    key,
+                    netns: p.netns.clone(),
+                    ip: IpAddr::V4(p.ipv4),
+                    service,
+                });
             }
         }
         v
     }
 
     /// One round: half on pairs the latest states judge differently, half
-    /// at random; TCP or UDP, port 80 or 81.
+    /// at random; TCP or UDP, port 80 or 81; one in four through the
+    /// destination's ClusterIP when it has one (judged as the flow to the
+    /// pod behind it: its Service has that one backend).
     fn probe_round(&mut self) {
         let pods = self.live_pods();
         if pods.len() < 2 {
             return;
         }
         let n_states = self.oracle.states().len();
-        let mut chosen: Vec<(usize, usize, ProbeProto, u16)> = Vec::new();
+        let mut chosen: Vec<(usize, usize, ProbeProto, u16, Option<IpAddr>)> = Vec::new();
         let mut tries = 0;
         while chosen.len() < PROBES_PER_ROUND && tries < 200 {
             tries += 1;
@@ -641,14 +668,19 @@ impl Soak {
                     continue;
                 }
             }
-            chosen.push((a, b, proto, port));
+            let via = if self.probe_rng.random_bool(0.25) {
+                pods[b].service
+            } else {
+                None
+            };
+            chosen.push((a, b, proto, port, via));
         }
         let probes: Vec<Probe> = chosen
             .iter()
-            .map(|&(a, b, proto, port)| Probe {
-                src_netns: pods[a].1.clone(),
-                dst_pod: pods[b].0.clone(),
-                dst: SocketAddr::new(pods[b].2, port),
+            .map(|&(a, b, proto, port, via)| Probe {
+                src_netns: pods[a].netns.clone(),
+                dst_pod: pods[b].key.clone(),
+                dst: SocketAddr::new(via.unwrap_or(pods[b].ip), port),
                 proto: match proto {
                     ProbeProto::Tcp => Proto::Tcp,
                     ProbeProto::Udp => Proto::Udp,
@@ -667,12 +699,13 @@ impl Soak {
             }
         }
         let end = self.now();
-        for (&(a, b, proto, port), ok) in chosen.iter().zip(results) {
+        for (&(a, b, proto, port, via), ok) in chosen.iter().zip(results) {
             let id = self.probes.len() as u64 + 1;
             let rec = ProbeRecord {
                 start,
                 end,
                 ok,
+                via,
                 ..probe_record(id, &pods[a], &pods[b], proto, port)
             };
             self.probes.push(rec);
@@ -688,6 +721,10 @@ impl Soak {
             states: self.oracle.states().len(),
             probes: self.probes.len(),
             connected: self.probes.iter().filter(|p| p.ok).count(),
+            via_service: (
+                self.probes.iter().filter(|p| p.via.is_some()).count(),
+                self.probes.iter().filter(|p| p.via.is_some() && p.ok).count(),
+            ),
             settle: self.settle.clone(),
             inject: opts.inject,
             ..Report::default()
@@ -724,21 +761,28 @@ impl Soak {
     }
 }
 
-/// The record of probe `id` from pod `src` to `dst` ((`ns/name`, netns,
-/// address)), not yet run: no time, not connected.
-fn probe_record(
-    id: u64,
-    src: &(String, String, IpAddr),
-    dst: &(String, String, IpAddr),
-    proto: ProbeProto,
-    port: u16,
-) -> ProbeRecord {
+/// A pod probes can reach.
+struct LivePod {
+    /// `ns/name`.
+    key: String,
+    /// Its netns.
+    netns: String,
+    /// Its IPv4 address.
+    ip: IpAddr,
+    /// Its Service's IPv4 ClusterIP, while its address is published.
+    service: Option<IpAddr>,
+}
+
+/// The record of probe `id` from pod `src` to `dst` directly, not yet
+/// run: no time, not connected.
+fn probe_record(id: u64, src: &LivePod, dst: &LivePod, proto: ProbeProto, port: u16) -> ProbeRecord {
     ProbeRecord {
         id,
-        src: src.0.clone(),
-        dst: dst.0.clone(),
-        src_ip: src.2,
-        dst_ip: dst.2,
+        src: src.key.clone(),
+        dst: dst.key.clone(),
+        src_ip: src.ip,
+        dst_ip: dst.ip,
+        via: None,
         proto,
         port,
         start: 0.0,

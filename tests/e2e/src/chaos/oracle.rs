@@ -130,8 +130,12 @@ pub struct ProbeRecord {
     pub dst: String,
     /// Source address.
     pub src_ip: IpAddr,
-    /// Destination address.
+    /// Destination address (the backend of a probe through a ClusterIP).
     pub dst_ip: IpAddr,
+    /// The ClusterIP the probe connected to, if not the pod's address:
+    /// judged as the flow to the backend `dst_ip` (npm decides Service
+    /// egress after kube-proxy's DNAT, against the backend).
+    pub via: Option<IpAddr>,
     /// Protocol.
     pub proto: ProbeProto,
     /// Destination port.
@@ -341,12 +345,13 @@ impl Oracle {
     /// it, when, its verdict on the flow) and the disturbances around it.
     pub fn explain(&self, p: &ProbeRecord, states: &[usize]) -> String {
         let mut s = format!(
-            "probe #{} {} ({}) -> {} ({}) {:?}/{} [{:.3}s, {:.3}s] {}\n",
+            "probe #{} {} ({}) -> {} ({}{}) {:?}/{} [{:.3}s, {:.3}s] {}\n",
             p.id,
             p.src,
             p.src_ip,
             p.dst,
             p.dst_ip,
+            p.via.map_or(String::new(), |v| format!(" via ClusterIP {v}")),
             p.proto,
             p.port,
             p.start,
@@ -389,6 +394,7 @@ mod tests {
             dst: dst.into(),
             src_ip: m.ip(src).unwrap(),
             dst_ip: m.ip(dst).unwrap(),
+            via: None,
             proto: ProbeProto::Tcp,
             port: 80,
             start,
