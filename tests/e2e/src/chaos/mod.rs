@@ -2,7 +2,7 @@
 //! schedule of changes and faults on the two-node netns cluster (pods wired
 //! by the reference `ptp` plugin chained with npm-cni, one real agent per
 //! node, and each node's kube-proxy emulation programming one Service per
-//! model pod), continuous TCP and UDP probes between pods, to their
+//! pod), continuous TCP and UDP probes between pods, to their
 //! addresses and through their ClusterIPs, and an oracle that judges every
 //! probe against the states the cluster passed through.
 //!
@@ -605,8 +605,9 @@ impl Soak {
     }
 
     /// The live pods: (`ns/name`, netns, IPv4).
-    /// The probed pods: (`ns/name`, netns, address, its Service's
-    /// ClusterIP: model pods only, while their address is published).
+    /// The probed pods: `ns/name`, netns, address, and its Service's
+    /// ClusterIP while its address is published (every pod made through
+    /// the runner has its own Service).
     fn live_pods(&self) -> Vec<LivePod> {
         let mut v = Vec::new();
         for p in self.runner.cluster().pods() {
@@ -618,7 +619,7 @@ impl Soak {
                 .pods
                 .contains_key(&(p.namespace.clone(), p.name.clone()));
             if model || self.world.reuse.contains_key(&key) {
-                let service = if model && !self.world.lost.contains(&key) {
+                let service = if !self.world.lost.contains(&key) {
                     self.runner.service_ip(&p.namespace, &p.name, false)
                 } else {
                     None

@@ -282,8 +282,11 @@ impl LiveRunner {
         Ok(())
     }
 
-    /// Deletes a pod made by [`LiveRunner::create_unmodelled_pod`].
+    /// Deletes a pod made by [`LiveRunner::create_unmodelled_pod`] or
+    /// [`LiveRunner::create_unmodelled_pod_wired`], with its Service (the
+    /// latter has one when a kube-proxy runs).
     pub fn delete_unmodelled_pod(&mut self, ns: &str, name: &str) -> Result<(), RunnerError> {
+        self.delete_service(ns, name)?;
         self.api.delete(&pod_path(ns, name)).map_err(api_err)?;
         self.cluster.delete_pod(ns, name)?;
         Ok(())
