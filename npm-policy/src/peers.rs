@@ -46,6 +46,26 @@ fn matching_namespaces<'a>(
         .filter(|g| g.clone().next().is_some_and(|(_, k)| sel.matches(&k.namespace_labels)))
 }
 
+/// Does `peer` of `policy` select the pods of identity `key`? The one
+/// predicate of NetworkPolicy's pod and namespace peers: the full compile
+/// ([`resolve`]) and the incremental compiler (an identity that appears)
+/// both ask it. ipBlocks select CIDR identities, never a pod identity.
+pub(crate) fn selects(policy: &Policy, peer: &Peer, key: &IdentityKey) -> bool {
+    match peer {
+        // "`podSelector` only | matching pods in the **policy's own namespace**"
+        Peer::Pods(sel) => key.namespace == policy.namespace && sel.matches(&key.pod_labels),
+        // "`namespaceSelector` only | **all** pods in namespaces whose
+        // *namespace labels* match; `{}` = every namespace"
+        Peer::Namespaces(sel) => sel.matches(&key.namespace_labels),
+        // "both in **one** peer | pods matching podSelector **AND** in a
+        // namespace matching namespaceSelector"
+        Peer::PodsInNamespaces { namespaces, pods } => {
+            namespaces.matches(&key.namespace_labels) && pods.matches(&key.pod_labels)
+        }
+        Peer::IpBlock(_) => false,
+    }
+}
+
 /// Resolves the peers of `rule` of `policy` against the pod identities
 /// `ids` and the CIDR identities `cidrs`.
 pub(crate) fn resolve(
@@ -68,28 +88,26 @@ pub(crate) fn resolve(
     // (`IDENTITY_ANY`) reach them; the selector forms below iterate pod
     // identities only (`ids` holds no node identity), so they never do.
     for peer in &rule.peers {
+        // The pod and namespace forms: the identities [`selects`] takes,
+        // among the groups that can hold them (the policy's namespace, or
+        // the namespaces whose labels match: one selector match per
+        // namespace instead of one per identity).
         match peer {
-            // "`podSelector` only | matching pods in the **policy's own namespace**"
-            Peer::Pods(sel) => {
-                for (id, k) in ids.in_namespace(&policy.namespace) {
-                    if sel.matches(&k.pod_labels) {
-                        set.pods.insert(id);
-                    }
-                }
+            Peer::Pods(_) => {
+                let chosen = ids
+                    .in_namespace(&policy.namespace)
+                    .filter(|(_, k)| selects(policy, peer, k));
+                set.pods.extend(chosen.map(|(id, _)| id));
             }
-            // "`namespaceSelector` only | **all** pods in namespaces whose
-            // *namespace labels* match; `{}` = every namespace"
             Peer::Namespaces(sel) => {
                 for g in matching_namespaces(ids, sel) {
                     set.pods.extend(g.map(|(id, _)| id));
                 }
             }
-            // "both in **one** peer | pods matching podSelector **AND** in a
-            // namespace matching namespaceSelector"
-            Peer::PodsInNamespaces { namespaces: sel, pods } => {
+            Peer::PodsInNamespaces { namespaces: sel, .. } => {
                 for g in matching_namespaces(ids, sel) {
                     set.pods
-                        .extend(g.filter(|(_, k)| pods.matches(&k.pod_labels)).map(|(id, _)| id));
+                        .extend(g.filter(|(_, k)| selects(policy, peer, k)).map(|(id, _)| id));
                 }
             }
             // "`ipBlock{cidr, except}` | source (ingress) or destination

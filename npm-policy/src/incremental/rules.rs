@@ -26,18 +26,6 @@ pub(super) fn rule_of<'p>(policy: &'p Policy, rk: &RuleKey) -> Option<&'p Rule> 
     }
 }
 
-/// Does `peer` of `policy` select pods of identity `key`?
-fn peer_selects(policy: &Policy, peer: &Peer, key: &IdentityKey) -> bool {
-    match peer {
-        Peer::Pods(sel) => key.namespace == policy.namespace && sel.matches(&key.pod_labels),
-        Peer::Namespaces(sel) => sel.matches(&key.namespace_labels),
-        Peer::PodsInNamespaces { namespaces, pods } => {
-            namespaces.matches(&key.namespace_labels) && pods.matches(&key.pod_labels)
-        }
-        Peer::IpBlock(_) => false,
-    }
-}
-
 /// Which subjects use which rule, in both directions.
 #[derive(Clone, Debug, Default)]
 pub(super) struct RuleUsers {
@@ -289,7 +277,7 @@ impl Rules {
                 continue;
             };
             let Some(rule) = rule_of(policy, rk) else { continue };
-            if rule.peers.iter().any(|p| peer_selects(policy, p, key)) {
+            if rule.peers.iter().any(|p| peers::selects(policy, p, key)) {
                 set.pods.insert(id);
                 matched.push(rk.clone());
             } else if rk.2 == Direction::Egress

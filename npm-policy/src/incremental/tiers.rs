@@ -41,7 +41,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::compiled::{Direction, Endpoint, IdentityKey, RuleRef, Tier, TierEntry, TierPresence, TierValue};
 use crate::model::{InvalidPolicy, Snapshot};
-use crate::tiers::compile::{compile_tiers_scoped, policy_peer_ids, ranked_rules, subject_selects, Scope, TierFacts};
+use crate::tiers::compile::{
+    compile_tiers_scoped, peer_selects_pod, policy_peer_ids, ranked_rules, subject_selects, Scope, TierFacts,
+};
 use crate::tiers::domains::{domain_prefixes, LearnedNames};
 use crate::tiers::{
     convert_cluster_policy, with_last_valid_subject, ClusterNetworkPolicy, ClusterPeer, ClusterPolicy, ClusterPort,
@@ -150,10 +152,7 @@ fn remove_scoped(tiers: &mut BTreeMap<TierEntry, TierValue>, subject: u32, scope
 /// when the pod identity `key` appears or goes?
 fn rule_sees_identity(peers: &[ClusterPeer], ports: &[ClusterPort], key: &IdentityKey) -> bool {
     peers.iter().any(|p| match p {
-        ClusterPeer::Namespaces(sel) => sel.matches(&key.namespace_labels),
-        ClusterPeer::Pods { namespaces, pods } => {
-            namespaces.matches(&key.namespace_labels) && pods.matches(&key.pod_labels)
-        }
+        ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } => peer_selects_pod(p, key),
         // Resolved to IDENTITY_ANY, but an egress named port is resolved
         // per destination identity (`emit`): an identity with a named
         // port changes those entries.

@@ -180,6 +180,25 @@ fn groups(identities: &BTreeMap<u32, IdentityKey>) -> Groups<'_> {
     by.into_values().collect()
 }
 
+/// Does `peer` select the pods of identity `key`? The one predicate of
+/// ClusterNetworkPolicy's pod peers: the full compile ([`peer_ids`]), a
+/// scoped recompute ([`peer_ids_among`]) and the incremental compiler (an
+/// identity that appears or goes) all ask it. The other peers select
+/// node, CIDR or every identity, never one pod identity by its labels.
+pub(crate) fn peer_selects_pod(peer: &ClusterPeer, key: &IdentityKey) -> bool {
+    match peer {
+        // "Namespaces defines a way to select all pods within a set of
+        // Namespaces."
+        ClusterPeer::Namespaces(sel) => sel.matches(&key.namespace_labels),
+        // "Pods defines a way to select a set of pods in a set of
+        // namespaces."
+        ClusterPeer::Pods { namespaces, pods } => {
+            namespaces.matches(&key.namespace_labels) && pods.matches(&key.pod_labels)
+        }
+        ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) | ClusterPeer::DomainNames(_) | ClusterPeer::All => false,
+    }
+}
+
 /// The identities one peer stands for (pod identities, or CIDR
 /// identities and `IDENTITY_ANY`), memoized per distinct peer.
 fn peer_ids<'p>(
@@ -198,10 +217,12 @@ fn peer_ids<'p>(
             .filter(|(ns, _)| sel.matches(ns))
             .flat_map(|(_, g)| g.iter().map(|(id, _)| *id))
             .collect(),
-        ClusterPeer::Pods { namespaces, pods } => groups
+        // The namespaces whose labels match first (one selector match per
+        // namespace), then the identities the predicate takes.
+        ClusterPeer::Pods { namespaces, .. } => groups
             .iter()
             .filter(|(ns, _)| namespaces.matches(ns))
-            .flat_map(|(_, g)| g.iter().filter(|(_, k)| pods.matches(&k.pod_labels)).map(|(id, _)| *id))
+            .flat_map(|(_, g)| g.iter().filter(|(_, k)| peer_selects_pod(peer, k)).map(|(id, _)| *id))
             .collect(),
         // "Networks defines a way to select peers via CIDR blocks [...]
         // cluster-internal traffic will be checked against the rule as
@@ -254,14 +275,9 @@ fn peer_ids_among(
 ) -> Vec<u32> {
     let pick = |f: &dyn Fn(u32) -> bool| only.iter().copied().filter(|id| f(*id)).collect();
     match peer {
-        ClusterPeer::Namespaces(sel) => {
-            pick(&|id| identities.get(&id).is_some_and(|k| sel.matches(&k.namespace_labels)))
+        ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } => {
+            pick(&|id| identities.get(&id).is_some_and(|k| peer_selects_pod(peer, k)))
         }
-        ClusterPeer::Pods { namespaces, pods } => pick(&|id| {
-            identities
-                .get(&id)
-                .is_some_and(|k| namespaces.matches(&k.namespace_labels) && pods.matches(&k.pod_labels))
-        }),
         ClusterPeer::Networks(nets) => pick(&|id| {
             cidr_of
                 .get(&id)
