@@ -309,15 +309,34 @@ impl Cluster {
         v6: Ipv6Addr,
         uid: &str,
     ) -> Result<&PodNet, ClusterError> {
+        self.create_pod_cni_on(ns, name, v4, v6, uid, None)
+    }
+
+    /// As [`Cluster::create_pod_cni`], on node `on` (1-based) when given.
+    /// An address of another node's subnet (an address moved between
+    /// nodes, as some IPAMs do) is asked from that subnet's range by the
+    /// node's chain, and routed to the node by the others
+    /// ([`Nodes::route_address`]; [`Cluster::delete_pod`] takes the routes
+    /// back).
+    pub fn create_pod_cni_on(
+        &mut self,
+        ns: &str,
+        name: &str,
+        v4: Ipv4Addr,
+        v6: Ipv6Addr,
+        uid: &str,
+        on: Option<u8>,
+    ) -> Result<&PodNet, ClusterError> {
         let key = format!("{ns}/{name}");
         let k = (ns.to_string(), name.to_string());
         if self.pods.contains_key(&k) {
             return Err(ClusterError::PodExists(key));
         }
-        let node_k = self.node_index_for(v4).ok_or_else(|| ClusterError::Wiring {
+        let owner = self.node_index_for(v4).ok_or_else(|| ClusterError::Wiring {
             pod: key.clone(),
             message: "CNI pods need nodes".into(),
         })?;
+        let node_k = on.unwrap_or(owner);
         let runtime = self
             .runtimes
             .get(node_k as usize - 1)
@@ -349,6 +368,22 @@ impl Cluster {
             return Err(err(e));
         }
         let mut att = Attachment::new(&runtime, &netns, ns, name, uid, v4, v6);
+        if node_k != owner {
+            if self.wiring != PodWiring::Cni(crate::cni::Wiring::Ptp) {
+                let _ = ip(&["netns", "del", &netns]);
+                return Err(ClusterError::Wiring {
+                    pod: key,
+                    message: "an address on another node than its subnet's needs ptp wiring".into(),
+                });
+            }
+            att.conflist = crate::cni::with_only_subnet(&att.conflist, v4.octets()[2]);
+            if let Some(nodes) = self.nodes.as_ref() {
+                if let Err(e) = nodes.route_address(node_k, v4, v6) {
+                    let _ = ip(&["netns", "del", &netns]);
+                    return Err(err(e));
+                }
+            }
+        }
         if let Err(e) = att.add() {
             let _ = ip(&["netns", "del", &netns]);
             return Err(e.into());
@@ -605,10 +640,16 @@ impl Cluster {
             self.release_host_network_pod(&pod);
             return Ok(());
         }
-        remove_pod(&mut pod).map_err(|source| ClusterError::Netns {
+        let removed = remove_pod(&mut pod).map_err(|source| ClusterError::Netns {
             pod: format!("{ns}/{name}"),
             source,
-        })
+        });
+        // An address moved to another node than its subnet's owner goes
+        // back to its owner's routes (nothing for any other address).
+        if let (Some(nodes), Some(owner)) = (self.nodes.as_ref(), self.node_index_for(pod.ipv4)) {
+            let _ = nodes.route_address(owner, pod.ipv4, pod.ipv6);
+        }
+        removed
     }
 
     /// The pod `ns/name`, if it exists.

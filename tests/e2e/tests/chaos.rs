@@ -34,7 +34,7 @@ fn npm_cni_bin() -> PathBuf {
     p
 }
 
-fn soak(engine: Engine, seed: u64, duration: u64, inject: bool) -> (chaos::Report, String) {
+fn soak(engine: Engine, seed: u64, duration: u64, inject: bool, kill_at: Option<(u64, u8)>) -> (chaos::Report, String) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let opts = ChaosOptions {
         engine,
@@ -44,6 +44,7 @@ fn soak(engine: Engine, seed: u64, duration: u64, inject: bool) -> (chaos::Repor
         npm_cni_bin: npm_cni_bin(),
         inject,
         bounds: Bounds::default(),
+        kill_at,
     };
     let mut out = Vec::new();
     let report = chaos::run(&opts, &mut out).expect("the soak runs");
@@ -54,7 +55,8 @@ fn soak(engine: Engine, seed: u64, duration: u64, inject: bool) -> (chaos::Repor
 
 #[test]
 fn chaos_clean_seed_ebpf() {
-    let (r, out) = soak(Engine::Ebpf, 102, 60, false);
+    // Node 2's agent is killed at 20 s: its restart changes its map layout.
+    let (r, out) = soak(Engine::Ebpf, 102, 60, false, Some((20, 2)));
     assert!(r.probes >= 200, "too few probes: {}", r.probes);
     assert!(
         r.connected > 0 && r.connected < r.probes,
@@ -66,13 +68,18 @@ fn chaos_clean_seed_ebpf() {
         via >= 20 && via_ok > 0 && via_ok < via,
         "too few probes through ClusterIPs, or one verdict only: {via} probes, {via_ok} connected"
     );
+    assert_eq!(
+        r.layout_changes,
+        (1, 1),
+        "node-2's restart across the layout change, its old pins retired:\n{out}"
+    );
     assert_eq!(r.violations, 0, "violations:\n{out}");
     assert_eq!(r.liveness_failures, 0, "liveness failures:\n{out}");
 }
 
 #[test]
 fn chaos_injected_fault_nftables() {
-    let (r, out) = soak(Engine::Nftables, 102, 60, true);
+    let (r, out) = soak(Engine::Nftables, 102, 60, true, None);
     assert!(
         r.violations > 0,
         "the agents dropped NetworkPolicy deletes, the oracle saw no violation:\n{out}"

@@ -34,12 +34,24 @@ struct Cli {
     /// the oracle must report violations.
     #[arg(long)]
     inject: bool,
+    /// `TICK:NODE`: a `kill -9` of node NODE's agent at second TICK, beside
+    /// the drawn steps (its restart changes the node's map layout when it
+    /// is the node's first).
+    #[arg(long, value_parser = parse_kill_at)]
+    kill_at: Option<(u64, u8)>,
     /// The agent binary.
     #[arg(long, default_value = "target/debug/npm-agent")]
     agent_bin: PathBuf,
     /// The npm-cni binary.
     #[arg(long, default_value = "target/debug/npm-cni")]
     npm_cni_bin: PathBuf,
+}
+
+fn parse_kill_at(s: &str) -> Result<(u64, u8), String> {
+    let (t, n) = s.split_once(':').ok_or("expected TICK:NODE")?;
+    let t = t.parse().map_err(|e| format!("tick: {e}"))?;
+    let n = n.parse().map_err(|e| format!("node: {e}"))?;
+    Ok((t, n))
 }
 
 fn main() -> ExitCode {
@@ -65,6 +77,7 @@ fn main() -> ExitCode {
         npm_cni_bin: cli.npm_cni_bin,
         inject: cli.inject,
         bounds: Bounds::default(),
+        kill_at: cli.kill_at,
     };
     let mut out = std::io::stdout();
     match chaos::run(&opts, &mut out) {

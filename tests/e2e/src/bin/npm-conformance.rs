@@ -136,6 +136,7 @@ fn main() -> ExitCode {
         destination,
         fabric,
         preload: Default::default(),
+        pin_layout_change: false,
     };
     let mut out = std::io::stdout();
     match runner::run(&opts, &mut out) {

@@ -7,7 +7,8 @@
 //! probe against the states the cluster passed through.
 //!
 //! - [`schedule`]: the seeded steps (pods created, deleted, relabelled;
-//!   addresses of deleted pods reused (on their node, by the CNI chain);
+//!   addresses of deleted pods reused by the CNI chain, on their subnet's
+//!   node or moved to the other one;
 //!   NetworkPolicies created, updated, deleted, one written invalid;
 //!   namespaces relabelled; an agent killed with SIGKILL and started again;
 //!   API faults: 410 Gone on a relist, dropped watches, an outage of lists
@@ -85,6 +86,10 @@ pub struct ChaosOptions {
     pub inject: bool,
     /// The oracle's bounds.
     pub bounds: Bounds,
+    /// A `kill -9` of node `.1`'s agent (down 3 s) at tick `.0`, beside
+    /// the drawn steps: a short run is sure to restart an agent, across
+    /// the map-layout change of a node's first restart.
+    pub kill_at: Option<(u64, u8)>,
 }
 
 /// The figures of a soak.
@@ -106,6 +111,9 @@ pub struct Report {
     pub connected: usize,
     /// Probes through a ClusterIP, and how many of them connected.
     pub via_service: (usize, usize),
+    /// eBPF: nodes whose agent restarted across the map-layout change, and
+    /// how many of them had retired the other layout's pins by the end.
+    pub layout_changes: (usize, usize),
     /// Violations.
     pub violations: usize,
     /// Liveness failures.
@@ -134,6 +142,8 @@ impl Report {
             "connected": self.connected,
             "via_cluster_ip": self.via_service.0,
             "via_cluster_ip_connected": self.via_service.1,
+            "layout_changes": self.layout_changes.0,
+            "layouts_retired": self.layout_changes.1,
             "violations": self.violations,
             "liveness_failures": self.liveness_failures,
             "settle_events": self.settle.len(),
@@ -181,6 +191,8 @@ struct Soak {
     settle_from: Vec<f64>,
     settle: Vec<f64>,
     restarts: u32,
+    /// The nodes whose agent was restarted.
+    restarted: std::collections::BTreeSet<u8>,
     probes: Vec<ProbeRecord>,
     cfg: ProbeConfig,
     steps: usize,
@@ -214,6 +226,8 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
             KubeProxyMode::Nftables
         },
         agent_env,
+        // Each node's first restart moves its agent to another map layout.
+        pin_layout_change: true,
         startup_deadline: Duration::from_secs(60),
         ..Options::default()
     })?;
@@ -243,6 +257,7 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
         settle_from: Vec::new(),
         settle: Vec::new(),
         restarts: 0,
+        restarted: Default::default(),
         probes: Vec::new(),
         cfg,
         steps: 0,
@@ -271,6 +286,11 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
         if opts.inject {
             for step in schedule::injected_step(soak.tick).into_iter().rev() {
                 soak.deferred.push_front(step);
+            }
+        }
+        if let Some((tick, node)) = opts.kill_at {
+            if tick == soak.tick && !soak.world.agent_down {
+                soak.deferred.push_front(Step::KillAgent { node, down_secs: 3 });
             }
         }
         if soak.deferred.is_empty() && soak.rng.random_bool(0.5) {
@@ -303,7 +323,26 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
         soak.poll_agents();
         std::thread::sleep(Duration::from_millis(1000));
     }
-    let report = soak.judge(opts, dataplane, out);
+    let mut report = soak.judge(opts, dataplane, out);
+    if opts.engine == Engine::Ebpf {
+        // A restarted node's agent pins under this layout's directory; the
+        // first start's directory goes once its first full sync attached
+        // this layout's programs everywhere.
+        for k in soak.restarted.iter() {
+            let (first, now) = (soak.runner.node_pin_dir(*k, false), soak.runner.node_pin_dir(*k, true));
+            report.layout_changes.0 += 1;
+            if now.join("links").is_dir() && !first.exists() {
+                report.layout_changes.1 += 1;
+            } else {
+                let _ = writeln!(
+                    out,
+                    "chaos: node-{k}: the other map layout's pins {} remain beside {}",
+                    first.display(),
+                    now.display()
+                );
+            }
+        }
+    }
     let logs = soak.runner.agent_logs();
     let workdir = soak.runner.workdir().to_path_buf();
     soak.runner.shutdown()?;
@@ -385,6 +424,7 @@ impl Soak {
                 }
                 Pending::Respawn(_, k) => {
                     self.restarts += 1;
+                    self.restarted.insert(k);
                     let n = self.restarts;
                     self.runner
                         .respawn_node_agent(k, n)
@@ -462,7 +502,7 @@ impl Soak {
                     created,
                 };
                 self.runner
-                    .create_unmodelled_pod_wired(&schedule::reuse_pod(&pod, &rp), v4, v6)
+                    .create_unmodelled_pod_wired(&schedule::reuse_pod(&pod, &rp), v4, v6, Some(node))
                     .map_err(|e| err(self, &e))?;
                 self.world.freed.retain(|(_, a, _)| *a != v4);
                 self.world.reuse.insert(pod.clone(), rp);

@@ -301,9 +301,23 @@ impl Oracle {
         if st.local_only.is_empty() {
             return evaluate(&st.snapshot, &self.opts, &flow).allowed;
         }
-        let node = |ip| self.placement.as_ref().and_then(|f| f(ip));
+        let node = |ip| self.node_of(st, ip);
         let egress = evaluate(&st.view(node(p.src_ip)), &self.opts, &flow).egress.allowed;
         egress && evaluate(&st.view(node(p.dst_ip)), &self.opts, &flow).ingress.allowed
+    }
+
+    /// The node of the pod at `ip` in state `st`: its `nodeName`
+    /// (`node-<k>`; an address can move to another node than its subnet's
+    /// owner), that of a pod that lost its addresses, else the placement.
+    fn node_of(&self, st: &State, ip: IpAddr) -> Option<u8> {
+        let index = |p: &Pod| p.node_name.as_deref()?.strip_prefix("node-")?.parse().ok();
+        if let Some(k) = pod_at(&st.snapshot, &self.opts, ip).and_then(index) {
+            return Some(k);
+        }
+        if let Some((k, _)) = st.local_only.iter().find(|(_, p)| p.ips.contains(&ip)) {
+            return Some(*k);
+        }
+        self.placement.as_ref().and_then(|f| f(ip))
     }
 
     fn both_pods(&self, i: usize, p: &ProbeRecord) -> bool {
@@ -470,6 +484,37 @@ mod tests {
         // The API's state alone would deny both.
         o.push_state(2.0, "the API's view only", snap);
         assert!(!o.allows(1, &probe(&m, "y/a", "x/a", 3.0, true)));
+    }
+
+    /// An address moved to another node than its subnet's owner is judged
+    /// by the node its pod's `nodeName` names, not by the address.
+    #[test]
+    fn a_moved_address_is_judged_by_its_pods_node() {
+        let mut m = Model::upstream();
+        let np: NetworkPolicy = serde_yaml::from_str(
+            "metadata: {namespace: x, name: from-y}\nspec: {podSelector: {}, policyTypes: [Ingress], \
+             ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}]}]}",
+        )
+        .expect("policy");
+        m.apply(&Action::CreatePolicy(Box::new(np))).expect("applied");
+        let mut snap = m.snapshot.clone();
+        // By address y/a is on node 2 and every other pod on node 1, but
+        // x/b's address moved to node 2.
+        let y_a = m.ip("y/a").unwrap();
+        let place: Placement = Box::new(move |ip| Some(if ip == y_a { 2 } else { 1 }));
+        let key = ("y".to_string(), "a".to_string());
+        let lost = snap.pods[&key].clone();
+        snap.pods.get_mut(&key).expect("y/a").ips.clear();
+        snap.pods
+            .get_mut(&("x".to_string(), "b".to_string()))
+            .expect("x/b")
+            .node_name = Some("node-2".into());
+        let mut o = Oracle::new(Bounds::default(), Model::options()).with_placement(place);
+        o.push_state_with(0.0, "y/a lost its addresses", snap, vec![(2, lost)]);
+        // Node 2 holds y/a at its address, and x/b's ingress is node 2's.
+        assert!(o.allows(0, &probe(&m, "y/a", "x/b", 1.0, true)));
+        // x/c stayed on node 1, which sees y/a's address unowned.
+        assert!(!o.allows(0, &probe(&m, "y/a", "x/c", 1.0, true)));
     }
 
     #[test]

@@ -34,8 +34,8 @@ const MAX_POD_INDEX: u32 = 200;
 pub enum Step {
     /// A modelled action (pods, labels, NetworkPolicies), through the runner.
     Model(Action),
-    /// A pod the model does not know at a freed address, on the node of
-    /// the address's namespace, wired by the CNI chain.
+    /// A pod the model does not know at a freed address, wired by the CNI
+    /// chain on the node of the address's namespace or on another node.
     Reuse {
         /// `ns/name`.
         pod: String,
@@ -560,9 +560,16 @@ pub fn next_step(rng: &mut StdRng, model: &Snapshot, world: &mut World, nodes: u
                 let i = rng.random_range(0..world.freed.len());
                 let (ns, v4, v6) = world.freed[i].clone();
                 let name = format!("r{n}");
-                // The address's own node: the CNI chain wires pods only
-                // there (cross-node reuse is not scheduled yet).
-                let node = crate::nodes::Nodes::owner_of(nodes, v4.octets()[2]);
+                // Half of the reuses give the address to a pod of another
+                // node, as IPAMs that move addresses between nodes do (that
+                // node's CNI chain wires it from the address's subnet, the
+                // other nodes route it there).
+                let owner = crate::nodes::Nodes::owner_of(nodes, v4.octets()[2]);
+                let node = if nodes > 1 && rng.random_bool(0.5) {
+                    owner % nodes + 1
+                } else {
+                    owner
+                };
                 return Step::Reuse {
                     pod: format!("{ns}/{name}"),
                     labels: pod_labels(rng, &name),

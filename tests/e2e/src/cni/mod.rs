@@ -275,6 +275,19 @@ impl NodeRuntime {
     }
 }
 
+/// The list with its ranges narrowed to namespace index `n`'s subnets and
+/// gateways (whatever node owns them): the list a node's chain wires a pod
+/// with at an address moved there from another node's subnet.
+pub fn with_only_subnet(list: &Value, n: u8) -> Value {
+    let mut list = list.clone();
+    let (g4, g6) = ns_gateways(n);
+    list["plugins"][0]["ipam"]["ranges"] = json!([
+        [{"subnet": ns_subnet_v4(n), "gateway": g4}],
+        [{"subnet": ns_subnet_v6(n), "gateway": g6}],
+    ]);
+    list
+}
+
 /// For a `bridge` list: the list narrowed to namespace index `n`'s subnets
 /// on the bridge `cni<n>`; any other list unchanged.
 fn narrowed(list: &Value, n: u8) -> Value {

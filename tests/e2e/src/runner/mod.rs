@@ -248,6 +248,14 @@ pub struct Options {
     /// Objects written into the API server before the agents start (the
     /// enforcement bench's 100,000 pods; multi-node runs only).
     pub preload: Preload,
+    /// Node agents' restarts across a map-layout change (multi-node runs):
+    /// the first agents pin under `<pin dir>/v<LAYOUT_VERSION + 1>`, a
+    /// restarted one under `<pin dir>/v<LAYOUT_VERSION>`, which finds the
+    /// other layout beside it (copies its conntrack, adopts its endpoint
+    /// numbers and retires it after its first full sync, as after an
+    /// upgrade or a rollback; the other layout's records are this
+    /// layout's, as from a rollback).
+    pub pin_layout_change: bool,
 }
 
 impl Options {
@@ -281,6 +289,7 @@ impl Default for Options {
             destination: Destination::Pod,
             fabric: FabricMode::Routed,
             preload: Preload::default(),
+            pin_layout_change: false,
         }
     }
 }

@@ -174,7 +174,16 @@ impl LiveRunner {
             log,
             metrics: spec.metrics,
             debug,
-            pin_dir: spec.node.map(|_| spec.pin_dir.to_path_buf()),
+            // Removed at shutdown: with layout directories, their parent.
+            pin_dir: spec.node.map(|_| {
+                let p = spec.pin_dir;
+                let root = if self.opts.pin_layout_change {
+                    p.parent().unwrap_or(p)
+                } else {
+                    p
+                };
+                root.to_path_buf()
+            }),
         })
     }
 

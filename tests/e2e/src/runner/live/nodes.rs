@@ -169,7 +169,7 @@ impl LiveRunner {
         let mut started = Vec::new();
         if let Some(nodes) = self.cluster.nodes() {
             for node in nodes.nodes() {
-                let pin_dir = PathBuf::from(format!("/sys/fs/bpf/npm-conformance-{pid}-n{}", node.index));
+                let pin_dir = self.node_pin_dir(node.index, false);
                 let table = format!("npmconf{pid}n{}", node.index);
                 let agent = self.spawn_agent(
                     kubeconfig,
@@ -211,8 +211,26 @@ impl LiveRunner {
         v6: Ipv6Addr,
         served: &[u16],
     ) -> Result<(), RunnerError> {
+        self.create_pod_on(pod, v4, v6, served, None)
+    }
+
+    /// As [`LiveRunner::create_pod_on_node`], on node `on` (1-based) when
+    /// given (CNI wiring only), else on the node owning the address's
+    /// subnet.
+    pub(super) fn create_pod_on(
+        &mut self,
+        pod: &npm_policy::model::Pod,
+        v4: Ipv4Addr,
+        v6: Ipv6Addr,
+        served: &[u16],
+        on: Option<u8>,
+    ) -> Result<(), RunnerError> {
         let (ns, name, ports) = (pod.namespace.as_str(), pod.name.as_str(), &pod.ports);
-        let node = self.cluster.node_name_for(v4).unwrap_or_default();
+        let node = match on {
+            Some(k) => self.cluster.nodes().and_then(|n| n.node(k)).map(|n| n.name.clone()),
+            None => self.cluster.node_name_for(v4),
+        }
+        .unwrap_or_default();
         let labels = self.live_labels(&pod.labels, name);
         let ips = [IpAddr::V4(v4), IpAddr::V6(v6)];
         match self.cluster.wiring() {
@@ -232,7 +250,7 @@ impl LiveRunner {
                     .create(&format!("/api/v1/namespaces/{ns}/pods"), &obj)
                     .map_err(api_err)?;
                 let uid = created["metadata"]["uid"].as_str().unwrap_or_default().to_string();
-                if let Err(e) = self.cluster.create_pod_cni(ns, name, v4, v6, &uid) {
+                if let Err(e) = self.cluster.create_pod_cni_on(ns, name, v4, v6, &uid, on) {
                     let _ = self.api.delete(&pod_path(ns, name));
                     return Err(e.into());
                 }

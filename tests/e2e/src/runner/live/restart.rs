@@ -11,18 +11,21 @@ use super::LiveRunner;
 use crate::runner::RunnerError;
 
 impl LiveRunner {
-    /// Creates `pod`, which the model does not know, at `v4`/`v6` on the
-    /// node owning the address's subnet, wired as the cluster wires model
-    /// pods (the CNI chain: the Pod object first, ADD, then its status);
-    /// delete it with [`LiveRunner::delete_unmodelled_pod`].
+    /// Creates `pod`, which the model does not know, at `v4`/`v6` on node
+    /// `node` (1-based; `None`: the node owning the address's subnet),
+    /// wired as the cluster wires model pods (the CNI chain: the Pod object
+    /// first, ADD, then its status); on another node than the subnet's
+    /// owner the other nodes route the address to it. Delete it with
+    /// [`LiveRunner::delete_unmodelled_pod`].
     pub fn create_unmodelled_pod_wired(
         &mut self,
         pod: &npm_policy::model::Pod,
         v4: std::net::Ipv4Addr,
         v6: std::net::Ipv6Addr,
+        node: Option<u8>,
     ) -> Result<(), RunnerError> {
         let served = self.model.topology().served_ports();
-        self.create_pod_on_node(pod, v4, v6, &served)
+        self.create_pod_on(pod, v4, v6, &served, node)
     }
 
     /// The agents' metrics/health addresses by node index (1-based) of a
@@ -58,9 +61,25 @@ impl LiveRunner {
         Ok(())
     }
 
+    /// The pin directory of node `k`'s agent: `/sys/fs/bpf/npm-conformance-
+    /// <pid>-n<k>`, or with [`crate::runner::Options::pin_layout_change`]
+    /// its `v<LAYOUT_VERSION + 1>` (first start) or `v<LAYOUT_VERSION>`
+    /// (`restarted`) directory.
+    pub fn node_pin_dir(&self, k: u8, restarted: bool) -> PathBuf {
+        let base = PathBuf::from(format!("/sys/fs/bpf/npm-conformance-{}-n{k}", std::process::id()));
+        if !self.opts.pin_layout_change {
+            return base;
+        }
+        let layout = npm_common::LAYOUT_VERSION + u32::from(!restarted);
+        base.join(format!("v{layout}"))
+    }
+
     /// Multi-node runs: starts node `k`'s agent again with the flags of the
     /// first start (its log `agent-node-<k>.<start>.log`), replacing the
-    /// killed one; returns at once (not waiting for readiness).
+    /// killed one; returns at once (not waiting for readiness). With
+    /// [`crate::runner::Options::pin_layout_change`] it pins under the
+    /// current layout's directory (the first restart of a node changes
+    /// its layout).
     pub fn respawn_node_agent(&mut self, k: u8, start: u32) -> Result<(), RunnerError> {
         let pid = std::process::id();
         let kubeconfig = self.kubeconfig_path();
@@ -74,7 +93,7 @@ impl LiveRunner {
         let node = nodes
             .node(k)
             .ok_or_else(|| RunnerError::Options(format!("no node {k}")))?;
-        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/npm-conformance-{pid}-n{k}"));
+        let pin_dir = self.node_pin_dir(k, true);
         let table = format!("npmconf{pid}n{k}");
         let agent = self.spawn_agent(
             &kubeconfig,
