@@ -527,14 +527,20 @@ mod batch {
         }
     }
 
+    /// `n` all-zero `T`s: the buffers the kernel fills.
+    fn zeroed<T: Copy>(n: usize) -> Vec<T> {
+        // SAFETY: only called with map keys and values, plain-old-data
+        // `repr(C)` types for which all-zero bytes are a valid value.
+        vec![unsafe { std::mem::zeroed::<T>() }; n]
+    }
+
     /// Calls `f` with every (keys, values) chunk of the hash map `fd`.
     /// Entries added or deleted meanwhile may or may not be seen; every
     /// other entry is seen once (the kernel walks bucket by bucket).
     pub(super) fn for_each<K: Copy, V: Copy>(fd: i32, mut f: impl FnMut(&[K], &[V])) -> io::Result<()> {
         let mut chunk = CHUNK;
-        // SAFETY: plain-old-data map keys and values, all-zero valid.
-        let mut keys: Vec<K> = vec![unsafe { std::mem::zeroed() }; chunk];
-        let mut values: Vec<V> = vec![unsafe { std::mem::zeroed() }; chunk];
+        let mut keys: Vec<K> = zeroed(chunk);
+        let mut values: Vec<V> = zeroed(chunk);
         let mut token: u32 = 0;
         let mut first = true;
         loop {
@@ -563,9 +569,8 @@ mod batch {
                 // A bucket larger than the buffer: a larger buffer.
                 Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && chunk < 1 << 20 => {
                     chunk *= 4;
-                    // SAFETY: as above.
-                    keys = vec![unsafe { std::mem::zeroed() }; chunk];
-                    values = vec![unsafe { std::mem::zeroed() }; chunk];
+                    keys = zeroed(chunk);
+                    values = zeroed(chunk);
                 }
                 Err(e) => return Err(e),
             }
