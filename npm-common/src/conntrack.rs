@@ -226,6 +226,27 @@ pub const fn ct_timeout_ns(protocol: u8, flags: u8) -> u64 {
     }
 }
 
+/// The share of each conntrack map (`NPM_CT`, `NPM_CT4`) one endpoint may
+/// hold: its new connections beyond `max_entries / CT_QUOTA_SHARE` live
+/// entries are refused (`Reason::ConntrackQuota`), so one pod's flood of
+/// flows cannot evict the entries of other pods (the maps are LRU: a
+/// full map evicts whoever's least recently used entry). The loader sets
+/// the datapath's cap (`NPM_CT_CAP`) from the map size.
+pub const CT_QUOTA_SHARE: u32 = 4;
+
+/// `NPM_CT_QUOTA` words per slot: [`CT_QUOTA_HELD`] and
+/// [`CT_QUOTA_REFUSED`].
+pub const CT_QUOTA_WORDS: u32 = 2;
+/// `NPM_CT_QUOTA` word: an upper bound of the live conntrack entries of
+/// the endpoints of the slot (`npm_common::ep_epoch_slot` of the
+/// host-side ifindex): the datapath adds one per entry it creates, the
+/// loader's conntrack worker takes away what its last pass did not find
+/// alive (both with atomic adds, through a shared mapping).
+pub const CT_QUOTA_HELD: u32 = 0;
+/// `NPM_CT_QUOTA` word: the new connections refused to the slot's
+/// endpoints because [`CT_QUOTA_HELD`] reached the cap (a running total).
+pub const CT_QUOTA_REFUSED: u32 = 1;
+
 /// Fragment record key: an allowed first fragment, per endpoint.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

@@ -66,10 +66,16 @@ pub const EP_DENIES: &str = "NPM_EP_DENIES";
 /// policy decides; under `keep` it never moves. Added with layout 7 (same
 /// rule: an older program ignores it and keeps its flows).
 pub const EP_EPOCH: &str = "NPM_EP_EPOCH";
+/// Each endpoint's conntrack quota: [`crate::CT_QUOTA_WORDS`] `u64`
+/// words per slot of [`crate::ep_epoch_slot`] (the host-side ifindex
+/// modulo the size; endpoints whose ifindexes share a slot share a
+/// quota), an array the loader maps (`BPF_F_MMAPABLE`). Added in layout 7
+/// (same rule: an older program ignores it).
+pub const CT_QUOTA: &str = "NPM_CT_QUOTA";
 /// Every map, for pinning and adoption.
-pub const ALL: [&str; 17] = [
+pub const ALL: [&str; 18] = [
     EP_SLOTS, ENDPOINTS, IPCACHE, IPCACHE4, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS, SERVICES, TIERS, FOLD,
-    RULE_COUNT, EP_DENIES, EP_EPOCH,
+    RULE_COUNT, EP_DENIES, EP_EPOCH, CT_QUOTA,
 ];
 
 /// Map sizes (max entries).

@@ -64,6 +64,11 @@ pub enum Reason {
     /// [`Reason::ConnectionCut`], in either direction, until its entry
     /// idles out or a TCP SYN opens a new connection on its 5-tuple.
     CutFlow = 23,
+    /// Dropped: the first packet of a new connection of an endpoint that
+    /// already holds its share of the conntrack table
+    /// (`npm_common::CT_QUOTA`): its flood costs it its own new
+    /// connections instead of evicting other endpoints' entries.
+    ConntrackQuota = 24,
 }
 
 /// Number of reason slots per direction in `NPM_COUNTERS`.
@@ -90,7 +95,7 @@ pub const DRY_RUN_MARK: u32 = 0x4e50_4d00;
 
 impl Reason {
     /// Every reason, for counters and metrics.
-    pub const ALL: [Reason; 19] = [
+    pub const ALL: [Reason; 20] = [
         Reason::Policy,
         Reason::NotIsolated,
         Reason::Tracked,
@@ -110,6 +115,7 @@ impl Reason {
         Reason::BaselineDeny,
         Reason::ConnectionCut,
         Reason::CutFlow,
+        Reason::ConntrackQuota,
     ];
 
     /// True when the reason drops the packet.
@@ -152,6 +158,7 @@ impl Reason {
             21 => Reason::BaselineDeny,
             22 => Reason::ConnectionCut,
             23 => Reason::CutFlow,
+            24 => Reason::ConntrackQuota,
             _ => return None,
         })
     }
@@ -178,6 +185,7 @@ impl Reason {
             Reason::BaselineDeny => "baseline-deny",
             Reason::ConnectionCut => "connection-cut",
             Reason::CutFlow => "cut-flow",
+            Reason::ConntrackQuota => "conntrack-quota",
         }
     }
 }

@@ -8,7 +8,7 @@ use npm_common::{
 
 use crate::conntrack::{
     ct4_words, ct_continue, ct_create, ct_original, ct_redecided, fill_ct_key, fill_ct_key4, CtPacket, CT_CUT_HIT,
-    CT_STALE, CT_TRACKED, NPM_CT, NPM_CT4,
+    CT_REFUSED, CT_STALE, CT_TRACKED, CT_WRITTEN, NPM_CT, NPM_CT4,
 };
 use crate::endpoint::{endpoint_epoch, endpoint_slot, NPM_ENDPOINTS};
 use crate::flow_cache::{
@@ -263,9 +263,16 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
     };
     // The allow event of a new connection (only for a flagged endpoint:
     // an unflagged one pays the flag test).
-    if ct_create(s, v4, pkt, dir, reason, 0, epoch) && ep.flags & EP_REPORT_NEW != 0 {
-        report_new(s, dir, ifindex, ep.id, reason, now);
-    }
+    let reason = match ct_create(s, v4, pkt, dir, reason, 0, epoch, ifindex) {
+        // The endpoint holds its share of the conntrack: its new flow is
+        // dropped.
+        CT_REFUSED => Reason::ConntrackQuota as u8,
+        CT_WRITTEN if ep.flags & EP_REPORT_NEW != 0 => {
+            report_new(s, dir, ifindex, ep.id, reason, now);
+            reason
+        }
+        _ => reason,
+    };
     record_first_fragment(s, ep.id, dir, reason);
     reason
 }

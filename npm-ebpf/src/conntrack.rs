@@ -48,10 +48,14 @@
 //! replies in until the first reply confirms it: a packet of its original
 //! direction is not `Tracked` (it is deferred again).
 
-use aya_ebpf::{macros::map, maps::LruHashMap};
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, LruHashMap},
+};
 use npm_common::{
-    ct_timeout_ns, proto, sizes, CtKey, CtKey4, CtValue, CT_CLOSING, CT_CUT, CT_FIN_HI, CT_FIN_LO, CT_ORIG_LO_TO_HI,
-    CT_PENDING, CT_RST, CT_SEEN_REPLY, FIRST_DENY_REASON,
+    ct_timeout_ns, ep_epoch_slot, proto, sizes, CtKey, CtKey4, CtValue, CT_CLOSING, CT_CUT, CT_FIN_HI, CT_FIN_LO,
+    CT_ORIG_LO_TO_HI, CT_PENDING, CT_QUOTA_HELD, CT_QUOTA_REFUSED, CT_QUOTA_SHARE, CT_QUOTA_WORDS, CT_RST,
+    CT_SEEN_REPLY, FIRST_DENY_REASON,
 };
 
 use crate::flow_cache::{flow_cache_fill, FlowSlot};
@@ -67,6 +71,22 @@ pub(crate) static NPM_CT: LruHashMap<CtKey, CtValue> = LruHashMap::with_max_entr
 /// IPv4-mapped, keyed by [`ct4_key`] (a shorter key hashes faster).
 #[map]
 pub(crate) static NPM_CT4: LruHashMap<CtKey4, CtValue> = LruHashMap::with_max_entries(sizes::CT, 0);
+
+/// `NPM_CT_QUOTA`: per slot of the endpoint's host-side ifindex
+/// (`npm_common::ep_epoch_slot`), the words `CT_QUOTA_HELD` (an upper
+/// bound of the endpoint's live entries: one added per entry created here,
+/// what is no longer alive taken away by the loader's conntrack worker)
+/// and `CT_QUOTA_REFUSED` (new connections refused at the cap). Inlined
+/// array lookups; the loader maps it (`BPF_F_MMAPABLE`).
+#[map]
+static NPM_CT_QUOTA: Array<u64> =
+    Array::with_max_entries(sizes::ENDPOINT_SLOTS * CT_QUOTA_WORDS, crate::policy::BPF_F_MMAPABLE);
+
+/// The most live conntrack entries one endpoint may hold (both maps
+/// together), a read-only global the loader sets at load time to the
+/// conntrack maps' size over `CT_QUOTA_SHARE`.
+#[no_mangle]
+static NPM_CT_CAP: u32 = sizes::CT / CT_QUOTA_SHARE;
 
 /// Benchmark-only switch, a read-only global the loader may override at load
 /// time: when 1, allowed new flows do NOT create a conntrack entry, so a
@@ -337,23 +357,87 @@ pub(crate) fn ct_redecided(s: &Scratch, v: *mut CtValue, reason: u8, epoch: u32)
     npm_common::Reason::ConnectionCut as u8
 }
 
+/// [`ct_create`]: no entry written (a dry run, the benchmark switch).
+pub(crate) const CT_NOT_WRITTEN: u8 = 0;
+/// [`ct_create`]: the entry was written.
+pub(crate) const CT_WRITTEN: u8 = 1;
+/// [`ct_create`]: refused, the endpoint holds its share of the table
+/// (`NPM_CT_CAP`): the caller drops the packet as
+/// `Reason::ConntrackQuota`.
+pub(crate) const CT_REFUSED: u8 = 2;
+
+/// Charges one new conntrack entry to the endpoint on `ifindex`
+/// (`NPM_CT_QUOTA`): false, and the refusal counted, when the endpoint
+/// already holds `NPM_CT_CAP` entries. The test and the add are not one
+/// atomic step: CPUs racing at the cap may each pass it by one.
+#[inline(always)]
+fn ct_charge(ifindex: u32) -> bool {
+    let base = ep_epoch_slot(ifindex) * CT_QUOTA_WORDS;
+    let Some(held) = NPM_CT_QUOTA.get_ptr_mut(base + CT_QUOTA_HELD) else {
+        return true;
+    };
+    // SAFETY: reading a read-only global; `held` and `refused` are
+    // 8-aligned array values, changed only by atomic adds (here and by
+    // the loader's conntrack worker).
+    unsafe {
+        let cap = core::ptr::read_volatile(&NPM_CT_CAP) as u64;
+        if core::ptr::read_volatile(held) >= cap {
+            if let Some(refused) = NPM_CT_QUOTA.get_ptr_mut(base + CT_QUOTA_REFUSED) {
+                atomic_add(refused, 1);
+            }
+            return false;
+        }
+        atomic_add(held, 1);
+    }
+    true
+}
+
+/// `*p += v` as one `BPF_ATOMIC` add (no fetch: the result is unused).
+///
+/// # Safety
+/// `p` is a valid, 8-aligned map value.
+#[inline(always)]
+unsafe fn atomic_add(p: *mut u64, v: u64) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(p, v);
+    }
+}
+
 /// Creates the conntrack entry of a new connection allowed by steps 7 to 9
 /// (in `NPM_CT4` from `s.ct4` when `v4`, else in `NPM_CT` from `s.ct`)
 /// with the extra flags `extra` (`CT_PENDING` for a deferred flow, else 0)
 /// and the endpoint's decision `epoch` (read before the policy lookup);
-/// a fresh entry replaces an older one of the same key. Returns whether the
-/// entry was written (false for a dry run or the benchmark switch): the
-/// hook of the allow event of a new connection (`crate::verdict::report_new`,
-/// called by the caller only for an `EP_REPORT_NEW` endpoint).
+/// a fresh entry replaces an older one of the same key. The entry is
+/// charged to the endpoint on `ifindex` ([`ct_charge`]): one that holds its
+/// share of the table gets [`CT_REFUSED`] and no entry, so its flood of
+/// new flows never evicts another endpoint's entries. Returns
+/// [`CT_WRITTEN`], or [`CT_NOT_WRITTEN`] for a dry run or the benchmark
+/// switch; the allow event of a new connection
+/// (`crate::verdict::report_new`) is sent by the caller only for a
+/// written entry of an `EP_REPORT_NEW` endpoint.
 #[inline(always)]
-pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reason: u8, extra: u8, epoch: u32) -> bool {
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ct_create(
+    s: &mut Scratch,
+    v4: bool,
+    pkt: CtPacket,
+    dir: u8,
+    reason: u8,
+    extra: u8,
+    epoch: u32,
+    ifindex: u32,
+) -> u8 {
     // SAFETY: reading a read-only global.
     if unsafe { core::ptr::read_volatile(&NPM_BENCH_NO_CT_CREATE) } != 0 {
-        return false;
+        return CT_NOT_WRITTEN;
     }
     // A dry run (`npm-agent explain`) creates no conntrack state.
     if s.pad == crate::DRY_RUN_IIF {
-        return false;
+        return CT_NOT_WRITTEN;
+    }
+    if !ct_charge(ifindex) {
+        return CT_REFUSED;
     }
     let mut flags = extra | if pkt.src_is_lo { CT_ORIG_LO_TO_HI } else { 0 };
     if pkt.pr == proto::TCP {
@@ -373,5 +457,5 @@ pub(crate) fn ct_create(s: &mut Scratch, v4: bool, pkt: CtPacket, dir: u8, reaso
     } else {
         NPM_CT.insert(&s.ct, &s.ctv, 0)
     };
-    true
+    CT_WRITTEN
 }

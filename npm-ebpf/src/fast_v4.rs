@@ -5,8 +5,8 @@ use aya_ebpf::programs::TcContext;
 use npm_common::{proto, sizes, Reason, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_REPORT_NEW, FIRST_DENY_REASON};
 
 use crate::conntrack::{
-    ct4_key, ct_continue, ct_create, ct_original, ct_redecided, store_ct4, CtPacket, CT_CUT_HIT, CT_STALE, CT_TRACKED,
-    NPM_CT4,
+    ct4_key, ct_continue, ct_create, ct_original, ct_redecided, store_ct4, CtPacket, CT_CUT_HIT, CT_REFUSED, CT_STALE,
+    CT_TRACKED, CT_WRITTEN, NPM_CT4,
 };
 use crate::endpoint::{endpoint_epoch, endpoint_slot};
 use crate::flow_cache::{flow_cache_hit, flow_slot, FlowSlot, NPM_BENCH_NO_FLOW_CACHE, NPM_FLOWCACHE};
@@ -188,9 +188,18 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
     store_ct4(&mut s.ct4, &key);
     // The allow event of a new connection (only for a flagged endpoint:
     // an unflagged one pays the flag test), read from scratch.
-    if ct_create(s, true, ct, dir, reason, 0, epoch) && ep.flags & EP_REPORT_NEW != 0 {
-        fill_pkt_v4(&mut s.pkt, h);
-        report_new(s, dir, ifindex, ep.id, reason, now);
+    match ct_create(s, true, ct, dir, reason, 0, epoch, ifindex) {
+        // The endpoint holds its share of the conntrack: its new flow is
+        // dropped (the deny event reads the packet from scratch).
+        CT_REFUSED => {
+            fill_pkt_v4(&mut s.pkt, h);
+            return Reason::ConntrackQuota as u8;
+        }
+        CT_WRITTEN if ep.flags & EP_REPORT_NEW != 0 => {
+            fill_pkt_v4(&mut s.pkt, h);
+            report_new(s, dir, ifindex, ep.id, reason, now);
+        }
+        _ => {}
     }
     reason
 }

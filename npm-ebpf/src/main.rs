@@ -105,6 +105,11 @@
 //! or an outlined function compiles to a BPF-to-BPF call.
 #![no_std]
 #![no_main]
+// `atomic_xadd`: the BPF target has no atomic read-modify-write in
+// `core::sync::atomic`, but the kernel has `BPF_ATOMIC` add (the
+// conntrack quota's counters, `conntrack::ct_charge`).
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 // Map keys are passed by reference on purpose: by value they would be
 // copied onto the 512-byte BPF stack (and through memcpy).
 #![allow(clippy::needless_borrows_for_generic_args)]

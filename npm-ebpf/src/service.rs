@@ -90,7 +90,10 @@ pub(crate) fn defer(ctx: &TcContext, s: &mut Scratch, ifindex: u32, v4: bool, pk
     ctx.set_mark(defer_mark(mark, ifindex));
     // Epoch 0: a pending entry is never decided again (its tuple is the
     // pre-DNAT one).
-    ct_create(s, v4, pkt, DIR_EGRESS, Reason::Deferred as u8, CT_PENDING, 0);
+    // Refused at the endpoint's conntrack quota: no pending entry, so the
+    // flow's replies are decided by policy (dropped at an isolated
+    // endpoint), never let in untracked.
+    ct_create(s, v4, pkt, DIR_EGRESS, Reason::Deferred as u8, CT_PENDING, 0, ifindex);
     Reason::Deferred as u8
 }
 

@@ -1,15 +1,15 @@
 //! The flow state the datapath keeps per endpoint id: `NPM_CT` (conntrack,
 //! [`CtKey`]), `NPM_CT4` (its IPv4 form, [`CtKey4`]) and `NPM_FRAGS`
 //! (fragment tracking, [`FragKey`]). The loader never creates entries; it
-//! counts and reads them, purges those of endpoints that went away or were
-//! renumbered, and copies them from an older map layout.
+//! counts and reads them, copies them from an older map layout and drops
+//! them all when that copy cannot be used; every other purge is the
+//! conntrack worker's (`ct_worker.rs`), off the sync thread.
 
-use std::collections::HashSet;
 use std::path::Path;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::Ebpf;
-use npm_common::{maps, CtKey, CtKey4, CtValue, FragKey, FragValue, V4_MAPPED_PREFIX};
+use npm_common::{maps, CtKey, CtKey4, CtValue, FragKey, FragValue};
 
 use super::errors::{map_err, removed, EbpfError};
 use super::loader::take_map;
@@ -39,6 +39,20 @@ impl Flows {
             ct4: open_pinned(pin_dir, maps::CT4)?,
             frags: open_pinned(pin_dir, maps::FRAGS)?,
         })
+    }
+
+    /// Duplicates of the descriptors of `NPM_CT`, `NPM_CT4` and
+    /// `NPM_FRAGS`, for the conntrack worker (`ct_worker.rs`).
+    pub(crate) fn dup_fds(&self) -> Result<[std::os::fd::OwnedFd; 3], EbpfError> {
+        use aya::maps::IterableMap;
+        use std::os::fd::AsFd;
+        let dup = |m: &MapData| {
+            m.fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|source| EbpfError::Conntrack { source })
+        };
+        Ok([dup(self.ct.map())?, dup(self.ct4.map())?, dup(self.frags.map())?])
     }
 
     /// Entries of `NPM_CT` and `NPM_CT4`.
@@ -93,55 +107,12 @@ impl Flows {
         Ok(copied)
     }
 
-    /// Deletes every entry whose pair holds one of `peers` (IPv6, IPv4 in
-    /// its IPv4-mapped form): the flows of an address that changed hands.
-    /// One pass over each map, however many addresses. Returns how many
-    /// entries went.
-    pub(crate) fn purge_peers(&mut self, peers: &HashSet<[u8; 16]>) -> Result<usize, EbpfError> {
-        if peers.is_empty() {
-            return Ok(0);
-        }
-        let v4: HashSet<[u8; 4]> = peers
-            .iter()
-            .filter(|a| a[..12] == V4_MAPPED_PREFIX)
-            .map(|a| [a[12], a[13], a[14], a[15]])
-            .collect();
-        let mut n = purge_where(&mut self.ct, maps::CT, |k| {
-            peers.contains(&k.addr_lo) || peers.contains(&k.addr_hi)
-        })?;
-        n += purge_where(&mut self.ct4, maps::CT4, |k| {
-            v4.contains(&k.addr_lo) || v4.contains(&k.addr_hi)
-        })?;
-        n += purge_where(&mut self.frags, maps::FRAGS, |k| {
-            peers.contains(&k.src) || peers.contains(&k.dst)
-        })?;
-        Ok(n)
-    }
-
     /// Deletes the entries of every endpoint id `keep` rejects.
     pub(crate) fn purge(&mut self, keep: impl Fn(u32) -> bool) -> Result<(), EbpfError> {
         purge_map(&mut self.ct, maps::CT, |k| k.endpoint, &keep)?;
         purge_map(&mut self.ct4, maps::CT4, |k| k.endpoint, &keep)?;
         purge_map(&mut self.frags, maps::FRAGS, |k| k.endpoint, &keep)
     }
-}
-
-/// Deletes every entry of `map` whose key `doomed` selects; returns how
-/// many.
-fn purge_where<K: aya::Pod, V: aya::Pod>(
-    map: &mut BpfHashMap<MapData, K, V>,
-    name: &'static str,
-    doomed: impl Fn(&K) -> bool,
-) -> Result<usize, EbpfError> {
-    let keys: Vec<K> = map.keys().filter_map(Result::ok).filter(|k| doomed(k)).collect();
-    for k in &keys {
-        removed(
-            map.remove(k),
-            name,
-            format_args!("a flow of an address that changed hands"),
-        )?;
-    }
-    Ok(keys.len())
 }
 
 /// Deletes every entry of `map` whose endpoint (`endpoint_of` the key)

@@ -185,6 +185,15 @@ pub enum EbpfError {
         #[source]
         source: std::io::Error,
     },
+    /// The conntrack worker could not do what was asked (a batch
+    /// operation failed, a purge did not complete, the thread could not
+    /// start).
+    #[error("conntrack worker: {source}")]
+    Conntrack {
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl EbpfError {
@@ -204,7 +213,8 @@ impl EbpfError {
             EbpfError::MapMissing { .. }
             | EbpfError::Map { .. }
             | EbpfError::NotPinned { .. }
-            | EbpfError::Mmap { .. } => "ebpf map",
+            | EbpfError::Mmap { .. }
+            | EbpfError::Conntrack { .. } => "ebpf map",
             EbpfError::Interface { .. }
             | EbpfError::Link { .. }
             | EbpfError::PinLink { .. }

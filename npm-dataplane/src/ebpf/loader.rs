@@ -41,6 +41,10 @@ pub struct BenchSwitches {
     /// (`NPM_RULE_COUNT`, `NPM_EP_DENIES`): measurement only, what the
     /// counters cost per decision.
     pub no_rule_count: bool,
+    /// No per-endpoint conntrack quota (`NPM_CT_CAP` at its maximum): an
+    /// endpoint's new flows may evict every other endpoint's entries, as
+    /// before the quota (the control of the quota's test).
+    pub no_ct_quota: bool,
 }
 
 /// The `max_entries` of the maps whose size scales with the cluster, set at
@@ -341,6 +345,8 @@ pub(crate) fn load(
     }
     let bench: u8 = bench_no_ct_create.into();
     loader.override_global("NPM_BENCH_NO_CT_CREATE", &bench, true);
+    let cap = ct_cap(map_sizes, switches);
+    loader.override_global("NPM_CT_CAP", &cap, true);
     set_switches(&mut loader, switches);
     let mut bpf = loader.load(data).map_err(|source| EbpfError::Load {
         path: object.to_path_buf(),
@@ -351,6 +357,18 @@ pub(crate) fn load(
         load_retrying(prog).map_err(prog_err(name, "load (verifier)"))?;
     }
     Ok(bpf)
+}
+
+/// The datapath's per-endpoint conntrack cap (`NPM_CT_CAP`): the
+/// configured conntrack size over `npm_common::CT_QUOTA_SHARE` (a pinned
+/// map of another size keeps the configured cap), or no cap under
+/// [`BenchSwitches::no_ct_quota`].
+pub(crate) fn ct_cap(map_sizes: &MapSizes, switches: BenchSwitches) -> u32 {
+    if switches.no_ct_quota {
+        u32::MAX
+    } else {
+        (map_sizes.conntrack / npm_common::CT_QUOTA_SHARE).max(1)
+    }
 }
 
 /// Loads a program, retrying when `BPF_PROG_LOAD` returns `EAGAIN`: the

@@ -47,6 +47,7 @@ mod adopt_numbers;
 mod cidr;
 mod conntrack;
 mod counters;
+mod ct_worker;
 mod dump;
 mod endpoints;
 mod epochs;
@@ -81,11 +82,12 @@ use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::Ebpf;
-use npm_common::{CtKey, CtValue, DenyEvent, IpInfo, IpKey};
+use npm_common::{maps, CtKey, CtValue, DenyEvent, IpInfo, IpKey};
 use npm_policy::compiled::{Compiled, CompiledDiff};
 
 use crate::{AdoptedEndpoint, Counters, Dataplane, DataplaneError, Interfaces};
 
+pub use ct_worker::{FlowPurges, QUOTA_PASS_INTERVAL, WORKER_THREAD};
 pub use dump::{
     dump_pinned, pinned_link_programs, DumpCidr, DumpCounter, DumpEndpoint, DumpIp, DumpPolicy, DumpTier, EbpfDump,
 };
@@ -176,6 +178,9 @@ pub struct EbpfDataplane {
     /// `NPM_FOLD`: the folded decisions of subjects with tier entries.
     fold: FoldTable,
     flows: Flows,
+    /// The conntrack worker: purges and the quota's recount, off the sync
+    /// thread (`ct_worker.rs`).
+    ct_worker: ct_worker::CtWorker,
     reports: Reports,
     /// `NPM_EP_EPOCH` and the endpoints under connection semantics
     /// `enforce` (`epochs.rs`).
@@ -290,6 +295,15 @@ impl EbpfDataplane {
         let tiers = TierTable::take(&mut bpf)?;
         let fold = FoldTable::take(&mut bpf)?;
         let flows = Flows::take(&mut bpf)?;
+        let ct_worker = {
+            let quota: aya::maps::Array<MapData, u64> = loader::take_map(&mut bpf, maps::CT_QUOTA)?;
+            let (words, _) =
+                shared_words::SharedWords::map_array(aya::maps::IterableMap::map(&quota), 1, maps::CT_QUOTA)?;
+            let [ct, ct4, frags] = flows.dup_fds()?;
+            let cap = loader::ct_cap(&map_sizes, switches);
+            let cap = if cap == u32::MAX { u64::MAX } else { cap as u64 };
+            ct_worker::CtWorker::start(ct, ct4, frags, std::sync::Arc::new(words), cap)?
+        };
         let reports = Reports::take(&mut bpf)?;
         let epochs = epochs::Epochs::take(&mut bpf)?;
         let mut dp = EbpfDataplane {
@@ -302,6 +316,7 @@ impl EbpfDataplane {
             tiers,
             fold,
             flows,
+            ct_worker,
             reports,
             epochs,
             links: BTreeMap::new(),
@@ -418,6 +433,31 @@ impl EbpfDataplane {
     /// flows (`keep`).
     pub fn set_established_enforce(&mut self, endpoints: BTreeSet<u32>) {
         self.epochs.set_enforce(endpoints);
+    }
+
+    /// What the conntrack worker did (`ct_worker.rs`): the latest request
+    /// ticket, the completed one, its passes and what they deleted.
+    pub fn flow_purges(&self) -> FlowPurges {
+        self.ct_worker.stats()
+    }
+
+    /// Waits until every flow purge requested so far (by the batches
+    /// written before this call) is complete: from then on no entry they
+    /// doomed is left, so the next packet of such a flow is decided anew.
+    /// An error if a pass failed meanwhile or `timeout` passed. The
+    /// writer never waits for it (except for renumbered endpoint ids at a
+    /// full sync, which must lose their flows before they are programmed).
+    pub fn wait_flow_purges(&self, timeout: std::time::Duration) -> Result<FlowPurges, EbpfError> {
+        self.ct_worker.wait(self.ct_worker.requested(), timeout)?;
+        Ok(self.ct_worker.stats())
+    }
+
+    /// Each programmed endpoint's conntrack quota, by endpoint id: (an
+    /// upper bound of the live entries it holds, the new connections
+    /// refused to it at the cap, a running total). Endpoints whose
+    /// ifindexes share a slot (`npm_common::ep_epoch_slot`) share both.
+    pub fn conntrack_quota(&self) -> Vec<(u32, u64, u64)> {
+        self.ct_worker.quota()
     }
 
     /// The decision epoch of the endpoint on `ifindex` (`NPM_EP_EPOCH`).

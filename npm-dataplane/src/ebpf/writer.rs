@@ -52,6 +52,11 @@ fn entry_tier_flags(tiers: &BTreeMap<TierEntry, TierValue>, id: u32) -> u32 {
     flags
 }
 
+/// How long a full sync waits for the conntrack worker to drop the flows
+/// of renumbered endpoint ids (a pass over full tables takes well under a
+/// second; the sync fails, and is retried, past this).
+const RENUMBERED_PURGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl EbpfDataplane {
     /// [`crate::Dataplane::apply`] with the loader's own error type.
     pub fn apply_diff(
@@ -63,6 +68,8 @@ impl EbpfDataplane {
         // The policy flags are computed for the groups the diff touches.
         self.policy.begin_apply(&diff.policy);
         self.fold.begin_apply(diff, next);
+        // The ids this batch may program keep their flows meanwhile.
+        self.ct_worker.keep_also(next.endpoints.keys().copied());
         let moved = self.moved_in_diff(diff);
         let mut touched = epochs::decisions_touched(diff, next, &self.epochs.enforce);
         // An endpoint that entered `enforce` (an annotation change alone):
@@ -78,8 +85,9 @@ impl EbpfDataplane {
         if result.is_ok() {
             self.fill.applied(diff, next);
         }
-        let purged = self.purge_moved(moved);
-        result.and(purged)?;
+        self.purge_moved(moved);
+        self.publish_endpoints(!diff.endpoints.remove.is_empty());
+        result?;
         self.advance_epochs(&touched)?;
         self.epochs.judged_all();
         Ok(())
@@ -146,17 +154,28 @@ impl EbpfDataplane {
         moved
     }
 
+    /// After a batch: the programmed endpoints go to the conntrack worker
+    /// (`ct_worker.rs`): every other endpoint id's flows go at its next
+    /// pass (requested when `removed`), and the quota slots follow.
+    fn publish_endpoints(&mut self, removed: bool) {
+        self.ct_worker.keep(&self.programmed, removed);
+    }
+
     /// Incident 1: a new owner never carries the old owner's connections.
     /// The flows of every address in `moved` (it left the pod that held it,
     /// or passed to another pod: identities are shared by label set, so
     /// only the owner tells) are deleted, local endpoints' flows towards a
     /// remote address included: the next packet is decided anew, against
-    /// the new owner. Called once the batch's ipcache is written. A flow
+    /// the new owner. Requested from the conntrack worker once the batch's
+    /// ipcache is written, never waited for: the purge is complete when
+    /// the worker's completed ticket reaches the request's
+    /// ([`EbpfDataplane::wait_flow_purges`]); until then the old flows
+    /// pass, as they did while the purge ran on the sync thread. A flow
     /// the per-CPU flow cache vouched for passes until its slot expires
     /// (`FLOW_TTL_NS`, 250 ms).
-    fn purge_moved(&mut self, moved: HashSet<IpAddr>) -> Result<(), EbpfError> {
+    fn purge_moved(&mut self, moved: HashSet<IpAddr>) {
         if moved.is_empty() {
-            return Ok(());
+            return;
         }
         let peers: HashSet<[u8; 16]> = moved
             .iter()
@@ -165,15 +184,12 @@ impl EbpfDataplane {
                 IpAddr::V6(v6) => v6.octets(),
             })
             .collect();
-        let n = self.flows.purge_peers(&peers)?;
-        if n > 0 {
-            tracing::info!(
-                addresses = moved.len(),
-                flows = n,
-                "flows of addresses that changed hands purged"
-            );
-        }
-        Ok(())
+        let ticket = self.ct_worker.purge_peers(peers);
+        tracing::debug!(
+            addresses = moved.len(),
+            ticket,
+            "purge of the flows of addresses that changed hands requested"
+        );
     }
 
     /// [`crate::Dataplane::sync_full`] with the loader's own error type:
@@ -182,6 +198,7 @@ impl EbpfDataplane {
     pub fn sync(&mut self, compiled: &Compiled, interfaces: &Interfaces) -> Result<(), EbpfError> {
         self.policy.begin_sync();
         self.fold.begin_sync();
+        self.ct_worker.keep_also(compiled.endpoints.keys().copied());
         let moved = self.moved_in_sync(compiled);
         let result = self
             .sync_maps(compiled, interfaces)
@@ -190,8 +207,10 @@ impl EbpfDataplane {
         if result.is_err() {
             self.fold.poison();
         }
-        let purged = self.purge_moved(moved);
-        result.and(purged)?;
+        self.purge_moved(moved);
+        // The sweep: every id no longer programmed loses its flows.
+        self.publish_endpoints(result.is_ok());
+        result?;
         // Anything may have changed (a restart, a failed batch before):
         // every `enforce` endpoint's flows are decided again once.
         let all: BTreeSet<u32> = compiled
@@ -269,7 +288,6 @@ impl EbpfDataplane {
             }
         }
         self.cidrs.remove(&diff.cidrs.remove, &next.cidrs)?;
-        let mut removed = BTreeSet::new();
         for id in &diff.endpoints.remove {
             self.written.remove(id);
             if let Some(ifindex) = self.programmed.remove(id) {
@@ -277,11 +295,9 @@ impl EbpfDataplane {
                     self.unprogram_ifindex(ifindex)?;
                 }
             }
-            removed.insert(*id);
         }
-        if !removed.is_empty() {
-            self.flows.purge(|ep| !removed.contains(&ep))?;
-        }
+        // Their flows go at the conntrack worker's next pass (requested at
+        // the end of the batch: `publish_endpoints`).
         Ok(())
     }
 
@@ -367,8 +383,6 @@ impl EbpfDataplane {
         for ifindex in stale_links {
             self.detach(ifindex)?;
         }
-        let ids: BTreeSet<u32> = self.programmed.keys().copied().collect();
-        self.flows.purge(|ep| ids.contains(&ep))?;
         self.fill.synced(compiled, want_policy.len(), want_tiers.len());
         self.full_synced = true;
         Ok(())
@@ -484,7 +498,9 @@ impl EbpfDataplane {
             return Ok(());
         }
         tracing::debug!(endpoints = ?renumbered, "dropping the flows of endpoint ids no record describes as the same endpoint");
-        self.flows.purge(|ep| !renumbered.contains(&ep))
+        // Before any of them is programmed: waited for.
+        self.ct_worker
+            .purge_ids_now(renumbered.into_iter().collect(), RENUMBERED_PURGE_TIMEOUT)
     }
 }
 

@@ -7,15 +7,22 @@
 //! flows are purged and the next packet of each is decided anew; a relabel
 //! of the same pod (same owner) keeps them (established connections are
 //! kept across policy changes). Through `BPF_PROG_TEST_RUN`, by a diff and
-//! by a full sync. The per-CPU flow cache, which vouches for a purged flow
-//! for at most 250 ms, is off here. Needs root.
+//! by a full sync. The purge runs on the conntrack worker, off the sync
+//! thread: the next packet after the worker completed the batch's
+//! request (`wait_flow_purges`, an event, never a sleep) meets the new
+//! owner. The per-CPU flow cache, which vouches for a purged flow for at
+//! most 250 ms, is off here. Needs root.
 
 use crate::ebpf_common::*;
 use npm_common::Reason;
-use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP};
+use npm_dataplane::ebpf::{BenchSwitches, EbpfDataplane, VERDICT_ALLOW, VERDICT_DROP, WORKER_THREAD};
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction::Egress as EG, Direction::Ingress as IN, IpEntry};
 use npm_policy::model::Protocol::{Tcp, Udp};
+
+/// A bound that only a broken worker reaches (a pass over these maps
+/// takes milliseconds): the tests wait for the completion event.
+const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 const ALLOWED: u32 = 300;
 const DENIED: u32 = 301;
@@ -85,6 +92,10 @@ fn after_change(tag: &str, first: (u32, &str), next: Option<(u32, &str)>, via: V
         Via::Diff => dp.apply(&c1.diff(&c2), &c2, &ifs).unwrap(),
         Via::FullSync => dp.sync_full(&c2, &ifs).unwrap(),
     }
+    // The purge is complete once the worker says so, on its own thread.
+    let done = dp.wait_flow_purges(PURGE_WAIT).unwrap();
+    assert_eq!(done.completed, done.requested);
+    assert_eq!(done.thread.as_deref(), Some(WORKER_THREAD));
     [run(&dp, EG, udp_out()), run(&dp, IN, tcp_in(0x10))]
 }
 

@@ -28,6 +28,7 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 mod ebpf_allow_events;
 mod ebpf_attach_modes;
+mod ebpf_ct_quota;
 mod ebpf_differential;
 mod ebpf_established;
 mod ebpf_fastpath;

@@ -1,0 +1,608 @@
+//! The conntrack worker: a thread of its own that deletes flows and keeps
+//! each endpoint's conntrack quota (`NPM_CT_QUOTA`) close to what the
+//! endpoint really holds, so that the sync thread never walks
+//! `NPM_CT`/`NPM_CT4`/`NPM_FRAGS`.
+//!
+//! The writer hands it requests and goes on: the flows of peer addresses
+//! that changed hands ([`CtWorker::purge_peers`]), of endpoint ids that
+//! no longer run here (the *kept* ids, [`CtWorker::keep`]: every other
+//! id's flows go), of ids that must lose their flows before they are
+//! programmed ([`CtWorker::purge_ids_now`], which waits). Each request
+//! gets a ticket; a *pass* takes every pending request at once and walks
+//! each map once with `BPF_MAP_LOOKUP_BATCH`, deleting with
+//! `BPF_MAP_DELETE_BATCH` (a few thousand entries a syscall instead of one
+//! syscall per key), so a burst of batches costs one walk. The guarantee:
+//! once [`CtWorker::completed`] reaches a request's ticket, no entry that
+//! existed when the request was made and matches it is left (entries
+//! created by packets after it may be deleted too: that only makes their
+//! next packet decided again).
+//!
+//! The same walk deletes the entries that idled out (an idled-out entry
+//! answers as absent: deleting it changes no verdict) and counts the live
+//! entries of each endpoint's quota slot; the slot's `CT_QUOTA_HELD` is
+//! then moved by the difference between the entries found and its
+//! snapshot taken before the walk (an atomic add or subtraction beside
+//! the datapath's atomic adds; see `correct_quota`). A pass also runs without
+//! a request when a slot reaches three quarters of the cap, at most once
+//! per [`QUOTA_PASS_INTERVAL`].
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use npm_common::{
+    ct_timeout_ns, ep_epoch_slot, sizes, CtKey, CtKey4, CtValue, FragKey, FragValue, CT_QUOTA_HELD, CT_QUOTA_REFUSED,
+    CT_QUOTA_WORDS, V4_MAPPED_PREFIX,
+};
+
+use super::errors::EbpfError;
+use super::shared_words::SharedWords;
+
+/// The worker thread's name (what [`FlowPurges::thread`] reports).
+pub const WORKER_THREAD: &str = "npm-conntrack";
+/// How often the worker looks at the quota words.
+const QUOTA_POLL: Duration = Duration::from_secs(1);
+/// The least time between two passes that no request asked for.
+pub const QUOTA_PASS_INTERVAL: Duration = Duration::from_secs(5);
+/// Entries a batch syscall reads or deletes at most.
+const CHUNK: usize = 4096;
+
+/// What the worker did, for metrics and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlowPurges {
+    /// The latest request's ticket.
+    pub requested: u64,
+    /// Every request up to this ticket is complete.
+    pub completed: u64,
+    /// Passes run (walks of the three maps).
+    pub passes: u64,
+    /// Entries deleted by every pass (purged or idled out).
+    pub deleted: u64,
+    /// Passes that failed (their requests are retried by the next pass).
+    pub failures: u64,
+    /// The last pass's duration.
+    pub last_pass: Duration,
+    /// The entries the last pass walked (all three maps).
+    pub last_walked: u64,
+    /// The thread the last pass ran on.
+    pub thread: Option<String>,
+}
+
+/// The pending work and the worker's view of the endpoints.
+#[derive(Default)]
+struct State {
+    /// Endpoint ids whose flows go at the next pass.
+    drop_ids: HashSet<u32>,
+    /// Peer addresses (IPv6, IPv4-mapped) whose flows go at the next pass.
+    peers: HashSet<[u8; 16]>,
+    /// The endpoint ids whose flows are kept; every other id's go. `None`
+    /// until the first full sync published it: nothing is swept by id.
+    keep: Option<HashSet<u32>>,
+    /// Endpoint id -> its quota slot (programmed endpoints).
+    slots: HashMap<u32, u32>,
+    requested: u64,
+    taken: u64,
+    stop: bool,
+    stats: FlowPurges,
+    last_error: Option<String>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// The worker waits on it for requests.
+    wake: Condvar,
+    /// Waiters for a ticket wait on it.
+    done: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The maps a pass walks (duplicated descriptors, owned by the worker)
+/// and the mapped quota words.
+struct Maps {
+    ct: OwnedFd,
+    ct4: OwnedFd,
+    frags: OwnedFd,
+    quota: Arc<SharedWords>,
+    /// `NPM_CT_CAP` as loaded (`u64::MAX`: no quota).
+    cap: u64,
+}
+
+/// The handle the dataplane keeps: requests in, the thread stopped and
+/// joined on drop.
+pub(crate) struct CtWorker {
+    shared: Arc<Shared>,
+    quota: Arc<SharedWords>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl CtWorker {
+    /// Starts the worker on duplicates of the three flow maps'
+    /// descriptors and the mapped quota words (`cap`: the datapath's
+    /// `NPM_CT_CAP`, `u64::MAX` when the quota is off).
+    pub(crate) fn start(
+        ct: OwnedFd,
+        ct4: OwnedFd,
+        frags: OwnedFd,
+        quota: Arc<SharedWords>,
+        cap: u64,
+    ) -> Result<Self, EbpfError> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+            done: Condvar::new(),
+        });
+        let maps = Maps {
+            ct,
+            ct4,
+            frags,
+            quota: quota.clone(),
+            cap,
+        };
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(WORKER_THREAD.into())
+            .spawn(move || run(&s, &maps))
+            .map_err(|source| EbpfError::Conntrack { source })?;
+        Ok(CtWorker {
+            shared,
+            quota,
+            thread: Some(thread),
+        })
+    }
+
+    fn request(&self, f: impl FnOnce(&mut State)) -> u64 {
+        let mut st = self.shared.lock();
+        f(&mut st);
+        st.requested += 1;
+        st.stats.requested = st.requested;
+        self.shared.wake.notify_one();
+        st.requested
+    }
+
+    /// The flows naming one of `peers` go (addresses that changed hands).
+    /// Returns the request's ticket.
+    pub(crate) fn purge_peers(&self, peers: HashSet<[u8; 16]>) -> u64 {
+        self.request(|st| st.peers.extend(peers))
+    }
+
+    /// Before a batch may program endpoints: `ids` join the kept ids, so
+    /// that no pass sweeps the flows a new endpoint creates before the
+    /// batch's end publishes it ([`CtWorker::keep`]).
+    pub(crate) fn keep_also(&self, ids: impl IntoIterator<Item = u32>) {
+        let mut st = self.shared.lock();
+        if let Some(keep) = st.keep.as_mut() {
+            keep.extend(ids);
+        }
+    }
+
+    /// After a batch: the programmed endpoints (id -> host-side ifindex).
+    /// Their ids are the kept ones (every other id's flows go at the next
+    /// pass, requested here when one went: `sweep`); the ifindexes give
+    /// the quota slots. Returns the request's ticket, if one was made.
+    pub(crate) fn keep(&self, programmed: &std::collections::BTreeMap<u32, u32>, sweep: bool) -> Option<u64> {
+        let mut st = self.shared.lock();
+        st.keep = Some(programmed.keys().copied().collect());
+        st.slots = programmed.iter().map(|(id, i)| (*id, ep_epoch_slot(*i))).collect();
+        drop(st);
+        sweep.then(|| self.request(|_| {}))
+    }
+
+    /// The flows of `ids` go, now: returns once a pass deleted them (or
+    /// failed: its error).
+    pub(crate) fn purge_ids_now(&self, ids: HashSet<u32>, timeout: Duration) -> Result<(), EbpfError> {
+        let ticket = self.request(|st| st.drop_ids.extend(ids));
+        self.wait(ticket, timeout)
+    }
+
+    /// The latest ticket.
+    pub(crate) fn requested(&self) -> u64 {
+        self.shared.lock().requested
+    }
+
+    /// Waits until every request up to `ticket` is complete; an error when
+    /// a pass failed meanwhile (the request stays pending) or `timeout`
+    /// passed.
+    pub(crate) fn wait(&self, ticket: u64, timeout: Duration) -> Result<(), EbpfError> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        let failures = st.stats.failures;
+        while st.stats.completed < ticket {
+            if st.stats.failures > failures {
+                return Err(purge_err(st.last_error.clone().unwrap_or_default()));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(purge_err(format!("request {ticket} not complete after {timeout:?}")));
+            }
+            st = self
+                .shared
+                .done
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// What the worker did.
+    pub(crate) fn stats(&self) -> FlowPurges {
+        self.shared.lock().stats.clone()
+    }
+
+    /// (held, refused) of each quota slot of the programmed endpoints, by
+    /// endpoint id (endpoints sharing a slot report the same words).
+    pub(crate) fn quota(&self) -> Vec<(u32, u64, u64)> {
+        let slots = self.shared.lock().slots.clone();
+        let w = self.quota.words();
+        let mut out: Vec<(u32, u64, u64)> = slots
+            .into_iter()
+            .map(|(id, slot)| {
+                let base = (slot * CT_QUOTA_WORDS) as usize;
+                (
+                    id,
+                    w[base + CT_QUOTA_HELD as usize].load(Ordering::Relaxed),
+                    w[base + CT_QUOTA_REFUSED as usize].load(Ordering::Relaxed),
+                )
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+}
+
+impl Drop for CtWorker {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.wake.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn purge_err(msg: String) -> EbpfError {
+    EbpfError::Conntrack {
+        source: io::Error::other(msg),
+    }
+}
+
+/// One pass's work, taken from the state.
+struct Job {
+    ticket: u64,
+    drop_ids: HashSet<u32>,
+    peers: HashSet<[u8; 16]>,
+    keep: Option<HashSet<u32>>,
+    slots: HashMap<u32, u32>,
+}
+
+fn run(shared: &Shared, maps: &Maps) {
+    let mut last_pass: Option<Instant> = None;
+    let mut st = shared.lock();
+    loop {
+        if st.stop {
+            return;
+        }
+        let asked = st.requested > st.taken;
+        let quota_due = !asked
+            && last_pass.is_none_or(|t| t.elapsed() >= QUOTA_PASS_INTERVAL)
+            && !st.slots.is_empty()
+            && quota_near_cap(maps);
+        if !asked && !quota_due {
+            st = shared
+                .wake
+                .wait_timeout(st, QUOTA_POLL)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            continue;
+        }
+        let job = Job {
+            ticket: st.requested,
+            drop_ids: std::mem::take(&mut st.drop_ids),
+            peers: std::mem::take(&mut st.peers),
+            keep: st.keep.clone(),
+            slots: st.slots.clone(),
+        };
+        st.taken = job.ticket;
+        drop(st);
+        let started = Instant::now();
+        let result = pass(maps, &job);
+        last_pass = Some(Instant::now());
+        st = shared.lock();
+        match result {
+            Ok((walked, deleted)) => {
+                st.stats.completed = job.ticket;
+                st.stats.passes += 1;
+                st.stats.deleted += deleted;
+                st.stats.last_pass = started.elapsed();
+                st.stats.last_walked = walked;
+                st.stats.thread = std::thread::current().name().map(str::to_string);
+                if deleted > 0 {
+                    tracing::debug!(walked, deleted, took = ?st.stats.last_pass, "conntrack pass");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "conntrack pass failed; retrying");
+                st.stats.failures += 1;
+                st.last_error = Some(e.to_string());
+                // The requests stay pending for the next pass.
+                st.drop_ids.extend(job.drop_ids);
+                st.peers.extend(job.peers);
+                st.taken = st.stats.completed;
+                shared.done.notify_all();
+                st = shared
+                    .wake
+                    .wait_timeout(st, QUOTA_POLL)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                continue;
+            }
+        }
+        shared.done.notify_all();
+    }
+}
+
+/// Whether a quota slot holds three quarters of the cap or more.
+fn quota_near_cap(maps: &Maps) -> bool {
+    if maps.cap == u64::MAX {
+        return false;
+    }
+    let high = maps.cap - maps.cap / 4;
+    maps.quota
+        .words()
+        .iter()
+        .skip(CT_QUOTA_HELD as usize)
+        .step_by(CT_QUOTA_WORDS as usize)
+        .any(|w| w.load(Ordering::Relaxed) >= high)
+}
+
+/// `CLOCK_MONOTONIC` in ns (the datapath's coarse clock has the same
+/// origin and lags it by at most a tick).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// One walk of the three maps for `job`; returns (entries walked,
+/// entries deleted).
+fn pass(maps: &Maps, job: &Job) -> io::Result<(u64, u64)> {
+    let now = monotonic_ns();
+    let v4: HashSet<[u8; 4]> = job
+        .peers
+        .iter()
+        .filter(|a| a[..12] == V4_MAPPED_PREFIX)
+        .map(|a| [a[12], a[13], a[14], a[15]])
+        .collect();
+    let gone = |id: u32| job.drop_ids.contains(&id) || job.keep.as_ref().is_some_and(|k| !k.contains(&id));
+    // The quota words before the walk (see `correct_quota`).
+    let words = maps.quota.words();
+    let slots: HashSet<u32> = job.slots.values().copied().collect();
+    let before: Vec<(u32, u64)> = if maps.cap == u64::MAX {
+        Vec::new()
+    } else {
+        (0..sizes::ENDPOINT_SLOTS)
+            .map(|s| {
+                (
+                    s,
+                    words[(s * CT_QUOTA_WORDS + CT_QUOTA_HELD) as usize].load(Ordering::Acquire),
+                )
+            })
+            .filter(|(_, held)| *held > 0)
+            .collect()
+    };
+    let mut live: HashMap<u32, u64> = HashMap::new();
+    let (mut walked, mut deleted) = (0u64, 0u64);
+    let mut doomed: Vec<CtKey> = Vec::new();
+    let mut count = |id: u32, v: &CtValue, proto: u8| -> bool {
+        // Idled out: answers as absent, deleted.
+        if now.saturating_sub(v.last_seen_ns) > ct_timeout_ns(proto, v.flags) {
+            return true;
+        }
+        if let Some(slot) = job.slots.get(&id) {
+            *live.entry(*slot).or_default() += 1;
+        }
+        false
+    };
+    batch::for_each::<CtKey, CtValue>(maps.ct.as_raw_fd(), |keys, values| {
+        walked += keys.len() as u64;
+        for (k, v) in keys.iter().zip(values) {
+            if gone(k.endpoint)
+                || job.peers.contains(&k.addr_lo)
+                || job.peers.contains(&k.addr_hi)
+                || count(k.endpoint, v, k.protocol)
+            {
+                doomed.push(*k);
+            }
+        }
+    })?;
+    deleted += batch::delete(maps.ct.as_raw_fd(), &doomed)?;
+    let mut doomed4: Vec<CtKey4> = Vec::new();
+    batch::for_each::<CtKey4, CtValue>(maps.ct4.as_raw_fd(), |keys, values| {
+        walked += keys.len() as u64;
+        for (k, v) in keys.iter().zip(values) {
+            if gone(k.endpoint)
+                || v4.contains(&k.addr_lo)
+                || v4.contains(&k.addr_hi)
+                || count(k.endpoint, v, k.protocol)
+            {
+                doomed4.push(*k);
+            }
+        }
+    })?;
+    deleted += batch::delete(maps.ct4.as_raw_fd(), &doomed4)?;
+    let mut doomed_frags: Vec<FragKey> = Vec::new();
+    batch::for_each::<FragKey, FragValue>(maps.frags.as_raw_fd(), |keys, _| {
+        walked += keys.len() as u64;
+        for k in keys {
+            if gone(k.endpoint) || job.peers.contains(&k.src) || job.peers.contains(&k.dst) {
+                doomed_frags.push(*k);
+            }
+        }
+    })?;
+    deleted += batch::delete(maps.frags.as_raw_fd(), &doomed_frags)?;
+    if maps.cap != u64::MAX {
+        correct_quota(words, &before, &slots, job.keep.is_some(), &live);
+    }
+    Ok((walked, deleted))
+}
+
+/// Moves each slot's `CT_QUOTA_HELD` from its snapshot `before` the walk
+/// to the live entries the walk `found` there, keeping every later add:
+/// `held += found - before`. Sound as an upper bound: an entry alive at
+/// the snapshot and still alive is found (the batch walk visits every
+/// bucket once), an entry created since added one after the snapshot; an
+/// entry created just before the snapshot but inserted after its bucket
+/// was walked (a few, one per CPU at most) is the only one missed. It
+/// also charges entries no add counted (copied from an older layout, or
+/// made before the quota existed). Slots of no programmed endpoint
+/// (`slots` of the job) are only lowered once the kept ids are known
+/// (`swept`): their entries are then swept as orphans.
+fn correct_quota(
+    words: &[AtomicU64],
+    before: &[(u32, u64)],
+    slots: &HashSet<u32>,
+    swept: bool,
+    found: &HashMap<u32, u64>,
+) {
+    let snapshot: HashMap<u32, u64> = before.iter().copied().collect();
+    let touched: HashSet<u32> = snapshot.keys().chain(found.keys()).copied().collect();
+    for slot in touched {
+        if !slots.contains(&slot) && !swept {
+            continue;
+        }
+        let was = snapshot.get(&slot).copied().unwrap_or(0);
+        let now = found.get(&slot).copied().unwrap_or(0);
+        let word = &words[(slot * CT_QUOTA_WORDS + CT_QUOTA_HELD) as usize];
+        if was > now {
+            word.fetch_sub(was - now, Ordering::AcqRel);
+        } else if now > was {
+            word.fetch_add(now - was, Ordering::AcqRel);
+        }
+    }
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` and `BPF_MAP_DELETE_BATCH` on a hash map (aya
+/// 0.14 has no batch operations).
+mod batch {
+    use std::io;
+    use std::mem::size_of;
+
+    use super::CHUNK;
+
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
+    /// `union bpf_attr`'s `batch` member.
+    #[repr(C)]
+    #[derive(Default)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+
+    fn bpf(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
+        // SAFETY: a valid attribute of the size given; the buffers it
+        // points at outlive the call and hold `count` elements.
+        let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut BatchAttr, size_of::<BatchAttr>()) };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// `n` all-zero `T`s: the buffers the kernel fills.
+    fn zeroed<T: Copy>(n: usize) -> Vec<T> {
+        // SAFETY: only called with map keys and values, plain-old-data
+        // `repr(C)` types for which all-zero bytes are a valid value.
+        vec![unsafe { std::mem::zeroed::<T>() }; n]
+    }
+
+    /// Calls `f` with every (keys, values) chunk of the hash map `fd`.
+    /// Entries added or deleted meanwhile may or may not be seen; every
+    /// other entry is seen once (the kernel walks bucket by bucket).
+    pub(super) fn for_each<K: Copy, V: Copy>(fd: i32, mut f: impl FnMut(&[K], &[V])) -> io::Result<()> {
+        let mut chunk = CHUNK;
+        let mut keys: Vec<K> = zeroed(chunk);
+        let mut values: Vec<V> = zeroed(chunk);
+        let mut token: u32 = 0;
+        let mut first = true;
+        loop {
+            let mut out: u32 = 0;
+            let mut attr = BatchAttr {
+                in_batch: if first { 0 } else { &token as *const u32 as u64 },
+                out_batch: &mut out as *mut u32 as u64,
+                keys: keys.as_mut_ptr() as u64,
+                values: values.as_mut_ptr() as u64,
+                count: chunk as u32,
+                map_fd: fd as u32,
+                ..Default::default()
+            };
+            match bpf(BPF_MAP_LOOKUP_BATCH, &mut attr) {
+                Ok(()) => {
+                    let n = attr.count as usize;
+                    f(&keys[..n], &values[..n]);
+                    token = out;
+                    first = false;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    let n = attr.count as usize;
+                    f(&keys[..n], &values[..n]);
+                    return Ok(());
+                }
+                // A bucket larger than the buffer: a larger buffer.
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && chunk < 1 << 20 => {
+                    chunk *= 4;
+                    keys = zeroed(chunk);
+                    values = zeroed(chunk);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Deletes `keys` from the hash map `fd`, [`CHUNK`] a syscall; a key
+    /// already gone (evicted meanwhile) is skipped. Returns how many were
+    /// deleted.
+    pub(super) fn delete<K: Copy>(fd: i32, keys: &[K]) -> io::Result<u64> {
+        let mut deleted = 0u64;
+        let mut i = 0;
+        while i < keys.len() {
+            let n = (keys.len() - i).min(CHUNK);
+            let mut attr = BatchAttr {
+                keys: keys[i..].as_ptr() as u64,
+                count: n as u32,
+                map_fd: fd as u32,
+                ..Default::default()
+            };
+            match bpf(BPF_MAP_DELETE_BATCH, &mut attr) {
+                Ok(()) => {
+                    deleted += n as u64;
+                    i += n;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    deleted += attr.count as u64;
+                    i += attr.count as usize + 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(deleted)
+    }
+}
