@@ -80,9 +80,14 @@ fn checks_arm64(bins: &Arm64Bins, kubeconfig: &str) -> Vec<Check> {
         name: "conformance default-deny, eBPF, one node",
         script: conformance(""),
     });
+    // Two agents loading the datapath at once, and each node's kube-proxy
+    // first pass loading the nf_tables modules of its rules (one module
+    // autoload, and one replay of the transaction, each), take longer than
+    // the runner's 30 s startup deadline under TCG: 300 s (probe matrices
+    // that match are not slowed by it).
     v.push(Check {
         name: "conformance default-deny, eBPF, two nodes through Services",
-        script: conformance("--nodes 2 --cni veth --kube-proxy nftables --destination service"),
+        script: conformance("--nodes 2 --cni veth --kube-proxy nftables --destination service --deadline-secs 300"),
     });
     v
 }

@@ -42,7 +42,9 @@ struct Cli {
     /// Probe the pods' IPv6 addresses.
     #[arg(long)]
     ipv6: bool,
-    /// Seconds a probe matrix is retried until it matches.
+    /// Seconds a probe matrix is retried until it matches; also, at least
+    /// 30, the startup waits (the agents' readiness, the first probe, the
+    /// test kube-proxies' first sync).
     #[arg(long, default_value_t = 10)]
     deadline_secs: u64,
     /// Milliseconds of one probe attempt.

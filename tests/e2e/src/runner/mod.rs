@@ -231,7 +231,7 @@ pub struct Options {
     /// confirmation round of a matching matrix.
     pub settle: Duration,
     /// Deadline of the very first probe (it also waits for the agent to
-    /// come up).
+    /// come up), and of the kube-proxies' first sync (at least 20 s).
     pub startup_deadline: Duration,
     /// Nodes (1: the root netns is the only node, as before).
     pub nodes: usize,

@@ -67,18 +67,26 @@ impl LiveRunner {
                 self.plumbing.proxies.push(kp);
             }
         }
+        // The first pass of a node loads the nf_tables modules its rules
+        // need (conntrack, NAT, masquerade, reject, fib, numgen: one module
+        // autoload, and one replay of the transaction, each) unless an
+        // earlier run loaded them; under emulation (the arm64 VM row's TCG)
+        // that alone takes longer than 20 s. So the wait is the startup
+        // deadline, as for the agents (`--deadline-secs`), never under 20 s.
+        let wait = self.opts.startup_deadline.max(Duration::from_secs(20));
         for kp in &self.plumbing.proxies {
-            if !kp.wait_synced(Duration::from_secs(20)) {
+            if !kp.wait_synced(wait) {
                 return Err(err(
                     "first sync",
-                    kp.last_error().unwrap_or_else(|| "not synced after 20 s".into()),
+                    kp.last_error()
+                        .unwrap_or_else(|| format!("not synced after {} s", wait.as_secs())),
                 ));
             }
         }
         Ok(())
     }
 
-    /// Waits (up to 10 s) until the EndpointSlice of `ns/pod`'s Service
+    /// Waits (up to 10 s, or the probe deadline if longer) until the EndpointSlice of `ns/pod`'s Service
     /// lists the pod's address and every kube-proxy applied a rule set
     /// after `before` (their generations before the Service was created),
     /// then one more poll interval.
@@ -91,7 +99,8 @@ impl LiveRunner {
         let path = format!(
             "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=kubernetes.io/service-name%3D{svc}"
         );
-        let end = Instant::now() + Duration::from_secs(10);
+        let wait = self.opts.deadline.max(Duration::from_secs(10));
+        let end = Instant::now() + wait;
         loop {
             let list = self.api.get(&path).map_err(api_err)?;
             let listed = list["items"].as_array().is_some_and(|items| {
@@ -119,7 +128,8 @@ impl LiveRunner {
                 return Err(RunnerError::Action {
                     action: "create_service",
                     message: format!(
-                        "service {svc}: endpoint listed {listed}, every kube-proxy applied {applied}, after 10 s{}",
+                        "service {svc}: endpoint listed {listed}, every kube-proxy applied {applied}, after {} s{}",
+                        wait.as_secs(),
                         self.plumbing
                             .proxies
                             .iter()
