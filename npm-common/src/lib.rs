@@ -38,6 +38,8 @@
 //! | `NPM_CT`       | LRU hash             | [`CtKey`]                   | [`CtValue`]    |
 //! | `NPM_CT4`      | LRU hash             | [`CtKey4`]                  | [`CtValue`]    |
 //! | `NPM_FRAGS`    | LRU hash             | [`FragKey`]                 | [`FragValue`]  |
+//! | `NPM_SERVICES` | hash                 | [`ServiceKey`]              | [`ServiceValue`] |
+//! | `NPM_DEFER_SRC`| LRU hash             | [`DeferSourceKey`] (a deferred flow's source) | sender's ifindex (`u32`) |
 //! | `NPM_COUNTERS` | per-CPU array        | [`counter_index`]           | [`Counter`]    |
 //! | `NPM_EVENTS`   | ring buffer          | -                           | [`DenyEvent`]  |
 //!

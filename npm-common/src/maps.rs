@@ -72,10 +72,17 @@ pub const EP_EPOCH: &str = "NPM_EP_EPOCH";
 /// quota), an array the loader maps (`BPF_F_MMAPABLE`). Added in layout 7
 /// (same rule: an older program ignores it).
 pub const CT_QUOTA: &str = "NPM_CT_QUOTA";
+/// LRU [`crate::DeferSourceKey`] -> `u32`: the sender's host-side
+/// ifindex of each deferred Service flow by its source (address, port,
+/// protocol), written by `from_pod` with the deferral; read after the DNAT
+/// when the packet's `ingress_ifindex` is no endpoint's (a bridged pod's
+/// packet routed by the node: see `npm_common::service`). Added with
+/// layout 7 (same rule: an older program neither writes nor reads it).
+pub const DEFER_SRC: &str = "NPM_DEFER_SRC";
 /// Every map, for pinning and adoption.
-pub const ALL: [&str; 18] = [
+pub const ALL: [&str; 19] = [
     EP_SLOTS, ENDPOINTS, IPCACHE, IPCACHE4, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS, SERVICES, TIERS, FOLD,
-    RULE_COUNT, EP_DENIES, EP_EPOCH, CT_QUOTA,
+    RULE_COUNT, EP_DENIES, EP_EPOCH, CT_QUOTA, DEFER_SRC,
 ];
 
 /// Map sizes (max entries).
@@ -110,6 +117,10 @@ pub mod sizes {
     pub const FOLD_BUCKETS: u32 = 1 << FOLD_BITS;
     /// Service keys (ClusterIP ports and node address x NodePort pairs).
     pub const SERVICES: u32 = 65_536;
+    /// Deferred flows' sources (`NPM_DEFER_SRC`, LRU: an entry is read
+    /// within the packet's own trip through the node, so only the newest
+    /// matter).
+    pub const DEFER_SOURCES: u32 = 65_536;
     /// Ring buffer bytes for flow events (denies, and allows of new connections).
     pub const EVENTS_BYTES: u32 = 256 * 1024;
 }

@@ -1,27 +1,49 @@
-//! Services (`NPM_SERVICES`: [`ServiceKey`] -> [`ServiceValue`]) and the
+//! Services (`NPM_SERVICES`: [`ServiceKey`] -> [`ServiceValue`]), the
 //! skb mark of an egress decision deferred past kube-proxy's DNAT
-//! ([`DEFER_MARK_MAGIC`], [`defer_mark`], [`deferred_source`]).
+//! ([`DEFER_MARK`], [`defer_mark`], [`is_deferred`]) and the deferred
+//! flows' senders by source (`NPM_DEFER_SRC`: [`DeferSourceKey`] ->
+//! ifindex).
 //!
 //! `from_pod` runs before netfilter PREROUTING, where kube-proxy rewrites
 //! a ClusterIP:port (or a node address:NodePort) into a backend's
 //! address:targetPort. For a new flow of an egress-isolated endpoint to a
-//! key of `NPM_SERVICES`, `from_pod` does not decide egress: it marks the
-//! packet (the endpoint's ifindex in the mark) and records a *pending*
-//! conntrack entry of the pre-NAT tuple ([`crate::CT_PENDING`]); the
-//! endpoint's egress is decided after the DNAT, against the backend, by
-//! `to_pod` of a local backend or by `node_exit` on the interface the
-//! packet leaves the node by.
+//! key of `NPM_SERVICES`, `from_pod` does not decide egress: it sets the
+//! deferral bit in the packet's mark, records the flow's source (address,
+//! port, protocol) with the endpoint's ifindex in `NPM_DEFER_SRC`, and a
+//! *pending* conntrack entry of the pre-NAT tuple ([`crate::CT_PENDING`]);
+//! the endpoint's egress is decided after the DNAT, against the backend,
+//! by `to_pod` of a local backend, by `node_exit` on the interface the
+//! packet leaves the node by, or by `host_in` at `INPUT`.
 //!
-//! # The mark
+//! # The mark carries no endpoint
 //!
-//! Bits 8 to 11 hold [`DEFER_MARK_MAGIC`] (`0xd`), bits 16 to 31 the
-//! ifindex of the sender's host-side interface (always below
-//! `sizes::ENDPOINT_SLOTS`, 65,536; an endpoint beyond the slot array is
-//! decided at `from_pod` as before). The other bits are kept as they are:
-//! kube-proxy's masquerade and drop marks (`0x4000`, `0x8000`) and the
-//! low byte stay free. The consumer clears bits 8 to 11 and 16 to 31.
-//! Marks of packets crossing a veth into another network namespace are
-//! scrubbed by the kernel, so a pod cannot forge one.
+//! Other owners rewrite mark bits between `from_pod` and those programs:
+//! Calico the bits of its `IptablesMarkMask` (`0xffff0000` by default),
+//! Cilium the `0x0f00` nibble (and `0xffff0000` with identities),
+//! kube-proxy `0x4000` and `0x8000`. The mark is only a flag,
+//! [`DEFER_MARK`] (`0x1000`), which none of them uses; the consumer
+//! finds the sender without it:
+//!
+//! 1. the packet's `ingress_ifindex` (the kernel's `skb_iif`, the device it
+//!    entered the node by; NAT never changes it): the sender's host-side
+//!    veth for a routed pod, and for a bridged pod whose frame the bridge
+//!    forwarded;
+//! 2. otherwise (the bridge's ifindex: a bridged pod's packet routed by the
+//!    node) the endpoint `NPM_DEFER_SRC` holds for the packet's source
+//!    (address, port, protocol): `from_pod` wrote it for this flow, before
+//!    the packet got here. Exact while the source is not rewritten: a
+//!    bridged pod's flow masqueraded on its way (kube-proxy's
+//!    `--masquerade-all`, its masquerade of a NodePort) is not found;
+//! 3. a packet whose sender neither finds is denied and counted as the
+//!    egress of no endpoint (`to_pod`, `node_exit`), never decided under
+//!    another endpoint's policy; `host_in` leaves it to the chain of the
+//!    dataplane that holds its sender (a second pin directory's).
+//!
+//! The consumer clears the bit (`host_in`, a socket filter, cannot; the
+//! packet is delivered). Marks of packets crossing a veth into another
+//! network namespace are scrubbed by the kernel, so a pod cannot forge
+//! one; a node process's packet (`ingress_ifindex` 0) carrying the bit
+//! is someone else's, and passes untouched.
 
 use core::mem::{align_of, offset_of, size_of};
 
@@ -72,33 +94,33 @@ pub struct ServiceValue {
 const _: () = assert!(size_of::<ServiceValue>() == 4);
 const _: () = assert!(offset_of!(ServiceValue, flags) == 0);
 
-/// Mask of the magic nibble of a deferral mark (bits 8 to 11).
-pub const DEFER_MARK_MAGIC_MASK: u32 = 0x0000_0f00;
-/// The magic nibble of a deferral mark.
-pub const DEFER_MARK_MAGIC: u32 = 0x0000_0d00;
-/// Shift of the sender's ifindex in a deferral mark.
-pub const DEFER_MARK_IFINDEX_SHIFT: u32 = 16;
-/// Every bit a deferral mark uses (cleared by its consumer).
-pub const DEFER_MARK_BITS: u32 = 0xffff_0000 | DEFER_MARK_MAGIC_MASK;
-// kube-proxy's masquerade (0x4000) and drop (0x8000) marks stay free.
-const _: () = assert!(DEFER_MARK_BITS & 0x0000_c000 == 0);
+/// The deferral bit of the skb mark: the packet's egress decision was
+/// deferred past the DNAT by `from_pod`. Bit 12: outside Calico's
+/// default `IptablesMarkMask` (`0xffff0000`), Cilium's magic nibble
+/// (`0x0f00`) and identity bits, kube-proxy's masquerade (`0x4000`) and
+/// drop (`0x8000`) marks and the low byte (Istio's `0x539`, AWS VPC CNI's
+/// `0x80`).
+pub const DEFER_MARK: u32 = 0x0000_1000;
+const _: () = assert!(DEFER_MARK & (0xffff_0000 | 0x0f00 | 0x4000 | 0x8000 | 0xff) == 0);
 
-/// The mark `mark` with a deferral of the endpoint on `ifindex` (below
-/// 65,536) set in its deferral bits; the other bits are kept.
+/// The mark `mark` with the deferral bit set; the other bits are kept.
 #[inline(always)]
-pub const fn defer_mark(mark: u32, ifindex: u32) -> u32 {
-    (mark & !DEFER_MARK_BITS) | DEFER_MARK_MAGIC | (ifindex << DEFER_MARK_IFINDEX_SHIFT)
+pub const fn defer_mark(mark: u32) -> u32 {
+    mark | DEFER_MARK
 }
 
-/// The sender's ifindex of a deferral mark; 0 when `mark` is none.
+/// Whether `mark` has the deferral bit.
 #[inline(always)]
-pub const fn deferred_source(mark: u32) -> u32 {
-    if mark & DEFER_MARK_MAGIC_MASK == DEFER_MARK_MAGIC {
-        mark >> DEFER_MARK_IFINDEX_SHIFT
-    } else {
-        0
-    }
+pub const fn is_deferred(mark: u32) -> bool {
+    mark & DEFER_MARK != 0
 }
+
+/// `NPM_DEFER_SRC` key: the source (address, IPv4 as IPv4-mapped; port;
+/// protocol) of a deferred flow's packets, as `from_pod` saw them; the
+/// value is the sender's host-side ifindex (`u32`). The same layout as
+/// [`ServiceKey`] (five 32-bit words: the address, then the port with the
+/// protocol in bits 16..24).
+pub type DeferSourceKey = ServiceKey;
 
 #[cfg(feature = "user")]
 mod pod_impls {
@@ -115,14 +137,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defer_marks_round_trip_and_keep_other_bits() {
-        let m = defer_mark(0x4000 | 0x1, 42);
-        assert_eq!(deferred_source(m), 42);
-        assert_eq!(m & 0x4001, 0x4001);
-        assert_eq!(m & !DEFER_MARK_BITS, 0x4001);
-        assert_eq!(deferred_source(0x4000), 0);
-        assert_eq!(deferred_source(0x0c00 | (5 << 16)), 0);
-        // A stale deferral is replaced, not OR-ed.
-        assert_eq!(deferred_source(defer_mark(defer_mark(0, 0xffff), 7)), 7);
+    fn the_defer_mark_is_one_bit_and_keeps_other_bits() {
+        let m = defer_mark(0x4000 | 0x1);
+        assert!(is_deferred(m));
+        assert_eq!(m & !DEFER_MARK, 0x4001);
+        assert!(!is_deferred(0x4000 | 0x8000 | 0xffff_0000 | 0x0f00));
+        // What Calico, Cilium and kube-proxy write leaves the flag alone.
+        for (and, or) in [(0x0000_ffff, 0x0001_0000), (0xffff_f0ff, 0x0200), (0xffff_ffff, 0xc000)] {
+            assert!(is_deferred((defer_mark(0xabcd_0000) & and) | or));
+        }
     }
 }

@@ -20,16 +20,17 @@
 //!   veth: packets entering the pod, the pod's INGRESS direction.
 //! - `node_exit`: attached with tcx on the *egress* hook of the node's
 //!   interfaces towards other nodes (never an endpoint's): its first test
-//!   is the deferral mark (`npm_common::service`); an unmarked packet
-//!   passes untouched, a marked one gets the sender's deferred egress
-//!   decision ([`service::deferred_egress`]). `node_exit_l3` is the same
+//!   is the deferral bit of the mark (`npm_common::service`); an unmarked
+//!   packet passes untouched, a marked one gets the deferred egress
+//!   decision of its sender, found by the device it entered the node by
+//!   ([`service::deferred_egress`]). `node_exit_l3` is the same
 //!   on a device without an Ethernet header (IPIP, WireGuard, GRE, TUN),
 //!   where the packet starts at its IP header (the inner one, before the
 //!   encapsulation). On a kernel without tcx both are tc `clsact` filters.
 //!   A marked packet that is not TCP, UDP or SCTP is an outer tunnel
 //!   header and is denied, never decided on.
 //! - `host_in`: a socket filter, run by an `xt_bpf` match in the node's
-//!   `INPUT` chain (iptables and ip6tables, on the deferral mark): the
+//!   `INPUT` chain (iptables and ip6tables, on the deferral bit): the
 //!   deferred egress decision of a flow kube-proxy sent to a backend on
 //!   the node's own host network, which crosses no tc egress hook
 //!   ([`service::deferred_egress_l3`]). It answers 1 (match: the rule
@@ -42,8 +43,9 @@
 //! A new flow of an egress-isolated endpoint to a key of `NPM_SERVICES`
 //! (a ClusterIP port, a node address and NodePort) is not decided by
 //! `from_pod`, which runs before kube-proxy's DNAT: [`service::defer`]
-//! marks it and writes a pending conntrack entry of the pre-NAT tuple
-//! (its replies pass). The decision is taken after the DNAT against the
+//! sets the deferral bit, records the flow's source as the endpoint's and
+//! writes a pending conntrack entry of the pre-NAT tuple (its replies
+//! pass). The decision is taken after the DNAT against the
 //! backend: by `to_pod` of a local backend (then that endpoint's ingress,
 //! as for any packet), by `node_exit` where it leaves the node, or by
 //! `host_in` where it is delivered to the node itself.
@@ -134,7 +136,7 @@ use aya_ebpf::{
     macros::{classifier, socket_filter},
     programs::{SkBuffContext, TcContext},
 };
-use npm_common::{deferred_source, DEFER_MARK_BITS, DIR_EGRESS, DIR_INGRESS, FIRST_DENY_REASON};
+use npm_common::{is_deferred, Reason, DEFER_MARK, DIR_EGRESS, DIR_INGRESS, FIRST_DENY_REASON};
 
 use crate::classify::classify;
 use crate::fast_v4::{fast_v4, TAKE_GENERAL};
@@ -156,7 +158,7 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 }
 
 /// The deferred egress decision of Service traffic leaving the node (see
-/// # Programs above): anything without a deferral mark passes untouched.
+/// # Programs above): anything without the deferral bit passes untouched.
 #[classifier]
 pub fn node_exit(ctx: TcContext) -> i32 {
     exit_decision::<false>(&ctx)
@@ -175,12 +177,13 @@ pub fn node_exit_l3(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn exit_decision<const L3: bool>(ctx: &TcContext) -> i32 {
     // SAFETY: the context pointer is valid for the program's lifetime.
-    let mark = unsafe { (*ctx.skb.skb).mark };
-    let src = deferred_source(mark);
-    if src == 0 {
+    let (mark, iif) = unsafe { ((*ctx.skb.skb).mark, (*ctx.skb.skb).ingress_ifindex) };
+    // No deferral; or the bit on a node process's packet (it entered by
+    // no device): someone else's mark, left as it is.
+    if !is_deferred(mark) || iif == 0 {
         return TC_ACT_UNSPEC;
     }
-    ctx.set_mark(mark & !DEFER_MARK_BITS);
+    ctx.set_mark(mark & !DEFER_MARK);
     let s = match NPM_SCRATCH.get_ptr_mut(0) {
         // SAFETY: per-CPU memory used only by this CPU, for this packet.
         Some(s) => unsafe { &mut *s },
@@ -190,29 +193,27 @@ fn exit_decision<const L3: bool>(ctx: &TcContext) -> i32 {
     // flag must not skip this packet's conntrack entry.
     s.pad = 0;
     let mut seen = Seen::new();
-    let reason = if L3 {
-        deferred_egress_l3(ctx, s, src, &mut seen)
+    let (reason, src) = if L3 {
+        deferred_egress_l3(ctx, s, iif, &mut seen)
     } else {
-        deferred_egress(ctx, s, src, &mut seen)
+        deferred_egress(ctx, s, iif, &mut seen)
     };
-    account(s, DIR_EGRESS, src, ctx.len(), reason, seen)
+    // A sender not found is denied, counted on the device it came by.
+    account(s, DIR_EGRESS, if src == 0 { iif } else { src }, ctx.len(), reason, seen)
 }
 
 /// The deferred egress decision of Service traffic delivered to this node
 /// (see # Programs above): `xt_bpf` runs it on the packets of the `INPUT`
 /// rule, after the DNAT, with the packet at its IP header. 1 drops the
-/// packet (the rule's target), 0 lets it on; a packet without a deferral
-/// mark, or deferred by an endpoint these maps do not hold, answers 0. The mark stays (a socket filter cannot write it; the
-/// packet is delivered here, no later program reads it).
+/// packet (the rule's target), 0 lets it on; a packet without the
+/// deferral bit, or deferred by an endpoint these maps do not hold,
+/// answers 0. The mark stays (a socket filter cannot write it; the packet
+/// is delivered here, no later program reads it).
 #[socket_filter]
 pub fn host_in(ctx: SkBuffContext) -> i64 {
     // SAFETY: the context pointer is valid for the program's lifetime.
-    let mark = unsafe { (*ctx.skb.skb).mark };
-    let src = deferred_source(mark);
-    // A sender that is no endpoint of these maps deferred through another
-    // dataplane's maps (a second agent's pin directory, an older layout's
-    // rules): that dataplane's rule decides it.
-    if src == 0 || crate::endpoint::endpoint_slot(src).is_none() {
+    let (mark, iif) = unsafe { ((*ctx.skb.skb).mark, (*ctx.skb.skb).ingress_ifindex) };
+    if !is_deferred(mark) {
         return 0;
     }
     let s = match NPM_SCRATCH.get_ptr_mut(0) {
@@ -223,9 +224,15 @@ pub fn host_in(ctx: SkBuffContext) -> i64 {
     // Never a dry run (explain runs `to_pod` and `from_pod` only).
     s.pad = 0;
     let mut seen = Seen::new();
-    let reason = deferred_egress_l3(&ctx, s, src, &mut seen);
+    let (reason, src) = deferred_egress_l3(&ctx, s, iif, &mut seen);
+    // A sender that is no endpoint of these maps deferred through another
+    // dataplane's maps (a second agent's pin directory): that dataplane's
+    // rule decides it.
+    if src == 0 && reason != Reason::Malformed as u8 {
+        return 0;
+    }
     let len = ctx.len();
-    (account(s, DIR_EGRESS, src, len, reason, seen) == TC_ACT_SHOT) as i64
+    (account(s, DIR_EGRESS, if src == 0 { iif } else { src }, len, reason, seen) == TC_ACT_SHOT) as i64
 }
 
 /// The dry-run signal and mark (one definition, in `npm-common`).
@@ -268,24 +275,25 @@ fn decide(ctx: &TcContext, dir: u8) -> i32 {
     let len = ctx.len();
     // `to_pod` of a packet whose egress `from_pod` deferred: the sender's
     // egress against this (post-DNAT) destination first, then this
-    // endpoint's ingress on the general path, as for any packet.
+    // endpoint's ingress on the general path, as for any packet. The
+    // sender is found by the device the packet entered the node by (never
+    // by the mark, whose other bits other owners rewrite); a node
+    // process's packet (no such device) carrying the bit is not ours.
     let mut deferred = false;
     if dir == DIR_INGRESS {
         // SAFETY: as above.
         let mark = unsafe { (*ctx.skb.skb).mark };
-        let src = deferred_source(mark);
-        if src != 0 {
-            ctx.set_mark(mark & !DEFER_MARK_BITS);
+        let iif = s.pad;
+        if is_deferred(mark) && iif != 0 && iif != DRY_RUN_IIF {
+            ctx.set_mark(mark & !DEFER_MARK);
             let mut seen = Seen::new();
-            let reason = deferred_egress(ctx, s, src, &mut seen);
+            let (reason, src) = deferred_egress(ctx, s, iif, &mut seen);
             if reason >= FIRST_DENY_REASON {
-                return account(s, DIR_EGRESS, src, len, reason, seen);
+                return account(s, DIR_EGRESS, if src == 0 { iif } else { src }, len, reason, seen);
             }
             // The egress rule that allowed the deferred flow (the
             // accounting below is the ingress side's).
-            if s.pad != DRY_RUN_IIF {
-                crate::rule_counters::count_rule(s, DIR_EGRESS, len, reason, seen.ep_id);
-            }
+            crate::rule_counters::count_rule(s, DIR_EGRESS, len, reason, seen.ep_id);
             deferred = true;
         }
     }

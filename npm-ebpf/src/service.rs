@@ -1,10 +1,12 @@
 //! Services: `NPM_SERVICES` (the ClusterIP and NodePort keys kube-proxy
 //! may DNAT), the deferral of an egress-isolated endpoint's decision past
-//! the DNAT ([`defer`], the mark of `npm_common::service`), and the
-//! deferred decision itself ([`deferred_egress`]), taken by `to_pod` of a
-//! local backend, by `node_exit` for a backend beyond the node, and by
-//! `host_in` ([`deferred_egress_l3`]) for a backend on the node's own host
-//! network.
+//! the DNAT ([`defer`]: the deferral bit of `npm_common::service` and the
+//! flow's source in `NPM_DEFER_SRC`), and the deferred decision itself
+//! ([`deferred_egress`]), taken by `to_pod` of a local backend, by
+//! `node_exit` for a backend beyond the node, and by `host_in`
+//! ([`deferred_egress_l3`]) for a backend on the node's own host network,
+//! each under the endpoint that sent the packet ([`deferred_sender`]: the
+//! mark carries no endpoint).
 //!
 //! The deferral runs only for a packet that steps 1 to 6 left to policy
 //! (no established flow) from an endpoint whose egress is isolated or has a
@@ -12,13 +14,16 @@
 //! tiers decide against the backend too), to a port-carrying protocol: one extra hash lookup for such a packet, none
 //! for any other.
 
-use aya_ebpf::{macros::map, maps::HashMap, programs::TcContext};
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, LruHashMap},
+    programs::TcContext,
+};
 use npm_common::{
-    defer_mark, proto, sizes, EndpointInfo, Reason, ServiceValue, CT_PENDING, DIR_EGRESS, EP_ISOLATED_EGRESS,
-    EP_TIERS_INGRESS,
+    defer_mark, proto, sizes, CtKey, Reason, ServiceValue, CT_PENDING, DIR_EGRESS, EP_ISOLATED_EGRESS, EP_TIERS_INGRESS,
 };
 
-use crate::conntrack::{ct_create, CtPacket};
+use crate::conntrack::{ct4_words, ct_create, CtPacket};
 use crate::endpoint::endpoint_slot;
 use crate::mem::{rd32, V4_MAPPED_WORD};
 use crate::parse::{clear_fields, parse, parse_at, Skb, FRAG_LATER};
@@ -30,6 +35,12 @@ use crate::verdict::Seen;
 /// address, then the port and the protocol) -> flags.
 #[map]
 static NPM_SERVICES: HashMap<[u32; 5], ServiceValue> = HashMap::with_max_entries(sizes::SERVICES, 0);
+
+/// `NPM_DEFER_SRC`: `npm_common::DeferSourceKey` (the source address, then
+/// the source port and the protocol, as five words) of a deferred flow ->
+/// the sender's host-side ifindex.
+#[map]
+static NPM_DEFER_SRC: LruHashMap<[u32; 5], u32> = LruHashMap::with_max_entries(sizes::DEFER_SOURCES, 0);
 
 /// Whether endpoint `ep_flags`' new flow of protocol `pr` to `dport` at
 /// the IPv4 address `daddr` (as loaded) is deferred: an isolated egress (or
@@ -77,17 +88,47 @@ fn has_ports(pr: u8) -> bool {
 }
 
 /// Defers the egress decision of the packet in `ctx` from the endpoint on
-/// `ifindex`: sets the deferral mark and writes the pending conntrack
-/// entry of the pre-NAT tuple (the key in `s.ct4` when `v4`, else `s.ct`,
-/// filled by the caller) so that the un-NATted replies pass the
-/// endpoint's `to_pod`. Returns the allow reason of `from_pod`,
-/// `Reason::Deferred`: the packet passes undecided, counted apart from the
-/// policy decisions (the entry records the same reason).
+/// `ifindex`: sets the deferral bit of the mark, records the flow's source
+/// (address, port, protocol) as the endpoint's in `NPM_DEFER_SRC` and
+/// writes the pending conntrack entry of the pre-NAT tuple (the key in
+/// `s.ct4` when `v4`, else `s.ct`, filled by the caller) so that the
+/// un-NATted replies pass the endpoint's `to_pod`. Returns the allow
+/// reason of `from_pod`, `Reason::Deferred`: the packet passes undecided,
+/// counted apart from the policy decisions (the entry records the same
+/// reason).
 #[inline(always)]
 pub(crate) fn defer(ctx: &TcContext, s: &mut Scratch, ifindex: u32, v4: bool, pkt: CtPacket) -> u8 {
     // SAFETY: the context pointer is valid for the program's lifetime.
     let mark = unsafe { (*ctx.skb.skb).mark };
-    ctx.set_mark(defer_mark(mark, ifindex));
+    ctx.set_mark(defer_mark(mark));
+    // The source side of the canonical key: `lo` (its port in the low
+    // half of the ports word) when the packet's source is the lower pair.
+    let pr = (pkt.pr as u32) << 16;
+    let key = if v4 {
+        let k = ct4_words(&s.ct4);
+        let (a, port) = if pkt.src_is_lo {
+            (k[2], k[4] & 0xffff)
+        } else {
+            (k[3], k[4] >> 16)
+        };
+        [0, 0, V4_MAPPED_WORD, a, port | pr]
+    } else {
+        // SAFETY: CtKey layout: addr_lo 8, addr_hi 24, the ports word 40.
+        unsafe {
+            let k = &s.ct as *const CtKey as *const u8;
+            let ports = rd32(k.add(40));
+            let (a, port) = if pkt.src_is_lo {
+                (k.add(8), ports & 0xffff)
+            } else {
+                (k.add(24), ports >> 16)
+            };
+            [rd32(a), rd32(a.add(4)), rd32(a.add(8)), rd32(a.add(12)), port | pr]
+        }
+    };
+    // A dry run (`npm-agent explain`) writes no state.
+    if s.pad != crate::DRY_RUN_IIF {
+        let _ = NPM_DEFER_SRC.insert(&key, &ifindex, 0);
+    }
     // Epoch 0: a pending entry is never decided again (its tuple is the
     // pre-DNAT one).
     // Refused at the endpoint's conntrack quota: no pending entry, so the
@@ -97,24 +138,54 @@ pub(crate) fn defer(ctx: &TcContext, s: &mut Scratch, ifindex: u32, v4: bool, pk
     Reason::Deferred as u8
 }
 
-/// The deferred egress decision of the endpoint on `src_ifindex` for the
-/// Ethernet frame in `ctx`, after the DNAT: steps 7 to 9 of the endpoint's
-/// egress against the packet's destination (the backend) and port. A
-/// source endpoint gone since the deferral denies (fail closed); a
-/// non-first fragment is left to the destination's fragment records (its
-/// first fragment was decided here). Fills `s.pkt` for the deny event.
+/// The sender's host-side ifindex of the deferred packet parsed in `s.pkt`
+/// that entered the node on `iif` (its `ingress_ifindex`): `iif` itself
+/// when it is an endpoint's (a routed pod's packet, NATted or not; a
+/// bridged pod's frame the bridge forwarded), else the endpoint
+/// `NPM_DEFER_SRC` holds for the packet's source (a bridged pod's packet
+/// the node routed: `iif` is the bridge), else 0 (no endpoint: the
+/// caller denies, or `host_in` leaves the packet to another chain). The
+/// mark is never read for it: other owners rewrite its bits.
 #[inline(always)]
-pub(crate) fn deferred_egress(ctx: &TcContext, s: &mut Scratch, src_ifindex: u32, seen: &mut Seen) -> u8 {
-    let ep = match endpoint_slot(src_ifindex) {
-        Some(ep) => ep,
-        None => return Reason::PolicyDenied as u8,
+pub(crate) fn deferred_sender(s: &Scratch, iif: u32) -> u32 {
+    if endpoint_slot(iif).is_some() {
+        return iif;
+    }
+    let p = &s.pkt;
+    let a = p.src.as_ptr();
+    // SAFETY: a 16-byte, 4-aligned address.
+    let key = unsafe {
+        [
+            rd32(a),
+            rd32(a.add(4)),
+            rd32(a.add(8)),
+            rd32(a.add(12)),
+            p.sport as u32 | (p.proto as u32) << 16,
+        ]
     };
-    seen.ep_id = ep.id;
+    // SAFETY: a u32 value, read once.
+    match unsafe { NPM_DEFER_SRC.get(&key) } {
+        Some(i) => *i,
+        None => 0,
+    }
+}
+
+/// The deferred egress decision for the Ethernet frame in `ctx`, after
+/// the DNAT, of the packet that entered the node on `iif`: its sender
+/// ([`deferred_sender`]), then steps 7 to 9 of that endpoint's egress
+/// against the packet's destination (the backend) and port. Returns the
+/// reason and the sender's ifindex (0 when none was found: denied, fail
+/// closed, never decided under another endpoint; 0 too for a packet that
+/// does not parse, `Reason::Malformed`); a non-first
+/// fragment is left to the destination's fragment records (its first
+/// fragment was decided here). Fills `s.pkt` for the deny event.
+#[inline(always)]
+pub(crate) fn deferred_egress(ctx: &TcContext, s: &mut Scratch, iif: u32, seen: &mut Seen) -> (u8, u32) {
     clear_fields(&mut s.pkt);
     if parse(ctx, s).is_err() {
-        return Reason::Malformed as u8;
+        return (Reason::Malformed as u8, 0);
     }
-    deferred_policy(s, ep)
+    deferred_policy(s, iif, seen)
 }
 
 /// [`deferred_egress`] of a packet that starts at its IP header: the one
@@ -123,32 +194,33 @@ pub(crate) fn deferred_egress(ctx: &TcContext, s: &mut Scratch, src_ifindex: u32
 /// `node_exit_l3` sees on a device without an Ethernet header (IPIP,
 /// WireGuard, GRE, TUN: the inner packet, before the encapsulation).
 #[inline(always)]
-pub(crate) fn deferred_egress_l3(ctx: &impl Skb, s: &mut Scratch, src_ifindex: u32, seen: &mut Seen) -> u8 {
-    let ep = match endpoint_slot(src_ifindex) {
-        Some(ep) => ep,
-        None => return Reason::PolicyDenied as u8,
-    };
-    seen.ep_id = ep.id;
+pub(crate) fn deferred_egress_l3(ctx: &impl Skb, s: &mut Scratch, iif: u32, seen: &mut Seen) -> (u8, u32) {
     clear_fields(&mut s.pkt);
     if parse_at::<0>(ctx, s).is_err() {
-        return Reason::Malformed as u8;
+        return (Reason::Malformed as u8, 0);
     }
-    deferred_policy(s, ep)
+    deferred_policy(s, iif, seen)
 }
 
-/// Steps 7 to 9 of endpoint `ep`'s egress for the parsed `s.pkt` (the
+/// The sender of the parsed `s.pkt` and steps 7 to 9 of its egress (the
 /// common tail of the deferred decisions).
 #[inline(always)]
-fn deferred_policy(s: &mut Scratch, ep: &EndpointInfo) -> u8 {
+fn deferred_policy(s: &mut Scratch, iif: u32, seen: &mut Seen) -> (u8, u32) {
+    let src = deferred_sender(s, iif);
+    let ep = match endpoint_slot(src) {
+        Some(ep) => ep,
+        None => return (Reason::PolicyDenied as u8, 0),
+    };
+    seen.ep_id = ep.id;
     let p = &s.pkt;
     if p.frag == FRAG_LATER {
-        return Reason::Policy as u8;
+        return (Reason::Policy as u8, src);
     }
     // Only TCP, UDP and SCTP flows are deferred: a marked packet of any
     // other protocol is an encapsulation's outer header (IPIP, GRE, ...,
     // whose device had no decision point) and never decided on it.
     if !has_ports(p.proto) {
-        return Reason::PolicyDenied as u8;
+        return (Reason::PolicyDenied as u8, src);
     }
     let port = p.dport;
     let peer = Peer {
@@ -156,5 +228,8 @@ fn deferred_policy(s: &mut Scratch, ep: &EndpointInfo) -> u8 {
         lazy_v4: false,
         v4addr: 0,
     };
-    policy_step(s.lpm.as_mut_ptr() as *mut u8, ep, DIR_EGRESS, p.proto, port, peer)
+    (
+        policy_step(s.lpm.as_mut_ptr() as *mut u8, ep, DIR_EGRESS, p.proto, port, peer),
+        src,
+    )
 }

@@ -11,7 +11,7 @@
 //! jumped to first thing from `INPUT`:
 //!
 //! ```text
-//! -A <chain> -m mark --mark 0xd00/0xf00 -m bpf --object-pinned <pin dir>/host_in -j DROP
+//! -A <chain> -m mark --mark 0x1000/0x1000 -m bpf --object-pinned <pin dir>/host_in -j DROP
 //! ```
 //!
 //! The mark match keeps every other packet off the program. The program
@@ -19,9 +19,11 @@
 //! exactly as `to_pod` and `node_exit` do (the node's own addresses are the
 //! host identity: denied unless the policy allows the host, e.g. by
 //! `--allow-host-egress` or an ipBlock covering the address) and answers 1
-//! (a match: the rule drops) for a deny. A packet deferred by an endpoint
-//! its maps do not hold is another pin directory's (its own chain decides
-//! it): 0.
+//! (a match: the rule drops) for a deny. The sender is the endpoint of
+//! the device the packet entered the node by (or, for a bridged pod,
+//! the one `from_pod` recorded for its source: `npm_common::service`),
+//! never read from the mark. A packet deferred by an endpoint its maps do
+//! not hold is another pin directory's (its own chain decides it): 0.
 //!
 //! Where the match cannot be installed (a kernel without `xt_bpf`, an
 //! iptables without its `bpf` extension), the chain drops every deferred
@@ -37,7 +39,7 @@ use std::process::{Command, Stdio};
 
 use aya::programs::SocketFilter;
 use aya::Ebpf;
-use npm_common::{DEFER_MARK_MAGIC, DEFER_MARK_MAGIC_MASK};
+use npm_common::DEFER_MARK;
 
 use super::errors::{prog_err, EbpfError};
 use super::loader::{load_beside_pins, load_or_reduced, BenchSwitches, Programs};
@@ -147,9 +149,9 @@ fn restore(bin: &str, input: &str) -> Result<(), EbpfError> {
     }
 }
 
-/// The `--mark` argument matching a deferral mark.
+/// The `--mark` argument matching the deferral bit.
 fn mark_arg() -> String {
-    format!("{DEFER_MARK_MAGIC:#x}/{DEFER_MARK_MAGIC_MASK:#x}")
+    format!("{DEFER_MARK:#x}/{DEFER_MARK:#x}")
 }
 
 /// The rule of `chain` in `mode` (iptables-save syntax, without `-A chain`).

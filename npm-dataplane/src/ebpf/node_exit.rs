@@ -24,7 +24,7 @@
 //!
 //! [`NodeExit::set_interfaces`] makes the attached set equal to the wanted
 //! one (attach first, then detach). The program's first test is the
-//! deferral mark: a packet without one passes untouched, so a wrong
+//! deferral bit of the mark: a packet without it passes untouched, so a wrong
 //! choice of interface costs one load and one compare per packet, never a
 //! verdict.
 

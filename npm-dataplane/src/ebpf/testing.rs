@@ -38,7 +38,7 @@ impl EbpfDataplane {
         packet: &[u8],
         repeat: u32,
     ) -> Result<aya::TestRunResult, EbpfError> {
-        self.run_marked(program, ifindex, packet, repeat, 0)
+        self.run_marked(program, ifindex, packet, repeat, 0, 0)
     }
 
     fn run_marked(
@@ -48,12 +48,15 @@ impl EbpfDataplane {
         packet: &[u8],
         repeat: u32,
         mark: u32,
+        ingress_ifindex: u32,
     ) -> Result<aya::TestRunResult, EbpfError> {
         // `struct __sk_buff` up to and including `ifindex` (offset 40): the
-        // kernel binds the test skb to that device; `mark` at offset 8;
-        // every other field zero.
+        // kernel binds the test skb to that device; `mark` at offset 8,
+        // `ingress_ifindex` (the kernel's `skb_iif`) at 36; every other
+        // field zero.
         let mut ctx = [0u8; 44];
         ctx[8..12].copy_from_slice(&mark.to_ne_bytes());
+        ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
         ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
         let prog = loader::prog(&self.bpf, program)?;
         prog.test_run(TestRunOptions {
@@ -145,11 +148,19 @@ impl EbpfDataplane {
     }
 
     /// [`EbpfDataplane::test_run`] of a packet carrying the skb mark
-    /// `mark` (e.g. a deferral mark of `npm_common::defer_mark`); returns
-    /// the verdict only (a deferred decision is counted in the sender's
-    /// direction: read the counters).
-    pub fn test_run_marked(&self, dir: Direction, ifindex: u32, packet: &[u8], mark: u32) -> Result<i32, EbpfError> {
-        let res = self.run_marked(prog_for(dir.as_u8()), ifindex, packet, 1, mark)?;
+    /// `mark` (e.g. `npm_common::defer_mark`'s) that entered the node on
+    /// `ingress_ifindex` (a deferred packet's sender is found by it);
+    /// returns the verdict only (a deferred decision is counted in the
+    /// sender's direction: read the counters).
+    pub fn test_run_marked(
+        &self,
+        dir: Direction,
+        ifindex: u32,
+        packet: &[u8],
+        mark: u32,
+        ingress_ifindex: u32,
+    ) -> Result<i32, EbpfError> {
+        let res = self.run_marked(prog_for(dir.as_u8()), ifindex, packet, 1, mark, ingress_ifindex)?;
         Ok(res.return_value as i32)
     }
 

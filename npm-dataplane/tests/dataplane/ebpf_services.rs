@@ -1082,3 +1082,6 @@ impl Drop for LinkGuard {
 
 /// LoadBalancer IPs and externalIPs (a module of its own: this file is long).
 mod external;
+/// Marks owned by others (Calico, Cilium, kube-proxy) between `from_pod`
+/// and the deferred decisions.
+mod marks;

@@ -579,11 +579,11 @@ fn service_traffic_of_a_tiered_endpoint_is_decided_against_the_backend() {
     );
     assert_eq!(f.counter(EG, Reason::Deferred), before + 1, "deferred past the DNAT");
     // After the DNAT, at the backend's to_pod: the sender's egress tier.
-    let mark = npm_common::defer_mark(0, f.b.ifindex);
+    let mark = npm_common::defer_mark(0);
     let denied = f.counter(EG, Reason::AdminDeny);
     let dnat = v4("10.0.0.5", "10.0.0.1", L4::Tcp(40000, 8080, 0x02));
     assert_eq!(
-        f.dp.test_run_marked(IN, f.a.ifindex, &dnat, mark).unwrap(),
+        f.dp.test_run_marked(IN, f.a.ifindex, &dnat, mark, f.b.ifindex).unwrap(),
         VERDICT_DROP
     );
     assert_eq!(f.counter(EG, Reason::AdminDeny), denied + 1);
@@ -593,7 +593,8 @@ fn service_traffic_of_a_tiered_endpoint_is_decided_against_the_backend() {
     let other = v4("10.0.0.5", "10.0.0.1", L4::Tcp(40001, 9090, 0x02));
     let pd = f.counter(IN, Reason::PolicyDenied);
     assert_eq!(
-        f.dp.test_run_marked(IN, f.a.ifindex, &other, mark).unwrap(),
+        f.dp.test_run_marked(IN, f.a.ifindex, &other, mark, f.b.ifindex)
+            .unwrap(),
         VERDICT_DROP
     );
     assert_eq!(f.counter(IN, Reason::PolicyDenied), pd + 1);
