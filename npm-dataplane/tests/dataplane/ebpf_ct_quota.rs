@@ -104,8 +104,8 @@ fn flood(tag: &str, quota: bool) -> (Outcome, EbpfDataplane, Dummy, Dummy) {
             "10.0.0.2",
             L4::Udp(1024 + (i % 60000) as u16, 6000 + (i / 60000) as u16),
         );
-        let first = dp.test_run_marked(EG, b.ifindex, &pkt, 0).unwrap();
-        let second = dp.test_run_marked(EG, b.ifindex, &pkt, 0).unwrap();
+        let first = dp.test_run_marked(EG, b.ifindex, &pkt, 0, b.ifindex).unwrap();
+        let second = dp.test_run_marked(EG, b.ifindex, &pkt, 0, b.ifindex).unwrap();
         assert_eq!(first, second, "both packets of a flood flow get the same verdict");
         match first {
             VERDICT_ALLOW => flood_allowed += 1,
@@ -229,7 +229,7 @@ fn purge_cost_at_a_full_table() {
             "10.0.0.2",
             L4::Udp(1024 + (i % 60000) as u16, 6000 + (i / 60000) as u16),
         );
-        assert_eq!(dp.test_run_marked(EG, b.ifindex, &pkt, 0).unwrap(), VERDICT_ALLOW);
+        assert_eq!(dp.test_run_marked(EG, b.ifindex, &pkt, 0, b.ifindex).unwrap(), VERDICT_ALLOW);
     }
     let before = dp.dump().unwrap().ct_entries;
     let c2 = state(false);
