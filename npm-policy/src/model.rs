@@ -22,7 +22,7 @@ pub type Labels = BTreeMap<String, String>;
 /// distinct label set, not per pod). Reads see a [`Labels`] (`Deref`);
 /// a write copies the map first when it is shared (`DerefMut`). Equal
 /// when the maps are equal; serialized as the map.
-#[derive(Clone, Default, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Default, Eq, PartialOrd, Ord)]
 pub struct PodLabels(Arc<Labels>);
 
 impl PodLabels {
@@ -41,6 +41,12 @@ impl PodLabels {
 impl PartialEq for PodLabels {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl std::hash::Hash for PodLabels {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state)
     }
 }
 
