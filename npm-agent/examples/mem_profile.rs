@@ -69,7 +69,7 @@ fn ip_of(i: usize) -> String {
 /// resourceVersion and creationTimestamp as a real one has).
 fn pod_json(i: usize, namespaces: usize) -> String {
     let ns = format!("bench{}", i % namespaces);
-    let node = if i % 100 == 0 { "node-a" } else { "node-b" };
+    let node = if i.is_multiple_of(100) { "node-a" } else { "node-b" };
     let ip = ip_of(i);
     serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
