@@ -183,7 +183,7 @@ fn ids_never_reused() {
     // key is back, but after a compile without it the id is new too.
     m.apply(&npm_sim::cases::Action::CreatePod(npm_sim::cases::PodLabels {
         pod: "y/c".into(),
-        labels: sel(&[("pod", "c")]).match_labels.into(),
+        labels: sel(&[("pod", "c")]).match_labels,
     }))
     .unwrap();
     let c3 = npm_policy::compile(&m.snapshot, &opts(), Some(&c2));
