@@ -105,7 +105,8 @@ fn snapshot(sc: Scale) -> Snapshot {
                 ("app", format!("app{}", j % 5)),
                 ("pod-template-hash", format!("h{}", j % 7)),
                 ("tier", if j.is_multiple_of(2) { "front" } else { "back" }.into()),
-            ]),
+            ])
+            .into(),
             ips: vec![IpAddr::V4(Ipv4Addr::new(
                 10,
                 (i / 65536) as u8 + 1,

@@ -41,7 +41,8 @@ fn pod(i: usize, app: usize) -> Pod {
         labels: l(&[
             ("app", format!("app{}", app % 5)),
             ("tier", if j.is_multiple_of(2) { "front" } else { "back" }.into()),
-        ]),
+        ])
+        .into(),
         ips: vec![IpAddr::V4(Ipv4Addr::new(
             10,
             (i / 65536) as u8 + 1,

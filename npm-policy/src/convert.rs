@@ -266,7 +266,7 @@ pub fn pod_from_api(p: &corev1::Pod) -> Result<Pod, ConvertError> {
         uid: p.metadata.uid.clone().unwrap_or_else(|| object.clone()),
         namespace,
         name,
-        labels: p.metadata.labels.clone().unwrap_or_default(),
+        labels: p.metadata.labels.clone().unwrap_or_default().into(),
         ips,
         node_name: spec.node_name.clone(),
         phase,

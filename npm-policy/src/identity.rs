@@ -56,7 +56,7 @@ pub fn identity_key(pod: &Pod, namespace_labels: Option<&Labels>) -> IdentityKey
     IdentityKey {
         namespace: pod.namespace.clone(),
         namespace_labels: namespace_labels.cloned().unwrap_or_default(),
-        pod_labels: pod.labels.clone(),
+        pod_labels: Labels::clone(&pod.labels),
         named_ports,
     }
 }

@@ -5,13 +5,99 @@
 //! knows it. The compiler never sees events, only snapshots (level-triggered).
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::IpAddr;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// Labels of a pod or a namespace.
 pub type Labels = BTreeMap<String, String>;
+
+/// A pod's labels behind a shared pointer: pods with equal labels (the
+/// replicas of a workload) can share one map, and a copy of a pod shares
+/// it with the original (the agent interns them: one allocation per
+/// distinct label set, not per pod). Reads see a [`Labels`] (`Deref`);
+/// a write copies the map first when it is shared (`DerefMut`). Equal
+/// when the maps are equal; serialized as the map.
+#[derive(Clone, Default, Eq, PartialOrd, Ord)]
+pub struct PodLabels(Arc<Labels>);
+
+impl PodLabels {
+    /// Labels sharing the map of `shared`.
+    pub fn from_shared(shared: Arc<Labels>) -> Self {
+        PodLabels(shared)
+    }
+
+    /// The shared map (two pods share their labels when these are
+    /// `Arc::ptr_eq`).
+    pub fn shared(&self) -> &Arc<Labels> {
+        &self.0
+    }
+}
+
+impl PartialEq for PodLabels {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl std::hash::Hash for PodLabels {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state)
+    }
+}
+
+impl Deref for PodLabels {
+    type Target = Labels;
+    fn deref(&self) -> &Labels {
+        &self.0
+    }
+}
+
+impl DerefMut for PodLabels {
+    fn deref_mut(&mut self) -> &mut Labels {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl fmt::Debug for PodLabels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<Labels> for PodLabels {
+    fn from(l: Labels) -> Self {
+        PodLabels(Arc::new(l))
+    }
+}
+
+impl<const N: usize> From<[(String, String); N]> for PodLabels {
+    fn from(l: [(String, String); N]) -> Self {
+        PodLabels(Arc::new(l.into()))
+    }
+}
+
+impl FromIterator<(String, String)> for PodLabels {
+    fn from_iter<I: IntoIterator<Item = (String, String)>>(iter: I) -> Self {
+        PodLabels(Arc::new(iter.into_iter().collect()))
+    }
+}
+
+impl Serialize for PodLabels {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for PodLabels {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Labels::deserialize(d).map(PodLabels::from)
+    }
+}
 
 /// L4 protocol of a NetworkPolicy port or a container port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -91,8 +177,8 @@ pub struct Pod {
     pub namespace: String,
     /// Name.
     pub name: String,
-    /// Labels.
-    pub labels: Labels,
+    /// Labels (shared: see [`PodLabels`]).
+    pub labels: PodLabels,
     /// status.podIPs (at most one per family is used).
     pub ips: Vec<IpAddr>,
     /// spec.nodeName.

@@ -197,7 +197,7 @@ fn snapshot(rng: &mut StdRng) -> (Snapshot, CompileOptions) {
             uid: format!("uid-{i}"),
             namespace: ns.clone(),
             name: format!("p{i}"),
-            labels: labels(rng, POD_KEYS),
+            labels: labels(rng, POD_KEYS).into(),
             ips,
             node_name: Some(if rng.random_bool(0.6) { "node" } else { "other" }.to_string()),
             phase: *pick(

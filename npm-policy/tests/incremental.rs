@@ -66,7 +66,7 @@ fn pod_label_change_touches_only_that_pod() {
     let mut m = model();
     let c1 = npm_policy::compile(&m.snapshot, &opts(), None);
     let xb_id = c1.ipcache[&m.ip("x/b").unwrap()].identity;
-    m.snapshot.pods.get_mut(&("x".into(), "c".into())).unwrap().labels = sel(&[("pod", "b")]).match_labels;
+    m.snapshot.pods.get_mut(&("x".into(), "c".into())).unwrap().labels = sel(&[("pod", "b")]).match_labels.into();
     let c2 = npm_policy::compile(&m.snapshot, &opts(), Some(&c1));
     let d = c1.diff(&c2);
     // x/c now shares x/b's identity: its 2 addresses and its endpoint
@@ -219,7 +219,7 @@ fn pod(uid: &str, name: &str, ip: &str, phase: PodPhase, deleting: bool, created
         uid: uid.into(),
         namespace: "x".into(),
         name: name.into(),
-        labels: sel(&[("pod", name)]).match_labels,
+        labels: sel(&[("pod", name)]).match_labels.into(),
         ips: if ip.is_empty() {
             vec![]
         } else {
@@ -402,7 +402,7 @@ fn report_new_option_flags_every_endpoint_in_the_full_and_incremental_compile() 
     // (a label change) and on new ones (a new local pod).
     let mut inc = npm_policy::incremental::Compiler::new(m.snapshot.clone(), on.clone(), None);
     let mut c = m.snapshot.pods[&("x".to_string(), "c".to_string())].clone();
-    c.labels = sel(&[("pod", "b")]).match_labels;
+    c.labels = sel(&[("pod", "b")]).match_labels.into();
     inc.upsert_pod(c.clone());
     let mut d = c;
     d.name = "d".into();
@@ -450,7 +450,7 @@ fn policy_changes_are_patched_like_a_full_compile() {
     assert!(allows(&c, "x/b", 80) && allows(&c, "x/b", 81));
     // A new identity selected by p's and r's peers (pod=b with a named port).
     let mut b2 = pod("uid-b2", "b2", "10.9.0.7", PodPhase::Running, false, 1);
-    b2.labels = sel(&[("pod", "b")]).match_labels;
+    b2.labels = sel(&[("pod", "b")]).match_labels.into();
     b2.node_name = Some("elsewhere".into());
     b2.ports = vec![ContainerPort {
         name: Some("http".into()),
@@ -516,7 +516,7 @@ fn policy_changes_are_patched_like_a_full_compile() {
 fn endpoints_of_one_identity_share_their_subjects_entries() {
     let mut m = model();
     // x/c joins x/a's identity: both are selected by `p`.
-    m.snapshot.pods.get_mut(&("x".into(), "c".into())).unwrap().labels = sel(&[("pod", "a")]).match_labels;
+    m.snapshot.pods.get_mut(&("x".into(), "c".into())).unwrap().labels = sel(&[("pod", "a")]).match_labels.into();
     let mut inc = npm_policy::incremental::Compiler::new(m.snapshot.clone(), opts(), None);
     let c = inc.compiled().clone();
     same_tables(&c, &npm_policy::compile(&m.snapshot, &opts(), Some(&c)));
@@ -564,7 +564,7 @@ fn matches_full_compile(c: &npm_policy::incremental::Compiler, what: &str) {
 fn relabel(m: &mut Model, inc: &mut npm_policy::incremental::Compiler, name: &str, label: &str) -> Compiled {
     let key = ("x".to_string(), name.to_string());
     let mut pod = m.snapshot.pods[&key].clone();
-    pod.labels = sel(&[("pod", label)]).match_labels;
+    pod.labels = sel(&[("pod", label)]).match_labels.into();
     inc.upsert_pod(pod.clone());
     m.snapshot.pods.insert(key, pod);
     let c = inc.compiled().clone();
@@ -590,7 +590,7 @@ fn endpoints_of_one_identity_share_their_subjects_tier_entries() {
     use npm_policy::compiled::{Tier, TierAction};
     use npm_policy::tiers::{ClusterPeer, ClusterPolicy, ClusterRule, Subject};
     let mut m = Model::upstream();
-    m.snapshot.pods.get_mut(&("x".into(), "c".into())).unwrap().labels = sel(&[("pod", "a")]).match_labels;
+    m.snapshot.pods.get_mut(&("x".into(), "c".into())).unwrap().labels = sel(&[("pod", "a")]).match_labels.into();
     let cnp = ClusterPolicy {
         name: "deny-to-a".into(),
         tier: Tier::Admin,
@@ -663,7 +663,7 @@ fn a_policy_change_towards_many_peers_is_patched_like_a_full_compile() {
             false,
             1,
         );
-        p.labels = sel(&[("role", "peer"), ("n", &i.to_string())]).match_labels;
+        p.labels = sel(&[("role", "peer"), ("n", &i.to_string())]).match_labels.into();
         p.node_name = Some("elsewhere".into());
         m.snapshot.pods.insert(("x".into(), p.name.clone()), p);
     }

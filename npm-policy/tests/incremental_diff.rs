@@ -53,7 +53,7 @@ fn pod(rng: &mut StdRng, i: usize) -> Pod {
         uid: format!("uid-{i}-{}", rng.random_range(0..1000)),
         namespace: ns,
         name: format!("p{}", rng.random_range(0..8)),
-        labels: labels(rng, "app", &["a", "b"]),
+        labels: labels(rng, "app", &["a", "b"]).into(),
         ips: vec![
             format!("10.0.0.{}", rng.random_range(1..10)).parse().unwrap(),
             format!("fd00::{}", rng.random_range(1..4)).parse().unwrap(),
@@ -495,7 +495,7 @@ fn compiler_matches_reference() {
                     if let Some(k) = s.pods.keys().nth(rng.random_range(0..s.pods.len().max(1))).cloned() {
                         let mut p = s.pods[&k].clone();
                         if rng.random_bool(0.5) {
-                            p.labels = labels(&mut rng, "app", &["a", "b"]);
+                            p.labels = labels(&mut rng, "app", &["a", "b"]).into();
                         } else {
                             p.ports = ports(&mut rng);
                         }

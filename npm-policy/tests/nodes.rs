@@ -69,7 +69,7 @@ fn snapshot() -> Snapshot {
         uid: "uid-a".into(),
         namespace: "x".into(),
         name: "a".into(),
-        labels: labels(&[("app", "a")]),
+        labels: labels(&[("app", "a")]).into(),
         ips: vec![ip(POD)],
         node_name: Some("node".into()),
         phase: PodPhase::Running,

@@ -19,13 +19,16 @@
 //! compiler's conversion (`npm_policy::convert::pod_from_api`) takes.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1 as corev1;
 use k8s_openapi::api::core::v1::{ContainerPort, PodIP};
 use kube::api::ObjectMeta;
 use kube::core::NamespaceResourceScope;
 use kube::Resource;
-use serde::{Deserialize, Serialize};
+use npm_policy::model::{Labels, PodLabels};
+use serde::{Deserialize, Serialize, Serializer};
 
 use super::store::Projection;
 
@@ -35,17 +38,88 @@ use super::store::Projection;
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// A Pod, slim: what the compiler reads and nothing else.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+///
+/// Its labels are moved out of `metadata` by [`slim_pod`] into
+/// [`Pod::labels`], interned ([`intern_labels`]): the pods with equal
+/// labels share one map, and so do their converted copies in the
+/// compiler. Serialized with the labels back in `metadata`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 pub struct Pod {
-    /// Standard object metadata (slimmed by [`POD_PROJECTION`]).
+    /// Standard object metadata (slimmed by [`POD_PROJECTION`]; its
+    /// `labels` are `None` once slimmed: they are in [`Pod::labels`]).
     #[serde(default)]
     pub metadata: ObjectMeta,
+    /// `metadata.labels` of a slimmed pod, interned (empty before
+    /// [`slim_pod`]: read [`Pod::labels`] through [`Pod::pod_labels`]).
+    #[serde(skip)]
+    pub labels: PodLabels,
     /// The kept part of `spec`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<PodSpec>,
     /// The kept part of `status`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<PodStatus>,
+}
+
+impl Serialize for Pod {
+    /// As the API object: the labels in `metadata`.
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Api<'a> {
+            metadata: Cow<'a, ObjectMeta>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            spec: &'a Option<PodSpec>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            status: &'a Option<PodStatus>,
+        }
+        let metadata = match self.metadata.labels {
+            None if !self.labels.is_empty() => Cow::Owned(ObjectMeta {
+                labels: Some(Labels::clone(&self.labels)),
+                ..self.metadata.clone()
+            }),
+            _ => Cow::Borrowed(&self.metadata),
+        };
+        Api {
+            metadata,
+            spec: &self.spec,
+            status: &self.status,
+        }
+        .serialize(s)
+    }
+}
+
+/// The label sets of the pods, each held once ([`intern_labels`]).
+struct Interned {
+    sets: HashSet<Arc<Labels>>,
+    /// When the set has this many entries, the ones no pod holds any more
+    /// are dropped first (so the set stays within twice the live ones).
+    purge_at: usize,
+}
+
+static INTERNED: Mutex<Option<Interned>> = Mutex::new(None);
+
+/// The shared copy of `labels`: the pods with equal labels share one map
+/// (a Deployment's replicas have equal labels), instead of one map per pod
+/// in the store and one more in the compiler's snapshot. Label sets no pod
+/// holds any more are dropped when the set has doubled since the last
+/// purge.
+pub fn intern_labels(labels: Labels) -> PodLabels {
+    let mut guard = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
+    let interned = guard.get_or_insert_with(|| Interned {
+        sets: HashSet::new(),
+        purge_at: 1024,
+    });
+    if let Some(shared) = interned.sets.get(&labels) {
+        return PodLabels::from_shared(shared.clone());
+    }
+    if interned.sets.len() >= interned.purge_at {
+        // Under the lock nobody can clone an entry held only here.
+        interned.sets.retain(|s| Arc::strong_count(s) > 1);
+        interned.purge_at = (interned.sets.len() * 2).max(1024);
+    }
+    let shared = Arc::new(labels);
+    interned.sets.insert(shared.clone());
+    PodLabels::from_shared(shared)
 }
 
 /// The kept part of a Pod's `spec`.
@@ -152,12 +226,26 @@ impl Pod {
         self.metadata.uid.as_deref() == Some(uid) || self.mirror_of() == Some(uid)
     }
 
+    /// The pod's labels: [`Pod::labels`], or, on a pod that was not
+    /// slimmed, its `metadata.labels` (interned).
+    pub fn pod_labels(&self) -> PodLabels {
+        match &self.metadata.labels {
+            Some(l) => intern_labels(l.clone()),
+            None if self.labels.is_empty() => intern_labels(Labels::new()),
+            None => self.labels.clone(),
+        }
+    }
+
     /// The k8s-openapi Pod with the kept fields (what
     /// `npm_policy::convert::pod_from_api` converts). Built per conversion,
     /// which happens only when the pod changed.
     pub fn to_api(&self) -> corev1::Pod {
+        let mut metadata = self.metadata.clone();
+        if metadata.labels.is_none() && !self.labels.is_empty() {
+            metadata.labels = Some(Labels::clone(&self.labels));
+        }
         corev1::Pod {
-            metadata: self.metadata.clone(),
+            metadata,
             spec: self.spec.as_ref().map(|s| corev1::PodSpec {
                 node_name: s.node_name.clone(),
                 host_network: s.host_network,
@@ -183,6 +271,7 @@ impl From<corev1::Pod> for Pod {
     fn from(p: corev1::Pod) -> Self {
         slim_pod(Pod {
             metadata: p.metadata,
+            labels: PodLabels::default(),
             spec: p.spec.map(|s| PodSpec {
                 node_name: s.node_name,
                 host_network: s.host_network,
@@ -200,12 +289,17 @@ impl From<corev1::Pod> for Pod {
     }
 }
 
-/// The slim metadata: name, namespace, uid, resourceVersion, labels,
+/// The slim metadata: name, namespace, uid, resourceVersion,
 /// creationTimestamp, deletionTimestamp, deletionGracePeriodSeconds and the [`MIRROR_ANNOTATION`]
 /// (owner references, finalizers, generateName, other annotations and the
-/// rest are dropped).
+/// rest are dropped); the labels move to [`Pod::labels`], interned.
 pub fn slim_pod(p: Pod) -> Pod {
-    let m = p.metadata;
+    let mut m = p.metadata;
+    let labels = match m.labels.take() {
+        Some(l) => intern_labels(l),
+        None if p.labels.is_empty() => intern_labels(Labels::new()),
+        None => p.labels,
+    };
     let mirror = m
         .annotations
         .and_then(|mut a| a.remove(MIRROR_ANNOTATION))
@@ -216,13 +310,13 @@ pub fn slim_pod(p: Pod) -> Pod {
             namespace: m.namespace,
             uid: m.uid,
             resource_version: m.resource_version,
-            labels: m.labels,
             annotations: mirror,
             creation_timestamp: m.creation_timestamp,
             deletion_timestamp: m.deletion_timestamp,
             deletion_grace_period_seconds: m.deletion_grace_period_seconds,
             ..ObjectMeta::default()
         },
+        labels,
         spec: p.spec,
         status: p.status,
     }
@@ -236,6 +330,7 @@ pub fn same_pod(a: &Pod, b: &Pod) -> bool {
         && x.namespace == y.namespace
         && x.uid == y.uid
         && x.labels == y.labels
+        && a.labels == b.labels
         && x.annotations == y.annotations
         && x.creation_timestamp == y.creation_timestamp
         && x.deletion_timestamp == y.deletion_timestamp

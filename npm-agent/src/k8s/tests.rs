@@ -191,3 +191,90 @@ fn relist_buffers_unchanged_objects_as_the_stored_pointers() {
     let new_b = stored("b");
     assert_eq!(new_b.status.as_ref().unwrap().pod_ip.as_deref(), Some("10.0.0.3"));
 }
+
+/// A pod as the watcher decodes it, with `labels` (its address changes
+/// with `rv`).
+fn labelled(name: &str, rv: &str, labels: serde_json::Value) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "shared", "uid": format!("u-{name}"),
+                     "resourceVersion": rv, "labels": labels},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+        "status": {"phase": "Running", "podIP": format!("10.9.{rv}.{}", name.len())}
+    }))
+    .unwrap()
+}
+
+/// Pods with equal labels share one label map in the store, across a
+/// relist (new objects of the same pods, a new pod), and the compiler's
+/// snapshot shares it too; the labels read the same as the API object's.
+#[test]
+fn equal_labels_share_one_map_in_the_store_and_the_snapshot() {
+    use std::sync::Arc;
+
+    use crate::cni::NodeFacts;
+    use crate::reconcile::compiler::{snapshot, LastValid};
+
+    let web = serde_json::json!({"app": "shared-web", "tier": "front"});
+    let cache = Cache::new(Metrics::new().unwrap());
+    for kind in [0, 1] {
+        match kind {
+            0 => cache.handle::<Namespace>(Event::Init),
+            _ => cache.handle::<NetworkPolicy>(Event::Init),
+        };
+        match kind {
+            0 => cache.handle::<Namespace>(Event::InitDone),
+            _ => cache.handle::<NetworkPolicy>(Event::InitDone),
+        };
+    }
+    cache.handle::<Pod>(Event::Init);
+    cache.handle(Event::InitApply(labelled("a", "1", web.clone())));
+    cache.handle(Event::InitApply(labelled("bb", "1", web.clone())));
+    cache.handle(Event::InitApply(labelled(
+        "ccc",
+        "1",
+        serde_json::json!({"app": "shared-db"}),
+    )));
+    cache.handle::<Pod>(Event::InitDone);
+    let labels_of = |state: &super::CompleteState, name: &str| {
+        let key = ("shared".to_string(), name.to_string());
+        state.pods.get(&key).unwrap().labels.shared().clone()
+    };
+    let first = cache.complete().unwrap();
+    let (a, b, c) = (
+        labels_of(&first, "a"),
+        labels_of(&first, "bb"),
+        labels_of(&first, "ccc"),
+    );
+    assert!(Arc::ptr_eq(&a, &b), "equal labels, one map");
+    assert!(!Arc::ptr_eq(&a, &c));
+    assert_eq!(a.get("tier").map(String::as_str), Some("front"));
+    assert_eq!(c.len(), 1);
+    let stored = first.pods.get(&("shared".into(), "a".into())).unwrap();
+    assert!(stored.metadata.labels.is_none(), "not kept twice");
+    assert_eq!(stored.to_api().metadata.labels.as_ref(), Some(a.as_ref()));
+    assert_eq!(
+        serde_json::to_value(stored.as_ref()).unwrap()["metadata"]["labels"],
+        web,
+        "serialized as the API object"
+    );
+
+    // A relist: every pod a new object (a new address), one more.
+    cache.handle::<Pod>(Event::Init);
+    cache.handle(Event::InitApply(labelled("a", "2", web.clone())));
+    cache.handle(Event::InitApply(labelled("bb", "2", web.clone())));
+    cache.handle(Event::InitApply(labelled("dddd", "2", web.clone())));
+    cache.handle::<Pod>(Event::InitDone);
+    let second = cache.complete().unwrap();
+    let new_a = second.pods.get(&("shared".into(), "a".into())).unwrap();
+    assert!(!Arc::ptr_eq(new_a, stored), "the relist stored a new object");
+    for name in ["a", "bb", "dddd"] {
+        assert!(Arc::ptr_eq(&labels_of(&second, name), &a), "{name} after the relist");
+    }
+
+    // The compiler's pods hold the same map.
+    let s = snapshot(&second, &NodeFacts::default(), &LastValid::default());
+    for name in ["a", "bb", "dddd"] {
+        let model = &s.pods[&("shared".to_string(), name.to_string())];
+        assert!(Arc::ptr_eq(model.labels.shared(), &a), "{name} in the snapshot");
+    }
+}

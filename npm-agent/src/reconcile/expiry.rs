@@ -171,6 +171,7 @@ mod tests {
                 deletion_grace_period_seconds: deleting,
                 ..ObjectMeta::default()
             },
+            labels: Default::default(),
             spec: Some(PodSpec {
                 node_name: Some(node.into()),
                 ..PodSpec::default()

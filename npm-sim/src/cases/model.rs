@@ -104,7 +104,7 @@ impl Model {
             uid: format!("{ns}-{name}-{}", self.clock),
             namespace: ns.to_string(),
             name: name.to_string(),
-            labels: labels.clone(),
+            labels: labels.clone().into(),
             ips: node.addresses.to_vec(),
             node_name: Some(node.name.clone()),
             phase: PodPhase::Running,
@@ -223,7 +223,7 @@ impl Model {
             uid: format!("{ns}-{name}-{}", self.clock),
             namespace: ns.to_string(),
             name: name.to_string(),
-            labels: labels.clone(),
+            labels: labels.clone().into(),
             ips: vec![IpAddr::V4(v4), IpAddr::V6(v6)],
             node_name: Some(MODEL_NODE.to_string()),
             phase: PodPhase::Running,
@@ -337,7 +337,7 @@ impl Model {
                     .insert("kubernetes.io/metadata.name".to_string(), a.namespace.clone());
             }
             Action::AddPodLabels(a) => self.pod_mut(name, &a.pod)?.labels.extend(a.labels.clone()),
-            Action::SetPodLabels(a) => self.pod_mut(name, &a.pod)?.labels = a.labels.clone(),
+            Action::SetPodLabels(a) => self.pod_mut(name, &a.pod)?.labels = a.labels.clone().into(),
             Action::CreatePod(a) => {
                 let (ns, p) = split_pod(&a.pod)?;
                 self.create_pod(&ns, &p, &a.labels)?;

@@ -24,6 +24,10 @@ use crate::k8s::ObjKey;
 /// as CNI requests wait for it. Any other object keeps its own uid.
 pub(super) fn convert_pod(pod: &Pod, facts: &NodeFacts) -> Result<(ModelPod, Vec<IpAddr>), ConvertError> {
     let mut model = pod_from_api(&pod.to_api())?;
+    // The interned labels of the stored pod (the conversion's copy is
+    // dropped): the snapshot shares them with the store and with every
+    // pod of equal labels.
+    model.labels = pod.pod_labels();
     if let Some(runtime_uid) = pod.mirror_of() {
         if facts.holds(runtime_uid, &model.namespace, &model.name) {
             model.uid = runtime_uid.to_string();

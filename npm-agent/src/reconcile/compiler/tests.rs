@@ -48,6 +48,7 @@ fn ns(name: &str, rv: u64, team: &str) -> Arc<Namespace> {
 pub(crate) fn pod(ns: &str, name: &str, rv: u64, ip: &str, app: &str, node: &str) -> Arc<Pod> {
     Arc::new(Pod {
         metadata: meta(Some(ns), name, rv, &[("app", app)]),
+        labels: Default::default(),
         spec: Some(PodSpec {
             node_name: Some(node.into()),
             containers: vec![Container {

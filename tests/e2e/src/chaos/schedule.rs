@@ -186,7 +186,7 @@ pub fn reuse_pod(key: &str, p: &ReusePod) -> Pod {
         uid: format!("reuse-{ns}-{name}-{}", p.created),
         namespace: ns.to_string(),
         name: name.to_string(),
-        labels: p.labels.clone(),
+        labels: p.labels.clone().into(),
         ips: vec![IpAddr::V4(p.v4), IpAddr::V6(p.v6)],
         node_name: Some(format!("node-{}", p.node)),
         phase: PodPhase::Running,
