@@ -229,7 +229,10 @@ fn purge_cost_at_a_full_table() {
             "10.0.0.2",
             L4::Udp(1024 + (i % 60000) as u16, 6000 + (i / 60000) as u16),
         );
-        assert_eq!(dp.test_run_marked(EG, b.ifindex, &pkt, 0, b.ifindex).unwrap(), VERDICT_ALLOW);
+        assert_eq!(
+            dp.test_run_marked(EG, b.ifindex, &pkt, 0, b.ifindex).unwrap(),
+            VERDICT_ALLOW
+        );
     }
     let before = dp.dump().unwrap().ct_entries;
     let c2 = state(false);
