@@ -69,15 +69,14 @@ pub const EP_EPOCH: &str = "NPM_EP_EPOCH";
 /// Each endpoint's conntrack quota: [`crate::CT_QUOTA_WORDS`] `u64`
 /// words per slot of [`crate::ep_epoch_slot`] (the host-side ifindex
 /// modulo the size; endpoints whose ifindexes share a slot share a
-/// quota), an array the loader maps (`BPF_F_MMAPABLE`). Added in layout 7
-/// (same rule: an older program ignores it).
+/// quota), an array the loader maps (`BPF_F_MMAPABLE`). Added in layout 8.
 pub const CT_QUOTA: &str = "NPM_CT_QUOTA";
 /// LRU [`crate::DeferSourceKey`] -> `u32`: the sender's host-side
 /// ifindex of each deferred Service flow by its source (address, port,
 /// protocol), written by `from_pod` with the deferral; read after the DNAT
 /// when the packet's `ingress_ifindex` is no endpoint's (a bridged pod's
 /// packet routed by the node: see `npm_common::service`). Added with
-/// layout 7 (same rule: an older program neither writes nor reads it).
+/// layout 8.
 pub const DEFER_SRC: &str = "NPM_DEFER_SRC";
 /// Every map, for pinning and adoption.
 pub const ALL: [&str; 19] = [
@@ -128,4 +127,4 @@ pub mod sizes {
 /// Version of the map layout; part of the pin path so that an agent with an
 /// incompatible layout never adopts maps it cannot read. Its history, and
 /// when a change needs a new version, are in CHANGELOG.md (Layout versions).
-pub const LAYOUT_VERSION: u32 = 7;
+pub const LAYOUT_VERSION: u32 = 8;
