@@ -257,77 +257,24 @@ pub(crate) fn read_entries<R: Record>(
     Ok(out)
 }
 
-/// `attr.batch` of the `bpf(2)` batch commands.
-#[repr(C)]
-#[derive(Default)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
-}
-
-/// `BPF_MAP_LOOKUP_BATCH`.
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-
 /// Reads every slot of the array with `BPF_MAP_LOOKUP_BATCH`: a few
 /// syscalls for all 65,536 slots instead of one per slot (which made a full
 /// sync's sweep cost seconds).
 fn read_all_slots<R: Record>(slots: &Array<MapData, R>) -> Result<Vec<(u32, R)>, EbpfError> {
-    let n = sizes::ENDPOINT_SLOTS as usize;
-    let mut keys = vec![0u32; n];
-    let mut values = vec![R::default(); n];
+    let mut out = Vec::with_capacity(sizes::ENDPOINT_SLOTS as usize);
     let fd = slots.map().fd().as_fd().as_raw_fd();
-    let mut done = 0usize;
-    let mut token: u32 = 0;
-    let mut first = true;
-    while done < n {
-        let in_token = token;
-        let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { &in_token as *const u32 as u64 },
-            out_batch: &mut token as *mut u32 as u64,
-            keys: keys[done..].as_mut_ptr() as u64,
-            values: values[done..].as_mut_ptr() as u64,
-            count: (n - done) as u32,
-            map_fd: fd as u32,
-            ..BatchAttr::default()
-        };
-        // SAFETY: the attribute points to buffers of `count` keys and
-        // values of the map's sizes (u32 index, R: the map was opened as
-        // an array of R, whose value size aya checked), alive for the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        let err = (rc < 0).then(std::io::Error::last_os_error);
-        done += attr.count as usize;
-        first = false;
-        match err {
-            None => {}
-            // ENOENT: the end of the array was reached.
-            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
-            Some(io_error) => {
-                return Err(map_err(maps::EP_SLOTS, "batch lookup")(MapError::SyscallError(
-                    aya::sys::SyscallError {
-                        call: "bpf_map_lookup_batch",
-                        io_error,
-                    },
-                )))
-            }
-        }
-        if attr.count == 0 {
-            break;
-        }
-    }
-    Ok(keys.into_iter().zip(values).take(done).collect())
+    // The array was opened as an array of R (aya checked its value size);
+    // its keys are u32 indexes.
+    super::batch::for_each::<u32, R>(fd, |keys, values| {
+        out.extend(keys.iter().copied().zip(values.iter().copied()))
+    })
+    .map_err(|io_error| {
+        map_err(maps::EP_SLOTS, "batch lookup")(MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_lookup_batch",
+            io_error,
+        }))
+    })?;
+    Ok(out)
 }
 
 #[cfg(test)]

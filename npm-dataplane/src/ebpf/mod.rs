@@ -36,6 +36,8 @@
 //! | `fill.rs` | how full each map is ([`MapFill`]), counted from what the writer wrote |
 //! | `fit.rs` | degraded mode: the largest fail-closed part of a compiled state that fits the maps ([`Fitted`]) |
 //! | `writer.rs` | apply and full sync in the documented order, the sweep, flow purges |
+//! | `ct_worker.rs` | the conntrack worker thread: flow purges and quota passes off the sync thread |
+//! | `batch.rs` | the `bpf(2)` batch lookups and deletes (a chunk of entries a syscall) |
 //! | `endpoints.rs`, `ipcache.rs` (+ `ipcache4.rs`), `cidr.rs`, `policy.rs` (+ `policy_flags.rs`), `tiers.rs`, `fold.rs`, `conntrack.rs`, `counters.rs` | one map table each: its keys, writes, removals and sweep |
 //! | `translate.rs` | compiled entries -> map keys and values (no kernel access) |
 //! | `dump.rs` | reading the maps back (`inspect`) |
@@ -44,6 +46,7 @@
 //! | `explain.rs` | `npm-agent explain`: a dry run of the attached program on a crafted packet |
 
 mod adopt_numbers;
+mod batch;
 mod cidr;
 mod conntrack;
 mod counters;

@@ -119,20 +119,29 @@ fn enforcement_survives_loader_restart(mode: AttachMode, tag: &str) {
     );
     // The client ports of lost exchanges, to tell afterwards from the
     // kernel's own state where each was lost.
-    let lost_ports = std::sync::Mutex::new(Vec::<u16>::new());
-    let mut evidence = String::new();
+    let lost_ports = std::sync::Mutex::new(Vec::<(u16, u64)>::new());
+    let mut events = Vec::new();
     std::thread::scope(|s| {
         s.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                match udp_exchange_from(&net, UDP_ALLOWED, t) {
-                    Ok(()) => {
+            // Each exchange from its own client port, none used twice in
+            // the run (an exchange every 200 us or more: a few thousand),
+            // so a lost exchange's conntrack entry is its own.
+            let mut port = FIRST_CLIENT_PORT;
+            while !stop.load(Ordering::Relaxed) && port < LAST_CLIENT_PORT {
+                port += 1;
+                let sent = monotonic_ns();
+                match udp_exchange_from(&net, port, UDP_ALLOWED, short) {
+                    Ok(true) => {
                         ok.fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(port) => {
+                    // The port is someone else's: not an exchange.
+                    Ok(false) => {}
+                    Err(()) => {
                         lost.fetch_add(1, Ordering::Relaxed);
-                        lost_ports.lock().unwrap().push(port);
+                        lost_ports.lock().unwrap().push((port, sent));
                     }
                 }
+                std::thread::sleep(Duration::from_micros(200));
             }
         });
         s.spawn(|| {
@@ -149,21 +158,35 @@ fn enforcement_survives_loader_restart(mode: AttachMode, tag: &str) {
         dp.sync_full(&policy(net.pod_ip, net.peer_ip), &ifaces(&[(1, net.ifindex)]))
             .expect("new loader sync");
         std::thread::sleep(Duration::from_millis(300));
-        // Read while this loader's maps are open: the conntrack entries
-        // and deny events of any lost exchange so far.
-        evidence = lost_evidence(&mut dp, &lost_ports.lock().unwrap());
+        // This loader's deny events (its ring buffer goes with it).
+        events = dp.poll_deny_events();
         drop(dp);
         std::thread::sleep(Duration::from_millis(200));
         stop.store(true, Ordering::Relaxed);
     });
     let (ok, lost) = (ok.into_inner(), lost.into_inner());
+    // A lost exchange is known only at its timeout, after the swap: the
+    // conntrack entries are read from the pins once every exchange ended.
+    let (by_npm, evidence) = if lost > 0 {
+        lost_evidence(&pins.open_in(mode).ct_entries(), &events, &lost_ports.lock().unwrap())
+    } else {
+        (0, String::new())
+    };
     let (denied_tries, denied_passed) = (denied_tries.into_inner(), denied_passed.into_inner());
     println!("swap: {ok} allowed flows answered, {lost} lost; {denied_tries} denied tries, {denied_passed} passed");
     assert!(ok >= 20, "too few allowed flows measured: {ok}");
+    // A lost exchange whose request created its conntrack entry and whose
+    // reply passed `from_pod` (CT_SEEN_REPLY), with no deny event, passed
+    // both of npm's programs: lost elsewhere (a datagram of the host's
+    // stack), not a verdict. Any other loss is npm's.
+    if lost > 0 {
+        println!("lost exchanges: {evidence}");
+    }
     assert_eq!(
-        lost, 0,
-        "allowed flows lost during the program swap; what the kernel shows of them: {evidence}"
+        by_npm, 0,
+        "allowed flows dropped during the program swap; what the kernel shows of the lost ones: {evidence}"
     );
+    assert!(lost <= 5, "{lost} exchanges lost outside npm: {evidence}");
     assert!(denied_tries >= 3, "too few denied tries: {denied_tries}");
     assert_eq!(denied_passed, 0, "denied flows passed during the swap");
 
@@ -177,50 +200,83 @@ fn enforcement_survives_loader_restart(mode: AttachMode, tag: &str) {
     net.udp_exchange(UDP_ALLOWED, t).expect("allowed after swap");
 }
 
-/// One UDP exchange with the pod from a fresh socket; on failure, the
-/// client port it used (0 if it got none).
-fn udp_exchange_from(net: &PodNet, port: u16, timeout: Duration) -> Result<(), u16> {
-    let u = std::net::UdpSocket::bind((net.peer_ip, 0)).map_err(|_| 0u16)?;
-    let mine = u.local_addr().map(|a| a.port()).unwrap_or(0);
-    u.set_read_timeout(Some(timeout)).map_err(|_| mine)?;
-    u.send_to(b"ping", (net.pod_ip, port)).map_err(|_| mine)?;
+/// The client ports of the swap's allowed exchanges (below the
+/// ephemeral range, 32768 and up).
+const FIRST_CLIENT_PORT: u16 = 20_000;
+const LAST_CLIENT_PORT: u16 = 32_000;
+
+/// One UDP exchange with the pod's `port` from client port `mine`:
+/// `Ok(true)` answered, `Ok(false)` the client port is taken, `Err` no
+/// answer within `timeout`.
+fn udp_exchange_from(net: &PodNet, mine: u16, port: u16, timeout: Duration) -> Result<bool, ()> {
+    let Ok(u) = std::net::UdpSocket::bind((net.peer_ip, mine)) else {
+        return Ok(false);
+    };
+    u.set_read_timeout(Some(timeout)).map_err(|_| ())?;
+    u.send_to(b"ping", (net.pod_ip, port)).map_err(|_| ())?;
     let mut buf = [0u8; 64];
     match u.recv_from(&mut buf) {
-        Ok((n, _)) if &buf[..n] == b"ping" => Ok(()),
-        _ => Err(mine),
+        Ok((n, _)) if &buf[..n] == b"ping" => Ok(true),
+        _ => Err(()),
     }
 }
 
-/// What the kernel holds of the lost exchanges from `ports`: for each, its
-/// conntrack entry (none: the request never passed `to_pod` as a new
-/// allowed flow; without `CT_SEEN_REPLY`: the reply never passed
-/// `from_pod`) and the deny events naming it.
-fn lost_evidence(dp: &mut EbpfDataplane, ports: &[u16]) -> String {
-    if ports.is_empty() {
-        return String::new();
-    }
-    let events = dp.poll_deny_events();
-    let ct = dp.ct_entries();
-    ports
+/// `CLOCK_MONOTONIC` in ns, the clock of the conntrack entries' times.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// What the kernel holds of the lost exchanges (client port, time sent)
+/// `ports`, and how many of them npm may have dropped: every one but those
+/// whose conntrack entry this exchange's request created (no earlier than
+/// the send, less the datapath clock's tick) and whose reply passed
+/// `from_pod` (`CT_SEEN_REPLY`), with no deny event naming the port.
+fn lost_evidence(
+    ct: &[(npm_common::CtKey, npm_common::CtValue)],
+    events: &[npm_common::DenyEvent],
+    ports: &[(u16, u64)],
+) -> (usize, String) {
+    let mut by_npm = 0;
+    let text = ports
         .iter()
-        .map(|p| {
-            let entry = ct
-                .iter()
-                .find(|(k, _)| {
-                    k.protocol == 17
-                        && ((k.port_lo == *p && k.port_hi == UDP_ALLOWED)
-                            || (k.port_hi == *p && k.port_lo == UDP_ALLOWED))
-                })
-                .map(|(_, v)| format!("flags {:#x} reason {}", v.flags, v.reason));
+        .map(|(p, sent)| {
+            let entry = ct.iter().find(|(k, _)| {
+                k.protocol == 17
+                    && ((k.port_lo == *p && k.port_hi == UDP_ALLOWED) || (k.port_hi == *p && k.port_lo == UDP_ALLOWED))
+            });
             let denies: Vec<String> = events
                 .iter()
                 .filter(|e| e.sport == *p || e.dport == *p)
                 .map(|e| format!("direction {} reason {}", e.direction, e.reason))
                 .collect();
-            format!("port {p}: conntrack {entry:?}, deny events {denies:?}")
+            let tick = 10_000_000;
+            let passed = entry
+                .is_some_and(|(_, v)| v.created_ns + tick >= *sent && v.flags & npm_common::CT_SEEN_REPLY != 0)
+                && denies.is_empty();
+            if !passed {
+                by_npm += 1;
+            }
+            let rel = |t: u64| t as i64 - *sent as i64;
+            let entry = entry.map(|(_, v)| {
+                format!(
+                    "flags {:#x} reason {}, created {} ns and last seen {} ns after the send",
+                    v.flags,
+                    v.reason,
+                    rel(v.created_ns),
+                    rel(v.last_seen_ns)
+                )
+            });
+            format!(
+                "port {p}: conntrack {entry:?}, deny events {denies:?}{}",
+                if passed { " (passed npm both ways)" } else { "" }
+            )
         })
         .collect::<Vec<_>>()
-        .join("; ")
+        .join("; ");
+    (by_npm, text)
 }
 
 #[test]
@@ -478,10 +534,12 @@ fn upgrade_from(old: u32) {
     // Layouts 7 and later read the records of 5 and 6 with
     // `flags_before_layout_7`; layout 7's own (the same record) are the
     // previous layout of `other_map_layouts_are_retired_*`.
-    assert!(
-        npm_common::LAYOUT_VERSION >= 7,
-        "this test makes the maps of layouts 5 and 6"
-    );
+    const {
+        assert!(
+            npm_common::LAYOUT_VERSION >= 7,
+            "this test makes the maps of layouts 5 and 6"
+        )
+    };
     // The layout-5/6 flag bits: isolated ingress 0, IPv4 2, present 10,
     // the policy front (ingress) 11, the Admin tier (ingress) 15, the
     // Baseline tier (egress) 18.
