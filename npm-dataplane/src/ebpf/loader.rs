@@ -66,6 +66,15 @@ pub struct MapSizes {
     pub cidrs: u32,
     /// `NPM_CT` and `NPM_CT4` (each): tracked connections (LRU).
     pub conntrack: u32,
+    /// The per-endpoint conntrack quota: each endpoint may hold
+    /// `1 / conntrack_quota_share` of each conntrack map, beyond which its
+    /// new flows are dropped (`conntrack-quota`); 0, the default: no quota.
+    /// Off by default because the quota applies whether or not the map is
+    /// under pressure: an endpoint that legitimately opens many short flows
+    /// (a DNS server: with the 120 s UDP idle time, 550 new flows a second
+    /// fill a quarter of the default map) would have its new flows refused
+    /// where the shared LRU still had room.
+    pub conntrack_quota_share: u32,
 }
 
 impl Default for MapSizes {
@@ -76,6 +85,7 @@ impl Default for MapSizes {
             ipcache: sizes::IPCACHE,
             cidrs: sizes::CIDRS,
             conntrack: sizes::CT,
+            conntrack_quota_share: 0,
         }
     }
 }
@@ -161,6 +171,8 @@ pub(crate) fn actual_sizes(bpf: &Ebpf) -> Result<MapSizes, EbpfError> {
         ipcache: get(maps::IPCACHE)?,
         cidrs: get(maps::CIDRS)?,
         conntrack: ct.min(ct4),
+        // Not a size: the quota is a setting of the load.
+        conntrack_quota_share: 0,
     })
 }
 
@@ -360,14 +372,14 @@ pub(crate) fn load(
 }
 
 /// The datapath's per-endpoint conntrack cap (`NPM_CT_CAP`): the
-/// configured conntrack size over `npm_common::CT_QUOTA_SHARE` (a pinned
-/// map of another size keeps the configured cap), or no cap under
-/// [`BenchSwitches::no_ct_quota`].
+/// configured conntrack size over [`MapSizes::conntrack_quota_share`] (a
+/// pinned map of another size keeps the configured cap), or no cap when
+/// the share is 0 (the default) or under [`BenchSwitches::no_ct_quota`].
 pub(crate) fn ct_cap(map_sizes: &MapSizes, switches: BenchSwitches) -> u32 {
-    if switches.no_ct_quota {
+    if switches.no_ct_quota || map_sizes.conntrack_quota_share == 0 {
         u32::MAX
     } else {
-        (map_sizes.conntrack / npm_common::CT_QUOTA_SHARE).max(1)
+        (map_sizes.conntrack / map_sizes.conntrack_quota_share).max(1)
     }
 }
 
@@ -411,4 +423,26 @@ where
 {
     let map = bpf.take_map(name).ok_or(EbpfError::MapMissing { map: name })?;
     T::try_from(map).map_err(super::errors::map_err(name, "open"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_conntrack_quota_is_off_unless_a_share_is_given() {
+        let off = MapSizes::default();
+        assert_eq!(ct_cap(&off, BenchSwitches::default()), u32::MAX);
+        let quarter = MapSizes {
+            conntrack: 1024,
+            conntrack_quota_share: 4,
+            ..MapSizes::default()
+        };
+        assert_eq!(ct_cap(&quarter, BenchSwitches::default()), 256);
+        let switched_off = BenchSwitches {
+            no_ct_quota: true,
+            ..BenchSwitches::default()
+        };
+        assert_eq!(ct_cap(&quarter, switched_off), u32::MAX);
+    }
 }

@@ -70,6 +70,7 @@ fn flood(tag: &str, quota: bool) -> (Outcome, EbpfDataplane, Dummy, Dummy) {
     let b = Dummy::new(&format!("{tag}b"));
     let sizes = MapSizes {
         conntrack: CT_SIZE,
+        conntrack_quota_share: 4,
         ..MapSizes::default()
     };
     let switches = BenchSwitches {
