@@ -457,10 +457,8 @@ mod tests {
         );
     }
 
-    /// A pod whose status lost its addresses keeps them on its own node
-    /// (npm-cni's facts) and nowhere else: its flows are judged per end.
-    #[test]
-    fn a_pod_that_lost_its_address_is_held_only_by_its_own_node() {
+    /// The upstream model with namespace x admitting only namespace y.
+    fn x_from_y() -> Model {
         let mut m = Model::upstream();
         let np: NetworkPolicy = serde_yaml::from_str(
             "metadata: {namespace: x, name: from-y}\nspec: {podSelector: {}, policyTypes: [Ingress], \
@@ -468,6 +466,14 @@ mod tests {
         )
         .expect("policy");
         m.apply(&Action::CreatePolicy(Box::new(np))).expect("applied");
+        m
+    }
+
+    /// A pod whose status lost its addresses keeps them on its own node
+    /// (npm-cni's facts) and nowhere else: its flows are judged per end.
+    #[test]
+    fn a_pod_that_lost_its_address_is_held_only_by_its_own_node() {
+        let m = x_from_y();
         let mut snap = m.snapshot.clone();
         // y/a and x/a on node 2, every other pod on node 1.
         let on_2: Vec<IpAddr> = ["y/a", "x/a"].iter().map(|p| m.ip(p).unwrap()).collect();
@@ -490,13 +496,7 @@ mod tests {
     /// by the node its pod's `nodeName` names, not by the address.
     #[test]
     fn a_moved_address_is_judged_by_its_pods_node() {
-        let mut m = Model::upstream();
-        let np: NetworkPolicy = serde_yaml::from_str(
-            "metadata: {namespace: x, name: from-y}\nspec: {podSelector: {}, policyTypes: [Ingress], \
-             ingress: [{from: [{namespaceSelector: {matchLabels: {ns: y}}}]}]}",
-        )
-        .expect("policy");
-        m.apply(&Action::CreatePolicy(Box::new(np))).expect("applied");
+        let m = x_from_y();
         let mut snap = m.snapshot.clone();
         // By address y/a is on node 2 and every other pod on node 1, but
         // x/b's address moved to node 2.
