@@ -68,10 +68,12 @@ fn chaos_clean_seed_ebpf() {
         via >= 20 && via_ok > 0 && via_ok < via,
         "too few probes through ClusterIPs, or one verdict only: {via} probes, {via_ok} connected"
     );
-    assert_eq!(
-        r.layout_changes,
-        (1, 1),
-        "node-2's restart across the layout change, its old pins retired:\n{out}"
+    // Node 2's forced restart, and any drawn one (a seed draws the same
+    // steps only while the agents' readiness falls on the same ticks).
+    let (changed, retired) = r.layout_changes;
+    assert!(
+        changed >= 1 && retired == changed,
+        "restarts across the layout change, their old pins retired: {changed}, {retired}:\n{out}"
     );
     assert_eq!(r.violations, 0, "violations:\n{out}");
     assert_eq!(r.liveness_failures, 0, "liveness failures:\n{out}");
