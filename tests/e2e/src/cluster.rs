@@ -644,10 +644,16 @@ impl Cluster {
             pod: format!("{ns}/{name}"),
             source,
         });
-        // An address moved to another node than its subnet's owner goes
-        // back to its owner's routes (nothing for any other address).
+        // A pod on another node than its address's subnet owner: the
+        // address goes back to its owner's routes, unless another pod
+        // holds it now (a pod on its owner node never moved the routes).
         if let (Some(nodes), Some(owner)) = (self.nodes.as_ref(), self.node_index_for(pod.ipv4)) {
-            let _ = nodes.route_address(owner, pod.ipv4, pod.ipv6);
+            let owner_name = nodes.node(owner).map(|n| n.name.clone());
+            let moved = pod.node.is_some() && pod.node != owner_name;
+            let held = self.pods.values().any(|p| p.ipv4 == pod.ipv4);
+            if moved && !held {
+                let _ = nodes.route_address(owner, pod.ipv4, pod.ipv6);
+            }
         }
         removed
     }
