@@ -168,13 +168,16 @@ fn checks(floor: Floor, full: bool, tests: &str, agent: &str, kubeconfig: &str) 
                     "ebpf_services::remote_backends_are_decided_",
                     "nft_services::",
                 ],
-                // Every Service test but the one that forces tcx (the
-                // others attach as the kernel allows).
+                // Every Service test but those that force tcx (the
+                // others attach as the kernel allows; the mark tests run
+                // their tc variants).
                 _ => &[
                     "ebpf_services::",
                     "nft_services::",
                     "--skip",
                     "ebpf_services::remote_backends_are_decided_where_the_packet_leaves_the_node",
+                    "--skip",
+                    "_to_its_sender_tcx",
                 ],
             };
             // Real IPIP and WireGuard: modules the host kernel lacks, so
