@@ -205,6 +205,9 @@ pub struct Cluster {
     host_servers: BTreeMap<Option<u8>, (PodServer, host_network::HostServer)>,
     /// The one-node cluster's node interface (`cluster/host_network.rs`) exists.
     host_node_if: bool,
+    /// npm-cni's `timeoutSeconds` for the next CNI pods (`None`: the
+    /// list's own).
+    npm_cni_timeout: Option<u64>,
     // Last: removed after the pods.
     nodes: Option<Nodes>,
 }
@@ -248,6 +251,7 @@ impl Cluster {
             served_ports: SERVED_PORTS.to_vec(),
             host_servers: BTreeMap::new(),
             host_node_if: false,
+            npm_cni_timeout: None,
             nodes: None,
         })
     }
@@ -368,6 +372,9 @@ impl Cluster {
             return Err(err(e));
         }
         let mut att = Attachment::new(&runtime, &netns, ns, name, uid, v4, v6);
+        if let Some(secs) = self.npm_cni_timeout {
+            att.conflist = crate::cni::with_npm_cni_timeout(&att.conflist, secs);
+        }
         if node_k != owner {
             if self.wiring != PodWiring::Cni(crate::cni::Wiring::Ptp) {
                 let _ = ip(&["netns", "del", &netns]);
@@ -467,6 +474,12 @@ impl Cluster {
         };
         self.pod_index.insert(k, i);
         Ok(i)
+    }
+
+    /// npm-cni's `timeoutSeconds` for the CNI pods created from now on
+    /// (`None`: the list's own, 10 s).
+    pub fn set_npm_cni_timeout(&mut self, secs: Option<u64>) {
+        self.npm_cni_timeout = secs;
     }
 
     /// The TCP/UDP ports the servers of pods created from now on listen on

@@ -2,9 +2,11 @@
 //! long): a short seeded schedule of changes and faults on the two-node
 //! cluster with the real agents, judged by the oracle.
 //!
-//! - `chaos_clean_seed_ebpf`: 60 s of seed 102: no violation, no liveness
-//!   failure, and the probes saw both verdicts (the oracle judged
-//!   something).
+//! - `chaos_clean_seed_ebpf`: 60 s of seed 102, node 2's agent killed at
+//!   20 s (a map-layout change) and, from 30 s, an npm-cni ADD on node 1
+//!   timing out with its agent stopped: no violation, no liveness failure,
+//!   npm-cni failed closed, and the probes saw both verdicts (the oracle
+//!   judged something).
 //! - `chaos_injected_fault_nftables`: the agents drop every NetworkPolicy
 //!   watch delete (`NPM_TEST_SKIP_DELETE=networkpolicies`): a deleted
 //!   policy keeps allowing what the remaining ones isolate, and the oracle
@@ -34,7 +36,15 @@ fn npm_cni_bin() -> PathBuf {
     p
 }
 
-fn soak(engine: Engine, seed: u64, duration: u64, inject: bool, kill_at: Option<(u64, u8)>) -> (chaos::Report, String) {
+/// Forced steps beside the drawn ones: a `kill -9` and an npm-cni timeout,
+/// each `(tick, node)`.
+#[derive(Default)]
+struct Forced {
+    kill_at: Option<(u64, u8)>,
+    cni_timeout_at: Option<(u64, u8)>,
+}
+
+fn soak(engine: Engine, seed: u64, duration: u64, inject: bool, forced: Forced) -> (chaos::Report, String) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let opts = ChaosOptions {
         engine,
@@ -44,7 +54,8 @@ fn soak(engine: Engine, seed: u64, duration: u64, inject: bool, kill_at: Option<
         npm_cni_bin: npm_cni_bin(),
         inject,
         bounds: Bounds::default(),
-        kill_at,
+        kill_at: forced.kill_at,
+        cni_timeout_at: forced.cni_timeout_at,
     };
     let mut out = Vec::new();
     let report = chaos::run(&opts, &mut out).expect("the soak runs");
@@ -56,7 +67,12 @@ fn soak(engine: Engine, seed: u64, duration: u64, inject: bool, kill_at: Option<
 #[test]
 fn chaos_clean_seed_ebpf() {
     // Node 2's agent is killed at 20 s: its restart changes its map layout.
-    let (r, out) = soak(Engine::Ebpf, 102, 60, false, Some((20, 2)));
+    // From 30 s, an npm-cni ADD on node 1 times out with its agent stopped.
+    let forced = Forced {
+        kill_at: Some((20, 2)),
+        cni_timeout_at: Some((30, 1)),
+    };
+    let (r, out) = soak(Engine::Ebpf, 102, 60, false, forced);
     assert!(r.probes >= 200, "too few probes: {}", r.probes);
     assert!(
         r.connected > 0 && r.connected < r.probes,
@@ -75,13 +91,16 @@ fn chaos_clean_seed_ebpf() {
         changed >= 1 && retired == changed,
         "restarts across the layout change, their old pins retired: {changed}, {retired}:\n{out}"
     );
+    // npm-cni failed closed (an ADD that succeeded is a violation) and the
+    // address went to another pod.
+    assert!(r.cni_timeouts >= 1, "no npm-cni timeout ran:\n{out}");
     assert_eq!(r.violations, 0, "violations:\n{out}");
     assert_eq!(r.liveness_failures, 0, "liveness failures:\n{out}");
 }
 
 #[test]
 fn chaos_injected_fault_nftables() {
-    let (r, out) = soak(Engine::Nftables, 102, 60, true, None);
+    let (r, out) = soak(Engine::Nftables, 102, 60, true, Forced::default());
     assert!(
         r.violations > 0,
         "the agents dropped NetworkPolicy deletes, the oracle saw no violation:\n{out}"

@@ -39,6 +39,11 @@ struct Cli {
     /// is the node's first).
     #[arg(long, value_parser = parse_kill_at)]
     kill_at: Option<(u64, u8)>,
+    /// `TICK:NODE`: from second TICK, npm-cni's ADD of a pod at a freed
+    /// address of node NODE times out with the node's agent stopped, beside
+    /// the drawn steps; the address then goes to another pod.
+    #[arg(long, value_parser = parse_kill_at)]
+    cni_timeout_at: Option<(u64, u8)>,
     /// The agent binary.
     #[arg(long, default_value = "target/debug/npm-agent")]
     agent_bin: PathBuf,
@@ -78,6 +83,7 @@ fn main() -> ExitCode {
         inject: cli.inject,
         bounds: Bounds::default(),
         kill_at: cli.kill_at,
+        cni_timeout_at: cli.cni_timeout_at,
     };
     let mut out = std::io::stdout();
     match chaos::run(&opts, &mut out) {

@@ -11,6 +11,8 @@
 //!   node or moved to the other one;
 //!   NetworkPolicies created, updated, deleted, one written invalid;
 //!   namespaces relabelled; an agent killed with SIGKILL and started again;
+//!   an agent stopped while npm-cni's ADD times out, the address then
+//!   given to another pod;
 //!   API faults: 410 Gone on a relist, dropped watches, an outage of lists
 //!   and watches, 404 on the ClusterNetworkPolicy resource, slow answers).
 //! - [`oracle`]: states, legal kept states, violations and liveness
@@ -90,6 +92,9 @@ pub struct ChaosOptions {
     /// the drawn steps: a short run is sure to restart an agent, across
     /// the map-layout change of a node's first restart.
     pub kill_at: Option<(u64, u8)>,
+    /// A [`Step::CniTimeout`] on node `.1` at tick `.0` (at the first freed
+    /// address of that node's subnet from then on), beside the drawn steps.
+    pub cni_timeout_at: Option<(u64, u8)>,
 }
 
 /// The figures of a soak.
@@ -121,6 +126,17 @@ pub struct Report {
     /// Settle times (s): from a fault's end or an agent's restart to every
     /// agent ready with nothing held.
     pub settle: Vec<f64>,
+    /// [`Step::CniTimeout`]s whose ADD failed (npm-cni failed closed); an
+    /// ADD that succeeded is counted in `violations`.
+    pub cni_timeouts: usize,
+    /// The largest agent resident set seen (MB).
+    pub agent_rss_max_mb: f64,
+    /// The fastest growth of one agent process's resident set over at
+    /// least a minute of its life (MB per hour; `None`: none lived that
+    /// long).
+    pub agent_rss_growth_mb_per_h: Option<f64>,
+    /// The fullest kernel map seen (eBPF): name and fill (0..1).
+    pub map_fill: Option<(String, f64)>,
     /// The reports of the violations and liveness failures (the first 20).
     pub findings: Vec<String>,
     /// Whether the fault injection was on.
@@ -146,6 +162,11 @@ impl Report {
             "layouts_retired": self.layout_changes.1,
             "violations": self.violations,
             "liveness_failures": self.liveness_failures,
+            "cni_timeouts": self.cni_timeouts,
+            "agent_rss_max_mb": round3(self.agent_rss_max_mb),
+            "agent_rss_growth_mb_per_h": self.agent_rss_growth_mb_per_h.map(round3),
+            "map_fullest": self.map_fill.as_ref().map(|m| m.0.clone()),
+            "map_fill": self.map_fill.as_ref().map(|m| round3(m.1)),
             "settle_events": self.settle.len(),
             "settle_p50_s": round3(monitor::percentile(&self.settle, 50.0)),
             "settle_p99_s": round3(monitor::percentile(&self.settle, 99.0)),
@@ -158,6 +179,23 @@ impl Report {
 
 fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
+}
+
+/// A resident set sample: (seconds since the start, KiB).
+type RssSample = (f64, u64);
+
+/// npm-cni's `timeoutSeconds` in a [`Step::CniTimeout`].
+const CNI_TIMEOUT_SECS: u64 = 2;
+
+/// The arguments of [`Soak::cni_timeout`] (a [`Step::CniTimeout`]).
+struct CniTimeoutStep<'a> {
+    what: &'a str,
+    pod: String,
+    labels: std::collections::BTreeMap<String, String>,
+    next_labels: std::collections::BTreeMap<String, String>,
+    v4: std::net::Ipv4Addr,
+    v6: std::net::Ipv6Addr,
+    node: u8,
 }
 
 /// A pending end of something the schedule started, at a tick (ticks,
@@ -202,6 +240,21 @@ struct Soak {
     /// retry); no step is drawn meanwhile. A seed replays the same steps
     /// as long as the agents' readiness falls on the same ticks.
     deferred: std::collections::VecDeque<Step>,
+    /// [`Step::CniTimeout`]s whose ADD failed, as it must.
+    cni_timeouts: usize,
+    /// `ChaosOptions::cni_timeout_at`'s step was queued.
+    forced_cni_timeout: bool,
+    /// Their one-line records.
+    cni_log: Vec<String>,
+    /// Findings: ADDs that succeeded with the agent stopped.
+    cni_fail_open: Vec<String>,
+    /// By node: the current agent process's first and latest resident set
+    /// samples, (seconds, KiB) each; reset when the agent restarts.
+    rss: Vec<Option<(RssSample, RssSample)>>,
+    /// The largest resident set any agent had (KiB).
+    rss_max_kib: u64,
+    /// The fullest kernel map seen at any poll (eBPF).
+    map_fill: Option<(String, f64)>,
 }
 
 /// Runs a soak, printing progress and each finding to `out`; returns the
@@ -262,6 +315,13 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
         cfg,
         steps: 0,
         deferred: Default::default(),
+        cni_timeouts: 0,
+        forced_cni_timeout: false,
+        cni_log: Vec::new(),
+        cni_fail_open: Vec::new(),
+        rss: vec![None; NODES as usize],
+        rss_max_kib: 0,
+        map_fill: None,
     };
     let dataplane = if opts.engine == Engine::Nftables {
         "nftables"
@@ -291,6 +351,24 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
         if let Some((tick, node)) = opts.kill_at {
             if tick == soak.tick && !soak.world.agent_down {
                 soak.deferred.push_front(Step::KillAgent { node, down_secs: 3 });
+            }
+        }
+        if let Some((tick, node)) = opts.cni_timeout_at {
+            if tick <= soak.tick && !soak.forced_cni_timeout && soak.deferred.is_empty() {
+                // At a freed address of the node; none free: a pod there is
+                // deleted first.
+                match schedule::cni_timeout_on(&mut soak.world, node, NODES) {
+                    Some(step) => {
+                        soak.forced_cni_timeout = true;
+                        soak.deferred.push_back(step);
+                    }
+                    None => soak.deferred.extend(schedule::free_one_on(
+                        &soak.runner.model().snapshot,
+                        &soak.world,
+                        node,
+                        NODES,
+                    )),
+                }
             }
         }
         if soak.deferred.is_empty() && soak.rng.random_bool(0.5) {
@@ -325,6 +403,17 @@ pub fn run(opts: &ChaosOptions, out: &mut dyn Write) -> Result<Report, ChaosErro
     }
     let mut report = soak.judge(opts, dataplane, out);
     if opts.engine == Engine::Ebpf {
+        // A restart near the end: its first full sync retires the other
+        // layout's pins; wait for it (bounded).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline
+            && soak
+                .restarted
+                .iter()
+                .any(|k| soak.runner.node_pin_dir(*k, false).exists())
+        {
+            std::thread::sleep(Duration::from_millis(500));
+        }
         // A restarted node's agent pins under this layout's directory; the
         // first start's directory goes once its first full sync attached
         // this layout's programs everywhere.
@@ -426,6 +515,7 @@ impl Soak {
                     self.restarts += 1;
                     self.restarted.insert(k);
                     let n = self.restarts;
+                    self.rss[(k - 1) as usize] = None;
                     self.runner
                         .respawn_node_agent(k, n)
                         .map_err(|e| self.step_err("restart agent", e.to_string()))?;
@@ -444,7 +534,7 @@ impl Soak {
         while let Some(front) = self.deferred.front() {
             let cni_pod = matches!(
                 front,
-                Step::Model(npm_sim::cases::Action::CreatePod(_)) | Step::Reuse { .. }
+                Step::Model(npm_sim::cases::Action::CreatePod(_)) | Step::Reuse { .. } | Step::CniTimeout { .. }
             );
             if cni_pod && (self.world.fault_running || self.world.agent_down || !self.agents_ready()) {
                 return Ok(());
@@ -571,6 +661,22 @@ impl Soak {
                 self.pending.push(Pending::EndDisturbance(self.tick + down_secs, h));
             }
             Step::Fault(f) => self.fault(f, &what)?,
+            Step::CniTimeout {
+                pod,
+                labels,
+                next_labels,
+                v4,
+                v6,
+                node,
+            } => self.cni_timeout(CniTimeoutStep {
+                what: &what,
+                pod,
+                labels,
+                next_labels,
+                v4,
+                v6,
+                node,
+            })?,
         }
         Ok(())
     }
@@ -615,6 +721,61 @@ impl Soak {
         Ok(())
     }
 
+    /// [`Step::CniTimeout`]: the node's agent stopped, the CNI chain's ADD
+    /// with a [`CNI_TIMEOUT_SECS`] npm-cni timeout, the agent continued.
+    /// An ADD that succeeds is a finding (npm-cni opened a pod its agent
+    /// never answered for): counted with the violations.
+    fn cni_timeout(&mut self, s: CniTimeoutStep<'_>) -> Result<(), ChaosError> {
+        let t = self.now();
+        let h = self.oracle.begin(&format!("node-{} agent stopped", s.node), t);
+        self.runner
+            .pause_node_agent(s.node, true)
+            .map_err(|e| self.step_err(s.what, e.to_string()))?;
+        self.runner.set_npm_cni_timeout(Some(CNI_TIMEOUT_SECS));
+        let rp = schedule::ReusePod {
+            labels: s.labels,
+            v4: s.v4,
+            v6: s.v6,
+            node: s.node,
+            created: 1_000_000 + self.steps as i64,
+        };
+        let added =
+            self.runner
+                .create_unmodelled_pod_wired(&schedule::reuse_pod(&s.pod, &rp), s.v4, s.v6, Some(s.node));
+        self.runner.set_npm_cni_timeout(None);
+        let resumed = self.runner.pause_node_agent(s.node, false);
+        let t = self.now();
+        self.settle_from.push(t);
+        self.pending.push(Pending::EndDisturbance(self.tick + 3, h));
+        resumed.map_err(|e| self.step_err(s.what, e.to_string()))?;
+        let (ns, name) = s.pod.split_once('/').unwrap_or(("", ""));
+        match added {
+            Err(e) => {
+                self.cni_timeouts += 1;
+                let first = e.to_string().lines().next().unwrap_or_default().to_string();
+                self.cni_log.push(format!("{t:.1}s {}: ADD failed: {first}", s.pod));
+            }
+            Ok(()) => {
+                self.cni_fail_open.push(format!(
+                    "chaos: VIOLATION: npm-cni's ADD of {} at {} succeeded while the agent of node-{} was stopped\n",
+                    s.pod, s.v4, s.node
+                ));
+                self.runner
+                    .delete_unmodelled_pod(ns, name)
+                    .map_err(|e| self.step_err(s.what, e.to_string()))?;
+            }
+        }
+        // The address's next owner, once the agents are ready again.
+        self.deferred.push_front(Step::Reuse {
+            pod: format!("{}n", s.pod),
+            labels: s.next_labels,
+            v4: s.v4,
+            v6: s.v6,
+            node: s.node,
+        });
+        Ok(())
+    }
+
     /// Polls every agent; opens or closes its unsettled disturbance, and
     /// records settle times.
     fn poll_agents(&mut self) {
@@ -623,8 +784,20 @@ impl Soak {
             let Some(addr) = self.runner.node_metrics_addr(k) else {
                 continue;
             };
-            let settled = monitor::poll(addr).is_some_and(|h| h.settled());
+            let health = monitor::poll(addr);
+            let settled = health.as_ref().is_some_and(|h| h.settled());
             let t = self.now();
+            if let Some((name, fill)) = health.and_then(|h| h.map_fill) {
+                if self.map_fill.as_ref().is_none_or(|m| fill > m.1) {
+                    self.map_fill = Some((name, fill));
+                }
+            }
+            if let Some(kib) = self.runner.node_agent_rss_kib(k) {
+                self.rss_max_kib = self.rss_max_kib.max(kib);
+                let slot = &mut self.rss[(k - 1) as usize];
+                let first = slot.map_or((t, kib), |(first, _)| first);
+                *slot = Some((first, (t, kib)));
+            }
             let slot = &mut self.unsettled[(k - 1) as usize];
             match (settled, *slot) {
                 (false, None) => *slot = Some(self.oracle.begin(&format!("node-{k} unsettled"), t)),
@@ -768,8 +941,28 @@ impl Soak {
             ),
             settle: self.settle.clone(),
             inject: opts.inject,
+            cni_timeouts: self.cni_timeouts,
+            agent_rss_max_mb: self.rss_max_kib as f64 / 1024.0,
+            agent_rss_growth_mb_per_h: self
+                .rss
+                .iter()
+                .flatten()
+                .filter(|((t0, _), (t1, _))| t1 - t0 >= 60.0)
+                .map(|((t0, k0), (t1, k1))| (*k1 as f64 - *k0 as f64) / 1024.0 / (t1 - t0) * 3600.0)
+                .max_by(f64::total_cmp),
+            map_fill: self.map_fill.clone(),
             ..Report::default()
         };
+        for line in &self.cni_log {
+            let _ = writeln!(out, "chaos: npm-cni timeout: {line}");
+        }
+        for text in &self.cni_fail_open {
+            r.violations += 1;
+            let _ = out.write_all(text.as_bytes());
+            if r.findings.len() < 20 {
+                r.findings.push(text.clone());
+            }
+        }
         let replay = format!(
             "replay: cargo xtask chaos --dataplane {dataplane} --seed {} --duration {}{}",
             opts.seed,

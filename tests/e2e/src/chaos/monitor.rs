@@ -9,17 +9,19 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 /// One agent's health at a poll.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Health {
     /// `/readyz` answered 200.
     pub ready: bool,
     /// `npm_held_removals` (0 when unreadable).
     pub held: u64,
+    /// The fullest kernel map (eBPF): its name and entries / capacity.
+    pub map_fill: Option<(String, f64)>,
 }
 
 impl Health {
     /// Ready with nothing held.
-    pub fn settled(self) -> bool {
+    pub fn settled(&self) -> bool {
         self.ready && self.held == 0
     }
 }
@@ -54,15 +56,39 @@ pub fn metric_value(body: &str, family: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The samples of `family{map="NAME"}` in a Prometheus text body, by map.
+fn map_samples(body: &str, family: &str) -> std::collections::BTreeMap<String, f64> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix(family)?.strip_prefix("{map=\""))
+        .filter_map(|rest| {
+            let (name, rest) = rest.split_once("\"}")?;
+            Some((name.to_string(), rest.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The fullest map of `npm_map_entries` / `npm_map_capacity` (eBPF agents
+/// export them; `None` on nftables).
+pub fn fullest_map(body: &str) -> Option<(String, f64)> {
+    let capacity = map_samples(body, "npm_map_capacity");
+    map_samples(body, "npm_map_entries")
+        .into_iter()
+        .filter_map(|(name, n)| {
+            let cap = *capacity.get(&name)?;
+            (cap > 0.0).then(|| (name, n / cap))
+        })
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+}
+
 /// Polls one agent (`None`: it does not answer).
 pub fn poll(metrics: SocketAddr) -> Option<Health> {
     let (status, _) = get(metrics, "/readyz")?;
-    let held = get(metrics, "/metrics")
-        .and_then(|(_, body)| metric_value(&body, "npm_held_removals"))
-        .unwrap_or(0.0);
+    let body = get(metrics, "/metrics").map(|(_, b)| b).unwrap_or_default();
+    let held = metric_value(&body, "npm_held_removals").unwrap_or(0.0);
     Some(Health {
         ready: status == 200,
         held: held as u64,
+        map_fill: fullest_map(&body),
     })
 }
 
@@ -89,5 +115,14 @@ mod tests {
         assert_eq!(percentile(&[3.0, 1.0, 2.0, 4.0], 50.0), 2.0);
         assert_eq!(percentile(&[3.0, 1.0, 2.0, 4.0], 99.0), 4.0);
         assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+
+    #[test]
+    fn finds_the_fullest_map() {
+        let body = "npm_map_entries{map=\"NPM_CT\"} 512\nnpm_map_capacity{map=\"NPM_CT\"} 1024\n\
+                    npm_map_entries{map=\"NPM_POLICY\"} 3\nnpm_map_capacity{map=\"NPM_POLICY\"} 4\n\
+                    npm_map_entries{map=\"NPM_ORPHAN\"} 9\n";
+        assert_eq!(fullest_map(body), Some(("NPM_POLICY".to_string(), 0.75)));
+        assert_eq!(fullest_map("npm_held_removals 0\n"), None);
     }
 }

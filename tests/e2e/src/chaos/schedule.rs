@@ -70,6 +70,27 @@ pub enum Step {
     },
     /// An API server fault.
     Fault(Fault),
+    /// npm-cni's ADD times out: node `node`'s agent is stopped (SIGSTOP)
+    /// while the CNI chain wires pod `pod` at a freed address of that node
+    /// with a short `timeoutSeconds`. The ADD must fail (npm-cni fails
+    /// closed) and the runtime's DEL follows; the agent then continues and
+    /// finds both requests waiting. Once the agents are ready, the address
+    /// goes to a new pod with `next_labels` (a [`Step::Reuse`]): the stale
+    /// ADD must give it nothing.
+    CniTimeout {
+        /// `ns/name` of the pod whose ADD times out.
+        pod: String,
+        /// Its labels.
+        labels: BTreeMap<String, String>,
+        /// The labels of the address's next owner (`<pod>n`).
+        next_labels: BTreeMap<String, String>,
+        /// IPv4 address.
+        v4: Ipv4Addr,
+        /// IPv6 address.
+        v6: Ipv6Addr,
+        /// Node (1-based): the address's subnet's.
+        node: u8,
+    },
 }
 
 /// The API server faults of the schedule.
@@ -109,6 +130,9 @@ impl Step {
             Step::DeleteInvalid(ns, n) => format!("delete invalid policy {ns}/{n}"),
             Step::KillAgent { node, down_secs } => format!("kill -9 agent of node-{node} for {down_secs}s"),
             Step::Fault(f) => format!("fault {f:?}"),
+            Step::CniTimeout {
+                pod, v4, node, labels, ..
+            } => format!("npm-cni ADD of {pod} at {v4} on node-{node} {labels:?} times out (agent stopped)"),
         }
     }
 }
@@ -639,6 +663,19 @@ pub fn next_step(rng: &mut StdRng, model: &Snapshot, world: &mut World, nodes: u
                 return Step::Model(Action::SetNamespaceLabels(NamespaceLabels { namespace: ns, labels }));
             }
             86..=99 if world.injected => continue,
+            86..=89 if !world.agent_down && !world.freed.is_empty() && rng.random_bool(0.3) => {
+                let i = rng.random_range(0..world.freed.len());
+                let (ns, v4, v6) = world.freed[i].clone();
+                let name = format!("t{n}");
+                return Step::CniTimeout {
+                    pod: format!("{ns}/{name}"),
+                    labels: pod_labels(rng, &name),
+                    next_labels: pod_labels(rng, &format!("{name}n")),
+                    v4,
+                    v6,
+                    node: crate::nodes::Nodes::owner_of(nodes, v4.octets()[2]),
+                };
+            }
             86..=89 if !world.agent_down => {
                 return Step::KillAgent {
                     node: rng.random_range(1..=nodes.max(1)),
@@ -658,6 +695,51 @@ pub fn next_step(rng: &mut StdRng, model: &Snapshot, world: &mut World, nodes: u
             _ => continue,
         }
     }
+}
+
+/// A [`Step::CniTimeout`] at the first freed address of node `node`'s
+/// subnets (`None`: none is free), with fixed labels: a forced step draws
+/// nothing from the schedule's generator.
+pub fn cni_timeout_on(world: &mut World, node: u8, nodes: u8) -> Option<Step> {
+    let (ns, v4, v6) = world
+        .freed
+        .iter()
+        .find(|(_, v4, _)| crate::nodes::Nodes::owner_of(nodes, v4.octets()[2]) == node)?
+        .clone();
+    world.next += 1;
+    let name = format!("t{}", world.next);
+    let labels = |pod: &str, role: &str| -> BTreeMap<String, String> {
+        [
+            ("pod".to_string(), pod.to_string()),
+            ("role".to_string(), role.to_string()),
+        ]
+        .into()
+    };
+    Some(Step::CniTimeout {
+        pod: format!("{ns}/{name}"),
+        labels: labels(&name, ROLES[0]),
+        next_labels: labels(&format!("{name}n"), ROLES[1 % ROLES.len()]),
+        v4,
+        v6,
+        node,
+    })
+}
+
+/// The deletion of a model pod whose address is on node `node`'s subnets
+/// (the last such pod by key, not one whose status lost its addresses):
+/// what frees an address there for a forced [`Step::CniTimeout`].
+pub fn free_one_on(model: &Snapshot, world: &World, node: u8, nodes: u8) -> Option<Step> {
+    model
+        .pods
+        .keys()
+        .rev()
+        .map(|(n, p)| format!("{n}/{p}"))
+        .find(|k| {
+            !world.lost.contains(k)
+                && addresses_of(model, k)
+                    .is_some_and(|(_, v4, _)| crate::nodes::Nodes::owner_of(nodes, v4.octets()[2]) == node)
+        })
+        .map(|pod| Step::Model(Action::DeletePod(PodName { pod })))
 }
 
 /// The freed address of a deleted pod of `snapshot` (`ns/name`), if any.

@@ -288,6 +288,18 @@ pub fn with_only_subnet(list: &Value, n: u8) -> Value {
     list
 }
 
+/// The list with npm-cni's `timeoutSeconds` set to `secs`: how long its ADD
+/// (and DEL) waits for the node's agent.
+pub fn with_npm_cni_timeout(list: &Value, secs: u64) -> Value {
+    let mut list = list.clone();
+    if let Some(plugins) = list["plugins"].as_array_mut() {
+        for p in plugins.iter_mut().filter(|p| p["type"] == "npm-cni") {
+            p["timeoutSeconds"] = json!(secs);
+        }
+    }
+    list
+}
+
 /// For a `bridge` list: the list narrowed to namespace index `n`'s subnets
 /// on the bridge `cni<n>`; any other list unchanged.
 fn narrowed(list: &Value, n: u8) -> Value {

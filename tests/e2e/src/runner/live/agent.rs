@@ -60,6 +60,26 @@ impl Agent {
         let _ = self.child.wait();
     }
 
+    /// SIGSTOP (`true`) or SIGCONT (`false`): a stopped agent accepts no
+    /// request (npm-cni's connections wait in the socket's backlog) and
+    /// programs nothing, as an agent starved of CPU or stuck.
+    pub(super) fn pause(&mut self, stop: bool) {
+        if let Ok(None) = self.child.try_wait() {
+            let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+            // SAFETY: signalling the child we started, by its pid.
+            unsafe { libc::kill(self.child.id() as i32, sig) };
+        }
+    }
+
+    /// The process's resident set (KiB, `VmRSS`), `None` once it exited.
+    pub(super) fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     pub(super) fn stop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             // SAFETY: signalling the child we started, by its pid.

@@ -61,6 +61,35 @@ impl LiveRunner {
         Ok(())
     }
 
+    /// Multi-node runs: stops (`true`, SIGSTOP) or continues (`false`,
+    /// SIGCONT) node `k`'s agent. Its kernel state keeps enforcing; npm-cni's
+    /// requests wait unanswered until their timeout.
+    pub fn pause_node_agent(&mut self, k: u8, stop: bool) -> Result<(), RunnerError> {
+        let addr = self
+            .node_metrics_addr(k)
+            .ok_or_else(|| RunnerError::Options(format!("no node {k}")))?;
+        for a in self.agents.iter_mut().filter(|a| a.metrics == addr) {
+            a.pause(stop);
+        }
+        Ok(())
+    }
+
+    /// npm-cni's `timeoutSeconds` for the pods created from now on (`None`:
+    /// the chain's own).
+    pub fn set_npm_cni_timeout(&mut self, secs: Option<u64>) {
+        self.cluster.set_npm_cni_timeout(secs);
+    }
+
+    /// Multi-node runs: node `k`'s agent's resident set in KiB (`None`:
+    /// no agent runs there).
+    pub fn node_agent_rss_kib(&self, k: u8) -> Option<u64> {
+        let addr = self.node_metrics_addr(k)?;
+        self.agents
+            .iter()
+            .filter(|a| a.metrics == addr)
+            .find_map(|a| a.rss_kib())
+    }
+
     /// The pin directory of node `k`'s agent: `/sys/fs/bpf/npm-conformance-
     /// <pid>-n<k>`, or with [`crate::runner::Options::pin_layout_change`]
     /// its `v<LAYOUT_VERSION + 1>` (first start) or `v<LAYOUT_VERSION>`
