@@ -131,9 +131,9 @@ pub struct Report {
     pub cni_timeouts: usize,
     /// The largest agent resident set seen (MB).
     pub agent_rss_max_mb: f64,
-    /// The fastest growth of one agent process's resident set over at
-    /// least a minute of its life (MB per hour; `None`: none lived that
-    /// long).
+    /// The fastest growth of one agent process's resident set, from a
+    /// minute after its start over at least a minute more (MB per hour;
+    /// `None`: none lived that long).
     pub agent_rss_growth_mb_per_h: Option<f64>,
     /// The fullest kernel map seen (eBPF): name and fill (0..1).
     pub map_fill: Option<(String, f64)>,
@@ -183,6 +183,21 @@ fn round3(v: f64) -> f64 {
 
 /// A resident set sample: (seconds since the start, KiB).
 type RssSample = (f64, u64);
+
+/// Seconds of an agent process's life before its resident set counts for
+/// growth (its first sync and caches fill in that time).
+const RSS_WARMUP_S: f64 = 60.0;
+
+/// One agent process's resident set as the soak samples it.
+#[derive(Clone, Copy, Debug)]
+struct AgentRss {
+    /// When it was first sampled.
+    seen: f64,
+    /// The first sample after [`RSS_WARMUP_S`].
+    base: Option<RssSample>,
+    /// The latest sample.
+    last: RssSample,
+}
 
 /// npm-cni's `timeoutSeconds` in a [`Step::CniTimeout`].
 const CNI_TIMEOUT_SECS: u64 = 2;
@@ -248,9 +263,9 @@ struct Soak {
     cni_log: Vec<String>,
     /// Findings: ADDs that succeeded with the agent stopped.
     cni_fail_open: Vec<String>,
-    /// By node: the current agent process's first and latest resident set
-    /// samples, (seconds, KiB) each; reset when the agent restarts.
-    rss: Vec<Option<(RssSample, RssSample)>>,
+    /// By node: the current agent process's resident set; reset when the
+    /// agent restarts.
+    rss: Vec<Option<AgentRss>>,
     /// The largest resident set any agent had (KiB).
     rss_max_kib: u64,
     /// The fullest kernel map seen at any poll (eBPF).
@@ -794,9 +809,15 @@ impl Soak {
             }
             if let Some(kib) = self.runner.node_agent_rss_kib(k) {
                 self.rss_max_kib = self.rss_max_kib.max(kib);
-                let slot = &mut self.rss[(k - 1) as usize];
-                let first = slot.map_or((t, kib), |(first, _)| first);
-                *slot = Some((first, (t, kib)));
+                let a = self.rss[(k - 1) as usize].get_or_insert(AgentRss {
+                    seen: t,
+                    base: None,
+                    last: (t, kib),
+                });
+                if a.base.is_none() && t - a.seen >= RSS_WARMUP_S {
+                    a.base = Some((t, kib));
+                }
+                a.last = (t, kib);
             }
             let slot = &mut self.unsettled[(k - 1) as usize];
             match (settled, *slot) {
@@ -947,8 +968,9 @@ impl Soak {
                 .rss
                 .iter()
                 .flatten()
+                .filter_map(|a| Some((a.base?, a.last)))
                 .filter(|((t0, _), (t1, _))| t1 - t0 >= 60.0)
-                .map(|((t0, k0), (t1, k1))| (*k1 as f64 - *k0 as f64) / 1024.0 / (t1 - t0) * 3600.0)
+                .map(|((t0, k0), (t1, k1))| (k1 as f64 - k0 as f64) / 1024.0 / (t1 - t0) * 3600.0)
                 .max_by(f64::total_cmp),
             map_fill: self.map_fill.clone(),
             ..Report::default()
