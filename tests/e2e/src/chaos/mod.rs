@@ -202,17 +202,6 @@ struct AgentRss {
 /// npm-cni's `timeoutSeconds` in a [`Step::CniTimeout`].
 const CNI_TIMEOUT_SECS: u64 = 2;
 
-/// The arguments of [`Soak::cni_timeout`] (a [`Step::CniTimeout`]).
-struct CniTimeoutStep<'a> {
-    what: &'a str,
-    pod: String,
-    labels: std::collections::BTreeMap<String, String>,
-    next_labels: std::collections::BTreeMap<String, String>,
-    v4: std::net::Ipv4Addr,
-    v6: std::net::Ipv6Addr,
-    node: u8,
-}
-
 /// A pending end of something the schedule started, at a tick (ticks,
 /// not seconds, so that a seed replays the same steps however long a tick
 /// took).
@@ -549,7 +538,7 @@ impl Soak {
         while let Some(front) = self.deferred.front() {
             let cni_pod = matches!(
                 front,
-                Step::Model(npm_sim::cases::Action::CreatePod(_)) | Step::Reuse { .. } | Step::CniTimeout { .. }
+                Step::Model(npm_sim::cases::Action::CreatePod(_)) | Step::Reuse { .. } | Step::CniTimeout(_)
             );
             if cni_pod && (self.world.fault_running || self.world.agent_down || !self.agents_ready()) {
                 return Ok(());
@@ -676,22 +665,7 @@ impl Soak {
                 self.pending.push(Pending::EndDisturbance(self.tick + down_secs, h));
             }
             Step::Fault(f) => self.fault(f, &what)?,
-            Step::CniTimeout {
-                pod,
-                labels,
-                next_labels,
-                v4,
-                v6,
-                node,
-            } => self.cni_timeout(CniTimeoutStep {
-                what: &what,
-                pod,
-                labels,
-                next_labels,
-                v4,
-                v6,
-                node,
-            })?,
+            Step::CniTimeout(c) => self.cni_timeout(&what, c)?,
         }
         Ok(())
     }
@@ -740,12 +714,12 @@ impl Soak {
     /// with a [`CNI_TIMEOUT_SECS`] npm-cni timeout, the agent continued.
     /// An ADD that succeeds is a finding (npm-cni opened a pod its agent
     /// never answered for): counted with the violations.
-    fn cni_timeout(&mut self, s: CniTimeoutStep<'_>) -> Result<(), ChaosError> {
+    fn cni_timeout(&mut self, what: &str, s: schedule::CniTimeoutPod) -> Result<(), ChaosError> {
         let t = self.now();
         let h = self.oracle.begin(&format!("node-{} agent stopped", s.node), t);
         self.runner
             .pause_node_agent(s.node, true)
-            .map_err(|e| self.step_err(s.what, e.to_string()))?;
+            .map_err(|e| self.step_err(what, e.to_string()))?;
         self.runner.set_npm_cni_timeout(Some(CNI_TIMEOUT_SECS));
         let rp = schedule::ReusePod {
             labels: s.labels,
@@ -762,7 +736,7 @@ impl Soak {
         let t = self.now();
         self.settle_from.push(t);
         self.pending.push(Pending::EndDisturbance(self.tick + 3, h));
-        resumed.map_err(|e| self.step_err(s.what, e.to_string()))?;
+        resumed.map_err(|e| self.step_err(what, e.to_string()))?;
         let (ns, name) = s.pod.split_once('/').unwrap_or(("", ""));
         match added {
             Err(e) => {
@@ -777,7 +751,7 @@ impl Soak {
                 ));
                 self.runner
                     .delete_unmodelled_pod(ns, name)
-                    .map_err(|e| self.step_err(s.what, e.to_string()))?;
+                    .map_err(|e| self.step_err(what, e.to_string()))?;
             }
         }
         // The address's next owner, once the agents are ready again.

@@ -77,20 +77,24 @@ pub enum Step {
     /// finds both requests waiting. Once the agents are ready, the address
     /// goes to a new pod with `next_labels` (a [`Step::Reuse`]): the stale
     /// ADD must give it nothing.
-    CniTimeout {
-        /// `ns/name` of the pod whose ADD times out.
-        pod: String,
-        /// Its labels.
-        labels: BTreeMap<String, String>,
-        /// The labels of the address's next owner (`<pod>n`).
-        next_labels: BTreeMap<String, String>,
-        /// IPv4 address.
-        v4: Ipv4Addr,
-        /// IPv6 address.
-        v6: Ipv6Addr,
-        /// Node (1-based): the address's subnet's.
-        node: u8,
-    },
+    CniTimeout(CniTimeoutPod),
+}
+
+/// The pod of a [`Step::CniTimeout`].
+#[derive(Clone, Debug)]
+pub struct CniTimeoutPod {
+    /// `ns/name` of the pod whose ADD times out.
+    pub pod: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// The labels of the address's next owner (`<pod>n`).
+    pub next_labels: BTreeMap<String, String>,
+    /// IPv4 address.
+    pub v4: Ipv4Addr,
+    /// IPv6 address.
+    pub v6: Ipv6Addr,
+    /// Node (1-based): the address's subnet's.
+    pub node: u8,
 }
 
 /// The API server faults of the schedule.
@@ -130,9 +134,9 @@ impl Step {
             Step::DeleteInvalid(ns, n) => format!("delete invalid policy {ns}/{n}"),
             Step::KillAgent { node, down_secs } => format!("kill -9 agent of node-{node} for {down_secs}s"),
             Step::Fault(f) => format!("fault {f:?}"),
-            Step::CniTimeout {
+            Step::CniTimeout(CniTimeoutPod {
                 pod, v4, node, labels, ..
-            } => format!("npm-cni ADD of {pod} at {v4} on node-{node} {labels:?} times out (agent stopped)"),
+            }) => format!("npm-cni ADD of {pod} at {v4} on node-{node} {labels:?} times out (agent stopped)"),
         }
     }
 }
@@ -667,14 +671,14 @@ pub fn next_step(rng: &mut StdRng, model: &Snapshot, world: &mut World, nodes: u
                 let i = rng.random_range(0..world.freed.len());
                 let (ns, v4, v6) = world.freed[i].clone();
                 let name = format!("t{n}");
-                return Step::CniTimeout {
+                return Step::CniTimeout(CniTimeoutPod {
                     pod: format!("{ns}/{name}"),
                     labels: pod_labels(rng, &name),
                     next_labels: pod_labels(rng, &format!("{name}n")),
                     v4,
                     v6,
                     node: crate::nodes::Nodes::owner_of(nodes, v4.octets()[2]),
-                };
+                });
             }
             86..=89 if !world.agent_down => {
                 return Step::KillAgent {
@@ -715,14 +719,14 @@ pub fn cni_timeout_on(world: &mut World, node: u8, nodes: u8) -> Option<Step> {
         ]
         .into()
     };
-    Some(Step::CniTimeout {
+    Some(Step::CniTimeout(CniTimeoutPod {
         pod: format!("{ns}/{name}"),
         labels: labels(&name, ROLES[0]),
         next_labels: labels(&format!("{name}n"), ROLES[1 % ROLES.len()]),
         v4,
         v6,
         node,
-    })
+    }))
 }
 
 /// The deletion of a model pod whose address is on node `node`'s subnets
