@@ -113,6 +113,14 @@ static NPM_CT_CAP: u32 = sizes::CT / CT_QUOTA_SHARE_DEFAULT;
 #[no_mangle]
 pub(crate) static NPM_BENCH_NO_CT_CREATE: u8 = 0;
 
+/// Test-only fault injection, a read-only global the loader may override
+/// at load time: when 1, every conntrack insert is treated as refused by
+/// the kernel (no entry written), so a test sees what a failed LRU insert
+/// does to the packet. The production loader never sets it; the verifier
+/// sees the frozen value 0 and prunes the branch.
+#[no_mangle]
+static NPM_BENCH_CT_INSERT_FAILS: u8 = 0;
+
 /// (a, pa) <= (b, pb), addresses compared as big-endian numbers.
 #[inline(always)]
 unsafe fn le_addr_port(a: *const u8, pa: u16, b: *const u8, pb: u16) -> bool {
@@ -504,7 +512,10 @@ pub(crate) fn ct_create(
         wr32(v.add(16), dir as u32 | (flags as u32) << 8 | (reason as u32) << 16);
         wr32(v.add(20), epoch);
     }
-    let written = if v4 {
+    // SAFETY: reading a read-only global.
+    let written = if unsafe { core::ptr::read_volatile(&NPM_BENCH_CT_INSERT_FAILS) } != 0 {
+        Err(-12)
+    } else if v4 {
         NPM_CT4.insert(&s.ct4, &s.ctv, 0)
     } else {
         NPM_CT.insert(&s.ct, &s.ctv, 0)

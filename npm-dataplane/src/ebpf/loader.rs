@@ -45,6 +45,11 @@ pub struct BenchSwitches {
     /// endpoint's new flows may evict every other endpoint's entries, as
     /// before the quota (the control of the quota's test).
     pub no_ct_quota: bool,
+    /// Fault injection: the datapath treats every conntrack insert as
+    /// refused by the kernel (it writes no entry), so a test can see what
+    /// a failed LRU insert does to the packet (dropped as
+    /// `conntrack-failed`, counted, the quota's charge taken back).
+    pub ct_insert_fails: bool,
 }
 
 /// The `max_entries` of the maps whose size scales with the cluster, set at
@@ -308,6 +313,7 @@ fn set_switches(loader: &mut EbpfLoader, switches: BenchSwitches) {
         ("NPM_BENCH_NO_FAST_V4", switches.no_fast_v4),
         ("NPM_BENCH_NO_FOLD", switches.no_fold),
         ("NPM_BENCH_NO_RULE_COUNT", switches.no_rule_count),
+        ("NPM_BENCH_CT_INSERT_FAILS", switches.ct_insert_fails),
     ] {
         const ON: u8 = 1;
         const OFF: u8 = 0;

@@ -395,3 +395,62 @@ fn purge_cost_at_a_full_table() {
         done.last_pass, done.last_walked, done.deleted
     );
 }
+
+/// A new flow whose conntrack entry the kernel does not write (the LRU
+/// insert fails: injected here with `BenchSwitches::ct_insert_fails`) is
+/// dropped as `conntrack-failed`, counted, and reported, and its quota
+/// charge is taken back, nothing added to the map's fill: it never passes
+/// untracked (its reply, decided as a new flow, would be dropped at the
+/// isolated endpoint after the peer did the work); so is a new flow to a
+/// Service whose pending entry is not written. On the IPv4 fast path and
+/// on the general path.
+#[test]
+fn a_new_flow_whose_entry_is_not_written_is_dropped_and_counted() {
+    insert_fails("cqf", false);
+    insert_fails("cqg", true);
+}
+
+fn insert_fails(tag: &str, general_path: bool) {
+    sweep_leftovers();
+    let pins = PinDir::new(tag);
+    let a = Dummy::new(&format!("{tag}a"));
+    let switches = BenchSwitches {
+        no_flow_cache: true,
+        no_fast_v4: general_path,
+        ct_insert_fails: true,
+        ..BenchSwitches::default()
+    };
+    let mut dp = EbpfDataplane::open_with(pins.options(), switches).unwrap_or_else(|e| panic!("open: {e}"));
+    dp.sync_full(&state(false), &ifaces(&[(1, a.ifindex)])).unwrap();
+    dp.wait_flow_purges(PURGE_WAIT).unwrap();
+    let _ = dp.poll_deny_events();
+    let out = v4("10.0.0.1", "10.0.0.2", L4::Udp(30000, 5000));
+    assert_eq!(
+        dp.test_run(EG, a.ifindex, &out).unwrap(),
+        (VERDICT_DROP, Some(Reason::ConntrackFailed)),
+        "general path: {general_path}"
+    );
+    let counters = dp.read_counters().unwrap();
+    assert_eq!(counters.packets_both_ways(Reason::ConntrackFailed), 1, "counted");
+    assert_eq!(counters.packets_both_ways(Reason::Policy), 0, "not counted as allowed");
+    let events = dp.poll_deny_events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason == Reason::ConntrackFailed as u8 && e.sport == 30000),
+        "a deny event names it: {events:?}"
+    );
+    // A deferred Service flow whose pending entry is not written: the
+    // same (its replies would be decided as new flows).
+    crate::ebpf_services::program_services(&pins, &[("10.96.0.10".parse().unwrap(), 53, 17)]);
+    let to_service = v4("10.0.0.1", "10.96.0.10", L4::Udp(30001, 53));
+    assert_eq!(
+        dp.test_run(EG, a.ifindex, &to_service).unwrap(),
+        (VERDICT_DROP, Some(Reason::ConntrackFailed)),
+        "deferred, general path: {general_path}"
+    );
+    assert_eq!(dp.dump().unwrap().ct_entries, 0, "no entry written");
+    let quota = *dp.conntrack_quota().iter().find(|q| q.0 == 1).unwrap();
+    assert_eq!(quota.1, 0, "the charge was taken back");
+    assert_eq!(dp.conntrack_pressure()[1].0, 0, "nothing added to the fill");
+}
