@@ -249,8 +249,8 @@ pub const fn ct_timeout_ns(protocol: u8, flags: u8) -> u64 {
 pub const CT_QUOTA_SHARE_DEFAULT: u32 = 8;
 
 /// `NPM_CT_FILL` words per conntrack map: [`CT_FILL_ENTRIES`],
-/// [`CT_FILL_PRESSURE`] and a reserved word; `NPM_CT`'s words come first
-/// ([`CT_FILL_CT`]), then `NPM_CT4`'s ([`CT_FILL_CT4`]).
+/// [`CT_FILL_PRESSURE`], [`CT_FILL_CAP`] and a reserved word; `NPM_CT`'s
+/// words come first ([`CT_FILL_CT`]), then `NPM_CT4`'s ([`CT_FILL_CT4`]).
 pub const CT_FILL_WORDS: u32 = 4;
 /// `NPM_CT_FILL`: the first word of `NPM_CT`'s.
 pub const CT_FILL_CT: u32 = 0;
@@ -270,6 +270,12 @@ pub const CT_FILL_ENTRIES: u32 = 0;
 /// the per-endpoint cap applies. 0 (a map no loader configured yet):
 /// always under pressure, the cap always applies.
 pub const CT_FILL_PRESSURE: u32 = 1;
+/// `NPM_CT_FILL` word (of a map's words): the `NPM_CT_CAP` the endpoint
+/// programs were loaded with (`u32::MAX`: no quota), written by their
+/// loader for the programs loaded beside the pins (`node_exit`,
+/// `host_in`), whose loader sets their `NPM_CT_CAP` from it; 0: none
+/// written (they keep the object's default). Not read by the datapath.
+pub const CT_FILL_CAP: u32 = 2;
 /// `NPM_CT_FILL` entries.
 pub const CT_FILL_LEN: u32 = 2 * CT_FILL_WORDS;
 

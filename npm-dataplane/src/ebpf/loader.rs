@@ -323,8 +323,9 @@ fn set_switches(loader: &mut EbpfLoader, switches: BenchSwitches) {
 
 /// Loads the object `explicit` (`None`: the loader's search) with every map
 /// of `maps::ALL` adopted from `pin_dir` (pinned there by the endpoint
-/// programs' loader) and `switches`, for the programs that share the
-/// endpoints' maps (`node_exit`, `host_in`); no program is loaded yet.
+/// programs' loader), `switches` and the endpoint programs' conntrack cap
+/// ([`pinned_ct_cap`]), for the programs that share the endpoints' maps
+/// (`node_exit`, `host_in`); no program is loaded yet.
 pub(crate) fn load_beside_pins(
     explicit: Option<&Path>,
     pin_dir: &Path,
@@ -336,10 +337,33 @@ pub(crate) fn load_beside_pins(
         loader.map_pin_path(name, pin_dir.join(name));
     }
     set_switches(&mut loader, switches);
+    // The endpoint programs' conntrack cap (the configured share, or no
+    // quota), else the object's default.
+    let cap = pinned_ct_cap(pin_dir);
+    if let Some(cap) = &cap {
+        loader.override_global("NPM_CT_CAP", cap, true);
+    }
     loader.load(&data).map_err(|source| EbpfError::Load {
         path: object,
         source: Box::new(source),
     })
+}
+
+/// The `NPM_CT_CAP` the endpoint programs of `pin_dir` were loaded with,
+/// as their loader wrote it in the pinned `NPM_CT_FILL`
+/// (`npm_common::CT_FILL_CAP`); `None` when none was written or the map
+/// is not readable (the programs loaded beside the pins then keep the
+/// object's default).
+pub fn pinned_ct_cap(pin_dir: &Path) -> Option<u32> {
+    let fill: aya::maps::Array<aya::maps::MapData, u64> = match super::pins::open_pinned(pin_dir, maps::CT_FILL) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the endpoint programs' conntrack cap; keeping the object's default");
+            return None;
+        }
+    };
+    let word = fill.get(&(npm_common::CT_FILL_CT + npm_common::CT_FILL_CAP), 0).ok()?;
+    (word != 0).then(|| u32::try_from(word).unwrap_or(u32::MAX))
 }
 
 /// Loads the object `data` (read from `object`) with every map of

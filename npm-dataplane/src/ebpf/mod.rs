@@ -106,8 +106,8 @@ pub use links::{remove_pinned_filters, AttachMode};
 #[cfg(feature = "testing")]
 pub use loader::BenchSwitches;
 pub use loader::{
-    pressure_threshold, resolve_object, EffectiveSizes, MapSizes, INSTALLED_OBJECT, MAP_SIZE_MAX, MAP_SIZE_MIN,
-    OBJECT_ENV,
+    pinned_ct_cap, pressure_threshold, resolve_object, EffectiveSizes, MapSizes, INSTALLED_OBJECT, MAP_SIZE_MAX,
+    MAP_SIZE_MIN, OBJECT_ENV,
 };
 pub use node_exit::{exit_dir, exit_program, remove_node_exit_filters, remove_node_exit_pins, NodeExit};
 pub use pins::{default_pin_dir, ensure_bpffs};
@@ -317,6 +317,11 @@ impl EbpfDataplane {
             }
             let [ct, ct4, frags] = flows.dup_fds()?;
             let cap = loader::ct_cap(&map_sizes, switches);
+            // For the programs loaded beside the pins (`load_beside_pins`).
+            for base in [npm_common::CT_FILL_CT, npm_common::CT_FILL_CT4] {
+                fill.words()[(base + npm_common::CT_FILL_CAP) as usize]
+                    .store(u64::from(cap), std::sync::atomic::Ordering::Release);
+            }
             let cap = if cap == u32::MAX { u64::MAX } else { cap as u64 };
             ct_worker::CtWorker::start(
                 ct,

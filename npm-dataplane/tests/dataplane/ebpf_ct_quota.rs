@@ -454,3 +454,30 @@ fn insert_fails(tag: &str, general_path: bool) {
     assert_eq!(quota.1, 0, "the charge was taken back");
     assert_eq!(dp.conntrack_pressure()[1].0, 0, "nothing added to the fill");
 }
+
+/// The cap the endpoint programs were loaded with reaches the programs
+/// loaded beside the pins (`node_exit`, `host_in`: `pinned_ct_cap`, read
+/// by their loader), so `--conntrack-quota-share 0` turns the quota off
+/// for them too and a configured share or size applies there as well.
+#[test]
+fn the_programs_loaded_beside_the_pins_get_the_configured_cap() {
+    for (tag, share, cap) in [("cqd", CT_QUOTA_SHARE_DEFAULT, CAP), ("cqo", 0, u32::MAX)] {
+        sweep_leftovers();
+        let pins = PinDir::new(tag);
+        let sizes = MapSizes {
+            conntrack: CT_SIZE,
+            conntrack_quota_share: share,
+            ..MapSizes::default()
+        };
+        let dp = EbpfDataplane::open_with_sized(pins.options(), sizes, BenchSwitches::default())
+            .unwrap_or_else(|e| panic!("open: {e}"));
+        assert_eq!(
+            npm_dataplane::ebpf::pinned_ct_cap(&pins.path),
+            Some(cap),
+            "share {share}"
+        );
+        // `node_exit` loads with it.
+        npm_dataplane::ebpf::NodeExit::open(None, &pins.path).unwrap_or_else(|e| panic!("node_exit: {e}"));
+        drop(dp);
+    }
+}
