@@ -303,13 +303,13 @@ pub struct RunArgs {
     /// the oldest flow is evicted when full).
     #[arg(long, env = "NPM_MAP_SIZE_CONNTRACK", default_value_t = npm_common::sizes::CT, value_parser = map_size())]
     pub map_size_conntrack: u32,
-    /// eBPF: each endpoint may hold 1/N of each conntrack map; beyond it its
-    /// new flows are dropped (`conntrack-quota`), so that one pod's flood
-    /// cannot evict other pods' connections. 0 (the default): no quota. The
-    /// quota applies whether or not the map is full: size the maps so that
-    /// 1/N holds the busiest pod's flows (a UDP flow is kept 120 s idle: a
-    /// DNS server answering 1,000 queries a second holds 120,000).
-    #[arg(long, env = "NPM_CONNTRACK_QUOTA_SHARE", default_value_t = 0)]
+    /// eBPF: while a conntrack map is under pressure (its fill at three
+    /// quarters, less where the node has many CPUs), an endpoint holding
+    /// more than 1/N of it has its new flows dropped (`conntrack-quota`),
+    /// so that one pod's flood cannot evict other pods' connections; below
+    /// the pressure threshold no endpoint is capped (a busy DNS server
+    /// keeps its flows while the map has room). 0: no quota.
+    #[arg(long, env = "NPM_CONNTRACK_QUOTA_SHARE", default_value_t = npm_common::CT_QUOTA_SHARE_DEFAULT)]
     pub conntrack_quota_share: u32,
     /// Trusted DNS servers (comma-separated addresses the pods send their
     /// queries to: the cluster DNS Service's ClusterIPs). With any, the

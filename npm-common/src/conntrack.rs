@@ -226,13 +226,58 @@ pub const fn ct_timeout_ns(protocol: u8, flags: u8) -> u64 {
     }
 }
 
-/// The share of each conntrack map (`NPM_CT`, `NPM_CT4`) one endpoint may
-/// hold: its new connections beyond `max_entries / CT_QUOTA_SHARE` live
-/// entries are refused (`Reason::ConntrackQuota`), so one pod's flood of
-/// flows cannot evict the entries of other pods (the maps are LRU: a
-/// full map evicts whoever's least recently used entry). The loader sets
-/// the datapath's cap (`NPM_CT_CAP`) from the map size.
-pub const CT_QUOTA_SHARE: u32 = 4;
+/// The default share of each conntrack map (`NPM_CT`, `NPM_CT4`) one
+/// endpoint may hold while that map is under pressure
+/// (`--conntrack-quota-share`): an endpoint holding more than
+/// `max_entries / share` live entries has its new connections refused
+/// (`Reason::ConntrackQuota`) while the map's fill ([`CT_FILL_ENTRIES`])
+/// is at or above its pressure threshold ([`CT_FILL_PRESSURE`]), so one
+/// pod's flood of flows cannot evict the entries of other pods (the maps
+/// are LRU: a full map evicts whoever's least recently used entry). Below
+/// the threshold no endpoint is capped. The loader sets the endpoint
+/// programs' cap (`NPM_CT_CAP`) from the map size and the configured
+/// share; the object's own value (what `node_exit` and `host_in`, loaded
+/// beside the pins, keep) is the default map size over this share.
+///
+/// Why an eighth (32,768 entries of the default 262,144): since the cap
+/// applies only above the pressure threshold (at most three quarters of
+/// the map), the last quarter, where the LRU starts evicting, is reached
+/// only by endpoints within their cap, and with an eighth it takes two of
+/// them adding a full share each; with a quarter one endpoint alone could
+/// fill it. An endpoint holding more than an eighth is the one refused
+/// while the map is under pressure.
+pub const CT_QUOTA_SHARE_DEFAULT: u32 = 8;
+
+/// `NPM_CT_FILL` words per conntrack map: [`CT_FILL_ENTRIES`],
+/// [`CT_FILL_PRESSURE`], [`CT_FILL_CAP`] and a reserved word; `NPM_CT`'s
+/// words come first ([`CT_FILL_CT`]), then `NPM_CT4`'s ([`CT_FILL_CT4`]).
+pub const CT_FILL_WORDS: u32 = 4;
+/// `NPM_CT_FILL`: the first word of `NPM_CT`'s.
+pub const CT_FILL_CT: u32 = 0;
+/// `NPM_CT_FILL`: the first word of `NPM_CT4`'s.
+pub const CT_FILL_CT4: u32 = CT_FILL_WORDS;
+/// `NPM_CT_FILL` word (of a map's words): an approximation from above of
+/// the map's entries. The datapath adds one per entry it writes (nothing
+/// in BPF sees an LRU eviction, and an insert replacing an entry of the
+/// same key counts too), the loader's conntrack worker moves it to the
+/// entries its pass left (deleting the idled-out ones), both with atomic
+/// adds through a shared mapping. It follows a flood at once, where the
+/// worker's passes are seconds apart.
+pub const CT_FILL_ENTRIES: u32 = 0;
+/// `NPM_CT_FILL` word (of a map's words): the pressure threshold, written
+/// by the loader from the map's size (`npm_dataplane`'s
+/// `pressure_threshold`): while [`CT_FILL_ENTRIES`] is at or above it
+/// the per-endpoint cap applies. 0 (a map no loader configured yet):
+/// always under pressure, the cap always applies.
+pub const CT_FILL_PRESSURE: u32 = 1;
+/// `NPM_CT_FILL` word (of a map's words): the `NPM_CT_CAP` the endpoint
+/// programs were loaded with (`u32::MAX`: no quota), written by their
+/// loader for the programs loaded beside the pins (`node_exit`,
+/// `host_in`), whose loader sets their `NPM_CT_CAP` from it; 0: none
+/// written (they keep the object's default). Not read by the datapath.
+pub const CT_FILL_CAP: u32 = 2;
+/// `NPM_CT_FILL` entries.
+pub const CT_FILL_LEN: u32 = 2 * CT_FILL_WORDS;
 
 /// `NPM_CT_QUOTA` words per slot: [`CT_QUOTA_HELD`] and
 /// [`CT_QUOTA_REFUSED`].

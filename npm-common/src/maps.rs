@@ -71,6 +71,11 @@ pub const EP_EPOCH: &str = "NPM_EP_EPOCH";
 /// modulo the size; endpoints whose ifindexes share a slot share a
 /// quota), an array the loader maps (`BPF_F_MMAPABLE`). Added in layout 8.
 pub const CT_QUOTA: &str = "NPM_CT_QUOTA";
+/// The conntrack maps' fill and pressure thresholds:
+/// [`crate::CT_FILL_LEN`] `u64` words ([`crate::CT_FILL_WORDS`] per map),
+/// an array the loader maps (`BPF_F_MMAPABLE`). Added in layout 8 after
+/// `NPM_CT_QUOTA` (same rule: a program without it caps at all fills).
+pub const CT_FILL: &str = "NPM_CT_FILL";
 /// LRU [`crate::DeferSourceKey`] -> `u32`: the sender's host-side
 /// ifindex of each deferred Service flow by its source (address, port,
 /// protocol), written by `from_pod` with the deferral; read after the DNAT
@@ -79,9 +84,9 @@ pub const CT_QUOTA: &str = "NPM_CT_QUOTA";
 /// layout 8.
 pub const DEFER_SRC: &str = "NPM_DEFER_SRC";
 /// Every map, for pinning and adoption.
-pub const ALL: [&str; 19] = [
+pub const ALL: [&str; 20] = [
     EP_SLOTS, ENDPOINTS, IPCACHE, IPCACHE4, CIDRS, POLICY, CT, CT4, FRAGS, COUNTERS, EVENTS, SERVICES, TIERS, FOLD,
-    RULE_COUNT, EP_DENIES, EP_EPOCH, CT_QUOTA, DEFER_SRC,
+    RULE_COUNT, EP_DENIES, EP_EPOCH, CT_QUOTA, DEFER_SRC, CT_FILL,
 ];
 
 /// Map sizes (max entries).

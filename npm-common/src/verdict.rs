@@ -69,6 +69,14 @@ pub enum Reason {
     /// (`npm_common::CT_QUOTA`): its flood costs it its own new
     /// connections instead of evicting other endpoints' entries.
     ConntrackQuota = 24,
+    /// Dropped: the first packet of a new connection allowed by policy
+    /// whose conntrack entry the kernel did not write (the LRU insert
+    /// failed: no free node found under churn, or the bucket's lock busy
+    /// on this CPU). Passing it would leave a connection nothing tracks:
+    /// its replies would be decided as new flows (dropped, and counted as
+    /// policy denials, at an isolated endpoint) after the peer did the
+    /// work; dropped, the sender retries.
+    ConntrackFailed = 25,
 }
 
 /// Number of reason slots per direction in `NPM_COUNTERS`.
@@ -95,7 +103,7 @@ pub const DRY_RUN_MARK: u32 = 0x4e50_4d00;
 
 impl Reason {
     /// Every reason, for counters and metrics.
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 21] = [
         Reason::Policy,
         Reason::NotIsolated,
         Reason::Tracked,
@@ -116,6 +124,7 @@ impl Reason {
         Reason::ConnectionCut,
         Reason::CutFlow,
         Reason::ConntrackQuota,
+        Reason::ConntrackFailed,
     ];
 
     /// True when the reason drops the packet.
@@ -159,6 +168,7 @@ impl Reason {
             22 => Reason::ConnectionCut,
             23 => Reason::CutFlow,
             24 => Reason::ConntrackQuota,
+            25 => Reason::ConntrackFailed,
             _ => return None,
         })
     }
@@ -186,6 +196,7 @@ impl Reason {
             Reason::ConnectionCut => "connection-cut",
             Reason::CutFlow => "cut-flow",
             Reason::ConntrackQuota => "conntrack-quota",
+            Reason::ConntrackFailed => "conntrack-failed",
         }
     }
 }

@@ -8,7 +8,7 @@ use npm_common::{
 
 use crate::conntrack::{
     ct4_words, ct_continue, ct_create, ct_original, ct_redecided, fill_ct_key, fill_ct_key4, CtPacket, CT_CUT_HIT,
-    CT_REFUSED, CT_STALE, CT_TRACKED, CT_WRITTEN, NPM_CT, NPM_CT4,
+    CT_FAILED, CT_REFUSED, CT_STALE, CT_TRACKED, CT_WRITTEN, NPM_CT, NPM_CT4,
 };
 use crate::endpoint::{endpoint_epoch, endpoint_slot, NPM_ENDPOINTS};
 use crate::flow_cache::{
@@ -267,6 +267,9 @@ pub(crate) fn classify(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, 
         // The endpoint holds its share of the conntrack: its new flow is
         // dropped.
         CT_REFUSED => Reason::ConntrackQuota as u8,
+        // The kernel did not write the entry: dropped (its replies would
+        // be decided as new flows), the sender retries.
+        CT_FAILED => Reason::ConntrackFailed as u8,
         CT_WRITTEN if ep.flags & EP_REPORT_NEW != 0 => {
             report_new(s, dir, ifindex, ep.id, reason, now);
             reason

@@ -53,9 +53,9 @@ use aya_ebpf::{
     maps::{Array, LruHashMap},
 };
 use npm_common::{
-    ct_timeout_ns, ep_epoch_slot, proto, sizes, CtKey, CtKey4, CtValue, CT_CLOSING, CT_CUT, CT_FIN_HI, CT_FIN_LO,
-    CT_ORIG_LO_TO_HI, CT_PENDING, CT_QUOTA_HELD, CT_QUOTA_REFUSED, CT_QUOTA_SHARE, CT_QUOTA_WORDS, CT_RST,
-    CT_SEEN_REPLY, FIRST_DENY_REASON,
+    ct_timeout_ns, ep_epoch_slot, proto, sizes, CtKey, CtKey4, CtValue, CT_CLOSING, CT_CUT, CT_FILL_CT, CT_FILL_CT4,
+    CT_FILL_ENTRIES, CT_FILL_LEN, CT_FILL_PRESSURE, CT_FIN_HI, CT_FIN_LO, CT_ORIG_LO_TO_HI, CT_PENDING, CT_QUOTA_HELD,
+    CT_QUOTA_REFUSED, CT_QUOTA_SHARE_DEFAULT, CT_QUOTA_WORDS, CT_RST, CT_SEEN_REPLY, FIRST_DENY_REASON,
 };
 
 use crate::flow_cache::{flow_cache_fill, FlowSlot};
@@ -82,11 +82,28 @@ pub(crate) static NPM_CT4: LruHashMap<CtKey4, CtValue> = LruHashMap::with_max_en
 static NPM_CT_QUOTA: Array<u64> =
     Array::with_max_entries(sizes::ENDPOINT_SLOTS * CT_QUOTA_WORDS, crate::policy::BPF_F_MMAPABLE);
 
+/// `NPM_CT_FILL`: per conntrack map (`CT_FILL_CT`, `CT_FILL_CT4`), the
+/// words `CT_FILL_ENTRIES` (an approximation from above of the map's
+/// entries: one added per entry written here, moved to the truth by the
+/// loader's conntrack worker at each pass) and `CT_FILL_PRESSURE` (the
+/// loader's threshold: at or above it the map is under pressure and the
+/// per-endpoint cap applies). Why a count kept here rather than a flag the
+/// worker sets: a flood fills a map in well under a second, the worker's
+/// passes are seconds apart; the datapath's own count follows every
+/// insert, and the worker only has to take away what LRU evictions and
+/// idled-out entries left uncounted (an eviction happens only when the
+/// map is full, where the count is above the threshold anyway).
+#[map]
+static NPM_CT_FILL: Array<u64> = Array::with_max_entries(CT_FILL_LEN, crate::policy::BPF_F_MMAPABLE);
+
 /// The most live conntrack entries one endpoint may hold (both maps
-/// together), a read-only global the loader sets at load time to the
-/// conntrack maps' size over `CT_QUOTA_SHARE`.
+/// together) while the map of its new entry is under pressure
+/// (`NPM_CT_FILL`), a read-only global the loader sets at load time to the
+/// conntrack maps' size over the configured share (`u32::MAX`: no
+/// quota); `node_exit` and `host_in`, loaded beside the pins, keep this
+/// default.
 #[no_mangle]
-static NPM_CT_CAP: u32 = sizes::CT / CT_QUOTA_SHARE;
+static NPM_CT_CAP: u32 = sizes::CT / CT_QUOTA_SHARE_DEFAULT;
 
 /// Benchmark-only switch, a read-only global the loader may override at load
 /// time: when 1, allowed new flows do NOT create a conntrack entry, so a
@@ -95,6 +112,14 @@ static NPM_CT_CAP: u32 = sizes::CT / CT_QUOTA_SHARE;
 /// branch.
 #[no_mangle]
 pub(crate) static NPM_BENCH_NO_CT_CREATE: u8 = 0;
+
+/// Test-only fault injection, a read-only global the loader may override
+/// at load time: when 1, every conntrack insert is treated as refused by
+/// the kernel (no entry written), so a test sees what a failed LRU insert
+/// does to the packet. The production loader never sets it; the verifier
+/// sees the frozen value 0 and prunes the branch.
+#[no_mangle]
+static NPM_BENCH_CT_INSERT_FAILS: u8 = 0;
 
 /// (a, pa) <= (b, pb), addresses compared as big-endian numbers.
 #[inline(always)]
@@ -362,16 +387,21 @@ pub(crate) const CT_NOT_WRITTEN: u8 = 0;
 /// [`ct_create`]: the entry was written.
 pub(crate) const CT_WRITTEN: u8 = 1;
 /// [`ct_create`]: refused, the endpoint holds its share of the table
-/// (`NPM_CT_CAP`): the caller drops the packet as
-/// `Reason::ConntrackQuota`.
+/// (`NPM_CT_CAP`) and the table is under pressure: the caller drops the
+/// packet as `Reason::ConntrackQuota`.
 pub(crate) const CT_REFUSED: u8 = 2;
+/// [`ct_create`]: the kernel did not write the entry (the LRU insert
+/// failed): the caller drops the packet as `Reason::ConntrackFailed`.
+pub(crate) const CT_FAILED: u8 = 3;
 
 /// Charges one new conntrack entry to the endpoint on `ifindex`
 /// (`NPM_CT_QUOTA`): false, and the refusal counted, when the endpoint
-/// already holds `NPM_CT_CAP` entries. The test and the add are not one
-/// atomic step: CPUs racing at the cap may each pass it by one.
+/// already holds `NPM_CT_CAP` entries and the map of the entry (`fill`:
+/// `CT_FILL_CT` or `CT_FILL_CT4`) is under pressure ([`ct_pressure`]).
+/// The test and the add are not one atomic step: CPUs racing at the cap
+/// may each pass it by one.
 #[inline(always)]
-fn ct_charge(ifindex: u32) -> bool {
+fn ct_charge(ifindex: u32, fill: u32) -> bool {
     let base = ep_epoch_slot(ifindex) * CT_QUOTA_WORDS;
     let Some(held) = NPM_CT_QUOTA.get_ptr_mut(base + CT_QUOTA_HELD) else {
         return true;
@@ -381,7 +411,7 @@ fn ct_charge(ifindex: u32) -> bool {
     // the loader's conntrack worker).
     unsafe {
         let cap = core::ptr::read_volatile(&NPM_CT_CAP) as u64;
-        if core::ptr::read_volatile(held) >= cap {
+        if core::ptr::read_volatile(held) >= cap && ct_pressure(fill) {
             if let Some(refused) = NPM_CT_QUOTA.get_ptr_mut(base + CT_QUOTA_REFUSED) {
                 atomic_add(refused, 1);
             }
@@ -390,6 +420,33 @@ fn ct_charge(ifindex: u32) -> bool {
         atomic_add(held, 1);
     }
     true
+}
+
+/// Takes back the charge of an entry the kernel did not write.
+#[inline(always)]
+fn ct_uncharge(ifindex: u32) {
+    let base = ep_epoch_slot(ifindex) * CT_QUOTA_WORDS;
+    if let Some(held) = NPM_CT_QUOTA.get_ptr_mut(base + CT_QUOTA_HELD) {
+        // SAFETY: an 8-aligned array value changed only by atomic adds;
+        // adding 2^64 - 1 takes one away.
+        unsafe { atomic_add(held, u64::MAX) };
+    }
+}
+
+/// Whether the conntrack map whose `NPM_CT_FILL` words start at `fill` is
+/// under pressure: its fill at or above its threshold (a threshold of 0,
+/// not yet written by a loader: always).
+#[inline(always)]
+fn ct_pressure(fill: u32) -> bool {
+    let (Some(entries), Some(threshold)) = (
+        NPM_CT_FILL.get_ptr(fill + CT_FILL_ENTRIES),
+        NPM_CT_FILL.get_ptr(fill + CT_FILL_PRESSURE),
+    ) else {
+        return true;
+    };
+    // SAFETY: 8-aligned array values (the fill changed by atomic adds,
+    // the threshold stored whole by the loader).
+    unsafe { core::ptr::read_volatile(entries) >= core::ptr::read_volatile(threshold) }
 }
 
 /// `*p += v` as one `BPF_ATOMIC` add (no fetch: the result is unused).
@@ -410,10 +467,12 @@ unsafe fn atomic_add(p: *mut u64, v: u64) {
 /// and the endpoint's decision `epoch` (read before the policy lookup);
 /// a fresh entry replaces an older one of the same key. The entry is
 /// charged to the endpoint on `ifindex` ([`ct_charge`]): one that holds its
-/// share of the table gets [`CT_REFUSED`] and no entry, so its flood of
-/// new flows never evicts another endpoint's entries. Returns
-/// [`CT_WRITTEN`], or [`CT_NOT_WRITTEN`] for a dry run or the benchmark
-/// switch; the allow event of a new connection
+/// share of the table while the table is under pressure gets
+/// [`CT_REFUSED`] and no entry, so its flood of new flows never evicts
+/// another endpoint's entries. A written entry is added to the map's fill
+/// (`NPM_CT_FILL`); an insert the kernel refused gets [`CT_FAILED`] (its
+/// charge taken back). Returns [`CT_WRITTEN`], or [`CT_NOT_WRITTEN`] for
+/// a dry run or the benchmark switch; the allow event of a new connection
 /// (`crate::verdict::report_new`) is sent by the caller only for a
 /// written entry of an `EP_REPORT_NEW` endpoint.
 #[inline(always)]
@@ -436,7 +495,8 @@ pub(crate) fn ct_create(
     if s.pad == crate::DRY_RUN_IIF {
         return CT_NOT_WRITTEN;
     }
-    if !ct_charge(ifindex) {
+    let fill = if v4 { CT_FILL_CT4 } else { CT_FILL_CT };
+    if !ct_charge(ifindex, fill) {
         return CT_REFUSED;
     }
     let mut flags = extra | if pkt.src_is_lo { CT_ORIG_LO_TO_HI } else { 0 };
@@ -452,10 +512,21 @@ pub(crate) fn ct_create(
         wr32(v.add(16), dir as u32 | (flags as u32) << 8 | (reason as u32) << 16);
         wr32(v.add(20), epoch);
     }
-    let _ = if v4 {
+    // SAFETY: reading a read-only global.
+    let written = if unsafe { core::ptr::read_volatile(&NPM_BENCH_CT_INSERT_FAILS) } != 0 {
+        Err(-12)
+    } else if v4 {
         NPM_CT4.insert(&s.ct4, &s.ctv, 0)
     } else {
         NPM_CT.insert(&s.ct, &s.ctv, 0)
     };
+    if written.is_err() {
+        ct_uncharge(ifindex);
+        return CT_FAILED;
+    }
+    if let Some(entries) = NPM_CT_FILL.get_ptr_mut(fill + CT_FILL_ENTRIES) {
+        // SAFETY: an 8-aligned array value changed only by atomic adds.
+        unsafe { atomic_add(entries, 1) };
+    }
     CT_WRITTEN
 }

@@ -5,8 +5,8 @@ use aya_ebpf::programs::TcContext;
 use npm_common::{proto, sizes, Reason, DIR_EGRESS, DIR_INGRESS, EP_HAS_V4, EP_REPORT_NEW, FIRST_DENY_REASON};
 
 use crate::conntrack::{
-    ct4_key, ct_continue, ct_create, ct_original, ct_redecided, store_ct4, CtPacket, CT_CUT_HIT, CT_REFUSED, CT_STALE,
-    CT_TRACKED, CT_WRITTEN, NPM_CT4,
+    ct4_key, ct_continue, ct_create, ct_original, ct_redecided, store_ct4, CtPacket, CT_CUT_HIT, CT_FAILED, CT_REFUSED,
+    CT_STALE, CT_TRACKED, CT_WRITTEN, NPM_CT4,
 };
 use crate::endpoint::{endpoint_epoch, endpoint_slot};
 use crate::flow_cache::{flow_cache_hit, flow_slot, FlowSlot, NPM_BENCH_NO_FLOW_CACHE, NPM_FLOWCACHE};
@@ -154,7 +154,13 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
         // (counted here as `Reason::Deferred`).
         if dir == DIR_EGRESS && deferred_v4(ep.flags, ifindex, pr, daddr, dport) {
             store_ct4(&mut s.ct4, &key);
-            return defer(ctx, s, ifindex, true, ct);
+            let r = defer(ctx, s, ifindex, true, ct);
+            if r >= FIRST_DENY_REASON {
+                // The pending entry was not written: the deny event reads
+                // the packet from scratch.
+                fill_pkt_v4(&mut s.pkt, Hdr4::new(saddr, daddr, pr, tcp_flags, sport, dport));
+            }
+            return r;
         }
         (dir, dport)
     } else {
@@ -194,6 +200,12 @@ pub(crate) fn fast_v4(ctx: &TcContext, dir: u8, ifindex: u32, s: &mut Scratch, s
         CT_REFUSED => {
             fill_pkt_v4(&mut s.pkt, h);
             return Reason::ConntrackQuota as u8;
+        }
+        // The kernel did not write the entry: dropped (its replies would
+        // be decided as new flows), the sender retries.
+        CT_FAILED => {
+            fill_pkt_v4(&mut s.pkt, h);
+            return Reason::ConntrackFailed as u8;
         }
         CT_WRITTEN if ep.flags & EP_REPORT_NEW != 0 => {
             fill_pkt_v4(&mut s.pkt, h);

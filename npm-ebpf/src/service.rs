@@ -23,7 +23,7 @@ use npm_common::{
     defer_mark, proto, sizes, CtKey, Reason, ServiceValue, CT_PENDING, DIR_EGRESS, EP_ISOLATED_EGRESS, EP_TIERS_INGRESS,
 };
 
-use crate::conntrack::{ct4_words, ct_create, CtPacket};
+use crate::conntrack::{ct4_words, ct_create, CtPacket, CT_FAILED};
 use crate::endpoint::endpoint_slot;
 use crate::mem::{rd32, V4_MAPPED_WORD};
 use crate::parse::{clear_fields, parse, parse_at, Skb, FRAG_LATER};
@@ -133,9 +133,12 @@ pub(crate) fn defer(ctx: &TcContext, s: &mut Scratch, ifindex: u32, v4: bool, pk
     // pre-DNAT one).
     // Refused at the endpoint's conntrack quota: no pending entry, so the
     // flow's replies are decided by policy (dropped at an isolated
-    // endpoint), never let in untracked.
-    ct_create(s, v4, pkt, DIR_EGRESS, Reason::Deferred as u8, CT_PENDING, 0, ifindex);
-    Reason::Deferred as u8
+    // endpoint), never let in untracked. An entry the kernel did not
+    // write drops the packet, as for any new flow (`ct_create`).
+    match ct_create(s, v4, pkt, DIR_EGRESS, Reason::Deferred as u8, CT_PENDING, 0, ifindex) {
+        CT_FAILED => Reason::ConntrackFailed as u8,
+        _ => Reason::Deferred as u8,
+    }
 }
 
 /// The sender's host-side ifindex of the deferred packet parsed in `s.pkt`

@@ -22,9 +22,17 @@
 //! entries of each endpoint's quota slot; the slot's `CT_QUOTA_HELD` is
 //! then moved by the difference between the entries found and its
 //! snapshot taken before the walk (an atomic add or subtraction beside
-//! the datapath's atomic adds; see `correct_quota`). A pass also runs without
-//! a request when a slot reaches three quarters of the cap, at most once
-//! per [`QUOTA_PASS_INTERVAL`].
+//! the datapath's atomic adds; see `correct_words`). Each map's fill
+//! (`NPM_CT_FILL`'s `CT_FILL_ENTRIES`, which the datapath raises with
+//! every entry it writes and which gates the quota: see
+//! `npm_common::CT_QUOTA_SHARE_DEFAULT`) is moved the same way to the entries the
+//! walk left. A pass also runs without a request, at most once per
+//! [`QUOTA_PASS_INTERVAL`], while the quota is on and a map's fill is at
+//! two thirds of its pressure threshold or more: idled-out entries stay
+//! in an LRU map until evicted, so without it a busy endpoint's dead flows
+//! would push the fill to the threshold; and under pressure the slots'
+//! counts are corrected every few seconds (an endpoint whose flows ended
+//! gets below its cap again).
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -35,8 +43,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use npm_common::{
-    ct_timeout_ns, ep_epoch_slot, sizes, CtKey, CtKey4, CtValue, FragKey, FragValue, CT_QUOTA_HELD, CT_QUOTA_REFUSED,
-    CT_QUOTA_WORDS, V4_MAPPED_PREFIX,
+    ct_timeout_ns, ep_epoch_slot, sizes, CtKey, CtKey4, CtValue, FragKey, FragValue, CT_FILL_CT, CT_FILL_CT4,
+    CT_FILL_ENTRIES, CT_FILL_PRESSURE, CT_QUOTA_HELD, CT_QUOTA_REFUSED, CT_QUOTA_WORDS, V4_MAPPED_PREFIX,
 };
 
 use super::batch;
@@ -104,13 +112,14 @@ impl Shared {
     }
 }
 
-/// The maps a pass walks (duplicated descriptors, owned by the worker)
-/// and the mapped quota words.
+/// The maps a pass walks (duplicated descriptors, owned by the worker),
+/// the mapped quota words and the mapped fill words (`NPM_CT_FILL`).
 struct Maps {
     ct: OwnedFd,
     ct4: OwnedFd,
     frags: OwnedFd,
     quota: Arc<SharedWords>,
+    fill: Arc<SharedWords>,
     /// `NPM_CT_CAP` as loaded (`u64::MAX`: no quota).
     cap: u64,
 }
@@ -120,18 +129,21 @@ struct Maps {
 pub(crate) struct CtWorker {
     shared: Arc<Shared>,
     quota: Arc<SharedWords>,
+    fill: Arc<SharedWords>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl CtWorker {
     /// Starts the worker on duplicates of the three flow maps'
-    /// descriptors and the mapped quota words (`cap`: the datapath's
-    /// `NPM_CT_CAP`, `u64::MAX` when the quota is off).
+    /// descriptors, the mapped quota words and the mapped fill words
+    /// (`cap`: the datapath's `NPM_CT_CAP`, `u64::MAX` when the quota is
+    /// off).
     pub(crate) fn start(
         ct: OwnedFd,
         ct4: OwnedFd,
         frags: OwnedFd,
         quota: Arc<SharedWords>,
+        fill: Arc<SharedWords>,
         cap: u64,
     ) -> Result<Self, EbpfError> {
         let shared = Arc::new(Shared {
@@ -144,6 +156,7 @@ impl CtWorker {
             ct4,
             frags,
             quota: quota.clone(),
+            fill: fill.clone(),
             cap,
         };
         let s = shared.clone();
@@ -154,6 +167,7 @@ impl CtWorker {
         Ok(CtWorker {
             shared,
             quota,
+            fill,
             thread: Some(thread),
         })
     }
@@ -200,6 +214,26 @@ impl CtWorker {
     pub(crate) fn purge_ids_now(&self, ids: HashSet<u32>, timeout: Duration) -> Result<(), EbpfError> {
         let ticket = self.request(|st| st.drop_ids.extend(ids));
         self.wait(ticket, timeout)
+    }
+
+    /// A pass with nothing to delete: the fill and quota words are moved
+    /// to what the maps hold (after the loader copied flows from another
+    /// layout, or adopted maps a program without the fill count wrote).
+    /// Returns the request's ticket.
+    pub(crate) fn recount(&self) -> u64 {
+        self.request(|_| {})
+    }
+
+    /// (fill, pressure threshold) of `NPM_CT` and of `NPM_CT4`, as the
+    /// datapath reads them.
+    pub(crate) fn pressure(&self) -> [(u64, u64); 2] {
+        let w = self.fill.words();
+        [CT_FILL_CT, CT_FILL_CT4].map(|base| {
+            (
+                w[(base + CT_FILL_ENTRIES) as usize].load(Ordering::Relaxed),
+                w[(base + CT_FILL_PRESSURE) as usize].load(Ordering::Relaxed),
+            )
+        })
     }
 
     /// The latest ticket.
@@ -291,10 +325,8 @@ fn run(shared: &Shared, maps: &Maps) {
             return;
         }
         let asked = st.requested > st.taken;
-        let quota_due = !asked
-            && last_pass.is_none_or(|t| t.elapsed() >= QUOTA_PASS_INTERVAL)
-            && !st.slots.is_empty()
-            && quota_near_cap(maps);
+        let quota_due =
+            !asked && last_pass.is_none_or(|t| t.elapsed() >= QUOTA_PASS_INTERVAL) && fill_near_pressure(maps);
         if !asked && !quota_due {
             st = shared
                 .wake
@@ -349,18 +381,18 @@ fn run(shared: &Shared, maps: &Maps) {
     }
 }
 
-/// Whether a quota slot holds three quarters of the cap or more.
-fn quota_near_cap(maps: &Maps) -> bool {
+/// Whether the quota is on and a conntrack map's fill is at two thirds
+/// of its pressure threshold or more (a threshold of 0: always).
+fn fill_near_pressure(maps: &Maps) -> bool {
     if maps.cap == u64::MAX {
         return false;
     }
-    let high = maps.cap - maps.cap / 4;
-    maps.quota
-        .words()
-        .iter()
-        .skip(CT_QUOTA_HELD as usize)
-        .step_by(CT_QUOTA_WORDS as usize)
-        .any(|w| w.load(Ordering::Relaxed) >= high)
+    let w = maps.fill.words();
+    [CT_FILL_CT, CT_FILL_CT4].iter().any(|base| {
+        let fill = w[(base + CT_FILL_ENTRIES) as usize].load(Ordering::Relaxed);
+        let threshold = w[(base + CT_FILL_PRESSURE) as usize].load(Ordering::Relaxed);
+        fill.saturating_mul(3) >= threshold.saturating_mul(2)
+    })
 }
 
 /// `CLOCK_MONOTONIC` in ns (the datapath's coarse clock has the same
@@ -372,116 +404,174 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The peer addresses of a job, as each conntrack map's keys hold them.
+struct Peers {
+    /// IPv6 and IPv4-mapped (`NPM_CT`, `NPM_FRAGS`).
+    v6: HashSet<[u8; 16]>,
+    /// The IPv4-mapped ones as IPv4 (`NPM_CT4`).
+    v4: HashSet<[u8; 4]>,
+}
+
+/// A conntrack map's key, as the walk reads it: `NPM_CT`'s [`CtKey`] and
+/// `NPM_CT4`'s [`CtKey4`] (one walk for both, [`walk_ct`]).
+trait WalkedKey: Copy {
+    fn endpoint(&self) -> u32;
+    fn protocol(&self) -> u8;
+    /// Whether either address of the flow is one of `peers`.
+    fn names(&self, peers: &Peers) -> bool;
+}
+
+impl WalkedKey for CtKey {
+    fn endpoint(&self) -> u32 {
+        self.endpoint
+    }
+    fn protocol(&self) -> u8 {
+        self.protocol
+    }
+    fn names(&self, peers: &Peers) -> bool {
+        peers.v6.contains(&self.addr_lo) || peers.v6.contains(&self.addr_hi)
+    }
+}
+
+impl WalkedKey for CtKey4 {
+    fn endpoint(&self) -> u32 {
+        self.endpoint
+    }
+    fn protocol(&self) -> u8 {
+        self.protocol
+    }
+    fn names(&self, peers: &Peers) -> bool {
+        peers.v4.contains(&self.addr_lo) || peers.v4.contains(&self.addr_hi)
+    }
+}
+
+/// What a walk of one conntrack map did.
+#[derive(Default)]
+struct Walked {
+    walked: u64,
+    deleted: u64,
+    /// The entries walked and not deleted.
+    left: u64,
+}
+
+/// Walks the conntrack map `fd` (keys `K`) and deletes the entries of a
+/// `gone` endpoint, naming one of `peers`, or for which `count` (which
+/// counts the live ones) says they idled out.
+fn walk_ct<K: WalkedKey>(
+    fd: i32,
+    peers: &Peers,
+    gone: &impl Fn(u32) -> bool,
+    count: &mut impl FnMut(u32, &CtValue, u8) -> bool,
+) -> io::Result<Walked> {
+    let mut w = Walked::default();
+    let mut doomed: Vec<K> = Vec::new();
+    batch::for_each::<K, CtValue>(fd, |keys, values| {
+        w.walked += keys.len() as u64;
+        for (k, v) in keys.iter().zip(values) {
+            if gone(k.endpoint()) || k.names(peers) || count(k.endpoint(), v, k.protocol()) {
+                doomed.push(*k);
+            }
+        }
+    })?;
+    w.left = w.walked - doomed.len() as u64;
+    w.deleted = batch::delete(fd, &doomed)?;
+    Ok(w)
+}
+
+/// The words at `indexes` of `words` with their values now (the
+/// snapshot [`correct_words`] moves from), those above 0.
+fn snapshot(words: &[AtomicU64], indexes: impl Iterator<Item = u32>) -> Vec<(u32, u64)> {
+    indexes
+        .map(|i| (i, words[i as usize].load(Ordering::Acquire)))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
 /// One walk of the three maps for `job`; returns (entries walked,
 /// entries deleted).
 fn pass(maps: &Maps, job: &Job) -> io::Result<(u64, u64)> {
     let now = monotonic_ns();
-    let v4: HashSet<[u8; 4]> = job
-        .peers
-        .iter()
-        .filter(|a| a[..12] == V4_MAPPED_PREFIX)
-        .map(|a| [a[12], a[13], a[14], a[15]])
-        .collect();
-    let gone = |id: u32| job.drop_ids.contains(&id) || job.keep.as_ref().is_some_and(|k| !k.contains(&id));
-    // The quota words before the walk (see `correct_quota`).
-    let words = maps.quota.words();
-    let slots: HashSet<u32> = job.slots.values().copied().collect();
-    let before: Vec<(u32, u64)> = if maps.cap == u64::MAX {
-        Vec::new()
-    } else {
-        (0..sizes::ENDPOINT_SLOTS)
-            .map(|s| {
-                (
-                    s,
-                    words[(s * CT_QUOTA_WORDS + CT_QUOTA_HELD) as usize].load(Ordering::Acquire),
-                )
-            })
-            .filter(|(_, held)| *held > 0)
-            .collect()
+    let peers = Peers {
+        v6: job.peers.clone(),
+        v4: job
+            .peers
+            .iter()
+            .filter(|a| a[..12] == V4_MAPPED_PREFIX)
+            .map(|a| [a[12], a[13], a[14], a[15]])
+            .collect(),
     };
+    let gone = |id: u32| job.drop_ids.contains(&id) || job.keep.as_ref().is_some_and(|k| !k.contains(&id));
+    // The quota and fill words before the walk (see `correct_words`).
+    let words = maps.quota.words();
+    let fill = maps.fill.words();
+    let slots: HashSet<u32> = job.slots.values().copied().collect();
+    let quota_on = maps.cap != u64::MAX;
+    let before = if quota_on {
+        snapshot(
+            words,
+            (0..sizes::ENDPOINT_SLOTS).map(|s| s * CT_QUOTA_WORDS + CT_QUOTA_HELD),
+        )
+    } else {
+        Vec::new()
+    };
+    let fill_index = [CT_FILL_CT + CT_FILL_ENTRIES, CT_FILL_CT4 + CT_FILL_ENTRIES];
+    let fill_before = snapshot(fill, fill_index.into_iter());
     let mut live: HashMap<u32, u64> = HashMap::new();
-    let (mut walked, mut deleted) = (0u64, 0u64);
-    let mut doomed: Vec<CtKey> = Vec::new();
     let mut count = |id: u32, v: &CtValue, proto: u8| -> bool {
         // Idled out: answers as absent, deleted.
         if now.saturating_sub(v.last_seen_ns) > ct_timeout_ns(proto, v.flags) {
             return true;
         }
         if let Some(slot) = job.slots.get(&id) {
-            *live.entry(*slot).or_default() += 1;
+            *live.entry(*slot * CT_QUOTA_WORDS + CT_QUOTA_HELD).or_default() += 1;
         }
         false
     };
-    batch::for_each::<CtKey, CtValue>(maps.ct.as_raw_fd(), |keys, values| {
-        walked += keys.len() as u64;
-        for (k, v) in keys.iter().zip(values) {
-            if gone(k.endpoint)
-                || job.peers.contains(&k.addr_lo)
-                || job.peers.contains(&k.addr_hi)
-                || count(k.endpoint, v, k.protocol)
-            {
-                doomed.push(*k);
-            }
-        }
-    })?;
-    deleted += batch::delete(maps.ct.as_raw_fd(), &doomed)?;
-    let mut doomed4: Vec<CtKey4> = Vec::new();
-    batch::for_each::<CtKey4, CtValue>(maps.ct4.as_raw_fd(), |keys, values| {
-        walked += keys.len() as u64;
-        for (k, v) in keys.iter().zip(values) {
-            if gone(k.endpoint)
-                || v4.contains(&k.addr_lo)
-                || v4.contains(&k.addr_hi)
-                || count(k.endpoint, v, k.protocol)
-            {
-                doomed4.push(*k);
-            }
-        }
-    })?;
-    deleted += batch::delete(maps.ct4.as_raw_fd(), &doomed4)?;
+    let ct = walk_ct::<CtKey>(maps.ct.as_raw_fd(), &peers, &gone, &mut count)?;
+    let ct4 = walk_ct::<CtKey4>(maps.ct4.as_raw_fd(), &peers, &gone, &mut count)?;
+    let (mut walked, mut deleted) = (ct.walked + ct4.walked, ct.deleted + ct4.deleted);
     let mut doomed_frags: Vec<FragKey> = Vec::new();
     batch::for_each::<FragKey, FragValue>(maps.frags.as_raw_fd(), |keys, _| {
         walked += keys.len() as u64;
         for k in keys {
-            if gone(k.endpoint) || job.peers.contains(&k.src) || job.peers.contains(&k.dst) {
+            if gone(k.endpoint) || peers.v6.contains(&k.src) || peers.v6.contains(&k.dst) {
                 doomed_frags.push(*k);
             }
         }
     })?;
     deleted += batch::delete(maps.frags.as_raw_fd(), &doomed_frags)?;
-    if maps.cap != u64::MAX {
-        correct_quota(words, &before, &slots, job.keep.is_some(), &live);
+    if quota_on {
+        // Slots of no programmed endpoint are only lowered once the kept
+        // ids are known: their entries are then swept as orphans.
+        let programmed = |i: u32| slots.contains(&((i - CT_QUOTA_HELD) / CT_QUOTA_WORDS)) || job.keep.is_some();
+        correct_words(words, &before, &live, programmed);
     }
+    let left: HashMap<u32, u64> = fill_index.into_iter().zip([ct.left, ct4.left]).collect();
+    correct_words(fill, &fill_before, &left, |_| true);
     Ok((walked, deleted))
 }
 
-/// Moves each slot's `CT_QUOTA_HELD` from its snapshot `before` the walk
-/// to the live entries the walk `found` there, keeping every later add:
-/// `held += found - before`. Sound as an upper bound: an entry alive at
-/// the snapshot and still alive is found (the batch walk visits every
-/// bucket once), an entry created since added one after the snapshot; an
-/// entry created just before the snapshot but inserted after its bucket
-/// was walked (a few, one per CPU at most) is the only one missed. It
-/// also charges entries no add counted (copied from an older layout, or
-/// made before the quota existed). Slots of no programmed endpoint
-/// (`slots` of the job) are only lowered once the kept ids are known
-/// (`swept`): their entries are then swept as orphans.
-fn correct_quota(
-    words: &[AtomicU64],
-    before: &[(u32, u64)],
-    slots: &HashSet<u32>,
-    swept: bool,
-    found: &HashMap<u32, u64>,
-) {
+/// Moves each word (by index) of `words` from its snapshot `before` the
+/// walk to what the walk `found` there, keeping every later add:
+/// `word += found - before`; only words `movable` says may move. For a
+/// quota slot's `CT_QUOTA_HELD` (found: its live entries) and a map's
+/// `CT_FILL_ENTRIES` (found: the entries the walk left). Sound as an
+/// upper bound: an entry present at the snapshot and still present is
+/// found (the batch walk visits every bucket once), an entry created
+/// since added one after the snapshot; an entry created just before the
+/// snapshot but inserted after its bucket was walked (a few, one per CPU
+/// at most) is the only one missed. It also counts entries no add counted
+/// (copied from an older layout, or made by a program without the count).
+fn correct_words(words: &[AtomicU64], before: &[(u32, u64)], found: &HashMap<u32, u64>, movable: impl Fn(u32) -> bool) {
     let snapshot: HashMap<u32, u64> = before.iter().copied().collect();
     let touched: HashSet<u32> = snapshot.keys().chain(found.keys()).copied().collect();
-    for slot in touched {
-        if !slots.contains(&slot) && !swept {
+    for i in touched {
+        if !movable(i) {
             continue;
         }
-        let was = snapshot.get(&slot).copied().unwrap_or(0);
-        let now = found.get(&slot).copied().unwrap_or(0);
-        let word = &words[(slot * CT_QUOTA_WORDS + CT_QUOTA_HELD) as usize];
+        let was = snapshot.get(&i).copied().unwrap_or(0);
+        let now = found.get(&i).copied().unwrap_or(0);
+        let word = &words[i as usize];
         if was > now {
             word.fetch_sub(was - now, Ordering::AcqRel);
         } else if now > was {

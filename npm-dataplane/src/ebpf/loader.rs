@@ -45,6 +45,11 @@ pub struct BenchSwitches {
     /// endpoint's new flows may evict every other endpoint's entries, as
     /// before the quota (the control of the quota's test).
     pub no_ct_quota: bool,
+    /// Fault injection: the datapath treats every conntrack insert as
+    /// refused by the kernel (it writes no entry), so a test can see what
+    /// a failed LRU insert does to the packet (dropped as
+    /// `conntrack-failed`, counted, the quota's charge taken back).
+    pub ct_insert_fails: bool,
 }
 
 /// The `max_entries` of the maps whose size scales with the cluster, set at
@@ -66,14 +71,15 @@ pub struct MapSizes {
     pub cidrs: u32,
     /// `NPM_CT` and `NPM_CT4` (each): tracked connections (LRU).
     pub conntrack: u32,
-    /// The per-endpoint conntrack quota: each endpoint may hold
-    /// `1 / conntrack_quota_share` of each conntrack map, beyond which its
-    /// new flows are dropped (`conntrack-quota`); 0, the default: no quota.
-    /// Off by default because the quota applies whether or not the map is
-    /// under pressure: an endpoint that legitimately opens many short flows
-    /// (a DNS server: with the 120 s UDP idle time, 550 new flows a second
-    /// fill a quarter of the default map) would have its new flows refused
-    /// where the shared LRU still had room.
+    /// The per-endpoint conntrack quota: while a conntrack map is under
+    /// pressure (its fill at or above [`pressure_threshold`]), an endpoint
+    /// holding more than `1 / conntrack_quota_share` of the map has its
+    /// new flows dropped (`conntrack-quota`); below the threshold no
+    /// endpoint is capped, so an endpoint that legitimately opens many
+    /// short flows (a DNS server: with the 120 s UDP idle time, 550 new
+    /// flows a second hold a quarter of the default map) keeps them while
+    /// the map has room. Default [`npm_common::CT_QUOTA_SHARE_DEFAULT`]
+    /// (an eighth: why, there); 0: no quota.
     pub conntrack_quota_share: u32,
 }
 
@@ -85,7 +91,7 @@ impl Default for MapSizes {
             ipcache: sizes::IPCACHE,
             cidrs: sizes::CIDRS,
             conntrack: sizes::CT,
-            conntrack_quota_share: 0,
+            conntrack_quota_share: npm_common::CT_QUOTA_SHARE_DEFAULT,
         }
     }
 }
@@ -307,6 +313,7 @@ fn set_switches(loader: &mut EbpfLoader, switches: BenchSwitches) {
         ("NPM_BENCH_NO_FAST_V4", switches.no_fast_v4),
         ("NPM_BENCH_NO_FOLD", switches.no_fold),
         ("NPM_BENCH_NO_RULE_COUNT", switches.no_rule_count),
+        ("NPM_BENCH_CT_INSERT_FAILS", switches.ct_insert_fails),
     ] {
         const ON: u8 = 1;
         const OFF: u8 = 0;
@@ -316,8 +323,9 @@ fn set_switches(loader: &mut EbpfLoader, switches: BenchSwitches) {
 
 /// Loads the object `explicit` (`None`: the loader's search) with every map
 /// of `maps::ALL` adopted from `pin_dir` (pinned there by the endpoint
-/// programs' loader) and `switches`, for the programs that share the
-/// endpoints' maps (`node_exit`, `host_in`); no program is loaded yet.
+/// programs' loader), `switches` and the endpoint programs' conntrack cap
+/// ([`pinned_ct_cap`]), for the programs that share the endpoints' maps
+/// (`node_exit`, `host_in`); no program is loaded yet.
 pub(crate) fn load_beside_pins(
     explicit: Option<&Path>,
     pin_dir: &Path,
@@ -329,10 +337,33 @@ pub(crate) fn load_beside_pins(
         loader.map_pin_path(name, pin_dir.join(name));
     }
     set_switches(&mut loader, switches);
+    // The endpoint programs' conntrack cap (the configured share, or no
+    // quota), else the object's default.
+    let cap = pinned_ct_cap(pin_dir);
+    if let Some(cap) = &cap {
+        loader.override_global("NPM_CT_CAP", cap, true);
+    }
     loader.load(&data).map_err(|source| EbpfError::Load {
         path: object,
         source: Box::new(source),
     })
+}
+
+/// The `NPM_CT_CAP` the endpoint programs of `pin_dir` were loaded with,
+/// as their loader wrote it in the pinned `NPM_CT_FILL`
+/// (`npm_common::CT_FILL_CAP`); `None` when none was written or the map
+/// is not readable (the programs loaded beside the pins then keep the
+/// object's default).
+pub fn pinned_ct_cap(pin_dir: &Path) -> Option<u32> {
+    let fill: aya::maps::Array<aya::maps::MapData, u64> = match super::pins::open_pinned(pin_dir, maps::CT_FILL) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the endpoint programs' conntrack cap; keeping the object's default");
+            return None;
+        }
+    };
+    let word = fill.get(&(npm_common::CT_FILL_CT + npm_common::CT_FILL_CAP), 0).ok()?;
+    (word != 0).then(|| u32::try_from(word).unwrap_or(u32::MAX))
 }
 
 /// Loads the object `data` (read from `object`) with every map of
@@ -374,13 +405,49 @@ pub(crate) fn load(
 /// The datapath's per-endpoint conntrack cap (`NPM_CT_CAP`): the
 /// configured conntrack size over [`MapSizes::conntrack_quota_share`] (a
 /// pinned map of another size keeps the configured cap), or no cap when
-/// the share is 0 (the default) or under [`BenchSwitches::no_ct_quota`].
+/// the share is 0 or under [`BenchSwitches::no_ct_quota`]. It applies only
+/// while the map of the new entry is under pressure
+/// ([`pressure_threshold`]).
 pub(crate) fn ct_cap(map_sizes: &MapSizes, switches: BenchSwitches) -> u32 {
     if switches.no_ct_quota || map_sizes.conntrack_quota_share == 0 {
         u32::MAX
     } else {
         (map_sizes.conntrack / map_sizes.conntrack_quota_share).max(1)
     }
+}
+
+/// The kernel's `LOCAL_FREE_TARGET` (`kernel/bpf/bpf_lru_list.c`): the
+/// free nodes a CPU takes at once from an LRU map's global free list
+/// into its own.
+const LRU_LOCAL_FREE_TARGET: u64 = 128;
+
+/// The fill of a conntrack map of `size` entries at which it is under
+/// pressure (`NPM_CT_FILL`'s threshold, written by the loader): three
+/// quarters of the map, lower where the node has many CPUs. The LRU
+/// evicts before the map is full: each CPU keeps up to 128 free nodes of
+/// its own (`LOCAL_FREE_TARGET`), and a CPU that finds its own list empty
+/// evicts as soon as the global free list holds fewer than that many, so
+/// with `cpus` possible CPUs the first eviction may come with
+/// `128 * (cpus - 1)` nodes still free on other CPUs and fewer than 128
+/// in the global list. The threshold stays `128 * (cpus + 1)` below the
+/// size, which also covers the CPUs racing past the cap (one entry
+/// each). The quarter above the threshold is what endpoints within their
+/// cap may still fill while the others are refused. 0 (a tiny map on a
+/// large node): always under pressure.
+pub fn pressure_threshold(size: u32, cpus: usize) -> u64 {
+    let size = u64::from(size);
+    let reserve = (size / 4).max(LRU_LOCAL_FREE_TARGET * (cpus as u64 + 1));
+    size.saturating_sub(reserve)
+}
+
+/// [`pressure_threshold`] with this node's possible CPUs (those an LRU
+/// map keeps free lists for).
+pub(crate) fn node_pressure_threshold(size: u32) -> u64 {
+    let cpus = aya::util::nr_cpus().unwrap_or_else(|(path, e)| {
+        tracing::warn!(path, error = %e, "reading the possible CPUs; assuming 256 for the conntrack pressure threshold");
+        256
+    });
+    pressure_threshold(size, cpus)
 }
 
 /// Loads a program, retrying when `BPF_PROG_LOAD` returns `EAGAIN`: the
@@ -430,19 +497,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_conntrack_quota_is_off_unless_a_share_is_given() {
-        let off = MapSizes::default();
-        assert_eq!(ct_cap(&off, BenchSwitches::default()), u32::MAX);
+    fn the_conntrack_quota_is_on_by_default_and_off_at_share_0() {
+        let default = MapSizes::default();
+        assert_eq!(default.conntrack_quota_share, npm_common::CT_QUOTA_SHARE_DEFAULT);
+        assert_eq!(
+            ct_cap(&default, BenchSwitches::default()),
+            sizes::CT / npm_common::CT_QUOTA_SHARE_DEFAULT
+        );
         let quarter = MapSizes {
             conntrack: 1024,
             conntrack_quota_share: 4,
             ..MapSizes::default()
         };
         assert_eq!(ct_cap(&quarter, BenchSwitches::default()), 256);
+        let off = MapSizes {
+            conntrack_quota_share: 0,
+            ..MapSizes::default()
+        };
+        assert_eq!(ct_cap(&off, BenchSwitches::default()), u32::MAX);
         let switched_off = BenchSwitches {
             no_ct_quota: true,
             ..BenchSwitches::default()
         };
         assert_eq!(ct_cap(&quarter, switched_off), u32::MAX);
+    }
+
+    #[test]
+    fn the_pressure_threshold_leaves_the_lrus_per_cpu_free_lists_room() {
+        // Three quarters of the default map on a small node.
+        assert_eq!(pressure_threshold(sizes::CT, 2), u64::from(sizes::CT) * 3 / 4);
+        assert_eq!(pressure_threshold(sizes::CT, 64), u64::from(sizes::CT) * 3 / 4);
+        // Lower where 128 free nodes a CPU weigh more than a quarter.
+        assert_eq!(pressure_threshold(sizes::CT, 1024), u64::from(sizes::CT) - 128 * 1025);
+        assert_eq!(pressure_threshold(4096, 2), 3072);
+        assert_eq!(pressure_threshold(4096, 16), 4096 - 128 * 17);
+        // A map too small for the node: always under pressure.
+        assert_eq!(pressure_threshold(1024, 8), 0);
     }
 }

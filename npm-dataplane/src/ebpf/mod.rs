@@ -105,7 +105,10 @@ pub use host_in::{
 pub use links::{remove_pinned_filters, AttachMode};
 #[cfg(feature = "testing")]
 pub use loader::BenchSwitches;
-pub use loader::{resolve_object, EffectiveSizes, MapSizes, INSTALLED_OBJECT, MAP_SIZE_MAX, MAP_SIZE_MIN, OBJECT_ENV};
+pub use loader::{
+    pinned_ct_cap, pressure_threshold, resolve_object, EffectiveSizes, MapSizes, INSTALLED_OBJECT, MAP_SIZE_MAX,
+    MAP_SIZE_MIN, OBJECT_ENV,
+};
 pub use node_exit::{exit_dir, exit_program, remove_node_exit_filters, remove_node_exit_pins, NodeExit};
 pub use pins::{default_pin_dir, ensure_bpffs};
 pub use services::{ServicePort, ServicesMap, ServicesSync};
@@ -302,10 +305,32 @@ impl EbpfDataplane {
             let quota: aya::maps::Array<MapData, u64> = loader::take_map(&mut bpf, maps::CT_QUOTA)?;
             let (words, _) =
                 shared_words::SharedWords::map_array(aya::maps::IterableMap::map(&quota), 1, maps::CT_QUOTA)?;
+            let fill: aya::maps::Array<MapData, u64> = loader::take_map(&mut bpf, maps::CT_FILL)?;
+            let (fill, _) = shared_words::SharedWords::map_array(aya::maps::IterableMap::map(&fill), 1, maps::CT_FILL)?;
+            // The pressure thresholds, from the sizes the maps have (a
+            // pinned map keeps its own), before any program of this load
+            // is attached.
+            let threshold = loader::node_pressure_threshold(sizes.actual.conntrack);
+            for base in [npm_common::CT_FILL_CT, npm_common::CT_FILL_CT4] {
+                fill.words()[(base + npm_common::CT_FILL_PRESSURE) as usize]
+                    .store(threshold, std::sync::atomic::Ordering::Release);
+            }
             let [ct, ct4, frags] = flows.dup_fds()?;
             let cap = loader::ct_cap(&map_sizes, switches);
+            // For the programs loaded beside the pins (`load_beside_pins`).
+            for base in [npm_common::CT_FILL_CT, npm_common::CT_FILL_CT4] {
+                fill.words()[(base + npm_common::CT_FILL_CAP) as usize]
+                    .store(u64::from(cap), std::sync::atomic::Ordering::Release);
+            }
             let cap = if cap == u32::MAX { u64::MAX } else { cap as u64 };
-            ct_worker::CtWorker::start(ct, ct4, frags, std::sync::Arc::new(words), cap)?
+            ct_worker::CtWorker::start(
+                ct,
+                ct4,
+                frags,
+                std::sync::Arc::new(words),
+                std::sync::Arc::new(fill),
+                cap,
+            )?
         };
         let reports = Reports::take(&mut bpf)?;
         let epochs = epochs::Epochs::take(&mut bpf)?;
@@ -388,6 +413,9 @@ impl EbpfDataplane {
             Ok(n) => dp.adopted_numbers = n,
             Err(e) => tracing::warn!(error = %e, "reading the adopted identity numbers"),
         }
+        // The maps' fill counted from what they hold (adopted or copied
+        // entries no add of this program counted).
+        dp.ct_worker.recount();
         // Endpoints already programmed (adopted maps) are known by ifindex
         // only; sync_full reconciles them with the compiled state.
         Ok(dp)
@@ -461,6 +489,15 @@ impl EbpfDataplane {
     /// ifindexes share a slot (`npm_common::ep_epoch_slot`) share both.
     pub fn conntrack_quota(&self) -> Vec<(u32, u64, u64)> {
         self.ct_worker.quota()
+    }
+
+    /// (fill, pressure threshold) of `NPM_CT` and of `NPM_CT4`
+    /// (`NPM_CT_FILL`): the per-endpoint conntrack cap applies to a new
+    /// entry of a map while its fill is at or above its threshold. The
+    /// fill is the datapath's count from above (one per entry written),
+    /// moved to what the map holds by each pass of the conntrack worker.
+    pub fn conntrack_pressure(&self) -> [(u64, u64); 2] {
+        self.ct_worker.pressure()
     }
 
     /// The decision epoch of the endpoint on `ifindex` (`NPM_EP_EPOCH`).
