@@ -71,6 +71,11 @@ struct Topo {
 /// The topology of test `tag` (a letter: its names apart from the other
 /// test's, which runs in parallel).
 fn setup(tag: &str) -> Topo {
+    setup_with(tag, "")
+}
+
+/// [`setup`] with `extra` (chains) in kube-proxy's `nat` table.
+fn setup_with(tag: &str, extra: &str) -> Topo {
     clear_leftovers(NS_PREFIX);
     let pid = std::process::id();
     let script = TempFile(format!("/tmp/npm_nft_services_{pid}{tag}.py"));
@@ -96,7 +101,7 @@ fn setup(tag: &str) -> Topo {
     // prerouting (dstnat), a random backend per new connection.
     let kp = format!(
         "table ip kp {{\n chain pre {{\n  type nat hook prerouting priority dstnat; policy accept;\n  \
-         ip daddr {{ {CLUSTER_IP}, {LB_IP}, {EXTERNAL_IP} }} tcp dport 80 dnat to numgen random mod 2 map {{ 0 : {} . 8080, 1 : {} . 8080 }}\n }}\n}}\n",
+         ip daddr {{ {CLUSTER_IP}, {LB_IP}, {EXTERNAL_IP} }} tcp dport 80 dnat to numgen random mod 2 map {{ 0 : {} . 8080, 1 : {} . 8080 }}\n }}\n{extra}}}\n",
         PODS[1].1, PODS[2].1
     );
     let mut nft = Command::new("ip")
@@ -282,5 +287,159 @@ fn load_balancer_and_external_ips_are_decided_for_the_chosen_backend() {
             "{dst}: the world but not the pods, and b1: b1 {b1}, b2 {b2}, denied {denied}"
         );
     }
+    dp.remove().unwrap();
+}
+
+/// A second address of the node (host identity too), the source of a node
+/// process's connection that the masquerade rewrites.
+const NODE_IP2: &str = "10.78.255.253";
+
+/// Connections masqueraded to the node's address on the way to the backend
+/// (kube-proxy's masquerade of a NodePort or LoadBalancer connection with
+/// `externalTrafficPolicy: Cluster`, of a hairpin, `--masquerade-all`;
+/// here `snat` to the node address in `nat` postrouting, priority srcnat)
+/// are decided on conntrack's original source: the client pod, not the
+/// host it became. b1 admits the client, b2 nobody: only b1 is reached
+/// (before the `_nat` chains both were, admitted as the host). A node
+/// process's connection, masqueraded alike, still begins at a host address
+/// and is admitted as the host.
+#[test]
+fn masqueraded_connections_are_decided_on_their_original_source() {
+    let masq = format!(
+        " chain post {{\n  type nat hook postrouting priority srcnat; policy accept;\n  \
+         ip daddr {{ {}, {} }} tcp dport 8080 counter snat ip to {NODE_IP}\n }}\n",
+        PODS[1].1, PODS[2].1
+    );
+    let topo = setup_with("m", &masq);
+    ns_sh(
+        &topo.node.name,
+        &["ip", "addr", "add", &format!("{NODE_IP2}/32"), "dev", "lo"],
+    );
+    let mut dp = NftDataplane::new(NftOptions {
+        table: format!("npm_sm{}", std::process::id()),
+        netns: Some(topo.node.name.clone()),
+    })
+    .unwrap();
+    let mut c = base();
+    ip(&mut c, NODE_IP2, IDENTITY_HOST, 0);
+    c.endpoints.get_mut(&2).unwrap().isolated_ingress = true;
+    c.endpoints.get_mut(&3).unwrap().isolated_ingress = true;
+    allow(&mut c, 2, Direction::Ingress, 256, Some(Protocol::Tcp), (8080, 8080));
+    dp.sync_full(&c, &topo.ifs).unwrap();
+    let (b1, b2, denied) = connect_all(&topo);
+    assert!(
+        b1 > 0 && b2 == 0 && denied > 0,
+        "masqueraded: b1 admits the client, b2 nobody: b1 {b1}, b2 {b2}, denied {denied}"
+    );
+    // The masquerade really happened: the `snat` rule (first packet of
+    // each connection) counted the client's connections.
+    let post = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.node.name,
+            "nft",
+            "list",
+            "chain",
+            "ip",
+            "kp",
+            "post",
+        ])
+        .output()
+        .unwrap();
+    let post = String::from_utf8_lossy(&post.stdout);
+    let packets: u64 = post
+        .split_whitespace()
+        .skip_while(|w| *w != "packets")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(packets >= ATTEMPTS as u64, "the masquerade counted {packets}:\n{post}");
+    // A node process from its second address, masqueraded to the first:
+    // the host, admitted by b2 which admits no pod.
+    let out = Command::new("ip")
+        .args(["netns", "exec", &topo.node.name, "python3", "-c"])
+        .arg(format!(
+            "import socket\nc = socket.create_connection(('{}', 8080), timeout=2, source_address=('{NODE_IP2}', 0))\n\
+             c.settimeout(2)\nprint(c.recv(16).decode())",
+            PODS[2].1
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "b2",
+        "a node process is the host: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dp.remove().unwrap();
+}
+
+/// A Service whose only backend is the client itself (hairpin).
+const HAIRPIN_IP: &str = "10.96.0.11";
+
+/// A pod reaching itself through its own Service (hairpin): kube-proxy
+/// DNATs to the pod and masquerades the connection (its source is the
+/// endpoint), so the pod sees the node's address. It is decided on the
+/// pod itself: admitted by an ingress rule allowing its own pod identity,
+/// denied by an ingress policy allowing nothing (before the `_nat` chains
+/// it was admitted as the host either way).
+#[test]
+fn hairpin_connections_are_decided_on_the_pod_itself() {
+    let (client, client_ip) = PODS[0];
+    let hairpin = format!(
+        " chain hairpin_pre {{\n  type nat hook prerouting priority dstnat; policy accept;\n  \
+         ip daddr {HAIRPIN_IP} tcp dport 80 dnat to {client_ip}:8080\n }}\n \
+         chain hairpin_post {{\n  type nat hook postrouting priority srcnat; policy accept;\n  \
+         ip saddr {client_ip} ip daddr {client_ip} tcp dport 8080 counter snat ip to {NODE_IP}\n }}\n"
+    );
+    let mut topo = setup_with("h", &hairpin);
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &topo.pods[0].name, "python3", &topo.script.0, "serve", client, client_ip])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    topo.servers.push(Proc(child));
+    let mut dp = NftDataplane::new(NftOptions {
+        table: format!("npm_sh{}", std::process::id()),
+        netns: Some(topo.node.name.clone()),
+    })
+    .unwrap();
+    // (reached itself, denied) out of `ATTEMPTS` connections to the Service.
+    let hairpin_connects = |topo: &Topo| {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &topo.pods[0].name, "python3", &topo.script.0, "connect", HAIRPIN_IP])
+            .arg(ATTEMPTS.to_string())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let n = |w: &str| text.lines().filter(|l| l.trim() == w).count();
+        let got = (n(client), n("denied"));
+        assert_eq!(got.0 + got.1, ATTEMPTS, "client output: {text}");
+        got
+    };
+    // Its ingress allows its own pod identity on 8080: it reaches itself.
+    let mut itself = base();
+    itself.endpoints.get_mut(&1).unwrap().isolated_ingress = true;
+    allow(&mut itself, 1, Direction::Ingress, 256, Some(Protocol::Tcp), (8080, 8080));
+    dp.sync_full(&itself, &topo.ifs).unwrap();
+    assert_eq!(hairpin_connects(&topo), (ATTEMPTS, 0), "allowed to reach itself");
+    // Its ingress allows nothing: it does not, though it arrives as the node.
+    let mut nothing = base();
+    nothing.endpoints.get_mut(&1).unwrap().isolated_ingress = true;
+    dp.apply(&itself.diff(&nothing), &nothing, &topo.ifs).unwrap();
+    assert_eq!(hairpin_connects(&topo), (0, ATTEMPTS), "denied to reach itself");
+    let post = Command::new("ip")
+        .args(["netns", "exec", &topo.node.name, "nft", "list", "chain", "ip", "kp", "hairpin_post"])
+        .output()
+        .unwrap();
+    let post = String::from_utf8_lossy(&post.stdout);
+    assert!(
+        !post.contains("packets 0 "),
+        "the hairpin masquerade did not happen:\n{post}"
+    );
     dp.remove().unwrap();
 }
