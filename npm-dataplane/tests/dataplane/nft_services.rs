@@ -395,12 +395,23 @@ fn hairpin_connections_are_decided_on_the_pod_itself() {
     );
     let mut topo = setup_with("h", &hairpin);
     let mut child = Command::new("ip")
-        .args(["netns", "exec", &topo.pods[0].name, "python3", &topo.script.0, "serve", client, client_ip])
+        .args([
+            "netns",
+            "exec",
+            &topo.pods[0].name,
+            "python3",
+            &topo.script.0,
+            "serve",
+            client,
+            client_ip,
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     assert_eq!(line.trim(), "ready");
     topo.servers.push(Proc(child));
     let mut dp = NftDataplane::new(NftOptions {
@@ -411,7 +422,15 @@ fn hairpin_connections_are_decided_on_the_pod_itself() {
     // (reached itself, denied) out of `ATTEMPTS` connections to the Service.
     let hairpin_connects = |topo: &Topo| {
         let out = Command::new("ip")
-            .args(["netns", "exec", &topo.pods[0].name, "python3", &topo.script.0, "connect", HAIRPIN_IP])
+            .args([
+                "netns",
+                "exec",
+                &topo.pods[0].name,
+                "python3",
+                &topo.script.0,
+                "connect",
+                HAIRPIN_IP,
+            ])
             .arg(ATTEMPTS.to_string())
             .output()
             .unwrap();
@@ -424,7 +443,14 @@ fn hairpin_connections_are_decided_on_the_pod_itself() {
     // Its ingress allows its own pod identity on 8080: it reaches itself.
     let mut itself = base();
     itself.endpoints.get_mut(&1).unwrap().isolated_ingress = true;
-    allow(&mut itself, 1, Direction::Ingress, 256, Some(Protocol::Tcp), (8080, 8080));
+    allow(
+        &mut itself,
+        1,
+        Direction::Ingress,
+        256,
+        Some(Protocol::Tcp),
+        (8080, 8080),
+    );
     dp.sync_full(&itself, &topo.ifs).unwrap();
     assert_eq!(hairpin_connects(&topo), (ATTEMPTS, 0), "allowed to reach itself");
     // Its ingress allows nothing: it does not, though it arrives as the node.
@@ -433,7 +459,17 @@ fn hairpin_connections_are_decided_on_the_pod_itself() {
     dp.apply(&itself.diff(&nothing), &nothing, &topo.ifs).unwrap();
     assert_eq!(hairpin_connects(&topo), (0, ATTEMPTS), "denied to reach itself");
     let post = Command::new("ip")
-        .args(["netns", "exec", &topo.node.name, "nft", "list", "chain", "ip", "kp", "hairpin_post"])
+        .args([
+            "netns",
+            "exec",
+            &topo.node.name,
+            "nft",
+            "list",
+            "chain",
+            "ip",
+            "kp",
+            "hairpin_post",
+        ])
         .output()
         .unwrap();
     let post = String::from_utf8_lossy(&post.stdout);
