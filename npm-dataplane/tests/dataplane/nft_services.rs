@@ -479,3 +479,123 @@ fn hairpin_connections_are_decided_on_the_pod_itself() {
     );
     dp.remove().unwrap();
 }
+
+/// IPv6 addresses of the node and of the pods (client, b1, b2).
+const NODE_IP6: &str = "fd00:78::ffff";
+const PODS6: [&str; 3] = ["fd00:78::1", "fd00:78::2", "fd00:78::3"];
+/// An IPv6 ClusterIP.
+const CLUSTER_IP6: &str = "fd00:96::10";
+
+/// An IPv6 Service (kube-proxy's `ip6` NAT: DNAT of the ClusterIP to one
+/// of two backends, then the masquerade to the node's IPv6 address, as for
+/// a `Cluster` NodePort on the backend's node): the client's egress and the
+/// backends' ingress are decided for the backend chosen and on the source
+/// that began the connection (`ct original ip6 saddr`): b1 admits the
+/// client, b2 nobody, so only b1 is reached (before the `_nat` chains b2
+/// was too, admitted as the host).
+#[test]
+fn ipv6_services_are_decided_for_the_backend_on_the_original_source() {
+    let mut topo = setup("6");
+    let n = topo.node.name.clone();
+    ns_sh(&n, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+    ns_sh(
+        &n,
+        &["ip", "-6", "addr", "add", &format!("{NODE_IP6}/128"), "dev", "lo"],
+    );
+    for (i, addr) in PODS6.iter().enumerate() {
+        let pod = topo.pods[i].name.clone();
+        ns_sh(
+            &pod,
+            &[
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                &format!("{addr}/128"),
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+        );
+        let out = Command::new("ip")
+            .args(["netns", "exec", &pod, "cat", "/sys/class/net/eth0/address"])
+            .output()
+            .unwrap();
+        let mac = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        route_to_pod(&n, &format!("s{i}"), &mac, addr, "128", Some(NODE_IP6));
+    }
+    let kp6 = format!(
+        "table ip6 kp6 {{\n chain pre {{\n  type nat hook prerouting priority dstnat; policy accept;\n  \
+         ip6 daddr {CLUSTER_IP6} tcp dport 80 dnat to numgen random mod 2 map {{ 0 : {} . 8080, 1 : {} . 8080 }}\n }}\n \
+         chain post {{\n  type nat hook postrouting priority srcnat; policy accept;\n  \
+         ip6 daddr {{ {}, {} }} tcp dport 8080 counter snat ip6 to {NODE_IP6}\n }}\n}}\n",
+        PODS6[1], PODS6[2], PODS6[1], PODS6[2]
+    );
+    let mut nft = Command::new("ip")
+        .args(["netns", "exec", &n, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(nft.stdin.as_mut().unwrap(), kp6.as_bytes()).unwrap();
+    drop(nft.stdin.take());
+    assert!(nft.wait().unwrap().success(), "load the ip6 NAT:\n{kp6}");
+    let serve6 = "import socket, sys\n\
+                  s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+                  s.bind((sys.argv[2], 8080)); s.listen(64)\n\
+                  print('ready', flush=True)\n\
+                  while True:\n    c, _ = s.accept()\n    c.sendall(sys.argv[1].encode()); c.close()\n";
+    for i in 1..3 {
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &topo.pods[i].name,
+                "python3",
+                "-c",
+                serve6,
+                PODS[i].0,
+                PODS6[i],
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        topo.servers.push(Proc(child));
+    }
+    let mut dp = NftDataplane::new(NftOptions {
+        table: format!("npm_s6{}", std::process::id()),
+        netns: Some(n.clone()),
+    })
+    .unwrap();
+    let mut c = Compiled::default();
+    for (i, (name, addr)) in PODS.iter().enumerate() {
+        let id = i as u32 + 1;
+        c.endpoints
+            .insert(id, endpoint(name, 255 + id, Some(addr), Some(PODS6[i]), i > 0, false));
+        ip(&mut c, addr, 255 + id, 0);
+        ip(&mut c, PODS6[i], 255 + id, 0);
+    }
+    ip(&mut c, NODE_IP, IDENTITY_HOST, 0);
+    ip(&mut c, NODE_IP6, IDENTITY_HOST, 0);
+    allow(&mut c, 2, Direction::Ingress, 256, Some(Protocol::Tcp), (8080, 8080));
+    dp.sync_full(&c, &topo.ifs).unwrap();
+    let (b1, b2, denied) = connect_to(&topo, CLUSTER_IP6);
+    assert!(
+        b1 > 0 && b2 == 0 && denied > 0,
+        "IPv6, masqueraded: b1 admits the client, b2 nobody: b1 {b1}, b2 {b2}, denied {denied}"
+    );
+    let post = Command::new("ip")
+        .args(["netns", "exec", &n, "nft", "list", "chain", "ip6", "kp6", "post"])
+        .output()
+        .unwrap();
+    let post = String::from_utf8_lossy(&post.stdout);
+    assert!(
+        !post.contains("packets 0 "),
+        "the ip6 masquerade did not happen:\n{post}"
+    );
+    dp.remove().unwrap();
+}
