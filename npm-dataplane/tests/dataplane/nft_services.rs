@@ -599,3 +599,145 @@ fn ipv6_services_are_decided_for_the_backend_on_the_original_source() {
     );
     dp.remove().unwrap();
 }
+
+/// A hostPort through the real `portmap` CNI plugin (containernetworking
+/// plugins, `/usr/lib/cni/portmap`, its iptables DNAT of the node's
+/// address and the hostPort to the pod): node:9090 leads to b2:8080. The
+/// client's egress is decided for b2 and its port (after the DNAT), and
+/// b2's ingress on the client: b2 admitting only b1 denies the client,
+/// admitting the client lets it in; the client's egress allowing only b1
+/// denies it.
+#[test]
+fn host_ports_are_decided_for_the_pod_behind_them() {
+    const PORTMAP: &str = "/usr/lib/cni/portmap";
+    if !std::path::Path::new(PORTMAP).exists() {
+        panic!("{PORTMAP} missing: install containernetworking-plugins");
+    }
+    let topo = setup("p");
+    let b2 = &topo.pods[2].name;
+    let conf = format!(
+        r#"{{"cniVersion": "1.0.0", "name": "npm-test", "type": "portmap", "snat": true,
+            "runtimeConfig": {{"portMappings": [{{"hostPort": 9090, "containerPort": 8080, "protocol": "tcp"}}]}},
+            "prevResult": {{"cniVersion": "1.0.0",
+                "interfaces": [{{"name": "eth0", "sandbox": "/var/run/netns/{b2}"}}],
+                "ips": [{{"address": "{}/32", "interface": 0}}]}}}}"#,
+        PODS[2].1
+    );
+    let mut add = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.node.name,
+            "env",
+            "CNI_COMMAND=ADD",
+            "CNI_CONTAINERID=npmtestp",
+        ])
+        .arg(format!("CNI_NETNS=/var/run/netns/{b2}"))
+        .args(["CNI_IFNAME=eth0", "CNI_PATH=/usr/lib/cni", PORTMAP])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(add.stdin.as_mut().unwrap(), conf.as_bytes()).unwrap();
+    drop(add.stdin.take());
+    let out = add.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "portmap ADD: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut dp = NftDataplane::new(NftOptions {
+        table: format!("npm_sp{}", std::process::id()),
+        netns: Some(topo.node.name.clone()),
+    })
+    .unwrap();
+    let host_port = |topo: &Topo| {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &topo.pods[0].name, "python3", "-c"])
+            .arg(format!(
+                "import socket\nfor _ in range(6):\n    try:\n        c = socket.create_connection(('{NODE_IP}', 9090), timeout=0.4)\n        \
+                 c.settimeout(0.4); print(c.recv(16).decode() or 'empty', flush=True); c.close()\n    except OSError:\n        print('denied', flush=True)\n"
+            ))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        (
+            text.lines().filter(|l| l.trim() == "b2").count(),
+            text.lines().filter(|l| l.trim() == "denied").count(),
+        )
+    };
+    // No policy: the DNAT really leads to b2.
+    dp.sync_full(&base(), &topo.ifs).unwrap();
+    assert_eq!(host_port(&topo), (6, 0), "no policy");
+    // b2 admits b1 only: the client is denied.
+    let mut only_b1 = base();
+    only_b1.endpoints.get_mut(&3).unwrap().isolated_ingress = true;
+    allow(
+        &mut only_b1,
+        3,
+        Direction::Ingress,
+        257,
+        Some(Protocol::Tcp),
+        (8080, 8080),
+    );
+    dp.apply(&base().diff(&only_b1), &only_b1, &topo.ifs).unwrap();
+    assert_eq!(host_port(&topo), (0, 6), "b2 admits b1 only");
+    // b2 admits the client on 8080 (the pod's port, not the hostPort).
+    let mut client_in = base();
+    client_in.endpoints.get_mut(&3).unwrap().isolated_ingress = true;
+    allow(
+        &mut client_in,
+        3,
+        Direction::Ingress,
+        256,
+        Some(Protocol::Tcp),
+        (8080, 8080),
+    );
+    dp.apply(&only_b1.diff(&client_in), &client_in, &topo.ifs).unwrap();
+    assert_eq!(host_port(&topo), (6, 0), "b2 admits the client");
+    // The client's egress allows b1 (and the node itself) only: denied.
+    let mut egress = client_in.clone();
+    egress.endpoints.get_mut(&1).unwrap().isolated_egress = true;
+    allow(
+        &mut egress,
+        1,
+        Direction::Egress,
+        257,
+        Some(Protocol::Tcp),
+        (8080, 8080),
+    );
+    allow(
+        &mut egress,
+        1,
+        Direction::Egress,
+        IDENTITY_HOST,
+        Some(Protocol::Tcp),
+        (9090, 9090),
+    );
+    dp.apply(&client_in.diff(&egress), &egress, &topo.ifs).unwrap();
+    assert_eq!(
+        host_port(&topo),
+        (0, 6),
+        "the client's egress allows b1 and the node's 9090 only"
+    );
+    dp.remove().unwrap();
+    let mut del = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.node.name,
+            "env",
+            "CNI_COMMAND=DEL",
+            "CNI_CONTAINERID=npmtestp",
+        ])
+        .arg(format!("CNI_NETNS=/var/run/netns/{b2}"))
+        .args(["CNI_IFNAME=eth0", "CNI_PATH=/usr/lib/cni", PORTMAP])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(del.stdin.as_mut().unwrap(), conf.as_bytes()).unwrap();
+    drop(del.stdin.take());
+    let _ = del.wait();
+}
