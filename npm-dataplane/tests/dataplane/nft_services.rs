@@ -68,8 +68,9 @@ struct Topo {
     ifs: Interfaces,
 }
 
-/// The topology of test `tag` (a letter: its names apart from the other
-/// test's, which runs in parallel).
+/// The topology of test `tag` (a letter, never a digit, which would read
+/// as part of the pid and make the netns another run's leftover: its names
+/// apart from the other tests', which run in parallel).
 fn setup(tag: &str) -> Topo {
     setup_with(tag, "")
 }
@@ -495,7 +496,7 @@ const CLUSTER_IP6: &str = "fd00:96::10";
 /// was too, admitted as the host).
 #[test]
 fn ipv6_services_are_decided_for_the_backend_on_the_original_source() {
-    let mut topo = setup("6");
+    let mut topo = setup("s");
     let n = topo.node.name.clone();
     ns_sh(&n, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
     ns_sh(
