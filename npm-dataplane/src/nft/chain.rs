@@ -37,14 +37,59 @@ pub(crate) const TIER_REASONS: [Reason; 4] = [
     Reason::BaselineDeny,
 ];
 
+/// Which source address an ingress chain decides on.
+///
+/// A connection source-NATed on this node (`ct status snat`: kube-proxy's
+/// masquerade of a NodePort or LoadBalancer connection with
+/// `externalTrafficPolicy: Cluster`, of a hairpin, `--masquerade-all`)
+/// reaches the pod from a node address; its ingress is decided on the
+/// source it had before the NAT, conntrack's original tuple, in the copy
+/// `ep_<id>_in_nat` of the chain (and `ep_<id>_in_nat_admin`,
+/// `_nat_baseline` of its tier chains). Everything else, untracked packets
+/// included (they have no original tuple), is decided on the packet's own
+/// source, which for a tracked packet not source-NATed is the original one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// `ip saddr` / `ip6 saddr` (egress: the destination, always).
+    Packet,
+    /// `ct original ip saddr` / `ct original ip6 saddr` (ingress only).
+    Original,
+}
+
+impl Source {
+    /// The (IPv4, IPv6) selectors of the peer of `direction`.
+    const fn selectors(self, direction: Direction) -> (&'static str, &'static str) {
+        match (direction, self) {
+            (Direction::Egress, _) => ("ip daddr", "ip6 daddr"),
+            (Direction::Ingress, Source::Packet) => ("ip saddr", "ip6 saddr"),
+            (Direction::Ingress, Source::Original) => ("ct original ip saddr", "ct original ip6 saddr"),
+        }
+    }
+}
+
 /// Name of the tier chain of an endpoint, a direction and a tier, e.g.
 /// `ep_7_in_admin`.
 pub fn tier_chain_name(endpoint: u32, direction: Direction, tier: Tier) -> String {
+    tier_chain_name_from(endpoint, direction, tier, Source::Packet)
+}
+
+/// [`tier_chain_name`] of the chains deciding on `source`: the original
+/// source's are `ep_<id>_in_nat_admin` and `ep_<id>_in_nat_baseline`.
+pub(crate) fn tier_chain_name_from(endpoint: u32, direction: Direction, tier: Tier, source: Source) -> String {
     let t = match tier {
         Tier::Admin => "admin",
         Tier::Baseline => "baseline",
     };
-    format!("{}_{t}", chain_name(endpoint, direction))
+    format!("{}_{t}", chain_name_from(endpoint, direction, source))
+}
+
+/// The endpoint chain deciding on `source`: [`chain_name`], or
+/// `ep_<id>_in_nat` for the original source.
+pub(crate) fn chain_name_from(endpoint: u32, direction: Direction, source: Source) -> String {
+    match source {
+        Source::Packet => chain_name(endpoint, direction),
+        Source::Original => format!("{}_nat", chain_name(endpoint, direction)),
+    }
 }
 
 /// The tier entries of one (subject, direction, tier), sorted by rank.
@@ -89,6 +134,7 @@ pub(crate) fn tier_rules(
     tier: Tier,
     entries: &[(&TierEntry, &TierValue)],
     sets: &BTreeMap<u32, PeerSet>,
+    source: Source,
 ) -> Vec<String> {
     let mut out = Vec::new();
     let d = direction.as_u8();
@@ -102,7 +148,7 @@ pub(crate) fn tier_rules(
             None => None,
         };
         if let Some(log) = log {
-            peer_rules(&mut out, direction, entry.peer, &format!(" {log}"), sets);
+            peer_rules(&mut out, direction, entry.peer, &format!(" {log}"), sets, source);
         }
         let rule = value.rule;
         let tail = match decision(tier, value.action) {
@@ -112,7 +158,7 @@ pub(crate) fn tier_rules(
             ),
             None => format!("{l4} return comment \"rule {rule} pass\""),
         };
-        peer_rules(&mut out, direction, entry.peer, &tail, sets);
+        peer_rules(&mut out, direction, entry.peer, &tail, sets, source);
     }
     out
 }
@@ -159,7 +205,9 @@ pub(crate) struct TierJumps {
 /// (not isolated: `not_isolated` right after conntrack). With tier chains:
 /// host ingress first (before every tier), then `jump` to the Admin chain,
 /// then NetworkPolicy when it isolates the endpoint, else `jump` to the
-/// Baseline chain and `not_isolated`.
+/// Baseline chain and `not_isolated`. An ingress chain that decides
+/// (isolated or tiered) sends a connection source-NATed on this node to its
+/// original-source copy first ([`Source`], [`original_source_rules`]).
 ///
 /// Every drop is preceded by its NFLOG rule (same match, rate-limited), and
 /// every allow of an endpoint with `report_new` too (`ct state new` only):
@@ -206,6 +254,68 @@ pub(crate) fn endpoint_rules(
         "ct state invalid counter name \"{}\" drop",
         c(Reason::Malformed)
     ));
+    if decides_original_source(ep, direction, tiers) {
+        // Source-NATed on this node: decided on the original source
+        // (`Source`), host admission included. Untracked packets do not
+        // match `ct status` and stay here.
+        out.push(format!(
+            "ct status snat goto {}",
+            chain_name_from(id, direction, Source::Original)
+        ));
+    }
+    decision_rules(&mut out, id, ep, direction, entries, tiers, sets, Source::Packet);
+    out
+}
+
+/// Whether the endpoint's chain of `direction` has an original-source copy
+/// ([`original_source_rules`]): ingress that policy or a tier decides.
+pub(crate) fn decides_original_source(ep: &Endpoint, direction: Direction, tiers: &TierJumps) -> bool {
+    direction == Direction::Ingress && (ep.isolated_ingress || tiers.admin.is_some() || tiers.baseline.is_some())
+}
+
+/// The rules of `ep_<id>_in_nat`: the ingress decision of
+/// [`endpoint_rules`] on the original source of a connection source-NATed
+/// on this node (see [`Source`]); `tiers` names the `_nat` tier chains.
+/// A packet reaches it by `goto` from `ep_<id>_in`, past its conntrack
+/// steps (so only `ct state new` packets). Only a connection that began
+/// at a host address (the host set, or loopback: a node process reaching a
+/// NodePort on `localhost`) is admitted as the host.
+pub(crate) fn original_source_rules(
+    id: u32,
+    ep: &Endpoint,
+    entries: &[(&PolicyEntry, u32)],
+    tiers: &TierJumps,
+    sets: &BTreeMap<u32, PeerSet>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    decision_rules(
+        &mut out,
+        id,
+        ep,
+        Direction::Ingress,
+        entries,
+        tiers,
+        sets,
+        Source::Original,
+    );
+    out
+}
+
+/// The decision steps of an endpoint chain after conntrack: host ingress,
+/// the tiers, NetworkPolicy, the final drop; peers matched on `source`.
+#[allow(clippy::too_many_arguments)]
+fn decision_rules(
+    out: &mut Vec<String>,
+    id: u32,
+    ep: &Endpoint,
+    direction: Direction,
+    entries: &[(&PolicyEntry, u32)],
+    tiers: &TierJumps,
+    sets: &BTreeMap<u32, PeerSet>,
+    source: Source,
+) {
+    let d = direction.as_u8();
+    let c = |r: Reason| counter_name(d, r);
     let allow_log = |m: &str, r: Reason| allow_log_rule(m, ep.report_new, id, d, r);
     let isolated = match direction {
         Direction::Ingress => ep.isolated_ingress,
@@ -215,24 +325,28 @@ pub(crate) fn endpoint_rules(
     if !isolated && !tiered {
         out.extend(allow_log("", Reason::NotIsolated));
         out.push(format!("counter name \"{}\" return", c(Reason::NotIsolated)));
-        return out;
+        return;
     }
     if direction == Direction::Ingress {
         // From this node (kubelet probes): allowed before every tier.
+        let (v4, v6) = source.selectors(direction);
+        let mut host_matches = Vec::new();
         if let Some(host) = sets.get(&IDENTITY_HOST) {
-            for (family, sel) in [(Family::V4, "ip saddr"), (Family::V6, "ip6 saddr")] {
+            for (family, sel) in [(Family::V4, v4), (Family::V6, v6)] {
                 if !host.elements(family).is_empty() {
-                    out.extend(allow_log(
-                        &format!("{sel} @{}", set_name(IDENTITY_HOST, family)),
-                        Reason::Host,
-                    ));
-                    out.push(format!(
-                        "{sel} @{} counter name \"{}\" return",
-                        set_name(IDENTITY_HOST, family),
-                        c(Reason::Host)
-                    ));
+                    host_matches.push(format!("{sel} @{}", set_name(IDENTITY_HOST, family)));
                 }
             }
+        }
+        if source == Source::Original {
+            // A node process's connection to a NodePort on `localhost`
+            // (`route_localnet`) begins at a loopback address.
+            host_matches.push(format!("{v4} 127.0.0.0/8"));
+            host_matches.push(format!("{v6} ::1"));
+        }
+        for m in host_matches {
+            out.extend(allow_log(&m, Reason::Host));
+            out.push(format!("{m} counter name \"{}\" return", c(Reason::Host)));
         }
     }
     if let Some(admin) = &tiers.admin {
@@ -244,14 +358,14 @@ pub(crate) fn endpoint_rules(
         }
         out.extend(allow_log("", Reason::NotIsolated));
         out.push(format!("counter name \"{}\" return", c(Reason::NotIsolated)));
-        return out;
+        return;
     }
     for (entry, rule) in entries {
         let Some(l4) = l4_match(entry.protocol, entry.ports) else {
             continue;
         };
         if let Some(log) = allow_log(&l4, Reason::Policy) {
-            peer_rules(&mut out, direction, entry.peer, &format!(" {log}"), sets);
+            peer_rules(out, direction, entry.peer, &format!(" {log}"), sets, source);
         }
         // The anonymous `counter` is the rule's own (read back per rule id
         // from its comment: `super::rule_counts`).
@@ -259,12 +373,11 @@ pub(crate) fn endpoint_rules(
             "{l4} counter name \"{}\" counter return comment \"rule {rule}\"",
             c(Reason::Policy)
         );
-        peer_rules(&mut out, direction, entry.peer, &tail, sets);
+        peer_rules(out, direction, entry.peer, &tail, sets, source);
     }
     // The anonymous `counter`: this endpoint's denies (`super::rule_counts`).
     out.push(deny_log_rule("", id, d, Reason::PolicyDenied));
     out.push(format!("counter name \"{}\" counter drop", c(Reason::PolicyDenied)));
-    out
 }
 
 /// Pushes the rules matching `peer` (the source for ingress, the
@@ -272,15 +385,19 @@ pub(crate) fn endpoint_rules(
 /// or is the whole rule for [`IDENTITY_ANY`]): one per family that has
 /// addresses, one `!= @not_world_*` per family for [`IDENTITY_WORLD`],
 /// none for a peer without a set.
-fn peer_rules(out: &mut Vec<String>, direction: Direction, peer: u32, tail: &str, sets: &BTreeMap<u32, PeerSet>) {
+fn peer_rules(
+    out: &mut Vec<String>,
+    direction: Direction,
+    peer: u32,
+    tail: &str,
+    sets: &BTreeMap<u32, PeerSet>,
+    source: Source,
+) {
     if peer == IDENTITY_ANY {
         out.push(tail.trim_start().to_string());
         return;
     }
-    let (v4_peer, v6_peer) = match direction {
-        Direction::Ingress => ("ip saddr", "ip6 saddr"),
-        Direction::Egress => ("ip daddr", "ip6 daddr"),
-    };
+    let (v4_peer, v6_peer) = source.selectors(direction);
     let Some(set) = sets.get(&peer) else { return };
     for (family, sel) in [(Family::V4, v4_peer), (Family::V6, v6_peer)] {
         let name = set_name(peer, family);
@@ -332,7 +449,15 @@ mod tests {
         );
         let groups = group_tiers(&tiers);
         let list = &groups[&(1, Direction::Ingress, Tier::Admin)];
-        let rules = tier_rules(1, false, Direction::Ingress, Tier::Admin, list, &BTreeMap::new());
+        let rules = tier_rules(
+            1,
+            false,
+            Direction::Ingress,
+            Tier::Admin,
+            list,
+            &BTreeMap::new(),
+            Source::Packet,
+        );
         let deny_log = "limit rate 100/second burst 32 packets log prefix \"npm:1:0:20 \" group 20048";
         assert_eq!(
             rules,
@@ -344,7 +469,15 @@ mod tests {
             ]
         );
         // With report_new the accept logs its new connections too.
-        let rules = tier_rules(1, true, Direction::Ingress, Tier::Admin, list, &BTreeMap::new());
+        let rules = tier_rules(
+            1,
+            true,
+            Direction::Ingress,
+            Tier::Admin,
+            list,
+            &BTreeMap::new(),
+            Source::Packet,
+        );
         assert_eq!(
             rules[0],
             "meta l4proto tcp th dport 80 ct state new limit rate 100/second burst 32 packets \
@@ -380,6 +513,7 @@ mod tests {
         assert_eq!(
             tail,
             [
+                "ct status snat goto ep_1_in_nat",
                 "jump ep_1_in_admin",
                 "jump ep_1_in_baseline",
                 "counter name \"in_not_isolated\" return"
@@ -394,6 +528,7 @@ mod tests {
         assert_eq!(
             tail,
             [
+                "ct status snat goto ep_1_in_nat",
                 "jump ep_1_in_admin",
                 "limit rate 100/second burst 32 packets log prefix \"npm:1:0:16 \" group 20048",
                 "counter name \"in_policy_denied\" counter drop"

@@ -377,8 +377,11 @@ pub struct Cut {
 /// `by_addr` (address -> endpoint id) opened it and its egress now denies
 /// it, or received it and its ingress now denies it: the decision the
 /// ruleset takes for a new connection, on the addresses it decides on
-/// (egress: the destination after the DNAT; ingress: the source the pod
-/// sees, after a masquerade), by [`npm_policy::lookup`] on `c`.
+/// (egress: the destination after the DNAT; ingress: the opener's source
+/// before any source NAT on this node, as the `_nat` chains decide a
+/// masqueraded connection; a loopback opener, a node process, is decided
+/// on the node address it was masqueraded to), by [`npm_policy::lookup`]
+/// on `c`.
 pub fn denied(c: &Compiled, by_addr: &BTreeMap<IpAddr, u32>, flow: &Flow) -> Option<Cut> {
     let port = match flow.protocol {
         6 | 17 | 132 => flow.reply_sport,
@@ -397,9 +400,14 @@ pub fn denied(c: &Compiled, by_addr: &BTreeMap<IpAddr, u32>, flow: &Flow) -> Opt
         .get(&flow.orig_src)
         .and_then(|&ep| check(ep, Direction::Egress, flow.reply_src));
     egress.or_else(|| {
-        by_addr
-            .get(&flow.reply_src)
-            .and_then(|&ep| check(ep, Direction::Ingress, flow.reply_dst))
+        by_addr.get(&flow.reply_src).and_then(|&ep| {
+            let opener = if flow.orig_src.is_loopback() {
+                flow.reply_dst
+            } else {
+                flow.orig_src
+            };
+            check(ep, Direction::Ingress, opener)
+        })
     })
 }
 
@@ -522,6 +530,31 @@ mod tests {
             ..flow
         };
         assert!(denied(&c, &enforce_1, &other).is_some());
+        // Masqueraded to the node on the way in (a NodePort with
+        // `externalTrafficPolicy: Cluster`): decided on the opener, as the
+        // `_nat` chains decide it, never admitted as the host it became.
+        let host: IpAddr = "10.0.255.1".parse().unwrap();
+        c.ipcache.insert(
+            host,
+            IpEntry {
+                identity: npm_common::IDENTITY_HOST,
+                cidr_identity: 0,
+                owner: 0,
+            },
+        );
+        let masq = |opener: &str| Flow {
+            orig_src: opener.parse().unwrap(),
+            reply_dst: host,
+            ..flow
+        };
+        assert!(denied(&c, &enforce_1, &masq("192.0.2.9")).is_some(), "a world opener");
+        assert_eq!(denied(&c, &enforce_1, &masq(&b.to_string())), None, "the allowed pod");
+        assert_eq!(denied(&c, &enforce_1, &masq("10.0.255.1")), None, "the node itself");
+        assert_eq!(
+            denied(&c, &enforce_1, &masq("127.0.0.1")),
+            None,
+            "a node process on localhost"
+        );
     }
 
     /// Pods of other nodes count (their ipcache owner), nodes and the host

@@ -23,6 +23,12 @@
 //!     chain ep_<id>_in / ep_<id>_out       one per endpoint and direction, with
 //!                                          the policy entries of the endpoint's
 //!                                          subject (its pod identity)
+//!     chain ep_<id>_in_nat                 the ingress chain's decision steps on
+//!                                          `ct original ip[6] saddr`, for connections
+//!                                          source-NATed on this node (`ct status snat
+//!                                          goto`, chain.rs `Source`); only when the
+//!                                          chain decides (isolated or tiered), with
+//!                                          its tier chains ep_<id>_in_nat_admin, _baseline
 //!     chain ep_<id>_in_admin, _in_baseline, ClusterNetworkPolicy tier chains, only
 //!           _out_admin, _out_baseline      for an endpoint, direction and tier whose
 //!                                          Endpoint::tiers flag is set: its
@@ -81,10 +87,12 @@
 //! after the whole IP stack). kube-proxy's source NAT (the masquerade of an
 //! `externalTrafficPolicy: Cluster` NodePort, of hairpin traffic) runs in
 //! nat postrouting at priority `srcnat` (100); the ingress chain runs just
-//! after it (101), so it sees the node's own address where the pod sees it
-//! (host identity, admitted like kubelet probes), not the original client.
-//! Deciding in forward (priority 0) would judge the client the pod never
-//! sees. Egress stays in forward and input (priority `filter`): destination
+//! after it (101), where the pod's port (after the DNAT) and source are
+//! final. A connection that masquerade gave the node's own address is not
+//! admitted as the host for that: `ct status snat` sends it to the
+//! chain's copy `ep_<id>_in_nat`, which decides on conntrack's original
+//! source (the client, the pod), so only a connection that began at a host
+//! address is the host (chain.rs, `Source`). Egress stays in forward and input (priority `filter`): destination
 //! NAT (prerouting, output) is done by then, source NAT is not, so it sees
 //! the pod's own source and the translated destination. Forwarded, locally generated (kubelet probes) and, with
 //! br_netfilter, bridged packets (`oif` = the bridge) all cross inet

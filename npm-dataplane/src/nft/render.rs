@@ -11,7 +11,10 @@ use std::net::IpAddr;
 use npm_common::{Reason, DIR_EGRESS, DIR_INGRESS, IDENTITY_ANY, IDENTITY_FIRST_CIDR, IDENTITY_HOST, IDENTITY_WORLD};
 use npm_policy::compiled::{Compiled, Direction, Endpoint, PolicyEntry, Tier};
 
-use super::chain::{endpoint_rules, group_tiers, tier_chain_name, tier_rules, TierJumps, TIER_REASONS};
+use super::chain::{
+    chain_name_from, decides_original_source, endpoint_rules, group_tiers, original_source_rules, tier_chain_name_from,
+    tier_rules, Source, TierJumps, TIER_REASONS,
+};
 use super::ranges::{family_of, family_of_addr, prefix_range, range_element, subtract, Family};
 use super::{CounterMap, NftOptions};
 use crate::Interfaces;
@@ -284,29 +287,48 @@ pub(crate) fn model(compiled: &Compiled, interfaces: &Interfaces) -> Model {
     for (id, ep) in &compiled.endpoints {
         for direction in [Direction::Ingress, Direction::Egress] {
             let list = entries.get(&(ep.identity, direction)).map(Vec::as_slice).unwrap_or(&[]);
-            let mut jumps = TierJumps::default();
-            for tier in [Tier::Admin, Tier::Baseline] {
-                // The endpoint's flag decides, as in the datapath (the
-                // compiler sets it iff the tier has entries).
-                if !ep.tiers.has(tier, direction) {
-                    continue;
-                }
-                let tl = tiers
-                    .get(&(ep.identity, direction, tier))
-                    .map_or(&[][..], Vec::as_slice);
-                let name = tier_chain_name(*id, direction, tier);
-                m.chains
-                    .insert(name.clone(), tier_rules(*id, ep.report_new, direction, tier, tl, &peer));
-                match tier {
-                    Tier::Admin => jumps.admin = Some(name),
-                    Tier::Baseline => jumps.baseline = Some(name),
-                }
-                m.tier_counters = true;
+            // The chains deciding on the packet's source, and for ingress
+            // their copies deciding on a source-NATed connection's original
+            // source (`chain::Source`).
+            let mut per_source = vec![(Source::Packet, TierJumps::default())];
+            if direction == Direction::Ingress {
+                per_source.push((Source::Original, TierJumps::default()));
             }
+            for (source, jumps) in &mut per_source {
+                for tier in [Tier::Admin, Tier::Baseline] {
+                    // The endpoint's flag decides, as in the datapath (the
+                    // compiler sets it iff the tier has entries).
+                    if !ep.tiers.has(tier, direction) {
+                        continue;
+                    }
+                    let tl = tiers
+                        .get(&(ep.identity, direction, tier))
+                        .map_or(&[][..], Vec::as_slice);
+                    let name = tier_chain_name_from(*id, direction, tier, *source);
+                    m.chains.insert(
+                        name.clone(),
+                        tier_rules(*id, ep.report_new, direction, tier, tl, &peer, *source),
+                    );
+                    match tier {
+                        Tier::Admin => jumps.admin = Some(name),
+                        Tier::Baseline => jumps.baseline = Some(name),
+                    }
+                    m.tier_counters = true;
+                }
+            }
+            let jumps = &per_source[0].1;
             m.chains.insert(
                 chain_name(*id, direction),
-                endpoint_rules(*id, ep, direction, list, &jumps, &peer),
+                endpoint_rules(*id, ep, direction, list, jumps, &peer),
             );
+            // (An ingress chain with tier chains always decides: the `_nat`
+            // tier chains above are never left without their caller.)
+            if let (true, Some((_, nat_jumps))) = (decides_original_source(ep, direction, jumps), per_source.get(1)) {
+                m.chains.insert(
+                    chain_name_from(*id, direction, Source::Original),
+                    original_source_rules(*id, ep, list, nat_jumps, &peer),
+                );
+            }
         }
         if let Some(ifindex) = interfaces.get(id) {
             if *m.dispatch.entry(*ifindex).or_insert(*id) == *id {
@@ -746,12 +768,66 @@ mod tests {
         assert_eq!((rule("ep_3_in", 7), rule("ep_3_in", 8), rule("ep_3_in", 9)), (0, 1, 0));
         let as_ep1: Vec<String> = m.chains["ep_2_in"]
             .iter()
-            .map(|l| l.replace("npm:2:", "npm:1:"))
+            .map(|l| l.replace("npm:2:", "npm:1:").replace("ep_2_in_nat", "ep_1_in_nat"))
             .collect();
         assert_eq!(
             m.chains["ep_1_in"], as_ep1,
             "the same rules, each with its own endpoint's log prefix"
         );
         assert!(m.chains["ep_2_in"].iter().any(|l| l.contains("npm:2:")));
+    }
+
+    /// An isolated endpoint's ingress chain sends a source-NATed connection
+    /// to its copy deciding on conntrack's original source, where only a
+    /// host (or loopback) original source is admitted as the host and the
+    /// policy's peers are matched on the original source; an endpoint not
+    /// isolated has no copy; egress has none.
+    #[test]
+    fn source_nated_connections_are_decided_on_their_original_source() {
+        let mut c = Compiled::default();
+        c.endpoints.insert(1, endpoint("a", 300, "10.0.0.1", true));
+        c.endpoints.insert(2, endpoint("b", 301, "10.0.0.2", false));
+        for (addr, identity) in [("10.0.0.1", 300), ("10.0.0.2", 301), ("10.0.255.1", IDENTITY_HOST)] {
+            c.ipcache.insert(
+                addr.parse().unwrap(),
+                IpEntry {
+                    identity,
+                    cidr_identity: 0,
+                    owner: 0,
+                },
+            );
+        }
+        c.policy.insert(
+            PolicyEntry {
+                subject: 300,
+                direction: Direction::Ingress,
+                peer: 301,
+                protocol: Some(Protocol::Tcp),
+                ports: (80, 80),
+            },
+            7,
+        );
+        let m = model(&c, &Interfaces::new());
+        let main = &m.chains["ep_1_in"];
+        let goto = main.iter().position(|r| r == "ct status snat goto ep_1_in_nat");
+        let host = main.iter().position(|r| r.starts_with("ip saddr @id_2_v4"));
+        assert!(
+            goto.is_some() && goto < host,
+            "the goto comes before host admission: {main:#?}"
+        );
+        assert_eq!(
+            m.chains["ep_1_in_nat"],
+            [
+                "ct original ip saddr @id_2_v4 counter name \"in_host\" return",
+                "ct original ip saddr 127.0.0.0/8 counter name \"in_host\" return",
+                "ct original ip6 saddr ::1 counter name \"in_host\" return",
+                "ct original ip saddr @id_301_v4 meta l4proto tcp th dport 80 counter name \"in_policy\" counter return comment \"rule 7\"",
+                "limit rate 100/second burst 32 packets log prefix \"npm:1:0:16 \" group 20048",
+                "counter name \"in_policy_denied\" counter drop",
+            ]
+        );
+        assert!(!m.chains.contains_key("ep_2_in_nat"), "not isolated: no copy");
+        assert!(!m.chains["ep_2_in"].iter().any(|r| r.contains("snat")));
+        assert!(!m.chains.contains_key("ep_1_out_nat"), "egress: no copy");
     }
 }

@@ -67,7 +67,9 @@ pub(crate) fn parse_rule_counts(command: &str, json: &str) -> Result<RuleCounts,
         let Some(chain) = rule.get("chain").and_then(Value::as_str) else {
             continue;
         };
-        let Some((endpoint, direction)) = endpoint_chain(chain) else {
+        // `ep_<id>_in_nat`, the original-source copy (`chain::Source`),
+        // counts for its endpoint too.
+        let Some((endpoint, direction)) = endpoint_chain(chain.strip_suffix("_nat").unwrap_or(chain)) else {
             continue;
         };
         let Some(expr) = rule.get("expr").and_then(Value::as_array) else {

@@ -68,9 +68,15 @@ struct Topo {
     ifs: Interfaces,
 }
 
-/// The topology of test `tag` (a letter: its names apart from the other
-/// test's, which runs in parallel).
+/// The topology of test `tag` (a letter, never a digit, which would read
+/// as part of the pid and make the netns another run's leftover: its names
+/// apart from the other tests', which run in parallel).
 fn setup(tag: &str) -> Topo {
+    setup_with(tag, "")
+}
+
+/// [`setup`] with `extra` (chains) in kube-proxy's `nat` table.
+fn setup_with(tag: &str, extra: &str) -> Topo {
     clear_leftovers(NS_PREFIX);
     let pid = std::process::id();
     let script = TempFile(format!("/tmp/npm_nft_services_{pid}{tag}.py"));
@@ -96,7 +102,7 @@ fn setup(tag: &str) -> Topo {
     // prerouting (dstnat), a random backend per new connection.
     let kp = format!(
         "table ip kp {{\n chain pre {{\n  type nat hook prerouting priority dstnat; policy accept;\n  \
-         ip daddr {{ {CLUSTER_IP}, {LB_IP}, {EXTERNAL_IP} }} tcp dport 80 dnat to numgen random mod 2 map {{ 0 : {} . 8080, 1 : {} . 8080 }}\n }}\n}}\n",
+         ip daddr {{ {CLUSTER_IP}, {LB_IP}, {EXTERNAL_IP} }} tcp dport 80 dnat to numgen random mod 2 map {{ 0 : {} . 8080, 1 : {} . 8080 }}\n }}\n{extra}}}\n",
         PODS[1].1, PODS[2].1
     );
     let mut nft = Command::new("ip")
@@ -283,4 +289,456 @@ fn load_balancer_and_external_ips_are_decided_for_the_chosen_backend() {
         );
     }
     dp.remove().unwrap();
+}
+
+/// A second address of the node (host identity too), the source of a node
+/// process's connection that the masquerade rewrites.
+const NODE_IP2: &str = "10.78.255.253";
+
+/// Connections masqueraded to the node's address on the way to the backend
+/// (kube-proxy's masquerade of a NodePort or LoadBalancer connection with
+/// `externalTrafficPolicy: Cluster`, of a hairpin, `--masquerade-all`;
+/// here `snat` to the node address in `nat` postrouting, priority srcnat)
+/// are decided on conntrack's original source: the client pod, not the
+/// host it became. b1 admits the client, b2 nobody: only b1 is reached
+/// (before the `_nat` chains both were, admitted as the host). A node
+/// process's connection, masqueraded alike, still begins at a host address
+/// and is admitted as the host.
+#[test]
+fn masqueraded_connections_are_decided_on_their_original_source() {
+    let masq = format!(
+        " chain post {{\n  type nat hook postrouting priority srcnat; policy accept;\n  \
+         ip daddr {{ {}, {} }} tcp dport 8080 counter snat ip to {NODE_IP}\n }}\n",
+        PODS[1].1, PODS[2].1
+    );
+    let topo = setup_with("m", &masq);
+    ns_sh(
+        &topo.node.name,
+        &["ip", "addr", "add", &format!("{NODE_IP2}/32"), "dev", "lo"],
+    );
+    let mut dp = NftDataplane::new(NftOptions {
+        table: format!("npm_sm{}", std::process::id()),
+        netns: Some(topo.node.name.clone()),
+    })
+    .unwrap();
+    let mut c = base();
+    ip(&mut c, NODE_IP2, IDENTITY_HOST, 0);
+    c.endpoints.get_mut(&2).unwrap().isolated_ingress = true;
+    c.endpoints.get_mut(&3).unwrap().isolated_ingress = true;
+    allow(&mut c, 2, Direction::Ingress, 256, Some(Protocol::Tcp), (8080, 8080));
+    dp.sync_full(&c, &topo.ifs).unwrap();
+    let (b1, b2, denied) = connect_all(&topo);
+    assert!(
+        b1 > 0 && b2 == 0 && denied > 0,
+        "masqueraded: b1 admits the client, b2 nobody: b1 {b1}, b2 {b2}, denied {denied}"
+    );
+    // The masquerade really happened: the `snat` rule (first packet of
+    // each connection) counted the client's connections.
+    let post = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.node.name,
+            "nft",
+            "list",
+            "chain",
+            "ip",
+            "kp",
+            "post",
+        ])
+        .output()
+        .unwrap();
+    let post = String::from_utf8_lossy(&post.stdout);
+    let packets: u64 = post
+        .split_whitespace()
+        .skip_while(|w| *w != "packets")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(packets >= ATTEMPTS as u64, "the masquerade counted {packets}:\n{post}");
+    // A node process from its second address, masqueraded to the first:
+    // the host, admitted by b2 which admits no pod.
+    let out = Command::new("ip")
+        .args(["netns", "exec", &topo.node.name, "python3", "-c"])
+        .arg(format!(
+            "import socket\nc = socket.create_connection(('{}', 8080), timeout=2, source_address=('{NODE_IP2}', 0))\n\
+             c.settimeout(2)\nprint(c.recv(16).decode())",
+            PODS[2].1
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "b2",
+        "a node process is the host: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dp.remove().unwrap();
+}
+
+/// A Service whose only backend is the client itself (hairpin).
+const HAIRPIN_IP: &str = "10.96.0.11";
+
+/// A pod reaching itself through its own Service (hairpin): kube-proxy
+/// DNATs to the pod and masquerades the connection (its source is the
+/// endpoint), so the pod sees the node's address. It is decided on the
+/// pod itself: admitted by an ingress rule allowing its own pod identity,
+/// denied by an ingress policy allowing nothing (before the `_nat` chains
+/// it was admitted as the host either way).
+#[test]
+fn hairpin_connections_are_decided_on_the_pod_itself() {
+    let (client, client_ip) = PODS[0];
+    let hairpin = format!(
+        " chain hairpin_pre {{\n  type nat hook prerouting priority dstnat; policy accept;\n  \
+         ip daddr {HAIRPIN_IP} tcp dport 80 dnat to {client_ip}:8080\n }}\n \
+         chain hairpin_post {{\n  type nat hook postrouting priority srcnat; policy accept;\n  \
+         ip saddr {client_ip} ip daddr {client_ip} tcp dport 8080 counter snat ip to {NODE_IP}\n }}\n"
+    );
+    let mut topo = setup_with("h", &hairpin);
+    let mut child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.pods[0].name,
+            "python3",
+            &topo.script.0,
+            "serve",
+            client,
+            client_ip,
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    topo.servers.push(Proc(child));
+    let mut dp = NftDataplane::new(NftOptions {
+        table: format!("npm_sh{}", std::process::id()),
+        netns: Some(topo.node.name.clone()),
+    })
+    .unwrap();
+    // (reached itself, denied) out of `ATTEMPTS` connections to the Service.
+    let hairpin_connects = |topo: &Topo| {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &topo.pods[0].name,
+                "python3",
+                &topo.script.0,
+                "connect",
+                HAIRPIN_IP,
+            ])
+            .arg(ATTEMPTS.to_string())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let n = |w: &str| text.lines().filter(|l| l.trim() == w).count();
+        let got = (n(client), n("denied"));
+        assert_eq!(got.0 + got.1, ATTEMPTS, "client output: {text}");
+        got
+    };
+    // Its ingress allows its own pod identity on 8080: it reaches itself.
+    let mut itself = base();
+    itself.endpoints.get_mut(&1).unwrap().isolated_ingress = true;
+    allow(
+        &mut itself,
+        1,
+        Direction::Ingress,
+        256,
+        Some(Protocol::Tcp),
+        (8080, 8080),
+    );
+    dp.sync_full(&itself, &topo.ifs).unwrap();
+    assert_eq!(hairpin_connects(&topo), (ATTEMPTS, 0), "allowed to reach itself");
+    // Its ingress allows nothing: it does not, though it arrives as the node.
+    let mut nothing = base();
+    nothing.endpoints.get_mut(&1).unwrap().isolated_ingress = true;
+    dp.apply(&itself.diff(&nothing), &nothing, &topo.ifs).unwrap();
+    assert_eq!(hairpin_connects(&topo), (0, ATTEMPTS), "denied to reach itself");
+    let post = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.node.name,
+            "nft",
+            "list",
+            "chain",
+            "ip",
+            "kp",
+            "hairpin_post",
+        ])
+        .output()
+        .unwrap();
+    let post = String::from_utf8_lossy(&post.stdout);
+    assert!(
+        !post.contains("packets 0 "),
+        "the hairpin masquerade did not happen:\n{post}"
+    );
+    dp.remove().unwrap();
+}
+
+/// IPv6 addresses of the node and of the pods (client, b1, b2).
+const NODE_IP6: &str = "fd00:78::ffff";
+const PODS6: [&str; 3] = ["fd00:78::1", "fd00:78::2", "fd00:78::3"];
+/// An IPv6 ClusterIP.
+const CLUSTER_IP6: &str = "fd00:96::10";
+
+/// An IPv6 Service (kube-proxy's `ip6` NAT: DNAT of the ClusterIP to one
+/// of two backends, then the masquerade to the node's IPv6 address, as for
+/// a `Cluster` NodePort on the backend's node): the client's egress and the
+/// backends' ingress are decided for the backend chosen and on the source
+/// that began the connection (`ct original ip6 saddr`): b1 admits the
+/// client, b2 nobody, so only b1 is reached (before the `_nat` chains b2
+/// was too, admitted as the host).
+#[test]
+fn ipv6_services_are_decided_for_the_backend_on_the_original_source() {
+    let mut topo = setup("s");
+    let n = topo.node.name.clone();
+    ns_sh(&n, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+    ns_sh(
+        &n,
+        &["ip", "-6", "addr", "add", &format!("{NODE_IP6}/128"), "dev", "lo"],
+    );
+    for (i, addr) in PODS6.iter().enumerate() {
+        let pod = topo.pods[i].name.clone();
+        ns_sh(
+            &pod,
+            &[
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                &format!("{addr}/128"),
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+        );
+        let out = Command::new("ip")
+            .args(["netns", "exec", &pod, "cat", "/sys/class/net/eth0/address"])
+            .output()
+            .unwrap();
+        let mac = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        route_to_pod(&n, &format!("s{i}"), &mac, addr, "128", Some(NODE_IP6));
+    }
+    let kp6 = format!(
+        "table ip6 kp6 {{\n chain pre {{\n  type nat hook prerouting priority dstnat; policy accept;\n  \
+         ip6 daddr {CLUSTER_IP6} tcp dport 80 dnat to numgen random mod 2 map {{ 0 : {} . 8080, 1 : {} . 8080 }}\n }}\n \
+         chain post {{\n  type nat hook postrouting priority srcnat; policy accept;\n  \
+         ip6 daddr {{ {}, {} }} tcp dport 8080 counter snat ip6 to {NODE_IP6}\n }}\n}}\n",
+        PODS6[1], PODS6[2], PODS6[1], PODS6[2]
+    );
+    let mut nft = Command::new("ip")
+        .args(["netns", "exec", &n, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(nft.stdin.as_mut().unwrap(), kp6.as_bytes()).unwrap();
+    drop(nft.stdin.take());
+    assert!(nft.wait().unwrap().success(), "load the ip6 NAT:\n{kp6}");
+    let serve6 = "import socket, sys\n\
+                  s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+                  s.bind((sys.argv[2], 8080)); s.listen(64)\n\
+                  print('ready', flush=True)\n\
+                  while True:\n    c, _ = s.accept()\n    c.sendall(sys.argv[1].encode()); c.close()\n";
+    for i in 1..3 {
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &topo.pods[i].name,
+                "python3",
+                "-c",
+                serve6,
+                PODS[i].0,
+                PODS6[i],
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        topo.servers.push(Proc(child));
+    }
+    let mut dp = NftDataplane::new(NftOptions {
+        table: format!("npm_s6{}", std::process::id()),
+        netns: Some(n.clone()),
+    })
+    .unwrap();
+    let mut c = Compiled::default();
+    for (i, (name, addr)) in PODS.iter().enumerate() {
+        let id = i as u32 + 1;
+        c.endpoints
+            .insert(id, endpoint(name, 255 + id, Some(addr), Some(PODS6[i]), i > 0, false));
+        ip(&mut c, addr, 255 + id, 0);
+        ip(&mut c, PODS6[i], 255 + id, 0);
+    }
+    ip(&mut c, NODE_IP, IDENTITY_HOST, 0);
+    ip(&mut c, NODE_IP6, IDENTITY_HOST, 0);
+    allow(&mut c, 2, Direction::Ingress, 256, Some(Protocol::Tcp), (8080, 8080));
+    dp.sync_full(&c, &topo.ifs).unwrap();
+    let (b1, b2, denied) = connect_to(&topo, CLUSTER_IP6);
+    assert!(
+        b1 > 0 && b2 == 0 && denied > 0,
+        "IPv6, masqueraded: b1 admits the client, b2 nobody: b1 {b1}, b2 {b2}, denied {denied}"
+    );
+    let post = Command::new("ip")
+        .args(["netns", "exec", &n, "nft", "list", "chain", "ip6", "kp6", "post"])
+        .output()
+        .unwrap();
+    let post = String::from_utf8_lossy(&post.stdout);
+    assert!(
+        !post.contains("packets 0 "),
+        "the ip6 masquerade did not happen:\n{post}"
+    );
+    dp.remove().unwrap();
+}
+
+/// A hostPort through the real `portmap` CNI plugin (containernetworking
+/// plugins, `/usr/lib/cni/portmap`, its iptables DNAT of the node's
+/// address and the hostPort to the pod): node:9090 leads to b2:8080. The
+/// client's egress is decided for b2 and its port (after the DNAT), and
+/// b2's ingress on the client: b2 admitting only b1 denies the client,
+/// admitting the client lets it in; the client's egress allowing only b1
+/// denies it.
+#[test]
+fn host_ports_are_decided_for_the_pod_behind_them() {
+    const PORTMAP: &str = "/usr/lib/cni/portmap";
+    if !std::path::Path::new(PORTMAP).exists() {
+        panic!("{PORTMAP} missing: install containernetworking-plugins");
+    }
+    let topo = setup("p");
+    let b2 = &topo.pods[2].name;
+    let conf = format!(
+        r#"{{"cniVersion": "1.0.0", "name": "npm-test", "type": "portmap", "snat": true,
+            "runtimeConfig": {{"portMappings": [{{"hostPort": 9090, "containerPort": 8080, "protocol": "tcp"}}]}},
+            "prevResult": {{"cniVersion": "1.0.0",
+                "interfaces": [{{"name": "eth0", "sandbox": "/var/run/netns/{b2}"}}],
+                "ips": [{{"address": "{}/32", "interface": 0}}]}}}}"#,
+        PODS[2].1
+    );
+    let mut add = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.node.name,
+            "env",
+            "CNI_COMMAND=ADD",
+            "CNI_CONTAINERID=npmtestp",
+        ])
+        .arg(format!("CNI_NETNS=/var/run/netns/{b2}"))
+        .args(["CNI_IFNAME=eth0", "CNI_PATH=/usr/lib/cni", PORTMAP])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(add.stdin.as_mut().unwrap(), conf.as_bytes()).unwrap();
+    drop(add.stdin.take());
+    let out = add.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "portmap ADD: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut dp = NftDataplane::new(NftOptions {
+        table: format!("npm_sp{}", std::process::id()),
+        netns: Some(topo.node.name.clone()),
+    })
+    .unwrap();
+    let host_port = |topo: &Topo| {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &topo.pods[0].name, "python3", "-c"])
+            .arg(format!(
+                "import socket\nfor _ in range(6):\n    try:\n        c = socket.create_connection(('{NODE_IP}', 9090), timeout=0.4)\n        \
+                 c.settimeout(0.4); print(c.recv(16).decode() or 'empty', flush=True); c.close()\n    except OSError:\n        print('denied', flush=True)\n"
+            ))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        (
+            text.lines().filter(|l| l.trim() == "b2").count(),
+            text.lines().filter(|l| l.trim() == "denied").count(),
+        )
+    };
+    // No policy: the DNAT really leads to b2.
+    dp.sync_full(&base(), &topo.ifs).unwrap();
+    assert_eq!(host_port(&topo), (6, 0), "no policy");
+    // b2 admits b1 only: the client is denied.
+    let mut only_b1 = base();
+    only_b1.endpoints.get_mut(&3).unwrap().isolated_ingress = true;
+    allow(
+        &mut only_b1,
+        3,
+        Direction::Ingress,
+        257,
+        Some(Protocol::Tcp),
+        (8080, 8080),
+    );
+    dp.apply(&base().diff(&only_b1), &only_b1, &topo.ifs).unwrap();
+    assert_eq!(host_port(&topo), (0, 6), "b2 admits b1 only");
+    // b2 admits the client on 8080 (the pod's port, not the hostPort).
+    let mut client_in = base();
+    client_in.endpoints.get_mut(&3).unwrap().isolated_ingress = true;
+    allow(
+        &mut client_in,
+        3,
+        Direction::Ingress,
+        256,
+        Some(Protocol::Tcp),
+        (8080, 8080),
+    );
+    dp.apply(&only_b1.diff(&client_in), &client_in, &topo.ifs).unwrap();
+    assert_eq!(host_port(&topo), (6, 0), "b2 admits the client");
+    // The client's egress allows b1 (and the node itself) only: denied.
+    let mut egress = client_in.clone();
+    egress.endpoints.get_mut(&1).unwrap().isolated_egress = true;
+    allow(
+        &mut egress,
+        1,
+        Direction::Egress,
+        257,
+        Some(Protocol::Tcp),
+        (8080, 8080),
+    );
+    allow(
+        &mut egress,
+        1,
+        Direction::Egress,
+        IDENTITY_HOST,
+        Some(Protocol::Tcp),
+        (9090, 9090),
+    );
+    dp.apply(&client_in.diff(&egress), &egress, &topo.ifs).unwrap();
+    assert_eq!(
+        host_port(&topo),
+        (0, 6),
+        "the client's egress allows b1 and the node's 9090 only"
+    );
+    dp.remove().unwrap();
+    let mut del = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &topo.node.name,
+            "env",
+            "CNI_COMMAND=DEL",
+            "CNI_CONTAINERID=npmtestp",
+        ])
+        .arg(format!("CNI_NETNS=/var/run/netns/{b2}"))
+        .args(["CNI_IFNAME=eth0", "CNI_PATH=/usr/lib/cni", PORTMAP])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(del.stdin.as_mut().unwrap(), conf.as_bytes()).unwrap();
+    drop(del.stdin.take());
+    let _ = del.wait();
 }

@@ -8,11 +8,15 @@
 //!   - `x/np-local` (`externalTrafficPolicy: Local`, backend `x/a` on node
 //!     1): no source NAT, the backend sees the client;
 //!   - `x/np-cluster` (`Cluster`, backend `x/a` on node 1): masqueraded, the
-//!     backend sees node 1's own address, the local node's host identity,
-//!     admitted as kubelet probes are (the documented behaviour);
+//!     backend sees node 1's own address, the local node's host identity:
+//!     admitted as kubelet probes are on eBPF (the documented limit), decided
+//!     on the client (conntrack's original source) on nftables;
 //!   - `y/np-cluster` (`Cluster`, backend `y/a` on node 2): masqueraded, the
 //!     backend sees node 1's address, another node's: allowed only by an
-//!     ipBlock covering it, never by one covering the client.
+//!     ipBlock covering it, never by one covering the client;
+//! - an in-cluster client, another pod on node 1, connects to
+//!   `x/np-cluster` too: masqueraded alike, admitted as the host on eBPF,
+//!   decided on the pod on nftables (README, "NodePort and source NAT").
 //!
 //! Each backend runs an echo that answers with the source address its
 //! `accept` saw, so every expectation is on what the backend really saw
@@ -43,9 +47,11 @@ fn agent_bin() -> PathBuf {
     p
 }
 
-/// One NodePort path: node 1's address and a NodePort, and what it leads to.
+/// One NodePort path: a client (its netns), node 1's address and a
+/// NodePort, and what it leads to.
 struct Path {
     label: &'static str,
+    from: String,
     dst: SocketAddr,
 }
 
@@ -107,13 +113,13 @@ fn local_addresses(netns: &str) -> Vec<IpAddr> {
 /// Observes every path until all match `want` (and then once more, so a
 /// state that matches while the agents still converge is not accepted), or
 /// 20 s passed. Returns the last observation.
-fn observe(client: &str, paths: &[Path], want: &[Want]) -> Seen {
+fn observe(paths: &[Path], want: &[Want]) -> Seen {
     let end = Instant::now() + Duration::from_secs(20);
     let once = || -> Seen {
         std::thread::scope(|s| {
             let hs: Vec<_> = paths
                 .iter()
-                .map(|p| s.spawn(move || source_seen(client, p.dst, Duration::from_millis(800))))
+                .map(|p| s.spawn(move || source_seen(&p.from, p.dst, Duration::from_millis(800))))
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap_or(None)).collect()
         })
@@ -184,18 +190,37 @@ fn nodeport(engine: Engine, kube_proxy: KubeProxyMode, cni: CniMode) {
         create_nodeport(api, &nodeport_service(ns, name, SERVICE_LABEL, "a", ECHO_PORT, local))
             .unwrap_or_else(|e| panic!("{e}"))
     };
+    // The in-cluster client: a pod on node 1, the backend's node, that no
+    // policy here selects (not `a` of x or y).
+    let pod_client = r
+        .cluster()
+        .pods()
+        .filter(|p| p.node.as_deref() == Some("node-1"))
+        .filter(|p| !(p.name == "a" && (p.namespace == "x" || p.namespace == "y")))
+        .min_by_key(|p| (p.namespace.clone(), p.name.clone()))
+        .expect("a pod on node 1 besides x/a");
+    let pod_name = pod_client.name.clone();
+    let np_cluster_x = SocketAddr::new(node1, port("x", "np-cluster", false));
     let paths = [
         Path {
             label: "Local, backend x/a on node 1 (no SNAT)",
+            from: client.clone(),
             dst: SocketAddr::new(node1, port("x", "np-local", true)),
         },
         Path {
             label: "Cluster, backend x/a on node 1 (SNAT to node 1)",
-            dst: SocketAddr::new(node1, port("x", "np-cluster", false)),
+            from: client.clone(),
+            dst: np_cluster_x,
         },
         Path {
             label: "Cluster, backend y/a on node 2 (SNAT to node 1)",
+            from: client.clone(),
             dst: SocketAddr::new(node1, port("y", "np-cluster", false)),
+        },
+        Path {
+            label: "a pod on node 1 -> Cluster, backend x/a on node 1 (SNAT to node 1)",
+            from: pod_client.netns.clone(),
+            dst: np_cluster_x,
         },
     ];
     let c = client_ip.to_string();
@@ -203,11 +228,34 @@ fn nodeport(engine: Engine, kube_proxy: KubeProxyMode, cni: CniMode) {
     let client32 = format!("{c}/32");
     let node1_32 = format!("{n1}/32");
     let host = Want::FromNode(local_addresses(&nodes.node(1).expect("node 1").netns));
+    // A connection masqueraded on node 1 to its local backend: admitted as
+    // the host on eBPF (no conntrack lookup there: README, "NodePort and
+    // source NAT"); on nftables decided on its original source, so
+    // `allowed` says whether the backend's policy admits that source.
+    let masqueraded = |allowed: bool| match (engine, allowed) {
+        (Engine::Nftables, false) => Want::Denied,
+        _ => host.clone(),
+    };
+    // x/a's ingress from pods labelled `pod: <the pod client's name>` in
+    // every namespace.
+    let from_pod_client = serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"namespace": "x", "name": "np"},
+        "spec": {
+            "podSelector": {"matchLabels": {"pod": "a"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{
+                "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"pod": pod_name}}}],
+                "ports": [{"protocol": "TCP", "port": ECHO_PORT}],
+            }],
+        },
+    });
     let phases: Vec<(&str, Vec<serde_json::Value>, Vec<Want>)> = vec![
         (
             "no policy: the address each backend sees",
             vec![],
-            vec![Want::From(client_ip), host.clone(), Want::From(node1)],
+            vec![Want::From(client_ip), host.clone(), Want::From(node1), host.clone()],
         ),
         (
             "x/a allows ipBlock client/32, y/a allows ipBlock node-1/32",
@@ -215,7 +263,15 @@ fn nodeport(engine: Engine, kube_proxy: KubeProxyMode, cni: CniMode) {
                 ingress_from_ip_blocks("x", "np", "a", &[&client32], ECHO_PORT),
                 ingress_from_ip_blocks("y", "np", "a", &[&node1_32], ECHO_PORT),
             ],
-            vec![Want::From(client_ip), host.clone(), Want::From(node1)],
+            // Cluster to node 1's own pod: the client began the connection
+            // (nftables), or the host (eBPF); the pod client is not the
+            // client's /32.
+            vec![
+                Want::From(client_ip),
+                masqueraded(true),
+                Want::From(node1),
+                masqueraded(false),
+            ],
         ),
         (
             "x/a allows only ipBlock 192.0.2.0/24, y/a allows ipBlock client/32 (hidden by SNAT)",
@@ -224,9 +280,10 @@ fn nodeport(engine: Engine, kube_proxy: KubeProxyMode, cni: CniMode) {
                 ingress_from_ip_blocks("y", "np", "a", &[&client32], ECHO_PORT),
             ],
             // Local: the client is not allowed. Cluster to node 1's own
-            // pod: the source is this node (host identity), admitted.
-            // Cluster to node 2: node 1's address is not covered.
-            vec![Want::Denied, host.clone(), Want::Denied],
+            // pod: neither the client nor the pod is covered (the host on
+            // eBPF, admitted). Cluster to node 2: node 1's address is not
+            // covered.
+            vec![Want::Denied, masqueraded(false), Want::Denied, masqueraded(false)],
         ),
         (
             "x/a allows only ipBlock node-1/32, y/a ingress-isolated with no rule (ingress: [])",
@@ -234,7 +291,14 @@ fn nodeport(engine: Engine, kube_proxy: KubeProxyMode, cni: CniMode) {
                 ingress_from_ip_blocks("x", "np", "a", &[&node1_32], ECHO_PORT),
                 ingress_from_ip_blocks("y", "np", "a", &[], ECHO_PORT),
             ],
-            vec![Want::Denied, host.clone(), Want::Denied],
+            // node-1/32 covers the address the masquerade gave, not the
+            // source that began the connection.
+            vec![Want::Denied, masqueraded(false), Want::Denied, masqueraded(false)],
+        ),
+        (
+            "x/a allows the pod client by pod selector only, y/a ingress-isolated with no rule",
+            vec![from_pod_client],
+            vec![Want::Denied, masqueraded(false), Want::Denied, masqueraded(true)],
         ),
     ];
 
@@ -249,7 +313,7 @@ fn nodeport(engine: Engine, kube_proxy: KubeProxyMode, cni: CniMode) {
         }
         let t0 = Instant::now();
         let before = counters();
-        let got = observe(&client, &paths, want);
+        let got = observe(&paths, want);
         report.push(format!(
             "{engine:?}/{kube_proxy:?}/{cni:?} phase {i}: {what} ({:?})",
             t0.elapsed()

@@ -73,6 +73,13 @@ fn pick(out: &mut String, chain: &str, sp: &ServicePort, eps: &[&Endpoint]) {
     }
 }
 
+/// Whether the service port has a KUBE-SVL chain (its local endpoints): for
+/// `internalTrafficPolicy: Local` (the ClusterIP) or an `externalTrafficPolicy: Local`
+/// NodePort, when it has local endpoints.
+fn uses_svl(sp: &ServicePort) -> bool {
+    (sp.internal_local || (sp.external_local && sp.node_port.is_some())) && !sp.local_endpoints().is_empty()
+}
+
 /// The chains this state uses in the nat table (fixed ones included).
 fn nat_chains(ports: &[ServicePort]) -> BTreeSet<String> {
     let mut set: BTreeSet<String> = NAT_FIXED.iter().map(|s| s.to_string()).collect();
@@ -83,9 +90,9 @@ fn nat_chains(ports: &[ServicePort]) -> BTreeSet<String> {
         }
         if sp.node_port.is_some() {
             set.insert(svc_chain("KUBE-EXT", sp));
-            if sp.external_local {
-                set.insert(svc_chain("KUBE-SVL", sp));
-            }
+        }
+        if uses_svl(sp) {
+            set.insert(svc_chain("KUBE-SVL", sp));
         }
     }
     set
@@ -129,13 +136,31 @@ pub fn render(ports: &[ServicePort], existing_nat: &BTreeSet<String>) -> String 
             continue;
         }
         let svc = svc_chain("KUBE-SVC", sp);
-        let _ = writeln!(
-            s,
-            "-A KUBE-SERVICES -m comment --comment \"{} cluster IP\" -d {} {m} --dport {} -j {svc}",
-            sp.id(),
-            host(&sp.cluster_ip),
-            sp.port
-        );
+        let svl = svc_chain("KUBE-SVL", sp);
+        let local = sp.local_endpoints();
+        if uses_svl(sp) {
+            pick(&mut s, &svl, sp, &local);
+        }
+        // internalTrafficPolicy: Local: the ClusterIP leads to this node's endpoints only,
+        // dropped where there is none (as kube-proxy's "has no local endpoints").
+        if sp.internal_local && local.is_empty() {
+            let _ = writeln!(
+                filter,
+                "-A KUBE-SERVICES -m comment --comment \"{} has no local endpoints\" -d {} {m} --dport {} -j DROP",
+                sp.id(),
+                host(&sp.cluster_ip),
+                sp.port
+            );
+        } else {
+            let target = if sp.internal_local { &svl } else { &svc };
+            let _ = writeln!(
+                s,
+                "-A KUBE-SERVICES -m comment --comment \"{} cluster IP\" -d {} {m} --dport {} -j {target}",
+                sp.id(),
+                host(&sp.cluster_ip),
+                sp.port
+            );
+        }
         let all: Vec<&Endpoint> = sp.endpoints.iter().collect();
         pick(&mut s, &svc, sp, &all);
         for ep in &sp.endpoints {
@@ -169,7 +194,6 @@ pub fn render(ports: &[ServicePort], existing_nat: &BTreeSet<String>) -> String 
             let _ = writeln!(s, "-A {ext} -j {svc}");
             continue;
         }
-        let local = sp.local_endpoints();
         if local.is_empty() {
             let _ = writeln!(
                 filter,
@@ -178,7 +202,6 @@ pub fn render(ports: &[ServicePort], existing_nat: &BTreeSet<String>) -> String 
             );
             continue;
         }
-        let svl = svc_chain("KUBE-SVL", sp);
         let _ = writeln!(
             s,
             "-A KUBE-NODEPORTS -m comment --comment {} {m} --dport {np} -j {ext}",
@@ -187,7 +210,6 @@ pub fn render(ports: &[ServicePort], existing_nat: &BTreeSet<String>) -> String 
         let _ = writeln!(s, "-A {ext} -m comment --comment \"masquerade LOCAL traffic for {} external destinations\" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ", sp.id());
         let _ = writeln!(s, "-A {ext} -m comment --comment \"route LOCAL traffic for {} external destinations\" -m addrtype --src-type LOCAL -j {svc}", sp.id());
         let _ = writeln!(s, "-A {ext} -j {svl}");
-        pick(&mut s, &svl, sp, &local);
     }
     let _ = writeln!(
         s,
@@ -245,6 +267,7 @@ mod tests {
             port: 80,
             node_port,
             external_local: local,
+            internal_local: false,
             endpoints: (0..n)
                 .map(|i| Endpoint {
                     ip: format!("10.0.0.{}", i + 2).parse().unwrap(),
@@ -278,6 +301,21 @@ mod tests {
         let s = render(&[sp(0, Some(30080), false)], &BTreeSet::new());
         assert!(s.contains("has no endpoints\" -d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j REJECT"));
         assert!(s.contains("--dport 30080 -j DROP"));
+        // internalTrafficPolicy: Local: the ClusterIP jumps to the local endpoint only
+        // (10.0.0.2), or is dropped without one.
+        let itp = |n| ServicePort {
+            internal_local: true,
+            ..sp(n, None, false)
+        };
+        let s = render(&[itp(3)], &BTreeSet::new());
+        assert!(s.contains("--dport 80 -j KUBE-SVL-"), "{s}");
+        let svl = s.lines().filter(|l| l.starts_with("-A KUBE-SVL-")).collect::<Vec<_>>();
+        assert!(svl.len() == 1 && svl[0].contains("-> 10.0.0.2:8080"), "{svl:?}");
+        let mut remote = itp(3);
+        remote.endpoints.retain(|e| !e.local);
+        let s = render(&[remote], &BTreeSet::new());
+        assert!(s.contains("has no local endpoints\" -d 10.96.0.10/32 -p tcp -m tcp --dport 80 -j DROP"));
+        assert!(!s.contains("--dport 80 -j KUBE-SV"), "{s}");
         assert_eq!(
             kube_chains(":KUBE-A - [0:0]\n:INPUT ACCEPT [0:0]\n-A KUBE-A -j X\n"),
             ["KUBE-A".to_string()].into()

@@ -40,6 +40,9 @@ pub struct ServicePort {
     pub node_port: Option<u16>,
     /// `externalTrafficPolicy: Local`.
     pub external_local: bool,
+    /// `internalTrafficPolicy: Local`: the ClusterIP leads to this node's
+    /// endpoints only (none: dropped).
+    pub internal_local: bool,
     /// Ready endpoints, sorted and deduplicated.
     pub endpoints: Vec<Endpoint>,
 }
@@ -102,6 +105,7 @@ pub fn service_ports(services: &[Value], slices: &[Value], node_name: &str, v6: 
         };
         let node_ports = matches!(ty, "NodePort" | "LoadBalancer");
         let external_local = svc.pointer("/spec/externalTrafficPolicy").and_then(Value::as_str) == Some("Local");
+        let internal_local = svc.pointer("/spec/internalTrafficPolicy").and_then(Value::as_str) == Some("Local");
         let my_slices: Vec<&Value> = slices
             .iter()
             .filter(|s| {
@@ -167,6 +171,7 @@ pub fn service_ports(services: &[Value], slices: &[Value], node_name: &str, v6: 
                 port,
                 node_port: if node_ports { port_at(p, "nodePort") } else { None },
                 external_local,
+                internal_local,
                 endpoints: eps.into_iter().collect(),
             });
         }

@@ -133,7 +133,21 @@ pub fn render(ports: &[ServicePort], v6: bool) -> String {
             continue;
         }
         let sc = svc_chain(sp);
-        svc_ips.push(format!("{key} : goto {}", q(&sc)));
+        let lc = format!("local-{}", &sc["service-".len()..]);
+        let local = sp.local_endpoints();
+        let has_local_chain = !local.is_empty() && (sp.internal_local || (sp.external_local && sp.node_port.is_some()));
+        if has_local_chain {
+            let _ = writeln!(chains, "\tchain {} {{\n\t\t{}\n\t}}", q(&lc), pick(sp, &local));
+        }
+        // internalTrafficPolicy: Local: the ClusterIP leads to this node's endpoints only,
+        // dropped where there is none (upstream's no-endpoint-services `drop`).
+        if !sp.internal_local {
+            svc_ips.push(format!("{key} : goto {}", q(&sc)));
+        } else if has_local_chain {
+            svc_ips.push(format!("{key} : goto {}", q(&lc)));
+        } else {
+            no_ep_svcs.push(format!("{key} : drop"));
+        }
         let all: Vec<&Endpoint> = sp.endpoints.iter().collect();
         let _ = writeln!(chains, "\tchain {} {{\n\t\t{}\n\t}}", q(&sc), pick(sp, &all));
         for ep in &sp.endpoints {
@@ -158,13 +172,10 @@ pub fn render(ports: &[ServicePort], v6: bool) -> String {
             node_ports.push(format!("{} . {np} : goto {}", sp.proto, q(&ext)));
             continue;
         }
-        let local = sp.local_endpoints();
         if local.is_empty() {
             no_ep_nps.push(format!("{} . {np} : drop", sp.proto));
             continue;
         }
-        let lc = format!("local-{}", &sc["service-".len()..]);
-        let _ = writeln!(chains, "\tchain {} {{\n\t\t{}\n\t}}", q(&lc), pick(sp, &local));
         let _ = writeln!(
             chains,
             "\tchain {} {{\n\t\tfib saddr type local jump mark-for-masquerade\n\t\tfib saddr type local goto {}\n\t\tgoto {}\n\t}}",
@@ -240,6 +251,7 @@ mod tests {
             port: 80,
             node_port,
             external_local: local,
+            internal_local: false,
             endpoints: eps
                 .iter()
                 .map(|(ip, l)| Endpoint {
@@ -272,6 +284,18 @@ mod tests {
         assert!(s.contains("chain local-"));
         assert!(s.contains("numgen random mod 1 vmap"));
         assert!(s.contains("fib saddr type local jump mark-for-masquerade"));
+        // internalTrafficPolicy: Local: the ClusterIP goes to the local endpoint only, and
+        // is dropped without one.
+        let itp = |eps: &[(&str, bool)]| ServicePort {
+            internal_local: true,
+            ..sp(eps, None, false)
+        };
+        let s = render(&[itp(&[("10.0.0.2", true), ("10.0.0.3", false)])], false);
+        assert!(s.contains("10.96.0.10 . tcp . 80 : goto local-"), "{s}");
+        assert!(s.contains("numgen random mod 1 vmap { 0 : goto endpoint-"), "{s}");
+        let s = render(&[itp(&[("10.0.0.3", false)])], false);
+        assert!(s.contains("10.96.0.10 . tcp . 80 : drop"), "{s}");
+        assert!(!s.contains("10.96.0.10 . tcp . 80 : goto"), "{s}");
         // No local endpoint: the NodePort is dropped; no endpoint at all: rejected.
         let s = render(&[sp(&[("10.0.0.3", false)], Some(30080), true)], false);
         assert!(s.contains("tcp . 30080 : drop"));
