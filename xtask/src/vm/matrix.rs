@@ -138,8 +138,9 @@ pub(crate) fn dataplane_test_binary(mut cmd: Command, label: &str) -> Result<Pat
 /// agent, then (the guests) [`conformance_checks`]. The host row runs every
 /// attach and Service test and no conformance step (`cargo xtask test`
 /// runs the catalogue there); the guests (TCG, minutes per program load)
-/// a subset of the tests. The `debian-arm64` row's root has no `wg`: no
-/// tunnel tests, and no nftables Service kernel test there.
+/// a subset of the tests. The `debian-arm64` row keeps the kernel-test
+/// subset it always ran: no tunnel tests (its root has no `wg`) and no
+/// nftables Service kernel test.
 fn checks(row: &str, bins: &Bins, kubeconfig: &str) -> Vec<Check> {
     let floor = row_floor(row);
     let full = row == "host";
