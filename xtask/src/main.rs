@@ -349,10 +349,13 @@ fn test(no_setup: bool) -> Result<()> {
     // lock (`target/release` vs `target/debug`).
     let release = Background::start(cargo().args(image::release_build_args()), "release-build")?;
     // The VM row: Debian 12's 6.1 kernel under qemu (TCG, one core): no
-    // tcx (tc clsact filters), a verifier that refuses the full datapath
-    // (the reduced one loads), real IPIP and WireGuard; its checks are
-    // listed in `xtask/src/vm/matrix.rs`. Beside the conformance runs, as
-    // the release build; everything it starts was built above.
+    // tcx (tc clsact filters), its own verifier (the full datapath of
+    // layout 8 loads; the reduced one where it would not), real IPIP and
+    // WireGuard, and the Service conformance subset (`default-deny*` on
+    // eBPF on one node, then on eBPF and on nftables through ClusterIPs on
+    // two nodes: about 6 of the row's ~14 minutes); its checks are listed
+    // in `xtask/src/vm/matrix.rs`. Beside the conformance runs, as the
+    // release build; everything it starts was built above.
     let vm_row = Background::start(
         Command::new(pinned_self()?).args(["vm", "matrix", "--row", CI_VM_ROW]),
         "vm-matrix",
@@ -474,7 +477,7 @@ impl Drop for Background {
 }
 
 /// `cargo build --bin B` of each of `bins` (the dev profile).
-fn build_bins(bins: &[&str]) -> Result<()> {
+pub(crate) fn build_bins(bins: &[&str]) -> Result<()> {
     let mut c = cargo();
     c.arg("build");
     for b in bins {

@@ -543,6 +543,7 @@ pub fn run(
 ) -> Result<i32> {
     let k = kernel(kernel_name)?;
     let checkout = root();
+    clear_stale_runs();
     let work = cache().join(format!("run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
@@ -552,6 +553,26 @@ pub fn run(
     })();
     let _ = std::fs::remove_dir_all(&work);
     res
+}
+
+/// Removes the work directories (`run-<pid>` in the cache: the initramfs
+/// tree and image) that runs killed before their cleanup left, those whose
+/// process is gone; a live run's (another checkout's, beside this one) is
+/// kept.
+fn clear_stale_runs() {
+    let Ok(entries) = std::fs::read_dir(cache()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("run-").and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            eprintln!("xtask: vm: removing {name}, left by a run that ended before its cleanup");
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// The root the guest runs in (shared read-only over 9p): the host's for

@@ -1,12 +1,14 @@
 //! `cargo xtask vm matrix`: the kernel checks on each row (Debian's 5.10,
 //! 6.1 and 6.12 under qemu, the host's kernel directly, and Debian's arm64
 //! 6.12 under `qemu-system-aarch64` with cross-built binaries:
-//! `debian-arm64`, see [`checks_arm64`]).
+//! `debian-arm64`), one list of checks for all ([`checks`]).
 //!
 //! The host builds the `npm-dataplane` kernel test binary, the agent and
 //! the BPF object; one boot per row runs a script of checks in the guest
 //! (the test binary with name filters, `NPM_EBPF_OBJECT` set), each check
-//! printing `NPM-CHECK <name> <status> <seconds>`. Rows below the kernel
+//! printing `NPM-CHECK <name> <status> <seconds>`; the guests then run the
+//! conformance runner's `default-deny*` cases on eBPF and nftables, through
+//! ClusterIPs on two nodes ([`conformance_checks`]). Rows below the kernel
 //! floor (5.10: no `bpf_ktime_get_coarse_ns`) check instead that the agent
 //! refuses to start, naming what is missing.
 
@@ -46,50 +48,55 @@ fn row_floor(row: &str) -> Floor {
 
 pub const ROWS: &[&str] = &["debian-5.10", "debian-6.1", "debian-6.12", "host", "debian-arm64"];
 
-/// The arm64 row's binaries (cross-built, `crate::arm64`), as paths.
-struct Arm64Bins {
+/// The binaries a row runs, as paths: the host's debug builds, or the
+/// arm64 cross builds (`crate::arm64`) on the `debian-arm64` row.
+struct Bins {
     tests: String,
     agent: String,
     cni: String,
     conformance: String,
 }
 
-/// The checks of the `debian-arm64` row (Debian 13's arm64 6.12 under
-/// `qemu-system-aarch64`, TCG, in the Debian arm64 root): the verifier
-/// tests (instruction counts) and the tcx attach and Service kernel tests
-/// of the 6.12 row, the agent opening its dataplane, then the conformance
-/// runner's `default-deny*` cases on eBPF: one node with pod addresses, and
-/// two nodes through ClusterIPs (kube-proxy in nftables mode).
-fn checks_arm64(bins: &Arm64Bins, kubeconfig: &str) -> Vec<Check> {
-    let mut v = checks(Floor::Tcx, false, &bins.tests, &bins.agent, kubeconfig);
-    // The IPIP and WireGuard tests need `wg` (not in the arm64 root).
-    v[0] = Check {
-        name: "kernel tests: verifier, attach modes, Services",
-        script: format!(
-            "{} --test-threads 2 ebpf_verifier:: ebpf_attach_modes::the_kernel_has_what_each_mode_needs              ebpf_attach_modes::tc_detach_leaves_foreign_filters_and_the_qdisc              ebpf_services::cluster_ip_is_decided_for_the_chosen_backend ebpf_services::remote_backends_are_decided_              --nocapture",
-            bins.tests
-        ),
-    };
-    let conformance = |extra: &str| {
+/// The conformance steps of every guest row (the Debian kernels under
+/// qemu, amd64 and arm64): the runner's `default-deny*` cases (ingress,
+/// all, UDP, SCTP: 4) on eBPF on one node with pod addresses; the same
+/// on eBPF through ClusterIPs on two nodes (two node netns, hand-made veth
+/// pods, the test kube-proxy in nftables mode); and the same on nftables
+/// through ClusterIPs on two nodes (kube-proxy in iptables mode, as CI's
+/// nftables run on the host). Every agent runs with `--attach auto`: tc
+/// `clsact` filters on 6.1, tcx on 6.12. The runner's names (netns,
+/// links, its work directory) carry its pid, and it removes those of a
+/// dead runner first, so a step that crashed leaves nothing for the next;
+/// the guest's `/run` and `/tmp` are its own.
+fn conformance_checks(bins: &Bins) -> Vec<Check> {
+    let run = |dataplane: &str, extra: &str| {
         format!(
-            "{} --dataplane ebpf --filter default-deny --agent-bin {} --npm-cni-bin {} --cases tests/conformance {extra}",
+            "{} --dataplane {dataplane} --filter default-deny --agent-bin {} --npm-cni-bin {} --cases tests/conformance {extra}",
             bins.conformance, bins.agent, bins.cni
         )
     };
-    v.push(Check {
-        name: "conformance default-deny, eBPF, one node",
-        script: conformance(""),
-    });
     // Two agents loading the datapath at once, and each node's kube-proxy
     // first pass loading the nf_tables modules of its rules (one module
     // autoload, and one replay of the transaction, each), take longer than
     // the runner's 30 s startup deadline under TCG: 300 s (probe matrices
     // that match are not slowed by it).
-    v.push(Check {
-        name: "conformance default-deny, eBPF, two nodes through Services",
-        script: conformance("--nodes 2 --cni veth --kube-proxy nftables --destination service --deadline-secs 300"),
-    });
-    v
+    let two_nodes = |kube_proxy: &str| {
+        format!("--nodes 2 --cni veth --kube-proxy {kube_proxy} --destination service --deadline-secs 300")
+    };
+    vec![
+        Check {
+            name: "conformance default-deny, eBPF, one node",
+            script: run("ebpf", ""),
+        },
+        Check {
+            name: "conformance default-deny, eBPF, two nodes through Services",
+            script: run("ebpf", &two_nodes("nftables")),
+        },
+        Check {
+            name: "conformance default-deny, nftables, two nodes through Services",
+            script: run("nftables", &two_nodes("iptables")),
+        },
+    ]
 }
 
 /// The `dataplane` test binary (built now if needed).
@@ -127,10 +134,21 @@ pub(crate) fn dataplane_test_binary(mut cmd: Command, label: &str) -> Result<Pat
         .with_context(|| format!("no {label}dataplane test executable in cargo's output"))
 }
 
-/// The checks of a row.
-fn checks(floor: Floor, full: bool, tests: &str, agent: &str, kubeconfig: &str) -> Vec<Check> {
-    // The guests' kernels are Debian's, with every module.
-    let row_has_modules = !full;
+/// The checks of a row, one list for every row: the kernel tests, the
+/// agent, then (the guests) [`conformance_checks`]. The host row runs every
+/// attach and Service test and no conformance step (`cargo xtask test`
+/// runs the catalogue there); the guests (TCG, minutes per program load)
+/// a subset of the tests. The `debian-arm64` row keeps the kernel-test
+/// subset it always ran: no tunnel tests (its root has no `wg`) and no
+/// nftables Service kernel test.
+fn checks(row: &str, bins: &Bins, kubeconfig: &str) -> Vec<Check> {
+    let floor = row_floor(row);
+    let full = row == "host";
+    let arm64 = row == "debian-arm64";
+    // The amd64 guests' kernels are Debian's, with every module, and their
+    // root (the host's) has `wg`.
+    let row_has_modules = !full && !arm64;
+    let (tests, agent) = (&bins.tests, &bins.agent);
     let t = |filters: &[&str]| format!("{tests} --test-threads 2 {}", filters.join(" "));
     // The agent as the DaemonSet starts it (`--attach auto`), up to opening
     // the dataplane: the kernel check, then loading the programs (the API
@@ -163,6 +181,10 @@ fn checks(floor: Floor, full: bool, tests: &str, agent: &str, kubeconfig: &str) 
             };
             let services: &[&str] = match floor {
                 _ if full => &["ebpf_services::", "nft_services::"],
+                Floor::Tcx if arm64 => &[
+                    "ebpf_services::cluster_ip_is_decided_for_the_chosen_backend",
+                    "ebpf_services::remote_backends_are_decided_",
+                ],
                 Floor::Tcx => &[
                     "ebpf_services::cluster_ip_is_decided_for_the_chosen_backend",
                     "ebpf_services::remote_backends_are_decided_",
@@ -219,6 +241,9 @@ fn checks(floor: Floor, full: bool, tests: &str, agent: &str, kubeconfig: &str) 
                      grep -q ' starting' $log"
                 ),
             });
+            if !full {
+                v.extend(conformance_checks(bins));
+            }
             v
         }
     }
@@ -248,11 +273,11 @@ pub fn matrix(only: &[String]) -> Result<()> {
     }
     crate::build_ebpf()?;
     let amd64 = rows.iter().any(|r| *r != "debian-arm64");
+    let s = |p: PathBuf| p.to_string_lossy().into_owned();
     let arm64 = if rows.contains(&"debian-arm64") {
         let tests = crate::arm64::build_vm_row()?;
         let release = crate::arm64::release_dir();
-        let s = |p: PathBuf| p.to_string_lossy().into_owned();
-        Some(Arm64Bins {
+        Some(Bins {
             tests: s(tests),
             agent: s(release.join("npm-agent")),
             cni: s(release.join("npm-cni")),
@@ -261,11 +286,20 @@ pub fn matrix(only: &[String]) -> Result<()> {
     } else {
         None
     };
-    if amd64 {
-        crate::run(cargo().args(["build", "-p", "npm-agent", "--bin", "npm-agent"]))?;
-    }
-    let tests = if amd64 { dataplane_tests()? } else { PathBuf::new() };
-    let agent = root().join("target/debug/npm-agent");
+    let amd64 = if amd64 {
+        // As `cargo xtask conformance` builds them (the workspace's
+        // features: nothing is rebuilt after `cargo xtask test`'s build).
+        crate::build_bins(&["npm-agent", "npm-cni", "npm-conformance"])?;
+        let debug = root().join("target/debug");
+        Some(Bins {
+            tests: s(dataplane_tests()?),
+            agent: s(debug.join("npm-agent")),
+            cni: s(debug.join("npm-cni")),
+            conformance: s(debug.join("npm-conformance")),
+        })
+    } else {
+        None
+    };
     let dir = root().join("target/vm-matrix");
     std::fs::create_dir_all(&dir)?;
     // An API server that is never there: the agent stops after its kernel
@@ -282,19 +316,12 @@ pub fn matrix(only: &[String]) -> Result<()> {
     let mut failed = 0;
     let mut summary = Vec::new();
     for row in rows {
-        let floor = row_floor(row);
-        // The host runs every attach and Service test; the guests (TCG,
-        // minutes per program load) a subset.
-        let checks = match &arm64 {
-            Some(bins) if row == "debian-arm64" => checks_arm64(bins, &kubeconfig.to_string_lossy()),
-            _ => checks(
-                floor,
-                row == "host",
-                &tests.to_string_lossy(),
-                &agent.to_string_lossy(),
-                &kubeconfig.to_string_lossy(),
-            ),
-        };
+        let bins = match row {
+            "debian-arm64" => arm64.as_ref(),
+            _ => amd64.as_ref(),
+        }
+        .context("the row's binaries were built")?;
+        let checks = checks(row, bins, &kubeconfig.to_string_lossy());
         let script_path = dir.join(format!("{row}.sh"));
         std::fs::write(&script_path, script(&checks))?;
         eprintln!("xtask: vm matrix: row {row}");
