@@ -287,6 +287,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         services.object = args.bpf_object.clone();
         services.page_size = args.page_size;
         services.attach = args.attach;
+        services.node_name = Some(args.node_name.clone());
         running.start_services(services_client, services);
     }
     tracing::info!(addr = ?running.http_addr, "serving /metrics, /healthz, /readyz");

@@ -83,6 +83,11 @@ pub const SVC_EXTERNAL_IP: u32 = 1 << 2;
 /// (`status.loadBalancer.ingress[].ip`, not `ipMode: Proxy`) and a
 /// service port.
 pub const SVC_LOAD_BALANCER: u32 = 1 << 3;
+/// [`ServiceValue::flags`]: the key is an address of this node (or the
+/// `hostIP`) and a `hostPort` of one of its pods (the `portmap` CNI
+/// plugin's DNAT). Only this node's: another node's hostPort is DNATed
+/// there, after this node's programs.
+pub const SVC_HOST_PORT: u32 = 1 << 4;
 
 /// `NPM_SERVICES` value.
 #[repr(C)]

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::ServiceSpec;
-use k8s_openapi::api::core::v1::{Node, Service};
-use npm_common::{proto, SVC_CLUSTER_IP, SVC_EXTERNAL_IP, SVC_LOAD_BALANCER, SVC_NODE_PORT};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use npm_common::{proto, SVC_CLUSTER_IP, SVC_EXTERNAL_IP, SVC_HOST_PORT, SVC_LOAD_BALANCER, SVC_NODE_PORT};
 use npm_dataplane::ebpf::ServicePort;
 
 /// The computed keys and what was skipped.
@@ -184,6 +184,66 @@ pub fn service_keys<'a>(
     out
 }
 
+/// Adds the keys of this node's pods' `hostPort`s (the `portmap` CNI
+/// plugin DNATs node:hostPort to the pod): the `hostIP` when it is set
+/// and not the unspecified address, else every address of `node` (this
+/// node; `None`: not listed, such ports are skipped and counted). A pod
+/// that has finished (`Succeeded`, `Failed`) has no sandbox and no DNAT.
+/// A port without `hostPort` (or 0) is not mapped.
+pub fn add_host_port_keys<'a>(pods: impl IntoIterator<Item = &'a Pod>, node: Option<&Node>, out: &mut ServiceKeys) {
+    let mut skipped = Vec::new();
+    let node_ips = node.map(|n| node_addresses(n, &mut skipped));
+    for pod in pods {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let id = format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+            pod.metadata.name.as_deref().unwrap_or_default()
+        );
+        let ports = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+            .flat_map(|c| c.ports.iter().flatten());
+        for p in ports {
+            let Some(hp) = p.host_port.filter(|n| *n != 0) else {
+                continue;
+            };
+            let (Ok(port), Some(pr)) = (u16::try_from(hp), protocol(p.protocol.as_deref())) else {
+                skipped.push(format!("pod {id}: hostPort {hp}/{:?}", p.protocol));
+                continue;
+            };
+            let addrs = match p.host_ip.as_deref().filter(|a| !a.is_empty()) {
+                Some(a) => match a.parse::<IpAddr>() {
+                    Ok(ip) if !ip.is_unspecified() => vec![canonical(ip)],
+                    Ok(_) => node_ips.clone().unwrap_or_default(),
+                    Err(_) => {
+                        skipped.push(format!("pod {id}: hostIP {a:?}"));
+                        continue;
+                    }
+                },
+                None => node_ips.clone().unwrap_or_default(),
+            };
+            if addrs.is_empty() {
+                skipped.push(format!("pod {id}: hostPort {hp} without a node address"));
+            }
+            for addr in addrs {
+                *out.keys
+                    .entry(ServicePort {
+                        addr,
+                        port,
+                        protocol: pr,
+                    })
+                    .or_default() |= SVC_HOST_PORT;
+            }
+        }
+    }
+    out.skipped.extend(skipped);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +314,55 @@ mod tests {
         .collect();
         assert_eq!(got.keys, want);
         assert!(got.skipped.is_empty(), "{:?}", got.skipped);
+    }
+
+    /// A hostPort is a key at every address of this node, or at its
+    /// `hostIP`; not a container port without one, nor a finished pod's.
+    #[test]
+    fn host_ports_of_this_nodes_pods_are_keys() {
+        let pod = |name: &str, phase: &str, ports: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "default", "name": name},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c", "ports": ports}]},
+                "status": {"phase": phase},
+            }))
+            .unwrap()
+        };
+        let ingress = pod(
+            "ingress",
+            "Running",
+            serde_json::json!([
+                {"containerPort": 8080, "hostPort": 80},
+                {"containerPort": 8443, "hostPort": 443, "hostIP": "192.0.2.10"},
+                {"containerPort": 53, "hostPort": 5353, "protocol": "UDP", "hostIP": "0.0.0.0"},
+                {"containerPort": 9000},
+                {"containerPort": 9001, "hostPort": 0},
+            ]),
+        );
+        let done = pod(
+            "done",
+            "Succeeded",
+            serde_json::json!([{"containerPort": 8080, "hostPort": 81}]),
+        );
+        let n = node(&[("InternalIP", "192.0.2.10"), ("ExternalIP", "198.51.100.1")]);
+        let mut got = ServiceKeys::default();
+        add_host_port_keys([&ingress, &done], Some(&n), &mut got);
+        let want: BTreeMap<ServicePort, u32> = [
+            (key("192.0.2.10", 80, proto::TCP), SVC_HOST_PORT),
+            (key("198.51.100.1", 80, proto::TCP), SVC_HOST_PORT),
+            (key("192.0.2.10", 443, proto::TCP), SVC_HOST_PORT),
+            (key("192.0.2.10", 5353, proto::UDP), SVC_HOST_PORT),
+            (key("198.51.100.1", 5353, proto::UDP), SVC_HOST_PORT),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(got.keys, want);
+        assert!(got.skipped.is_empty(), "{:?}", got.skipped);
+        // This node not listed: the ports without a hostIP are skipped.
+        let mut got = ServiceKeys::default();
+        add_host_port_keys([&ingress], None, &mut got);
+        assert_eq!(got.keys.len(), 1, "{:?}", got.keys);
+        assert_eq!(got.skipped.len(), 2, "{:?}", got.skipped);
     }
 
     /// externalIPs and LoadBalancer ingress IPs are keys with every

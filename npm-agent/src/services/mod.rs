@@ -1,11 +1,12 @@
 //! Services through kube-proxy on the eBPF dataplane: the agent side of
 //! the deferred egress decision (see `npm_common::service`).
 //!
-//! - watchers of `v1` Services and `v1` Nodes, each into a
+//! - watchers of `v1` Services, `v1` Nodes and this node's `v1` Pods
+//!   (`spec.nodeName`, for their `hostPort`s), each into a
 //!   [`ListStore`]: a store's state is replaced only
 //!   on `InitDone`, so nothing is ever computed from a partial list, and a
 //!   failed relist keeps the last complete one (incident 2);
-//! - [`keys`]: the Service keys of the two complete lists (pure);
+//! - [`keys`]: the Service keys of the complete lists (pure);
 //! - [`writer`]: one OS thread that loads `node_exit` (and `node_exit_l3`
 //!   for uplinks without an Ethernet header), attaches them to the node's
 //!   uplinks ([`crate::node::uplinks`]) with tcx, or tc `clsact` where
@@ -14,7 +15,7 @@
 //!   is read back and diffed on every pass), with a guard against mass
 //!   removals.
 //!
-//! Nothing is written to `NPM_SERVICES` before both lists completed,
+//! Nothing is written to `NPM_SERVICES` before every list completed,
 //! `node_exit` is attached and `host_in`'s rules are in place: an empty
 //! map defers nothing, so until then Service traffic is decided at
 //! `from_pod` against the ClusterIP.
@@ -28,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::runtime::watcher;
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource};
@@ -56,6 +57,9 @@ pub struct ServicesConfig {
     /// How `node_exit` is attached (`--attach`, as the pods' programs:
     /// `auto` is tcx where the kernel has it, else tc `clsact`).
     pub attach: npm_dataplane::ebpf::AttachMode,
+    /// This node's name: its pods' `hostPort`s are keys (`None`: no
+    /// hostPort keys and no Pod watcher).
+    pub node_name: Option<String>,
 }
 
 impl ServicesConfig {
@@ -67,6 +71,7 @@ impl ServicesConfig {
             page_size: 500,
             resync: Duration::from_secs(10),
             attach: npm_dataplane::ebpf::AttachMode::Auto,
+            node_name: None,
         }
     }
 }
@@ -78,17 +83,33 @@ pub struct ServiceState {
     pub services: Mutex<ListStore<Service>>,
     /// Nodes.
     pub nodes: Mutex<ListStore<Node>>,
+    /// This node's pods (their `hostPort`s), when [`ServiceState::node_name`]
+    /// is set.
+    pub pods: Mutex<ListStore<Pod>>,
+    /// This node's name (`None`: no hostPort keys).
+    pub node_name: Option<String>,
     /// Bumped on every change of a complete state.
     generation: AtomicU64,
 }
 
 impl ServiceState {
-    /// The keys of the two complete lists, `None` until both completed.
+    /// The keys of the complete lists, `None` until every one completed
+    /// (this node's pods only when [`ServiceState::node_name`] is set).
     pub fn keys(&self) -> Option<ServiceKeys> {
         let s = self.services.lock().unwrap_or_else(|p| p.into_inner());
         let n = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
         let (s, n) = (s.complete()?, n.complete()?);
-        Some(service_keys(s.iter().map(|a| a.as_ref()), n.iter().map(|a| a.as_ref())))
+        let mut keys = service_keys(s.iter().map(|a| a.as_ref()), n.iter().map(|a| a.as_ref()));
+        if let Some(name) = &self.node_name {
+            let p = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+            let pods = p.complete()?;
+            let node = n
+                .iter()
+                .map(|a| a.as_ref())
+                .find(|n| n.metadata.name.as_deref() == Some(name.as_str()));
+            keys::add_host_port_keys(pods.iter().map(|a| a.as_ref()), node, &mut keys);
+        }
+        Some(keys)
     }
 
     /// The change counter.
@@ -121,9 +142,15 @@ impl Kind for Node {
     }
 }
 
+impl Kind for Pod {
+    const NAME: &'static str = "pods";
+    fn store(s: &ServiceState) -> &Mutex<ListStore<Self>> {
+        &s.pods
+    }
+}
+
 /// Runs the watcher of one kind forever, feeding `state`.
-async fn watch<K: Kind>(api: Api<K>, page_size: u32, state: Arc<ServiceState>, metrics: Metrics) {
-    let config = watcher::Config::default().page_size(page_size);
+async fn watch<K: Kind>(api: Api<K>, config: watcher::Config, state: Arc<ServiceState>, metrics: Metrics) {
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();
     while let Some(item) = stream.next().await {
         match item {
@@ -148,19 +175,33 @@ async fn watch<K: Kind>(api: Api<K>, page_size: u32, state: Arc<ServiceState>, m
 /// thread; aborting the returned tasks stops all of them (the last task
 /// holds the writer thread's stop guard).
 pub fn spawn(client: Client, cfg: ServicesConfig, metrics: Metrics) -> Vec<tokio::task::JoinHandle<()>> {
-    let state = Arc::new(ServiceState::default());
+    let state = Arc::new(ServiceState {
+        node_name: cfg.node_name.clone(),
+        ..ServiceState::default()
+    });
     let guard = writer::spawn_thread(cfg.clone(), state.clone(), metrics.clone());
-    vec![
+    let paged = || watcher::Config::default().page_size(cfg.page_size);
+    let mut tasks = vec![
         tokio::spawn(watch(
             Api::<Service>::all(client.clone()),
-            cfg.page_size,
+            paged(),
             state.clone(),
             metrics.clone(),
         )),
-        tokio::spawn(watch(Api::<Node>::all(client), cfg.page_size, state, metrics)),
-        tokio::spawn(async move {
-            let _guard = guard;
-            std::future::pending::<()>().await
-        }),
-    ]
+        tokio::spawn(watch(
+            Api::<Node>::all(client.clone()),
+            paged(),
+            state.clone(),
+            metrics.clone(),
+        )),
+    ];
+    if let Some(name) = &cfg.node_name {
+        let this_node = paged().fields(&format!("spec.nodeName={name}"));
+        tasks.push(tokio::spawn(watch(Api::<Pod>::all(client), this_node, state, metrics)));
+    }
+    tasks.push(tokio::spawn(async move {
+        let _guard = guard;
+        std::future::pending::<()>().await
+    }));
+    tasks
 }

@@ -13,13 +13,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::common::*;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{Api, DeleteParams, PostParams};
 use npm_agent::node::netlink::Netlink;
 use npm_agent::node::uplinks::read_uplinks;
 use npm_agent::services::ServicesConfig;
 use npm_agent::telemetry::metrics::Metrics;
-use npm_common::{proto, SVC_CLUSTER_IP, SVC_EXTERNAL_IP, SVC_LOAD_BALANCER, SVC_NODE_PORT};
+use npm_common::{proto, SVC_CLUSTER_IP, SVC_EXTERNAL_IP, SVC_HOST_PORT, SVC_LOAD_BALANCER, SVC_NODE_PORT};
 use npm_dataplane::ebpf::{AttachMode, EbpfDataplane, EbpfOptions, ServicePort, ServicesMap};
 
 /// A pin directory of this test, removed on drop.
@@ -125,8 +125,22 @@ async fn services_and_nodes_become_npm_services_and_node_exit_sits_on_the_uplink
             .expect("node status");
     }
 
+    // Two pods with a hostPort: this node's is a key at its address, the
+    // other node's is not (its DNAT happens there).
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for (name, node_name, host_port) in [("ingress-a", "node-a", 8443), ("ingress-b", "node-b", 9443)] {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node_name, "containers": [{"name": "c", "image": "x",
+                "ports": [{"containerPort": 443, "hostPort": host_port}]}]},
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+
     let mut cfg = ServicesConfig::new(pins.0.clone());
     cfg.resync = Duration::from_millis(500);
+    cfg.node_name = Some("node-a".into());
     let metrics = Metrics::new().unwrap();
     let tasks = npm_agent::services::spawn(client.clone(), cfg, metrics.clone());
 
@@ -139,6 +153,7 @@ async fn services_and_nodes_become_npm_services_and_node_exit_sits_on_the_uplink
         (key("198.51.100.7", 443, proto::TCP), SVC_EXTERNAL_IP),
         (key("203.0.113.5", 443, proto::TCP), SVC_LOAD_BALANCER),
         (key("192.0.2.77", 30443, proto::TCP), SVC_NODE_PORT),
+        (key("192.0.2.77", 8443, proto::TCP), SVC_HOST_PORT),
     ]);
     wait_until("NPM_SERVICES holds the keys", Duration::from_secs(20), || {
         entries(&pins) == want

@@ -28,11 +28,12 @@ use npm_policy::model::Protocol;
 /// one is never chosen is 2^-23.
 pub(crate) const PROBES: usize = 24;
 
-/// Addresses of this process's test `t` (0..16): a /26 of 100.64.0.0/10,
+/// Addresses of this process's test `t` (0..32): a /26 of 100.64.0.0/10,
 /// its first 12 /30s for pods and links, its last 16 addresses for
 /// ClusterIPs.
 pub(crate) fn block(t: u32) -> (u32, u32) {
-    let n = (std::process::id() % 4096) * 16 + t;
+    assert!(t < 32, "block {t}: 32 per process");
+    let n = (std::process::id() % 2048) * 32 + t;
     let base = u32::from(Ipv4Addr::new(100, 64, 0, 0)) + n * 64;
     (base, base + 48)
 }
@@ -214,7 +215,7 @@ pub(crate) fn program_services(pins: &PinDir, ports: &[(Ipv4Addr, u16, u8)]) {
 }
 
 /// Pod identities: 256 + the endpoint id.
-fn identity(ep: u32) -> u32 {
+pub(crate) fn identity(ep: u32) -> u32 {
     255 + ep
 }
 
@@ -1082,6 +1083,8 @@ impl Drop for LinkGuard {
 
 /// LoadBalancer IPs and externalIPs (a module of its own: this file is long).
 mod external;
+/// hostPorts (the `portmap` plugin's DNAT of node:hostPort).
+mod host_port;
 /// Marks owned by others (Calico, Cilium, kube-proxy) between `from_pod`
 /// and the deferred decisions.
 mod marks;
