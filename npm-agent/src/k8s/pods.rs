@@ -14,6 +14,10 @@
 //! such fields (a readiness condition, a restart count) is no change: it
 //! neither wakes the sync loop nor recompiles.
 //!
+//! The labels ([`intern_labels`]) and the strings most pods hold equal
+//! (`spec.nodeName`, `status.phase`, container names: [`intern_str`]) are
+//! interned as a pod is decoded: one copy each, shared by the pods.
+//!
 //! The field names are k8s-openapi's, so code reading a Pod reads this one
 //! the same way; [`Pod::to_api`] gives the k8s-openapi object the policy
 //! compiler's conversion (`npm_policy::convert::pod_from_api`) takes.

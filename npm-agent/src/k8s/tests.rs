@@ -298,7 +298,14 @@ fn node_names_phases_and_container_names_are_one_copy_in_the_store() {
     cache.handle(Event::InitApply(serde_json::from_value::<Pod>(other).unwrap()));
     cache.handle::<Pod>(Event::InitDone);
     let store = cache.pods.lock().unwrap();
-    let pod = |name: &str| store.complete().unwrap().get(&("shared".into(), name.into())).unwrap().clone();
+    let pod = |name: &str| {
+        store
+            .complete()
+            .unwrap()
+            .get(&("shared".into(), name.into()))
+            .unwrap()
+            .clone()
+    };
     let (a, b, c) = (pod("a"), pod("bb"), pod("ccc"));
     let node = |p: &Pod| p.spec.as_ref().unwrap().node_name.clone().unwrap();
     let phase = |p: &Pod| p.status.as_ref().unwrap().phase.clone().unwrap();
