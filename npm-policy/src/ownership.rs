@@ -17,15 +17,62 @@
 //! [`Claims`] up to date pod by pod, and both report conflicts with
 //! [`Claims::conflicts`] (or [`conflicts`] of a whole snapshot).
 
+use std::borrow::Borrow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::ops::Deref;
+use std::sync::Arc;
 
 use crate::identity::{is_addressable, pod_addresses};
 use crate::model::{Pod, PodPhase, Snapshot};
 
-/// A pod's key in a [`Snapshot`]: `(namespace, name)`.
-pub type PodKey = (String, String);
+/// A pod's key in a [`Snapshot`]: `(namespace, name)`, shared. The
+/// incremental compiler keeps a pod's key in several tables (the
+/// claimants of its addresses, their owners, its identity, its endpoint);
+/// each holds a pointer to one copy instead of two strings of its own
+/// (the claims hold the copy the others clone). Compares, orders and
+/// hashes as the `(namespace, name)` pair, which it borrows as, so a
+/// table keyed by it is searched with a `&(String, String)`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodKey {
+    shared: Arc<(String, String)>,
+}
+
+impl PodKey {
+    /// The key of pod `name` in `namespace`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> PodKey {
+        PodKey {
+            shared: Arc::new((namespace.into(), name.into())),
+        }
+    }
+
+    /// Whether `self` and `other` are one copy (not only equal).
+    pub fn shares(&self, other: &PodKey) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+impl From<&(String, String)> for PodKey {
+    fn from(k: &(String, String)) -> PodKey {
+        PodKey {
+            shared: Arc::new(k.clone()),
+        }
+    }
+}
+
+impl Deref for PodKey {
+    type Target = (String, String);
+    fn deref(&self) -> &(String, String) {
+        &self.shared
+    }
+}
+
+impl Borrow<(String, String)> for PodKey {
+    fn borrow(&self) -> &(String, String) {
+        &self.shared
+    }
+}
 
 /// The addresses `pod` claims: none unless it is addressable, else the
 /// first address of each family, without the node's addresses.
@@ -106,7 +153,7 @@ impl Claims {
     pub fn of(snapshot: &Snapshot, node_ips: &[IpAddr]) -> Claims {
         let mut c = Claims::new(node_ips);
         for (key, pod) in &snapshot.pods {
-            c.update(key, None, Some(pod));
+            c.update(&key.into(), None, Some(pod));
         }
         c
     }
@@ -158,10 +205,16 @@ impl Claims {
         self.by_ip.keys().copied()
     }
 
+    /// Every claimed address with its claimants (sorted; their keys are
+    /// the copies the claims hold).
+    pub fn claimants(&self) -> impl Iterator<Item = (IpAddr, &[PodKey])> + '_ {
+        self.by_ip.iter().map(|(ip, pods)| (*ip, pods.as_slice()))
+    }
+
     /// The pod owning `ip` (the claimant of the greatest [`rank`]); `pods`
     /// holds every claimant (the snapshot's pods).
-    pub fn owner<'a>(&'a self, ip: IpAddr, pods: &BTreeMap<PodKey, Pod>) -> Option<&'a PodKey> {
-        self.by_ip.get(&ip)?.iter().max_by_key(|k| rank(&pods[*k]))
+    pub fn owner<'a>(&'a self, ip: IpAddr, pods: &BTreeMap<(String, String), Pod>) -> Option<&'a PodKey> {
+        self.by_ip.get(&ip)?.iter().max_by_key(|k| rank(&pods[&***k]))
     }
 
     /// The addresses claimed by more than one pod, with the claiming pods'
@@ -171,7 +224,7 @@ impl Claims {
             .iter()
             .filter_map(|ip| {
                 let pods = self.by_ip.get(ip)?;
-                Some((*ip, pods.iter().map(|(ns, name)| format!("{ns}/{name}")).collect()))
+                Some((*ip, pods.iter().map(|k| format!("{}/{}", k.0, k.1)).collect()))
             })
             .collect()
     }
@@ -339,11 +392,11 @@ mod tests {
             // The same claims built in the other order, then emptied.
             let mut c = Claims::new(&node);
             for (k, p) in snap.pods.iter().rev() {
-                c.update(k, None, Some(p));
+                c.update(&k.into(), None, Some(p));
             }
             assert_eq!(c.conflicts(), claims.conflicts(), "{what}: order");
             for (k, p) in &snap.pods {
-                c.update(k, Some(p), None);
+                c.update(&k.into(), Some(p), None);
             }
             assert!(
                 c.addresses().next().is_none() && c.conflicts().is_empty(),

@@ -14,6 +14,10 @@
 //! such fields (a readiness condition, a restart count) is no change: it
 //! neither wakes the sync loop nor recompiles.
 //!
+//! The labels ([`intern_labels`]) and the strings most pods hold equal
+//! (`spec.nodeName`, `status.phase`, container names: [`intern_str`]) are
+//! interned as a pod is decoded: one copy each, shared by the pods.
+//!
 //! The field names are k8s-openapi's, so code reading a Pod reads this one
 //! the same way; [`Pod::to_api`] gives the k8s-openapi object the policy
 //! compiler's conversion (`npm_policy::convert::pod_from_api`) takes.
@@ -28,7 +32,7 @@ use kube::api::ObjectMeta;
 use kube::core::NamespaceResourceScope;
 use kube::Resource;
 use npm_policy::model::{Labels, PodLabels};
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::store::Projection;
 
@@ -122,13 +126,67 @@ pub fn intern_labels(labels: Labels) -> PodLabels {
     PodLabels::from_shared(shared)
 }
 
+/// The strings many pods hold equal (node names, phases, container
+/// names), each held once ([`intern_str`]).
+struct InternedStrs {
+    strs: HashSet<Arc<str>>,
+    /// As [`Interned::purge_at`].
+    purge_at: usize,
+}
+
+static INTERNED_STRS: Mutex<Option<InternedStrs>> = Mutex::new(None);
+
+/// The shared copy of `s`: the pods of one node share one copy of its
+/// name, every Running pod one `Running`, the replicas of a workload one
+/// copy of each container name (a pointer each instead of a string of
+/// their own). Strings no pod holds any more are dropped when the set has
+/// doubled since the last purge.
+pub fn intern_str(s: &str) -> Arc<str> {
+    let mut guard = INTERNED_STRS.lock().unwrap_or_else(|e| e.into_inner());
+    let interned = guard.get_or_insert_with(|| InternedStrs {
+        strs: HashSet::new(),
+        purge_at: 1024,
+    });
+    if let Some(shared) = interned.strs.get(s) {
+        return shared.clone();
+    }
+    if interned.strs.len() >= interned.purge_at {
+        interned.strs.retain(|s| Arc::strong_count(s) > 1);
+        interned.purge_at = (interned.strs.len() * 2).max(1024);
+    }
+    let shared: Arc<str> = Arc::from(s);
+    interned.strs.insert(shared.clone());
+    shared
+}
+
+fn de_interned<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<str>, D::Error> {
+    Cow::<str>::deserialize(d).map(|s| intern_str(&s))
+}
+
+fn de_interned_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Arc<str>>, D::Error> {
+    Option::<Cow<str>>::deserialize(d).map(|s| s.map(|s| intern_str(&s)))
+}
+
+fn ser_str<S: Serializer>(v: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v)
+}
+
+fn ser_str_opt<S: Serializer>(v: &Option<Arc<str>>, s: S) -> Result<S::Ok, S::Error> {
+    v.as_deref().serialize(s)
+}
+
 /// The kept part of a Pod's `spec`.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodSpec {
-    /// `spec.nodeName`: the node the pod is bound to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_name: Option<String>,
+    /// `spec.nodeName`: the node the pod is bound to (interned).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "de_interned_opt",
+        serialize_with = "ser_str_opt"
+    )]
+    pub node_name: Option<Arc<str>>,
     /// `spec.hostNetwork`: host-network pods are never endpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_network: Option<bool>,
@@ -143,9 +201,9 @@ pub struct PodSpec {
 /// A container's name and ports.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 pub struct Container {
-    /// The container name.
-    #[serde(default)]
-    pub name: String,
+    /// The container name (interned).
+    #[serde(default, deserialize_with = "de_interned", serialize_with = "ser_str")]
+    pub name: Arc<str>,
     /// Its ports (named ports resolve against them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ports: Option<Vec<ContainerPort>>,
@@ -155,9 +213,14 @@ pub struct Container {
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodStatus {
-    /// `status.phase`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
+    /// `status.phase` (interned).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "de_interned_opt",
+        serialize_with = "ser_str_opt"
+    )]
+    pub phase: Option<Arc<str>>,
     /// `status.podIP`.
     #[serde(default, rename = "podIP", skip_serializing_if = "Option::is_none")]
     pub pod_ip: Option<String>,
@@ -195,7 +258,7 @@ impl Resource for Pod {
 
 fn container_to_api(c: &Container) -> corev1::Container {
     corev1::Container {
-        name: c.name.clone(),
+        name: c.name.to_string(),
         ports: c.ports.clone(),
         ..Default::default()
     }
@@ -203,7 +266,7 @@ fn container_to_api(c: &Container) -> corev1::Container {
 
 fn container_from_api(c: corev1::Container) -> Container {
     Container {
-        name: c.name,
+        name: intern_str(&c.name),
         ports: c.ports,
     }
 }
@@ -247,7 +310,7 @@ impl Pod {
         corev1::Pod {
             metadata,
             spec: self.spec.as_ref().map(|s| corev1::PodSpec {
-                node_name: s.node_name.clone(),
+                node_name: s.node_name.as_deref().map(String::from),
                 host_network: s.host_network,
                 containers: s.containers.iter().map(container_to_api).collect(),
                 init_containers: s
@@ -257,7 +320,7 @@ impl Pod {
                 ..Default::default()
             }),
             status: self.status.as_ref().map(|s| corev1::PodStatus {
-                phase: s.phase.clone(),
+                phase: s.phase.as_deref().map(String::from),
                 pod_ip: s.pod_ip.clone(),
                 pod_ips: s.pod_ips.clone(),
                 ..Default::default()
@@ -273,7 +336,7 @@ impl From<corev1::Pod> for Pod {
             metadata: p.metadata,
             labels: PodLabels::default(),
             spec: p.spec.map(|s| PodSpec {
-                node_name: s.node_name,
+                node_name: s.node_name.as_deref().map(intern_str),
                 host_network: s.host_network,
                 containers: s.containers.into_iter().map(container_from_api).collect(),
                 init_containers: s
@@ -281,7 +344,7 @@ impl From<corev1::Pod> for Pod {
                     .map(|cs| cs.into_iter().map(container_from_api).collect()),
             }),
             status: p.status.map(|s| PodStatus {
-                phase: s.phase,
+                phase: s.phase.as_deref().map(intern_str),
                 pod_ip: s.pod_ip,
                 pod_ips: s.pod_ips,
             }),

@@ -278,3 +278,49 @@ fn equal_labels_share_one_map_in_the_store_and_the_snapshot() {
         assert!(Arc::ptr_eq(model.labels.shared(), &a), "{name} in the snapshot");
     }
 }
+
+/// Pods on one node share one copy of the node's name, of their phase and
+/// of equal container names in the store (interned as they are decoded),
+/// and read and serialize as the API object's strings.
+#[test]
+fn node_names_phases_and_container_names_are_one_copy_in_the_store() {
+    use std::sync::Arc;
+
+    let cache = Cache::new(Metrics::new().unwrap());
+    cache.handle::<Pod>(Event::Init);
+    for name in ["a", "bb"] {
+        cache.handle(Event::InitApply(labelled(name, "1", serde_json::json!({"app": "x"}))));
+    }
+    let mut other: serde_json::Value = serde_json::to_value(labelled("ccc", "1", serde_json::json!({}))).unwrap();
+    other["spec"]["nodeName"] = "n2".into();
+    other["spec"]["containers"][0]["name"] = "side".into();
+    other["status"]["phase"] = "Pending".into();
+    cache.handle(Event::InitApply(serde_json::from_value::<Pod>(other).unwrap()));
+    cache.handle::<Pod>(Event::InitDone);
+    let store = cache.pods.lock().unwrap();
+    let pod = |name: &str| {
+        store
+            .complete()
+            .unwrap()
+            .get(&("shared".into(), name.into()))
+            .unwrap()
+            .clone()
+    };
+    let (a, b, c) = (pod("a"), pod("bb"), pod("ccc"));
+    let node = |p: &Pod| p.spec.as_ref().unwrap().node_name.clone().unwrap();
+    let phase = |p: &Pod| p.status.as_ref().unwrap().phase.clone().unwrap();
+    let container = |p: &Pod| p.spec.as_ref().unwrap().containers[0].name.clone();
+    assert!(Arc::ptr_eq(&node(&a), &node(&b)), "one node name");
+    assert!(Arc::ptr_eq(&phase(&a), &phase(&b)), "one phase");
+    assert!(Arc::ptr_eq(&container(&a), &container(&b)), "one container name");
+    assert_eq!((&*node(&a), &*node(&c)), ("n1", "n2"));
+    assert_eq!((&*phase(&a), &*phase(&c)), ("Running", "Pending"));
+    assert_eq!((&*container(&a), &*container(&c)), ("c", "side"));
+    let api = serde_json::to_value(c.as_ref()).unwrap();
+    assert_eq!(api["spec"]["nodeName"], "n2");
+    assert_eq!(api["status"]["phase"], "Pending");
+    assert_eq!(api["spec"]["containers"][0]["name"], "side");
+    let full = c.to_api();
+    assert_eq!(full.spec.unwrap().node_name.as_deref(), Some("n2"));
+    assert_eq!(full.status.unwrap().phase.as_deref(), Some("Pending"));
+}

@@ -2,13 +2,12 @@
 //! the [`Claims`] of [`crate::ownership`] (the one ownership rule) and the
 //! owner of every claimed address, updated together pod by pod.
 
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use crate::identity::pod_addresses;
 use crate::model::{Pod, Snapshot};
-use crate::ownership::{claimed_addresses, rank, Claims, PodKey};
+use crate::ownership::{Claims, PodKey};
 
 /// The claims on addresses and the current owner of each one.
 #[derive(Clone, Debug)]
@@ -20,25 +19,21 @@ pub(super) struct Addresses {
 }
 
 impl Addresses {
-    /// The claims and owners of every pod of `snapshot`.
+    /// The claims and owners of every pod of `snapshot`. Each owner's key
+    /// is the copy its claim holds (one copy of the key per pod).
     pub(super) fn new(snapshot: &Snapshot, node_ips: &[IpAddr]) -> Addresses {
         let claims = Claims::of(snapshot, node_ips);
         // The claimant of the greatest rank, as `Claims::owner` (ranks of
-        // distinct pods differ), in one pass: pods are looked up only for
-        // addresses with several claimants.
+        // distinct pods differ): pods are looked up only for addresses
+        // with several claimants.
         let mut owner: HashMap<IpAddr, PodKey> = HashMap::with_capacity(snapshot.pods.len());
-        for (key, pod) in &snapshot.pods {
-            for ip in claimed_addresses(pod, node_ips) {
-                match owner.entry(ip) {
-                    Entry::Vacant(v) => {
-                        v.insert(key.clone());
-                    }
-                    Entry::Occupied(mut o) => {
-                        if rank(pod) > rank(&snapshot.pods[o.get()]) {
-                            o.insert(key.clone());
-                        }
-                    }
-                }
+        for (ip, claimants) in claims.claimants() {
+            let won = match claimants {
+                [one] => Some(one),
+                _ => claims.owner(ip, &snapshot.pods),
+            };
+            if let Some(w) = won {
+                owner.insert(ip, w.clone());
             }
         }
         Addresses { claims, owner }
@@ -55,16 +50,21 @@ impl Addresses {
     }
 
     /// The addresses of `pod` (key `key`) that it owns.
-    pub(super) fn owned(&self, key: &PodKey, pod: &Pod) -> Vec<IpAddr> {
+    pub(super) fn owned(&self, key: &(String, String), pod: &Pod) -> Vec<IpAddr> {
         pod_addresses(pod)
-            .filter(|ip| self.owner.get(ip) == Some(key))
+            .filter(|ip| self.owner.get(ip).is_some_and(|o| **o == *key))
             .collect()
     }
 
     /// Pod `key` changed from `old` to what `pods` (the snapshot's pods, up
     /// to date) holds; returns the other pods that won or lost an address.
-    pub(super) fn update(&mut self, key: &PodKey, old: Option<&Pod>, pods: &BTreeMap<PodKey, Pod>) -> BTreeSet<PodKey> {
-        let touched = self.claims.update(key, old, pods.get(key));
+    pub(super) fn update(
+        &mut self,
+        key: &PodKey,
+        old: Option<&Pod>,
+        pods: &BTreeMap<(String, String), Pod>,
+    ) -> BTreeSet<PodKey> {
+        let touched = self.claims.update(key, old, pods.get(&**key));
         let mut others = BTreeSet::new();
         for ip in touched {
             let w = self.claims.owner(ip, pods).cloned();

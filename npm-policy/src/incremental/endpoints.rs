@@ -221,7 +221,7 @@ impl Compiler {
             let pod = self
                 .snapshot
                 .pods
-                .get(&pk)
+                .get(&*pk)
                 .filter(|p| p.node_name.as_deref() == Some(self.opts.node_name.as_str()));
             let owned: Vec<IpAddr> = pod.map(|p| self.addresses.owned(&pk, p)).unwrap_or_default();
             let (Some(pod), false) = (pod, owned.is_empty()) else {

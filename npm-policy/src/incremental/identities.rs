@@ -57,7 +57,9 @@ impl PodIdentities {
         }
         for (pk, pod) in &snapshot.pods {
             if let Some(ip) = addresses.owned(pk, pod).first() {
-                ids.assign(pk.clone(), out.ipcache[ip].identity);
+                // The owner's key: the copy the claims hold.
+                let shared = addresses.owner(*ip).expect("owned").clone();
+                ids.assign(shared, out.ipcache[ip].identity);
             }
         }
         ids
@@ -76,6 +78,12 @@ impl PodIdentities {
     /// The identity of pod `pk` (which owns an address).
     pub(super) fn of_pod(&self, pk: &PodKey) -> u32 {
         self.of_pod[pk]
+    }
+
+    /// The key of pod `pk` as this table holds it (tests: which copy).
+    #[cfg(test)]
+    pub(super) fn key_of(&self, pk: &(String, String)) -> Option<&PodKey> {
+        self.of_pod.get_key_value(pk).map(|(k, _)| k)
     }
 
     /// Pod `pk` has identity `id`.

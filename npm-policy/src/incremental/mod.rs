@@ -131,7 +131,7 @@ impl Compiler {
                     id: *id,
                     subject: e.identity,
                 };
-                ((e.pod.namespace.clone(), e.pod.name.clone()), st)
+                (PodKey::new(e.pod.namespace.clone(), e.pod.name.clone()), st)
             })
             .collect();
         let mut subjects: HashMap<u32, BTreeSet<PodKey>> = HashMap::new();
@@ -186,15 +186,30 @@ impl Compiler {
         self.addresses.claims()
     }
 
+    /// The copies of pod `key`'s key held by the claims, the owners and
+    /// the identities (tests: one copy is shared by all three).
+    #[cfg(test)]
+    pub(crate) fn key_copies(&self, key: &(String, String)) -> Vec<&PodKey> {
+        let mut copies: Vec<&PodKey> = Vec::new();
+        for (ip, claimants) in self.addresses.claims().claimants() {
+            if let Some(k) = claimants.iter().find(|k| ***k == *key) {
+                copies.push(k);
+                copies.extend(self.addresses.owner(ip).filter(|o| ***o == *key));
+            }
+        }
+        copies.extend(self.identities.key_of(key));
+        copies
+    }
+
     /// Adds or replaces a pod.
     pub fn upsert_pod(&mut self, pod: Pod) {
-        let key = (pod.namespace.clone(), pod.name.clone());
+        let key = PodKey::new(pod.namespace.clone(), pod.name.clone());
         self.set_pod(key, Some(pod));
     }
 
     /// Removes a pod.
     pub fn remove_pod(&mut self, namespace: &str, name: &str) {
-        self.set_pod((namespace.to_string(), name.to_string()), None);
+        self.set_pod(PodKey::new(namespace, name), None);
     }
 
     fn set_pod(&mut self, key: PodKey, pod: Option<Pod>) {
@@ -202,8 +217,8 @@ impl Compiler {
         // Unregister the old pod before replacing it.
         self.release(&touched);
         let old = match pod {
-            Some(p) => self.snapshot.pods.insert(key.clone(), p),
-            None => self.snapshot.pods.remove(&key),
+            Some(p) => self.snapshot.pods.insert((*key).clone(), p),
+            None => self.snapshot.pods.remove(&*key),
         };
         let others = self.addresses.update(&key, old.as_ref(), &self.snapshot.pods);
         self.release(&others);
@@ -217,7 +232,7 @@ impl Compiler {
     fn release(&mut self, pods: &BTreeSet<PodKey>) {
         for pk in pods {
             self.identities.release(pk);
-            if let Some(pod) = self.snapshot.pods.get(pk) {
+            if let Some(pod) = self.snapshot.pods.get(&**pk) {
                 for ip in pod_addresses(pod) {
                     if self.out.ipcache.get(&ip).is_some_and(|e| e.identity != IDENTITY_HOST)
                         && self.addresses.owner(ip).is_none_or(|o| o == pk)
@@ -248,7 +263,7 @@ impl Compiler {
         let mut dirty: BTreeSet<PodKey> = BTreeSet::new();
         for pk in &pods {
             dirty.insert(pk.clone());
-            let Some(pod) = self.snapshot.pods.get(pk) else {
+            let Some(pod) = self.snapshot.pods.get(&**pk) else {
                 continue;
             };
             let owned: Vec<IpAddr> = self.addresses.owned(pk, pod);
@@ -265,7 +280,9 @@ impl Compiler {
                     id
                 }
             };
-            self.identities.assign(pk.clone(), id);
+            // The owner's key: the copy the claims hold, not another.
+            let shared = self.addresses.owner(owned[0]).unwrap_or(pk).clone();
+            self.identities.assign(shared, id);
             for ip in owned {
                 let cidr = self.lpm.longest(ip).map_or(IDENTITY_ANY, |(_, c)| c);
                 self.out.ipcache.insert(
@@ -307,7 +324,7 @@ impl Compiler {
             .pods
             .range(lo..)
             .take_while(|(k, _)| k.0 == name)
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| PodKey::from(k))
             .collect();
         self.release(&pods);
         self.acquire(pods);

@@ -392,3 +392,38 @@ fn equal_priority_neighbour_is_reranked() {
     check(&c, &s, &before, "a removed");
     assert_eq!(rank_of_b(&c), old);
 }
+
+/// One copy of a pod's key is shared by the claims on its address, its
+/// address's owner entry and its identity: after a full build, after the
+/// pod changes (a new address) and after its namespace is relabelled.
+#[test]
+fn a_pods_key_is_one_copy_in_the_claims_owners_and_identities() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut s = Snapshot::default();
+    s.upsert_namespace(namespace(&mut rng, "n0"));
+    let mut pods: Vec<Pod> = (0..3).map(|i| pod(&mut rng, i)).collect();
+    for (i, p) in pods.iter_mut().enumerate() {
+        p.namespace = "n0".into();
+        p.name = format!("p{i}");
+        p.ips = vec![format!("10.0.1.{i}").parse().unwrap()];
+        s.upsert_pod(p.clone());
+    }
+    let key = ("n0".to_string(), "p1".to_string());
+    let one_copy = |c: &Compiler, what: &str| {
+        let copies = c.key_copies(&key);
+        assert_eq!(copies.len(), 3, "{what}: claimant, owner, identity: {copies:?}");
+        assert!(copies.iter().all(|k| k.shares(copies[0])), "{what}: one copy");
+    };
+    let mut c = Compiler::new(s, opts(), None);
+    one_copy(&c, "full build");
+    let mut moved = pods[1].clone();
+    moved.ips = vec!["10.0.1.9".parse().unwrap()];
+    c.upsert_pod(moved);
+    one_copy(&c, "new address");
+    let mut relabelled = namespace(&mut rng, "n0");
+    relabelled.labels.insert("new".into(), "label".into());
+    c.upsert_namespace(relabelled);
+    one_copy(&c, "namespace relabelled");
+    c.remove_pod("n0", "p1");
+    assert!(c.key_copies(&key).is_empty(), "removed: no copy left");
+}
