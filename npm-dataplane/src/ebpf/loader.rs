@@ -177,7 +177,8 @@ pub(crate) fn actual_sizes(bpf: &Ebpf) -> Result<MapSizes, EbpfError> {
         ipcache: get(maps::IPCACHE)?,
         cidrs: get(maps::CIDRS)?,
         conntrack: ct.min(ct4),
-        // Not a size: the quota is a setting of the load.
+        // Not a size: the quota is a setting of the load (`effective_sizes`
+        // puts the configured one).
         conntrack_quota_share: 0,
     })
 }

@@ -87,7 +87,11 @@ pub(crate) fn effective_sizes(
 ) -> Result<EffectiveSizes, EbpfError> {
     let sizes = EffectiveSizes {
         configured,
-        actual: actual_sizes(bpf)?,
+        actual: MapSizes {
+            // Not a size: the quota applies as configured, to pinned maps too.
+            conntrack_quota_share: configured.conntrack_quota_share,
+            ..actual_sizes(bpf)?
+        },
     };
     for (map, actual, wanted) in sizes.pending() {
         tracing::warn!(
