@@ -77,6 +77,11 @@ pub enum VmCmd {
         /// debian-arm64).
         #[arg(long = "row")]
         rows: Vec<String>,
+        /// CI's subset: of the conformance steps only eBPF through
+        /// ClusterIPs on two nodes (the Service subset); the kernel tests
+        /// and the agent check as on demand.
+        #[arg(long)]
+        ci: bool,
     },
 }
 
@@ -107,7 +112,7 @@ pub fn main(cmd: VmCmd) -> Result<()> {
             }
             Ok(())
         }
-        VmCmd::Matrix { rows } => matrix::matrix(&rows),
+        VmCmd::Matrix { rows, ci } => matrix::matrix(&rows, ci),
     }
 }
 

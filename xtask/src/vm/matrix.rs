@@ -68,7 +68,7 @@ struct Bins {
 /// links, its work directory) carry its pid, and it removes those of a
 /// dead runner first, so a step that crashed leaves nothing for the next;
 /// the guest's `/run` and `/tmp` are its own.
-fn conformance_checks(bins: &Bins) -> Vec<Check> {
+fn conformance_checks(bins: &Bins, ci: bool) -> Vec<Check> {
     let run = |dataplane: &str, extra: &str| {
         format!(
             "{} --dataplane {dataplane} --filter default-deny --agent-bin {} --npm-cni-bin {} --cases tests/conformance {extra}",
@@ -83,15 +83,19 @@ fn conformance_checks(bins: &Bins) -> Vec<Check> {
     let two_nodes = |kube_proxy: &str| {
         format!("--nodes 2 --cni veth --kube-proxy {kube_proxy} --destination service --deadline-secs 300")
     };
+    let services = Check {
+        name: "conformance default-deny, eBPF, two nodes through Services",
+        script: run("ebpf", &two_nodes("nftables")),
+    };
+    if ci {
+        return vec![services];
+    }
     vec![
         Check {
             name: "conformance default-deny, eBPF, one node",
             script: run("ebpf", ""),
         },
-        Check {
-            name: "conformance default-deny, eBPF, two nodes through Services",
-            script: run("ebpf", &two_nodes("nftables")),
-        },
+        services,
         Check {
             name: "conformance default-deny, nftables, two nodes through Services",
             script: run("nftables", &two_nodes("iptables")),
@@ -141,7 +145,7 @@ pub(crate) fn dataplane_test_binary(mut cmd: Command, label: &str) -> Result<Pat
 /// a subset of the tests. The `debian-arm64` row keeps the kernel-test
 /// subset it always ran: no tunnel tests (its root has no `wg`) and no
 /// nftables Service kernel test.
-fn checks(row: &str, bins: &Bins, kubeconfig: &str) -> Vec<Check> {
+fn checks(row: &str, bins: &Bins, kubeconfig: &str, ci: bool) -> Vec<Check> {
     let floor = row_floor(row);
     let full = row == "host";
     let arm64 = row == "debian-arm64";
@@ -242,7 +246,7 @@ fn checks(row: &str, bins: &Bins, kubeconfig: &str) -> Vec<Check> {
                 ),
             });
             if !full {
-                v.extend(conformance_checks(bins));
+                v.extend(conformance_checks(bins, ci));
             }
             v
         }
@@ -262,7 +266,7 @@ fn script(checks: &[Check]) -> String {
     s
 }
 
-pub fn matrix(only: &[String]) -> Result<()> {
+pub fn matrix(only: &[String], ci: bool) -> Result<()> {
     let rows: Vec<&str> = ROWS
         .iter()
         .copied()
@@ -321,7 +325,7 @@ pub fn matrix(only: &[String]) -> Result<()> {
             _ => amd64.as_ref(),
         }
         .context("the row's binaries were built")?;
-        let checks = checks(row, bins, &kubeconfig.to_string_lossy());
+        let checks = checks(row, bins, &kubeconfig.to_string_lossy(), ci);
         let script_path = dir.join(format!("{row}.sh"));
         std::fs::write(&script_path, script(&checks))?;
         eprintln!("xtask: vm matrix: row {row}");
