@@ -194,6 +194,24 @@ fn nft_tables() -> Vec<String> {
         .collect()
 }
 
+/// `NPM_SERVICES` holding exactly `keys` ((address, port, flag), TCP).
+pub(crate) fn write_keys(pins: &PinDir, keys: &[(Ipv4Addr, u16, u32)]) {
+    let wanted: BTreeMap<ServicePort, u32> = keys
+        .iter()
+        .map(|&(a, port, flag)| {
+            let k = ServicePort {
+                addr: IpAddr::V4(a),
+                port,
+                protocol: proto::TCP,
+            };
+            (k, flag)
+        })
+        .collect();
+    let mut m = ServicesMap::open(&pins.path).expect("open NPM_SERVICES");
+    m.sync(&wanted).expect("sync NPM_SERVICES");
+    assert_eq!(m.entries().unwrap(), wanted);
+}
+
 /// `NPM_SERVICES` holding exactly `ports` ((ClusterIP, port, protocol)).
 pub(crate) fn program_services(pins: &PinDir, ports: &[(Ipv4Addr, u16, u8)]) {
     let wanted: BTreeMap<ServicePort, u32> = ports

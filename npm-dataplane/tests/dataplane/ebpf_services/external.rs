@@ -14,13 +14,12 @@
 //! and external addresses are in 198.18.0.0/15, outside the pods'
 //! 100.64.0.0/10, unique per process. Needs root.
 
-use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 
-use super::{block, compiled, count, interfaces, probe, serve, wait_tcp, NatTable, Pod, PROBES};
+use super::{block, compiled, count, interfaces, probe, serve, wait_tcp, write_keys, NatTable, Pod, PROBES};
 use crate::ebpf_common::*;
-use npm_common::{proto, IDENTITY_FIRST_CIDR, SVC_CLUSTER_IP, SVC_EXTERNAL_IP, SVC_LOAD_BALANCER};
-use npm_dataplane::ebpf::{EbpfDataplane, ServicePort, ServicesMap};
+use npm_common::{IDENTITY_FIRST_CIDR, SVC_CLUSTER_IP, SVC_EXTERNAL_IP, SVC_LOAD_BALANCER};
+use npm_dataplane::ebpf::EbpfDataplane;
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::{Compiled, Direction};
 use npm_policy::model::Protocol;
@@ -29,26 +28,6 @@ use npm_policy::model::Protocol;
 const C_WORLD: u32 = IDENTITY_FIRST_CIDR + 1;
 /// CIDR identity of the `except` (`100.64.0.0/10`, the pods).
 const C_PODS: u32 = IDENTITY_FIRST_CIDR + 2;
-
-/// `NPM_SERVICES` holding exactly `keys` ((address, port, flag), TCP).
-fn write_keys(pins: &PinDir, keys: &[(Ipv4Addr, u16, u32)]) {
-    let wanted: BTreeMap<ServicePort, u32> = keys
-        .iter()
-        .map(|&(a, port, flag)| {
-            (
-                ServicePort {
-                    addr: IpAddr::V4(a),
-                    port,
-                    protocol: proto::TCP,
-                },
-                flag,
-            )
-        })
-        .collect();
-    let mut m = ServicesMap::open(&pins.path).expect("open NPM_SERVICES");
-    m.sync(&wanted).expect("sync NPM_SERVICES");
-    assert_eq!(m.entries().unwrap(), wanted);
-}
 
 /// Endpoint 1 (egress-isolated) may reach the world but the pods
 /// (`0.0.0.0/0` except `100.64.0.0/10`, any port) and b1 (endpoint 2) on

@@ -12,34 +12,15 @@
 //! writes with iptables: destination a local address and the hostPort,
 //! to the pod and its containerPort). Needs root.
 
-use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 
-use super::{block, compiled, count, identity, interfaces, probe, serve, wait_tcp, NatTable, Pod, PROBES};
+use super::{block, compiled, count, identity, interfaces, probe, serve, wait_tcp, write_keys, NatTable, Pod, PROBES};
 use crate::ebpf_common::*;
-use npm_common::{proto, IDENTITY_HOST, SVC_HOST_PORT};
-use npm_dataplane::ebpf::{EbpfDataplane, ServicePort, ServicesMap};
+use npm_common::{IDENTITY_HOST, SVC_HOST_PORT};
+use npm_dataplane::ebpf::EbpfDataplane;
 use npm_dataplane::Dataplane;
 use npm_policy::compiled::Direction;
 use npm_policy::model::Protocol;
-
-/// `NPM_SERVICES` holding exactly `keys` ((address, port, flag), TCP).
-fn write_keys(pins: &PinDir, keys: &[(Ipv4Addr, u16, u32)]) {
-    let wanted: BTreeMap<ServicePort, u32> = keys
-        .iter()
-        .map(|&(a, port, flag)| {
-            let k = ServicePort {
-                addr: IpAddr::V4(a),
-                port,
-                protocol: proto::TCP,
-            };
-            (k, flag)
-        })
-        .collect();
-    let mut m = ServicesMap::open(&pins.path).expect("open NPM_SERVICES");
-    m.sync(&wanted).expect("sync NPM_SERVICES");
-    assert_eq!(m.entries().unwrap(), wanted);
-}
 
 /// Pod `a` (egress-isolated) may reach the node on any port (as with
 /// `--allow-host-egress`) but not pod `b`; `b` serves 8080 behind the
