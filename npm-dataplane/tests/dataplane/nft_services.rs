@@ -121,17 +121,25 @@ fn setup_with(tag: &str, extra: &str) -> Topo {
         ifs,
     };
     for (i, (name, addr)) in PODS.iter().enumerate().skip(1) {
+        topo.serve(i, name, addr);
+    }
+    topo
+}
+
+impl Topo {
+    /// Starts the test server of pod `i` (`name`, listening on `addr`) in
+    /// its netns and waits until it is ready.
+    fn serve(&mut self, i: usize, name: &str, addr: &str) {
+        let script = self.script.0.clone();
+        self.spawn_server(i, &[&script, "serve", name, addr]);
+    }
+
+    /// Runs `python3 ARGS` in pod `i`'s netns, waits for its `ready`
+    /// line, and keeps it until the topology is dropped.
+    fn spawn_server(&mut self, i: usize, args: &[&str]) {
         let mut child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &topo.pods[i].name,
-                "python3",
-                &topo.script.0,
-                "serve",
-                name,
-                addr,
-            ])
+            .args(["netns", "exec", &self.pods[i].name, "python3"])
+            .args(args)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -140,9 +148,8 @@ fn setup_with(tag: &str, extra: &str) -> Topo {
             .read_line(&mut line)
             .unwrap();
         assert_eq!(line.trim(), "ready");
-        topo.servers.push(Proc(child));
+        self.servers.push(Proc(child));
     }
-    topo
 }
 
 /// `ATTEMPTS` connections from the client to the ClusterIP: how many
@@ -395,26 +402,7 @@ fn hairpin_connections_are_decided_on_the_pod_itself() {
          ip saddr {client_ip} ip daddr {client_ip} tcp dport 8080 counter snat ip to {NODE_IP}\n }}\n"
     );
     let mut topo = setup_with("h", &hairpin);
-    let mut child = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &topo.pods[0].name,
-            "python3",
-            &topo.script.0,
-            "serve",
-            client,
-            client_ip,
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
-    topo.servers.push(Proc(child));
+    topo.serve(0, client, client_ip);
     let mut dp = NftDataplane::new(NftOptions {
         table: format!("npm_sh{}", std::process::id()),
         netns: Some(topo.node.name.clone()),
@@ -546,26 +534,7 @@ fn ipv6_services_are_decided_for_the_backend_on_the_original_source() {
                   print('ready', flush=True)\n\
                   while True:\n    c, _ = s.accept()\n    c.sendall(sys.argv[1].encode()); c.close()\n";
     for i in 1..3 {
-        let mut child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &topo.pods[i].name,
-                "python3",
-                "-c",
-                serve6,
-                PODS[i].0,
-                PODS6[i],
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "ready");
-        topo.servers.push(Proc(child));
+        topo.spawn_server(i, &["-c", serve6, PODS[i].0, PODS6[i]]);
     }
     let mut dp = NftDataplane::new(NftOptions {
         table: format!("npm_s6{}", std::process::id()),
